@@ -1,0 +1,71 @@
+//! `spillway`: one binary, one subcommand per role. Each subcommand lives in its own module with
+//! an `Args` struct (its flags) and a `run` function; this file only dispatches.
+
+use clap::{Parser, Subcommand};
+
+mod bench_ingress;
+mod bench_peaks;
+mod bench_store;
+mod characterize;
+mod demo;
+mod ftl;
+mod serve;
+mod sim;
+
+#[derive(Parser)]
+#[command(name = "spillway", version, about = "Spillway: a burst buffer for HPC centers")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the end-to-end demonstration (what `make demo` shows).
+    Demo(demo::Args),
+    /// Run a burst buffer server owning one store.
+    Serve(serve::Args),
+    /// Benchmarks: each measures its baselines in the same run and reports ratios.
+    #[command(subcommand)]
+    Bench(Bench),
+    /// SSD wear: FTL simulator with multi-stream placement.
+    Ftl(ftl::Args),
+    /// Trace-driven burst buffer simulator (Xu/Sato two-level model).
+    Sim(sim::Args),
+    /// Characterize a workflow trace against measured peaks and advise an allocation.
+    Characterize(characterize::Args),
+    /// Print the configuration reference (every knob, unit, default) as Markdown.
+    ConfigDoc,
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Store ingest: DRAM, SSD spill and commit against memcpy and plain file baselines.
+    Store(bench_store::Args),
+    /// Client ingress through servers against Memcached, loopback TCP and direct-to-disk.
+    Ingress(bench_ingress::Args),
+    /// Peak bandwidth, IOPS and metadata rate of a target with rising concurrency.
+    Peaks(bench_peaks::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo(args) => demo::run(args),
+        Command::Serve(args) => serve::run(args),
+        Command::Bench(Bench::Store(args)) => bench_store::run(args),
+        Command::Bench(Bench::Ingress(args)) => bench_ingress::run(args),
+        Command::Bench(Bench::Peaks(args)) => bench_peaks::run(args),
+        Command::Ftl(args) => ftl::run(args),
+        Command::Sim(args) => sim::run(args),
+        Command::Characterize(args) => characterize::run(args),
+        Command::ConfigDoc => {
+            print!("{}", spillway_config::Config::reference_markdown());
+            Ok(())
+        }
+    };
+    if let Err(error) = result {
+        eprintln!("spillway: {error:#}");
+        std::process::exit(1);
+    }
+}

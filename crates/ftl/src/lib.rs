@@ -1,0 +1,1 @@
+//! Page-mapped FTL simulator with multi-stream placement (SSD write amplification).

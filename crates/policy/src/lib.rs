@@ -1,0 +1,1 @@
+//! Pure placement and scheduling decisions shared by the daemons and the simulators.

@@ -1,0 +1,1 @@
+//! Versioned wire protocol between clients and burst buffer servers; errno table.

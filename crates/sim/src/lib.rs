@@ -1,0 +1,1 @@
+//! Trace-driven two-level burst buffer simulator and workflow characterization.

@@ -1,0 +1,1 @@
+//! Log-structured DRAM+SSD store: segments, stacked ordered index, epoch GC, recovery.
