@@ -1,0 +1,1 @@
+//! Client library: server lists, striped and local placement, checkpoint API.

@@ -1,0 +1,1 @@
+//! Dependency-free SVG line charts and HTML tables for reports.

@@ -1,0 +1,1 @@
+//! The burst buffer server: protocol handlers over one store.
