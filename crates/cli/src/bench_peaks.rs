@@ -1,8 +1,522 @@
-//! Placeholder while the owning work is in progress; replaced before it lands.
+//! `spillway bench peaks`: the peaks of a storage target, measured the way the DataWarp paper
+//! measures a fragment — IOR-style bandwidth (large sequential transfers, one file per thread),
+//! IOR-style IOPS (4 KiB random transfers) and MDTest-style metadata rates (create, stat,
+//! remove) — at rising concurrency (1, 2, 4, … threads).
+//!
+//! The target is a directory: a plain directory today; a Spillway FUSE mount is also a
+//! directory, so the same command measures it once the mount exists. A native-client target
+//! (bypassing the kernel) comes with the client. Every phase is bounded in bytes, operations and
+//! seconds so the default run finishes in well under a minute. `--json` output is what
+//! `spillway characterize --peaks` reads.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+use serde_json::json;
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Directory to measure (created if missing; the benchmark works in a fresh subdirectory it
+    /// removes afterwards).
+    #[arg(long)]
+    pub target: PathBuf,
+    /// Highest thread count; the levels are 1, 2, 4, … up to this.
+    #[arg(long, default_value_t = 4)]
+    pub threads_max: usize,
+    /// Bandwidth phase: bytes each thread writes then reads, MiB.
+    #[arg(long, default_value_t = 64)]
+    pub file_mib_per_thread: u64,
+    /// Bandwidth phase: transfer size, KiB (IOR in the paper: 8 MiB).
+    #[arg(long, default_value_t = 8192)]
+    pub transfer_kib: u64,
+    /// IOPS phase: transfer size, bytes.
+    #[arg(long, default_value_t = 4096)]
+    pub small_transfer_bytes: u64,
+    /// Metadata phase: files each thread creates, stats and removes.
+    #[arg(long, default_value_t = 2000)]
+    pub metadata_files_per_thread: u64,
+    /// Upper bound on each phase, seconds (a phase stops early and reports what it did).
+    #[arg(long, default_value_t = 1.0)]
+    pub phase_seconds: f64,
+    /// IOPS phase: fdatasync after every small write (IOR's fsyncPerWrite), so writes reach the
+    /// device instead of the page cache.
+    #[arg(long)]
+    pub sync_small_writes: bool,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the JSON object to this file (for `spillway characterize --peaks`).
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("this subcommand is not built yet")
+/// One concurrency level's measurements.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Level {
+    pub threads: usize,
+    pub write_bytes_per_second: f64,
+    pub read_bytes_per_second: f64,
+    pub write_iops: f64,
+    pub read_iops: f64,
+    pub create_per_second: f64,
+    pub stat_per_second: f64,
+    pub remove_per_second: f64,
+}
+
+/// Amount done by one thread in one phase and the time it took.
+#[derive(Clone, Copy, Default)]
+struct Work {
+    units: u64,
+    seconds: f64,
+}
+
+/// Aggregate rate: all units over the slowest thread's time (threads start together).
+fn aggregate(work: &[Work]) -> f64 {
+    let units: u64 = work.iter().map(|work| work.units).sum();
+    let seconds = work.iter().map(|work| work.seconds).fold(0.0, f64::max);
+    if seconds > 0.0 {
+        units as f64 / seconds
+    } else {
+        0.0
+    }
+}
+
+struct Phase<'a> {
+    directory: &'a Path,
+    args: &'a Args,
+    deadline: Duration,
+}
+
+fn drop_cache(file: &File) {
+    // Best effort: ask the kernel to forget the file's pages so reads reach the device.
+    // SAFETY: plain syscall on a valid descriptor; failure only means the cache stays warm.
+    unsafe {
+        libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+    }
+}
+
+impl Phase<'_> {
+    fn data_path(&self, thread: usize) -> PathBuf {
+        self.directory.join(format!("bandwidth.{thread}"))
+    }
+
+    /// Runs `body` on `threads` threads released together; each returns its work.
+    fn parallel<F>(&self, threads: usize, body: F) -> anyhow::Result<Vec<Work>>
+    where
+        F: Fn(usize) -> anyhow::Result<Work> + Sync,
+    {
+        let barrier = Barrier::new(threads);
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..threads)
+                .map(|thread| {
+                    let (barrier, body) = (&barrier, &body);
+                    scope.spawn(move || {
+                        barrier.wait();
+                        body(thread)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|handle| handle.join().expect("benchmark thread panicked"))
+                .collect()
+        })
+    }
+
+    fn write_bandwidth(&self, thread: usize) -> anyhow::Result<Work> {
+        let path = self.data_path(thread);
+        let transfer = (self.args.transfer_kib << 10) as usize;
+        let total = self.args.file_mib_per_thread << 20;
+        let block = vec![0xA5u8; transfer];
+        let mut file =
+            File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        let started = Instant::now();
+        let mut written = 0u64;
+        while written < total && started.elapsed() < self.deadline * 4 {
+            let length = transfer.min((total - written) as usize);
+            file.write_all(&block[..length])
+                .with_context(|| format!("writing {}", path.display()))?;
+            written += length as u64;
+        }
+        file.sync_all()
+            .with_context(|| format!("fsync {}", path.display()))?;
+        let seconds = started.elapsed().as_secs_f64();
+        drop_cache(&file);
+        Ok(Work {
+            units: written,
+            seconds,
+        })
+    }
+
+    fn read_bandwidth(&self, thread: usize) -> anyhow::Result<Work> {
+        let path = self.data_path(thread);
+        let mut file = File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+        let mut block = vec![0u8; (self.args.transfer_kib << 10) as usize];
+        let started = Instant::now();
+        let mut read = 0u64;
+        while started.elapsed() < self.deadline * 4 {
+            let bytes = file
+                .read(&mut block)
+                .with_context(|| format!("reading {}", path.display()))?;
+            if bytes == 0 {
+                break;
+            }
+            read += bytes as u64;
+        }
+        Ok(Work {
+            units: read,
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+
+    fn random_transfers(&self, thread: usize, write: bool, seed: u64) -> anyhow::Result<Work> {
+        let path = self.data_path(thread);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        let size = file
+            .metadata()
+            .with_context(|| format!("stat {}", path.display()))?
+            .len();
+        let transfer = self.args.small_transfer_bytes;
+        let slots = size / transfer;
+        if slots == 0 {
+            bail!(
+                "{} is smaller than one {transfer}-byte transfer",
+                path.display()
+            );
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ thread as u64);
+        let mut buffer = vec![0x5Au8; transfer as usize];
+        let started = Instant::now();
+        let mut operations = 0u64;
+        // Check the clock every 64 operations; bound the count too.
+        const OPERATIONS_MAX: u64 = 10_000_000;
+        while operations < OPERATIONS_MAX {
+            for _ in 0..64 {
+                let offset = rng.gen_range(0..slots) * transfer;
+                if write {
+                    file.write_all_at(&buffer, offset).and_then(|()| {
+                        if self.args.sync_small_writes {
+                            file.sync_data()
+                        } else {
+                            Ok(())
+                        }
+                    })
+                } else {
+                    file.read_exact_at(&mut buffer, offset)
+                }
+                .with_context(|| {
+                    format!(
+                        "{} {} at offset {offset}",
+                        if write { "write" } else { "read" },
+                        path.display()
+                    )
+                })?;
+                operations += 1;
+            }
+            if started.elapsed() >= self.deadline {
+                break;
+            }
+        }
+        Ok(Work {
+            units: operations,
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+
+    fn metadata(&self, thread: usize, step: MetadataStep) -> anyhow::Result<Work> {
+        let directory = self.directory.join(format!("metadata.{thread}"));
+        std::fs::create_dir_all(&directory)
+            .with_context(|| format!("creating {}", directory.display()))?;
+        let count = self.args.metadata_files_per_thread;
+        let started = Instant::now();
+        let mut done = 0u64;
+        for index in 0..count {
+            let path = directory.join(format!("f{index}"));
+            let result = match step {
+                MetadataStep::Create => OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&path)
+                    .map(drop),
+                MetadataStep::Stat => std::fs::metadata(&path).map(drop),
+                MetadataStep::Remove => std::fs::remove_file(&path),
+            };
+            match result {
+                Ok(()) => done += 1,
+                // Stat and remove only cover the files the (possibly cut short) create made.
+                Err(error)
+                    if error.kind() == std::io::ErrorKind::NotFound
+                        && step != MetadataStep::Create =>
+                {
+                    break
+                }
+                Err(error) => {
+                    return Err(error).with_context(|| format!("{step:?} {}", path.display()))
+                }
+            }
+            if index % 64 == 63 && started.elapsed() >= self.deadline {
+                break;
+            }
+        }
+        Ok(Work {
+            units: done,
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MetadataStep {
+    Create,
+    Stat,
+    Remove,
+}
+
+fn measure_level(phase: &Phase, threads: usize) -> anyhow::Result<Level> {
+    let mut level = Level {
+        threads,
+        ..Level::default()
+    };
+    level.write_bytes_per_second =
+        aggregate(&phase.parallel(threads, |thread| phase.write_bandwidth(thread))?);
+    level.read_bytes_per_second =
+        aggregate(&phase.parallel(threads, |thread| phase.read_bandwidth(thread))?);
+    level.write_iops =
+        aggregate(&phase.parallel(threads, |thread| phase.random_transfers(thread, true, 1))?);
+    level.read_iops =
+        aggregate(&phase.parallel(threads, |thread| phase.random_transfers(thread, false, 2))?);
+    level.create_per_second = aggregate(&phase.parallel(threads, |thread| {
+        phase.metadata(thread, MetadataStep::Create)
+    })?);
+    level.stat_per_second =
+        aggregate(&phase.parallel(threads, |thread| phase.metadata(thread, MetadataStep::Stat))?);
+    level.remove_per_second = aggregate(&phase.parallel(threads, |thread| {
+        phase.metadata(thread, MetadataStep::Remove)
+    })?);
+    for thread in 0..threads {
+        let path = phase.data_path(thread);
+        std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+        let directory = phase.directory.join(format!("metadata.{thread}"));
+        std::fs::remove_dir_all(&directory)
+            .with_context(|| format!("removing {}", directory.display()))?;
+    }
+    Ok(level)
+}
+
+/// Peaks from the levels, the way the paper estimates a fragment's peaks: the best level's mean
+/// of read and write (bandwidth, IOPS) and of create, stat and remove (metadata).
+pub fn peaks_of(levels: &[Level]) -> spillway_sim::Peaks {
+    let best = |value: &dyn Fn(&Level) -> f64| levels.iter().map(value).fold(0.0, f64::max);
+    spillway_sim::Peaks {
+        bandwidth_bytes_per_second: best(&|level| {
+            (level.read_bytes_per_second + level.write_bytes_per_second) / 2.0
+        }),
+        iops: best(&|level| (level.read_iops + level.write_iops) / 2.0),
+        metadata_ops_per_second: best(&|level| {
+            (level.create_per_second + level.stat_per_second + level.remove_per_second) / 3.0
+        }),
+    }
+}
+
+const THREADS_LIMIT: usize = 256;
+
+/// Validates the flags and measures every level; the work directory is removed afterwards.
+pub fn measure(args: &Args) -> anyhow::Result<(Vec<Level>, spillway_sim::Peaks)> {
+    if args.threads_max == 0 || args.threads_max > THREADS_LIMIT {
+        bail!(
+            "--threads-max must be between 1 and {THREADS_LIMIT} (got {})",
+            args.threads_max
+        );
+    }
+    if args.transfer_kib == 0 || args.file_mib_per_thread == 0 || args.small_transfer_bytes == 0 {
+        bail!(
+            "--transfer-kib, --file-mib-per-thread and --small-transfer-bytes must be at least 1"
+        );
+    }
+    if (args.file_mib_per_thread << 20) < args.small_transfer_bytes {
+        bail!("--file-mib-per-thread must hold at least one --small-transfer-bytes transfer");
+    }
+    if !(args.phase_seconds > 0.0 && args.phase_seconds <= 600.0) {
+        bail!(
+            "--phase-seconds must be in (0, 600] (got {})",
+            args.phase_seconds
+        );
+    }
+    std::fs::create_dir_all(&args.target)
+        .with_context(|| format!("creating target {}", args.target.display()))?;
+    let work = tempfile::Builder::new()
+        .prefix("spillway-peaks.")
+        .tempdir_in(&args.target)
+        .with_context(|| format!("creating a work directory in {}", args.target.display()))?;
+    let phase = Phase {
+        directory: work.path(),
+        args,
+        deadline: Duration::from_secs_f64(args.phase_seconds),
+    };
+    let mut levels = Vec::new();
+    let mut threads = 1;
+    while threads <= args.threads_max {
+        levels.push(measure_level(&phase, threads)?);
+        threads *= 2;
+    }
+    work.close()
+        .with_context(|| format!("removing the work directory in {}", args.target.display()))?;
+    Ok((levels.clone(), peaks_of(&levels)))
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let (levels, peaks) = measure(&args)?;
+    let output = json!({
+        "target": args.target.display().to_string(),
+        "target_kind": "directory",
+        "transfer_bytes": args.transfer_kib << 10,
+        "small_transfer_bytes": args.small_transfer_bytes,
+        "file_bytes_per_thread": args.file_mib_per_thread << 20,
+        "levels": levels,
+        "peaks": peaks,
+        "note": "peaks = best level's mean of read and write (bandwidth, IOPS) and of create, stat, remove (metadata); reads may be served from the page cache when posix_fadvise cannot drop it",
+    });
+    if let Some(path) = &args.output {
+        std::fs::write(path, serde_json::to_string_pretty(&output)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&output)?);
+        return Ok(());
+    }
+    const MIB: f64 = 1024.0 * 1024.0;
+    println!("target {} (directory)", args.target.display());
+    println!(
+        "{:>7} {:>12} {:>12} {:>11} {:>11} {:>11} {:>11} {:>11}",
+        "threads",
+        "write MiB/s",
+        "read MiB/s",
+        "write IOPS",
+        "read IOPS",
+        "create/s",
+        "stat/s",
+        "remove/s"
+    );
+    for level in &levels {
+        println!(
+            "{:>7} {:>12.0} {:>12.0} {:>11.0} {:>11.0} {:>11.0} {:>11.0} {:>11.0}",
+            level.threads,
+            level.write_bytes_per_second / MIB,
+            level.read_bytes_per_second / MIB,
+            level.write_iops,
+            level.read_iops,
+            level.create_per_second,
+            level.stat_per_second,
+            level.remove_per_second
+        );
+    }
+    println!(
+        "peaks: {:.0} MiB/s, {:.0} IOPS ({} B), {:.0} metadata ops/s",
+        peaks.bandwidth_bytes_per_second / MIB,
+        peaks.iops,
+        args.small_transfer_bytes,
+        peaks.metadata_ops_per_second
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny(target: PathBuf) -> Args {
+        Args {
+            target,
+            threads_max: 2,
+            file_mib_per_thread: 1,
+            transfer_kib: 256,
+            small_transfer_bytes: 4096,
+            metadata_files_per_thread: 50,
+            phase_seconds: 0.05,
+            sync_small_writes: false,
+            json: true,
+            output: None,
+        }
+    }
+
+    #[test]
+    fn a_tiny_run_measures_every_phase_at_each_level_and_cleans_up() {
+        let target = tempfile::tempdir().unwrap();
+        let (levels, peaks) = measure(&tiny(target.path().to_path_buf())).unwrap();
+        assert_eq!(
+            levels.iter().map(|level| level.threads).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
+        for level in &levels {
+            for rate in [
+                level.write_bytes_per_second,
+                level.read_bytes_per_second,
+                level.write_iops,
+                level.read_iops,
+                level.create_per_second,
+                level.stat_per_second,
+                level.remove_per_second,
+            ] {
+                assert!(rate > 0.0 && rate.is_finite(), "{level:?}");
+            }
+        }
+        assert!(
+            peaks.bandwidth_bytes_per_second > 0.0
+                && peaks.iops > 0.0
+                && peaks.metadata_ops_per_second > 0.0
+        );
+        assert_eq!(
+            std::fs::read_dir(target.path()).unwrap().count(),
+            0,
+            "work directory removed"
+        );
+    }
+
+    #[test]
+    fn peaks_are_the_best_levels_means() {
+        let level = |threads, bandwidth: f64, iops: f64, metadata: f64| Level {
+            threads,
+            write_bytes_per_second: bandwidth - 1.0,
+            read_bytes_per_second: bandwidth + 1.0,
+            write_iops: iops,
+            read_iops: iops,
+            create_per_second: metadata / 2.0,
+            stat_per_second: metadata,
+            remove_per_second: metadata * 1.5,
+        };
+        let peaks = peaks_of(&[level(1, 10.0, 500.0, 30.0), level(2, 20.0, 400.0, 60.0)]);
+        assert_eq!(peaks.bandwidth_bytes_per_second, 20.0);
+        assert_eq!(peaks.iops, 500.0);
+        assert_eq!(peaks.metadata_ops_per_second, 60.0);
+    }
+
+    #[test]
+    fn absurd_flags_are_refused_by_name() {
+        let target = tempfile::tempdir().unwrap();
+        let mut args = tiny(target.path().to_path_buf());
+        args.threads_max = 0;
+        assert!(measure(&args)
+            .unwrap_err()
+            .to_string()
+            .contains("--threads-max"));
+        let mut args = tiny(target.path().to_path_buf());
+        args.phase_seconds = -1.0;
+        assert!(measure(&args)
+            .unwrap_err()
+            .to_string()
+            .contains("--phase-seconds"));
+    }
 }

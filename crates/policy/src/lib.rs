@@ -1,1 +1,20 @@
 //! Pure placement and scheduling decisions shared by the daemons and the simulators.
+//!
+//! Every decision here is a function `(state snapshot, event) -> decision` with no I/O, no clock
+//! and no randomness: the caller passes "now" in and applies the decision it gets back. That is
+//! what lets the manager, the store and the FTL simulator (`spillway-ftl`) make the *same*
+//! decisions, and lets tests check them against the algorithms of the BIOS paper line by line.
+//!
+//! - [`stream`]: BIOS Algorithm 1, key (user or job) → SSD stream id with a per-device limit,
+//!   least-used sharing when streams run out, and periodic reclaim of idle keys.
+//! - [`pool`]: BIOS Algorithm 2, stream-aware choice of a burst buffer pool for a new job.
+//! - [`lifetime`]: lifetime-aware grouping (the improvement BIOS 7.2 proposes): keys whose data
+//!   is expected to die at similar times share a stream.
+
+pub mod lifetime;
+pub mod pool;
+pub mod stream;
+
+pub use lifetime::{lifetime_stream, LifetimeEstimate};
+pub use pool::{select_pool, PoolChoice, PoolState};
+pub use stream::{StreamDecision, StreamTable, StreamTableLimits};

@@ -1,1 +1,22 @@
-//! Trace-driven two-level burst buffer simulator and workflow characterization.
+//! Planning tools for burst buffers: the Spillway trace format, a trace-driven two-level
+//! simulator (Xu/Sato), synthetic workflow traces, and workflow characterization with
+//! allocation advice (Daley et al., DataWarp).
+//!
+//! Why one crate: all four share the trace and have no I/O beyond reading and writing traces,
+//! so the CLI (`spillway sim`, `spillway characterize`) stays a thin layer of flags and output
+//! formatting. Eviction policies are pure code in [`policy`] so a daemon can share them.
+
+pub mod characterize;
+pub mod crc32;
+pub mod model;
+pub mod policy;
+pub mod report;
+pub mod synth;
+pub mod trace;
+
+pub use characterize::{characterize, AllocationTarget, Bound, Characterization, Peaks, Profile};
+pub use model::{
+    access_space, simulate, sweep, Level, SimConfig, SimReport, SweepPoint, WriteBack,
+};
+pub use policy::{EvictionPolicy, PolicyKind};
+pub use trace::{JobMeta, Op, Trace, TraceOp, TraceReader, TraceWriter};
