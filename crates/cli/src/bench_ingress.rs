@@ -1,8 +1,555 @@
-//! Placeholder while the owning work is in progress; replaced before it lands.
+//! `spillway bench ingress`: client-visible ingress through real servers, against baselines
+//! measured in the same run (BurstMem Fig. 6/7 on one machine).
+//!
+//! For each configuration (servers S, client processes C, transfer size T, bytes per client B)
+//! and each pattern (N-N: a file per client; N-1: one shared file, disjoint blocks):
+//! 1. Spillway: S `spillway serve` processes, C client processes (this binary in a hidden worker
+//!    mode) that connect, wait for "go", write B bytes in T-byte pipelined writes, meet at a
+//!    barrier, commit (`memory` or `ssd`), report. Timed from "go" to the last commit's return.
+//! 2. Memcached: S real `memcached -I 2m` processes on loopback, loaded by `memcaslap` (C
+//!    threads, C connections) with SETs of T-byte values, the same total bytes.
+//! 3. Loopback limit: C threads push the same bytes over plain TCP into sinks that discard.
+//! 4. Direct to PFS: C threads write the same bytes to files in a directory on the same disk as
+//!    the SSD log, then fsync.
+//!
+//! Ratios are Spillway over each baseline of the same configuration.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use spillway_client::{Client, ClientOptions, Placement};
+use spillway_proto::{Durability, Endpoint};
+use spillway_types::EpochId;
+
+use crate::serve::parse_bytes;
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Burst buffer servers (S).
+    #[arg(long, default_value_t = 1)]
+    servers: u32,
+    /// Client processes (C).
+    #[arg(long, default_value_t = 2)]
+    clients: u32,
+    /// Bytes per write (and per memcached SET).
+    #[arg(long, default_value = "1M", value_parser = parse_bytes)]
+    transfer_bytes: u64,
+    /// Bytes each client writes.
+    #[arg(long, default_value = "512M", value_parser = parse_bytes)]
+    bytes_per_client: u64,
+    /// Only the configuration given by the flags (default: also S=2 and 16 KiB transfers).
+    #[arg(long)]
+    single: bool,
+    /// Directory for SSD logs and the direct-to-PFS files (same disk). Default /var/tmp.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Measure every subject this many times, interleaved, and report medians (the disk and
+    /// the shared CPUs drift from one second to the next).
+    #[arg(long, default_value_t = 3)]
+    repeat: u32,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    #[arg(long, hide = true)]
+    worker_rank: Option<u32>,
+    #[arg(long, hide = true, default_value = "")]
+    worker_servers: String,
+    #[arg(long, hide = true, default_value = "nn")]
+    worker_pattern: String,
+    #[arg(long, hide = true, default_value = "memory")]
+    worker_durability: String,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("this subcommand is not built yet")
+const GB: f64 = 1e9;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Shape {
+    servers: u32,
+    clients: u32,
+    transfer_bytes: u64,
+    bytes_per_client: u64,
+}
+
+impl Shape {
+    fn total_bytes(&self) -> u64 {
+        self.clients as u64 * self.bytes_per_client
+    }
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Row {
+    servers: u32,
+    clients: u32,
+    transfer_bytes: u64,
+    bytes_total: u64,
+    spillway_nn_memory_gbps: f64,
+    spillway_n1_memory_gbps: f64,
+    spillway_nn_ssd_gbps: f64,
+    spillway_n1_ssd_gbps: f64,
+    memcached_gbps: f64,
+    loopback_gbps: f64,
+    direct_pfs_gbps: f64,
+    vs_memcached: f64,
+    vs_loopback: f64,
+    ssd_vs_direct_pfs: f64,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(rank) = args.worker_rank {
+        return worker(rank, &args);
+    }
+    if args.servers == 0 || args.clients == 0 || args.transfer_bytes == 0 {
+        bail!("--servers, --clients and --transfer-bytes must be at least 1");
+    }
+    if args.bytes_per_client < args.transfer_bytes {
+        bail!("--bytes-per-client must be at least --transfer-bytes");
+    }
+    let base = args.dir.clone().unwrap_or_else(|| PathBuf::from("/var/tmp"));
+    let work = base.join(format!("spillway-bench-ingress-{}", std::process::id()));
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let primary = Shape {
+        servers: args.servers,
+        clients: args.clients,
+        transfer_bytes: args.transfer_bytes,
+        bytes_per_client: args.bytes_per_client,
+    };
+    let mut shapes = vec![primary];
+    if !args.single {
+        for extra in [Shape { servers: 2, ..primary }, Shape { transfer_bytes: 16 << 10, ..primary }] {
+            if !shapes.contains(&extra) {
+                shapes.push(extra);
+            }
+        }
+    }
+    let mut rows = Vec::new();
+    let result = (|| -> anyhow::Result<()> {
+        for shape in &shapes {
+            if !args.json {
+                eprintln!("measuring S={} C={} transfer={} bytes/client={} …", shape.servers, shape.clients, shape.transfer_bytes, shape.bytes_per_client);
+            }
+            rows.push(measure(shape, &work, args.repeat.max(1))?);
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&work);
+    result?;
+    let first = &rows[0];
+    if args.json {
+        let out = serde_json::json!({
+            "benchmark": "ingress",
+            "repeat": args.repeat.max(1),
+            "rows": rows,
+            "ratios": {
+                "vs_memcached": first.vs_memcached,
+                "vs_loopback": first.vs_loopback,
+                "ssd_vs_direct_pfs": first.ssd_vs_direct_pfs,
+            },
+            "ratio_basis": format!(
+                "row 0: S={} C={} transfer={} bytes, N-N; memory durability for vs_memcached/vs_loopback, ssd for ssd_vs_direct_pfs",
+                first.servers, first.clients, first.transfer_bytes
+            ),
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!("ingress GB/s (1 GB = 1e9 bytes), median of {} runs; Spillway timed until every commit returned", args.repeat.max(1));
+        println!("| S | C | transfer | total | NN mem | N1 mem | NN ssd | N1 ssd | memcached | loopback | direct+fsync | vs_memcached | vs_loopback | ssd_vs_direct_pfs |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        for r in &rows {
+            println!(
+                "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                r.servers,
+                r.clients,
+                spillway_types::format_bytes(r.transfer_bytes),
+                spillway_types::format_bytes(r.bytes_total),
+                r.spillway_nn_memory_gbps,
+                r.spillway_n1_memory_gbps,
+                r.spillway_nn_ssd_gbps,
+                r.spillway_n1_ssd_gbps,
+                r.memcached_gbps,
+                r.loopback_gbps,
+                r.direct_pfs_gbps,
+                r.vs_memcached,
+                r.vs_loopback,
+                r.ssd_vs_direct_pfs
+            );
+        }
+        println!("ratios use N-N: vs_memcached and vs_loopback at memory durability, ssd_vs_direct_pfs at ssd durability");
+    }
+    Ok(())
+}
+
+fn measure(shape: &Shape, work: &Path, repeat: u32) -> anyhow::Result<Row> {
+    let mut samples: [Vec<f64>; 7] = Default::default();
+    for _ in 0..repeat {
+        // Each Spillway subject sits next to the baseline it is judged against.
+        samples[0].push(loopback_gbps(shape)?);
+        samples[1].push(spillway_gbps(shape, work, "nn", "memory")?);
+        samples[2].push(memcached_gbps(shape, work)?);
+        samples[3].push(spillway_gbps(shape, work, "n1", "memory")?);
+        samples[4].push(direct_pfs_gbps(shape, work)?);
+        samples[5].push(spillway_gbps(shape, work, "nn", "ssd")?);
+        samples[6].push(spillway_gbps(shape, work, "n1", "ssd")?);
+    }
+    let [loopback, nn_memory, memcached, n1_memory, direct, nn_ssd, n1_ssd] = samples.map(median);
+    Ok(Row {
+        servers: shape.servers,
+        clients: shape.clients,
+        transfer_bytes: shape.transfer_bytes,
+        bytes_total: shape.total_bytes(),
+        spillway_nn_memory_gbps: nn_memory,
+        spillway_n1_memory_gbps: n1_memory,
+        spillway_nn_ssd_gbps: nn_ssd,
+        spillway_n1_ssd_gbps: n1_ssd,
+        memcached_gbps: memcached,
+        loopback_gbps: loopback,
+        direct_pfs_gbps: direct,
+        vs_memcached: nn_memory / memcached,
+        vs_loopback: nn_memory / loopback,
+        ssd_vs_direct_pfs: nn_ssd / direct,
+    })
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    assert!(!values.is_empty());
+    values.sort_by(|a, b| a.total_cmp(b));
+    values[values.len() / 2]
+}
+
+/// Kills a child on drop (a failed measurement must not leave servers behind).
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            // SIGTERM first so a server syncs and removes nothing half-done; then make sure.
+            unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < deadline && self.0.try_wait().ok().flatten().is_none() {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+fn spillway_gbps(shape: &Shape, work: &Path, pattern: &str, durability: &str) -> anyhow::Result<f64> {
+    let exe = std::env::current_exe()?;
+    let per_server = shape.total_bytes().div_ceil(shape.servers as u64);
+    // Above the flusher's high watermark (75 %) the store starts spilling; leave room so the
+    // memory runs measure DRAM ingest.
+    // At ssd durability the DRAM log is a staging buffer: a small one makes the flusher write
+    // to the SSD while data still arrives, as a loaded server's would.
+    let dram = if durability == "memory" {
+        (per_server * 10 / 7 + (64 << 20)).next_multiple_of(1 << 20)
+    } else {
+        std::env::var("SPILLWAY_BENCH_SSD_DRAM").ok().and_then(|v| parse_bytes(&v).ok()).unwrap_or(128 << 20)
+    };
+    let ssd = per_server * 2 + (1 << 30);
+    let mut servers = Vec::new();
+    let mut endpoints = Vec::new();
+    for s in 0..shape.servers {
+        let ssd_dir = work.join(format!("ssd-{pattern}-{durability}-{s}"));
+        let log = std::fs::File::create(work.join(format!("server-{s}.log")))?;
+        let mut child = Command::new(&exe)
+            .args(["serve", "--listen", "127.0.0.1:0", "--durability", durability])
+            .arg("--ssd-dir")
+            .arg(&ssd_dir)
+            .args(["--dram-bytes", &dram.to_string(), "--ssd-bytes", &ssd.to_string()])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .context("starting spillway serve")?;
+        let stdout = child.stdout.take().expect("piped");
+        servers.push(Reaped(child));
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        let endpoint = line
+            .strip_prefix("listening ")
+            .and_then(|l| l.split_whitespace().next())
+            .with_context(|| format!("server {s} did not start (see {}/server-{s}.log)", work.display()))?
+            .to_string();
+        endpoints.push(endpoint);
+    }
+    let list = endpoints.join(",");
+    let mut workers: Vec<(Reaped, ChildStdin, BufReader<ChildStdout>)> = Vec::new();
+    for rank in 0..shape.clients {
+        let mut child = Command::new(&exe)
+            .args(["bench", "ingress", "--worker-rank", &rank.to_string(), "--worker-servers", &list])
+            .args(["--worker-pattern", pattern, "--worker-durability", durability])
+            .args(["--transfer-bytes", &shape.transfer_bytes.to_string(), "--bytes-per-client", &shape.bytes_per_client.to_string()])
+            .args(["--servers", &shape.servers.to_string(), "--clients", &shape.clients.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting a client worker")?;
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = BufReader::new(child.stdout.take().expect("piped"));
+        workers.push((Reaped(child), stdin, stdout));
+    }
+    let expect = |workers: &mut Vec<(Reaped, ChildStdin, BufReader<ChildStdout>)>, word: &str| -> anyhow::Result<()> {
+        for (rank, (_, _, out)) in workers.iter_mut().enumerate() {
+            let mut line = String::new();
+            out.read_line(&mut line)?;
+            if line.trim() != word {
+                bail!("client worker {rank} said {line:?}, expected {word:?} (pattern {pattern}, durability {durability})");
+            }
+        }
+        Ok(())
+    };
+    let say = |workers: &mut Vec<(Reaped, ChildStdin, BufReader<ChildStdout>)>, word: &str| -> anyhow::Result<()> {
+        for (_, input, _) in workers.iter_mut() {
+            writeln!(input, "{word}")?;
+            input.flush()?;
+        }
+        Ok(())
+    };
+    expect(&mut workers, "ready")?;
+    let start = Instant::now();
+    say(&mut workers, "go")?;
+    expect(&mut workers, "written")?;
+    say(&mut workers, "commit")?;
+    expect(&mut workers, "done")?;
+    let seconds = start.elapsed().as_secs_f64();
+    for (mut child, input, _) in workers {
+        drop(input);
+        let status = child.0.wait()?;
+        if !status.success() {
+            bail!("a client worker exited with {status}");
+        }
+    }
+    drop(servers);
+    for s in 0..shape.servers {
+        let _ = std::fs::remove_dir_all(work.join(format!("ssd-{pattern}-{durability}-{s}")));
+    }
+    Ok(shape.total_bytes() as f64 / seconds / GB)
+}
+
+/// One client process of the Spillway measurement.
+fn worker(rank: u32, args: &Args) -> anyhow::Result<()> {
+    let endpoints: Vec<Endpoint> = args
+        .worker_servers
+        .split(',')
+        .map(|s| s.parse().map_err(|e: String| anyhow::anyhow!(e)))
+        .collect::<anyhow::Result<_>>()?;
+    let durability = match args.worker_durability.as_str() {
+        "memory" => Durability::Memory,
+        _ => Durability::Ssd,
+    };
+    let transfer = args.transfer_bytes;
+    let placement = Placement::Striped { stripe_unit_bytes: transfer.max(1 << 20), stripe_count: endpoints.len() as u32 };
+    let options = ClientOptions {
+        placement,
+        durability,
+        window: 16,
+        transfer_bytes_max: transfer,
+        client_name: format!("bench worker {rank}"),
+    };
+    let mut client = Client::connect(&endpoints, options)?;
+    let epoch = EpochId(1);
+    client.begin_epoch(epoch);
+    let (name, base) = match args.worker_pattern.as_str() {
+        "n1" => ("shared".to_string(), rank as u64 * args.bytes_per_client),
+        _ => (format!("rank{rank}"), 0),
+    };
+    let mut file = client.create_file(epoch, &name)?;
+    let buffer: Vec<u8> = (0..transfer).map(|i| (i as u8) ^ (rank as u8).wrapping_mul(31)).collect();
+    let mut stdin = std::io::stdin().lock();
+    let mut stdout = std::io::stdout().lock();
+    let mut line = String::new();
+    writeln!(stdout, "ready")?;
+    stdout.flush()?;
+    stdin.read_line(&mut line)?;
+    let started = Instant::now();
+    let mut offset = 0;
+    while offset < args.bytes_per_client {
+        let length = transfer.min(args.bytes_per_client - offset) as usize;
+        client.write(&mut file, base + offset, &buffer[..length])?;
+        offset += length as u64;
+    }
+    client.flush()?;
+    writeln!(stdout, "written")?;
+    stdout.flush()?;
+    line.clear();
+    stdin.read_line(&mut line)?;
+    let written = started.elapsed();
+    let commit_started = Instant::now();
+    client.commit_epoch(epoch)?;
+    if std::env::var_os("SPILLWAY_BENCH_VERBOSE").is_some() {
+        eprintln!(
+            "worker {rank}: wrote {} bytes in {:.3} s, commit ({}) took {:.3} s",
+            args.bytes_per_client,
+            written.as_secs_f64(),
+            args.worker_durability,
+            commit_started.elapsed().as_secs_f64()
+        );
+    }
+    writeln!(stdout, "done")?;
+    stdout.flush()?;
+    Ok(())
+}
+
+fn memcached_gbps(shape: &Shape, work: &Path) -> anyhow::Result<f64> {
+    let memcached = which("memcached").context(
+        "memcached not found: install the Debian packages memcached and libmemcached-tools (apt-get install -y memcached libmemcached-tools)",
+    )?;
+    let memcaslap = which("memcaslap").context("memcaslap not found: install the Debian package libmemcached-tools")?;
+    let per_server_mb = (shape.total_bytes().div_ceil(shape.servers as u64) >> 20) + 256;
+    let mut servers = Vec::new();
+    let mut addresses = Vec::new();
+    for _ in 0..shape.servers {
+        let port = free_port()?;
+        let mut command = Command::new(&memcached);
+        command
+            .args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0", "-I", "2m", "-t", "2"])
+            .args(["-m", &per_server_mb.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if unsafe { libc::geteuid() } == 0 {
+            command.args(["-u", "root"]);
+        }
+        servers.push(Reaped(command.spawn().context("starting memcached")?));
+        addresses.push(format!("127.0.0.1:{port}"));
+        wait_for_port(port)?;
+    }
+    let config = work.join("memcaslap.cfg");
+    std::fs::write(&config, format!("key\n64 64 1\nvalue\n{0} {0} 1\ncmd\n0 1\n1 0\n", shape.transfer_bytes))?;
+    let operations = shape.total_bytes() / shape.transfer_bytes;
+    let threads = shape.clients.max(shape.servers + 1);
+    let start = Instant::now();
+    let output = Command::new(&memcaslap)
+        .arg(format!("--servers={}", addresses.join(",")))
+        .arg(format!("--cfg_cmd={}", config.display()))
+        .args(["-T", &threads.to_string(), "-c", &threads.max(shape.clients).to_string()])
+        .args(["-x", &operations.to_string(), "-X", &shape.transfer_bytes.to_string()])
+        .output()
+        .context("running memcaslap")?;
+    let seconds = start.elapsed().as_secs_f64();
+    let text = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() || !text.contains("Run time") {
+        bail!("memcaslap failed ({}): {}{}", output.status, text, String::from_utf8_lossy(&output.stderr));
+    }
+    let sets: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("cmd_set: "))
+        .and_then(|n| n.trim().parse().ok())
+        .context("memcaslap printed no cmd_set count")?;
+    drop(servers);
+    Ok((sets * shape.transfer_bytes) as f64 / seconds / GB)
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|dir| Path::new(dir).join(program))
+        .find(|path| path.is_file())
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn wait_for_port(port: u16) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline {
+            bail!("memcached did not start listening on port {port}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
+/// C threads push the bytes over plain loopback TCP into S sinks that discard them.
+fn loopback_gbps(shape: &Shape) -> anyhow::Result<f64> {
+    let listeners: Vec<TcpListener> = (0..shape.servers).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
+    let addresses: Vec<_> = listeners.iter().map(|l| l.local_addr()).collect::<Result<_, _>>()?;
+    let clients = shape.clients;
+    let sinks: Vec<_> = listeners
+        .into_iter()
+        .enumerate()
+        .map(|(s, listener)| {
+            let connections = (0..clients).filter(|c| *c as usize % addresses.len() == s).count();
+            std::thread::spawn(move || -> std::io::Result<()> {
+                let mut readers = Vec::new();
+                for _ in 0..connections {
+                    let (mut stream, _) = listener.accept()?;
+                    readers.push(std::thread::spawn(move || -> std::io::Result<()> {
+                        let mut buffer = vec![0u8; 1 << 20];
+                        while stream.read(&mut buffer)? > 0 {}
+                        stream.write_all(&[1])
+                    }));
+                }
+                for r in readers {
+                    r.join().expect("sink thread")?;
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    let senders: Vec<_> = (0..clients)
+        .map(|c| {
+            let address = addresses[c as usize % addresses.len()];
+            let (transfer, bytes) = (shape.transfer_bytes as usize, shape.bytes_per_client);
+            std::thread::spawn(move || -> std::io::Result<()> {
+                let mut stream = TcpStream::connect(address)?;
+                stream.set_nodelay(true)?;
+                let buffer = vec![7u8; transfer];
+                let mut sent = 0u64;
+                while sent < bytes {
+                    let n = (transfer as u64).min(bytes - sent) as usize;
+                    stream.write_all(&buffer[..n])?;
+                    sent += n as u64;
+                }
+                stream.shutdown(std::net::Shutdown::Write)?;
+                let mut ack = [0u8; 1];
+                stream.read_exact(&mut ack)
+            })
+        })
+        .collect();
+    for s in senders {
+        s.join().expect("sender thread")?;
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    for s in sinks {
+        s.join().expect("sink")?;
+    }
+    Ok(shape.total_bytes() as f64 / seconds / GB)
+}
+
+/// C threads write the bytes to files on the same disk as the SSD log, then fsync.
+fn direct_pfs_gbps(shape: &Shape, work: &Path) -> anyhow::Result<f64> {
+    let dir = work.join("pfs");
+    std::fs::create_dir_all(&dir)?;
+    let start = Instant::now();
+    let threads: Vec<_> = (0..shape.clients)
+        .map(|c| {
+            let path = dir.join(format!("rank{c}"));
+            let (transfer, bytes) = (shape.transfer_bytes as usize, shape.bytes_per_client);
+            std::thread::spawn(move || -> std::io::Result<()> {
+                let mut file = std::fs::File::create(&path)?;
+                let buffer = vec![c as u8; transfer];
+                let mut written = 0u64;
+                while written < bytes {
+                    let n = (transfer as u64).min(bytes - written) as usize;
+                    file.write_all(&buffer[..n])?;
+                    written += n as u64;
+                }
+                file.sync_all()
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("writer thread")?;
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    std::fs::remove_dir_all(&dir)?;
+    Ok(shape.total_bytes() as f64 / seconds / GB)
 }

@@ -1,8 +1,186 @@
-//! Placeholder while the owning work is in progress; replaced before it lands.
+//! `spillway serve`: one burst buffer server process owning one store.
+//!
+//! Configuration: `--config FILE` (TOML, see `spillway config-doc`), environment
+//! `SPILLWAY_<SECTION>_<NAME>`, then these flags for the common knobs. When listening, prints one
+//! line `listening <endpoint>…` on stdout (scripts and tests read the real port from it when
+//! `--listen 127.0.0.1:0` is given); logs go to stderr. SIGTERM or SIGINT: stop accepting,
+//! finish in-flight requests, sync the store, exit 0.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use spillway_config::server::CommitDurability;
+use spillway_config::Config;
+use spillway_proto::Endpoint;
+use spillway_server::{Server, ServerOptions, StoreBackend};
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// TOML configuration file.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// TCP address to listen on (server.listen_address); "" for none.
+    #[arg(long)]
+    listen: Option<String>,
+    /// Unix-domain socket to listen on (server.unix_socket_path).
+    #[arg(long)]
+    unix_socket: Option<String>,
+    /// Allow a non-loopback TCP address although peers are not authenticated (logs a warning).
+    #[arg(long)]
+    insecure_tcp: bool,
+    /// Directory of the SSD log (store.ssd_directory).
+    #[arg(long)]
+    ssd_dir: Option<String>,
+    /// DRAM log capacity (store.dram_bytes_max), e.g. 512M, 2G.
+    #[arg(long, value_parser = parse_bytes)]
+    dram_bytes: Option<u64>,
+    /// SSD log capacity (store.ssd_bytes_max), e.g. 64G.
+    #[arg(long, value_parser = parse_bytes)]
+    ssd_bytes: Option<u64>,
+    /// Default commit durability (server.commit_durability): ssd or memory.
+    #[arg(long, value_parser = parse_durability)]
+    durability: Option<CommitDurability>,
+    /// Server name for logs and status (server.server_name).
+    #[arg(long)]
+    name: Option<String>,
+    /// Log as JSON lines instead of text.
+    #[arg(long)]
+    log_json: bool,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("this subcommand is not built yet")
+/// `4096`, `64K`, `512M`, `2G`, `1T` (binary units).
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let (digits, unit) = match text.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => text.split_at(i),
+        None => (text, ""),
+    };
+    let value: u64 = digits.parse().map_err(|_| format!("{text:?} is not a byte count (e.g. 4096, 64K, 512M, 2G)"))?;
+    let scale: u64 = match unit.trim_end_matches(['i', 'B', 'b']).to_ascii_uppercase().as_str() {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        "T" => 1 << 40,
+        other => return Err(format!("unknown unit {other:?} in {text:?}")),
+    };
+    value.checked_mul(scale).ok_or_else(|| format!("{text:?} overflows"))
+}
+
+fn parse_durability(text: &str) -> Result<CommitDurability, String> {
+    match text {
+        "ssd" => Ok(CommitDurability::Ssd),
+        "memory" => Ok(CommitDurability::Memory),
+        other => Err(format!("durability {other:?}: expected ssd or memory")),
+    }
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_signal: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() {
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        libc::signal(libc::SIGTERM, handler);
+        libc::signal(libc::SIGINT, handler);
+    }
+}
+
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = if json { builder.json().try_init() } else { builder.try_init() };
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    init_logging(args.log_json);
+    let mut config = Config::load(args.config.as_deref(), std::env::vars())?;
+    if let Some(listen) = args.listen {
+        config.server.listen_address = listen;
+    }
+    if let Some(path) = args.unix_socket {
+        config.server.unix_socket_path = path;
+    }
+    if args.insecure_tcp {
+        config.server.insecure_tcp = true;
+    }
+    if let Some(dir) = args.ssd_dir {
+        config.store.ssd_directory = dir;
+    }
+    if let Some(bytes) = args.dram_bytes {
+        config.store.dram_bytes_max = bytes;
+    }
+    if let Some(bytes) = args.ssd_bytes {
+        config.store.ssd_bytes_max = bytes;
+    }
+    if let Some(durability) = args.durability {
+        config.server.commit_durability = durability;
+    }
+    if let Some(name) = args.name {
+        config.server.server_name = name;
+    }
+    config.validate()?;
+
+    let mut endpoints = Vec::new();
+    if !config.server.listen_address.is_empty() {
+        endpoints.push(
+            config.server.listen_address.parse::<Endpoint>().map_err(|e| anyhow::anyhow!("server.listen_address: {e}"))?,
+        );
+    }
+    if !config.server.unix_socket_path.is_empty() {
+        endpoints.push(Endpoint::Unix(config.server.unix_socket_path.clone().into()));
+    }
+
+    let store = spillway_store::Store::open(&config.store)
+        .with_context(|| format!("opening the store in {}", config.store.ssd_directory))?;
+    let backend = Arc::new(StoreBackend::new(store));
+    let server = Server::bind(ServerOptions::from_knobs(&config.server), backend.clone(), &endpoints, config.server.insecure_tcp)?;
+    install_signal_handlers();
+    let handle = server.shutdown_handle();
+    let watcher = std::thread::spawn(move || {
+        while !STOP.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        tracing::info!("signal received: shutting down gracefully");
+        handle.shutdown();
+    });
+    let listening: Vec<String> = server.endpoints().iter().map(|e| e.to_string()).collect();
+    {
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "listening {}", listening.join(" "))?;
+        stdout.flush()?;
+    }
+    let result = server.run();
+    STOP.store(true, Ordering::SeqCst);
+    let _ = watcher.join();
+    result?;
+    match Arc::try_unwrap(backend) {
+        Ok(backend) => backend.into_store().close().context("closing the store")?,
+        Err(_) => tracing::warn!("store still referenced at exit; it was synced but not closed"),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_counts_parse() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("64K"), Ok(64 << 10));
+        assert_eq!(parse_bytes("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("2g"), Ok(2 << 30));
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("5X").is_err());
+    }
 }

@@ -1,1 +1,467 @@
 //! Client library: server lists, striped and local placement, checkpoint API.
+//!
+//! A [`Client`] knows the servers of one reservation and places data over them
+//! ([`Placement`]: `Striped` like DataWarp, `Local` like BurstMem). The checkpoint API follows
+//! BurstMem: [`Client::create_file`] in an epoch, [`Client::write`] any byte range (many processes
+//! may write disjoint ranges of one shared file: N-1; or a file each: N-N),
+//! [`Client::commit_epoch`] (returns when every server this client wrote to holds the epoch at the
+//! requested durability), [`Client::read`] any byte range from whichever servers hold it,
+//! [`Client::list_epochs`], [`Client::delete_epoch`].
+//!
+//! Writes are pipelined: `write` returns once the request is on the wire (the caller's buffer is
+//! free again); acknowledgements are collected as the window fills and all of them by
+//! [`Client::flush`] and [`Client::commit_epoch`], which report the first failure.
+
+mod connection;
+pub mod placement;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use spillway_proto::{Durability, Endpoint, EpochInfo, EpochState, ErrorCode, Extent, FileInfo, Request, Response, ServerStatus};
+use spillway_types::{EpochId, FileId};
+
+pub use connection::ServerConnection;
+pub use placement::Placement;
+
+/// Why a client operation failed. Names the server and, for server errors, the protocol code.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    #[error("cannot connect to {endpoint}: {source}")]
+    Connect { endpoint: Endpoint, source: std::io::Error },
+    #[error("handshake with {endpoint} failed: {message}")]
+    Handshake { endpoint: Endpoint, message: String },
+    #[error("connection to {endpoint}: {source}")]
+    Io { endpoint: Endpoint, source: std::io::Error },
+    #[error("protocol error from {endpoint}: {message}")]
+    Protocol { endpoint: Endpoint, message: String },
+    #[error("{endpoint}: {code}: {message}")]
+    Server { endpoint: Endpoint, code: ErrorCode, message: String },
+    #[error("{endpoint} answered {got}, expected {expected}")]
+    UnexpectedReply { endpoint: Endpoint, expected: &'static str, got: String },
+    #[error("file {name:?} of epoch {epoch} is not on any server")]
+    NoSuchFile { epoch: EpochId, name: String },
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+impl ClientError {
+    /// The errno an application should see (the protocol's one table for server errors).
+    pub fn errno(&self) -> i32 {
+        match self {
+            ClientError::Server { code, .. } => code.errno(),
+            ClientError::NoSuchFile { .. } => ErrorCode::NoSuchFile.errno(),
+            ClientError::InvalidArgument(_) => ErrorCode::InvalidArgument.errno(),
+            ClientError::Connect { source, .. } | ClientError::Io { source, .. } => source.raw_os_error().unwrap_or(libc_eio()),
+            _ => ErrorCode::BadFrame.errno(),
+        }
+    }
+
+    /// The protocol code of a server-reported error.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Server { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+fn libc_eio() -> i32 {
+    ErrorCode::Io.errno()
+}
+
+/// Client settings.
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    pub placement: Placement,
+    /// Durability of `commit_epoch`.
+    pub durability: Durability,
+    /// Pipelined requests per server connection (capped by the server's limit).
+    pub window: u32,
+    /// Largest single write or read request (capped by the server's payload limit).
+    pub transfer_bytes_max: u64,
+    /// Name sent in the handshake (for the server's logs).
+    pub client_name: String,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            placement: Placement::striped_default(),
+            durability: Durability::ServerDefault,
+            window: 8,
+            transfer_bytes_max: 4 << 20,
+            client_name: format!("spillway-client pid {}", std::process::id()),
+        }
+    }
+}
+
+/// An open file of an epoch: its id on each server that has it.
+#[derive(Clone, Debug)]
+pub struct FileHandle {
+    pub epoch: EpochId,
+    pub name: String,
+    /// `ids[s]` is the file's id on server `s`, if that server has it.
+    ids: Vec<Option<FileId>>,
+}
+
+/// An epoch as seen over all servers of the reservation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EpochSummary {
+    pub epoch: EpochId,
+    /// The least advanced state over the servers holding it (open < committed-in-memory < committed).
+    pub state: EpochState,
+    pub servers: usize,
+    pub bytes: u64,
+}
+
+/// A client of one reservation's servers.
+pub struct Client {
+    servers: Vec<ServerConnection>,
+    options: ClientOptions,
+    /// Servers this client wrote to, per epoch (they must all commit it).
+    touched: HashMap<EpochId, BTreeSet<usize>>,
+}
+
+impl Client {
+    /// Connects to every server (in the reservation's order; placement depends on it).
+    pub fn connect(endpoints: &[Endpoint], options: ClientOptions) -> Result<Client, ClientError> {
+        if endpoints.is_empty() {
+            return Err(ClientError::InvalidArgument("empty server list".into()));
+        }
+        if let Placement::Striped { stripe_unit_bytes: 0, .. } = options.placement {
+            return Err(ClientError::InvalidArgument("stripe unit of 0 bytes".into()));
+        }
+        let servers = endpoints
+            .iter()
+            .map(|e| ServerConnection::connect(e, &options.client_name, options.window))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Client { servers, options, touched: HashMap::new() })
+    }
+
+    pub fn server_count(&self) -> usize {
+        self.servers.len()
+    }
+
+    /// The identity the first server established for this client (uid, gid).
+    pub fn identity(&self) -> (u32, u32) {
+        (self.servers[0].uid, self.servers[0].gid)
+    }
+
+    fn piece_bytes_max(&self) -> u64 {
+        let server_max = self.servers.iter().map(|s| s.payload_bytes_max as u64).min().unwrap_or(1);
+        self.options.transfer_bytes_max.min(server_max).max(1)
+    }
+
+    /// Begins an epoch (BurstMem's checkpoint timestamp). Epochs are created on the servers by
+    /// their first file; this only records that the caller starts writing it.
+    pub fn begin_epoch(&mut self, epoch: EpochId) {
+        self.touched.entry(epoch).or_default();
+    }
+
+    /// Creates (or opens, if another process created it) a file on every server of its stripe
+    /// set.
+    pub fn create_file(&mut self, epoch: EpochId, name: &str) -> Result<FileHandle, ClientError> {
+        let mut ids = vec![None; self.servers.len()];
+        for server in placement::stripe_set(self.options.placement, name, self.servers.len()) {
+            let request = Request::OpenFile { epoch, name: name.to_string(), create: true };
+            match self.servers[server].call(&request, &[], None)? {
+                (Response::FileOpened { file, .. }, ()) => ids[server] = Some(file),
+                (other, ()) => return Err(unexpected(&self.servers[server], "FileOpened", &other)),
+            }
+            self.touched.entry(epoch).or_default().insert(server);
+        }
+        Ok(FileHandle { epoch, name: name.to_string(), ids })
+    }
+
+    /// Opens an existing file for reading: asks every server, keeps those that have it.
+    pub fn open_file(&mut self, epoch: EpochId, name: &str) -> Result<FileHandle, ClientError> {
+        let mut ids = vec![None; self.servers.len()];
+        for (server, connection) in self.servers.iter_mut().enumerate() {
+            let request = Request::OpenFile { epoch, name: name.to_string(), create: false };
+            match connection.call(&request, &[], None) {
+                Ok((Response::FileOpened { file, .. }, ())) => ids[server] = Some(file),
+                Ok((other, ())) => return Err(unexpected(connection, "FileOpened", &other)),
+                Err(e) if matches!(e.code(), Some(ErrorCode::NoSuchFile | ErrorCode::NoSuchEpoch)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if ids.iter().all(Option::is_none) {
+            return Err(ClientError::NoSuchFile { epoch, name: name.to_string() });
+        }
+        Ok(FileHandle { epoch, name: name.to_string(), ids })
+    }
+
+    fn file_on(&mut self, file: &mut FileHandle, server: usize) -> Result<FileId, ClientError> {
+        if let Some(id) = file.ids[server] {
+            return Ok(id);
+        }
+        // Local placement over a handle opened elsewhere: create the file on our server.
+        let request = Request::OpenFile { epoch: file.epoch, name: file.name.clone(), create: true };
+        match self.servers[server].call(&request, &[], None)? {
+            (Response::FileOpened { file: id, .. }, ()) => {
+                file.ids[server] = Some(id);
+                Ok(id)
+            }
+            (other, ()) => Err(unexpected(&self.servers[server], "FileOpened", &other)),
+        }
+    }
+
+    /// Writes `data` at `offset`. Returns once the requests are sent; failures surface by the
+    /// next `flush` or `commit_epoch` at the latest.
+    pub fn write(&mut self, file: &mut FileHandle, offset: u64, data: &[u8]) -> Result<(), ClientError> {
+        offset.checked_add(data.len() as u64).ok_or_else(|| {
+            ClientError::InvalidArgument(format!("write of {} bytes at offset {offset} overflows", data.len()))
+        })?;
+        let pieces = placement::split(self.options.placement, &file.name, self.servers.len(), offset, data.len() as u64, self.piece_bytes_max());
+        for piece in pieces {
+            let id = self.file_on(file, piece.server)?;
+            let start = (piece.offset - offset) as usize;
+            let bytes = &data[start..start + piece.length as usize];
+            let request = Request::Write { epoch: file.epoch, file: id, offset: piece.offset };
+            self.servers[piece.server].write_pipelined(&request, bytes)?;
+            self.touched.entry(file.epoch).or_default().insert(piece.server);
+        }
+        Ok(())
+    }
+
+    /// Waits until every write sent so far is acknowledged (in the servers' DRAM logs).
+    pub fn flush(&mut self) -> Result<(), ClientError> {
+        let mut first = None;
+        for server in &mut self.servers {
+            if let Err(e) = server.flush() {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Commits the epoch on every server this client wrote it to; returns when all of them hold
+    /// it at the configured durability. In an N-1 checkpoint every process calls it after the
+    /// barrier that ends the write phase (committing twice is harmless).
+    pub fn commit_epoch(&mut self, epoch: EpochId) -> Result<(), ClientError> {
+        self.flush()?;
+        let servers: Vec<usize> = self.touched.get(&epoch).map(|s| s.iter().copied().collect()).unwrap_or_default();
+        // Send every commit first, then collect: servers sync in parallel.
+        let request = Request::Commit { epoch, durability: self.options.durability };
+        let mut ids = Vec::with_capacity(servers.len());
+        for &server in &servers {
+            ids.push((server, self.servers[server].start_call(&request)?));
+        }
+        let mut first = None;
+        for (server, id) in ids {
+            let connection = &mut self.servers[server];
+            match connection.finish_call(id) {
+                Ok(Response::Committed { .. }) => {}
+                Ok(other) => {
+                    first.get_or_insert(unexpected(connection, "Committed", &other));
+                }
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// The byte ranges of the file each server holds (asked, for local placement).
+    fn extents_by_server(&mut self, file: &FileHandle) -> Result<Vec<(usize, Extent)>, ClientError> {
+        let mut out = Vec::new();
+        for (server, id) in file.ids.iter().enumerate() {
+            let Some(id) = *id else { continue };
+            let mut from_offset = 0;
+            loop {
+                let request = Request::Extents { epoch: file.epoch, file: id, from_offset };
+                let list = match self.servers[server].call(&request, &[], None)? {
+                    (Response::Extents(list), ()) => list,
+                    (other, ()) => return Err(unexpected(&self.servers[server], "Extents", &other)),
+                };
+                let Some(last) = list.last() else { break };
+                let next = last.offset + last.length;
+                out.extend(list.into_iter().map(|e| (server, e)));
+                if next <= from_offset {
+                    break;
+                }
+                from_offset = next;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads `buffer.len()` bytes at `offset` from whichever servers hold them; bytes nobody
+    /// wrote read as zeros.
+    pub fn read(&mut self, file: &FileHandle, offset: u64, buffer: &mut [u8]) -> Result<(), ClientError> {
+        let end = offset.checked_add(buffer.len() as u64).ok_or_else(|| {
+            ClientError::InvalidArgument(format!("read of {} bytes at offset {offset} overflows", buffer.len()))
+        })?;
+        self.flush()?;
+        let piece_max = self.piece_bytes_max();
+        // (server, file offset, length) to fetch.
+        let mut wanted: Vec<(usize, u64, u64)> = Vec::new();
+        match self.options.placement {
+            Placement::Striped { .. } => {
+                for piece in placement::split(self.options.placement, &file.name, self.servers.len(), offset, buffer.len() as u64, piece_max) {
+                    if file.ids[piece.server].is_some() {
+                        wanted.push((piece.server, piece.offset, piece.length));
+                    }
+                }
+            }
+            Placement::Local { .. } => {
+                buffer.fill(0);
+                let mut extents = self.extents_by_server(file)?;
+                // Later servers do not override earlier ones arbitrarily: disjoint writers are
+                // the contract; on overlap the lowest server index wins.
+                extents.sort_by_key(|(server, e)| (e.offset, *server));
+                for (server, extent) in extents {
+                    let start = extent.offset.max(offset);
+                    let stop = (extent.offset + extent.length).min(end);
+                    let mut at = start;
+                    while at < stop {
+                        let length = (stop - at).min(piece_max);
+                        wanted.push((server, at, length));
+                        at += length;
+                    }
+                }
+            }
+        }
+        if matches!(self.options.placement, Placement::Striped { .. }) {
+            buffer.fill(0);
+        }
+        // Group per server and pipeline; the slices of `buffer` are disjoint.
+        let mut per_server: BTreeMap<usize, Vec<(u64, u64)>> = BTreeMap::new();
+        for (server, at, length) in wanted {
+            per_server.entry(server).or_default().push((at, length));
+        }
+        for (server, ranges) in per_server {
+            let id = file.ids[server].expect("only servers holding the file are asked");
+            let mut slices: Vec<(Request, &mut [u8])> = Vec::with_capacity(ranges.len());
+            let mut rest: &mut [u8] = &mut *buffer;
+            let mut rest_offset = offset;
+            let mut sorted = ranges;
+            sorted.sort_unstable();
+            for (at, length) in sorted {
+                if at < rest_offset {
+                    continue; // overlapping extent already covered
+                }
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut((at - rest_offset) as usize);
+                let (piece, tail) = tail.split_at_mut(length as usize);
+                rest = tail;
+                rest_offset = at + length;
+                slices.push((Request::Read { epoch: file.epoch, file: id, offset: at, length: length as u32 }, piece));
+            }
+            self.servers[server].read_many(&mut slices)?;
+        }
+        Ok(())
+    }
+
+    /// The file's size: one past the highest byte any server holds.
+    pub fn file_size(&mut self, file: &FileHandle) -> Result<u64, ClientError> {
+        let mut size = 0;
+        for (server, id) in file.ids.iter().enumerate() {
+            let Some(id) = *id else { continue };
+            match self.servers[server].call(&Request::Stat { epoch: file.epoch, file: id }, &[], None)? {
+                (Response::FileStat(info), ()) => size = size.max(info.size_bytes),
+                (other, ()) => return Err(unexpected(&self.servers[server], "FileStat", &other)),
+            }
+        }
+        Ok(size)
+    }
+
+    /// Every epoch on any server, merged.
+    pub fn list_epochs(&mut self) -> Result<Vec<EpochSummary>, ClientError> {
+        let mut merged: BTreeMap<EpochId, EpochSummary> = BTreeMap::new();
+        for connection in &mut self.servers {
+            let mut from_epoch = EpochId(0);
+            loop {
+                let list: Vec<EpochInfo> = match connection.call(&Request::ListEpochs { from_epoch }, &[], None)? {
+                    (Response::Epochs(list), ()) => list,
+                    (other, ()) => return Err(unexpected(connection, "Epochs", &other)),
+                };
+                let Some(last) = list.last().map(|e| e.epoch) else { break };
+                for info in list {
+                    let entry = merged.entry(info.epoch).or_insert(EpochSummary { epoch: info.epoch, state: info.state, servers: 0, bytes: 0 });
+                    entry.servers += 1;
+                    entry.bytes += info.bytes;
+                    entry.state = least_advanced(entry.state, info.state);
+                }
+                match last.0.checked_add(1) {
+                    Some(next) if next > from_epoch.0 => from_epoch = EpochId(next),
+                    _ => break,
+                }
+            }
+        }
+        Ok(merged.into_values().collect())
+    }
+
+    /// Every file of an epoch, merged over servers (sizes are the maximum over servers).
+    pub fn list_files(&mut self, epoch: EpochId) -> Result<Vec<(String, u64)>, ClientError> {
+        let mut merged: BTreeMap<String, u64> = BTreeMap::new();
+        for connection in &mut self.servers {
+            let mut from_file = FileId(0);
+            loop {
+                let list = match connection.call(&Request::ListFiles { epoch, from_file }, &[], None) {
+                    Ok((Response::Files(list), ())) => list,
+                    Ok((other, ())) => return Err(unexpected(connection, "Files", &other)),
+                    Err(e) if e.code() == Some(ErrorCode::NoSuchEpoch) => break,
+                    Err(e) => return Err(e),
+                };
+                let Some(last) = list.last().map(|f| f.file) else { break };
+                for FileInfo { name, size_bytes, .. } in list {
+                    let size = merged.entry(name).or_insert(0);
+                    *size = (*size).max(size_bytes);
+                }
+                match last.0.checked_add(1) {
+                    Some(next) if next > from_file.0 => from_file = FileId(next),
+                    _ => break,
+                }
+            }
+        }
+        Ok(merged.into_iter().collect())
+    }
+
+    /// Deletes the epoch on every server that has it.
+    pub fn delete_epoch(&mut self, epoch: EpochId) -> Result<(), ClientError> {
+        self.flush()?;
+        for connection in &mut self.servers {
+            match connection.call(&Request::DeleteEpoch { epoch }, &[], None) {
+                Ok((Response::Deleted { .. }, ())) => {}
+                Ok((other, ())) => return Err(unexpected(connection, "Deleted", &other)),
+                Err(e) if e.code() == Some(ErrorCode::NoSuchEpoch) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.touched.remove(&epoch);
+        Ok(())
+    }
+
+    /// Every server's status.
+    pub fn status(&mut self) -> Result<Vec<ServerStatus>, ClientError> {
+        let mut out = Vec::new();
+        for connection in &mut self.servers {
+            match connection.call(&Request::Status, &[], None)? {
+                (Response::Status(status), ()) => out.push(status),
+                (other, ()) => return Err(unexpected(connection, "Status", &other)),
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn least_advanced(a: EpochState, b: EpochState) -> EpochState {
+    fn rank(s: EpochState) -> u8 {
+        match s {
+            EpochState::Open => 0,
+            EpochState::CommittedMemory => 1,
+            EpochState::Committed => 2,
+            EpochState::Drained => 3,
+        }
+    }
+    if rank(a) <= rank(b) { a } else { b }
+}
+
+fn unexpected(connection: &ServerConnection, expected: &'static str, got: &Response) -> ClientError {
+    match got {
+        Response::Error { code, message } => ClientError::Server { endpoint: connection.endpoint.clone(), code: *code, message: message.clone() },
+        other => ClientError::UnexpectedReply { endpoint: connection.endpoint.clone(), expected, got: format!("{:?}", other.kind()) },
+    }
+}

@@ -1,1 +1,35 @@
 //! Versioned wire protocol between clients and burst buffer servers; errno table.
+//!
+//! Every message is a frame: a fixed 32-byte [`frame::Header`] (magic, kind, request id, body and
+//! payload lengths, header CRC32C), a small typed body (at most [`BODY_BYTES_MAX`]) and an
+//! optional bulk payload. Only `Write` requests and `ReadData` responses carry a payload, and the
+//! payload is the last thing in the frame so a server can read it straight into the buffer it
+//! hands to the store, and a client can send it from the caller's slice without copying.
+//! The byte-level layout is documented in `docs/design/protocol.md`.
+//!
+//! The transport (TCP, Unix-domain sockets; RDMA later) sits behind the traits in [`transport`];
+//! the codec ([`frame`], [`message`]) is pure and does no I/O beyond `Read`/`Write`.
+
+pub mod errno;
+pub mod frame;
+pub mod message;
+pub mod transport;
+
+pub use errno::ErrorCode;
+pub use frame::{FrameError, Header, Kind, ReceiveError, HEADER_BYTES};
+pub use message::{
+    Durability, EpochInfo, EpochState, Extent, FileInfo, Request, Response, ServerStatus,
+};
+pub use transport::{Connection, Endpoint, Identity, Listener};
+
+/// The protocol version this build speaks. The handshake picks the highest version both sides
+/// support; the frame header layout is the same in every version.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// The oldest protocol version this build still speaks.
+pub const PROTOCOL_VERSION_MIN: u16 = 1;
+/// Largest typed body of any frame. Bodies are metadata only (names, lists), never bulk data.
+pub const BODY_BYTES_MAX: u32 = 64 * 1024;
+/// Hard upper bound on any payload, whatever a server advertises: 256 MiB.
+pub const PAYLOAD_BYTES_LIMIT: u32 = 256 * 1024 * 1024;
+/// Largest file name in a body.
+pub const NAME_BYTES_MAX: usize = 4096;

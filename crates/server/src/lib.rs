@@ -1,1 +1,221 @@
 //! The burst buffer server: protocol handlers over one store.
+//!
+//! One process per burst buffer node. It listens on loopback TCP and/or a Unix-domain socket,
+//! establishes each peer's identity from the kernel, and serves every connection with two
+//! threads: a *reader* that decodes frames and reads write payloads straight into the buffer
+//! handed to the store, and an *executor* that runs requests in arrival order and writes replies.
+//! Between them sits a bounded queue (`in_flight_requests_max`), so a client can pipeline that
+//! many requests per connection and no more.
+//!
+//! Threads, not an async runtime: at 1 MiB transfers each request is a few hundred microseconds of
+//! memcpy and socket copying, connection counts are in the hundreds (bounded by
+//! `connections_max`), and a blocking `read` straight into the final buffer is the fewest copies
+//! and wakeups; an async runtime would add a scheduler hop per frame and buy nothing at these
+//! counts. (Not A/B-measured against tokio yet; measured instead against the loopback limit by
+//! `spillway bench ingress`.) Payload buffers are recycled through a bounded pool
+//! ([`budget::BufferPool`]) and replies are buffered and flushed when the queue runs dry, so
+//! small transfers do not pay a syscall and a page-faulting allocation each.
+//!
+//! Bounds: connections (`connections_max`), queued requests per connection
+//! (`in_flight_requests_max`), payload bytes buffered over all connections
+//! (`in_flight_bytes_max`, see [`budget`]), read reply buffers (one per connection, so at most
+//! `connections_max × payload_bytes_max`), recycled buffers (a quarter of the in-flight budget,
+//! at most 256 MiB) and the time a write waits for space (`backpressure_wait_ms_max`).
+
+pub mod backend;
+pub mod budget;
+mod connection;
+mod store_backend;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use spillway_config::server::{CommitDurability, ServerKnobs};
+use spillway_proto::transport::{self, BindError};
+use spillway_proto::{Durability, Endpoint, Listener};
+use spillway_types::EpochId;
+
+pub use backend::{Backend, BackendError, Usage};
+pub use store_backend::StoreBackend;
+
+/// The server's limits and defaults, derived from [`ServerKnobs`].
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    pub server_name: String,
+    pub connections_max: u32,
+    pub payload_bytes_max: u32,
+    pub in_flight_requests_max: u32,
+    pub in_flight_bytes_max: u64,
+    pub backpressure_wait: Duration,
+    pub default_durability: Durability,
+    pub shutdown_grace: Duration,
+}
+
+impl ServerOptions {
+    pub fn from_knobs(knobs: &ServerKnobs) -> Self {
+        ServerOptions {
+            server_name: knobs.server_name.clone(),
+            connections_max: knobs.connections_max,
+            payload_bytes_max: knobs.payload_bytes_max,
+            in_flight_requests_max: knobs.in_flight_requests_max,
+            in_flight_bytes_max: knobs.in_flight_bytes_max,
+            backpressure_wait: Duration::from_millis(knobs.backpressure_wait_ms_max),
+            default_durability: match knobs.commit_durability {
+                CommitDurability::Ssd => Durability::Ssd,
+                CommitDurability::Memory => Durability::Memory,
+            },
+            shutdown_grace: Duration::from_millis(knobs.shutdown_grace_ms_max),
+        }
+    }
+}
+
+/// Why the server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    #[error(transparent)]
+    Bind(#[from] BindError),
+    #[error("no listener configured: give a TCP address or a Unix socket path")]
+    NoListener,
+    #[error("cannot start thread {name}: {source}")]
+    Thread { name: String, source: std::io::Error },
+    #[error("final sync of the store at shutdown failed: {0}")]
+    FinalSync(BackendError),
+}
+
+/// Counters reported by `status`.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub requests_served: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub bytes_read: AtomicU64,
+}
+
+/// State shared by the accept loop and every connection.
+pub(crate) struct Shared {
+    pub backend: Arc<dyn Backend>,
+    pub options: ServerOptions,
+    pub budget: Arc<budget::ByteBudget>,
+    pub pool: budget::BufferPool,
+    pub shutdown: AtomicBool,
+    pub connections: AtomicU32,
+    pub counters: Counters,
+    /// Epoch → uid of the identity that created it (this server run). Other uids are refused.
+    pub owners: Mutex<HashMap<EpochId, u32>>,
+}
+
+/// A handle that asks a running server to shut down gracefully (what SIGTERM does).
+#[derive(Clone)]
+pub struct ShutdownHandle(Arc<Shared>);
+
+impl ShutdownHandle {
+    /// Stop accepting, finish in-flight requests, sync memory-durability epochs, return from
+    /// [`Server::run`].
+    pub fn shutdown(&self) {
+        self.0.shutdown.store(true, Ordering::SeqCst);
+    }
+}
+
+/// A bound, not yet running server.
+pub struct Server {
+    shared: Arc<Shared>,
+    listeners: Vec<Box<dyn Listener>>,
+}
+
+impl Server {
+    /// Binds every endpoint. Non-loopback TCP needs `insecure_tcp` (and logs a warning).
+    pub fn bind(
+        options: ServerOptions,
+        backend: Arc<dyn Backend>,
+        endpoints: &[Endpoint],
+        insecure_tcp: bool,
+    ) -> Result<Server, ServeError> {
+        assert!(options.in_flight_bytes_max >= options.payload_bytes_max as u64);
+        assert!(options.in_flight_requests_max > 0 && options.connections_max > 0);
+        if endpoints.is_empty() {
+            return Err(ServeError::NoListener);
+        }
+        let mut listeners = Vec::new();
+        for endpoint in endpoints {
+            if let Endpoint::Tcp(address) = endpoint {
+                if !address.ip().is_loopback() {
+                    tracing::warn!(%address, "listening on a non-loopback TCP address without authentication (--insecure-tcp): any host that can reach it can read and write every epoch");
+                }
+            }
+            listeners.push(transport::bind(endpoint, insecure_tcp)?);
+        }
+        let shared = Arc::new(Shared {
+            budget: Arc::new(budget::ByteBudget::new(options.in_flight_bytes_max)),
+            // Enough recycled buffers for steady streaming, never more than 1/4 of the budget.
+            pool: budget::BufferPool::new((options.in_flight_bytes_max / 4).min(256 << 20)),
+            backend,
+            options,
+            shutdown: AtomicBool::new(false),
+            connections: AtomicU32::new(0),
+            counters: Counters::default(),
+            owners: Mutex::new(HashMap::new()),
+        });
+        Ok(Server { shared, listeners })
+    }
+
+    /// Where the server listens (real ports, if port 0 was asked).
+    pub fn endpoints(&self) -> Vec<Endpoint> {
+        self.listeners.iter().map(|l| l.endpoint()).collect()
+    }
+
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle(self.shared.clone())
+    }
+
+    /// Serves until shut down, then drains: stops accepting, lets every connection finish the
+    /// requests it has received, waits for background SSD commits, returns.
+    pub fn run(self) -> Result<(), ServeError> {
+        let shared = self.shared;
+        let endpoints: Vec<String> = self.listeners.iter().map(|l| l.endpoint().to_string()).collect();
+        tracing::info!(server = %shared.options.server_name, endpoints = ?endpoints, "serving");
+        let mut workers: Vec<JoinHandle<()>> = Vec::new();
+        let mut next_connection = 0u64;
+        while !shared.shutdown.load(Ordering::SeqCst) {
+            let mut accepted_any = false;
+            for listener in &self.listeners {
+                match listener.accept() {
+                    Ok(Some(conn)) => {
+                        accepted_any = true;
+                        next_connection += 1;
+                        workers.retain(|w| !w.is_finished());
+                        let shared = shared.clone();
+                        let name = format!("conn-{next_connection}");
+                        let spawned = std::thread::Builder::new()
+                            .name(name.clone())
+                            .spawn(move || connection::serve(shared, conn));
+                        match spawned {
+                            Ok(handle) => workers.push(handle),
+                            Err(error) => tracing::error!(%error, "cannot start a connection thread; connection dropped"),
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(error) => {
+                        // EMFILE and friends: log and back off instead of spinning.
+                        tracing::error!(listener = %listener.endpoint(), %error, "accept failed");
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                }
+            }
+            if !accepted_any {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        tracing::info!(connections = shared.connections.load(Ordering::SeqCst), "shutting down: no longer accepting, finishing in-flight requests");
+        drop(self.listeners);
+        for worker in workers {
+            let _ = worker.join();
+        }
+        shared.backend.sync().map_err(ServeError::FinalSync)?;
+        tracing::info!("shutdown complete: in-flight requests finished, store synced");
+        Ok(())
+    }
+}

@@ -1,0 +1,381 @@
+//! End to end: real `spillway serve` processes on loopback ports, real client processes.
+//!
+//! Client processes are this test binary re-executed with `SPILLWAY_E2E_CHILD` set: the
+//! `child_writer` test then plays one MPI-like rank (write, flush, file-system barrier, commit)
+//! and exits; in a normal run it returns at once.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use spillway_client::{Client, ClientOptions, Placement};
+use spillway_proto::frame;
+use spillway_proto::{Durability, Endpoint, EpochState, ErrorCode, Response};
+use spillway_types::EpochId;
+
+const BIN: &str = env!("CARGO_BIN_EXE_spillway");
+
+struct ServerProcess {
+    child: Child,
+    endpoint: Endpoint,
+    endpoints: Vec<Endpoint>,
+    log: PathBuf,
+}
+
+impl ServerProcess {
+    fn start(dir: &Path, name: &str, extra: &[&str]) -> ServerProcess {
+        Self::start_with_env(dir, name, extra, &[])
+    }
+
+    fn start_with_env(dir: &Path, name: &str, extra: &[&str], env: &[(&str, &str)]) -> ServerProcess {
+        let ssd = dir.join(format!("{name}-ssd"));
+        let log = dir.join(format!("{name}.log"));
+        let mut child = Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--dram-bytes", "32M", "--name", name])
+            .arg("--ssd-dir")
+            .arg(&ssd)
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let endpoints: Vec<Endpoint> = line
+            .strip_prefix("listening ")
+            .unwrap_or_else(|| panic!("server {name} did not start: {line:?}; log: {}", std::fs::read_to_string(&log).unwrap_or_default()))
+            .split_whitespace()
+            .map(|e| e.parse().unwrap())
+            .collect();
+        ServerProcess { child, endpoint: endpoints[0].clone(), endpoints, log }
+    }
+
+    fn kill9(&mut self) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
+        self.child.wait().unwrap();
+    }
+
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "server ignored SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Deterministic bytes for (seed, length).
+fn pattern(seed: u64, length: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(length);
+    while out.len() < length {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(length);
+    out
+}
+
+const RANKS: u32 = 3;
+const BLOCK: usize = 700_000; // not a multiple of the stripe unit on purpose
+const STRIPE: u64 = 256 * 1024;
+
+/// The patterns each rank writes: (epoch, file name, placement, offset).
+fn rank_plan(rank: u32) -> Vec<(EpochId, String, Placement, u64)> {
+    let striped = Placement::Striped { stripe_unit_bytes: STRIPE, stripe_count: 2 };
+    vec![
+        (EpochId(1), format!("nn/rank{rank}"), striped, 0),
+        (EpochId(2), "n1/shared".to_string(), striped, rank as u64 * BLOCK as u64),
+        (EpochId(3), "n1/local".to_string(), Placement::Local { rank }, rank as u64 * BLOCK as u64),
+    ]
+}
+
+fn seed(rank: u32, epoch: EpochId) -> u64 {
+    (rank as u64 + 1) * 1000 + epoch.0
+}
+
+fn endpoints_from_env() -> Vec<Endpoint> {
+    std::env::var("SPILLWAY_E2E_SERVERS").unwrap().split(',').map(|s| s.parse().unwrap()).collect()
+}
+
+/// One client process (runs only when re-executed by `n_n_and_n_1_from_several_processes`).
+#[test]
+fn child_writer() {
+    let Ok(rank) = std::env::var("SPILLWAY_E2E_CHILD") else { return };
+    let rank: u32 = rank.parse().unwrap();
+    let barrier = PathBuf::from(std::env::var("SPILLWAY_E2E_BARRIER").unwrap());
+    let endpoints = endpoints_from_env();
+    for (epoch, name, placement, offset) in rank_plan(rank) {
+        let mut client = Client::connect(&endpoints, ClientOptions { placement, durability: Durability::Ssd, ..Default::default() }).unwrap();
+        client.begin_epoch(epoch);
+        let mut file = client.create_file(epoch, &name).unwrap();
+        let data = pattern(seed(rank, epoch), BLOCK);
+        // Several writes per rank, in 100 000-byte transfers, pipelined.
+        for (i, chunk) in data.chunks(100_000).enumerate() {
+            client.write(&mut file, offset + (i * 100_000) as u64, chunk).unwrap();
+        }
+        client.flush().unwrap();
+        // Barrier: every rank has written its part of this epoch.
+        std::fs::write(barrier.join(format!("{}.{rank}", epoch.0)), b"").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while (0..RANKS).any(|r| !barrier.join(format!("{}.{r}", epoch.0)).exists()) {
+            assert!(Instant::now() < deadline, "barrier timed out");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        client.commit_epoch(epoch).unwrap();
+    }
+}
+
+fn reader(endpoints: &[Endpoint], placement: Placement) -> Client {
+    Client::connect(endpoints, ClientOptions { placement, ..Default::default() }).unwrap()
+}
+
+fn verify_all_ranks(endpoints: &[Endpoint]) {
+    for rank in 0..RANKS {
+        for (epoch, name, placement, offset) in rank_plan(rank) {
+            let placement = match placement {
+                Placement::Local { .. } => Placement::Local { rank: 0 },
+                other => other,
+            };
+            let mut client = reader(endpoints, placement);
+            let file = client.open_file(epoch, &name).unwrap();
+            let mut back = vec![0u8; BLOCK];
+            client.read(&file, offset, &mut back).unwrap();
+            assert!(back == pattern(seed(rank, epoch), BLOCK), "rank {rank} epoch {epoch} file {name}: bytes differ");
+        }
+    }
+}
+
+#[test]
+fn n_n_and_n_1_from_several_processes_read_back_bit_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let servers = [ServerProcess::start(dir.path(), "a", &[]), ServerProcess::start(dir.path(), "b", &[])];
+    let endpoints: Vec<Endpoint> = servers.iter().map(|s| s.endpoint.clone()).collect();
+    let list = endpoints.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(",");
+    let barrier = dir.path().join("barrier");
+    std::fs::create_dir(&barrier).unwrap();
+    let children: Vec<Child> = (0..RANKS)
+        .map(|rank| {
+            Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "child_writer", "--nocapture", "--test-threads=1"])
+                .env("SPILLWAY_E2E_CHILD", rank.to_string())
+                .env("SPILLWAY_E2E_SERVERS", &list)
+                .env("SPILLWAY_E2E_BARRIER", &barrier)
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut child in children {
+        assert!(child.wait().unwrap().success(), "a client process failed");
+    }
+    verify_all_ranks(&endpoints);
+    let mut client = reader(&endpoints, Placement::striped_default());
+    let epochs = client.list_epochs().unwrap();
+    assert_eq!(epochs.iter().map(|e| e.epoch.0).collect::<Vec<_>>(), vec![1, 2, 3]);
+    assert!(epochs.iter().all(|e| e.state == EpochState::Committed && e.servers == 2), "{epochs:?}");
+    let total: u64 = epochs.iter().map(|e| e.bytes).sum();
+    assert_eq!(total, 3 * RANKS as u64 * BLOCK as u64);
+    assert_eq!(client.list_files(EpochId(1)).unwrap().len(), RANKS as usize);
+    client.delete_epoch(EpochId(1)).unwrap();
+    assert_eq!(client.list_epochs().unwrap().len(), 2);
+}
+
+#[test]
+fn server_killed_after_commit_still_serves_every_committed_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = ServerProcess::start(dir.path(), "k", &[]);
+    let endpoints = vec![server.endpoint.clone()];
+    let mut client = reader(&endpoints, Placement::striped_default());
+    let committed: Vec<(String, Vec<u8>)> = (0..4).map(|i| (format!("ckpt/{i}"), pattern(i, 1_500_000 + i as usize * 7))).collect();
+    for (name, data) in &committed {
+        let mut file = client.create_file(EpochId(10), name).unwrap();
+        for (i, chunk) in data.chunks(1 << 20).enumerate() {
+            client.write(&mut file, (i << 20) as u64, chunk).unwrap();
+        }
+    }
+    client.commit_epoch(EpochId(10)).unwrap();
+    // An epoch in progress at the crash.
+    let mut open = client.create_file(EpochId(11), "partial").unwrap();
+    client.write(&mut open, 0, &pattern(99, 1 << 20)).unwrap();
+    client.flush().unwrap();
+    drop(client);
+    server.kill9();
+
+    let server = ServerProcess::start(dir.path(), "k", &[]);
+    let endpoints = vec![server.endpoint.clone()];
+    let mut client = reader(&endpoints, Placement::striped_default());
+    for (name, data) in &committed {
+        let file = client.open_file(EpochId(10), name).unwrap();
+        let mut back = vec![0u8; data.len()];
+        client.read(&file, 0, &mut back).unwrap();
+        assert!(&back == data, "{name}: committed bytes differ after SIGKILL + restart");
+        assert_eq!(client.file_size(&file).unwrap(), data.len() as u64);
+    }
+    let epochs = client.list_epochs().unwrap();
+    let ten = epochs.iter().find(|e| e.epoch == EpochId(10)).expect("committed epoch listed");
+    assert_eq!(ten.state, EpochState::Committed);
+    assert!(server.log_text().contains("serving"));
+}
+
+#[test]
+fn protocol_garbage_is_answered_logged_and_others_still_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(dir.path(), "g", &[]);
+    let endpoints = vec![server.endpoint.clone()];
+    let mut good = reader(&endpoints, Placement::striped_default());
+    let Endpoint::Tcp(address) = server.endpoint else { panic!() };
+    let mut bad = TcpStream::connect(address).unwrap();
+    bad.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let peer = format!("tcp://{}", bad.local_addr().unwrap());
+    bad.write_all(&[0xde, 0xad, 0xbe, 0xef].repeat(16)).unwrap();
+    let mut body = Vec::new();
+    let header = frame::read_header_and_body(&mut bad, &mut body, 0).unwrap();
+    match Response::decode(header.kind, &body).unwrap() {
+        Response::Error { code: ErrorCode::BadFrame, message } => assert!(message.contains("magic"), "{message}"),
+        other => panic!("expected an error frame, got {other:?}"),
+    }
+    let mut rest = Vec::new();
+    assert_eq!(bad.read_to_end(&mut rest).unwrap_or(0), 0, "connection should be closed");
+    // The log names the peer and the problem.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let log = server.log_text();
+        if log.lines().any(|l| l.contains(&peer) && l.contains("bad magic")) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no log line naming {peer} and the problem:\n{log}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Everyone else is still served.
+    let mut file = good.create_file(EpochId(1), "still-here").unwrap();
+    good.write(&mut file, 0, b"served").unwrap();
+    good.commit_epoch(EpochId(1)).unwrap();
+    let mut back = [0u8; 6];
+    good.read(&file, 0, &mut back).unwrap();
+    assert_eq!(&back, b"served");
+}
+
+#[test]
+fn sigterm_finishes_and_syncs_memory_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = ServerProcess::start(dir.path(), "t", &["--durability", "memory"]);
+    let endpoints = vec![server.endpoint.clone()];
+    let mut client = reader(&endpoints, Placement::striped_default());
+    let data = pattern(5, 3 << 20);
+    let mut file = client.create_file(EpochId(4), "m").unwrap();
+    client.write(&mut file, 0, &data).unwrap();
+    client.commit_epoch(EpochId(4)).unwrap(); // server default: memory
+    drop(client);
+    let status = server.terminate();
+    assert!(status.success(), "server exit status {status:?}; log:\n{}", server.log_text());
+    assert!(server.log_text().contains("shutdown complete"));
+    let server = ServerProcess::start(dir.path(), "t", &[]);
+    let mut client = reader(std::slice::from_ref(&server.endpoint), Placement::striped_default());
+    let file = client.open_file(EpochId(4), "m").unwrap();
+    let mut back = vec![0u8; data.len()];
+    client.read(&file, 0, &mut back).unwrap();
+    assert!(back == data, "memory-committed epoch lost over a graceful restart");
+}
+
+#[test]
+fn non_loopback_listen_is_refused_without_insecure_tcp() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(BIN)
+        .args(["serve", "--listen", "0.0.0.0:0", "--dram-bytes", "32M"])
+        .arg("--ssd-dir")
+        .arg(dir.path().join("ssd"))
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("insecure_tcp"), "{stderr}");
+}
+
+#[test]
+fn full_store_waits_then_fails_with_enospc_and_succeeds_once_space_is_freed() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("SPILLWAY_STORE_SEGMENT_BYTES_MAX", "8388608"),
+        ("SPILLWAY_SERVER_BACKPRESSURE_WAIT_MS_MAX", "1500"),
+    ];
+    let server = ServerProcess::start_with_env(dir.path(), "full", &["--ssd-bytes", "32M"], &env);
+    let endpoints = vec![server.endpoint.clone()];
+    let options = || ClientOptions { transfer_bytes_max: 16 << 20, ..Default::default() };
+    let mut client = Client::connect(&endpoints, options()).unwrap();
+    let mut old = client.create_file(EpochId(1), "old").unwrap();
+    client.write(&mut old, 0, &pattern(1, 20 << 20)).unwrap();
+    client.commit_epoch(EpochId(1)).unwrap();
+    let mut new = client.create_file(EpochId(2), "new").unwrap();
+    let data = pattern(2, 14 << 20);
+    client.write(&mut new, 0, &data).unwrap();
+    let error = client.flush().unwrap_err();
+    assert_eq!(error.code(), Some(ErrorCode::NoSpace), "{error}");
+    assert_eq!(error.errno(), libc::ENOSPC);
+    assert!(error.to_string().contains("after waiting"), "{error}");
+    // Committed data untouched.
+    let mut back = vec![0u8; 20 << 20];
+    client.read(&old, 0, &mut back).unwrap();
+    assert!(back == pattern(1, 20 << 20));
+    // Retry while another client deletes the old epoch: the write waits, then lands.
+    let deleter = {
+        let endpoints = endpoints.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            Client::connect(&endpoints, ClientOptions::default()).unwrap().delete_epoch(EpochId(1)).unwrap();
+        })
+    };
+    client.write(&mut new, 0, &data).unwrap();
+    client.flush().unwrap();
+    deleter.join().unwrap();
+    client.commit_epoch(EpochId(2)).unwrap();
+    let mut back = vec![0u8; data.len()];
+    client.read(&new, 0, &mut back).unwrap();
+    assert!(back == data);
+    assert!(server.log_text().contains("store full"), "backpressure not logged");
+}
+
+#[test]
+fn unix_socket_clients_run_as_the_kernel_reported_uid() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("bb.sock");
+    let server = ServerProcess::start(dir.path(), "u", &["--unix-socket", socket.to_str().unwrap()]);
+    assert_eq!(server.endpoints.len(), 2, "{:?}", server.endpoints);
+    let unix = Endpoint::Unix(socket);
+    assert!(server.endpoints.contains(&unix));
+    let mut client = reader(std::slice::from_ref(&unix), Placement::striped_default());
+    assert_eq!(client.identity(), unsafe { (libc::getuid(), libc::getgid()) });
+    let mut file = client.create_file(EpochId(1), "over-unix").unwrap();
+    client.write(&mut file, 0, b"unix bytes").unwrap();
+    client.commit_epoch(EpochId(1)).unwrap();
+    // The same data over TCP: one store behind both listeners.
+    let mut tcp = reader(std::slice::from_ref(&server.endpoint), Placement::striped_default());
+    let file = tcp.open_file(EpochId(1), "over-unix").unwrap();
+    let mut back = [0u8; 10];
+    tcp.read(&file, 0, &mut back).unwrap();
+    assert_eq!(&back, b"unix bytes");
+    assert!(server.log_text().contains("unix:pid="), "unix peer not logged");
+}

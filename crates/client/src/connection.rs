@@ -1,0 +1,228 @@
+//! One connection to one server: handshake, request ids, a window of pipelined requests.
+//!
+//! Requests are sent at once and their replies collected later, in order; at most
+//! `window` are outstanding (the lesser of the client's wish and the server's
+//! `in_flight_requests_max`). Write acknowledgements are collected lazily; the first failure is
+//! kept and reported by the next [`ServerConnection::flush`].
+
+use std::collections::VecDeque;
+use std::io::BufReader;
+
+use spillway_proto::frame::{self, ReceiveError};
+use spillway_proto::transport;
+use spillway_proto::{Connection, Endpoint, Kind, Request, Response, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN};
+
+use crate::ClientError;
+
+/// What to do with the reply of an outstanding request.
+enum Pending {
+    /// A write: check for an error, nothing else.
+    WriteAck { bytes: u32 },
+}
+
+pub struct ServerConnection {
+    pub endpoint: Endpoint,
+    /// The sending half (unbuffered: a write's payload goes from the caller's slice to the socket).
+    connection: Box<dyn Connection>,
+    /// The receiving half, buffered: many small replies per syscall.
+    reader: BufReader<Box<dyn Connection>>,
+    next_request_id: u64,
+    window: usize,
+    outstanding: VecDeque<(u64, Pending)>,
+    deferred: Option<ClientError>,
+    pub payload_bytes_max: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub server_name: String,
+    body: Vec<u8>,
+}
+
+impl ServerConnection {
+    pub fn connect(endpoint: &Endpoint, client_name: &str, window_wanted: u32) -> Result<ServerConnection, ClientError> {
+        let connection = transport::connect(endpoint)
+            .map_err(|source| ClientError::Connect { endpoint: endpoint.clone(), source })?;
+        let reader = connection.try_clone_connection().map_err(|source| ClientError::Connect { endpoint: endpoint.clone(), source })?;
+        let mut this = ServerConnection {
+            endpoint: endpoint.clone(),
+            reader: BufReader::with_capacity(64 * 1024, reader),
+            connection,
+            next_request_id: 1,
+            window: 1,
+            outstanding: VecDeque::new(),
+            deferred: None,
+            payload_bytes_max: 0,
+            uid: 0,
+            gid: 0,
+            server_name: String::new(),
+            body: Vec::new(),
+        };
+        let hello = Request::Hello {
+            version_min: PROTOCOL_VERSION_MIN,
+            version_max: PROTOCOL_VERSION,
+            client_name: client_name.to_string(),
+        };
+        match this.call(&hello, &[], None)? {
+            (Response::Hello { version, payload_bytes_max, in_flight_requests_max, uid, gid, server_name }, _) => {
+                if !(PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION).contains(&version) {
+                    return Err(ClientError::Handshake { endpoint: endpoint.clone(), message: format!("server chose version {version}, which we do not speak") });
+                }
+                this.payload_bytes_max = payload_bytes_max;
+                this.window = window_wanted.clamp(1, in_flight_requests_max.max(1)) as usize;
+                this.uid = uid;
+                this.gid = gid;
+                this.server_name = server_name;
+                Ok(this)
+            }
+            (other, _) => Err(this.unexpected("HelloReply", &other)),
+        }
+    }
+
+    fn unexpected(&self, expected: &'static str, got: &Response) -> ClientError {
+        match got {
+            Response::Error { code, message } => ClientError::Server { endpoint: self.endpoint.clone(), code: *code, message: message.clone() },
+            other => ClientError::UnexpectedReply { endpoint: self.endpoint.clone(), expected, got: format!("{:?}", other.kind()) },
+        }
+    }
+
+    fn io(&self, source: std::io::Error) -> ClientError {
+        ClientError::Io { endpoint: self.endpoint.clone(), source }
+    }
+
+    fn send(&mut self, request: &Request, payload: &[u8]) -> Result<u64, ClientError> {
+        let id = self.next_request_id;
+        self.next_request_id += 1;
+        frame::write_frame(&mut *self.connection, request.kind(), id, &request.encode_body(), payload).map_err(|e| self.io(e))?;
+        Ok(id)
+    }
+
+    /// Receives one reply; a `ReadData` payload is read into `read_into` (which must be exactly
+    /// the payload's size).
+    fn receive(&mut self, read_into: Option<&mut [u8]>) -> Result<(u64, Response), ClientError> {
+        let max = self.payload_bytes_max.max(1);
+        let header = match frame::read_header_and_body(&mut self.reader, &mut self.body, max) {
+            Ok(header) => header,
+            Err(ReceiveError::Io(e)) => return Err(self.io(e)),
+            Err(error) => return Err(ClientError::Protocol { endpoint: self.endpoint.clone(), message: error.to_string() }),
+        };
+        let response = Response::decode(header.kind, &self.body)
+            .map_err(|e| ClientError::Protocol { endpoint: self.endpoint.clone(), message: e.to_string() })?;
+        if header.kind == Kind::ReadData {
+            match read_into {
+                Some(buffer) if buffer.len() == header.payload_bytes as usize => {
+                    frame::read_payload(&mut self.reader, buffer)
+                        .map_err(|e| ClientError::Protocol { endpoint: self.endpoint.clone(), message: e.to_string() })?;
+                }
+                _ => {
+                    return Err(ClientError::Protocol {
+                        endpoint: self.endpoint.clone(),
+                        message: format!("unexpected read payload of {} bytes", header.payload_bytes),
+                    })
+                }
+            }
+        }
+        Ok((header.request_id, response))
+    }
+
+    /// Receives the oldest outstanding pipelined reply and settles it.
+    fn settle_one(&mut self) -> Result<(), ClientError> {
+        let (id, pending) = self.outstanding.pop_front().expect("settle_one with nothing outstanding");
+        let (reply_id, response) = self.receive(None)?;
+        if reply_id != id {
+            return Err(ClientError::Protocol { endpoint: self.endpoint.clone(), message: format!("reply for request {reply_id}, expected {id}") });
+        }
+        match (pending, response) {
+            (Pending::WriteAck { bytes }, Response::Written { bytes: got }) if got == bytes => Ok(()),
+            (Pending::WriteAck { .. }, other) => {
+                let error = self.unexpected("Written", &other);
+                if self.deferred.is_none() {
+                    self.deferred = Some(error);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Sends a write without waiting for its acknowledgement (at most `window` outstanding).
+    pub fn write_pipelined(&mut self, request: &Request, data: &[u8]) -> Result<(), ClientError> {
+        assert!(matches!(request, Request::Write { .. }));
+        assert!(data.len() <= self.payload_bytes_max as usize);
+        while self.outstanding.len() >= self.window {
+            self.settle_one()?;
+        }
+        let id = self.send(request, data)?;
+        self.outstanding.push_back((id, Pending::WriteAck { bytes: data.len() as u32 }));
+        Ok(())
+    }
+
+    /// Waits for every outstanding reply; reports the first deferred failure.
+    pub fn flush(&mut self) -> Result<(), ClientError> {
+        while !self.outstanding.is_empty() {
+            self.settle_one()?;
+        }
+        match self.deferred.take() {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+
+    /// One request, one reply (after settling anything pipelined). `read_into` receives a
+    /// `ReadData` payload.
+    pub fn call(&mut self, request: &Request, payload: &[u8], read_into: Option<&mut [u8]>) -> Result<(Response, ()), ClientError> {
+        self.flush()?;
+        let id = self.send(request, payload)?;
+        let (reply_id, response) = self.receive(read_into)?;
+        if reply_id != id && !matches!(response, Response::Error { .. }) {
+            return Err(ClientError::Protocol { endpoint: self.endpoint.clone(), message: format!("reply for request {reply_id}, expected {id}") });
+        }
+        if let Response::Error { code, message } = response {
+            return Err(ClientError::Server { endpoint: self.endpoint.clone(), code, message });
+        }
+        Ok((response, ()))
+    }
+
+    /// Sends a request without waiting (after settling anything pipelined); pair with
+    /// [`ServerConnection::finish_call`]. Lets one client wait on many servers at once.
+    pub fn start_call(&mut self, request: &Request) -> Result<u64, ClientError> {
+        self.flush()?;
+        self.send(request, &[])
+    }
+
+    /// Receives the reply of a [`ServerConnection::start_call`].
+    pub fn finish_call(&mut self, id: u64) -> Result<Response, ClientError> {
+        let (reply_id, response) = self.receive(None)?;
+        if let Response::Error { code, message } = response {
+            return Err(ClientError::Server { endpoint: self.endpoint.clone(), code, message });
+        }
+        if reply_id != id {
+            return Err(ClientError::Protocol { endpoint: self.endpoint.clone(), message: format!("reply for request {reply_id}, expected {id}") });
+        }
+        Ok(response)
+    }
+
+    /// Pipelined reads: sends up to `window` read requests, then collects replies in order.
+    pub fn read_many(&mut self, requests: &mut [(Request, &mut [u8])]) -> Result<(), ClientError> {
+        self.flush()?;
+        let mut sent: VecDeque<(u64, usize)> = VecDeque::new();
+        let mut next = 0;
+        while next < requests.len() || !sent.is_empty() {
+            while next < requests.len() && sent.len() < self.window {
+                let id = self.send(&requests[next].0, &[])?;
+                sent.push_back((id, next));
+                next += 1;
+            }
+            let (id, index) = sent.pop_front().expect("something outstanding");
+            let (reply_id, response) = self.receive(Some(&mut *requests[index].1))?;
+            if let Response::Error { code, message } = response {
+                // Drain the rest so the connection stays usable, then report.
+                while let Some((_, i)) = sent.pop_front() {
+                    let _ = self.receive(Some(&mut *requests[i].1));
+                }
+                return Err(ClientError::Server { endpoint: self.endpoint.clone(), code, message });
+            }
+            if reply_id != id || response != Response::ReadData {
+                return Err(ClientError::Protocol { endpoint: self.endpoint.clone(), message: format!("reply {reply_id} {:?} to read request {id}", response.kind()) });
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,672 @@
+//! Typed request and response bodies and their encoding.
+//!
+//! A body is a fixed sequence of little-endian fields; strings are a u16 length then UTF-8 bytes;
+//! lists are a u32 count then the elements. Decoding consumes the whole body: missing bytes,
+//! trailing bytes, invalid UTF-8 and out-of-range enum values are all named errors.
+//! Bulk data never lives in a body: `Write` data and `ReadData` bytes are the frame payload.
+
+use spillway_types::{EpochId, FileId};
+
+use crate::errno::ErrorCode;
+use crate::frame::{FrameError, Kind};
+use crate::NAME_BYTES_MAX;
+
+/// How durable a committed epoch must be before `Commit` returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Durability {
+    /// Fsync'd in the server's SSD log: survives a server crash and power loss.
+    Ssd,
+    /// Held in the server's DRAM; the SSD log catches up in the background. Survives a client
+    /// crash, not a server crash.
+    Memory,
+    /// Whatever the server is configured with (`server.commit_durability`). Never in a reply.
+    ServerDefault,
+}
+
+impl Durability {
+    fn wire(self) -> u8 {
+        match self {
+            Durability::Ssd => 0,
+            Durability::Memory => 1,
+            Durability::ServerDefault => 2,
+        }
+    }
+}
+
+/// Lifecycle state of an epoch as the server reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EpochState {
+    Open,
+    /// Committed at `memory` durability; SSD log not yet synced.
+    CommittedMemory,
+    Committed,
+    Drained,
+}
+
+impl EpochState {
+    fn wire(self) -> u8 {
+        match self {
+            EpochState::Open => 0,
+            EpochState::CommittedMemory => 1,
+            EpochState::Committed => 2,
+            EpochState::Drained => 3,
+        }
+    }
+    fn from_wire(kind: Kind, value: u8) -> Result<Self, FrameError> {
+        Ok(match value {
+            0 => EpochState::Open,
+            1 => EpochState::CommittedMemory,
+            2 => EpochState::Committed,
+            3 => EpochState::Drained,
+            other => return Err(FrameError::BadValue { kind, field: "epoch state", value: other as u64 }),
+        })
+    }
+}
+
+/// One epoch in a listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EpochInfo {
+    pub epoch: EpochId,
+    pub state: EpochState,
+    pub files: u64,
+    pub bytes: u64,
+}
+
+/// One file in a listing, or the answer to `Stat`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileInfo {
+    pub file: FileId,
+    pub name: String,
+    /// One past the highest byte written on this server.
+    pub size_bytes: u64,
+    /// Bytes this server holds for the file (less than size when others hold the rest).
+    pub stored_bytes: u64,
+}
+
+/// A byte range of a file that this server holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub offset: u64,
+    pub length: u64,
+}
+
+/// Server counters for `Status`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServerStatus {
+    pub server_name: String,
+    pub connections: u32,
+    pub connections_max: u32,
+    pub in_flight_bytes: u64,
+    pub in_flight_bytes_max: u64,
+    pub requests_served: u64,
+    pub bytes_written: u64,
+    pub bytes_read: u64,
+    pub dram_bytes_used: u64,
+    pub dram_bytes_max: u64,
+    pub ssd_bytes_used: u64,
+    pub ssd_bytes_max: u64,
+    pub epochs: u64,
+}
+
+/// A request, client → server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// First frame of every connection: the versions the client speaks.
+    Hello { version_min: u16, version_max: u16, client_name: String },
+    /// Opens (and with `create`, creates) the named file in an epoch.
+    OpenFile { epoch: EpochId, name: String, create: bool },
+    /// Writes the frame payload at `offset`.
+    Write { epoch: EpochId, file: FileId, offset: u64 },
+    /// Reads `length` bytes at `offset`; holes read as zeros.
+    Read { epoch: EpochId, file: FileId, offset: u64, length: u32 },
+    Commit { epoch: EpochId, durability: Durability },
+    /// Epochs from `from_epoch` upward. A reply holds what fits in one body; ask again from one
+    /// past the last epoch until the list comes back empty.
+    ListEpochs { from_epoch: EpochId },
+    /// Files of an epoch with ids from `from_file` upward; paged like `ListEpochs`.
+    ListFiles { epoch: EpochId, from_file: FileId },
+    Stat { epoch: EpochId, file: FileId },
+    /// The byte ranges of the file this server holds (for reassembly across servers), starting
+    /// with the first range that ends after `from_offset`. A reply holds at most what fits in one
+    /// body; the client asks again from the end of the last range until the list comes back empty.
+    Extents { epoch: EpochId, file: FileId, from_offset: u64 },
+    DeleteEpoch { epoch: EpochId },
+    Status,
+}
+
+/// A response, server → client. `ReadData` carries the bytes as the frame payload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Response {
+    /// The negotiated version, the limits the client must respect and the identity the server
+    /// established for this connection.
+    Hello {
+        version: u16,
+        payload_bytes_max: u32,
+        in_flight_requests_max: u32,
+        uid: u32,
+        gid: u32,
+        server_name: String,
+    },
+    FileOpened { file: FileId, created: bool },
+    Written { bytes: u32 },
+    ReadData,
+    Committed { epoch: EpochId, durability: Durability },
+    Epochs(Vec<EpochInfo>),
+    Files(Vec<FileInfo>),
+    FileStat(FileInfo),
+    Extents(Vec<Extent>),
+    Deleted { epoch: EpochId },
+    Status(ServerStatus),
+    Error { code: ErrorCode, message: String },
+}
+
+struct Encoder(Vec<u8>);
+
+impl Encoder {
+    fn u8(&mut self, v: u8) -> &mut Self {
+        self.0.push(v);
+        self
+    }
+    fn u16(&mut self, v: u16) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn string(&mut self, s: &str) -> &mut Self {
+        // Names are bounded by NAME_BYTES_MAX when created; anything longer is cut at a char
+        // boundary rather than corrupting the frame (only error messages can be that long).
+        let mut end = s.len().min(NAME_BYTES_MAX);
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.u16(end as u16);
+        self.0.extend_from_slice(&s.as_bytes()[..end]);
+        self
+    }
+    fn file_info(&mut self, f: &FileInfo) -> &mut Self {
+        self.u64(f.file.0).string(&f.name).u64(f.size_bytes).u64(f.stored_bytes)
+    }
+}
+
+struct Decoder<'a> {
+    kind: Kind,
+    bytes: &'a [u8],
+}
+
+impl<'a> Decoder<'a> {
+    fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], FrameError> {
+        if self.bytes.len() < n {
+            return Err(FrameError::Truncated { kind: self.kind, field, needed: n, available: self.bytes.len() });
+        }
+        let (head, tail) = self.bytes.split_at(n);
+        self.bytes = tail;
+        Ok(head)
+    }
+    fn u8(&mut self, field: &'static str) -> Result<u8, FrameError> {
+        Ok(self.take(1, field)?[0])
+    }
+    fn u16(&mut self, field: &'static str) -> Result<u16, FrameError> {
+        Ok(u16::from_le_bytes(self.take(2, field)?.try_into().expect("2")))
+    }
+    fn u32(&mut self, field: &'static str) -> Result<u32, FrameError> {
+        Ok(u32::from_le_bytes(self.take(4, field)?.try_into().expect("4")))
+    }
+    fn u64(&mut self, field: &'static str) -> Result<u64, FrameError> {
+        Ok(u64::from_le_bytes(self.take(8, field)?.try_into().expect("8")))
+    }
+    fn string(&mut self, field: &'static str) -> Result<String, FrameError> {
+        let len = self.u16(field)? as usize;
+        if len > NAME_BYTES_MAX {
+            return Err(FrameError::BadValue { kind: self.kind, field, value: len as u64 });
+        }
+        let raw = self.take(len, field)?;
+        String::from_utf8(raw.to_vec()).map_err(|_| FrameError::BadString { kind: self.kind, field })
+    }
+    fn boolean(&mut self, field: &'static str) -> Result<bool, FrameError> {
+        match self.u8(field)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            other => Err(FrameError::BadValue { kind: self.kind, field, value: other as u64 }),
+        }
+    }
+    fn durability(&mut self) -> Result<Durability, FrameError> {
+        match self.u8("durability")? {
+            0 => Ok(Durability::Ssd),
+            1 => Ok(Durability::Memory),
+            2 => Ok(Durability::ServerDefault),
+            other => Err(FrameError::BadValue { kind: self.kind, field: "durability", value: other as u64 }),
+        }
+    }
+    /// A list count, bounded by what the remaining bytes could possibly hold.
+    fn count(&mut self, element_bytes_min: usize, field: &'static str) -> Result<usize, FrameError> {
+        let count = self.u32(field)? as usize;
+        if count.saturating_mul(element_bytes_min) > self.bytes.len() {
+            return Err(FrameError::Truncated {
+                kind: self.kind,
+                field,
+                needed: count.saturating_mul(element_bytes_min),
+                available: self.bytes.len(),
+            });
+        }
+        Ok(count)
+    }
+    fn file_info(&mut self) -> Result<FileInfo, FrameError> {
+        Ok(FileInfo {
+            file: FileId(self.u64("file")?),
+            name: self.string("name")?,
+            size_bytes: self.u64("size_bytes")?,
+            stored_bytes: self.u64("stored_bytes")?,
+        })
+    }
+    fn finish(self) -> Result<(), FrameError> {
+        if self.bytes.is_empty() {
+            Ok(())
+        } else {
+            Err(FrameError::TrailingBytes { kind: self.kind, extra: self.bytes.len() })
+        }
+    }
+}
+
+impl Request {
+    /// The frame kind of this request.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Request::Hello { .. } => Kind::Hello,
+            Request::OpenFile { .. } => Kind::OpenFile,
+            Request::Write { .. } => Kind::Write,
+            Request::Read { .. } => Kind::Read,
+            Request::Commit { .. } => Kind::Commit,
+            Request::ListEpochs { .. } => Kind::ListEpochs,
+            Request::ListFiles { .. } => Kind::ListFiles,
+            Request::Stat { .. } => Kind::Stat,
+            Request::Extents { .. } => Kind::Extents,
+            Request::DeleteEpoch { .. } => Kind::DeleteEpoch,
+            Request::Status => Kind::Status,
+        }
+    }
+
+    /// Encodes the body (the payload of a `Write` is sent separately).
+    pub fn encode_body(&self) -> Vec<u8> {
+        let mut e = Encoder(Vec::with_capacity(32));
+        match self {
+            Request::Hello { version_min, version_max, client_name } => {
+                e.u16(*version_min).u16(*version_max).string(client_name);
+            }
+            Request::OpenFile { epoch, name, create } => {
+                e.u64(epoch.0).string(name).u8(*create as u8);
+            }
+            Request::Write { epoch, file, offset } => {
+                e.u64(epoch.0).u64(file.0).u64(*offset);
+            }
+            Request::Read { epoch, file, offset, length } => {
+                e.u64(epoch.0).u64(file.0).u64(*offset).u32(*length);
+            }
+            Request::Commit { epoch, durability } => {
+                e.u64(epoch.0).u8(durability.wire());
+            }
+            Request::Status => {}
+            Request::ListEpochs { from_epoch } => {
+                e.u64(from_epoch.0);
+            }
+            Request::ListFiles { epoch, from_file } => {
+                e.u64(epoch.0).u64(from_file.0);
+            }
+            Request::DeleteEpoch { epoch } => {
+                e.u64(epoch.0);
+            }
+            Request::Stat { epoch, file } => {
+                e.u64(epoch.0).u64(file.0);
+            }
+            Request::Extents { epoch, file, from_offset } => {
+                e.u64(epoch.0).u64(file.0).u64(*from_offset);
+            }
+        }
+        e.0
+    }
+
+    /// Decodes a request body of the given kind.
+    pub fn decode(kind: Kind, body: &[u8]) -> Result<Request, FrameError> {
+        if !kind.is_request() {
+            return Err(FrameError::WrongDirection { kind, direction: "response" });
+        }
+        let mut d = Decoder { kind, bytes: body };
+        let request = match kind {
+            Kind::Hello => Request::Hello {
+                version_min: d.u16("version_min")?,
+                version_max: d.u16("version_max")?,
+                client_name: d.string("client_name")?,
+            },
+            Kind::OpenFile => Request::OpenFile {
+                epoch: EpochId(d.u64("epoch")?),
+                name: d.string("name")?,
+                create: d.boolean("create")?,
+            },
+            Kind::Write => Request::Write {
+                epoch: EpochId(d.u64("epoch")?),
+                file: FileId(d.u64("file")?),
+                offset: d.u64("offset")?,
+            },
+            Kind::Read => Request::Read {
+                epoch: EpochId(d.u64("epoch")?),
+                file: FileId(d.u64("file")?),
+                offset: d.u64("offset")?,
+                length: d.u32("length")?,
+            },
+            Kind::Commit => Request::Commit { epoch: EpochId(d.u64("epoch")?), durability: d.durability()? },
+            Kind::ListEpochs => Request::ListEpochs { from_epoch: EpochId(d.u64("from_epoch")?) },
+            Kind::ListFiles => Request::ListFiles { epoch: EpochId(d.u64("epoch")?), from_file: FileId(d.u64("from_file")?) },
+            Kind::Stat => Request::Stat { epoch: EpochId(d.u64("epoch")?), file: FileId(d.u64("file")?) },
+            Kind::Extents => Request::Extents {
+                epoch: EpochId(d.u64("epoch")?),
+                file: FileId(d.u64("file")?),
+                from_offset: d.u64("from_offset")?,
+            },
+            Kind::DeleteEpoch => Request::DeleteEpoch { epoch: EpochId(d.u64("epoch")?) },
+            Kind::Status => Request::Status,
+            _ => unreachable!("is_request checked above"),
+        };
+        d.finish()?;
+        Ok(request)
+    }
+}
+
+impl Response {
+    /// The frame kind of this response.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Response::Hello { .. } => Kind::HelloReply,
+            Response::FileOpened { .. } => Kind::FileOpened,
+            Response::Written { .. } => Kind::Written,
+            Response::ReadData => Kind::ReadData,
+            Response::Committed { .. } => Kind::Committed,
+            Response::Epochs(_) => Kind::Epochs,
+            Response::Files(_) => Kind::Files,
+            Response::FileStat(_) => Kind::FileStat,
+            Response::Extents(_) => Kind::ExtentList,
+            Response::Deleted { .. } => Kind::Deleted,
+            Response::Status(_) => Kind::StatusReply,
+            Response::Error { .. } => Kind::Error,
+        }
+    }
+
+    /// Encodes the body. Lists longer than fit in [`crate::BODY_BYTES_MAX`] must be split by
+    /// the caller (the server caps listings); this asserts they were.
+    pub fn encode_body(&self) -> Vec<u8> {
+        let mut e = Encoder(Vec::with_capacity(32));
+        match self {
+            Response::Hello { version, payload_bytes_max, in_flight_requests_max, uid, gid, server_name } => {
+                e.u16(*version).u32(*payload_bytes_max).u32(*in_flight_requests_max).u32(*uid).u32(*gid).string(server_name);
+            }
+            Response::FileOpened { file, created } => {
+                e.u64(file.0).u8(*created as u8);
+            }
+            Response::Written { bytes } => {
+                e.u32(*bytes);
+            }
+            Response::ReadData => {}
+            Response::Committed { epoch, durability } => {
+                e.u64(epoch.0).u8(durability.wire());
+            }
+            Response::Epochs(list) => {
+                e.u32(list.len() as u32);
+                for x in list {
+                    e.u64(x.epoch.0).u8(x.state.wire()).u64(x.files).u64(x.bytes);
+                }
+            }
+            Response::Files(list) => {
+                e.u32(list.len() as u32);
+                for f in list {
+                    e.file_info(f);
+                }
+            }
+            Response::FileStat(f) => {
+                e.file_info(f);
+            }
+            Response::Extents(list) => {
+                e.u32(list.len() as u32);
+                for x in list {
+                    e.u64(x.offset).u64(x.length);
+                }
+            }
+            Response::Deleted { epoch } => {
+                e.u64(epoch.0);
+            }
+            Response::Status(s) => {
+                e.string(&s.server_name)
+                    .u32(s.connections)
+                    .u32(s.connections_max)
+                    .u64(s.in_flight_bytes)
+                    .u64(s.in_flight_bytes_max)
+                    .u64(s.requests_served)
+                    .u64(s.bytes_written)
+                    .u64(s.bytes_read)
+                    .u64(s.dram_bytes_used)
+                    .u64(s.dram_bytes_max)
+                    .u64(s.ssd_bytes_used)
+                    .u64(s.ssd_bytes_max)
+                    .u64(s.epochs);
+            }
+            Response::Error { code, message } => {
+                e.u16(code.wire()).string(message);
+            }
+        }
+        assert!(e.0.len() <= crate::BODY_BYTES_MAX as usize, "{:?} body of {} bytes", self.kind(), e.0.len());
+        e.0
+    }
+
+    /// Decodes a response body of the given kind.
+    pub fn decode(kind: Kind, body: &[u8]) -> Result<Response, FrameError> {
+        if kind.is_request() {
+            return Err(FrameError::WrongDirection { kind, direction: "request" });
+        }
+        let mut d = Decoder { kind, bytes: body };
+        let response = match kind {
+            Kind::HelloReply => Response::Hello {
+                version: d.u16("version")?,
+                payload_bytes_max: d.u32("payload_bytes_max")?,
+                in_flight_requests_max: d.u32("in_flight_requests_max")?,
+                uid: d.u32("uid")?,
+                gid: d.u32("gid")?,
+                server_name: d.string("server_name")?,
+            },
+            Kind::FileOpened => Response::FileOpened { file: FileId(d.u64("file")?), created: d.boolean("created")? },
+            Kind::Written => Response::Written { bytes: d.u32("bytes")? },
+            Kind::ReadData => Response::ReadData,
+            Kind::Committed => Response::Committed { epoch: EpochId(d.u64("epoch")?), durability: d.durability()? },
+            Kind::Epochs => {
+                let n = d.count(25, "epoch count")?;
+                let mut list = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let epoch = EpochId(d.u64("epoch")?);
+                    let state = EpochState::from_wire(kind, d.u8("state")?)?;
+                    list.push(EpochInfo { epoch, state, files: d.u64("files")?, bytes: d.u64("bytes")? });
+                }
+                Response::Epochs(list)
+            }
+            Kind::Files => {
+                let n = d.count(26, "file count")?;
+                let mut list = Vec::with_capacity(n);
+                for _ in 0..n {
+                    list.push(d.file_info()?);
+                }
+                Response::Files(list)
+            }
+            Kind::FileStat => Response::FileStat(d.file_info()?),
+            Kind::ExtentList => {
+                let n = d.count(16, "extent count")?;
+                let mut list = Vec::with_capacity(n);
+                for _ in 0..n {
+                    list.push(Extent { offset: d.u64("offset")?, length: d.u64("length")? });
+                }
+                Response::Extents(list)
+            }
+            Kind::Deleted => Response::Deleted { epoch: EpochId(d.u64("epoch")?) },
+            Kind::StatusReply => Response::Status(ServerStatus {
+                server_name: d.string("server_name")?,
+                connections: d.u32("connections")?,
+                connections_max: d.u32("connections_max")?,
+                in_flight_bytes: d.u64("in_flight_bytes")?,
+                in_flight_bytes_max: d.u64("in_flight_bytes_max")?,
+                requests_served: d.u64("requests_served")?,
+                bytes_written: d.u64("bytes_written")?,
+                bytes_read: d.u64("bytes_read")?,
+                dram_bytes_used: d.u64("dram_bytes_used")?,
+                dram_bytes_max: d.u64("dram_bytes_max")?,
+                ssd_bytes_used: d.u64("ssd_bytes_used")?,
+                ssd_bytes_max: d.u64("ssd_bytes_max")?,
+                epochs: d.u64("epochs")?,
+            }),
+            Kind::Error => {
+                let wire = d.u16("code")?;
+                let code = ErrorCode::from_wire(wire)
+                    .ok_or(FrameError::BadValue { kind, field: "code", value: wire as u64 })?;
+                Response::Error { code, message: d.string("message")? }
+            }
+            _ => unreachable!("is_request checked above"),
+        };
+        d.finish()?;
+        Ok(response)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn name() -> impl Strategy<Value = String> {
+        proptest::string::string_regex("[a-zA-Z0-9_./é-]{0,40}").unwrap()
+    }
+
+    fn durability() -> impl Strategy<Value = Durability> {
+        prop_oneof![Just(Durability::Ssd), Just(Durability::Memory), Just(Durability::ServerDefault)]
+    }
+
+    fn request() -> impl Strategy<Value = Request> {
+        prop_oneof![
+            (any::<u16>(), any::<u16>(), name()).prop_map(|(a, b, n)| Request::Hello { version_min: a, version_max: b, client_name: n }),
+            (any::<u64>(), name(), any::<bool>()).prop_map(|(e, n, c)| Request::OpenFile { epoch: EpochId(e), name: n, create: c }),
+            (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(e, f, o)| Request::Write { epoch: EpochId(e), file: FileId(f), offset: o }),
+            (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(e, f, o, l)| Request::Read { epoch: EpochId(e), file: FileId(f), offset: o, length: l }),
+            (any::<u64>(), durability()).prop_map(|(e, d)| Request::Commit { epoch: EpochId(e), durability: d }),
+            any::<u64>().prop_map(|e| Request::ListEpochs { from_epoch: EpochId(e) }),
+            (any::<u64>(), any::<u64>()).prop_map(|(e, f)| Request::ListFiles { epoch: EpochId(e), from_file: FileId(f) }),
+            (any::<u64>(), any::<u64>()).prop_map(|(e, f)| Request::Stat { epoch: EpochId(e), file: FileId(f) }),
+            (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(e, f, o)| Request::Extents { epoch: EpochId(e), file: FileId(f), from_offset: o }),
+            any::<u64>().prop_map(|e| Request::DeleteEpoch { epoch: EpochId(e) }),
+            Just(Request::Status),
+        ]
+    }
+
+    fn file_info() -> impl Strategy<Value = FileInfo> {
+        (any::<u64>(), name(), any::<u64>(), any::<u64>())
+            .prop_map(|(f, n, s, t)| FileInfo { file: FileId(f), name: n, size_bytes: s, stored_bytes: t })
+    }
+
+    fn state() -> impl Strategy<Value = EpochState> {
+        prop_oneof![Just(EpochState::Open), Just(EpochState::CommittedMemory), Just(EpochState::Committed), Just(EpochState::Drained)]
+    }
+
+    fn response() -> impl Strategy<Value = Response> {
+        prop_oneof![
+            (any::<u16>(), any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>(), name()).prop_map(|(v, p, i, u, g, n)| Response::Hello { version: v, payload_bytes_max: p, in_flight_requests_max: i, uid: u, gid: g, server_name: n }),
+            (any::<u64>(), any::<bool>()).prop_map(|(f, c)| Response::FileOpened { file: FileId(f), created: c }),
+            any::<u32>().prop_map(|b| Response::Written { bytes: b }),
+            Just(Response::ReadData),
+            (any::<u64>(), durability()).prop_map(|(e, d)| Response::Committed { epoch: EpochId(e), durability: d }),
+            proptest::collection::vec((any::<u64>(), state(), any::<u64>(), any::<u64>()), 0..20).prop_map(|v| Response::Epochs(v.into_iter().map(|(e, s, f, b)| EpochInfo { epoch: EpochId(e), state: s, files: f, bytes: b }).collect())),
+            proptest::collection::vec(file_info(), 0..10).prop_map(Response::Files),
+            file_info().prop_map(Response::FileStat),
+            proptest::collection::vec((any::<u64>(), any::<u64>()), 0..20).prop_map(|v| Response::Extents(v.into_iter().map(|(o, l)| Extent { offset: o, length: l }).collect())),
+            any::<u64>().prop_map(|e| Response::Deleted { epoch: EpochId(e) }),
+            (name(), any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(n, c, b, e)| Response::Status(ServerStatus { server_name: n, connections: c, connections_max: c / 2, in_flight_bytes: b, in_flight_bytes_max: b / 3, requests_served: e, bytes_written: b ^ e, bytes_read: 7, dram_bytes_used: 1, dram_bytes_max: 2, ssd_bytes_used: 3, ssd_bytes_max: 4, epochs: e })),
+            (0usize..15, name()).prop_map(|(i, m)| Response::Error { code: ErrorCode::all().nth(i).unwrap(), message: m }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn requests_round_trip(r in request()) {
+            let body = r.encode_body();
+            prop_assert_eq!(Request::decode(r.kind(), &body).unwrap(), r);
+        }
+
+        #[test]
+        fn responses_round_trip(r in response()) {
+            let body = r.encode_body();
+            prop_assert_eq!(Response::decode(r.kind(), &body).unwrap(), r);
+        }
+
+        /// Every strict prefix of a non-empty body is rejected as truncated; one extra byte is
+        /// rejected as trailing.
+        #[test]
+        fn truncated_and_padded_requests_are_rejected(r in request(), cut in any::<prop::sample::Index>()) {
+            let body = r.encode_body();
+            if !body.is_empty() {
+                let at = cut.index(body.len());
+                let truncated = matches!(Request::decode(r.kind(), &body[..at]), Err(FrameError::Truncated { .. }));
+                prop_assert!(truncated);
+            }
+            let mut padded = body.clone();
+            padded.push(0);
+            let trailing = matches!(Request::decode(r.kind(), &padded), Err(FrameError::TrailingBytes { extra: 1, .. }));
+            prop_assert!(trailing);
+        }
+
+        #[test]
+        fn truncated_responses_are_rejected(r in response(), cut in any::<prop::sample::Index>()) {
+            let body = r.encode_body();
+            if !body.is_empty() {
+                let at = cut.index(body.len());
+                prop_assert!(Response::decode(r.kind(), &body[..at]).is_err());
+            }
+        }
+
+        /// Random bytes never panic the decoder, whatever the kind.
+        #[test]
+        fn garbage_bodies_never_panic(kind in 0u8..=255, body in proptest::collection::vec(any::<u8>(), 0..200)) {
+            if let Some(kind) = Kind::from_byte(kind) {
+                let _ = Request::decode(kind, &body);
+                let _ = Response::decode(kind, &body);
+            }
+        }
+    }
+
+    #[test]
+    fn bad_enum_values_are_named() {
+        let mut body = Request::Commit { epoch: EpochId(1), durability: Durability::Ssd }.encode_body();
+        *body.last_mut().unwrap() = 9;
+        assert_eq!(
+            Request::decode(Kind::Commit, &body),
+            Err(FrameError::BadValue { kind: Kind::Commit, field: "durability", value: 9 })
+        );
+        let mut body = Request::OpenFile { epoch: EpochId(1), name: "a".into(), create: true }.encode_body();
+        body[10] = 0xFF; // the name byte
+        assert_eq!(Request::decode(Kind::OpenFile, &body), Err(FrameError::BadString { kind: Kind::OpenFile, field: "name" }));
+        let mut body = Response::Error { code: ErrorCode::Io, message: String::new() }.encode_body();
+        body[0] = 200;
+        assert!(matches!(Response::decode(Kind::Error, &body), Err(FrameError::BadValue { field: "code", .. })));
+    }
+
+    #[test]
+    fn direction_is_checked() {
+        assert!(matches!(Request::decode(Kind::Written, &[0; 4]), Err(FrameError::WrongDirection { .. })));
+        assert!(matches!(Response::decode(Kind::Write, &[0; 24]), Err(FrameError::WrongDirection { .. })));
+    }
+
+    #[test]
+    fn huge_list_count_does_not_allocate() {
+        let mut body = Vec::new();
+        body.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(Response::decode(Kind::Epochs, &body), Err(FrameError::Truncated { .. })));
+    }
+}

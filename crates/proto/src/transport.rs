@@ -1,0 +1,423 @@
+//! Transports behind two small traits, so RDMA (libfabric) can slot in beside TCP and Unix sockets.
+//!
+//! A [`Listener`] accepts [`Connection`]s; a connection is a byte stream (`Read + Write`) that
+//! also tells the server who the peer is. Identity comes from the kernel, never from the client:
+//! on a Unix-domain socket from `SO_PEERCRED`; on loopback TCP from the owner of the peer's socket
+//! in `/proc/net/tcp{,6}` (the peer is on this host, so the kernel knows it). A non-loopback TCP
+//! peer has no established identity until site authentication (munge) exists: it runs as
+//! `nobody`, and binding such a listener needs the explicit `insecure_tcp` switch.
+
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The uid/gid a request runs as, established by the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Identity {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Identity {
+    /// The unprivileged identity given to peers the kernel cannot vouch for.
+    pub const NOBODY: Identity = Identity { uid: 65534, gid: 65534 };
+}
+
+/// Where a server listens or a client connects.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Endpoint {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Endpoint::Tcp(a) => write!(f, "tcp://{a}"),
+            Endpoint::Unix(p) => write!(f, "unix://{}", p.display()),
+        }
+    }
+}
+
+impl std::str::FromStr for Endpoint {
+    type Err = String;
+    /// `tcp://host:port`, `host:port` or `unix:///path/to/socket`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Some(path) = s.strip_prefix("unix://") {
+            if path.is_empty() {
+                return Err(format!("endpoint {s:?}: empty socket path"));
+            }
+            return Ok(Endpoint::Unix(PathBuf::from(path)));
+        }
+        let address = s.strip_prefix("tcp://").unwrap_or(s);
+        address
+            .parse::<SocketAddr>()
+            .map(Endpoint::Tcp)
+            .map_err(|e| format!("endpoint {s:?}: expected tcp://IP:PORT or unix:///PATH ({e})"))
+    }
+}
+
+/// A connected byte stream to or from a peer.
+pub trait Connection: Read + Write + Send {
+    /// A human-readable peer name for logs (`tcp://127.0.0.1:40522`, `unix:uid=1000,pid=77`).
+    fn peer(&self) -> String;
+    /// The identity the kernel vouches for (server side).
+    fn identity(&self) -> io::Result<Identity>;
+    /// A second handle on the same stream (e.g. one for reading, one for writing).
+    fn try_clone_connection(&self) -> io::Result<Box<dyn Connection>>;
+    /// Bounds how long a read may block (`None`: forever).
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
+    /// Shuts both directions down; a blocked reader on another handle wakes up.
+    fn shutdown(&self);
+}
+
+/// Accepts connections.
+pub trait Listener: Send + Sync {
+    /// Accepts one connection, or `Ok(None)` if none is waiting (listeners are non-blocking so
+    /// the accept loop can notice shutdown).
+    fn accept(&self) -> io::Result<Option<Box<dyn Connection>>>;
+    /// Where this listener listens (with the real port if 0 was asked).
+    fn endpoint(&self) -> Endpoint;
+}
+
+/// Why a listener could not be bound.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BindError {
+    #[error("refusing to listen on non-loopback address {address} without --insecure-tcp (no authentication yet)")]
+    NotLoopback { address: SocketAddr },
+    #[error("cannot listen on {endpoint}: {source}")]
+    Io { endpoint: Endpoint, source: io::Error },
+}
+
+/// Binds a listener. Non-loopback TCP needs `insecure_tcp`.
+pub fn bind(endpoint: &Endpoint, insecure_tcp: bool) -> Result<Box<dyn Listener>, BindError> {
+    let io_error = |source| BindError::Io { endpoint: endpoint.clone(), source };
+    match endpoint {
+        Endpoint::Tcp(address) => {
+            if !address.ip().is_loopback() && !insecure_tcp {
+                return Err(BindError::NotLoopback { address: *address });
+            }
+            let listener = TcpListener::bind(address).map_err(io_error)?;
+            listener.set_nonblocking(true).map_err(io_error)?;
+            Ok(Box::new(TcpTransportListener { listener }))
+        }
+        Endpoint::Unix(path) => {
+            // A stale socket file from a previous run blocks bind; remove only sockets.
+            if let Ok(meta) = std::fs::symlink_metadata(path) {
+                use std::os::unix::fs::FileTypeExt;
+                if meta.file_type().is_socket() {
+                    let _ = std::fs::remove_file(path);
+                }
+            }
+            let listener = UnixListener::bind(path).map_err(io_error)?;
+            listener.set_nonblocking(true).map_err(io_error)?;
+            Ok(Box::new(UnixTransportListener { listener, path: path.clone() }))
+        }
+    }
+}
+
+/// Connects to a server.
+pub fn connect(endpoint: &Endpoint) -> io::Result<Box<dyn Connection>> {
+    match endpoint {
+        Endpoint::Tcp(address) => {
+            let stream = TcpStream::connect(address)?;
+            stream.set_nodelay(true)?;
+            Ok(Box::new(TcpConnection { stream }))
+        }
+        Endpoint::Unix(path) => Ok(Box::new(UnixConnection { stream: UnixStream::connect(path)? })),
+    }
+}
+
+struct TcpTransportListener {
+    listener: TcpListener,
+}
+
+impl Listener for TcpTransportListener {
+    fn accept(&self) -> io::Result<Option<Box<dyn Connection>>> {
+        match self.listener.accept() {
+            Ok((stream, _)) => {
+                stream.set_nonblocking(false)?;
+                stream.set_nodelay(true)?;
+                Ok(Some(Box::new(TcpConnection { stream })))
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+    fn endpoint(&self) -> Endpoint {
+        Endpoint::Tcp(self.listener.local_addr().expect("bound listener has an address"))
+    }
+}
+
+struct UnixTransportListener {
+    listener: UnixListener,
+    path: PathBuf,
+}
+
+impl Listener for UnixTransportListener {
+    fn accept(&self) -> io::Result<Option<Box<dyn Connection>>> {
+        match self.listener.accept() {
+            Ok((stream, _)) => {
+                stream.set_nonblocking(false)?;
+                Ok(Some(Box::new(UnixConnection { stream })))
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+    fn endpoint(&self) -> Endpoint {
+        Endpoint::Unix(self.path.clone())
+    }
+}
+
+impl Drop for UnixTransportListener {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+struct TcpConnection {
+    stream: TcpStream,
+}
+
+impl Read for TcpConnection {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.stream.read(buf)
+    }
+}
+
+impl Write for TcpConnection {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.stream.write(buf)
+    }
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        self.stream.write_vectored(bufs)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.stream.flush()
+    }
+}
+
+impl Connection for TcpConnection {
+    fn peer(&self) -> String {
+        match self.stream.peer_addr() {
+            Ok(a) => format!("tcp://{a}"),
+            Err(_) => "tcp://(disconnected)".into(),
+        }
+    }
+    fn identity(&self) -> io::Result<Identity> {
+        let peer = self.stream.peer_addr()?;
+        let local = self.stream.local_addr()?;
+        if !peer.ip().is_loopback() {
+            return Ok(Identity::NOBODY);
+        }
+        let uid = loopback_peer_uid(peer, local)?;
+        Ok(Identity { uid, gid: primary_gid(uid).unwrap_or(Identity::NOBODY.gid) })
+    }
+    fn try_clone_connection(&self) -> io::Result<Box<dyn Connection>> {
+        Ok(Box::new(TcpConnection { stream: self.stream.try_clone()? }))
+    }
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.stream.set_read_timeout(timeout)
+    }
+    fn shutdown(&self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+struct UnixConnection {
+    stream: UnixStream,
+}
+
+impl Read for UnixConnection {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.stream.read(buf)
+    }
+}
+
+impl Write for UnixConnection {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.stream.write(buf)
+    }
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        self.stream.write_vectored(bufs)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.stream.flush()
+    }
+}
+
+/// `SO_PEERCRED` of a Unix-domain socket: (pid, uid, gid).
+fn peer_credentials(stream: &UnixStream) -> io::Result<(i32, u32, u32)> {
+    let mut credentials = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut length = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: the fd is a live socket; `credentials` and `length` are valid for writes of the
+    // sizes given.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut credentials as *mut libc::ucred as *mut libc::c_void,
+            &mut length,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((credentials.pid, credentials.uid, credentials.gid))
+}
+
+impl Connection for UnixConnection {
+    fn peer(&self) -> String {
+        match peer_credentials(&self.stream) {
+            Ok((pid, uid, _)) => format!("unix:pid={pid},uid={uid}"),
+            Err(_) => "unix:(unknown)".into(),
+        }
+    }
+    fn identity(&self) -> io::Result<Identity> {
+        let (_, uid, gid) = peer_credentials(&self.stream)?;
+        Ok(Identity { uid, gid })
+    }
+    fn try_clone_connection(&self) -> io::Result<Box<dyn Connection>> {
+        Ok(Box::new(UnixConnection { stream: self.stream.try_clone()? }))
+    }
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.stream.set_read_timeout(timeout)
+    }
+    fn shutdown(&self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// The `/proc/net/tcp` spelling of a socket address (`0100007F:1F90`).
+fn proc_net_address(address: SocketAddr) -> String {
+    let port = address.port();
+    match address.ip() {
+        IpAddr::V4(ip) => format!("{:08X}:{port:04X}", u32::from_ne_bytes(ip.octets())),
+        IpAddr::V6(ip) => {
+            let o = ip.octets();
+            let mut s = String::with_capacity(37);
+            for chunk in o.chunks_exact(4) {
+                s.push_str(&format!("{:08X}", u32::from_ne_bytes(chunk.try_into().expect("4"))));
+            }
+            format!("{s}:{port:04X}")
+        }
+    }
+}
+
+/// The uid owning the peer end of a loopback TCP connection: the `/proc/net/tcp{,6}` row whose
+/// local address is our peer and whose remote address is us.
+fn loopback_peer_uid(peer: SocketAddr, local: SocketAddr) -> io::Result<u32> {
+    let table = match peer {
+        SocketAddr::V4(_) => "/proc/net/tcp",
+        SocketAddr::V6(_) => "/proc/net/tcp6",
+    };
+    let text = std::fs::read_to_string(table)?;
+    find_uid_in_proc_net(&text, &proc_net_address(peer), &proc_net_address(local)).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no {table} row for peer {peer} → {local}; cannot establish identity"),
+        )
+    })
+}
+
+fn find_uid_in_proc_net(text: &str, peer: &str, local: &str) -> Option<u32> {
+    text.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() > 7 && fields[1] == peer && fields[2] == local {
+            fields[7].parse().ok()
+        } else {
+            None
+        }
+    })
+}
+
+/// The primary gid of a uid (from the password database).
+fn primary_gid(uid: u32) -> Option<u32> {
+    let mut buffer = vec![0 as libc::c_char; 4096];
+    let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut result: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: all pointers are valid for the sizes given; getpwuid_r writes only inside them.
+    let rc = unsafe { libc::getpwuid_r(uid, &mut entry, buffer.as_mut_ptr(), buffer.len(), &mut result) };
+    if rc == 0 && !result.is_null() {
+        Some(entry.pw_gid)
+    } else {
+        None
+    }
+}
+
+/// True for a path that looks usable as a Unix socket path (length limit of `sun_path`).
+pub fn unix_path_fits(path: &Path) -> bool {
+    path.as_os_str().len() < 108
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_parse() {
+        assert_eq!("127.0.0.1:7070".parse::<Endpoint>().unwrap(), Endpoint::Tcp("127.0.0.1:7070".parse().unwrap()));
+        assert_eq!("tcp://[::1]:9".parse::<Endpoint>().unwrap(), Endpoint::Tcp("[::1]:9".parse().unwrap()));
+        assert_eq!("unix:///tmp/x.sock".parse::<Endpoint>().unwrap(), Endpoint::Unix("/tmp/x.sock".into()));
+        assert!("unix://".parse::<Endpoint>().is_err());
+        assert!("example.com:80".parse::<Endpoint>().unwrap_err().contains("example.com"));
+    }
+
+    #[test]
+    fn refuses_non_loopback_without_insecure_tcp() {
+        let e = bind(&"0.0.0.0:0".parse().unwrap(), false).err().expect("must refuse");
+        assert!(e.to_string().contains("--insecure-tcp"), "{e}");
+    }
+
+    #[test]
+    fn loopback_tcp_identity_is_ours() {
+        let listener = bind(&"127.0.0.1:0".parse().unwrap(), false).unwrap();
+        let mut client = connect(&listener.endpoint()).unwrap();
+        client.write_all(b"x").unwrap();
+        let server = loop {
+            if let Some(c) = listener.accept().unwrap() {
+                break c;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let me = unsafe { libc::getuid() };
+        assert_eq!(server.identity().unwrap().uid, me);
+        assert!(server.peer().starts_with("tcp://127.0.0.1:"));
+    }
+
+    #[test]
+    fn unix_identity_comes_from_the_kernel() {
+        let dir = std::env::temp_dir().join(format!("spillway-proto-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let endpoint = Endpoint::Unix(dir.join("s.sock"));
+        let listener = bind(&endpoint, false).unwrap();
+        let _client = connect(&endpoint).unwrap();
+        let server = loop {
+            if let Some(c) = listener.accept().unwrap() {
+                break c;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let identity = server.identity().unwrap();
+        assert_eq!(identity, Identity { uid: unsafe { libc::getuid() }, gid: unsafe { libc::getgid() } });
+        assert!(server.peer().contains(&format!("pid={}", std::process::id())));
+        drop(listener);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn proc_net_rows_match_by_both_ends() {
+        let text = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: 0100007F:9C4A 0100007F:1B9E 01 00000000:00000000 00:00000000 00000000  1234        0 1\n";
+        let peer: SocketAddr = "127.0.0.1:40010".parse().unwrap();
+        let local: SocketAddr = "127.0.0.1:7070".parse().unwrap();
+        assert_eq!(proc_net_address(peer), "0100007F:9C4A");
+        assert_eq!(find_uid_in_proc_net(text, &proc_net_address(peer), &proc_net_address(local)), Some(1234));
+        assert_eq!(find_uid_in_proc_net(text, &proc_net_address(local), &proc_net_address(peer)), None);
+    }
+}

@@ -1,0 +1,73 @@
+//! The seam between protocol handlers and the store.
+//!
+//! The server needs a handful of operations from the store that owns the data; they are a trait
+//! so the handlers can be read (and reasoned about) without the store's internals, and so a
+//! future store variant slots in. The production implementation is [`crate::StoreBackend`] over
+//! `spillway_store::Store`.
+
+use std::time::Duration;
+
+use spillway_proto::{Durability, EpochInfo, ErrorCode, Extent, FileInfo};
+use spillway_types::{EpochId, FileId, StreamKey};
+
+/// A failed backend operation: the protocol code plus a message naming what failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct BackendError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl BackendError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        BackendError { code, message: message.into() }
+    }
+}
+
+/// Capacity figures for `status`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub dram_bytes_used: u64,
+    pub dram_bytes_max: u64,
+    pub ssd_bytes_used: u64,
+    pub ssd_bytes_max: u64,
+}
+
+/// What the server needs from the store. All methods take `&self` and may be called from many
+/// connection threads at once.
+pub trait Backend: Send + Sync + 'static {
+    /// Opens the named file of an epoch, creating it (and the epoch) if `create`.
+    /// Returns the file id and whether it was created.
+    fn open_file(&self, stream: StreamKey, epoch: EpochId, name: &str, create: bool)
+        -> Result<(FileId, bool), BackendError>;
+    /// Appends `data` at `offset` of the file. Acknowledged when in the store's DRAM log.
+    /// A full store answers `ErrorCode::NoSpace` (the server retries within its bounded wait).
+    fn write(&self, stream: StreamKey, epoch: EpochId, file: FileId, offset: u64, data: &[u8])
+        -> Result<(), BackendError>;
+    /// Fills `out` from `offset`; holes read as zeros.
+    fn read(&self, epoch: EpochId, file: FileId, offset: u64, out: &mut [u8]) -> Result<(), BackendError>;
+    /// Seals the epoch (later writes fail with `EpochReadOnly`) and returns when it is durable
+    /// at `durability`: `Ssd` — fsync'd in the SSD log (group commit); `Memory` — held in DRAM,
+    /// the SSD log catches up in the background. Never called with `ServerDefault`.
+    fn commit(&self, epoch: EpochId, durability: Durability) -> Result<(), BackendError>;
+    /// Waits up to `timeout` for `bytes` of space to become free; true if they did.
+    fn wait_for_space(&self, bytes: u64, timeout: Duration) -> bool {
+        let _ = bytes;
+        std::thread::sleep(timeout);
+        false
+    }
+    /// Makes everything the store holds durable (graceful shutdown).
+    fn sync(&self) -> Result<(), BackendError>;
+    /// Every epoch this store holds.
+    fn epochs(&self) -> Result<Vec<EpochInfo>, BackendError>;
+    /// Files of an epoch.
+    fn files(&self, epoch: EpochId) -> Result<Vec<FileInfo>, BackendError>;
+    /// One file.
+    fn stat(&self, epoch: EpochId, file: FileId) -> Result<FileInfo, BackendError>;
+    /// The byte ranges of the file held here, in offset order, adjacent ranges merged.
+    fn extents(&self, epoch: EpochId, file: FileId) -> Result<Vec<Extent>, BackendError>;
+    /// Deletes the epoch; its space becomes free.
+    fn delete_epoch(&self, epoch: EpochId) -> Result<(), BackendError>;
+    /// Current capacity use.
+    fn usage(&self) -> Usage;
+}

@@ -1,0 +1,549 @@
+//! One client connection: handshake, a reader thread and an executor thread.
+//!
+//! The reader decodes frames and, for a write, reserves budget and reads the payload straight
+//! into the buffer the store will copy from. It hands each request to the executor through a
+//! bounded queue; the executor runs requests in order and is the only writer of replies, so
+//! replies leave in request order. A frame whose *header* is bad means the stream is out of sync:
+//! the reader queues an error reply and closes. A frame whose *body* is bad is answered with an
+//! error reply and the connection goes on. Either way a warning names the peer and the problem.
+
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use spillway_proto::frame::{self, ReceiveError};
+use spillway_proto::message::ServerStatus;
+use spillway_proto::{
+    Connection, Durability, ErrorCode, Extent, FileInfo, FrameError, Identity, Kind, Request,
+    Response, BODY_BYTES_MAX, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+};
+use spillway_types::{EpochId, StreamKey};
+
+use crate::backend::BackendError;
+use crate::budget::Reservation;
+use crate::Shared;
+
+/// How often a blocked read wakes to look at the shutdown flag.
+const READ_POLL: Duration = Duration::from_millis(100);
+
+/// Work for the executor.
+enum Job {
+    Request { request_id: u64, request: Request, payload: Option<(Vec<u8>, Reservation)>, received: Instant },
+    Reply { request_id: u64, response: Response },
+}
+
+/// A reader that notices shutdown at frame boundaries: if the server is stopping and no byte
+/// of the next frame has arrived, it reports end of stream; mid-frame it keeps reading until
+/// the shutdown grace runs out.
+struct FrameReader<'a> {
+    connection: Box<dyn Connection>,
+    shutdown: &'a AtomicBool,
+    grace: Duration,
+    frame_started: bool,
+    stopping_since: Option<Instant>,
+}
+
+impl Read for FrameReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            match self.connection.read(buf) {
+                Ok(n) => {
+                    if n > 0 {
+                        self.frame_started = true;
+                    }
+                    return Ok(n);
+                }
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    if self.shutdown.load(Ordering::SeqCst) {
+                        if !self.frame_started {
+                            return Ok(0);
+                        }
+                        let since = *self.stopping_since.get_or_insert_with(Instant::now);
+                        if since.elapsed() > self.grace {
+                            return Err(io::Error::new(io::ErrorKind::TimedOut, "shutdown grace ran out mid-frame"));
+                        }
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+struct ConnectionCount<'a>(&'a Shared);
+
+impl Drop for ConnectionCount<'_> {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Buffer size of a connection's reader and reply writer: several small frames per syscall.
+const STREAM_BUFFER_BYTES: usize = 64 * 1024;
+
+fn send<W: Write + ?Sized>(writer: &mut W, request_id: u64, response: &Response, payload: &[u8]) -> io::Result<()> {
+    frame::write_frame(writer, response.kind(), request_id, &response.encode_body(), payload)
+}
+
+fn error_reply(code: ErrorCode, message: impl Into<String>) -> Response {
+    Response::Error { code, message: message.into() }
+}
+
+/// Serves one connection to the end.
+pub fn serve(shared: Arc<Shared>, mut connection: Box<dyn Connection>) {
+    let peer = connection.peer();
+    let count = shared.connections.fetch_add(1, Ordering::SeqCst) + 1;
+    let _count = ConnectionCount(&shared);
+    if count > shared.options.connections_max {
+        tracing::warn!(%peer, connections_max = shared.options.connections_max, "refusing connection: at the connection limit");
+        let _ = send(&mut *connection, 0, &error_reply(ErrorCode::Busy, format!("server at its limit of {} connections", shared.options.connections_max)), &[]);
+        connection.shutdown();
+        return;
+    }
+    let identity = match connection.identity() {
+        Ok(identity) => identity,
+        Err(error) => {
+            tracing::warn!(%peer, %error, "refusing connection: cannot establish the peer's identity");
+            let _ = send(&mut *connection, 0, &error_reply(ErrorCode::PermissionDenied, format!("cannot establish your identity: {error}")), &[]);
+            connection.shutdown();
+            return;
+        }
+    };
+    if let Err(error) = connection.set_read_timeout(Some(READ_POLL)) {
+        tracing::warn!(%peer, %error, "cannot set a read timeout; closing");
+        return;
+    }
+    let writer = match connection.try_clone_connection() {
+        Ok(writer) => writer,
+        Err(error) => {
+            tracing::warn!(%peer, %error, "cannot clone the connection; closing");
+            return;
+        }
+    };
+    let mut reader = FrameReader {
+        connection,
+        shutdown: &shared.shutdown,
+        grace: shared.options.shutdown_grace,
+        frame_started: false,
+        stopping_since: None,
+    };
+    let mut writer = writer;
+    if !handshake(&shared, &mut reader, &mut *writer, &peer, identity) {
+        writer.shutdown();
+        return;
+    }
+    tracing::info!(%peer, uid = identity.uid, gid = identity.gid, "client connected");
+
+    let (sender, receiver) = sync_channel::<Job>(shared.options.in_flight_requests_max as usize);
+    let executor = {
+        let shared = shared.clone();
+        let peer = peer.clone();
+        std::thread::Builder::new()
+            .name("executor".into())
+            .spawn(move || execute(shared, receiver, writer, peer, identity))
+    };
+    let executor = match executor {
+        Ok(executor) => executor,
+        Err(error) => {
+            tracing::error!(%peer, %error, "cannot start an executor thread; closing");
+            return;
+        }
+    };
+    // Buffered only after the handshake: the handshake reads exactly the Hello frame's bytes,
+    // so whatever a client pipelined behind it is still in the socket for this buffer.
+    let mut reader = BufReader::with_capacity(STREAM_BUFFER_BYTES, reader);
+    let reason = read_loop(&shared, &mut reader, &sender, &peer);
+    drop(sender);
+    let _ = executor.join();
+    reader.get_ref().connection.shutdown();
+    tracing::info!(%peer, %reason, "client disconnected");
+}
+
+/// Reads the client's `Hello` and answers it. False: the connection must close.
+fn handshake(shared: &Shared, reader: &mut FrameReader<'_>, writer: &mut dyn Connection, peer: &str, identity: Identity) -> bool {
+    let mut body = Vec::new();
+    reader.frame_started = false;
+    let header = match frame::read_header_and_body(reader, &mut body, 0) {
+        Ok(header) => header,
+        Err(ReceiveError::Closed) => return false,
+        Err(error) => {
+            tracing::warn!(%peer, problem = %error, "malformed handshake; closing");
+            let _ = send(writer, 0, &error_reply(code_of(&error), format!("malformed handshake: {error}")), &[]);
+            return false;
+        }
+    };
+    let request = match Request::decode(header.kind, &body) {
+        Ok(request) => request,
+        Err(error) => {
+            tracing::warn!(%peer, problem = %error, "malformed handshake; closing");
+            let _ = send(writer, header.request_id, &error_reply(ErrorCode::BadFrame, format!("malformed handshake: {error}")), &[]);
+            return false;
+        }
+    };
+    let Request::Hello { version_min, version_max, client_name } = request else {
+        tracing::warn!(%peer, problem = ?header.kind, "first frame is not Hello; closing");
+        let _ = send(writer, header.request_id, &error_reply(ErrorCode::OutOfOrder, format!("expected Hello first, got {:?}", header.kind)), &[]);
+        return false;
+    };
+    let version = version_max.min(PROTOCOL_VERSION);
+    if version < version_min.max(PROTOCOL_VERSION_MIN) {
+        tracing::warn!(%peer, version_min, version_max, "no common protocol version; closing");
+        let message = format!(
+            "client speaks versions {version_min}..={version_max}, server {PROTOCOL_VERSION_MIN}..={PROTOCOL_VERSION}"
+        );
+        let _ = send(writer, header.request_id, &error_reply(ErrorCode::UnsupportedVersion, message), &[]);
+        return false;
+    }
+    tracing::debug!(%peer, %client_name, version, "handshake");
+    let reply = Response::Hello {
+        version,
+        payload_bytes_max: shared.options.payload_bytes_max,
+        in_flight_requests_max: shared.options.in_flight_requests_max,
+        uid: identity.uid,
+        gid: identity.gid,
+        server_name: shared.options.server_name.clone(),
+    };
+    send(writer, header.request_id, &reply, &[]).is_ok()
+}
+
+fn code_of(error: &ReceiveError) -> ErrorCode {
+    match error {
+        ReceiveError::Frame(FrameError::BodyTooLarge { .. } | FrameError::PayloadTooLarge { .. }) => ErrorCode::TooLarge,
+        _ => ErrorCode::BadFrame,
+    }
+}
+
+/// Reads frames until the peer leaves, the stream breaks or the server stops. Returns why.
+fn read_loop(
+    shared: &Arc<Shared>,
+    reader: &mut BufReader<FrameReader<'_>>,
+    sender: &std::sync::mpsc::SyncSender<Job>,
+    peer: &str,
+) -> String {
+    let mut body = Vec::with_capacity(256);
+    loop {
+        // Bytes of the next frame may already sit in the buffer: then it has started.
+        let started = !reader.buffer().is_empty();
+        reader.get_mut().frame_started = started;
+        let header = match frame::read_header_and_body(reader, &mut body, shared.options.payload_bytes_max) {
+            Ok(header) => header,
+            Err(ReceiveError::Closed) => {
+                return if shared.shutdown.load(Ordering::SeqCst) { "server shutting down".into() } else { "closed by peer".into() };
+            }
+            Err(error @ ReceiveError::Frame(_)) => {
+                // The header is bad: lengths cannot be trusted, the stream is out of sync.
+                tracing::warn!(%peer, problem = %error, "malformed frame; closing the connection");
+                let _ = sender.send(Job::Reply { request_id: 0, response: error_reply(code_of(&error), format!("malformed frame: {error}; closing")) });
+                return format!("malformed frame: {error}");
+            }
+            Err(error) => {
+                tracing::warn!(%peer, problem = %error, "connection broken");
+                return error.to_string();
+            }
+        };
+        let request = match Request::decode(header.kind, &body) {
+            Ok(request) => request,
+            Err(error) => {
+                // The header was sound: skip the payload and keep the connection.
+                tracing::warn!(%peer, request_id = header.request_id, problem = %error, "malformed request body; answering with an error");
+                if header.payload_bytes > 0 && discard(reader, header.payload_bytes as u64).is_err() {
+                    return "connection broken while skipping a bad frame's payload".into();
+                }
+                let reply = Job::Reply { request_id: header.request_id, response: error_reply(ErrorCode::BadFrame, format!("malformed {:?} body: {error}", header.kind)) };
+                if sender.send(reply).is_err() {
+                    return "executor stopped".into();
+                }
+                continue;
+            }
+        };
+        if let Request::Hello { .. } = request {
+            tracing::warn!(%peer, request_id = header.request_id, problem = "second Hello", "out-of-order frame; answering with an error");
+            let reply = Job::Reply { request_id: header.request_id, response: error_reply(ErrorCode::OutOfOrder, "Hello after the handshake") };
+            if sender.send(reply).is_err() {
+                return "executor stopped".into();
+            }
+            continue;
+        }
+        let payload = if header.kind == Kind::Write {
+            let reservation = shared.budget.reserve(header.payload_bytes as u64);
+            let mut buffer = shared.pool.take(header.payload_bytes as usize);
+            if let Err(error) = frame::read_payload(reader, &mut buffer) {
+                tracing::warn!(%peer, request_id = header.request_id, problem = %error, "write payload cut short");
+                return format!("write payload cut short: {error}");
+            }
+            Some((buffer, reservation))
+        } else {
+            None
+        };
+        let received = Instant::now();
+        if sender.send(Job::Request { request_id: header.request_id, request, payload, received }).is_err() {
+            return "executor stopped (reply could not be sent)".into();
+        }
+    }
+}
+
+fn discard(reader: &mut impl Read, mut bytes: u64) -> io::Result<()> {
+    let mut sink = [0u8; 64 * 1024];
+    while bytes > 0 {
+        let n = (bytes as usize).min(sink.len());
+        reader.read_exact(&mut sink[..n])?;
+        bytes -= n as u64;
+    }
+    Ok(())
+}
+
+/// Runs requests in order and writes the replies.
+fn execute(shared: Arc<Shared>, receiver: Receiver<Job>, writer: Box<dyn Connection>, peer: String, identity: Identity) {
+    let mut broken = false;
+    let mut last_no_space: Option<Instant> = None;
+    // Replies are buffered and flushed whenever the queue runs dry, so a burst of small
+    // requests costs one send syscall, not one each.
+    let mut writer = BufWriter::with_capacity(STREAM_BUFFER_BYTES, writer);
+    loop {
+        let job = match receiver.try_recv() {
+            Ok(job) => job,
+            Err(std::sync::mpsc::TryRecvError::Empty) => {
+                if !broken {
+                    if let Err(error) = writer.flush() {
+                        tracing::warn!(%peer, %error, "cannot send replies; closing");
+                        writer.get_ref().shutdown();
+                        broken = true;
+                    }
+                }
+                match receiver.recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                }
+            }
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => break,
+        };
+        if broken {
+            continue; // drain the queue so the reader's budget reservations are released
+        }
+        let result = match job {
+            Job::Reply { request_id, response } => send(&mut writer, request_id, &response, &[]),
+            Job::Request { request_id, request, payload, received } => {
+                let data = payload.as_ref().map(|(buffer, _)| buffer.as_slice()).unwrap_or(&[]);
+                // The backpressure bound is per batch, not per write: writes that were already
+                // queued when an earlier one ran out of space get no wait of their own
+                // (otherwise N pipelined writes would wait N times the bound); a write sent
+                // after that failure (a retry) waits again.
+                let fail_fast = last_no_space.is_some_and(|at| received <= at);
+                let wait = if fail_fast { Duration::ZERO } else { shared.options.backpressure_wait };
+                let (response, read_data) = handle(&shared, identity, request, data, wait);
+                if matches!(response, Response::Error { code: ErrorCode::NoSpace, .. }) {
+                    last_no_space = Some(Instant::now());
+                }
+                if let Some((buffer, reservation)) = payload {
+                    drop(reservation);
+                    shared.pool.give(buffer);
+                }
+                if let Response::Error { code, message } = &response {
+                    tracing::debug!(%peer, request_id, %code, %message, "request failed");
+                }
+                shared.counters.requests_served.fetch_add(1, Ordering::Relaxed);
+                let payload = read_data.as_deref().unwrap_or(&[]);
+                send(&mut writer, request_id, &response, payload)
+            }
+        };
+        if let Err(error) = result {
+            tracing::warn!(%peer, %error, "cannot send a reply; closing");
+            writer.get_ref().shutdown();
+            broken = true;
+        }
+    }
+    if !broken {
+        let _ = writer.flush();
+    }
+}
+
+fn stream_of(identity: Identity) -> StreamKey {
+    StreamKey(identity.uid as u64)
+}
+
+/// Checks that this identity may touch the epoch; the first identity to create it owns it for
+/// this server run. Root may touch anything.
+fn authorize(shared: &Shared, identity: Identity, epoch: EpochId, claim: bool) -> Result<(), BackendError> {
+    let mut owners = shared.owners.lock();
+    match owners.get(&epoch) {
+        Some(&owner) if owner != identity.uid && identity.uid != 0 => Err(BackendError::new(
+            ErrorCode::PermissionDenied,
+            format!("epoch {epoch} belongs to uid {owner}, request runs as uid {}", identity.uid),
+        )),
+        Some(_) => Ok(()),
+        None => {
+            if claim {
+                owners.insert(epoch, identity.uid);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Runs one request. Returns the reply and, for reads, the payload to send with it.
+fn handle(shared: &Shared, identity: Identity, request: Request, data: &[u8], wait: Duration) -> Reply {
+    match run(shared, identity, request, data, wait) {
+        Ok(reply) => reply,
+        Err(error) => (error_reply(error.code, error.message), None),
+    }
+}
+
+type Reply = (Response, Option<Vec<u8>>);
+
+fn run(shared: &Shared, identity: Identity, request: Request, data: &[u8], wait: Duration) -> Result<Reply, BackendError> {
+    let backend = &*shared.backend;
+    let plain = |response| Ok((response, None));
+    match request {
+        Request::Hello { .. } => unreachable!("the reader answers a second Hello itself"),
+        Request::OpenFile { epoch, name, create } => {
+            if name.is_empty() || name.len() > spillway_proto::NAME_BYTES_MAX || name.contains('\0') {
+                return Err(BackendError::new(ErrorCode::InvalidArgument, format!("bad file name {name:?}")));
+            }
+            authorize(shared, identity, epoch, create)?;
+            let (file, created) = backend.open_file(stream_of(identity), epoch, &name, create)?;
+            plain(Response::FileOpened { file, created })
+        }
+        Request::Write { epoch, file, offset } => {
+            authorize(shared, identity, epoch, true)?;
+            offset.checked_add(data.len() as u64).ok_or_else(|| {
+                BackendError::new(ErrorCode::InvalidArgument, format!("write at offset {offset} of {} bytes overflows", data.len()))
+            })?;
+            write_with_backpressure(shared, identity, epoch, file, offset, data, wait)?;
+            shared.counters.bytes_written.fetch_add(data.len() as u64, Ordering::Relaxed);
+            plain(Response::Written { bytes: data.len() as u32 })
+        }
+        Request::Read { epoch, file, offset, length } => {
+            authorize(shared, identity, epoch, false)?;
+            if length > shared.options.payload_bytes_max {
+                return Err(BackendError::new(
+                    ErrorCode::TooLarge,
+                    format!("read of {length} bytes exceeds payload_bytes_max {}", shared.options.payload_bytes_max),
+                ));
+            }
+            offset.checked_add(length as u64).ok_or_else(|| {
+                BackendError::new(ErrorCode::InvalidArgument, format!("read at offset {offset} of {length} bytes overflows"))
+            })?;
+            // Not charged to the write budget (an executor waiting on it while readers hold
+            // it could deadlock); bounded instead by one reply buffer per connection:
+            // connections_max × payload_bytes_max.
+            let mut buffer = vec![0u8; length as usize];
+            backend.read(epoch, file, offset, &mut buffer)?;
+            shared.counters.bytes_read.fetch_add(length as u64, Ordering::Relaxed);
+            Ok((Response::ReadData, Some(buffer)))
+        }
+        Request::Commit { epoch, durability } => {
+            authorize(shared, identity, epoch, false)?;
+            let durability = match durability {
+                Durability::ServerDefault => shared.options.default_durability,
+                other => other,
+            };
+            backend.commit(epoch, durability)?;
+            plain(Response::Committed { epoch, durability })
+        }
+        Request::ListEpochs { from_epoch } => {
+            let mut epochs = backend.epochs()?;
+            epochs.retain(|e| e.epoch >= from_epoch);
+            // 25 bytes per entry after a 4-byte count; the client pages for the rest.
+            epochs.truncate((BODY_BYTES_MAX as usize - 4) / 25);
+            plain(Response::Epochs(epochs))
+        }
+        Request::ListFiles { epoch, from_file } => {
+            authorize(shared, identity, epoch, false)?;
+            let mut files = backend.files(epoch)?;
+            files.retain(|f| f.file >= from_file);
+            files.sort_by_key(|f| f.file);
+            plain(Response::Files(fit_files(files)))
+        }
+        Request::Stat { epoch, file } => {
+            authorize(shared, identity, epoch, false)?;
+            plain(Response::FileStat(backend.stat(epoch, file)?))
+        }
+        Request::Extents { epoch, file, from_offset } => {
+            authorize(shared, identity, epoch, false)?;
+            let extents: Vec<Extent> = backend
+                .extents(epoch, file)?
+                .into_iter()
+                .filter(|e| e.offset + e.length > from_offset)
+                .take((BODY_BYTES_MAX as usize - 4) / 16)
+                .collect();
+            plain(Response::Extents(extents))
+        }
+        Request::DeleteEpoch { epoch } => {
+            authorize(shared, identity, epoch, false)?;
+            backend.delete_epoch(epoch)?;
+            shared.owners.lock().remove(&epoch);
+            plain(Response::Deleted { epoch })
+        }
+        Request::Status => {
+            let usage = backend.usage();
+            let epochs = backend.epochs().map(|e| e.len() as u64).unwrap_or(0);
+            plain(Response::Status(ServerStatus {
+                server_name: shared.options.server_name.clone(),
+                connections: shared.connections.load(Ordering::SeqCst),
+                connections_max: shared.options.connections_max,
+                in_flight_bytes: shared.budget.used(),
+                in_flight_bytes_max: shared.budget.max(),
+                requests_served: shared.counters.requests_served.load(Ordering::Relaxed),
+                bytes_written: shared.counters.bytes_written.load(Ordering::Relaxed),
+                bytes_read: shared.counters.bytes_read.load(Ordering::Relaxed),
+                dram_bytes_used: usage.dram_bytes_used,
+                dram_bytes_max: usage.dram_bytes_max,
+                ssd_bytes_used: usage.ssd_bytes_used,
+                ssd_bytes_max: usage.ssd_bytes_max,
+                epochs,
+            }))
+        }
+    }
+}
+
+/// Keeps as many files as fit in one body.
+fn fit_files(files: Vec<FileInfo>) -> Vec<FileInfo> {
+    let mut bytes = 4usize;
+    let mut out = Vec::with_capacity(files.len());
+    for file in files {
+        bytes += 8 + 2 + file.name.len() + 16;
+        if bytes > BODY_BYTES_MAX as usize {
+            break;
+        }
+        out.push(file);
+    }
+    out
+}
+
+/// A write that finds the store full waits up to `wait` for space instead of failing at once:
+/// a drain or a delete may free space any moment.
+fn write_with_backpressure(
+    shared: &Shared,
+    identity: Identity,
+    epoch: EpochId,
+    file: spillway_types::FileId,
+    offset: u64,
+    data: &[u8],
+    wait: Duration,
+) -> Result<(), BackendError> {
+    let deadline = Instant::now() + wait;
+    let mut waited = false;
+    loop {
+        match shared.backend.write(stream_of(identity), epoch, file, offset, data) {
+            Err(error) if error.code == ErrorCode::NoSpace => {
+                let now = Instant::now();
+                if now >= deadline || shared.shutdown.load(Ordering::SeqCst) {
+                    return Err(BackendError::new(
+                        ErrorCode::NoSpace,
+                        format!("{} (store still full after waiting {wait:?} for space)", error.message),
+                    ));
+                }
+                if !waited {
+                    tracing::info!(%epoch, bytes = data.len(), "store full: write waits for space");
+                    waited = true;
+                }
+                // Wake at least every 50 ms: shutdown, or space freed the backend cannot see.
+                shared.backend.wait_for_space(data.len() as u64, (deadline - now).min(Duration::from_millis(50)));
+            }
+            other => return other,
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! [`Backend`] over the real log-structured store (`spillway_store::Store`).
+//!
+//! The store names files by caller-chosen ids; the protocol names them by path within an epoch.
+//! This adapter keeps the mapping: a per-epoch name → id table, loaded from the store's file
+//! names on first use (so it survives restarts: names are records in the SSD log) and extended
+//! under one lock when a file is created, so two clients creating the same N-1 file get the
+//! same id. Store errors map to protocol codes here, in one place.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use spillway_proto::{Durability, EpochInfo, EpochState, ErrorCode, Extent, FileInfo};
+use spillway_store::{CommitError, EpochPhase, LifecycleError, ReadError, Store, WriteError};
+use spillway_types::{EpochId, FileId, StreamKey};
+
+use crate::backend::{Backend, BackendError, Usage};
+
+/// Name → id of the files of one epoch, plus the next free id.
+#[derive(Default)]
+struct EpochNames {
+    ids: HashMap<String, FileId>,
+    next: u64,
+}
+
+pub struct StoreBackend {
+    store: Store,
+    names: Mutex<HashMap<EpochId, EpochNames>>,
+}
+
+impl StoreBackend {
+    pub fn new(store: Store) -> Self {
+        StoreBackend { store, names: Mutex::new(HashMap::new()) }
+    }
+
+    /// The store (for `status` extras and for a clean close).
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Gives the store back (to `close` it).
+    pub fn into_store(self) -> Store {
+        self.store
+    }
+
+    fn load_names(&self, epoch: EpochId) -> Result<EpochNames, BackendError> {
+        let mut names = EpochNames { ids: HashMap::new(), next: 1 };
+        match self.store.files(epoch) {
+            Ok(files) => {
+                for f in files {
+                    names.next = names.next.max(f.file.0 + 1);
+                    if let Some(name) = f.name {
+                        names.ids.insert(name, f.file);
+                    }
+                }
+            }
+            Err(ReadError::UnknownEpoch(_)) => {}
+            Err(error) => return Err(read_error(error)),
+        }
+        Ok(names)
+    }
+}
+
+fn write_error(error: WriteError) -> BackendError {
+    let code = match &error {
+        WriteError::OutOfSpace { .. } | WriteError::DramStalled { .. } => ErrorCode::NoSpace,
+        WriteError::EpochNotOpen { phase: EpochPhase::Drained | EpochPhase::Deleted, .. } => ErrorCode::NoSuchEpoch,
+        WriteError::EpochNotOpen { .. } => ErrorCode::EpochReadOnly,
+        WriteError::ReservedStream(_) | WriteError::OffsetOverflow { .. } | WriteError::BadFileName { .. } => {
+            ErrorCode::InvalidArgument
+        }
+        WriteError::Io { .. } | WriteError::Failed(_) => ErrorCode::Io,
+        _ => ErrorCode::Internal,
+    };
+    BackendError::new(code, error.to_string())
+}
+
+fn read_error(error: ReadError) -> BackendError {
+    let code = match &error {
+        ReadError::UnknownEpoch(_) | ReadError::EpochGone { .. } => ErrorCode::NoSuchEpoch,
+        ReadError::OffsetOverflow { .. } => ErrorCode::InvalidArgument,
+        ReadError::Io { .. } => ErrorCode::Io,
+        ReadError::Corrupt { .. } => ErrorCode::Corrupt,
+        _ => ErrorCode::Internal,
+    };
+    BackendError::new(code, error.to_string())
+}
+
+fn commit_error(error: CommitError) -> BackendError {
+    let code = match &error {
+        CommitError::EpochGone { .. } => ErrorCode::NoSuchEpoch,
+        CommitError::Failed(_) => ErrorCode::Io,
+        _ => ErrorCode::Internal,
+    };
+    BackendError::new(code, error.to_string())
+}
+
+fn lifecycle_error(error: LifecycleError) -> BackendError {
+    let code = match &error {
+        LifecycleError::UnknownEpoch(_) => ErrorCode::NoSuchEpoch,
+        LifecycleError::WrongPhase { phase: EpochPhase::Committing, .. } => ErrorCode::Busy,
+        LifecycleError::WrongPhase { phase: EpochPhase::Drained | EpochPhase::Deleted, .. } => ErrorCode::NoSuchEpoch,
+        LifecycleError::WrongPhase { .. } => ErrorCode::InvalidArgument,
+        LifecycleError::Io { .. } | LifecycleError::Failed(_) => ErrorCode::Io,
+        _ => ErrorCode::Internal,
+    };
+    BackendError::new(code, error.to_string())
+}
+
+fn state_of(phase: EpochPhase) -> Option<EpochState> {
+    match phase {
+        EpochPhase::Open | EpochPhase::Committing => Some(EpochState::Open),
+        EpochPhase::CommittedInMemory => Some(EpochState::CommittedMemory),
+        EpochPhase::Committed => Some(EpochState::Committed),
+        EpochPhase::Drained => Some(EpochState::Drained),
+        EpochPhase::Deleted => None,
+    }
+}
+
+impl Backend for StoreBackend {
+    fn open_file(&self, _stream: StreamKey, epoch: EpochId, name: &str, create: bool) -> Result<(FileId, bool), BackendError> {
+        let mut all = self.names.lock();
+        let names = match all.entry(epoch) {
+            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::hash_map::Entry::Vacant(entry) => entry.insert(self.load_names(epoch)?),
+        };
+        if let Some(&id) = names.ids.get(name) {
+            return Ok((id, false));
+        }
+        if !create {
+            return Err(BackendError::new(ErrorCode::NoSuchFile, format!("no file {name:?} in epoch {epoch}")));
+        }
+        let id = FileId(names.next);
+        self.store.name_file(epoch, id, name).map_err(write_error)?;
+        names.next += 1;
+        names.ids.insert(name.to_string(), id);
+        Ok((id, true))
+    }
+
+    fn write(&self, stream: StreamKey, epoch: EpochId, file: FileId, offset: u64, data: &[u8]) -> Result<(), BackendError> {
+        if self.store.stat(epoch, file).is_none() {
+            return Err(BackendError::new(ErrorCode::NoSuchFile, format!("epoch {epoch} has no file {file}: open it first")));
+        }
+        self.store.write(stream, epoch, file, offset, data).map_err(write_error)
+    }
+
+    fn read(&self, epoch: EpochId, file: FileId, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
+        self.store.read(epoch, file, offset, out).map_err(read_error)
+    }
+
+    fn commit(&self, epoch: EpochId, durability: Durability) -> Result<(), BackendError> {
+        let durability = match durability {
+            Durability::Memory => spillway_store::Durability::Memory,
+            Durability::Ssd | Durability::ServerDefault => spillway_store::Durability::Ssd,
+        };
+        self.store.commit(epoch, durability).map_err(commit_error)
+    }
+
+    fn wait_for_space(&self, bytes: u64, timeout: Duration) -> bool {
+        self.store.wait_for_space(bytes, timeout)
+    }
+
+    fn sync(&self) -> Result<(), BackendError> {
+        self.store.sync().map_err(|e| BackendError::new(ErrorCode::Io, e.to_string()))
+    }
+
+    fn epochs(&self) -> Result<Vec<EpochInfo>, BackendError> {
+        Ok(self
+            .store
+            .epochs()
+            .into_iter()
+            .filter_map(|e| {
+                state_of(e.phase).map(|state| EpochInfo { epoch: e.epoch, state, files: e.files as u64, bytes: e.payload_bytes })
+            })
+            .collect())
+    }
+
+    fn files(&self, epoch: EpochId) -> Result<Vec<FileInfo>, BackendError> {
+        let files = self.store.files(epoch).map_err(read_error)?;
+        // One walk over the epoch's extents for every file's stored bytes (not one per file).
+        let mut stored: HashMap<FileId, u64> = HashMap::new();
+        for e in self.store.extents(epoch..=epoch, None) {
+            *stored.entry(e.file).or_default() += e.length;
+        }
+        Ok(files
+            .into_iter()
+            .map(|f| FileInfo {
+                file: f.file,
+                name: f.name.unwrap_or_default(),
+                size_bytes: f.size_bytes,
+                stored_bytes: stored.get(&f.file).copied().unwrap_or(0),
+            })
+            .collect())
+    }
+
+    fn stat(&self, epoch: EpochId, file: FileId) -> Result<FileInfo, BackendError> {
+        let info = self
+            .store
+            .stat(epoch, file)
+            .ok_or_else(|| BackendError::new(ErrorCode::NoSuchFile, format!("epoch {epoch} has no file {file}")))?;
+        let stored_bytes = self.extents(epoch, file)?.iter().map(|e| e.length).sum();
+        Ok(FileInfo { file, name: info.name.unwrap_or_default(), size_bytes: info.size_bytes, stored_bytes })
+    }
+
+    fn extents(&self, epoch: EpochId, file: FileId) -> Result<Vec<Extent>, BackendError> {
+        let mut out: Vec<Extent> = Vec::new();
+        for e in self.store.extents(epoch..=epoch, Some(file)) {
+            match out.last_mut() {
+                Some(last) if last.offset + last.length == e.offset => last.length += e.length,
+                _ => out.push(Extent { offset: e.offset, length: e.length }),
+            }
+        }
+        Ok(out)
+    }
+
+    fn delete_epoch(&self, epoch: EpochId) -> Result<(), BackendError> {
+        self.store.delete_epoch(epoch).map_err(lifecycle_error)?;
+        self.names.lock().remove(&epoch);
+        Ok(())
+    }
+
+    fn usage(&self) -> Usage {
+        let stats = self.store.stats();
+        Usage {
+            dram_bytes_used: stats.dram_used_bytes,
+            dram_bytes_max: stats.dram_bytes_max,
+            ssd_bytes_used: stats.ssd_used_bytes,
+            ssd_bytes_max: stats.ssd_bytes_max,
+        }
+    }
+}

@@ -1,0 +1,361 @@
+//! The server's protocol layer over loopback TCP and Unix sockets, against a model backend:
+//! handshake, pipelining, malformed input, backpressure, durability levels, identity, shutdown.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::Duration;
+
+use spillway_client::{Client, ClientOptions, Placement};
+use spillway_proto::frame::{self, Kind};
+use spillway_proto::{Durability, Endpoint, EpochState, ErrorCode, Request, Response, PROTOCOL_VERSION};
+use spillway_server::{Server, ServerOptions, ShutdownHandle};
+use spillway_types::EpochId;
+use support::ModelBackend;
+
+fn options() -> ServerOptions {
+    ServerOptions {
+        server_name: "test".into(),
+        connections_max: 16,
+        payload_bytes_max: 1 << 20,
+        in_flight_requests_max: 8,
+        in_flight_bytes_max: 8 << 20,
+        backpressure_wait: Duration::from_millis(300),
+        default_durability: Durability::Ssd,
+        shutdown_grace: Duration::from_secs(5),
+    }
+}
+
+struct Running {
+    endpoints: Vec<Endpoint>,
+    handle: ShutdownHandle,
+    thread: Option<std::thread::JoinHandle<Result<(), spillway_server::ServeError>>>,
+}
+
+impl Running {
+    fn stop(mut self) -> Result<(), spillway_server::ServeError> {
+        self.handle.shutdown();
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.handle.shutdown();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn start_with(options: ServerOptions, backend: Arc<ModelBackend>, endpoints: &[Endpoint]) -> Running {
+    let server = Server::bind(options, backend, endpoints, false).unwrap();
+    let endpoints = server.endpoints();
+    let handle = server.shutdown_handle();
+    let thread = Some(std::thread::spawn(move || server.run()));
+    Running { endpoints, handle, thread }
+}
+
+fn start(backend: Arc<ModelBackend>) -> Running {
+    start_with(options(), backend, &["127.0.0.1:0".parse().unwrap()])
+}
+
+fn tcp(running: &Running) -> TcpStream {
+    let Endpoint::Tcp(address) = running.endpoints[0] else { panic!() };
+    let stream = TcpStream::connect(address).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stream
+}
+
+fn send(stream: &mut TcpStream, id: u64, request: &Request, payload: &[u8]) {
+    frame::write_frame(stream, request.kind(), id, &request.encode_body(), payload).unwrap();
+}
+
+fn receive(stream: &mut TcpStream) -> (u64, Response, Vec<u8>) {
+    let mut body = Vec::new();
+    let header = frame::read_header_and_body(stream, &mut body, 1 << 24).unwrap();
+    let mut payload = vec![0; header.payload_bytes as usize];
+    frame::read_payload(stream, &mut payload).unwrap();
+    (header.request_id, Response::decode(header.kind, &body).unwrap(), payload)
+}
+
+fn hello(stream: &mut TcpStream) {
+    send(stream, 1, &Request::Hello { version_min: 1, version_max: PROTOCOL_VERSION, client_name: "raw".into() }, &[]);
+    let (id, response, _) = receive(stream);
+    assert_eq!(id, 1);
+    assert!(matches!(response, Response::Hello { .. }), "{response:?}");
+}
+
+fn expect_closed(stream: &mut TcpStream) {
+    let mut rest = Vec::new();
+    let n = stream.read_to_end(&mut rest).unwrap_or(0);
+    assert_eq!(n, 0, "connection should be closed, got {n} more bytes");
+}
+
+fn pattern(seed: u64, length: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..length)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn client(running: &Running, placement: Placement) -> Client {
+    let options = ClientOptions { placement, window: 8, transfer_bytes_max: 256 << 10, ..Default::default() };
+    Client::connect(&running.endpoints, options).unwrap()
+}
+
+#[test]
+fn pipelined_writes_read_back_bit_exact() {
+    let running = start(Arc::new(ModelBackend::new(1 << 30)));
+    let mut c = client(&running, Placement::striped_default());
+    let epoch = EpochId(1);
+    c.begin_epoch(epoch);
+    let mut file = c.create_file(epoch, "rank0").unwrap();
+    let data = pattern(1, 3 << 20);
+    for (i, chunk) in data.chunks(100_000).enumerate() {
+        c.write(&mut file, (i * 100_000) as u64, chunk).unwrap();
+    }
+    c.commit_epoch(epoch).unwrap();
+    let mut back = vec![0; data.len()];
+    c.read(&file, 0, &mut back).unwrap();
+    assert!(back == data, "read back differs");
+    let mut middle = vec![0; 777];
+    c.read(&file, 1_000_001, &mut middle).unwrap();
+    assert_eq!(&middle[..], &data[1_000_001..1_000_778]);
+    assert_eq!(c.file_size(&file).unwrap(), data.len() as u64);
+    let epochs = c.list_epochs().unwrap();
+    assert_eq!(epochs.len(), 1);
+    assert_eq!(epochs[0].state, EpochState::Committed);
+    assert_eq!(c.list_files(epoch).unwrap(), vec![("rank0".to_string(), data.len() as u64)]);
+    c.delete_epoch(epoch).unwrap();
+    assert!(c.list_epochs().unwrap().is_empty());
+    drop(c);
+    running.stop().unwrap();
+}
+
+#[test]
+fn n_to_1_over_two_servers_striped_and_local() {
+    let a = start(Arc::new(ModelBackend::new(1 << 30)));
+    let b = start(Arc::new(ModelBackend::new(1 << 30)));
+    let endpoints = vec![a.endpoints[0].clone(), b.endpoints[0].clone()];
+    let unit = 64 * 1024;
+    for (epoch, placement) in [
+        (EpochId(7), None),
+        (EpochId(8), Some(())),
+    ] {
+        let block = 200_000usize; // not stripe-aligned on purpose
+        let writers: Vec<_> = (0..3u32)
+            .map(|rank| {
+                let endpoints = endpoints.clone();
+                std::thread::spawn(move || {
+                    let placement = match placement {
+                        None => Placement::Striped { stripe_unit_bytes: unit, stripe_count: 2 },
+                        Some(()) => Placement::Local { rank },
+                    };
+                    let mut c = Client::connect(&endpoints, ClientOptions { placement, ..Default::default() }).unwrap();
+                    let mut file = c.create_file(epoch, "shared").unwrap();
+                    let data = pattern(rank as u64 + epoch.0, block);
+                    c.write(&mut file, rank as u64 * block as u64, &data).unwrap();
+                    c.flush().unwrap();
+                    c
+                })
+            })
+            .collect();
+        let mut clients: Vec<Client> = writers.into_iter().map(|t| t.join().unwrap()).collect();
+        // The barrier is the join above; every rank commits.
+        for c in &mut clients {
+            c.commit_epoch(epoch).unwrap();
+        }
+        let placement = match placement {
+            None => Placement::Striped { stripe_unit_bytes: unit, stripe_count: 2 },
+            Some(()) => Placement::Local { rank: 99 },
+        };
+        let mut reader = Client::connect(&endpoints, ClientOptions { placement, ..Default::default() }).unwrap();
+        let file = reader.open_file(epoch, "shared").unwrap();
+        let mut back = vec![0; 3 * block];
+        reader.read(&file, 0, &mut back).unwrap();
+        for rank in 0..3 {
+            let expected = pattern(rank as u64 + epoch.0, block);
+            assert!(back[rank * block..(rank + 1) * block] == expected[..], "rank {rank} differs ({placement:?})");
+        }
+        let summary = reader.list_epochs().unwrap().into_iter().find(|e| e.epoch == epoch).unwrap();
+        assert_eq!(summary.servers, 2, "{placement:?} should use both servers");
+    }
+}
+
+#[test]
+fn garbage_gets_an_error_and_a_close_and_others_are_still_served() {
+    let running = start(Arc::new(ModelBackend::new(1 << 30)));
+    let mut good = client(&running, Placement::striped_default());
+    let mut bad = tcp(&running);
+    bad.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n\0\0\0\0\0").unwrap();
+    let (_, response, _) = receive(&mut bad);
+    match response {
+        Response::Error { code: ErrorCode::BadFrame, message } => assert!(message.contains("magic"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    expect_closed(&mut bad);
+    // A valid header but a body that does not decode: error reply, connection stays.
+    let mut sloppy = tcp(&running);
+    hello(&mut sloppy);
+    frame::write_frame(&mut sloppy, Kind::Commit, 5, &[1, 2, 3], &[]).unwrap();
+    let (id, response, _) = receive(&mut sloppy);
+    assert_eq!(id, 5);
+    assert!(matches!(response, Response::Error { code: ErrorCode::BadFrame, .. }), "{response:?}");
+    send(&mut sloppy, 6, &Request::Status, &[]);
+    assert!(matches!(receive(&mut sloppy), (6, Response::Status(_), _)));
+    // Truncated frame then hang-up: the server just drops it.
+    let mut truncated = tcp(&running);
+    hello(&mut truncated);
+    let full = Request::Write { epoch: EpochId(1), file: spillway_types::FileId(1), offset: 0 }.encode_body();
+    let header = frame::Header { kind: Kind::Write, request_id: 9, body_bytes: full.len() as u32, payload_bytes: 100 }.encode();
+    truncated.write_all(&header).unwrap();
+    truncated.write_all(&full[..5]).unwrap();
+    drop(truncated);
+    // Someone else is still served.
+    let status = good.status().unwrap();
+    assert!(status[0].requests_served >= 1);
+}
+
+#[test]
+fn out_of_order_oversized_and_version_mismatch_are_refused() {
+    let running = start(Arc::new(ModelBackend::new(1 << 30)));
+    // Anything before Hello.
+    let mut s = tcp(&running);
+    send(&mut s, 3, &Request::Status, &[]);
+    assert!(matches!(receive(&mut s).1, Response::Error { code: ErrorCode::OutOfOrder, .. }));
+    expect_closed(&mut s);
+    // A second Hello: error, connection stays.
+    let mut s = tcp(&running);
+    hello(&mut s);
+    send(&mut s, 2, &Request::Hello { version_min: 1, version_max: 1, client_name: "again".into() }, &[]);
+    assert!(matches!(receive(&mut s), (2, Response::Error { code: ErrorCode::OutOfOrder, .. }, _)));
+    send(&mut s, 3, &Request::ListEpochs { from_epoch: EpochId(0) }, &[]);
+    assert!(matches!(receive(&mut s), (3, Response::Epochs(_), _)));
+    // A payload over the negotiated maximum: the stream cannot be trusted, error and close.
+    let header = frame::Header { kind: Kind::Write, request_id: 4, body_bytes: 24, payload_bytes: (1 << 20) + 1 }.encode();
+    s.write_all(&header).unwrap();
+    assert!(matches!(receive(&mut s).1, Response::Error { code: ErrorCode::TooLarge, .. }));
+    expect_closed(&mut s);
+    // No common version.
+    let mut s = tcp(&running);
+    send(&mut s, 1, &Request::Hello { version_min: 50, version_max: 60, client_name: "future".into() }, &[]);
+    match receive(&mut s).1 {
+        Response::Error { code: ErrorCode::UnsupportedVersion, message } => assert!(message.contains("50..=60"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    expect_closed(&mut s);
+}
+
+#[test]
+fn full_store_applies_backpressure_then_fails_clearly() {
+    let backend = Arc::new(ModelBackend::new(1 << 20));
+    let running = start(backend.clone());
+    let mut c = client(&running, Placement::striped_default());
+    let mut old = c.create_file(EpochId(1), "old").unwrap();
+    c.write(&mut old, 0, &pattern(1, 1 << 20)).unwrap();
+    c.commit_epoch(EpochId(1)).unwrap();
+    // Store full: a write with nobody freeing space fails after the bounded wait with ENOSPC.
+    let mut new = c.create_file(EpochId(2), "new").unwrap();
+    c.write(&mut new, 0, &pattern(2, 4096)).unwrap();
+    let error = c.flush().unwrap_err();
+    assert_eq!(error.code(), Some(ErrorCode::NoSpace), "{error}");
+    assert_eq!(error.errno(), libc::ENOSPC);
+    assert!(error.to_string().contains("after waiting"), "{error}");
+    // The same write succeeds when another client frees space during the wait.
+    let endpoints = running.endpoints.clone();
+    let freer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        let mut other = Client::connect(&endpoints, ClientOptions::default()).unwrap();
+        other.delete_epoch(EpochId(1)).unwrap();
+    });
+    c.write(&mut new, 0, &pattern(2, 4096)).unwrap();
+    c.flush().unwrap();
+    freer.join().unwrap();
+    assert_eq!(backend.used(), 4096);
+}
+
+#[test]
+fn memory_durability_seals_the_epoch_and_shutdown_syncs() {
+    let backend = Arc::new(ModelBackend::new(1 << 30));
+    let running = start(backend.clone());
+    let options = ClientOptions { durability: Durability::Memory, ..Default::default() };
+    let mut c = Client::connect(&running.endpoints, options).unwrap();
+    let mut file = c.create_file(EpochId(3), "f").unwrap();
+    c.write(&mut file, 0, b"hello").unwrap();
+    c.commit_epoch(EpochId(3)).unwrap();
+    // Sealed at once: a later write is refused (EROFS).
+    c.write(&mut file, 5, b"late").unwrap();
+    let error = c.flush().unwrap_err();
+    assert_eq!(error.code(), Some(ErrorCode::EpochReadOnly), "{error}");
+    // Shutdown syncs the store.
+    drop(c);
+    running.stop().unwrap();
+    assert_eq!(backend.commits(), 1);
+    assert_eq!(backend.syncs(), 1);
+}
+
+#[test]
+fn shutdown_finishes_in_flight_writes() {
+    let backend = Arc::new(ModelBackend::new(1 << 30));
+    let running = start(backend.clone());
+    let mut c = client(&running, Placement::striped_default());
+    let mut file = c.create_file(EpochId(1), "f").unwrap();
+    let data = pattern(5, 4 << 20);
+    for (i, chunk) in data.chunks(256 << 10).enumerate() {
+        c.write(&mut file, (i * (256 << 10)) as u64, chunk).unwrap();
+    }
+    // Writes are on the wire, some not yet acknowledged; stop the server now.
+    running.handle.shutdown();
+    c.flush().unwrap();
+    drop(c);
+    running.stop().unwrap();
+    assert_eq!(backend.used(), data.len() as u64);
+}
+
+#[test]
+fn unix_socket_identity_comes_from_the_kernel() {
+    let dir = tempfile::tempdir().unwrap();
+    let endpoint = Endpoint::Unix(dir.path().join("s.sock"));
+    let running = start_with(options(), Arc::new(ModelBackend::new(1 << 20)), std::slice::from_ref(&endpoint));
+    let c = Client::connect(&[endpoint], ClientOptions::default()).unwrap();
+    assert_eq!(c.identity(), unsafe { (libc::getuid(), libc::getgid()) });
+    drop(c);
+    running.stop().unwrap();
+}
+
+#[test]
+fn connection_limit_is_enforced() {
+    let running = start_with(ServerOptions { connections_max: 1, ..options() }, Arc::new(ModelBackend::new(1 << 20)), &["127.0.0.1:0".parse().unwrap()]);
+    let mut first = client(&running, Placement::striped_default());
+    let error = Client::connect(&running.endpoints, ClientOptions::default()).err().expect("second connection refused");
+    assert_eq!(error.code(), Some(ErrorCode::Busy), "{error}");
+    first.status().unwrap();
+}
+
+#[test]
+fn listings_page_past_one_body() {
+    let running = start(Arc::new(ModelBackend::new(1 << 30)));
+    let mut c = client(&running, Placement::striped_default());
+    // 2000 files with 40-byte names do not fit in one 64 KiB body.
+    let names: Vec<String> = (0..2000).map(|i| format!("checkpoint/rank{i:06}/data-file-name.bin")).collect();
+    for name in &names {
+        let mut file = c.create_file(EpochId(1), name).unwrap();
+        c.write(&mut file, 0, b"x").unwrap();
+    }
+    for epoch in 2..3000u64 {
+        c.create_file(EpochId(epoch), "f").unwrap();
+    }
+    c.flush().unwrap();
+    let listed = c.list_files(EpochId(1)).unwrap();
+    assert_eq!(listed.len(), names.len());
+    assert!(listed.iter().all(|(_, size)| *size == 1));
+    assert_eq!(c.list_epochs().unwrap().len(), 2999);
+}
