@@ -1,0 +1,384 @@
+//! The BIOS synthetic burst buffer workload (Koo et al., 5.2) with a closed-loop time model.
+//!
+//! K nodes with one SSD each; U users per node, T threads per user; every thread writes
+//! fixed-size files (64 MiB) back to back. Files are striped in stripe units over the SSDs of the
+//! user's pool (`stripe_count` SSDs; pools are disjoint, user `u` is in pool `u mod pools`).
+//! Each user has a quota; when a finished file takes the user over it, the oldest 15 % of the
+//! user's files (at least one) are deleted and TRIMmed. Quotas differ by lifetime class
+//! (multipliers `quota_classes`), so users' data live for different times.
+//!
+//! Grouping configurations (which users share a stream under user-ID mapping). Algorithm 1
+//! registers users in order and hands out idle streams first, then the least used, so with 32
+//! users and 8 streams user `u` lands on stream `u mod 8` together with `u±8, u±16, u±24`. With
+//! `s = u mod 8` and `r = u div 8`:
+//! - configuration 1: class = `s mod 4` — all users of a stream have the same lifetime;
+//! - configuration 2: class = `2·(s mod 2) + r div 2` — half of a stream's users share one;
+//! - configuration 3: class = `r` — all users of a stream have different lifetimes.
+//!
+//! - configuration 4 (ours, not in BIOS): class = `u mod classes`; with as many classes as
+//!   users, every user has its own lifetime, so no grouping can be perfect.
+//!
+//! Configurations 1–3 have the same number of users per class, so the same total quota.
+//!
+//! Time model: threads are closed-loop. A thread issues one stripe row at a time — the next
+//! stripe unit on each SSD of its pool, in parallel — and issues the next row when the slowest
+//! of them is done. Each SSD serves stripe units in issue order; a unit's service time is the
+//! device time it consumed: its page programs plus any foreground GC (copies + erases) it had
+//! to wait for. The next row comes from the thread that is ready first, so writes of all
+//! threads interleave at stripe-unit granularity, which is what mixes users inside blocks.
+//! Within one round (every thread of the pool served once) the order of threads is random.
+//! A file's write latency is the sum of its rows' waits (issue → slowest unit done).
+
+use crate::mapping::{Mapping, StreamMapper};
+use crate::report::{LatencyPercentiles, RunReport, Sampler, SsdSummary};
+use crate::ssd::SsdConfig;
+use crate::volume::{FileSystemModel, StripedFile, Volume, VolumeError};
+use rand::{Rng, SeedableRng};
+use spillway_types::StreamKey;
+use std::collections::VecDeque;
+
+/// Parameters of one BIOS synthetic run.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct BiosParams {
+    pub ssd: SsdConfig,
+    pub nodes: u16,
+    pub users_per_node: u16,
+    pub threads_per_user: u16,
+    pub file_bytes: u64,
+    pub stripe_unit_bytes: u64,
+    /// SSDs per pool (a file is striped over its pool).
+    pub stripe_count: u16,
+    /// Quota multiplier per lifetime class.
+    pub quota_classes: Vec<f64>,
+    /// Grouping configuration 1, 2, 3 (BIOS) or 4 (every user its own class).
+    pub configuration: u8,
+    /// Fraction of a user's files deleted (oldest first) when over quota.
+    pub delete_fraction: f64,
+    /// Quotas plus the data in flight fill this fraction of each pool's logical capacity.
+    pub quota_fill: f64,
+    /// Host bytes written ÷ logical capacity over the whole run.
+    pub device_writes: f64,
+    /// Fraction of the run before the measurement window (BIOS: first 30 of 60 minutes).
+    pub warmup_fraction: f64,
+    pub samples: u32,
+    pub seed: u64,
+    /// σ of the log-normal error on lifetime estimates (lifetime-aware mapping; 0 = exact).
+    pub lifetime_estimate_noise: f64,
+    /// The file system's allocator and whether deletes TRIM (see [`crate::volume`]).
+    pub fs: FileSystemModel,
+}
+
+/// Quota multipliers for configuration 4: one class per user, spaced geometrically over the
+/// same 1–8 range as the four BIOS classes (8^(u/(users−1))).
+pub fn distinct_quota_classes(users: u32) -> Vec<f64> {
+    (0..users).map(|u| 8f64.powf(u as f64 / (users.max(2) - 1) as f64)).collect()
+}
+
+/// Why a BIOS run cannot proceed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BiosError {
+    #[error(transparent)]
+    Volume(#[from] VolumeError),
+    #[error("bios parameter {name} = {value}: {reason}")]
+    Parameter { name: &'static str, value: String, reason: String },
+    #[error("ssd {ssd} ran out of logical space while user {user} wrote file {file}: quotas exceed the pool capacity")]
+    OutOfSpace { ssd: usize, user: u32, file: u64 },
+}
+
+impl BiosParams {
+    pub fn users(&self) -> u32 {
+        self.nodes as u32 * self.users_per_node as u32
+    }
+
+    pub fn pools(&self) -> u16 {
+        self.nodes / self.stripe_count
+    }
+
+    /// Lifetime class of user `u` under the configuration (see the module doc).
+    pub fn class_of(&self, user: u32) -> usize {
+        let streams = self.ssd.streams as u32;
+        let classes = self.quota_classes.len() as u32;
+        let s = user % streams;
+        let r = user / streams;
+        let class = match self.configuration {
+            1 => s % classes,
+            2 => (2 * (s % 2) + r / 2) % classes,
+            3 => r % classes,
+            _ => user % classes,
+        };
+        class as usize
+    }
+
+    fn validate(&self) -> Result<(), BiosError> {
+        let bad = |name, value: String, reason: &str| {
+            Err(BiosError::Parameter { name, value, reason: reason.to_string() })
+        };
+        if self.stripe_count == 0 || self.nodes % self.stripe_count != 0 {
+            return bad("stripe_count", self.stripe_count.to_string(), "must divide the node count");
+        }
+        if !(1..=4).contains(&self.configuration) {
+            return bad("configuration", self.configuration.to_string(), "is 1, 2, 3 or 4");
+        }
+        if self.quota_classes.is_empty() || self.quota_classes.iter().any(|&q| q <= 0.0) {
+            return bad("quota_classes", format!("{:?}", self.quota_classes), "need positive multipliers");
+        }
+        if self.users_per_node == 0 || self.threads_per_user == 0 || self.file_bytes == 0 {
+            return bad("users_per_node/threads_per_user/file_bytes", "0".into(), "must be positive");
+        }
+        if !(0.0..1.0).contains(&self.warmup_fraction) || !(self.device_writes.is_finite() && self.device_writes > 0.0) {
+            return bad("warmup_fraction/device_writes", format!("{}/{}", self.warmup_fraction, self.device_writes), "need 0 ≤ warmup < 1 and positive device writes");
+        }
+        Ok(())
+    }
+}
+
+struct User {
+    key: StreamKey,
+    pool: u16,
+    quota_bytes: u64,
+    used_bytes: u64,
+    /// Completed files, oldest first: (file index, completion time).
+    files: VecDeque<(usize, u64)>,
+}
+
+struct Thread {
+    user: u32,
+    job: StreamKey,
+    ready_ns: u64,
+    /// Index into `files` of the file being written.
+    file: Option<usize>,
+    next_chunk: usize,
+    file_started_ns: u64,
+    /// Time the current file spent waiting for its rows (its write latency so far).
+    file_latency_ns: u64,
+    /// Position in the service order: ready time plus a random offset within one round.
+    order_key: u64,
+}
+
+struct FileSlot {
+    layout: StripedFile,
+    /// Stream per SSD of the pool.
+    streams: Vec<u16>,
+}
+
+/// Users with their pools and quotas: per pool, quotas plus the data that can be in flight fill
+/// `quota_fill` of the pool's logical capacity, shared in proportion to the class multipliers.
+fn users_with_quotas(params: &BiosParams, pool_bytes: u64) -> Result<Vec<User>, BiosError> {
+    let pools = params.pools() as u32;
+    let mut users: Vec<User> = (0..params.users())
+        .map(|u| User {
+            key: StreamKey(u as u64),
+            pool: (u % pools) as u16,
+            quota_bytes: 0,
+            used_bytes: 0,
+            files: VecDeque::new(),
+        })
+        .collect();
+    for pool in 0..pools as u16 {
+        let members: Vec<u32> = (0..params.users()).filter(|&u| users[u as usize].pool == pool).collect();
+        // Each user may hold one finished file over quota plus one file in flight per thread.
+        let in_flight = members.len() as u64 * (params.threads_per_user as u64 + 1) * params.file_bytes;
+        let budget = (pool_bytes as f64 * params.quota_fill) as u64;
+        if budget <= in_flight {
+            return Err(BiosError::Parameter {
+                name: "ssd.blocks",
+                value: params.ssd.blocks.to_string(),
+                reason: format!("pool capacity {budget} B cannot hold the {in_flight} B in flight"),
+            });
+        }
+        let weights: f64 = members.iter().map(|&u| params.quota_classes[params.class_of(u)]).sum();
+        for &u in &members {
+            let share = params.quota_classes[params.class_of(u)] / weights;
+            let quota = ((budget - in_flight) as f64 * share) as u64;
+            users[u as usize].quota_bytes = quota.max(params.file_bytes);
+        }
+    }
+    Ok(users)
+}
+
+/// T threads per user; users start in id order, so Algorithm 1 registers them in that order.
+fn closed_loop_threads(params: &BiosParams) -> Vec<Thread> {
+    let mut threads = Vec::with_capacity(params.users() as usize * params.threads_per_user as usize);
+    for u in 0..params.users() {
+        for t in 0..params.threads_per_user {
+            let position = threads.len() as u64;
+            threads.push(Thread {
+                user: u,
+                job: StreamKey(((u as u64) << 16) | t as u64),
+                ready_ns: position,
+                file: None,
+                next_chunk: 0,
+                file_started_ns: 0,
+                file_latency_ns: 0,
+                order_key: position,
+            });
+        }
+    }
+    threads
+}
+
+/// Runs the workload under `mapping`.
+pub fn run(params: &BiosParams, mapping: Mapping) -> Result<RunReport, BiosError> {
+    params.validate()?;
+    let started = crate::report::Stopwatch::start();
+    let mut volume = Volume::with_file_system(&params.ssd, params.nodes as usize, params.stripe_unit_bytes, params.fs)?;
+    let page_bytes = params.ssd.page_bytes as u64;
+    let chunk_bytes = volume.chunk_bytes();
+    let chunks_per_file = params.file_bytes.div_ceil(chunk_bytes) as usize;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(params.seed);
+    let mut mapper = StreamMapper::new(mapping, params.nodes as usize, params.ssd.streams);
+    if params.lifetime_estimate_noise > 0.0 {
+        mapper.set_estimate_noise(params.lifetime_estimate_noise, params.seed ^ 0x6c69_6665);
+    }
+
+    let pools = params.pools();
+    let mut users = users_with_quotas(params, volume.logical_bytes() / pools as u64)?;
+    for user in &users {
+        mapper.lifetimes.set_quota(user.key, user.quota_bytes);
+    }
+    let mut threads = closed_loop_threads(params);
+
+    let total_host_pages = (volume.logical_bytes() as f64 * params.device_writes / page_bytes as f64) as u64;
+    if total_host_pages == 0 {
+        return Err(BiosError::Parameter {
+            name: "device_writes",
+            value: params.device_writes.to_string(),
+            reason: "the run would write no page".into(),
+        });
+    }
+    let warmup_host_pages = (total_host_pages as f64 * params.warmup_fraction) as u64;
+    let mut sampler = Sampler::new(total_host_pages, params.samples, volume.logical_bytes(), page_bytes);
+    let mut ssd_free_ns = vec![0u64; params.nodes as usize];
+    // One round: every thread of a pool has one stripe unit served on each SSD of the pool.
+    // Requests issued within a round reach the SSDs in random order, as concurrent clients'
+    // requests do; without this the closed loop degenerates into a fixed thread rotation that
+    // puts the same users in the same blocks forever.
+    let threads_per_pool = (params.users() as u64 / pools as u64) * params.threads_per_user as u64;
+    let chunk_service_ns = (volume.chunk_pages() as f64 * params.ssd.timing.page_program_us * 1000.0
+        / params.ssd.timing.parallel_units.max(1) as f64) as u64;
+    let round_ns = threads_per_pool * chunk_service_ns;
+    let mut files: Vec<FileSlot> = Vec::new();
+    let mut spare_files: Vec<usize> = Vec::new();
+    let mut window: Option<(crate::ssd::SsdCounters, u64)> = None;
+    let mut latencies_ns: Vec<u64> = Vec::new();
+    let mut host_pages: u64 = 0;
+    let mut now_ns: u64 = 0;
+
+    while host_pages < total_host_pages {
+        // The thread first in the service order issues next (ties: lowest index).
+        let ti = (0..threads.len()).min_by_key(|&i| (threads[i].order_key, i)).unwrap();
+        let ready = threads[ti].ready_ns;
+        now_ns = now_ns.max(ready);
+        let user_index = threads[ti].user as usize;
+        if threads[ti].file.is_none() {
+            // Open a new file: pick the layout and a stream per SSD of the pool.
+            let pool = users[user_index].pool;
+            let layout = StripedFile {
+                pool_first_ssd: pool * params.stripe_count,
+                stripe_count: params.stripe_count,
+                start: rng.gen_range(0..params.stripe_count),
+                chunks: Vec::with_capacity(chunks_per_file),
+            };
+            let streams: Vec<u16> = (0..params.stripe_count as usize)
+                .map(|i| mapper.open(layout.pool_first_ssd as usize + i, users[user_index].key, threads[ti].job, ready))
+                .collect();
+            let slot = FileSlot { layout, streams };
+            let index = match spare_files.pop() {
+                Some(i) => {
+                    files[i] = slot;
+                    i
+                }
+                None => {
+                    files.push(slot);
+                    files.len() - 1
+                }
+            };
+            threads[ti].file = Some(index);
+            threads[ti].next_chunk = 0;
+            threads[ti].file_started_ns = ready;
+            threads[ti].file_latency_ns = 0;
+        }
+        // Issue one stripe row: the next chunk on each SSD of the pool, in parallel (what a
+        // striping client does with a large write); the thread waits for the slowest.
+        let file_index = threads[ti].file.unwrap();
+        let row = (params.stripe_count as usize).min(chunks_per_file - threads[ti].next_chunk);
+        let mut done = ready;
+        for _ in 0..row {
+            let ordinal = threads[ti].next_chunk;
+            let ssd = files[file_index].layout.ssd_of(ordinal);
+            let Some(chunk) = volume.allocate_chunk(ssd) else {
+                return Err(BiosError::OutOfSpace { ssd, user: threads[ti].user, file: file_index as u64 });
+            };
+            let bytes = chunk_bytes.min(params.file_bytes - ordinal as u64 * chunk_bytes);
+            let pages = bytes.div_ceil(page_bytes) as u32;
+            let stream = files[file_index].streams[ssd - files[file_index].layout.pool_first_ssd as usize];
+            let busy_before = volume.ssds()[ssd].counters().busy_ns;
+            volume.write(ssd, chunk, 0, pages, stream);
+            let service = volume.ssds()[ssd].counters().busy_ns - busy_before;
+            let start = ssd_free_ns[ssd].max(ready);
+            ssd_free_ns[ssd] = start + service;
+            done = done.max(start + service);
+            files[file_index].layout.chunks.push(chunk);
+            host_pages += pages as u64;
+            mapper.lifetimes.wrote(users[user_index].key, bytes, ready);
+            threads[ti].next_chunk += 1;
+        }
+        threads[ti].ready_ns = done;
+        threads[ti].file_latency_ns += done - ready;
+        threads[ti].order_key = done + rng.gen_range(0..=round_ns);
+
+        if threads[ti].next_chunk == chunks_per_file {
+            // File complete: account it, record its latency, enforce the quota.
+            threads[ti].file = None;
+            let in_window = window.is_some_and(|(_, t)| threads[ti].file_started_ns >= t);
+            if in_window {
+                latencies_ns.push(threads[ti].file_latency_ns);
+            }
+            let user = &mut users[user_index];
+            user.used_bytes += params.file_bytes;
+            user.files.push_back((file_index, done));
+            if user.used_bytes > user.quota_bytes {
+                let victims = ((user.files.len() as f64 * params.delete_fraction).ceil() as usize).max(1);
+                for _ in 0..victims {
+                    let (victim, written_at) = user.files.pop_front().expect("over quota with no file");
+                    volume.release_file(&files[victim].layout);
+                    files[victim].layout.chunks.clear();
+                    spare_files.push(victim);
+                    user.used_bytes -= params.file_bytes;
+                    mapper.lifetimes.deleted(user.key, done.saturating_sub(written_at));
+                }
+            }
+        }
+
+        let counters = volume.total_counters();
+        if window.is_none() && host_pages >= warmup_host_pages {
+            window = Some((counters, now_ns));
+        }
+        sampler.observe(&counters, now_ns);
+    }
+
+    let end_ns = ssd_free_ns.iter().copied().max().unwrap_or(0).max(now_ns);
+    let counters = volume.total_counters();
+    sampler.force(&counters, end_ns);
+    let (window_start, window_start_ns) = window.expect("run reached the measurement window");
+    let window_host_bytes = (counters.host_pages - window_start.host_pages) * page_bytes;
+    let window_seconds = (end_ns - window_start_ns) as f64 / 1e9;
+    Ok(RunReport {
+        label: if params.fs == FileSystemModel::default() {
+            format!("{} c{} sc{}", mapping.name(), params.configuration, params.stripe_count)
+        } else {
+            format!("{} c{} sc{} {}", mapping.name(), params.configuration, params.stripe_count, params.fs.name())
+        },
+        waf_steady: counters.waf_since(&window_start),
+        waf_cumulative: counters.waf(),
+        host_pages: counters.host_pages,
+        gc_copied_pages: counters.gc_copied_pages,
+        erases: counters.erases,
+        per_ssd: volume.ssds().iter().map(SsdSummary::of).collect(),
+        samples: sampler.samples,
+        throughput_mib_per_s: Some(window_host_bytes as f64 / (1024.0 * 1024.0) / window_seconds.max(1e-9)),
+        file_write_latency: LatencyPercentiles::from_ns(&mut latencies_ns),
+        wall: Some(started.finish(&counters)),
+    })
+}

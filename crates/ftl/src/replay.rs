@@ -1,0 +1,236 @@
+//! Replay of the store's SSD write log, and its parser.
+//!
+//! Format (written by `spillway-store`):
+//! ```text
+//! # spillway ssd write log v1
+//! write <stream> <segment> <offset_bytes> <length_bytes>
+//! delete <segment> <length_bytes>
+//! ```
+//! Blank lines and further `#` comments are ignored. Each segment is a striped file: its byte
+//! range is cut into stripe units that go round-robin over the SSDs starting at
+//! `segment mod ssds`, and logical chunks are allocated as the segment's offsets first appear
+//! (so no fixed per-segment logical range has to be guessed). A write covering part of a page
+//! programs the whole page. `delete` TRIMs every page of the segment and frees its chunks; its
+//! length is informational (the segment's extent is known from its writes). The log has no timestamps, so "time"
+//! for stream decisions and lifetime estimates is the host bytes replayed so far.
+//!
+//! The stream number in the log is the store's placement key (user or job); the mapping decides
+//! the device stream from it (`legacy`, `user_id` = Algorithm 1 on that key, `lifetime_aware` =
+//! grouping by each key's observed segment lifetimes). `per_job` is refused: the log carries one
+//! key per write and does not say whether it is a user or a job.
+
+use crate::mapping::{Mapping, StreamMapper};
+use crate::report::{RunReport, Sampler, SsdSummary};
+use crate::ssd::{SsdConfig, INVALID};
+use crate::volume::{StripedFile, Volume, VolumeError};
+use spillway_types::{SegmentId, StreamKey};
+use std::collections::HashMap;
+use std::io::BufRead;
+
+pub const LOG_HEADER: &str = "# spillway ssd write log v1";
+
+/// One event of the write log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogEvent {
+    Write { stream: StreamKey, segment: SegmentId, offset_bytes: u64, length_bytes: u64 },
+    Delete { segment: SegmentId, length_bytes: u64 },
+}
+
+/// Why a log could not be read. Names the file (as given) and the line.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LogError {
+    #[error("{source_name}: cannot read: {error}")]
+    Io { source_name: String, error: std::io::Error },
+    #[error("{source_name}: first line must be {LOG_HEADER:?}, found {found:?}")]
+    Header { source_name: String, found: String },
+    #[error("{source_name}:{line}: {reason}: {text:?}")]
+    Line { source_name: String, line: u64, reason: String, text: String },
+}
+
+/// Parses a whole log. `source_name` is used in errors.
+pub fn parse_log(reader: impl BufRead, source_name: &str) -> Result<Vec<LogEvent>, LogError> {
+    let mut events = Vec::new();
+    let mut lines = reader.lines();
+    let io = |error| LogError::Io { source_name: source_name.to_string(), error };
+    let header = lines.next().transpose().map_err(io)?.unwrap_or_default();
+    if header.trim_end() != LOG_HEADER {
+        return Err(LogError::Header { source_name: source_name.to_string(), found: header });
+    }
+    for (index, line) in lines.enumerate() {
+        let text = line.map_err(io)?;
+        let line_number = index as u64 + 2;
+        let bad = |reason: &str| LogError::Line {
+            source_name: source_name.to_string(),
+            line: line_number,
+            reason: reason.to_string(),
+            text: text.clone(),
+        };
+        let trimmed = text.trim();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        let fields: Vec<&str> = trimmed.split_ascii_whitespace().collect();
+        let number = |i: usize, what: &str| -> Result<u64, LogError> {
+            fields[i].parse::<u64>().map_err(|_| bad(&format!("{what} is not an unsigned integer")))
+        };
+        let event = match fields[0] {
+            "write" if fields.len() == 5 => LogEvent::Write {
+                stream: StreamKey(number(1, "stream")?),
+                segment: SegmentId(number(2, "segment")?),
+                offset_bytes: number(3, "offset_bytes")?,
+                length_bytes: number(4, "length_bytes")?,
+            },
+            "delete" if fields.len() == 3 => LogEvent::Delete {
+                segment: SegmentId(number(1, "segment")?),
+                length_bytes: number(2, "length_bytes")?,
+            },
+            "write" => return Err(bad("write takes 4 fields: stream segment offset_bytes length_bytes")),
+            "delete" => return Err(bad("delete takes 2 fields: segment length_bytes")),
+            _ => return Err(bad("unknown event (expected write or delete)")),
+        };
+        if let LogEvent::Write { offset_bytes, length_bytes, .. } = event {
+            if offset_bytes.checked_add(length_bytes).is_none() {
+                return Err(bad("offset_bytes + length_bytes overflows"));
+            }
+        }
+        events.push(event);
+    }
+    Ok(events)
+}
+
+/// Why a replay failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReplayError {
+    #[error(transparent)]
+    Volume(#[from] VolumeError),
+    #[error("mapping per_job does not apply to a write log: it carries one placement key per write")]
+    PerJob,
+    #[error("event {event}: segment {segment} needs more logical space than the {ssds} SSD(s) export (ssd {ssd} full)")]
+    OutOfSpace { event: usize, segment: SegmentId, ssds: usize, ssd: usize },
+    #[error("event {event}: segment {segment} write ends at byte {end_bytes}, beyond the {logical_bytes} logical bytes of the volume")]
+    BeyondVolume { event: usize, segment: SegmentId, end_bytes: u64, logical_bytes: u64 },
+    #[error("event {event}: delete of segment {segment} which has no live data")]
+    UnknownSegment { event: usize, segment: SegmentId },
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ReplayParams {
+    pub ssd: SsdConfig,
+    pub ssds: u16,
+    pub stripe_unit_bytes: u64,
+    pub samples: u32,
+}
+
+struct Segment {
+    layout: StripedFile,
+    /// Stream per SSD ordinal in the pool, chosen at the first write.
+    streams: Vec<u16>,
+    key: StreamKey,
+    created_at: u64,
+    end_bytes: u64,
+}
+
+/// Replays `events`. Segments still live at the end stay on the SSDs.
+pub fn replay(params: &ReplayParams, events: &[LogEvent], mapping: Mapping) -> Result<RunReport, ReplayError> {
+    if mapping == Mapping::PerJob {
+        return Err(ReplayError::PerJob);
+    }
+    let started = crate::report::Stopwatch::start();
+    let ssd_count = params.ssds as usize;
+    let mut volume = Volume::new(&params.ssd, ssd_count, params.stripe_unit_bytes)?;
+    let page_bytes = params.ssd.page_bytes as u64;
+    let total_bytes: u64 = events
+        .iter()
+        .map(|e| match e {
+            LogEvent::Write { length_bytes, .. } => *length_bytes,
+            LogEvent::Delete { .. } => 0,
+        })
+        .sum();
+    let mut sampler = Sampler::new(total_bytes / page_bytes, params.samples, volume.logical_bytes(), page_bytes);
+    let mut mapper = StreamMapper::new(mapping, ssd_count, params.ssd.streams);
+    let mut segments: HashMap<SegmentId, Segment> = HashMap::new();
+    let mut now: u64 = 0;
+    for (index, event) in events.iter().enumerate() {
+        match *event {
+            LogEvent::Write { stream: key, segment, offset_bytes, length_bytes } => {
+                if length_bytes == 0 {
+                    continue;
+                }
+                let end_bytes = offset_bytes + length_bytes; // parse_log rules out overflow
+                if end_bytes > volume.logical_bytes() {
+                    return Err(ReplayError::BeyondVolume {
+                        event: index,
+                        segment,
+                        end_bytes,
+                        logical_bytes: volume.logical_bytes(),
+                    });
+                }
+                let entry = segments.entry(segment).or_insert_with(|| Segment {
+                    layout: StripedFile {
+                        pool_first_ssd: 0,
+                        stripe_count: params.ssds,
+                        start: (segment.0 % params.ssds as u64) as u16,
+                        chunks: Vec::new(),
+                    },
+                    streams: Vec::new(),
+                    key,
+                    created_at: now,
+                    end_bytes: 0,
+                });
+                if entry.streams.is_empty() {
+                    entry.streams = (0..ssd_count).map(|ssd| mapper.open(ssd, key, key, now)).collect();
+                }
+                // Pages touched, chunk by chunk.
+                let first_page = offset_bytes / page_bytes;
+                let last_page = (offset_bytes + length_bytes).div_ceil(page_bytes);
+                let chunk_pages = volume.chunk_pages() as u64;
+                let mut page = first_page;
+                while page < last_page {
+                    let ordinal = (page / chunk_pages) as usize;
+                    let in_chunk = page % chunk_pages;
+                    let pages = (chunk_pages - in_chunk).min(last_page - page);
+                    if entry.layout.chunks.len() <= ordinal {
+                        entry.layout.chunks.resize(ordinal + 1, INVALID);
+                    }
+                    let ssd = entry.layout.ssd_of(ordinal);
+                    if entry.layout.chunks[ordinal] == INVALID {
+                        let Some(chunk) = volume.allocate_chunk(ssd) else {
+                            return Err(ReplayError::OutOfSpace { event: index, segment, ssds: ssd_count, ssd });
+                        };
+                        entry.layout.chunks[ordinal] = chunk;
+                    }
+                    volume.write(ssd, entry.layout.chunks[ordinal], in_chunk as u32, pages as u32, entry.streams[ssd]);
+                    page += pages;
+                }
+                entry.end_bytes = entry.end_bytes.max(offset_bytes + length_bytes);
+                now += length_bytes;
+                mapper.lifetimes.wrote(key, length_bytes, now);
+            }
+            LogEvent::Delete { segment, length_bytes: _ } => {
+                let Some(gone) = segments.remove(&segment) else {
+                    return Err(ReplayError::UnknownSegment { event: index, segment });
+                };
+                volume.release_file(&gone.layout);
+                mapper.lifetimes.deleted(gone.key, now - gone.created_at);
+            }
+        }
+        sampler.observe(&volume.total_counters(), 0);
+    }
+    let counters = volume.total_counters();
+    sampler.force(&counters, 0);
+    Ok(RunReport {
+        label: format!("replay {}", mapping.name()),
+        waf_steady: counters.waf(),
+        waf_cumulative: counters.waf(),
+        host_pages: counters.host_pages,
+        gc_copied_pages: counters.gc_copied_pages,
+        erases: counters.erases,
+        per_ssd: volume.ssds().iter().map(SsdSummary::of).collect(),
+        samples: sampler.samples,
+        throughput_mib_per_s: None,
+        file_write_latency: None,
+        wall: Some(started.finish(&counters)),
+    })
+}

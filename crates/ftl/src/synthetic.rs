@@ -1,0 +1,137 @@
+//! Single-SSD synthetic workloads: uniform random overwrite and hot/cold skew.
+//!
+//! Both start by writing every logical page once (sequentially), then overwrite at random. The
+//! WAF is measured after `warmup_device_writes` device writes, over `measure_device_writes`
+//! more, so the closed form for steady state applies. Randomness comes from a seeded ChaCha8.
+
+use crate::mapping::Mapping;
+use crate::report::{RunReport, Sampler, SsdSummary};
+use crate::ssd::{Ssd, SsdConfig, SsdConfigError};
+use rand::{Rng, SeedableRng};
+
+/// Which logical pages are overwritten.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Skew {
+    Uniform,
+    /// `hot_write_fraction` of the writes go to the first `hot_space_fraction` of the pages.
+    HotCold { hot_space_fraction: f64, hot_write_fraction: f64 },
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SyntheticParams {
+    pub ssd: SsdConfig,
+    pub skew: Skew,
+    pub warmup_device_writes: f64,
+    pub measure_device_writes: f64,
+    pub samples: u32,
+    pub seed: u64,
+}
+
+/// Why a synthetic run cannot proceed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SyntheticError {
+    #[error(transparent)]
+    Ssd(#[from] SsdConfigError),
+    #[error("mapping {mapping} does not apply to the {workload} workload: {reason}")]
+    Mapping { mapping: &'static str, workload: &'static str, reason: &'static str },
+    #[error("{name} = {value} must be a finite number ≥ 0")]
+    DeviceWrites { name: &'static str, value: f64 },
+    #[error("hot/cold fractions must lie strictly between 0 and 1 (space {space}, writes {writes})")]
+    Fractions { space: f64, writes: f64 },
+}
+
+/// Runs the workload. `legacy` puts everything on stream 0; for hot/cold, `lifetime_aware`
+/// separates hot pages (short lifetime) onto stream 1 and cold onto stream 0.
+pub fn run(params: &SyntheticParams, mapping: Mapping) -> Result<RunReport, SyntheticError> {
+    let started = crate::report::Stopwatch::start();
+    let separate = match (params.skew, mapping) {
+        (_, Mapping::Legacy) | (Skew::Uniform, Mapping::LifetimeAware) => false,
+        (Skew::HotCold { .. }, Mapping::LifetimeAware) if params.ssd.streams < 2 => {
+            return Err(SyntheticError::Mapping {
+                mapping: mapping.name(),
+                workload: "hot_cold",
+                reason: "needs at least 2 streams",
+            })
+        }
+        (_, Mapping::UserId | Mapping::PerJob) => {
+            return Err(SyntheticError::Mapping {
+                mapping: mapping.name(),
+                workload: "uniform/hot_cold",
+                reason: "the workload has no users or jobs",
+            })
+        }
+        (Skew::HotCold { .. }, Mapping::LifetimeAware) => true,
+    };
+    for (name, value) in [("warmup_device_writes", params.warmup_device_writes), ("measure_device_writes", params.measure_device_writes)] {
+        if !(value.is_finite() && value >= 0.0) {
+            return Err(SyntheticError::DeviceWrites { name, value });
+        }
+    }
+    let mut ssd = Ssd::new(params.ssd.clone())?;
+    let logical = ssd.logical_pages();
+    let (hot_pages, hot_probability) = match params.skew {
+        Skew::Uniform => (logical, 1.0),
+        Skew::HotCold { hot_space_fraction, hot_write_fraction } => {
+            let ok = |f: f64| f > 0.0 && f < 1.0;
+            if !ok(hot_space_fraction) || !ok(hot_write_fraction) {
+                return Err(SyntheticError::Fractions { space: hot_space_fraction, writes: hot_write_fraction });
+            }
+            (((logical as f64 * hot_space_fraction) as u32).max(1), hot_write_fraction)
+        }
+    };
+    let stream_of = |lpn: u32| -> u16 { u16::from(separate && lpn < hot_pages) };
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(params.seed);
+    let page_bytes = params.ssd.page_bytes as u64;
+    let logical_bytes = logical as u64 * page_bytes;
+    let warmup = (logical as f64 * params.warmup_device_writes) as u64;
+    let measure = (logical as f64 * params.measure_device_writes) as u64;
+    let total = logical as u64 + warmup + measure;
+    let mut sampler = Sampler::new(total, params.samples, logical_bytes, page_bytes);
+    for lpn in 0..logical {
+        ssd.write(lpn, stream_of(lpn));
+    }
+    let mut window = None;
+    for i in 0..warmup + measure {
+        if i == warmup {
+            window = Some(ssd.counters());
+        }
+        let lpn = if hot_probability >= 1.0 {
+            rng.gen_range(0..logical)
+        } else if rng.gen_bool(hot_probability) {
+            rng.gen_range(0..hot_pages)
+        } else {
+            rng.gen_range(hot_pages..logical)
+        };
+        ssd.write(lpn, stream_of(lpn));
+        if i % 4096 == 0 {
+            sampler.observe(&ssd.counters(), 0);
+        }
+    }
+    let counters = ssd.counters();
+    sampler.force(&counters, 0);
+    let window = window.unwrap_or_default();
+    Ok(RunReport {
+        label: format!(
+            "{} {} {}",
+            mapping.name(),
+            match params.skew {
+                Skew::Uniform => "uniform".to_string(),
+                Skew::HotCold { hot_space_fraction, hot_write_fraction } =>
+                    format!("hot_cold {hot_write_fraction}/{hot_space_fraction}"),
+            },
+            serde_json::to_value(params.ssd.victim).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+        ),
+        waf_steady: counters.waf_since(&window),
+        waf_cumulative: counters.waf(),
+        host_pages: counters.host_pages,
+        gc_copied_pages: counters.gc_copied_pages,
+        erases: counters.erases,
+        per_ssd: vec![SsdSummary::of(&ssd)],
+        samples: sampler.samples,
+        throughput_mib_per_s: None,
+        file_write_latency: None,
+        wall: Some(started.finish(&counters)),
+    })
+}
