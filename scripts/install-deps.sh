@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the tests and benchmarks need, only those missing, so that a fresh
+# machine of this kind runs `make test` with nothing installed by hand.
+set -euo pipefail
+
+packages=(
+    python3-venv        # the Python tooling's virtual environment (pyenv Pythons carry venv already)
+    gcc                 # the C example of the C ABI is compiled and run by the tests
+    pkg-config          # checks the installed spillway.pc
+    memcached           # `spillway bench ingress` baseline
+    libmemcached-tools  # memcaslap, the baseline's load generator
+)
+
+missing=()
+for package in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+done
+
+if ! command -v cargo >/dev/null; then
+    echo "install-deps: cargo is not on PATH; install Rust (rustup) first" >&2
+    exit 1
+fi
+
+if [ ${#missing[@]} -eq 0 ]; then
+    echo "install-deps: all ${#packages[@]} Debian packages present"
+    exit 0
+fi
+
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+echo "install-deps: installing ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
