@@ -1,0 +1,181 @@
+//! Durability: fsync of dirty segments and the leader/follower group commit.
+//!
+//! A commit round spills the epochs' DRAM records, fsyncs every dirty segment (a few at a time,
+//! in parallel), appends one commit record per epoch (with the segments' sync points) and fsyncs
+//! those. Concurrent committers queue their epochs; whoever finds no leader runs the next round
+//! for everything queued, the others wait for the round that covers theirs.
+
+use crate::error::*;
+use crate::format::*;
+use crate::store::*;
+use spillway_types::{EpochId, FileId, SegmentId};
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+impl Inner {
+    /// fsyncs every dirty segment (and the directory if files came or went).
+    pub(crate) fn sync_dirty(&self) -> Result<u64, String> {
+        let _one_at_a_time = self.sync_lock.lock();
+        let (targets, directory) = {
+            let mut state = self.state.lock();
+            Self::failed(&state)?;
+            let mut targets = Vec::new();
+            for (&id, segment) in state.segments.iter_mut() {
+                if segment.dirty {
+                    segment.dirty = false;
+                    let length = if segment.inflight == 0 { segment.length } else { segment.synced_length };
+                    targets.push((id, segment.file.clone(), length));
+                }
+            }
+            (targets, std::mem::take(&mut state.directory_dirty))
+        };
+        let result = (|| -> Result<(), String> {
+            if directory {
+                self.storage
+                    .sync_directory()
+                    .map_err(|e| format!("syncing directory {}: {e}", self.storage.describe()))?;
+            }
+            // fsync the segments concurrently (a few at a time) so the device sees them together.
+            const PARALLEL_SYNCS_MAX: usize = 4;
+            for group in targets.chunks(PARALLEL_SYNCS_MAX) {
+                let results: Vec<Result<(), String>> = std::thread::scope(|scope| {
+                    let handles: Vec<_> = group
+                        .iter()
+                        .skip(1)
+                        .map(|(id, file, _)| {
+                            scope.spawn(move || {
+                                file.sync().map_err(|e| format!("fsync of segment {id} in {}: {e}", self.storage.describe()))
+                            })
+                        })
+                        .collect();
+                    let (id, file, _) = &group[0];
+                    let mut results = vec![file
+                        .sync()
+                        .map_err(|e| format!("fsync of segment {id} in {}: {e}", self.storage.describe()))];
+                    results.extend(handles.into_iter().map(|h| h.join().expect("fsync thread panicked")));
+                    results
+                });
+                results.into_iter().collect::<Result<Vec<()>, String>>()?;
+            }
+            Ok(())
+        })();
+        let mut state = self.state.lock();
+        if let Err(reason) = result {
+            self.fail(&mut state, reason.clone());
+            return Err(reason);
+        }
+        for (id, _, length) in &targets {
+            if let Some(segment) = state.segments.get_mut(id) {
+                segment.synced_length = segment.synced_length.max(*length);
+                state.recent_synced.insert(*id);
+            }
+        }
+        state.counters.fsyncs += targets.len() as u64;
+        drop(state);
+        self.write_log.flush();
+        Ok(targets.len() as u64)
+    }
+
+    /// Leader/follower group commit: the first committer to find no leader runs a round for
+    /// every epoch queued so far; the others wait for the round that covers theirs.
+    pub(crate) fn group_commit(&self, epochs: BTreeSet<EpochId>) -> Result<(), CommitError> {
+        let mut state = self.state.lock();
+        state.commit_queue.extend(epochs.iter().copied());
+        loop {
+            if let Some(reason) = &state.failed {
+                return Err(CommitError::Failed(reason.clone()));
+            }
+            let done = epochs.iter().all(|e| {
+                state.epochs.get(e).is_some_and(|x| {
+                    matches!(x.phase, EpochPhase::Committed | EpochPhase::Drained | EpochPhase::Deleted)
+                })
+            });
+            if done {
+                return Ok(());
+            }
+            if !state.commit_leader {
+                state.commit_leader = true;
+                let batch = std::mem::take(&mut state.commit_queue);
+                drop(state);
+                let result = self.commit_round(&batch);
+                state = self.state.lock();
+                state.commit_leader = false;
+                if let Err(reason) = result {
+                    self.fail(&mut state, reason);
+                }
+                self.commit.notify_all();
+                continue;
+            }
+            self.commit.wait(&mut state);
+        }
+    }
+
+    /// One group-commit round: spill the epochs, fsync data, append commit records, fsync them.
+    pub(crate) fn commit_round(&self, batch: &BTreeSet<EpochId>) -> Result<(), String> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        loop {
+            let moved = self.spill(SpillScope::Epochs(batch), u64::MAX)?;
+            let mut state = self.state.lock();
+            Self::failed(&state)?;
+            let pending: u64 = batch.iter().filter_map(|e| state.epochs.get(e)).map(|e| e.dram_pending).sum();
+            if pending == 0 {
+                break;
+            }
+            if moved == 0 {
+                // Another thread (the flusher) is spilling some of them; wait for it.
+                self.space.wait_for(&mut state, Duration::from_millis(20));
+            }
+        }
+        self.sync_dirty()?;
+        {
+            let mut state = self.state.lock();
+            let recent = std::mem::take(&mut state.recent_synced);
+            for &epoch in batch {
+                let Some(entry) = state.epochs.get(&epoch) else { continue };
+                if !matches!(entry.phase, EpochPhase::Committing | EpochPhase::CommittedInMemory) {
+                    continue;
+                }
+                let mut synced: BTreeSet<SegmentId> = entry.segments.clone();
+                synced.extend(recent.iter().copied());
+                let payload = CommitPayload {
+                    data_records: entry.data_records,
+                    payload_bytes: entry.payload_bytes,
+                    synced: synced
+                        .into_iter()
+                        .filter_map(|id| state.segments.get(&id).map(|s| (id, s.synced_length)))
+                        .collect(),
+                };
+                let header = RecordHeader {
+                    kind: RecordKind::Commit,
+                    sequence: 0,
+                    stream: META_STREAM,
+                    epoch,
+                    file: FileId(0),
+                    offset: 0,
+                    payload_bytes: 0,
+                };
+                let bytes = payload.encode();
+                let header = RecordHeader { payload_bytes: bytes.len() as u32, ..header };
+                self.append_meta(&mut state, header, &bytes).map_err(|(segment, error)| {
+                    format!("appending the commit record of epoch {epoch} to segment {segment}: {error}")
+                })?;
+            }
+        }
+        self.sync_dirty()?;
+        let mut state = self.state.lock();
+        for &epoch in batch {
+            if let Some(entry) = state.epochs.get_mut(&epoch) {
+                if matches!(entry.phase, EpochPhase::Committing | EpochPhase::CommittedInMemory) {
+                    entry.phase = EpochPhase::Committed;
+                    entry.recovered_uncommitted = false;
+                    state.counters.commits += 1;
+                }
+            }
+            state.durable_pending.remove(&epoch);
+        }
+        state.counters.commit_rounds += 1;
+        Ok(())
+    }
+}

@@ -1,0 +1,69 @@
+//! The background flusher: makes memory-level commits durable, keeps the DRAM ring between its
+//! watermarks by appending the oldest records to SSD, and runs GC when segments died or space is
+//! low. One thread per store; it sleeps `flusher_interval_ms` when nobody signals it.
+
+use crate::store::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+impl Inner {
+    /// The background flusher: memory-level commits made durable, DRAM above the high
+    /// watermark spilled to the low one, dead segments deleted, compaction when space is low.
+    pub(crate) fn flusher_loop(self: Arc<Self>) {
+        let interval = Duration::from_millis(self.knobs.flusher_interval_ms);
+        loop {
+            let (pending, over, gc_wanted) = {
+                let mut state = self.state.lock();
+                if state.shutdown {
+                    return;
+                }
+                let high = state.ring.capacity() / 100 * self.knobs.dram_high_watermark_percent;
+                if state.durable_pending.is_empty() && state.ring.used() <= high && !state.gc_wanted {
+                    self.flusher.wait_for(&mut state, interval);
+                }
+                if state.shutdown {
+                    return;
+                }
+                if state.failed.is_some() {
+                    self.flusher.wait_for(&mut state, interval);
+                    continue;
+                }
+                let pending = std::mem::take(&mut state.durable_pending);
+                let over = state.ring.used() > high;
+                let low_space = self.free_bytes(&state) * 100 < self.knobs.gc_free_percent_min * self.knobs.ssd_bytes_max;
+                (pending, over, std::mem::take(&mut state.gc_wanted) || low_space)
+            };
+            if !pending.is_empty() {
+                let _ = self.group_commit(pending);
+            }
+            if over {
+                loop {
+                    let low = {
+                        let state = self.state.lock();
+                        if state.shutdown {
+                            return;
+                        }
+                        state.ring.used() <= state.ring.capacity() / 100 * self.knobs.dram_low_watermark_percent
+                    };
+                    if low {
+                        break;
+                    }
+                    match self.spill(SpillScope::Oldest, self.knobs.flusher_batch_bytes) {
+                        Ok(0) => {
+                            // Only records still being written are left; let writers finish.
+                            std::thread::sleep(Duration::from_millis(1));
+                            break;
+                        }
+                        Ok(_) => {}
+                        Err(_) => break,
+                    }
+                }
+            }
+            if gc_wanted {
+                if let Err(reason) = self.gc(false) {
+                    tracing::error!(%reason, "GC failed");
+                }
+            }
+        }
+    }
+}

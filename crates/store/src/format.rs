@@ -1,0 +1,280 @@
+//! The on-disk record format (docs/design/log-format.md describes it byte by byte).
+//!
+//! Every byte the store puts in a segment file is part of a record: a fixed 64-byte header,
+//! then the payload, then zero padding to the next 8-byte boundary. The same bytes live in the
+//! DRAM ring, so spilling is a verbatim copy and compaction is a verbatim copy again. Encoding
+//! and decoding are the only places that know the layout; both check it (pair assertions).
+
+use spillway_types::{EpochId, FileId, SegmentId, StreamKey};
+
+/// "SPWR" read as a little-endian u32.
+pub const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"SPWR");
+/// Format version written into every header; readers refuse other versions.
+pub const FORMAT_VERSION: u16 = 1;
+/// Size of the fixed record header.
+pub const HEADER_BYTES: usize = 64;
+/// Records start at multiples of this (payloads are zero-padded up to it).
+pub const RECORD_ALIGN_BYTES: usize = 8;
+/// Stream key reserved for the store's own metadata segments (file names, commits, epoch
+/// states). Client writes may not use it.
+pub const META_STREAM: StreamKey = StreamKey(u64::MAX);
+
+const _: () = assert!(HEADER_BYTES & (RECORD_ALIGN_BYTES - 1) == 0);
+const _: () = assert!(RECORD_ALIGN_BYTES.is_power_of_two());
+
+/// What a record means. The discriminant is the on-disk byte.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(u8)]
+pub enum RecordKind {
+    /// First record of every segment: names the segment and its stream. No payload.
+    SegmentHeader = 1,
+    /// File data: `payload` is written at `offset` of file `file` in epoch `epoch`.
+    Data = 2,
+    /// The UTF-8 path name of (`epoch`, `file`), so drains can name PFS files after a restart.
+    FileName = 3,
+    /// Epoch `epoch` is committed; payload is a [`CommitPayload`].
+    Commit = 4,
+    /// Epoch `epoch` changed lifecycle state; `offset` holds the [`EpochStateCode`].
+    EpochState = 5,
+}
+
+impl RecordKind {
+    pub fn from_byte(byte: u8) -> Option<RecordKind> {
+        Some(match byte {
+            1 => RecordKind::SegmentHeader,
+            2 => RecordKind::Data,
+            3 => RecordKind::FileName,
+            4 => RecordKind::Commit,
+            5 => RecordKind::EpochState,
+            _ => return None,
+        })
+    }
+}
+
+/// Lifecycle codes stored in `EpochState` records.
+pub mod epoch_state_code {
+    pub const DRAINED: u64 = 2;
+    pub const DELETED: u64 = 3;
+}
+
+/// The decoded fixed header of one record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordHeader {
+    pub kind: RecordKind,
+    pub sequence: u64,
+    pub stream: StreamKey,
+    pub epoch: EpochId,
+    pub file: FileId,
+    pub offset: u64,
+    pub payload_bytes: u32,
+}
+
+/// Bytes a record occupies in DRAM or on SSD, header and padding included.
+pub fn record_bytes(payload_bytes: u64) -> u64 {
+    let unpadded = HEADER_BYTES as u64 + payload_bytes;
+    unpadded.div_ceil(RECORD_ALIGN_BYTES as u64) * RECORD_ALIGN_BYTES as u64
+}
+
+impl RecordHeader {
+    /// Writes the header into `out[..64]` with the CRC fields filled from `payload_crc`
+    /// (the CRC32C of the payload alone, computed by the caller while copying).
+    ///
+    /// Record CRC = CRC32C over the payload followed by header bytes 0..60; computing the payload
+    /// part first lets writers checksum outside the store lock and seal the header inside it.
+    pub fn encode(&self, payload_crc: u32, out: &mut [u8]) {
+        assert!(out.len() >= HEADER_BYTES);
+        let out = &mut out[..HEADER_BYTES];
+        out[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
+        out[4..6].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out[6] = self.kind as u8;
+        out[7] = 0;
+        out[8..16].copy_from_slice(&self.sequence.to_le_bytes());
+        out[16..24].copy_from_slice(&self.stream.0.to_le_bytes());
+        out[24..32].copy_from_slice(&self.epoch.0.to_le_bytes());
+        out[32..40].copy_from_slice(&self.file.0.to_le_bytes());
+        out[40..48].copy_from_slice(&self.offset.to_le_bytes());
+        out[48..52].copy_from_slice(&self.payload_bytes.to_le_bytes());
+        out[52..56].copy_from_slice(&0u32.to_le_bytes());
+        let header_crc = crc32c::crc32c(&out[0..56]);
+        out[56..60].copy_from_slice(&header_crc.to_le_bytes());
+        let record_crc = crc32c::crc32c_append(payload_crc, &out[0..60]);
+        out[60..64].copy_from_slice(&record_crc.to_le_bytes());
+    }
+
+    /// Decodes and checks a header (magic, version, kind, reserved bytes, header CRC). The
+    /// payload is checked separately by [`verify_payload`].
+    pub fn decode(bytes: &[u8]) -> Result<RecordHeader, &'static str> {
+        if bytes.len() < HEADER_BYTES {
+            return Err("header cut short");
+        }
+        let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+        let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+        if u32_at(0) != RECORD_MAGIC {
+            return Err("bad magic");
+        }
+        if u16::from_le_bytes([bytes[4], bytes[5]]) != FORMAT_VERSION {
+            return Err("unknown format version");
+        }
+        if crc32c::crc32c(&bytes[0..56]) != u32_at(56) {
+            return Err("header CRC mismatch");
+        }
+        let kind = RecordKind::from_byte(bytes[6]).ok_or("unknown record kind")?;
+        if bytes[7] != 0 || u32_at(52) != 0 {
+            return Err("reserved header bytes are not zero");
+        }
+        Ok(RecordHeader {
+            kind,
+            sequence: u64_at(8),
+            stream: StreamKey(u64_at(16)),
+            epoch: EpochId(u64_at(24)),
+            file: FileId(u64_at(32)),
+            offset: u64_at(40),
+            payload_bytes: u32_at(48),
+        })
+    }
+}
+
+/// The record CRC field (bytes 60..64) for a header whose bytes 0..60 are final and a payload
+/// whose CRC32C is `payload_crc`. Data records are sealed this way when they leave DRAM.
+pub fn record_crc(header: &[u8], payload_crc: u32) -> u32 {
+    crc32c::crc32c_append(payload_crc, &header[0..60])
+}
+
+/// Checks the record CRC and the zero padding of a whole record (`record` starts at the header
+/// and spans `record_bytes(payload_bytes)`).
+pub fn verify_payload(header: &RecordHeader, record: &[u8]) -> Result<(), &'static str> {
+    let total = record_bytes(header.payload_bytes as u64) as usize;
+    if record.len() < total {
+        return Err("record cut short");
+    }
+    let payload_end = HEADER_BYTES + header.payload_bytes as usize;
+    let payload_crc = crc32c::crc32c(&record[HEADER_BYTES..payload_end]);
+    let stored = u32::from_le_bytes(record[60..64].try_into().unwrap());
+    if crc32c::crc32c_append(payload_crc, &record[0..60]) != stored {
+        return Err("record CRC mismatch");
+    }
+    if record[payload_end..total].iter().any(|&b| b != 0) {
+        return Err("padding is not zero");
+    }
+    Ok(())
+}
+
+/// Encodes a whole record (header, payload, padding) into a fresh buffer. Used for the small
+/// metadata records; data records are encoded in place in the DRAM ring.
+pub fn encode_record(header: &RecordHeader, payload: &[u8]) -> Vec<u8> {
+    assert_eq!(header.payload_bytes as usize, payload.len());
+    let total = record_bytes(payload.len() as u64) as usize;
+    let mut out = vec![0u8; total];
+    out[HEADER_BYTES..HEADER_BYTES + payload.len()].copy_from_slice(payload);
+    header.encode(crc32c::crc32c(payload), &mut out);
+    debug_assert!(verify_payload(&RecordHeader::decode(&out).unwrap(), &out).is_ok());
+    out
+}
+
+/// Payload of a `Commit` record: what the epoch holds, and how far segments were known to be
+/// fsync'd when it was written (recovery uses these to tell corruption from a torn tail).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct CommitPayload {
+    pub data_records: u64,
+    pub payload_bytes: u64,
+    pub synced: Vec<(SegmentId, u64)>,
+}
+
+impl CommitPayload {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(24 + 16 * self.synced.len());
+        out.extend_from_slice(&self.data_records.to_le_bytes());
+        out.extend_from_slice(&self.payload_bytes.to_le_bytes());
+        out.extend_from_slice(&(self.synced.len() as u64).to_le_bytes());
+        for (segment, length) in &self.synced {
+            out.extend_from_slice(&segment.0.to_le_bytes());
+            out.extend_from_slice(&length.to_le_bytes());
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<CommitPayload, &'static str> {
+        let u64_at = |at: usize| -> Result<u64, &'static str> {
+            bytes
+                .get(at..at + 8)
+                .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+                .ok_or("commit payload cut short")
+        };
+        let count = u64_at(16)?;
+        if bytes.len() as u64 != 24 + 16 * count {
+            return Err("commit payload length does not match its sync point count");
+        }
+        let mut synced = Vec::with_capacity(count as usize);
+        for i in 0..count as usize {
+            synced.push((SegmentId(u64_at(24 + 16 * i)?), u64_at(32 + 16 * i)?));
+        }
+        Ok(CommitPayload { data_records: u64_at(0)?, payload_bytes: u64_at(8)?, synced })
+    }
+}
+
+/// File name of a segment in the SSD directory.
+pub fn segment_file_name(segment: SegmentId) -> String {
+    format!("segment-{:016x}.log", segment.0)
+}
+
+/// Inverse of [`segment_file_name`]; `None` for files that are not segments.
+pub fn parse_segment_file_name(name: &str) -> Option<SegmentId> {
+    let hex = name.strip_prefix("segment-")?.strip_suffix(".log")?;
+    if hex.len() != 16 {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok().map(SegmentId)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trips_and_detects_flips() {
+        let header = RecordHeader {
+            kind: RecordKind::Data,
+            sequence: 42,
+            stream: StreamKey(7),
+            epoch: EpochId(3),
+            file: FileId(9),
+            offset: 4096,
+            payload_bytes: 5,
+        };
+        let record = encode_record(&header, b"hello");
+        assert_eq!(record.len(), 72);
+        let decoded = RecordHeader::decode(&record).unwrap();
+        assert_eq!(decoded, header);
+        verify_payload(&decoded, &record).unwrap();
+        for byte in 0..record.len() {
+            let mut damaged = record.clone();
+            damaged[byte] ^= 0x10;
+            let ok = RecordHeader::decode(&damaged)
+                .and_then(|h| verify_payload(&h, &damaged).map(|_| h))
+                .is_ok();
+            assert!(!ok, "flip at byte {byte} went unnoticed");
+        }
+    }
+
+    #[test]
+    fn commit_payload_round_trips() {
+        let payload = CommitPayload {
+            data_records: 3,
+            payload_bytes: 100,
+            synced: vec![(SegmentId(1), 4096), (SegmentId(5), 64)],
+        };
+        assert_eq!(CommitPayload::decode(&payload.encode()).unwrap(), payload);
+        assert!(CommitPayload::decode(&payload.encode()[..30]).is_err());
+    }
+
+    #[test]
+    fn segment_names_round_trip() {
+        let name = segment_file_name(SegmentId(0xabc));
+        assert_eq!(name, "segment-0000000000000abc.log");
+        assert_eq!(parse_segment_file_name(&name), Some(SegmentId(0xabc)));
+        assert_eq!(parse_segment_file_name("segment-12.log"), None);
+        assert_eq!(record_bytes(0), 64);
+        assert_eq!(record_bytes(1), 72);
+        assert_eq!(record_bytes(8), 72);
+    }
+}

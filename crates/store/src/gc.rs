@@ -1,0 +1,228 @@
+//! Garbage collection: whole dead segments are deleted; when free space runs low a compactor
+//! copies the live records out of cost-benefit victims (verbatim, same sequence numbers) and
+//! deletes them. Host write amplification counts every copied byte.
+
+use crate::format::*;
+use crate::store::*;
+use spillway_types::{EpochId, SegmentId};
+use std::collections::BTreeSet;
+
+impl Inner {
+    /// Deletes segments with no live bytes; then, if `force` or free space is low, compacts
+    /// cost-benefit victims.
+    pub(crate) fn gc(&self, force: bool) -> Result<GcReport, String> {
+        let _one_at_a_time = self.gc_lock.lock();
+        let mut report = GcReport::default();
+        self.delete_dead_segments(&mut report)?;
+        for _ in 0..64 {
+            let victim = {
+                let state = self.state.lock();
+                self.choose_victim(&state, force)
+            };
+            let Some(victim) = victim else { break };
+            report.bytes_copied += self.compact(victim)?;
+            report.segments_compacted += 1;
+            self.delete_dead_segments(&mut report)?;
+        }
+        Ok(report)
+    }
+
+    pub(crate) fn delete_dead_segments(&self, report: &mut GcReport) -> Result<(), String> {
+        let is_dead = |state: &State, id: SegmentId, segment: &Segment| {
+            segment.inflight == 0
+                && (segment.sealed || segment.length > HEADER_BYTES as u64)
+                && segment_live_bytes(id, segment, &state.epochs) == 0
+        };
+        let candidates: BTreeSet<SegmentId> = {
+            let state = self.state.lock();
+            state.segments.iter().filter(|(&id, s)| is_dead(&state, id, s)).map(|(&id, _)| id).collect()
+        };
+        if candidates.is_empty() {
+            return Ok(());
+        }
+        // The tombstones and compaction copies that made these segments dead must be durable
+        // before the old bytes go; segments that died after this sync wait for the next round.
+        self.sync_dirty()?;
+        let removed = {
+            let mut state = self.state.lock();
+            let dead: Vec<SegmentId> = candidates
+                .into_iter()
+                .filter(|id| state.segments.get(id).is_some_and(|s| is_dead(&state, *id, s)))
+                .collect();
+            let mut removed = Vec::new();
+            for id in dead {
+                let segment = state.segments.remove(&id).expect("dead segment vanished");
+                if state.open_segments.get(&segment.stream) == Some(&id) {
+                    state.open_segments.remove(&segment.stream);
+                }
+                state.ssd_used_bytes -= segment.length;
+                for epoch in segment.epoch_bytes.keys() {
+                    if let Some(entry) = state.epochs.get_mut(epoch) {
+                        entry.segments.remove(&id);
+                    }
+                }
+                state.counters.segments_deleted += 1;
+                state.recent_synced.remove(&id);
+                removed.push((id, segment.length));
+            }
+            removed
+        };
+        for &(id, length) in &removed {
+            self.storage.remove(&segment_file_name(id)).map_err(|e| {
+                let reason = format!("removing segment {id} in {}: {e}", self.storage.describe());
+                self.fail(&mut self.state.lock(), reason.clone());
+                reason
+            })?;
+            self.write_log.delete(id, length);
+            report.segments_deleted += 1;
+            report.bytes_freed += length;
+        }
+        if !removed.is_empty() {
+            self.storage.sync_directory().map_err(|e| {
+                let reason = format!("syncing directory {}: {e}", self.storage.describe());
+                self.fail(&mut self.state.lock(), reason.clone());
+                reason
+            })?;
+        }
+        self.space.notify_all();
+        Ok(())
+    }
+
+    /// Cost-benefit (Rosenblum & Ousterhout): maximise (1 - u) · age / (1 + u) over sealed
+    /// segments with live share u ≤ `gc_live_percent_max`; only when free space is low.
+    pub(crate) fn choose_victim(&self, state: &State, force: bool) -> Option<SegmentId> {
+        let low = self.free_bytes(state) * 100 < self.knobs.gc_free_percent_min * self.knobs.ssd_bytes_max;
+        if !force && !low {
+            return None;
+        }
+        let mut best: Option<(f64, SegmentId)> = None;
+        for (&id, segment) in &state.segments {
+            if !segment.sealed || segment.inflight > 0 {
+                continue;
+            }
+            let live = segment_live_bytes(id, segment, &state.epochs);
+            if live == 0 || live * 100 > self.knobs.gc_live_percent_max * segment.length {
+                continue;
+            }
+            let utilisation = live as f64 / segment.length as f64;
+            let age = (state.next_sequence - segment.last_write_sequence) as f64 + 1.0;
+            let score = (1.0 - utilisation) * age / (1.0 + utilisation);
+            if best.is_none() || best.is_some_and(|(s, _)| score > s) {
+                best = Some((score, id));
+            }
+        }
+        best.map(|(_, id)| id)
+    }
+
+    /// Copies the live records of `victim` (verbatim, same sequence numbers) to its stream's
+    /// open segment and repoints them. The victim is then dead and deleted by the caller.
+    pub(crate) fn compact(&self, victim: SegmentId) -> Result<u64, String> {
+        let (file, length) = {
+            let state = self.state.lock();
+            let segment = &state.segments[&victim];
+            (segment.file.clone(), segment.length)
+        };
+        let mut image = vec![0u8; length as usize];
+        file.read_at(0, &mut image).map_err(|e| format!("reading segment {victim} for compaction: {e}"))?;
+        let mut found = Vec::new();
+        let mut at = 0usize;
+        while at < image.len() {
+            let header = RecordHeader::decode(&image[at..])
+                .and_then(|h| verify_payload(&h, &image[at..]).map(|_| h))
+                .map_err(|detail| format!("segment {victim} is corrupt at offset {at}: {detail}"))?;
+            let total = record_bytes(header.payload_bytes as u64) as usize;
+            if header.kind != RecordKind::SegmentHeader {
+                found.push((at, total as u64, header));
+            }
+            at += total;
+        }
+        let mut copies = Vec::new();
+        {
+            let mut state = self.state.lock();
+            let stream = state.segments[&victim].stream;
+            for (at, total, header) in found {
+                let epoch = header.epoch;
+                let live = match header.kind {
+                    RecordKind::Data => {
+                        state.records.get(&header.sequence).map(|r| r.location)
+                            == Some(Location::Ssd { segment: victim, offset: at as u64 })
+                    }
+                    RecordKind::FileName | RecordKind::Commit => {
+                        state.epochs.get(&epoch).is_some_and(|e| phase_is_live(e.phase))
+                            && state.segments[&victim].epoch_bytes.get(&epoch).copied().unwrap_or(0) >= total
+                    }
+                    RecordKind::EpochState => {
+                        state.epochs.get(&epoch).is_some_and(|e| e.segments.iter().any(|&s| s != victim))
+                            && state.segments[&victim].tombstones.get(&epoch).copied().unwrap_or(0) >= total
+                    }
+                    RecordKind::SegmentHeader => false,
+                };
+                if !live {
+                    continue;
+                }
+                let (target, offset, target_file) = match self.place(&mut state, stream, total, header.sequence) {
+                    Ok(p) => p,
+                    Err(reason) => {
+                        self.fail(&mut state, reason.clone());
+                        return Err(reason);
+                    }
+                };
+                let tombstone = header.kind == RecordKind::EpochState;
+                move_bytes(&mut state, victim, target, epoch, total, tombstone);
+                copies.push((target, offset, target_file, at, total, header));
+            }
+        }
+        let mut result = Ok(());
+        for (target, offset, target_file, at, total, header) in &copies {
+            if let Err(error) = target_file.write_at(*offset, &image[*at..*at + *total as usize]) {
+                result = Err(format!("compaction write to segment {target} at offset {offset}: {error}"));
+                break;
+            }
+            self.write_log.write(header.stream, *target, *offset, *total);
+        }
+        let mut state = self.state.lock();
+        let mut copied = 0;
+        for (target, offset, _, at, total, header) in &copies {
+            let segment = state.segments.get_mut(target).expect("compaction target vanished");
+            segment.inflight -= 1;
+            segment.dirty = true;
+            if header.kind == RecordKind::Data {
+                if let Some(info) = state.records.get_mut(&header.sequence) {
+                    if info.location == (Location::Ssd { segment: victim, offset: *at as u64 }) {
+                        info.location = Location::Ssd { segment: *target, offset: *offset };
+                    }
+                }
+            }
+            state.counters.compaction_bytes += total;
+            state.counters.ssd_bytes_written += total;
+            copied += total;
+        }
+        if let Err(reason) = &result {
+            self.fail(&mut state, reason.clone());
+        }
+        result.map(|_| copied)
+    }
+}
+
+/// Moves the accounting of `bytes` of `epoch` from segment `from` to segment `to`.
+fn move_bytes(state: &mut State, from: SegmentId, to: SegmentId, epoch: EpochId, bytes: u64, tombstone: bool) {
+    let source = state.segments.get_mut(&from).expect("compaction source missing");
+    let map = if tombstone { &mut source.tombstones } else { &mut source.epoch_bytes };
+    let left = map.get_mut(&epoch).expect("moved bytes not accounted");
+    assert!(*left >= bytes, "segment {from} epoch {epoch} bytes underflow");
+    *left -= bytes;
+    let emptied = *left == 0;
+    if emptied {
+        map.remove(&epoch);
+    }
+    let target = state.segments.get_mut(&to).expect("compaction target missing");
+    let map = if tombstone { &mut target.tombstones } else { &mut target.epoch_bytes };
+    *map.entry(epoch).or_default() += bytes;
+    if !tombstone {
+        let entry = state.epochs.get_mut(&epoch).expect("epoch of moved bytes missing");
+        entry.segments.insert(to);
+        if emptied {
+            entry.segments.remove(&from);
+        }
+    }
+}

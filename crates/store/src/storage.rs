@@ -1,0 +1,394 @@
+//! The storage seam: everything the store asks of the SSD directory.
+//!
+//! Small on purpose (after redb's `StorageBackend`): a directory of named files with positional
+//! reads and writes, `sync`, `set_len` and `remove`. [`PosixStorage`] is the real one;
+//! [`SimStorage`] keeps files in memory, remembers what was fsync'd, and can produce the image a
+//! power loss would leave (unsynced writes dropped, the last write torn) for crash tests.
+
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// One segment file.
+#[allow(clippy::len_without_is_empty)]
+pub trait SegmentFile: Send + Sync {
+    /// Writes all of `data` at `offset`.
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()>;
+    /// Fills all of `buf` from `offset`; reading past the end is an error.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Makes every completed write durable (fdatasync).
+    fn sync(&self) -> io::Result<()>;
+    fn len(&self) -> io::Result<u64>;
+    fn set_len(&self, length: u64) -> io::Result<()>;
+    /// Starts writeback of a range without waiting (Linux `sync_file_range(WRITE)`), so a
+    /// later `sync` has less left to do. A hint: the default does nothing.
+    fn start_writeback(&self, _offset: u64, _length: u64) -> io::Result<()> {
+        Ok(())
+    }
+    /// Sets the Linux write-lifetime hint (`RWH_WRITE_LIFE_*`). `Ok(false)` when the kernel or
+    /// file system does not support hints; that is not an error.
+    fn set_write_hint(&self, hint: u64) -> io::Result<bool>;
+}
+
+/// A directory of segment files.
+pub trait Storage: Send + Sync {
+    /// Names of all files in the directory.
+    fn list(&self) -> io::Result<Vec<String>>;
+    /// Creates a new empty file; fails if it exists.
+    fn create(&self, name: &str) -> io::Result<Arc<dyn SegmentFile>>;
+    fn open(&self, name: &str) -> io::Result<Arc<dyn SegmentFile>>;
+    fn remove(&self, name: &str) -> io::Result<()>;
+    /// Makes creations and removals durable (fsync of the directory).
+    fn sync_directory(&self) -> io::Result<()>;
+    /// Where the files live, for error messages.
+    fn describe(&self) -> String;
+}
+
+/// The real thing: files in a directory, `pwrite`/`pread`/`fdatasync`.
+///
+/// Holds an exclusive `flock` on `<directory>/LOCK` for its lifetime, so two servers can never
+/// append to the same log (the kernel drops the lock when the process dies, even by SIGKILL).
+pub struct PosixStorage {
+    directory: PathBuf,
+    _lock: File,
+}
+
+/// Name of the lock file in the SSD directory (not a segment; recovery ignores it).
+pub const LOCK_FILE_NAME: &str = "LOCK";
+
+impl PosixStorage {
+    /// Uses `directory`, creating it if needed, and locks it. Fails with `WouldBlock` naming the
+    /// directory if another store holds it.
+    pub fn new(directory: &Path) -> io::Result<PosixStorage> {
+        use std::os::fd::AsRawFd;
+        std::fs::create_dir_all(directory)?;
+        let lock = OpenOptions::new().create(true).truncate(false).write(true).open(directory.join(LOCK_FILE_NAME))?;
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let error = io::Error::last_os_error();
+            return Err(io::Error::new(
+                error.kind(),
+                format!("{} is in use by another store (flock on {LOCK_FILE_NAME}: {error})", directory.display()),
+            ));
+        }
+        Ok(PosixStorage { directory: directory.to_path_buf(), _lock: lock })
+    }
+}
+
+struct PosixFile {
+    file: File,
+}
+
+impl SegmentFile for PosixFile {
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.file.write_all_at(data, offset)
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.file.read_exact_at(buf, offset)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.file.metadata()?.len())
+    }
+    fn set_len(&self, length: u64) -> io::Result<()> {
+        self.file.set_len(length)
+    }
+    fn start_writeback(&self, offset: u64, length: u64) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: plain syscall on our own descriptor.
+        let result = unsafe {
+            libc::sync_file_range(
+                self.file.as_raw_fd(),
+                offset as libc::off64_t,
+                length as libc::off64_t,
+                libc::SYNC_FILE_RANGE_WRITE,
+            )
+        };
+        if result == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+    fn set_write_hint(&self, hint: u64) -> io::Result<bool> {
+        use std::os::fd::AsRawFd;
+        // F_LINUX_SPECIFIC_BASE (1024) + 12; not every libc version exports the name.
+        const F_SET_RW_HINT: libc::c_int = 1024 + 12;
+        let value: u64 = hint;
+        // SAFETY: fcntl with F_SET_RW_HINT reads one u64 through the pointer, which is valid
+        // for the duration of the call.
+        let result = unsafe { libc::fcntl(self.file.as_raw_fd(), F_SET_RW_HINT, &value as *const u64) };
+        if result == 0 {
+            return Ok(true);
+        }
+        let error = io::Error::last_os_error();
+        match error.raw_os_error() {
+            Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) => Ok(false),
+            _ => Err(error),
+        }
+    }
+}
+
+impl Storage for PosixStorage {
+    fn list(&self) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(&self.directory)? {
+            if let Some(name) = entry?.file_name().to_str() {
+                names.push(name.to_string());
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+    fn create(&self, name: &str) -> io::Result<Arc<dyn SegmentFile>> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(self.directory.join(name))?;
+        Ok(Arc::new(PosixFile { file }))
+    }
+    fn open(&self, name: &str) -> io::Result<Arc<dyn SegmentFile>> {
+        let file = OpenOptions::new().read(true).write(true).open(self.directory.join(name))?;
+        Ok(Arc::new(PosixFile { file }))
+    }
+    fn remove(&self, name: &str) -> io::Result<()> {
+        std::fs::remove_file(self.directory.join(name))
+    }
+    fn sync_directory(&self) -> io::Result<()> {
+        File::open(&self.directory)?.sync_all()
+    }
+    fn describe(&self) -> String {
+        self.directory.display().to_string()
+    }
+}
+
+/// In-memory storage that knows what a power loss would keep.
+///
+/// Each file has its `current` bytes and its `durable` bytes (as of its last `sync`). A file's
+/// existence is durable once `sync_directory` ran after its creation; a removal likewise.
+/// [`SimStorage::crash_image`] builds the directory a power loss would leave behind.
+#[derive(Default)]
+pub struct SimStorage {
+    state: Mutex<SimState>,
+    /// Global write counter, so the crash image can find the most recent write.
+    clock: Arc<AtomicU64>,
+}
+
+#[derive(Default)]
+struct SimState {
+    /// Files visible now.
+    files: BTreeMap<String, Arc<SimFile>>,
+    /// Files whose existence survives a crash (removed ones stay until the removal is synced).
+    durable_names: BTreeMap<String, Arc<SimFile>>,
+}
+
+/// One simulated file.
+pub struct SimFile {
+    inner: Mutex<SimFileState>,
+    clock: Arc<AtomicU64>,
+}
+
+#[derive(Clone, Default)]
+struct SimFileState {
+    current: Vec<u8>,
+    durable: Vec<u8>,
+    /// Writes since the last sync: (clock, offset, data).
+    unsynced: Vec<(u64, u64, Vec<u8>)>,
+}
+
+/// What a simulated power loss does with writes that were not fsync'd.
+#[derive(Clone, Copy, Debug)]
+pub struct CrashPlan {
+    /// Keep a prefix of this many bytes of the most recent unsynced write (a torn write);
+    /// `None` drops it like the others.
+    pub torn_write_bytes: Option<u64>,
+    /// Keep every unsynced write except the most recent one (a kinder disk); false drops them.
+    pub keep_older_unsynced: bool,
+}
+
+impl SimStorage {
+    pub fn new() -> Arc<SimStorage> {
+        Arc::new(SimStorage::default())
+    }
+
+    /// The directory as a power loss at this instant would leave it, as a fresh storage.
+    pub fn crash_image(&self, plan: CrashPlan) -> Arc<SimStorage> {
+        let state = self.state.lock();
+        let latest = state
+            .durable_names
+            .values()
+            .filter_map(|file| file.inner.lock().unsynced.last().map(|(clock, _, _)| *clock))
+            .max();
+        let image = SimStorage::new();
+        {
+            let mut image_state = image.state.lock();
+            for (name, file) in &state.durable_names {
+                let inner = file.inner.lock();
+                let mut bytes = inner.durable.clone();
+                for (clock, offset, data) in &inner.unsynced {
+                    let keep = if Some(*clock) == latest {
+                        plan.torn_write_bytes.map(|n| (n as usize).min(data.len()))
+                    } else if plan.keep_older_unsynced {
+                        Some(data.len())
+                    } else {
+                        None
+                    };
+                    if let Some(keep) = keep {
+                        let end = *offset as usize + keep;
+                        if bytes.len() < end {
+                            bytes.resize(end, 0);
+                        }
+                        bytes[*offset as usize..end].copy_from_slice(&data[..keep]);
+                    }
+                }
+                let file = image.new_file(bytes);
+                image_state.files.insert(name.clone(), file.clone());
+                image_state.durable_names.insert(name.clone(), file);
+            }
+        }
+        image
+    }
+
+    /// Flips one bit of a file, now and durably (bad media, for tests).
+    pub fn corrupt(&self, name: &str, offset: u64) {
+        let state = self.state.lock();
+        let file = state.files.get(name).expect("corrupt: no such file");
+        let mut inner = file.inner.lock();
+        inner.current[offset as usize] ^= 0x40;
+        if (offset as usize) < inner.durable.len() {
+            inner.durable[offset as usize] ^= 0x40;
+        }
+    }
+
+    /// Names and current lengths of all files, for tests.
+    pub fn files(&self) -> Vec<(String, u64)> {
+        let state = self.state.lock();
+        state.files.iter().map(|(n, f)| (n.clone(), f.inner.lock().current.len() as u64)).collect()
+    }
+
+    fn new_file(&self, bytes: Vec<u8>) -> Arc<SimFile> {
+        Arc::new(SimFile {
+            inner: Mutex::new(SimFileState { current: bytes.clone(), durable: bytes, unsynced: Vec::new() }),
+            clock: self.clock.clone(),
+        })
+    }
+}
+
+impl SegmentFile for SimFile {
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let clock = self.clock.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut inner = self.inner.lock();
+        let end = offset as usize + data.len();
+        if inner.current.len() < end {
+            inner.current.resize(end, 0);
+        }
+        inner.current[offset as usize..end].copy_from_slice(data);
+        inner.unsynced.push((clock, offset, data.to_vec()));
+        Ok(())
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let inner = self.inner.lock();
+        let end = offset as usize + buf.len();
+        if end > inner.current.len() {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "read past end of file"));
+        }
+        buf.copy_from_slice(&inner.current[offset as usize..end]);
+        Ok(())
+    }
+    fn sync(&self) -> io::Result<()> {
+        let mut inner = self.inner.lock();
+        inner.durable = inner.current.clone();
+        inner.unsynced.clear();
+        Ok(())
+    }
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.inner.lock().current.len() as u64)
+    }
+    fn set_len(&self, length: u64) -> io::Result<()> {
+        // The store only truncates during recovery and syncs right after; model it as durable.
+        let mut inner = self.inner.lock();
+        inner.current.resize(length as usize, 0);
+        inner.durable.resize(length as usize, 0);
+        inner.unsynced.retain(|(_, offset, _)| *offset < length);
+        Ok(())
+    }
+    fn set_write_hint(&self, _hint: u64) -> io::Result<bool> {
+        Ok(false)
+    }
+}
+
+impl Storage for SimStorage {
+    fn list(&self) -> io::Result<Vec<String>> {
+        Ok(self.state.lock().files.keys().cloned().collect())
+    }
+    fn create(&self, name: &str) -> io::Result<Arc<dyn SegmentFile>> {
+        let mut state = self.state.lock();
+        if state.files.contains_key(name) {
+            return Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("{name} exists")));
+        }
+        let file = self.new_file(Vec::new());
+        state.files.insert(name.to_string(), file.clone());
+        Ok(file)
+    }
+    fn open(&self, name: &str) -> io::Result<Arc<dyn SegmentFile>> {
+        let state = self.state.lock();
+        let file = state
+            .files
+            .get(name)
+            .cloned()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("{name} not found")))?;
+        Ok(file)
+    }
+    fn remove(&self, name: &str) -> io::Result<()> {
+        let mut state = self.state.lock();
+        state
+            .files
+            .remove(name)
+            .map(|_| ())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("{name} not found")))
+    }
+    fn sync_directory(&self) -> io::Result<()> {
+        let mut state = self.state.lock();
+        state.durable_names = state.files.clone();
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        "simulated storage".to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crash_image_drops_unsynced_and_tears_last_write() {
+        let storage = SimStorage::new();
+        let dir: Arc<dyn Storage> = storage.clone();
+        let file = dir.create("a").unwrap();
+        dir.sync_directory().unwrap();
+        file.write_at(0, b"durable!").unwrap();
+        file.sync().unwrap();
+        file.write_at(8, b"lost").unwrap();
+        file.write_at(12, b"torn-write").unwrap();
+        let image = storage.crash_image(CrashPlan { torn_write_bytes: Some(3), keep_older_unsynced: false });
+        let image_dir: Arc<dyn Storage> = image;
+        let reopened = image_dir.open("a").unwrap();
+        assert_eq!(reopened.len().unwrap(), 15);
+        let mut buf = vec![0u8; 15];
+        reopened.read_at(0, &mut buf).unwrap();
+        assert_eq!(&buf, b"durable!\0\0\0\0tor");
+        // A file never made durable in the directory vanishes.
+        dir.create("b").unwrap();
+        let image = storage.crash_image(CrashPlan { torn_write_bytes: None, keep_older_unsynced: true });
+        assert_eq!(image.list().unwrap(), vec!["a".to_string()]);
+    }
+}

@@ -1,0 +1,1410 @@
+//! The store proper: write path, spill, group commit, lifecycle, GC and the queries.
+//!
+//! One mutex guards all bookkeeping (ring positions, index, segment accounting, epoch states);
+//! bulk work happens outside it: writers copy and checksum payloads into ring ranges they
+//! reserved, spills and compaction `pwrite` ranges placed under the lock, fsyncs run unlocked.
+//! Condition variables: `space` (ring freed, records spilled, writes finished, GC freed SSD),
+//! `commit` (a group-commit round ended) and `flusher` (wake the background flusher).
+
+use crate::arena::{Arena, Ring};
+use crate::error::*;
+use crate::format::*;
+use crate::index::{Extent, Index};
+use crate::storage::{PosixStorage, SegmentFile, Storage};
+use crate::write_log::WriteLog;
+use parking_lot::{Condvar, Mutex};
+use spillway_config::StoreKnobs;
+use spillway_types::{EpochId, FileId, SegmentId, StreamKey};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::ops::RangeBounds;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How durable `commit` makes an epoch before returning.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// Every record of the epoch is written and fsync'd in the SSD log (survives power loss).
+    Ssd,
+    /// The epoch is sealed and marked committed in DRAM; the flusher makes it durable soon
+    /// after. Survives nothing that kills the process before that.
+    Memory,
+}
+
+/// Where an extent's bytes are right now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tier {
+    Dram,
+    Ssd(SegmentId),
+}
+
+/// One epoch as `epochs()` reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EpochInfo {
+    pub epoch: EpochId,
+    pub phase: EpochPhase,
+    pub files: usize,
+    pub data_records: u64,
+    pub payload_bytes: u64,
+    /// Found uncommitted at the last open: whatever records survived are whole, others are
+    /// absent; the writer must know which (the server decides what to do with it).
+    pub recovered_uncommitted: bool,
+}
+
+/// One file of one epoch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileInfo {
+    pub epoch: EpochId,
+    pub file: FileId,
+    pub name: Option<String>,
+    /// End of the last byte written (holes read as zeros).
+    pub size_bytes: u64,
+    pub extents: usize,
+}
+
+/// One extent as the range queries report it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExtentInfo {
+    pub epoch: EpochId,
+    pub file: FileId,
+    pub offset: u64,
+    pub length: u64,
+    pub tier: Tier,
+}
+
+/// What one GC call did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GcReport {
+    pub segments_deleted: u64,
+    pub bytes_freed: u64,
+    pub segments_compacted: u64,
+    pub bytes_copied: u64,
+}
+
+/// Whether the kernel took the write-lifetime hints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteHints {
+    NotTried,
+    Supported,
+    Unsupported,
+}
+
+/// What recovery found at open.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    pub segments_scanned: u64,
+    pub records_scanned: u64,
+    pub bytes_scanned: u64,
+    /// (segment, offset) where a torn tail was cut off.
+    pub truncated: Vec<(SegmentId, u64)>,
+    /// Segments removed because they held nothing valid (created just before a crash).
+    pub segments_removed: u64,
+    pub committed_epochs: u64,
+    pub uncommitted_epochs: u64,
+    pub duration_ms: u64,
+}
+
+/// Counters and gauges.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoreStats {
+    pub dram_bytes_max: u64,
+    pub dram_used_bytes: u64,
+    pub ssd_bytes_max: u64,
+    pub ssd_used_bytes: u64,
+    pub ssd_live_bytes: u64,
+    pub free_bytes: u64,
+    pub segments: u64,
+    pub segments_created: u64,
+    pub segments_deleted: u64,
+    /// Payload bytes accepted by `write`.
+    pub user_payload_bytes: u64,
+    /// Record bytes of data records appended to SSD by spills (headers included).
+    pub user_bytes_to_ssd: u64,
+    /// Record bytes copied by compaction.
+    pub compaction_bytes: u64,
+    /// Metadata and segment header bytes appended.
+    pub metadata_bytes: u64,
+    /// Everything appended to segment files.
+    pub ssd_bytes_written: u64,
+    /// `ssd_bytes_written / user_bytes_to_ssd` (1.0 when nothing was spilled yet).
+    pub host_write_amplification: f64,
+    pub commits: u64,
+    pub commit_rounds: u64,
+    pub fsyncs: u64,
+    pub write_hints: WriteHints,
+    pub recovery: RecoveryReport,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DramStatus {
+    Writing,
+    Ready,
+    Spilling,
+    Spilled,
+    Dead,
+}
+
+#[derive(Debug)]
+pub(crate) struct DramRecord {
+    pub position: u64,
+    pub bytes: u64,
+    pub status: DramStatus,
+    /// Readers copying out of this record without the lock; the tail may not pass it.
+    pub readers: u32,
+    pub sequence: u64,
+    pub epoch: EpochId,
+    pub stream: StreamKey,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Location {
+    Dram { position: u64 },
+    Ssd { segment: SegmentId, offset: u64 },
+}
+
+#[derive(Debug)]
+pub(crate) struct RecordInfo {
+    pub location: Location,
+    pub epoch: EpochId,
+    pub payload_bytes: u32,
+}
+
+#[derive(Debug)]
+pub(crate) struct EpochEntry {
+    pub phase: EpochPhase,
+    pub inflight_writes: u32,
+    pub data_records: u64,
+    pub payload_bytes: u64,
+    /// Data records in DRAM not yet spilled (Writing, Ready or Spilling).
+    pub dram_pending: u64,
+    pub record_sequences: Vec<u64>,
+    /// Segments holding record bytes (data, names, commit) of this epoch.
+    pub segments: BTreeSet<SegmentId>,
+    pub stream_bytes: BTreeMap<StreamKey, u64>,
+    pub names: BTreeMap<FileId, String>,
+    pub recovered_uncommitted: bool,
+}
+
+impl EpochEntry {
+    pub fn new() -> EpochEntry {
+        EpochEntry {
+            phase: EpochPhase::Open,
+            inflight_writes: 0,
+            data_records: 0,
+            payload_bytes: 0,
+            dram_pending: 0,
+            record_sequences: Vec::new(),
+            segments: BTreeSet::new(),
+            stream_bytes: BTreeMap::new(),
+            names: BTreeMap::new(),
+            recovered_uncommitted: false,
+        }
+    }
+}
+
+pub(crate) fn phase_is_live(phase: EpochPhase) -> bool {
+    !matches!(phase, EpochPhase::Drained | EpochPhase::Deleted)
+}
+
+pub(crate) struct Segment {
+    pub stream: StreamKey,
+    pub file: Arc<dyn SegmentFile>,
+    /// Bytes placed (written or being written).
+    pub length: u64,
+    pub inflight: u32,
+    pub synced_length: u64,
+    pub dirty: bool,
+    pub sealed: bool,
+    pub epoch_bytes: BTreeMap<EpochId, u64>,
+    /// `EpochState` records (drained/deleted) by epoch.
+    pub tombstones: BTreeMap<EpochId, u64>,
+    pub last_write_sequence: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Counters {
+    pub user_payload_bytes: u64,
+    pub user_bytes_to_ssd: u64,
+    pub compaction_bytes: u64,
+    pub metadata_bytes: u64,
+    pub ssd_bytes_written: u64,
+    pub commits: u64,
+    pub commit_rounds: u64,
+    pub fsyncs: u64,
+    pub segments_created: u64,
+    pub segments_deleted: u64,
+}
+
+pub(crate) struct State {
+    pub ring: Ring,
+    pub dram: VecDeque<DramRecord>,
+    /// DRAM record bytes not yet placed in a segment (they will need SSD space).
+    pub dram_unplaced_bytes: u64,
+    pub records: HashMap<u64, RecordInfo>,
+    pub index: Index,
+    pub epochs: BTreeMap<EpochId, EpochEntry>,
+    pub segments: BTreeMap<SegmentId, Segment>,
+    pub open_segments: HashMap<StreamKey, SegmentId>,
+    pub next_sequence: u64,
+    pub next_segment: u64,
+    pub ssd_used_bytes: u64,
+    /// Capacity promised to writes in progress but not yet in DRAM.
+    pub reserved_bytes: u64,
+    pub stream_usage: HashMap<StreamKey, u64>,
+    pub stream_quota: HashMap<StreamKey, u64>,
+    pub counters: Counters,
+    pub commit_queue: BTreeSet<EpochId>,
+    pub commit_leader: bool,
+    pub durable_pending: BTreeSet<EpochId>,
+    /// Segments fsync'd since the last commit record (their sync points go into the next one).
+    pub recent_synced: BTreeSet<SegmentId>,
+    pub directory_dirty: bool,
+    pub gc_wanted: bool,
+    pub failed: Option<String>,
+    pub shutdown: bool,
+    pub hints: WriteHints,
+    pub recovery: RecoveryReport,
+}
+
+pub(crate) struct Inner {
+    pub knobs: StoreKnobs,
+    pub storage: Arc<dyn Storage>,
+    pub arena: Arena,
+    pub state: Mutex<State>,
+    pub space: Condvar,
+    pub commit: Condvar,
+    pub flusher: Condvar,
+    pub write_log: WriteLog,
+    /// Serialises GC rounds (the flusher and writers short of space may both start one).
+    pub gc_lock: Mutex<()>,
+    /// Serialises `sync_dirty`: a caller that finds a segment clean must not return while
+    /// another caller's fsync of it is still running.
+    pub sync_lock: Mutex<()>,
+}
+
+/// The log-structured store of one server. `Send + Sync`; share it behind an `Arc`.
+pub struct Store {
+    inner: Arc<Inner>,
+    flusher: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Which DRAM records a spill takes.
+pub(crate) enum SpillScope<'a> {
+    /// Oldest first, any epoch.
+    Oldest,
+    Epochs(&'a BTreeSet<EpochId>),
+}
+
+/// One placed record range waiting for its pwrite.
+pub(crate) struct Placed {
+    segment: SegmentId,
+    offset: u64,
+    file: Arc<dyn SegmentFile>,
+    position: u64,
+    bytes: u64,
+    sequence: u64,
+    stream: StreamKey,
+}
+
+const WRITE_HINT_META: u64 = 2; // RWH_WRITE_LIFE_SHORT
+
+/// Write-lifetime hint for a stream's segments: metadata is short-lived; data streams spread
+/// over MEDIUM/LONG/EXTREME so streams with different keys land in different device streams.
+pub fn write_hint_for(stream: StreamKey) -> u64 {
+    if stream == META_STREAM {
+        WRITE_HINT_META
+    } else {
+        3 + stream.0 % 3
+    }
+}
+
+impl Store {
+    /// Opens (recovering if needed) the store in `knobs.ssd_directory`.
+    pub fn open(knobs: &StoreKnobs) -> Result<Store, OpenError> {
+        let storage = PosixStorage::new(std::path::Path::new(&knobs.ssd_directory)).map_err(|source| {
+            OpenError::Io { what: "creating and locking the directory".into(), directory: knobs.ssd_directory.clone(), source }
+        })?;
+        Store::open_with(knobs, Arc::new(storage))
+    }
+
+    /// Opens the store on any [`Storage`] (tests pass a `SimStorage`).
+    pub fn open_with(knobs: &StoreKnobs, storage: Arc<dyn Storage>) -> Result<Store, OpenError> {
+        knobs.validate()?;
+        let write_log = WriteLog::open(&knobs.ssd_write_log_path).map_err(|source| OpenError::Io {
+            what: format!("opening ssd_write_log_path {}", knobs.ssd_write_log_path),
+            directory: storage.describe(),
+            source,
+        })?;
+        let arena = Arena::new(knobs.dram_bytes_max, knobs.dram_prefault);
+        let mut state = State {
+            ring: Ring::new(knobs.dram_bytes_max),
+            dram: VecDeque::new(),
+            dram_unplaced_bytes: 0,
+            records: HashMap::new(),
+            index: Index::default(),
+            epochs: BTreeMap::new(),
+            segments: BTreeMap::new(),
+            open_segments: HashMap::new(),
+            next_sequence: 1,
+            next_segment: 1,
+            ssd_used_bytes: 0,
+            reserved_bytes: 0,
+            stream_usage: HashMap::new(),
+            stream_quota: HashMap::new(),
+            counters: Counters::default(),
+            commit_queue: BTreeSet::new(),
+            commit_leader: false,
+            durable_pending: BTreeSet::new(),
+            recent_synced: BTreeSet::new(),
+            directory_dirty: false,
+            gc_wanted: true,
+            failed: None,
+            shutdown: false,
+            hints: WriteHints::NotTried,
+            recovery: RecoveryReport::default(),
+        };
+        crate::recovery::recover(knobs, storage.as_ref(), &mut state)?;
+        let inner = Arc::new(Inner {
+            knobs: knobs.clone(),
+            storage,
+            arena,
+            state: Mutex::new(state),
+            space: Condvar::new(),
+            commit: Condvar::new(),
+            flusher: Condvar::new(),
+            write_log,
+            gc_lock: Mutex::new(()),
+            sync_lock: Mutex::new(()),
+        });
+        let flusher_inner = inner.clone();
+        let flusher = std::thread::Builder::new()
+            .name("spillway-flusher".into())
+            .spawn(move || flusher_inner.flusher_loop())
+            .map_err(|source| OpenError::Io {
+                what: "starting the flusher thread".into(),
+                directory: knobs.ssd_directory.clone(),
+                source,
+            })?;
+        Ok(Store { inner, flusher: Some(flusher) })
+    }
+
+    /// Appends `data` at `offset` of (`epoch`, `file`) in `stream`. Returns once the data is in
+    /// the DRAM log and indexed (visible to `read`). Writes larger than
+    /// `record_payload_bytes_max` become several records; capacity for all of them is reserved
+    /// first, so an out-of-space failure writes nothing.
+    pub fn write(
+        &self,
+        stream: StreamKey,
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), WriteError> {
+        if stream == META_STREAM {
+            return Err(WriteError::ReservedStream(stream));
+        }
+        if offset.checked_add(data.len() as u64).is_none() {
+            return Err(WriteError::OffsetOverflow { epoch, file, offset, length: data.len() as u64 });
+        }
+        let piece_max = self.inner.knobs.record_payload_bytes_max as usize;
+        let needed: u64 = data.chunks(piece_max).map(|p| record_bytes(p.len() as u64)).sum();
+        self.inner.admit_write(stream, epoch, needed)?;
+        let mut consumed = 0u64;
+        let mut result = Ok(());
+        for (i, piece) in data.chunks(piece_max).enumerate() {
+            let piece_offset = offset + (i * piece_max) as u64;
+            match self.inner.write_piece(stream, epoch, file, piece_offset, piece) {
+                Ok(()) => consumed += record_bytes(piece.len() as u64),
+                Err(error) => {
+                    result = Err(error);
+                    break;
+                }
+            }
+        }
+        let mut state = self.inner.state.lock();
+        let unused = needed - consumed;
+        state.reserved_bytes -= unused;
+        *state.stream_usage.entry(stream).or_default() -= unused;
+        let entry = state.epochs.get_mut(&epoch).expect("epoch of an admitted write vanished");
+        assert!(entry.inflight_writes > 0);
+        entry.inflight_writes -= 1;
+        drop(state);
+        self.inner.space.notify_all();
+        result
+    }
+
+    /// Records the UTF-8 path name of (`epoch`, `file`) (a `FileName` record), so a drain after
+    /// a restart can still name the PFS file. The epoch must be open.
+    pub fn name_file(&self, epoch: EpochId, file: FileId, name: &str) -> Result<(), WriteError> {
+        const NAME_BYTES_MAX: usize = 4096;
+        if name.is_empty() || name.len() > NAME_BYTES_MAX {
+            return Err(WriteError::BadFileName { epoch, file, max_bytes: NAME_BYTES_MAX });
+        }
+        let mut state = self.inner.state.lock();
+        if let Some(reason) = &state.failed {
+            return Err(WriteError::Failed(reason.clone()));
+        }
+        let phase = state.epochs.entry(epoch).or_insert_with(EpochEntry::new).phase;
+        if phase != EpochPhase::Open {
+            return Err(WriteError::EpochNotOpen { epoch, phase });
+        }
+        let header = RecordHeader {
+            kind: RecordKind::FileName,
+            sequence: 0,
+            stream: META_STREAM,
+            epoch,
+            file,
+            offset: 0,
+            payload_bytes: name.len() as u32,
+        };
+        self.inner.append_meta(&mut state, header, name.as_bytes()).map_err(|(segment, source)| {
+            WriteError::Io { segment, source }
+        })?;
+        state.epochs.get_mut(&epoch).expect("epoch vanished").names.insert(file, name.to_string());
+        Ok(())
+    }
+
+    /// Alias of [`Store::name_file`] for callers that think in terms of creating files.
+    pub fn create_file(&self, epoch: EpochId, file: FileId, name: &str) -> Result<(), WriteError> {
+        self.name_file(epoch, file, name)
+    }
+
+    /// Commits `epoch`: seals it (later writes fail), waits for writes in progress, and returns
+    /// when it is durable at `durability`. Concurrent `Ssd` commits share fsyncs (group commit).
+    /// Committing an already committed epoch succeeds at once; an unknown epoch is created
+    /// empty and committed.
+    pub fn commit(&self, epoch: EpochId, durability: Durability) -> Result<(), CommitError> {
+        let mut state = self.inner.state.lock();
+        loop {
+            if let Some(reason) = &state.failed {
+                return Err(CommitError::Failed(reason.clone()));
+            }
+            let entry = state.epochs.entry(epoch).or_insert_with(EpochEntry::new);
+            match entry.phase {
+                EpochPhase::Open => entry.phase = EpochPhase::Committing,
+                EpochPhase::Committing => {}
+                EpochPhase::CommittedInMemory if durability == Durability::Memory => return Ok(()),
+                EpochPhase::CommittedInMemory => {}
+                EpochPhase::Committed => return Ok(()),
+                phase @ (EpochPhase::Drained | EpochPhase::Deleted) => {
+                    return Err(CommitError::EpochGone { epoch, phase })
+                }
+            }
+            if entry.inflight_writes == 0 {
+                break;
+            }
+            self.inner.space.wait(&mut state);
+        }
+        if durability == Durability::Memory {
+            let entry = state.epochs.get_mut(&epoch).expect("epoch vanished");
+            if entry.phase == EpochPhase::Committing {
+                entry.phase = EpochPhase::CommittedInMemory;
+            }
+            state.durable_pending.insert(epoch);
+            drop(state);
+            self.inner.flusher.notify_one();
+            return Ok(());
+        }
+        drop(state);
+        self.inner.group_commit(BTreeSet::from([epoch]))
+    }
+
+    /// Reads `buf.len()` bytes of (`epoch`, `file`) at `offset`, assembled from the extents;
+    /// bytes never written read as zeros.
+    pub fn read(&self, epoch: EpochId, file: FileId, offset: u64, buf: &mut [u8]) -> Result<(), ReadError> {
+        if offset.checked_add(buf.len() as u64).is_none() {
+            return Err(ReadError::OffsetOverflow { epoch, file, offset });
+        }
+        buf.fill(0);
+        let mut ssd_reads = Vec::new();
+        // DRAM ranges are copied after the lock is released; the records are pinned meanwhile.
+        let mut dram_reads = Vec::new();
+        {
+            let mut state = self.inner.state.lock();
+            let entry = state.epochs.get(&epoch).ok_or(ReadError::UnknownEpoch(epoch))?;
+            if !phase_is_live(entry.phase) {
+                return Err(ReadError::EpochGone { epoch, phase: entry.phase });
+            }
+            for (file_offset, extent) in state.index.range(epoch, file, offset, buf.len() as u64) {
+                let at = (file_offset - offset) as usize;
+                let target = at..at + extent.length as usize;
+                let info = state.records.get(&extent.record).expect("indexed record has no location");
+                match info.location {
+                    Location::Dram { position } => {
+                        let start = position + HEADER_BYTES as u64 + extent.skip;
+                        assert!(state.ring.holds(start, extent.length), "indexed DRAM record was released");
+                        let at = dram_index(&state, position);
+                        state.dram[at].readers += 1;
+                        dram_reads.push((position, start, extent.length, target));
+                    }
+                    Location::Ssd { segment, offset: record_offset } => {
+                        let file = state.segments.get(&segment).expect("record in unknown segment").file.clone();
+                        // A read of a whole record (what drains do) is checked against its CRC.
+                        let whole = extent.skip == 0 && extent.length == info.payload_bytes as u64;
+                        let verify = whole.then_some((record_offset, extent.record));
+                        ssd_reads.push((segment, file, record_offset + HEADER_BYTES as u64 + extent.skip, target, verify));
+                    }
+                }
+            }
+        }
+        for (_, start, length, target) in &dram_reads {
+            // SAFETY: the record is published (its payload is never written again) and pinned
+            // (`readers` > 0), so the ring tail cannot pass it and its range is not reused.
+            let bytes = unsafe { self.inner.arena.slice(*start, *length) };
+            buf[target.clone()].copy_from_slice(bytes);
+        }
+        if !dram_reads.is_empty() {
+            let mut state = self.inner.state.lock();
+            for (position, ..) in &dram_reads {
+                let at = dram_index(&state, *position);
+                assert!(state.dram[at].readers > 0, "DRAM reader count underflow");
+                state.dram[at].readers -= 1;
+            }
+            advance_tail(&mut state);
+            drop(state);
+            self.inner.space.notify_all();
+        }
+        for (segment, file, at, target, verify) in ssd_reads {
+            file.read_at(at, &mut buf[target.clone()]).map_err(|source| ReadError::Io { segment, offset: at, source })?;
+            if let Some((record_offset, sequence)) = verify {
+                let mut header = [0u8; HEADER_BYTES];
+                file.read_at(record_offset, &mut header)
+                    .map_err(|source| ReadError::Io { segment, offset: record_offset, source })?;
+                let corrupt = |detail: String| ReadError::Corrupt { segment, offset: record_offset, detail };
+                let decoded = RecordHeader::decode(&header).map_err(|d| corrupt(d.to_string()))?;
+                if decoded.sequence != sequence {
+                    return Err(corrupt(format!("expected record {sequence}, found record {}", decoded.sequence)));
+                }
+                let stored = u32::from_le_bytes(header[60..64].try_into().expect("4 bytes"));
+                if record_crc(&header, crc32c::crc32c(&buf[target])) != stored {
+                    return Err(corrupt("record CRC mismatch".into()));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every epoch the store knows, in order.
+    pub fn epochs(&self) -> Vec<EpochInfo> {
+        let state = self.inner.state.lock();
+        state
+            .epochs
+            .iter()
+            .map(|(&epoch, entry)| EpochInfo {
+                epoch,
+                phase: entry.phase,
+                files: state.index.epoch(epoch).map_or(0, |files| files.len()),
+                data_records: entry.data_records,
+                payload_bytes: entry.payload_bytes,
+                recovered_uncommitted: entry.recovered_uncommitted,
+            })
+            .collect()
+    }
+
+    /// The files of an epoch in file-id order (files with data, and named files).
+    pub fn files(&self, epoch: EpochId) -> Result<Vec<FileInfo>, ReadError> {
+        let state = self.inner.state.lock();
+        let entry = state.epochs.get(&epoch).ok_or(ReadError::UnknownEpoch(epoch))?;
+        if !phase_is_live(entry.phase) {
+            return Err(ReadError::EpochGone { epoch, phase: entry.phase });
+        }
+        let mut ids: BTreeSet<FileId> = entry.names.keys().copied().collect();
+        if let Some(files) = state.index.epoch(epoch) {
+            ids.extend(files.keys().copied());
+        }
+        Ok(ids.into_iter().map(|file| file_info(&state, epoch, file)).collect())
+    }
+
+    /// One file of one epoch, if the store has it.
+    pub fn stat(&self, epoch: EpochId, file: FileId) -> Option<FileInfo> {
+        let state = self.inner.state.lock();
+        let entry = state.epochs.get(&epoch)?;
+        if !phase_is_live(entry.phase) {
+            return None;
+        }
+        if !entry.names.contains_key(&file) && state.index.file(epoch, file).is_none() {
+            return None;
+        }
+        Some(file_info(&state, epoch, file))
+    }
+
+    /// The extents of a range of epochs (optionally one file), in (epoch, file, offset) order:
+    /// what a drain walks.
+    pub fn extents(&self, epochs: impl RangeBounds<EpochId>, file: Option<FileId>) -> Vec<ExtentInfo> {
+        let state = self.inner.state.lock();
+        let mut out = Vec::new();
+        for (epoch, files) in state.index.epochs_in(epochs) {
+            for (&file_id, extents) in files {
+                if file.is_some_and(|wanted| wanted != file_id) {
+                    continue;
+                }
+                for (&offset, extent) in extents {
+                    let tier = match state.records[&extent.record].location {
+                        Location::Dram { .. } => Tier::Dram,
+                        Location::Ssd { segment, .. } => Tier::Ssd(segment),
+                    };
+                    out.push(ExtentInfo { epoch, file: file_id, offset, length: extent.length, tier });
+                }
+            }
+        }
+        out
+    }
+
+    /// Marks a committed epoch drained (it is safely on the PFS): its bytes become dead.
+    pub fn mark_drained(&self, epoch: EpochId) -> Result<(), LifecycleError> {
+        self.inner.retire(epoch, EpochPhase::Drained)
+    }
+
+    /// Deletes an epoch in any state but mid-commit: its bytes become dead.
+    pub fn delete_epoch(&self, epoch: EpochId) -> Result<(), LifecycleError> {
+        self.inner.retire(epoch, EpochPhase::Deleted)
+    }
+
+    /// Runs one GC round now: deletes dead segments, then compacts if free space is low.
+    /// The flusher does the same in the background.
+    pub fn gc(&self) -> Result<GcReport, SyncError> {
+        self.inner.gc(false).map_err(SyncError::Failed)
+    }
+
+    /// Like [`Store::gc`] but compacts every segment below `gc_live_percent_max` regardless of
+    /// free space (operators and tests).
+    pub fn compact_now(&self) -> Result<GcReport, SyncError> {
+        self.inner.gc(true).map_err(SyncError::Failed)
+    }
+
+    /// Bytes a new write could still take (SSD capacity minus everything placed or pending).
+    pub fn free_bytes(&self) -> u64 {
+        let state = self.inner.state.lock();
+        self.inner.free_bytes(&state)
+    }
+
+    /// Waits until `bytes` are free or `timeout` passes (GC is nudged meanwhile). Returns
+    /// whether the space is there.
+    pub fn wait_for_space(&self, bytes: u64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.inner.state.lock();
+        loop {
+            if self.inner.free_bytes(&state) >= bytes {
+                return true;
+            }
+            state.gc_wanted = true;
+            self.inner.flusher.notify_one();
+            if self.inner.space.wait_until(&mut state, deadline).timed_out() {
+                return self.inner.free_bytes(&state) >= bytes;
+            }
+        }
+    }
+
+    /// Sets (Some) or clears (None, back to the `stream_quota_bytes` default) a stream's quota.
+    pub fn set_stream_quota(&self, stream: StreamKey, quota_bytes: Option<u64>) {
+        let mut state = self.inner.state.lock();
+        match quota_bytes {
+            Some(bytes) => state.stream_quota.insert(stream, bytes),
+            None => state.stream_quota.remove(&stream),
+        };
+    }
+
+    /// Live bytes (DRAM + SSD) held by a stream, as counted against its quota.
+    pub fn stream_usage_bytes(&self, stream: StreamKey) -> u64 {
+        self.inner.state.lock().stream_usage.get(&stream).copied().unwrap_or(0)
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        let state = self.inner.state.lock();
+        let live: u64 = state.segments.iter().map(|(&id, s)| segment_live_bytes(id, s, &state.epochs)).sum();
+        let c = &state.counters;
+        StoreStats {
+            dram_bytes_max: state.ring.capacity(),
+            dram_used_bytes: state.ring.used(),
+            ssd_bytes_max: self.inner.knobs.ssd_bytes_max,
+            ssd_used_bytes: state.ssd_used_bytes,
+            ssd_live_bytes: live,
+            free_bytes: self.inner.free_bytes(&state),
+            segments: state.segments.len() as u64,
+            segments_created: c.segments_created,
+            segments_deleted: c.segments_deleted,
+            user_payload_bytes: c.user_payload_bytes,
+            user_bytes_to_ssd: c.user_bytes_to_ssd,
+            compaction_bytes: c.compaction_bytes,
+            metadata_bytes: c.metadata_bytes,
+            ssd_bytes_written: c.ssd_bytes_written,
+            host_write_amplification: if c.user_bytes_to_ssd == 0 {
+                1.0
+            } else {
+                c.ssd_bytes_written as f64 / c.user_bytes_to_ssd as f64
+            },
+            commits: c.commits,
+            commit_rounds: c.commit_rounds,
+            fsyncs: c.fsyncs,
+            write_hints: state.hints,
+            recovery: state.recovery.clone(),
+        }
+    }
+
+    /// Makes memory-level commits durable, spills everything in DRAM (open epochs too) and
+    /// fsyncs every segment.
+    pub fn sync(&self) -> Result<(), SyncError> {
+        let in_memory: BTreeSet<EpochId> = {
+            let state = self.inner.state.lock();
+            state
+                .epochs
+                .iter()
+                .filter(|(_, e)| e.phase == EpochPhase::CommittedInMemory)
+                .map(|(&epoch, _)| epoch)
+                .collect()
+        };
+        if !in_memory.is_empty() {
+            self.inner.group_commit(in_memory).map_err(|e| SyncError::Failed(e.to_string()))?;
+        }
+        self.inner.spill_all().map_err(SyncError::Failed)?;
+        self.inner.sync_dirty().map_err(SyncError::Failed)?;
+        self.inner.write_log.flush();
+        Ok(())
+    }
+
+    /// Clean shutdown: [`Store::sync`], then stop the flusher. Dropping a store without
+    /// `close` is a crash as far as DRAM contents go.
+    pub fn close(mut self) -> Result<(), SyncError> {
+        let result = self.sync();
+        self.stop_flusher();
+        result
+    }
+
+    fn stop_flusher(&mut self) {
+        self.inner.state.lock().shutdown = true;
+        self.inner.flusher.notify_all();
+        self.inner.space.notify_all();
+        if let Some(handle) = self.flusher.take() {
+            let _ = handle.join();
+        }
+    }
+
+    /// Checks every bookkeeping invariant (tests call it; strict builds call it more often).
+    pub fn check_invariants(&self) {
+        let state = self.inner.state.lock();
+        check_invariants(&state);
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.stop_flusher();
+    }
+}
+
+fn file_info(state: &State, epoch: EpochId, file: FileId) -> FileInfo {
+    let extents = state.index.file(epoch, file);
+    FileInfo {
+        epoch,
+        file,
+        name: state.epochs.get(&epoch).and_then(|e| e.names.get(&file).cloned()),
+        size_bytes: extents.map_or(0, Index::file_size),
+        extents: extents.map_or(0, |e| e.len()),
+    }
+}
+
+/// Live bytes of a segment: records of live epochs, plus tombstones still needed (their epoch
+/// has bytes in some other segment that a crash could otherwise resurrect).
+pub(crate) fn segment_live_bytes(id: SegmentId, segment: &Segment, epochs: &BTreeMap<EpochId, EpochEntry>) -> u64 {
+    let mut live = 0;
+    for (epoch, &bytes) in &segment.epoch_bytes {
+        if epochs.get(epoch).is_some_and(|e| phase_is_live(e.phase)) {
+            live += bytes;
+        }
+    }
+    for (epoch, &bytes) in &segment.tombstones {
+        if epochs.get(epoch).is_some_and(|e| e.segments.iter().any(|&s| s != id)) {
+            live += bytes;
+        }
+    }
+    assert!(live <= segment.length, "segment {id} live {live} > length {}", segment.length);
+    live
+}
+
+pub(crate) fn check_invariants(state: &State) {
+    assert!(state.ring.used() <= state.ring.capacity());
+    let mut previous = None;
+    for record in &state.dram {
+        if let Some(end) = previous {
+            assert!(record.position >= end, "DRAM records overlap at {}", record.position);
+        }
+        previous = Some(record.position + record.bytes);
+    }
+    let used: u64 = state.segments.values().map(|s| s.length).sum();
+    assert_eq!(used, state.ssd_used_bytes, "ssd_used_bytes disagrees with segment lengths");
+    for (&id, segment) in &state.segments {
+        let accounted: u64 =
+            segment.epoch_bytes.values().sum::<u64>() + segment.tombstones.values().sum::<u64>();
+        assert!(accounted <= segment.length, "segment {id} accounts {accounted} > length {}", segment.length);
+        for epoch in segment.epoch_bytes.keys() {
+            if let Some(entry) = state.epochs.get(epoch) {
+                assert!(entry.segments.contains(&id), "epoch {epoch} misses segment {id}");
+            }
+        }
+    }
+    for (&epoch, entry) in &state.epochs {
+        for segment in &entry.segments {
+            assert!(state.segments.contains_key(segment), "epoch {epoch} names deleted segment {segment}");
+        }
+        if let Some(files) = state.index.epoch(epoch) {
+            assert!(phase_is_live(entry.phase), "retired epoch {epoch} still indexed");
+            for extents in files.values() {
+                Index::check_file(extents);
+                for extent in extents.values() {
+                    let info = state.records.get(&extent.record).expect("indexed record missing");
+                    assert_eq!(info.epoch, epoch);
+                }
+            }
+        }
+    }
+}
+
+impl Inner {
+    pub(crate) fn free_bytes(&self, state: &State) -> u64 {
+        let capacity = self.knobs.ssd_bytes_max - self.knobs.segment_bytes_max;
+        capacity.saturating_sub(state.ssd_used_bytes + state.dram_unplaced_bytes + state.reserved_bytes)
+    }
+
+    pub(crate) fn failed(state: &State) -> Result<(), String> {
+        match &state.failed {
+            Some(reason) => Err(reason.clone()),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn fail(&self, state: &mut State, reason: String) {
+        if state.failed.is_none() {
+            tracing::error!(%reason, "store failed; refusing further work");
+            state.failed = Some(reason);
+        }
+        self.space.notify_all();
+        self.commit.notify_all();
+    }
+
+    /// Checks the epoch, the SSD capacity and the stream quota, then reserves `needed` bytes.
+    pub(crate) fn admit_write(&self, stream: StreamKey, epoch: EpochId, needed: u64) -> Result<(), WriteError> {
+        let mut tried_gc = false;
+        loop {
+            let mut state = self.state.lock();
+            if let Some(reason) = &state.failed {
+                return Err(WriteError::Failed(reason.clone()));
+            }
+            let phase = state.epochs.entry(epoch).or_insert_with(EpochEntry::new).phase;
+            if phase != EpochPhase::Open {
+                return Err(WriteError::EpochNotOpen { epoch, phase });
+            }
+            let free = self.free_bytes(&state);
+            if needed > free {
+                let dead = state.ssd_used_bytes
+                    > state.segments.iter().map(|(&id, s)| segment_live_bytes(id, s, &state.epochs)).sum::<u64>();
+                if dead && !tried_gc {
+                    drop(state);
+                    tried_gc = true;
+                    self.gc(false).map_err(WriteError::Failed)?;
+                    continue;
+                }
+                return Err(WriteError::OutOfSpace {
+                    stream,
+                    limit: SpaceLimit::Ssd,
+                    needed_bytes: needed,
+                    free_bytes: free,
+                    limit_bytes: self.knobs.ssd_bytes_max,
+                });
+            }
+            let quota = state.stream_quota.get(&stream).copied().unwrap_or(self.knobs.stream_quota_bytes);
+            let usage = state.stream_usage.get(&stream).copied().unwrap_or(0);
+            if quota > 0 && usage + needed > quota {
+                return Err(WriteError::OutOfSpace {
+                    stream,
+                    limit: SpaceLimit::StreamQuota,
+                    needed_bytes: needed,
+                    free_bytes: quota.saturating_sub(usage),
+                    limit_bytes: quota,
+                });
+            }
+            state.reserved_bytes += needed;
+            *state.stream_usage.entry(stream).or_default() += needed;
+            state.epochs.get_mut(&epoch).expect("epoch just inserted").inflight_writes += 1;
+            return Ok(());
+        }
+    }
+
+    /// Reserves ring space (waiting for the flusher if DRAM is full), copies and checksums the
+    /// payload outside the lock, then publishes the record (sequence, header, index).
+    pub(crate) fn write_piece(
+        &self,
+        stream: StreamKey,
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+        piece: &[u8],
+    ) -> Result<(), WriteError> {
+        let bytes = record_bytes(piece.len() as u64);
+        let deadline = Instant::now() + Duration::from_millis(self.knobs.dram_wait_ms_max);
+        let position = {
+            let mut state = self.state.lock();
+            loop {
+                if let Some(reason) = &state.failed {
+                    return Err(WriteError::Failed(reason.clone()));
+                }
+                if let Some(reservation) = state.ring.reserve(bytes) {
+                    if reservation.padding > 0 {
+                        state.dram.push_back(DramRecord {
+                            position: reservation.position - reservation.padding,
+                            bytes: reservation.padding,
+                            status: DramStatus::Dead,
+                            readers: 0,
+                            sequence: 0,
+                            epoch,
+                            stream,
+                        });
+                    }
+                    state.dram.push_back(DramRecord {
+                        position: reservation.position,
+                        bytes,
+                        status: DramStatus::Writing,
+                        readers: 0,
+                        sequence: 0,
+                        epoch,
+                        stream,
+                    });
+                    state.reserved_bytes -= bytes;
+                    state.dram_unplaced_bytes += bytes;
+                    state.epochs.get_mut(&epoch).expect("admitted epoch vanished").dram_pending += 1;
+                    break reservation.position;
+                }
+                self.flusher.notify_one();
+                if self.space.wait_until(&mut state, deadline).timed_out() {
+                    return Err(WriteError::DramStalled { waited_ms: self.knobs.dram_wait_ms_max });
+                }
+            }
+        };
+        // SAFETY: the range was just reserved by this thread and is not published yet (status
+        // Writing): nobody else reads or writes it, and the tail cannot pass it.
+        let slot = unsafe { self.arena.slice_mut(position, bytes) };
+        let payload_end = HEADER_BYTES + piece.len();
+        slot[HEADER_BYTES..payload_end].copy_from_slice(piece);
+        slot[payload_end..].fill(0);
+
+        let mut state = self.state.lock();
+        let sequence = state.next_sequence;
+        state.next_sequence += 1;
+        let header = RecordHeader {
+            kind: RecordKind::Data,
+            sequence,
+            stream,
+            epoch,
+            file,
+            offset,
+            payload_bytes: piece.len() as u32,
+        };
+        // The record CRC is sealed when the record leaves DRAM (`seal_records`), off the
+        // ingest path; until then bytes 60..64 hold a placeholder no reader looks at.
+        header.encode(0, &mut slot[..HEADER_BYTES]);
+        let at = dram_index(&state, position);
+        let record = &mut state.dram[at];
+        assert_eq!(record.status, DramStatus::Writing);
+        record.status = DramStatus::Ready;
+        record.sequence = sequence;
+        state.records.insert(
+            sequence,
+            RecordInfo { location: Location::Dram { position }, epoch, payload_bytes: piece.len() as u32 },
+        );
+        if !piece.is_empty() {
+            state.index.insert(epoch, file, offset, Extent { record: sequence, skip: 0, length: piece.len() as u64 });
+        }
+        let entry = state.epochs.get_mut(&epoch).expect("admitted epoch vanished");
+        entry.data_records += 1;
+        entry.payload_bytes += piece.len() as u64;
+        entry.record_sequences.push(sequence);
+        *entry.stream_bytes.entry(stream).or_default() += bytes;
+        state.counters.user_payload_bytes += piece.len() as u64;
+        let high = state.ring.capacity() / 100 * self.knobs.dram_high_watermark_percent;
+        if state.ring.used() > high {
+            self.flusher.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Places `bytes` at the end of `stream`'s open segment (rolling to a new one when full).
+    pub(crate) fn place(&self, state: &mut State, stream: StreamKey, bytes: u64, sequence: u64) -> Result<(SegmentId, u64, Arc<dyn SegmentFile>), String> {
+        let current = state.open_segments.get(&stream).copied();
+        let segment_id = match current {
+            Some(id) if state.segments[&id].length + bytes <= self.knobs.segment_bytes_max => id,
+            Some(id) => {
+                state.segments.get_mut(&id).expect("open segment missing").sealed = true;
+                state.open_segments.remove(&stream);
+                self.create_segment(state, stream)?
+            }
+            None => self.create_segment(state, stream)?,
+        };
+        let segment = state.segments.get_mut(&segment_id).expect("placed segment missing");
+        let offset = segment.length;
+        segment.length += bytes;
+        segment.inflight += 1;
+        segment.last_write_sequence = segment.last_write_sequence.max(sequence);
+        let file = segment.file.clone();
+        state.ssd_used_bytes += bytes;
+        Ok((segment_id, offset, file))
+    }
+
+    /// Creates a segment file for `stream`, writes its header record and sets its hint.
+    pub(crate) fn create_segment(&self, state: &mut State, stream: StreamKey) -> Result<SegmentId, String> {
+        let id = SegmentId(state.next_segment);
+        state.next_segment += 1;
+        let name = segment_file_name(id);
+        let io = |what: &str, error: std::io::Error| {
+            format!("{what} segment {id} ({name}) in {}: {error}", self.storage.describe())
+        };
+        let file = self.storage.create(&name).map_err(|e| io("creating", e))?;
+        let sequence = state.next_sequence;
+        state.next_sequence += 1;
+        let header = RecordHeader {
+            kind: RecordKind::SegmentHeader,
+            sequence,
+            stream,
+            epoch: EpochId(0),
+            file: FileId(id.0),
+            offset: 0,
+            payload_bytes: 0,
+        };
+        let bytes = encode_record(&header, &[]);
+        file.write_at(0, &bytes).map_err(|e| io("writing the header of", e))?;
+        match file.set_write_hint(write_hint_for(stream)) {
+            Ok(true) => state.hints = WriteHints::Supported,
+            Ok(false) => {
+                if state.hints == WriteHints::NotTried {
+                    state.hints = WriteHints::Unsupported;
+                }
+            }
+            Err(error) => tracing::warn!(%error, segment = %id, "setting the write-lifetime hint failed"),
+        }
+        self.write_log.write(stream, id, 0, bytes.len() as u64);
+        state.segments.insert(
+            id,
+            Segment {
+                stream,
+                file,
+                length: bytes.len() as u64,
+                inflight: 0,
+                synced_length: 0,
+                dirty: true,
+                sealed: false,
+                epoch_bytes: BTreeMap::new(),
+                tombstones: BTreeMap::new(),
+                last_write_sequence: sequence,
+            },
+        );
+        state.open_segments.insert(stream, id);
+        state.ssd_used_bytes += bytes.len() as u64;
+        state.counters.metadata_bytes += bytes.len() as u64;
+        state.counters.ssd_bytes_written += bytes.len() as u64;
+        state.counters.segments_created += 1;
+        state.directory_dirty = true;
+        Ok(id)
+    }
+
+    /// Appends a metadata record (name, commit, epoch state) to the metadata stream, under the
+    /// lock (they are small). Not durable until the next `sync_dirty`.
+    pub(crate) fn append_meta(
+        &self,
+        state: &mut State,
+        mut header: RecordHeader,
+        payload: &[u8],
+    ) -> Result<(), (SegmentId, std::io::Error)> {
+        header.sequence = state.next_sequence;
+        state.next_sequence += 1;
+        let bytes = encode_record(&header, payload);
+        let length = bytes.len() as u64;
+        let (segment_id, offset, file) = match self.place(state, META_STREAM, length, header.sequence) {
+            Ok(placed) => placed,
+            Err(reason) => {
+                self.fail(state, reason.clone());
+                return Err((SegmentId(0), std::io::Error::other(reason)));
+            }
+        };
+        let result = file.write_at(offset, &bytes);
+        let segment = state.segments.get_mut(&segment_id).expect("meta segment missing");
+        segment.inflight -= 1;
+        segment.dirty = true;
+        if let Err(error) = result {
+            let reason = format!("writing metadata to segment {segment_id} at offset {offset}: {error}");
+            self.fail(state, reason);
+            return Err((segment_id, error));
+        }
+        if header.kind == RecordKind::EpochState {
+            *segment.tombstones.entry(header.epoch).or_default() += length;
+        } else {
+            *segment.epoch_bytes.entry(header.epoch).or_default() += length;
+            state.epochs.entry(header.epoch).or_insert_with(EpochEntry::new).segments.insert(segment_id);
+        }
+        state.counters.metadata_bytes += length;
+        state.counters.ssd_bytes_written += length;
+        self.write_log.write(META_STREAM, segment_id, offset, length);
+        Ok(())
+    }
+
+    /// Moves Ready DRAM records in `scope` to their streams' segments (up to `bytes_max`).
+    /// Returns the bytes moved.
+    pub(crate) fn spill(&self, scope: SpillScope<'_>, bytes_max: u64) -> Result<u64, String> {
+        let mut placed: Vec<Placed> = Vec::new();
+        {
+            let mut state = self.state.lock();
+            Self::failed(&state)?;
+            let mut chosen = Vec::new();
+            let mut total = 0;
+            for record in &state.dram {
+                if total >= bytes_max {
+                    break;
+                }
+                if record.status != DramStatus::Ready {
+                    continue;
+                }
+                if let SpillScope::Epochs(epochs) = &scope {
+                    if !epochs.contains(&record.epoch) {
+                        continue;
+                    }
+                }
+                chosen.push((record.position, record.bytes, record.stream, record.epoch, record.sequence));
+                total += record.bytes;
+            }
+            for (position, bytes, stream, epoch, sequence) in chosen {
+                let (segment, offset, file) = match self.place(&mut state, stream, bytes, sequence) {
+                    Ok(p) => p,
+                    Err(reason) => {
+                        self.fail(&mut state, reason.clone());
+                        return Err(reason);
+                    }
+                };
+                let seg = state.segments.get_mut(&segment).expect("placed segment missing");
+                *seg.epoch_bytes.entry(epoch).or_default() += bytes;
+                state.epochs.get_mut(&epoch).expect("epoch of DRAM record missing").segments.insert(segment);
+                state.dram_unplaced_bytes -= bytes;
+                let at = dram_index(&state, position);
+                state.dram[at].status = DramStatus::Spilling;
+                placed.push(Placed { segment, offset, file, position, bytes, sequence, stream });
+            }
+        }
+        if placed.is_empty() {
+            return Ok(0);
+        }
+        let result = self.write_placed(&placed);
+        let mut state = self.state.lock();
+        let mut moved = 0;
+        for item in &placed {
+            let segment = state.segments.get_mut(&item.segment).expect("segment vanished during spill");
+            segment.inflight -= 1;
+            segment.dirty = true;
+            let at = dram_index(&state, item.position);
+            let epoch = state.dram[at].epoch;
+            state.dram[at].status = DramStatus::Spilled;
+            if let Some(info) = state.records.get_mut(&item.sequence) {
+                info.location = Location::Ssd { segment: item.segment, offset: item.offset };
+            }
+            if let Some(entry) = state.epochs.get_mut(&epoch) {
+                assert!(entry.dram_pending > 0, "epoch {epoch} DRAM pending underflow");
+                entry.dram_pending -= 1;
+            }
+            state.counters.user_bytes_to_ssd += item.bytes;
+            state.counters.ssd_bytes_written += item.bytes;
+            moved += item.bytes;
+        }
+        if let Err(reason) = &result {
+            self.fail(&mut state, reason.clone());
+        }
+        advance_tail(&mut state);
+        #[cfg(feature = "strict_assertions")]
+        check_invariants(&state);
+        drop(state);
+        self.space.notify_all();
+        result.map(|_| moved)
+    }
+
+    /// Computes the record CRC of each placed data record (payload, then header bytes 0..60)
+    /// and writes it into its header in the ring, just before the record goes to SSD.
+    pub(crate) fn seal_records(&self, placed: &[Placed]) {
+        for item in placed {
+            // SAFETY: the record is Spilling: published and held by the ring. Readers only read
+            // payload bytes; the header bytes are touched by nobody but the spiller (us), and
+            // the two views below never overlap in time.
+            let mut header = [0u8; HEADER_BYTES];
+            header.copy_from_slice(unsafe { self.arena.slice(item.position, HEADER_BYTES as u64) });
+            let decoded = RecordHeader::decode(&header).expect("a DRAM record header is corrupt");
+            assert_eq!(decoded.sequence, item.sequence, "ring position and record disagree");
+            let payload_crc = if decoded.payload_bytes == 0 {
+                0
+            } else {
+                crc32c::crc32c(unsafe {
+                    self.arena.slice(item.position + HEADER_BYTES as u64, decoded.payload_bytes as u64)
+                })
+            };
+            let crc = record_crc(&header, payload_crc);
+            unsafe { self.arena.slice_mut(item.position + 60, 4) }.copy_from_slice(&crc.to_le_bytes());
+        }
+    }
+
+    /// Issues the pwrites of placed records, coalescing neighbours in both ring and segment.
+    pub(crate) fn write_placed(&self, placed: &[Placed]) -> Result<(), String> {
+        self.seal_records(placed);
+        const WRITEBACK_CHUNK_BYTES: u64 = 16 << 20;
+        // Per segment: the range written but not yet handed to writeback.
+        let mut unkicked: BTreeMap<SegmentId, (Arc<dyn SegmentFile>, u64, u64)> = BTreeMap::new();
+        let capacity = self.arena.capacity();
+        let mut i = 0;
+        while i < placed.len() {
+            let first = &placed[i];
+            let mut length = first.bytes;
+            let mut j = i + 1;
+            while j < placed.len() {
+                let next = &placed[j];
+                let contiguous = next.segment == first.segment
+                    && next.offset == first.offset + length
+                    && next.position == first.position + length
+                    && (first.position % capacity) + length + next.bytes <= capacity;
+                if !contiguous {
+                    break;
+                }
+                length += next.bytes;
+                j += 1;
+            }
+            // SAFETY: every record in the range is Spilling: published, so nobody writes it,
+            // and the ring tail cannot pass it until we mark it Spilled.
+            let bytes = unsafe { self.arena.slice(first.position, length) };
+            first.file.write_at(first.offset, bytes).map_err(|error| {
+                format!(
+                    "writing {length} bytes to segment {} at offset {} in {}: {error}",
+                    first.segment,
+                    first.offset,
+                    self.storage.describe()
+                )
+            })?;
+            // Start writeback in large chunks as we go, so the commit's fsync finds most of the
+            // data on disk already (a hint; errors surface at fsync).
+            let range = unkicked.entry(first.segment).or_insert((first.file.clone(), first.offset, first.offset));
+            range.1 = range.1.min(first.offset);
+            range.2 = range.2.max(first.offset + length);
+            if range.2 - range.1 >= WRITEBACK_CHUNK_BYTES {
+                let _ = range.0.start_writeback(range.1, range.2 - range.1);
+                range.1 = range.2;
+            }
+            self.write_log.write(first.stream, first.segment, first.offset, length);
+            i = j;
+        }
+        for (file, start, end) in unkicked.into_values() {
+            if end > start {
+                let _ = file.start_writeback(start, end - start);
+            }
+        }
+        Ok(())
+    }
+
+    /// Spills every Ready record and waits until none is Writing or Spilling.
+    pub(crate) fn spill_all(&self) -> Result<(), String> {
+        loop {
+            while self.spill(SpillScope::Oldest, self.knobs.flusher_batch_bytes)? > 0 {}
+            let mut state = self.state.lock();
+            Self::failed(&state)?;
+            let busy = state.dram.iter().any(|r| {
+                matches!(r.status, DramStatus::Writing | DramStatus::Spilling | DramStatus::Ready)
+            });
+            if !busy {
+                return Ok(());
+            }
+            self.space.wait_for(&mut state, Duration::from_millis(20));
+        }
+    }
+
+    /// Marks an epoch drained or deleted: writes the tombstone, drops it from the index, turns
+    /// its DRAM records dead and its segment bytes dead.
+    pub(crate) fn retire(&self, epoch: EpochId, target: EpochPhase) -> Result<(), LifecycleError> {
+        let mut state = self.state.lock();
+        loop {
+            if let Some(reason) = &state.failed {
+                return Err(LifecycleError::Failed(reason.clone()));
+            }
+            let entry = state.epochs.get_mut(&epoch).ok_or(LifecycleError::UnknownEpoch(epoch))?;
+            let allowed = match (entry.phase, target) {
+                (phase, target) if phase == target => return Ok(()),
+                (EpochPhase::Committed | EpochPhase::CommittedInMemory, _) => true,
+                (EpochPhase::Open, EpochPhase::Deleted) => true,
+                _ => false,
+            };
+            if !allowed {
+                return Err(LifecycleError::WrongPhase { epoch, phase: entry.phase, wanted: target });
+            }
+            if entry.inflight_writes == 0 {
+                break;
+            }
+            self.space.wait(&mut state);
+        }
+        let code = if target == EpochPhase::Drained { epoch_state_code::DRAINED } else { epoch_state_code::DELETED };
+        let header = RecordHeader {
+            kind: RecordKind::EpochState,
+            sequence: 0,
+            stream: META_STREAM,
+            epoch,
+            file: FileId(0),
+            offset: code,
+            payload_bytes: 0,
+        };
+        self.append_meta(&mut state, header, &[]).map_err(|(segment, source)| LifecycleError::Io { segment, source })?;
+        let state = &mut *state;
+        let entry = state.epochs.get_mut(&epoch).expect("retired epoch vanished");
+        entry.phase = target;
+        for sequence in std::mem::take(&mut entry.record_sequences) {
+            state.records.remove(&sequence);
+        }
+        for (stream, bytes) in std::mem::take(&mut entry.stream_bytes) {
+            let usage = state.stream_usage.get_mut(&stream).expect("stream usage missing");
+            assert!(*usage >= bytes, "stream {stream} usage underflow");
+            *usage -= bytes;
+        }
+        for record in state.dram.iter_mut() {
+            if record.epoch == epoch && record.status == DramStatus::Ready {
+                record.status = DramStatus::Dead;
+                state.dram_unplaced_bytes -= record.bytes;
+                entry.dram_pending -= 1;
+            }
+        }
+        state.index.remove_epoch(epoch);
+        state.durable_pending.remove(&epoch);
+        state.commit_queue.remove(&epoch);
+        state.gc_wanted = true;
+        advance_tail(state);
+        #[cfg(feature = "strict_assertions")]
+        check_invariants(state);
+        self.flusher.notify_one();
+        self.space.notify_all();
+        Ok(())
+    }
+
+}
+
+
+/// Index of the DRAM record starting at `position` (the deque is sorted by position).
+pub(crate) fn dram_index(state: &State, position: u64) -> usize {
+    state
+        .dram
+        .binary_search_by_key(&position, |r| r.position)
+        .unwrap_or_else(|_| panic!("no DRAM record at position {position}"))
+}
+
+/// Releases ring space held by spilled or dead records at the front.
+pub(crate) fn advance_tail(state: &mut State) {
+    while let Some(front) = state.dram.front() {
+        if !matches!(front.status, DramStatus::Spilled | DramStatus::Dead) || front.readers > 0 {
+            break;
+        }
+        let end = front.position + front.bytes;
+        state.dram.pop_front();
+        state.ring.release_to(end);
+    }
+    if state.dram.is_empty() {
+        state.ring.release_to(state.ring.head());
+    }
+}
+
+// The server shares one store between threads.
+const _: fn() = || {
+    fn check<T: Send + Sync>() {}
+    check::<Store>();
+};

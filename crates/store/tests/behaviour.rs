@@ -1,0 +1,372 @@
+//! Behaviour of the store's public API one feature at a time: queries, streams and segments,
+//! group commit, lifecycle and GC, capacity and quotas, the SSD write log.
+
+mod common;
+
+use spillway_store::{
+    format, Durability, EpochPhase, SimStorage, SpaceLimit, Storage, Store, Tier, WriteError, WRITE_LOG_HEADER,
+};
+use spillway_types::{EpochId, FileId, SegmentId, StreamKey, KIB};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+fn open_sim() -> (Arc<SimStorage>, Store) {
+    let storage = SimStorage::new();
+    let store = Store::open_with(&common::small_knobs(), storage.clone() as Arc<dyn Storage>).unwrap();
+    (storage, store)
+}
+
+/// Stream of each segment file, read from its header record.
+fn segment_streams(storage: &Arc<SimStorage>) -> BTreeMap<String, StreamKey> {
+    let dir = storage.clone() as Arc<dyn Storage>;
+    storage
+        .files()
+        .into_iter()
+        .map(|(name, _)| {
+            let mut header = vec![0u8; format::HEADER_BYTES];
+            dir.open(&name).unwrap().read_at(0, &mut header).unwrap();
+            (name, format::RecordHeader::decode(&header).unwrap().stream)
+        })
+        .collect()
+}
+
+#[test]
+fn queries_answer_epochs_ranges_files_and_byte_ranges() {
+    let (_storage, store) = open_sim();
+    for epoch in 1..=4u64 {
+        for file in 0..3u64 {
+            store.write(StreamKey(1), EpochId(epoch), FileId(file), 0, &[epoch as u8; 1000]).unwrap();
+            store.write(StreamKey(1), EpochId(epoch), FileId(file), 3000, &[9; 500]).unwrap();
+        }
+    }
+    // Overlap: newest write wins, holes read as zeros.
+    store.write(StreamKey(1), EpochId(2), FileId(1), 500, &[7; 1000]).unwrap();
+    let mut back = vec![0xFFu8; 4000];
+    store.read(EpochId(2), FileId(1), 0, &mut back).unwrap();
+    assert!(back[..500].iter().all(|&b| b == 2));
+    assert!(back[500..1500].iter().all(|&b| b == 7));
+    assert!(back[1500..3000].iter().all(|&b| b == 0));
+    assert!(back[3000..3500].iter().all(|&b| b == 9));
+    assert!(back[3500..].iter().all(|&b| b == 0));
+
+    let whole_epoch = store.extents(EpochId(3)..=EpochId(3), None);
+    assert_eq!(whole_epoch.len(), 6);
+    let range = store.extents(EpochId(2)..EpochId(4), None);
+    assert_eq!(range.iter().map(|e| e.epoch).collect::<BTreeSet<_>>(), BTreeSet::from([EpochId(2), EpochId(3)]));
+    // In order: (epoch, file, offset) ascending, so a drain can walk files from offset 0 up.
+    let keys: Vec<_> = range.iter().map(|e| (e.epoch, e.file, e.offset)).collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    assert_eq!(keys, sorted);
+    let one_file = store.extents(EpochId(2)..=EpochId(2), Some(FileId(1)));
+    assert_eq!(one_file.iter().map(|e| (e.offset, e.length)).collect::<Vec<_>>(), vec![(0, 500), (500, 1000), (1500, 0)][..2].iter().copied().chain([(3000, 500)]).collect::<Vec<_>>());
+    assert!(one_file.iter().all(|e| e.tier == Tier::Dram));
+    assert_eq!(store.files(EpochId(1)).unwrap().len(), 3);
+    assert_eq!(store.stat(EpochId(1), FileId(2)).unwrap().size_bytes, 3500);
+    assert!(store.stat(EpochId(1), FileId(9)).is_none());
+}
+
+#[test]
+fn each_stream_gets_its_own_segments() {
+    let (storage, store) = open_sim();
+    for round in 0..40u64 {
+        for stream in 1..=3u64 {
+            let data = common::payload(round * 10 + stream, 3000);
+            store.write(StreamKey(stream), EpochId(round % 4), FileId(stream), round * 3000, &data).unwrap();
+        }
+    }
+    store.sync().unwrap();
+    let streams = segment_streams(&storage);
+    // Every data record in a segment carries the segment's stream.
+    let dir = storage.clone() as Arc<dyn Storage>;
+    let mut seen = BTreeSet::new();
+    for (name, stream) in &streams {
+        let length = storage.files().into_iter().find(|(n, _)| n == name).unwrap().1;
+        let mut image = vec![0u8; length as usize];
+        dir.open(name).unwrap().read_at(0, &mut image).unwrap();
+        let mut at = 0;
+        while at < image.len() {
+            let header = format::RecordHeader::decode(&image[at..]).unwrap();
+            assert_eq!(header.stream, *stream, "segment {name} mixes streams");
+            at += format::record_bytes(header.payload_bytes as u64) as usize;
+        }
+        seen.insert(*stream);
+    }
+    assert!(seen.is_superset(&BTreeSet::from([StreamKey(1), StreamKey(2), StreamKey(3)])));
+    assert_eq!(spillway_store::write_hint_for(StreamKey(1)), 4);
+    assert_ne!(store.stats().write_hints, spillway_store::WriteHints::NotTried);
+}
+
+/// Simulated storage whose fsync takes a while, like a disk, so commits overlap.
+struct SlowSync(Arc<SimStorage>);
+struct SlowFile(Arc<dyn spillway_store::SegmentFile>);
+
+impl spillway_store::SegmentFile for SlowFile {
+    fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.0.write_at(offset, data)
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.0.read_at(offset, buf)
+    }
+    fn sync(&self) -> std::io::Result<()> {
+        std::thread::sleep(std::time::Duration::from_millis(3));
+        self.0.sync()
+    }
+    fn len(&self) -> std::io::Result<u64> {
+        self.0.len()
+    }
+    fn set_len(&self, length: u64) -> std::io::Result<()> {
+        self.0.set_len(length)
+    }
+    fn set_write_hint(&self, hint: u64) -> std::io::Result<bool> {
+        self.0.set_write_hint(hint)
+    }
+}
+
+impl Storage for SlowSync {
+    fn list(&self) -> std::io::Result<Vec<String>> {
+        self.0.list()
+    }
+    fn create(&self, name: &str) -> std::io::Result<Arc<dyn spillway_store::SegmentFile>> {
+        Ok(Arc::new(SlowFile(self.0.create(name)?)))
+    }
+    fn open(&self, name: &str) -> std::io::Result<Arc<dyn spillway_store::SegmentFile>> {
+        Ok(Arc::new(SlowFile(self.0.open(name)?)))
+    }
+    fn remove(&self, name: &str) -> std::io::Result<()> {
+        self.0.remove(name)
+    }
+    fn sync_directory(&self) -> std::io::Result<()> {
+        self.0.sync_directory()
+    }
+    fn describe(&self) -> String {
+        "slow-sync simulated storage".into()
+    }
+}
+
+#[test]
+fn concurrent_commits_share_fsync_rounds() {
+    let storage = Arc::new(SlowSync(SimStorage::new()));
+    let store = Arc::new(Store::open_with(&common::small_knobs(), storage as Arc<dyn Storage>).unwrap());
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                for i in 0..10u64 {
+                    let epoch = EpochId(t * 100 + i);
+                    store.write(StreamKey(t), epoch, FileId(0), 0, &common::payload(t * 100 + i, 2000)).unwrap();
+                    store.commit(epoch, Durability::Ssd).unwrap();
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    let stats = store.stats();
+    assert_eq!(stats.commits, 80);
+    // Eight threads committing against a 3 ms fsync: rounds must have been shared.
+    assert!(stats.commit_rounds < stats.commits, "{} rounds for {} commits", stats.commit_rounds, stats.commits);
+    eprintln!("80 commits from 8 threads took {} rounds and {} fsyncs", stats.commit_rounds, stats.fsyncs);
+    // Writes after commit are refused; commit is idempotent.
+    let error = store.write(StreamKey(0), EpochId(0), FileId(0), 0, b"late").unwrap_err();
+    assert!(matches!(error, WriteError::EpochNotOpen { phase: EpochPhase::Committed, .. }), "{error}");
+    store.commit(EpochId(0), Durability::Ssd).unwrap();
+}
+
+#[test]
+fn memory_commits_become_durable_in_the_background() {
+    let (storage, store) = open_sim();
+    store.write(StreamKey(1), EpochId(1), FileId(0), 0, &common::payload(1, 5000)).unwrap();
+    store.commit(EpochId(1), Durability::Memory).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while store.epochs()[0].phase != EpochPhase::Committed {
+        assert!(std::time::Instant::now() < deadline, "the flusher never made the epoch durable");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let image = storage.crash_image(spillway_store::CrashPlan { torn_write_bytes: None, keep_older_unsynced: false });
+    drop(store);
+    let store = Store::open_with(&common::small_knobs(), image as Arc<dyn Storage>).unwrap();
+    let mut back = vec![0u8; 5000];
+    store.read(EpochId(1), FileId(0), 0, &mut back).unwrap();
+    assert_eq!(back, common::payload(1, 5000));
+}
+
+#[test]
+fn drained_epochs_free_whole_segments_and_compaction_counts_its_bytes() {
+    let (storage, store) = open_sim();
+    // Interleave a long-lived and a short-lived epoch on one stream so segments end up mixed.
+    for i in 0..60u64 {
+        let epoch = if i % 4 == 0 { EpochId(1) } else { EpochId(2) };
+        store.write(StreamKey(1), epoch, FileId(0), i * 4000, &common::payload(i, 4000)).unwrap();
+    }
+    // Spill in arrival order (as the flusher does under pressure), so segments mix both epochs.
+    store.sync().unwrap();
+    store.commit(EpochId(1), Durability::Ssd).unwrap();
+    store.commit(EpochId(2), Durability::Ssd).unwrap();
+    let before = store.stats();
+    store.mark_drained(EpochId(2)).unwrap();
+    assert!(store.read(EpochId(2), FileId(0), 0, &mut [0u8; 10]).is_err());
+    let report = store.compact_now().unwrap();
+    let after = store.stats();
+    eprintln!("{report:?}; WAF {:.3}", after.host_write_amplification);
+    assert!(report.segments_compacted > 0 && report.bytes_copied > 0);
+    assert!(report.segments_deleted > 0);
+    assert!(after.ssd_used_bytes < before.ssd_used_bytes);
+    assert_eq!(after.compaction_bytes, report.bytes_copied);
+    assert!(after.host_write_amplification > 1.0);
+    assert!(storage.files().len() < before.segments as usize);
+    for i in (0..60u64).step_by(4) {
+        let mut back = vec![0u8; 4000];
+        store.read(EpochId(1), FileId(0), i * 4000, &mut back).unwrap();
+        assert_eq!(back, common::payload(i, 4000), "epoch 1 data at {} after compaction", i * 4000);
+    }
+    // Restart: compaction copies are found again.
+    store.close().unwrap();
+    let store = Store::open_with(&common::small_knobs(), storage.clone() as Arc<dyn Storage>).unwrap();
+    let phases: Vec<_> = store.epochs().into_iter().map(|e| (e.epoch, e.phase)).collect();
+    assert_eq!(phases, vec![(EpochId(1), EpochPhase::Committed), (EpochId(2), EpochPhase::Drained)]);
+    let mut back = vec![0u8; 4000];
+    store.read(EpochId(1), FileId(0), 8 * 4000, &mut back).unwrap();
+    assert_eq!(back, common::payload(8, 4000));
+}
+
+#[test]
+fn out_of_space_names_the_limit_and_writes_nothing() {
+    let knobs = spillway_config::StoreKnobs { ssd_bytes_max: 512 * KIB, ..common::small_knobs() };
+    let storage = SimStorage::new();
+    let store = Store::open_with(&knobs, storage as Arc<dyn Storage>).unwrap();
+    store.write(StreamKey(1), EpochId(1), FileId(0), 0, &vec![1u8; 300 * 1024]).unwrap();
+    store.commit(EpochId(1), Durability::Ssd).unwrap();
+    let free = store.free_bytes();
+    let error = store.write(StreamKey(1), EpochId(2), FileId(0), 0, &vec![2u8; 200 * 1024]).unwrap_err();
+    let message = error.to_string();
+    match error {
+        WriteError::OutOfSpace { stream, limit, free_bytes, .. } => {
+            assert_eq!((stream, limit), (StreamKey(1), SpaceLimit::Ssd));
+            assert_eq!(free_bytes, free);
+        }
+        other => panic!("wrong error {other}"),
+    }
+    assert!(message.contains("ssd_bytes_max") && message.contains("stream 1"), "{message}");
+    assert!(store.stat(EpochId(2), FileId(0)).is_none(), "a failed write left data behind");
+    // Committed data untouched; once epoch 1 drains the space comes back.
+    let mut back = vec![0u8; 300 * 1024];
+    store.read(EpochId(1), FileId(0), 0, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 1));
+    store.mark_drained(EpochId(1)).unwrap();
+    assert!(store.wait_for_space(200 * 1024 + 1024, std::time::Duration::from_secs(10)));
+    store.write(StreamKey(1), EpochId(2), FileId(0), 0, &vec![2u8; 200 * 1024]).unwrap();
+}
+
+#[test]
+fn stream_quota_is_enforced_per_stream() {
+    let (_storage, store) = open_sim();
+    store.set_stream_quota(StreamKey(7), Some(20 * KIB));
+    store.write(StreamKey(7), EpochId(1), FileId(0), 0, &[1; 10_000]).unwrap();
+    let error = store.write(StreamKey(7), EpochId(1), FileId(0), 10_000, &[1; 15_000]).unwrap_err();
+    assert!(
+        matches!(error, WriteError::OutOfSpace { stream: StreamKey(7), limit: SpaceLimit::StreamQuota, limit_bytes: 20480, .. }),
+        "{error}"
+    );
+    // Other streams are not affected.
+    store.write(StreamKey(8), EpochId(1), FileId(1), 0, &[1; 30_000]).unwrap();
+    assert_eq!(store.stream_usage_bytes(StreamKey(7)), format::record_bytes(10_000));
+    store.delete_epoch(EpochId(1)).unwrap();
+    assert_eq!(store.stream_usage_bytes(StreamKey(7)), 0);
+    store.write(StreamKey(7), EpochId(2), FileId(0), 0, &[1; 15_000]).unwrap();
+}
+
+#[test]
+fn ssd_write_log_lists_appends_and_deletions() {
+    let temp = tempfile::tempdir().unwrap();
+    let log_path = temp.path().join("writes.log");
+    let knobs = spillway_config::StoreKnobs {
+        ssd_directory: temp.path().join("ssd").display().to_string(),
+        ssd_write_log_path: log_path.display().to_string(),
+        ..common::small_knobs()
+    };
+    let store = Store::open(&knobs).unwrap();
+    for epoch in 1..=3u64 {
+        store.write(StreamKey(epoch), EpochId(epoch), FileId(0), 0, &common::payload(epoch, 100_000)).unwrap();
+        store.commit(EpochId(epoch), Durability::Ssd).unwrap();
+    }
+    store.mark_drained(EpochId(1)).unwrap();
+    store.gc().unwrap();
+    let stats = store.stats();
+    store.close().unwrap();
+    let text = std::fs::read_to_string(&log_path).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some(WRITE_LOG_HEADER));
+    let (mut written, mut deleted) = (0u64, 0u64);
+    let mut live: BTreeMap<u64, u64> = BTreeMap::new();
+    for line in lines {
+        let parts: Vec<&str> = line.split(' ').collect();
+        match parts.as_slice() {
+            ["write", _stream, segment, offset, length] => {
+                let (segment, offset, length): (u64, u64, u64) =
+                    (segment.parse().unwrap(), offset.parse().unwrap(), length.parse().unwrap());
+                let end = live.entry(segment).or_default();
+                assert_eq!(*end, offset, "appends to segment {segment} are sequential");
+                *end += length;
+                written += length;
+            }
+            ["delete", segment, length] => {
+                let segment: u64 = segment.parse().unwrap();
+                assert_eq!(live.remove(&segment), Some(length.parse().unwrap()), "delete length of {segment}");
+                deleted += 1;
+            }
+            other => panic!("unexpected line {other:?}"),
+        }
+    }
+    assert_eq!(written, stats.ssd_bytes_written);
+    assert!(deleted > 0);
+    assert_eq!(deleted, stats.segments_deleted);
+    let _ = SegmentId(0);
+}
+
+#[test]
+fn concurrent_writers_and_readers_see_their_bytes_while_dram_spills() {
+    let (_storage, store) = open_sim();
+    let store = Arc::new(store);
+    let threads: Vec<_> = (0..3u64)
+        .map(|t| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let epoch = EpochId(t + 1);
+                for i in 0..150u64 {
+                    store.write(StreamKey(t), epoch, FileId(0), i * 3000, &common::payload(t * 1000 + i, 3000)).unwrap();
+                    // Read back an earlier piece: it may be in DRAM, being spilled, or on SSD.
+                    let j = (i * 7919) % (i + 1);
+                    let mut back = vec![0u8; 3000];
+                    store.read(epoch, FileId(0), j * 3000, &mut back).unwrap();
+                    assert_eq!(back, common::payload(t * 1000 + j, 3000), "thread {t} piece {j} after write {i}");
+                }
+                store.commit(epoch, Durability::Ssd).unwrap();
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    let stats = store.stats();
+    assert!(stats.user_bytes_to_ssd > 0, "DRAM never spilled: the test did not exercise both tiers");
+    store.check_invariants();
+}
+
+#[test]
+fn a_directory_is_owned_by_one_store_at_a_time() {
+    let temp = tempfile::tempdir().unwrap();
+    let knobs = spillway_config::StoreKnobs {
+        ssd_directory: temp.path().join("ssd").display().to_string(),
+        ..common::small_knobs()
+    };
+    let first = Store::open(&knobs).unwrap();
+    let error = match Store::open(&knobs) {
+        Ok(_) => panic!("a second store opened a directory in use"),
+        Err(error) => error.to_string(),
+    };
+    assert!(error.contains("in use by another store"), "{error}");
+    first.close().unwrap();
+    Store::open(&knobs).unwrap().close().unwrap();
+}
