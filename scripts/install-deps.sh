@@ -6,6 +6,8 @@ set -euo pipefail
 packages=(
     python3-venv        # the Python tooling's virtual environment (pyenv Pythons carry venv already)
     gcc                 # the C example of the C ABI is compiled and run by the tests
+    g++                 # ...and the header is checked to compile as C++
+    binutils            # nm: the library exports exactly the header's functions
     pkg-config          # checks the installed spillway.pc
     memcached           # `spillway bench ingress` baseline
     libmemcached-tools  # memcaslap, the baseline's load generator
