@@ -3,11 +3,15 @@
 //! IOR-style IOPS (4 KiB random transfers) and MDTest-style metadata rates (create, stat,
 //! remove) — at rising concurrency (1, 2, 4, … threads).
 //!
-//! The target is a directory: a plain directory today; a Spillway FUSE mount is also a
-//! directory, so the same command measures it once the mount exists. A native-client target
-//! (bypassing the kernel) comes with the client. Every phase is bounded in bytes, operations and
-//! seconds so the default run finishes in well under a minute. `--json` output is what
-//! `spillway characterize --peaks` reads.
+//! Two kinds of target, one table and one JSON shape:
+//! - `--target DIR`: a directory (a plain directory, or a Spillway FUSE mount once it exists);
+//! - `--servers HOST:PORT,…`: a Spillway reservation's servers, driven through the native client
+//!   library (no kernel in the path), one `Client` per thread ([`native`]).
+//!
+//! Every phase is bounded in bytes, operations and seconds so the default run finishes in well
+//! under a minute. `--json` output is what `spillway characterize --peaks` reads.
+
+mod native;
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -22,13 +26,25 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 use serde_json::json;
+use spillway_proto::Endpoint;
 
 #[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["target", "servers"])))]
 pub struct Args {
     /// Directory to measure (created if missing; the benchmark works in a fresh subdirectory it
-    /// removes afterwards).
-    #[arg(long)]
-    pub target: PathBuf,
+    /// removes afterwards). A Spillway FUSE mount is measured this way.
+    #[arg(long, conflicts_with = "servers")]
+    pub target: Option<PathBuf>,
+    /// Measure a Spillway reservation through the native client instead: its servers, in the
+    /// reservation's order, as HOST:PORT (or tcp://HOST:PORT, unix:///PATH), comma-separated.
+    /// Until the manager that hands out reservations exists, this is the list of `spillway
+    /// serve` endpoints. The benchmark uses fresh epochs and deletes them afterwards.
+    #[arg(long, value_delimiter = ',', value_parser = parse_endpoint)]
+    pub servers: Vec<Endpoint>,
+    /// Native target: durability of the bandwidth phase's commit (ssd, memory, or server for the
+    /// servers' configured default).
+    #[arg(long, value_enum, default_value_t = CommitDurability::Server)]
+    pub commit_durability: CommitDurability,
     /// Highest thread count; the levels are 1, 2, 4, … up to this.
     #[arg(long, default_value_t = 4)]
     pub threads_max: usize,
@@ -48,7 +64,8 @@ pub struct Args {
     #[arg(long, default_value_t = 1.0)]
     pub phase_seconds: f64,
     /// IOPS phase: fdatasync after every small write (IOR's fsyncPerWrite), so writes reach the
-    /// device instead of the page cache.
+    /// device instead of the page cache. Native target: wait for each write's acknowledgement
+    /// (no pipelining); durability only comes with an epoch's commit.
     #[arg(long)]
     pub sync_small_writes: bool,
     /// Print one JSON object instead of a table.
@@ -69,7 +86,32 @@ pub struct Level {
     pub read_iops: f64,
     pub create_per_second: f64,
     pub stat_per_second: f64,
+    /// Entries listed per second (directory: `readdir` of the thread's directory; native:
+    /// `list_files` of the thread's epoch), repeated until the phase's time is up.
+    pub list_entries_per_second: f64,
     pub remove_per_second: f64,
+}
+
+/// `--commit-durability` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CommitDurability {
+    Ssd,
+    Memory,
+    Server,
+}
+
+impl CommitDurability {
+    fn protocol(self) -> spillway_proto::Durability {
+        match self {
+            CommitDurability::Ssd => spillway_proto::Durability::Ssd,
+            CommitDurability::Memory => spillway_proto::Durability::Memory,
+            CommitDurability::Server => spillway_proto::Durability::ServerDefault,
+        }
+    }
+}
+
+fn parse_endpoint(text: &str) -> Result<Endpoint, String> {
+    text.trim().parse()
 }
 
 /// Amount done by one thread in one phase and the time it took.
@@ -243,6 +285,24 @@ impl Phase<'_> {
         let count = self.args.metadata_files_per_thread;
         let started = Instant::now();
         let mut done = 0u64;
+        if step == MetadataStep::List {
+            // At least one listing; more while the phase's time lasts.
+            loop {
+                for entry in std::fs::read_dir(&directory)
+                    .with_context(|| format!("listing {}", directory.display()))?
+                {
+                    entry.with_context(|| format!("listing {}", directory.display()))?;
+                    done += 1;
+                }
+                if started.elapsed() >= self.deadline || done == 0 {
+                    break;
+                }
+            }
+            return Ok(Work {
+                units: done,
+                seconds: started.elapsed().as_secs_f64(),
+            });
+        }
         for index in 0..count {
             let path = directory.join(format!("f{index}"));
             let result = match step {
@@ -253,6 +313,7 @@ impl Phase<'_> {
                     .map(drop),
                 MetadataStep::Stat => std::fs::metadata(&path).map(drop),
                 MetadataStep::Remove => std::fs::remove_file(&path),
+                MetadataStep::List => unreachable!("listing is handled above"),
             };
             match result {
                 Ok(()) => done += 1,
@@ -282,6 +343,7 @@ impl Phase<'_> {
 enum MetadataStep {
     Create,
     Stat,
+    List,
     Remove,
 }
 
@@ -303,6 +365,8 @@ fn measure_level(phase: &Phase, threads: usize) -> anyhow::Result<Level> {
     })?);
     level.stat_per_second =
         aggregate(&phase.parallel(threads, |thread| phase.metadata(thread, MetadataStep::Stat))?);
+    level.list_entries_per_second =
+        aggregate(&phase.parallel(threads, |thread| phase.metadata(thread, MetadataStep::List))?);
     level.remove_per_second = aggregate(&phase.parallel(threads, |thread| {
         phase.metadata(thread, MetadataStep::Remove)
     })?);
@@ -333,8 +397,29 @@ pub fn peaks_of(levels: &[Level]) -> spillway_sim::Peaks {
 
 const THREADS_LIMIT: usize = 256;
 
-/// Validates the flags and measures every level; the work directory is removed afterwards.
+/// Validates the flags and measures every level of the chosen target; whatever the benchmark
+/// created (work directory, epochs) is removed afterwards.
 pub fn measure(args: &Args) -> anyhow::Result<(Vec<Level>, spillway_sim::Peaks)> {
+    validate(args)?;
+    let levels = match &args.target {
+        Some(target) => measure_directory(args, target)?,
+        None => native::measure(args)?,
+    };
+    let peaks = peaks_of(&levels);
+    Ok((levels, peaks))
+}
+
+/// The concurrency levels: 1, 2, 4, … up to `--threads-max`.
+fn thread_levels(threads_max: usize) -> Vec<usize> {
+    std::iter::successors(Some(1usize), |threads| threads.checked_mul(2))
+        .take_while(|&threads| threads <= threads_max)
+        .collect()
+}
+
+fn validate(args: &Args) -> anyhow::Result<()> {
+    if args.target.is_some() != args.servers.is_empty() {
+        bail!("give exactly one of --target DIR and --servers HOST:PORT[,HOST:PORT…]");
+    }
     if args.threads_max == 0 || args.threads_max > THREADS_LIMIT {
         bail!(
             "--threads-max must be between 1 and {THREADS_LIMIT} (got {})",
@@ -346,6 +431,9 @@ pub fn measure(args: &Args) -> anyhow::Result<(Vec<Level>, spillway_sim::Peaks)>
             "--transfer-kib, --file-mib-per-thread and --small-transfer-bytes must be at least 1"
         );
     }
+    if args.metadata_files_per_thread == 0 {
+        bail!("--metadata-files-per-thread must be at least 1");
+    }
     if (args.file_mib_per_thread << 20) < args.small_transfer_bytes {
         bail!("--file-mib-per-thread must hold at least one --small-transfer-bytes transfer");
     }
@@ -355,39 +443,66 @@ pub fn measure(args: &Args) -> anyhow::Result<(Vec<Level>, spillway_sim::Peaks)>
             args.phase_seconds
         );
     }
-    std::fs::create_dir_all(&args.target)
-        .with_context(|| format!("creating target {}", args.target.display()))?;
+    if !args.servers.is_empty() && args.small_transfer_bytes > u32::MAX as u64 {
+        bail!(
+            "--small-transfer-bytes must fit one request (at most {} bytes)",
+            u32::MAX
+        );
+    }
+    Ok(())
+}
+
+fn measure_directory(args: &Args, target: &Path) -> anyhow::Result<Vec<Level>> {
+    std::fs::create_dir_all(target)
+        .with_context(|| format!("creating target {}", target.display()))?;
     let work = tempfile::Builder::new()
         .prefix("spillway-peaks.")
-        .tempdir_in(&args.target)
-        .with_context(|| format!("creating a work directory in {}", args.target.display()))?;
+        .tempdir_in(target)
+        .with_context(|| format!("creating a work directory in {}", target.display()))?;
     let phase = Phase {
         directory: work.path(),
         args,
         deadline: Duration::from_secs_f64(args.phase_seconds),
     };
-    let mut levels = Vec::new();
-    let mut threads = 1;
-    while threads <= args.threads_max {
-        levels.push(measure_level(&phase, threads)?);
-        threads *= 2;
-    }
+    let levels = thread_levels(args.threads_max)
+        .into_iter()
+        .map(|threads| measure_level(&phase, threads))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     work.close()
-        .with_context(|| format!("removing the work directory in {}", args.target.display()))?;
-    Ok((levels.clone(), peaks_of(&levels)))
+        .with_context(|| format!("removing the work directory in {}", target.display()))?;
+    Ok(levels)
 }
+
+/// How the target is named in the output: the directory, or the server list.
+fn target_description(args: &Args) -> (String, &'static str) {
+    match &args.target {
+        Some(target) => (target.display().to_string(), "directory"),
+        None => (
+            args.servers
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+            "spillway",
+        ),
+    }
+}
+
+const DIRECTORY_NOTE: &str = "peaks = best level's mean of read and write (bandwidth, IOPS) and of create, stat, remove (metadata); reads may be served from the page cache when posix_fadvise cannot drop it";
+const NATIVE_NOTE: &str = "peaks = best level's mean of read and write (bandwidth, IOPS) and of create, stat, remove (metadata); native client, one Client per thread; create = create_file, stat = open_file + file_size (lookup by name), list = list_files, remove = delete_epoch of one-file epochs prepared untimed (the API's only remove; rate per delete request)";
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let (levels, peaks) = measure(&args)?;
+    let (target, target_kind) = target_description(&args);
     let output = json!({
-        "target": args.target.display().to_string(),
-        "target_kind": "directory",
+        "target": target,
+        "target_kind": target_kind,
         "transfer_bytes": args.transfer_kib << 10,
         "small_transfer_bytes": args.small_transfer_bytes,
         "file_bytes_per_thread": args.file_mib_per_thread << 20,
         "levels": levels,
         "peaks": peaks,
-        "note": "peaks = best level's mean of read and write (bandwidth, IOPS) and of create, stat, remove (metadata); reads may be served from the page cache when posix_fadvise cannot drop it",
+        "note": if args.target.is_some() { DIRECTORY_NOTE } else { NATIVE_NOTE },
     });
     if let Some(path) = &args.output {
         std::fs::write(path, serde_json::to_string_pretty(&output)?)
@@ -398,9 +513,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     const MIB: f64 = 1024.0 * 1024.0;
-    println!("target {} (directory)", args.target.display());
+    println!("target {target} ({target_kind})");
     println!(
-        "{:>7} {:>12} {:>12} {:>11} {:>11} {:>11} {:>11} {:>11}",
+        "{:>7} {:>12} {:>12} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}",
         "threads",
         "write MiB/s",
         "read MiB/s",
@@ -408,11 +523,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "read IOPS",
         "create/s",
         "stat/s",
+        "listed/s",
         "remove/s"
     );
     for level in &levels {
         println!(
-            "{:>7} {:>12.0} {:>12.0} {:>11.0} {:>11.0} {:>11.0} {:>11.0} {:>11.0}",
+            "{:>7} {:>12.0} {:>12.0} {:>11.0} {:>11.0} {:>11.0} {:>11.0} {:>11.0} {:>11.0}",
             level.threads,
             level.write_bytes_per_second / MIB,
             level.read_bytes_per_second / MIB,
@@ -420,6 +536,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             level.read_iops,
             level.create_per_second,
             level.stat_per_second,
+            level.list_entries_per_second,
             level.remove_per_second
         );
     }
@@ -439,7 +556,9 @@ mod tests {
 
     fn tiny(target: PathBuf) -> Args {
         Args {
-            target,
+            target: Some(target),
+            servers: Vec::new(),
+            commit_durability: CommitDurability::Server,
             threads_max: 2,
             file_mib_per_thread: 1,
             transfer_kib: 256,
@@ -468,6 +587,7 @@ mod tests {
                 level.read_iops,
                 level.create_per_second,
                 level.stat_per_second,
+                level.list_entries_per_second,
                 level.remove_per_second,
             ] {
                 assert!(rate > 0.0 && rate.is_finite(), "{level:?}");
@@ -495,6 +615,7 @@ mod tests {
             read_iops: iops,
             create_per_second: metadata / 2.0,
             stat_per_second: metadata,
+            list_entries_per_second: 1e9,
             remove_per_second: metadata * 1.5,
         };
         let peaks = peaks_of(&[level(1, 10.0, 500.0, 30.0), level(2, 20.0, 400.0, 60.0)]);
