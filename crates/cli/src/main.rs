@@ -3,11 +3,13 @@
 
 use clap::{Parser, Subcommand};
 
+mod bench_egress;
 mod bench_ingress;
 mod bench_peaks;
 mod bench_store;
 mod characterize;
 mod demo;
+mod drain;
 mod ftl;
 mod serve;
 mod sim;
@@ -25,6 +27,8 @@ enum Command {
     Demo(demo::Args),
     /// Run a burst buffer server owning one store.
     Serve(serve::Args),
+    /// Drain epochs to the PFS: start, wait, status.
+    Drain(drain::Args),
     /// Benchmarks: each measures its baselines in the same run and reports ratios.
     #[command(subcommand)]
     Bench(Bench),
@@ -46,6 +50,8 @@ enum Bench {
     Ingress(bench_ingress::Args),
     /// Peak bandwidth, IOPS and metadata rate of a target with rising concurrency.
     Peaks(bench_peaks::Args),
+    /// Drain to the PFS: naive against coordinated shuffling, sequential-write baseline.
+    Egress(bench_egress::Args),
 }
 
 fn main() {
@@ -53,14 +59,20 @@ fn main() {
     let result = match cli.command {
         Command::Demo(args) => demo::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Drain(args) => drain::run(args),
         Command::Bench(Bench::Store(args)) => bench_store::run(args),
         Command::Bench(Bench::Ingress(args)) => bench_ingress::run(args),
         Command::Bench(Bench::Peaks(args)) => bench_peaks::run(args),
+        Command::Bench(Bench::Egress(args)) => bench_egress::run(args),
         Command::Ftl(args) => ftl::run(args),
         Command::Sim(args) => sim::run(args),
         Command::Characterize(args) => characterize::run(args),
         Command::ConfigDoc => {
-            print!("{}", spillway_config::Config::reference_markdown());
+            // The daemon's sections plus the simulators' (which the config crate cannot name
+            // without depending on them).
+            let mut knobs = spillway_config::Config::describe();
+            knobs.extend(spillway_ftl::FtlKnobs::describe());
+            print!("{}", spillway_config::render_reference(&knobs));
             Ok(())
         }
     };

@@ -50,6 +50,21 @@ pub struct Args {
     /// Log as JSON lines instead of text.
     #[arg(long)]
     log_json: bool,
+    /// PFS directory to drain committed epochs to (drain.pfs_directory); enables the drain.
+    #[arg(long)]
+    pfs_dir: Option<String>,
+    /// The reservation's servers in client order, comma-separated (drain.peers).
+    #[arg(long)]
+    drain_peers: Option<String>,
+    /// This server's position in --drain-peers (drain.self_index).
+    #[arg(long)]
+    drain_self_index: Option<u32>,
+    /// Queue every committed epoch for draining (drain.drain_after_commit).
+    #[arg(long)]
+    drain_after_commit: bool,
+    /// shuffled or naive (drain.mode).
+    #[arg(long)]
+    drain_mode: Option<String>,
 }
 
 /// `4096`, `64K`, `512M`, `2G`, `1T` (binary units).
@@ -128,6 +143,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(name) = args.name {
         config.server.server_name = name;
     }
+    if let Some(dir) = args.pfs_dir {
+        config.drain.pfs_directory = dir;
+    }
+    if let Some(peers) = args.drain_peers {
+        config.drain.peers = peers;
+    }
+    if let Some(index) = args.drain_self_index {
+        config.drain.self_index = index;
+    }
+    if args.drain_after_commit {
+        config.drain.drain_after_commit = true;
+    }
+    if let Some(mode) = args.drain_mode {
+        config.drain.mode = mode;
+    }
     config.validate()?;
 
     let mut endpoints = Vec::new();
@@ -144,6 +174,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("opening the store in {}", config.store.ssd_directory))?;
     let backend = Arc::new(StoreBackend::new(store));
     let server = Server::bind(ServerOptions::from_knobs(&config.server), backend.clone(), &endpoints, config.server.insecure_tcp)?;
+    let drainer = start_drainer(&config, &server, backend.clone())?;
     install_signal_handlers();
     let handle = server.shutdown_handle();
     let watcher = std::thread::spawn(move || {
@@ -162,12 +193,65 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let result = server.run();
     STOP.store(true, Ordering::SeqCst);
     let _ = watcher.join();
+    if let Some(drainer) = drainer {
+        drainer.stop(); // an unfinished drain resumes from the journal at the next start
+        drop(drainer);
+    }
     result?;
     match Arc::try_unwrap(backend) {
         Ok(backend) => backend.into_store().close().context("closing the store")?,
         Err(_) => tracing::warn!("store still referenced at exit; it was synced but not closed"),
     }
     Ok(())
+}
+
+/// Starts the drain to the PFS if `drain.pfs_directory` is set, and attaches it to the server.
+fn start_drainer(
+    config: &Config,
+    server: &Server,
+    backend: Arc<StoreBackend>,
+) -> anyhow::Result<Option<Arc<spillway_drain::Drainer>>> {
+    let knobs = &config.drain;
+    if knobs.pfs_directory.is_empty() {
+        return Ok(None);
+    }
+    let mut peers = Vec::new();
+    for text in knobs.peers.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        peers.push(text.parse::<Endpoint>().map_err(|e| anyhow::anyhow!("drain.peers entry {text:?}: {e}"))?);
+    }
+    let self_index = if peers.is_empty() {
+        peers.push(server.endpoints().into_iter().next().context("the server has no endpoint to drain through")?);
+        0
+    } else {
+        knobs.self_index as usize
+    };
+    let options = spillway_drain::DrainerOptions {
+        peers,
+        self_index,
+        stripe_bytes: knobs.stripe_bytes,
+        write_bytes_max: knobs.write_bytes_max,
+        default_mode: knobs.mode.parse().map_err(|e: String| anyhow::anyhow!("drain.mode: {e}"))?,
+        drain_after_commit: knobs.drain_after_commit,
+        ingest_bandwidth_share: knobs.ingest_bandwidth_share,
+        retry_backoff_min: Duration::from_millis(knobs.retry_backoff_ms_min),
+        retry_backoff_max: Duration::from_millis(knobs.retry_backoff_ms_max),
+        queued_epochs_max: knobs.queued_epochs_max as usize,
+        server_name: config.server.server_name.clone(),
+    };
+    let pfs = Arc::new(spillway_drain::PosixPfs::new(&knobs.pfs_directory));
+    let drainer = Arc::new(
+        spillway_drain::Drainer::start(
+            options,
+            backend,
+            pfs,
+            std::path::Path::new(&config.store.ssd_directory),
+            Some(server.ingest_probe()),
+        )
+        .context("starting the drain")?,
+    );
+    server.attach_drain(drainer.clone());
+    tracing::info!(pfs = %knobs.pfs_directory, "draining committed epochs to the PFS");
+    Ok(Some(drainer))
 }
 
 #[cfg(test)]

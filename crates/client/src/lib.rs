@@ -17,7 +17,7 @@ pub mod placement;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use spillway_proto::{Durability, Endpoint, EpochInfo, EpochState, ErrorCode, Extent, FileInfo, Request, Response, ServerStatus};
+use spillway_proto::{DrainInfo, Durability, Endpoint, EpochInfo, EpochState, ErrorCode, Extent, FileInfo, Request, Response, ServerStatus};
 use spillway_types::{EpochId, FileId};
 
 pub use connection::ServerConnection;
@@ -103,6 +103,21 @@ pub struct FileHandle {
     pub name: String,
     /// `ids[s]` is the file's id on server `s`, if that server has it.
     ids: Vec<Option<FileId>>,
+    /// Set when the epoch was drained and freed in the burst buffer: reads come from this PFS
+    /// copy instead (see [`Client::set_pfs_fallback`]).
+    pfs_copy: Option<std::path::PathBuf>,
+}
+
+impl FileHandle {
+    /// Indices (in the reservation's server list) of the servers that have this file.
+    pub fn servers(&self) -> Vec<usize> {
+        self.ids.iter().enumerate().filter_map(|(s, id)| id.map(|_| s)).collect()
+    }
+
+    /// The PFS copy reads are served from, if the epoch is no longer in the burst buffer.
+    pub fn pfs_copy(&self) -> Option<&std::path::Path> {
+        self.pfs_copy.as_deref()
+    }
 }
 
 /// An epoch as seen over all servers of the reservation.
@@ -121,6 +136,8 @@ pub struct Client {
     options: ClientOptions,
     /// Servers this client wrote to, per epoch (they must all commit it).
     touched: HashMap<EpochId, BTreeSet<usize>>,
+    /// PFS directory drained epochs are found in (`<dir>/epoch-<E>/<name>`), if set.
+    pfs_directory: Option<std::path::PathBuf>,
 }
 
 impl Client {
@@ -136,7 +153,7 @@ impl Client {
             .iter()
             .map(|e| ServerConnection::connect(e, &options.client_name, options.window))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Client { servers, options, touched: HashMap::new() })
+        Ok(Client { servers, options, touched: HashMap::new(), pfs_directory: None })
     }
 
     pub fn server_count(&self) -> usize {
@@ -171,11 +188,24 @@ impl Client {
             }
             self.touched.entry(epoch).or_default().insert(server);
         }
-        Ok(FileHandle { epoch, name: name.to_string(), ids })
+        Ok(FileHandle { epoch, name: name.to_string(), ids, pfs_copy: None })
     }
 
     /// Opens an existing file for reading: asks every server, keeps those that have it.
     pub fn open_file(&mut self, epoch: EpochId, name: &str) -> Result<FileHandle, ClientError> {
+        // Restart read path: once an epoch is drained its PFS copy is the data (the burst
+        // buffer may have freed the bytes already).
+        if let Some(copy) = self.pfs_path(epoch, name) {
+            if copy.is_file() {
+                let drained = match self.list_epochs()?.into_iter().find(|e| e.epoch == epoch) {
+                    None => true,
+                    Some(summary) => summary.state == EpochState::Drained,
+                };
+                if drained {
+                    return Ok(FileHandle { epoch, name: name.to_string(), ids: vec![None; self.servers.len()], pfs_copy: Some(copy) });
+                }
+            }
+        }
         let mut ids = vec![None; self.servers.len()];
         for (server, connection) in self.servers.iter_mut().enumerate() {
             let request = Request::OpenFile { epoch, name: name.to_string(), create: false };
@@ -189,7 +219,22 @@ impl Client {
         if ids.iter().all(Option::is_none) {
             return Err(ClientError::NoSuchFile { epoch, name: name.to_string() });
         }
-        Ok(FileHandle { epoch, name: name.to_string(), ids })
+        Ok(FileHandle { epoch, name: name.to_string(), ids, pfs_copy: None })
+    }
+
+    /// Where drained epochs are found on the PFS: `open_file` of a file no server has any more
+    /// opens `<directory>/epoch-<E>/<name>` instead, if it exists (the drain's final name).
+    pub fn set_pfs_fallback(&mut self, directory: impl Into<std::path::PathBuf>) {
+        self.pfs_directory = Some(directory.into());
+    }
+
+    fn pfs_path(&self, epoch: EpochId, name: &str) -> Option<std::path::PathBuf> {
+        let dir = self.pfs_directory.as_ref()?;
+        let relative = std::path::Path::new(name);
+        if relative.is_absolute() || relative.components().any(|c| !matches!(c, std::path::Component::Normal(_))) {
+            return None;
+        }
+        Some(dir.join(format!("epoch-{}", epoch.0)).join(relative))
     }
 
     fn file_on(&mut self, file: &mut FileHandle, server: usize) -> Result<FileId, ClientError> {
@@ -295,6 +340,9 @@ impl Client {
             ClientError::InvalidArgument(format!("read of {} bytes at offset {offset} overflows", buffer.len()))
         })?;
         self.flush()?;
+        if let Some(copy) = &file.pfs_copy {
+            return read_pfs_copy(copy, offset, buffer);
+        }
         let piece_max = self.piece_bytes_max();
         // (server, file offset, length) to fetch.
         let mut wanted: Vec<(usize, u64, u64)> = Vec::new();
@@ -327,6 +375,24 @@ impl Client {
         if matches!(self.options.placement, Placement::Striped { .. }) {
             buffer.fill(0);
         }
+        self.read_ranges(file, offset, buffer, wanted)
+    }
+
+    /// The byte ranges of the file each server holds, as `(server index, extent)`, by server.
+    pub fn extents(&mut self, file: &FileHandle) -> Result<Vec<(usize, Extent)>, ClientError> {
+        self.extents_by_server(file)
+    }
+
+    /// Fills the parts of `buffer` (which starts at file offset `offset`) named by `wanted`
+    /// (`(server, file offset, length)`, each inside the buffer, at most the payload limit
+    /// long) from those servers, pipelined per server. Other bytes of `buffer` are untouched.
+    pub fn read_ranges(&mut self, file: &FileHandle, offset: u64, buffer: &mut [u8], wanted: Vec<(usize, u64, u64)>) -> Result<(), ClientError> {
+        let end = offset + buffer.len() as u64;
+        for &(server, at, length) in &wanted {
+            if server >= self.servers.len() || file.ids[server].is_none() || at < offset || at + length > end || length > self.piece_bytes_max() {
+                return Err(ClientError::InvalidArgument(format!("range {at}+{length} on server {server} is outside the buffer or the file's servers")));
+            }
+        }
         // Group per server and pipeline; the slices of `buffer` are disjoint.
         let mut per_server: BTreeMap<usize, Vec<(u64, u64)>> = BTreeMap::new();
         for (server, at, length) in wanted {
@@ -356,6 +422,11 @@ impl Client {
 
     /// The file's size: one past the highest byte any server holds.
     pub fn file_size(&mut self, file: &FileHandle) -> Result<u64, ClientError> {
+        if let Some(copy) = &file.pfs_copy {
+            return std::fs::metadata(copy)
+                .map(|m| m.len())
+                .map_err(|source| ClientError::Io { endpoint: Endpoint::Unix(copy.clone()), source });
+        }
         let mut size = 0;
         for (server, id) in file.ids.iter().enumerate() {
             let Some(id) = *id else { continue };
@@ -434,6 +505,34 @@ impl Client {
         Ok(())
     }
 
+    /// Asks every server holding `epoch` to drain it to the PFS (`mode`: 0 naive, 1 shuffled);
+    /// returns once queued. Servers that do not have the epoch are skipped.
+    pub fn request_drain(&mut self, epoch: EpochId, mode: u8) -> Result<usize, ClientError> {
+        self.flush()?;
+        let mut queued = 0;
+        for connection in &mut self.servers {
+            match connection.call(&Request::Drain { epoch, mode }, &[], None) {
+                Ok((Response::DrainQueued { .. }, ())) => queued += 1,
+                Ok((other, ())) => return Err(unexpected(connection, "DrainQueued", &other)),
+                Err(e) if e.code() == Some(ErrorCode::NoSuchEpoch) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(queued)
+    }
+
+    /// Every server's drain status, `(server index, epochs)`.
+    pub fn drain_status(&mut self) -> Result<Vec<(usize, Vec<DrainInfo>)>, ClientError> {
+        let mut out = Vec::new();
+        for (index, connection) in self.servers.iter_mut().enumerate() {
+            match connection.call(&Request::DrainStatus, &[], None)? {
+                (Response::DrainStatus(list), ()) => out.push((index, list)),
+                (other, ()) => return Err(unexpected(connection, "DrainStatus", &other)),
+            }
+        }
+        Ok(out)
+    }
+
     /// Every server's status.
     pub fn status(&mut self) -> Result<Vec<ServerStatus>, ClientError> {
         let mut out = Vec::new();
@@ -445,6 +544,23 @@ impl Client {
         }
         Ok(out)
     }
+}
+
+fn read_pfs_copy(path: &std::path::Path, offset: u64, buffer: &mut [u8]) -> Result<(), ClientError> {
+    use std::os::unix::fs::FileExt;
+    let io = |source| ClientError::Io { endpoint: Endpoint::Unix(path.to_path_buf()), source };
+    let file = std::fs::File::open(path).map_err(io)?;
+    buffer.fill(0);
+    let mut done = 0;
+    while done < buffer.len() {
+        match file.read_at(&mut buffer[done..], offset + done as u64) {
+            Ok(0) => break, // past the end reads as zeros, as in the burst buffer
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io(e)),
+        }
+    }
+    Ok(())
 }
 
 fn least_advanced(a: EpochState, b: EpochState) -> EpochState {

@@ -8,9 +8,11 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+pub mod drain;
 pub mod server;
 pub mod store;
 
+pub use drain::DrainKnobs;
 pub use server::ServerKnobs;
 pub use store::StoreKnobs;
 
@@ -98,6 +100,7 @@ pub enum ConfigError {
 pub struct Config {
     pub store: StoreKnobs,
     pub server: ServerKnobs,
+    pub drain: DrainKnobs,
 }
 
 impl Config {
@@ -138,6 +141,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.store.validate()?;
         self.server.validate()?;
+        self.drain.validate()?;
         Ok(())
     }
 
@@ -145,6 +149,7 @@ impl Config {
     pub fn describe() -> Vec<KnobInfo> {
         let mut all = StoreKnobs::describe();
         all.extend(ServerKnobs::describe());
+        all.extend(DrainKnobs::describe());
         all
     }
 

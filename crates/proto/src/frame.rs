@@ -41,6 +41,8 @@ pub enum Kind {
     Extents = 0x09,
     DeleteEpoch = 0x0A,
     Status = 0x0B,
+    Drain = 0x0C,
+    DrainStatus = 0x0D,
     HelloReply = 0x81,
     FileOpened = 0x82,
     Written = 0x83,
@@ -52,11 +54,13 @@ pub enum Kind {
     ExtentList = 0x89,
     Deleted = 0x8A,
     StatusReply = 0x8B,
+    DrainQueued = 0x8C,
+    DrainReport = 0x8D,
     Error = 0xFF,
 }
 
 impl Kind {
-    const ALL: [Kind; 23] = [
+    const ALL: [Kind; 27] = [
         Kind::Hello,
         Kind::OpenFile,
         Kind::Write,
@@ -68,6 +72,8 @@ impl Kind {
         Kind::Extents,
         Kind::DeleteEpoch,
         Kind::Status,
+        Kind::Drain,
+        Kind::DrainStatus,
         Kind::HelloReply,
         Kind::FileOpened,
         Kind::Written,
@@ -79,6 +85,8 @@ impl Kind {
         Kind::ExtentList,
         Kind::Deleted,
         Kind::StatusReply,
+        Kind::DrainQueued,
+        Kind::DrainReport,
         Kind::Error,
     ];
 

@@ -108,6 +108,79 @@ pub struct ServerStatus {
     pub epochs: u64,
 }
 
+/// Where one epoch's drain to the PFS stands on one server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DrainState {
+    /// Requested, not started.
+    Queued,
+    /// Waiting for the epoch to be committed on every server holding it, or for peers to
+    /// finish their parts of shared files.
+    Waiting,
+    Running,
+    /// The last attempt failed (see `last_error`); retrying after a bounded backoff. The data
+    /// stays in the burst buffer.
+    Retrying,
+    /// Every file of the epoch is under its final PFS name and fsync'd; the epoch is marked
+    /// drained in the store.
+    Drained,
+}
+
+impl DrainState {
+    pub fn wire(self) -> u8 {
+        match self {
+            DrainState::Queued => 0,
+            DrainState::Waiting => 1,
+            DrainState::Running => 2,
+            DrainState::Retrying => 3,
+            DrainState::Drained => 4,
+        }
+    }
+    fn from_wire(kind: Kind, value: u8) -> Result<Self, FrameError> {
+        Ok(match value {
+            0 => DrainState::Queued,
+            1 => DrainState::Waiting,
+            2 => DrainState::Running,
+            3 => DrainState::Retrying,
+            4 => DrainState::Drained,
+            other => return Err(FrameError::BadValue { kind, field: "drain state", value: other as u64 }),
+        })
+    }
+}
+
+impl std::fmt::Display for DrainState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DrainState::Queued => "queued",
+            DrainState::Waiting => "waiting",
+            DrainState::Running => "running",
+            DrainState::Retrying => "retrying",
+            DrainState::Drained => "drained",
+        })
+    }
+}
+
+/// One epoch's drain on one server, for `DrainStatus`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DrainInfo {
+    pub epoch: EpochId,
+    pub state: DrainState,
+    /// 0 naive, 1 shuffled.
+    pub mode: u8,
+    pub files_total: u64,
+    pub files_done: u64,
+    /// Bytes this server wrote to the PFS for the epoch (all attempts).
+    pub pfs_bytes_written: u64,
+    /// PFS write calls this server made for the epoch (all attempts).
+    pub pfs_write_calls: u64,
+    /// Time spent gathering bytes from peers (shuffle) and writing + fsyncing (flush).
+    pub shuffle_us: u64,
+    pub flush_us: u64,
+    /// Attempts that failed so far.
+    pub failed_attempts: u32,
+    /// The last failure, "" if none.
+    pub last_error: String,
+}
+
 /// A request, client → server.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
@@ -132,6 +205,10 @@ pub enum Request {
     Extents { epoch: EpochId, file: FileId, from_offset: u64 },
     DeleteEpoch { epoch: EpochId },
     Status,
+    /// Queue a drain of a committed epoch to the PFS (`mode`: 0 naive, 1 shuffled).
+    Drain { epoch: EpochId, mode: u8 },
+    /// Drain state of every epoch this server knows of.
+    DrainStatus,
 }
 
 /// A response, server → client. `ReadData` carries the bytes as the frame payload.
@@ -157,6 +234,8 @@ pub enum Response {
     Extents(Vec<Extent>),
     Deleted { epoch: EpochId },
     Status(ServerStatus),
+    DrainQueued { epoch: EpochId },
+    DrainStatus(Vec<DrainInfo>),
     Error { code: ErrorCode, message: String },
 }
 
@@ -289,6 +368,8 @@ impl Request {
             Request::Extents { .. } => Kind::Extents,
             Request::DeleteEpoch { .. } => Kind::DeleteEpoch,
             Request::Status => Kind::Status,
+            Request::Drain { .. } => Kind::Drain,
+            Request::DrainStatus => Kind::DrainStatus,
         }
     }
 
@@ -311,7 +392,10 @@ impl Request {
             Request::Commit { epoch, durability } => {
                 e.u64(epoch.0).u8(durability.wire());
             }
-            Request::Status => {}
+            Request::Status | Request::DrainStatus => {}
+            Request::Drain { epoch, mode } => {
+                e.u64(epoch.0).u8(*mode);
+            }
             Request::ListEpochs { from_epoch } => {
                 e.u64(from_epoch.0);
             }
@@ -370,6 +454,8 @@ impl Request {
             },
             Kind::DeleteEpoch => Request::DeleteEpoch { epoch: EpochId(d.u64("epoch")?) },
             Kind::Status => Request::Status,
+            Kind::Drain => Request::Drain { epoch: EpochId(d.u64("epoch")?), mode: d.u8("mode")? },
+            Kind::DrainStatus => Request::DrainStatus,
             _ => unreachable!("is_request checked above"),
         };
         d.finish()?;
@@ -392,6 +478,8 @@ impl Response {
             Response::Extents(_) => Kind::ExtentList,
             Response::Deleted { .. } => Kind::Deleted,
             Response::Status(_) => Kind::StatusReply,
+            Response::DrainQueued { .. } => Kind::DrainQueued,
+            Response::DrainStatus(_) => Kind::DrainReport,
             Response::Error { .. } => Kind::Error,
         }
     }
@@ -453,6 +541,25 @@ impl Response {
                     .u64(s.ssd_bytes_max)
                     .u64(s.epochs);
             }
+            Response::DrainQueued { epoch } => {
+                e.u64(epoch.0);
+            }
+            Response::DrainStatus(list) => {
+                e.u32(list.len() as u32);
+                for x in list {
+                    e.u64(x.epoch.0)
+                        .u8(x.state.wire())
+                        .u8(x.mode)
+                        .u64(x.files_total)
+                        .u64(x.files_done)
+                        .u64(x.pfs_bytes_written)
+                        .u64(x.pfs_write_calls)
+                        .u64(x.shuffle_us)
+                        .u64(x.flush_us)
+                        .u32(x.failed_attempts)
+                        .string(&x.last_error);
+                }
+            }
             Response::Error { code, message } => {
                 e.u16(code.wire()).string(message);
             }
@@ -508,6 +615,29 @@ impl Response {
                 Response::Extents(list)
             }
             Kind::Deleted => Response::Deleted { epoch: EpochId(d.u64("epoch")?) },
+            Kind::DrainQueued => Response::DrainQueued { epoch: EpochId(d.u64("epoch")?) },
+            Kind::DrainReport => {
+                let n = d.count(64, "drain count")?;
+                let mut list = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let epoch = EpochId(d.u64("epoch")?);
+                    let state = DrainState::from_wire(kind, d.u8("state")?)?;
+                    list.push(DrainInfo {
+                        epoch,
+                        state,
+                        mode: d.u8("mode")?,
+                        files_total: d.u64("files_total")?,
+                        files_done: d.u64("files_done")?,
+                        pfs_bytes_written: d.u64("pfs_bytes_written")?,
+                        pfs_write_calls: d.u64("pfs_write_calls")?,
+                        shuffle_us: d.u64("shuffle_us")?,
+                        flush_us: d.u64("flush_us")?,
+                        failed_attempts: d.u32("failed_attempts")?,
+                        last_error: d.string("last_error")?,
+                    });
+                }
+                Response::DrainStatus(list)
+            }
             Kind::StatusReply => Response::Status(ServerStatus {
                 server_name: d.string("server_name")?,
                 connections: d.u32("connections")?,
@@ -562,6 +692,8 @@ mod tests {
             (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(e, f, o)| Request::Extents { epoch: EpochId(e), file: FileId(f), from_offset: o }),
             any::<u64>().prop_map(|e| Request::DeleteEpoch { epoch: EpochId(e) }),
             Just(Request::Status),
+            (any::<u64>(), any::<u8>()).prop_map(|(e, m)| Request::Drain { epoch: EpochId(e), mode: m }),
+            Just(Request::DrainStatus),
         ]
     }
 
@@ -587,6 +719,20 @@ mod tests {
             proptest::collection::vec((any::<u64>(), any::<u64>()), 0..20).prop_map(|v| Response::Extents(v.into_iter().map(|(o, l)| Extent { offset: o, length: l }).collect())),
             any::<u64>().prop_map(|e| Response::Deleted { epoch: EpochId(e) }),
             (name(), any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(n, c, b, e)| Response::Status(ServerStatus { server_name: n, connections: c, connections_max: c / 2, in_flight_bytes: b, in_flight_bytes_max: b / 3, requests_served: e, bytes_written: b ^ e, bytes_read: 7, dram_bytes_used: 1, dram_bytes_max: 2, ssd_bytes_used: 3, ssd_bytes_max: 4, epochs: e })),
+            any::<u64>().prop_map(|e| Response::DrainQueued { epoch: EpochId(e) }),
+            proptest::collection::vec((any::<u64>(), 0u8..5, any::<u64>(), any::<u32>(), name()), 0..8).prop_map(|v| Response::DrainStatus(v.into_iter().map(|(e, s, n, a, m)| DrainInfo {
+                epoch: EpochId(e),
+                state: DrainState::from_wire(Kind::DrainReport, s).unwrap(),
+                mode: s % 2,
+                files_total: n,
+                files_done: n / 2,
+                pfs_bytes_written: n ^ e,
+                pfs_write_calls: e / 3,
+                shuffle_us: 5,
+                flush_us: n / 7,
+                failed_attempts: a,
+                last_error: m,
+            }).collect())),
             (0usize..15, name()).prop_map(|(i, m)| Response::Error { code: ErrorCode::all().nth(i).unwrap(), message: m }),
         ]
     }

@@ -70,4 +70,13 @@ pub trait Backend: Send + Sync + 'static {
     fn delete_epoch(&self, epoch: EpochId) -> Result<(), BackendError>;
     /// Current capacity use.
     fn usage(&self) -> Usage;
+    /// Marks a committed epoch drained (every file is on the PFS): its bytes become dead and
+    /// GC may free them. Backends without a PFS drain refuse.
+    fn mark_drained(&self, epoch: EpochId) -> Result<(), BackendError> {
+        Err(BackendError::new(ErrorCode::InvalidArgument, format!("this backend cannot mark epoch {epoch} drained")))
+    }
+    /// Frees the space of dead (drained or deleted) data now; returns the bytes freed.
+    fn collect_garbage(&self) -> Result<u64, BackendError> {
+        Ok(0)
+    }
 }

@@ -441,6 +441,9 @@ fn run(shared: &Shared, identity: Identity, request: Request, data: &[u8], wait:
                 other => other,
             };
             backend.commit(epoch, durability)?;
+            if let Some(drain) = shared.drain.get() {
+                drain.committed(epoch);
+            }
             plain(Response::Committed { epoch, durability })
         }
         Request::ListEpochs { from_epoch } => {
@@ -476,6 +479,29 @@ fn run(shared: &Shared, identity: Identity, request: Request, data: &[u8], wait:
             backend.delete_epoch(epoch)?;
             shared.owners.lock().remove(&epoch);
             plain(Response::Deleted { epoch })
+        }
+        Request::Drain { epoch, mode } => {
+            authorize(shared, identity, epoch, false)?;
+            let drain = shared.drain.get().ok_or_else(|| {
+                BackendError::new(ErrorCode::InvalidArgument, "this server has no PFS to drain to (drain.pfs_directory is not set)")
+            })?;
+            if !backend.epochs()?.iter().any(|e| e.epoch == epoch) {
+                return Err(BackendError::new(ErrorCode::NoSuchEpoch, format!("no epoch {epoch} here")));
+            }
+            drain.request(epoch, mode)?;
+            plain(Response::DrainQueued { epoch })
+        }
+        Request::DrainStatus => {
+            let mut list = shared.drain.get().map(|d| d.status()).unwrap_or_default();
+            // 64 bytes per entry plus the error text after a 4-byte count: keep the newest that fit.
+            let mut bytes = 4usize;
+            list.reverse();
+            list.retain(|d| {
+                bytes += 64 + d.last_error.len().min(spillway_proto::NAME_BYTES_MAX);
+                bytes <= BODY_BYTES_MAX as usize
+            });
+            list.reverse();
+            plain(Response::DrainStatus(list))
         }
         Request::Status => {
             let usage = backend.usage();

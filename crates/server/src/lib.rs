@@ -40,6 +40,30 @@ use spillway_proto::{Durability, Endpoint, Listener};
 use spillway_types::EpochId;
 
 pub use backend::{Backend, BackendError, Usage};
+
+/// The server's view of a drainer (implemented by `spillway_drain::Drainer`): requests and
+/// status travel over the protocol, the drainer does the work on its own threads.
+pub trait DrainControl: Send + Sync + 'static {
+    /// Queues a drain of `epoch` (`mode`: 0 naive, 1 shuffled). Must not block on the drain.
+    fn request(&self, epoch: EpochId, mode: u8) -> Result<(), BackendError>;
+    /// Called after every successful commit (auto-drain, if the drainer is configured so).
+    fn committed(&self, epoch: EpochId);
+    /// The drain state of every epoch the drainer knows of.
+    fn status(&self) -> Vec<spillway_proto::DrainInfo>;
+}
+
+/// Reads the server's ingest counter (bytes written by clients so far): the drainer yields
+/// bandwidth while it moves.
+/// Holds the server weakly (the drainer it feeds is owned by the server: no cycle).
+#[derive(Clone)]
+pub struct IngestProbe(std::sync::Weak<Shared>);
+
+impl IngestProbe {
+    /// Bytes clients wrote so far; 0 once the server is gone.
+    pub fn bytes_written(&self) -> u64 {
+        self.0.upgrade().map(|s| s.counters.bytes_written.load(Ordering::Relaxed)).unwrap_or(0)
+    }
+}
 pub use store_backend::StoreBackend;
 
 /// The server's limits and defaults, derived from [`ServerKnobs`].
@@ -106,6 +130,8 @@ pub(crate) struct Shared {
     pub counters: Counters,
     /// Epoch → uid of the identity that created it (this server run). Other uids are refused.
     pub owners: Mutex<HashMap<EpochId, u32>>,
+    /// The drainer, if this server drains to a PFS (set once, before or while serving).
+    pub drain: std::sync::OnceLock<Arc<dyn DrainControl>>,
 }
 
 /// A handle that asks a running server to shut down gracefully (what SIGTERM does).
@@ -158,6 +184,7 @@ impl Server {
             connections: AtomicU32::new(0),
             counters: Counters::default(),
             owners: Mutex::new(HashMap::new()),
+            drain: std::sync::OnceLock::new(),
         });
         Ok(Server { shared, listeners })
     }
@@ -165,6 +192,17 @@ impl Server {
     /// Where the server listens (real ports, if port 0 was asked).
     pub fn endpoints(&self) -> Vec<Endpoint> {
         self.listeners.iter().map(|l| l.endpoint()).collect()
+    }
+
+    /// Attaches a drainer: `Drain`/`DrainStatus` requests go to it, commits notify it.
+    /// Returns false if one was already attached.
+    pub fn attach_drain(&self, control: Arc<dyn DrainControl>) -> bool {
+        self.shared.drain.set(control).is_ok()
+    }
+
+    /// A reader of the ingest counter (for the drainer's bandwidth cap).
+    pub fn ingest_probe(&self) -> IngestProbe {
+        IngestProbe(Arc::downgrade(&self.shared))
     }
 
     pub fn shutdown_handle(&self) -> ShutdownHandle {

@@ -219,6 +219,17 @@ impl Backend for StoreBackend {
         Ok(())
     }
 
+    fn mark_drained(&self, epoch: EpochId) -> Result<(), BackendError> {
+        self.store.mark_drained(epoch).map_err(lifecycle_error)
+    }
+
+    fn collect_garbage(&self) -> Result<u64, BackendError> {
+        self.store
+            .gc()
+            .map(|report| report.bytes_freed)
+            .map_err(|e| BackendError::new(ErrorCode::Io, format!("garbage collection: {e}")))
+    }
+
     fn usage(&self) -> Usage {
         let stats = self.store.stats();
         Usage {

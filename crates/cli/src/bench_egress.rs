@@ -1,0 +1,397 @@
+//! `spillway bench egress`: draining a checkpoint to the PFS, naive against coordinated
+//! shuffling, with a sequential-write baseline measured in the same run (BurstMem Fig. 8/9).
+//!
+//! S servers run in this process (real `Server`s over real stores, Unix sockets), each with a
+//! real drainer writing to a PFS directory on this machine's disk, all recording their PFS
+//! writes in one shared log. C client threads (local placement: client i writes to server
+//! i mod S) write one N-1 shared file with interleaved transfers (client i writes blocks i, i+C,
+//! i+2C, …), commit, and the epoch is drained (a) naive, (b) shuffled. Baselines on the same
+//! disk: the same bytes written sequentially with fsync (PFS bandwidth), and the checkpoint
+//! written directly to the disk with fsync (the application-visible time without a buffer).
+//! Stripe lock switches come from the write log ([`spillway_drain::lock_switches`]): a local
+//! disk has no extent locks, the count stands in for Lustre's lock ping-pong.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use spillway_client::{Client, ClientOptions, Placement};
+use spillway_config::{ServerKnobs, StoreKnobs};
+use spillway_drain::{DrainMode, Drainer, DrainerOptions, PosixPfs, WriteLog};
+use spillway_proto::{DrainState, Durability, Endpoint};
+use spillway_server::{Server, ServerOptions, ShutdownHandle, StoreBackend};
+use spillway_types::EpochId;
+
+use crate::serve::parse_bytes;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Burst buffer servers (S).
+    #[arg(long, default_value_t = 4)]
+    servers: u32,
+    /// Client threads (C).
+    #[arg(long, default_value_t = 4)]
+    clients: u32,
+    /// Size of the shared checkpoint file.
+    #[arg(long, default_value = "1G", value_parser = parse_bytes)]
+    total_bytes: u64,
+    /// Bytes per client write (interleaving unit).
+    #[arg(long, default_value = "16K", value_parser = parse_bytes)]
+    transfer_bytes: u64,
+    /// PFS stripe size.
+    #[arg(long, default_value = "1M", value_parser = parse_bytes)]
+    stripe_bytes: u64,
+    /// Largest PFS write of the shuffled drain.
+    #[arg(long, default_value = "8M", value_parser = parse_bytes)]
+    write_bytes: u64,
+    /// DRAM log per server.
+    #[arg(long, default_value = "256M", value_parser = parse_bytes)]
+    dram_bytes: u64,
+    /// Directory for SSD logs, PFS and baselines (default: a temporary directory under /var/tmp).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Drain the first checkpoint shuffled and the second naive (to check for order effects).
+    #[arg(long)]
+    shuffled_first: bool,
+    /// One JSON object on stdout instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+struct Cluster {
+    endpoints: Vec<Endpoint>,
+    handles: Vec<ShutdownHandle>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    drainers: Vec<Arc<Drainer>>,
+}
+
+impl Cluster {
+    fn start(args: &Args, dir: &Path, pfs: &Path, log: &Arc<WriteLog>) -> anyhow::Result<Cluster> {
+        let endpoints: Vec<Endpoint> = (0..args.servers).map(|i| Endpoint::Unix(dir.join(format!("s{i}.sock")))).collect();
+        let mut cluster = Cluster { endpoints: endpoints.clone(), handles: Vec::new(), threads: Vec::new(), drainers: Vec::new() };
+        for i in 0..args.servers as usize {
+            let ssd = dir.join(format!("s{i}-ssd"));
+            let knobs = StoreKnobs {
+                ssd_directory: ssd.display().to_string(),
+                dram_bytes_max: args.dram_bytes,
+                ssd_bytes_max: (args.total_bytes * 4).max(1 << 30),
+                ..StoreKnobs::default()
+            };
+            let store = spillway_store::Store::open(&knobs).with_context(|| format!("opening store {}", ssd.display()))?;
+            let backend = Arc::new(StoreBackend::new(store));
+            let server_knobs = ServerKnobs { server_name: format!("s{i}"), ..ServerKnobs::default() };
+            let server = Server::bind(ServerOptions::from_knobs(&server_knobs), backend.clone(), &endpoints[i..=i], false)?;
+            let options = DrainerOptions {
+                peers: endpoints.clone(),
+                self_index: i,
+                stripe_bytes: args.stripe_bytes,
+                write_bytes_max: args.write_bytes,
+                default_mode: DrainMode::Shuffled,
+                drain_after_commit: false,
+                ingest_bandwidth_share: 1.0,
+                retry_backoff_min: Duration::from_millis(50),
+                retry_backoff_max: Duration::from_secs(1),
+                queued_epochs_max: 16,
+                server_name: format!("s{i}"),
+            };
+            let pfs = Arc::new(PosixPfs::new(pfs).with_log(log.clone(), i as u32));
+            let drainer = Arc::new(Drainer::start(options, backend, pfs, &ssd, None)?);
+            server.attach_drain(drainer.clone());
+            cluster.drainers.push(drainer);
+            cluster.handles.push(server.shutdown_handle());
+            cluster.threads.push(std::thread::spawn(move || {
+                if let Err(e) = server.run() {
+                    tracing::error!(error = %e, "bench server failed");
+                }
+            }));
+        }
+        Ok(cluster)
+    }
+
+    fn stop(self) {
+        for d in &self.drainers {
+            d.stop();
+        }
+        for h in &self.handles {
+            h.shutdown();
+        }
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Deterministic content of block `b`.
+fn fill_block(block: u64, buffer: &mut [u8]) {
+    let mut x = block.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for chunk in buffer.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+    }
+}
+
+/// C client threads write the interleaved N-1 file and commit. Returns the seconds from the
+/// first write to the last commit's return.
+fn write_checkpoint(args: &Args, endpoints: &[Endpoint], epoch: EpochId, durability: Durability) -> anyhow::Result<f64> {
+    let barrier = Arc::new(std::sync::Barrier::new(args.clients as usize + 1));
+    let mut threads = Vec::new();
+    for rank in 0..args.clients {
+        let endpoints = endpoints.to_vec();
+        let barrier = barrier.clone();
+        let (total, transfer, clients) = (args.total_bytes, args.transfer_bytes, args.clients as u64);
+        threads.push(std::thread::spawn(move || -> anyhow::Result<()> {
+            let options = ClientOptions { placement: Placement::Local { rank }, durability, window: 64, ..ClientOptions::default() };
+            let mut client = Client::connect(&endpoints, options)?;
+            client.begin_epoch(epoch);
+            let mut file = client.create_file(epoch, "ckpt/shared.dat")?;
+            let mut buffer = vec![0u8; transfer as usize];
+            barrier.wait();
+            let mut block = rank as u64;
+            while block * transfer < total {
+                let length = transfer.min(total - block * transfer) as usize;
+                fill_block(block, &mut buffer[..length]);
+                client.write(&mut file, block * transfer, &buffer[..length])?;
+                block += clients;
+            }
+            client.flush()?;
+            barrier.wait(); // the write phase ends for everybody (MPI barrier)
+            client.commit_epoch(epoch)?;
+            Ok(())
+        }));
+    }
+    barrier.wait();
+    let started = Instant::now();
+    barrier.wait();
+    for t in threads {
+        t.join().map_err(|_| anyhow::anyhow!("client thread panicked"))??;
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// The same bytes written directly to one file with fsync (C threads, each its blocks).
+fn direct_checkpoint(args: &Args, path: &Path) -> anyhow::Result<f64> {
+    use std::os::unix::fs::FileExt;
+    let file = Arc::new(std::fs::File::create(path)?);
+    let started = Instant::now();
+    let mut threads = Vec::new();
+    for rank in 0..args.clients as u64 {
+        let file = file.clone();
+        let (total, transfer, clients) = (args.total_bytes, args.transfer_bytes, args.clients as u64);
+        threads.push(std::thread::spawn(move || -> std::io::Result<()> {
+            let mut buffer = vec![0u8; transfer as usize];
+            let mut block = rank;
+            while block * transfer < total {
+                let length = transfer.min(total - block * transfer) as usize;
+                fill_block(block, &mut buffer[..length]);
+                file.write_all_at(&buffer[..length], block * transfer)?;
+                block += clients;
+            }
+            Ok(())
+        }));
+    }
+    for t in threads {
+        t.join().map_err(|_| anyhow::anyhow!("writer thread panicked"))??;
+    }
+    file.sync_all()?;
+    let seconds = started.elapsed().as_secs_f64();
+    std::fs::remove_file(path)?;
+    Ok(seconds)
+}
+
+/// Sequential writes of `write_bytes` then fsync: the PFS bandwidth baseline.
+fn sequential_baseline(args: &Args, path: &Path) -> anyhow::Result<f64> {
+    let mut file = std::fs::File::create(path)?;
+    let mut buffer = vec![0u8; args.write_bytes as usize];
+    fill_block(7, &mut buffer);
+    let started = Instant::now();
+    let mut written = 0;
+    while written < args.total_bytes {
+        let n = args.write_bytes.min(args.total_bytes - written) as usize;
+        file.write_all(&buffer[..n])?;
+        written += n as u64;
+    }
+    file.sync_all()?;
+    let seconds = started.elapsed().as_secs_f64();
+    std::fs::remove_file(path)?;
+    Ok(args.total_bytes as f64 / seconds)
+}
+
+struct DrainResult {
+    seconds: f64,
+    write_calls: u64,
+    aligned_fraction: f64,
+    lock_switches: u64,
+    shuffle_s_max: f64,
+    flush_s_max: f64,
+}
+
+/// Writes back every dirty page of the machine, so a measurement does not pay for the previous
+/// one's writeback.
+fn settle() {
+    // SAFETY: sync(2) has no arguments and cannot fail.
+    unsafe { libc::sync() };
+}
+
+fn drain(args: &Args, cluster: &Cluster, log: &WriteLog, epoch: EpochId, mode: DrainMode, pfs: &Path) -> anyhow::Result<DrainResult> {
+    log.take();
+    settle();
+    let mut client = Client::connect(&cluster.endpoints, ClientOptions::default())?;
+    let started = Instant::now();
+    client.request_drain(epoch, mode.code())?;
+    loop {
+        let status = client.drain_status()?;
+        let mine: Vec<_> = status.iter().filter_map(|(_, l)| l.iter().find(|d| d.epoch == epoch)).collect();
+        if mine.len() == cluster.endpoints.len() && mine.iter().all(|d| d.state == DrainState::Drained) {
+            break;
+        }
+        anyhow::ensure!(started.elapsed() < Duration::from_secs(3600), "drain of epoch {epoch} did not finish: {status:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let status = client.drain_status()?;
+    let mine: Vec<_> = status.iter().filter_map(|(_, l)| l.iter().find(|d| d.epoch == epoch).cloned()).collect();
+    anyhow::ensure!(!log.truncated(), "PFS write log overflowed its bound; lock switches would be undercounted");
+    let entries = log.take();
+    let final_path = pfs.join(format!("epoch-{}/ckpt/shared.dat", epoch.0));
+    let size = std::fs::metadata(&final_path).with_context(|| format!("{}", final_path.display()))?.len();
+    anyhow::ensure!(size == args.total_bytes, "PFS copy has {size} bytes, expected {}", args.total_bytes);
+    Ok(DrainResult {
+        seconds,
+        write_calls: entries.len() as u64,
+        aligned_fraction: spillway_drain::stripe_aligned_fraction(&entries, args.stripe_bytes, args.total_bytes),
+        lock_switches: spillway_drain::lock_switches(&entries, args.stripe_bytes),
+        shuffle_s_max: mine.iter().map(|d| d.shuffle_us).max().unwrap_or(0) as f64 / 1e6,
+        flush_s_max: mine.iter().map(|d| d.flush_us).max().unwrap_or(0) as f64 / 1e6,
+    })
+}
+
+/// Checks the drained PFS copy block by block against the written pattern.
+fn verify(args: &Args, path: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(path)?;
+    let (mut got, mut want) = (vec![0u8; args.transfer_bytes as usize], vec![0u8; args.transfer_bytes as usize]);
+    let mut block = 0;
+    while block * args.transfer_bytes < args.total_bytes {
+        let length = args.transfer_bytes.min(args.total_bytes - block * args.transfer_bytes) as usize;
+        file.read_exact_at(&mut got[..length], block * args.transfer_bytes)?;
+        fill_block(block, &mut want[..length]);
+        anyhow::ensure!(got[..length] == want[..length], "{}: block {block} differs from what was written", path.display());
+        block += 1;
+    }
+    Ok(())
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    anyhow::ensure!(args.servers > 0 && args.clients > 0 && args.transfer_bytes > 0 && args.total_bytes > 0, "servers, clients and sizes must be positive");
+    anyhow::ensure!(args.write_bytes % args.stripe_bytes == 0, "--write-bytes must be a multiple of --stripe-bytes");
+    let temp;
+    let dir = match &args.dir {
+        Some(d) => d.clone(),
+        None => {
+            temp = tempfile::Builder::new().prefix("spillway-egress-").tempdir_in("/var/tmp")?;
+            temp.path().to_path_buf()
+        }
+    };
+    let pfs = dir.join("pfs");
+    std::fs::create_dir_all(&pfs)?;
+    let log = Arc::new(WriteLog::new(((args.total_bytes / args.transfer_bytes.min(args.stripe_bytes)) as usize + 1024).min(64 << 20)));
+    let cluster = Cluster::start(&args, &dir, &pfs, &log)?;
+
+    settle();
+    let sequential_bytes_per_s = sequential_baseline(&args, &pfs.join("baseline.seq"))?;
+    settle();
+    let direct_s = direct_checkpoint(&args, &pfs.join("baseline.direct"))?;
+    settle();
+    let memory_s = write_checkpoint(&args, &cluster.endpoints, EpochId(1), Durability::Memory)?;
+    let (first, second) =
+        if args.shuffled_first { (DrainMode::Shuffled, DrainMode::Naive) } else { (DrainMode::Naive, DrainMode::Shuffled) };
+    let first_result = drain(&args, &cluster, &log, EpochId(1), first, &pfs)?;
+    verify(&args, &pfs.join("epoch-1/ckpt/shared.dat"))?;
+    std::fs::remove_dir_all(pfs.join("epoch-1"))?;
+    settle();
+    let ssd_s = write_checkpoint(&args, &cluster.endpoints, EpochId(2), Durability::Ssd)?;
+    let second_result = drain(&args, &cluster, &log, EpochId(2), second, &pfs)?;
+    verify(&args, &pfs.join("epoch-2/ckpt/shared.dat"))?;
+    std::fs::remove_dir_all(pfs.join("epoch-2"))?;
+    let (naive, shuffled) = if args.shuffled_first { (second_result, first_result) } else { (first_result, second_result) };
+    cluster.stop();
+
+    let gib = args.total_bytes as f64;
+    let mib = |bytes_per_s: f64| bytes_per_s / (1u64 << 20) as f64;
+    let rate = |d: &DrainResult| gib / d.seconds;
+    let ratios = serde_json::json!({
+        "shuffled_vs_sequential": rate(&shuffled) / sequential_bytes_per_s,
+        "naive_vs_sequential": rate(&naive) / sequential_bytes_per_s,
+        "shuffled_over_naive_throughput": rate(&shuffled) / rate(&naive),
+        "naive_over_shuffled_write_calls": naive.write_calls as f64 / shuffled.write_calls.max(1) as f64,
+        "direct_over_spillway_checkpoint_time_memory": direct_s / memory_s,
+        "direct_over_spillway_checkpoint_time_ssd": direct_s / ssd_s,
+    });
+    let mode_json = |d: &DrainResult| {
+        serde_json::json!({
+            "drain_s": d.seconds,
+            "drain_mib_per_s": mib(rate(d)),
+            "ratio_to_sequential": rate(d) / sequential_bytes_per_s,
+            "pfs_write_calls": d.write_calls,
+            "stripe_aligned_fraction": d.aligned_fraction,
+            "shuffle_s_max_per_server": d.shuffle_s_max,
+            "flush_s_max_per_server": d.flush_s_max,
+            "lock_switches": d.lock_switches,
+        })
+    };
+    if args.json {
+        let out = serde_json::json!({
+            "config": {
+                "servers": args.servers, "clients": args.clients, "total_bytes": args.total_bytes,
+                "transfer_bytes": args.transfer_bytes, "stripe_bytes": args.stripe_bytes, "write_bytes": args.write_bytes,
+            },
+            "sequential_baseline_mib_per_s": mib(sequential_bytes_per_s),
+            "naive": mode_json(&naive),
+            "shuffled": mode_json(&shuffled),
+            "checkpoint_s": { "direct_fsync": direct_s, "spillway_memory": memory_s, "spillway_ssd": ssd_s },
+            "lock_switches": { "naive": naive.lock_switches, "shuffled": shuffled.lock_switches },
+            "ratios": ratios,
+        });
+        println!("{out}");
+        return Ok(());
+    }
+    println!(
+        "egress: S={} C={} file {} MiB, {} KiB interleaved transfers, stripe {} KiB, shuffled writes ≤ {} MiB",
+        args.servers,
+        args.clients,
+        args.total_bytes >> 20,
+        args.transfer_bytes >> 10,
+        args.stripe_bytes >> 10,
+        args.write_bytes >> 20
+    );
+    println!("sequential baseline (same disk, fsync): {:.0} MiB/s", mib(sequential_bytes_per_s));
+    println!();
+    println!("| mode | drain s | MiB/s | × sequential | PFS writes | stripe-aligned | shuffle s (max/server) | flush s (max/server) | lock switches |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (name, d) in [("naive", &naive), ("shuffled", &shuffled)] {
+        println!(
+            "| {name} | {:.2} | {:.0} | {:.2} | {} | {:.3} | {:.2} | {:.2} | {} |",
+            d.seconds,
+            mib(rate(d)),
+            rate(d) / sequential_bytes_per_s,
+            d.write_calls,
+            d.aligned_fraction,
+            d.shuffle_s_max,
+            d.flush_s_max,
+            d.lock_switches
+        );
+    }
+    println!();
+    println!("| checkpoint (write + commit) | seconds | direct ÷ this |");
+    println!("|---|---|---|");
+    println!("| direct to disk + fsync | {direct_s:.2} | 1.00 |");
+    println!("| spillway, memory durability | {memory_s:.2} | {:.2} |", direct_s / memory_s);
+    println!("| spillway, ssd durability | {ssd_s:.2} | {:.2} |", direct_s / ssd_s);
+    println!();
+    println!("naive ÷ shuffled PFS write calls: {:.0}", naive.write_calls as f64 / shuffled.write_calls.max(1) as f64);
+    Ok(())
+}

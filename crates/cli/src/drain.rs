@@ -1,0 +1,133 @@
+//! `spillway drain`: ask the servers of a reservation to drain an epoch to the PFS, wait for it,
+//! or show where every drain stands.
+//!
+//! `start` queues the epoch on every server holding it (each server's drainer does the work in
+//! the background); `wait` polls every server's drain status until the epoch is drained on all
+//! of them (or a timeout), printing retries as they happen; `status` prints one line per
+//! (server, epoch). Exit status is non-zero when `wait` times out.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use spillway_client::{Client, ClientOptions};
+use spillway_proto::{DrainState, Endpoint};
+use spillway_types::EpochId;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    action: Action,
+    /// The reservation's servers, comma-separated (tcp://IP:PORT or unix:///PATH), in order.
+    #[arg(long, global = true, value_delimiter = ',')]
+    servers: Vec<String>,
+}
+
+#[derive(clap::Subcommand)]
+enum Action {
+    /// Queue a drain of a committed epoch on every server holding it.
+    Start {
+        epoch: u64,
+        /// shuffled (coordinated shuffling) or naive.
+        #[arg(long, default_value = "shuffled")]
+        mode: String,
+        /// Also wait until it is drained.
+        #[arg(long)]
+        wait: bool,
+        #[arg(long, default_value_t = 3600)]
+        timeout_s: u64,
+    },
+    /// Wait until the epoch is drained on every server that knows of it.
+    Wait {
+        epoch: u64,
+        #[arg(long, default_value_t = 3600)]
+        timeout_s: u64,
+    },
+    /// Drain state of every epoch on every server.
+    Status,
+}
+
+fn connect(servers: &[String]) -> anyhow::Result<Client> {
+    anyhow::ensure!(!servers.is_empty(), "give the reservation's servers with --servers");
+    let endpoints = servers
+        .iter()
+        .map(|s| s.parse::<Endpoint>().map_err(|e| anyhow::anyhow!("--servers: {e}")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let options = ClientOptions { client_name: "spillway drain".into(), ..ClientOptions::default() };
+    Client::connect(&endpoints, options).context("connecting to the servers")
+}
+
+/// Polls until `epoch` is drained on every server that knows it. Returns the seconds waited.
+pub fn wait_drained(client: &mut Client, epoch: EpochId, timeout: Duration, verbose: bool) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let mut last_report = String::new();
+    loop {
+        let status = client.drain_status()?;
+        let mut known = 0;
+        let mut done = 0;
+        let mut report = String::new();
+        for (server, list) in &status {
+            if let Some(d) = list.iter().find(|d| d.epoch == epoch) {
+                known += 1;
+                if d.state == DrainState::Drained {
+                    done += 1;
+                } else if !d.last_error.is_empty() {
+                    report.push_str(&format!("server {server}: {} ({} failed attempts): {}\n", d.state, d.failed_attempts, d.last_error));
+                }
+            }
+        }
+        if known > 0 && known == done {
+            return Ok(started.elapsed().as_secs_f64());
+        }
+        if verbose && report != last_report && !report.is_empty() {
+            eprint!("{report}");
+            last_report = report;
+        }
+        anyhow::ensure!(
+            started.elapsed() < timeout,
+            "epoch {epoch} not drained after {:?}: {done} of {known} servers done",
+            timeout
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let mut client = connect(&args.servers)?;
+    match args.action {
+        Action::Start { epoch, mode, wait, timeout_s } => {
+            let mode: spillway_drain::DrainMode = mode.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+            let queued = client.request_drain(EpochId(epoch), mode.code())?;
+            anyhow::ensure!(queued > 0, "no server holds epoch {epoch}");
+            println!("epoch {epoch}: drain ({mode}) queued on {queued} servers");
+            if wait {
+                let seconds = wait_drained(&mut client, EpochId(epoch), Duration::from_secs(timeout_s), true)?;
+                println!("epoch {epoch}: drained on every server in {seconds:.2} s");
+            }
+        }
+        Action::Wait { epoch, timeout_s } => {
+            let seconds = wait_drained(&mut client, EpochId(epoch), Duration::from_secs(timeout_s), true)?;
+            println!("epoch {epoch}: drained on every server ({seconds:.2} s waited)");
+        }
+        Action::Status => {
+            println!("{:>6} {:>8} {:>9} {:>8} {:>11} {:>12} {:>8} {:>9} {:>9}  last error", "server", "epoch", "state", "mode", "files", "pfs_bytes", "writes", "shuffle_s", "flush_s");
+            for (server, list) in client.drain_status()? {
+                for d in list {
+                    println!(
+                        "{server:>6} {:>8} {:>9} {:>8} {:>5}/{:<5} {:>12} {:>8} {:>9.3} {:>9.3}  {}",
+                        d.epoch.0,
+                        d.state.to_string(),
+                        spillway_drain::DrainMode::from_code(d.mode).map(|m| m.to_string()).unwrap_or_default(),
+                        d.files_done,
+                        d.files_total,
+                        d.pfs_bytes_written,
+                        d.pfs_write_calls,
+                        d.shuffle_us as f64 / 1e6,
+                        d.flush_us as f64 / 1e6,
+                        if d.failed_attempts > 0 { format!("({} failed) {}", d.failed_attempts, d.last_error) } else { d.last_error.clone() },
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}

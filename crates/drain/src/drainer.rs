@@ -1,0 +1,653 @@
+//! The drainer: one background worker per server that moves committed epochs to the PFS.
+//!
+//! Requests come from clients (`Drain` frames) or, if `drain_after_commit` is set, from every
+//! commit; each is journaled (fsync) before it is acknowledged, so a crash loses none. The worker
+//! takes epochs oldest first. For each file of the epoch this server holds it:
+//!
+//! 1. skips it if the final PFS name exists (published earlier, maybe by a peer);
+//! 2. asks every server of the reservation which of them have the file (the *participants*),
+//!    then re-checks the final name (a participant only drops the file after it is published,
+//!    so from here on the participant set is complete);
+//! 3. unless its part marker exists, writes its part into the shared staging file:
+//!    *shuffled* — its stripe-aligned domain ([`crate::plan::partition_domains`]), gathered from
+//!    every participant with pipelined `Read`s and written in large sequential writes, gathering
+//!    the next chunk while the previous one is written; *naive* — the extents it holds, where
+//!    they fall; then fsyncs the staging file and creates its part marker (fsync'd directory);
+//! 4. if every participant's marker exists, publishes: rename to the final name, fsync the
+//!    directory, remove the markers. Otherwise it waits for the peers (state `waiting`).
+//!
+//! When every file is published the epoch is journaled as drained, marked drained in the store
+//! and GC runs. Failures (PFS or peers) are retried with exponential backoff capped at
+//! `retry_backoff_ms_max`, shown in status; nothing is freed meanwhile. While clients are
+//! writing to this server, each PFS write is followed by a pause that caps drain bandwidth at
+//! `ingest_bandwidth_share` of the bandwidth measured when idle.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use spillway_client::{Client, ClientOptions, FileHandle};
+use spillway_proto::{DrainInfo, DrainState, Endpoint, EpochState, ErrorCode};
+use spillway_server::{Backend, BackendError, DrainControl, IngestProbe};
+use spillway_types::EpochId;
+
+use crate::journal::{DrainMode, Journal, JournalError};
+use crate::pfs::{Pfs, PfsError, PfsFile};
+use crate::plan::{chunk_writes, clip_extents, naive_writes, partition_domains};
+
+/// Drainer settings (from the `[drain]` knobs).
+#[derive(Clone, Debug)]
+pub struct DrainerOptions {
+    /// The reservation's servers in order (the same list clients use); this server included.
+    pub peers: Vec<Endpoint>,
+    /// This server's position in `peers`.
+    pub self_index: usize,
+    pub stripe_bytes: u64,
+    pub write_bytes_max: u64,
+    pub default_mode: DrainMode,
+    pub drain_after_commit: bool,
+    /// Share (0, 1] of the measured PFS bandwidth the drain may use while ingest is active.
+    pub ingest_bandwidth_share: f64,
+    pub retry_backoff_min: Duration,
+    pub retry_backoff_max: Duration,
+    /// Epochs queued at once; more requests are refused with `Busy`.
+    pub queued_epochs_max: usize,
+    /// Name for logs.
+    pub server_name: String,
+}
+
+/// Why one drain attempt failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DrainError {
+    #[error(transparent)]
+    Pfs(#[from] PfsError),
+    #[error("peer: {0}")]
+    Peer(#[from] spillway_client::ClientError),
+    #[error("local store: {0}")]
+    Store(BackendError),
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    #[error("file name {name:?} of epoch {epoch} cannot be a PFS path (absolute or has `..`)")]
+    BadName { epoch: EpochId, name: String },
+    #[error("this server (index {index}) is not among the servers holding {name:?}: server list differs between servers?")]
+    NotParticipant { index: usize, name: String },
+}
+
+/// Why starting the drainer failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    #[error("drain.self_index {index} is outside the server list of {count}")]
+    SelfIndex { index: usize, count: usize },
+    #[error("cannot start the drain thread: {0}")]
+    Thread(std::io::Error),
+}
+
+#[derive(Clone, Debug)]
+struct EpochStatus {
+    state: DrainState,
+    mode: DrainMode,
+    files_total: u64,
+    files_done: u64,
+    pfs_bytes_written: u64,
+    pfs_write_calls: u64,
+    shuffle_us: u64,
+    flush_us: u64,
+    failed_attempts: u32,
+    last_error: String,
+}
+
+impl EpochStatus {
+    fn new(mode: DrainMode, state: DrainState) -> Self {
+        EpochStatus {
+            state,
+            mode,
+            files_total: 0,
+            files_done: 0,
+            pfs_bytes_written: 0,
+            pfs_write_calls: 0,
+            shuffle_us: 0,
+            flush_us: 0,
+            failed_attempts: 0,
+            last_error: String::new(),
+        }
+    }
+}
+
+struct State {
+    epochs: BTreeMap<EpochId, EpochStatus>,
+    queue: VecDeque<EpochId>,
+}
+
+struct Inner {
+    options: DrainerOptions,
+    backend: Arc<dyn Backend>,
+    pfs: Arc<dyn Pfs>,
+    journal: Mutex<Journal>,
+    state: Mutex<State>,
+    wake: Condvar,
+    stop: AtomicBool,
+    ingest: Option<IngestProbe>,
+}
+
+/// The running drainer. Dropping it (or [`Drainer::stop`]) stops the worker between writes; an
+/// interrupted drain resumes from the journal at the next start.
+pub struct Drainer {
+    inner: Arc<Inner>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+enum Outcome {
+    Done,
+    /// Not all peers are ready (epoch open somewhere, or parts missing): poll again soon.
+    Wait(String),
+}
+
+impl Drainer {
+    /// Opens the journal in `journal_directory` (the server's SSD directory), re-queues every
+    /// pending epoch and starts the worker.
+    pub fn start(
+        options: DrainerOptions,
+        backend: Arc<dyn Backend>,
+        pfs: Arc<dyn Pfs>,
+        journal_directory: &Path,
+        ingest: Option<IngestProbe>,
+    ) -> Result<Drainer, StartError> {
+        if options.self_index >= options.peers.len() {
+            return Err(StartError::SelfIndex { index: options.self_index, count: options.peers.len() });
+        }
+        assert!(options.stripe_bytes > 0 && options.write_bytes_max > 0 && options.queued_epochs_max > 0);
+        let journal = Journal::open(journal_directory, 4096)?;
+        let mut state = State { epochs: BTreeMap::new(), queue: VecDeque::new() };
+        let held: BTreeMap<EpochId, EpochState> =
+            backend.epochs().map(|l| l.into_iter().map(|e| (e.epoch, e.state)).collect()).unwrap_or_default();
+        for (epoch, mode) in journal.pending() {
+            tracing::info!(%epoch, %mode, "drain: resuming a journaled drain");
+            state.epochs.insert(epoch, EpochStatus::new(mode, DrainState::Queued));
+            state.queue.push_back(epoch);
+        }
+        for epoch in journal.drained_epochs() {
+            // Crash between the journal's Drained record and the store's mark: finish it.
+            if let Some(s) = held.get(&epoch) {
+                if *s != EpochState::Drained {
+                    if let Err(e) = backend.mark_drained(epoch) {
+                        tracing::warn!(%epoch, error = %e, "drain: cannot re-mark a journaled drained epoch");
+                    }
+                }
+            }
+            let mode = journal.get(epoch).map(|e| e.mode).unwrap_or(DrainMode::Shuffled);
+            state.epochs.insert(epoch, EpochStatus::new(mode, DrainState::Drained));
+        }
+        let inner = Arc::new(Inner {
+            options,
+            backend,
+            pfs,
+            journal: Mutex::new(journal),
+            state: Mutex::new(state),
+            wake: Condvar::new(),
+            stop: AtomicBool::new(false),
+            ingest,
+        });
+        let worker_inner = inner.clone();
+        let worker = std::thread::Builder::new()
+            .name("drain".into())
+            .spawn(move || worker_inner.run())
+            .map_err(StartError::Thread)?;
+        Ok(Drainer { inner, worker: Mutex::new(Some(worker)) })
+    }
+
+    /// Queues `epoch` (journaled first). Idempotent.
+    pub fn request(&self, epoch: EpochId, mode: DrainMode) -> Result<(), BackendError> {
+        self.inner.request(epoch, mode)
+    }
+
+    /// Status of every epoch known to the drainer, oldest first.
+    pub fn status(&self) -> Vec<DrainInfo> {
+        self.inner.status()
+    }
+
+    /// Stops the worker (between two writes) and waits for it.
+    pub fn stop(&self) {
+        self.inner.stop.store(true, Ordering::SeqCst);
+        self.inner.wake.notify_all();
+        if let Some(worker) = self.worker.lock().take() {
+            let _ = worker.join();
+        }
+    }
+}
+
+impl Drop for Drainer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl DrainControl for Drainer {
+    fn request(&self, epoch: EpochId, mode: u8) -> Result<(), BackendError> {
+        let mode = DrainMode::from_code(mode)
+            .ok_or_else(|| BackendError::new(ErrorCode::InvalidArgument, format!("drain mode {mode}: expected 0 (naive) or 1 (shuffled)")))?;
+        self.inner.request(epoch, mode)
+    }
+    fn committed(&self, epoch: EpochId) {
+        if self.inner.options.drain_after_commit {
+            if let Err(e) = self.inner.request(epoch, self.inner.options.default_mode) {
+                tracing::warn!(%epoch, error = %e, "drain after commit: not queued");
+            }
+        }
+    }
+    fn status(&self) -> Vec<DrainInfo> {
+        self.inner.status()
+    }
+}
+
+/// Final PFS name, staging name and the part marker name of a file.
+struct Names {
+    final_path: PathBuf,
+    staging: PathBuf,
+}
+
+impl Names {
+    fn new(epoch: EpochId, name: &str) -> Result<Names, DrainError> {
+        let relative = Path::new(name);
+        if name.is_empty() || relative.is_absolute() || relative.components().any(|c| !matches!(c, Component::Normal(_))) {
+            return Err(DrainError::BadName { epoch, name: name.to_string() });
+        }
+        let final_path = PathBuf::from(format!("epoch-{}", epoch.0)).join(relative);
+        let base = final_path.file_name().expect("normal components").to_string_lossy().into_owned();
+        let staging = final_path.with_file_name(format!(".{base}.spillway-e{}.staging", epoch.0));
+        Ok(Names { final_path, staging })
+    }
+    fn marker(&self, server: usize) -> PathBuf {
+        let mut s = self.staging.clone().into_os_string();
+        s.push(format!(".part-{server}"));
+        PathBuf::from(s)
+    }
+}
+
+/// Caps drain bandwidth while ingest is active.
+struct Throttle<'a> {
+    probe: Option<&'a IngestProbe>,
+    share: f64,
+    last_ingest: u64,
+    last_change: Instant,
+}
+
+impl Throttle<'_> {
+    /// After a write that took `took`: pause so that, while ingest is active, the drain runs at
+    /// `share` of its unthrottled speed (the write itself measures that speed).
+    fn after_write(&mut self, took: Duration) {
+        let Some(probe) = self.probe else { return };
+        let now = probe.bytes_written();
+        if now != self.last_ingest {
+            self.last_ingest = now;
+            self.last_change = Instant::now();
+        }
+        let active = self.last_change.elapsed() < Duration::from_millis(250);
+        if active && self.share < 1.0 {
+            let pause = took.mul_f64(1.0 / self.share.max(0.01) - 1.0).min(Duration::from_secs(1));
+            std::thread::sleep(pause);
+        }
+    }
+}
+
+/// Counters of one file's part.
+#[derive(Default)]
+struct PartStats {
+    bytes: u64,
+    calls: u64,
+    shuffle: Duration,
+    flush: Duration,
+}
+
+impl Inner {
+    fn request(&self, epoch: EpochId, mode: DrainMode) -> Result<(), BackendError> {
+        let mut state = self.state.lock();
+        if let Some(s) = state.epochs.get(&epoch) {
+            if s.state == DrainState::Drained || state.queue.contains(&epoch) || s.state != DrainState::Queued {
+                return Ok(()); // drained, queued or in progress
+            }
+        }
+        let pending = state.queue.len();
+        if pending >= self.options.queued_epochs_max {
+            return Err(BackendError::new(ErrorCode::Busy, format!("{pending} epochs already queued for drain (limit)")));
+        }
+        self.journal
+            .lock()
+            .request(epoch, mode)
+            .map_err(|e| BackendError::new(ErrorCode::Io, format!("drain journal: {e}")))?;
+        state.epochs.insert(epoch, EpochStatus::new(mode, DrainState::Queued));
+        state.queue.push_back(epoch);
+        self.wake.notify_all();
+        Ok(())
+    }
+
+    fn status(&self) -> Vec<DrainInfo> {
+        self.state
+            .lock()
+            .epochs
+            .iter()
+            .map(|(&epoch, s)| DrainInfo {
+                epoch,
+                state: s.state,
+                mode: s.mode.code(),
+                files_total: s.files_total,
+                files_done: s.files_done,
+                pfs_bytes_written: s.pfs_bytes_written,
+                pfs_write_calls: s.pfs_write_calls,
+                shuffle_us: s.shuffle_us,
+                flush_us: s.flush_us,
+                failed_attempts: s.failed_attempts,
+                last_error: s.last_error.clone(),
+            })
+            .collect()
+    }
+
+    fn set(&self, epoch: EpochId, f: impl FnOnce(&mut EpochStatus)) {
+        if let Some(s) = self.state.lock().epochs.get_mut(&epoch) {
+            f(s);
+        }
+    }
+
+    /// Sleeps up to `d`, waking early on stop or a new request.
+    fn pause(&self, d: Duration) {
+        let mut state = self.state.lock();
+        if !self.stop.load(Ordering::SeqCst) {
+            self.wake.wait_for(&mut state, d);
+        }
+    }
+
+    fn run(self: Arc<Self>) {
+        let mut client: Option<Client> = None;
+        let mut backoff = self.options.retry_backoff_min;
+        let mut wait_poll = Duration::from_millis(20);
+        while !self.stop.load(Ordering::SeqCst) {
+            let next = {
+                let mut state = self.state.lock();
+                match state.queue.front().copied() {
+                    Some(epoch) => Some((epoch, state.epochs[&epoch].mode)),
+                    None => {
+                        self.wake.wait_for(&mut state, Duration::from_millis(200));
+                        None
+                    }
+                }
+            };
+            let Some((epoch, mode)) = next else { continue };
+            self.set(epoch, |s| s.state = DrainState::Running);
+            match self.drain_epoch(&mut client, epoch, mode) {
+                Ok(Outcome::Done) => {
+                    backoff = self.options.retry_backoff_min;
+                    wait_poll = Duration::from_millis(20);
+                    let mut state = self.state.lock();
+                    state.queue.retain(|e| *e != epoch);
+                }
+                Ok(Outcome::Wait(why)) => {
+                    self.set(epoch, |s| {
+                        s.state = DrainState::Waiting;
+                        s.last_error = why;
+                    });
+                    self.pause(wait_poll);
+                    wait_poll = (wait_poll * 2).min(Duration::from_millis(500));
+                }
+                Err(error) => {
+                    if matches!(error, DrainError::Peer(_)) {
+                        client = None; // reconnect next time
+                    }
+                    tracing::warn!(server = %self.options.server_name, %epoch, %error, retry_in_ms = backoff.as_millis() as u64, "drain attempt failed; data stays in the burst buffer");
+                    self.set(epoch, |s| {
+                        s.state = DrainState::Retrying;
+                        s.failed_attempts += 1;
+                        s.last_error = error.to_string();
+                    });
+                    self.pause(backoff);
+                    backoff = (backoff * 2).min(self.options.retry_backoff_max);
+                }
+            }
+        }
+    }
+
+    fn drain_epoch(&self, client: &mut Option<Client>, epoch: EpochId, mode: DrainMode) -> Result<Outcome, DrainError> {
+        let local = match self.backend.epochs().map_err(DrainError::Store)?.into_iter().find(|e| e.epoch == epoch) {
+            Some(e) => e,
+            None => {
+                tracing::warn!(%epoch, "drain: epoch is no longer in the burst buffer (deleted); dropping the request");
+                self.journal.lock().drained(epoch)?;
+                self.state.lock().epochs.remove(&epoch);
+                return Ok(Outcome::Done);
+            }
+        };
+        match local.state {
+            EpochState::Open => return Ok(Outcome::Wait(format!("epoch {epoch} is not committed here yet"))),
+            EpochState::Drained => {
+                self.journal.lock().drained(epoch)?;
+                self.set(epoch, |s| s.state = DrainState::Drained);
+                return Ok(Outcome::Done);
+            }
+            EpochState::CommittedMemory | EpochState::Committed => {}
+        }
+        if client.is_none() {
+            let options = ClientOptions {
+                client_name: format!("drainer of {}", self.options.server_name),
+                transfer_bytes_max: 4 << 20,
+                // Deep pipelining: a shuffle is many small reads when extents are small.
+                window: 64,
+                ..ClientOptions::default()
+            };
+            *client = Some(Client::connect(&self.options.peers, options)?);
+        }
+        let client = client.as_mut().expect("connected above");
+        if let Some(summary) = client.list_epochs()?.into_iter().find(|s| s.epoch == epoch) {
+            if summary.state == EpochState::Open {
+                return Ok(Outcome::Wait(format!("epoch {epoch} is still open on some server")));
+            }
+        }
+        let files = self.backend.files(epoch).map_err(DrainError::Store)?;
+        self.set(epoch, |s| {
+            s.files_total = files.len() as u64;
+            s.last_error.clear();
+        });
+        let mut done = 0u64;
+        let mut waiting = None;
+        for file in &files {
+            let names = Names::new(epoch, &file.name)?;
+            match self.drain_file(client, epoch, mode, file.file, &file.name, &names)? {
+                Outcome::Done => done += 1,
+                Outcome::Wait(why) => waiting = Some(why),
+            }
+            self.set(epoch, |s| s.files_done = done);
+            if self.stop.load(Ordering::SeqCst) {
+                return Ok(Outcome::Wait("stopping".into()));
+            }
+        }
+        if let Some(why) = waiting {
+            return Ok(Outcome::Wait(why));
+        }
+        // Every file is under its final name and fsync'd: journal, then free.
+        self.journal.lock().drained(epoch)?;
+        self.backend.mark_drained(epoch).map_err(DrainError::Store)?;
+        let freed = self.backend.collect_garbage().map_err(DrainError::Store)?;
+        tracing::info!(server = %self.options.server_name, %epoch, files = files.len(), bytes_freed = freed, "epoch drained to the PFS");
+        self.set(epoch, |s| {
+            s.state = DrainState::Drained;
+            s.last_error.clear();
+        });
+        Ok(Outcome::Done)
+    }
+
+    fn drain_file(
+        &self,
+        client: &mut Client,
+        epoch: EpochId,
+        mode: DrainMode,
+        local_file: spillway_types::FileId,
+        name: &str,
+        names: &Names,
+    ) -> Result<Outcome, DrainError> {
+        if self.pfs.exists(&names.final_path)? {
+            return Ok(Outcome::Done);
+        }
+        let handle = client.open_file(epoch, name)?;
+        let participants = handle.servers();
+        if self.pfs.exists(&names.final_path)? {
+            return Ok(Outcome::Done);
+        }
+        let me = self.options.self_index;
+        let position = participants
+            .iter()
+            .position(|&s| s == me)
+            .ok_or_else(|| DrainError::NotParticipant { index: me, name: name.to_string() })?;
+        if !self.pfs.exists(&names.marker(me))? {
+            self.pfs.create_parents(&names.staging)?;
+            let stats = self.write_part(client, &handle, epoch, mode, local_file, position, participants.len(), names)?;
+            self.set(epoch, |s| {
+                s.pfs_bytes_written += stats.bytes;
+                s.pfs_write_calls += stats.calls;
+                s.shuffle_us += stats.shuffle.as_micros() as u64;
+                s.flush_us += stats.flush.as_micros() as u64;
+            });
+            self.pfs.create_marker(&names.marker(me))?;
+        }
+        let mut missing = Vec::new();
+        for &server in &participants {
+            if !self.pfs.exists(&names.marker(server))? {
+                missing.push(server);
+            }
+        }
+        if !missing.is_empty() {
+            if self.pfs.exists(&names.final_path)? {
+                return Ok(Outcome::Done);
+            }
+            return Ok(Outcome::Wait(format!("{name:?}: waiting for the parts of servers {missing:?}")));
+        }
+        if let Err(error) = self.pfs.publish(&names.staging, &names.final_path) {
+            // A peer published first (both saw every marker).
+            if !self.pfs.exists(&names.final_path)? {
+                return Err(error.into());
+            }
+        }
+        for &server in &participants {
+            self.pfs.remove(&names.marker(server))?;
+        }
+        Ok(Outcome::Done)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn write_part(
+        &self,
+        client: &mut Client,
+        handle: &FileHandle,
+        epoch: EpochId,
+        mode: DrainMode,
+        local_file: spillway_types::FileId,
+        position: usize,
+        participants: usize,
+        names: &Names,
+    ) -> Result<PartStats, DrainError> {
+        let size = client.file_size(handle)?;
+        let extents: Vec<(usize, u64, u64)> = client.extents(handle)?.into_iter().map(|(s, e)| (s, e.offset, e.length)).collect();
+        let mut file = self.pfs.open_staging(&names.staging)?;
+        let mut stats = PartStats::default();
+        let mut throttle = Throttle {
+            probe: self.ingest.as_ref(),
+            share: self.options.ingest_bandwidth_share,
+            last_ingest: self.ingest.as_ref().map(|p| p.bytes_written()).unwrap_or(0),
+            last_change: Instant::now() - Duration::from_secs(10),
+        };
+        let write_max = self.options.write_bytes_max;
+        match mode {
+            DrainMode::Shuffled => {
+                let domain = partition_domains(size, participants, self.options.stripe_bytes)[position].clone();
+                let chunks = chunk_writes(domain, write_max, self.options.stripe_bytes);
+                // Gather (shuffle) on this thread, write on another: two chunks in flight at most.
+                let (tx, rx) = std::sync::mpsc::sync_channel::<(u64, Vec<u8>)>(1);
+                let stop = &self.stop;
+                let file_ref: &mut Box<dyn PfsFile> = &mut file;
+                let throttle_ref = &mut throttle;
+                let result: Result<(), DrainError> = std::thread::scope(|scope| {
+                    let writer = scope.spawn(move || -> Result<PartStats, PfsError> {
+                        let (file, throttle) = (file_ref, throttle_ref);
+                        let mut local = PartStats::default();
+                        for (offset, buffer) in rx {
+                            let started = Instant::now();
+                            file.write_at(offset, &buffer)?;
+                            file.start_writeback(offset, buffer.len() as u64);
+                            let took = started.elapsed();
+                            local.flush += took;
+                            local.bytes += buffer.len() as u64;
+                            local.calls += 1;
+                            throttle.after_write(took);
+                        }
+                        Ok(local)
+                    });
+                    let gather = || -> Result<(), DrainError> {
+                        for chunk in chunks {
+                            if stop.load(Ordering::SeqCst) {
+                                break;
+                            }
+                            let started = Instant::now();
+                            let mut buffer = vec![0u8; (chunk.end - chunk.start) as usize];
+                            let mut wanted = Vec::new();
+                            for &(server, offset, length) in &extents {
+                                for piece in clip_extents(&[(offset, length)], &chunk) {
+                                    for p in chunk_writes(piece, 1 << 20, 1 << 20) {
+                                        wanted.push((server, p.start, p.end - p.start));
+                                    }
+                                }
+                            }
+                            client.read_ranges(handle, chunk.start, &mut buffer, wanted)?;
+                            stats.shuffle += started.elapsed();
+                            if tx.send((chunk.start, buffer)).is_err() {
+                                break; // the writer failed; its error is reported below
+                            }
+                        }
+                        Ok(())
+                    };
+                    let gathered = gather();
+                    drop(tx);
+                    let written = writer.join().expect("drain writer thread panicked");
+                    gathered?;
+                    let local = written?;
+                    stats.bytes += local.bytes;
+                    stats.calls += local.calls;
+                    stats.flush += local.flush;
+                    Ok(())
+                });
+                result?;
+            }
+            DrainMode::Naive => {
+                let mine: Vec<(u64, u64)> = extents.iter().filter(|e| e.0 == self.options.self_index).map(|e| (e.1, e.2)).collect();
+                let mut buffer = Vec::new();
+                for range in naive_writes(&mine, write_max) {
+                    if self.stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let started = Instant::now();
+                    buffer.resize((range.end - range.start) as usize, 0);
+                    self.backend.read(epoch, local_file, range.start, &mut buffer).map_err(DrainError::Store)?;
+                    stats.shuffle += started.elapsed();
+                    let started = Instant::now();
+                    file.write_at(range.start, &buffer)?;
+                    let took = started.elapsed();
+                    stats.flush += took;
+                    stats.bytes += buffer.len() as u64;
+                    stats.calls += 1;
+                    throttle.after_write(took);
+                }
+            }
+        }
+        if self.stop.load(Ordering::SeqCst) {
+            return Err(DrainError::Store(BackendError::new(ErrorCode::ShuttingDown, "drainer stopping mid-file")));
+        }
+        let started = Instant::now();
+        file.extend_to(size)?;
+        file.sync()?;
+        stats.flush += started.elapsed();
+        Ok(stats)
+    }
+}

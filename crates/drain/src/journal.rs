@@ -1,0 +1,327 @@
+//! The drain journal: which epochs this server was asked to drain, and which are done, so a
+//! drain survives a server crash (docs/design/drain.md, "Journal", has the byte layout).
+//!
+//! An append-only file of fixed 32-byte records in the server's SSD directory, each fsync'd
+//! before the action it announces: `Requested` before any PFS byte of the epoch is written,
+//! `Drained` after every file of the epoch is under its final PFS name and the directory is
+//! fsync'd, and before the epoch is marked drained in the store. On open, records are replayed;
+//! a torn or corrupt tail (a crash mid-append) is cut off, a bad record in the middle is refused.
+//! The file is rewritten (staging + rename) to only the pending epochs when it grows beyond
+//! `records_max`, so it stays small.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+use spillway_types::EpochId;
+
+/// Bytes of one record.
+pub const RECORD_BYTES: usize = 32;
+/// "SPDJ" little-endian.
+pub const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"SPDJ");
+/// Journal file name inside the SSD directory.
+pub const JOURNAL_FILE: &str = "drain.journal";
+
+/// How a shared file is written to the PFS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DrainMode {
+    /// Every server writes its own extents where they fall.
+    Naive,
+    /// Coordinated shuffling: stripe-aligned domains, one writer per domain.
+    Shuffled,
+}
+
+impl DrainMode {
+    pub fn code(self) -> u8 {
+        match self {
+            DrainMode::Naive => 0,
+            DrainMode::Shuffled => 1,
+        }
+    }
+    pub fn from_code(code: u8) -> Option<Self> {
+        match code {
+            0 => Some(DrainMode::Naive),
+            1 => Some(DrainMode::Shuffled),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for DrainMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DrainMode::Naive => "naive",
+            DrainMode::Shuffled => "shuffled",
+        })
+    }
+}
+
+impl std::str::FromStr for DrainMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "naive" => Ok(DrainMode::Naive),
+            "shuffled" => Ok(DrainMode::Shuffled),
+            other => Err(format!("drain mode {other:?}: expected naive or shuffled")),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Requested = 1,
+    Drained = 2,
+}
+
+/// One epoch's journal state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JournalEntry {
+    pub mode: DrainMode,
+    pub drained: bool,
+}
+
+/// Why the journal could not be opened or appended to.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum JournalError {
+    #[error("drain journal {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("drain journal {path} is corrupt at byte {offset}: {reason} (not a torn tail: later records are valid)")]
+    Corrupt { path: PathBuf, offset: u64, reason: String },
+}
+
+/// The open journal.
+pub struct Journal {
+    path: PathBuf,
+    file: File,
+    entries: BTreeMap<EpochId, JournalEntry>,
+    records: usize,
+    records_max: usize,
+}
+
+fn encode(kind: Kind, mode: DrainMode, epoch: EpochId, time_us: u64) -> [u8; RECORD_BYTES] {
+    let mut r = [0u8; RECORD_BYTES];
+    r[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
+    r[4] = kind as u8;
+    r[5] = mode.code();
+    // 6..8 reserved, zero.
+    r[8..16].copy_from_slice(&epoch.0.to_le_bytes());
+    r[16..24].copy_from_slice(&time_us.to_le_bytes());
+    // 24..28 reserved, zero.
+    let crc = crc32c::crc32c(&r[0..28]);
+    r[28..32].copy_from_slice(&crc.to_le_bytes());
+    r
+}
+
+fn decode(r: &[u8]) -> Result<(Kind, DrainMode, EpochId), String> {
+    let magic = u32::from_le_bytes(r[0..4].try_into().unwrap());
+    if magic != RECORD_MAGIC {
+        return Err(format!("bad magic {magic:#010x}"));
+    }
+    let crc = u32::from_le_bytes(r[28..32].try_into().unwrap());
+    if crc != crc32c::crc32c(&r[0..28]) {
+        return Err("CRC mismatch".into());
+    }
+    let kind = match r[4] {
+        1 => Kind::Requested,
+        2 => Kind::Drained,
+        k => return Err(format!("unknown record kind {k}")),
+    };
+    let mode = DrainMode::from_code(r[5]).ok_or_else(|| format!("unknown drain mode {}", r[5]))?;
+    Ok((kind, mode, EpochId(u64::from_le_bytes(r[8..16].try_into().unwrap()))))
+}
+
+impl Journal {
+    /// Opens (creating) the journal in `directory` and replays it.
+    pub fn open(directory: &Path, records_max: usize) -> Result<Journal, JournalError> {
+        let path = directory.join(JOURNAL_FILE);
+        let io = |source| JournalError::Io { path: path.clone(), source };
+        let mut file = OpenOptions::new().create(true).truncate(false).read(true).write(true).open(&path).map_err(io)?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).map_err(io)?;
+        let mut entries = BTreeMap::new();
+        let mut valid = 0usize;
+        let mut records = 0usize;
+        let whole = bytes.len() / RECORD_BYTES * RECORD_BYTES;
+        let mut at = 0;
+        while at < whole {
+            match decode(&bytes[at..at + RECORD_BYTES]) {
+                Ok((kind, mode, epoch)) => {
+                    let entry = entries.entry(epoch).or_insert(JournalEntry { mode, drained: false });
+                    match kind {
+                        Kind::Requested => entry.mode = mode,
+                        Kind::Drained => entry.drained = true,
+                    }
+                    records += 1;
+                    at += RECORD_BYTES;
+                    valid = at;
+                }
+                Err(reason) => {
+                    // Torn tail only if nothing valid follows.
+                    let later_valid = (at + RECORD_BYTES..whole)
+                        .step_by(RECORD_BYTES)
+                        .any(|o| decode(&bytes[o..o + RECORD_BYTES]).is_ok());
+                    if later_valid {
+                        return Err(JournalError::Corrupt { path, offset: at as u64, reason });
+                    }
+                    break;
+                }
+            }
+        }
+        if valid < bytes.len() {
+            tracing::warn!(path = %path.display(), cut_bytes = bytes.len() - valid, "drain journal: cutting a torn tail");
+            file.set_len(valid as u64).map_err(io)?;
+            file.sync_all().map_err(io)?;
+        }
+        use std::io::Seek;
+        file.seek(io::SeekFrom::End(0)).map_err(io)?;
+        let mut journal = Journal { path, file, entries, records, records_max: records_max.max(16) };
+        if journal.records > journal.records_max {
+            journal.compact()?;
+        }
+        Ok(journal)
+    }
+
+    fn append(&mut self, record: [u8; RECORD_BYTES]) -> Result<(), JournalError> {
+        let io = |source| JournalError::Io { path: self.path.clone(), source };
+        self.file.write_all(&record).map_err(io)?;
+        self.file.sync_data().map_err(io)?;
+        self.records += 1;
+        Ok(())
+    }
+
+    /// Records (durably) that `epoch` is to be drained in `mode`. Idempotent for a pending epoch
+    /// in the same mode; a drained epoch stays drained.
+    pub fn request(&mut self, epoch: EpochId, mode: DrainMode) -> Result<(), JournalError> {
+        match self.entries.get(&epoch) {
+            Some(e) if e.drained || e.mode == mode => return Ok(()),
+            _ => {}
+        }
+        self.append(encode(Kind::Requested, mode, epoch, crate::pfs::now_us()))?;
+        self.entries.insert(epoch, JournalEntry { mode, drained: false });
+        Ok(())
+    }
+
+    /// Records (durably) that every file of `epoch` is on the PFS.
+    pub fn drained(&mut self, epoch: EpochId) -> Result<(), JournalError> {
+        let mode = self.entries.get(&epoch).map(|e| e.mode).unwrap_or(DrainMode::Shuffled);
+        if self.entries.get(&epoch).is_some_and(|e| e.drained) {
+            return Ok(());
+        }
+        self.append(encode(Kind::Drained, mode, epoch, crate::pfs::now_us()))?;
+        self.entries.insert(epoch, JournalEntry { mode, drained: true });
+        if self.records > self.records_max {
+            self.compact()?;
+        }
+        Ok(())
+    }
+
+    /// Epochs requested and not yet drained, oldest first.
+    pub fn pending(&self) -> Vec<(EpochId, DrainMode)> {
+        self.entries.iter().filter(|(_, e)| !e.drained).map(|(&epoch, e)| (epoch, e.mode)).collect()
+    }
+
+    /// Epochs journaled as drained (kept after compaction: the newest ones).
+    pub fn drained_epochs(&self) -> Vec<EpochId> {
+        self.entries.iter().filter(|(_, e)| e.drained).map(|(&epoch, _)| epoch).collect()
+    }
+
+    pub fn get(&self, epoch: EpochId) -> Option<JournalEntry> {
+        self.entries.get(&epoch).copied()
+    }
+
+    /// Rewrites the journal with only pending epochs plus the newest `records_max / 2` drained
+    /// ones (so `status` still knows recent drains): staging file, fsync, rename, fsync dir.
+    fn compact(&mut self) -> Result<(), JournalError> {
+        let staging = self.path.with_extension("journal.staging");
+        let io = |path: &Path, source| JournalError::Io { path: path.to_path_buf(), source };
+        let keep_drained = self.records_max / 2;
+        let drained: Vec<EpochId> = self.entries.iter().filter(|(_, e)| e.drained).map(|(&k, _)| k).collect();
+        let cut = drained.len().saturating_sub(keep_drained);
+        for epoch in &drained[..cut] {
+            self.entries.remove(epoch);
+        }
+        let mut bytes = Vec::new();
+        for (&epoch, e) in &self.entries {
+            bytes.extend_from_slice(&encode(Kind::Requested, e.mode, epoch, 0));
+            if e.drained {
+                bytes.extend_from_slice(&encode(Kind::Drained, e.mode, epoch, 0));
+            }
+        }
+        let mut f = File::create(&staging).map_err(|e| io(&staging, e))?;
+        f.write_all(&bytes).map_err(|e| io(&staging, e))?;
+        f.sync_all().map_err(|e| io(&staging, e))?;
+        std::fs::rename(&staging, &self.path).map_err(|e| io(&self.path, e))?;
+        if let Some(dir) = self.path.parent() {
+            File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io(dir, e))?;
+        }
+        self.file = OpenOptions::new().append(true).read(true).open(&self.path).map_err(|e| io(&self.path, e))?;
+        self.records = bytes.len() / RECORD_BYTES;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replays_requests_and_completions() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut j = Journal::open(dir.path(), 100).unwrap();
+            j.request(EpochId(1), DrainMode::Shuffled).unwrap();
+            j.request(EpochId(2), DrainMode::Naive).unwrap();
+            j.drained(EpochId(1)).unwrap();
+        }
+        let j = Journal::open(dir.path(), 100).unwrap();
+        assert_eq!(j.pending(), vec![(EpochId(2), DrainMode::Naive)]);
+        assert_eq!(j.get(EpochId(1)), Some(JournalEntry { mode: DrainMode::Shuffled, drained: true }));
+    }
+
+    #[test]
+    fn torn_tail_is_cut_and_corrupt_middle_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut j = Journal::open(dir.path(), 100).unwrap();
+            j.request(EpochId(1), DrainMode::Shuffled).unwrap();
+            j.request(EpochId(2), DrainMode::Shuffled).unwrap();
+        }
+        let path = dir.path().join(JOURNAL_FILE);
+        // A half-written third record.
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes.extend_from_slice(&encode(Kind::Drained, DrainMode::Shuffled, EpochId(1), 5)[..20]);
+        std::fs::write(&path, &bytes).unwrap();
+        let j = Journal::open(dir.path(), 100).unwrap();
+        assert_eq!(j.pending().len(), 2);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 64);
+        drop(j);
+        // Flip a byte of the first record: a valid one follows, so this is corruption.
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[9] ^= 0xff;
+        std::fs::write(&path, &bytes).unwrap();
+        match Journal::open(dir.path(), 100) {
+            Err(JournalError::Corrupt { offset: 0, .. }) => {}
+            other => panic!("expected corruption at 0, got {:?}", other.map(|j| j.pending())),
+        }
+    }
+
+    #[test]
+    fn compaction_keeps_pending_epochs() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut j = Journal::open(dir.path(), 16).unwrap();
+            for e in 1..=40 {
+                j.request(EpochId(e), DrainMode::Shuffled).unwrap();
+                if e != 7 {
+                    j.drained(EpochId(e)).unwrap();
+                }
+            }
+        }
+        let j = Journal::open(dir.path(), 16).unwrap();
+        assert_eq!(j.pending(), vec![(EpochId(7), DrainMode::Shuffled)]);
+        assert!(std::fs::metadata(dir.path().join(JOURNAL_FILE)).unwrap().len() <= 40 * RECORD_BYTES as u64);
+        assert!(j.get(EpochId(40)).unwrap().drained);
+    }
+}

@@ -1,0 +1,22 @@
+//! Draining committed epochs from the burst buffer to the parallel file system (PFS).
+//!
+//! BurstMem IV.A/IV.B: a committed epoch is written to a PFS directory in the background while
+//! the application computes; only when every file is complete and fsync'd under its final name
+//! is the epoch marked drained and its burst buffer space freed. Shared (N-1) files are written
+//! with coordinated shuffling ([`plan`]): each server gathers a contiguous, stripe-aligned domain
+//! from its peers and writes it sequentially, so no PFS stripe has two writers.
+//!
+//! Modules: [`plan`] (pure partitioning and metrics), [`pfs`] (the PFS behind a trait, with a
+//! fault-injecting implementation and the write log), [`journal`] (crash-safe record of drain
+//! requests), [`drainer`] (the asynchronous worker a server runs). Layout and guarantees:
+//! docs/design/drain.md and docs/semantics.md ("Drain: when data reaches the PFS").
+
+pub mod drainer;
+pub mod journal;
+pub mod pfs;
+pub mod plan;
+
+pub use drainer::{DrainError, Drainer, DrainerOptions, StartError};
+pub use journal::{DrainMode, Journal, JournalError};
+pub use pfs::{FaultyPfs, Faults, Pfs, PfsError, PfsFile, PosixPfs, WriteLog};
+pub use plan::{chunk_writes, lock_switches, partition_domains, stripe_aligned_fraction, PfsWrite};

@@ -1,0 +1,430 @@
+//! The parallel file system behind a small trait: a real POSIX implementation and a
+//! fault-injecting wrapper for tests, plus the log of PFS writes used by the lock-switch metric.
+//!
+//! Visibility rule (docs/semantics.md, "Drain"): bytes are written to a *staging* name, fsync'd,
+//! and only then renamed to the final name, after which the directory is fsync'd. A reader of
+//! the PFS therefore sees a file under its final name only complete. The staging file of an N-1
+//! file is shared by every server writing a domain of it (each writes only its own ranges), and
+//! each server records that its part is durable with a *part marker* file; whoever creates the
+//! last marker publishes (see [`crate::drainer`]). All paths given to a [`Pfs`] are relative
+//! to its root; the root itself is never created by the drainer, so a missing or unmounted PFS
+//! is reported as an error instead of silently filling the local disk.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+
+use crate::plan::PfsWrite;
+
+/// A failed PFS operation: what was attempted, on which path, and the OS error.
+#[derive(Debug, thiserror::Error)]
+#[error("PFS {operation} {path}: {source}")]
+pub struct PfsError {
+    pub operation: &'static str,
+    pub path: PathBuf,
+    #[source]
+    pub source: io::Error,
+}
+
+impl PfsError {
+    pub fn new(operation: &'static str, path: &Path, source: io::Error) -> Self {
+        PfsError { operation, path: path.to_path_buf(), source }
+    }
+}
+
+/// A file being written on the PFS (a staging file).
+pub trait PfsFile: Send {
+    /// Writes all of `data` at `offset`.
+    fn write_at(&mut self, offset: u64, data: &[u8]) -> Result<(), PfsError>;
+    /// Grows the file to `bytes` if it is shorter (never shrinks: other servers write too).
+    fn extend_to(&mut self, bytes: u64) -> Result<(), PfsError>;
+    /// fsync: every byte written through this handle is durable when this returns.
+    fn sync(&mut self) -> Result<(), PfsError>;
+    /// Hint: start writing back `offset..offset+length` now (so the final fsync has less to
+    /// do). No durability promise; a no-op where unsupported.
+    fn start_writeback(&mut self, offset: u64, length: u64) {
+        let _ = (offset, length);
+    }
+}
+
+/// The PFS: a directory tree. Paths are relative to the PFS root.
+pub trait Pfs: Send + Sync {
+    /// Creates the parent directories of `path` (not the root).
+    fn create_parents(&self, path: &Path) -> Result<(), PfsError>;
+    /// Opens `path` for writing, creating it if needed, never truncating.
+    fn open_staging(&self, path: &Path) -> Result<Box<dyn PfsFile>, PfsError>;
+    /// Whether `path` exists.
+    fn exists(&self, path: &Path) -> Result<bool, PfsError>;
+    /// Creates an empty marker file and fsyncs its directory (idempotent).
+    fn create_marker(&self, path: &Path) -> Result<(), PfsError>;
+    /// Renames `from` to `to` and fsyncs the directory of `to`.
+    fn publish(&self, from: &Path, to: &Path) -> Result<(), PfsError>;
+    /// Removes a file; a missing file is not an error.
+    fn remove(&self, path: &Path) -> Result<(), PfsError>;
+    /// Reads up to `buf.len()` bytes at `offset`; returns how many (short at end of file).
+    fn read_at(&self, path: &Path, offset: u64, buf: &mut [u8]) -> Result<usize, PfsError>;
+}
+
+/// The PFS as a local POSIX directory (Lustre/GPFS mount point on a real center).
+pub struct PosixPfs {
+    root: PathBuf,
+    log: Option<Arc<WriteLog>>,
+    server: u32,
+}
+
+impl PosixPfs {
+    /// `root` must exist when the drain runs (it is not created here).
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        PosixPfs { root: root.into(), log: None, server: 0 }
+    }
+
+    /// Records every data write as `(server, offset, length)` in `log`.
+    pub fn with_log(mut self, log: Arc<WriteLog>, server: u32) -> Self {
+        self.log = Some(log);
+        self.server = server;
+        self
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn full(&self, path: &Path) -> PathBuf {
+        self.root.join(path)
+    }
+}
+
+fn fsync_dir(dir: &Path) -> Result<(), PfsError> {
+    let d = File::open(dir).map_err(|e| PfsError::new("open directory", dir, e))?;
+    d.sync_all().map_err(|e| PfsError::new("fsync directory", dir, e))
+}
+
+struct PosixFile {
+    file: File,
+    path: PathBuf,
+    log: Option<Arc<WriteLog>>,
+    server: u32,
+}
+
+impl PfsFile for PosixFile {
+    fn write_at(&mut self, offset: u64, data: &[u8]) -> Result<(), PfsError> {
+        self.file.write_all_at(data, offset).map_err(|e| PfsError::new("write", &self.path, e))?;
+        if let Some(log) = &self.log {
+            log.record(self.server, offset, data.len() as u64);
+        }
+        Ok(())
+    }
+
+    fn extend_to(&mut self, bytes: u64) -> Result<(), PfsError> {
+        let len = self.file.metadata().map_err(|e| PfsError::new("stat", &self.path, e))?.len();
+        if len < bytes {
+            self.file.set_len(bytes).map_err(|e| PfsError::new("extend", &self.path, e))?;
+        }
+        Ok(())
+    }
+
+    fn sync(&mut self) -> Result<(), PfsError> {
+        self.file.sync_all().map_err(|e| PfsError::new("fsync", &self.path, e))
+    }
+
+    fn start_writeback(&mut self, offset: u64, length: u64) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: plain syscall on an open descriptor; failure only loses the hint.
+        unsafe {
+            libc::sync_file_range(self.file.as_raw_fd(), offset as i64, length as i64, libc::SYNC_FILE_RANGE_WRITE);
+        }
+    }
+}
+
+impl Pfs for PosixPfs {
+    fn create_parents(&self, path: &Path) -> Result<(), PfsError> {
+        if !self.root.is_dir() {
+            return Err(PfsError::new(
+                "find root",
+                &self.root,
+                io::Error::new(io::ErrorKind::NotFound, "PFS root directory is missing (not mounted?)"),
+            ));
+        }
+        if let Some(parent) = path.parent() {
+            let full = self.full(parent);
+            std::fs::create_dir_all(&full).map_err(|e| PfsError::new("create directory", &full, e))?;
+        }
+        Ok(())
+    }
+
+    fn open_staging(&self, path: &Path) -> Result<Box<dyn PfsFile>, PfsError> {
+        let full = self.full(path);
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&full)
+            .map_err(|e| PfsError::new("open for writing", &full, e))?;
+        Ok(Box::new(PosixFile { file, path: full, log: self.log.clone(), server: self.server }))
+    }
+
+    fn exists(&self, path: &Path) -> Result<bool, PfsError> {
+        let full = self.full(path);
+        match std::fs::symlink_metadata(&full) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(PfsError::new("stat", &full, e)),
+        }
+    }
+
+    fn create_marker(&self, path: &Path) -> Result<(), PfsError> {
+        let full = self.full(path);
+        OpenOptions::new().create(true).truncate(false).write(true).open(&full).map_err(|e| PfsError::new("create marker", &full, e))?;
+        fsync_dir(full.parent().unwrap_or(&self.root))
+    }
+
+    fn publish(&self, from: &Path, to: &Path) -> Result<(), PfsError> {
+        let (from, to) = (self.full(from), self.full(to));
+        std::fs::rename(&from, &to).map_err(|e| PfsError::new("rename to final name", &to, e))?;
+        fsync_dir(to.parent().unwrap_or(&self.root))
+    }
+
+    fn remove(&self, path: &Path) -> Result<(), PfsError> {
+        let full = self.full(path);
+        match std::fs::remove_file(&full) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(PfsError::new("remove", &full, e)),
+        }
+    }
+
+    fn read_at(&self, path: &Path, offset: u64, buf: &mut [u8]) -> Result<usize, PfsError> {
+        let full = self.full(path);
+        let file = File::open(&full).map_err(|e| PfsError::new("open for reading", &full, e))?;
+        let mut done = 0;
+        while done < buf.len() {
+            match file.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(PfsError::new("read", &full, e)),
+            }
+        }
+        Ok(done)
+    }
+}
+
+/// Log of PFS data writes, in the order they completed, shared by the servers of one process
+/// (the benchmark) or kept per server. Bounded: beyond `entries_max` only the count grows.
+pub struct WriteLog {
+    entries: Mutex<Vec<PfsWrite>>,
+    entries_max: usize,
+    writes: AtomicU64,
+    bytes: AtomicU64,
+    sequence: AtomicU64,
+}
+
+impl WriteLog {
+    pub fn new(entries_max: usize) -> Self {
+        WriteLog {
+            entries: Mutex::new(Vec::new()),
+            entries_max,
+            writes: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            sequence: AtomicU64::new(0),
+        }
+    }
+
+    pub fn record(&self, server: u32, offset: u64, length: u64) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(length, Ordering::Relaxed);
+        let mut entries = self.entries.lock();
+        if entries.len() < self.entries_max {
+            let sequence = self.sequence.fetch_add(1, Ordering::Relaxed);
+            entries.push(PfsWrite { sequence, server, offset, length });
+        }
+    }
+
+    /// Writes recorded (including those beyond the entry bound).
+    pub fn writes(&self) -> u64 {
+        self.writes.load(Ordering::Relaxed)
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Whether some writes were counted but not kept.
+    pub fn truncated(&self) -> bool {
+        self.writes() as usize > self.entries.lock().len()
+    }
+
+    pub fn take(&self) -> Vec<PfsWrite> {
+        self.writes.store(0, Ordering::Relaxed);
+        self.bytes.store(0, Ordering::Relaxed);
+        std::mem::take(&mut *self.entries.lock())
+    }
+}
+
+/// Microseconds since the Unix epoch (for status timestamps).
+pub fn now_us() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
+}
+
+/// Which operations a [`FaultyPfs`] fails.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Faults {
+    /// Fail every data write (as `EROFS`, a read-only PFS).
+    pub read_only: bool,
+    /// Fail every fsync of a data file (as `EIO`).
+    pub fsync_fails: bool,
+    /// Fail writes after this many more bytes (as `ENOSPC`); `None` for no limit.
+    pub space_left_bytes: Option<u64>,
+}
+
+/// Wraps a [`Pfs`] and injects the failures in its [`Faults`], switchable at run time.
+pub struct FaultyPfs<P: Pfs> {
+    inner: P,
+    faults: Arc<Mutex<Faults>>,
+}
+
+impl<P: Pfs> FaultyPfs<P> {
+    pub fn new(inner: P) -> (Self, Arc<Mutex<Faults>>) {
+        let faults = Arc::new(Mutex::new(Faults::default()));
+        (FaultyPfs { inner, faults: faults.clone() }, faults)
+    }
+
+    fn check_mutation(&self, operation: &'static str, path: &Path) -> Result<(), PfsError> {
+        if self.faults.lock().read_only {
+            return Err(PfsError::new(operation, path, io::Error::from_raw_os_error(libc::EROFS)));
+        }
+        Ok(())
+    }
+}
+
+struct FaultyFile {
+    inner: Box<dyn PfsFile>,
+    faults: Arc<Mutex<Faults>>,
+    path: PathBuf,
+}
+
+impl PfsFile for FaultyFile {
+    fn write_at(&mut self, offset: u64, data: &[u8]) -> Result<(), PfsError> {
+        {
+            let mut faults = self.faults.lock();
+            if faults.read_only {
+                return Err(PfsError::new("write", &self.path, io::Error::from_raw_os_error(libc::EROFS)));
+            }
+            if let Some(left) = faults.space_left_bytes.as_mut() {
+                if *left < data.len() as u64 {
+                    return Err(PfsError::new("write", &self.path, io::Error::from_raw_os_error(libc::ENOSPC)));
+                }
+                *left -= data.len() as u64;
+            }
+        }
+        self.inner.write_at(offset, data)
+    }
+
+    fn extend_to(&mut self, bytes: u64) -> Result<(), PfsError> {
+        if self.faults.lock().read_only {
+            return Err(PfsError::new("extend", &self.path, io::Error::from_raw_os_error(libc::EROFS)));
+        }
+        self.inner.extend_to(bytes)
+    }
+
+    fn start_writeback(&mut self, offset: u64, length: u64) {
+        self.inner.start_writeback(offset, length)
+    }
+
+    fn sync(&mut self) -> Result<(), PfsError> {
+        if self.faults.lock().fsync_fails {
+            return Err(PfsError::new("fsync", &self.path, io::Error::from_raw_os_error(libc::EIO)));
+        }
+        self.inner.sync()
+    }
+}
+
+impl<P: Pfs> Pfs for FaultyPfs<P> {
+    fn create_parents(&self, path: &Path) -> Result<(), PfsError> {
+        self.inner.create_parents(path)
+    }
+    fn open_staging(&self, path: &Path) -> Result<Box<dyn PfsFile>, PfsError> {
+        self.check_mutation("open for writing", path)?;
+        let inner = self.inner.open_staging(path)?;
+        Ok(Box::new(FaultyFile { inner, faults: self.faults.clone(), path: path.to_path_buf() }))
+    }
+    fn exists(&self, path: &Path) -> Result<bool, PfsError> {
+        self.inner.exists(path)
+    }
+    fn create_marker(&self, path: &Path) -> Result<(), PfsError> {
+        self.check_mutation("create marker", path)?;
+        self.inner.create_marker(path)
+    }
+    fn publish(&self, from: &Path, to: &Path) -> Result<(), PfsError> {
+        self.check_mutation("rename to final name", to)?;
+        self.inner.publish(from, to)
+    }
+    fn remove(&self, path: &Path) -> Result<(), PfsError> {
+        self.check_mutation("remove", path)?;
+        self.inner.remove(path)
+    }
+    fn read_at(&self, path: &Path, offset: u64, buf: &mut [u8]) -> Result<usize, PfsError> {
+        self.inner.read_at(path, offset, buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_then_publish_makes_final_visible_only_at_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Arc::new(WriteLog::new(100));
+        let pfs = PosixPfs::new(dir.path()).with_log(log.clone(), 3);
+        let staging = Path::new("epoch-1/.a.dat.staging");
+        let final_name = Path::new("epoch-1/a.dat");
+        pfs.create_parents(staging).unwrap();
+        let mut f = pfs.open_staging(staging).unwrap();
+        f.write_at(4, b"world").unwrap();
+        f.write_at(0, b"hey ").unwrap();
+        f.extend_to(12).unwrap();
+        f.sync().unwrap();
+        assert!(!pfs.exists(final_name).unwrap());
+        pfs.publish(staging, final_name).unwrap();
+        assert!(!pfs.exists(staging).unwrap());
+        let mut buf = [0u8; 20];
+        let n = pfs.read_at(final_name, 0, &mut buf).unwrap();
+        assert_eq!(&buf[..n], b"hey world\0\0\0");
+        let entries = log.take();
+        assert_eq!(entries.len(), 2);
+        assert_eq!((entries[0].server, entries[0].offset, entries[0].length), (3, 4, 5));
+    }
+
+    #[test]
+    fn missing_root_is_an_error_not_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("not-mounted");
+        let pfs = PosixPfs::new(&root);
+        let err = pfs.create_parents(Path::new("epoch-1/x")).unwrap_err();
+        assert!(err.to_string().contains("missing"), "{err}");
+        assert!(!root.exists());
+    }
+
+    #[test]
+    fn faults_switch_on_and_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let (pfs, faults) = FaultyPfs::new(PosixPfs::new(dir.path()));
+        faults.lock().read_only = true;
+        let err = pfs.open_staging(Path::new("x")).err().unwrap();
+        assert_eq!(err.source.raw_os_error(), Some(libc::EROFS));
+        faults.lock().read_only = false;
+        faults.lock().space_left_bytes = Some(3);
+        let mut f = pfs.open_staging(Path::new("x")).unwrap();
+        f.write_at(0, b"ab").unwrap();
+        assert_eq!(f.write_at(2, b"cd").unwrap_err().source.raw_os_error(), Some(libc::ENOSPC));
+        faults.lock().fsync_fails = true;
+        assert!(f.sync().is_err());
+    }
+}

@@ -1,0 +1,223 @@
+//! Pure drain planning: which server writes which bytes of a file to the PFS.
+//!
+//! Two plans (BurstMem IV.B). **Naive**: every server writes the extents it holds where they
+//! fall, so an N-1 file written with interleaved small transfers becomes many small PFS writes
+//! from many servers into the same stripes (on Lustre: extent-lock ping-pong). **Shuffled**
+//! (coordinated shuffling): the file is cut into as many contiguous *domains* as there are
+//! servers holding it, boundaries on multiples of the PFS stripe size; each server gathers all
+//! bytes of its domain (pulling from its peers) and writes them in large, stripe-aligned,
+//! sequential writes, so every stripe has exactly one writer. No I/O here: the drainer and the
+//! benchmark both use these functions, and the tests check them exhaustively.
+
+use std::ops::Range;
+
+/// One PFS write as recorded in the write log: who wrote which bytes, in what order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PfsWrite {
+    /// Position in the global order of writes (a timestamp or a sequence number).
+    pub sequence: u64,
+    /// Index of the writing server in the reservation's server list.
+    pub server: u32,
+    pub offset: u64,
+    pub length: u64,
+}
+
+/// The contiguous domains of a file of `file_bytes` split over `participants` servers with
+/// boundaries on multiples of `stripe_bytes`. Domain `k` is `result[k]`; together they cover
+/// `0..file_bytes` exactly once, in order. When the file has fewer stripes than participants
+/// some domains are empty (`start == end`).
+pub fn partition_domains(file_bytes: u64, participants: usize, stripe_bytes: u64) -> Vec<Range<u64>> {
+    assert!(participants > 0, "a file to drain has at least one participant");
+    assert!(stripe_bytes > 0, "stripe size must be positive");
+    let stripes = file_bytes.div_ceil(stripe_bytes);
+    let n = participants as u64;
+    (0..n)
+        .map(|k| {
+            // Stripes [k*T/n, (k+1)*T/n): sizes differ by at most one stripe.
+            let first = (k as u128 * stripes as u128 / n as u128) as u64;
+            let last = ((k + 1) as u128 * stripes as u128 / n as u128) as u64;
+            let start = (first * stripe_bytes).min(file_bytes);
+            let end = (last * stripe_bytes).min(file_bytes);
+            start..end
+        })
+        .collect()
+}
+
+/// Cuts `range` into writes of at most `write_bytes_max`, each ending on a multiple of
+/// `stripe_bytes` where possible (so every write but the file's last is stripe-aligned when
+/// `range.start` is and `write_bytes_max` is a multiple of the stripe).
+pub fn chunk_writes(range: Range<u64>, write_bytes_max: u64, stripe_bytes: u64) -> Vec<Range<u64>> {
+    assert!(write_bytes_max > 0 && stripe_bytes > 0);
+    let mut out = Vec::new();
+    let mut at = range.start;
+    while at < range.end {
+        let mut end = (at + write_bytes_max).min(range.end);
+        if end < range.end {
+            let aligned = end / stripe_bytes * stripe_bytes;
+            if aligned > at {
+                end = aligned;
+            }
+        }
+        out.push(at..end);
+        at = end;
+    }
+    out
+}
+
+/// Intersects sorted, disjoint extents (`(offset, length)`) with `range`.
+pub fn clip_extents(extents: &[(u64, u64)], range: &Range<u64>) -> Vec<Range<u64>> {
+    extents
+        .iter()
+        .filter_map(|&(offset, length)| {
+            let start = offset.max(range.start);
+            let end = (offset + length).min(range.end);
+            (start < end).then_some(start..end)
+        })
+        .collect()
+}
+
+/// The naive plan for one server: its own extents, each cut to at most `write_bytes_max`.
+pub fn naive_writes(extents: &[(u64, u64)], write_bytes_max: u64) -> Vec<Range<u64>> {
+    let mut out = Vec::new();
+    for &(offset, length) in extents {
+        let mut at = offset;
+        while at < offset + length {
+            let end = (at + write_bytes_max).min(offset + length);
+            out.push(at..end);
+            at = end;
+        }
+    }
+    out
+}
+
+/// Stand-in for Lustre extent-lock ping-pong: for each stripe-sized region, how many times the
+/// writing server changes between consecutive writes touching it (in `sequence` order), summed.
+pub fn lock_switches(log: &[PfsWrite], stripe_bytes: u64) -> u64 {
+    assert!(stripe_bytes > 0);
+    let mut sorted: Vec<&PfsWrite> = log.iter().filter(|w| w.length > 0).collect();
+    sorted.sort_by_key(|w| (w.sequence, w.server, w.offset));
+    let mut last_writer: std::collections::HashMap<u64, u32> = std::collections::HashMap::new();
+    let mut switches = 0u64;
+    for w in sorted {
+        let first = w.offset / stripe_bytes;
+        let last = (w.offset + w.length - 1) / stripe_bytes;
+        for stripe in first..=last {
+            if let Some(previous) = last_writer.insert(stripe, w.server) {
+                if previous != w.server {
+                    switches += 1;
+                }
+            }
+        }
+    }
+    switches
+}
+
+/// Fraction of writes that start on a stripe boundary and are whole stripes long (or end at the
+/// end of the file, `file_bytes`).
+pub fn stripe_aligned_fraction(log: &[PfsWrite], stripe_bytes: u64, file_bytes: u64) -> f64 {
+    if log.is_empty() {
+        return 1.0;
+    }
+    let aligned = log
+        .iter()
+        .filter(|w| {
+            w.offset % stripe_bytes == 0 && (w.length % stripe_bytes == 0 || w.offset + w.length == file_bytes)
+        })
+        .count();
+    aligned as f64 / log.len() as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn four_servers_one_gib() {
+        let d = partition_domains(1 << 30, 4, MIB);
+        assert_eq!(d, vec![0..256 * MIB, 256 * MIB..512 * MIB, 512 * MIB..768 * MIB, 768 * MIB..1024 * MIB]);
+    }
+
+    #[test]
+    fn small_file_leaves_empty_domains() {
+        let d = partition_domains(MIB + 5, 4, MIB);
+        let nonempty: Vec<_> = d.iter().filter(|r| !r.is_empty()).cloned().collect();
+        assert_eq!(nonempty, vec![0..MIB, MIB..MIB + 5]);
+        assert_eq!(d.len(), 4);
+    }
+
+    #[test]
+    fn interleaved_naive_ping_pongs_and_shuffled_does_not() {
+        // 4 servers, 16 KiB blocks round robin over 4 MiB: naive writes in time order.
+        let block = 16 * 1024;
+        let mut naive = Vec::new();
+        let mut seq = 0;
+        for i in 0..(4 * MIB / block) {
+            naive.push(PfsWrite { sequence: seq, server: (i % 4) as u32, offset: i * block, length: block });
+            seq += 1;
+        }
+        assert!(lock_switches(&naive, MIB) > 200);
+        let mut shuffled = Vec::new();
+        for (k, d) in partition_domains(4 * MIB, 4, MIB).into_iter().enumerate() {
+            for w in chunk_writes(d, 8 * MIB, MIB) {
+                shuffled.push(PfsWrite { sequence: seq, server: k as u32, offset: w.start, length: w.end - w.start });
+                seq += 1;
+            }
+        }
+        assert_eq!(lock_switches(&shuffled, MIB), 0);
+        assert_eq!(stripe_aligned_fraction(&shuffled, MIB, 4 * MIB), 1.0);
+        assert_eq!(stripe_aligned_fraction(&naive, MIB, 4 * MIB), 0.0);
+    }
+
+    #[test]
+    fn naive_cuts_large_extents() {
+        assert_eq!(naive_writes(&[(10, 25), (100, 3)], 10), vec![10..20, 20..30, 30..35, 100..103]);
+    }
+
+    proptest! {
+        #[test]
+        fn domains_cover_once_and_align(file in 0u64..(64 * MIB), n in 1usize..40, stripe_pow in 12u32..22) {
+            let stripe = 1u64 << stripe_pow;
+            let d = partition_domains(file, n, stripe);
+            prop_assert_eq!(d.len(), n);
+            let mut at = 0;
+            for r in &d {
+                prop_assert_eq!(r.start, at);
+                prop_assert!(r.start <= r.end);
+                prop_assert!(r.start % stripe == 0 || r.start == file);
+                at = r.end;
+            }
+            prop_assert_eq!(at, file);
+            // Balanced: sizes differ by at most one stripe.
+            let sizes: Vec<u64> = d.iter().map(|r| r.end - r.start).collect();
+            let (lo, hi) = (*sizes.iter().min().unwrap(), *sizes.iter().max().unwrap());
+            prop_assert!(hi - lo <= stripe);
+        }
+
+        #[test]
+        fn chunks_tile_the_range(start in 0u64..1000, len in 0u64..5000, max in 1u64..700, stripe in 1u64..300) {
+            let chunks = chunk_writes(start..start + len, max, stripe);
+            let mut at = start;
+            for c in &chunks {
+                prop_assert_eq!(c.start, at);
+                prop_assert!(c.end > c.start && c.end - c.start <= max);
+                at = c.end;
+            }
+            prop_assert_eq!(at, start + len);
+        }
+
+        #[test]
+        fn clipped_extents_stay_inside(ext in proptest::collection::vec((0u64..100, 1u64..50), 0..10), a in 0u64..3000, b in 0u64..3000) {
+            // Build sorted disjoint extents.
+            let mut at = 0;
+            let extents: Vec<(u64, u64)> = ext.into_iter().map(|(gap, len)| { let e = (at + gap, len); at += gap + len; e }).collect();
+            let range = a.min(b)..a.max(b);
+            let clipped = clip_extents(&extents, &range);
+            let total: u64 = clipped.iter().map(|r| r.end - r.start).sum();
+            let expected: u64 = (range.start..range.end).filter(|x| extents.iter().any(|&(o, l)| *x >= o && *x < o + l)).count() as u64;
+            prop_assert_eq!(total, expected);
+        }
+    }
+}
