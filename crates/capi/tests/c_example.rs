@@ -7,9 +7,10 @@
 //! nested `cargo build` into the same target dir (a no-op when up to date);
 //! `SPILLWAY_BIN=/path/to/spillway` overrides.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
+
+use spillway_testkit::ServerProcess;
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("workspace root")
@@ -58,39 +59,9 @@ fn spillway_binary() -> PathBuf {
     built
 }
 
-struct Server {
-    child: Child,
-    endpoint: String,
-}
-
-impl Server {
-    fn start(binary: &Path, dir: &Path, name: &str) -> Server {
-        let log = dir.join(format!("{name}.log"));
-        let mut child = Command::new(binary)
-            .args(["serve", "--listen", "127.0.0.1:0", "--dram-bytes", "32M", "--name", name])
-            .arg("--ssd-dir")
-            .arg(dir.join(format!("{name}-ssd")))
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {}: {e}", binary.display()));
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let endpoint = line
-            .strip_prefix("listening ")
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap_or_else(|| panic!("server {name} did not start: {line:?}; log: {}", std::fs::read_to_string(&log).unwrap_or_default()))
-            .to_string();
-        Server { child, endpoint }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A server on an ephemeral loopback port, logging only warnings (nothing greps its log here).
+fn start_server(binary: &Path, dir: &Path, name: &str) -> ServerProcess {
+    ServerProcess::builder(binary, dir, name).rust_log("warn").start()
 }
 
 fn run(command: &mut Command) -> Output {
@@ -136,8 +107,8 @@ fn c_checkpoint_example_writes_commits_and_reads_back() {
     let dir = tempfile::tempdir().unwrap();
     let program = compile_example(dir.path());
     let binary = spillway_binary();
-    let servers = [Server::start(&binary, dir.path(), "a"), Server::start(&binary, dir.path(), "b")];
-    let endpoints: Vec<&str> = servers.iter().map(|s| s.endpoint.as_str()).collect();
+    let servers = [start_server(&binary, dir.path(), "a"), start_server(&binary, dir.path(), "b")];
+    let endpoints: Vec<String> = servers.iter().map(|s| s.endpoint().to_string()).collect();
     let cases: [&[&str]; 3] = [
         &["--mode", "nn", "--placement", "striped", "--epoch", "1", "--transfer-bytes", "100000"],
         &["--mode", "n1", "--placement", "local", "--epoch", "2", "--durability", "memory"],

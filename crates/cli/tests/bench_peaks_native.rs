@@ -2,65 +2,13 @@
 //! the native target measures every phase at every concurrency level, prints the same JSON shape
 //! as the directory target, and leaves no epoch behind on the servers.
 
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 use spillway_client::{Client, ClientOptions};
 use spillway_proto::Endpoint;
+use spillway_testkit::{endpoint_list, ServerProcess};
 
 const BIN: &str = env!("CARGO_BIN_EXE_spillway");
-
-/// A `spillway serve` child, killed when dropped.
-struct ServerProcess {
-    child: Child,
-    endpoint: Endpoint,
-}
-
-impl ServerProcess {
-    fn start(dir: &Path, name: &str) -> ServerProcess {
-        let log = dir.join(format!("{name}.log"));
-        let mut child = Command::new(BIN)
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--dram-bytes",
-                "32M",
-                "--name",
-                name,
-            ])
-            .arg("--ssd-dir")
-            .arg(dir.join(format!("{name}-ssd")))
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let endpoint = line
-            .strip_prefix("listening ")
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap_or_else(|| {
-                panic!(
-                    "server {name} did not start: {line:?}; log: {}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                )
-            })
-            .parse()
-            .unwrap();
-        ServerProcess { child, endpoint }
-    }
-}
-
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 const FIGURES: [&str; 8] = [
     "write_bytes_per_second",
@@ -134,10 +82,10 @@ fn assert_every_figure_positive(report: &serde_json::Value) {
 fn native_target_measures_every_phase_and_level_like_the_directory_target() {
     let dir = tempfile::tempdir().unwrap();
     let servers = [
-        ServerProcess::start(dir.path(), "a"),
-        ServerProcess::start(dir.path(), "b"),
+        ServerProcess::builder(BIN, dir.path(), "a").start(),
+        ServerProcess::builder(BIN, dir.path(), "b").start(),
     ];
-    let endpoints: Vec<Endpoint> = servers.iter().map(|s| s.endpoint.clone()).collect();
+    let endpoints: Vec<Endpoint> = servers.iter().map(|s| s.endpoint().clone()).collect();
     // An epoch the benchmark must neither disturb nor collide with.
     let mut client = Client::connect(&endpoints, ClientOptions::default()).unwrap();
     let mut file = client
@@ -146,11 +94,7 @@ fn native_target_measures_every_phase_and_level_like_the_directory_target() {
     client.write(&mut file, 0, b"application data").unwrap();
     client.commit_epoch(spillway_types::EpochId(7)).unwrap();
 
-    let list = endpoints
-        .iter()
-        .map(|e| e.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
+    let list = endpoint_list(&endpoints);
     let native = run_peaks(&["--servers", &list]);
     assert_eq!(native["target_kind"], "spillway", "{native}");
     assert_eq!(native["target"], list.as_str());

@@ -5,66 +5,30 @@
 //! writes to server r), writing an interleaved N-1 file and N-N files; the PFS copies are
 //! compared byte for byte with what was written.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use spillway_client::{Client, ClientOptions, Placement};
 use spillway_proto::{DrainState, Endpoint, EpochState};
+use spillway_testkit::{pattern, same_bytes, ServerProcess};
 use spillway_types::EpochId;
 
 const BIN: &str = env!("CARGO_BIN_EXE_spillway");
 const STRIPE: u64 = 64 * 1024;
 
-struct ServerProcess {
-    child: Child,
-    log: PathBuf,
-}
-
-impl ServerProcess {
-    /// Server `index` of `count`, sockets in `dir`, PFS at `pfs`.
-    fn start(dir: &Path, index: usize, count: usize, pfs: &Path) -> ServerProcess {
-        let peers: Vec<String> = (0..count).map(|i| format!("unix://{}", socket(dir, i).display())).collect();
-        let log = dir.join(format!("s{index}.log"));
-        let _ = std::fs::remove_file(socket(dir, index));
-        let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "", "--dram-bytes", "32M", "--name", &format!("s{index}")])
-            .arg("--unix-socket")
-            .arg(socket(dir, index))
-            .arg("--ssd-dir")
-            .arg(dir.join(format!("s{index}-ssd")))
-            .arg("--pfs-dir")
-            .arg(pfs)
-            .args(["--drain-peers", &peers.join(","), "--drain-self-index", &index.to_string()])
-            .env("RUST_LOG", "info")
-            .env("SPILLWAY_DRAIN_STRIPE_BYTES", STRIPE.to_string())
-            .env("SPILLWAY_DRAIN_WRITE_BYTES_MAX", (4 * STRIPE).to_string())
-            .env("SPILLWAY_DRAIN_RETRY_BACKOFF_MS_MIN", "20")
-            .env("SPILLWAY_DRAIN_RETRY_BACKOFF_MS_MAX", "200")
-            .stdout(Stdio::piped())
-            .stderr(std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        assert!(line.starts_with("listening "), "server {index} did not start: {line:?}; log: {}", std::fs::read_to_string(&log).unwrap_or_default());
-        ServerProcess { child, log }
-    }
-
-    fn kill9(&mut self) {
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
-        self.child.wait().unwrap();
-    }
-}
-
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+/// Server `index` of `count`, sockets in `dir`, PFS at `pfs`; Unix socket only.
+fn start(dir: &Path, index: usize, count: usize, pfs: &Path) -> ServerProcess {
+    ServerProcess::builder(BIN, dir, &format!("s{index}"))
+        .no_tcp()
+        .unix_socket(socket(dir, index))
+        .pfs_dir(pfs)
+        .drain_peers(&endpoints(dir, count), index)
+        .rust_log("info")
+        .env("SPILLWAY_DRAIN_STRIPE_BYTES", STRIPE.to_string())
+        .env("SPILLWAY_DRAIN_WRITE_BYTES_MAX", (4 * STRIPE).to_string())
+        .env("SPILLWAY_DRAIN_RETRY_BACKOFF_MS_MIN", "20")
+        .env("SPILLWAY_DRAIN_RETRY_BACKOFF_MS_MAX", "200")
+        .start()
 }
 
 fn socket(dir: &Path, index: usize) -> PathBuf {
@@ -78,19 +42,6 @@ fn endpoints(dir: &Path, count: usize) -> Vec<Endpoint> {
 fn client(dir: &Path, count: usize, rank: u32) -> Client {
     let options = ClientOptions { placement: Placement::Local { rank }, ..ClientOptions::default() };
     Client::connect(&endpoints(dir, count), options).unwrap()
-}
-
-fn pattern(seed: u64, length: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(length);
-    while out.len() < length {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(length);
-    out
 }
 
 /// Every rank writes blocks rank, rank+R, … of the shared file and a file of its own; commits.
@@ -140,7 +91,7 @@ fn check_pfs(pfs: &Path, epoch: EpochId, expected: &[(String, Vec<u8>)]) {
     for (name, bytes) in expected {
         let got = std::fs::read(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(got.len(), bytes.len(), "{name}: size");
-        assert!(crc32c::crc32c(&got) == crc32c::crc32c(bytes) && got == *bytes, "{name}: content differs");
+        assert!(same_bytes(&got, bytes), "{name}: content differs");
     }
     // Nothing but final names: no staging file, no part marker left.
     let mut stack = vec![dir];
@@ -161,7 +112,7 @@ fn n1_and_nn_drain_in_both_modes_and_reads_fall_back_to_the_pfs() {
     let dir = tempfile::tempdir().unwrap();
     let pfs = dir.path().join("pfs");
     std::fs::create_dir(&pfs).unwrap();
-    let servers: Vec<ServerProcess> = (0..3).map(|i| ServerProcess::start(dir.path(), i, 3, &pfs)).collect();
+    let servers: Vec<ServerProcess> = (0..3).map(|i| start(dir.path(), i, 3, &pfs)).collect();
     // 16 KiB interleaved blocks, an odd tail: 3 domains of whole 64 KiB stripes + a short one.
     let shuffled = write_checkpoint(dir.path(), 3, EpochId(1), 1_000_003, 16 * 1024);
     let naive = write_checkpoint(dir.path(), 3, EpochId(2), 700_001, 5000);
@@ -198,7 +149,7 @@ fn unwritable_pfs_is_retried_and_reported_and_space_is_freed_only_after_the_drai
     // The epoch's directory cannot be created: a plain file is in the way (as root, permission
     // bits would not stop us; this fails the same way a read-only or broken mount does).
     std::fs::write(pfs.join("epoch-5"), b"in the way").unwrap();
-    let _servers: Vec<ServerProcess> = (0..2).map(|i| ServerProcess::start(dir.path(), i, 2, &pfs)).collect();
+    let _servers: Vec<ServerProcess> = (0..2).map(|i| start(dir.path(), i, 2, &pfs)).collect();
     let expected = write_checkpoint(dir.path(), 2, EpochId(5), 3_000_000, 64 * 1024);
     let mut c = client(dir.path(), 2, 0);
     let used_before: u64 = c.status().unwrap().iter().map(|s| s.ssd_bytes_used + s.dram_bytes_used).sum();
@@ -235,7 +186,7 @@ fn server_killed_mid_drain_resumes_from_its_journal() {
     let dir = tempfile::tempdir().unwrap();
     let pfs = dir.path().join("pfs");
     // No PFS yet (not mounted): both servers journal the request and retry.
-    let mut servers: Vec<ServerProcess> = (0..2).map(|i| ServerProcess::start(dir.path(), i, 2, &pfs)).collect();
+    let mut servers: Vec<ServerProcess> = (0..2).map(|i| start(dir.path(), i, 2, &pfs)).collect();
     let expected = write_checkpoint(dir.path(), 2, EpochId(3), 2_000_000, 16 * 1024);
     let mut c = client(dir.path(), 2, 0);
     c.request_drain(EpochId(3), 1).unwrap();
@@ -247,15 +198,15 @@ fn server_killed_mid_drain_resumes_from_its_journal() {
     drop(c);
     // Server 1 dies with its drain journaled but not done; then the PFS appears. Server 0
     // writes its domain but cannot finish: it needs server 1's bytes and part.
-    servers[1].kill9();
+    servers[1].sigkill().unwrap();
     std::fs::create_dir(&pfs).unwrap();
     std::thread::sleep(Duration::from_millis(300));
     assert!(!pfs.join("epoch-3/ckpt/shared.dat").exists(), "published without server 1's part");
     // Restart: the journal re-queues the drain, nobody asks again.
-    servers[1] = ServerProcess::start(dir.path(), 1, 2, &pfs);
+    servers[1].restart().unwrap();
     let mut c = client(dir.path(), 2, 0);
     wait_drained(&mut c, EpochId(3), Duration::from_secs(30));
     check_pfs(&pfs, EpochId(3), &expected);
-    let log = std::fs::read_to_string(&servers[1].log).unwrap();
+    let log = servers[1].log_text();
     assert!(log.contains("resuming a journaled drain"), "{log}");
 }

@@ -4,7 +4,7 @@
 //! `child_writer` test then plays one MPI-like rank (write, flush, file-system barrier, commit)
 //! and exits; in a normal run it returns at once.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -13,90 +13,14 @@ use std::time::{Duration, Instant};
 use spillway_client::{Client, ClientOptions, Placement};
 use spillway_proto::frame;
 use spillway_proto::{Durability, Endpoint, EpochState, ErrorCode, Response};
+use spillway_testkit::{endpoint_list, pattern, ServerBuilder, ServerProcess};
 use spillway_types::EpochId;
 
 const BIN: &str = env!("CARGO_BIN_EXE_spillway");
 
-struct ServerProcess {
-    child: Child,
-    endpoint: Endpoint,
-    endpoints: Vec<Endpoint>,
-    log: PathBuf,
-}
-
-impl ServerProcess {
-    fn start(dir: &Path, name: &str, extra: &[&str]) -> ServerProcess {
-        Self::start_with_env(dir, name, extra, &[])
-    }
-
-    fn start_with_env(dir: &Path, name: &str, extra: &[&str], env: &[(&str, &str)]) -> ServerProcess {
-        let ssd = dir.join(format!("{name}-ssd"));
-        let log = dir.join(format!("{name}.log"));
-        let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--dram-bytes", "32M", "--name", name])
-            .arg("--ssd-dir")
-            .arg(&ssd)
-            .args(extra)
-            .env("RUST_LOG", "info")
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let endpoints: Vec<Endpoint> = line
-            .strip_prefix("listening ")
-            .unwrap_or_else(|| panic!("server {name} did not start: {line:?}; log: {}", std::fs::read_to_string(&log).unwrap_or_default()))
-            .split_whitespace()
-            .map(|e| e.parse().unwrap())
-            .collect();
-        ServerProcess { child, endpoint: endpoints[0].clone(), endpoints, log }
-    }
-
-    fn kill9(&mut self) {
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
-        self.child.wait().unwrap();
-    }
-
-    fn terminate(&mut self) -> std::process::ExitStatus {
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "server ignored SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// Deterministic bytes for (seed, length).
-fn pattern(seed: u64, length: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(length);
-    while out.len() < length {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(length);
-    out
+/// A server of these tests: logs at `info` (tests grep its lines), TCP on an ephemeral port.
+fn server(dir: &Path, name: &str) -> ServerBuilder {
+    ServerProcess::builder(BIN, dir, name).rust_log("info")
 }
 
 const RANKS: u32 = 3;
@@ -172,9 +96,9 @@ fn verify_all_ranks(endpoints: &[Endpoint]) {
 #[test]
 fn n_n_and_n_1_from_several_processes_read_back_bit_exact() {
     let dir = tempfile::tempdir().unwrap();
-    let servers = [ServerProcess::start(dir.path(), "a", &[]), ServerProcess::start(dir.path(), "b", &[])];
-    let endpoints: Vec<Endpoint> = servers.iter().map(|s| s.endpoint.clone()).collect();
-    let list = endpoints.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(",");
+    let servers = [server(dir.path(), "a").start(), server(dir.path(), "b").start()];
+    let endpoints: Vec<Endpoint> = servers.iter().map(|s| s.endpoint().clone()).collect();
+    let list = endpoint_list(&endpoints);
     let barrier = dir.path().join("barrier");
     std::fs::create_dir(&barrier).unwrap();
     let children: Vec<Child> = (0..RANKS)
@@ -207,8 +131,8 @@ fn n_n_and_n_1_from_several_processes_read_back_bit_exact() {
 #[test]
 fn server_killed_after_commit_still_serves_every_committed_byte() {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = ServerProcess::start(dir.path(), "k", &[]);
-    let endpoints = vec![server.endpoint.clone()];
+    let mut server = server(dir.path(), "k").start();
+    let endpoints = vec![server.endpoint().clone()];
     let mut client = reader(&endpoints, Placement::striped_default());
     let committed: Vec<(String, Vec<u8>)> = (0..4).map(|i| (format!("ckpt/{i}"), pattern(i, 1_500_000 + i as usize * 7))).collect();
     for (name, data) in &committed {
@@ -223,10 +147,10 @@ fn server_killed_after_commit_still_serves_every_committed_byte() {
     client.write(&mut open, 0, &pattern(99, 1 << 20)).unwrap();
     client.flush().unwrap();
     drop(client);
-    server.kill9();
+    server.sigkill().unwrap();
 
-    let server = ServerProcess::start(dir.path(), "k", &[]);
-    let endpoints = vec![server.endpoint.clone()];
+    server.restart().unwrap();
+    let endpoints = vec![server.endpoint().clone()];
     let mut client = reader(&endpoints, Placement::striped_default());
     for (name, data) in &committed {
         let file = client.open_file(EpochId(10), name).unwrap();
@@ -244,10 +168,10 @@ fn server_killed_after_commit_still_serves_every_committed_byte() {
 #[test]
 fn protocol_garbage_is_answered_logged_and_others_still_served() {
     let dir = tempfile::tempdir().unwrap();
-    let server = ServerProcess::start(dir.path(), "g", &[]);
-    let endpoints = vec![server.endpoint.clone()];
+    let server = server(dir.path(), "g").start();
+    let endpoints = vec![server.endpoint().clone()];
     let mut good = reader(&endpoints, Placement::striped_default());
-    let Endpoint::Tcp(address) = server.endpoint else { panic!() };
+    let Endpoint::Tcp(address) = server.endpoint().clone() else { panic!() };
     let mut bad = TcpStream::connect(address).unwrap();
     bad.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let peer = format!("tcp://{}", bad.local_addr().unwrap());
@@ -282,19 +206,19 @@ fn protocol_garbage_is_answered_logged_and_others_still_served() {
 #[test]
 fn sigterm_finishes_and_syncs_memory_commits() {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = ServerProcess::start(dir.path(), "t", &["--durability", "memory"]);
-    let endpoints = vec![server.endpoint.clone()];
+    let mut server = server(dir.path(), "t").durability("memory").start();
+    let endpoints = vec![server.endpoint().clone()];
     let mut client = reader(&endpoints, Placement::striped_default());
     let data = pattern(5, 3 << 20);
     let mut file = client.create_file(EpochId(4), "m").unwrap();
     client.write(&mut file, 0, &data).unwrap();
     client.commit_epoch(EpochId(4)).unwrap(); // server default: memory
     drop(client);
-    let status = server.terminate();
+    let status = server.sigterm_and_wait(Duration::from_secs(60)).unwrap();
     assert!(status.success(), "server exit status {status:?}; log:\n{}", server.log_text());
     assert!(server.log_text().contains("shutdown complete"));
-    let server = ServerProcess::start(dir.path(), "t", &[]);
-    let mut client = reader(std::slice::from_ref(&server.endpoint), Placement::striped_default());
+    let server = self::server(dir.path(), "t").start();
+    let mut client = reader(std::slice::from_ref(server.endpoint()), Placement::striped_default());
     let file = client.open_file(EpochId(4), "m").unwrap();
     let mut back = vec![0u8; data.len()];
     client.read(&file, 0, &mut back).unwrap();
@@ -318,12 +242,12 @@ fn non_loopback_listen_is_refused_without_insecure_tcp() {
 #[test]
 fn full_store_waits_then_fails_with_enospc_and_succeeds_once_space_is_freed() {
     let dir = tempfile::tempdir().unwrap();
-    let env = [
-        ("SPILLWAY_STORE_SEGMENT_BYTES_MAX", "8388608"),
-        ("SPILLWAY_SERVER_BACKPRESSURE_WAIT_MS_MAX", "1500"),
-    ];
-    let server = ServerProcess::start_with_env(dir.path(), "full", &["--ssd-bytes", "32M"], &env);
-    let endpoints = vec![server.endpoint.clone()];
+    let server = server(dir.path(), "full")
+        .args(["--ssd-bytes", "32M"])
+        .env("SPILLWAY_STORE_SEGMENT_BYTES_MAX", "8388608")
+        .env("SPILLWAY_SERVER_BACKPRESSURE_WAIT_MS_MAX", "1500")
+        .start();
+    let endpoints = vec![server.endpoint().clone()];
     let options = || ClientOptions { transfer_bytes_max: 16 << 20, ..Default::default() };
     let mut client = Client::connect(&endpoints, options()).unwrap();
     let mut old = client.create_file(EpochId(1), "old").unwrap();
@@ -362,17 +286,17 @@ fn full_store_waits_then_fails_with_enospc_and_succeeds_once_space_is_freed() {
 fn unix_socket_clients_run_as_the_kernel_reported_uid() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("bb.sock");
-    let server = ServerProcess::start(dir.path(), "u", &["--unix-socket", socket.to_str().unwrap()]);
-    assert_eq!(server.endpoints.len(), 2, "{:?}", server.endpoints);
+    let server = server(dir.path(), "u").unix_socket(&socket).start();
+    assert_eq!(server.endpoints().len(), 2, "{:?}", server.endpoints());
     let unix = Endpoint::Unix(socket);
-    assert!(server.endpoints.contains(&unix));
+    assert!(server.endpoints().contains(&unix));
     let mut client = reader(std::slice::from_ref(&unix), Placement::striped_default());
     assert_eq!(client.identity(), unsafe { (libc::getuid(), libc::getgid()) });
     let mut file = client.create_file(EpochId(1), "over-unix").unwrap();
     client.write(&mut file, 0, b"unix bytes").unwrap();
     client.commit_epoch(EpochId(1)).unwrap();
     // The same data over TCP: one store behind both listeners.
-    let mut tcp = reader(std::slice::from_ref(&server.endpoint), Placement::striped_default());
+    let mut tcp = reader(std::slice::from_ref(server.endpoint()), Placement::striped_default());
     let file = tcp.open_file(EpochId(1), "over-unix").unwrap();
     let mut back = [0u8; 10];
     tcp.read(&file, 0, &mut back).unwrap();
