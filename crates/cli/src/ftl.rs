@@ -121,11 +121,14 @@ enum WorkloadKind {
     HotCold,
     Bios,
     Replay,
+    /// A Spillway trace (e.g. converted from a Darshan log), ranks as placement keys.
+    Trace,
 }
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// Workload. (A Darshan-derived trace workload is not built yet; it waits for the trace format.)
+    /// Workload: uniform, hot-cold, bios, replay (the store's SSD write log, --log) or trace
+    /// (a Spillway trace such as a converted Darshan log, --trace).
     #[arg(long, value_enum)]
     workload: WorkloadKind,
     /// Stream mappings to compare (comma separated): legacy, user-id, per-job, lifetime-aware.
@@ -134,6 +137,9 @@ struct RunArgs {
     /// The store's SSD write log (workload replay).
     #[arg(long)]
     log: Option<PathBuf>,
+    /// A Spillway trace file (workload trace).
+    #[arg(long)]
+    trace: Option<PathBuf>,
     /// BIOS grouping configuration 1, 2, 3, or 4 (every user its own lifetime class).
     #[arg(long, default_value_t = 3)]
     configuration: u8,
@@ -208,6 +214,12 @@ fn run_workload(args: RunArgs) -> anyhow::Result<()> {
             let file = std::fs::File::open(path).with_context(|| format!("cannot open write log {}", path.display()))?;
             Some(replay::parse_log(std::io::BufReader::new(file), &path.display().to_string())?)
         }
+        WorkloadKind::Trace => {
+            let path = args.trace.as_ref().context("--workload trace needs --trace FILE")?;
+            let trace = spillway_sim::trace::Trace::read_path(path)
+                .with_context(|| format!("cannot read trace {}", path.display()))?;
+            Some(replay::events_from_trace(&trace))
+        }
         _ => None,
     };
     let mut reports: Vec<RunReport> = Vec::new();
@@ -243,7 +255,7 @@ fn run_workload(args: RunArgs) -> anyhow::Result<()> {
                 }
                 bios::run(&params, mapping)?
             }
-            WorkloadKind::Replay => {
+            WorkloadKind::Replay | WorkloadKind::Trace => {
                 let params = ReplayParams {
                     ssd: ssd.clone(),
                     ssds: knobs.ssds,

@@ -234,3 +234,38 @@ pub fn replay(params: &ReplayParams, events: &[LogEvent], mapping: Mapping) -> R
         wall: Some(started.finish(&counters)),
     })
 }
+
+/// Workload (5): a Spillway trace (for instance converted from a Darshan log by
+/// `python/spillway_tools`) as write-log events, so it replays like the store's log.
+///
+/// Each trace file becomes one striped "segment" (its id is the file's index), each `write` a
+/// write of that file's byte range, each `unlink` of a file holding data a delete (TRIM). The
+/// placement key is the writing rank: a Darshan log is one job, so ranks are what a per-process
+/// stream mapping can separate. Reads, metadata operations and unlinks of files never written
+/// do not touch the SSDs and are skipped.
+pub fn events_from_trace(trace: &spillway_sim::trace::Trace) -> Vec<LogEvent> {
+    use spillway_sim::trace::Op;
+    let mut written_bytes: HashMap<u32, u64> = HashMap::new();
+    let mut events = Vec::new();
+    for op in &trace.ops {
+        match op.op {
+            Op::Write if op.length > 0 => {
+                let end = written_bytes.entry(op.file).or_insert(0);
+                *end = (*end).max(op.offset + op.length);
+                events.push(LogEvent::Write {
+                    stream: StreamKey(u64::from(op.rank)),
+                    segment: SegmentId(u64::from(op.file)),
+                    offset_bytes: op.offset,
+                    length_bytes: op.length,
+                });
+            }
+            Op::Unlink => {
+                if let Some(length_bytes) = written_bytes.remove(&op.file) {
+                    events.push(LogEvent::Delete { segment: SegmentId(u64::from(op.file)), length_bytes });
+                }
+            }
+            _ => {}
+        }
+    }
+    events
+}
