@@ -1,6 +1,6 @@
 """Reader and writer of the Spillway trace format, version 1 (docs/design/trace.md).
 
-Byte-identical with the Rust implementation in crates/sim/src/trace.rs: a fixed 44-byte header
+Byte-identical with the Rust implementation in crates/trace/src/lib.rs: a fixed 44-byte header
 (magic, version, flags, job metadata), two length-prefixed strings, then a stream of records —
 file definitions (inline string table), operations (varint-packed, time as a zigzag delta) and
 one end record with counts and a CRC-32 (zlib's) of everything before it.

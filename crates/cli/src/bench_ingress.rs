@@ -349,6 +349,7 @@ fn worker(rank: u32, args: &Args) -> anyhow::Result<()> {
         window: 16,
         transfer_bytes_max: transfer,
         client_name: format!("bench worker {rank}"),
+        ..ClientOptions::default()
     };
     let mut client = Client::connect(&endpoints, options)?;
     let epoch = EpochId(1);

@@ -14,6 +14,7 @@
 
 mod connection;
 pub mod placement;
+mod trace_record;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -22,6 +23,10 @@ use spillway_types::{EpochId, FileId};
 
 pub use connection::ServerConnection;
 pub use placement::Placement;
+pub use trace_record::TRACE_ENV;
+
+use spillway_trace::Op as TraceKind;
+use std::time::Instant;
 
 /// Why a client operation failed. Names the server and, for server errors, the protocol code.
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +87,14 @@ pub struct ClientOptions {
     pub transfer_bytes_max: u64,
     /// Name sent in the handshake (for the server's logs).
     pub client_name: String,
+    /// Record a Spillway trace of this client's calls to this file (docs/design/trace.md,
+    /// "Recorded by the client"). When `None`, `Client::connect` reads the environment variable
+    /// `SPILLWAY_TRACE=<path>` instead (`%p` becomes the process id, `%r` the rank; the file must
+    /// not exist yet, so clients sharing the setting never clobber each other's trace); unset or
+    /// empty means no tracing. An explicit path is replaced if it exists.
+    pub trace_path: Option<std::path::PathBuf>,
+    /// Rank recorded in every traced operation.
+    pub trace_rank: u32,
 }
 
 impl Default for ClientOptions {
@@ -92,6 +105,8 @@ impl Default for ClientOptions {
             window: 8,
             transfer_bytes_max: 4 << 20,
             client_name: format!("spillway-client pid {}", std::process::id()),
+            trace_path: None,
+            trace_rank: 0,
         }
     }
 }
@@ -138,6 +153,11 @@ pub struct Client {
     touched: HashMap<EpochId, BTreeSet<usize>>,
     /// PFS directory drained epochs are found in (`<dir>/epoch-<E>/<name>`), if set.
     pfs_directory: Option<std::path::PathBuf>,
+    /// The trace being recorded, if tracing is on; finished (end record) when the client drops.
+    tracer: Option<trace_record::Tracer>,
+    /// Files this client created, per epoch, while tracing (for the Unlink records of
+    /// `delete_epoch`).
+    traced_creates: HashMap<EpochId, BTreeSet<String>>,
 }
 
 impl Client {
@@ -153,7 +173,24 @@ impl Client {
             .iter()
             .map(|e| ServerConnection::connect(e, &options.client_name, options.window))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Client { servers, options, touched: HashMap::new(), pfs_directory: None })
+        let tracer = match &options.trace_path {
+            Some(path) => trace_record::Tracer::start(path, options.trace_rank, false),
+            None => trace_record::path_from_env(options.trace_rank)
+                .and_then(|path| trace_record::Tracer::start(&path, options.trace_rank, true)),
+        };
+        Ok(Client { servers, options, touched: HashMap::new(), pfs_directory: None, tracer, traced_creates: HashMap::new() })
+    }
+
+    /// Records one traced operation (no-op when tracing is off).
+    fn trace(&mut self, op: TraceKind, name: &str, offset: u64, length: u64, started: Instant) {
+        if let Some(tracer) = self.tracer.as_mut() {
+            tracer.record(op, name, offset, length, started);
+        }
+    }
+
+    /// Whether this client records a trace.
+    pub fn tracing(&self) -> bool {
+        self.tracer.is_some()
     }
 
     pub fn server_count(&self) -> usize {
@@ -179,6 +216,16 @@ impl Client {
     /// Creates (or opens, if another process created it) a file on every server of its stripe
     /// set.
     pub fn create_file(&mut self, epoch: EpochId, name: &str) -> Result<FileHandle, ClientError> {
+        let started = Instant::now();
+        let handle = self.create_file_untraced(epoch, name)?;
+        if self.tracer.is_some() {
+            self.trace(TraceKind::Create, &traced_file_name(epoch, name), 0, 0, started);
+            self.traced_creates.entry(epoch).or_default().insert(name.to_string());
+        }
+        Ok(handle)
+    }
+
+    fn create_file_untraced(&mut self, epoch: EpochId, name: &str) -> Result<FileHandle, ClientError> {
         let mut ids = vec![None; self.servers.len()];
         for server in placement::stripe_set(self.options.placement, name, self.servers.len()) {
             let request = Request::OpenFile { epoch, name: name.to_string(), create: true };
@@ -193,11 +240,20 @@ impl Client {
 
     /// Opens an existing file for reading: asks every server, keeps those that have it.
     pub fn open_file(&mut self, epoch: EpochId, name: &str) -> Result<FileHandle, ClientError> {
+        let started = Instant::now();
+        let handle = self.open_file_untraced(epoch, name)?;
+        if self.tracer.is_some() {
+            self.trace(TraceKind::Open, &traced_file_name(epoch, name), 0, 0, started);
+        }
+        Ok(handle)
+    }
+
+    fn open_file_untraced(&mut self, epoch: EpochId, name: &str) -> Result<FileHandle, ClientError> {
         // Restart read path: once an epoch is drained its PFS copy is the data (the burst
         // buffer may have freed the bytes already).
         if let Some(copy) = self.pfs_path(epoch, name) {
             if copy.is_file() {
-                let drained = match self.list_epochs()?.into_iter().find(|e| e.epoch == epoch) {
+                let drained = match self.list_epochs_untraced()?.into_iter().find(|e| e.epoch == epoch) {
                     None => true,
                     Some(summary) => summary.state == EpochState::Drained,
                 };
@@ -255,6 +311,15 @@ impl Client {
     /// Writes `data` at `offset`. Returns once the requests are sent; failures surface by the
     /// next `flush` or `commit_epoch` at the latest.
     pub fn write(&mut self, file: &mut FileHandle, offset: u64, data: &[u8]) -> Result<(), ClientError> {
+        let started = Instant::now();
+        self.write_untraced(file, offset, data)?;
+        if self.tracer.is_some() {
+            self.trace(TraceKind::Write, &traced_file_name(file.epoch, &file.name), offset, data.len() as u64, started);
+        }
+        Ok(())
+    }
+
+    fn write_untraced(&mut self, file: &mut FileHandle, offset: u64, data: &[u8]) -> Result<(), ClientError> {
         offset.checked_add(data.len() as u64).ok_or_else(|| {
             ClientError::InvalidArgument(format!("write of {} bytes at offset {offset} overflows", data.len()))
         })?;
@@ -285,6 +350,15 @@ impl Client {
     /// it at the configured durability. In an N-1 checkpoint every process calls it after the
     /// barrier that ends the write phase (committing twice is harmless).
     pub fn commit_epoch(&mut self, epoch: EpochId) -> Result<(), ClientError> {
+        let started = Instant::now();
+        self.commit_epoch_untraced(epoch)?;
+        if self.tracer.is_some() {
+            self.trace(TraceKind::Fsync, &traced_epoch_name(epoch), 0, 0, started);
+        }
+        Ok(())
+    }
+
+    fn commit_epoch_untraced(&mut self, epoch: EpochId) -> Result<(), ClientError> {
         self.flush()?;
         let servers: Vec<usize> = self.touched.get(&epoch).map(|s| s.iter().copied().collect()).unwrap_or_default();
         // Send every commit first, then collect: servers sync in parallel.
@@ -336,6 +410,15 @@ impl Client {
     /// Reads `buffer.len()` bytes at `offset` from whichever servers hold them; bytes nobody
     /// wrote read as zeros.
     pub fn read(&mut self, file: &FileHandle, offset: u64, buffer: &mut [u8]) -> Result<(), ClientError> {
+        let started = Instant::now();
+        self.read_untraced(file, offset, buffer)?;
+        if self.tracer.is_some() {
+            self.trace(TraceKind::Read, &traced_file_name(file.epoch, &file.name), offset, buffer.len() as u64, started);
+        }
+        Ok(())
+    }
+
+    fn read_untraced(&mut self, file: &FileHandle, offset: u64, buffer: &mut [u8]) -> Result<(), ClientError> {
         let end = offset.checked_add(buffer.len() as u64).ok_or_else(|| {
             ClientError::InvalidArgument(format!("read of {} bytes at offset {offset} overflows", buffer.len()))
         })?;
@@ -440,6 +523,15 @@ impl Client {
 
     /// Every epoch on any server, merged.
     pub fn list_epochs(&mut self) -> Result<Vec<EpochSummary>, ClientError> {
+        let started = Instant::now();
+        let epochs = self.list_epochs_untraced()?;
+        if self.tracer.is_some() {
+            self.trace(TraceKind::Readdir, "/", 0, 0, started);
+        }
+        Ok(epochs)
+    }
+
+    fn list_epochs_untraced(&mut self) -> Result<Vec<EpochSummary>, ClientError> {
         let mut merged: BTreeMap<EpochId, EpochSummary> = BTreeMap::new();
         for connection in &mut self.servers {
             let mut from_epoch = EpochId(0);
@@ -466,6 +558,15 @@ impl Client {
 
     /// Every file of an epoch, merged over servers (sizes are the maximum over servers).
     pub fn list_files(&mut self, epoch: EpochId) -> Result<Vec<(String, u64)>, ClientError> {
+        let started = Instant::now();
+        let files = self.list_files_untraced(epoch)?;
+        if self.tracer.is_some() {
+            self.trace(TraceKind::Readdir, &traced_epoch_name(epoch), 0, 0, started);
+        }
+        Ok(files)
+    }
+
+    fn list_files_untraced(&mut self, epoch: EpochId) -> Result<Vec<(String, u64)>, ClientError> {
         let mut merged: BTreeMap<String, u64> = BTreeMap::new();
         for connection in &mut self.servers {
             let mut from_file = FileId(0);
@@ -492,6 +593,17 @@ impl Client {
 
     /// Deletes the epoch on every server that has it.
     pub fn delete_epoch(&mut self, epoch: EpochId) -> Result<(), ClientError> {
+        let started = Instant::now();
+        self.delete_epoch_untraced(epoch)?;
+        if let Some(created) = self.traced_creates.remove(&epoch) {
+            for name in created {
+                self.trace(TraceKind::Unlink, &traced_file_name(epoch, &name), 0, 0, started);
+            }
+        }
+        Ok(())
+    }
+
+    fn delete_epoch_untraced(&mut self, epoch: EpochId) -> Result<(), ClientError> {
         self.flush()?;
         for connection in &mut self.servers {
             match connection.call(&Request::DeleteEpoch { epoch }, &[], None) {
@@ -580,4 +692,15 @@ fn unexpected(connection: &ServerConnection, expected: &'static str, got: &Respo
         Response::Error { code, message } => ClientError::Server { endpoint: connection.endpoint.clone(), code: *code, message: message.clone() },
         other => ClientError::UnexpectedReply { endpoint: connection.endpoint.clone(), expected, got: format!("{:?}", other.kind()) },
     }
+}
+
+/// The name a traced file operation records: `epoch-<E>/<name>`, the layout drained epochs
+/// have on the PFS.
+pub fn traced_file_name(epoch: EpochId, name: &str) -> String {
+    format!("{}/{name}", traced_epoch_name(epoch))
+}
+
+/// The name traced epoch-wide operations (commit, list files) record: `epoch-<E>`.
+pub fn traced_epoch_name(epoch: EpochId) -> String {
+    format!("epoch-{}", epoch.0)
 }

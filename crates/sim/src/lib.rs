@@ -1,4 +1,5 @@
-//! Planning tools for burst buffers: the Spillway trace format, a trace-driven two-level
+//! Planning tools for burst buffers: the Spillway trace format (re-exported from the leaf crate
+//! `spillway-trace` as [`trace`]), a trace-driven two-level
 //! simulator (Xu/Sato), synthetic workflow traces, and workflow characterization with
 //! allocation advice (Daley et al., DataWarp).
 //!
@@ -7,12 +8,12 @@
 //! formatting. Eviction policies are pure code in [`policy`] so a daemon can share them.
 
 pub mod characterize;
-pub mod crc32;
 pub mod model;
 pub mod policy;
 pub mod report;
 pub mod synth;
-pub mod trace;
+pub use spillway_trace as trace;
+pub use spillway_trace::crc32;
 
 pub use characterize::{characterize, AllocationTarget, Bound, Characterization, Peaks, Profile};
 pub use model::{

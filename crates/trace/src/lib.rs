@@ -1,13 +1,16 @@
 //! The Spillway trace format, version 1: a compact, streamable, little-endian record of every I/O
 //! operation of one job (time, rank, file, operation, offset, length, duration) plus the job's
-//! metadata. Darshan converters (python/spillway_tools), synthetic generators and, later, the
-//! client and mount tracers all produce it; `spillway sim` and `spillway characterize` consume it.
+//! metadata. Darshan converters (python/spillway_tools), synthetic generators and the client
+//! tracer (spillway-client) produce it; `spillway sim` and `spillway characterize` consume it.
+//! A leaf crate (serde and thiserror only) so the client can record traces without the simulator.
 //!
 //! Why this shape: a trace can hold millions of operations, so records are varint-packed (a
 //! typical operation is 10–16 bytes) and file names live once in a string table that is written
 //! inline, before first use, so a writer never needs to know the whole table up front and a
 //! reader never needs to seek. The byte-by-byte layout is in docs/design/trace.md; the Python
 //! implementation in python/spillway_tools/trace.py must stay byte-identical.
+
+pub mod crc32;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
