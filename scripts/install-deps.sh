@@ -11,6 +11,9 @@ packages=(
     pkg-config          # checks the installed spillway.pc
     memcached           # `spillway bench ingress` baseline
     libmemcached-tools  # memcaslap, the baseline's load generator
+    fuse3               # fusermount3 and /etc/fuse.conf for `spillway mount` and its tests
+    slurm-wlm           # slurmctld + slurmd + clients 22.05, with burst_buffer_lua.so, for the Slurm tests
+    munge               # Slurm's authentication daemon
 )
 
 missing=()
