@@ -46,9 +46,14 @@ pub struct Args {
     /// Largest PFS write of the shuffled drain.
     #[arg(long, default_value = "8M", value_parser = parse_bytes)]
     write_bytes: u64,
-    /// DRAM log per server.
-    #[arg(long, default_value = "256M", value_parser = parse_bytes)]
-    dram_bytes: u64,
+    /// DRAM log per server (default: room for the server's share of the checkpoint below the
+    /// flusher's high watermark, as a burst buffer sized for its checkpoints has; the ingress
+    /// benchmark sizes its `memory` runs the same way).
+    #[arg(long, value_parser = parse_bytes)]
+    dram_bytes: Option<u64>,
+    /// Requests a server queues per connection (the clients' pipelining window is 64).
+    #[arg(long, default_value_t = 64)]
+    in_flight_requests: u32,
     /// Directory for SSD logs, PFS and baselines (default: a temporary directory under /var/tmp).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -75,13 +80,17 @@ impl Cluster {
             let ssd = dir.join(format!("s{i}-ssd"));
             let knobs = StoreKnobs {
                 ssd_directory: ssd.display().to_string(),
-                dram_bytes_max: args.dram_bytes,
+                dram_bytes_max: dram_bytes(args),
                 ssd_bytes_max: (args.total_bytes * 4).max(1 << 30),
                 ..StoreKnobs::default()
             };
             let store = spillway_store::Store::open(&knobs).with_context(|| format!("opening store {}", ssd.display()))?;
             let backend = Arc::new(StoreBackend::new(store));
-            let server_knobs = ServerKnobs { server_name: format!("s{i}"), ..ServerKnobs::default() };
+            let server_knobs = ServerKnobs {
+                server_name: format!("s{i}"),
+                in_flight_requests_max: args.in_flight_requests,
+                ..ServerKnobs::default()
+            };
             let server = Server::bind(ServerOptions::from_knobs(&server_knobs), backend.clone(), &endpoints[i..=i], false)?;
             let options = DrainerOptions {
                 peers: endpoints.clone(),
@@ -91,6 +100,7 @@ impl Cluster {
                 default_mode: DrainMode::Shuffled,
                 drain_after_commit: false,
                 ingest_bandwidth_share: 1.0,
+                ingest_idle_after: spillway_drain::INGEST_IDLE_AFTER,
                 retry_backoff_min: Duration::from_millis(50),
                 retry_backoff_max: Duration::from_secs(1),
                 queued_epochs_max: 16,
@@ -121,6 +131,16 @@ impl Cluster {
             let _ = t.join();
         }
     }
+}
+
+/// DRAM log per server: `--dram-bytes`, or room for the server's share of the checkpoint
+/// (records carry a 64-byte header per transfer) below the flusher's 75 % high watermark.
+fn dram_bytes(args: &Args) -> u64 {
+    args.dram_bytes.unwrap_or_else(|| {
+        let share = args.total_bytes.div_ceil(args.servers as u64);
+        let records = share + share / args.transfer_bytes.max(1) * 64;
+        (records * 10 / 7 + (64 << 20)).next_multiple_of(1 << 20)
+    })
 }
 
 /// Deterministic content of block `b`.
@@ -348,6 +368,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "config": {
                 "servers": args.servers, "clients": args.clients, "total_bytes": args.total_bytes,
                 "transfer_bytes": args.transfer_bytes, "stripe_bytes": args.stripe_bytes, "write_bytes": args.write_bytes,
+                "dram_bytes_per_server": dram_bytes(&args), "in_flight_requests_max": args.in_flight_requests,
             },
             "sequential_baseline_mib_per_s": mib(sequential_bytes_per_s),
             "naive": mode_json(&naive),
@@ -360,13 +381,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "egress: S={} C={} file {} MiB, {} KiB interleaved transfers, stripe {} KiB, shuffled writes ≤ {} MiB",
+        "egress: S={} C={} file {} MiB, {} KiB interleaved transfers, stripe {} KiB, shuffled writes ≤ {} MiB, DRAM {} MiB/server",
         args.servers,
         args.clients,
         args.total_bytes >> 20,
         args.transfer_bytes >> 10,
         args.stripe_bytes >> 10,
-        args.write_bytes >> 20
+        args.write_bytes >> 20,
+        dram_bytes(&args) >> 20
     );
     println!("sequential baseline (same disk, fsync): {:.0} MiB/s", mib(sequential_bytes_per_s));
     println!();

@@ -226,3 +226,73 @@ impl ServerConnection {
         Ok(())
     }
 }
+
+/// Pipelined reads on several connections at once: each keeps up to its `window` read
+/// requests outstanding, sent in batches (one syscall for many small request frames), and
+/// replies are collected round robin, so every server works at the same time. The first
+/// failure is returned after every connection's outstanding replies are collected (a
+/// connection that broke is left as it is).
+pub fn read_parallel(jobs: &mut [(&mut ServerConnection, Vec<(Request, &mut [u8])>)]) -> Result<(), ClientError> {
+    use std::io::Write;
+    for (connection, _) in jobs.iter_mut() {
+        connection.flush()?;
+    }
+    let mut sent: Vec<VecDeque<(u64, usize)>> = jobs.iter().map(|_| VecDeque::new()).collect();
+    let mut next: Vec<usize> = vec![0; jobs.len()];
+    let mut broken: Vec<bool> = vec![false; jobs.len()];
+    let mut first_error: Option<ClientError> = None;
+    let mut batch = Vec::new();
+    loop {
+        let mut waiting = false;
+        for (j, (connection, requests)) in jobs.iter_mut().enumerate() {
+            if broken[j] {
+                continue;
+            }
+            // Top up the window when half of it has come back.
+            let refill = sent[j].len() <= connection.window / 2;
+            if first_error.is_none() && refill && next[j] < requests.len() {
+                batch.clear();
+                while next[j] < requests.len() && sent[j].len() < connection.window {
+                    let id = connection.next_request_id;
+                    connection.next_request_id += 1;
+                    let request = &requests[next[j]].0;
+                    frame::write_frame(&mut batch, request.kind(), id, &request.encode_body(), &[])
+                        .expect("encoding into a Vec cannot fail");
+                    sent[j].push_back((id, next[j]));
+                    next[j] += 1;
+                }
+                if let Err(e) = connection.connection.write_all(&batch) {
+                    first_error.get_or_insert(connection.io(e));
+                    broken[j] = true;
+                    continue;
+                }
+            }
+            let Some((id, index)) = sent[j].pop_front() else { continue };
+            waiting = true;
+            match connection.receive(Some(&mut *requests[index].1)) {
+                Ok((_, Response::Error { code, message })) => {
+                    first_error.get_or_insert(ClientError::Server { endpoint: connection.endpoint.clone(), code, message });
+                }
+                Ok((reply_id, response)) if reply_id != id || response != Response::ReadData => {
+                    first_error.get_or_insert(ClientError::Protocol {
+                        endpoint: connection.endpoint.clone(),
+                        message: format!("reply {reply_id} {:?} to read request {id}", response.kind()),
+                    });
+                    broken[j] = true;
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                    broken[j] = true;
+                }
+            }
+        }
+        if !waiting && (first_error.is_some() || jobs.iter().enumerate().all(|(j, (_, r))| broken[j] || next[j] >= r.len())) {
+            break;
+        }
+    }
+    match first_error {
+        Some(error) => Err(error),
+        None => Ok(()),
+    }
+}

@@ -23,7 +23,7 @@ impl Inner {
             for (&id, segment) in state.segments.iter_mut() {
                 if segment.dirty {
                     segment.dirty = false;
-                    let length = if segment.inflight == 0 { segment.length } else { segment.synced_length };
+                    let length = segment.written_frontier();
                     targets.push((id, segment.file.clone(), length));
                 }
             }
@@ -126,6 +126,32 @@ impl Inner {
             if moved == 0 {
                 // Another thread (the flusher) is spilling some of them; wait for it.
                 self.space.wait_for(&mut state, Duration::from_millis(20));
+            }
+        }
+        // Every record of the batch is placed; some may still be written by a concurrent
+        // spill, and records of other epochs written through below them may be in flight.
+        // Wait until each segment is written up to where it was placed now, so the fsync
+        // below covers the batch with no hole beneath it (a hole would make recovery cut
+        // committed records off as a torn tail).
+        {
+            let mut state = self.state.lock();
+            let targets: Vec<(SegmentId, u64)> = batch
+                .iter()
+                .filter_map(|e| state.epochs.get(e))
+                .flat_map(|e| e.segments.iter().copied())
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .filter_map(|id| state.segments.get(&id).map(|s| (id, s.length)))
+                .collect();
+            loop {
+                Self::failed(&state)?;
+                let behind = targets
+                    .iter()
+                    .any(|(id, length)| state.segments.get(id).is_some_and(|s| s.written_frontier() < *length));
+                if !behind {
+                    break;
+                }
+                self.space.wait_for(&mut state, Duration::from_millis(5));
             }
         }
         self.sync_dirty()?;

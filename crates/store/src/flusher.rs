@@ -18,7 +18,7 @@ impl Inner {
                     return;
                 }
                 let high = state.ring.capacity() / 100 * self.knobs.dram_high_watermark_percent;
-                if state.durable_pending.is_empty() && state.ring.used() <= high && !state.gc_wanted {
+                if state.durable_pending.is_empty() && state.ring.used() <= high && !state.gc_wanted && !state.write_through_seen {
                     self.flusher.wait_for(&mut state, interval);
                 }
                 if state.shutdown {
@@ -29,7 +29,9 @@ impl Inner {
                     continue;
                 }
                 let pending = std::mem::take(&mut state.durable_pending);
-                let over = state.ring.used() > high;
+                let low = state.ring.capacity() / 100 * self.knobs.dram_low_watermark_percent;
+                let pressure = std::mem::take(&mut state.write_through_seen);
+                let over = state.ring.used() > high || (pressure && state.ring.used() > low);
                 let low_space = self.free_bytes(&state) * 100 < self.knobs.gc_free_percent_min * self.knobs.ssd_bytes_max;
                 (pending, over, std::mem::take(&mut state.gc_wanted) || low_space)
             };

@@ -184,7 +184,7 @@ impl Inner {
         let mut copied = 0;
         for (target, offset, _, at, total, header) in &copies {
             let segment = state.segments.get_mut(target).expect("compaction target vanished");
-            segment.inflight -= 1;
+            segment.finish_placement(*offset);
             segment.dirty = true;
             if header.kind == RecordKind::Data {
                 if let Some(info) = state.records.get_mut(&header.sequence) {

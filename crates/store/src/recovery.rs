@@ -15,7 +15,7 @@ use crate::store::{phase_is_live, EpochEntry, Location, RecordInfo, Segment, Sta
 use crate::storage::{SegmentFile, Storage};
 use spillway_config::StoreKnobs;
 use spillway_types::{EpochId, SegmentId, StreamKey};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -132,6 +132,8 @@ pub(crate) fn recover(knobs: &StoreKnobs, storage: &dyn Storage, state: &mut Sta
                 file: scanned.file.clone(),
                 length: scanned.length,
                 inflight: 0,
+                inflight_at: BTreeSet::new(),
+                kicked: scanned.length,
                 synced_length: scanned.length,
                 dirty: false,
                 sealed: true,

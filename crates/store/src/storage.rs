@@ -21,6 +21,12 @@ pub trait SegmentFile: Send + Sync {
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()>;
     /// Fills all of `buf` from `offset`; reading past the end is an error.
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Fills `first` from `offset` and `second` right after it (a record's header and
+    /// payload). The default is two reads; POSIX files do it in one `preadv`.
+    fn read_two_at(&self, offset: u64, first: &mut [u8], second: &mut [u8]) -> io::Result<()> {
+        self.read_at(offset, first)?;
+        self.read_at(offset + first.len() as u64, second)
+    }
     /// Makes every completed write durable (fdatasync).
     fn sync(&self) -> io::Result<()>;
     fn len(&self) -> io::Result<u64>;
@@ -90,6 +96,31 @@ impl SegmentFile for PosixFile {
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.file.read_exact_at(buf, offset)
+    }
+    fn read_two_at(&self, offset: u64, first: &mut [u8], second: &mut [u8]) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let wanted = first.len() + second.len();
+        let iov = [
+            libc::iovec { iov_base: first.as_mut_ptr().cast(), iov_len: first.len() },
+            libc::iovec { iov_base: second.as_mut_ptr().cast(), iov_len: second.len() },
+        ];
+        // SAFETY: both iovecs describe live, exclusively borrowed buffers of the given lengths.
+        let n = unsafe { libc::preadv(self.file.as_raw_fd(), iov.as_ptr(), 2, offset as libc::off_t) };
+        match n {
+            n if n < 0 => Err(io::Error::last_os_error()),
+            n if n as usize == wanted => Ok(()),
+            // Short (a signal, or the end of the file): finish with plain reads, which report EOF.
+            n => {
+                let n = n as usize;
+                if n < first.len() {
+                    self.file.read_exact_at(&mut first[n..], offset + n as u64)?;
+                    self.file.read_exact_at(second, offset + first.len() as u64)
+                } else {
+                    let done = n - first.len();
+                    self.file.read_exact_at(&mut second[done..], offset + n as u64)
+                }
+            }
+        }
     }
     fn sync(&self) -> io::Result<()> {
         self.file.sync_data()

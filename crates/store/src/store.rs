@@ -117,8 +117,11 @@ pub struct StoreStats {
     pub segments_deleted: u64,
     /// Payload bytes accepted by `write`.
     pub user_payload_bytes: u64,
-    /// Record bytes of data records appended to SSD by spills (headers included).
+    /// Record bytes of data records appended to SSD by spills and write-throughs (headers
+    /// included).
     pub user_bytes_to_ssd: u64,
+    /// Data records a writer appended to SSD itself because DRAM was above its high watermark.
+    pub write_through_records: u64,
     /// Record bytes copied by compaction.
     pub compaction_bytes: u64,
     /// Metadata and segment header bytes appended.
@@ -211,6 +214,11 @@ pub(crate) struct Segment {
     /// Bytes placed (written or being written).
     pub length: u64,
     pub inflight: u32,
+    /// Start offsets of the placements still being written (one per `inflight`): every byte
+    /// below the lowest is written, so that is how far an fsync makes the segment durable.
+    pub inflight_at: BTreeSet<u64>,
+    /// Writes below this offset were handed to writeback (`start_writeback`) already.
+    pub kicked: u64,
     pub synced_length: u64,
     pub dirty: bool,
     pub sealed: bool,
@@ -218,6 +226,21 @@ pub(crate) struct Segment {
     /// `EpochState` records (drained/deleted) by epoch.
     pub tombstones: BTreeMap<EpochId, u64>,
     pub last_write_sequence: u64,
+}
+
+impl Segment {
+    /// A placement at `offset` is written (or failed): it no longer holds the frontier back.
+    pub(crate) fn finish_placement(&mut self, offset: u64) {
+        assert!(self.inflight > 0, "segment in-flight count underflow");
+        self.inflight -= 1;
+        let removed = self.inflight_at.remove(&offset);
+        assert!(removed, "finished a placement at {offset} that was not in flight");
+    }
+
+    /// Every byte below this offset has been written (no placement below it is in flight).
+    pub(crate) fn written_frontier(&self) -> u64 {
+        self.inflight_at.first().copied().unwrap_or(self.length)
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -232,6 +255,8 @@ pub(crate) struct Counters {
     pub fsyncs: u64,
     pub segments_created: u64,
     pub segments_deleted: u64,
+    /// Data records written straight to SSD because DRAM was above its high watermark.
+    pub write_through_records: u64,
 }
 
 pub(crate) struct State {
@@ -259,6 +284,9 @@ pub(crate) struct State {
     pub recent_synced: BTreeSet<SegmentId>,
     pub directory_dirty: bool,
     pub gc_wanted: bool,
+    /// A writer wrote through to SSD since the flusher last looked: DRAM is under pressure,
+    /// so the flusher spills down to the low watermark even from below the high one.
+    pub write_through_seen: bool,
     pub failed: Option<String>,
     pub shutdown: bool,
     pub hints: WriteHints,
@@ -304,6 +332,13 @@ pub(crate) struct Placed {
     sequence: u64,
     stream: StreamKey,
 }
+
+/// Smallest payload a writer writes through to SSD when DRAM is above its high watermark;
+/// smaller ones wait for the flusher (two extra syscalls would cost more than the copy).
+const WRITE_THROUGH_PAYLOAD_BYTES_MIN: u64 = 4096;
+
+/// Writeback is started (`sync_file_range`) in chunks of this size as segments fill.
+const WRITEBACK_CHUNK_BYTES: u64 = 16 << 20;
 
 const WRITE_HINT_META: u64 = 2; // RWH_WRITE_LIFE_SHORT
 
@@ -357,6 +392,7 @@ impl Store {
             recent_synced: BTreeSet::new(),
             directory_dirty: false,
             gc_wanted: true,
+            write_through_seen: false,
             failed: None,
             shutdown: false,
             hints: WriteHints::NotTried,
@@ -564,10 +600,10 @@ impl Store {
             self.inner.space.notify_all();
         }
         for (segment, file, at, target, verify) in ssd_reads {
-            file.read_at(at, &mut buf[target.clone()]).map_err(|source| ReadError::Io { segment, offset: at, source })?;
             if let Some((record_offset, sequence)) = verify {
+                // Header and payload in one read (the payload follows the header on disk).
                 let mut header = [0u8; HEADER_BYTES];
-                file.read_at(record_offset, &mut header)
+                file.read_two_at(record_offset, &mut header, &mut buf[target.clone()])
                     .map_err(|source| ReadError::Io { segment, offset: record_offset, source })?;
                 let corrupt = |detail: String| ReadError::Corrupt { segment, offset: record_offset, detail };
                 let decoded = RecordHeader::decode(&header).map_err(|d| corrupt(d.to_string()))?;
@@ -578,6 +614,8 @@ impl Store {
                 if record_crc(&header, crc32c::crc32c(&buf[target])) != stored {
                     return Err(corrupt("record CRC mismatch".into()));
                 }
+            } else {
+                file.read_at(at, &mut buf[target.clone()]).map_err(|source| ReadError::Io { segment, offset: at, source })?;
             }
         }
         Ok(())
@@ -724,6 +762,7 @@ impl Store {
             segments_deleted: c.segments_deleted,
             user_payload_bytes: c.user_payload_bytes,
             user_bytes_to_ssd: c.user_bytes_to_ssd,
+            write_through_records: c.write_through_records,
             compaction_bytes: c.compaction_bytes,
             metadata_bytes: c.metadata_bytes,
             ssd_bytes_written: c.ssd_bytes_written,
@@ -835,6 +874,13 @@ pub(crate) fn check_invariants(state: &State) {
         let accounted: u64 =
             segment.epoch_bytes.values().sum::<u64>() + segment.tombstones.values().sum::<u64>();
         assert!(accounted <= segment.length, "segment {id} accounts {accounted} > length {}", segment.length);
+        assert_eq!(segment.inflight as usize, segment.inflight_at.len(), "segment {id}: in-flight count and offsets disagree");
+        assert!(
+            segment.synced_length <= segment.written_frontier(),
+            "segment {id} claims sync to {} beyond its written frontier {}",
+            segment.synced_length,
+            segment.written_frontier()
+        );
         for epoch in segment.epoch_bytes.keys() {
             if let Some(entry) = state.epochs.get(epoch) {
                 assert!(entry.segments.contains(&id), "epoch {epoch} misses segment {id}");
@@ -946,6 +992,15 @@ impl Inner {
                 if let Some(reason) = &state.failed {
                     return Err(WriteError::Failed(reason.clone()));
                 }
+                let high = state.ring.capacity() / 100 * self.knobs.dram_high_watermark_percent;
+                if state.ring.used() + bytes > high && piece.len() as u64 >= WRITE_THROUGH_PAYLOAD_BYTES_MIN {
+                    // DRAM is above its high watermark: the flusher is busy spilling it. Rather
+                    // than copy into the ring and wait, this writer appends its record to the
+                    // SSD log itself (write-through): one copy fewer, and every writer thread
+                    // spills in parallel with the flusher.
+                    self.flusher.notify_one();
+                    return self.write_through(state, stream, epoch, file, offset, piece);
+                }
                 if let Some(reservation) = state.ring.reserve(bytes) {
                     if reservation.padding > 0 {
                         state.dram.push_back(DramRecord {
@@ -1025,6 +1080,104 @@ impl Inner {
         Ok(())
     }
 
+    /// Appends one data record straight to its stream's segment (no DRAM copy): place it under
+    /// the lock, write payload and padding outside it, then, under the lock again, take the
+    /// next sequence number, write the header (whose record CRC seals the payload) and publish
+    /// the record in the index. Until the header is written the record is invisible and, after
+    /// a crash, a torn tail; the placement holds the segment's written frontier back, so no
+    /// fsync claims it durable early (see `commit_round`).
+    pub(crate) fn write_through(
+        &self,
+        mut state: parking_lot::MutexGuard<'_, State>,
+        stream: StreamKey,
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+        piece: &[u8],
+    ) -> Result<(), WriteError> {
+        let bytes = record_bytes(piece.len() as u64);
+        let hint = state.next_sequence;
+        let (segment_id, at, segment_file) = match self.place(&mut state, stream, bytes, hint) {
+            Ok(placed) => placed,
+            Err(reason) => {
+                self.fail(&mut state, reason.clone());
+                return Err(WriteError::Failed(reason));
+            }
+        };
+        state.reserved_bytes -= bytes;
+        *state.segments.get_mut(&segment_id).expect("placed segment missing").epoch_bytes.entry(epoch).or_default() += bytes;
+        state.epochs.get_mut(&epoch).expect("admitted epoch vanished").segments.insert(segment_id);
+        // Logged at placement, under the lock, so each segment's lines stay in offset order.
+        self.write_log.write(stream, segment_id, at, bytes);
+        drop(state);
+
+        let payload_crc = crc32c::crc32c(piece);
+        let padding = (bytes - HEADER_BYTES as u64 - piece.len() as u64) as usize;
+        let mut result = segment_file.write_at(at + HEADER_BYTES as u64, piece);
+        if result.is_ok() && padding > 0 {
+            result = segment_file.write_at(at + HEADER_BYTES as u64 + piece.len() as u64, &[0u8; 8][..padding]);
+        }
+
+        let mut state = self.state.lock();
+        let sequence = state.next_sequence;
+        state.next_sequence += 1;
+        let header = RecordHeader {
+            kind: RecordKind::Data,
+            sequence,
+            stream,
+            epoch,
+            file,
+            offset,
+            payload_bytes: piece.len() as u32,
+        };
+        let mut encoded = [0u8; HEADER_BYTES];
+        header.encode(0, &mut encoded);
+        let crc = record_crc(&encoded, payload_crc);
+        encoded[60..64].copy_from_slice(&crc.to_le_bytes());
+        if result.is_ok() {
+            result = segment_file.write_at(at, &encoded);
+        }
+        let segment = state.segments.get_mut(&segment_id).expect("segment vanished during a write-through");
+        segment.finish_placement(at);
+        segment.dirty = true;
+        segment.last_write_sequence = segment.last_write_sequence.max(sequence);
+        let kick = (segment.written_frontier() >= segment.kicked + WRITEBACK_CHUNK_BYTES).then(|| {
+            let range = (segment.kicked, segment.written_frontier());
+            segment.kicked = range.1;
+            range
+        });
+        if let Err(error) = result {
+            let reason = format!(
+                "writing a {bytes}-byte record to segment {segment_id} at offset {at} in {}: {error}",
+                self.storage.describe()
+            );
+            self.fail(&mut state, reason);
+            // `Store::write` returns the capacity of pieces that failed to the reservation pool.
+            state.reserved_bytes += bytes;
+            return Err(WriteError::Io { segment: segment_id, source: error });
+        }
+        state.records.insert(sequence, RecordInfo { location: Location::Ssd { segment: segment_id, offset: at }, epoch, payload_bytes: piece.len() as u32 });
+        if !piece.is_empty() {
+            state.index.insert(epoch, file, offset, Extent { record: sequence, skip: 0, length: piece.len() as u64 });
+        }
+        let entry = state.epochs.get_mut(&epoch).expect("admitted epoch vanished");
+        entry.data_records += 1;
+        entry.payload_bytes += piece.len() as u64;
+        entry.record_sequences.push(sequence);
+        *entry.stream_bytes.entry(stream).or_default() += bytes;
+        state.counters.user_payload_bytes += piece.len() as u64;
+        state.counters.user_bytes_to_ssd += bytes;
+        state.counters.ssd_bytes_written += bytes;
+        state.counters.write_through_records += 1;
+        state.write_through_seen = true;
+        drop(state);
+        if let Some((from, to)) = kick {
+            // Start writeback so the commit's fsync finds most of it on disk (a hint).
+            let _ = segment_file.start_writeback(from, to - from);
+        }
+        Ok(())
+    }
+
     /// Places `bytes` at the end of `stream`'s open segment (rolling to a new one when full).
     pub(crate) fn place(&self, state: &mut State, stream: StreamKey, bytes: u64, sequence: u64) -> Result<(SegmentId, u64, Arc<dyn SegmentFile>), String> {
         let current = state.open_segments.get(&stream).copied();
@@ -1041,6 +1194,7 @@ impl Inner {
         let offset = segment.length;
         segment.length += bytes;
         segment.inflight += 1;
+        segment.inflight_at.insert(offset);
         segment.last_write_sequence = segment.last_write_sequence.max(sequence);
         let file = segment.file.clone();
         state.ssd_used_bytes += bytes;
@@ -1086,6 +1240,8 @@ impl Inner {
                 file,
                 length: bytes.len() as u64,
                 inflight: 0,
+                inflight_at: BTreeSet::new(),
+                kicked: 0,
                 synced_length: 0,
                 dirty: true,
                 sealed: false,
@@ -1124,7 +1280,7 @@ impl Inner {
         };
         let result = file.write_at(offset, &bytes);
         let segment = state.segments.get_mut(&segment_id).expect("meta segment missing");
-        segment.inflight -= 1;
+        segment.finish_placement(offset);
         segment.dirty = true;
         if let Err(error) = result {
             let reason = format!("writing metadata to segment {segment_id} at offset {offset}: {error}");
@@ -1192,7 +1348,7 @@ impl Inner {
         let mut moved = 0;
         for item in &placed {
             let segment = state.segments.get_mut(&item.segment).expect("segment vanished during spill");
-            segment.inflight -= 1;
+            segment.finish_placement(item.offset);
             segment.dirty = true;
             let at = dram_index(&state, item.position);
             let epoch = state.dram[at].epoch;
@@ -1245,7 +1401,6 @@ impl Inner {
     /// Issues the pwrites of placed records, coalescing neighbours in both ring and segment.
     pub(crate) fn write_placed(&self, placed: &[Placed]) -> Result<(), String> {
         self.seal_records(placed);
-        const WRITEBACK_CHUNK_BYTES: u64 = 16 << 20;
         // Per segment: the range written but not yet handed to writeback.
         let mut unkicked: BTreeMap<SegmentId, (Arc<dyn SegmentFile>, u64, u64)> = BTreeMap::new();
         let capacity = self.arena.capacity();
