@@ -175,6 +175,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let backend = Arc::new(StoreBackend::new(store));
     let server = Server::bind(ServerOptions::from_knobs(&config.server), backend.clone(), &endpoints, config.server.insecure_tcp)?;
     let drainer = start_drainer(&config, &server, backend.clone())?;
+    // The metadata service of the mount: namespace journals live beside the store's segments.
+    server.attach_namespaces(std::path::Path::new(&config.store.ssd_directory).join("namespaces"));
     install_signal_handlers();
     let handle = server.shutdown_handle();
     let watcher = std::thread::spawn(move || {
@@ -233,6 +235,7 @@ fn start_drainer(
         default_mode: knobs.mode.parse().map_err(|e: String| anyhow::anyhow!("drain.mode: {e}"))?,
         drain_after_commit: knobs.drain_after_commit,
         ingest_bandwidth_share: knobs.ingest_bandwidth_share,
+        ingest_idle_after: spillway_drain::INGEST_IDLE_AFTER,
         retry_backoff_min: Duration::from_millis(knobs.retry_backoff_ms_min),
         retry_backoff_max: Duration::from_millis(knobs.retry_backoff_ms_max),
         queued_epochs_max: knobs.queued_epochs_max as usize,

@@ -13,6 +13,7 @@
 //! [`Client::flush`] and [`Client::commit_epoch`], which report the first failure.
 
 mod connection;
+pub mod meta;
 pub mod placement;
 mod trace_record;
 
@@ -359,21 +360,38 @@ impl Client {
     }
 
     fn commit_epoch_untraced(&mut self, epoch: EpochId) -> Result<(), ClientError> {
+        let request = Request::Commit { epoch, durability: self.options.durability };
+        self.call_touched_servers(epoch, &request, "Committed", |r| matches!(r, Response::Committed { .. }))
+    }
+
+    /// Makes every byte this client wrote to the epoch durable in the SSD log of each server it
+    /// wrote to, without sealing the epoch: `fsync` on the mount. Later writes may follow.
+    pub fn sync_epoch(&mut self, epoch: EpochId) -> Result<(), ClientError> {
+        self.call_touched_servers(epoch, &Request::Sync { epoch }, "Synced", |r| matches!(r, Response::Synced { .. }))
+    }
+
+    /// Flushes the pipeline, then sends `request` to every server this client wrote the epoch to
+    /// (all first, then collects, so the servers work in parallel); the first failure wins.
+    fn call_touched_servers(
+        &mut self,
+        epoch: EpochId,
+        request: &Request,
+        expected: &'static str,
+        is_expected: impl Fn(&Response) -> bool,
+    ) -> Result<(), ClientError> {
         self.flush()?;
         let servers: Vec<usize> = self.touched.get(&epoch).map(|s| s.iter().copied().collect()).unwrap_or_default();
-        // Send every commit first, then collect: servers sync in parallel.
-        let request = Request::Commit { epoch, durability: self.options.durability };
         let mut ids = Vec::with_capacity(servers.len());
         for &server in &servers {
-            ids.push((server, self.servers[server].start_call(&request)?));
+            ids.push((server, self.servers[server].start_call(request)?));
         }
         let mut first = None;
         for (server, id) in ids {
             let connection = &mut self.servers[server];
             match connection.finish_call(id) {
-                Ok(Response::Committed { .. }) => {}
+                Ok(response) if is_expected(&response) => {}
                 Ok(other) => {
-                    first.get_or_insert(unexpected(connection, "Committed", &other));
+                    first.get_or_insert(unexpected(connection, expected, &other));
                 }
                 Err(e) => {
                     first.get_or_insert(e);
@@ -481,26 +499,32 @@ impl Client {
         for (server, at, length) in wanted {
             per_server.entry(server).or_default().push((at, length));
         }
-        for (server, ranges) in per_server {
-            let id = file.ids[server].expect("only servers holding the file are asked");
-            let mut slices: Vec<(Request, &mut [u8])> = Vec::with_capacity(ranges.len());
-            let mut rest: &mut [u8] = &mut *buffer;
-            let mut rest_offset = offset;
-            let mut sorted = ranges;
-            sorted.sort_unstable();
-            for (at, length) in sorted {
-                if at < rest_offset {
-                    continue; // overlapping extent already covered
-                }
-                let (_, tail) = std::mem::take(&mut rest).split_at_mut((at - rest_offset) as usize);
-                let (piece, tail) = tail.split_at_mut(length as usize);
-                rest = tail;
-                rest_offset = at + length;
-                slices.push((Request::Read { epoch: file.epoch, file: id, offset: at, length: length as u32 }, piece));
+        // One pass over the buffer in offset order hands each range its own disjoint slice; a
+        // range overlapping one already taken (any server) is skipped: those bytes come once.
+        let mut all: Vec<(u64, u64, usize)> = per_server.into_iter().flat_map(|(s, r)| r.into_iter().map(move |(at, l)| (at, l, s))).collect();
+        all.sort_unstable();
+        let mut slices: BTreeMap<usize, Vec<(Request, &mut [u8])>> = BTreeMap::new();
+        let mut rest: &mut [u8] = &mut *buffer;
+        let mut rest_offset = offset;
+        for (at, length, server) in all {
+            if at < rest_offset {
+                continue;
             }
-            self.servers[server].read_many(&mut slices)?;
+            let id = file.ids[server].expect("only servers holding the file are asked");
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut((at - rest_offset) as usize);
+            let (piece, tail) = tail.split_at_mut(length as usize);
+            rest = tail;
+            rest_offset = at + length;
+            slices.entry(server).or_default().push((Request::Read { epoch: file.epoch, file: id, offset: at, length: length as u32 }, piece));
         }
-        Ok(())
+        // Every server at once (each pipelined), not one after another.
+        let mut jobs: Vec<(&mut ServerConnection, Vec<(Request, &mut [u8])>)> = Vec::new();
+        for (server, connection) in self.servers.iter_mut().enumerate() {
+            if let Some(list) = slices.remove(&server) {
+                jobs.push((connection, list));
+            }
+        }
+        connection::read_parallel(&mut jobs)
     }
 
     /// The file's size: one past the highest byte any server holds.

@@ -36,7 +36,7 @@ use spillway_server::{Backend, BackendError, DrainControl, IngestProbe};
 use spillway_types::EpochId;
 
 use crate::journal::{DrainMode, Journal, JournalError};
-use crate::pfs::{Pfs, PfsError, PfsFile};
+use crate::pfs::{IoBuffer, Pfs, PfsError, PfsFile};
 use crate::plan::{chunk_writes, clip_extents, naive_writes, partition_domains};
 
 /// Drainer settings (from the `[drain]` knobs).
@@ -52,6 +52,8 @@ pub struct DrainerOptions {
     pub drain_after_commit: bool,
     /// Share (0, 1] of the measured PFS bandwidth the drain may use while ingest is active.
     pub ingest_bandwidth_share: f64,
+    /// Ingest counts as active until it has not moved for this long (250 ms in the server).
+    pub ingest_idle_after: Duration,
     pub retry_backoff_min: Duration,
     pub retry_backoff_max: Duration,
     /// Epochs queued at once; more requests are refused with `Busy`.
@@ -76,6 +78,8 @@ pub enum DrainError {
     BadName { epoch: EpochId, name: String },
     #[error("this server (index {index}) is not among the servers holding {name:?}: server list differs between servers?")]
     NotParticipant { index: usize, name: String },
+    #[error("mount file names: {0}")]
+    Namespace(spillway_meta::MetaError),
 }
 
 /// Why starting the drainer failed.
@@ -100,6 +104,9 @@ struct EpochStatus {
     pfs_write_calls: u64,
     shuffle_us: u64,
     flush_us: u64,
+    /// PFS writes made while ingest was active, and the time paused to yield to it.
+    yielded_writes: u64,
+    yielded_us: u64,
     failed_attempts: u32,
     last_error: String,
 }
@@ -115,6 +122,8 @@ impl EpochStatus {
             pfs_write_calls: 0,
             shuffle_us: 0,
             flush_us: 0,
+            yielded_writes: 0,
+            yielded_us: 0,
             failed_attempts: 0,
             last_error: String::new(),
         }
@@ -135,6 +144,9 @@ struct Inner {
     wake: Condvar,
     stop: AtomicBool,
     ingest: Option<IngestProbe>,
+    /// Observed at start, whenever the worker wakes (at least every 200 ms) and after every
+    /// PFS write, so "active" means "clients wrote since about then".
+    activity: Mutex<IngestActivity>,
 }
 
 /// The running drainer. Dropping it (or [`Drainer::stop`]) stops the worker between writes; an
@@ -185,7 +197,12 @@ impl Drainer {
             let mode = journal.get(epoch).map(|e| e.mode).unwrap_or(DrainMode::Shuffled);
             state.epochs.insert(epoch, EpochStatus::new(mode, DrainState::Drained));
         }
+        let mut activity = IngestActivity::new(options.ingest_idle_after);
+        if let Some(probe) = &ingest {
+            activity.observe(probe.bytes_written(), Instant::now());
+        }
         let inner = Arc::new(Inner {
+            activity: Mutex::new(activity),
             options,
             backend,
             pfs,
@@ -211,6 +228,12 @@ impl Drainer {
     /// Status of every epoch known to the drainer, oldest first.
     pub fn status(&self) -> Vec<DrainInfo> {
         self.inner.status()
+    }
+
+    /// How the drain of `epoch` yielded to ingest so far: PFS writes made while clients were
+    /// writing to this server, and the total pause (`None`: epoch unknown to the drainer).
+    pub fn yielded_to_ingest(&self, epoch: EpochId) -> Option<(u64, Duration)> {
+        self.inner.state.lock().epochs.get(&epoch).map(|s| (s.yielded_writes, Duration::from_micros(s.yielded_us)))
     }
 
     /// Stops the worker (between two writes) and waits for it.
@@ -264,6 +287,13 @@ impl Names {
         let staging = final_path.with_file_name(format!(".{base}.spillway-e{}.staging", epoch.0));
         Ok(Names { final_path, staging })
     }
+    /// A mount file published under its namespace path (`<pfs>/<path>`, no epoch directory).
+    fn published_as(epoch: EpochId, path: &str) -> Result<Names, DrainError> {
+        let mut names = Names::new(epoch, path)?;
+        names.final_path = PathBuf::from(path);
+        names.staging = names.final_path.with_file_name(names.staging.file_name().expect("staging name"));
+        Ok(names)
+    }
     fn marker(&self, server: usize) -> PathBuf {
         let mut s = self.staging.clone().into_os_string();
         s.push(format!(".part-{server}"));
@@ -271,12 +301,55 @@ impl Names {
     }
 }
 
-/// Caps drain bandwidth while ingest is active.
+/// Whether clients are writing to this server: the ingest counter moved within `idle_after`
+/// of the time of an observation. Time is passed in (no clock inside), so tests drive it.
+#[derive(Clone, Debug)]
+pub struct IngestActivity {
+    idle_after: Duration,
+    last_bytes: Option<u64>,
+    last_change: Option<Instant>,
+}
+
+impl IngestActivity {
+    pub fn new(idle_after: Duration) -> Self {
+        IngestActivity { idle_after, last_bytes: None, last_change: None }
+    }
+
+    /// Records the ingest counter read at `now`; true if ingest is active. The first
+    /// observation only sets the baseline (activity before the drain started does not count).
+    pub fn observe(&mut self, bytes_written: u64, now: Instant) -> bool {
+        if self.last_bytes.is_some_and(|b| b != bytes_written) {
+            self.last_change = Some(now);
+        }
+        self.last_bytes = Some(bytes_written);
+        self.last_change.is_some_and(|t| now.saturating_duration_since(t) < self.idle_after)
+    }
+}
+
+/// How long after the last client write ingest still counts as active.
+pub const INGEST_IDLE_AFTER: Duration = Duration::from_millis(250);
+
+/// The longest single pause after one PFS write.
+pub const YIELD_PAUSE_MAX: Duration = Duration::from_secs(1);
+
+/// The pause after a PFS write that took `took`, so that the drain runs at `share` of its
+/// unthrottled speed while ingest is active (write time × (1/share − 1), at most
+/// [`YIELD_PAUSE_MAX`]); no pause when ingest is idle or `share` ≥ 1. Pure: the drainer's
+/// rate limiter, tested without a clock.
+pub fn yield_pause(took: Duration, share: f64, ingest_active: bool) -> Duration {
+    if !ingest_active || share >= 1.0 {
+        return Duration::ZERO;
+    }
+    took.mul_f64(1.0 / share.max(0.01) - 1.0).min(YIELD_PAUSE_MAX)
+}
+
+/// Caps drain bandwidth while ingest is active; counts how often and how long it yielded.
 struct Throttle<'a> {
     probe: Option<&'a IngestProbe>,
+    activity: &'a Mutex<IngestActivity>,
     share: f64,
-    last_ingest: u64,
-    last_change: Instant,
+    yielded: u64,
+    paused: Duration,
 }
 
 impl Throttle<'_> {
@@ -284,14 +357,16 @@ impl Throttle<'_> {
     /// `share` of its unthrottled speed (the write itself measures that speed).
     fn after_write(&mut self, took: Duration) {
         let Some(probe) = self.probe else { return };
-        let now = probe.bytes_written();
-        if now != self.last_ingest {
-            self.last_ingest = now;
-            self.last_change = Instant::now();
+        let active = self.activity.lock().observe(probe.bytes_written(), Instant::now());
+        let pause = yield_pause(took, self.share, active);
+        if active {
+            if self.yielded == 0 {
+                tracing::info!(share = self.share, "drain: ingest active, yielding PFS bandwidth");
+            }
+            self.yielded += 1;
         }
-        let active = self.last_change.elapsed() < Duration::from_millis(250);
-        if active && self.share < 1.0 {
-            let pause = took.mul_f64(1.0 / self.share.max(0.01) - 1.0).min(Duration::from_secs(1));
+        if !pause.is_zero() {
+            self.paused += pause;
             std::thread::sleep(pause);
         }
     }
@@ -304,6 +379,8 @@ struct PartStats {
     calls: u64,
     shuffle: Duration,
     flush: Duration,
+    yielded_writes: u64,
+    yielded: Duration,
 }
 
 impl Inner {
@@ -368,6 +445,9 @@ impl Inner {
         let mut backoff = self.options.retry_backoff_min;
         let mut wait_poll = Duration::from_millis(20);
         while !self.stop.load(Ordering::SeqCst) {
+            if let Some(probe) = &self.ingest {
+                self.activity.lock().observe(probe.bytes_written(), Instant::now());
+            }
             let next = {
                 let mut state = self.state.lock();
                 match state.queue.front().copied() {
@@ -454,8 +534,17 @@ impl Inner {
         });
         let mut done = 0u64;
         let mut waiting = None;
+        // Mount files (`ns/<id>/<ino>.<gen>`) are published under their namespace paths.
+        let mut namespace_names = crate::namespace_names::NamespaceNames::new(self.options.peers.clone());
         for file in &files {
-            let names = Names::new(epoch, &file.name)?;
+            let names = match namespace_names.final_name(&file.name).map_err(DrainError::Namespace)? {
+                crate::namespace_names::FinalName::Unchanged => Names::new(epoch, &file.name)?,
+                crate::namespace_names::FinalName::Path(path) => Names::published_as(epoch, &path)?,
+                crate::namespace_names::FinalName::Dead => {
+                    done += 1;
+                    continue;
+                }
+            };
             match self.drain_file(client, epoch, mode, file.file, &file.name, &names)? {
                 Outcome::Done => done += 1,
                 Outcome::Wait(why) => waiting = Some(why),
@@ -510,6 +599,8 @@ impl Inner {
                 s.pfs_write_calls += stats.calls;
                 s.shuffle_us += stats.shuffle.as_micros() as u64;
                 s.flush_us += stats.flush.as_micros() as u64;
+                s.yielded_writes += stats.yielded_writes;
+                s.yielded_us += stats.yielded.as_micros() as u64;
             });
             self.pfs.create_marker(&names.marker(me))?;
         }
@@ -555,9 +646,10 @@ impl Inner {
         let mut stats = PartStats::default();
         let mut throttle = Throttle {
             probe: self.ingest.as_ref(),
+            activity: &self.activity,
             share: self.options.ingest_bandwidth_share,
-            last_ingest: self.ingest.as_ref().map(|p| p.bytes_written()).unwrap_or(0),
-            last_change: Instant::now() - Duration::from_secs(10),
+            yielded: 0,
+            paused: Duration::ZERO,
         };
         let write_max = self.options.write_bytes_max;
         match mode {
@@ -565,8 +657,9 @@ impl Inner {
                 let domain = partition_domains(size, participants, self.options.stripe_bytes)[position].clone();
                 let chunks = chunk_writes(domain, write_max, self.options.stripe_bytes);
                 // Gather (shuffle) on this thread, write on another: two chunks in flight at most.
-                let (tx, rx) = std::sync::mpsc::sync_channel::<(u64, Vec<u8>)>(1);
+                let (tx, rx) = std::sync::mpsc::sync_channel::<(u64, IoBuffer)>(1);
                 let stop = &self.stop;
+                let (backend, me) = (&self.backend, self.options.self_index);
                 let file_ref: &mut Box<dyn PfsFile> = &mut file;
                 let throttle_ref = &mut throttle;
                 let result: Result<(), DrainError> = std::thread::scope(|scope| {
@@ -591,14 +684,26 @@ impl Inner {
                                 break;
                             }
                             let started = Instant::now();
-                            let mut buffer = vec![0u8; (chunk.end - chunk.start) as usize];
+                            // Aligned, so the PFS can take it with direct I/O.
+                            let mut buffer = IoBuffer::zeroed((chunk.end - chunk.start) as usize);
                             let mut wanted = Vec::new();
+                            let mut local = false;
                             for &(server, offset, length) in &extents {
                                 for piece in clip_extents(&[(offset, length)], &chunk) {
+                                    if server == me {
+                                        local = true;
+                                        continue;
+                                    }
                                     for p in chunk_writes(piece, 1 << 20, 1 << 20) {
                                         wanted.push((server, p.start, p.end - p.start));
                                     }
                                 }
+                            }
+                            // This server's own bytes come from its store directly (one read
+                            // of the whole chunk: its holes read as zeros), not over a socket;
+                            // then the peers' ranges (disjoint from ours) are filled in.
+                            if local {
+                                backend.read(epoch, local_file, chunk.start, &mut buffer).map_err(DrainError::Store)?;
                             }
                             client.read_ranges(handle, chunk.start, &mut buffer, wanted)?;
                             stats.shuffle += started.elapsed();
@@ -644,10 +749,54 @@ impl Inner {
         if self.stop.load(Ordering::SeqCst) {
             return Err(DrainError::Store(BackendError::new(ErrorCode::ShuttingDown, "drainer stopping mid-file")));
         }
+        stats.yielded_writes = throttle.yielded;
+        stats.yielded = throttle.paused;
         let started = Instant::now();
         file.extend_to(size)?;
         file.sync()?;
         stats.flush += started.elapsed();
         Ok(stats)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ingest_is_active_only_within_the_idle_window_after_the_counter_moved() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut a = IngestActivity::new(ms(250));
+        // The baseline: bytes written before the drain started are not activity.
+        assert!(!a.observe(1000, t0));
+        assert!(!a.observe(1000, t0 + ms(100)));
+        // The counter moves: active now and for 250 ms after the move.
+        assert!(a.observe(5000, t0 + ms(200)));
+        assert!(a.observe(5000, t0 + ms(449)));
+        assert!(!a.observe(5000, t0 + ms(450)));
+        assert!(!a.observe(5000, t0 + ms(10_000)));
+        // It moves again much later: active again.
+        assert!(a.observe(5001, t0 + ms(10_001)));
+        // A clock that goes backwards (another thread's earlier reading) never panics.
+        assert!(a.observe(5001, t0 + ms(10_000)));
+    }
+
+    #[test]
+    fn the_pause_caps_drain_bandwidth_at_the_share_while_ingest_is_active() {
+        let ms = Duration::from_millis;
+        // Idle ingest or a share of 1: full speed.
+        assert_eq!(yield_pause(ms(40), 0.25, false), Duration::ZERO);
+        assert_eq!(yield_pause(ms(40), 1.0, true), Duration::ZERO);
+        // Active: write time + pause = write time / share, so bandwidth is share × measured.
+        for (share, took) in [(0.25, 40u64), (0.5, 10), (0.1, 7)] {
+            let pause = yield_pause(ms(took), share, true);
+            let effective = ms(took).as_secs_f64() / (ms(took) + pause).as_secs_f64();
+            assert!((effective - share).abs() < 1e-9, "share {share}: got {effective}");
+        }
+        // Bounded: one slow write never stalls the drain for more than the cap.
+        assert_eq!(yield_pause(Duration::from_secs(5), 0.25, true), YIELD_PAUSE_MAX);
+        // A nonsensical tiny share is clamped instead of dividing by zero.
+        assert_eq!(yield_pause(ms(1), 0.0, true), ms(99));
     }
 }

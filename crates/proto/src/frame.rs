@@ -43,6 +43,27 @@ pub enum Kind {
     Status = 0x0B,
     Drain = 0x0C,
     DrainStatus = 0x0D,
+    Sync = 0x0E,
+    // Namespace (metadata service) requests, see `crate::namespace`.
+    NamespaceOpen = 0x20,
+    NamespaceSync = 0x21,
+    NamespaceManifest = 0x22,
+    NsLookup = 0x23,
+    NsGetAttr = 0x24,
+    NsSetAttr = 0x25,
+    NsCreate = 0x26,
+    NsMkdir = 0x27,
+    NsSymlink = 0x28,
+    NsReadlink = 0x29,
+    NsLink = 0x2A,
+    NsUnlink = 0x2B,
+    NsRmdir = 0x2C,
+    NsRename = 0x2D,
+    NsReaddir = 0x2E,
+    NsOpen = 0x2F,
+    NsAccess = 0x30,
+    NsWrote = 0x31,
+    NsStatfs = 0x32,
     HelloReply = 0x81,
     FileOpened = 0x82,
     Written = 0x83,
@@ -56,11 +77,21 @@ pub enum Kind {
     StatusReply = 0x8B,
     DrainQueued = 0x8C,
     DrainReport = 0x8D,
+    Synced = 0x8E,
+    // Namespace responses.
+    NamespaceOpened = 0xA0,
+    NsAttr = 0xA1,
+    NsDone = 0xA2,
+    NsTarget = 0xA3,
+    NsEntries = 0xA4,
+    NsStat = 0xA5,
+    NamespaceManifestPage = 0xA6,
+    NsError = 0xA7,
     Error = 0xFF,
 }
 
 impl Kind {
-    const ALL: [Kind; 27] = [
+    const ALL: [Kind; 56] = [
         Kind::Hello,
         Kind::OpenFile,
         Kind::Write,
@@ -74,6 +105,7 @@ impl Kind {
         Kind::Status,
         Kind::Drain,
         Kind::DrainStatus,
+        Kind::Sync,
         Kind::HelloReply,
         Kind::FileOpened,
         Kind::Written,
@@ -87,7 +119,35 @@ impl Kind {
         Kind::StatusReply,
         Kind::DrainQueued,
         Kind::DrainReport,
+        Kind::Synced,
         Kind::Error,
+        Kind::NamespaceOpen,
+        Kind::NamespaceSync,
+        Kind::NamespaceManifest,
+        Kind::NsLookup,
+        Kind::NsGetAttr,
+        Kind::NsSetAttr,
+        Kind::NsCreate,
+        Kind::NsMkdir,
+        Kind::NsSymlink,
+        Kind::NsReadlink,
+        Kind::NsLink,
+        Kind::NsUnlink,
+        Kind::NsRmdir,
+        Kind::NsRename,
+        Kind::NsReaddir,
+        Kind::NsOpen,
+        Kind::NsAccess,
+        Kind::NsWrote,
+        Kind::NsStatfs,
+        Kind::NamespaceOpened,
+        Kind::NsAttr,
+        Kind::NsDone,
+        Kind::NsTarget,
+        Kind::NsEntries,
+        Kind::NsStat,
+        Kind::NamespaceManifestPage,
+        Kind::NsError,
     ];
 
     /// Decodes a kind byte.
@@ -98,6 +158,11 @@ impl Kind {
     /// Requests travel client → server; everything else server → client.
     pub fn is_request(self) -> bool {
         (self as u8) < 0x80
+    }
+
+    /// Namespace (metadata service) kinds: requests 0x20..=0x3F, responses 0xA0..=0xBF.
+    pub fn is_namespace(self) -> bool {
+        matches!(self as u8, 0x20..=0x3F | 0xA0..=0xBF)
     }
 
     /// Only these kinds may carry a payload.

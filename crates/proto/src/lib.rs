@@ -13,6 +13,7 @@
 pub mod errno;
 pub mod frame;
 pub mod message;
+pub mod namespace;
 pub mod transport;
 
 pub use errno::ErrorCode;
@@ -20,6 +21,7 @@ pub use frame::{FrameError, Header, Kind, ReceiveError, HEADER_BYTES};
 pub use message::{
     DrainInfo, DrainState, Durability, EpochInfo, EpochState, Extent, FileInfo, Request, Response, ServerStatus,
 };
+pub use namespace::{NamespaceRequest, NamespaceResponse};
 pub use transport::{Connection, Endpoint, Identity, Listener};
 
 /// The protocol version this build speaks. The handshake picks the highest version both sides

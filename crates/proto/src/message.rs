@@ -9,6 +9,7 @@ use spillway_types::{EpochId, FileId};
 
 use crate::errno::ErrorCode;
 use crate::frame::{FrameError, Kind};
+use crate::namespace::{NamespaceRequest, NamespaceResponse};
 use crate::NAME_BYTES_MAX;
 
 /// How durable a committed epoch must be before `Commit` returns.
@@ -209,6 +210,11 @@ pub enum Request {
     Drain { epoch: EpochId, mode: u8 },
     /// Drain state of every epoch this server knows of.
     DrainStatus,
+    /// Make every byte this server acknowledged for the epoch durable in its SSD log without
+    /// sealing the epoch (what `fsync` on the mount needs; a commit seals).
+    Sync { epoch: EpochId },
+    /// A namespace (metadata service) operation; see [`crate::namespace`].
+    Namespace(NamespaceRequest),
 }
 
 /// A response, server → client. `ReadData` carries the bytes as the frame payload.
@@ -236,29 +242,32 @@ pub enum Response {
     Status(ServerStatus),
     DrainQueued { epoch: EpochId },
     DrainStatus(Vec<DrainInfo>),
+    Synced { epoch: EpochId },
     Error { code: ErrorCode, message: String },
+    /// The answer to a namespace request (its failures included).
+    Namespace(NamespaceResponse),
 }
 
-struct Encoder(Vec<u8>);
+pub(crate) struct Encoder(pub(crate) Vec<u8>);
 
 impl Encoder {
-    fn u8(&mut self, v: u8) -> &mut Self {
+    pub(crate) fn u8(&mut self, v: u8) -> &mut Self {
         self.0.push(v);
         self
     }
-    fn u16(&mut self, v: u16) -> &mut Self {
+    pub(crate) fn u16(&mut self, v: u16) -> &mut Self {
         self.0.extend_from_slice(&v.to_le_bytes());
         self
     }
-    fn u32(&mut self, v: u32) -> &mut Self {
+    pub(crate) fn u32(&mut self, v: u32) -> &mut Self {
         self.0.extend_from_slice(&v.to_le_bytes());
         self
     }
-    fn u64(&mut self, v: u64) -> &mut Self {
+    pub(crate) fn u64(&mut self, v: u64) -> &mut Self {
         self.0.extend_from_slice(&v.to_le_bytes());
         self
     }
-    fn string(&mut self, s: &str) -> &mut Self {
+    pub(crate) fn string(&mut self, s: &str) -> &mut Self {
         // Names are bounded by NAME_BYTES_MAX when created; anything longer is cut at a char
         // boundary rather than corrupting the frame (only error messages can be that long).
         let mut end = s.len().min(NAME_BYTES_MAX);
@@ -269,18 +278,25 @@ impl Encoder {
         self.0.extend_from_slice(&s.as_bytes()[..end]);
         self
     }
-    fn file_info(&mut self, f: &FileInfo) -> &mut Self {
+    /// Raw bytes: `length u16` then the bytes (names and symlink targets are not UTF-8).
+    pub(crate) fn bytes(&mut self, b: &[u8]) -> &mut Self {
+        assert!(b.len() <= u16::MAX as usize, "byte string of {} bytes", b.len());
+        self.u16(b.len() as u16);
+        self.0.extend_from_slice(b);
+        self
+    }
+    pub(crate) fn file_info(&mut self, f: &FileInfo) -> &mut Self {
         self.u64(f.file.0).string(&f.name).u64(f.size_bytes).u64(f.stored_bytes)
     }
 }
 
-struct Decoder<'a> {
-    kind: Kind,
+pub(crate) struct Decoder<'a> {
+    pub(crate) kind: Kind,
     bytes: &'a [u8],
 }
 
 impl<'a> Decoder<'a> {
-    fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], FrameError> {
+    pub(crate) fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], FrameError> {
         if self.bytes.len() < n {
             return Err(FrameError::Truncated { kind: self.kind, field, needed: n, available: self.bytes.len() });
         }
@@ -288,19 +304,19 @@ impl<'a> Decoder<'a> {
         self.bytes = tail;
         Ok(head)
     }
-    fn u8(&mut self, field: &'static str) -> Result<u8, FrameError> {
+    pub(crate) fn u8(&mut self, field: &'static str) -> Result<u8, FrameError> {
         Ok(self.take(1, field)?[0])
     }
-    fn u16(&mut self, field: &'static str) -> Result<u16, FrameError> {
+    pub(crate) fn u16(&mut self, field: &'static str) -> Result<u16, FrameError> {
         Ok(u16::from_le_bytes(self.take(2, field)?.try_into().expect("2")))
     }
-    fn u32(&mut self, field: &'static str) -> Result<u32, FrameError> {
+    pub(crate) fn u32(&mut self, field: &'static str) -> Result<u32, FrameError> {
         Ok(u32::from_le_bytes(self.take(4, field)?.try_into().expect("4")))
     }
-    fn u64(&mut self, field: &'static str) -> Result<u64, FrameError> {
+    pub(crate) fn u64(&mut self, field: &'static str) -> Result<u64, FrameError> {
         Ok(u64::from_le_bytes(self.take(8, field)?.try_into().expect("8")))
     }
-    fn string(&mut self, field: &'static str) -> Result<String, FrameError> {
+    pub(crate) fn string(&mut self, field: &'static str) -> Result<String, FrameError> {
         let len = self.u16(field)? as usize;
         if len > NAME_BYTES_MAX {
             return Err(FrameError::BadValue { kind: self.kind, field, value: len as u64 });
@@ -308,14 +324,23 @@ impl<'a> Decoder<'a> {
         let raw = self.take(len, field)?;
         String::from_utf8(raw.to_vec()).map_err(|_| FrameError::BadString { kind: self.kind, field })
     }
-    fn boolean(&mut self, field: &'static str) -> Result<bool, FrameError> {
+    /// Raw bytes written by `Encoder::bytes`.
+    pub(crate) fn bytes(&mut self, field: &'static str) -> Result<Vec<u8>, FrameError> {
+        let len = self.u16(field)? as usize;
+        Ok(self.take(len, field)?.to_vec())
+    }
+    /// Bytes not yet decoded.
+    pub(crate) fn remaining(&self) -> usize {
+        self.bytes.len()
+    }
+    pub(crate) fn boolean(&mut self, field: &'static str) -> Result<bool, FrameError> {
         match self.u8(field)? {
             0 => Ok(false),
             1 => Ok(true),
             other => Err(FrameError::BadValue { kind: self.kind, field, value: other as u64 }),
         }
     }
-    fn durability(&mut self) -> Result<Durability, FrameError> {
+    pub(crate) fn durability(&mut self) -> Result<Durability, FrameError> {
         match self.u8("durability")? {
             0 => Ok(Durability::Ssd),
             1 => Ok(Durability::Memory),
@@ -324,7 +349,7 @@ impl<'a> Decoder<'a> {
         }
     }
     /// A list count, bounded by what the remaining bytes could possibly hold.
-    fn count(&mut self, element_bytes_min: usize, field: &'static str) -> Result<usize, FrameError> {
+    pub(crate) fn count(&mut self, element_bytes_min: usize, field: &'static str) -> Result<usize, FrameError> {
         let count = self.u32(field)? as usize;
         if count.saturating_mul(element_bytes_min) > self.bytes.len() {
             return Err(FrameError::Truncated {
@@ -336,7 +361,7 @@ impl<'a> Decoder<'a> {
         }
         Ok(count)
     }
-    fn file_info(&mut self) -> Result<FileInfo, FrameError> {
+    pub(crate) fn file_info(&mut self) -> Result<FileInfo, FrameError> {
         Ok(FileInfo {
             file: FileId(self.u64("file")?),
             name: self.string("name")?,
@@ -344,7 +369,7 @@ impl<'a> Decoder<'a> {
             stored_bytes: self.u64("stored_bytes")?,
         })
     }
-    fn finish(self) -> Result<(), FrameError> {
+    pub(crate) fn finish(self) -> Result<(), FrameError> {
         if self.bytes.is_empty() {
             Ok(())
         } else {
@@ -367,9 +392,11 @@ impl Request {
             Request::Stat { .. } => Kind::Stat,
             Request::Extents { .. } => Kind::Extents,
             Request::DeleteEpoch { .. } => Kind::DeleteEpoch,
+            Request::Sync { .. } => Kind::Sync,
             Request::Status => Kind::Status,
             Request::Drain { .. } => Kind::Drain,
             Request::DrainStatus => Kind::DrainStatus,
+            Request::Namespace(r) => r.kind(),
         }
     }
 
@@ -402,7 +429,7 @@ impl Request {
             Request::ListFiles { epoch, from_file } => {
                 e.u64(epoch.0).u64(from_file.0);
             }
-            Request::DeleteEpoch { epoch } => {
+            Request::DeleteEpoch { epoch } | Request::Sync { epoch } => {
                 e.u64(epoch.0);
             }
             Request::Stat { epoch, file } => {
@@ -411,6 +438,7 @@ impl Request {
             Request::Extents { epoch, file, from_offset } => {
                 e.u64(epoch.0).u64(file.0).u64(*from_offset);
             }
+            Request::Namespace(r) => r.encode(&mut e),
         }
         e.0
     }
@@ -453,9 +481,11 @@ impl Request {
                 from_offset: d.u64("from_offset")?,
             },
             Kind::DeleteEpoch => Request::DeleteEpoch { epoch: EpochId(d.u64("epoch")?) },
+            Kind::Sync => Request::Sync { epoch: EpochId(d.u64("epoch")?) },
             Kind::Status => Request::Status,
             Kind::Drain => Request::Drain { epoch: EpochId(d.u64("epoch")?), mode: d.u8("mode")? },
             Kind::DrainStatus => Request::DrainStatus,
+            k if k.is_namespace() => Request::Namespace(NamespaceRequest::decode(k, &mut d)?),
             _ => unreachable!("is_request checked above"),
         };
         d.finish()?;
@@ -477,10 +507,12 @@ impl Response {
             Response::FileStat(_) => Kind::FileStat,
             Response::Extents(_) => Kind::ExtentList,
             Response::Deleted { .. } => Kind::Deleted,
+            Response::Synced { .. } => Kind::Synced,
             Response::Status(_) => Kind::StatusReply,
             Response::DrainQueued { .. } => Kind::DrainQueued,
             Response::DrainStatus(_) => Kind::DrainReport,
             Response::Error { .. } => Kind::Error,
+            Response::Namespace(r) => r.kind(),
         }
     }
 
@@ -523,7 +555,7 @@ impl Response {
                     e.u64(x.offset).u64(x.length);
                 }
             }
-            Response::Deleted { epoch } => {
+            Response::Deleted { epoch } | Response::Synced { epoch } => {
                 e.u64(epoch.0);
             }
             Response::Status(s) => {
@@ -563,6 +595,7 @@ impl Response {
             Response::Error { code, message } => {
                 e.u16(code.wire()).string(message);
             }
+            Response::Namespace(r) => r.encode(&mut e),
         }
         assert!(e.0.len() <= crate::BODY_BYTES_MAX as usize, "{:?} body of {} bytes", self.kind(), e.0.len());
         e.0
@@ -615,6 +648,7 @@ impl Response {
                 Response::Extents(list)
             }
             Kind::Deleted => Response::Deleted { epoch: EpochId(d.u64("epoch")?) },
+            Kind::Synced => Response::Synced { epoch: EpochId(d.u64("epoch")?) },
             Kind::DrainQueued => Response::DrainQueued { epoch: EpochId(d.u64("epoch")?) },
             Kind::DrainReport => {
                 let n = d.count(64, "drain count")?;
@@ -659,6 +693,7 @@ impl Response {
                     .ok_or(FrameError::BadValue { kind, field: "code", value: wire as u64 })?;
                 Response::Error { code, message: d.string("message")? }
             }
+            k if k.is_namespace() => Response::Namespace(NamespaceResponse::decode(k, &mut d)?),
             _ => unreachable!("is_request checked above"),
         };
         d.finish()?;
@@ -691,6 +726,7 @@ mod tests {
             (any::<u64>(), any::<u64>()).prop_map(|(e, f)| Request::Stat { epoch: EpochId(e), file: FileId(f) }),
             (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(e, f, o)| Request::Extents { epoch: EpochId(e), file: FileId(f), from_offset: o }),
             any::<u64>().prop_map(|e| Request::DeleteEpoch { epoch: EpochId(e) }),
+            any::<u64>().prop_map(|e| Request::Sync { epoch: EpochId(e) }),
             Just(Request::Status),
             (any::<u64>(), any::<u8>()).prop_map(|(e, m)| Request::Drain { epoch: EpochId(e), mode: m }),
             Just(Request::DrainStatus),
@@ -718,6 +754,7 @@ mod tests {
             file_info().prop_map(Response::FileStat),
             proptest::collection::vec((any::<u64>(), any::<u64>()), 0..20).prop_map(|v| Response::Extents(v.into_iter().map(|(o, l)| Extent { offset: o, length: l }).collect())),
             any::<u64>().prop_map(|e| Response::Deleted { epoch: EpochId(e) }),
+            any::<u64>().prop_map(|e| Response::Synced { epoch: EpochId(e) }),
             (name(), any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(n, c, b, e)| Response::Status(ServerStatus { server_name: n, connections: c, connections_max: c / 2, in_flight_bytes: b, in_flight_bytes_max: b / 3, requests_served: e, bytes_written: b ^ e, bytes_read: 7, dram_bytes_used: 1, dram_bytes_max: 2, ssd_bytes_used: 3, ssd_bytes_max: 4, epochs: e })),
             any::<u64>().prop_map(|e| Response::DrainQueued { epoch: EpochId(e) }),
             proptest::collection::vec((any::<u64>(), 0u8..5, any::<u64>(), any::<u32>(), name()), 0..8).prop_map(|v| Response::DrainStatus(v.into_iter().map(|(e, s, n, a, m)| DrainInfo {

@@ -480,6 +480,13 @@ fn run(shared: &Shared, identity: Identity, request: Request, data: &[u8], wait:
             shared.owners.lock().remove(&epoch);
             plain(Response::Deleted { epoch })
         }
+        Request::Sync { epoch } => {
+            // The store syncs every dirty segment at once; the epoch is named so that only its
+            // owner (or root) may ask, and so that the reply says what became durable.
+            authorize(shared, identity, epoch, false)?;
+            backend.sync()?;
+            plain(Response::Synced { epoch })
+        }
         Request::Drain { epoch, mode } => {
             authorize(shared, identity, epoch, false)?;
             let drain = shared.drain.get().ok_or_else(|| {
@@ -502,6 +509,12 @@ fn run(shared: &Shared, identity: Identity, request: Request, data: &[u8], wait:
             });
             list.reverse();
             plain(Response::DrainStatus(list))
+        }
+        Request::Namespace(request) => {
+            let service = shared.namespaces.get().ok_or_else(|| {
+                BackendError::new(ErrorCode::InvalidArgument, "this server has no namespace service (started without a store directory)")
+            })?;
+            plain(Response::Namespace(service.handle(identity, request)))
         }
         Request::Status => {
             let usage = backend.usage();

@@ -25,6 +25,7 @@
 pub mod backend;
 pub mod budget;
 mod connection;
+pub mod namespace_service;
 mod store_backend;
 
 use std::collections::HashMap;
@@ -132,6 +133,8 @@ pub(crate) struct Shared {
     pub owners: Mutex<HashMap<EpochId, u32>>,
     /// The drainer, if this server drains to a PFS (set once, before or while serving).
     pub drain: std::sync::OnceLock<Arc<dyn DrainControl>>,
+    /// The namespaces (metadata service) this server holds, if attached.
+    pub namespaces: std::sync::OnceLock<Arc<namespace_service::NamespaceService>>,
 }
 
 /// A handle that asks a running server to shut down gracefully (what SIGTERM does).
@@ -185,6 +188,7 @@ impl Server {
             counters: Counters::default(),
             owners: Mutex::new(HashMap::new()),
             drain: std::sync::OnceLock::new(),
+            namespaces: std::sync::OnceLock::new(),
         });
         Ok(Server { shared, listeners })
     }
@@ -198,6 +202,13 @@ impl Server {
     /// Returns false if one was already attached.
     pub fn attach_drain(&self, control: Arc<dyn DrainControl>) -> bool {
         self.shared.drain.set(control).is_ok()
+    }
+
+    /// Serves namespace (metadata) requests, keeping namespace journals in `directory`
+    /// (normally `<store directory>/namespaces`). Returns false if already attached.
+    pub fn attach_namespaces(&self, directory: std::path::PathBuf) -> bool {
+        let service = namespace_service::NamespaceService::new(directory, self.shared.backend.clone(), spillway_meta::LocalOptions::default());
+        self.shared.namespaces.set(Arc::new(service)).is_ok()
     }
 
     /// A reader of the ingest counter (for the drainer's bandwidth cap).
@@ -251,6 +262,11 @@ impl Server {
         drop(self.listeners);
         for worker in workers {
             let _ = worker.join();
+        }
+        if let Some(namespaces) = shared.namespaces.get() {
+            if let Err(failure) = namespaces.sync_all() {
+                tracing::error!(%failure, "final namespace sync failed");
+            }
         }
         shared.backend.sync().map_err(ServeError::FinalSync)?;
         tracing::info!("shutdown complete: in-flight requests finished, store synced");

@@ -1,0 +1,372 @@
+//! `spillway bench mount`: the FUSE mount against its baselines, measured in the same run.
+//!
+//! 1. Sequential 1 MiB writes of the same bytes through the mount (a plain `write(2)` loop on a
+//!    file of the mount, ended by `close`) and through the native client (`Client::write`,
+//!    ended by `flush`); both end when every byte is acknowledged by the servers. Runs
+//!    alternate after one unmeasured warm-up round; the medians of `--repeat` runs are reported
+//!    and the ratio is the median of the per-run mount/native ratios; target: ≥ 0.6.
+//! 2. Metadata: each worker creates, stats and unlinks `--files` empty files in its own
+//!    directory, 1 and 2 workers at once, on a `striped` namespace (one namespace on the first
+//!    server; each worker has its own mount of it, as two compute nodes would) and on `private`
+//!    namespaces (each worker's mount has its own namespace, on different servers).
+//! 3. The same metadata run on a plain local directory, the reference.
+//!
+//! Workers are threads of this process, each with its own mount (the kernel serves each
+//! thread's system calls independently, as it would separate processes'); the mounts run in
+//! this process too, with the same code as `spillway mount`. Servers are `spillway serve`
+//! children on loopback, killed when the benchmark ends.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use spillway_client::{Client, ClientOptions, Placement};
+use spillway_meta::Namespace;
+use spillway_mount::MountConfig;
+use spillway_proto::Endpoint;
+use spillway_types::EpochId;
+
+use crate::mount::{connect_namespace, data_clients, namespace_placement, Access};
+use crate::serve::parse_bytes;
+
+const MIB: f64 = 1024.0 * 1024.0;
+const TRANSFER_BYTES: usize = 1 << 20;
+/// Epoch of the native-client runs (mount data lives in the namespaces' own epochs).
+const NATIVE_EPOCH_BASE: u64 = 5_000;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Bytes written per sequential-write run (suffixes K, M, G).
+    #[arg(long, default_value = "256M")]
+    pub write_bytes: String,
+    /// Runs of each sequential-write variant (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    pub repeat: u32,
+    /// Files each metadata worker creates, stats and unlinks.
+    #[arg(long, default_value_t = 2000)]
+    pub files: u32,
+    /// Burst buffer servers to start.
+    #[arg(long, default_value_t = 2)]
+    pub servers: usize,
+    /// FUSE session threads per mount.
+    #[arg(long, default_value_t = 4)]
+    pub threads: usize,
+    /// Working directory (default: a fresh temporary directory).
+    #[arg(long)]
+    pub work_dir: Option<PathBuf>,
+}
+
+/// A child killed (SIGTERM, then SIGKILL) when dropped.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            // SAFETY: plain kill(2) of our own child.
+            unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline && self.0.try_wait().ok().flatten().is_none() {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+fn start_servers(work: &Path, count: usize, dram_bytes: u64) -> anyhow::Result<(Vec<Reaped>, Vec<Endpoint>)> {
+    let exe = std::env::current_exe()?;
+    let mut servers = Vec::new();
+    let mut endpoints = Vec::new();
+    for s in 0..count {
+        let log = std::fs::File::create(work.join(format!("server-{s}.log")))?;
+        let mut child = Command::new(&exe)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .arg("--ssd-dir")
+            .arg(work.join(format!("ssd-{s}")))
+            .args(["--dram-bytes", &dram_bytes.to_string()])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .context("starting spillway serve")?;
+        let stdout = child.stdout.take().expect("piped");
+        servers.push(Reaped(child));
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        let endpoint = line
+            .strip_prefix("listening ")
+            .and_then(|l| l.split_whitespace().next())
+            .with_context(|| format!("server {s} did not start (see {}/server-{s}.log)", work.display()))?;
+        endpoints.push(endpoint.parse().map_err(|e| anyhow::anyhow!("server {s} endpoint {endpoint:?}: {e}"))?);
+    }
+    Ok((servers, endpoints))
+}
+
+/// A mount of the benchmark, unmounted when dropped.
+struct BenchMount {
+    mount: Option<spillway_mount::Mount>,
+    path: PathBuf,
+}
+
+impl Drop for BenchMount {
+    fn drop(&mut self) {
+        if let Some(mount) = self.mount.take() {
+            if mount.unmount().is_err() {
+                let _ = Command::new("fusermount3").arg("-u").arg("-z").arg(&self.path).status();
+            }
+        }
+    }
+}
+
+fn mount(path: &Path, namespace: Arc<dyn Namespace>, endpoints: &[Endpoint], threads: usize) -> anyhow::Result<BenchMount> {
+    std::fs::create_dir_all(path)?;
+    let config = MountConfig { threads, ..MountConfig::default() };
+    let clients = data_clients(endpoints, threads)?;
+    let mount = spillway_mount::mount(namespace, clients, path, config)?;
+    Ok(BenchMount { mount: Some(mount), path: path.to_path_buf() })
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
+    values[values.len() / 2]
+}
+
+fn native_write(endpoints: &[Endpoint], epoch: EpochId, data: &[u8], total: u64) -> anyhow::Result<f64> {
+    let mut client = Client::connect(endpoints, ClientOptions { placement: Placement::striped_default(), ..Default::default() })?;
+    client.begin_epoch(epoch);
+    let start = Instant::now();
+    let mut file = client.create_file(epoch, "bench/native")?;
+    let mut offset = 0;
+    while offset < total {
+        let length = (total - offset).min(data.len() as u64) as usize;
+        client.write(&mut file, offset, &data[..length])?;
+        offset += length as u64;
+    }
+    client.flush()?;
+    let seconds = start.elapsed().as_secs_f64();
+    client.delete_epoch(epoch)?;
+    Ok(total as f64 / MIB / seconds)
+}
+
+fn mount_write(path: &Path, data: &[u8], total: u64) -> anyhow::Result<f64> {
+    let start = Instant::now();
+    let mut file = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut written = 0;
+    while written < total {
+        let length = (total - written).min(data.len() as u64) as usize;
+        file.write_all(&data[..length]).with_context(|| format!("writing {} at {written}", path.display()))?;
+        written += length as u64;
+    }
+    drop(file); // close: waits until the servers acknowledged every write
+    let seconds = start.elapsed().as_secs_f64();
+    Ok(total as f64 / MIB / seconds)
+}
+
+/// Operations per second of each metadata phase.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+struct MetaRates {
+    create_ops_s: f64,
+    stat_ops_s: f64,
+    unlink_ops_s: f64,
+}
+
+/// `files` creates, stats and unlinks in each of `dirs` (one worker thread each), phase by
+/// phase, all workers starting each phase together. A phase lasts from the first worker's start
+/// to the last worker's end, as each worker timed them (a loaded machine may delay any one
+/// thread, so no third thread's clock is trusted).
+fn metadata_run(dirs: &[PathBuf], files: u32) -> anyhow::Result<MetaRates> {
+    for dir in dirs {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let workers = dirs.len();
+    let barrier = Barrier::new(workers);
+    let ops = (files as usize * workers) as f64;
+    let spans: Vec<[(Instant, Instant); 3]> = std::thread::scope(|scope| -> anyhow::Result<Vec<[(Instant, Instant); 3]>> {
+        let handles: Vec<_> = dirs
+            .iter()
+            .map(|dir| {
+                let barrier = &barrier;
+                scope.spawn(move || -> anyhow::Result<[(Instant, Instant); 3]> {
+                    let name = |i: u32| dir.join(format!("f{i:06}"));
+                    let phase = |p: usize| -> anyhow::Result<()> {
+                        for i in 0..files {
+                            let path = name(i);
+                            match p {
+                                0 => drop(std::fs::File::create_new(&path).with_context(|| format!("creating {}", path.display()))?),
+                                1 => {
+                                    let meta = std::fs::metadata(&path).with_context(|| format!("stat {}", path.display()))?;
+                                    anyhow::ensure!(meta.is_file(), "{} is not a file", path.display());
+                                }
+                                _ => std::fs::remove_file(&path).with_context(|| format!("unlink {}", path.display()))?,
+                            }
+                        }
+                        Ok(())
+                    };
+                    // Every worker reaches every barrier, also after a failure (no deadlock).
+                    let mut failure = None;
+                    let mut spans = [(Instant::now(), Instant::now()); 3];
+                    for (p, span) in spans.iter_mut().enumerate() {
+                        barrier.wait();
+                        let start = Instant::now();
+                        if failure.is_none() {
+                            failure = phase(p).err();
+                        }
+                        *span = (start, Instant::now());
+                    }
+                    failure.map_or(Ok(spans), Err)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("metadata worker panicked")).collect()
+    })?;
+    let rate = |phase: usize| {
+        let first = spans.iter().map(|s| s[phase].0).min().expect("a worker");
+        let last = spans.iter().map(|s| s[phase].1).max().expect("a worker");
+        ops / (last - first).as_secs_f64()
+    };
+    Ok(MetaRates { create_ops_s: rate(0), stat_ops_s: rate(1), unlink_ops_s: rate(2) })
+}
+
+#[derive(Debug, serde::Serialize)]
+struct MetaRow {
+    target: &'static str,
+    workers: usize,
+    #[serde(flatten)]
+    rates: MetaRates,
+}
+
+/// Two node names whose private namespaces land on different servers.
+fn nodes_on_different_servers(servers: usize) -> (String, String) {
+    let first = "node-0".to_string();
+    let (_, server0) = namespace_placement(Access::Private, &first, None, servers);
+    if servers < 2 {
+        return (first, "node-1".to_string());
+    }
+    let second = (1..).map(|i| format!("node-{i}")).find(|n| namespace_placement(Access::Private, n, None, servers).1 != server0).expect("some name hashes elsewhere");
+    (first, second)
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let total = parse_bytes(&args.write_bytes).map_err(|e| anyhow::anyhow!("--write-bytes: {e}"))?;
+    if total == 0 || args.repeat == 0 || args.files == 0 || args.servers == 0 || args.threads == 0 {
+        bail!("--write-bytes, --repeat, --files, --servers and --threads must be positive");
+    }
+    let temp;
+    let work = match &args.work_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)?;
+            dir.clone()
+        }
+        None => {
+            temp = tempfile::tempdir()?;
+            temp.path().to_path_buf()
+        }
+    };
+    // Every byte of both variants stays in DRAM (mount files are never deleted from the
+    // store during the run): no spilling inside a measurement.
+    let per_server = (total * (args.repeat as u64 + 1) * 2).div_ceil(args.servers as u64);
+    let dram = (per_server * 10 / 7 + (128 << 20)).next_multiple_of(1 << 20);
+    let (servers, endpoints) = start_servers(&work, args.servers, dram)?;
+
+    // (1) sequential writes
+    let data: Vec<u8> = (0..TRANSFER_BYTES).map(|i| (i * 131 % 251) as u8).collect();
+    let write_ns = connect_namespace(&endpoints[0], 10, EpochId(1_000_010), 0, 0, 0o1777, args.threads)?;
+    let write_mount = mount(&work.join("mnt-write"), write_ns, &endpoints, args.threads)?;
+    // One unmeasured round first (connections, first files), then alternating measured runs;
+    // the ratio is the median of each run's mount/native pair, which cancels slow phases of a
+    // shared machine better than a ratio of medians.
+    let warmup = (total / 8).max(TRANSFER_BYTES as u64);
+    native_write(&endpoints, EpochId(NATIVE_EPOCH_BASE - 1), &data, warmup)?;
+    mount_write(&write_mount.path.join("warmup"), &data, warmup)?;
+    let (mut native, mut mounted) = (Vec::new(), Vec::new());
+    for run in 0..args.repeat {
+        native.push(native_write(&endpoints, EpochId(NATIVE_EPOCH_BASE + run as u64), &data, total)?);
+        mounted.push(mount_write(&write_mount.path.join(format!("seq-{run}")), &data, total)?);
+    }
+    drop(write_mount);
+    let (native_mib_s, mount_mib_s) = (median(native.clone()), median(mounted.clone()));
+    let pair_ratios: Vec<f64> = native.iter().zip(&mounted).map(|(n, m)| m / n).collect();
+
+    // (2) metadata on striped and private namespaces, (3) on a plain directory
+    let mut rows = Vec::new();
+    for workers in [1, 2] {
+        let dirs: Vec<PathBuf> = (0..workers).map(|w| work.join(format!("plain-{workers}/w{w}"))).collect();
+        rows.push(MetaRow { target: "plain directory", workers, rates: metadata_run(&dirs, args.files)? });
+    }
+    for workers in [1, 2] {
+        let id = 20 + workers as u64;
+        let mounts: Vec<BenchMount> = (0..workers)
+            .map(|w| {
+                let ns = connect_namespace(&endpoints[0], id, EpochId(1_000_000 + id), 0, 0, 0o1777, args.threads)?;
+                mount(&work.join(format!("mnt-striped-{workers}-{w}")), ns, &endpoints, args.threads)
+            })
+            .collect::<anyhow::Result<_>>()?;
+        let dirs: Vec<PathBuf> = mounts.iter().enumerate().map(|(w, m)| m.path.join(format!("w{w}"))).collect();
+        rows.push(MetaRow { target: "mount, striped", workers, rates: metadata_run(&dirs, args.files)? });
+    }
+    let (node_a, node_b) = nodes_on_different_servers(args.servers);
+    for workers in [1, 2] {
+        let mounts: Vec<BenchMount> = [&node_a, &node_b][..workers]
+            .iter()
+            .enumerate()
+            .map(|(w, node)| {
+                // A fresh namespace per run, on the server the node's name picks.
+                let (id, server) = namespace_placement(Access::Private, node, Some(100 + 10 * workers as u64 + w as u64), args.servers);
+                let ns = connect_namespace(&endpoints[server], id, EpochId(1_000_100), 0, 0, 0o1777, args.threads)?;
+                mount(&work.join(format!("mnt-private-{workers}-{w}")), ns, &endpoints, args.threads)
+            })
+            .collect::<anyhow::Result<_>>()?;
+        let dirs: Vec<PathBuf> = mounts.iter().enumerate().map(|(w, m)| m.path.join(format!("w{w}"))).collect();
+        rows.push(MetaRow { target: "mount, private", workers, rates: metadata_run(&dirs, args.files)? });
+    }
+    drop(servers);
+
+    let find = |target: &str, workers: usize| rows.iter().find(|r| r.target == target && r.workers == workers).expect("measured").rates;
+    let mount_vs_native = median(pair_ratios.clone());
+    let private_over_striped = find("mount, private", 2).create_ops_s / find("mount, striped", 2).create_ops_s;
+    if args.json {
+        let out = serde_json::json!({
+            "write": {
+                "bytes": total,
+                "transfer_bytes": TRANSFER_BYTES,
+                "repeat": args.repeat,
+                "native_mib_s": native_mib_s,
+                "mount_mib_s": mount_mib_s,
+                "native_mib_s_runs": native,
+                "mount_mib_s_runs": mounted,
+                "mount_over_native_runs": pair_ratios,
+            },
+            "metadata": { "files_per_worker": args.files, "rows": rows },
+            "servers": args.servers,
+            "threads_per_mount": args.threads,
+            "ratios": {
+                "mount_vs_native": mount_vs_native,
+                "private_over_striped_creates_2proc": private_over_striped,
+                "striped_2_over_1_creates": find("mount, striped", 2).create_ops_s / find("mount, striped", 1).create_ops_s,
+                "private_2_over_1_creates": find("mount, private", 2).create_ops_s / find("mount, private", 1).create_ops_s,
+                "mount_over_plain_creates_1proc": find("mount, striped", 1).create_ops_s / find("plain directory", 1).create_ops_s,
+            },
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!("Sequential 1 MiB writes, {:.0} MiB per run, median of {} ({} servers, {} FUSE threads)", total as f64 / MIB, args.repeat, args.servers, args.threads);
+    println!("  {:<16} {:>10.1} MiB/s", "native client", native_mib_s);
+    println!("  {:<16} {:>10.1} MiB/s   {:.2}x native, median of per-run ratios (target >= 0.6)", "mount", mount_mib_s, mount_vs_native);
+    println!();
+    println!("Metadata: {} files per worker, ops/s", args.files);
+    println!("  {:<18} {:>7} {:>10} {:>10} {:>10}", "target", "workers", "create", "stat", "unlink");
+    for row in &rows {
+        println!("  {:<18} {:>7} {:>10.0} {:>10.0} {:>10.0}", row.target, row.workers, row.rates.create_ops_s, row.rates.stat_ops_s, row.rates.unlink_ops_s);
+    }
+    println!();
+    println!("private / striped creates with 2 workers: {private_over_striped:.2}x");
+    Ok(())
+}

@@ -1,0 +1,300 @@
+//! `spillway mount` and `spillway umount`: the POSIX mount of a reservation's burst buffer.
+//!
+//! `mount` connects to the reservation's servers, opens (creating on first use) the namespace
+//! that holds the tree, and serves it through FUSE at MOUNTPOINT until unmounted (`spillway
+//! umount`, `umount`, `fusermount3 -u`) or until it gets SIGTERM, SIGINT or SIGHUP, which unmount
+//! cleanly (every write flushed, the namespace synced). `--background` returns once the mount is
+//! live (the form Slurm's prolog uses): the same command runs again as a detached child that
+//! reports on a pipe when the kernel has the mount.
+//!
+//! Namespaces (docs/semantics.md, "Mount"): `striped` is one namespace for the reservation, on
+//! its first server, shared by every node; `private` gives each node (`--node`, default the host
+//! name) its own namespace on server `fnv1a64(node) % servers` (spillway_policy::namespace), so metadata scales with nodes.
+//! File bytes are striped over all servers in either mode.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use spillway_client::meta::{RemoteNamespace, RemoteOptions};
+use spillway_client::{Client, ClientOptions, Placement};
+use spillway_meta::{Namespace, NamespaceId};
+use spillway_mount::MountConfig;
+use spillway_proto::Endpoint;
+use spillway_policy::namespace::{namespace_placement as policy_placement, NamespaceAccess};
+use spillway_types::EpochId;
+
+/// The data epoch of mount namespaces unless `--epoch` says otherwise.
+pub const MOUNT_EPOCH_DEFAULT: u64 = 1_000_000;
+/// The namespace id of the striped namespace unless `--namespace-id` says otherwise.
+pub const STRIPED_NAMESPACE_ID_DEFAULT: u64 = 1;
+/// The line the mount prints on stdout once the kernel has the mount.
+const READY_PREFIX: &str = "mounted ";
+/// How long `--background` waits for the child to report the mount live.
+const BACKGROUND_READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Access {
+    /// One namespace for the reservation, on its first server.
+    Striped,
+    /// One namespace per compute node, on server hash(node) % servers.
+    Private,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// The reservation's servers, in order (`HOST:PORT` or `unix:/path`, comma-separated).
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub servers: Vec<String>,
+    /// Namespace mode.
+    #[arg(long, value_enum, default_value = "striped")]
+    pub access: Access,
+    /// This compute node's name, for `private` namespaces (default: the host name).
+    #[arg(long)]
+    pub node: Option<String>,
+    /// Namespace id (default: 1 for striped; derived from the node name for private).
+    #[arg(long)]
+    pub namespace_id: Option<u64>,
+    /// Epoch that holds the files' bytes when the namespace is created.
+    #[arg(long, default_value_t = MOUNT_EPOCH_DEFAULT)]
+    pub epoch: u64,
+    /// Owner of the namespace's root directory when it is created, `UID:GID`.
+    #[arg(long, default_value = "0:0")]
+    pub root_owner: String,
+    /// Permission bits of the root directory when the namespace is created (octal).
+    #[arg(long, default_value = "1777")]
+    pub root_mode: String,
+    /// FUSE session threads (each with its own cloned /dev/fuse descriptor and data client).
+    #[arg(long, default_value_t = 4)]
+    pub threads: usize,
+    /// Attribute and entry cache time in milliseconds; 0 gives close-to-open consistency
+    /// between mounts (see docs/semantics.md, "Mount").
+    #[arg(long, default_value_t = 0)]
+    pub attr_ttl_ms: u64,
+    /// Return once the mount is live, leaving a detached process serving it.
+    #[arg(long)]
+    pub background: bool,
+    /// With --background: where the serving process writes its log (default: discarded).
+    #[arg(long)]
+    pub log: Option<PathBuf>,
+    /// Where to mount (an existing directory).
+    pub mountpoint: PathBuf,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct UmountArgs {
+    /// Detach now even if files are open (`umount -l`).
+    #[arg(long)]
+    pub lazy: bool,
+    pub mountpoint: PathBuf,
+}
+
+/// The namespace a mount uses: its id and the index of the server that holds it. The one
+/// placement rule of `spillway_policy::namespace`, so the manager, stage-in and every mount agree;
+/// `namespace_id` is the reservation's (base) namespace id.
+pub fn namespace_placement(access: Access, node: &str, namespace_id: Option<u64>, servers: usize) -> (NamespaceId, usize) {
+    let access = match access {
+        Access::Striped => NamespaceAccess::Striped,
+        Access::Private => NamespaceAccess::Private,
+    };
+    let place = policy_placement(access, namespace_id.unwrap_or(STRIPED_NAMESPACE_ID_DEFAULT), node, servers);
+    (place.namespace, place.server)
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "localhost".to_string())
+}
+
+fn parse_owner(text: &str) -> anyhow::Result<(u32, u32)> {
+    let (uid, gid) = text.split_once(':').with_context(|| format!("--root-owner {text:?}: expected UID:GID"))?;
+    Ok((uid.parse().context("--root-owner uid")?, gid.parse().context("--root-owner gid")?))
+}
+
+pub fn parse_endpoints(servers: &[String]) -> anyhow::Result<Vec<Endpoint>> {
+    servers.iter().map(|s| s.parse::<Endpoint>().map_err(|e| anyhow::anyhow!("server {s:?}: {e}"))).collect()
+}
+
+/// Opens (creating if needed) the mount's namespace on its server.
+pub fn open_namespace(args: &Args, endpoints: &[Endpoint]) -> anyhow::Result<Arc<dyn Namespace>> {
+    let node = args.node.clone().unwrap_or_else(hostname);
+    let (id, server) = namespace_placement(args.access, &node, args.namespace_id, endpoints.len());
+    let (root_uid, root_gid) = parse_owner(&args.root_owner)?;
+    let root_mode = u32::from_str_radix(&args.root_mode, 8).with_context(|| format!("--root-mode {:?} is not octal", args.root_mode))?;
+    connect_namespace(&endpoints[server], id, EpochId(args.epoch), root_uid, root_gid, root_mode & 0o7777, args.threads)
+        .with_context(|| format!("opening namespace {id} on server {server} ({})", endpoints[server]))
+}
+
+/// Opens namespace `id` on the server at `endpoint`, creating it (with this data epoch and root
+/// owner and mode) if the server has none; `connections` bounds concurrent operations.
+pub fn connect_namespace(
+    endpoint: &Endpoint,
+    id: NamespaceId,
+    data_epoch: EpochId,
+    root_uid: u32,
+    root_gid: u32,
+    root_mode: u32,
+    connections: usize,
+) -> anyhow::Result<Arc<dyn Namespace>> {
+    let options = RemoteOptions { create: true, data_epoch, root_uid, root_gid, root_mode, connections_max: connections.max(1) * 2 };
+    let namespace = RemoteNamespace::open(endpoint, id, &options).map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(Arc::new(namespace))
+}
+
+/// Data clients for a mount: one per session thread, striped over every server.
+pub fn data_clients(endpoints: &[Endpoint], count: usize) -> anyhow::Result<Vec<Client>> {
+    (0..count)
+        .map(|i| {
+            let options = ClientOptions {
+                placement: Placement::striped_default(),
+                client_name: format!("spillway mount pid {} slot {i}", std::process::id()),
+                ..Default::default()
+            };
+            Client::connect(endpoints, options).context("connecting to the servers")
+        })
+        .collect()
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.background {
+        return run_background(&args);
+    }
+    let endpoints = parse_endpoints(&args.servers)?;
+    if endpoints.is_empty() {
+        bail!("--servers is empty");
+    }
+    // Block the stop signals before any thread starts, so every thread inherits the mask and
+    // only `sigtimedwait` below sees them.
+    let signals = stop_signals();
+    // SAFETY: `signals` is an initialised sigset.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &signals, std::ptr::null_mut()) };
+    let namespace = open_namespace(&args, &endpoints)?;
+    let config = MountConfig { threads: args.threads, attr_ttl: Duration::from_millis(args.attr_ttl_ms), ..MountConfig::default() };
+    let clients = data_clients(&endpoints, config.threads)?;
+    let mount = spillway_mount::mount(namespace.clone(), clients, &args.mountpoint, config)?;
+    println!("{READY_PREFIX}{} (namespace {}, data epoch {})", args.mountpoint.display(), namespace.id(), namespace.data_epoch().0);
+    use std::io::Write;
+    std::io::stdout().flush().ok();
+    loop {
+        if mount.is_finished() {
+            eprintln!("spillway mount: {} was unmounted", args.mountpoint.display());
+            break;
+        }
+        let timeout = libc::timespec { tv_sec: 0, tv_nsec: 200_000_000 };
+        // SAFETY: valid sigset and timespec; a null siginfo is allowed.
+        let signal = unsafe { libc::sigtimedwait(&signals, std::ptr::null_mut(), &timeout) };
+        if signal > 0 {
+            eprintln!("spillway mount: signal {signal}, unmounting {}", args.mountpoint.display());
+            break;
+        }
+    }
+    mount.unmount()?;
+    Ok(())
+}
+
+fn stop_signals() -> libc::sigset_t {
+    // SAFETY: sigemptyset/sigaddset initialise and fill a zeroed set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            libc::sigaddset(&mut set, signal);
+        }
+        set
+    }
+}
+
+/// Runs the mount as a detached child and returns once it reports the mount live.
+fn run_background(args: &Args) -> anyhow::Result<()> {
+    let binary = std::env::current_exe().context("finding the spillway binary")?;
+    let mut command = Command::new(binary);
+    command.arg("mount").arg("--servers").arg(args.servers.join(","));
+    command.arg("--access").arg(match args.access {
+        Access::Striped => "striped",
+        Access::Private => "private",
+    });
+    if let Some(node) = &args.node {
+        command.arg("--node").arg(node);
+    }
+    if let Some(id) = args.namespace_id {
+        command.arg("--namespace-id").arg(id.to_string());
+    }
+    command
+        .arg("--epoch")
+        .arg(args.epoch.to_string())
+        .arg("--root-owner")
+        .arg(&args.root_owner)
+        .arg("--root-mode")
+        .arg(&args.root_mode)
+        .arg("--threads")
+        .arg(args.threads.to_string())
+        .arg("--attr-ttl-ms")
+        .arg(args.attr_ttl_ms.to_string())
+        .arg(&args.mountpoint);
+    let log = match &args.log {
+        Some(path) => Stdio::from(std::fs::OpenOptions::new().create(true).append(true).open(path).with_context(|| format!("opening log {}", path.display()))?),
+        None => Stdio::null(),
+    };
+    command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
+    // Detach from our session so the caller's terminal or job step does not take it down.
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setsid is async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().context("starting the mount process")?;
+    let stdout = child.stdout.take().expect("piped");
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = sender.send(line);
+    });
+    match receiver.recv_timeout(BACKGROUND_READY_TIMEOUT) {
+        Ok(line) if line.starts_with(READY_PREFIX) => {
+            println!("{} (pid {})", line.trim_end(), child.id());
+            Ok(())
+        }
+        Ok(line) => {
+            let status = child.wait().ok();
+            bail!("the mount process ended without mounting ({status:?}, said {line:?}); see --log for its log")
+        }
+        Err(_) => {
+            let _ = child.kill();
+            bail!("the mount was not live after {BACKGROUND_READY_TIMEOUT:?}; see --log for its log")
+        }
+    }
+}
+
+pub fn run_umount(args: UmountArgs) -> anyhow::Result<()> {
+    unmount(&args.mountpoint, args.lazy)
+}
+
+/// Unmounts a Spillway mount; the serving process then flushes, syncs and exits.
+pub fn unmount(mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
+    spillway_mount::unmount_path(mountpoint, lazy)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn private_namespaces_spread_over_servers() {
+        let mut used = std::collections::BTreeSet::new();
+        for node in 0..32 {
+            let (id, server) = namespace_placement(Access::Private, &format!("nid{node:05}"), None, 4);
+            assert!(id != STRIPED_NAMESPACE_ID_DEFAULT && server < 4);
+            used.insert(server);
+        }
+        assert_eq!(used.len(), 4, "32 nodes use every one of 4 servers");
+        assert_eq!(namespace_placement(Access::Striped, "any", None, 4), (STRIPED_NAMESPACE_ID_DEFAULT, 0));
+        assert_ne!(namespace_placement(Access::Private, "n1", Some(9), 4).0, namespace_placement(Access::Private, "n2", Some(9), 4).0);
+    }
+}

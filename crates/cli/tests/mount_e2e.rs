@@ -1,0 +1,230 @@
+//! The FUSE mount end to end: real `spillway serve` processes, real FUSE mounts in temporary
+//! directories, the suites of `mount_suite` run first on a plain directory (validating the
+//! suite) and then on the mount.
+//!
+//! Every mount is owned by a guard that unmounts it (`fusermount3 -u -z`) even when the test
+//! fails. The random test's seed is printed; replay with `SPILLWAY_MOUNT_SEED=<seed>`.
+
+mod mount_suite;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use spillway_client::{Client, ClientOptions, Placement};
+use spillway_client::meta::{RemoteNamespace, RemoteOptions};
+use spillway_meta::Namespace;
+use spillway_mount::{Mount, MountConfig};
+use spillway_proto::Endpoint;
+use spillway_testkit::ServerProcess;
+use spillway_types::EpochId;
+
+const BIN: &str = env!("CARGO_BIN_EXE_spillway");
+
+/// Owns a mount: unmounts it when dropped, also after a failed assertion (`fusermount3 -u -z`
+/// if the orderly unmount did not work).
+struct MountGuard {
+    mount: Option<Mount>,
+    path: PathBuf,
+}
+
+impl MountGuard {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Orderly unmount (flushes and syncs), reporting failures.
+    fn unmount(mut self) {
+        self.mount.take().unwrap().unmount().unwrap();
+    }
+}
+
+impl Drop for MountGuard {
+    fn drop(&mut self) {
+        if let Some(mount) = self.mount.take() {
+            if let Err(e) = mount.unmount() {
+                eprintln!("unmount of {} failed: {e}", self.path.display());
+            }
+        }
+        let still_mounted = std::fs::read_to_string("/proc/mounts").unwrap_or_default().contains(&format!(" {} ", self.path.display()));
+        if still_mounted {
+            let _ = std::process::Command::new("fusermount3").arg("-u").arg("-z").arg(&self.path).status();
+        }
+    }
+}
+
+/// Servers for one test, with their data directories in `dir`.
+fn servers(dir: &Path, count: usize) -> (Vec<ServerProcess>, Vec<Endpoint>) {
+    let servers: Vec<ServerProcess> = (0..count).map(|i| ServerProcess::builder(BIN, dir, &format!("s{i}")).dram_bytes("64M").start()).collect();
+    let endpoints = servers.iter().map(|s| s.endpoint().clone()).collect();
+    (servers, endpoints)
+}
+
+fn clients(endpoints: &[Endpoint], count: usize) -> Vec<Client> {
+    (0..count)
+        .map(|_| Client::connect(endpoints, ClientOptions { placement: Placement::striped_default(), ..Default::default() }).unwrap())
+        .collect()
+}
+
+/// Namespace `id` on the first server (what `spillway mount --access striped` uses).
+fn remote_namespace(endpoints: &[Endpoint], id: u64) -> Arc<dyn Namespace> {
+    let options = RemoteOptions { create: true, data_epoch: EpochId(1_000 + id), root_mode: 0o755, ..RemoteOptions::default() };
+    Arc::new(RemoteNamespace::open(&endpoints[0], id, &options).unwrap())
+}
+
+/// A mount served by a `spillway mount --background` process; `spillway umount` (or, if that
+/// fails, `fusermount3 -u -z`) when dropped.
+struct CliMount {
+    path: PathBuf,
+}
+
+impl CliMount {
+    fn start(endpoints: &[Endpoint], path: &Path, extra: &[&str]) -> CliMount {
+        std::fs::create_dir_all(path).unwrap();
+        let log = path.with_extension("log");
+        let out = std::process::Command::new(BIN)
+            .arg("mount")
+            .arg("--servers")
+            .arg(spillway_testkit::endpoint_list(endpoints))
+            .args(extra)
+            .arg("--background")
+            .arg("--log")
+            .arg(&log)
+            .arg(path)
+            .output()
+            .unwrap();
+        let guard = CliMount { path: path.to_path_buf() };
+        assert!(out.status.success(), "spillway mount failed: {}{}; log: {}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr), std::fs::read_to_string(&log).unwrap_or_default());
+        assert!(String::from_utf8_lossy(&out.stdout).starts_with("mounted "), "{}", String::from_utf8_lossy(&out.stdout));
+        guard
+    }
+}
+
+impl Drop for CliMount {
+    fn drop(&mut self) {
+        let ok = std::process::Command::new(BIN).arg("umount").arg(&self.path).status().is_ok_and(|s| s.success());
+        if !ok {
+            let _ = std::process::Command::new("fusermount3").arg("-u").arg("-z").arg(&self.path).status();
+        }
+    }
+}
+
+fn sh(script: &str) -> String {
+    let out = std::process::Command::new("sh").arg("-c").arg(script).output().unwrap();
+    assert!(out.status.success(), "{script}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn mount_at(path: &Path, namespace: Arc<dyn Namespace>, endpoints: &[Endpoint]) -> MountGuard {
+    assert!(Path::new("/dev/fuse").exists(), "the mount tests need /dev/fuse (the fuse kernel module) and root");
+    std::fs::create_dir_all(path).unwrap();
+    let config = MountConfig::default();
+    let mount = spillway_mount::mount(namespace, clients(endpoints, config.threads), path, config).unwrap();
+    let guard = MountGuard { mount: Some(mount), path: path.to_path_buf() };
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    assert!(
+        mounts.lines().any(|l| l.split(' ').nth(1) == Some(&path.display().to_string()) && l.split(' ').nth(2).is_some_and(|t| t.starts_with("fuse"))),
+        "{} is not a FUSE mount:\n{mounts}",
+        path.display()
+    );
+    guard
+}
+
+fn tempdir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    // Permission cases run as uid 1000, which must reach the directories.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+fn seed() -> u64 {
+    match std::env::var("SPILLWAY_MOUNT_SEED") {
+        Ok(s) => s.parse().expect("SPILLWAY_MOUNT_SEED is a number"),
+        Err(_) => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64,
+    }
+}
+
+fn run_conformance(root: &Path, what: &str) {
+    let (passed, total, failures) = mount_suite::conformance(root);
+    println!("POSIX conformance on {what}: {passed}/{total} cases passed");
+    assert!(failures.is_empty(), "{} of {total} cases failed on {what}:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+fn suites_pass_on_a_plain_directory() {
+    let dir = tempdir();
+    std::fs::create_dir(dir.path().join("conformance")).unwrap();
+    run_conformance(&dir.path().join("conformance"), "a plain directory");
+    let seed = seed();
+    println!("random operations seed {seed} (replay: SPILLWAY_MOUNT_SEED={seed})");
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    mount_suite::random_ops(&a, &b, seed, 500).unwrap();
+    std::fs::create_dir(dir.path().join("tools")).unwrap();
+    std::fs::create_dir(dir.path().join("scratch")).unwrap();
+    mount_suite::tools(&dir.path().join("tools"), &dir.path().join("scratch")).unwrap();
+}
+
+#[test]
+fn conformance_on_the_mount() {
+    let dir = tempdir();
+    let (_servers, endpoints) = servers(dir.path(), 2);
+    let mount = mount_at(&dir.path().join("mnt"), remote_namespace(&endpoints, 1), &endpoints);
+    run_conformance(mount.path(), "the Spillway mount");
+    mount.unmount();
+}
+
+#[test]
+fn random_operations_match_a_plain_directory() {
+    let dir = tempdir();
+    let (_servers, endpoints) = servers(dir.path(), 2);
+    let mount = mount_at(&dir.path().join("mnt"), remote_namespace(&endpoints, 2), &endpoints);
+    let seed = seed();
+    println!("random operations seed {seed} (replay: SPILLWAY_MOUNT_SEED={seed})");
+    let steps = mount_suite::random_ops(&mount.path().join("r"), &dir.path().join("plain"), seed, 2_000)
+        .unwrap_or_else(|e| panic!("{e}\nreplay with SPILLWAY_MOUNT_SEED={seed}"));
+    println!("{steps} random steps agreed");
+    mount.unmount();
+}
+
+#[test]
+fn unmodified_tools_on_the_mount() {
+    let dir = tempdir();
+    let (_servers, endpoints) = servers(dir.path(), 2);
+    let mount = mount_at(&dir.path().join("mnt"), remote_namespace(&endpoints, 3), &endpoints);
+    std::fs::create_dir(dir.path().join("scratch")).unwrap();
+    mount_suite::tools(mount.path(), &dir.path().join("scratch")).unwrap();
+    mount.unmount();
+}
+
+#[test]
+fn two_mounts_share_a_striped_namespace_and_private_ones_are_separate() {
+    let dir = tempdir();
+    let (_servers, endpoints) = servers(dir.path(), 2);
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    {
+        let _ma = CliMount::start(&endpoints, &a, &["--access", "striped"]);
+        let _mb = CliMount::start(&endpoints, &b, &["--access", "striped"]);
+        // One process writes through mount a, another reads through mount b.
+        sh(&format!("mkdir -p {0}/shared/dir && printf 'from a' > {0}/shared/dir/note && dd if=/dev/zero of={0}/shared/zeros bs=1M count=3 status=none", a.display()));
+        assert_eq!(sh(&format!("cat {}/shared/dir/note", b.display())), "from a");
+        assert_eq!(std::fs::metadata(b.join("shared/zeros")).unwrap().len(), 3 << 20);
+        // And back: a rename on b shows on a.
+        sh(&format!("mv {0}/shared/dir/note {0}/shared/renamed && printf ' and b' >> {0}/shared/renamed", b.display()));
+        assert_eq!(sh(&format!("cat {}/shared/renamed", a.display())), "from a and b");
+        assert!(!a.join("shared/dir/note").exists());
+    }
+    {
+        let _ma = CliMount::start(&endpoints, &a, &["--access", "private", "--node", "node-a"]);
+        let _mb = CliMount::start(&endpoints, &b, &["--access", "private", "--node", "node-b"]);
+        assert!(!a.join("shared").exists(), "a private namespace starts empty");
+        sh(&format!("printf mine > {}/only-a", a.display()));
+        sh(&format!("printf other > {}/only-b", b.display()));
+        assert!(!b.join("only-a").exists() && !a.join("only-b").exists(), "private namespaces are separate");
+        assert_eq!(std::fs::read(a.join("only-a")).unwrap(), b"mine");
+    }
+    {
+        // Remounting node-a's private namespace finds its tree again.
+        let _ma = CliMount::start(&endpoints, &a, &["--access", "private", "--node", "node-a"]);
+        assert_eq!(std::fs::read(a.join("only-a")).unwrap(), b"mine");
+    }
+}

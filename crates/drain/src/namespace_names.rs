@@ -1,0 +1,80 @@
+//! Drained names of mount files: the store file `ns/<namespace>/<ino>.<generation>` of a file
+//! written through `spillway mount` is published on the PFS under the POSIX path it has in its
+//! namespace (`<pfs>/<path>`), not under its store name.
+//!
+//! The map comes from the namespace's manifest, asked of whichever server holds the namespace
+//! (the drainer asks each peer in turn; the others answer ENOENT), once per namespace per
+//! drain pass. Paths are the namespace's paths at drain time (a file renamed after the commit
+//! is published under its new name). A store file the manifest does not list is dead (its inode
+//! was unlinked, or truncated to 0, which starts a new generation) and is not published. If no
+//! server holds the namespace any more, or a path is not UTF-8, the file keeps its store name so
+//! no data is lost. Reading a manifest needs root or the namespace root's owner: servers that
+//! drain mount data run as root.
+
+use std::collections::HashMap;
+
+use spillway_client::meta::{RemoteNamespace, RemoteOptions};
+use spillway_meta::{parse_data_file_name, ManifestEntry, MetaError, Namespace, NamespaceId};
+use spillway_proto::Endpoint;
+
+/// Where one store file goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FinalName {
+    /// Not a mount file (or its namespace is gone): the usual `epoch-<E>/<name>`.
+    Unchanged,
+    /// A live mount file: this path relative to the PFS directory.
+    Path(String),
+    /// A dead generation or an unlinked file: publish nothing.
+    Dead,
+}
+
+/// The manifests of the namespaces met during one drain pass.
+pub struct NamespaceNames {
+    peers: Vec<Endpoint>,
+    manifests: HashMap<NamespaceId, Option<HashMap<String, ManifestEntry>>>,
+}
+
+impl NamespaceNames {
+    pub fn new(peers: Vec<Endpoint>) -> NamespaceNames {
+        NamespaceNames { peers, manifests: HashMap::new() }
+    }
+
+    /// The final name of store file `name` (see the module doc).
+    pub fn final_name(&mut self, name: &str) -> Result<FinalName, MetaError> {
+        let Some((namespace, _, _)) = parse_data_file_name(name) else { return Ok(FinalName::Unchanged) };
+        if !self.manifests.contains_key(&namespace) {
+            let manifest = fetch(&self.peers, namespace)?;
+            self.manifests.insert(namespace, manifest);
+        }
+        let Some(manifest) = &self.manifests[&namespace] else {
+            tracing::warn!(%name, namespace, "drain: no server holds this namespace any more; publishing under the store name");
+            return Ok(FinalName::Unchanged);
+        };
+        Ok(match manifest.get(name) {
+            None => FinalName::Dead,
+            Some(entry) => match String::from_utf8(entry.path.clone()) {
+                Ok(path) => FinalName::Path(path),
+                Err(_) => {
+                    tracing::warn!(%name, path = %String::from_utf8_lossy(&entry.path), "drain: path is not UTF-8; publishing under the store name");
+                    FinalName::Unchanged
+                }
+            },
+        })
+    }
+}
+
+/// The manifest of `namespace` from the first peer that holds it; `None` if none does.
+fn fetch(peers: &[Endpoint], namespace: NamespaceId) -> Result<Option<HashMap<String, ManifestEntry>>, MetaError> {
+    let options = RemoteOptions { create: false, connections_max: 1, ..RemoteOptions::default() };
+    for endpoint in peers {
+        match RemoteNamespace::open(endpoint, namespace, &options) {
+            Ok(remote) => {
+                let manifest = remote.manifest()?;
+                return Ok(Some(manifest.into_iter().map(|entry| (entry.file_name.clone(), entry)).collect()));
+            }
+            Err(failure) if failure.errno == libc::ENOENT => continue,
+            Err(failure) => return Err(failure),
+        }
+    }
+    Ok(None)
+}

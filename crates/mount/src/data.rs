@@ -1,0 +1,365 @@
+//! File bytes: where a mounted file's data lives in the burst buffer store and how the mount
+//! reads, writes, zero-fills and flushes it.
+//!
+//! Generation `g` of inode `i` of namespace `n` is the store file `ns/<n>/<i>.<g>`
+//! ([`spillway_meta::data_file_name`]) in the namespace's data epoch, placed by the client's
+//! placement (striped over the reservation's servers by default), so it drains like any other
+//! epoch data. The store never shrinks a file, so the mount keeps two rules (docs/design/mount.md,
+//! "Truncate"):
+//! - the namespace's size is the truth for EOF: reads are cut at it, bytes past it are never
+//!   shown;
+//! - before a file grows past its size over a gap (a write beyond EOF, or a truncate upwards),
+//!   whatever the store still holds in that gap from before a shrinking truncate is overwritten
+//!   with zeros ([`Slot::zero_fill`]), bounded by the store's high-water mark for the file, so a
+//!   file that never shrank costs nothing.
+//!
+//! A [`spillway_client::Client`] needs `&mut self`, so the mount keeps a small pool of clients
+//! ([`DataPlane`]), each owned by a worker thread with its own connections and fed by a bounded
+//! queue of commands; an inode always uses the same slot (`ino % slots`), which keeps one
+//! file's writes and reads in order on one pipeline (a read sees every earlier write of the same
+//! mount) while different files proceed in parallel. A write is queued (its bytes copied) and
+//! the kernel answered at once, so the application's next `write(2)` overlaps the sending of
+//! this one (write-behind, at most [`QUEUED_COMMANDS_MAX`] commands, i.e. that many MiB, per
+//! slot); a failure is kept and reported by the next flush (close) or fsync of the slot.
+//! Each slot also has a lock that the file system holds across a size check and the write or
+//! zero-fill that depends on it.
+
+use std::collections::HashMap;
+
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::thread::JoinHandle;
+
+use parking_lot::{Mutex, MutexGuard};
+use spillway_client::{placement, Client, ClientError, FileHandle};
+use spillway_meta::{data_file_name, Ino, NamespaceId};
+use spillway_proto::ErrorCode;
+use spillway_types::EpochId;
+
+/// Store file handles kept per slot before the cache is cleared (bounds memory).
+pub const HANDLES_CACHED_MAX: usize = 4096;
+/// Zero-filling writes this many bytes per request.
+const ZERO_CHUNK_BYTES: usize = 1 << 20;
+/// Commands queued per slot before a writer waits (each write is at most `max_write`, 1 MiB).
+pub const QUEUED_COMMANDS_MAX: usize = 16;
+
+/// A data operation that failed, naming the store file and the range.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DataError {
+    #[error("{operation} of store file {file} at offset {offset} ({length} bytes): {source}")]
+    Client { operation: &'static str, file: String, offset: u64, length: u64, source: Box<ClientError> },
+    #[error("flushing writes to the store: {0}")]
+    Flush(Box<ClientError>),
+    #[error("the data worker of slot {slot} has stopped")]
+    Stopped { slot: usize },
+}
+
+impl DataError {
+    /// The errno the application sees (the protocol's one table).
+    pub fn errno(&self) -> i32 {
+        let source = match self {
+            DataError::Client { source, .. } | DataError::Flush(source) => &**source,
+            DataError::Stopped { .. } => return libc::EIO,
+        };
+        match source.code() {
+            // A committed (sealed) data epoch cannot take more writes.
+            Some(ErrorCode::EpochReadOnly) => libc::EROFS,
+            _ => source.errno(),
+        }
+    }
+}
+
+/// The data path of one mount: a pool of clients, each driven by its worker thread.
+pub struct DataPlane {
+    slots: Vec<SlotChannel>,
+}
+
+struct SlotChannel {
+    /// Held by the file system across a size check and the data operation that depends on it.
+    lock: Mutex<()>,
+    sender: Option<SyncSender<Command>>,
+    worker: Option<JoinHandle<()>>,
+}
+
+type Reply<T> = SyncSender<Result<T, DataError>>;
+
+enum Command {
+    Write { ino: Ino, generation: u64, offset: u64, data: Vec<u8> },
+    Read { ino: Ino, generation: u64, offset: u64, length: usize, reply: Reply<Vec<u8>> },
+    ZeroFill { ino: Ino, generation: u64, from: u64, to: u64, reply: Reply<()> },
+    /// `durable`: also make the acknowledged bytes durable in the servers' SSD logs (fsync).
+    Flush { durable: bool, reply: Reply<()> },
+    Forget { ino: Ino },
+}
+
+impl DataPlane {
+    /// `clients` must all be connected to the same servers, in the same order, with the
+    /// default striped placement (one per slot; at least one).
+    pub fn new(clients: Vec<Client>, namespace: NamespaceId, epoch: EpochId) -> DataPlane {
+        assert!(!clients.is_empty(), "a data plane needs at least one client");
+        let slots = clients
+            .into_iter()
+            .enumerate()
+            .map(|(index, mut client)| {
+                client.begin_epoch(epoch);
+                let slot = Slot { client, namespace, epoch, handles: HashMap::new(), deferred: None };
+                let (sender, receiver) = sync_channel(QUEUED_COMMANDS_MAX);
+                let worker = std::thread::Builder::new()
+                    .name(format!("mount-data-{index}"))
+                    .spawn(move || slot.serve(receiver))
+                    .expect("spawning a data worker thread");
+                SlotChannel { lock: Mutex::new(()), sender: Some(sender), worker: Some(worker) }
+            })
+            .collect();
+        DataPlane { slots }
+    }
+
+    /// The slot serving inode `ino`, locked.
+    pub fn slot(&self, ino: Ino) -> SlotGuard<'_> {
+        let index = (ino % self.slots.len() as u64) as usize;
+        let channel = &self.slots[index];
+        SlotGuard { _lock: channel.lock.lock(), sender: channel.sender.as_ref().expect("open until drop"), index }
+    }
+
+    /// Flushes every slot's pipeline; the first failure.
+    pub fn flush_all(&self) -> Result<(), DataError> {
+        let mut first = None;
+        for ino in 0..self.slots.len() as u64 {
+            if let Err(e) = self.slot(ino).flush() {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for DataPlane {
+    fn drop(&mut self) {
+        for channel in &mut self.slots {
+            channel.sender.take();
+            if let Some(worker) = channel.worker.take() {
+                let _ = worker.join();
+            }
+        }
+    }
+}
+
+/// A locked slot: the data operations of one inode.
+pub struct SlotGuard<'a> {
+    _lock: MutexGuard<'a, ()>,
+    sender: &'a SyncSender<Command>,
+    index: usize,
+}
+
+impl SlotGuard<'_> {
+    fn send(&self, command: Command) -> Result<(), DataError> {
+        self.sender.send(command).map_err(|_| DataError::Stopped { slot: self.index })
+    }
+
+    fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, DataError> {
+        let (reply, answer) = sync_channel(1);
+        self.send(make(reply))?;
+        answer.recv().map_err(|_| DataError::Stopped { slot: self.index })?
+    }
+
+    /// Queues a write of `data` at `offset` (copied). The write fails, if at all, by the next
+    /// flush of the slot.
+    pub fn write(&mut self, ino: Ino, generation: u64, offset: u64, data: &[u8]) -> Result<(), DataError> {
+        self.send(Command::Write { ino, generation, offset, data: data.to_vec() })
+    }
+
+    /// Fills `buffer` from `offset`, after every write queued before; unwritten bytes are zeros.
+    pub fn read(&mut self, ino: Ino, generation: u64, offset: u64, buffer: &mut [u8]) -> Result<(), DataError> {
+        let length = buffer.len();
+        let bytes = self.call(|reply| Command::Read { ino, generation, offset, length, reply })?;
+        buffer.copy_from_slice(&bytes);
+        Ok(())
+    }
+
+    /// See [`Slot::zero_fill`].
+    pub fn zero_fill(&mut self, ino: Ino, generation: u64, from: u64, to: u64) -> Result<(), DataError> {
+        self.call(|reply| Command::ZeroFill { ino, generation, from, to, reply })
+    }
+
+    /// Waits until every write queued so far is acknowledged by its server; the first failure.
+    pub fn flush(&mut self) -> Result<(), DataError> {
+        self.call(|reply| Command::Flush { durable: false, reply })
+    }
+
+    /// [`Self::flush`], then every server this slot wrote to syncs its SSD log: what `fsync`
+    /// promises (the data survives a server crash).
+    pub fn sync(&mut self) -> Result<(), DataError> {
+        self.call(|reply| Command::Flush { durable: true, reply })
+    }
+
+    /// Forgets cached store handles of `ino` (at open: close-to-open means asking again).
+    pub fn forget(&mut self, ino: Ino) {
+        // A stopped worker has nothing cached.
+        let _ = self.send(Command::Forget { ino });
+    }
+}
+
+/// One client of the pool and the store file handles it has resolved.
+pub struct Slot {
+    client: Client,
+    namespace: NamespaceId,
+    epoch: EpochId,
+    /// (ino, generation) → handle covering every server of the file's stripe set.
+    handles: HashMap<(Ino, u64), FileHandle>,
+    /// The first failure of a queued write, reported by the next flush.
+    deferred: Option<DataError>,
+}
+
+impl Slot {
+    /// The worker loop: runs commands in order until the plane is dropped.
+    fn serve(mut self, commands: Receiver<Command>) {
+        for command in commands {
+            match command {
+                Command::Write { ino, generation, offset, data } => {
+                    if let Err(e) = self.write(ino, generation, offset, &data) {
+                        tracing::warn!(error = %e, "queued write failed");
+                        self.deferred.get_or_insert(e);
+                    }
+                }
+                Command::Read { ino, generation, offset, length, reply } => {
+                    let mut buffer = vec![0u8; length];
+                    let _ = reply.send(self.read(ino, generation, offset, &mut buffer).map(|()| buffer));
+                }
+                Command::ZeroFill { ino, generation, from, to, reply } => {
+                    let _ = reply.send(self.zero_fill(ino, generation, from, to));
+                }
+                Command::Flush { durable, reply } => {
+                    let flushed = if durable { self.sync() } else { self.flush() };
+                    let _ = reply.send(match self.deferred.take() {
+                        Some(e) => Err(e),
+                        None => flushed,
+                    });
+                }
+                Command::Forget { ino } => self.forget(ino),
+            }
+        }
+        if let Err(e) = self.flush() {
+            tracing::error!(error = %e, "flushing writes at unmount failed");
+        }
+    }
+
+    fn name(&self, ino: Ino, generation: u64) -> String {
+        data_file_name(self.namespace, ino, generation)
+    }
+
+    fn remember(&mut self, ino: Ino, generation: u64, handle: FileHandle) {
+        if self.handles.len() >= HANDLES_CACHED_MAX {
+            self.handles.clear();
+        }
+        self.handles.insert((ino, generation), handle);
+    }
+
+    /// Forgets cached handles of `ino` (at open: close-to-open means asking the servers again).
+    pub fn forget(&mut self, ino: Ino) {
+        self.handles.retain(|(i, _), _| *i != ino);
+    }
+
+    /// A handle to write through: the file is created on every server of its stripe set.
+    fn writable(&mut self, ino: Ino, generation: u64) -> Result<FileHandle, DataError> {
+        if let Some(handle) = self.handles.get(&(ino, generation)) {
+            return Ok(handle.clone());
+        }
+        let name = self.name(ino, generation);
+        let handle = self
+            .client
+            .create_file(self.epoch, &name)
+            .map_err(|source| DataError::Client { operation: "create", file: name.clone(), offset: 0, length: 0, source: Box::new(source) })?;
+        self.remember(ino, generation, handle.clone());
+        Ok(handle)
+    }
+
+    /// A handle to read through, or `None` if no server holds the file (never written).
+    fn readable(&mut self, ino: Ino, generation: u64) -> Result<Option<FileHandle>, DataError> {
+        if let Some(handle) = self.handles.get(&(ino, generation)) {
+            return Ok(Some(handle.clone()));
+        }
+        let name = self.name(ino, generation);
+        match self.client.open_file(self.epoch, &name) {
+            Ok(handle) => {
+                // Cache only a handle that covers the whole stripe set: another mount may still
+                // create the file on the missing servers.
+                let servers = self.client.server_count();
+                let stripe = placement::stripe_set(spillway_client::Placement::striped_default(), &name, servers);
+                if stripe.iter().all(|s| handle.servers().contains(s)) {
+                    self.remember(ino, generation, handle.clone());
+                }
+                Ok(Some(handle))
+            }
+            Err(ClientError::NoSuchFile { .. }) => Ok(None),
+            Err(e) if matches!(e.code(), Some(ErrorCode::NoSuchFile | ErrorCode::NoSuchEpoch)) => Ok(None),
+            Err(source) => Err(DataError::Client { operation: "open", file: name, offset: 0, length: 0, source: Box::new(source) }),
+        }
+    }
+
+    /// Writes `data` at `offset` (pipelined: failures surface by the next flush of this slot).
+    pub fn write(&mut self, ino: Ino, generation: u64, offset: u64, data: &[u8]) -> Result<(), DataError> {
+        let mut handle = self.writable(ino, generation)?;
+        self.client.write(&mut handle, offset, data).map_err(|source| DataError::Client {
+            operation: "write",
+            file: handle.name.clone(),
+            offset,
+            length: data.len() as u64,
+            source: Box::new(source),
+        })
+    }
+
+    /// Fills `buffer` from `offset`; bytes the store does not hold read as zeros.
+    pub fn read(&mut self, ino: Ino, generation: u64, offset: u64, buffer: &mut [u8]) -> Result<(), DataError> {
+        let Some(handle) = self.readable(ino, generation)? else {
+            buffer.fill(0);
+            return Ok(());
+        };
+        self.client.read(&handle, offset, buffer).map_err(|source| DataError::Client {
+            operation: "read",
+            file: handle.name.clone(),
+            offset,
+            length: buffer.len() as u64,
+            source: Box::new(source),
+        })
+    }
+
+    /// Overwrites with zeros whatever the store holds of `[from, to)` (stale bytes left by a
+    /// shrinking truncate), before the file's size grows over that range. Costs one stat per
+    /// server holding the file when there is nothing to do.
+    pub fn zero_fill(&mut self, ino: Ino, generation: u64, from: u64, to: u64) -> Result<(), DataError> {
+        if from >= to {
+            return Ok(());
+        }
+        let Some(handle) = self.readable(ino, generation)? else { return Ok(()) };
+        let name = handle.name.clone();
+        let high_water = self.client.file_size(&handle).map_err(|source| DataError::Client {
+            operation: "stat",
+            file: name.clone(),
+            offset: 0,
+            length: 0,
+            source: Box::new(source),
+        })?;
+        let end = to.min(high_water);
+        if from >= end {
+            return Ok(());
+        }
+        let zeros = vec![0u8; ZERO_CHUNK_BYTES];
+        let mut at = from;
+        while at < end {
+            let length = (end - at).min(ZERO_CHUNK_BYTES as u64) as usize;
+            self.write(ino, generation, at, &zeros[..length])?;
+            at += length as u64;
+        }
+        Ok(())
+    }
+
+    /// Waits until every write sent through this slot is acknowledged by its server.
+    pub fn flush(&mut self) -> Result<(), DataError> {
+        self.client.flush().map_err(|e| DataError::Flush(Box::new(e)))
+    }
+
+    /// Flushes, then syncs the data epoch on every server this slot's client wrote it to.
+    pub fn sync(&mut self) -> Result<(), DataError> {
+        self.client.sync_epoch(self.epoch).map_err(|e| DataError::Flush(Box::new(e)))
+    }
+}

@@ -1,0 +1,775 @@
+//! The FUSE file system: kernel requests turned into namespace operations (metadata) and store
+//! reads and writes (data).
+//!
+//! Every metadata request goes to the [`Namespace`] with the caller's identity, and the
+//! namespace decides permissions and errno (`default_permissions` is off: one place holds the
+//! POSIX rules, the same for every mount and for the native API, including sticky directories
+//! and suid/sgid clearing). Data requests go to the [`DataPlane`] slot of the inode.
+//!
+//! Caching (docs/design/mount.md): the kernel page cache is used without `keep_cache`, so every
+//! open drops the file's cached pages (write-only handles bypass it); no writeback cache; entry
+//! and attribute TTLs are [`MountConfig::attr_ttl`] (0 by default). Together: close-to-open
+//! consistency between mounts: a close (FUSE flush) waits for the file's writes to be
+//! acknowledged by the servers and reports its size to the namespace, and an open on another
+//! mount looks the path up again, gets the current size, and reads from the store.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use parking_lot::Mutex;
+use spillway_meta::{Attr, Caller, FileKind, Ino, MetaError, Namespace, SetAttr, TimeSet, Timestamp};
+
+use crate::data::{DataError, DataPlane};
+use crate::identity;
+
+/// Largest write the kernel sends in one request (and the stripe unit), in bytes.
+pub const MAX_WRITE_BYTES: u32 = 1 << 20;
+/// Directory entries asked from the namespace per readdir request.
+const READDIR_ENTRIES_MAX: u32 = 256;
+
+/// Settings of one mount.
+#[derive(Clone, Debug)]
+pub struct MountConfig {
+    /// FUSE session threads, each reading requests from its own cloned `/dev/fuse` fd.
+    pub threads: usize,
+    /// How long the kernel may cache attributes and directory entries. 0 (the default) gives
+    /// close-to-open consistency between mounts; larger values trade it for fewer metadata
+    /// round trips (changes from other mounts then show up at most this late).
+    pub attr_ttl: Duration,
+    /// Open file handles allowed at once (beyond: ENFILE).
+    pub open_files_max: usize,
+    /// Let users other than the mounting one (root) use the mount (`allow_other`).
+    pub allow_other: bool,
+    /// Shown as the source in /proc/mounts.
+    pub fs_name: String,
+}
+
+impl Default for MountConfig {
+    fn default() -> Self {
+        MountConfig {
+            threads: 4,
+            attr_ttl: Duration::ZERO,
+            open_files_max: 65_536,
+            allow_other: true,
+            fs_name: "spillway".to_string(),
+        }
+    }
+}
+
+/// An open regular file.
+struct OpenFile {
+    ino: Ino,
+    writable: bool,
+}
+
+/// What the mount remembers of an open inode: its attributes as last returned by the namespace
+/// (generation and size above all). An open file whose last name is removed keeps working on
+/// these (the namespace answers ENOENT for it then, POSIX wants the file usable until closed).
+struct InodeState {
+    attr: Attr,
+    opens: u32,
+    /// A data write of this mount was already reported to the namespace (`wrote`: mtime,
+    /// suid/sgid clearing); later writes only extend `pending`.
+    reported: bool,
+    /// End offset and caller of writes not yet reported to the namespace; reported at close,
+    /// fsync, stat, truncate and open (see `push_pending`).
+    pending: Option<(Caller, u64)>,
+}
+
+/// The FUSE file system over one namespace and one reservation's servers.
+pub struct SpillwayFs {
+    namespace: Arc<dyn Namespace>,
+    data: DataPlane,
+    config: MountConfig,
+    open_files: Mutex<HashMap<u64, OpenFile>>,
+    next_handle: AtomicU64,
+    inodes: Mutex<HashMap<Ino, InodeState>>,
+}
+
+fn errno(e: &MetaError) -> Errno {
+    Errno::from_i32(e.errno)
+}
+
+fn data_errno(e: &DataError) -> Errno {
+    tracing::warn!(error = %e, "data operation failed");
+    Errno::from_i32(e.errno())
+}
+
+fn system_time(t: Timestamp) -> SystemTime {
+    if t.seconds >= 0 {
+        UNIX_EPOCH + Duration::new(t.seconds as u64, t.nanos)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(t.seconds.unsigned_abs()) + Duration::from_nanos(t.nanos as u64)
+    }
+}
+
+fn timestamp(t: SystemTime) -> Timestamp {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => Timestamp::new(d.as_secs() as i64, d.subsec_nanos()),
+        Err(e) => {
+            let d = e.duration();
+            if d.subsec_nanos() == 0 {
+                Timestamp::new(-(d.as_secs() as i64), 0)
+            } else {
+                Timestamp::new(-(d.as_secs() as i64) - 1, 1_000_000_000 - d.subsec_nanos())
+            }
+        }
+    }
+}
+
+fn file_type(kind: FileKind) -> FileType {
+    match kind {
+        FileKind::Regular => FileType::RegularFile,
+        FileKind::Directory => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
+        FileKind::CharDevice => FileType::CharDevice,
+        FileKind::BlockDevice => FileType::BlockDevice,
+    }
+}
+
+/// The kernel's view of an inode.
+pub fn file_attr(attr: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(attr.ino),
+        size: attr.size,
+        blocks: attr.size.div_ceil(512),
+        atime: system_time(attr.atime),
+        mtime: system_time(attr.mtime),
+        ctime: system_time(attr.ctime),
+        crtime: system_time(attr.ctime),
+        kind: file_type(attr.kind),
+        perm: (attr.mode & 0o7777) as u16,
+        nlink: attr.nlink,
+        uid: attr.uid,
+        gid: attr.gid,
+        rdev: attr.rdev,
+        blksize: MAX_WRITE_BYTES,
+        flags: 0,
+    }
+}
+
+/// How the kernel should treat a new handle. Write-only handles (and O_DIRECT ones) bypass the
+/// page cache: the kernel then copies the application's bytes straight into the FUSE request
+/// instead of into cached pages first (one copy less on the streaming-write path), and nothing
+/// is lost, since a write-only handle can neither read nor be mapped shared. Other handles use
+/// the page cache (readahead, mmap), dropped at every open.
+fn open_flags(flags: i32) -> FopenFlags {
+    if flags & libc::O_ACCMODE == libc::O_WRONLY || flags & libc::O_DIRECT != 0 {
+        FopenFlags::FOPEN_DIRECT_IO
+    } else {
+        FopenFlags::empty()
+    }
+}
+
+fn caller(req: &Request) -> Caller {
+    identity::caller(req.uid(), req.gid(), req.pid())
+}
+
+fn time_set(t: TimeOrNow) -> TimeSet {
+    match t {
+        TimeOrNow::Now => TimeSet::Now,
+        TimeOrNow::SpecificTime(t) => TimeSet::At(timestamp(t)),
+    }
+}
+
+impl SpillwayFs {
+    pub fn new(namespace: Arc<dyn Namespace>, data: DataPlane, config: MountConfig) -> SpillwayFs {
+        SpillwayFs {
+            namespace,
+            data,
+            config,
+            open_files: Mutex::new(HashMap::new()),
+            next_handle: AtomicU64::new(1),
+            inodes: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn ttl(&self) -> Duration {
+        self.config.attr_ttl
+    }
+
+    /// Refreshes what we know of an open inode from attributes the namespace returned.
+    fn observe(&self, attr: &Attr) {
+        if let Some(state) = self.inodes.lock().get_mut(&attr.ino) {
+            state.attr = attr.clone();
+            // Writes not yet reported count for this mount.
+            if let Some((_, end)) = &state.pending {
+                state.attr.size = state.attr.size.max(*end);
+            }
+        }
+    }
+
+    fn reply_entry(&self, reply: ReplyEntry, attr: &Attr) {
+        self.observe(attr);
+        let attr = self.with_pending(attr.clone());
+        reply.entry(&self.ttl(), &file_attr(&attr), Generation(0));
+    }
+
+    /// `attr` with the size grown by writes of this mount not yet reported to the namespace.
+    fn with_pending(&self, mut attr: Attr) -> Attr {
+        if let Some(state) = self.inodes.lock().get(&attr.ino) {
+            if let Some((_, end)) = &state.pending {
+                attr.size = attr.size.max(*end);
+            }
+        }
+        attr
+    }
+
+    /// Reports writes of this mount that the namespace has not seen yet (size, mtime). Writes
+    /// after the first of an open inode are reported lazily, here: at close, fsync, stat,
+    /// truncate and open, which is what close-to-open needs and saves one metadata round trip
+    /// per write.
+    fn push_pending(&self, ino: Ino) -> Result<(), Errno> {
+        let Some((caller, end)) = self.inodes.lock().get_mut(&ino).and_then(|state| state.pending.take()) else {
+            return Ok(());
+        };
+        match self.namespace.wrote(&caller, ino, end) {
+            Ok(attr) => {
+                self.observe(&attr);
+                Ok(())
+            }
+            // Unlinked meanwhile: nobody else can see the size any more.
+            Err(e) if e.errno == libc::ENOENT => Ok(()),
+            Err(e) => Err(errno(&e)),
+        }
+    }
+
+    /// Registers an open handle of `attr`'s inode.
+    fn open_handle(&self, attr: &Attr, writable: bool) -> Result<u64, Errno> {
+        let mut files = self.open_files.lock();
+        if files.len() >= self.config.open_files_max {
+            return Err(Errno::ENFILE);
+        }
+        let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        files.insert(handle, OpenFile { ino: attr.ino, writable });
+        let mut inodes = self.inodes.lock();
+        let state = inodes.entry(attr.ino).or_insert(InodeState { attr: attr.clone(), opens: 0, reported: false, pending: None });
+        state.attr = attr.clone();
+        state.opens += 1;
+        Ok(handle)
+    }
+
+    /// The current generation and size of an inode (from the open state, else the namespace).
+    fn state(&self, ino: Ino) -> Result<(u64, u64), Errno> {
+        if let Some(state) = self.inodes.lock().get(&ino) {
+            return Ok((state.attr.generation, state.attr.size));
+        }
+        let attr = self.namespace.getattr(ino).map_err(|e| errno(&e))?;
+        Ok((attr.generation, attr.size))
+    }
+
+    /// The namespace's attributes of `ino`, or, for an open file whose last link is gone
+    /// (ENOENT), the last ones seen with a link count of 0.
+    fn current_attr(&self, ino: Ino) -> Result<Attr, Errno> {
+        match self.namespace.getattr(ino) {
+            Ok(attr) => {
+                self.observe(&attr);
+                Ok(self.with_pending(attr))
+            }
+            Err(e) if e.errno == libc::ENOENT => match self.inodes.lock().get_mut(&ino) {
+                Some(state) => {
+                    state.attr.nlink = 0;
+                    Ok(state.attr.clone())
+                }
+                None => Err(errno(&e)),
+            },
+            Err(e) => Err(errno(&e)),
+        }
+    }
+
+    fn do_write(&self, req: &Request, ino: Ino, offset: u64, data: &[u8]) -> Result<(), Errno> {
+        let end = offset.checked_add(data.len() as u64).ok_or(Errno::EFBIG)?;
+        let caller = caller(req);
+        let mut slot = self.data.slot(ino);
+        let (mut generation, mut size) = self.state(ino)?;
+        if offset > size {
+            // Writing past EOF leaves a gap: make sure it reads as zeros (stale bytes from a
+            // shrinking truncate may sit there in the store). Ask the namespace for the truth
+            // first, another mount may have extended the file.
+            let attr = self.current_attr(ino)?;
+            generation = attr.generation;
+            size = attr.size;
+            if offset > size {
+                slot.zero_fill(ino, generation, size, offset).map_err(|e| data_errno(&e))?;
+            }
+        }
+        slot.write(ino, generation, offset, data).map_err(|e| data_errno(&e))?;
+        {
+            let mut inodes = self.inodes.lock();
+            if let Some(state) = inodes.get_mut(&ino) {
+                if state.reported {
+                    state.attr.size = state.attr.size.max(end);
+                    let pending_end = state.pending.as_ref().map_or(end, |(_, e)| end.max(*e));
+                    state.pending = Some((caller, pending_end));
+                    return Ok(());
+                }
+            }
+        }
+        match self.namespace.wrote(&caller, ino, end) {
+            Ok(attr) => {
+                self.observe(&attr);
+                if let Some(state) = self.inodes.lock().get_mut(&ino) {
+                    state.reported = true;
+                }
+            }
+            // Unlinked while open: the bytes still count for this mount's open handles.
+            Err(e) if e.errno == libc::ENOENT => match self.inodes.lock().get_mut(&ino) {
+                Some(state) => state.attr.size = state.attr.size.max(end),
+                None => return Err(errno(&e)),
+            },
+            Err(e) => return Err(errno(&e)),
+        }
+        Ok(())
+    }
+
+    fn do_setattr(&self, caller: &Caller, ino: Ino, set: &SetAttr) -> Result<Attr, Errno> {
+        self.push_pending(ino)?;
+        let Some(new_size) = set.size else {
+            let attr = self.namespace.setattr(caller, ino, set).map_err(|e| errno(&e))?;
+            self.observe(&attr);
+            return Ok(attr);
+        };
+        // Truncate: hold the inode's data slot so no write of this mount interleaves.
+        let mut slot = self.data.slot(ino);
+        let current = self.current_attr(ino)?;
+        if current.kind == FileKind::Regular && new_size > current.size {
+            slot.zero_fill(ino, current.generation, current.size, new_size).map_err(|e| data_errno(&e))?;
+        }
+        if current.kind == FileKind::Regular && new_size < current.size {
+            // Writes of this mount still in flight must land before the size shrinks, or
+            // they would sit past the new EOF unnoticed by the zero-fill rule's high-water mark.
+            slot.flush().map_err(|e| data_errno(&e))?;
+        }
+        match self.namespace.setattr(caller, ino, set) {
+            Ok(attr) => {
+                self.observe(&attr);
+                Ok(attr)
+            }
+            // ftruncate of an open file whose last link is gone: only this mount sees it.
+            Err(e) if e.errno == libc::ENOENT && current.nlink == 0 => {
+                let mut inodes = self.inodes.lock();
+                let state = inodes.get_mut(&ino).ok_or_else(|| errno(&e))?;
+                state.attr.size = new_size;
+                Ok(state.attr.clone())
+            }
+            Err(e) => Err(errno(&e)),
+        }
+    }
+}
+
+impl Filesystem for SpillwayFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        if let Err(nearest) = config.set_max_write(MAX_WRITE_BYTES) {
+            tracing::warn!(max_write_bytes = nearest, "kernel refused a 1 MiB max_write");
+        }
+        let _ = config.set_max_readahead(MAX_WRITE_BYTES);
+        let _ = config.set_max_background(64);
+        // O_TRUNC arrives with open (the namespace truncates atomically); the namespace clears
+        // suid/sgid on write, chown and truncate; directory operations may run in parallel.
+        for flag in [InitFlags::FUSE_ATOMIC_O_TRUNC, InitFlags::FUSE_HANDLE_KILLPRIV, InitFlags::FUSE_PARALLEL_DIROPS] {
+            if config.add_capabilities(flag).is_err() {
+                tracing::info!(?flag, "kernel does not offer FUSE capability");
+            }
+        }
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        if let Err(e) = self.data.flush_all() {
+            tracing::error!(error = %e, "flushing writes at unmount failed");
+        }
+        if let Err(e) = self.namespace.sync() {
+            tracing::error!(error = %e, "namespace sync at unmount failed");
+        }
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.namespace.lookup(&caller(req), parent.0, name.as_bytes()) {
+            Ok(attr) => self.reply_entry(reply, &attr),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        if let Err(e) = self.push_pending(ino.0) {
+            return reply.error(e);
+        }
+        match self.current_attr(ino.0) {
+            Ok(attr) => reply.attr(&self.ttl(), &file_attr(&attr)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let via_writable_handle = fh.is_some_and(|fh| self.open_files.lock().get(&fh.0).is_some_and(|f| f.writable));
+        let set = SetAttr {
+            mode: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            size,
+            atime: atime.map(time_set),
+            mtime: mtime.map(time_set),
+            via_writable_handle,
+        };
+        match self.do_setattr(&caller(req), ino.0, &set) {
+            Ok(attr) => reply.attr(&self.ttl(), &file_attr(&attr)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.namespace.readlink(ino.0) {
+            Ok(target) => reply.data(&target),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
+        let kind = match FileKind::from_mode(mode) {
+            Some(FileKind::Directory | FileKind::Symlink) | None => return reply.error(Errno::EINVAL),
+            Some(kind) => kind,
+        };
+        match self.namespace.create(&caller(req), parent.0, name.as_bytes(), kind, mode & 0o7777, umask, rdev, true) {
+            Ok(attr) => self.reply_entry(reply, &attr),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        match self.namespace.mkdir(&caller(req), parent.0, name.as_bytes(), mode & 0o7777, umask) {
+            Ok(attr) => self.reply_entry(reply, &attr),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.namespace.unlink(&caller(req), parent.0, name.as_bytes()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.namespace.rmdir(&caller(req), parent.0, name.as_bytes()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        match self.namespace.symlink(&caller(req), parent.0, link_name.as_bytes(), target.as_os_str().as_bytes()) {
+            Ok(attr) => self.reply_entry(reply, &attr),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        match self.namespace.rename(&caller(req), parent.0, name.as_bytes(), newparent.0, newname.as_bytes(), flags.bits()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        match self.namespace.link(&caller(req), ino.0, newparent.0, newname.as_bytes()) {
+            Ok(attr) => self.reply_entry(reply, &attr),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        // Another handle's unreported writes must not outlive an O_TRUNC of this open.
+        if let Err(e) = self.push_pending(ino.0) {
+            return reply.error(e);
+        }
+        let attr = match self.namespace.open(&caller(req), ino.0, flags.0) {
+            Ok(attr) => attr,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        // Close-to-open: resolve the store file afresh.
+        self.data.slot(ino.0).forget(ino.0);
+        let writable = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
+        match self.open_handle(&attr, writable) {
+            Ok(fh) => {
+                reply.opened(FileHandle(fh), open_flags(flags.0))
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let mut slot = self.data.slot(ino.0);
+        let (generation, file_size) = match self.state(ino.0) {
+            Ok(state) => state,
+            Err(e) => return reply.error(e),
+        };
+        if offset >= file_size {
+            return reply.data(&[]);
+        }
+        let length = (size as u64).min(file_size - offset) as usize;
+        let mut buffer = vec![0u8; length];
+        match slot.read(ino.0, generation, offset, &mut buffer) {
+            Ok(()) => reply.data(&buffer),
+            Err(e) => reply.error(data_errno(&e)),
+        }
+    }
+
+    fn write(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.do_write(req, ino.0, offset, data) {
+            Ok(()) => reply.written(data.len() as u32),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn flush(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        // close(2): report any write failure of this file's pipeline, then the size.
+        if let Err(e) = self.data.slot(ino.0).flush() {
+            return reply.error(data_errno(&e));
+        }
+        match self.push_pending(ino.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let ino = self.open_files.lock().remove(&fh.0).map_or(ino.0, |file| file.ino);
+        if let Err(e) = self.push_pending(ino) {
+            tracing::error!(ino, errno = ?e, "reporting the size of a closed file failed");
+        }
+        let mut inodes = self.inodes.lock();
+        if let Some(state) = inodes.get_mut(&ino) {
+            state.opens = state.opens.saturating_sub(1);
+            if state.opens == 0 {
+                inodes.remove(&ino);
+            }
+        }
+        reply.ok();
+    }
+
+    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        if let Err(e) = self.data.slot(ino.0).sync() {
+            return reply.error(data_errno(&e));
+        }
+        if let Err(e) = self.push_pending(ino.0) {
+            return reply.error(e);
+        }
+        match self.namespace.sync() {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.namespace.getattr(ino.0) {
+            Ok(attr) if attr.kind != FileKind::Directory => reply.error(Errno::ENOTDIR),
+            Ok(_) => match self.namespace.access(&caller(req), ino.0, spillway_meta::namespace::ACCESS_READ) {
+                Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
+                Err(e) => reply.error(errno(&e)),
+            },
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readdir(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let caller = caller(req);
+        let mut after = offset;
+        loop {
+            let entries = match self.namespace.readdir(&caller, ino.0, after, READDIR_ENTRIES_MAX) {
+                Ok(entries) => entries,
+                Err(e) => return reply.error(errno(&e)),
+            };
+            if entries.is_empty() {
+                return reply.ok();
+            }
+            for entry in entries {
+                if reply.add(INodeNo(entry.ino), entry.cookie, file_type(entry.kind), OsStr::from_bytes(&entry.name)) {
+                    return reply.ok();
+                }
+                after = entry.cookie;
+            }
+        }
+    }
+
+    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        match self.namespace.sync() {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.namespace.statfs() {
+            Ok(s) => reply.statfs(
+                s.blocks,
+                s.blocks_free,
+                s.blocks_avail,
+                s.files,
+                s.files_free,
+                s.block_bytes,
+                s.name_bytes_max,
+                s.block_bytes,
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _value: &[u8], _flags: i32, _position: u32, reply: ReplyEmpty) {
+        reply.error(Errno::EOPNOTSUPP);
+    }
+
+    fn getxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _size: u32, reply: ReplyXattr) {
+        reply.error(Errno::EOPNOTSUPP);
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
+        // No extended attributes: an empty list.
+        if size == 0 {
+            reply.size(0);
+        } else {
+            reply.data(&[]);
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EOPNOTSUPP);
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        match self.namespace.access(&caller(req), ino.0, mask.bits()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
+        let caller = caller(req);
+        let exclusive = flags & libc::O_EXCL != 0;
+        // Create exclusively first: a file we just created may be opened in any mode by us; an
+        // existing one (O_CREAT without O_EXCL) goes through the open permission check.
+        let attr = match self.namespace.create(&caller, parent.0, name.as_bytes(), FileKind::Regular, mode & 0o7777, umask, 0, true) {
+            Ok(attr) => attr,
+            Err(e) if e.errno == libc::EEXIST && !exclusive => {
+                let existing = match self.namespace.lookup(&caller, parent.0, name.as_bytes()) {
+                    Ok(attr) => attr,
+                    Err(e) => return reply.error(errno(&e)),
+                };
+                if let Err(e) = self.push_pending(existing.ino) {
+                    return reply.error(e);
+                }
+                match self.namespace.open(&caller, existing.ino, flags) {
+                    Ok(attr) => attr,
+                    Err(e) => return reply.error(errno(&e)),
+                }
+            }
+            Err(e) => return reply.error(errno(&e)),
+        };
+        self.data.slot(attr.ino).forget(attr.ino);
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        match self.open_handle(&attr, writable) {
+            Ok(fh) => reply.created(&self.ttl(), &file_attr(&attr), Generation(0), FileHandle(fh), open_flags(flags)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn fallocate(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+        // Mode 0 (posix_fallocate): make the file at least offset+length long; the store has no
+        // preallocation, so the range is only reserved in the size.
+        if mode != 0 {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
+        let Some(end) = offset.checked_add(length) else { return reply.error(Errno::EFBIG) };
+        let (_, size) = match self.state(ino.0) {
+            Ok(state) => state,
+            Err(e) => return reply.error(e),
+        };
+        if end <= size {
+            return reply.ok();
+        }
+        let set = SetAttr { size: Some(end), via_writable_handle: true, ..SetAttr::default() };
+        match self.do_setattr(&caller(req), ino.0, &set) {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_round_trip_through_system_time() {
+        for t in [Timestamp::new(0, 0), Timestamp::new(1_700_000_000, 123_456_789), Timestamp::new(-5, 250_000_000)] {
+            assert_eq!(timestamp(system_time(t)), t);
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! The POSIX mount of Spillway: a FUSE file system whose metadata lives in a namespace
+//! ([`spillway_meta::Namespace`], on a burst buffer server or in-process) and whose file bytes
+//! live in the burst buffer store as ordinary epoch data (`ns/<namespace>/<ino>.<generation>`),
+//! so `ls`, `cp`, Python and static binaries see the same files as the native API and the files
+//! drain to the PFS like any other epoch.
+//!
+//! [`mount`] mounts [`SpillwayFs`] at a directory and returns a [`Mount`] that unmounts when
+//! dropped. Requests are served by [`MountConfig::threads`] FUSE session threads, each reading
+//! its own cloned `/dev/fuse` descriptor; data goes through a pool of clients
+//! ([`data::DataPlane`], one slot per thread, an inode always on the same slot). See
+//! docs/design/mount.md for threads, caching, TTLs, truncation and identity, and
+//! docs/semantics.md ("Mount") for what applications may rely on.
+
+pub mod data;
+pub mod fs;
+pub mod identity;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use fuser::{BackgroundSession, Config, MountOption, SessionACL};
+use spillway_client::Client;
+use spillway_meta::Namespace;
+
+pub use data::{DataError, DataPlane};
+pub use fs::{MountConfig, SpillwayFs, MAX_WRITE_BYTES};
+
+/// Why mounting or unmounting failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MountError {
+    #[error("mount point {path}: {problem}")]
+    MountPoint { path: PathBuf, problem: String },
+    #[error("mounting FUSE at {path}: {source}")]
+    Mount { path: PathBuf, source: std::io::Error },
+    #[error("unmounting {path}: {source}")]
+    Unmount { path: PathBuf, source: std::io::Error },
+    #[error("mount configuration: {0}")]
+    Config(String),
+}
+
+/// A live mount; unmounts (lazily, like `umount -l`) when dropped.
+pub struct Mount {
+    session: Option<BackgroundSession>,
+    mountpoint: PathBuf,
+}
+
+impl Mount {
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// Whether the session has ended (someone unmounted the file system from outside).
+    pub fn is_finished(&self) -> bool {
+        self.session.as_ref().is_none_or(|s| s.guard.is_finished())
+    }
+
+    /// Unmounts and waits until the session has flushed every write and synced the namespace.
+    pub fn unmount(mut self) -> Result<(), MountError> {
+        self.unmount_inner()
+    }
+
+    fn unmount_inner(&mut self) -> Result<(), MountError> {
+        let Some(session) = self.session.take() else { return Ok(()) };
+        if session.guard.is_finished() {
+            // Unmounted from outside (`spillway umount`, `umount`): the session thread has
+            // flushed and ended. Dropping fuser's session would unmount the *path* once more,
+            // which could take down a new mount made there meanwhile; leak the finished handle.
+            std::mem::forget(session);
+            return Ok(());
+        }
+        session.umount_and_join().map_err(|source| MountError::Unmount { path: self.mountpoint.clone(), source })
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if let Err(e) = self.unmount_inner() {
+            tracing::warn!(error = %e, "unmount at drop failed");
+        }
+    }
+}
+
+/// Mounts a namespace at `mountpoint`, with file data going through `clients` (one per data
+/// slot; all connected to the reservation's servers in the same order with striped placement).
+/// Returns once the kernel has the mount (the FUSE handshake is done).
+pub fn mount(namespace: Arc<dyn Namespace>, clients: Vec<Client>, mountpoint: &Path, config: MountConfig) -> Result<Mount, MountError> {
+    if clients.is_empty() {
+        return Err(MountError::Config("no data clients".into()));
+    }
+    if config.threads == 0 {
+        return Err(MountError::Config("threads must be at least 1".into()));
+    }
+    let meta = std::fs::metadata(mountpoint)
+        .map_err(|e| MountError::MountPoint { path: mountpoint.to_path_buf(), problem: e.to_string() })?;
+    if !meta.is_dir() {
+        return Err(MountError::MountPoint { path: mountpoint.to_path_buf(), problem: "not a directory".into() });
+    }
+    let data = DataPlane::new(clients, namespace.id(), namespace.data_epoch());
+    let mut options = Config::default();
+    options.mount_options = vec![
+        MountOption::FSName(config.fs_name.clone()),
+        MountOption::Subtype("spillway".to_string()),
+        MountOption::RW,
+        MountOption::Suid,
+        MountOption::Dev,
+        MountOption::Exec,
+        MountOption::Atime,
+    ];
+    options.acl = if config.allow_other { SessionACL::All } else { SessionACL::Owner };
+    options.n_threads = Some(config.threads);
+    options.clone_fd = true;
+    let fs = SpillwayFs::new(namespace, data, config);
+    let session = fuser::spawn_mount(fs, mountpoint, &options)
+        .map_err(|source| MountError::Mount { path: mountpoint.to_path_buf(), source })?;
+    Ok(Mount { session: Some(session), mountpoint: mountpoint.to_path_buf() })
+}
+
+/// Unmounts whatever is mounted at `mountpoint` (as root with umount2, else with
+/// `fusermount3 -u`); `lazy` detaches even if files are still open.
+pub fn unmount_path(mountpoint: &Path, lazy: bool) -> Result<(), MountError> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())
+        .map_err(|_| MountError::MountPoint { path: mountpoint.to_path_buf(), problem: "contains a NUL byte".into() })?;
+    let flags = if lazy { libc::MNT_DETACH } else { 0 };
+    // SAFETY: `path` is a valid NUL-terminated string for the duration of the call.
+    if unsafe { libc::umount2(path.as_ptr(), flags) } == 0 {
+        return Ok(());
+    }
+    let first = std::io::Error::last_os_error();
+    let mut command = std::process::Command::new("fusermount3");
+    command.arg("-u");
+    if lazy {
+        command.arg("-z");
+    }
+    match command.arg(mountpoint).output() {
+        Ok(out) if out.status.success() => Ok(()),
+        Ok(out) => Err(MountError::Unmount {
+            path: mountpoint.to_path_buf(),
+            source: std::io::Error::other(format!("umount2: {first}; fusermount3: {}", String::from_utf8_lossy(&out.stderr).trim())),
+        }),
+        Err(_) => Err(MountError::Unmount { path: mountpoint.to_path_buf(), source: first }),
+    }
+}

@@ -1,0 +1,213 @@
+//! The namespaces this server holds (metadata service for the FUSE mount), and the handling of
+//! namespace requests.
+//!
+//! A namespace lives on exactly one server. Namespaces are opened on demand (by a
+//! `NamespaceOpen`, or by any request naming a namespace whose journal is on disk) and kept
+//! open until the server stops; each persists as a journal under
+//! `<store directory>/namespaces/` (see docs/design/namespace.md). `statfs` reports this
+//! server's store capacity.
+//!
+//! Caller trust: a request states the `Caller` it acts for. Only a root peer (the mount, whose
+//! identity the kernel vouched for) is believed; a non-root peer's requests run as its own
+//! uid/gid, with no supplementary groups, whatever it claims — like an NFS server trusting a
+//! root-owned client. Non-root peers may also not claim a write handle for truncation, their
+//! `Wrote` needs ownership or write permission, and they cannot create namespaces.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use spillway_meta::{
+    Capacity, Caller, LocalNamespace, LocalOptions, MetaError, Namespace, NamespaceConfig, NamespaceId, OpenError, StoreCapacity,
+    SystemClock, ROOT_INO,
+};
+use spillway_proto::{Identity, NamespaceRequest, NamespaceResponse, BODY_BYTES_MAX};
+
+use crate::backend::Backend;
+
+/// Most namespaces one server holds open (each costs a file descriptor and its tree in memory).
+pub const NAMESPACES_MAX: usize = 4096;
+
+/// `statfs` figures from the store this server runs.
+struct StoreCapacityProbe(Arc<dyn Backend>);
+
+impl Capacity for StoreCapacityProbe {
+    fn capacity(&self) -> StoreCapacity {
+        let usage = self.0.usage();
+        StoreCapacity { total_bytes: usage.ssd_bytes_max, free_bytes: usage.ssd_bytes_max.saturating_sub(usage.ssd_bytes_used) }
+    }
+}
+
+/// Every namespace of this server.
+pub struct NamespaceService {
+    directory: PathBuf,
+    capacity: Arc<dyn Capacity>,
+    options: LocalOptions,
+    open: Mutex<HashMap<NamespaceId, Arc<LocalNamespace>>>,
+}
+
+fn error(errno: i32, message: impl Into<String>) -> MetaError {
+    MetaError::new(errno, message)
+}
+
+impl NamespaceService {
+    /// A service keeping its journals in `directory` (created on first use), reporting the
+    /// capacity of `backend`.
+    pub fn new(directory: PathBuf, backend: Arc<dyn Backend>, options: LocalOptions) -> NamespaceService {
+        NamespaceService { directory, capacity: Arc::new(StoreCapacityProbe(backend)), options, open: Mutex::new(HashMap::new()) }
+    }
+
+    /// Opens (or creates) a namespace, returning it and whether it was created.
+    pub fn open(&self, config: &NamespaceConfig, create: bool) -> Result<(Arc<LocalNamespace>, bool), MetaError> {
+        let mut open = self.open.lock();
+        if let Some(namespace) = open.get(&config.id) {
+            return Ok((namespace.clone(), false));
+        }
+        if open.len() >= NAMESPACES_MAX {
+            return Err(error(libc::EMFILE, format!("this server holds its maximum of {NAMESPACES_MAX} namespaces")));
+        }
+        let opened = LocalNamespace::open(&self.directory, config, create, Arc::new(SystemClock), self.capacity.clone(), self.options.clone());
+        let (namespace, created, recovery) = opened.map_err(|failure| match failure {
+            OpenError::NotFound { .. } => error(libc::ENOENT, failure.to_string()),
+            other => error(libc::EIO, other.to_string()),
+        })?;
+        if recovery.torn_bytes_cut > 0 {
+            tracing::warn!(namespace = config.id, bytes = recovery.torn_bytes_cut, records = recovery.records, "namespace journal: cut a torn tail");
+        }
+        tracing::info!(namespace = config.id, created, data_epoch = %namespace.data_epoch(), "namespace open");
+        let namespace = Arc::new(namespace);
+        open.insert(config.id, namespace.clone());
+        Ok((namespace, created))
+    }
+
+    /// The namespace `id`, opened from its journal if needed (ENOENT if it has none).
+    pub fn get(&self, id: NamespaceId) -> Result<Arc<LocalNamespace>, MetaError> {
+        if let Some(namespace) = self.open.lock().get(&id) {
+            return Ok(namespace.clone());
+        }
+        let config = NamespaceConfig { id, data_epoch: Default::default(), root_uid: 0, root_gid: 0, root_mode: 0o755 };
+        self.open(&config, false).map(|(namespace, _)| namespace)
+    }
+
+    /// Makes every open namespace durable (graceful shutdown). Returns the first failure.
+    pub fn sync_all(&self) -> Result<(), MetaError> {
+        let namespaces: Vec<_> = self.open.lock().values().cloned().collect();
+        let mut first = Ok(());
+        for namespace in namespaces {
+            if let Err(failure) = namespace.sync() {
+                tracing::error!(namespace = namespace.id(), %failure, "namespace sync failed");
+                if first.is_ok() {
+                    first = Err(failure);
+                }
+            }
+        }
+        first
+    }
+
+    /// Runs one request for a peer with this kernel-established identity.
+    pub fn handle(&self, identity: Identity, mut request: NamespaceRequest) -> NamespaceResponse {
+        let trusted = identity.uid == 0;
+        if !trusted {
+            if let Some(caller) = request.caller_mut() {
+                *caller = Caller { uid: identity.uid, gid: identity.gid, groups: Vec::new(), pid: caller.pid };
+            }
+            if let NamespaceRequest::SetAttr { set, .. } = &mut request {
+                set.via_writable_handle = false;
+            }
+        }
+        match self.run(identity, trusted, request) {
+            Ok(response) => response,
+            Err(failure) => NamespaceResponse::Error { errno: failure.errno, message: failure.message },
+        }
+    }
+
+    fn run(&self, identity: Identity, trusted: bool, request: NamespaceRequest) -> Result<NamespaceResponse, MetaError> {
+        use NamespaceRequest as R;
+        use NamespaceResponse as A;
+        if let R::Open { namespace, create, data_epoch, root_uid, root_gid, root_mode } = request {
+            // Only root (the mount, the manager) creates namespaces: a user must not squat an
+            // id a job's mount will use. Anyone may open an existing one.
+            if create && !trusted && self.get(namespace).is_err() {
+                return Err(error(libc::EPERM, format!("only root creates namespaces (namespace {namespace}, peer uid {})", identity.uid)));
+            }
+            let config = NamespaceConfig { id: namespace, data_epoch, root_uid, root_gid, root_mode };
+            let (ns, created) = self.open(&config, create)?;
+            return Ok(A::Opened { namespace, data_epoch: ns.data_epoch(), created });
+        }
+        let ns = self.get(request.namespace())?;
+        Ok(match request {
+            R::Open { .. } => unreachable!("handled above"),
+            R::Sync { .. } => {
+                ns.sync()?;
+                A::Done
+            }
+            R::Manifest { from_index, .. } => {
+                let root = ns.getattr(ROOT_INO)?;
+                if !trusted && identity.uid != root.uid {
+                    return Err(error(libc::EACCES, format!("the manifest of namespace {} is for root or its owner (uid {})", ns.id(), root.uid)));
+                }
+                let mut bytes = 4usize;
+                let page = ns
+                    .manifest()?
+                    .into_iter()
+                    .skip(from_index.min(usize::MAX as u64) as usize)
+                    .take_while(|entry| {
+                        bytes += NamespaceResponse::manifest_entry_bytes(entry);
+                        bytes <= BODY_BYTES_MAX as usize
+                    })
+                    .collect();
+                A::Manifest(page)
+            }
+            R::Lookup { caller, parent, name, .. } => A::Attr(ns.lookup(&caller, parent, &name)?),
+            R::GetAttr { ino, .. } => A::Attr(ns.getattr(ino)?),
+            R::SetAttr { caller, ino, set, .. } => A::Attr(ns.setattr(&caller, ino, &set)?),
+            R::Create { caller, parent, name, kind, mode, umask, rdev, exclusive, .. } => {
+                A::Attr(ns.create(&caller, parent, &name, kind, mode, umask, rdev, exclusive)?)
+            }
+            R::Mkdir { caller, parent, name, mode, umask, .. } => A::Attr(ns.mkdir(&caller, parent, &name, mode, umask)?),
+            R::Symlink { caller, parent, name, target, .. } => A::Attr(ns.symlink(&caller, parent, &name, &target)?),
+            R::Readlink { ino, .. } => A::Target(ns.readlink(ino)?),
+            R::Link { caller, ino, new_parent, new_name, .. } => A::Attr(ns.link(&caller, ino, new_parent, &new_name)?),
+            R::Unlink { caller, parent, name, .. } => {
+                ns.unlink(&caller, parent, &name)?;
+                A::Done
+            }
+            R::Rmdir { caller, parent, name, .. } => {
+                ns.rmdir(&caller, parent, &name)?;
+                A::Done
+            }
+            R::Rename { caller, parent, name, new_parent, new_name, flags, .. } => {
+                ns.rename(&caller, parent, &name, new_parent, &new_name, flags)?;
+                A::Done
+            }
+            R::Readdir { caller, dir, after_cookie, entries_max, .. } => {
+                let mut bytes = 4usize;
+                let entries = ns
+                    .readdir(&caller, dir, after_cookie, entries_max)?
+                    .into_iter()
+                    .take_while(|entry| {
+                        bytes += NamespaceResponse::dir_entry_bytes(entry);
+                        bytes <= BODY_BYTES_MAX as usize
+                    })
+                    .collect();
+                A::Entries(entries)
+            }
+            R::OpenInode { caller, ino, flags, .. } => A::Attr(ns.open(&caller, ino, flags)?),
+            R::Access { caller, ino, mask, .. } => {
+                ns.access(&caller, ino, mask)?;
+                A::Done
+            }
+            R::Wrote { caller, ino, end_offset, .. } => {
+                if !trusted {
+                    let attr = ns.getattr(ino)?;
+                    if attr.uid != caller.uid {
+                        ns.access(&caller, ino, spillway_meta::ACCESS_WRITE)?;
+                    }
+                }
+                A::Attr(ns.wrote(&caller, ino, end_offset)?)
+            }
+            R::Statfs { .. } => A::Stat(ns.statfs()?),
+        })
+    }
+}
