@@ -9,10 +9,12 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 pub mod drain;
+pub mod manager;
 pub mod server;
 pub mod store;
 
 pub use drain::DrainKnobs;
+pub use manager::{ManagerKnobs, StreamKeyKind};
 pub use server::ServerKnobs;
 pub use store::StoreKnobs;
 
@@ -101,6 +103,7 @@ pub struct Config {
     pub store: StoreKnobs,
     pub server: ServerKnobs,
     pub drain: DrainKnobs,
+    pub manager: ManagerKnobs,
 }
 
 impl Config {
@@ -142,6 +145,7 @@ impl Config {
         self.store.validate()?;
         self.server.validate()?;
         self.drain.validate()?;
+        self.manager.validate()?;
         Ok(())
     }
 
@@ -150,6 +154,7 @@ impl Config {
         let mut all = StoreKnobs::describe();
         all.extend(ServerKnobs::describe());
         all.extend(DrainKnobs::describe());
+        all.extend(ManagerKnobs::describe());
         all
     }
 

@@ -1,0 +1,934 @@
+//! `spillway bb <hook>`: the Slurm burst_buffer/lua hooks, one subcommand per hook.
+//!
+//! `slurm/burst_buffer.lua` is a thin shim: each `slurm_bb_*` function runs the matching
+//! subcommand here and hands its exit status and output back to Slurm. Keeping the logic in Rust
+//! means the directive parser is the tested one in `spillway_policy::directive`, errors are the
+//! CLI's, and the hooks can be run by hand when something goes wrong.
+//!
+//! Hooks that run inside slurmctld (`validate` for job_process, `paths`, `pools` from the cache)
+//! do local work only. The others talk to the manager through the contract CLI (`spillway
+//! reservation …`, `stage-in`, `stage-out`, `mount`, `umount`), run as child processes of this
+//! binary so that the manager sees the right caller through SO_PEERCRED: reservations are
+//! created by root *for* the job's uid (`--owner`), while stage-in and stage-out run *as* the
+//! job's uid/gid/groups, so the PFS permissions of the user apply to what gets copied.
+//!
+//! The job script is the job's state: every hook re-parses it. The only extra state is a small
+//! JSON record per job in the state directory, written by `setup` (the only hook Slurm gives the
+//! uid/gid) and removed by `teardown`. Teardown is idempotent and thorough: unmount if mounted,
+//! kill any leftover `spillway mount`/`stage-in`/`stage-out` process of the job (found in /proc
+//! by its exact arguments), destroy the job's reservation (never a persistent one), remove the
+//! mount point — so a job cancelled during stage-in or while running leaves nothing behind.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use clap::{Parser, Subcommand};
+use serde::{Deserialize, Serialize};
+use spillway_policy::directive::{self, Directive};
+
+/// Where job reservations are mounted on the node unless `--mount-root` says otherwise.
+const MOUNT_ROOT_DEFAULT: &str = "/mnt/spillway";
+/// Where per-job records live unless `--state-dir` says otherwise.
+const STATE_DIR_DEFAULT: &str = "/var/lib/spillway/bb";
+/// How long a leftover process gets between SIGTERM and SIGKILL.
+const KILL_GRACE: Duration = Duration::from_secs(3);
+/// How long `pools` waits for the manager when refreshing the cache.
+const POOLS_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Parser)]
+pub struct Args {
+    /// Manager socket, passed to every manager command (`SPILLWAY_MANAGER`).
+    #[arg(long, global = true, env = "SPILLWAY_MANAGER")]
+    manager: Option<PathBuf>,
+    /// Directive name without the `#` (burst_buffer.conf `Directive=`).
+    #[arg(long, global = true, default_value = directive::DIRECTIVE_DEFAULT)]
+    directive: String,
+    /// Directory for per-job records (root-only).
+    #[arg(long, global = true, env = "SPILLWAY_BB_STATE_DIR", default_value = STATE_DIR_DEFAULT)]
+    state_dir: PathBuf,
+    /// Directory under which each job's reservation is mounted (`<root>/job-<id>`).
+    #[arg(long, global = true, env = "SPILLWAY_BB_MOUNT_ROOT", default_value = MOUNT_ROOT_DEFAULT)]
+    mount_root: PathBuf,
+    #[command(subcommand)]
+    hook: Hook,
+}
+
+#[derive(Subcommand)]
+enum Hook {
+    /// slurm_bb_job_process: check the script's directive lines (local parsing only).
+    Validate { script: PathBuf },
+    /// slurm_bb_pools: print the pools as Slurm's JSON; `--cache` reads/refreshes a file.
+    Pools {
+        /// Cache file the Lua reads from slurmctld.
+        #[arg(long)]
+        cache: Option<PathBuf>,
+        /// Ask the manager and rewrite the cache (without it, print the cache as is).
+        #[arg(long)]
+        refresh: bool,
+    },
+    /// slurm_bb_setup: create (or reuse) the job's reservation for uid/gid.
+    Setup {
+        #[arg(long)]
+        job: u64,
+        #[arg(long)]
+        uid: u32,
+        #[arg(long)]
+        gid: u32,
+        /// The pool Slurm accounted the job against (checked against the directive).
+        #[arg(long)]
+        pool: Option<String>,
+        script: PathBuf,
+    },
+    /// slurm_bb_data_in: copy the stage_in pairs from the PFS, as the job's user.
+    DataIn {
+        #[arg(long)]
+        job: u64,
+        script: PathBuf,
+    },
+    /// slurm_bb_real_size: print the bytes the manager granted (22.05 passes no script).
+    RealSize {
+        #[arg(long)]
+        job: u64,
+    },
+    /// slurm_bb_paths: write SPILLWAY_BB=<mount point> into Slurm's path file (local only).
+    Paths {
+        #[arg(long)]
+        job: u64,
+        script: PathBuf,
+        path_file: PathBuf,
+    },
+    /// slurm_bb_pre_run: mount the reservation on this node.
+    PreRun {
+        #[arg(long)]
+        job: u64,
+        script: PathBuf,
+    },
+    /// slurm_bb_post_run: unmount it.
+    PostRun {
+        #[arg(long)]
+        job: u64,
+        script: PathBuf,
+    },
+    /// slurm_bb_data_out: copy the stage_out pairs to the PFS, as the job's user.
+    DataOut {
+        #[arg(long)]
+        job: u64,
+        script: PathBuf,
+    },
+    /// slurm_bb_job_teardown: unmount, kill leftovers, destroy the job reservation.
+    Teardown {
+        #[arg(long)]
+        job: u64,
+        /// Slurm's hurry flag (cancelled job): same cleanup, nothing is staged either way.
+        #[arg(long)]
+        hurry: bool,
+        /// The script may be gone when Slurm tears down a failed submission.
+        script: Option<PathBuf>,
+    },
+    /// slurm_bb_get_status (`scontrol show bbstat`): `spillway status`.
+    Status {
+        /// Extra words after `bbstat`, passed to `spillway status`.
+        words: Vec<String>,
+    },
+}
+
+/// What `setup` learned that later hooks need (only setup receives the uid/gid).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+struct JobRecord {
+    job: u64,
+    uid: u32,
+    gid: u32,
+    reservation: String,
+    persistent: bool,
+}
+
+/// The manager's view of a reservation (`reservation show --json`); unknown fields are ignored.
+#[derive(Debug, Clone, Deserialize)]
+struct Reservation {
+    name: String,
+    #[serde(default)]
+    owner: Option<u32>,
+    #[serde(default)]
+    group: Option<u32>,
+    #[serde(default)]
+    persistent: bool,
+    #[serde(default)]
+    capacity_bytes: Option<u64>,
+    #[serde(default)]
+    allowed_uids: Vec<u32>,
+    #[serde(default)]
+    allowed_gids: Vec<u32>,
+    #[serde(default)]
+    servers: Vec<String>,
+    #[serde(default)]
+    access: Option<String>,
+    #[serde(default)]
+    epoch: Option<u64>,
+    #[serde(default)]
+    namespace_id: Option<u64>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    // Slurm's slurmscriptd reads each hook's result from a pipe until EOF, and the Lua's popen
+    // hands that pipe down to us: no child of ours (above all the mount's serving process,
+    // which outlives the hook) may inherit it, or the hook "hangs" until its timeout.
+    close_inherited_descriptors_on_exec();
+    let ctx = Hooks {
+        manager: args.manager,
+        directive: args.directive,
+        state_dir: args.state_dir,
+        mount_root: args.mount_root,
+    };
+    match args.hook {
+        Hook::Validate { script } => ctx.validate(&script),
+        Hook::Pools { cache, refresh } => ctx.pools(cache.as_deref(), refresh),
+        Hook::Setup { job, uid, gid, pool, script } => ctx.setup(job, uid, gid, pool.as_deref(), &script),
+        Hook::DataIn { job, script } => ctx.stage(job, &script, StageDirection::In),
+        Hook::RealSize { job } => ctx.real_size(job),
+        Hook::Paths { job, script, path_file } => ctx.paths(job, &script, &path_file),
+        Hook::PreRun { job, script } => ctx.pre_run(job, &script),
+        Hook::PostRun { job, script } => ctx.post_run(job, &script),
+        Hook::DataOut { job, script } => ctx.stage(job, &script, StageDirection::Out),
+        Hook::Teardown { job, hurry, script } => ctx.teardown(job, hurry, script.as_deref()),
+        Hook::Status { words } => ctx.status(&words),
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum StageDirection {
+    In,
+    Out,
+}
+
+/// Settings shared by every hook.
+struct Hooks {
+    manager: Option<PathBuf>,
+    directive: String,
+    state_dir: PathBuf,
+    mount_root: PathBuf,
+}
+
+/// The reservation name of a job-scoped reservation (the manager's naming, see the contract).
+fn job_reservation_name(job: u64) -> String {
+    format!("job-{job}")
+}
+
+impl Hooks {
+    fn read_directive(&self, script: &Path) -> anyhow::Result<Option<Directive>> {
+        let text = std::fs::read_to_string(script).with_context(|| format!("reading job script {}", script.display()))?;
+        directive::parse_script(&text, &self.directive).map_err(|e| anyhow!("{}: {e}", script.display()))
+    }
+
+    fn require_directive(&self, script: &Path) -> anyhow::Result<Directive> {
+        self.read_directive(script)?
+            .ok_or_else(|| anyhow!("{}: no #{} line in the job script", script.display(), self.directive))
+    }
+
+    fn validate(&self, script: &Path) -> anyhow::Result<()> {
+        let text = std::fs::read_to_string(script).with_context(|| format!("reading job script {}", script.display()))?;
+        // The message goes to the submitting user through sbatch: name the line and token, not
+        // the copy of the script in slurmctld's state directory. No directive line at all is odd
+        // (Slurm calls job_process only when it saw one) but harmless: no burst buffer.
+        directive::parse_script(&text, &self.directive).map_err(|e| anyhow!("invalid #{} directive: {e}", self.directive))?;
+        Ok(())
+    }
+
+    fn record_path(&self, job: u64) -> PathBuf {
+        self.state_dir.join(format!("job-{job}.json"))
+    }
+
+    fn mountpoint(&self, job: u64) -> PathBuf {
+        self.mount_root.join(format!("job-{job}"))
+    }
+
+    fn write_record(&self, record: &JobRecord) -> anyhow::Result<()> {
+        std::fs::create_dir_all(&self.state_dir)
+            .with_context(|| format!("creating state directory {}", self.state_dir.display()))?;
+        let path = self.record_path(record.job);
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec(record)?).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, &path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+        Ok(())
+    }
+
+    fn read_record(&self, job: u64) -> anyhow::Result<Option<JobRecord>> {
+        let path = self.record_path(job);
+        match std::fs::read(&path) {
+            Ok(bytes) => Ok(Some(serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))?)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+        }
+    }
+
+    fn require_record(&self, job: u64) -> anyhow::Result<JobRecord> {
+        self.read_record(job)?.ok_or_else(|| {
+            anyhow!("job {job}: no record {} (setup did not run or failed)", self.record_path(job).display())
+        })
+    }
+
+    /// A `spillway …` manager command, with the manager socket in its environment.
+    fn spillway(&self) -> anyhow::Result<Command> {
+        let exe = std::env::current_exe().context("locating the spillway binary")?;
+        let mut command = Command::new(exe);
+        if let Some(manager) = &self.manager {
+            command.env("SPILLWAY_MANAGER", manager);
+        }
+        command.stdin(Stdio::null());
+        Ok(command)
+    }
+
+    /// Run a manager command as root (the hooks' own identity) and return its stdout.
+    fn manager(&self, args: &[&str]) -> anyhow::Result<String> {
+        let mut command = self.spillway()?;
+        command.args(args);
+        output_of(&mut command, &args.join(" "))
+    }
+
+    /// `reservation show NAME --json`; `Ok(None)` when the manager says it does not exist.
+    fn show_reservation(&self, name: &str) -> anyhow::Result<Option<Reservation>> {
+        let mut command = self.spillway()?;
+        command.args(["reservation", "show", name, "--json"]);
+        let output = command.output().context("running spillway reservation show")?;
+        if output.status.success() {
+            let text = String::from_utf8_lossy(&output.stdout);
+            let reservation: Reservation = serde_json::from_str(text.trim())
+                .with_context(|| format!("parsing `reservation show {name} --json` output {text:?}"))?;
+            return Ok(Some(reservation));
+        }
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if is_not_found(&stderr) {
+            return Ok(None);
+        }
+        bail!("spillway reservation show {name}: {}", stderr.trim())
+    }
+
+    fn setup(&self, job: u64, uid: u32, gid: u32, slurm_pool: Option<&str>, script: &Path) -> anyhow::Result<()> {
+        let directive = self.require_directive(script)?;
+        if uid == 0 {
+            bail!("job {job}: root may not use a burst buffer reservation");
+        }
+        if let (Some(slurm_pool), Some(pool)) = (slurm_pool, directive.pool.as_deref()) {
+            if slurm_pool != pool && slurm_pool != "(null)" && !slurm_pool.is_empty() {
+                bail!("job {job}: Slurm accounted pool {slurm_pool} but the directive asks for pool={pool}");
+            }
+        }
+        let uid_text = uid.to_string();
+        let gid_text = gid.to_string();
+        let job_text = job.to_string();
+        let (name, persistent) = match &directive.persistent {
+            Some(name) => (name.clone(), true),
+            None => (job_reservation_name(job), false),
+        };
+        match self.show_reservation(&name)? {
+            Some(existing) if persistent => {
+                // The hooks run as root and see every reservation: apply the manager's rule for
+                // persistent reservations here (owner, allowed uids, allowed groups).
+                let groups = supplementary_groups(uid, gid)?;
+                let allowed = existing.owner.is_none_or(|owner| owner == uid)
+                    || existing.allowed_uids.contains(&uid)
+                    || existing.allowed_gids.iter().any(|g| groups.contains(g));
+                if !allowed {
+                    bail!(
+                        "job {job}: persistent reservation {name} belongs to uid {} and does not allow uid {uid}",
+                        existing.owner.unwrap_or_default()
+                    );
+                }
+            }
+            Some(_) => {} // setup re-run after a slurmctld restart: the job's reservation exists
+            None => {
+                let capacity = directive.capacity_bytes.ok_or_else(|| {
+                    anyhow!("job {job}: persistent reservation {name} does not exist; add capacity=SIZE to create it")
+                })?;
+                let capacity_text = capacity.to_string();
+                let mut create = vec![
+                    "reservation",
+                    "create",
+                    "--capacity",
+                    &capacity_text,
+                    "--access",
+                    directive.access.as_str(),
+                    "--owner",
+                    &uid_text,
+                    "--group",
+                    &gid_text,
+                    "--json",
+                ];
+                if let Some(pool) = directive.pool.as_deref() {
+                    create.extend(["--pool", pool]);
+                }
+                if persistent {
+                    create.extend(["--persistent", &name]);
+                } else {
+                    create.extend(["--job", &job_text]);
+                }
+                let created = self.manager(&create)?;
+                let reservation: Reservation = serde_json::from_str(created.trim())
+                    .with_context(|| format!("parsing `reservation create --json` output {created:?}"))?;
+                if reservation.name != name {
+                    bail!("job {job}: the manager named the reservation {} instead of {name}", reservation.name);
+                }
+            }
+        }
+        self.write_record(&JobRecord { job, uid, gid, reservation: name, persistent })
+    }
+
+    fn stage(&self, job: u64, script: &Path, direction: StageDirection) -> anyhow::Result<()> {
+        let directive = self.require_directive(script)?;
+        let stages = match direction {
+            StageDirection::In => &directive.stage_in,
+            StageDirection::Out => &directive.stage_out,
+        };
+        if stages.is_empty() {
+            return Ok(());
+        }
+        let record = self.require_record(job)?;
+        for stage in stages {
+            let mut command = self.spillway()?;
+            let (verb, src, dst) = match direction {
+                StageDirection::In => ("stage-in", &stage.pfs_path, &stage.reservation_path),
+                StageDirection::Out => ("stage-out", &stage.reservation_path, &stage.pfs_path),
+            };
+            command.args([verb, "--reservation", &record.reservation, src.as_str(), dst.as_str()]);
+            as_user(&mut command, record.uid, record.gid)?;
+            let what = format!("job {job}: {verb} {src} -> {dst} (as uid {})", record.uid);
+            let output = output_of(&mut command, &what)?;
+            // Progress lines go to the slurmctld log through the Lua (slurm.log_info).
+            if !output.trim().is_empty() {
+                println!("{}", output.trim());
+            }
+        }
+        Ok(())
+    }
+
+    fn real_size(&self, job: u64) -> anyhow::Result<()> {
+        let record = self.require_record(job)?;
+        let reservation = self
+            .show_reservation(&record.reservation)?
+            .ok_or_else(|| anyhow!("job {job}: reservation {} is gone", record.reservation))?;
+        if let Some(bytes) = reservation.capacity_bytes {
+            println!("{bytes}");
+        }
+        Ok(())
+    }
+
+    fn paths(&self, job: u64, script: &Path, path_file: &Path) -> anyhow::Result<()> {
+        let directive = self.require_directive(script)?;
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(path_file)
+            .with_context(|| format!("opening Slurm's path file {}", path_file.display()))?;
+        let mut lines = format!("SPILLWAY_BB={}\n", self.mountpoint(job).display());
+        let name = directive.persistent.clone().unwrap_or_else(|| job_reservation_name(job));
+        lines.push_str(&format!("SPILLWAY_BB_RESERVATION={name}\n"));
+        file.write_all(lines.as_bytes()).with_context(|| format!("writing {}", path_file.display()))?;
+        Ok(())
+    }
+
+    fn pre_run(&self, job: u64, script: &Path) -> anyhow::Result<()> {
+        let directive = self.require_directive(script)?;
+        let record = self.require_record(job)?;
+        let reservation = self
+            .show_reservation(&record.reservation)?
+            .ok_or_else(|| anyhow!("job {job}: reservation {} is gone", record.reservation))?;
+        let mut help = self.spillway()?;
+        help.args(["mount", "--help"]).stdout(Stdio::null()).stderr(Stdio::null());
+        if !help.status().map(|s| s.success()).unwrap_or(false) {
+            bail!("job {job}: cannot mount reservation {}: this spillway has no `mount` subcommand", record.reservation);
+        }
+        let mountpoint = self.mountpoint(job);
+        if is_mounted(&mountpoint)? {
+            return Ok(()); // pre_run re-run: already mounted
+        }
+        std::fs::create_dir_all(&mountpoint).with_context(|| format!("creating mount point {}", mountpoint.display()))?;
+        let namespace_id = reservation
+            .namespace_id
+            .ok_or_else(|| anyhow!("job {job}: reservation {} has no namespace_id", record.reservation))?;
+        let epoch = reservation.epoch.unwrap_or(1);
+        if reservation.servers.is_empty() {
+            bail!("job {job}: reservation {} has no servers", record.reservation);
+        }
+        let access = reservation.access.clone().unwrap_or_else(|| directive.access.as_str().to_string());
+        // The namespace root belongs to the reservation's owner: private (0700) for a job
+        // reservation, sticky and shared (1777, like /tmp) for a persistent one, whose allowed
+        // users and groups the manager decides.
+        let owner = format!("{}:{}", reservation.owner.unwrap_or(record.uid), reservation.group.unwrap_or(record.gid));
+        let mode = if reservation.persistent { "1777" } else { "0700" };
+        let log = self.state_dir.join(format!("job-{job}.mount.log"));
+        // The serving process stays behind: it must not inherit a pipe of ours (or the Lua's
+        // popen), or whoever reads that pipe waits for it until the hook times out. Its output
+        // goes to the log file instead.
+        let out = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let mut mount = self.spillway()?;
+        mount
+            .args(["mount", "--servers", &reservation.servers.join(","), "--access", &access])
+            .args(["--namespace-id", &namespace_id.to_string(), "--epoch", &epoch.to_string()])
+            .args(["--root-owner", &owner, "--root-mode", mode])
+            .arg("--log")
+            .arg(&log)
+            .arg("--background")
+            .arg(&mountpoint)
+            .stdout(out.try_clone()?)
+            .stderr(out);
+        let status = mount.status().context("running spillway mount")?;
+        if !status.success() {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(5).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            bail!(
+                "job {job}: mounting {} on {} failed ({status}): {}",
+                record.reservation,
+                mountpoint.display(),
+                tail.join(" / ")
+            );
+        }
+        if !is_mounted(&mountpoint)? {
+            bail!("job {job}: `spillway mount` succeeded but {} is not a mount point", mountpoint.display());
+        }
+        Ok(())
+    }
+
+    fn post_run(&self, job: u64, script: &Path) -> anyhow::Result<()> {
+        let _ = self.require_directive(script)?;
+        self.unmount(job)
+    }
+
+    /// Unmount the job's mount point if mounted (idempotent), then kill a mount process that
+    /// outlived its mount.
+    fn unmount(&self, job: u64) -> anyhow::Result<()> {
+        let mountpoint = self.mountpoint(job);
+        if is_mounted(&mountpoint)? {
+            let mut umount = self.spillway()?;
+            umount.arg("umount").arg(&mountpoint);
+            let result = output_of(&mut umount, &format!("job {job}: unmounting {}", mountpoint.display()));
+            if is_mounted(&mountpoint)? {
+                // The mount process is wedged: detach so the node is usable, then report.
+                lazy_unmount(&mountpoint)?;
+                result?;
+            }
+        }
+        let leftovers = find_processes(|args| is_mount_of(args, &mountpoint))?;
+        kill_all(&leftovers);
+        Ok(())
+    }
+
+    fn teardown(&self, job: u64, _hurry: bool, script: Option<&Path>) -> anyhow::Result<()> {
+        let record = self.read_record(job)?;
+        let directive = match script {
+            Some(script) if script.exists() => self.read_directive(script).unwrap_or(None),
+            _ => None,
+        };
+        let (name, persistent) = match (&record, &directive) {
+            (Some(record), _) => (record.reservation.clone(), record.persistent),
+            (None, Some(Directive { persistent: Some(name), .. })) => (name.clone(), true),
+            (None, _) => (job_reservation_name(job), false),
+        };
+        let mut problems = Vec::new();
+        if let Err(e) = self.unmount(job) {
+            problems.push(format!("{e:#}"));
+        }
+        // Copies of this job still running (a cancelled stage-in): Slurm killed the hook, not
+        // necessarily its children.
+        match find_processes(|args| is_stage_of(args, &name)) {
+            Ok(pids) => kill_all(&pids),
+            Err(e) => problems.push(format!("{e:#}")),
+        }
+        if !persistent {
+            match self.show_reservation(&name) {
+                Ok(Some(_)) => {
+                    if let Err(e) = self.manager(&["reservation", "destroy", &name, "--job", &job.to_string()]) {
+                        problems.push(format!("{e:#}"));
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => problems.push(format!("{e:#}")),
+            }
+        }
+        let mountpoint = self.mountpoint(job);
+        if mountpoint.exists() && !is_mounted(&mountpoint).unwrap_or(true) {
+            if let Err(e) = std::fs::remove_dir(&mountpoint) {
+                problems.push(format!("removing {}: {e}", mountpoint.display()));
+            }
+        }
+        if problems.is_empty() {
+            match std::fs::remove_file(self.record_path(job)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => problems.push(format!("removing {}: {e}", self.record_path(job).display())),
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            // Slurm retries a failed teardown; every step above is idempotent.
+            bail!("job {job}: teardown incomplete: {}", problems.join("; "))
+        }
+    }
+
+    fn pools(&self, cache: Option<&Path>, refresh: bool) -> anyhow::Result<()> {
+        if !refresh {
+            let cache = cache.ok_or_else(|| anyhow!("bb pools: give --refresh, --cache FILE or both"))?;
+            let text = std::fs::read_to_string(cache).with_context(|| format!("reading pools cache {}", cache.display()))?;
+            print!("{text}");
+            return Ok(());
+        }
+        let json = self.slurm_pools_json()?;
+        if let Some(cache) = cache {
+            let tmp = cache.with_extension("tmp");
+            std::fs::write(&tmp, &json).with_context(|| format!("writing {}", tmp.display()))?;
+            // Readable by slurmctld whoever refreshed it.
+            std::fs::rename(&tmp, cache).with_context(|| format!("renaming {} to {}", tmp.display(), cache.display()))?;
+        }
+        println!("{json}");
+        Ok(())
+    }
+
+    /// Slurm's pool JSON from the manager's pools and reservations.
+    fn slurm_pools_json(&self) -> anyhow::Result<String> {
+        let pools: serde_json::Value = serde_json::from_str(&self.manager_timed(&["pool", "list", "--json"])?)
+            .context("parsing `pool list --json`")?;
+        let reservations: serde_json::Value =
+            serde_json::from_str(&self.manager_timed(&["reservation", "list", "--all", "--json"])?)
+                .context("parsing `reservation list --all --json`")?;
+        Ok(slurm_pools(&pools, &reservations)?.to_string())
+    }
+
+    /// A manager call bounded by [`POOLS_TIMEOUT`] (the pools refresh must never hang).
+    fn manager_timed(&self, args: &[&str]) -> anyhow::Result<String> {
+        let mut command = self.spillway()?;
+        command.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = command.spawn().with_context(|| format!("running spillway {}", args.join(" ")))?;
+        let deadline = Instant::now() + POOLS_TIMEOUT;
+        loop {
+            if child.try_wait()?.is_some() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("spillway {}: no answer from the manager within {POOLS_TIMEOUT:?}", args.join(" "));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let output = child.wait_with_output()?;
+        checked(output, &format!("spillway {}", args.join(" ")))
+    }
+
+    fn status(&self, words: &[String]) -> anyhow::Result<()> {
+        let mut command = self.spillway()?;
+        command.arg("status").args(words);
+        print!("{}", output_of(&mut command, "spillway status")?);
+        Ok(())
+    }
+}
+
+/// Slurm's `{"pools":[{"id","quantity","granularity","free"}]}` (sizes in granularity units)
+/// from `pool list --json` and `reservation list --all --json` (the manager's model types).
+///
+/// quantity = the pool's capacity / granularity. Slurm subtracts its own jobs' usage itself and
+/// treats quantity − free as space used outside Slurm, so free = quantity minus what the
+/// reservations Slurm does not account for hold: persistent ones and any not tied to a job.
+fn slurm_pools(pools: &serde_json::Value, reservations: &serde_json::Value) -> anyhow::Result<serde_json::Value> {
+    let pools = pools.as_array().ok_or_else(|| anyhow!("pool list: expected a JSON array, got {pools}"))?;
+    let reservations =
+        reservations.as_array().ok_or_else(|| anyhow!("reservation list: expected a JSON array, got {reservations}"))?;
+    let text = |item: &serde_json::Value, key: &str| item.get(key).and_then(|v| v.as_str()).map(str::to_string);
+    let number = |item: &serde_json::Value, key: &str| item.get(key).and_then(|v| v.as_u64());
+    let mut out = Vec::new();
+    for pool in pools {
+        let name = text(pool, "name").ok_or_else(|| anyhow!("pool without a name: {pool}"))?;
+        let granularity = number(pool, "granularity_bytes")
+            .filter(|g| *g > 0)
+            .ok_or_else(|| anyhow!("pool {name} without a granularity_bytes: {pool}"))?;
+        let capacity = number(pool, "capacity_bytes").ok_or_else(|| anyhow!("pool {name} without capacity_bytes: {pool}"))?;
+        let external: u64 = reservations
+            .iter()
+            .filter(|r| text(r, "pool").as_deref() == Some(name.as_str()))
+            .filter(|r| text(r, "state").as_deref() != Some("destroyed"))
+            .filter(|r| {
+                let slurm_job = r.get("job").is_some_and(|j| !j.is_null())
+                    && !r.get("persistent").and_then(|p| p.as_bool()).unwrap_or(false);
+                !slurm_job
+            })
+            .filter_map(|r| number(r, "capacity_bytes"))
+            .sum();
+        let quantity = capacity / granularity;
+        let free = quantity.saturating_sub(external.div_ceil(granularity));
+        out.push(serde_json::json!({"id": name, "quantity": quantity, "granularity": granularity, "free": free}));
+    }
+    Ok(serde_json::json!({ "pools": out }))
+}
+
+/// The manager's "no such reservation" error (exit 1, one line naming it).
+fn is_not_found(stderr: &str) -> bool {
+    let lower = stderr.to_ascii_lowercase();
+    lower.contains("no reservation") || lower.contains("not found") || lower.contains("no such")
+}
+
+/// Run `command`, fail with its stderr (naming `what`) unless it exits 0; return its stdout.
+fn output_of(command: &mut Command, what: &str) -> anyhow::Result<String> {
+    let output = command.output().with_context(|| format!("running {what}"))?;
+    checked(output, what)
+}
+
+fn checked(output: Output, what: &str) -> anyhow::Result<String> {
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let stderr = stderr.trim();
+        bail!("{what}: {} ({})", if stderr.is_empty() { "failed" } else { stderr }, output.status);
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// Make `command` run as `uid`/`gid` with the user's supplementary groups (looked up before the
+/// fork; the child only makes async-signal-safe calls).
+fn as_user(command: &mut Command, uid: u32, gid: u32) -> anyhow::Result<()> {
+    let groups = supplementary_groups(uid, gid)?;
+    // SAFETY: the closure only calls setgroups/setgid/setuid, which are async-signal-safe, on
+    // data prepared before the fork.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::setgroups(groups.len() as _, groups.as_ptr()) != 0
+                || libc::setgid(gid) != 0
+                || libc::setuid(uid) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(())
+}
+
+/// `getgrouplist` for the user owning `uid` (just `gid` if the uid has no passwd entry).
+fn supplementary_groups(uid: u32, gid: u32) -> anyhow::Result<Vec<libc::gid_t>> {
+    let mut buffer = vec![0u8; 16 * 1024];
+    let mut passwd: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut result: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: buffer and passwd outlive the call; result points into them on success.
+    let rc = unsafe { libc::getpwuid_r(uid, &mut passwd, buffer.as_mut_ptr().cast(), buffer.len(), &mut result) };
+    if rc != 0 || result.is_null() {
+        return Ok(vec![gid]);
+    }
+    let mut count: libc::c_int = 64;
+    loop {
+        let mut groups = vec![0 as libc::gid_t; count as usize];
+        let mut n = count;
+        // SAFETY: pw_name is a NUL-terminated string inside `buffer`; groups has room for n.
+        let rc = unsafe { libc::getgrouplist(passwd.pw_name, gid, groups.as_mut_ptr(), &mut n) };
+        if rc >= 0 {
+            groups.truncate(n as usize);
+            return Ok(groups);
+        }
+        if n <= count || n > 65_536 {
+            bail!("getgrouplist for uid {uid} failed");
+        }
+        count = n;
+    }
+}
+
+/// Mark every descriptor above stderr close-on-exec, so children get only stdin/out/err.
+fn close_inherited_descriptors_on_exec() {
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else { return };
+    let fds: Vec<i32> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok()))
+        .filter(|&fd| fd > 2)
+        .collect();
+    for fd in fds {
+        // SAFETY: fcntl on a descriptor number; a stale number (the read_dir handle, closed by
+        // now) fails with EBADF, which is harmless.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags >= 0 {
+                libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+            }
+        }
+    }
+}
+
+/// Is `path` a mount point (listed in /proc/self/mountinfo)?
+fn is_mounted(path: &Path) -> anyhow::Result<bool> {
+    let Ok(canonical) = path.canonicalize() else {
+        // A dead FUSE mount fails stat with ENOTCONN: compare the path as given.
+        return mountinfo_has(path);
+    };
+    mountinfo_has(&canonical)
+}
+
+fn mountinfo_has(path: &Path) -> anyhow::Result<bool> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
+    let wanted = path.to_string_lossy();
+    Ok(text.lines().any(|line| line.split(' ').nth(4).map(unescape_mountinfo).as_deref() == Some(&*wanted)))
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_mountinfo(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 3 < bytes.len() && bytes[i + 1..i + 4].iter().all(|b| (b'0'..=b'7').contains(b)) {
+            let value = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
+            out.push(value);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn lazy_unmount(path: &Path) -> anyhow::Result<()> {
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .with_context(|| format!("mount point {} contains a NUL byte", path.display()))?;
+    // SAFETY: c_path is a valid NUL-terminated string.
+    if unsafe { libc::umount2(c_path.as_ptr(), libc::MNT_DETACH) } != 0 {
+        let error = std::io::Error::last_os_error();
+        bail!("detaching {}: {error}", path.display());
+    }
+    Ok(())
+}
+
+/// Does this command line belong to a `spillway mount … MOUNTPOINT` of this mount point?
+fn is_mount_of(args: &[OsString], mountpoint: &Path) -> bool {
+    is_spillway(args)
+        && args.get(1).is_some_and(|a| a == "mount")
+        && args.last().is_some_and(|last| Path::new(last) == mountpoint)
+}
+
+/// Does this command line belong to a `spillway stage-in|stage-out --reservation NAME …`?
+fn is_stage_of(args: &[OsString], reservation: &str) -> bool {
+    if !is_spillway(args) || !args.get(1).is_some_and(|a| a == "stage-in" || a == "stage-out") {
+        return false;
+    }
+    let long = format!("--reservation={reservation}");
+    args.windows(2).any(|w| w[0] == "--reservation" && w[1] == reservation) || args.iter().any(|a| *a == *long)
+}
+
+fn is_spillway(args: &[OsString]) -> bool {
+    args.first().and_then(|a| Path::new(a).file_name()).is_some_and(|name| name == "spillway")
+}
+
+/// Pids (other than ours) whose command line matches.
+fn find_processes(matches: impl Fn(&[OsString]) -> bool) -> anyhow::Result<Vec<i32>> {
+    let me = std::process::id() as i32;
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").context("listing /proc")? {
+        let Ok(entry) = entry else { continue };
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+        if pid == me {
+            continue;
+        }
+        // The process may exit between listing and reading: skip it then.
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let args: Vec<OsString> = raw
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| std::ffi::OsStr::from_bytes(a).to_os_string())
+            .collect();
+        if matches(&args) {
+            pids.push(pid);
+        }
+    }
+    Ok(pids)
+}
+
+/// SIGTERM each pid, SIGKILL whatever is left after [`KILL_GRACE`].
+fn kill_all(pids: &[i32]) {
+    if pids.is_empty() {
+        return;
+    }
+    for &pid in pids {
+        // SAFETY: kill has no memory-safety preconditions. SIGCONT: a stopped process only
+        // acts on SIGTERM once it runs again.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+            libc::kill(pid, libc::SIGCONT);
+        }
+    }
+    let deadline = Instant::now() + KILL_GRACE;
+    let alive = |pid: i32| Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(pid);
+    while Instant::now() < deadline && pids.iter().any(|&p| alive(p)) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for &pid in pids {
+        if alive(pid) {
+            // SAFETY: as above.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit_once(") ").map(|(_, rest)| rest.starts_with('Z')))
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(words: &[&str]) -> Vec<OsString> {
+        words.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn recognises_leftover_processes_exactly() {
+        let mp = Path::new("/mnt/spillway/job-7");
+        assert!(is_mount_of(&args(&["/usr/bin/spillway", "mount", "--servers", "a", "--background", "/mnt/spillway/job-7"]), mp));
+        assert!(!is_mount_of(&args(&["/usr/bin/spillway", "mount", "--background", "/mnt/spillway/job-70"]), mp));
+        assert!(!is_mount_of(&args(&["/usr/bin/other", "mount", "/mnt/spillway/job-7"]), mp));
+        assert!(is_stage_of(&args(&["spillway", "stage-in", "--reservation", "job-7", "/a", "b"]), "job-7"));
+        assert!(is_stage_of(&args(&["spillway", "stage-out", "--reservation=job-7", "a", "/b"]), "job-7"));
+        assert!(!is_stage_of(&args(&["spillway", "stage-in", "--reservation", "job-71", "/a", "b"]), "job-7"));
+        assert!(!is_stage_of(&args(&["spillway", "reservation", "--reservation", "job-7"]), "job-7"));
+    }
+
+    #[test]
+    fn pools_json_subtracts_only_reservations_slurm_does_not_account() {
+        let mib = 1u64 << 20;
+        let pools = serde_json::json!([
+            {"name": "fast", "granularity_bytes": mib, "capacity_bytes": 128 * mib},
+            {"name": "slow", "granularity_bytes": 4 * mib, "capacity_bytes": 40 * mib},
+        ]);
+        let reservations = serde_json::json!([
+            {"name": "job-5", "job": "5", "persistent": false, "pool": "fast", "capacity_bytes": 10 * mib, "state": "active"},
+            {"name": "shared", "job": null, "persistent": true, "pool": "fast", "capacity_bytes": 3 * mib + 1, "state": "active"},
+            {"name": "gone", "job": null, "persistent": true, "pool": "fast", "capacity_bytes": 50 * mib, "state": "destroyed"},
+            {"name": "res-9", "job": null, "persistent": false, "pool": "slow", "capacity_bytes": 8 * mib, "state": "active"},
+        ]);
+        let json = slurm_pools(&pools, &reservations).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"pools": [
+                {"id": "fast", "quantity": 128, "granularity": mib, "free": 124},
+                {"id": "slow", "quantity": 10, "granularity": 4 * mib, "free": 8},
+            ]})
+        );
+        let no_granularity = serde_json::json!([{"name": "x", "capacity_bytes": 1}]);
+        assert!(slurm_pools(&no_granularity, &reservations).unwrap_err().to_string().contains("pool x"));
+    }
+
+    #[test]
+    fn mountinfo_escapes() {
+        assert_eq!(unescape_mountinfo("/mnt/a\\040b"), "/mnt/a b");
+        assert_eq!(unescape_mountinfo("/mnt/plain"), "/mnt/plain");
+        assert_eq!(unescape_mountinfo("/mnt/x\\"), "/mnt/x\\");
+    }
+
+    #[test]
+    fn not_found_messages() {
+        assert!(is_not_found("spillway: no reservation \"job-9\" visible to uid 0"));
+        assert!(!is_not_found("spillway: permission denied"));
+    }
+}

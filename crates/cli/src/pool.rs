@@ -1,0 +1,186 @@
+//! `spillway pool …`, `spillway server …` and `spillway quota …`: what root or the admin group
+//! manages (the manager checks; these commands only ask).
+
+use spillway_manager::units::parse_size;
+use spillway_manager::{AddServer, CreatePool, Pool, Quota, Server, SetQuota};
+
+use crate::status::{bytes, print_json, print_table, ManagerFlags};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    command: PoolCommand,
+}
+
+#[derive(clap::Subcommand)]
+enum PoolCommand {
+    /// Create a pool (root or admin group).
+    Create {
+        name: String,
+        /// Allocation unit reported to Slurm (sizes: 64MiB, 1G = GiB, 10GB = 10^10).
+        #[arg(long, value_parser = parse_size)]
+        granularity: u64,
+        #[command(flatten)]
+        flags: ManagerFlags,
+    },
+    /// List pools with capacity, use and streams.
+    List {
+        #[command(flatten)]
+        flags: ManagerFlags,
+    },
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    match args.command {
+        PoolCommand::Create { name, granularity, flags } => {
+            let pool: Pool = flags.client()?.post("/v1/pools", &CreatePool { name, granularity_bytes: granularity })?;
+            if flags.json {
+                return print_json(&pool);
+            }
+            print_pools(&[pool]);
+        }
+        PoolCommand::List { flags } => {
+            let pools: Vec<Pool> = flags.client()?.get("/v1/pools")?;
+            if flags.json {
+                return print_json(&pools);
+            }
+            print_pools(&pools);
+        }
+    }
+    Ok(())
+}
+
+pub fn print_pools(pools: &[Pool]) {
+    let rows: Vec<Vec<String>> = pools
+        .iter()
+        .map(|p| {
+            vec![
+                p.name.clone(),
+                bytes(p.granularity_bytes),
+                format!("{}/{}", p.servers_healthy, p.servers),
+                bytes(p.capacity_bytes),
+                bytes(p.used_bytes),
+                bytes(p.free_bytes),
+                p.reservations.to_string(),
+                p.keys_per_stream.iter().map(|k| k.to_string()).collect::<Vec<_>>().join(","),
+            ]
+        })
+        .collect();
+    print_table(&["POOL", "GRANULARITY", "UP/SERVERS", "CAPACITY", "USED", "FREE", "RESERVATIONS", "KEYS/STREAM"], &rows);
+}
+
+#[derive(clap::Args)]
+pub struct ServerArgs {
+    #[command(subcommand)]
+    command: ServerCommand,
+}
+
+#[derive(clap::Subcommand)]
+enum ServerCommand {
+    /// Register a burst buffer server (root or admin group).
+    Add {
+        /// HOST:PORT (loopback) or unix:///path of the server.
+        address: String,
+        #[arg(long)]
+        pool: String,
+        #[arg(long, value_parser = parse_size)]
+        capacity: u64,
+        /// The server's drain directory (its --pfs), for stage-out of drained epochs.
+        #[arg(long)]
+        pfs: Option<String>,
+        #[command(flatten)]
+        flags: ManagerFlags,
+    },
+    /// List servers with health and use.
+    List {
+        #[command(flatten)]
+        flags: ManagerFlags,
+    },
+}
+
+pub fn run_server(args: ServerArgs) -> anyhow::Result<()> {
+    match args.command {
+        ServerCommand::Add { address, pool, capacity, pfs, flags } => {
+            let server: Server =
+                flags.client()?.post("/v1/servers", &AddServer { address, pool, capacity_bytes: capacity, pfs_dir: pfs })?;
+            if flags.json {
+                return print_json(&server);
+            }
+            print_servers(&[server]);
+        }
+        ServerCommand::List { flags } => {
+            let servers: Vec<Server> = flags.client()?.get("/v1/servers")?;
+            if flags.json {
+                return print_json(&servers);
+            }
+            print_servers(&servers);
+        }
+    }
+    Ok(())
+}
+
+pub fn print_servers(servers: &[Server]) {
+    let rows: Vec<Vec<String>> = servers
+        .iter()
+        .map(|s| {
+            vec![
+                s.address.clone(),
+                s.pool.clone(),
+                if s.healthy { "up".into() } else { format!("DOWN ({} missed)", s.misses) },
+                bytes(s.capacity_bytes),
+                bytes(s.used_bytes),
+                s.drains_in_flight.to_string(),
+                s.pfs_dir.clone().unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    print_table(&["SERVER", "POOL", "HEALTH", "CAPACITY", "USED", "DRAINS", "PFS"], &rows);
+}
+
+#[derive(clap::Args)]
+pub struct QuotaArgs {
+    #[command(subcommand)]
+    command: QuotaCommand,
+}
+
+#[derive(clap::Subcommand)]
+enum QuotaCommand {
+    /// Set a user's quota (root or admin group); 0 = unlimited.
+    Set {
+        uid: u32,
+        #[arg(value_parser = parse_size)]
+        bytes: u64,
+        #[command(flatten)]
+        flags: ManagerFlags,
+    },
+    /// Show quotas (your own; every row for root and admins).
+    List {
+        #[command(flatten)]
+        flags: ManagerFlags,
+    },
+}
+
+pub fn run_quota(args: QuotaArgs) -> anyhow::Result<()> {
+    let (quotas, flags): (Vec<Quota>, ManagerFlags) = match args.command {
+        QuotaCommand::Set { uid, bytes, flags } => {
+            (vec![flags.client()?.put(&format!("/v1/quotas/{uid}"), &SetQuota { bytes })?], flags)
+        }
+        QuotaCommand::List { flags } => (flags.client()?.get("/v1/quotas")?, flags),
+    };
+    if flags.json {
+        return print_json(&quotas);
+    }
+    let rows: Vec<Vec<String>> = quotas
+        .iter()
+        .map(|q| {
+            vec![
+                q.uid.to_string(),
+                if q.bytes == 0 { "unlimited".into() } else { bytes(q.bytes) },
+                bytes(q.used_bytes),
+                if q.default { "default".into() } else { "set".into() },
+            ]
+        })
+        .collect();
+    print_table(&["UID", "QUOTA", "USED", "SOURCE"], &rows);
+    Ok(())
+}

@@ -1,0 +1,177 @@
+//! `spillway reservation create|show|list|destroy`: burst buffer reservations.
+//!
+//! Job-scoped reservations are named `job-<JOBID>` and destroyed at teardown; persistent ones
+//! are named and destroyed explicitly. The manager decides pool, servers, stream and epoch and
+//! checks ownership from the socket's peer credentials; root (or the admin group) may create for
+//! another uid with `--owner UID --group GID` (the Slurm hooks do).
+
+use spillway_manager::units::parse_size;
+use spillway_manager::{Access, CreateReservation, Reservation};
+
+use crate::status::{bytes, print_json, print_table, ManagerFlags};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+fn parse_access(text: &str) -> Result<Access, String> {
+    Access::parse(text).ok_or_else(|| format!("access {text:?}: expected striped or private"))
+}
+
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Create a reservation; prints it (with --json: one object).
+    Create {
+        /// Capacity (64MiB, 200GiB, 1G = GiB, 10GB = 10^10 bytes); granted in whole fragments.
+        #[arg(long, value_parser = parse_size)]
+        capacity: u64,
+        /// Pool; chosen by BIOS Algorithm 2 when absent.
+        #[arg(long)]
+        pool: Option<String>,
+        #[arg(long, value_parser = parse_access, default_value = "striped")]
+        access: Access,
+        /// Make it persistent under this name (else job-scoped).
+        #[arg(long, value_name = "NAME")]
+        persistent: Option<String>,
+        /// The Slurm job id (names job-scoped reservations `job-<JOBID>`).
+        #[arg(long, value_name = "JOBID")]
+        job: Option<String>,
+        /// Create for this uid (root or admin group only); needs --group.
+        #[arg(long, value_name = "UID")]
+        owner: Option<u32>,
+        #[arg(long, value_name = "GID")]
+        group: Option<u32>,
+        /// Persistent: other uids allowed to use it (repeatable).
+        #[arg(long = "allow-uid", value_name = "UID")]
+        allow_uids: Vec<u32>,
+        /// Persistent: groups whose members may use it (repeatable).
+        #[arg(long = "allow-gid", value_name = "GID")]
+        allow_gids: Vec<u32>,
+        #[command(flatten)]
+        flags: ManagerFlags,
+    },
+    /// Show one reservation by id or name.
+    Show {
+        reservation: String,
+        #[command(flatten)]
+        flags: ManagerFlags,
+    },
+    /// List your reservations (root and admins: --all for everyone's).
+    List {
+        #[arg(long)]
+        all: bool,
+        #[command(flatten)]
+        flags: ManagerFlags,
+    },
+    /// Destroy a reservation and delete its data on the servers.
+    Destroy {
+        reservation: String,
+        /// Refuse unless the reservation belongs to this job (teardown's safety check).
+        #[arg(long, value_name = "JOBID")]
+        job: Option<String>,
+        #[command(flatten)]
+        flags: ManagerFlags,
+    },
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    match args.command {
+        Command::Create { capacity, pool, access, persistent, job, owner, group, allow_uids, allow_gids, flags } => {
+            let request = CreateReservation {
+                capacity_bytes: capacity,
+                pool,
+                access: Some(access),
+                persistent,
+                job,
+                owner,
+                group,
+                allowed_uids: allow_uids,
+                allowed_gids: allow_gids,
+            };
+            let reservation: Reservation = flags.client()?.post("/v1/reservations", &request)?;
+            show(&reservation, flags.json)
+        }
+        Command::Show { reservation, flags } => {
+            let reservation: Reservation = flags.client()?.get(&format!("/v1/reservations/{}", path_segment(&reservation)?))?;
+            show(&reservation, flags.json)
+        }
+        Command::List { all, flags } => {
+            let list: Vec<Reservation> = flags.client()?.get(if all { "/v1/reservations?all=1" } else { "/v1/reservations" })?;
+            if flags.json {
+                return print_json(&list);
+            }
+            print_reservations(&list);
+            Ok(())
+        }
+        Command::Destroy { reservation, job, flags } => {
+            let mut path = format!("/v1/reservations/{}", path_segment(&reservation)?);
+            if let Some(job) = job {
+                path.push_str(&format!("?job={}", path_segment(&job)?));
+            }
+            let destroyed: Reservation = flags.client()?.delete(&path)?;
+            if flags.json {
+                return print_json(&destroyed);
+            }
+            println!("destroyed reservation {} ({})", destroyed.id, destroyed.name);
+            Ok(())
+        }
+    }
+}
+
+/// Ids, names and job ids are `[A-Za-z0-9._-]`; anything else cannot name a reservation.
+pub fn path_segment(text: &str) -> anyhow::Result<&str> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
+        anyhow::bail!("{text:?} is not a reservation id, name or job id (letters, digits, '.', '_', '-')");
+    }
+    Ok(text)
+}
+
+fn show(reservation: &Reservation, json: bool) -> anyhow::Result<()> {
+    if json {
+        return print_json(reservation);
+    }
+    let r = reservation;
+    let servers: Vec<String> =
+        r.servers.iter().zip(&r.server_fragments).map(|(s, f)| format!("{s} ({f} fragments)")).collect();
+    let rows = vec![
+        ("id", r.id.to_string()),
+        ("name", r.name.clone()),
+        ("owner", format!("uid {} gid {}", r.owner, r.group)),
+        ("kind", if r.persistent { "persistent".into() } else { format!("job {}", r.job.as_deref().unwrap_or("-")) }),
+        ("capacity", format!("{} ({} fragments of {}; asked {})", bytes(r.capacity_bytes), r.fragments, bytes(r.fragment_bytes), bytes(r.requested_bytes))),
+        ("pool", r.pool.clone()),
+        ("servers", servers.join(", ")),
+        ("access", r.access.as_str().into()),
+        ("epoch", r.epoch.to_string()),
+        ("namespace", r.namespace_id.to_string()),
+        ("stream", r.stream.to_string()),
+        ("state", r.state.as_str().into()),
+    ];
+    for (key, value) in rows {
+        println!("{key:<10} {value}");
+    }
+    Ok(())
+}
+
+pub fn print_reservations(list: &[Reservation]) {
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|r| {
+            vec![
+                r.id.to_string(),
+                r.name.clone(),
+                r.owner.to_string(),
+                bytes(r.capacity_bytes),
+                r.pool.clone(),
+                r.servers.len().to_string(),
+                r.access.as_str().into(),
+                r.stream.to_string(),
+                r.epoch.to_string(),
+                r.state.as_str().into(),
+            ]
+        })
+        .collect();
+    print_table(&["ID", "NAME", "OWNER", "CAPACITY", "POOL", "SERVERS", "ACCESS", "STREAM", "EPOCH", "STATE"], &rows);
+}

@@ -1,0 +1,364 @@
+//! End to end: a real `spillway manager` and two real `spillway serve` processes on loopback.
+//!
+//! Root adds a pool and the servers; an unprivileged uid (the CLI run under `setpriv
+//! --reuid=1000`) creates a reservation that another uid can neither see nor destroy; a tree is
+//! staged in, read back through its namespace and the client, staged in again (resumed: nothing copied twice),
+//! staged out and compared byte for byte; the manager is restarted and still knows the
+//! reservation; a killed server is noticed by the heartbeat. Needs root (CI runs tests as root)
+//! and `setpriv` (util-linux).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use spillway_client::meta::{RemoteNamespace, RemoteOptions};
+use spillway_client::{Client, ClientOptions, Placement};
+use spillway_meta::{data_file_name, Caller as MetaCaller, FileKind, Namespace, ROOT_INO};
+use spillway_proto::Endpoint;
+use spillway_testkit::{pattern, ServerProcess};
+use spillway_types::EpochId;
+
+const BIN: &str = env!("CARGO_BIN_EXE_spillway");
+const USER: u32 = 1000;
+const OTHER: u32 = 1001;
+const MIB: u64 = 1 << 20;
+
+/// The manager process; killed on drop so a failing assertion leaks nothing.
+struct ManagerProcess {
+    child: Child,
+    socket: PathBuf,
+    db: PathBuf,
+    log: PathBuf,
+}
+
+impl ManagerProcess {
+    fn start(dir: &Path) -> ManagerProcess {
+        let socket = dir.join("manager.sock");
+        let db = dir.join("manager.db");
+        let log = dir.join("manager.log");
+        let _ = std::fs::remove_file(&log);
+        let child = Command::new(BIN)
+            .args(["manager", "--socket"])
+            .arg(&socket)
+            .arg("--db")
+            .arg(&db)
+            .env("SPILLWAY_MANAGER_FRAGMENT_BYTES", (8 * MIB).to_string())
+            .env("SPILLWAY_MANAGER_STRIPE_SERVERS_MAX", "2")
+            .env("SPILLWAY_MANAGER_HEARTBEAT_MS", "200")
+            .env("SPILLWAY_MANAGER_HEARTBEAT_MISSES_MAX", "2")
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut manager = ManagerProcess { child, socket, db, log };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !std::fs::read_to_string(&manager.log).unwrap_or_default().contains("spillway manager listening") {
+            if let Some(status) = manager.child.try_wait().unwrap() {
+                panic!("manager exited with {status}: {}", manager.log_text());
+            }
+            assert!(Instant::now() < deadline, "manager did not start: {}", manager.log_text());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        manager
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn stop(&mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "manager exit {status}: {}", self.log_text());
+    }
+}
+
+impl Drop for ManagerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs the CLI as root (`uid` None) or as an unprivileged uid through setpriv.
+fn spillway(manager: &ManagerProcess, uid: Option<u32>, args: &[&str]) -> Output {
+    let mut command = match uid {
+        None => Command::new(BIN),
+        Some(uid) => {
+            let mut c = Command::new("setpriv");
+            c.arg(format!("--reuid={uid}")).arg(format!("--regid={uid}")).arg("--clear-groups").arg(BIN);
+            c
+        }
+    };
+    command.args(args).env("SPILLWAY_MANAGER", &manager.socket).env("RUST_LOG", "warn");
+    command.output().unwrap()
+}
+
+/// Runs the CLI, expects success, parses its `--json` output.
+fn json(manager: &ManagerProcess, uid: Option<u32>, args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let output = spillway(manager, uid, &all);
+    assert!(
+        output.status.success(),
+        "spillway {args:?} as {uid:?} failed: {}\nmanager log:\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        manager.log_text()
+    );
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("spillway {args:?}: not JSON ({e}): {}", String::from_utf8_lossy(&output.stdout)))
+}
+
+/// Runs the CLI, expects failure with exit code 1 and one stderr line containing `needle`.
+fn fails(manager: &ManagerProcess, uid: Option<u32>, args: &[&str], needle: &str) {
+    let output = spillway(manager, uid, args);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "spillway {args:?} as {uid:?}: {stderr}");
+    assert!(stderr.contains(needle), "spillway {args:?} as {uid:?}: expected {needle:?} in {stderr:?}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line naming the problem: {stderr:?}");
+}
+
+fn chown(path: &Path, uid: u32) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: valid NUL-terminated path.
+    assert_eq!(unsafe { libc::chown(c.as_ptr(), uid, uid) }, 0, "chown {}", path.display());
+}
+
+fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// The source tree on the "PFS": nested directories, an empty file, a file larger than the
+/// stripe unit and not a multiple of it.
+fn make_tree(root: &Path) -> Vec<(String, Vec<u8>)> {
+    let files = vec![
+        ("a.dat".to_string(), pattern(1, 100_000)),
+        ("sub/b.dat".to_string(), pattern(2, 3 * MIB as usize + 12_345)),
+        ("sub/deeper/c.dat".to_string(), pattern(3, 4096)),
+        ("sub/deeper/empty".to_string(), Vec::new()),
+        ("z.dat".to_string(), pattern(4, 777_777)),
+    ];
+    for (name, data) in &files {
+        let path = root.join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, data).unwrap();
+    }
+    files
+}
+
+fn wait_for(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn manager_reservations_staging_restart_and_heartbeat() {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("manager_e2e needs root (to run the CLI as other uids with setpriv); CI runs it as root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    chmod(dir.path(), 0o755);
+    let mut servers = [
+        ServerProcess::builder(BIN, dir.path(), "a").rust_log("info").start(),
+        ServerProcess::builder(BIN, dir.path(), "b").rust_log("info").start(),
+    ];
+    let addresses: Vec<String> = servers
+        .iter()
+        .map(|s| match s.endpoint() {
+            Endpoint::Tcp(address) => address.to_string(),
+            other => panic!("expected a TCP endpoint, got {other}"),
+        })
+        .collect();
+    let mut manager = ManagerProcess::start(dir.path());
+
+    // Root: a pool and two servers. A user may not.
+    json(&manager, None, &["pool", "create", "fast", "--granularity", "8MiB"]);
+    fails(&manager, Some(USER), &["pool", "create", "mine", "--granularity", "8MiB"], "may not manage pools");
+    for address in &addresses {
+        json(&manager, None, &["server", "add", address, "--pool", "fast", "--capacity", "64MiB"]);
+    }
+    fails(&manager, Some(USER), &["server", "add", "127.0.0.1:1", "--pool", "fast", "--capacity", "1G"], "may not manage servers");
+
+    // The user's reservation: 20 MiB in 8 MiB fragments over both servers.
+    let reservation = json(&manager, Some(USER), &["reservation", "create", "--capacity", "20MiB", "--job", "77"]);
+    assert_eq!(reservation["name"], "job-77");
+    assert_eq!(reservation["owner"], USER);
+    assert_eq!(reservation["fragments"], 3);
+    assert_eq!(reservation["capacity_bytes"], 24 * MIB);
+    assert_eq!(reservation["state"], "active");
+    assert_eq!(reservation["access"], "striped");
+    let mut striped: Vec<String> =
+        reservation["servers"].as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect();
+    striped.sort();
+    let mut expected = addresses.clone();
+    expected.sort();
+    assert_eq!(striped, expected);
+    let id = reservation["id"].as_u64().unwrap().to_string();
+    let epoch = EpochId(reservation["epoch"].as_u64().unwrap());
+
+    // Another uid can neither see nor destroy it.
+    fails(&manager, Some(OTHER), &["reservation", "show", &id], "no reservation");
+    fails(&manager, Some(OTHER), &["reservation", "show", "job-77"], "no reservation");
+    fails(&manager, Some(OTHER), &["reservation", "destroy", "job-77"], "no active reservation");
+    assert_eq!(json(&manager, Some(OTHER), &["reservation", "list"]), Value::Array(vec![]));
+    assert_eq!(json(&manager, Some(USER), &["reservation", "list"]).as_array().unwrap().len(), 1);
+    // Quota: root sets 16 MiB for the other user, whose 24 MiB request is refused clearly.
+    json(&manager, None, &["quota", "set", &OTHER.to_string(), "16MiB"]);
+    fails(&manager, Some(OTHER), &["reservation", "create", "--capacity", "24MiB"], "quota exceeded for uid 1001");
+
+    // Stage in a tree as the user, read it back through the client as root.
+    let source = dir.path().join("pfs-src");
+    let files = make_tree(&source);
+    let user_dir = dir.path().join("user");
+    std::fs::create_dir(&user_dir).unwrap();
+    chown(&user_dir, USER);
+    let record_in = user_dir.join("in.jsonl");
+    let record_in_text = record_in.to_str().unwrap();
+    let stage_in_args = ["stage-in", "--reservation", "job-77", source.to_str().unwrap(), "/input", "--record", record_in_text, "--progress", "lines"];
+    let report = json(&manager, Some(USER), &stage_in_args);
+    assert_eq!(report["files_total"], files.len());
+    assert_eq!(report["files_copied"], files.len());
+    // In the reservation's stripe order (placement depends on it).
+    let endpoints_in_order: Vec<Endpoint> =
+        reservation["servers"].as_array().unwrap().iter().map(|s| s.as_str().unwrap().parse().unwrap()).collect();
+    let mut client = Client::connect(&endpoints_in_order, ClientOptions { placement: Placement::striped_default(), ..Default::default() }).unwrap();
+    // Through the namespace the job's mount shows: /input/<name>, owned by the user, with the
+    // bytes in the namespace's data file.
+    let namespace = RemoteNamespace::open(
+        &endpoints_in_order[0],
+        reservation["namespace_id"].as_u64().unwrap(),
+        &RemoteOptions { create: false, data_epoch: epoch, ..Default::default() },
+    )
+    .unwrap();
+    assert_eq!(namespace.data_epoch(), epoch);
+    for (name, data) in &files {
+        let mut attr = namespace.getattr(ROOT_INO).unwrap();
+        for part in format!("input/{name}").split('/') {
+            attr = namespace.lookup(&MetaCaller::root(), attr.ino, part.as_bytes()).unwrap_or_else(|e| panic!("input/{name}: {e}"));
+        }
+        assert_eq!(attr.kind, FileKind::Regular);
+        assert_eq!((attr.uid, attr.size), (USER, data.len() as u64), "input/{name}");
+        if data.is_empty() {
+            continue;
+        }
+        let handle = client.open_file(epoch, &data_file_name(namespace.id(), attr.ino, attr.generation)).unwrap();
+        let mut back = vec![0u8; data.len()];
+        client.read(&handle, 0, &mut back).unwrap();
+        assert!(back == *data, "input/{name}: bytes differ");
+    }
+    // Resume: a rerun copies nothing; with the record cut to its first line, the rest again.
+    let report = json(&manager, Some(USER), &stage_in_args);
+    assert_eq!((report["files_copied"].as_u64(), report["files_skipped"].as_u64()), (Some(0), Some(files.len() as u64)));
+    let first_line = std::fs::read_to_string(&record_in).unwrap().lines().next().unwrap().to_string();
+    std::fs::write(&record_in, format!("{first_line}\n")).unwrap();
+    let report = json(&manager, Some(USER), &stage_in_args);
+    assert_eq!((report["files_copied"].as_u64(), report["files_skipped"].as_u64()), (Some(files.len() as u64 - 1), Some(1)));
+
+    // Stage out as the user: the same bytes on the PFS.
+    let out = user_dir.join("out");
+    let record_out = user_dir.join("out.jsonl");
+    let report = json(
+        &manager,
+        Some(USER),
+        &["stage-out", "--reservation", &id, "/input", out.to_str().unwrap(), "--record", record_out.to_str().unwrap(), "--parallel", "3"],
+    );
+    assert_eq!(report["files_copied"], files.len());
+    for (name, data) in &files {
+        let path = out.join(name);
+        assert!(std::fs::read(&path).unwrap() == *data, "{}: bytes differ", path.display());
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(std::fs::metadata(&path).unwrap().uid(), USER, "written with the user's identity");
+    }
+    fails(&manager, Some(USER), &["stage-out", "--reservation", &id, "/nothing", out.to_str().unwrap()], "nothing under");
+
+    // Restart: the reservation, pool and servers are still there.
+    let before = json(&manager, Some(USER), &["reservation", "show", "job-77"]);
+    manager.stop();
+    assert!(manager.db.exists());
+    let mut manager = ManagerProcess::start(dir.path());
+    assert_eq!(json(&manager, Some(USER), &["reservation", "show", "job-77"]), before);
+    let status = json(&manager, None, &["status"]);
+    assert_eq!(status["used_bytes"], 24 * MIB);
+    assert_eq!(status["pools"][0]["servers"], 2);
+
+    // A killed server is marked down by the heartbeat.
+    servers[1].sigkill().unwrap();
+    let down = addresses[1].clone();
+    wait_for("the heartbeat to mark the killed server down", Duration::from_secs(30), || {
+        let list = json(&manager, None, &["server", "list"]);
+        list.as_array().unwrap().iter().any(|s| s["address"] == down.as_str() && s["healthy"] == false)
+    });
+    // New reservations avoid it.
+    let next = json(&manager, Some(USER), &["reservation", "create", "--capacity", "16MiB", "--persistent", "keep"]);
+    assert_eq!(next["servers"], serde_json::json!([addresses[0]]));
+
+    // The user destroys their job reservation; its data is deleted on the live server.
+    let destroyed = json(&manager, Some(USER), &["reservation", "destroy", "job-77", "--job", "77"]);
+    assert_eq!(destroyed["state"], "destroyed");
+    fails(&manager, Some(USER), &["reservation", "show", "job-77"], "no reservation");
+    let live_endpoint: Endpoint = addresses[0].parse().unwrap();
+    let mut live = Client::connect(&[live_endpoint], ClientOptions::default()).unwrap();
+    assert!(live.list_epochs().unwrap().iter().all(|e| e.epoch != epoch), "epoch deleted at destroy");
+    manager.stop();
+}
+
+/// Stage-out with `--drain`: the reservation's epoch is committed and drained to the PFS by the
+/// servers (the drain path), and the copy is made from the drained files, not read again from
+/// the burst buffer; a rerun copies nothing. Servers on Unix sockets known in advance, so each
+/// gets the whole reservation as its drain peers.
+#[test]
+fn stage_out_through_the_drain_path() {
+    let dir = tempfile::tempdir().unwrap();
+    chmod(dir.path(), 0o755);
+    let pfs = dir.path().join("pfs");
+    std::fs::create_dir(&pfs).unwrap();
+    let sockets: Vec<PathBuf> = (0..2).map(|i| dir.path().join(format!("d{i}.sock"))).collect();
+    let endpoints: Vec<Endpoint> = sockets.iter().map(|s| Endpoint::Unix(s.clone())).collect();
+    let _servers: Vec<ServerProcess> = (0..2)
+        .map(|i| {
+            ServerProcess::builder(BIN, dir.path(), &format!("d{i}"))
+                .no_tcp()
+                .unix_socket(&sockets[i])
+                .pfs_dir(&pfs)
+                .drain_peers(&endpoints, i)
+                .rust_log("info")
+                .start()
+        })
+        .collect();
+    let manager = ManagerProcess::start(dir.path());
+    json(&manager, None, &["pool", "create", "drained", "--granularity", "8MiB"]);
+    for endpoint in &endpoints {
+        json(&manager, None, &["server", "add", &endpoint.to_string(), "--pool", "drained", "--capacity", "64MiB", "--pfs", pfs.to_str().unwrap()]);
+    }
+    let reservation = json(&manager, None, &["reservation", "create", "--capacity", "16MiB", "--job", "9"]);
+    assert_eq!(reservation["servers"].as_array().unwrap().len(), 2);
+    let source = dir.path().join("src");
+    let files = make_tree(&source);
+    json(&manager, None, &["stage-in", "--reservation", "job-9", source.to_str().unwrap(), "/data", "--progress", "none"]);
+
+    let out = dir.path().join("out");
+    let record = dir.path().join("out.jsonl");
+    let args = ["stage-out", "--reservation", "job-9", "/data", out.to_str().unwrap(), "--drain", "--drain-timeout-s", "60", "--record", record.to_str().unwrap(), "--progress", "none"];
+    let report = json(&manager, None, &args);
+    assert_eq!(report["files_copied"], files.len());
+    assert_eq!(report["files_from_drained_copy"], files.len(), "every file came from its drained copy: {report}");
+    for (name, data) in &files {
+        assert!(std::fs::read(out.join(name)).unwrap() == *data, "{name}: bytes differ");
+    }
+    let mut client = Client::connect(&endpoints, ClientOptions::default()).unwrap();
+    let epoch = EpochId(reservation["epoch"].as_u64().unwrap());
+    let state = client.list_epochs().unwrap().into_iter().find(|e| e.epoch == epoch).map(|e| e.state);
+    assert!(matches!(state, None | Some(spillway_proto::EpochState::Drained)), "epoch drained: {state:?}");
+    // Already staged out: nothing is copied twice.
+    let report = json(&manager, None, &args);
+    assert_eq!((report["files_copied"].as_u64(), report["files_skipped"].as_u64()), (Some(0), Some(files.len() as u64)));
+}

@@ -1,0 +1,122 @@
+//! Knobs of the manager (`spillway manager`), the control plane. Owned by the manager.
+//!
+//! Where its API listens and its database lives, how capacity is cut into fragments and striped,
+//! how servers are watched, how streams are assigned (BIOS Algorithm 1), quotas and the bounds
+//! of the API server.
+
+use crate::{knobs, ConfigError};
+
+/// What a stream id is assigned to (BIOS Algorithm 1's key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StreamKeyKind {
+    /// One stream per user, as in BIOS: a user's jobs share it.
+    User,
+    /// One stream per job (reservation).
+    Job,
+}
+
+knobs! {
+    /// The manager: pools, servers, reservations.
+    section "manager";
+    pub struct ManagerKnobs {
+        /// Unix socket of the HTTP/JSON API; callers are identified by SO_PEERCRED.
+        socket_path: String = "/run/spillway/manager.sock".to_string(), unit = "path";
+        /// Permission bits of the socket file, octal (world-connectable: authorization is by peer uid).
+        socket_mode: String = "0666".to_string(), unit = "octal mode";
+        /// Also serve the API on this loopback TCP address ("" for none); never non-loopback.
+        listen_address: String = String::new(), unit = "host:port";
+        /// The SQLite database holding every pool, server, reservation and quota.
+        database_path: String = "/var/lib/spillway/manager.db".to_string(), unit = "path";
+        /// Group (name or numeric gid) whose members may manage pools, servers and quotas like root ("" for none).
+        admin_group: String = String::new(), unit = "group";
+        /// Capacity is granted in fragments of this size; each fragment sits on one server.
+        fragment_bytes: u64 = 200 << 30, unit = "bytes";
+        /// Most servers one reservation stripes over (one fragment per server while possible).
+        stripe_servers_max: u32 = 16, unit = "servers";
+        /// Capacity one user may hold in active reservations unless a quota row says otherwise (0 = unlimited).
+        quota_bytes_default: u64 = 0, unit = "bytes";
+        /// Active reservations one user may hold (bounds the tables).
+        reservations_per_user_max: u32 = 256, unit = "reservations";
+        /// How often every server's Status is polled.
+        heartbeat_ms: u64 = 2_000, unit = "milliseconds";
+        /// Consecutive missed heartbeats after which a server is marked down.
+        heartbeat_misses_max: u32 = 3, unit = "heartbeats";
+        /// Whether stream ids are assigned per user (BIOS) or per job.
+        stream_key: StreamKeyKind = StreamKeyKind::User, unit = "user|job";
+        /// Stream ids a device supports (BIOS Algorithm 1's bound).
+        streams_max: u16 = 8, unit = "streams";
+        /// Stream assignments between two reclaim scans of idle keys.
+        stream_reclaim_check_every: u64 = 64, unit = "assignments";
+        /// A stream key with no new reservation for this long is reclaimed at the next scan.
+        stream_idle_reclaim_s: u64 = 3_600, unit = "seconds";
+        /// API connections served at once; more are answered 503 (busy) at once.
+        connections_max: u32 = 64, unit = "connections";
+        /// Largest API request (headers plus body).
+        request_bytes_max: u64 = 64 * 1024, unit = "bytes";
+        /// How long the API waits for a request to arrive in full.
+        request_timeout_ms: u64 = 10_000, unit = "milliseconds";
+    }
+}
+
+impl ManagerKnobs {
+    /// `socket_mode` as permission bits (`"0666"`, `"666"` or `"0o666"`).
+    pub fn socket_mode_bits(&self) -> Result<u32, ConfigError> {
+        let digits = self.socket_mode.trim().trim_start_matches("0o");
+        match u32::from_str_radix(digits, 8) {
+            Ok(mode) if mode <= 0o777 => Ok(mode),
+            _ => Err(ConfigError::Invalid {
+                section: Self::SECTION,
+                name: "socket_mode",
+                value: self.socket_mode.clone(),
+                reason: "not an octal permission mode (0000 to 0777)".into(),
+            }),
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |name: &'static str, value: String, reason: &str| ConfigError::Invalid {
+            section: Self::SECTION,
+            name,
+            value,
+            reason: reason.to_string(),
+        };
+        if self.socket_path.is_empty() && self.listen_address.is_empty() {
+            return Err(invalid("socket_path", "\"\"".into(), "needs a socket_path or a listen_address"));
+        }
+        if !self.listen_address.is_empty() {
+            let address: std::net::SocketAddr = self.listen_address.parse().map_err(|e| {
+                invalid("listen_address", self.listen_address.clone(), &format!("not IP:PORT ({e})"))
+            })?;
+            if !address.ip().is_loopback() {
+                return Err(invalid(
+                    "listen_address",
+                    self.listen_address.clone(),
+                    "not a loopback address; the manager cannot authenticate remote callers",
+                ));
+            }
+        }
+        self.socket_mode_bits()?;
+        if self.fragment_bytes < 4096 {
+            return Err(invalid("fragment_bytes", self.fragment_bytes.to_string(), "must be at least 4096"));
+        }
+        let positive = [
+            ("stripe_servers_max", self.stripe_servers_max as u64),
+            ("reservations_per_user_max", self.reservations_per_user_max as u64),
+            ("heartbeat_ms", self.heartbeat_ms),
+            ("heartbeat_misses_max", self.heartbeat_misses_max as u64),
+            ("streams_max", self.streams_max as u64),
+            ("connections_max", self.connections_max as u64),
+            ("request_timeout_ms", self.request_timeout_ms),
+        ];
+        for (name, value) in positive {
+            if value == 0 {
+                return Err(invalid(name, "0".into(), "must be at least 1"));
+            }
+        }
+        if self.request_bytes_max < 1024 {
+            return Err(invalid("request_bytes_max", self.request_bytes_max.to_string(), "must be at least 1024"));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,439 @@
+//! The manager's state in an embedded SQLite database: schema, migrations and row mapping.
+//!
+//! SQLite because the state is small, relational (servers belong to pools, fragments to
+//! reservations and servers) and must survive a crash with every change atomic: each operation
+//! of [`crate::service`] runs in one transaction, the journal is WAL with `synchronous=FULL`, and
+//! foreign keys are enforced. The schema is versioned with `PRAGMA user_version`; [`Db::open`]
+//! creates or migrates it and refuses a database newer than this binary. Only this module writes
+//! SQL; the schema is documented in docs/design/manager.md.
+
+use std::path::Path;
+
+use rusqlite::{params, Connection, OptionalExtension, Transaction};
+
+use crate::model::{Access, Reservation, ReservationState};
+
+/// The schema this binary writes.
+pub const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA_V1: &str = "
+CREATE TABLE pools (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL UNIQUE,
+    granularity_bytes INTEGER NOT NULL CHECK (granularity_bytes > 0),
+    created_unix_s INTEGER NOT NULL
+);
+CREATE TABLE servers (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    address TEXT NOT NULL UNIQUE,
+    pool_id INTEGER NOT NULL REFERENCES pools(id),
+    capacity_bytes INTEGER NOT NULL CHECK (capacity_bytes > 0),
+    pfs_dir TEXT,
+    healthy INTEGER NOT NULL DEFAULT 1,
+    misses INTEGER NOT NULL DEFAULT 0,
+    last_seen_unix_s INTEGER
+);
+CREATE TABLE reservations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL,
+    owner_uid INTEGER NOT NULL,
+    owner_gid INTEGER NOT NULL,
+    job_id TEXT,
+    persistent INTEGER NOT NULL,
+    requested_bytes INTEGER NOT NULL,
+    fragment_bytes INTEGER NOT NULL,
+    fragments INTEGER NOT NULL,
+    pool_id INTEGER NOT NULL REFERENCES pools(id),
+    access TEXT NOT NULL CHECK (access IN ('striped', 'private')),
+    epoch INTEGER NOT NULL UNIQUE,
+    namespace_id INTEGER NOT NULL UNIQUE,
+    stream INTEGER NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('active', 'destroyed')),
+    created_unix_s INTEGER NOT NULL,
+    destroyed_unix_s INTEGER,
+    allowed_uids TEXT NOT NULL DEFAULT '[]',
+    allowed_gids TEXT NOT NULL DEFAULT '[]'
+);
+CREATE UNIQUE INDEX reservations_active_name ON reservations(name) WHERE state = 'active';
+CREATE UNIQUE INDEX reservations_active_job ON reservations(job_id)
+    WHERE state = 'active' AND job_id IS NOT NULL;
+CREATE TABLE fragments (
+    reservation_id INTEGER NOT NULL REFERENCES reservations(id),
+    stripe_index INTEGER NOT NULL,
+    server_id INTEGER NOT NULL REFERENCES servers(id),
+    fragments INTEGER NOT NULL CHECK (fragments > 0),
+    PRIMARY KEY (reservation_id, stripe_index)
+);
+CREATE TABLE quotas (
+    uid INTEGER PRIMARY KEY,
+    bytes INTEGER NOT NULL
+);
+CREATE TABLE counters (
+    name TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+);
+INSERT INTO counters (name, value) VALUES ('next_epoch', 1), ('next_namespace_id', 1);
+";
+
+/// Why the database could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    #[error("cannot create the directory of database {path}: {source}")]
+    Directory { path: String, source: std::io::Error },
+    #[error("database {path}: {source}")]
+    Sqlite { path: String, source: rusqlite::Error },
+    #[error("database {path} has schema version {found}, newer than this binary's {supported}")]
+    TooNew { path: String, found: i64, supported: i64 },
+}
+
+/// The open database.
+pub struct Db {
+    pub(crate) conn: Connection,
+}
+
+impl Db {
+    /// Opens (creating or migrating) the database at `path`; `:memory:` for tests.
+    pub fn open(path: &Path) -> Result<Db, OpenError> {
+        let name = path.display().to_string();
+        let sqlite = |source| OpenError::Sqlite { path: name.clone(), source };
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)
+                .map_err(|source| OpenError::Directory { path: name.clone(), source })?;
+        }
+        let mut conn = Connection::open(path).map_err(sqlite)?;
+        conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(sqlite)?;
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(sqlite)?;
+        conn.pragma_update(None, "synchronous", "FULL").map_err(sqlite)?;
+        conn.pragma_update(None, "foreign_keys", "ON").map_err(sqlite)?;
+        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(sqlite)?;
+        if version > SCHEMA_VERSION {
+            return Err(OpenError::TooNew { path: name, found: version, supported: SCHEMA_VERSION });
+        }
+        if version < 1 {
+            let tx = conn.transaction().map_err(sqlite)?;
+            tx.execute_batch(SCHEMA_V1).map_err(sqlite)?;
+            tx.pragma_update(None, "user_version", 1).map_err(sqlite)?;
+            tx.commit().map_err(sqlite)?;
+        }
+        Ok(Db { conn })
+    }
+}
+
+/// A pool row.
+#[derive(Clone, Debug)]
+pub struct PoolRow {
+    pub id: u64,
+    pub name: String,
+    pub granularity_bytes: u64,
+}
+
+/// A server row.
+#[derive(Clone, Debug)]
+pub struct ServerRow {
+    pub id: u64,
+    pub address: String,
+    pub pool_id: u64,
+    pub capacity_bytes: u64,
+    pub pfs_dir: Option<String>,
+    pub healthy: bool,
+    pub misses: u32,
+    pub last_seen_unix_s: Option<u64>,
+}
+
+/// A reservation row plus its fragments.
+#[derive(Clone, Debug)]
+pub struct ReservationRow {
+    pub id: u64,
+    pub name: String,
+    pub owner_uid: u32,
+    pub owner_gid: u32,
+    pub job_id: Option<String>,
+    pub persistent: bool,
+    pub requested_bytes: u64,
+    pub fragment_bytes: u64,
+    pub fragments: u64,
+    pub pool_id: u64,
+    pub access: Access,
+    pub epoch: u64,
+    pub namespace_id: u64,
+    pub stream: u16,
+    pub state: ReservationState,
+    pub created_unix_s: u64,
+    pub allowed_uids: Vec<u32>,
+    pub allowed_gids: Vec<u32>,
+    /// `(server id, fragments)` in stripe order.
+    pub placement: Vec<(u64, u64)>,
+}
+
+impl ReservationRow {
+    pub fn granted_bytes(&self) -> u64 {
+        self.fragments * self.fragment_bytes
+    }
+
+    /// The API view, with server addresses and the pool name resolved.
+    pub fn to_model(&self, pools: &[PoolRow], servers: &[ServerRow]) -> Reservation {
+        let server = |id: u64| servers.iter().find(|s| s.id == id);
+        Reservation {
+            id: self.id,
+            name: self.name.clone(),
+            owner: self.owner_uid,
+            group: self.owner_gid,
+            job: self.job_id.clone(),
+            persistent: self.persistent,
+            capacity_bytes: self.granted_bytes(),
+            requested_bytes: self.requested_bytes,
+            fragments: self.fragments,
+            fragment_bytes: self.fragment_bytes,
+            servers: self
+                .placement
+                .iter()
+                .map(|&(id, _)| server(id).map(|s| s.address.clone()).unwrap_or_else(|| format!("server-{id}")))
+                .collect(),
+            server_fragments: self.placement.iter().map(|&(_, f)| f).collect(),
+            server_pfs_dirs: self.placement.iter().map(|&(id, _)| server(id).and_then(|s| s.pfs_dir.clone())).collect(),
+            pool: pools
+                .iter()
+                .find(|p| p.id == self.pool_id)
+                .map(|p| p.name.clone())
+                .unwrap_or_else(|| format!("pool-{}", self.pool_id)),
+            access: self.access,
+            epoch: self.epoch,
+            namespace_id: self.namespace_id,
+            stream: self.stream,
+            state: self.state,
+            created_unix_s: self.created_unix_s,
+            allowed_uids: self.allowed_uids.clone(),
+            allowed_gids: self.allowed_gids.clone(),
+        }
+    }
+}
+
+pub fn pools(tx: &Transaction) -> rusqlite::Result<Vec<PoolRow>> {
+    let mut statement = tx.prepare_cached("SELECT id, name, granularity_bytes FROM pools ORDER BY id")?;
+    let rows = statement.query_map([], |r| {
+        Ok(PoolRow { id: r.get::<_, i64>(0)? as u64, name: r.get(1)?, granularity_bytes: r.get::<_, i64>(2)? as u64 })
+    })?;
+    rows.collect()
+}
+
+pub fn insert_pool(tx: &Transaction, name: &str, granularity_bytes: u64, now_unix_s: u64) -> rusqlite::Result<u64> {
+    tx.execute(
+        "INSERT INTO pools (name, granularity_bytes, created_unix_s) VALUES (?1, ?2, ?3)",
+        params![name, granularity_bytes as i64, now_unix_s as i64],
+    )?;
+    Ok(tx.last_insert_rowid() as u64)
+}
+
+pub fn servers(tx: &Transaction) -> rusqlite::Result<Vec<ServerRow>> {
+    let mut statement = tx.prepare_cached(
+        "SELECT id, address, pool_id, capacity_bytes, pfs_dir, healthy, misses, last_seen_unix_s FROM servers ORDER BY id",
+    )?;
+    let rows = statement.query_map([], |r| {
+        Ok(ServerRow {
+            id: r.get::<_, i64>(0)? as u64,
+            address: r.get(1)?,
+            pool_id: r.get::<_, i64>(2)? as u64,
+            capacity_bytes: r.get::<_, i64>(3)? as u64,
+            pfs_dir: r.get(4)?,
+            healthy: r.get::<_, i64>(5)? != 0,
+            misses: r.get::<_, i64>(6)? as u32,
+            last_seen_unix_s: r.get::<_, Option<i64>>(7)?.map(|v| v as u64),
+        })
+    })?;
+    rows.collect()
+}
+
+pub fn insert_server(
+    tx: &Transaction,
+    address: &str,
+    pool_id: u64,
+    capacity_bytes: u64,
+    pfs_dir: Option<&str>,
+) -> rusqlite::Result<u64> {
+    tx.execute(
+        "INSERT INTO servers (address, pool_id, capacity_bytes, pfs_dir) VALUES (?1, ?2, ?3, ?4)",
+        params![address, pool_id as i64, capacity_bytes as i64, pfs_dir],
+    )?;
+    Ok(tx.last_insert_rowid() as u64)
+}
+
+pub fn set_server_health(
+    tx: &Transaction,
+    id: u64,
+    healthy: bool,
+    misses: u32,
+    last_seen_unix_s: Option<u64>,
+) -> rusqlite::Result<()> {
+    tx.execute(
+        "UPDATE servers SET healthy = ?2, misses = ?3, last_seen_unix_s = COALESCE(?4, last_seen_unix_s) WHERE id = ?1",
+        params![id as i64, healthy as i64, misses as i64, last_seen_unix_s.map(|v| v as i64)],
+    )?;
+    Ok(())
+}
+
+const RESERVATION_COLUMNS: &str = "id, name, owner_uid, owner_gid, job_id, persistent, requested_bytes, fragment_bytes, \
+     fragments, pool_id, access, epoch, namespace_id, stream, state, created_unix_s, allowed_uids, allowed_gids";
+
+fn reservation_from_row(r: &rusqlite::Row) -> rusqlite::Result<ReservationRow> {
+    let text_error = |column: usize, what: &str, value: String| {
+        rusqlite::Error::FromSqlConversionFailure(
+            column,
+            rusqlite::types::Type::Text,
+            format!("{what} {value:?} is not valid").into(),
+        )
+    };
+    let access: String = r.get(10)?;
+    let state: String = r.get(14)?;
+    let allowed_uids: String = r.get(16)?;
+    let allowed_gids: String = r.get(17)?;
+    Ok(ReservationRow {
+        id: r.get::<_, i64>(0)? as u64,
+        name: r.get(1)?,
+        owner_uid: r.get::<_, i64>(2)? as u32,
+        owner_gid: r.get::<_, i64>(3)? as u32,
+        job_id: r.get(4)?,
+        persistent: r.get::<_, i64>(5)? != 0,
+        requested_bytes: r.get::<_, i64>(6)? as u64,
+        fragment_bytes: r.get::<_, i64>(7)? as u64,
+        fragments: r.get::<_, i64>(8)? as u64,
+        pool_id: r.get::<_, i64>(9)? as u64,
+        access: Access::parse(&access).ok_or_else(|| text_error(10, "access", access.clone()))?,
+        epoch: r.get::<_, i64>(11)? as u64,
+        namespace_id: r.get::<_, i64>(12)? as u64,
+        stream: r.get::<_, i64>(13)? as u16,
+        state: ReservationState::parse(&state).ok_or_else(|| text_error(14, "state", state.clone()))?,
+        created_unix_s: r.get::<_, i64>(15)? as u64,
+        allowed_uids: serde_json::from_str(&allowed_uids).map_err(|_| text_error(16, "allowed_uids", allowed_uids.clone()))?,
+        allowed_gids: serde_json::from_str(&allowed_gids).map_err(|_| text_error(17, "allowed_gids", allowed_gids.clone()))?,
+        placement: Vec::new(),
+    })
+}
+
+fn attach_placement(tx: &Transaction, rows: &mut [ReservationRow]) -> rusqlite::Result<()> {
+    let mut statement = tx.prepare_cached(
+        "SELECT server_id, fragments FROM fragments WHERE reservation_id = ?1 ORDER BY stripe_index",
+    )?;
+    for row in rows {
+        row.placement = statement
+            .query_map(params![row.id as i64], |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)))?
+            .collect::<rusqlite::Result<_>>()?;
+    }
+    Ok(())
+}
+
+/// Every active reservation, by id.
+pub fn active_reservations(tx: &Transaction) -> rusqlite::Result<Vec<ReservationRow>> {
+    let mut statement = tx.prepare_cached(&format!(
+        "SELECT {RESERVATION_COLUMNS} FROM reservations WHERE state = 'active' ORDER BY id"
+    ))?;
+    let mut rows: Vec<ReservationRow> = statement.query_map([], reservation_from_row)?.collect::<rusqlite::Result<_>>()?;
+    drop(statement);
+    attach_placement(tx, &mut rows)?;
+    Ok(rows)
+}
+
+/// A reservation by id (any state) or by name (active only).
+pub fn find_reservation(tx: &Transaction, key: &str) -> rusqlite::Result<Option<ReservationRow>> {
+    let row = match key.parse::<u64>() {
+        Ok(id) => tx
+            .query_row(
+                &format!("SELECT {RESERVATION_COLUMNS} FROM reservations WHERE id = ?1"),
+                params![id as i64],
+                reservation_from_row,
+            )
+            .optional()?,
+        Err(_) => tx
+            .query_row(
+                &format!("SELECT {RESERVATION_COLUMNS} FROM reservations WHERE name = ?1 AND state = 'active'"),
+                params![key],
+                reservation_from_row,
+            )
+            .optional()?,
+    };
+    let mut rows: Vec<ReservationRow> = row.into_iter().collect();
+    attach_placement(tx, &mut rows)?;
+    Ok(rows.pop())
+}
+
+/// The active reservation of a job, if any.
+pub fn reservation_of_job(tx: &Transaction, job: &str) -> rusqlite::Result<Option<u64>> {
+    tx.query_row(
+        "SELECT id FROM reservations WHERE job_id = ?1 AND state = 'active'",
+        params![job],
+        |r| r.get::<_, i64>(0).map(|v| v as u64),
+    )
+    .optional()
+}
+
+/// Takes the next value of a counter (`next_epoch`, `next_namespace_id`).
+pub fn take_counter(tx: &Transaction, name: &str) -> rusqlite::Result<u64> {
+    let value: i64 = tx.query_row("SELECT value FROM counters WHERE name = ?1", params![name], |r| r.get(0))?;
+    tx.execute("UPDATE counters SET value = value + 1 WHERE name = ?1", params![name])?;
+    Ok(value as u64)
+}
+
+/// Inserts a reservation (its `id` is ignored and returned) with its fragments.
+pub fn insert_reservation(tx: &Transaction, row: &ReservationRow) -> rusqlite::Result<u64> {
+    tx.execute(
+        "INSERT INTO reservations (name, owner_uid, owner_gid, job_id, persistent, requested_bytes, fragment_bytes, \
+         fragments, pool_id, access, epoch, namespace_id, stream, state, created_unix_s, allowed_uids, allowed_gids) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
+        params![
+            row.name,
+            row.owner_uid as i64,
+            row.owner_gid as i64,
+            row.job_id,
+            row.persistent as i64,
+            row.requested_bytes as i64,
+            row.fragment_bytes as i64,
+            row.fragments as i64,
+            row.pool_id as i64,
+            row.access.as_str(),
+            row.epoch as i64,
+            row.namespace_id as i64,
+            row.stream as i64,
+            row.state.as_str(),
+            row.created_unix_s as i64,
+            serde_json::to_string(&row.allowed_uids).expect("u32 list serializes"),
+            serde_json::to_string(&row.allowed_gids).expect("u32 list serializes"),
+        ],
+    )?;
+    let id = tx.last_insert_rowid() as u64;
+    let mut statement = tx.prepare_cached(
+        "INSERT INTO fragments (reservation_id, stripe_index, server_id, fragments) VALUES (?1, ?2, ?3, ?4)",
+    )?;
+    for (index, &(server, fragments)) in row.placement.iter().enumerate() {
+        statement.execute(params![id as i64, index as i64, server as i64, fragments as i64])?;
+    }
+    Ok(id)
+}
+
+/// Renames a reservation (used to give `res-<id>` names once the id is known).
+pub fn rename_reservation(tx: &Transaction, id: u64, name: &str) -> rusqlite::Result<()> {
+    tx.execute("UPDATE reservations SET name = ?2 WHERE id = ?1", params![id as i64, name])?;
+    Ok(())
+}
+
+pub fn mark_destroyed(tx: &Transaction, id: u64, now_unix_s: u64) -> rusqlite::Result<()> {
+    let changed = tx.execute(
+        "UPDATE reservations SET state = 'destroyed', destroyed_unix_s = ?2 WHERE id = ?1 AND state = 'active'",
+        params![id as i64, now_unix_s as i64],
+    )?;
+    assert_eq!(changed, 1, "reservation {id} was active when destroyed");
+    Ok(())
+}
+
+pub fn quotas(tx: &Transaction) -> rusqlite::Result<Vec<(u32, u64)>> {
+    let mut statement = tx.prepare_cached("SELECT uid, bytes FROM quotas ORDER BY uid")?;
+    let rows = statement.query_map([], |r| Ok((r.get::<_, i64>(0)? as u32, r.get::<_, i64>(1)? as u64)))?;
+    rows.collect()
+}
+
+pub fn set_quota(tx: &Transaction, uid: u32, bytes: u64) -> rusqlite::Result<()> {
+    tx.execute(
+        "INSERT INTO quotas (uid, bytes) VALUES (?1, ?2) ON CONFLICT(uid) DO UPDATE SET bytes = excluded.bytes",
+        params![uid as i64, bytes as i64],
+    )?;
+    Ok(())
+}

@@ -1,0 +1,72 @@
+//! Server health: every `heartbeat_ms` the manager asks each server for its `Status`.
+//!
+//! A server that answers is up (its miss count resets); one that does not answer counts a miss,
+//! and `heartbeat_misses_max` consecutive misses mark it down, so new reservations avoid it
+//! (`fragments::allocate` skips unhealthy servers). The probe sits behind [`Prober`] so the
+//! bookkeeping is tested without processes; [`ClientProber`] is the real one, over
+//! `spillway-client`. Servers are probed one after another (a control-plane rate; a dead
+//! loopback server refuses the connection at once).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use spillway_client::{Client, ClientOptions};
+use spillway_proto::{DrainState, Endpoint};
+
+use crate::service::{Manager, Probe};
+
+/// Asks one server whether it is alive.
+pub trait Prober: Send + Sync {
+    fn probe(&self, address: &str) -> Result<Probe, String>;
+}
+
+/// The real prober: connect, `Status`, `DrainStatus` (drains in flight; a server without a
+/// drainer simply reports none).
+pub struct ClientProber;
+
+impl Prober for ClientProber {
+    fn probe(&self, address: &str) -> Result<Probe, String> {
+        let endpoint: Endpoint = address.parse()?;
+        let options = ClientOptions { client_name: "spillway-manager heartbeat".into(), ..Default::default() };
+        let mut client = Client::connect(&[endpoint], options).map_err(|e| e.to_string())?;
+        client.status().map_err(|e| e.to_string())?;
+        let drains_in_flight = match client.drain_status() {
+            Ok(per_server) => per_server
+                .iter()
+                .flat_map(|(_, list)| list.iter())
+                .filter(|d| d.state != DrainState::Drained)
+                .count() as u32,
+            Err(_) => 0,
+        };
+        Ok(Probe { drains_in_flight })
+    }
+}
+
+/// One round: probe every server, record the results.
+pub fn heartbeat_round(manager: &Manager, prober: &dyn Prober) {
+    let servers = match manager.server_addresses() {
+        Ok(servers) => servers,
+        Err(error) => {
+            tracing::error!(%error, "heartbeat cannot list servers");
+            return;
+        }
+    };
+    let results: Vec<(u64, Result<Probe, String>)> =
+        servers.iter().map(|(id, address)| (*id, prober.probe(address))).collect();
+    if let Err(error) = manager.record_heartbeats(&results) {
+        tracing::error!(%error, "heartbeat cannot record results");
+    }
+}
+
+/// Runs heartbeat rounds every `heartbeat_ms` until `stop` is set.
+pub fn run(manager: Arc<Manager>, prober: Arc<dyn Prober>, stop: Arc<AtomicBool>) {
+    let period = Duration::from_millis(manager.knobs().heartbeat_ms);
+    while !stop.load(Ordering::Relaxed) {
+        let started = Instant::now();
+        heartbeat_round(&manager, prober.as_ref());
+        while started.elapsed() < period && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(20).min(period));
+        }
+    }
+}

@@ -1,0 +1,405 @@
+//! The manager's HTTP/1.1 + JSON API server: a small hand-written server on std threads.
+//!
+//! Hand-written rather than a framework because the caller's identity must come from the
+//! socket itself (`SO_PEERCRED`, or the loopback TCP owner), which the transports of
+//! `spillway-proto` already provide, and because the API is a dozen control-plane requests a
+//! minute, not a data path. One request per connection (`Connection: close`), so there is no
+//! keep-alive state. Bounded: connections served at once (`connections_max`; more get a 503
+//! at once), request size (`request_bytes_max`; 413), time to receive a request
+//! (`request_timeout_ms`; 408). Malformed requests get a 4xx naming the problem; nothing a
+//! client sends can panic the server.
+//!
+//! Endpoints (docs/design/manager.md): `GET /v1/whoami`, `GET|POST /v1/pools`,
+//! `GET|POST /v1/servers`, `GET|POST /v1/reservations[?all=1]`,
+//! `GET|DELETE /v1/reservations/<id|name>[?job=J]`, `GET /v1/quotas`, `PUT /v1/quotas/<uid>`,
+//! `GET /v1/status`.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use spillway_proto::{Connection, Listener};
+
+use crate::model::ErrorBody;
+use crate::service::{ApiError, Manager};
+
+/// A parsed request.
+#[derive(Debug)]
+struct Request {
+    method: String,
+    path: String,
+    query: BTreeMap<String, String>,
+    body: Vec<u8>,
+}
+
+/// What went wrong while reading a request (answered with a 4xx).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+enum RequestError {
+    #[error("request larger than {limit} bytes (knob manager.request_bytes_max)")]
+    TooLarge { limit: usize },
+    #[error("request not received in time (knob manager.request_timeout_ms)")]
+    Timeout,
+    #[error("connection closed before the request was complete")]
+    Truncated,
+    #[error("malformed request: {0}")]
+    Malformed(String),
+    #[error("reading the request: {0}")]
+    Io(std::io::Error),
+}
+
+impl RequestError {
+    fn status(&self) -> u16 {
+        match self {
+            RequestError::TooLarge { .. } => 413,
+            RequestError::Timeout => 408,
+            _ => 400,
+        }
+    }
+}
+
+fn find_header_end(buffer: &[u8]) -> Option<usize> {
+    buffer.windows(4).position(|w| w == b"\r\n\r\n")
+}
+
+fn read_request(connection: &mut dyn Connection, limit: usize) -> Result<Request, RequestError> {
+    let mut buffer = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    let header_end = loop {
+        if let Some(end) = find_header_end(&buffer) {
+            break end;
+        }
+        if buffer.len() >= limit {
+            return Err(RequestError::TooLarge { limit });
+        }
+        let want = chunk.len().min(limit - buffer.len());
+        match connection.read(&mut chunk[..want]) {
+            Ok(0) => return Err(RequestError::Truncated),
+            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                return Err(RequestError::Timeout)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(RequestError::Io(e)),
+        }
+    };
+    let head = std::str::from_utf8(&buffer[..header_end])
+        .map_err(|_| RequestError::Malformed("request head is not UTF-8".into()))?;
+    let mut lines = head.split("\r\n");
+    let request_line = lines.next().unwrap_or_default();
+    let mut parts = request_line.split(' ');
+    let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+        return Err(RequestError::Malformed(format!("request line {request_line:?}")));
+    };
+    if !version.starts_with("HTTP/1.") {
+        return Err(RequestError::Malformed(format!("unsupported version {version:?}")));
+    }
+    let mut content_length = 0usize;
+    for line in lines {
+        let Some((name, value)) = line.split_once(':') else {
+            return Err(RequestError::Malformed(format!("header line {line:?}")));
+        };
+        if name.trim().eq_ignore_ascii_case("content-length") {
+            content_length = value
+                .trim()
+                .parse()
+                .map_err(|_| RequestError::Malformed(format!("Content-Length {:?}", value.trim())))?;
+        } else if name.trim().eq_ignore_ascii_case("transfer-encoding") {
+            return Err(RequestError::Malformed("Transfer-Encoding is not supported; send Content-Length".into()));
+        }
+    }
+    let body_start = header_end + 4;
+    if body_start.saturating_add(content_length) > limit {
+        return Err(RequestError::TooLarge { limit });
+    }
+    let mut body = buffer[body_start..].to_vec();
+    if body.len() > content_length {
+        return Err(RequestError::Malformed("more bytes than Content-Length".into()));
+    }
+    while body.len() < content_length {
+        let want = chunk.len().min(content_length - body.len());
+        match connection.read(&mut chunk[..want]) {
+            Ok(0) => return Err(RequestError::Truncated),
+            Ok(n) => body.extend_from_slice(&chunk[..n]),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                return Err(RequestError::Timeout)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(RequestError::Io(e)),
+        }
+    }
+    let (path, query_text) = target.split_once('?').unwrap_or((target, ""));
+    let query = query_text
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (k.to_string(), v.to_string())
+        })
+        .collect();
+    Ok(Request { method: method.to_string(), path: path.to_string(), query, body })
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        201 => "Created",
+        400 => "Bad Request",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        409 => "Conflict",
+        413 => "Payload Too Large",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        507 => "Insufficient Storage",
+        _ => "Status",
+    }
+}
+
+fn write_response(connection: &mut dyn Connection, status: u16, body: &[u8]) -> std::io::Result<()> {
+    let head = format!(
+        "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        reason(status),
+        body.len()
+    );
+    connection.write_all(head.as_bytes())?;
+    connection.write_all(body)?;
+    connection.flush()
+}
+
+type Reply = (u16, Vec<u8>);
+
+fn json<T: Serialize>(status: u16, value: &T) -> Reply {
+    (status, serde_json::to_vec(value).expect("API types serialize"))
+}
+
+fn error_reply(status: u16, kind: &str, message: String) -> Reply {
+    json(status, &ErrorBody { error: message, kind: kind.to_string() })
+}
+
+fn api_error<E: ApiError>(error: E) -> Reply {
+    if error.status() >= 500 {
+        tracing::error!(%error, "API request failed");
+    }
+    error_reply(error.status(), error.kind(), error.to_string())
+}
+
+fn result<T: Serialize, E: ApiError>(status: u16, outcome: Result<T, E>) -> Reply {
+    match outcome {
+        Ok(value) => json(status, &value),
+        Err(error) => api_error(error),
+    }
+}
+
+fn body<T: DeserializeOwned>(request: &Request) -> Result<T, Reply> {
+    serde_json::from_slice(&request.body)
+        .map_err(|e| error_reply(400, "invalid", format!("request body of {} {}: {e}", request.method, request.path)))
+}
+
+/// Answers one request as `caller`.
+fn route(manager: &Manager, caller: &crate::Caller, request: &Request) -> Reply {
+    let segments: Vec<&str> = request.path.trim_start_matches('/').split('/').collect();
+    let method = request.method.as_str();
+    match (method, segments.as_slice()) {
+        ("GET", ["v1", "whoami"]) => json(200, &manager.whoami(caller)),
+        ("GET", ["v1", "status"]) => result(200, manager.status(caller)),
+        ("GET", ["v1", "pools"]) => result(200, manager.list_pools()),
+        ("POST", ["v1", "pools"]) => match body(request) {
+            Ok(create) => result(201, manager.create_pool(caller, &create)),
+            Err(reply) => reply,
+        },
+        ("GET", ["v1", "servers"]) => result(200, manager.list_servers()),
+        ("POST", ["v1", "servers"]) => match body(request) {
+            Ok(add) => result(201, manager.add_server(caller, &add)),
+            Err(reply) => reply,
+        },
+        ("GET", ["v1", "reservations"]) => {
+            let all = request.query.get("all").is_some_and(|v| v == "1" || v == "true");
+            result(200, manager.list_reservations(caller, all))
+        }
+        ("POST", ["v1", "reservations"]) => match body::<crate::CreateReservation>(request) {
+            Ok(create) => match manager.create_reservation(caller, &create) {
+                Ok(reservation) => {
+                    // Best effort: without it, stage-in as a user fails naming the namespace,
+                    // and the job's mount (root) creates it at pre_run.
+                    if let Err(error) = crate::create_reservation_namespace(&reservation) {
+                        tracing::warn!(reservation = reservation.id, %error, "could not create the reservation's namespace");
+                    }
+                    json(201, &reservation)
+                }
+                Err(error) => api_error(error),
+            },
+            Err(reply) => reply,
+        },
+        ("GET", ["v1", "reservations", key]) => result(200, manager.show_reservation(caller, key)),
+        ("DELETE", ["v1", "reservations", key]) => {
+            match manager.destroy_reservation(caller, key, request.query.get("job").map(String::as_str)) {
+                Ok(destroyed) => {
+                    crate::delete_reservation_data(&destroyed.reservation);
+                    json(200, &destroyed.reservation)
+                }
+                Err(error) => api_error(error),
+            }
+        }
+        ("GET", ["v1", "quotas"]) => result(200, manager.quotas(caller)),
+        ("PUT", ["v1", "quotas", uid]) => match uid.parse::<u32>() {
+            Ok(uid) => match body(request) {
+                Ok(set) => result(200, manager.set_quota(caller, uid, &set)),
+                Err(reply) => reply,
+            },
+            Err(_) => error_reply(400, "invalid", format!("uid {uid:?} is not a number")),
+        },
+        (_, ["v1", "whoami" | "status" | "pools" | "servers" | "reservations" | "quotas", ..]) => {
+            error_reply(405, "method_not_allowed", format!("{method} is not allowed on {}", request.path))
+        }
+        _ => error_reply(404, "no_such_endpoint", format!("no endpoint {method} {}", request.path)),
+    }
+}
+
+fn handle(manager: &Manager, mut connection: Box<dyn Connection>) {
+    let peer = connection.peer();
+    let knobs = manager.knobs();
+    let _ = connection.set_read_timeout(Some(Duration::from_millis(knobs.request_timeout_ms)));
+    let identity = match connection.identity() {
+        Ok(identity) => identity,
+        Err(error) => {
+            tracing::warn!(%peer, %error, "cannot establish the caller's identity");
+            let (status, body) = error_reply(403, "no_identity", format!("cannot establish your identity: {error}"));
+            let _ = write_response(connection.as_mut(), status, &body);
+            return;
+        }
+    };
+    let (status, body) = match read_request(connection.as_mut(), knobs.request_bytes_max as usize) {
+        Ok(request) => {
+            let caller = manager.caller(identity.uid, identity.gid);
+            let reply = route(manager, &caller, &request);
+            tracing::debug!(%peer, uid = caller.uid, method = %request.method, path = %request.path, status = reply.0, "request");
+            reply
+        }
+        Err(error) => {
+            tracing::warn!(%peer, %error, "bad API request");
+            error_reply(error.status(), "bad_request", error.to_string())
+        }
+    };
+    if let Err(error) = write_response(connection.as_mut(), status, &body) {
+        tracing::debug!(%peer, %error, "could not send the reply");
+    }
+    connection.shutdown();
+}
+
+/// Serves the API on `listeners` until `stop` is set; returns after in-flight requests finish.
+pub fn serve(manager: Arc<Manager>, listeners: Vec<Box<dyn Listener>>, stop: Arc<AtomicBool>) {
+    let active = Arc::new(AtomicUsize::new(0));
+    let connections_max = manager.knobs().connections_max as usize;
+    while !stop.load(Ordering::Relaxed) {
+        let mut accepted_any = false;
+        for listener in &listeners {
+            match listener.accept() {
+                Ok(Some(mut connection)) => {
+                    accepted_any = true;
+                    if active.load(Ordering::Acquire) >= connections_max {
+                        let (status, body) = error_reply(
+                            503,
+                            "busy",
+                            format!("{connections_max} API connections in use (knob manager.connections_max); retry"),
+                        );
+                        let _ = write_response(connection.as_mut(), status, &body);
+                        connection.shutdown();
+                        continue;
+                    }
+                    active.fetch_add(1, Ordering::AcqRel);
+                    let manager = Arc::clone(&manager);
+                    let active_for_thread = Arc::clone(&active);
+                    let spawned = std::thread::Builder::new().name("manager-api".into()).spawn(move || {
+                        handle(&manager, connection);
+                        active_for_thread.fetch_sub(1, Ordering::AcqRel);
+                    });
+                    if let Err(error) = spawned {
+                        active.fetch_sub(1, Ordering::AcqRel);
+                        tracing::error!(%error, "cannot start an API thread");
+                    }
+                }
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::warn!(endpoint = %listener.endpoint(), %error, "accept failed");
+                }
+            }
+        }
+        if !accepted_any {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    // Let in-flight requests finish (bounded by the request timeout plus the work itself).
+    let deadline = std::time::Instant::now() + Duration::from_millis(manager.knobs().request_timeout_ms) * 2;
+    while active.load(Ordering::Acquire) > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    /// An in-memory connection: reads from `input`, collects what is written.
+    struct Fake {
+        input: std::io::Cursor<Vec<u8>>,
+    }
+    impl Read for Fake {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            self.input.read(buf)
+        }
+    }
+    impl Write for Fake {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    impl Connection for Fake {
+        fn peer(&self) -> String {
+            "fake".into()
+        }
+        fn identity(&self) -> std::io::Result<spillway_proto::Identity> {
+            Ok(spillway_proto::Identity { uid: 1, gid: 1 })
+        }
+        fn try_clone_connection(&self) -> std::io::Result<Box<dyn Connection>> {
+            Err(std::io::Error::other("the fake connection cannot be cloned"))
+        }
+        fn set_read_timeout(&self, _: Option<Duration>) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn shutdown(&self) {}
+    }
+
+    fn parse(bytes: &[u8], limit: usize) -> Result<Request, RequestError> {
+        read_request(&mut Fake { input: std::io::Cursor::new(bytes.to_vec()) }, limit)
+    }
+
+    #[test]
+    fn parses_request_line_query_and_body() {
+        let request = parse(b"POST /v1/reservations?all=1&job=7 HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}", 4096).unwrap();
+        assert_eq!(request.method, "POST");
+        assert_eq!(request.path, "/v1/reservations");
+        assert_eq!(request.query.get("job").map(String::as_str), Some("7"));
+        assert_eq!(request.body, b"{}");
+    }
+
+    #[test]
+    fn bad_requests_are_named_not_panics() {
+        assert!(matches!(parse(b"GET / HTTP/1.1\r\nContent-Length: 9999\r\n\r\n", 1024), Err(RequestError::TooLarge { .. })));
+        assert!(matches!(parse(&[b'a'; 5000], 1024), Err(RequestError::TooLarge { .. })));
+        assert!(matches!(parse(b"GET /\r\n\r\n", 1024), Err(RequestError::Malformed(_))));
+        assert!(matches!(parse(b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n", 1024), Err(RequestError::Malformed(_))));
+        assert!(matches!(parse(b"GET / HTTP/1.1\r\nContent-Length: 5\r\n\r\nab", 1024), Err(RequestError::Truncated)));
+        assert!(matches!(parse(b"GET / HTTP/1.1\r\n", 1024), Err(RequestError::Truncated)));
+        assert!(matches!(parse(b"GET / HTTP/1.1\r\n\xff\xfe\r\n\r\n", 1024), Err(RequestError::Malformed(_))));
+    }
+}

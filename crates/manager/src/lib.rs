@@ -1,0 +1,164 @@
+//! `spillway-manager`: the control plane of the burst buffer.
+//!
+//! The manager knows the servers (address, pool, capacity, health by heartbeat), the pools and
+//! every reservation, and keeps that state in SQLite so it survives a restart ([`db`]). It
+//! grants capacity in fragments over a pool's servers, picks the pool by BIOS Algorithm 2 and
+//! the stream id by BIOS Algorithm 1, enforces quotas and ownership ([`service`]), and serves
+//! all of it as HTTP/JSON on a Unix socket whose peer credentials identify the caller
+//! ([`http`]). The CLI talks to it through [`api`]; staging data between the PFS and a
+//! reservation runs in the CLI process ([`stage`]), so bulk data never passes through the
+//! manager and PFS files are read and written with the caller's own permissions.
+
+pub mod api;
+pub mod db;
+pub mod heartbeat;
+pub mod http;
+pub mod identity;
+pub mod model;
+pub mod service;
+pub mod stage;
+pub mod units;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use spillway_config::ManagerKnobs;
+use spillway_proto::Endpoint;
+
+pub use api::{ApiClient, ApiClientError};
+pub use identity::Caller;
+pub use model::*;
+pub use service::{Clock, Manager, SystemClock};
+
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DaemonError {
+    #[error("{0}")]
+    Database(#[from] db::OpenError),
+    #[error("reading the database at start: {0}")]
+    Read(#[from] service::ReadError),
+    #[error("{0}")]
+    Config(#[from] spillway_config::ConfigError),
+    #[error("knob manager.admin_group: {0}")]
+    AdminGroup(String),
+    #[error("cannot create the socket directory {path}: {source}")]
+    SocketDirectory { path: PathBuf, source: std::io::Error },
+    #[error("cannot set mode {mode:o} on socket {path}: {source}")]
+    SocketMode { path: PathBuf, mode: u32, source: std::io::Error },
+    #[error("{0}")]
+    Bind(#[from] spillway_proto::transport::BindError),
+    #[error("knob manager.listen_address = {address:?}: {reason}")]
+    ListenAddress { address: String, reason: String },
+}
+
+/// Runs the manager until `stop` is set: opens the database, starts the heartbeat, serves the
+/// API. `on_listening` is called with every endpoint once it accepts connections.
+pub fn run_daemon(
+    knobs: ManagerKnobs,
+    stop: Arc<AtomicBool>,
+    on_listening: &dyn Fn(&Endpoint),
+) -> Result<(), DaemonError> {
+    let admin_gid = identity::resolve_group(&knobs.admin_group).map_err(DaemonError::AdminGroup)?;
+    let db = db::Db::open(Path::new(&knobs.database_path))?;
+    let manager = Arc::new(Manager::new(db, knobs.clone(), admin_gid, Arc::new(SystemClock))?);
+    let mut listeners = Vec::new();
+    if !knobs.socket_path.is_empty() {
+        let path = PathBuf::from(&knobs.socket_path);
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)
+                .map_err(|source| DaemonError::SocketDirectory { path: parent.to_path_buf(), source })?;
+        }
+        let listener = spillway_proto::transport::bind(&Endpoint::Unix(path.clone()), false)?;
+        use std::os::unix::fs::PermissionsExt;
+        let mode = knobs.socket_mode_bits()?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+            .map_err(|source| DaemonError::SocketMode { path: path.clone(), mode, source })?;
+        listeners.push(listener);
+    }
+    if !knobs.listen_address.is_empty() {
+        let address: std::net::SocketAddr = knobs.listen_address.parse().map_err(|e: std::net::AddrParseError| {
+            DaemonError::ListenAddress { address: knobs.listen_address.clone(), reason: e.to_string() }
+        })?;
+        // Never insecure: the manager has no way to authenticate a remote caller.
+        listeners.push(spillway_proto::transport::bind(&Endpoint::Tcp(address), false)?);
+    }
+    let heartbeat = {
+        let (manager, stop) = (Arc::clone(&manager), Arc::clone(&stop));
+        std::thread::Builder::new()
+            .name("manager-heartbeat".into())
+            .spawn(move || heartbeat::run(manager, Arc::new(heartbeat::ClientProber), stop))
+            .expect("spawning the heartbeat thread")
+    };
+    for listener in &listeners {
+        on_listening(&listener.endpoint());
+    }
+    http::serve(Arc::clone(&manager), listeners, Arc::clone(&stop));
+    let _ = heartbeat.join();
+    if !knobs.socket_path.is_empty() {
+        let _ = std::fs::remove_file(&knobs.socket_path);
+    }
+    Ok(())
+}
+
+/// Creates a striped reservation's POSIX namespace (the one its mounts show and stage-in fills)
+/// on its first server: id `namespace_id`, data epoch `epoch`, root directory owned by the
+/// reservation's owner, mode 0755. Only root may create namespaces on a server, so the manager
+/// (root) does it when the reservation is created; private reservations get one namespace per
+/// compute node, created by each node's mount. Creating an existing namespace is harmless.
+pub fn create_reservation_namespace(reservation: &Reservation) -> Result<(), String> {
+    if reservation.access != Access::Striped {
+        return Ok(());
+    }
+    let servers: Vec<Endpoint> =
+        reservation.servers.iter().map(|s| s.parse::<Endpoint>()).collect::<Result<_, _>>()?;
+    if servers.is_empty() {
+        return Err(format!("reservation {} has no servers", reservation.name));
+    }
+    let place = spillway_policy::namespace::namespace_placement(
+        spillway_policy::namespace::NamespaceAccess::Striped,
+        reservation.namespace_id,
+        "",
+        servers.len(),
+    );
+    let options = spillway_client::meta::RemoteOptions {
+        create: true,
+        data_epoch: spillway_types::EpochId(reservation.epoch),
+        root_uid: reservation.owner,
+        root_gid: reservation.group,
+        root_mode: 0o755,
+        connections_max: 1,
+    };
+    spillway_client::meta::RemoteNamespace::open(&servers[place.server], place.namespace, &options)
+        .map(|_| ())
+        .map_err(|e| format!("creating namespace {} on {}: {e}", place.namespace, servers[place.server]))
+}
+
+/// Deletes a destroyed reservation's data (its epoch) on each of its servers. Best effort: a
+/// server that cannot be reached is logged (its store keeps the epoch until deleted by hand or
+/// drained); the reservation's capacity is already free in the manager.
+pub fn delete_reservation_data(reservation: &Reservation) -> usize {
+    let mut deleted = 0;
+    for address in &reservation.servers {
+        let outcome = address
+            .parse::<Endpoint>()
+            .map_err(|e| e.to_string())
+            .and_then(|endpoint| {
+                let options = spillway_client::ClientOptions {
+                    client_name: "spillway-manager teardown".into(),
+                    ..Default::default()
+                };
+                let mut client = spillway_client::Client::connect(&[endpoint], options).map_err(|e| e.to_string())?;
+                client.delete_epoch(spillway_types::EpochId(reservation.epoch)).map_err(|e| e.to_string())
+            });
+        match outcome {
+            Ok(()) => deleted += 1,
+            Err(error) => tracing::warn!(
+                reservation = reservation.id, server = %address, epoch = reservation.epoch, %error,
+                "could not delete the destroyed reservation's data"
+            ),
+        }
+    }
+    deleted
+}

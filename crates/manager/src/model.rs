@@ -1,0 +1,220 @@
+//! The API's data: what the manager stores and what its HTTP/JSON endpoints send and receive.
+//!
+//! One set of serde types shared by the daemon (which fills them from SQLite) and the CLI (which
+//! prints them), so the JSON the Slurm hooks parse has exactly one definition. Field names carry
+//! units (`capacity_bytes`, `created_unix_s`).
+
+use serde::{Deserialize, Serialize};
+
+/// How a reservation's namespace is laid out (DataWarp's modes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Access {
+    /// One namespace shared by every compute node of the job; files striped over the servers.
+    Striped,
+    /// Each compute node has its own namespace (private mode).
+    Private,
+}
+
+impl Access {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Access::Striped => "striped",
+            Access::Private => "private",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Access> {
+        match text {
+            "striped" => Some(Access::Striped),
+            "private" => Some(Access::Private),
+            _ => None,
+        }
+    }
+}
+
+/// Whether a reservation still holds capacity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReservationState {
+    Active,
+    Destroyed,
+}
+
+impl ReservationState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReservationState::Active => "active",
+            ReservationState::Destroyed => "destroyed",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<ReservationState> {
+        match text {
+            "active" => Some(ReservationState::Active),
+            "destroyed" => Some(ReservationState::Destroyed),
+            _ => None,
+        }
+    }
+}
+
+/// A pool: a disjoint group of servers a job stripes inside (BIOS §4.2).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pool {
+    pub id: u64,
+    pub name: String,
+    /// The allocation unit reported to Slurm (its pools hook reports space = quantity × granularity).
+    pub granularity_bytes: u64,
+    pub servers: u64,
+    pub servers_healthy: u64,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+    pub free_bytes: u64,
+    pub reservations: u64,
+    /// Keys (users or jobs) holding each stream id of this pool's devices (index = stream id).
+    pub keys_per_stream: Vec<u32>,
+}
+
+/// A burst buffer server as the manager knows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Server {
+    pub id: u64,
+    /// Endpoint as given to `server add` (`127.0.0.1:7001`, `unix:///run/bb.sock`).
+    pub address: String,
+    pub pool: String,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+    /// Where this server drains to (its `--pfs`), if known.
+    pub pfs_dir: Option<String>,
+    pub healthy: bool,
+    /// Consecutive missed heartbeats.
+    pub misses: u32,
+    pub last_seen_unix_s: Option<u64>,
+    /// Drains in flight on this server at the last heartbeat.
+    pub drains_in_flight: u32,
+}
+
+/// A reservation (job-scoped or persistent).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reservation {
+    pub id: u64,
+    /// `job-<JOBID>` for job-scoped reservations, the given name for persistent ones,
+    /// `res-<id>` otherwise.
+    pub name: String,
+    /// Owner uid.
+    pub owner: u32,
+    /// Owner gid.
+    pub group: u32,
+    pub job: Option<String>,
+    pub persistent: bool,
+    /// Capacity granted: whole fragments, at least what was asked.
+    pub capacity_bytes: u64,
+    /// Capacity asked for.
+    pub requested_bytes: u64,
+    pub fragments: u64,
+    pub fragment_bytes: u64,
+    /// The servers striped over, in stripe order (placement depends on the order).
+    pub servers: Vec<String>,
+    /// Fragments on each server, parallel to `servers`.
+    pub server_fragments: Vec<u64>,
+    /// Drain directory (`--pfs`) of each server, parallel to `servers`.
+    pub server_pfs_dirs: Vec<Option<String>>,
+    pub pool: String,
+    pub access: Access,
+    /// The store epoch holding this reservation's data.
+    pub epoch: u64,
+    pub namespace_id: u64,
+    /// SSD stream id (BIOS Algorithm 1).
+    pub stream: u16,
+    pub state: ReservationState,
+    pub created_unix_s: u64,
+    /// Other users who may use a persistent reservation.
+    pub allowed_uids: Vec<u32>,
+    /// Groups whose members may use a persistent reservation.
+    pub allowed_gids: Vec<u32>,
+}
+
+/// `POST /v1/reservations`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CreateReservation {
+    pub capacity_bytes: u64,
+    pub pool: Option<String>,
+    pub access: Option<Access>,
+    /// Name of a persistent reservation; job-scoped when absent.
+    pub persistent: Option<String>,
+    pub job: Option<String>,
+    /// Act for this uid (root or admin only).
+    pub owner: Option<u32>,
+    /// With `owner`: the owner's gid.
+    pub group: Option<u32>,
+    pub allowed_uids: Vec<u32>,
+    pub allowed_gids: Vec<u32>,
+}
+
+/// `POST /v1/pools`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreatePool {
+    pub name: String,
+    pub granularity_bytes: u64,
+}
+
+/// `POST /v1/servers`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddServer {
+    pub address: String,
+    pub pool: String,
+    pub capacity_bytes: u64,
+    #[serde(default)]
+    pub pfs_dir: Option<String>,
+}
+
+/// `PUT /v1/quotas/<uid>`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetQuota {
+    /// 0 = unlimited.
+    pub bytes: u64,
+}
+
+/// One user's quota.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quota {
+    pub uid: u32,
+    /// 0 = unlimited.
+    pub bytes: u64,
+    pub used_bytes: u64,
+    /// Whether `bytes` comes from the knob default (no row for this user).
+    pub default: bool,
+}
+
+/// Who the manager thinks the caller is (`GET /v1/whoami`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Whoami {
+    pub uid: u32,
+    pub gid: u32,
+    pub admin: bool,
+}
+
+/// `GET /v1/status`: everything `spillway status` shows.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    pub pools: Vec<Pool>,
+    pub servers: Vec<Server>,
+    /// The caller's reservations (all of them for root and admins).
+    pub reservations: Vec<Reservation>,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+    pub free_bytes: u64,
+    pub drains_in_flight: u64,
+}
+
+/// The body of every error reply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+    /// A stable machine-readable name (`quota_exceeded`, `not_found`, …).
+    pub kind: String,
+}

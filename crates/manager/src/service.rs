@@ -1,0 +1,808 @@
+//! The manager's operations: pools, servers, reservations, quotas, health — each one transaction.
+//!
+//! [`Manager`] owns the database and the in-memory stream tables. Every state change runs inside
+//! one SQLite transaction while the database mutex is held, so decisions (pool, fragments,
+//! stream) are taken on a consistent snapshot and either all land or none. Placement is decided
+//! by the pure functions of `spillway-policy`: BIOS Algorithm 2 (`select_pool`) among the pools
+//! that can hold the request, `fragments::allocate` for the servers, BIOS Algorithm 1
+//! (`StreamTable`, one per pool since a pool is one group of devices) for the stream id, keyed by
+//! user or job (knob `manager.stream_key`). Stream tables are rebuilt from the active
+//! reservations at start, so a restart keeps every assignment.
+//!
+//! Authorization: a caller sees and changes only their own reservations; a persistent
+//! reservation is also visible to its allowed uids and groups; root and the admin group see
+//! everything, manage pools, servers and quotas, and may create reservations for another uid.
+//! Each operation has its own error enum, mapped to an HTTP status by [`ApiError`].
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use spillway_config::{ManagerKnobs, StreamKeyKind};
+use spillway_policy::fragments::{allocate, FragmentError, FragmentRequest, ServerSpace};
+use spillway_policy::{select_pool, PoolState, StreamDecision, StreamTable, StreamTableLimits};
+use spillway_types::StreamKey;
+
+use crate::db::{self, Db, PoolRow, ReservationRow, ServerRow};
+use crate::identity::Caller;
+use crate::model::*;
+
+/// The clock, behind a seam so tests control stream reclaim and timestamps.
+pub trait Clock: Send + Sync {
+    fn now_unix_s(&self) -> u64;
+}
+
+/// The system clock.
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_unix_s(&self) -> u64 {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    }
+}
+
+/// An error's HTTP status and stable kind name, for the API.
+pub trait ApiError: std::error::Error {
+    fn status(&self) -> u16;
+    fn kind(&self) -> &'static str;
+}
+
+macro_rules! api_error {
+    ($name:ident { $($variant:ident => ($status:expr, $kind:expr)),* $(,)? }) => {
+        impl ApiError for $name {
+            fn status(&self) -> u16 {
+                match self { $( $name::$variant { .. } => $status, )* }
+            }
+            fn kind(&self) -> &'static str {
+                match self { $( $name::$variant { .. } => $kind, )* }
+            }
+        }
+    };
+}
+
+/// Why a database read failed (list and status operations).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReadError {
+    #[error("manager database: {source}")]
+    Database {
+        #[from]
+        source: rusqlite::Error,
+    },
+}
+api_error!(ReadError { Database => (500, "database") });
+
+macro_rules! from_read_error {
+    ($($name:ident),*) => {$(
+        impl From<ReadError> for $name {
+            fn from(error: ReadError) -> Self {
+                match error {
+                    ReadError::Database { source } => $name::Database { source },
+                }
+            }
+        }
+    )*};
+}
+from_read_error!(CreatePoolError, AddServerError, QuotaError);
+
+/// Why `pool create` failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CreatePoolError {
+    #[error("uid {uid} may not manage pools (root or the admin group only)")]
+    NotAuthorized { uid: u32 },
+    #[error("invalid pool: {reason}")]
+    Invalid { reason: String },
+    #[error("pool {name:?} already exists")]
+    Exists { name: String },
+    #[error("manager database: {source}")]
+    Database {
+        #[from]
+        source: rusqlite::Error,
+    },
+}
+api_error!(CreatePoolError {
+    NotAuthorized => (403, "not_authorized"),
+    Invalid => (400, "invalid"),
+    Exists => (409, "exists"),
+    Database => (500, "database"),
+});
+
+/// Why `server add` failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AddServerError {
+    #[error("uid {uid} may not manage servers (root or the admin group only)")]
+    NotAuthorized { uid: u32 },
+    #[error("invalid server: {reason}")]
+    Invalid { reason: String },
+    #[error("no pool named {pool:?} (create it with `spillway pool create`)")]
+    NoSuchPool { pool: String },
+    #[error("server {address} is already known")]
+    Exists { address: String },
+    #[error("manager database: {source}")]
+    Database {
+        #[from]
+        source: rusqlite::Error,
+    },
+}
+api_error!(AddServerError {
+    NotAuthorized => (403, "not_authorized"),
+    Invalid => (400, "invalid"),
+    NoSuchPool => (404, "no_such_pool"),
+    Exists => (409, "exists"),
+    Database => (500, "database"),
+});
+
+/// Why `reservation create` failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CreateReservationError {
+    #[error("invalid reservation request: {reason}")]
+    Invalid { reason: String },
+    #[error("uid {uid} may not create reservations for uid {owner} (root or the admin group only)")]
+    NotAuthorized { uid: u32, owner: u32 },
+    #[error("no pool named {pool:?}")]
+    NoSuchPool { pool: String },
+    #[error("a reservation named {name:?} already exists")]
+    NameTaken { name: String },
+    #[error("job {job} already has reservation {id}")]
+    JobHasReservation { job: String, id: u64 },
+    #[error("quota exceeded for uid {uid}: {used_bytes} bytes in use + {asked_bytes} bytes asked > quota {quota_bytes} bytes")]
+    QuotaExceeded { uid: u32, quota_bytes: u64, used_bytes: u64, asked_bytes: u64 },
+    #[error("uid {uid} already holds {count} reservations (knob manager.reservations_per_user_max)")]
+    TooManyReservations { uid: u32, count: u32 },
+    #[error("no capacity: {reason}")]
+    NoCapacity { reason: String },
+    #[error("manager database: {source}")]
+    Database {
+        #[from]
+        source: rusqlite::Error,
+    },
+}
+api_error!(CreateReservationError {
+    Invalid => (400, "invalid"),
+    NotAuthorized => (403, "not_authorized"),
+    NoSuchPool => (404, "no_such_pool"),
+    NameTaken => (409, "name_taken"),
+    JobHasReservation => (409, "job_has_reservation"),
+    QuotaExceeded => (403, "quota_exceeded"),
+    TooManyReservations => (403, "too_many_reservations"),
+    NoCapacity => (507, "no_capacity"),
+    Database => (500, "database"),
+});
+
+/// Why a reservation could not be looked up (`reservation show`, staging).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LookupError {
+    #[error("no reservation {key:?} visible to uid {uid}")]
+    NotFound { key: String, uid: u32 },
+    #[error("manager database: {source}")]
+    Database {
+        #[from]
+        source: rusqlite::Error,
+    },
+}
+api_error!(LookupError { NotFound => (404, "not_found"), Database => (500, "database") });
+
+/// Why `reservation destroy` failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DestroyError {
+    #[error("no active reservation {key:?} visible to uid {uid}")]
+    NotFound { key: String, uid: u32 },
+    #[error("uid {uid} may use but not destroy reservation {name:?} (owner uid {owner})")]
+    NotAuthorized { uid: u32, name: String, owner: u32 },
+    #[error("reservation {name:?} belongs to job {actual:?}, not job {given:?}")]
+    JobMismatch { name: String, given: String, actual: Option<String> },
+    #[error("manager database: {source}")]
+    Database {
+        #[from]
+        source: rusqlite::Error,
+    },
+}
+api_error!(DestroyError {
+    NotFound => (404, "not_found"),
+    NotAuthorized => (403, "not_authorized"),
+    JobMismatch => (409, "job_mismatch"),
+    Database => (500, "database"),
+});
+
+/// Why `quota set` failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum QuotaError {
+    #[error("uid {uid} may not set quotas (root or the admin group only)")]
+    NotAuthorized { uid: u32 },
+    #[error("manager database: {source}")]
+    Database {
+        #[from]
+        source: rusqlite::Error,
+    },
+}
+api_error!(QuotaError { NotAuthorized => (403, "not_authorized"), Database => (500, "database") });
+
+/// What one heartbeat learnt about a server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Probe {
+    pub drains_in_flight: u32,
+}
+
+/// A reservation destroyed by [`Manager::destroy_reservation`]: the caller deletes its data.
+#[derive(Clone, Debug)]
+pub struct Destroyed {
+    pub reservation: Reservation,
+}
+
+/// The control plane's state and operations.
+pub struct Manager {
+    db: Mutex<Db>,
+    knobs: ManagerKnobs,
+    admin_gid: Option<u32>,
+    clock: Arc<dyn Clock>,
+    /// Per pool id: BIOS Algorithm 1's table. Locked only while `db` is held.
+    streams: Mutex<BTreeMap<u64, StreamTable>>,
+    /// Per server id: what the last heartbeat saw.
+    live: Mutex<BTreeMap<u64, Probe>>,
+}
+
+/// Names of pools and persistent reservations: 1–64 of `[A-Za-z0-9._-]`, not all digits (ids
+/// are numbers), not `job-…`/`res-…` (generated names).
+fn check_name(what: &str, name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 64 {
+        return Err(format!("{what} name {name:?} must be 1 to 64 characters"));
+    }
+    if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
+        return Err(format!("{what} name {name:?} may contain only letters, digits, '.', '_' and '-'"));
+    }
+    if name.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{what} name {name:?} is all digits (numbers are ids)"));
+    }
+    Ok(())
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock is a bug; the state behind it is the database, which the
+    // aborted transaction left consistent, so going on is safe.
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Manager {
+    /// Opens the manager on `db`, rebuilding the stream tables from the active reservations.
+    pub fn new(db: Db, knobs: ManagerKnobs, admin_gid: Option<u32>, clock: Arc<dyn Clock>) -> Result<Manager, ReadError> {
+        let manager = Manager {
+            db: Mutex::new(db),
+            knobs,
+            admin_gid,
+            clock,
+            streams: Mutex::new(BTreeMap::new()),
+            live: Mutex::new(BTreeMap::new()),
+        };
+        manager.rebuild_streams()?;
+        Ok(manager)
+    }
+
+    pub fn knobs(&self) -> &ManagerKnobs {
+        &self.knobs
+    }
+
+    /// The identity of a connection's peer.
+    pub fn caller(&self, uid: u32, gid: u32) -> Caller {
+        Caller::resolve(uid, gid, self.admin_gid)
+    }
+
+    fn stream_limits(&self) -> StreamTableLimits {
+        StreamTableLimits {
+            streams_max: self.knobs.streams_max,
+            reclaim_check_every: self.knobs.stream_reclaim_check_every,
+            idle_reclaim_after: self.knobs.stream_idle_reclaim_s,
+        }
+    }
+
+    fn stream_key(&self, owner_uid: u32, epoch: u64) -> StreamKey {
+        match self.knobs.stream_key {
+            StreamKeyKind::User => StreamKey(owner_uid as u64),
+            // The epoch is unique per reservation, so it names the job's reservation.
+            StreamKeyKind::Job => StreamKey(epoch),
+        }
+    }
+
+    fn rebuild_streams(&self) -> Result<(), ReadError> {
+        let mut db = lock(&self.db);
+        let tx = db.conn.transaction()?;
+        let active = db::active_reservations(&tx)?;
+        drop(tx);
+        let mut streams = lock(&self.streams);
+        streams.clear();
+        for row in active {
+            let table = streams.entry(row.pool_id).or_insert_with(|| StreamTable::new(self.stream_limits()));
+            let key = self.stream_key(row.owner_uid, row.epoch);
+            if table.stream_of(key).is_some() || row.stream >= self.knobs.streams_max {
+                continue; // shared key already registered, or streams_max lowered since
+            }
+            table.apply(&StreamDecision {
+                key,
+                stream: row.stream,
+                registered: true,
+                stream_was_idle: false,
+                reclaimed: None,
+                now: row.created_unix_s,
+            });
+        }
+        Ok(())
+    }
+
+    pub fn whoami(&self, caller: &Caller) -> Whoami {
+        Whoami { uid: caller.uid, gid: caller.gid, admin: caller.admin }
+    }
+
+    // ---- pools and servers ----
+
+    pub fn create_pool(&self, caller: &Caller, request: &CreatePool) -> Result<Pool, CreatePoolError> {
+        if !caller.admin {
+            return Err(CreatePoolError::NotAuthorized { uid: caller.uid });
+        }
+        check_name("pool", &request.name).map_err(|reason| CreatePoolError::Invalid { reason })?;
+        if request.granularity_bytes == 0 || request.granularity_bytes > i64::MAX as u64 {
+            return Err(CreatePoolError::Invalid { reason: format!("granularity of {} bytes", request.granularity_bytes) });
+        }
+        let mut db = lock(&self.db);
+        let tx = db.conn.transaction()?;
+        if db::pools(&tx)?.iter().any(|p| p.name == request.name) {
+            return Err(CreatePoolError::Exists { name: request.name.clone() });
+        }
+        db::insert_pool(&tx, &request.name, request.granularity_bytes, self.clock.now_unix_s())?;
+        tx.commit()?;
+        drop(db);
+        tracing::info!(pool = %request.name, granularity_bytes = request.granularity_bytes, uid = caller.uid, "pool created");
+        Ok(self.list_pools()?.into_iter().find(|p| p.name == request.name).expect("pool just committed"))
+    }
+
+    pub fn add_server(&self, caller: &Caller, request: &AddServer) -> Result<Server, AddServerError> {
+        if !caller.admin {
+            return Err(AddServerError::NotAuthorized { uid: caller.uid });
+        }
+        let endpoint: spillway_proto::Endpoint =
+            request.address.parse().map_err(|reason| AddServerError::Invalid { reason })?;
+        if let spillway_proto::Endpoint::Tcp(address) = endpoint {
+            if !address.ip().is_loopback() {
+                return Err(AddServerError::Invalid {
+                    reason: format!("{address} is not a loopback address; servers are reached over loopback until site authentication exists"),
+                });
+            }
+        }
+        if request.capacity_bytes == 0 || request.capacity_bytes > i64::MAX as u64 {
+            return Err(AddServerError::Invalid { reason: format!("capacity of {} bytes", request.capacity_bytes) });
+        }
+        if let Some(dir) = &request.pfs_dir {
+            if !dir.starts_with('/') {
+                return Err(AddServerError::Invalid { reason: format!("PFS directory {dir:?} is not absolute") });
+            }
+        }
+        let mut db = lock(&self.db);
+        let tx = db.conn.transaction()?;
+        let pool = db::pools(&tx)?
+            .into_iter()
+            .find(|p| p.name == request.pool)
+            .ok_or_else(|| AddServerError::NoSuchPool { pool: request.pool.clone() })?;
+        if db::servers(&tx)?.iter().any(|s| s.address == request.address) {
+            return Err(AddServerError::Exists { address: request.address.clone() });
+        }
+        db::insert_server(&tx, &request.address, pool.id, request.capacity_bytes, request.pfs_dir.as_deref())?;
+        tx.commit()?;
+        drop(db);
+        tracing::info!(server = %request.address, pool = %request.pool, capacity_bytes = request.capacity_bytes, "server added");
+        Ok(self.list_servers()?.into_iter().find(|s| s.address == request.address).expect("server just committed"))
+    }
+
+    fn snapshot(&self, db: &mut Db) -> rusqlite::Result<(Vec<PoolRow>, Vec<ServerRow>, Vec<ReservationRow>)> {
+        let tx = db.conn.transaction()?;
+        let snapshot = (db::pools(&tx)?, db::servers(&tx)?, db::active_reservations(&tx)?);
+        tx.commit()?;
+        Ok(snapshot)
+    }
+
+    fn used_per_server(active: &[ReservationRow]) -> BTreeMap<u64, u64> {
+        let mut used = BTreeMap::new();
+        for row in active {
+            for &(server, fragments) in &row.placement {
+                *used.entry(server).or_insert(0) += fragments * row.fragment_bytes;
+            }
+        }
+        used
+    }
+
+    pub fn list_pools(&self) -> Result<Vec<Pool>, ReadError> {
+        let (pools, servers, active) = self.snapshot(&mut lock(&self.db))?;
+        let used = Self::used_per_server(&active);
+        let streams = lock(&self.streams);
+        Ok(pools
+            .iter()
+            .map(|pool| {
+                let members: Vec<&ServerRow> = servers.iter().filter(|s| s.pool_id == pool.id).collect();
+                let capacity: u64 = members.iter().map(|s| s.capacity_bytes).sum();
+                let used_bytes: u64 = members.iter().map(|s| used.get(&s.id).copied().unwrap_or(0)).sum();
+                Pool {
+                    id: pool.id,
+                    name: pool.name.clone(),
+                    granularity_bytes: pool.granularity_bytes,
+                    servers: members.len() as u64,
+                    servers_healthy: members.iter().filter(|s| s.healthy).count() as u64,
+                    capacity_bytes: capacity,
+                    used_bytes,
+                    free_bytes: capacity.saturating_sub(used_bytes),
+                    reservations: active.iter().filter(|r| r.pool_id == pool.id).count() as u64,
+                    keys_per_stream: streams
+                        .get(&pool.id)
+                        .map(|t| t.keys_per_stream())
+                        .unwrap_or_else(|| vec![0; self.knobs.streams_max as usize]),
+                }
+            })
+            .collect())
+    }
+
+    pub fn list_servers(&self) -> Result<Vec<Server>, ReadError> {
+        let (pools, servers, active) = self.snapshot(&mut lock(&self.db))?;
+        let used = Self::used_per_server(&active);
+        let live = lock(&self.live);
+        Ok(servers
+            .iter()
+            .map(|s| Server {
+                id: s.id,
+                address: s.address.clone(),
+                pool: pools.iter().find(|p| p.id == s.pool_id).map(|p| p.name.clone()).unwrap_or_default(),
+                capacity_bytes: s.capacity_bytes,
+                used_bytes: used.get(&s.id).copied().unwrap_or(0),
+                pfs_dir: s.pfs_dir.clone(),
+                healthy: s.healthy,
+                misses: s.misses,
+                last_seen_unix_s: s.last_seen_unix_s,
+                drains_in_flight: live.get(&s.id).map(|p| p.drains_in_flight).unwrap_or(0),
+            })
+            .collect())
+    }
+
+    // ---- reservations ----
+
+    fn can_see(caller: &Caller, row: &ReservationRow) -> bool {
+        caller.admin
+            || row.owner_uid == caller.uid
+            || (row.persistent
+                && (row.allowed_uids.contains(&caller.uid) || row.allowed_gids.iter().any(|&g| caller.in_group(g))))
+    }
+
+    fn quota_of(&self, tx: &rusqlite::Transaction, uid: u32) -> rusqlite::Result<(u64, bool)> {
+        Ok(match db::quotas(tx)?.into_iter().find(|&(u, _)| u == uid) {
+            Some((_, bytes)) => (bytes, false),
+            None => (self.knobs.quota_bytes_default, true),
+        })
+    }
+
+    pub fn create_reservation(
+        &self,
+        caller: &Caller,
+        request: &CreateReservation,
+    ) -> Result<Reservation, CreateReservationError> {
+        let invalid = |reason: String| CreateReservationError::Invalid { reason };
+        if request.capacity_bytes == 0 || request.capacity_bytes > i64::MAX as u64 / 2 {
+            return Err(invalid(format!("capacity of {} bytes", request.capacity_bytes)));
+        }
+        let (owner_uid, owner_gid) = match (request.owner, request.group) {
+            (None, None) => (caller.uid, caller.gid),
+            (Some(owner), group) => {
+                if owner != caller.uid && !caller.admin {
+                    return Err(CreateReservationError::NotAuthorized { uid: caller.uid, owner });
+                }
+                match group {
+                    Some(group) => (owner, group),
+                    None if owner == caller.uid => (owner, caller.gid),
+                    None => return Err(invalid(format!("owner {owner} given without its group (--group GID)"))),
+                }
+            }
+            (None, Some(group)) => {
+                if group != caller.gid && !caller.in_group(group) && !caller.admin {
+                    return Err(invalid(format!("uid {} is not in group {group}", caller.uid)));
+                }
+                (caller.uid, group)
+            }
+        };
+        if let Some(name) = &request.persistent {
+            check_name("reservation", name).map_err(invalid)?;
+            if name.starts_with("job-") || name.starts_with("res-") {
+                return Err(invalid(format!("reservation name {name:?} uses a reserved prefix (job-, res-)")));
+            }
+        }
+        if let Some(job) = &request.job {
+            if job.is_empty() || job.len() > 64 || !job.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
+                return Err(invalid(format!("job id {job:?} must be 1 to 64 of [A-Za-z0-9._-]")));
+            }
+        }
+        if request.allowed_uids.len() > 256 || request.allowed_gids.len() > 256 {
+            return Err(invalid("more than 256 allowed uids or gids".into()));
+        }
+        let access = request.access.unwrap_or(Access::Striped);
+        let now = self.clock.now_unix_s();
+
+        let mut db = lock(&self.db);
+        let tx = db.conn.transaction()?;
+        let pools = db::pools(&tx)?;
+        let servers = db::servers(&tx)?;
+        let active = db::active_reservations(&tx)?;
+
+        // Names and jobs.
+        let name = match (&request.persistent, &request.job) {
+            (Some(name), _) => Some(name.clone()),
+            (None, Some(job)) => Some(format!("job-{job}")),
+            (None, None) => None,
+        };
+        if let Some(name) = &name {
+            if active.iter().any(|r| &r.name == name) {
+                return Err(CreateReservationError::NameTaken { name: name.clone() });
+            }
+        }
+        if let Some(job) = &request.job {
+            if request.persistent.is_none() {
+                if let Some(id) = db::reservation_of_job(&tx, job)? {
+                    return Err(CreateReservationError::JobHasReservation { job: job.clone(), id });
+                }
+            }
+        }
+
+        // Quota and count.
+        let mine: Vec<&ReservationRow> = active.iter().filter(|r| r.owner_uid == owner_uid).collect();
+        if mine.len() as u64 >= self.knobs.reservations_per_user_max as u64 {
+            return Err(CreateReservationError::TooManyReservations { uid: owner_uid, count: mine.len() as u32 });
+        }
+        let fragment_bytes = self.knobs.fragment_bytes;
+        let granted = request.capacity_bytes.div_ceil(fragment_bytes) * fragment_bytes;
+        let used: u64 = mine.iter().map(|r| r.granted_bytes()).sum();
+        let (quota, _) = self.quota_of(&tx, owner_uid)?;
+        if quota != 0 && used + granted > quota {
+            return Err(CreateReservationError::QuotaExceeded {
+                uid: owner_uid,
+                quota_bytes: quota,
+                used_bytes: used,
+                asked_bytes: granted,
+            });
+        }
+
+        // Placement: pools that can hold it, then Algorithm 2 among them, then fragments.
+        let used_per_server = Self::used_per_server(&active);
+        let space = |pool: u64| -> Vec<ServerSpace> {
+            servers
+                .iter()
+                .filter(|s| s.pool_id == pool)
+                .map(|s| ServerSpace {
+                    server: s.id,
+                    free_bytes: s.capacity_bytes.saturating_sub(used_per_server.get(&s.id).copied().unwrap_or(0)),
+                    healthy: s.healthy,
+                })
+                .collect()
+        };
+        let fragment_request = FragmentRequest {
+            capacity_bytes: request.capacity_bytes,
+            fragment_bytes,
+            stripe_servers_max: self.knobs.stripe_servers_max,
+        };
+        let candidates: Vec<&PoolRow> = match &request.pool {
+            Some(name) => vec![pools
+                .iter()
+                .find(|p| &p.name == name)
+                .ok_or_else(|| CreateReservationError::NoSuchPool { pool: name.clone() })?],
+            None => pools.iter().collect(),
+        };
+        if candidates.is_empty() {
+            return Err(CreateReservationError::NoCapacity { reason: "no pools exist".into() });
+        }
+        let mut fitting = Vec::new();
+        let mut refusals = Vec::new();
+        for pool in &candidates {
+            match allocate(&space(pool.id), fragment_request) {
+                Ok(plan) => fitting.push((pool.id, plan)),
+                Err(FragmentError::ZeroCapacity) => return Err(invalid("capacity of 0 bytes".into())),
+                Err(error) => refusals.push(format!("pool {}: {error}", pool.name)),
+            }
+        }
+        let states: Vec<PoolState> = fitting
+            .iter()
+            .map(|(pool, _)| PoolState {
+                pool: *pool as u32,
+                running_job_users: active
+                    .iter()
+                    .filter(|r| r.pool_id == *pool)
+                    .map(|r| StreamKey(r.owner_uid as u64))
+                    .collect(),
+            })
+            .collect();
+        let Some(choice) = select_pool(&states, StreamKey(owner_uid as u64)) else {
+            return Err(CreateReservationError::NoCapacity { reason: refusals.join("; ") });
+        };
+        let (pool_id, plan) = fitting.into_iter().find(|(p, _)| *p as u32 == choice.pool()).expect("chosen among fitting");
+
+        // Identifiers and stream.
+        let epoch = db::take_counter(&tx, "next_epoch")?;
+        let namespace_id = db::take_counter(&tx, "next_namespace_id")?;
+        let key = self.stream_key(owner_uid, epoch);
+        let mut streams = lock(&self.streams);
+        let table = streams.entry(pool_id).or_insert_with(|| StreamTable::new(self.stream_limits()));
+        let decision = table.decide(key, now);
+
+        let mut row = ReservationRow {
+            id: 0,
+            name: name.clone().unwrap_or_else(|| format!("pending-{epoch}")),
+            owner_uid,
+            owner_gid,
+            job_id: request.job.clone(),
+            persistent: request.persistent.is_some(),
+            requested_bytes: request.capacity_bytes,
+            fragment_bytes,
+            fragments: plan.fragments,
+            pool_id,
+            access,
+            epoch,
+            namespace_id,
+            stream: decision.stream,
+            state: ReservationState::Active,
+            created_unix_s: now,
+            allowed_uids: request.allowed_uids.clone(),
+            allowed_gids: request.allowed_gids.clone(),
+            placement: plan.per_server.clone(),
+        };
+        let id = db::insert_reservation(&tx, &row)?;
+        row.id = id;
+        if name.is_none() {
+            row.name = format!("res-{id}");
+            db::rename_reservation(&tx, id, &row.name)?;
+        }
+        tx.commit()?;
+        table.apply(&decision);
+        drop(streams);
+        drop(db);
+        tracing::info!(
+            reservation = id, name = %row.name, owner = owner_uid, pool = pool_id, rule = ?choice,
+            fragments = plan.fragments, servers = plan.per_server.len(), stream = decision.stream, epoch,
+            "reservation created"
+        );
+        Ok(row.to_model(&pools, &servers))
+    }
+
+    pub fn list_reservations(&self, caller: &Caller, all: bool) -> Result<Vec<Reservation>, ReadError> {
+        let (pools, servers, active) = self.snapshot(&mut lock(&self.db))?;
+        Ok(active
+            .iter()
+            .filter(|r| Self::can_see(caller, r))
+            // Root and admins see everything with `--all`, only their own without it.
+            .filter(|r| !caller.admin || all || r.owner_uid == caller.uid)
+            .map(|r| r.to_model(&pools, &servers))
+            .collect())
+    }
+
+    pub fn show_reservation(&self, caller: &Caller, key: &str) -> Result<Reservation, LookupError> {
+        let mut db = lock(&self.db);
+        let tx = db.conn.transaction()?;
+        let row = db::find_reservation(&tx, key)?;
+        let (pools, servers) = (db::pools(&tx)?, db::servers(&tx)?);
+        match row {
+            Some(row) if Self::can_see(caller, &row) => Ok(row.to_model(&pools, &servers)),
+            _ => Err(LookupError::NotFound { key: key.to_string(), uid: caller.uid }),
+        }
+    }
+
+    /// Marks the reservation destroyed (its capacity is free at once). The caller then deletes
+    /// its data on the servers ([`crate::delete_reservation_data`]).
+    pub fn destroy_reservation(&self, caller: &Caller, key: &str, job: Option<&str>) -> Result<Destroyed, DestroyError> {
+        let mut db = lock(&self.db);
+        let tx = db.conn.transaction()?;
+        let row = db::find_reservation(&tx, key)?
+            .filter(|r| r.state == ReservationState::Active && Self::can_see(caller, r))
+            .ok_or_else(|| DestroyError::NotFound { key: key.to_string(), uid: caller.uid })?;
+        if !caller.admin && row.owner_uid != caller.uid {
+            return Err(DestroyError::NotAuthorized { uid: caller.uid, name: row.name.clone(), owner: row.owner_uid });
+        }
+        if let Some(job) = job {
+            if !row.persistent && row.job_id.as_deref() != Some(job) {
+                return Err(DestroyError::JobMismatch { name: row.name.clone(), given: job.to_string(), actual: row.job_id.clone() });
+            }
+        }
+        db::mark_destroyed(&tx, row.id, self.clock.now_unix_s())?;
+        let (pools, servers) = (db::pools(&tx)?, db::servers(&tx)?);
+        tx.commit()?;
+        let mut reservation = row.to_model(&pools, &servers);
+        reservation.state = ReservationState::Destroyed;
+        tracing::info!(reservation = row.id, name = %row.name, uid = caller.uid, "reservation destroyed");
+        Ok(Destroyed { reservation })
+    }
+
+    // ---- quotas ----
+
+    pub fn set_quota(&self, caller: &Caller, uid: u32, request: &SetQuota) -> Result<Quota, QuotaError> {
+        if !caller.admin {
+            return Err(QuotaError::NotAuthorized { uid: caller.uid });
+        }
+        let mut db = lock(&self.db);
+        let tx = db.conn.transaction()?;
+        db::set_quota(&tx, uid, request.bytes.min(i64::MAX as u64))?;
+        tx.commit()?;
+        drop(db);
+        Ok(self.quotas(caller)?.into_iter().find(|q| q.uid == uid).expect("quota row just written"))
+    }
+
+    /// The caller's quota, or every quota row (plus the caller's) for root and admins.
+    pub fn quotas(&self, caller: &Caller) -> Result<Vec<Quota>, ReadError> {
+        let mut db = lock(&self.db);
+        let tx = db.conn.transaction()?;
+        let rows = db::quotas(&tx)?;
+        let active = db::active_reservations(&tx)?;
+        let used = |uid: u32| active.iter().filter(|r| r.owner_uid == uid).map(|r| r.granted_bytes()).sum();
+        let mut out: Vec<Quota> = rows
+            .iter()
+            .filter(|&&(uid, _)| caller.admin || uid == caller.uid)
+            .map(|&(uid, bytes)| Quota { uid, bytes, used_bytes: used(uid), default: false })
+            .collect();
+        if !out.iter().any(|q| q.uid == caller.uid) {
+            out.push(Quota { uid: caller.uid, bytes: self.knobs.quota_bytes_default, used_bytes: used(caller.uid), default: true });
+        }
+        Ok(out)
+    }
+
+    // ---- health ----
+
+    /// Addresses of every server, for the heartbeat.
+    pub fn server_addresses(&self) -> Result<Vec<(u64, String)>, ReadError> {
+        Ok(self.list_servers()?.into_iter().map(|s| (s.id, s.address)).collect())
+    }
+
+    /// Records one heartbeat round: `Ok` probes reset the miss count and mark the server up,
+    /// errors count a miss; `heartbeat_misses_max` consecutive misses mark it down. Only rows
+    /// whose state changed are written.
+    pub fn record_heartbeats(&self, results: &[(u64, Result<Probe, String>)]) -> Result<(), ReadError> {
+        let now = self.clock.now_unix_s();
+        let mut db = lock(&self.db);
+        let tx = db.conn.transaction()?;
+        let servers = db::servers(&tx)?;
+        let mut live = lock(&self.live);
+        for (id, result) in results {
+            let Some(server) = servers.iter().find(|s| s.id == *id) else { continue };
+            match result {
+                Ok(probe) => {
+                    live.insert(*id, probe.clone());
+                    if !server.healthy {
+                        tracing::info!(server = %server.address, "server is up again");
+                    }
+                    // last_seen is written at most once per misses/health change, or every
+                    // round when the server was seen — cheap (a few rows) and useful in status.
+                    db::set_server_health(&tx, *id, true, 0, Some(now))?;
+                }
+                Err(problem) => {
+                    live.remove(id);
+                    let misses = server.misses.saturating_add(1);
+                    let healthy = misses < self.knobs.heartbeat_misses_max;
+                    if server.healthy && !healthy {
+                        tracing::warn!(server = %server.address, misses, %problem, "server marked down");
+                    }
+                    db::set_server_health(&tx, *id, healthy, misses, None)?;
+                }
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    pub fn status(&self, caller: &Caller) -> Result<Status, ReadError> {
+        let pools = self.list_pools()?;
+        let servers = self.list_servers()?;
+        let reservations = self.list_reservations(caller, true)?;
+        let capacity_bytes = servers.iter().map(|s| s.capacity_bytes).sum();
+        let used_bytes = servers.iter().map(|s| s.used_bytes).sum();
+        let drains_in_flight = servers.iter().map(|s| s.drains_in_flight as u64).sum();
+        Ok(Status {
+            pools,
+            servers,
+            reservations,
+            capacity_bytes,
+            used_bytes,
+            free_bytes: capacity_bytes.saturating_sub(used_bytes),
+            drains_in_flight,
+        })
+    }
+}

@@ -1,0 +1,986 @@
+//! Stage-in and stage-out: copying files and directory trees between the PFS and a reservation.
+//!
+//! Runs in the process that asks for it (the `spillway stage-in|stage-out` CLI, i.e. the Slurm
+//! hook), not in the manager: bulk data then flows directly between the PFS client and the burst
+//! buffer servers instead of through the control plane, the manager stays responsive while a
+//! large stage runs, and PFS files are read and written with the caller's own permissions. The
+//! manager only says where the reservation lives (servers, epoch).
+//!
+//! - **Layout.** Files are created in the reservation's POSIX namespace (the one the job's
+//!   mount shows: `spillway_client::meta::RemoteNamespace` on the server and with the id
+//!   `spillway_policy::namespace::namespace_placement` gives for striped access), with their
+//!   directories, permission bits and modification times; their bytes go where the mount
+//!   reads them, the store file `ns/<namespace>/<ino>.<generation>` of the namespace's data
+//!   epoch, striped over the reservation's servers with the client's default placement. The
+//!   caller acts as itself; root acts as the reservation's owner, so the files are the
+//!   owner's. Private reservations (a namespace per compute node) are not staged.
+//! - **Parallel.** Up to `parallel_files` files at once, one client (its own connections) per
+//!   worker; the queue is the file list itself, so nothing is unbounded.
+//! - **Verified.** Every file's CRC32C is computed while it is read from the source, then the
+//!   copy is read back from the destination and its CRC32C compared; a mismatch fails the stage
+//!   naming the file.
+//! - **Resumable.** After a file is verified, one JSON line (name, size, mtime, CRC) is appended
+//!   to a progress record and fsync'd. A rerun skips files whose record matches the source and
+//!   whose copy still has the recorded size, so an interrupted stage continues where it stopped.
+//! - **Drained data.** With `drain_first`, stage-out commits the epoch on every server and
+//!   drains it through the drain path first; a file whose drained copy already sits in the
+//!   servers' PFS directory (under its path, or as its data file; complete: right size) is
+//!   copied from there, not read again from the burst buffer — and not copied at all when the
+//!   drain already published it exactly at the destination.
+//! - **Progress.** A bar on a terminal, a line every few seconds otherwise ([`ProgressMode`]).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use spillway_client::{Client, ClientError, ClientOptions, Placement, ServerConnection};
+use spillway_proto::{DrainState, Durability, Endpoint, EpochState, Request, Response};
+use spillway_types::EpochId;
+
+use spillway_client::meta::{RemoteNamespace, RemoteOptions};
+use spillway_meta::{
+    data_file_name, Attr as MetaAttr, Caller as MetaCaller, FileKind, Ino, MetaError, Namespace, SetAttr, TimeSet, Timestamp,
+    ROOT_INO,
+};
+use spillway_policy::namespace::{namespace_placement, NamespaceAccess};
+
+use crate::model::{Access, Reservation};
+
+/// Files one stage handles at most (bounds the file list).
+pub const FILES_MAX: usize = 1_000_000;
+
+/// Why a stage failed. Names the file, server or record at fault.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StageError {
+    #[error("invalid path {path:?}: {reason}")]
+    BadPath { path: String, reason: String },
+    #[error("{path}: {source}")]
+    Pfs { path: PathBuf, source: std::io::Error },
+    #[error("reservation {reservation}: {source}")]
+    BurstBuffer { reservation: String, source: ClientError },
+    #[error("reservation {reservation} has no server endpoints usable from here: {reason}")]
+    Servers { reservation: String, reason: String },
+    #[error("checksum mismatch for {name}: wrote CRC32C {expected:08x}, read back {actual:08x}")]
+    Checksum { name: String, expected: u32, actual: u32 },
+    #[error("reservation {reservation} has nothing under {path:?}")]
+    NothingToStage { reservation: String, path: String },
+    #[error("more than {FILES_MAX} files under {path}")]
+    TooManyFiles { path: String },
+    #[error("reservation {reservation}, {what}: {error}")]
+    Namespace { reservation: String, what: String, error: MetaError },
+    #[error("reservation {reservation} is private (a namespace per compute node): stage into a striped reservation")]
+    Private { reservation: String },
+    #[error("progress record {path}: {source}")]
+    Record { path: PathBuf, source: std::io::Error },
+    #[error("drain of epoch {epoch} did not finish in {timeout:?}; last state: {state}")]
+    DrainTimeout { epoch: u64, timeout: Duration, state: String },
+    #[error("drain of epoch {epoch} requested, but the reservation's servers have no PFS directory (server add --pfs)")]
+    NoDrainDirectory { epoch: u64 },
+}
+
+/// How progress is shown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProgressMode {
+    /// A bar redrawn in place on stderr (a terminal).
+    Bar,
+    /// A line on stderr every `interval` (logs, batch jobs).
+    Lines { interval: Duration },
+    /// Nothing.
+    Silent,
+}
+
+impl ProgressMode {
+    /// A bar when stderr is a terminal, periodic lines otherwise.
+    pub fn for_stderr() -> ProgressMode {
+        // SAFETY: isatty only inspects the descriptor.
+        if unsafe { libc::isatty(2) } == 1 {
+            ProgressMode::Bar
+        } else {
+            ProgressMode::Lines { interval: Duration::from_secs(5) }
+        }
+    }
+}
+
+/// Settings of one stage.
+#[derive(Clone, Debug)]
+pub struct StageOptions {
+    /// Files copied at once (1..=64).
+    pub parallel_files: usize,
+    /// Bytes per read and write request.
+    pub chunk_bytes: usize,
+    /// The progress record (created if missing).
+    pub record_path: PathBuf,
+    pub progress: ProgressMode,
+    /// Stage-out: commit and drain the epoch through the drain path first.
+    pub drain_first: bool,
+    /// How long a `drain_first` drain may take.
+    pub drain_timeout: Duration,
+}
+
+impl StageOptions {
+    pub fn new(record_path: PathBuf) -> StageOptions {
+        StageOptions {
+            parallel_files: 4,
+            chunk_bytes: 1 << 20,
+            record_path,
+            progress: ProgressMode::Silent,
+            drain_first: false,
+            drain_timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+/// What a stage did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageReport {
+    pub files_total: u64,
+    pub files_copied: u64,
+    /// Already complete and verified by an earlier (interrupted) run.
+    pub files_skipped: u64,
+    pub bytes_total: u64,
+    pub bytes_copied: u64,
+    pub elapsed_ms: u64,
+    /// Stage-out: files read from their drained PFS copy rather than from the burst buffer.
+    pub files_from_drained_copy: u64,
+}
+
+/// One line of the progress record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct RecordEntry {
+    /// The file's name in the reservation.
+    name: String,
+    size: u64,
+    /// Source modification time (stage-in) or 0 (stage-out).
+    mtime_ns: i128,
+    crc32c: u32,
+}
+
+/// The default progress record for a stage: under the system temp dir, per uid, named by the
+/// reservation and a hash of the two paths, so reruns of the same stage find it.
+pub fn default_record_path(direction: &str, reservation: &Reservation, src: &str, dst: &str) -> PathBuf {
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let key = crc32c::crc32c(format!("{src}\0{dst}").as_bytes());
+    std::env::temp_dir()
+        .join(format!("spillway-stage-{uid}"))
+        .join(format!("{direction}-res{}-epoch{}-{key:08x}.jsonl", reservation.id, reservation.epoch))
+}
+
+/// A normalized path inside a reservation: no leading `/`, no `.`/`..`, `/`-separated; "" is
+/// the reservation's root.
+pub fn reservation_path(path: &str) -> Result<String, StageError> {
+    let mut parts = Vec::new();
+    for component in Path::new(path).components() {
+        match component {
+            Component::RootDir | Component::CurDir => {}
+            Component::Normal(part) => parts.push(
+                part.to_str()
+                    .ok_or_else(|| StageError::BadPath { path: path.into(), reason: "not UTF-8".into() })?
+                    .to_string(),
+            ),
+            Component::ParentDir | Component::Prefix(_) => {
+                return Err(StageError::BadPath { path: path.into(), reason: "'..' is not allowed in a reservation path".into() })
+            }
+        }
+    }
+    Ok(parts.join("/"))
+}
+
+fn join_name(base: &str, relative: &str) -> String {
+    match (base.is_empty(), relative.is_empty()) {
+        (true, _) => relative.to_string(),
+        (false, true) => base.to_string(),
+        (false, false) => format!("{base}/{relative}"),
+    }
+}
+
+fn endpoints(reservation: &Reservation) -> Result<Vec<Endpoint>, StageError> {
+    reservation
+        .servers
+        .iter()
+        .map(|s| s.parse::<Endpoint>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|reason| StageError::Servers { reservation: reservation.name.clone(), reason })
+}
+
+fn connect(reservation: &Reservation) -> Result<Client, StageError> {
+    let options = ClientOptions {
+        placement: Placement::striped_default(),
+        durability: Durability::Ssd,
+        client_name: format!("spillway stage pid {}", std::process::id()),
+        ..Default::default()
+    };
+    let mut client = Client::connect(&endpoints(reservation)?, options).map_err(|source| burst(reservation, source))?;
+    if let Some(Some(dir)) = reservation.server_pfs_dirs.first() {
+        client.set_pfs_fallback(dir);
+    }
+    Ok(client)
+}
+
+fn burst(reservation: &Reservation, source: ClientError) -> StageError {
+    StageError::BurstBuffer { reservation: reservation.name.clone(), source }
+}
+
+/// The progress record: entries of earlier runs, and an append handle.
+struct Record {
+    path: PathBuf,
+    done: BTreeMap<String, RecordEntry>,
+    file: Mutex<File>,
+}
+
+impl Record {
+    fn open(path: &Path) -> Result<Record, StageError> {
+        let error = |source| StageError::Record { path: path.to_path_buf(), source };
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(error)?;
+        }
+        let mut done = BTreeMap::new();
+        match std::fs::read_to_string(path) {
+            Ok(text) => {
+                for line in text.lines() {
+                    // A torn last line (interrupted mid-append) is ignored: that file is redone.
+                    if let Ok(entry) = serde_json::from_str::<RecordEntry>(line) {
+                        done.insert(entry.name.clone(), entry);
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(error(e)),
+        }
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(error)?;
+        Ok(Record { path: path.to_path_buf(), done, file: Mutex::new(file) })
+    }
+
+    fn append(&self, entry: &RecordEntry) -> Result<(), StageError> {
+        let mut line = serde_json::to_vec(entry).expect("record entries serialize");
+        line.push(b'\n');
+        let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        file.write_all(&line)
+            .and_then(|()| file.sync_data())
+            .map_err(|source| StageError::Record { path: self.path.clone(), source })
+    }
+}
+
+/// Shared progress counters and their display.
+struct Progress {
+    label: &'static str,
+    mode: ProgressMode,
+    files_total: u64,
+    bytes_total: u64,
+    files_done: AtomicU64,
+    bytes_done: AtomicU64,
+    started: Instant,
+    last_shown: Mutex<Instant>,
+}
+
+impl Progress {
+    fn new(label: &'static str, mode: ProgressMode, files_total: u64, bytes_total: u64) -> Progress {
+        let now = Instant::now();
+        Progress {
+            label,
+            mode,
+            files_total,
+            bytes_total,
+            files_done: AtomicU64::new(0),
+            bytes_done: AtomicU64::new(0),
+            started: now,
+            last_shown: Mutex::new(now),
+        }
+    }
+
+    fn add(&self, files: u64, bytes: u64) {
+        self.files_done.fetch_add(files, Ordering::Relaxed);
+        self.bytes_done.fetch_add(bytes, Ordering::Relaxed);
+        self.show(false);
+    }
+
+    fn show(&self, last: bool) {
+        let interval = match self.mode {
+            ProgressMode::Silent => return,
+            ProgressMode::Bar => Duration::from_millis(100),
+            ProgressMode::Lines { interval } => interval,
+        };
+        let mut shown = self.last_shown.lock().unwrap_or_else(|p| p.into_inner());
+        if !last && shown.elapsed() < interval {
+            return;
+        }
+        *shown = Instant::now();
+        let files = self.files_done.load(Ordering::Relaxed);
+        let bytes = self.bytes_done.load(Ordering::Relaxed);
+        let seconds = self.started.elapsed().as_secs_f64().max(1e-3);
+        let rate = spillway_types::format_bytes((bytes as f64 / seconds) as u64);
+        let text = format!(
+            "{}: {files}/{} files, {}/{} ({rate}/s)",
+            self.label,
+            self.files_total,
+            spillway_types::format_bytes(bytes),
+            spillway_types::format_bytes(self.bytes_total)
+        );
+        match self.mode {
+            ProgressMode::Bar => {
+                const WIDTH: u64 = 30;
+                let filled = (bytes.saturating_mul(WIDTH)).checked_div(self.bytes_total).map_or(WIDTH, |f| f.min(WIDTH));
+                let bar: String = (0..WIDTH).map(|i| if i < filled { '#' } else { '.' }).collect();
+                eprint!("\r[{bar}] {text}\x1b[K{}", if last { "\n" } else { "" });
+            }
+            ProgressMode::Lines { .. } => eprintln!("{text}"),
+            ProgressMode::Silent => {}
+        }
+    }
+}
+
+/// Runs `work` over `items` with at most `parallel` threads, each with its own state from
+/// `init`; stops handing out items after the first error and returns it.
+fn parallel<T: Sync, S>(
+    items: &[T],
+    parallel: usize,
+    init: impl Fn() -> Result<S, StageError> + Sync,
+    work: impl Fn(&mut S, &T) -> Result<(), StageError> + Sync,
+) -> Result<(), StageError> {
+    let next = AtomicU64::new(0);
+    let failure: Mutex<Option<StageError>> = Mutex::new(None);
+    let workers = parallel.clamp(1, 64).min(items.len().max(1));
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                let fail = |e: StageError| {
+                    failure.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+                };
+                let mut state = match init() {
+                    Ok(state) => state,
+                    Err(e) => return fail(e),
+                };
+                loop {
+                    if failure.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+                        return;
+                    }
+                    let index = next.fetch_add(1, Ordering::Relaxed) as usize;
+                    let Some(item) = items.get(index) else { return };
+                    if let Err(e) = work(&mut state, item) {
+                        return fail(e);
+                    }
+                }
+            });
+        }
+    });
+    failure.into_inner().unwrap_or_else(|p| p.into_inner()).map_or(Ok(()), Err)
+}
+
+/// Maps an I/O error on `path` (a PFS file or directory) to a [`StageError`].
+fn pfs_error(path: &Path) -> impl Fn(std::io::Error) -> StageError {
+    let path = path.to_path_buf();
+    move |source| StageError::Pfs { path: path.clone(), source }
+}
+
+/// A source file of a stage-in.
+struct SourceFile {
+    path: PathBuf,
+    name: String,
+    size: u64,
+    mtime_ns: i128,
+}
+
+fn walk(root: &Path, base: &str, out: &mut Vec<SourceFile>) -> Result<(), StageError> {
+    let pfs = pfs_error;
+    let meta = std::fs::metadata(root).map_err(pfs(root))?;
+    if meta.is_file() {
+        out.push(SourceFile {
+            path: root.to_path_buf(),
+            name: base.to_string(),
+            size: meta.len(),
+            mtime_ns: meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128,
+        });
+        return Ok(());
+    }
+    // Directories: breadth by sorted name, symlinks to directories are not followed (no loops).
+    let mut stack = vec![(root.to_path_buf(), base.to_string())];
+    while let Some((dir, prefix)) = stack.pop() {
+        let mut entries: Vec<_> = std::fs::read_dir(&dir)
+            .map_err(pfs(&dir))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(pfs(&dir))?;
+        entries.sort_by_key(|e| e.file_name());
+        for entry in entries {
+            let path = entry.path();
+            let file_name = entry.file_name();
+            let Some(name) = file_name.to_str() else {
+                return Err(StageError::BadPath { path: path.display().to_string(), reason: "not UTF-8".into() });
+            };
+            let name = join_name(&prefix, name);
+            let kind = entry.file_type().map_err(pfs(&path))?;
+            if kind.is_dir() {
+                stack.push((path, name));
+            } else {
+                let meta = std::fs::metadata(&path).map_err(pfs(&path))?;
+                if !meta.is_file() {
+                    tracing::warn!(path = %path.display(), "not a regular file; not staged");
+                    continue;
+                }
+                if out.len() >= FILES_MAX {
+                    return Err(StageError::TooManyFiles { path: root.display().to_string() });
+                }
+                out.push(SourceFile {
+                    path,
+                    name,
+                    size: meta.len(),
+                    mtime_ns: meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128,
+                });
+            }
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(())
+}
+
+/// The reservation's namespace (striped access) and the identity staging acts as.
+struct Tree {
+    ns: RemoteNamespace,
+    caller: MetaCaller,
+    /// The data epoch of the namespace (where file bytes live).
+    epoch: EpochId,
+}
+
+fn meta(reservation: &Reservation, what: &str, error: MetaError) -> StageError {
+    StageError::Namespace { reservation: reservation.name.clone(), what: what.to_string(), error }
+}
+
+impl Tree {
+    /// Opens (creating if needed, rooted at the reservation's owner) the namespace the job's
+    /// mount shows.
+    fn open(reservation: &Reservation, connections_max: usize) -> Result<Tree, StageError> {
+        if reservation.access == Access::Private {
+            return Err(StageError::Private { reservation: reservation.name.clone() });
+        }
+        let servers = endpoints(reservation)?;
+        let place = namespace_placement(NamespaceAccess::Striped, reservation.namespace_id, "", servers.len());
+        // SAFETY: these calls cannot fail.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let options = RemoteOptions {
+            // Only root may create namespaces on a server; the manager creates a striped
+            // reservation's namespace when it creates the reservation.
+            create: uid == 0,
+            data_epoch: EpochId(reservation.epoch),
+            root_uid: reservation.owner,
+            root_gid: reservation.group,
+            root_mode: 0o755,
+            connections_max: connections_max.max(1),
+        };
+        let what = format!("opening namespace {} on {}", place.namespace, servers[place.server]);
+        let ns = RemoteNamespace::open(&servers[place.server], place.namespace, &options).map_err(|e| meta(reservation, &what, e))?;
+        let caller = if uid == 0 {
+            MetaCaller { uid: reservation.owner, gid: reservation.group, groups: vec![reservation.group], pid: std::process::id() }
+        } else {
+            MetaCaller { uid, gid, groups: own_groups(), pid: std::process::id() }
+        };
+        let epoch = ns.data_epoch();
+        Ok(Tree { ns, caller, epoch })
+    }
+
+    /// The inode at `path` ("" is the root), if it exists.
+    fn resolve(&self, reservation: &Reservation, path: &str) -> Result<Option<MetaAttr>, StageError> {
+        let mut attr = self.ns.getattr(ROOT_INO).map_err(|e| meta(reservation, "/", e))?;
+        for part in path.split('/').filter(|p| !p.is_empty()) {
+            match self.ns.lookup(&self.caller, attr.ino, part.as_bytes()) {
+                Ok(next) => attr = next,
+                Err(e) if e.errno == libc::ENOENT => return Ok(None),
+                Err(e) => return Err(meta(reservation, path, e)),
+            }
+        }
+        Ok(Some(attr))
+    }
+
+    /// `mkdir -p path`; returns the directory's inode.
+    fn make_dirs(&self, reservation: &Reservation, path: &str) -> Result<Ino, StageError> {
+        let mut ino = ROOT_INO;
+        let mut walked = String::new();
+        for part in path.split('/').filter(|p| !p.is_empty()) {
+            walked = join_name(&walked, part);
+            let attr = match self.ns.lookup(&self.caller, ino, part.as_bytes()) {
+                Ok(attr) => attr,
+                Err(e) if e.errno == libc::ENOENT => match self.ns.mkdir(&self.caller, ino, part.as_bytes(), 0o755, 0o022) {
+                    Ok(attr) => attr,
+                    // Made meanwhile by a parallel stage: use it.
+                    Err(e) if e.errno == libc::EEXIST => {
+                        self.ns.lookup(&self.caller, ino, part.as_bytes()).map_err(|e| meta(reservation, &walked, e))?
+                    }
+                    Err(e) => return Err(meta(reservation, &walked, e)),
+                },
+                Err(e) => return Err(meta(reservation, &walked, e)),
+            };
+            if attr.kind != FileKind::Directory {
+                return Err(StageError::BadPath { path: walked, reason: "exists in the reservation and is not a directory".into() });
+            }
+            ino = attr.ino;
+        }
+        Ok(ino)
+    }
+}
+
+/// This process's supplementary groups.
+fn own_groups() -> Vec<u32> {
+    let mut groups = vec![0 as libc::gid_t; 1024];
+    // SAFETY: the buffer has room for 1024 entries.
+    let n = unsafe { libc::getgroups(groups.len() as libc::c_int, groups.as_mut_ptr()) };
+    groups.truncate(n.max(0) as usize);
+    groups
+}
+
+fn split_parent(name: &str) -> (&str, &str) {
+    name.rsplit_once('/').unwrap_or(("", name))
+}
+
+/// Reads `size` bytes of store file `name` back from the reservation and returns their CRC32C.
+fn crc_in_reservation(client: &mut Client, reservation: &Reservation, epoch: EpochId, name: &str, size: u64, chunk: usize) -> Result<u32, StageError> {
+    if size == 0 {
+        return Ok(0);
+    }
+    let handle = client.open_file(epoch, name).map_err(|e| burst(reservation, e))?;
+    let mut crc = 0u32;
+    let mut buffer = vec![0u8; chunk];
+    let mut offset = 0u64;
+    while offset < size {
+        let n = ((size - offset) as usize).min(chunk);
+        client.read(&handle, offset, &mut buffer[..n]).map_err(|e| burst(reservation, e))?;
+        crc = crc32c::crc32c_append(crc, &buffer[..n]);
+        offset += n as u64;
+    }
+    Ok(crc)
+}
+
+/// Copies `src` (a file or a directory tree on the PFS) to `dst` in the reservation.
+pub fn stage_in(reservation: &Reservation, src: &Path, dst: &str, options: &StageOptions) -> Result<StageReport, StageError> {
+    let started = Instant::now();
+    let base = reservation_path(dst)?;
+    let mut files = Vec::new();
+    walk(src, &base, &mut files)?;
+    if files.iter().any(|f| f.name.is_empty()) {
+        return Err(StageError::BadPath { path: dst.into(), reason: "a file needs a name inside the reservation".into() });
+    }
+    let record = Record::open(&options.record_path)?;
+    let tree = Tree::open(reservation, options.parallel_files + 1)?;
+    let epoch = tree.epoch;
+
+    // Files complete and verified by an earlier run: same source, the namespace has the file
+    // with the recorded size.
+    let mut todo = Vec::new();
+    let (mut skipped, mut skipped_bytes) = (0, 0);
+    for file in files.iter() {
+        let complete = match record.done.get(&file.name) {
+            Some(entry) if entry.size == file.size && entry.mtime_ns == file.mtime_ns => tree
+                .resolve(reservation, &file.name)?
+                .is_some_and(|attr| attr.kind == FileKind::Regular && attr.size == file.size),
+            _ => false,
+        };
+        if complete {
+            skipped += 1;
+            skipped_bytes += file.size;
+        } else {
+            todo.push(file);
+        }
+    }
+    // Directories first, one by one (parents before children), then files in parallel.
+    let mut directories: BTreeMap<String, Ino> = BTreeMap::new();
+    for file in &todo {
+        let (parent, _) = split_parent(&file.name);
+        if !directories.contains_key(parent) {
+            let ino = tree.make_dirs(reservation, parent)?;
+            directories.insert(parent.to_string(), ino);
+        }
+    }
+    let bytes_total: u64 = files.iter().map(|f| f.size).sum();
+    let progress = Progress::new("stage-in", options.progress, files.len() as u64, bytes_total);
+    progress.add(skipped, skipped_bytes);
+    let chunk = options.chunk_bytes.clamp(4096, 16 << 20);
+    parallel(&todo, options.parallel_files, || connect(reservation), |client, file| {
+        let pfs = pfs_error(&file.path);
+        let mut source = File::open(&file.path).map_err(&pfs)?;
+        let mode = source.metadata().map_err(&pfs)?.mode() & 0o777;
+        let (parent, leaf) = split_parent(&file.name);
+        let parent_ino = directories[parent];
+        let created = tree
+            .ns
+            .create(&tree.caller, parent_ino, leaf.as_bytes(), FileKind::Regular, mode, 0, 0, false)
+            .map_err(|e| meta(reservation, &file.name, e))?;
+        if created.kind != FileKind::Regular {
+            return Err(StageError::BadPath { path: file.name.clone(), reason: "exists in the reservation and is not a regular file".into() });
+        }
+        // Truncate (a new data generation: bytes of an earlier, interrupted copy are dead).
+        let attr = tree
+            .ns
+            .open(&tree.caller, created.ino, libc::O_WRONLY | libc::O_TRUNC)
+            .map_err(|e| meta(reservation, &file.name, e))?;
+        let data_name = data_file_name(tree.ns.id(), attr.ino, attr.generation);
+        client.begin_epoch(epoch);
+        let mut handle = client.create_file(epoch, &data_name).map_err(|e| burst(reservation, e))?;
+        let mut buffer = vec![0u8; chunk];
+        let mut offset = 0u64;
+        let mut crc = 0u32;
+        loop {
+            let n = read_full(&mut source, &mut buffer).map_err(&pfs)?;
+            if n == 0 {
+                break;
+            }
+            crc = crc32c::crc32c_append(crc, &buffer[..n]);
+            client.write(&mut handle, offset, &buffer[..n]).map_err(|e| burst(reservation, e))?;
+            offset += n as u64;
+            progress.add(0, n as u64);
+        }
+        client.flush().map_err(|e| burst(reservation, e))?;
+        if offset > 0 {
+            tree.ns.wrote(&tree.caller, attr.ino, offset).map_err(|e| meta(reservation, &file.name, e))?;
+        }
+        let mtime = Timestamp {
+            seconds: file.mtime_ns.div_euclid(1_000_000_000) as i64,
+            nanos: file.mtime_ns.rem_euclid(1_000_000_000) as u32,
+        };
+        let set = SetAttr { mtime: Some(TimeSet::At(mtime)), ..Default::default() };
+        tree.ns.setattr(&tree.caller, attr.ino, &set).map_err(|e| meta(reservation, &file.name, e))?;
+        let actual = crc_in_reservation(client, reservation, epoch, &data_name, offset, chunk)?;
+        if actual != crc {
+            return Err(StageError::Checksum { name: file.name.clone(), expected: crc, actual });
+        }
+        record.append(&RecordEntry { name: file.name.clone(), size: offset, mtime_ns: file.mtime_ns, crc32c: crc })?;
+        progress.add(1, 0);
+        Ok(())
+    })?;
+    tree.ns.sync().map_err(|e| meta(reservation, "sync", e))?;
+    progress.show(true);
+    Ok(StageReport {
+        files_total: files.len() as u64,
+        files_copied: todo.len() as u64,
+        files_skipped: skipped,
+        bytes_total,
+        bytes_copied: bytes_total - skipped_bytes,
+        elapsed_ms: started.elapsed().as_millis() as u64,
+        files_from_drained_copy: 0,
+    })
+}
+
+fn read_full(source: &mut File, buffer: &mut [u8]) -> std::io::Result<usize> {
+    let mut done = 0;
+    while done < buffer.len() {
+        match source.read(&mut buffer[done..]) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+fn crc_of_file(path: &Path, chunk: usize) -> std::io::Result<(u64, u32)> {
+    let mut file = File::open(path)?;
+    let mut buffer = vec![0u8; chunk];
+    let (mut size, mut crc) = (0u64, 0u32);
+    loop {
+        let n = read_full(&mut file, &mut buffer)?;
+        if n == 0 {
+            return Ok((size, crc));
+        }
+        crc = crc32c::crc32c_append(crc, &buffer[..n]);
+        size += n as u64;
+    }
+}
+
+/// Commits the epoch and drains it through the servers' drain path, waiting until every server
+/// reports it drained.
+fn drain_epoch(reservation: &Reservation, client: &mut Client, timeout: Duration) -> Result<(), StageError> {
+    let epoch = EpochId(reservation.epoch);
+    if reservation.server_pfs_dirs.iter().all(Option::is_none) {
+        return Err(StageError::NoDrainDirectory { epoch: epoch.0 });
+    }
+    let summary = client.list_epochs().map_err(|e| burst(reservation, e))?.into_iter().find(|e| e.epoch == epoch);
+    match summary.map(|s| s.state) {
+        None | Some(EpochState::Drained) => return Ok(()), // nothing left in the burst buffer, or done
+        Some(_) => {}
+    }
+    // Commit on every server holding the epoch: the data may have been written by other
+    // processes (the job), so this client has not "touched" any server; send the commit
+    // directly on each server's connection. Committing an already committed epoch is harmless.
+    for endpoint in endpoints(reservation)? {
+        commit_on(&endpoint, epoch).map_err(|e| burst(reservation, e))?;
+    }
+    client.request_drain(epoch, 1).map_err(|e| burst(reservation, e))?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        let status = client.drain_status().map_err(|e| burst(reservation, e))?;
+        let states: Vec<DrainState> =
+            status.iter().flat_map(|(_, list)| list.iter().filter(|d| d.epoch == epoch).map(|d| d.state)).collect();
+        if !states.is_empty() && states.iter().all(|s| *s == DrainState::Drained) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(StageError::DrainTimeout { epoch: epoch.0, timeout, state: format!("{states:?}") });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Commits `epoch` at SSD durability on one server, if that server has it.
+fn commit_on(endpoint: &Endpoint, epoch: EpochId) -> Result<(), ClientError> {
+    let mut connection = ServerConnection::connect(endpoint, "spillway stage-out commit", 1)?;
+    match connection.call(&Request::ListEpochs { from_epoch: epoch }, &[], None)? {
+        (Response::Epochs(list), ()) if list.first().is_some_and(|e| e.epoch == epoch) => {}
+        _ => return Ok(()),
+    }
+    match connection.call(&Request::Commit { epoch, durability: Durability::Ssd }, &[], None)? {
+        (Response::Committed { .. }, ()) => Ok(()),
+        (other, ()) => Err(ClientError::UnexpectedReply {
+            endpoint: endpoint.clone(),
+            expected: "Committed",
+            got: format!("{:?}", other.kind()),
+        }),
+    }
+}
+
+/// Whether two paths name the same existing file (same device and inode).
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+/// A file of the namespace to stage out.
+#[derive(Clone)]
+struct TreeFile {
+    /// Path in the reservation.
+    name: String,
+    /// Path relative to the destination ("" when SRC is the file itself).
+    relative: String,
+    ino: Ino,
+    generation: u64,
+    size: u64,
+}
+
+/// Every regular file under `path` in the namespace (directories walked, symlinks and other
+/// kinds skipped), sorted by name.
+fn tree_files(tree: &Tree, reservation: &Reservation, path: &str) -> Result<Vec<TreeFile>, StageError> {
+    let Some(top) = tree.resolve(reservation, path)? else {
+        return Err(StageError::NothingToStage { reservation: reservation.name.clone(), path: path.to_string() });
+    };
+    let mut out = Vec::new();
+    match top.kind {
+        FileKind::Regular => {
+            out.push(TreeFile { name: path.to_string(), relative: String::new(), ino: top.ino, generation: top.generation, size: top.size });
+            return Ok(out);
+        }
+        FileKind::Directory => {}
+        _ => return Err(StageError::BadPath { path: path.to_string(), reason: "neither a regular file nor a directory".into() }),
+    }
+    let mut stack = vec![(top.ino, String::new())];
+    while let Some((dir, relative_dir)) = stack.pop() {
+        let mut cookie = 0;
+        loop {
+            let entries = tree
+                .ns
+                .readdir(&tree.caller, dir, cookie, 256)
+                .map_err(|e| meta(reservation, &join_name(path, &relative_dir), e))?;
+            let Some(last) = entries.last() else { break };
+            cookie = last.cookie;
+            for entry in entries {
+                if entry.name == b"." || entry.name == b".." {
+                    continue;
+                }
+                let name = String::from_utf8(entry.name.clone()).map_err(|_| StageError::BadPath {
+                    path: join_name(path, &relative_dir),
+                    reason: "an entry's name is not UTF-8".into(),
+                })?;
+                let relative = join_name(&relative_dir, &name);
+                match entry.kind {
+                    FileKind::Directory => stack.push((entry.ino, relative)),
+                    FileKind::Regular => {
+                        let attr = tree.ns.getattr(entry.ino).map_err(|e| meta(reservation, &relative, e))?;
+                        if out.len() >= FILES_MAX {
+                            return Err(StageError::TooManyFiles { path: path.to_string() });
+                        }
+                        out.push(TreeFile { name: join_name(path, &relative), relative, ino: attr.ino, generation: attr.generation, size: attr.size });
+                    }
+                    _ => tracing::warn!(path = %join_name(path, &relative), "not a regular file; not staged out"),
+                }
+            }
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// Copies `src` (a file or directory in the reservation) to `dst` on the PFS.
+pub fn stage_out(reservation: &Reservation, src: &str, dst: &Path, options: &StageOptions) -> Result<StageReport, StageError> {
+    let started = Instant::now();
+    let base = reservation_path(src)?;
+    let tree = Tree::open(reservation, options.parallel_files + 1)?;
+    let epoch = tree.epoch;
+    if options.drain_first {
+        let mut client = connect(reservation)?;
+        drain_epoch(reservation, &mut client, options.drain_timeout)?;
+    }
+    let selected = tree_files(&tree, reservation, &base)?;
+    let drained_root: Option<PathBuf> =
+        reservation.server_pfs_dirs.iter().flatten().next().map(PathBuf::from).filter(|_| options.drain_first);
+    let target = |relative: &str| if relative.is_empty() { dst.to_path_buf() } else { dst.join(relative) };
+    let record = Record::open(&options.record_path)?;
+    let chunk = options.chunk_bytes.clamp(4096, 16 << 20);
+    // Already copied and verified by an earlier run: the destination still has the recorded
+    // size and checksum.
+    let mut todo = Vec::new();
+    let (mut skipped, mut skipped_bytes) = (0, 0);
+    for file in &selected {
+        let done = match record.done.get(&file.name) {
+            Some(entry) if entry.size == file.size => {
+                matches!(crc_of_file(&target(&file.relative), chunk), Ok((size, crc)) if size == entry.size && crc == entry.crc32c)
+            }
+            _ => false,
+        };
+        if done {
+            skipped += 1;
+            skipped_bytes += file.size;
+        } else {
+            todo.push(file.clone());
+        }
+    }
+    let bytes_total: u64 = selected.iter().map(|f| f.size).sum();
+    let progress = Progress::new("stage-out", options.progress, selected.len() as u64, bytes_total);
+    progress.add(skipped, skipped_bytes);
+    let from_drained = AtomicU64::new(0);
+    parallel(&todo, options.parallel_files, || connect(reservation), |client, file| {
+        let path = target(&file.relative);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(pfs_error(parent))?;
+        }
+        // A complete drained copy: the drain already moved these bytes to the PFS, under the
+        // file's path (when the drain publishes namespace paths) or under its data file's
+        // name in the epoch's directory (`<pfs>/epoch-<E>/ns/<ns>/<ino>.<gen>`).
+        let data_name = data_file_name(tree.ns.id(), file.ino, file.generation);
+        let drained = drained_root.as_ref().and_then(|root| {
+            let epoch_dir = root.join(format!("epoch-{}", epoch.0));
+            [root.join(&file.name), epoch_dir.join(&file.name), epoch_dir.join(&data_name)]
+                .into_iter()
+                .find(|copy| std::fs::metadata(copy).is_ok_and(|m| m.is_file() && m.len() == file.size))
+        });
+        if let Some(copy) = &drained {
+            if same_file(copy, &path) {
+                // The drain published the file exactly where it is wanted: nothing to copy.
+                let (size, crc) = crc_of_file(copy, chunk).map_err(pfs_error(copy))?;
+                record.append(&RecordEntry { name: file.name.clone(), size, mtime_ns: 0, crc32c: crc })?;
+                from_drained.fetch_add(1, Ordering::Relaxed);
+                progress.add(1, size);
+                return Ok(());
+            }
+        }
+        let partial = path.with_file_name(format!(
+            ".{}.spillway-part",
+            path.file_name().and_then(|n| n.to_str()).unwrap_or("file")
+        ));
+        let mut out = File::create(&partial).map_err(pfs_error(&partial))?;
+        let mut buffer = vec![0u8; chunk];
+        let mut crc = 0u32;
+        let mut offset = 0u64;
+        if let Some(copy) = drained {
+            let mut source = File::open(&copy).map_err(pfs_error(&copy))?;
+            loop {
+                let n = read_full(&mut source, &mut buffer).map_err(pfs_error(&copy))?;
+                if n == 0 {
+                    break;
+                }
+                crc = crc32c::crc32c_append(crc, &buffer[..n]);
+                out.write_all(&buffer[..n]).map_err(pfs_error(&partial))?;
+                offset += n as u64;
+                progress.add(0, n as u64);
+            }
+            from_drained.fetch_add(1, Ordering::Relaxed);
+        } else if file.size > 0 {
+            // A file whose bytes were never written (all holes) has no store file: zeros.
+            let handle = match client.open_file(epoch, &data_name) {
+                Ok(handle) => Some(handle),
+                Err(ClientError::NoSuchFile { .. }) => None,
+                Err(e) => return Err(burst(reservation, e)),
+            };
+            while offset < file.size {
+                let n = ((file.size - offset) as usize).min(chunk);
+                match &handle {
+                    Some(handle) => client.read(handle, offset, &mut buffer[..n]).map_err(|e| burst(reservation, e))?,
+                    None => buffer[..n].fill(0),
+                }
+                crc = crc32c::crc32c_append(crc, &buffer[..n]);
+                out.write_all(&buffer[..n]).map_err(pfs_error(&partial))?;
+                offset += n as u64;
+                progress.add(0, n as u64);
+            }
+        }
+        out.sync_all().map_err(pfs_error(&partial))?;
+        drop(out);
+        let (size, actual) = crc_of_file(&partial, chunk).map_err(pfs_error(&partial))?;
+        if size != offset || actual != crc {
+            return Err(StageError::Checksum { name: path.display().to_string(), expected: crc, actual });
+        }
+        std::fs::rename(&partial, &path).map_err(pfs_error(&path))?;
+        if let Some(parent) = path.parent() {
+            File::open(parent).and_then(|d| d.sync_all()).map_err(pfs_error(parent))?;
+        }
+        record.append(&RecordEntry { name: file.name.clone(), size: offset, mtime_ns: 0, crc32c: crc })?;
+        progress.add(1, 0);
+        Ok(())
+    })?;
+    progress.show(true);
+    Ok(StageReport {
+        files_total: selected.len() as u64,
+        files_copied: todo.len() as u64,
+        files_skipped: skipped,
+        bytes_total,
+        bytes_copied: bytes_total - skipped_bytes,
+        elapsed_ms: started.elapsed().as_millis() as u64,
+        files_from_drained_copy: from_drained.into_inner(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservation_paths_are_normalized_and_confined() {
+        assert_eq!(reservation_path("/input/").unwrap(), "input");
+        assert_eq!(reservation_path("./a//b/./c").unwrap(), "a/b/c");
+        assert_eq!(reservation_path("/").unwrap(), "");
+        assert!(matches!(reservation_path("a/../../etc"), Err(StageError::BadPath { .. })));
+        assert_eq!(join_name("", "x"), "x");
+        assert_eq!(join_name("d", ""), "d");
+        assert_eq!(join_name("d", "x"), "d/x");
+    }
+
+    #[test]
+    fn walk_lists_regular_files_sorted_with_reservation_names() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("b/c")).unwrap();
+        std::fs::write(dir.path().join("b/c/z"), b"zz").unwrap();
+        std::fs::write(dir.path().join("a"), b"a").unwrap();
+        std::os::unix::fs::symlink(dir.path(), dir.path().join("b/loop")).unwrap();
+        let mut files = Vec::new();
+        walk(dir.path(), "in", &mut files).unwrap();
+        let names: Vec<(&str, u64)> = files.iter().map(|f| (f.name.as_str(), f.size)).collect();
+        assert_eq!(names, vec![("in/a", 1), ("in/b/c/z", 2)], "the symlink to a directory is not followed");
+    }
+
+    #[test]
+    fn record_survives_a_torn_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.jsonl");
+        let record = Record::open(&path).unwrap();
+        record.append(&RecordEntry { name: "a".into(), size: 3, mtime_ns: 7, crc32c: 9 }).unwrap();
+        drop(record);
+        let mut file = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        file.write_all(b"{\"name\":\"b\",\"si").unwrap();
+        let record = Record::open(&path).unwrap();
+        assert_eq!(record.done.len(), 1);
+        assert_eq!(record.done["a"].crc32c, 9);
+    }
+}

@@ -1,0 +1,449 @@
+//! The `#BB_LUA` job script directive: what a batch job asks of the burst buffer.
+//!
+//! ```text
+//! #BB_LUA capacity=SIZE [pool=NAME] [access=striped|private] [persistent=NAME]
+//! #BB_LUA stage_in=PFS_SRC:RES_DST  stage_out=RES_SRC:PFS_DST      (repeatable)
+//! ```
+//!
+//! Pure parsing, no I/O: the Slurm `job_process` hook runs it inside slurmctld on every
+//! submission (`spillway bb validate`), and every later hook re-parses the same script, so the
+//! script is the only job state the hooks need. The lines are found the way Slurm 22.05's
+//! burst_buffer/lua plugin finds them (so both agree on what the job asked for): only the leading
+//! block of `#` lines counts (empty lines are skipped, the first other line ends it), a line ending
+//! in `\` continues on the next directive line, and sizes use Slurm's suffixes (`k`/`KiB` = 1024,
+//! `KB` = 1000, up to `P`/`PiB`/`PB`; no suffix = bytes). Unlike Slurm, which silently reads
+//! `10X` as 10 bytes, every unknown key, bad size or bad path is an error naming the token.
+
+use std::fmt;
+
+/// Directive name as configured by `Directive=BB_LUA` in burst_buffer.conf (without the `#`).
+pub const DIRECTIVE_DEFAULT: &str = "BB_LUA";
+
+/// Longest pool or persistent reservation name accepted.
+pub const NAME_BYTES_MAX: usize = 64;
+
+/// How a reservation's namespace is shared (DataWarp's modes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// One namespace striped over every server of the reservation, shared by all nodes.
+    Striped,
+    /// Each compute node sees its own namespace (files placed on a server chosen per node).
+    Private,
+}
+
+impl Access {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Access::Striped => "striped",
+            Access::Private => "private",
+        }
+    }
+}
+
+impl fmt::Display for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One copy between the PFS and the reservation. `pfs_path` is absolute; `reservation_path` is
+/// relative to the reservation's root (no `..`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stage {
+    pub pfs_path: String,
+    pub reservation_path: String,
+}
+
+/// Everything a job's directive lines ask for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Directive {
+    /// Bytes requested (`capacity=`); `None` only when `persistent=` names an existing reservation.
+    pub capacity_bytes: Option<u64>,
+    /// Pool requested; `None` lets the manager choose (BIOS Algorithm 2).
+    pub pool: Option<String>,
+    pub access: Access,
+    /// Named persistent reservation the job uses (created by the first job if missing); never
+    /// destroyed at the job's teardown.
+    pub persistent: Option<String>,
+    /// Copies PFS → reservation before the job starts, in script order.
+    pub stage_in: Vec<Stage>,
+    /// Copies reservation → PFS after the job ends, in script order.
+    pub stage_out: Vec<Stage>,
+}
+
+/// Why a job script's directive was rejected; every variant names the line and the token.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DirectiveError {
+    #[error("line {line}: `{token}` is not a #{directive} directive (expected `#{directive} key=value ...`)")]
+    NotDirective { line: usize, token: String, directive: String },
+    #[error("line {line}: `{token}` is not key=value")]
+    NotKeyValue { line: usize, token: String },
+    #[error("line {line}: unknown key in `{token}` (known: capacity, pool, access, persistent, stage_in, stage_out)")]
+    UnknownKey { line: usize, token: String },
+    #[error("line {line}: `{token}` repeats {key}= (given once per job)")]
+    Duplicate { line: usize, token: String, key: &'static str },
+    #[error("line {line}: bad size in `{token}`: {problem}")]
+    BadSize { line: usize, token: String, problem: SizeError },
+    #[error("line {line}: bad access mode in `{token}` (expected striped or private)")]
+    BadAccess { line: usize, token: String },
+    #[error("line {line}: bad name in `{token}`: {problem}")]
+    BadName { line: usize, token: String, problem: &'static str },
+    #[error("line {line}: bad stage path in `{token}`: {problem}")]
+    BadStage { line: usize, token: String, problem: &'static str },
+    #[error("line {line}: `\\` continues a directive but no directive line follows")]
+    DanglingContinuation { line: usize },
+    #[error("the #{directive} lines ask for no capacity: add capacity=SIZE (or persistent=NAME to use an existing reservation)")]
+    NoCapacity { directive: String },
+}
+
+/// Why a size such as `10GiB` did not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SizeError {
+    #[error("no digits")]
+    NoDigits,
+    #[error("zero")]
+    Zero,
+    #[error("unknown suffix `{0}` (use k/KiB, KB, m/MiB, MB, g/GiB, GB, t/TiB, TB, p/PiB, PB)")]
+    Suffix(String),
+    #[error("sizes in nodes (`{0}`) are not supported; give bytes")]
+    Nodes(String),
+    #[error("more than 2^64 bytes")]
+    Overflow,
+}
+
+/// Parse a size with Slurm's suffixes: no suffix = bytes, `k`/`kib` = 1024, `kb` = 1000, and the
+/// same for m, g, t, p; case-insensitive. Zero is an error.
+pub fn parse_size(text: &str) -> Result<u64, SizeError> {
+    let digits_end = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    if digits_end == 0 {
+        return Err(SizeError::NoDigits);
+    }
+    let number: u64 = text[..digits_end].parse().map_err(|_| SizeError::Overflow)?;
+    let suffix = &text[digits_end..];
+    let lower = suffix.to_ascii_lowercase();
+    let multiplier: u64 = match lower.as_str() {
+        "" => 1,
+        "k" | "kib" => 1 << 10,
+        "kb" => 1_000,
+        "m" | "mib" => 1 << 20,
+        "mb" => 1_000_000,
+        "g" | "gib" => 1 << 30,
+        "gb" => 1_000_000_000,
+        "t" | "tib" => 1 << 40,
+        "tb" => 1_000_000_000_000,
+        "p" | "pib" => 1 << 50,
+        "pb" => 1_000_000_000_000_000,
+        "n" | "node" | "nodes" => return Err(SizeError::Nodes(suffix.to_string())),
+        _ => return Err(SizeError::Suffix(suffix.to_string())),
+    };
+    let bytes = number.checked_mul(multiplier).ok_or(SizeError::Overflow)?;
+    if bytes == 0 {
+        return Err(SizeError::Zero);
+    }
+    Ok(bytes)
+}
+
+/// The directive lines of `script` as Slurm 22.05 sees them: from the leading comment block,
+/// continuations joined, each with the 1-based number of its first line and the text after
+/// `#<directive>`.
+pub fn directive_lines(script: &str, directive: &str) -> Result<Vec<(usize, String)>, DirectiveError> {
+    let marker = format!("#{directive}");
+    let mut lines: Vec<(usize, String)> = Vec::new();
+    let mut continuing = false;
+    for (index, raw) in script.split('\n').enumerate() {
+        let number = index + 1;
+        let line = raw.strip_suffix('\r').unwrap_or(raw);
+        if line.is_empty() {
+            continue; // Slurm tokenizes on '\n' and so never sees empty lines
+        }
+        if !line.starts_with('#') {
+            break; // the first command ends the header, as in sbatch and Slurm's plugin
+        }
+        let Some(rest) = line.strip_prefix(&marker) else {
+            if continuing {
+                return Err(DirectiveError::DanglingContinuation { line: number - 1 });
+            }
+            continue;
+        };
+        if !rest.is_empty() && !rest.starts_with(char::is_whitespace) {
+            let token = line.split_whitespace().next().unwrap_or(line).to_string();
+            return Err(DirectiveError::NotDirective { line: number, token, directive: directive.to_string() });
+        }
+        let (body, continues) = match rest.strip_suffix('\\') {
+            Some(body) => (body, true),
+            None => (rest, false),
+        };
+        if continuing {
+            let last = lines.last_mut().expect("a continuation follows a directive line");
+            last.1.push(' ');
+            last.1.push_str(body);
+        } else {
+            lines.push((number, body.to_string()));
+        }
+        continuing = continues;
+    }
+    if continuing {
+        let line = lines.last().map(|l| l.0).unwrap_or(0);
+        return Err(DirectiveError::DanglingContinuation { line });
+    }
+    Ok(lines)
+}
+
+/// Parse the job's directive. `Ok(None)`: the script has no directive line (no burst buffer).
+pub fn parse_script(script: &str, directive: &str) -> Result<Option<Directive>, DirectiveError> {
+    let lines = directive_lines(script, directive)?;
+    if lines.is_empty() {
+        return Ok(None);
+    }
+    let mut capacity_bytes = None;
+    let mut pool = None;
+    let mut access = None;
+    let mut persistent = None;
+    let mut stage_in = Vec::new();
+    let mut stage_out = Vec::new();
+    for (line, body) in &lines {
+        let line = *line;
+        for token in body.split_whitespace() {
+            let Some((key, value)) = token.split_once('=') else {
+                return Err(DirectiveError::NotKeyValue { line, token: token.to_string() });
+            };
+            let duplicate = |key: &'static str| DirectiveError::Duplicate { line, token: token.to_string(), key };
+            match key {
+                "capacity" => {
+                    if capacity_bytes.is_some() {
+                        return Err(duplicate("capacity"));
+                    }
+                    let bytes = parse_size(value)
+                        .map_err(|problem| DirectiveError::BadSize { line, token: token.to_string(), problem })?;
+                    capacity_bytes = Some(bytes);
+                }
+                "pool" => {
+                    if pool.is_some() {
+                        return Err(duplicate("pool"));
+                    }
+                    check_name(value).map_err(|problem| DirectiveError::BadName { line, token: token.to_string(), problem })?;
+                    pool = Some(value.to_string());
+                }
+                "access" => {
+                    if access.is_some() {
+                        return Err(duplicate("access"));
+                    }
+                    access = Some(match value {
+                        "striped" => Access::Striped,
+                        "private" => Access::Private,
+                        _ => return Err(DirectiveError::BadAccess { line, token: token.to_string() }),
+                    });
+                }
+                "persistent" => {
+                    if persistent.is_some() {
+                        return Err(duplicate("persistent"));
+                    }
+                    check_name(value).map_err(|problem| DirectiveError::BadName { line, token: token.to_string(), problem })?;
+                    if value.starts_with("job-") {
+                        return Err(DirectiveError::BadName {
+                            line,
+                            token: token.to_string(),
+                            problem: "names starting with job- are reserved for job reservations",
+                        });
+                    }
+                    persistent = Some(value.to_string());
+                }
+                "stage_in" => {
+                    let (pfs, reservation) = split_stage(value)
+                        .and_then(|(src, dst)| {
+                            check_pfs_path(&src)?;
+                            check_reservation_path(&dst)?;
+                            Ok((src, dst))
+                        })
+                        .map_err(|problem| DirectiveError::BadStage { line, token: token.to_string(), problem })?;
+                    stage_in.push(Stage { pfs_path: pfs, reservation_path: reservation });
+                }
+                "stage_out" => {
+                    // For stage_out the reservation side comes first.
+                    let (reservation, pfs) = split_stage(value)
+                        .and_then(|(src, dst)| {
+                            check_reservation_path(&src)?;
+                            check_pfs_path(&dst)?;
+                            Ok((src, dst))
+                        })
+                        .map_err(|problem| DirectiveError::BadStage { line, token: token.to_string(), problem })?;
+                    stage_out.push(Stage { pfs_path: pfs, reservation_path: reservation });
+                }
+                _ => return Err(DirectiveError::UnknownKey { line, token: token.to_string() }),
+            }
+        }
+    }
+    if capacity_bytes.is_none() && persistent.is_none() {
+        return Err(DirectiveError::NoCapacity { directive: directive.to_string() });
+    }
+    Ok(Some(Directive {
+        capacity_bytes,
+        pool,
+        access: access.unwrap_or(Access::Striped),
+        persistent,
+        stage_in,
+        stage_out,
+    }))
+}
+
+fn check_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        return Err("empty");
+    }
+    if name.len() > NAME_BYTES_MAX {
+        return Err("longer than 64 bytes");
+    }
+    if !name.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+        return Err("must start with a letter or digit");
+    }
+    if !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')) {
+        return Err("only letters, digits, '-', '_' and '.' are allowed");
+    }
+    Ok(())
+}
+
+/// `SRC:DST` split at the first `:` (so the first path may not contain one).
+fn split_stage(value: &str) -> Result<(String, String), &'static str> {
+    let Some((src, dst)) = value.split_once(':') else {
+        return Err("expected SRC:DST");
+    };
+    if src.is_empty() || dst.is_empty() {
+        return Err("expected SRC:DST with both paths non-empty");
+    }
+    Ok((src.to_string(), dst.to_string()))
+}
+
+fn check_pfs_path(path: &str) -> Result<(), &'static str> {
+    if !path.starts_with('/') {
+        return Err("the PFS path must be absolute");
+    }
+    if path.split('/').any(|c| c == "..") {
+        return Err("`..` is not allowed in the PFS path");
+    }
+    Ok(())
+}
+
+fn check_reservation_path(path: &str) -> Result<(), &'static str> {
+    if path.starts_with('/') {
+        return Err("the reservation path must be relative to the reservation root");
+    }
+    if path.split('/').any(|c| c == "..") {
+        return Err("`..` is not allowed in the reservation path");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(script: &str) -> Result<Option<Directive>, DirectiveError> {
+        parse_script(script, DIRECTIVE_DEFAULT)
+    }
+
+    #[test]
+    fn sizes_follow_slurm_suffixes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("10M"), Ok(10 << 20));
+        assert_eq!(parse_size("10mib"), Ok(10 << 20));
+        assert_eq!(parse_size("10MB"), Ok(10_000_000));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert_eq!(parse_size("3GB"), Ok(3_000_000_000));
+        assert_eq!(parse_size("1TiB"), Ok(1 << 40));
+        assert_eq!(parse_size("1p"), Ok(1 << 50));
+        assert_eq!(parse_size("0"), Err(SizeError::Zero));
+        assert_eq!(parse_size("G"), Err(SizeError::NoDigits));
+        assert_eq!(parse_size("10X"), Err(SizeError::Suffix("X".into())));
+        assert_eq!(parse_size("4N"), Err(SizeError::Nodes("N".into())));
+        assert_eq!(parse_size("99999999999999999999"), Err(SizeError::Overflow));
+        assert_eq!(parse_size("20000P"), Err(SizeError::Overflow));
+    }
+
+    #[test]
+    fn full_directive_over_several_lines() {
+        let script = "#!/bin/sh\n#SBATCH -N 1\n\n#BB_LUA capacity=1GiB pool=fast access=private\n\
+                      #BB_LUA stage_in=/pfs/in/data:input stage_in=/pfs/in/cfg:cfg\n\
+                      #BB_LUA stage_out=ckpt:/pfs/out/ckpt\nsrun app\n#BB_LUA capacity=1\n";
+        let d = parse(script).unwrap().unwrap();
+        assert_eq!(d.capacity_bytes, Some(1 << 30));
+        assert_eq!(d.pool.as_deref(), Some("fast"));
+        assert_eq!(d.access, Access::Private);
+        assert_eq!(d.persistent, None);
+        assert_eq!(
+            d.stage_in,
+            vec![
+                Stage { pfs_path: "/pfs/in/data".into(), reservation_path: "input".into() },
+                Stage { pfs_path: "/pfs/in/cfg".into(), reservation_path: "cfg".into() },
+            ]
+        );
+        assert_eq!(d.stage_out, vec![Stage { pfs_path: "/pfs/out/ckpt".into(), reservation_path: "ckpt".into() }]);
+    }
+
+    #[test]
+    fn defaults_and_no_directive() {
+        assert_eq!(parse("#!/bin/sh\necho hi\n"), Ok(None));
+        // A directive after the first command is not part of the header (as in Slurm).
+        assert_eq!(parse("#!/bin/sh\necho hi\n#BB_LUA capacity=1G\n"), Ok(None));
+        let d = parse("#!/bin/sh\n#BB_LUA capacity=5M\n").unwrap().unwrap();
+        assert_eq!(d.access, Access::Striped);
+        assert_eq!(d.pool, None);
+        assert!(d.stage_in.is_empty() && d.stage_out.is_empty());
+    }
+
+    #[test]
+    fn continuation_lines_join() {
+        let d = parse("#!/bin/sh\n#BB_LUA capacity=5M \\\n#BB_LUA pool=p1\n").unwrap().unwrap();
+        assert_eq!(d.capacity_bytes, Some(5 << 20));
+        assert_eq!(d.pool.as_deref(), Some("p1"));
+        assert_eq!(
+            parse("#!/bin/sh\n#BB_LUA capacity=5M \\\n#SBATCH -N1\n"),
+            Err(DirectiveError::DanglingContinuation { line: 2 })
+        );
+        assert_eq!(parse("#BB_LUA capacity=5M \\\n"), Err(DirectiveError::DanglingContinuation { line: 1 }));
+    }
+
+    #[test]
+    fn persistent_without_capacity_is_allowed() {
+        let d = parse("#BB_LUA persistent=shared-1\n").unwrap().unwrap();
+        assert_eq!(d.persistent.as_deref(), Some("shared-1"));
+        assert_eq!(d.capacity_bytes, None);
+    }
+
+    #[test]
+    fn errors_name_the_bad_token() {
+        let cases: &[(&str, &str)] = &[
+            ("#BB_LUA capacity=10X", "capacity=10X"),
+            ("#BB_LUA capacity=0", "capacity=0"),
+            ("#BB_LUA capacity=1G colour=blue", "colour=blue"),
+            ("#BB_LUA capacity=1G bogus", "bogus"),
+            ("#BB_LUA capacity=1G access=shared", "access=shared"),
+            ("#BB_LUA capacity=1G pool=a/b", "pool=a/b"),
+            ("#BB_LUA capacity=1G capacity=2G", "capacity=2G"),
+            ("#BB_LUA persistent=job-7", "persistent=job-7"),
+            ("#BB_LUA capacity=1G stage_in=relative:dst", "stage_in=relative:dst"),
+            ("#BB_LUA capacity=1G stage_in=/pfs/a:/abs", "stage_in=/pfs/a:/abs"),
+            ("#BB_LUA capacity=1G stage_in=/pfs/a", "stage_in=/pfs/a"),
+            ("#BB_LUA capacity=1G stage_out=ckpt:rel", "stage_out=ckpt:rel"),
+            ("#BB_LUA capacity=1G stage_out=../x:/pfs/x", "stage_out=../x:/pfs/x"),
+            ("#BB_LUAX capacity=1G", "#BB_LUAX"),
+        ];
+        for (script, token) in cases {
+            let error = parse(&format!("#!/bin/sh\n{script}\n")).expect_err(script);
+            let message = error.to_string();
+            assert!(message.contains(token), "{script}: {message}");
+            assert!(message.starts_with("line 2"), "{script}: {message}");
+        }
+        let error = parse("#BB_LUA pool=fast\n").unwrap_err();
+        assert!(matches!(error, DirectiveError::NoCapacity { .. }), "{error}");
+        assert!(error.to_string().contains("capacity=SIZE"));
+    }
+
+    #[test]
+    fn other_directive_names() {
+        let d = parse_script("#DW capacity=1G\n", "DW").unwrap().unwrap();
+        assert_eq!(d.capacity_bytes, Some(1 << 30));
+        assert_eq!(parse_script("#DW capacity=1G\n", DIRECTIVE_DEFAULT), Ok(None));
+    }
+}
