@@ -17,7 +17,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -219,23 +219,7 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
-/// Kills a child on drop (a failed measurement must not leave servers behind).
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        if self.0.try_wait().ok().flatten().is_none() {
-            // SIGTERM first so a server syncs and removes nothing half-done; then make sure.
-            unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while Instant::now() < deadline && self.0.try_wait().ok().flatten().is_none() {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
+use crate::reaped::Reaped;
 
 fn spillway_gbps(shape: &Shape, work: &Path, pattern: &str, durability: &str) -> anyhow::Result<f64> {
     let exe = std::env::current_exe()?;

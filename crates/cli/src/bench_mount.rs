@@ -18,9 +18,9 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Barrier};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Context};
 use spillway_client::{Client, ClientOptions, Placement};
@@ -62,23 +62,7 @@ pub struct Args {
     pub work_dir: Option<PathBuf>,
 }
 
-/// A child killed (SIGTERM, then SIGKILL) when dropped.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        if self.0.try_wait().ok().flatten().is_none() {
-            // SAFETY: plain kill(2) of our own child.
-            unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while Instant::now() < deadline && self.0.try_wait().ok().flatten().is_none() {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
+use crate::reaped::Reaped;
 
 fn start_servers(work: &Path, count: usize, dram_bytes: u64) -> anyhow::Result<(Vec<Reaped>, Vec<Endpoint>)> {
     let exe = std::env::current_exe()?;

@@ -16,6 +16,7 @@ mod ftl;
 mod manager;
 mod mount;
 mod pool;
+mod reaped;
 mod reservation;
 mod stage;
 mod status;
