@@ -244,6 +244,11 @@ fn run_background(args: &Args) -> anyhow::Result<()> {
     unsafe {
         command.pre_exec(|| {
             libc::setsid();
+            // Inherited descriptors (a caller's result pipe, e.g. Slurm's slurmscriptd reading a
+            // hook's output until EOF) must not stay open for the mount's lifetime: mark all
+            // above stderr close-on-exec (CLOSE_RANGE_CLOEXEC = 4; kernels without close_range
+            // return ENOSYS and keep them, which only delays such a reader).
+            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 4u32);
             Ok(())
         });
     }
