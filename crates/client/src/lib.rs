@@ -370,6 +370,15 @@ impl Client {
         self.call_touched_servers(epoch, &Request::Sync { epoch }, "Synced", |r| matches!(r, Response::Synced { .. }))
     }
 
+    /// Tells every server of this client that the epoch's writes go to SSD stream `stream` (the
+    /// manager's BIOS Algorithm 1 choice). Only root may; the servers refuse anyone else.
+    pub fn assign_stream(&mut self, epoch: EpochId, stream: u64) -> Result<(), ClientError> {
+        let servers: Vec<usize> = (0..self.servers.len()).collect();
+        self.call_servers(&servers, &Request::AssignStream { epoch, stream }, "StreamAssigned", |r| {
+            matches!(r, Response::StreamAssigned { .. })
+        })
+    }
+
     /// Flushes the pipeline, then sends `request` to every server this client wrote the epoch to
     /// (all first, then collects, so the servers work in parallel); the first failure wins.
     fn call_touched_servers(
@@ -381,8 +390,20 @@ impl Client {
     ) -> Result<(), ClientError> {
         self.flush()?;
         let servers: Vec<usize> = self.touched.get(&epoch).map(|s| s.iter().copied().collect()).unwrap_or_default();
+        self.call_servers(&servers, request, expected, is_expected)
+    }
+
+    /// Sends `request` to each of `servers` (all first, then collects, so the servers work in
+    /// parallel); the first failure wins.
+    fn call_servers(
+        &mut self,
+        servers: &[usize],
+        request: &Request,
+        expected: &'static str,
+        is_expected: impl Fn(&Response) -> bool,
+    ) -> Result<(), ClientError> {
         let mut ids = Vec::with_capacity(servers.len());
-        for &server in &servers {
+        for &server in servers {
             ids.push((server, self.servers[server].start_call(request)?));
         }
         let mut first = None;

@@ -59,12 +59,31 @@ pub fn heartbeat_round(manager: &Manager, prober: &dyn Prober) {
     }
 }
 
+/// Re-sends every active reservation's stream assignment to its servers: a server keeps them in
+/// memory only, so one that restarted learns them again within a heartbeat.
+fn reassert_streams(manager: &Manager) {
+    let root = manager.caller(0, 0);
+    let reservations = match manager.list_reservations(&root, true) {
+        Ok(list) => list,
+        Err(error) => {
+            tracing::error!(%error, "heartbeat cannot list reservations");
+            return;
+        }
+    };
+    for reservation in reservations.iter().filter(|r| r.state == crate::model::ReservationState::Active) {
+        if let Err(error) = crate::assign_reservation_stream(reservation) {
+            tracing::debug!(reservation = reservation.id, %error, "stream assignment not delivered this round");
+        }
+    }
+}
+
 /// Runs heartbeat rounds every `heartbeat_ms` until `stop` is set.
 pub fn run(manager: Arc<Manager>, prober: Arc<dyn Prober>, stop: Arc<AtomicBool>) {
     let period = Duration::from_millis(manager.knobs().heartbeat_ms);
     while !stop.load(Ordering::Relaxed) {
         let started = Instant::now();
         heartbeat_round(&manager, prober.as_ref());
+        reassert_streams(&manager);
         while started.elapsed() < period && !stop.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(20).min(period));
         }

@@ -230,6 +230,10 @@ fn route(manager: &Manager, caller: &crate::Caller, request: &Request) -> Reply 
                     if let Err(error) = crate::create_reservation_namespace(&reservation) {
                         tracing::warn!(reservation = reservation.id, %error, "could not create the reservation's namespace");
                     }
+                    // Best effort too: the heartbeat asserts it again.
+                    if let Err(error) = crate::assign_reservation_stream(&reservation) {
+                        tracing::warn!(reservation = reservation.id, %error, "could not assign the reservation's SSD stream");
+                    }
                     json(201, &reservation)
                 }
                 Err(error) => api_error(error),

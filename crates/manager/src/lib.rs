@@ -135,6 +135,23 @@ pub fn create_reservation_namespace(reservation: &Reservation) -> Result<(), Str
         .map_err(|e| format!("creating namespace {} on {}: {e}", place.namespace, servers[place.server]))
 }
 
+/// Tells each of the reservation's servers that writes to its epoch go to the SSD stream BIOS
+/// Algorithm 1 chose for it (`reservation.stream`), so the store separates its segments by that
+/// stream. Called when the reservation is created and again every heartbeat (a restarted server
+/// keeps assignments in memory only).
+pub fn assign_reservation_stream(reservation: &Reservation) -> Result<(), String> {
+    let servers: Vec<Endpoint> =
+        reservation.servers.iter().map(|s| s.parse::<Endpoint>()).collect::<Result<_, _>>()?;
+    if servers.is_empty() {
+        return Ok(());
+    }
+    let options = spillway_client::ClientOptions { client_name: "spillway-manager streams".into(), ..Default::default() };
+    let mut client = spillway_client::Client::connect(&servers, options).map_err(|e| e.to_string())?;
+    client
+        .assign_stream(spillway_types::EpochId(reservation.epoch), reservation.stream as u64)
+        .map_err(|e| format!("assigning stream {} to epoch {}: {e}", reservation.stream, reservation.epoch))
+}
+
 /// Deletes a destroyed reservation's data (its epoch) on each of its servers. Best effort: a
 /// server that cannot be reached is logged (its store keeps the epoch until deleted by hand or
 /// drained); the reservation's capacity is already free in the manager.

@@ -44,6 +44,7 @@ pub enum Kind {
     Drain = 0x0C,
     DrainStatus = 0x0D,
     Sync = 0x0E,
+    AssignStream = 0x0F,
     // Namespace (metadata service) requests, see `crate::namespace`.
     NamespaceOpen = 0x20,
     NamespaceSync = 0x21,
@@ -78,6 +79,7 @@ pub enum Kind {
     DrainQueued = 0x8C,
     DrainReport = 0x8D,
     Synced = 0x8E,
+    StreamAssigned = 0x8F,
     // Namespace responses.
     NamespaceOpened = 0xA0,
     NsAttr = 0xA1,
@@ -91,7 +93,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    const ALL: [Kind; 56] = [
+    const ALL: [Kind; 58] = [
         Kind::Hello,
         Kind::OpenFile,
         Kind::Write,
@@ -106,6 +108,7 @@ impl Kind {
         Kind::Drain,
         Kind::DrainStatus,
         Kind::Sync,
+        Kind::AssignStream,
         Kind::HelloReply,
         Kind::FileOpened,
         Kind::Written,
@@ -120,6 +123,7 @@ impl Kind {
         Kind::DrainQueued,
         Kind::DrainReport,
         Kind::Synced,
+        Kind::StreamAssigned,
         Kind::Error,
         Kind::NamespaceOpen,
         Kind::NamespaceSync,

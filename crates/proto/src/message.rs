@@ -213,6 +213,9 @@ pub enum Request {
     /// Make every byte this server acknowledged for the epoch durable in its SSD log without
     /// sealing the epoch (what `fsync` on the mount needs; a commit seals).
     Sync { epoch: EpochId },
+    /// From the manager (root only): the epoch's writes go to SSD stream `stream` (BIOS
+    /// Algorithm 1's choice for the reservation's user or job) instead of the writer's uid.
+    AssignStream { epoch: EpochId, stream: u64 },
     /// A namespace (metadata service) operation; see [`crate::namespace`].
     Namespace(NamespaceRequest),
 }
@@ -243,6 +246,7 @@ pub enum Response {
     DrainQueued { epoch: EpochId },
     DrainStatus(Vec<DrainInfo>),
     Synced { epoch: EpochId },
+    StreamAssigned { epoch: EpochId, stream: u64 },
     Error { code: ErrorCode, message: String },
     /// The answer to a namespace request (its failures included).
     Namespace(NamespaceResponse),
@@ -393,6 +397,7 @@ impl Request {
             Request::Extents { .. } => Kind::Extents,
             Request::DeleteEpoch { .. } => Kind::DeleteEpoch,
             Request::Sync { .. } => Kind::Sync,
+            Request::AssignStream { .. } => Kind::AssignStream,
             Request::Status => Kind::Status,
             Request::Drain { .. } => Kind::Drain,
             Request::DrainStatus => Kind::DrainStatus,
@@ -431,6 +436,9 @@ impl Request {
             }
             Request::DeleteEpoch { epoch } | Request::Sync { epoch } => {
                 e.u64(epoch.0);
+            }
+            Request::AssignStream { epoch, stream } => {
+                e.u64(epoch.0).u64(*stream);
             }
             Request::Stat { epoch, file } => {
                 e.u64(epoch.0).u64(file.0);
@@ -482,6 +490,7 @@ impl Request {
             },
             Kind::DeleteEpoch => Request::DeleteEpoch { epoch: EpochId(d.u64("epoch")?) },
             Kind::Sync => Request::Sync { epoch: EpochId(d.u64("epoch")?) },
+            Kind::AssignStream => Request::AssignStream { epoch: EpochId(d.u64("epoch")?), stream: d.u64("stream")? },
             Kind::Status => Request::Status,
             Kind::Drain => Request::Drain { epoch: EpochId(d.u64("epoch")?), mode: d.u8("mode")? },
             Kind::DrainStatus => Request::DrainStatus,
@@ -508,6 +517,7 @@ impl Response {
             Response::Extents(_) => Kind::ExtentList,
             Response::Deleted { .. } => Kind::Deleted,
             Response::Synced { .. } => Kind::Synced,
+            Response::StreamAssigned { .. } => Kind::StreamAssigned,
             Response::Status(_) => Kind::StatusReply,
             Response::DrainQueued { .. } => Kind::DrainQueued,
             Response::DrainStatus(_) => Kind::DrainReport,
@@ -557,6 +567,9 @@ impl Response {
             }
             Response::Deleted { epoch } | Response::Synced { epoch } => {
                 e.u64(epoch.0);
+            }
+            Response::StreamAssigned { epoch, stream } => {
+                e.u64(epoch.0).u64(*stream);
             }
             Response::Status(s) => {
                 e.string(&s.server_name)
@@ -649,6 +662,7 @@ impl Response {
             }
             Kind::Deleted => Response::Deleted { epoch: EpochId(d.u64("epoch")?) },
             Kind::Synced => Response::Synced { epoch: EpochId(d.u64("epoch")?) },
+            Kind::StreamAssigned => Response::StreamAssigned { epoch: EpochId(d.u64("epoch")?), stream: d.u64("stream")? },
             Kind::DrainQueued => Response::DrainQueued { epoch: EpochId(d.u64("epoch")?) },
             Kind::DrainReport => {
                 let n = d.count(64, "drain count")?;
@@ -727,6 +741,7 @@ mod tests {
             (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(e, f, o)| Request::Extents { epoch: EpochId(e), file: FileId(f), from_offset: o }),
             any::<u64>().prop_map(|e| Request::DeleteEpoch { epoch: EpochId(e) }),
             any::<u64>().prop_map(|e| Request::Sync { epoch: EpochId(e) }),
+            (any::<u64>(), any::<u64>()).prop_map(|(e, s)| Request::AssignStream { epoch: EpochId(e), stream: s }),
             Just(Request::Status),
             (any::<u64>(), any::<u8>()).prop_map(|(e, m)| Request::Drain { epoch: EpochId(e), mode: m }),
             Just(Request::DrainStatus),
@@ -755,6 +770,7 @@ mod tests {
             proptest::collection::vec((any::<u64>(), any::<u64>()), 0..20).prop_map(|v| Response::Extents(v.into_iter().map(|(o, l)| Extent { offset: o, length: l }).collect())),
             any::<u64>().prop_map(|e| Response::Deleted { epoch: EpochId(e) }),
             any::<u64>().prop_map(|e| Response::Synced { epoch: EpochId(e) }),
+            (any::<u64>(), any::<u64>()).prop_map(|(e, s)| Response::StreamAssigned { epoch: EpochId(e), stream: s }),
             (name(), any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(n, c, b, e)| Response::Status(ServerStatus { server_name: n, connections: c, connections_max: c / 2, in_flight_bytes: b, in_flight_bytes_max: b / 3, requests_served: e, bytes_written: b ^ e, bytes_read: 7, dram_bytes_used: 1, dram_bytes_max: 2, ssd_bytes_used: 3, ssd_bytes_max: 4, epochs: e })),
             any::<u64>().prop_map(|e| Response::DrainQueued { epoch: EpochId(e) }),
             proptest::collection::vec((any::<u64>(), 0u8..5, any::<u64>(), any::<u32>(), name()), 0..8).prop_map(|v| Response::DrainStatus(v.into_iter().map(|(e, s, n, a, m)| DrainInfo {

@@ -360,9 +360,21 @@ fn execute(shared: Arc<Shared>, receiver: Receiver<Job>, writer: Box<dyn Connect
     }
 }
 
-fn stream_of(identity: Identity) -> StreamKey {
-    StreamKey(identity.uid as u64)
+/// The store stream of a write: the manager's assignment for the epoch if there is one (keys
+/// with the top bit set, so they never share segments with a uid), else the writer's uid.
+fn stream_of(shared: &Shared, identity: Identity, epoch: EpochId) -> StreamKey {
+    match shared.epoch_streams.read().get(&epoch) {
+        Some(&stream) => stream,
+        None => StreamKey(identity.uid as u64),
+    }
 }
+
+/// The store key of a stream id the manager assigned.
+pub(crate) fn assigned_stream_key(stream: u64) -> StreamKey {
+    StreamKey(ASSIGNED_STREAM_TAG | stream)
+}
+
+const ASSIGNED_STREAM_TAG: u64 = 1 << 63;
 
 /// Checks that this identity may touch the epoch; the first identity to create it owns it for
 /// this server run. Root may touch anything.
@@ -403,7 +415,7 @@ fn run(shared: &Shared, identity: Identity, request: Request, data: &[u8], wait:
                 return Err(BackendError::new(ErrorCode::InvalidArgument, format!("bad file name {name:?}")));
             }
             authorize(shared, identity, epoch, create)?;
-            let (file, created) = backend.open_file(stream_of(identity), epoch, &name, create)?;
+            let (file, created) = backend.open_file(stream_of(shared, identity, epoch), epoch, &name, create)?;
             plain(Response::FileOpened { file, created })
         }
         Request::Write { epoch, file, offset } => {
@@ -478,7 +490,21 @@ fn run(shared: &Shared, identity: Identity, request: Request, data: &[u8], wait:
             authorize(shared, identity, epoch, false)?;
             backend.delete_epoch(epoch)?;
             shared.owners.lock().remove(&epoch);
+            shared.epoch_streams.write().remove(&epoch);
             plain(Response::Deleted { epoch })
+        }
+        Request::AssignStream { epoch, stream } => {
+            if identity.uid != 0 {
+                return Err(BackendError::new(
+                    ErrorCode::PermissionDenied,
+                    format!("only root (the manager) assigns SSD streams; request runs as uid {}", identity.uid),
+                ));
+            }
+            if stream & ASSIGNED_STREAM_TAG != 0 {
+                return Err(BackendError::new(ErrorCode::InvalidArgument, format!("stream id {stream} is out of range (below 2^63)")));
+            }
+            shared.epoch_streams.write().insert(epoch, assigned_stream_key(stream));
+            plain(Response::StreamAssigned { epoch, stream })
         }
         Request::Sync { epoch } => {
             // The store syncs every dirty segment at once; the epoch is named so that only its
@@ -566,7 +592,7 @@ fn write_with_backpressure(
     let deadline = Instant::now() + wait;
     let mut waited = false;
     loop {
-        match shared.backend.write(stream_of(identity), epoch, file, offset, data) {
+        match shared.backend.write(stream_of(shared, identity, epoch), epoch, file, offset, data) {
             Err(error) if error.code == ErrorCode::NoSpace => {
                 let now = Instant::now();
                 if now >= deadline || shared.shutdown.load(Ordering::SeqCst) {

@@ -38,7 +38,7 @@ use parking_lot::Mutex;
 use spillway_config::server::{CommitDurability, ServerKnobs};
 use spillway_proto::transport::{self, BindError};
 use spillway_proto::{Durability, Endpoint, Listener};
-use spillway_types::EpochId;
+use spillway_types::{EpochId, StreamKey};
 
 pub use backend::{Backend, BackendError, Usage};
 
@@ -131,6 +131,10 @@ pub(crate) struct Shared {
     pub counters: Counters,
     /// Epoch → uid of the identity that created it (this server run). Other uids are refused.
     pub owners: Mutex<HashMap<EpochId, u32>>,
+    /// Epoch → SSD stream assigned by the manager (`AssignStream`); other epochs' writes go to
+    /// the writer's uid. In memory: the manager re-asserts assignments every heartbeat, so a
+    /// restarted server learns them again before a job's next writes matter for wear.
+    pub epoch_streams: parking_lot::RwLock<HashMap<EpochId, StreamKey>>,
     /// The drainer, if this server drains to a PFS (set once, before or while serving).
     pub drain: std::sync::OnceLock<Arc<dyn DrainControl>>,
     /// The namespaces (metadata service) this server holds, if attached.
@@ -187,6 +191,7 @@ impl Server {
             connections: AtomicU32::new(0),
             counters: Counters::default(),
             owners: Mutex::new(HashMap::new()),
+            epoch_streams: parking_lot::RwLock::new(HashMap::new()),
             drain: std::sync::OnceLock::new(),
             namespaces: std::sync::OnceLock::new(),
         });

@@ -12,7 +12,7 @@ use spillway_client::{Client, ClientOptions, Placement};
 use spillway_proto::frame::{self, Kind};
 use spillway_proto::{Durability, Endpoint, EpochState, ErrorCode, Request, Response, PROTOCOL_VERSION};
 use spillway_server::{Server, ServerOptions, ShutdownHandle};
-use spillway_types::EpochId;
+use spillway_types::{EpochId, StreamKey};
 use support::ModelBackend;
 
 fn options() -> ServerOptions {
@@ -358,4 +358,30 @@ fn listings_page_past_one_body() {
     assert_eq!(listed.len(), names.len());
     assert!(listed.iter().all(|(_, size)| *size == 1));
     assert_eq!(c.list_epochs().unwrap().len(), 2999);
+}
+
+#[test]
+fn assigned_streams_reach_the_backend_and_other_epochs_keep_the_uid_stream() {
+    let backend = Arc::new(ModelBackend::new(1 << 30));
+    let running = start(Arc::clone(&backend));
+    let mut c = client(&running, Placement::striped_default());
+    let uid = c.identity().0;
+    if uid != 0 {
+        // Only root may assign streams; the refusal is checked instead.
+        let error = c.assign_stream(EpochId(7), 3).unwrap_err();
+        assert_eq!(error.errno(), libc::EACCES, "{error}");
+        return;
+    }
+    c.assign_stream(EpochId(7), 3).unwrap();
+    assert!(c.assign_stream(EpochId(7), 1 << 63).is_err(), "a stream id with the tag bit is refused");
+    for epoch in [EpochId(7), EpochId(8)] {
+        c.begin_epoch(epoch);
+        let mut file = c.create_file(epoch, "rank0").unwrap();
+        c.write(&mut file, 0, &pattern(epoch.0, 300_000)).unwrap();
+        c.commit_epoch(epoch).unwrap();
+    }
+    assert_eq!(backend.write_streams(EpochId(7)), vec![StreamKey((1 << 63) | 3)]);
+    assert_eq!(backend.write_streams(EpochId(8)), vec![StreamKey(uid as u64)]);
+    drop(c);
+    running.stop().unwrap();
 }

@@ -29,6 +29,8 @@ struct State {
     next_file: u64,
     commits: u64,
     syncs: u64,
+    /// The streams each epoch's writes were given.
+    write_streams: BTreeMap<EpochId, std::collections::BTreeSet<StreamKey>>,
 }
 
 pub struct ModelBackend {
@@ -39,6 +41,9 @@ pub struct ModelBackend {
 impl ModelBackend {
     pub fn new(capacity: u64) -> Self {
         ModelBackend { state: Mutex::new(State::default()), capacity }
+    }
+    pub fn write_streams(&self, epoch: EpochId) -> Vec<StreamKey> {
+        self.state.lock().write_streams.get(&epoch).map(|s| s.iter().copied().collect()).unwrap_or_default()
     }
     pub fn commits(&self) -> u64 {
         self.state.lock().commits
@@ -82,8 +87,9 @@ impl Backend for ModelBackend {
         Ok((next, true))
     }
 
-    fn write(&self, _stream: StreamKey, epoch: EpochId, file: FileId, offset: u64, data: &[u8]) -> Result<(), BackendError> {
+    fn write(&self, stream: StreamKey, epoch: EpochId, file: FileId, offset: u64, data: &[u8]) -> Result<(), BackendError> {
         let mut state = self.state.lock();
+        state.write_streams.entry(epoch).or_default().insert(stream);
         if state.used + data.len() as u64 > self.capacity {
             return Err(BackendError::new(ErrorCode::NoSpace, format!("model full: {} of {} bytes used", state.used, self.capacity)));
         }
