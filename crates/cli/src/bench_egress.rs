@@ -58,8 +58,14 @@ pub struct Args {
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Drain the first checkpoint shuffled and the second naive (to check for order effects).
+    /// Later repeats alternate the order either way.
     #[arg(long)]
     shuffled_first: bool,
+    /// Paired repeats: each measures its own sequential baseline right before each drain and its
+    /// own direct checkpoint, so a disk that swings between runs (this machine's does, 2-3x)
+    /// moves both sides of a ratio; the reported ratios are the medians of the per-repeat ones.
+    #[arg(long, default_value_t = 3)]
+    repeat: u32,
     /// One JSON object on stdout instead of tables.
     #[arg(long)]
     json: bool,
@@ -305,6 +311,53 @@ fn verify(args: &Args, path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One paired repeat: both drains with their own sequential baselines, and the checkpoint times.
+struct Repeat {
+    sequential_before_naive: f64,
+    sequential_before_shuffled: f64,
+    naive: DrainResult,
+    shuffled: DrainResult,
+    direct_s: f64,
+    memory_s: f64,
+    ssd_s: f64,
+}
+
+/// Checkpoints `epoch` at `memory` durability and `epoch + 1` at `ssd`, drains one naive and one
+/// shuffled (in the given order), each right after its own sequential baseline, and verifies
+/// and removes both PFS copies.
+fn measure_repeat(args: &Args, cluster: &Cluster, log: &WriteLog, pfs: &Path, epoch: EpochId, shuffled_first: bool) -> anyhow::Result<Repeat> {
+    // A sequential baseline right before the drain, the drain, then the PFS copy checked and
+    // removed: (baseline bytes/s, drain result).
+    let drain_paired = |epoch: EpochId, mode: DrainMode| -> anyhow::Result<(f64, DrainResult)> {
+        settle();
+        let sequential = sequential_baseline(args, &pfs.join("baseline.seq"))?;
+        let result = drain(args, cluster, log, epoch, mode, pfs)?;
+        let copy = pfs.join(format!("epoch-{}", epoch.0));
+        verify(args, &copy.join("ckpt/shared.dat"))?;
+        std::fs::remove_dir_all(&copy)?;
+        Ok((sequential, result))
+    };
+    let (first, second) = if shuffled_first { (DrainMode::Shuffled, DrainMode::Naive) } else { (DrainMode::Naive, DrainMode::Shuffled) };
+    settle();
+    let direct_s = direct_checkpoint(args, &pfs.join("baseline.direct"))?;
+    settle();
+    let memory_s = write_checkpoint(args, &cluster.endpoints, epoch, Durability::Memory)?;
+    let first_drain = drain_paired(epoch, first)?;
+    settle();
+    let ssd_epoch = EpochId(epoch.0 + 1);
+    let ssd_s = write_checkpoint(args, &cluster.endpoints, ssd_epoch, Durability::Ssd)?;
+    let second_drain = drain_paired(ssd_epoch, second)?;
+    let ((sequential_before_naive, naive), (sequential_before_shuffled, shuffled)) =
+        if shuffled_first { (second_drain, first_drain) } else { (first_drain, second_drain) };
+    Ok(Repeat { sequential_before_naive, sequential_before_shuffled, naive, shuffled, direct_s, memory_s, ssd_s })
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n % 2 == 1 { values[n / 2] } else { (values[n / 2 - 1] + values[n / 2]) / 2.0 }
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(args.servers > 0 && args.clients > 0 && args.transfer_bytes > 0 && args.total_bytes > 0, "servers, clients and sizes must be positive");
     anyhow::ensure!(args.write_bytes % args.stripe_bytes == 0, "--write-bytes must be a multiple of --stripe-bytes");
@@ -320,38 +373,37 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     std::fs::create_dir_all(&pfs)?;
     let log = Arc::new(WriteLog::new(((args.total_bytes / args.transfer_bytes.min(args.stripe_bytes)) as usize + 1024).min(64 << 20)));
     let cluster = Cluster::start(&args, &dir, &pfs, &log)?;
-
-    settle();
-    let sequential_bytes_per_s = sequential_baseline(&args, &pfs.join("baseline.seq"))?;
-    settle();
-    let direct_s = direct_checkpoint(&args, &pfs.join("baseline.direct"))?;
-    settle();
-    let memory_s = write_checkpoint(&args, &cluster.endpoints, EpochId(1), Durability::Memory)?;
-    let (first, second) =
-        if args.shuffled_first { (DrainMode::Shuffled, DrainMode::Naive) } else { (DrainMode::Naive, DrainMode::Shuffled) };
-    let first_result = drain(&args, &cluster, &log, EpochId(1), first, &pfs)?;
-    verify(&args, &pfs.join("epoch-1/ckpt/shared.dat"))?;
-    std::fs::remove_dir_all(pfs.join("epoch-1"))?;
-    settle();
-    let ssd_s = write_checkpoint(&args, &cluster.endpoints, EpochId(2), Durability::Ssd)?;
-    let second_result = drain(&args, &cluster, &log, EpochId(2), second, &pfs)?;
-    verify(&args, &pfs.join("epoch-2/ckpt/shared.dat"))?;
-    std::fs::remove_dir_all(pfs.join("epoch-2"))?;
-    let (naive, shuffled) = if args.shuffled_first { (second_result, first_result) } else { (first_result, second_result) };
+    anyhow::ensure!(args.repeat > 0, "--repeat must be at least 1");
+    let mut repeats = Vec::new();
+    for r in 0..args.repeat as u64 {
+        let shuffled_first = args.shuffled_first ^ (r % 2 == 1);
+        repeats.push(measure_repeat(&args, &cluster, &log, &pfs, EpochId(2 * r + 1), shuffled_first)?);
+    }
     cluster.stop();
 
     let gib = args.total_bytes as f64;
     let mib = |bytes_per_s: f64| bytes_per_s / (1u64 << 20) as f64;
     let rate = |d: &DrainResult| gib / d.seconds;
+    let median_of = |f: &dyn Fn(&Repeat) -> f64| median(repeats.iter().map(f).collect());
     let ratios = serde_json::json!({
-        "shuffled_vs_sequential": rate(&shuffled) / sequential_bytes_per_s,
-        "naive_vs_sequential": rate(&naive) / sequential_bytes_per_s,
-        "shuffled_over_naive_throughput": rate(&shuffled) / rate(&naive),
-        "naive_over_shuffled_write_calls": naive.write_calls as f64 / shuffled.write_calls.max(1) as f64,
-        "direct_over_spillway_checkpoint_time_memory": direct_s / memory_s,
-        "direct_over_spillway_checkpoint_time_ssd": direct_s / ssd_s,
+        "shuffled_vs_sequential": median_of(&|r| rate(&r.shuffled) / r.sequential_before_shuffled),
+        "naive_vs_sequential": median_of(&|r| rate(&r.naive) / r.sequential_before_naive),
+        "shuffled_over_naive_throughput": median_of(&|r| rate(&r.shuffled) / rate(&r.naive)),
+        "naive_over_shuffled_write_calls": median_of(&|r| r.naive.write_calls as f64 / r.shuffled.write_calls.max(1) as f64),
+        "direct_over_spillway_checkpoint_time_memory": median_of(&|r| r.direct_s / r.memory_s),
+        "direct_over_spillway_checkpoint_time_ssd": median_of(&|r| r.direct_s / r.ssd_s),
     });
-    let mode_json = |d: &DrainResult| {
+    // The figures of the repeat whose shuffled ratio is the median (tables show every repeat).
+    let mut order: Vec<usize> = (0..repeats.len()).collect();
+    order.sort_by(|&a, &b| {
+        let ratio = |r: &Repeat| rate(&r.shuffled) / r.sequential_before_shuffled;
+        ratio(&repeats[a]).total_cmp(&ratio(&repeats[b]))
+    });
+    let typical = &repeats[order[order.len() / 2]];
+    let (naive, shuffled) = (&typical.naive, &typical.shuffled);
+    let sequential_bytes_per_s = typical.sequential_before_shuffled;
+    let lock_switches_max = |f: &dyn Fn(&Repeat) -> u64| repeats.iter().map(f).max().unwrap_or(0);
+    let mode_json = |d: &DrainResult, sequential_bytes_per_s: f64| {
         serde_json::json!({
             "drain_s": d.seconds,
             "drain_mib_per_s": mib(rate(d)),
@@ -370,11 +422,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "transfer_bytes": args.transfer_bytes, "stripe_bytes": args.stripe_bytes, "write_bytes": args.write_bytes,
                 "dram_bytes_per_server": dram_bytes(&args), "in_flight_requests_max": args.in_flight_requests,
             },
+            "repeats": repeats.iter().map(|r| serde_json::json!({
+                "sequential_before_naive_mib_per_s": mib(r.sequential_before_naive),
+                "sequential_before_shuffled_mib_per_s": mib(r.sequential_before_shuffled),
+                "naive": mode_json(&r.naive, r.sequential_before_naive),
+                "shuffled": mode_json(&r.shuffled, r.sequential_before_shuffled),
+                "checkpoint_s": { "direct_fsync": r.direct_s, "spillway_memory": r.memory_s, "spillway_ssd": r.ssd_s },
+            })).collect::<Vec<_>>(),
             "sequential_baseline_mib_per_s": mib(sequential_bytes_per_s),
-            "naive": mode_json(&naive),
-            "shuffled": mode_json(&shuffled),
-            "checkpoint_s": { "direct_fsync": direct_s, "spillway_memory": memory_s, "spillway_ssd": ssd_s },
-            "lock_switches": { "naive": naive.lock_switches, "shuffled": shuffled.lock_switches },
+            "naive": mode_json(naive, typical.sequential_before_naive),
+            "shuffled": mode_json(shuffled, typical.sequential_before_shuffled),
+            "checkpoint_s": { "direct_fsync": typical.direct_s, "spillway_memory": typical.memory_s, "spillway_ssd": typical.ssd_s },
+            // The worst repeat: zero for shuffled means zero in every repeat.
+            "lock_switches": { "naive": lock_switches_max(&|r| r.naive.lock_switches), "shuffled": lock_switches_max(&|r| r.shuffled.lock_switches) },
             "ratios": ratios,
         });
         println!("{out}");
@@ -390,30 +450,45 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.write_bytes >> 20,
         dram_bytes(&args) >> 20
     );
-    println!("sequential baseline (same disk, fsync): {:.0} MiB/s", mib(sequential_bytes_per_s));
+    println!("{} paired repeats; each drain is compared with a sequential write+fsync of the same bytes measured just before it", repeats.len());
     println!();
-    println!("| mode | drain s | MiB/s | × sequential | PFS writes | stripe-aligned | shuffle s (max/server) | flush s (max/server) | lock switches |");
-    println!("|---|---|---|---|---|---|---|---|---|");
-    for (name, d) in [("naive", &naive), ("shuffled", &shuffled)] {
+    println!("| repeat | mode | sequential MiB/s | drain s | MiB/s | × sequential | PFS writes | stripe-aligned | shuffle s (max/server) | flush s (max/server) | lock switches |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    for (index, r) in repeats.iter().enumerate() {
+        for (name, d, sequential) in [("naive", &r.naive, r.sequential_before_naive), ("shuffled", &r.shuffled, r.sequential_before_shuffled)] {
+            println!(
+                "| {} | {name} | {:.0} | {:.2} | {:.0} | {:.2} | {} | {:.3} | {:.2} | {:.2} | {} |",
+                index + 1,
+                mib(sequential),
+                d.seconds,
+                mib(rate(d)),
+                rate(d) / sequential,
+                d.write_calls,
+                d.aligned_fraction,
+                d.shuffle_s_max,
+                d.flush_s_max,
+                d.lock_switches
+            );
+        }
+    }
+    println!();
+    println!("| repeat | direct to disk + fsync s | spillway memory s | direct ÷ memory | spillway ssd s | direct ÷ ssd |");
+    println!("|---|---|---|---|---|---|");
+    for (index, r) in repeats.iter().enumerate() {
         println!(
-            "| {name} | {:.2} | {:.0} | {:.2} | {} | {:.3} | {:.2} | {:.2} | {} |",
-            d.seconds,
-            mib(rate(d)),
-            rate(d) / sequential_bytes_per_s,
-            d.write_calls,
-            d.aligned_fraction,
-            d.shuffle_s_max,
-            d.flush_s_max,
-            d.lock_switches
+            "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            index + 1,
+            r.direct_s,
+            r.memory_s,
+            r.direct_s / r.memory_s,
+            r.ssd_s,
+            r.direct_s / r.ssd_s
         );
     }
     println!();
-    println!("| checkpoint (write + commit) | seconds | direct ÷ this |");
-    println!("|---|---|---|");
-    println!("| direct to disk + fsync | {direct_s:.2} | 1.00 |");
-    println!("| spillway, memory durability | {memory_s:.2} | {:.2} |", direct_s / memory_s);
-    println!("| spillway, ssd durability | {ssd_s:.2} | {:.2} |", direct_s / ssd_s);
-    println!();
-    println!("naive ÷ shuffled PFS write calls: {:.0}", naive.write_calls as f64 / shuffled.write_calls.max(1) as f64);
+    println!("medians of the paired ratios:");
+    for (name, value) in ratios.as_object().expect("an object") {
+        println!("  {name}: {:.2}", value.as_f64().unwrap_or(f64::NAN));
+    }
     Ok(())
 }
