@@ -219,7 +219,7 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
-use crate::reaped::Reaped;
+use crate::reaped::{start_server, Reaped};
 
 fn spillway_gbps(shape: &Shape, work: &Path, pattern: &str, durability: &str) -> anyhow::Result<f64> {
     let exe = std::env::current_exe()?;
@@ -238,26 +238,9 @@ fn spillway_gbps(shape: &Shape, work: &Path, pattern: &str, durability: &str) ->
     let mut endpoints = Vec::new();
     for s in 0..shape.servers {
         let ssd_dir = work.join(format!("ssd-{pattern}-{durability}-{s}"));
-        let log = std::fs::File::create(work.join(format!("server-{s}.log")))?;
-        let mut child = Command::new(&exe)
-            .args(["serve", "--listen", "127.0.0.1:0", "--durability", durability])
-            .arg("--ssd-dir")
-            .arg(&ssd_dir)
-            .args(["--dram-bytes", &dram.to_string(), "--ssd-bytes", &ssd.to_string()])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .context("starting spillway serve")?;
-        let stdout = child.stdout.take().expect("piped");
-        servers.push(Reaped(child));
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line)?;
-        let endpoint = line
-            .strip_prefix("listening ")
-            .and_then(|l| l.split_whitespace().next())
-            .with_context(|| format!("server {s} did not start (see {}/server-{s}.log)", work.display()))?
-            .to_string();
+        let server_args = ["--durability".to_string(), durability.to_string(), "--dram-bytes".into(), dram.to_string(), "--ssd-bytes".into(), ssd.to_string()];
+        let (server, endpoint) = start_server(work, &s.to_string(), &ssd_dir, &server_args)?;
+        servers.push(server);
         endpoints.push(endpoint);
     }
     let list = endpoints.join(",");

@@ -16,9 +16,9 @@
 //! this process too, with the same code as `spillway mount`. Servers are `spillway serve`
 //! children on loopback, killed when the benchmark ends.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
@@ -62,32 +62,14 @@ pub struct Args {
     pub work_dir: Option<PathBuf>,
 }
 
-use crate::reaped::Reaped;
+use crate::reaped::{start_server, Reaped};
 
 fn start_servers(work: &Path, count: usize, dram_bytes: u64) -> anyhow::Result<(Vec<Reaped>, Vec<Endpoint>)> {
-    let exe = std::env::current_exe()?;
     let mut servers = Vec::new();
     let mut endpoints = Vec::new();
     for s in 0..count {
-        let log = std::fs::File::create(work.join(format!("server-{s}.log")))?;
-        let mut child = Command::new(&exe)
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .arg("--ssd-dir")
-            .arg(work.join(format!("ssd-{s}")))
-            .args(["--dram-bytes", &dram_bytes.to_string()])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .context("starting spillway serve")?;
-        let stdout = child.stdout.take().expect("piped");
-        servers.push(Reaped(child));
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line)?;
-        let endpoint = line
-            .strip_prefix("listening ")
-            .and_then(|l| l.split_whitespace().next())
-            .with_context(|| format!("server {s} did not start (see {}/server-{s}.log)", work.display()))?;
+        let (server, endpoint) = start_server(work, &s.to_string(), &work.join(format!("ssd-{s}")), &["--dram-bytes".to_string(), dram_bytes.to_string()])?;
+        servers.push(server);
         endpoints.push(endpoint.parse().map_err(|e| anyhow::anyhow!("server {s} endpoint {endpoint:?}: {e}"))?);
     }
     Ok((servers, endpoints))

@@ -1,7 +1,7 @@
 //! `spillway pool …`, `spillway server …` and `spillway quota …`: what root or the admin group
 //! manages (the manager checks; these commands only ask).
 
-use spillway_manager::units::parse_size;
+use crate::serve::parse_bytes as parse_size;
 use spillway_manager::{AddServer, CreatePool, Pool, Quota, Server, SetQuota};
 
 use crate::status::{bytes, print_json, print_table, ManagerFlags};

@@ -5,7 +5,7 @@
 //! checks ownership from the socket's peer credentials; root (or the admin group) may create for
 //! another uid with `--owner UID --group GID` (the Slurm hooks do).
 
-use spillway_manager::units::parse_size;
+use crate::serve::parse_bytes as parse_size;
 use spillway_manager::{Access, CreateReservation, Reservation};
 
 use crate::status::{bytes, print_json, print_table, ManagerFlags};
@@ -17,7 +17,7 @@ pub struct Args {
 }
 
 fn parse_access(text: &str) -> Result<Access, String> {
-    Access::parse(text).ok_or_else(|| format!("access {text:?}: expected striped or private"))
+    text.parse::<Access>()
 }
 
 #[derive(clap::Subcommand)]

@@ -67,23 +67,10 @@ pub struct Args {
     drain_mode: Option<String>,
 }
 
-/// `4096`, `64K`, `512M`, `2G`, `1T` (binary units).
+/// A size flag (`4096`, `64K`, `512MiB`, `10GB`): `spillway_types::parse_size`, the error
+/// naming the text.
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let (digits, unit) = match text.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
-        Some((i, _)) => text.split_at(i),
-        None => (text, ""),
-    };
-    let value: u64 = digits.parse().map_err(|_| format!("{text:?} is not a byte count (e.g. 4096, 64K, 512M, 2G)"))?;
-    let scale: u64 = match unit.trim_end_matches(['i', 'B', 'b']).to_ascii_uppercase().as_str() {
-        "" => 1,
-        "K" => 1 << 10,
-        "M" => 1 << 20,
-        "G" => 1 << 30,
-        "T" => 1 << 40,
-        other => return Err(format!("unknown unit {other:?} in {text:?}")),
-    };
-    value.checked_mul(scale).ok_or_else(|| format!("{text:?} overflows"))
+    spillway_types::parse_size(text).map_err(|e| format!("{text:?}: {e}"))
 }
 
 fn parse_durability(text: &str) -> Result<CommitDurability, String> {

@@ -298,7 +298,7 @@ fn reservation_from_row(r: &rusqlite::Row) -> rusqlite::Result<ReservationRow> {
         fragment_bytes: r.get::<_, i64>(7)? as u64,
         fragments: r.get::<_, i64>(8)? as u64,
         pool_id: r.get::<_, i64>(9)? as u64,
-        access: Access::parse(&access).ok_or_else(|| text_error(10, "access", access.clone()))?,
+        access: access.parse::<Access>().map_err(|_| text_error(10, "access", access.clone()))?,
         epoch: r.get::<_, i64>(11)? as u64,
         namespace_id: r.get::<_, i64>(12)? as u64,
         stream: r.get::<_, i64>(13)? as u16,

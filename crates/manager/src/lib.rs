@@ -17,7 +17,6 @@ pub mod identity;
 pub mod model;
 pub mod service;
 pub mod stage;
-pub mod units;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;

@@ -7,31 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 /// How a reservation's namespace is laid out (DataWarp's modes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Access {
-    /// One namespace shared by every compute node of the job; files striped over the servers.
-    Striped,
-    /// Each compute node has its own namespace (private mode).
-    Private,
-}
-
-impl Access {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Access::Striped => "striped",
-            Access::Private => "private",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<Access> {
-        match text {
-            "striped" => Some(Access::Striped),
-            "private" => Some(Access::Private),
-            _ => None,
-        }
-    }
-}
+pub use spillway_policy::namespace::NamespaceAccess as Access;
 
 /// Whether a reservation still holds capacity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

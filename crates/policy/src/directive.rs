@@ -14,7 +14,6 @@
 //! `KB` = 1000, up to `P`/`PiB`/`PB`; no suffix = bytes). Unlike Slurm, which silently reads
 //! `10X` as 10 bytes, every unknown key, bad size or bad path is an error naming the token.
 
-use std::fmt;
 
 /// Directive name as configured by `Directive=BB_LUA` in burst_buffer.conf (without the `#`).
 pub const DIRECTIVE_DEFAULT: &str = "BB_LUA";
@@ -22,29 +21,7 @@ pub const DIRECTIVE_DEFAULT: &str = "BB_LUA";
 /// Longest pool or persistent reservation name accepted.
 pub const NAME_BYTES_MAX: usize = 64;
 
-/// How a reservation's namespace is shared (DataWarp's modes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
-    /// One namespace striped over every server of the reservation, shared by all nodes.
-    Striped,
-    /// Each compute node sees its own namespace (files placed on a server chosen per node).
-    Private,
-}
-
-impl Access {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Access::Striped => "striped",
-            Access::Private => "private",
-        }
-    }
-}
-
-impl fmt::Display for Access {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use crate::namespace::NamespaceAccess as Access;
 
 /// One copy between the PFS and the reservation. `pfs_path` is absolute; `reservation_path` is
 /// relative to the reservation's root (no `..`).
@@ -117,32 +94,17 @@ pub enum SizeError {
 /// same for m, g, t, p; case-insensitive. Zero is an error.
 pub fn parse_size(text: &str) -> Result<u64, SizeError> {
     let digits_end = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
-    if digits_end == 0 {
-        return Err(SizeError::NoDigits);
-    }
-    let number: u64 = text[..digits_end].parse().map_err(|_| SizeError::Overflow)?;
     let suffix = &text[digits_end..];
-    let lower = suffix.to_ascii_lowercase();
-    let multiplier: u64 = match lower.as_str() {
-        "" => 1,
-        "k" | "kib" => 1 << 10,
-        "kb" => 1_000,
-        "m" | "mib" => 1 << 20,
-        "mb" => 1_000_000,
-        "g" | "gib" => 1 << 30,
-        "gb" => 1_000_000_000,
-        "t" | "tib" => 1 << 40,
-        "tb" => 1_000_000_000_000,
-        "p" | "pib" => 1 << 50,
-        "pb" => 1_000_000_000_000_000,
-        "n" | "node" | "nodes" => return Err(SizeError::Nodes(suffix.to_string())),
-        _ => return Err(SizeError::Suffix(suffix.to_string())),
-    };
-    let bytes = number.checked_mul(multiplier).ok_or(SizeError::Overflow)?;
-    if bytes == 0 {
-        return Err(SizeError::Zero);
+    if digits_end > 0 && matches!(suffix.to_ascii_lowercase().as_str(), "n" | "node" | "nodes") {
+        return Err(SizeError::Nodes(suffix.to_string()));
     }
-    Ok(bytes)
+    match spillway_types::parse_size(text) {
+        Ok(0) => Err(SizeError::Zero),
+        Ok(bytes) => Ok(bytes),
+        Err(spillway_types::SizeError::NoDigits) => Err(SizeError::NoDigits),
+        Err(spillway_types::SizeError::UnknownUnit(_)) => Err(SizeError::Suffix(suffix.to_string())),
+        Err(spillway_types::SizeError::Overflow) => Err(SizeError::Overflow),
+    }
 }
 
 /// The directive lines of `script` as Slurm 22.05 sees them: from the leading comment block,

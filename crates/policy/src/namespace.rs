@@ -7,13 +7,30 @@
 //! spreads with the number of nodes. The hash is FNV-1a (64-bit), fixed here so every client
 //! and tool agrees on placement whatever it was built with.
 
-/// How a reservation's mount shares its namespace.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// How a reservation's mount shares its namespace (DataWarp's modes): the one type the
+/// directive parser, the manager (its JSON and database) and placement share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum NamespaceAccess {
     /// One namespace shared by every node.
     Striped,
     /// One namespace per compute node.
     Private,
+}
+
+impl NamespaceAccess {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NamespaceAccess::Striped => "striped",
+            NamespaceAccess::Private => "private",
+        }
+    }
+}
+
+impl std::fmt::Display for NamespaceAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl std::str::FromStr for NamespaceAccess {

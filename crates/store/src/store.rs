@@ -352,6 +352,31 @@ pub fn write_hint_for(stream: StreamKey) -> u64 {
     }
 }
 
+/// Takes the next sequence number for a data record and builds its header. Called under the
+/// state lock: sequence order is the order records become visible (newest wins).
+fn next_data_header(state: &mut State, stream: StreamKey, epoch: EpochId, file: FileId, offset: u64, payload_bytes: usize) -> RecordHeader {
+    let sequence = state.next_sequence;
+    state.next_sequence += 1;
+    RecordHeader { kind: RecordKind::Data, sequence, stream, epoch, file, offset, payload_bytes: payload_bytes as u32 }
+}
+
+/// Makes a written data record readable and accounted, wherever it lives (DRAM ring or, for a
+/// write-through, its segment): record table, index extent, its epoch's bookkeeping, counters.
+/// `record_bytes` is the record's size on its medium (header, payload, padding).
+fn publish_data_record(state: &mut State, header: &RecordHeader, location: Location, record_bytes: u64) {
+    let (sequence, epoch, payload_bytes) = (header.sequence, header.epoch, header.payload_bytes);
+    state.records.insert(sequence, RecordInfo { location, epoch, payload_bytes });
+    if payload_bytes > 0 {
+        state.index.insert(epoch, header.file, header.offset, Extent { record: sequence, skip: 0, length: payload_bytes as u64 });
+    }
+    let entry = state.epochs.get_mut(&epoch).expect("admitted epoch vanished");
+    entry.data_records += 1;
+    entry.payload_bytes += payload_bytes as u64;
+    entry.record_sequences.push(sequence);
+    *entry.stream_bytes.entry(header.stream).or_default() += record_bytes;
+    state.counters.user_payload_bytes += payload_bytes as u64;
+}
+
 impl Store {
     /// Opens (recovering if needed) the store in `knobs.ssd_directory`.
     pub fn open(knobs: &StoreKnobs) -> Result<Store, OpenError> {
@@ -1041,17 +1066,8 @@ impl Inner {
         slot[payload_end..].fill(0);
 
         let mut state = self.state.lock();
-        let sequence = state.next_sequence;
-        state.next_sequence += 1;
-        let header = RecordHeader {
-            kind: RecordKind::Data,
-            sequence,
-            stream,
-            epoch,
-            file,
-            offset,
-            payload_bytes: piece.len() as u32,
-        };
+        let header = next_data_header(&mut state, stream, epoch, file, offset, piece.len());
+        let sequence = header.sequence;
         // The record CRC is sealed when the record leaves DRAM (`seal_records`), off the
         // ingest path; until then bytes 60..64 hold a placeholder no reader looks at.
         header.encode(0, &mut slot[..HEADER_BYTES]);
@@ -1060,19 +1076,7 @@ impl Inner {
         assert_eq!(record.status, DramStatus::Writing);
         record.status = DramStatus::Ready;
         record.sequence = sequence;
-        state.records.insert(
-            sequence,
-            RecordInfo { location: Location::Dram { position }, epoch, payload_bytes: piece.len() as u32 },
-        );
-        if !piece.is_empty() {
-            state.index.insert(epoch, file, offset, Extent { record: sequence, skip: 0, length: piece.len() as u64 });
-        }
-        let entry = state.epochs.get_mut(&epoch).expect("admitted epoch vanished");
-        entry.data_records += 1;
-        entry.payload_bytes += piece.len() as u64;
-        entry.record_sequences.push(sequence);
-        *entry.stream_bytes.entry(stream).or_default() += bytes;
-        state.counters.user_payload_bytes += piece.len() as u64;
+        publish_data_record(&mut state, &header, Location::Dram { position }, bytes);
         let high = state.ring.capacity() / 100 * self.knobs.dram_high_watermark_percent;
         if state.ring.used() > high {
             self.flusher.notify_one();
@@ -1119,17 +1123,8 @@ impl Inner {
         }
 
         let mut state = self.state.lock();
-        let sequence = state.next_sequence;
-        state.next_sequence += 1;
-        let header = RecordHeader {
-            kind: RecordKind::Data,
-            sequence,
-            stream,
-            epoch,
-            file,
-            offset,
-            payload_bytes: piece.len() as u32,
-        };
+        let header = next_data_header(&mut state, stream, epoch, file, offset, piece.len());
+        let sequence = header.sequence;
         let mut encoded = [0u8; HEADER_BYTES];
         header.encode(0, &mut encoded);
         let crc = record_crc(&encoded, payload_crc);
@@ -1156,16 +1151,7 @@ impl Inner {
             state.reserved_bytes += bytes;
             return Err(WriteError::Io { segment: segment_id, source: error });
         }
-        state.records.insert(sequence, RecordInfo { location: Location::Ssd { segment: segment_id, offset: at }, epoch, payload_bytes: piece.len() as u32 });
-        if !piece.is_empty() {
-            state.index.insert(epoch, file, offset, Extent { record: sequence, skip: 0, length: piece.len() as u64 });
-        }
-        let entry = state.epochs.get_mut(&epoch).expect("admitted epoch vanished");
-        entry.data_records += 1;
-        entry.payload_bytes += piece.len() as u64;
-        entry.record_sequences.push(sequence);
-        *entry.stream_bytes.entry(stream).or_default() += bytes;
-        state.counters.user_payload_bytes += piece.len() as u64;
+        publish_data_record(&mut state, &header, Location::Ssd { segment: segment_id, offset: at }, bytes);
         state.counters.user_bytes_to_ssd += bytes;
         state.counters.ssd_bytes_written += bytes;
         state.counters.write_through_records += 1;

@@ -60,9 +60,83 @@ pub fn format_bytes(bytes: u64) -> String {
     }
 }
 
+/// Why a size did not parse (see [`parse_size`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SizeError {
+    /// No leading digits.
+    NoDigits,
+    /// A unit other than K, M, G, T, P with an optional `iB`/`B` (the unit as written).
+    UnknownUnit(String),
+    /// More than 2^64 - 1 bytes.
+    Overflow,
+}
+
+impl std::fmt::Display for SizeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SizeError::NoDigits => write!(f, "no digits (e.g. 4096, 64M, 64MiB, 200GiB, 10GB)"),
+            SizeError::UnknownUnit(unit) => write!(f, "unknown unit {unit:?} (K, M, G, T, P with an optional iB or B)"),
+            SizeError::Overflow => write!(f, "more than 2^64 bytes"),
+        }
+    }
+}
+
+impl std::error::Error for SizeError {}
+
+/// The one reading of sizes on command lines, in `#BB_LUA` directives and in the manager's API:
+/// digits, then an optional unit, case-insensitive. A bare letter or `iB` is binary (`64M` =
+/// `64MiB` = 64·2^20); a plain `B` after the letter is decimal (`10GB` = 10^10), as Slurm reads
+/// burst buffer sizes; `B` or nothing means bytes. Surrounding whitespace is ignored.
+pub fn parse_size(text: &str) -> Result<u64, SizeError> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    if digits.is_empty() {
+        return Err(SizeError::NoDigits);
+    }
+    let value: u64 = digits.parse().map_err(|_| SizeError::Overflow)?;
+    let lower = unit.trim().to_ascii_lowercase();
+    let (letter, binary) = match lower.as_str() {
+        "" | "b" => return Ok(value),
+        u if u.len() == 1 => (u, true),
+        u if u.len() == 3 && u.ends_with("ib") => (&u[..1], true),
+        u if u.len() == 2 && u.ends_with('b') => (&u[..1], false),
+        _ => return Err(SizeError::UnknownUnit(unit.to_string())),
+    };
+    let power = match letter {
+        "k" => 1,
+        "m" => 2,
+        "g" => 3,
+        "t" => 4,
+        "p" => 5,
+        _ => return Err(SizeError::UnknownUnit(unit.to_string())),
+    };
+    let base: u64 = if binary { 1024 } else { 1000 };
+    value.checked_mul(base.pow(power)).ok_or(SizeError::Overflow)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_binary_decimal_and_bare() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("64m"), Ok(64 << 20));
+        assert_eq!(parse_size(" 1G "), Ok(1 << 30));
+        assert_eq!(parse_size("200GiB"), Ok(200 << 30));
+        assert_eq!(parse_size("1p"), Ok(1 << 50));
+        assert_eq!(parse_size("10GB"), Ok(10_000_000_000));
+        assert_eq!(parse_size("5kb"), Ok(5000));
+        assert_eq!(parse_size("3B"), Ok(3));
+        assert_eq!(parse_size("0"), Ok(0));
+        assert_eq!(parse_size("G"), Err(SizeError::NoDigits));
+        assert_eq!(parse_size(""), Err(SizeError::NoDigits));
+        assert_eq!(parse_size("12XB"), Err(SizeError::UnknownUnit("XB".into())));
+        assert_eq!(parse_size("99999999P"), Err(SizeError::Overflow));
+        assert_eq!(parse_size("99999999999999999999"), Err(SizeError::Overflow));
+    }
 
     #[test]
     fn format_bytes_picks_binary_units() {
