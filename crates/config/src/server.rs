@@ -38,6 +38,8 @@ knobs! {
         backpressure_wait_ms_max: u64 = 10_000, unit = "milliseconds";
         /// Durability of `commit` when the client asks for the server default.
         commit_durability: CommitDurability = CommitDurability::Ssd, unit = "ssd|memory";
+        /// A client silent this long mid-frame is disconnected and its partial write dropped (it holds DRAM).
+        frame_stall_ms_max: u64 = 30_000, unit = "milliseconds";
         /// On SIGTERM, how long to wait for in-flight requests before closing connections.
         shutdown_grace_ms_max: u64 = 10_000, unit = "milliseconds";
     }

@@ -33,6 +33,19 @@ pub struct Usage {
     pub ssd_bytes_max: u64,
 }
 
+/// A write whose payload the connection reads straight into the store's memory (no buffer in
+/// between): fill [`PendingWrite::buffers`] in order, then publish. Dropping it unpublished
+/// abandons it and writes nothing.
+pub trait PendingWrite: Send {
+    /// The write's payload size.
+    fn payload_bytes(&self) -> usize;
+    /// The ranges to fill, in order; together they hold the write's payload.
+    fn buffers(&mut self) -> Vec<&mut [u8]>;
+    /// Makes the write visible, as [`Backend::write`] returning would. Fails, writing nothing,
+    /// if the epoch stopped accepting writes since the reservation.
+    fn publish(self: Box<Self>) -> Result<(), BackendError>;
+}
+
 /// What the server needs from the store. All methods take `&self` and may be called from many
 /// connection threads at once.
 pub trait Backend: Send + Sync + 'static {
@@ -44,6 +57,14 @@ pub trait Backend: Send + Sync + 'static {
     /// A full store answers `ErrorCode::NoSpace` (the server retries within its bounded wait).
     fn write(&self, stream: StreamKey, epoch: EpochId, file: FileId, offset: u64, data: &[u8])
         -> Result<(), BackendError>;
+    /// Reserves store memory for a write of `length` bytes, if it can without waiting and the
+    /// write would be admitted now. `None`: the caller buffers the payload and calls
+    /// [`Backend::write`], which waits for space and reports errors.
+    fn reserve_write(&self, stream: StreamKey, epoch: EpochId, file: FileId, offset: u64, length: usize)
+        -> Option<Box<dyn PendingWrite>> {
+        let _ = (stream, epoch, file, offset, length);
+        None
+    }
     /// Fills `out` from `offset`; holes read as zeros.
     fn read(&self, epoch: EpochId, file: FileId, offset: u64, out: &mut [u8]) -> Result<(), BackendError>;
     /// Seals the epoch (later writes fail with `EpochReadOnly`) and returns when it is durable

@@ -1,7 +1,10 @@
 //! One client connection: handshake, a reader thread and an executor thread.
 //!
-//! The reader decodes frames and, for a write, reserves budget and reads the payload straight
-//! into the buffer the store will copy from. It hands each request to the executor through a
+//! The reader decodes frames and, for a write, reads the payload straight into store memory
+//! reserved for it (a [`PendingWrite`]), which the executor publishes in request order; when the
+//! store cannot reserve at once (DRAM above its high watermark, no capacity, a bad request) it
+//! reserves budget and reads into a pooled buffer for `Backend::write` instead, which waits for
+//! space and reports the error. It hands each request to the executor through a
 //! bounded queue; the executor runs requests in order and is the only writer of replies, so
 //! replies leave in request order. A frame whose *header* is bad means the stream is out of sync:
 //! the reader queues an error reply and closes. A frame whose *body* is bad is answered with an
@@ -16,33 +19,53 @@ use std::time::{Duration, Instant};
 use spillway_proto::frame::{self, ReceiveError};
 use spillway_proto::message::ServerStatus;
 use spillway_proto::{
-    Connection, Durability, ErrorCode, Extent, FileInfo, FrameError, Identity, Kind, Request,
+    Connection, Durability, ErrorCode, Extent, FileInfo, FrameError, Identity, Request,
     Response, BODY_BYTES_MAX, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
 use spillway_types::{EpochId, StreamKey};
 
-use crate::backend::BackendError;
+use crate::backend::{BackendError, PendingWrite};
 use crate::budget::Reservation;
 use crate::Shared;
 
 /// How often a blocked read wakes to look at the shutdown flag.
 const READ_POLL: Duration = Duration::from_millis(100);
 
+/// A write's payload as the reader received it.
+enum Payload {
+    /// In store memory, to be published.
+    Placed(Box<dyn PendingWrite>),
+    /// In a pooled buffer charged to the in-flight budget, for `Backend::write`.
+    Buffered(Vec<u8>, Reservation),
+}
+
 /// Work for the executor.
 enum Job {
-    Request { request_id: u64, request: Request, payload: Option<(Vec<u8>, Reservation)>, received: Instant },
+    Request { request_id: u64, request: Request, payload: Option<Payload>, received: Instant },
     Reply { request_id: u64, response: Response },
 }
 
 /// A reader that notices shutdown at frame boundaries: if the server is stopping and no byte
 /// of the next frame has arrived, it reports end of stream; mid-frame it keeps reading until
-/// the shutdown grace runs out.
+/// the shutdown grace runs out. A peer that sends nothing for `stall_max` in the middle of a
+/// frame is cut off: a half-received write holds store memory that the DRAM ring cannot reuse
+/// until it is published or abandoned.
 struct FrameReader<'a> {
     connection: Box<dyn Connection>,
     shutdown: &'a AtomicBool,
     grace: Duration,
+    stall_max: Duration,
     frame_started: bool,
+    last_byte_at: Instant,
     stopping_since: Option<Instant>,
+}
+
+impl FrameReader<'_> {
+    /// A new frame begins; `started`: some of its bytes were already received.
+    fn begin_frame(&mut self, started: bool) {
+        self.frame_started = started;
+        self.last_byte_at = Instant::now();
+    }
 }
 
 impl Read for FrameReader<'_> {
@@ -52,6 +75,7 @@ impl Read for FrameReader<'_> {
                 Ok(n) => {
                     if n > 0 {
                         self.frame_started = true;
+                        self.last_byte_at = Instant::now();
                     }
                     return Ok(n);
                 }
@@ -64,6 +88,10 @@ impl Read for FrameReader<'_> {
                         if since.elapsed() > self.grace {
                             return Err(io::Error::new(io::ErrorKind::TimedOut, "shutdown grace ran out mid-frame"));
                         }
+                    }
+                    if self.frame_started && self.last_byte_at.elapsed() > self.stall_max {
+                        let message = format!("peer sent nothing for {} ms in the middle of a frame", self.stall_max.as_millis());
+                        return Err(io::Error::new(io::ErrorKind::TimedOut, message));
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -127,7 +155,9 @@ pub fn serve(shared: Arc<Shared>, mut connection: Box<dyn Connection>) {
         connection,
         shutdown: &shared.shutdown,
         grace: shared.options.shutdown_grace,
+        stall_max: shared.options.frame_stall,
         frame_started: false,
+        last_byte_at: Instant::now(),
         stopping_since: None,
     };
     let mut writer = writer;
@@ -155,7 +185,7 @@ pub fn serve(shared: Arc<Shared>, mut connection: Box<dyn Connection>) {
     // Buffered only after the handshake: the handshake reads exactly the Hello frame's bytes,
     // so whatever a client pipelined behind it is still in the socket for this buffer.
     let mut reader = BufReader::with_capacity(STREAM_BUFFER_BYTES, reader);
-    let reason = read_loop(&shared, &mut reader, &sender, &peer);
+    let reason = read_loop(&shared, &mut reader, &sender, &peer, identity);
     drop(sender);
     let _ = executor.join();
     reader.get_ref().connection.shutdown();
@@ -165,7 +195,7 @@ pub fn serve(shared: Arc<Shared>, mut connection: Box<dyn Connection>) {
 /// Reads the client's `Hello` and answers it. False: the connection must close.
 fn handshake(shared: &Shared, reader: &mut FrameReader<'_>, writer: &mut dyn Connection, peer: &str, identity: Identity) -> bool {
     let mut body = Vec::new();
-    reader.frame_started = false;
+    reader.begin_frame(false);
     let header = match frame::read_header_and_body(reader, &mut body, 0) {
         Ok(header) => header,
         Err(ReceiveError::Closed) => return false,
@@ -222,12 +252,13 @@ fn read_loop(
     reader: &mut BufReader<FrameReader<'_>>,
     sender: &std::sync::mpsc::SyncSender<Job>,
     peer: &str,
+    identity: Identity,
 ) -> String {
     let mut body = Vec::with_capacity(256);
     loop {
         // Bytes of the next frame may already sit in the buffer: then it has started.
         let started = !reader.buffer().is_empty();
-        reader.get_mut().frame_started = started;
+        reader.get_mut().begin_frame(started);
         let header = match frame::read_header_and_body(reader, &mut body, shared.options.payload_bytes_max) {
             Ok(header) => header,
             Err(ReceiveError::Closed) => {
@@ -267,16 +298,31 @@ fn read_loop(
             }
             continue;
         }
-        let payload = if header.kind == Kind::Write {
-            let reservation = shared.budget.reserve(header.payload_bytes as u64);
-            let mut buffer = shared.pool.take(header.payload_bytes as usize);
-            if let Err(error) = frame::read_payload(reader, &mut buffer) {
-                tracing::warn!(%peer, request_id = header.request_id, problem = %error, "write payload cut short");
-                return format!("write payload cut short: {error}");
+        let payload = match request {
+            Request::Write { epoch, file, offset } => {
+                let length = header.payload_bytes as usize;
+                let stream = stream_of(shared, identity, epoch);
+                let placed = if length > 0 { shared.backend.reserve_write(stream, epoch, file, offset, length) } else { None };
+                let (payload, received) = match placed {
+                    Some(mut pending) => {
+                        let received = pending.buffers().into_iter().try_for_each(|buffer| frame::read_payload(reader, buffer));
+                        (Payload::Placed(pending), received)
+                    }
+                    None => {
+                        let reservation = shared.budget.reserve(length as u64);
+                        let mut buffer = shared.pool.take(length);
+                        let received = frame::read_payload(reader, &mut buffer);
+                        (Payload::Buffered(buffer, reservation), received)
+                    }
+                };
+                if let Err(error) = received {
+                    // Dropping the payload abandons a placed write: nothing of it is stored.
+                    tracing::warn!(%peer, request_id = header.request_id, problem = %error, "write payload cut short");
+                    return format!("write payload cut short: {error}");
+                }
+                Some(payload)
             }
-            Some((buffer, reservation))
-        } else {
-            None
+            _ => None,
         };
         let received = Instant::now();
         if sender.send(Job::Request { request_id: header.request_id, request, payload, received }).is_err() {
@@ -326,20 +372,24 @@ fn execute(shared: Arc<Shared>, receiver: Receiver<Job>, writer: Box<dyn Connect
         let result = match job {
             Job::Reply { request_id, response } => send(&mut writer, request_id, &response, &[]),
             Job::Request { request_id, request, payload, received } => {
-                let data = payload.as_ref().map(|(buffer, _)| buffer.as_slice()).unwrap_or(&[]);
                 // The backpressure bound is per batch, not per write: writes that were already
                 // queued when an earlier one ran out of space get no wait of their own
                 // (otherwise N pipelined writes would wait N times the bound); a write sent
                 // after that failure (a retry) waits again.
                 let fail_fast = last_no_space.is_some_and(|at| received <= at);
                 let wait = if fail_fast { Duration::ZERO } else { shared.options.backpressure_wait };
-                let (response, read_data) = handle(&shared, identity, request, data, wait);
+                let (response, read_data) = match payload {
+                    Some(Payload::Placed(pending)) => handle(&shared, identity, request, WriteData::Placed(pending), wait),
+                    Some(Payload::Buffered(buffer, reservation)) => {
+                        let reply = handle(&shared, identity, request, WriteData::Bytes(&buffer), wait);
+                        drop(reservation);
+                        shared.pool.give(buffer);
+                        reply
+                    }
+                    None => handle(&shared, identity, request, WriteData::Bytes(&[]), wait),
+                };
                 if matches!(response, Response::Error { code: ErrorCode::NoSpace, .. }) {
                     last_no_space = Some(Instant::now());
-                }
-                if let Some((buffer, reservation)) = payload {
-                    drop(reservation);
-                    shared.pool.give(buffer);
                 }
                 if let Response::Error { code, message } = &response {
                     tracing::debug!(%peer, request_id, %code, %message, "request failed");
@@ -396,7 +446,13 @@ fn authorize(shared: &Shared, identity: Identity, epoch: EpochId, claim: bool) -
 }
 
 /// Runs one request. Returns the reply and, for reads, the payload to send with it.
-fn handle(shared: &Shared, identity: Identity, request: Request, data: &[u8], wait: Duration) -> Reply {
+/// A write request's payload, as the executor hands it to [`run`].
+enum WriteData<'a> {
+    Placed(Box<dyn PendingWrite>),
+    Bytes(&'a [u8]),
+}
+
+fn handle(shared: &Shared, identity: Identity, request: Request, data: WriteData<'_>, wait: Duration) -> Reply {
     match run(shared, identity, request, data, wait) {
         Ok(reply) => reply,
         Err(error) => (error_reply(error.code, error.message), None),
@@ -405,7 +461,7 @@ fn handle(shared: &Shared, identity: Identity, request: Request, data: &[u8], wa
 
 type Reply = (Response, Option<Vec<u8>>);
 
-fn run(shared: &Shared, identity: Identity, request: Request, data: &[u8], wait: Duration) -> Result<Reply, BackendError> {
+fn run(shared: &Shared, identity: Identity, request: Request, data: WriteData<'_>, wait: Duration) -> Result<Reply, BackendError> {
     let backend = &*shared.backend;
     let plain = |response| Ok((response, None));
     match request {
@@ -419,13 +475,24 @@ fn run(shared: &Shared, identity: Identity, request: Request, data: &[u8], wait:
             plain(Response::FileOpened { file, created })
         }
         Request::Write { epoch, file, offset } => {
+            // A refused placed write is dropped unpublished: nothing of it is stored.
             authorize(shared, identity, epoch, true)?;
-            offset.checked_add(data.len() as u64).ok_or_else(|| {
-                BackendError::new(ErrorCode::InvalidArgument, format!("write at offset {offset} of {} bytes overflows", data.len()))
-            })?;
-            write_with_backpressure(shared, identity, epoch, file, offset, data, wait)?;
-            shared.counters.bytes_written.fetch_add(data.len() as u64, Ordering::Relaxed);
-            plain(Response::Written { bytes: data.len() as u32 })
+            let length = match data {
+                WriteData::Placed(pending) => {
+                    let length = pending.payload_bytes();
+                    pending.publish()?;
+                    length
+                }
+                WriteData::Bytes(data) => {
+                    offset.checked_add(data.len() as u64).ok_or_else(|| {
+                        BackendError::new(ErrorCode::InvalidArgument, format!("write at offset {offset} of {} bytes overflows", data.len()))
+                    })?;
+                    write_with_backpressure(shared, identity, epoch, file, offset, data, wait)?;
+                    data.len()
+                }
+            };
+            shared.counters.bytes_written.fetch_add(length as u64, Ordering::Relaxed);
+            plain(Response::Written { bytes: length as u32 })
         }
         Request::Read { epoch, file, offset, length } => {
             authorize(shared, identity, epoch, false)?;

@@ -2,25 +2,27 @@
 //!
 //! One process per burst buffer node. It listens on loopback TCP and/or a Unix-domain socket,
 //! establishes each peer's identity from the kernel, and serves every connection with two
-//! threads: a *reader* that decodes frames and reads write payloads straight into the buffer
-//! handed to the store, and an *executor* that runs requests in arrival order and writes replies.
+//! threads: a *reader* that decodes frames and reads write payloads straight into store memory
+//! reserved for them ([`PendingWrite`]), and an *executor* that runs requests (publishing those
+//! writes) in arrival order and writes replies.
 //! Between them sits a bounded queue (`in_flight_requests_max`), so a client can pipeline that
 //! many requests per connection and no more.
 //!
 //! Threads, not an async runtime: at 1 MiB transfers each request is a few hundred microseconds of
-//! memcpy and socket copying, connection counts are in the hundreds (bounded by
+//! socket copying, connection counts are in the hundreds (bounded by
 //! `connections_max`), and a blocking `read` straight into the final buffer is the fewest copies
 //! and wakeups; an async runtime would add a scheduler hop per frame and buy nothing at these
 //! counts. (Not A/B-measured against tokio yet; measured instead against the loopback limit by
-//! `spillway bench ingress`.) Payload buffers are recycled through a bounded pool
-//! ([`budget::BufferPool`]) and replies are buffered and flushed when the queue runs dry, so
-//! small transfers do not pay a syscall and a page-faulting allocation each.
+//! `spillway bench ingress`.) When the store cannot reserve at once, the payload goes through a
+//! buffer recycled in a bounded pool ([`budget::BufferPool`]) instead. Replies are buffered and
+//! flushed when the queue runs dry, so small transfers do not pay a syscall each.
 //!
 //! Bounds: connections (`connections_max`), queued requests per connection
 //! (`in_flight_requests_max`), payload bytes buffered over all connections
 //! (`in_flight_bytes_max`, see [`budget`]), read reply buffers (one per connection, so at most
 //! `connections_max × payload_bytes_max`), recycled buffers (a quarter of the in-flight budget,
-//! at most 256 MiB) and the time a write waits for space (`backpressure_wait_ms_max`).
+//! at most 256 MiB), the time a write waits for space (`backpressure_wait_ms_max`) and the time a
+//! client may stall mid-frame while its write holds ring space (`frame_stall_ms_max`).
 
 pub mod backend;
 pub mod budget;
@@ -40,7 +42,7 @@ use spillway_proto::transport::{self, BindError};
 use spillway_proto::{Durability, Endpoint, Listener};
 use spillway_types::{EpochId, StreamKey};
 
-pub use backend::{Backend, BackendError, Usage};
+pub use backend::{Backend, BackendError, PendingWrite, Usage};
 
 /// The server's view of a drainer (implemented by `spillway_drain::Drainer`): requests and
 /// status travel over the protocol, the drainer does the work on its own threads.
@@ -78,6 +80,7 @@ pub struct ServerOptions {
     pub backpressure_wait: Duration,
     pub default_durability: Durability,
     pub shutdown_grace: Duration,
+    pub frame_stall: Duration,
 }
 
 impl ServerOptions {
@@ -94,6 +97,7 @@ impl ServerOptions {
                 CommitDurability::Memory => Durability::Memory,
             },
             shutdown_grace: Duration::from_millis(knobs.shutdown_grace_ms_max),
+            frame_stall: Duration::from_millis(knobs.frame_stall_ms_max),
         }
     }
 }

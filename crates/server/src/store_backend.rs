@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use spillway_proto::{Durability, EpochInfo, EpochState, ErrorCode, Extent, FileInfo};
-use spillway_store::{CommitError, EpochPhase, LifecycleError, ReadError, Store, WriteError};
+use spillway_store::{CommitError, EpochPhase, LifecycleError, ReadError, Store, WriteError, WriteSlot};
 use spillway_types::{EpochId, FileId, StreamKey};
 
-use crate::backend::{Backend, BackendError, Usage};
+use crate::backend::{Backend, BackendError, PendingWrite, Usage};
 
 /// Name → id of the files of one epoch, plus the next free id.
 #[derive(Default)]
@@ -117,6 +117,20 @@ fn state_of(phase: EpochPhase) -> Option<EpochState> {
     }
 }
 
+impl PendingWrite for WriteSlot {
+    fn payload_bytes(&self) -> usize {
+        self.len()
+    }
+
+    fn buffers(&mut self) -> Vec<&mut [u8]> {
+        WriteSlot::buffers(self)
+    }
+
+    fn publish(self: Box<Self>) -> Result<(), BackendError> {
+        WriteSlot::publish(*self).map_err(write_error)
+    }
+}
+
 impl Backend for StoreBackend {
     fn open_file(&self, _stream: StreamKey, epoch: EpochId, name: &str, create: bool) -> Result<(FileId, bool), BackendError> {
         let mut all = self.names.lock();
@@ -142,6 +156,12 @@ impl Backend for StoreBackend {
             return Err(BackendError::new(ErrorCode::NoSuchFile, format!("epoch {epoch} has no file {file}: open it first")));
         }
         self.store.write(stream, epoch, file, offset, data).map_err(write_error)
+    }
+
+    fn reserve_write(&self, stream: StreamKey, epoch: EpochId, file: FileId, offset: u64, length: usize) -> Option<Box<dyn PendingWrite>> {
+        self.store.stat(epoch, file)?;
+        let slot = self.store.try_reserve_write(stream, epoch, file, offset, length).ok()??;
+        Some(Box::new(slot))
     }
 
     fn read(&self, epoch: EpochId, file: FileId, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {

@@ -1,5 +1,6 @@
 //! The server's protocol layer over loopback TCP and Unix sockets, against a model backend:
-//! handshake, pipelining, malformed input, backpressure, durability levels, identity, shutdown.
+//! handshake, pipelining, malformed input, backpressure, durability levels, identity, shutdown;
+//! and against the real store where write payloads go straight into its DRAM ring.
 
 mod support;
 
@@ -11,7 +12,7 @@ use std::time::Duration;
 use spillway_client::{Client, ClientOptions, Placement};
 use spillway_proto::frame::{self, Kind};
 use spillway_proto::{Durability, Endpoint, EpochState, ErrorCode, Request, Response, PROTOCOL_VERSION};
-use spillway_server::{Server, ServerOptions, ShutdownHandle};
+use spillway_server::{Backend, Server, ServerOptions, ShutdownHandle, StoreBackend};
 use spillway_types::{EpochId, StreamKey};
 use support::ModelBackend;
 
@@ -25,6 +26,7 @@ fn options() -> ServerOptions {
         backpressure_wait: Duration::from_millis(300),
         default_durability: Durability::Ssd,
         shutdown_grace: Duration::from_secs(5),
+        frame_stall: Duration::from_secs(30),
     }
 }
 
@@ -50,7 +52,7 @@ impl Drop for Running {
     }
 }
 
-fn start_with(options: ServerOptions, backend: Arc<ModelBackend>, endpoints: &[Endpoint]) -> Running {
+fn start_with(options: ServerOptions, backend: Arc<dyn Backend>, endpoints: &[Endpoint]) -> Running {
     let server = Server::bind(options, backend, endpoints, false).unwrap();
     let endpoints = server.endpoints();
     let handle = server.shutdown_handle();
@@ -384,4 +386,88 @@ fn assigned_streams_reach_the_backend_and_other_epochs_keep_the_uid_stream() {
     assert_eq!(backend.write_streams(EpochId(8)), vec![StreamKey(uid as u64)]);
     drop(c);
     running.stop().unwrap();
+}
+
+/// A server over a real store (in simulated storage) with 64 MiB of DRAM: writes below the
+/// high watermark are read off the socket straight into the ring.
+fn start_store(options: ServerOptions) -> (Running, Arc<StoreBackend>) {
+    let knobs = spillway_config::StoreKnobs {
+        dram_bytes_max: 64 << 20,
+        dram_prefault: false,
+        ssd_bytes_max: 1 << 30,
+        ..spillway_config::StoreKnobs::default()
+    };
+    let storage = spillway_store::SimStorage::new();
+    let store = spillway_store::Store::open_with(&knobs, storage as Arc<dyn spillway_store::Storage>).unwrap();
+    let backend = Arc::new(StoreBackend::new(store));
+    (start_with(options, backend.clone(), &["127.0.0.1:0".parse().unwrap()]), backend)
+}
+
+fn open_file(stream: &mut TcpStream, id: u64, epoch: EpochId, name: &str) -> spillway_types::FileId {
+    send(stream, id, &Request::OpenFile { epoch, name: name.into(), create: true }, &[]);
+    match receive(stream) {
+        (got, Response::FileOpened { file, .. }, _) if got == id => file,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn placed_writes_keep_request_order_around_a_pipelined_commit() {
+    let (running, backend) = start_store(options());
+    let mut raw = tcp(&running);
+    hello(&mut raw);
+    let file = open_file(&mut raw, 2, EpochId(1), "f");
+    // Write, commit, write, all pipelined: the reader has the second write's payload in store
+    // memory before the executor commits, yet the commit neither waits for it nor takes it in,
+    // and the late write is refused as a write after a commit is.
+    let first = pattern(1, 512 << 10);
+    send(&mut raw, 3, &Request::Write { epoch: EpochId(1), file, offset: 0 }, &first);
+    send(&mut raw, 4, &Request::Commit { epoch: EpochId(1), durability: Durability::Ssd }, &[]);
+    send(&mut raw, 5, &Request::Write { epoch: EpochId(1), file, offset: 1 << 20 }, &pattern(2, 512 << 10));
+    assert!(matches!(receive(&mut raw), (3, Response::Written { bytes }, _) if bytes == 512 << 10));
+    assert!(matches!(receive(&mut raw), (4, Response::Committed { .. }, _)));
+    match receive(&mut raw) {
+        (5, Response::Error { code: ErrorCode::EpochReadOnly, .. }, _) => {}
+        other => panic!("late write: {other:?}"),
+    }
+    assert_eq!(backend.store().stat(EpochId(1), file).unwrap().size_bytes, 512 << 10);
+    let mut back = vec![0u8; 512 << 10];
+    backend.store().read(EpochId(1), file, 0, &mut back).unwrap();
+    assert!(back == first);
+    assert_eq!(backend.store().stats().write_through_records, 0, "the writes did not go through DRAM");
+    backend.store().check_invariants();
+}
+
+#[test]
+fn a_client_that_stalls_or_dies_mid_payload_leaves_nothing_behind() {
+    let (running, backend) = start_store(ServerOptions { frame_stall: Duration::from_millis(300), ..options() });
+    let header_and_half = |stream: &mut TcpStream, id: u64, file| {
+        let body = Request::Write { epoch: EpochId(1), file, offset: 0 }.encode_body();
+        let header = frame::Header { kind: Kind::Write, request_id: id, body_bytes: body.len() as u32, payload_bytes: 1 << 20 }.encode();
+        stream.write_all(&header).unwrap();
+        stream.write_all(&body).unwrap();
+        stream.write_all(&pattern(3, 512 << 10)).unwrap();
+    };
+    let mut stalled = tcp(&running);
+    hello(&mut stalled);
+    let file = open_file(&mut stalled, 2, EpochId(1), "f");
+    header_and_half(&mut stalled, 3, file);
+    let mut dying = tcp(&running);
+    hello(&mut dying);
+    header_and_half(&mut dying, 3, file);
+    drop(dying);
+    // Others are served meanwhile.
+    let mut good = client(&running, Placement::striped_default());
+    let mut other = good.create_file(EpochId(2), "g").unwrap();
+    good.write(&mut other, 0, &pattern(4, 1 << 20)).unwrap();
+    good.commit_epoch(EpochId(2)).unwrap();
+    // The stalled connection is cut after frame_stall, and neither half write was stored.
+    expect_closed(&mut stalled);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while backend.usage().dram_bytes_used > 1 << 20 {
+        assert!(std::time::Instant::now() < deadline, "abandoned writes still hold DRAM: {:?}", backend.usage());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(backend.store().stat(EpochId(1), file).is_some_and(|info| info.size_bytes == 0));
+    backend.store().check_invariants();
 }

@@ -17,7 +17,7 @@ impl Inner {
                 if state.shutdown {
                     return;
                 }
-                let high = state.ring.capacity() / 100 * self.knobs.dram_high_watermark_percent;
+                let high = self.high_watermark_bytes(&state);
                 if state.durable_pending.is_empty() && state.ring.used() <= high && !state.gc_wanted && !state.write_through_seen {
                     self.flusher.wait_for(&mut state, interval);
                 }

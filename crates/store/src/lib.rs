@@ -36,6 +36,7 @@ pub mod format;
 mod gc;
 pub mod index;
 mod recovery;
+mod slot;
 pub mod storage;
 mod store;
 mod write_log;
@@ -44,6 +45,7 @@ pub use error::{
     CommitError, EpochPhase, Error, LifecycleError, OpenError, ReadError, SpaceLimit, SyncError, WriteError,
 };
 pub use format::META_STREAM;
+pub use slot::WriteSlot;
 pub use storage::{CrashPlan, PosixStorage, SegmentFile, SimStorage, Storage};
 pub use store::{
     write_hint_for, Durability, EpochInfo, ExtentInfo, FileInfo, GcReport, RecoveryReport, Store, StoreStats, Tier,

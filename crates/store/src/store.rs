@@ -139,7 +139,12 @@ pub struct StoreStats {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum DramStatus {
+    /// `Store::write` is copying the payload in; the write holds its epoch open.
     Writing,
+    /// Held by a [`crate::WriteSlot`] whose owner fills it outside the store; not yet a write.
+    /// Commits, syncs and deletes do not wait for it: it becomes one when published (and is
+    /// refused then if its epoch is no longer open), or dead when abandoned.
+    Reserved,
     Ready,
     Spilling,
     Spilled,
@@ -177,7 +182,7 @@ pub(crate) struct EpochEntry {
     pub inflight_writes: u32,
     pub data_records: u64,
     pub payload_bytes: u64,
-    /// Data records in DRAM not yet spilled (Writing, Ready or Spilling).
+    /// Published data records in DRAM not yet spilled (Ready or Spilling).
     pub dram_pending: u64,
     pub record_sequences: Vec<u64>,
     /// Segments holding record bytes (data, names, commit) of this epoch.
@@ -311,7 +316,7 @@ pub(crate) struct Inner {
 
 /// The log-structured store of one server. `Send + Sync`; share it behind an `Arc`.
 pub struct Store {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
     flusher: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -352,6 +357,17 @@ pub fn write_hint_for(stream: StreamKey) -> u64 {
     }
 }
 
+/// Refuses writes no store accepts: to the metadata stream, or past the end of the offset space.
+pub(crate) fn check_write_target(stream: StreamKey, epoch: EpochId, file: FileId, offset: u64, length: usize) -> Result<(), WriteError> {
+    if stream == META_STREAM {
+        return Err(WriteError::ReservedStream(stream));
+    }
+    if offset.checked_add(length as u64).is_none() {
+        return Err(WriteError::OffsetOverflow { epoch, file, offset, length: length as u64 });
+    }
+    Ok(())
+}
+
 /// Takes the next sequence number for a data record and builds its header. Called under the
 /// state lock: sequence order is the order records become visible (newest wins).
 fn next_data_header(state: &mut State, stream: StreamKey, epoch: EpochId, file: FileId, offset: u64, payload_bytes: usize) -> RecordHeader {
@@ -375,6 +391,70 @@ fn publish_data_record(state: &mut State, header: &RecordHeader, location: Locat
     entry.record_sequences.push(sequence);
     *entry.stream_bytes.entry(header.stream).or_default() += record_bytes;
     state.counters.user_payload_bytes += payload_bytes as u64;
+}
+
+/// Takes `bytes` of ring space for a data record of (`stream`, `epoch`) in `status` (Writing or
+/// Reserved), recording any padding skipped before it. The record's capacity moves from
+/// `reserved_bytes` (admitted) to `dram_unplaced_bytes`. `None`: the ring has no room now.
+pub(crate) fn reserve_dram_record(state: &mut State, bytes: u64, stream: StreamKey, epoch: EpochId, status: DramStatus) -> Option<u64> {
+    debug_assert!(matches!(status, DramStatus::Writing | DramStatus::Reserved));
+    let reservation = state.ring.reserve(bytes)?;
+    let record = |position, bytes, status| DramRecord { position, bytes, status, readers: 0, sequence: 0, epoch, stream };
+    if reservation.padding > 0 {
+        state.dram.push_back(record(reservation.position - reservation.padding, reservation.padding, DramStatus::Dead));
+    }
+    state.dram.push_back(record(reservation.position, bytes, status));
+    assert!(state.reserved_bytes >= bytes, "ring record of {bytes} bytes without admitted capacity");
+    state.reserved_bytes -= bytes;
+    state.dram_unplaced_bytes += bytes;
+    Some(reservation.position)
+}
+
+/// Publishes the ring record at `position`, whose payload (`payload_bytes` after the header)
+/// its reserver has written: next sequence number, header, status Ready, index. Under the
+/// state lock, so the record becomes visible whole.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn publish_dram_record(
+    state: &mut State,
+    arena: &Arena,
+    position: u64,
+    was: DramStatus,
+    stream: StreamKey,
+    epoch: EpochId,
+    file: FileId,
+    offset: u64,
+    payload_bytes: usize,
+) {
+    let at = dram_index(state, position);
+    let bytes = state.dram[at].bytes;
+    assert_eq!(state.dram[at].status, was, "publishing a DRAM record that is not being written");
+    // SAFETY: the record is still Writing/Reserved: only its reserver (our caller) touches it,
+    // and it is done with the payload. Padding after the payload is zeroed for the SSD image.
+    let slot = unsafe { arena.slice_mut(position, bytes) };
+    slot[HEADER_BYTES + payload_bytes..].fill(0);
+    let header = next_data_header(state, stream, epoch, file, offset, payload_bytes);
+    // The record CRC is sealed when the record leaves DRAM (`seal_records`), off the ingest
+    // path; until then bytes 60..64 hold a placeholder no reader looks at.
+    header.encode(0, &mut slot[..HEADER_BYTES]);
+    let record = &mut state.dram[at];
+    record.status = DramStatus::Ready;
+    record.sequence = header.sequence;
+    publish_data_record(state, &header, Location::Dram { position }, bytes);
+    state.epochs.get_mut(&epoch).expect("published epoch vanished").dram_pending += 1;
+}
+
+/// Turns an unpublished ring record dead and returns its capacity (the caller advances the
+/// tail and wakes waiters).
+pub(crate) fn abandon_dram_record(state: &mut State, position: u64, stream: StreamKey) {
+    let at = dram_index(state, position);
+    let record = &mut state.dram[at];
+    assert_eq!(record.status, DramStatus::Reserved, "abandoning a DRAM record that is not reserved");
+    record.status = DramStatus::Dead;
+    let bytes = record.bytes;
+    state.dram_unplaced_bytes -= bytes;
+    let usage = state.stream_usage.get_mut(&stream).expect("stream usage of a reserved record missing");
+    assert!(*usage >= bytes, "stream {stream} usage underflow");
+    *usage -= bytes;
 }
 
 impl Store {
@@ -460,12 +540,7 @@ impl Store {
         offset: u64,
         data: &[u8],
     ) -> Result<(), WriteError> {
-        if stream == META_STREAM {
-            return Err(WriteError::ReservedStream(stream));
-        }
-        if offset.checked_add(data.len() as u64).is_none() {
-            return Err(WriteError::OffsetOverflow { epoch, file, offset, length: data.len() as u64 });
-        }
+        check_write_target(stream, epoch, file, offset, data.len())?;
         let piece_max = self.inner.knobs.record_payload_bytes_max as usize;
         let needed: u64 = data.chunks(piece_max).map(|p| record_bytes(p.len() as u64)).sum();
         self.inner.admit_write(stream, epoch, needed)?;
@@ -884,6 +959,11 @@ pub(crate) fn segment_live_bytes(id: SegmentId, segment: &Segment, epochs: &BTre
     live
 }
 
+/// Whether some SSD bytes are dead (drained or deleted epochs), so a GC round could free space.
+fn has_dead_bytes(state: &State) -> bool {
+    state.ssd_used_bytes > state.segments.iter().map(|(&id, s)| segment_live_bytes(id, s, &state.epochs)).sum::<u64>()
+}
+
 pub(crate) fn check_invariants(state: &State) {
     assert!(state.ring.used() <= state.ring.capacity());
     let mut previous = None;
@@ -951,52 +1031,62 @@ impl Inner {
         self.commit.notify_all();
     }
 
-    /// Checks the epoch, the SSD capacity and the stream quota, then reserves `needed` bytes.
+    /// Admits a write of `needed` record bytes for `Store::write`: [`Inner::admit_locked`],
+    /// retried once after a GC round if dead data could make room, and counted as in flight on
+    /// its epoch (commits and deletes wait for it) until `write` ends it.
     pub(crate) fn admit_write(&self, stream: StreamKey, epoch: EpochId, needed: u64) -> Result<(), WriteError> {
         let mut tried_gc = false;
         loop {
             let mut state = self.state.lock();
-            if let Some(reason) = &state.failed {
-                return Err(WriteError::Failed(reason.clone()));
-            }
-            let phase = state.epochs.entry(epoch).or_insert_with(EpochEntry::new).phase;
-            if phase != EpochPhase::Open {
-                return Err(WriteError::EpochNotOpen { epoch, phase });
-            }
-            let free = self.free_bytes(&state);
-            if needed > free {
-                let dead = state.ssd_used_bytes
-                    > state.segments.iter().map(|(&id, s)| segment_live_bytes(id, s, &state.epochs)).sum::<u64>();
-                if dead && !tried_gc {
+            match self.admit_locked(&mut state, stream, epoch, needed) {
+                Ok(()) => {
+                    state.epochs.get_mut(&epoch).expect("admitted epoch vanished").inflight_writes += 1;
+                    return Ok(());
+                }
+                Err(WriteError::OutOfSpace { limit: SpaceLimit::Ssd, .. }) if !tried_gc && has_dead_bytes(&state) => {
                     drop(state);
                     tried_gc = true;
                     self.gc(false).map_err(WriteError::Failed)?;
-                    continue;
                 }
-                return Err(WriteError::OutOfSpace {
-                    stream,
-                    limit: SpaceLimit::Ssd,
-                    needed_bytes: needed,
-                    free_bytes: free,
-                    limit_bytes: self.knobs.ssd_bytes_max,
-                });
+                Err(error) => return Err(error),
             }
-            let quota = state.stream_quota.get(&stream).copied().unwrap_or(self.knobs.stream_quota_bytes);
-            let usage = state.stream_usage.get(&stream).copied().unwrap_or(0);
-            if quota > 0 && usage + needed > quota {
-                return Err(WriteError::OutOfSpace {
-                    stream,
-                    limit: SpaceLimit::StreamQuota,
-                    needed_bytes: needed,
-                    free_bytes: quota.saturating_sub(usage),
-                    limit_bytes: quota,
-                });
-            }
-            state.reserved_bytes += needed;
-            *state.stream_usage.entry(stream).or_default() += needed;
-            state.epochs.get_mut(&epoch).expect("epoch just inserted").inflight_writes += 1;
-            return Ok(());
         }
+    }
+
+    /// Checks the store, the epoch (created if new, must be open), the SSD capacity and the
+    /// stream quota, then reserves `needed` bytes of capacity for the caller's records.
+    pub(crate) fn admit_locked(&self, state: &mut State, stream: StreamKey, epoch: EpochId, needed: u64) -> Result<(), WriteError> {
+        if let Some(reason) = &state.failed {
+            return Err(WriteError::Failed(reason.clone()));
+        }
+        let phase = state.epochs.entry(epoch).or_insert_with(EpochEntry::new).phase;
+        if phase != EpochPhase::Open {
+            return Err(WriteError::EpochNotOpen { epoch, phase });
+        }
+        let free = self.free_bytes(state);
+        if needed > free {
+            return Err(WriteError::OutOfSpace {
+                stream,
+                limit: SpaceLimit::Ssd,
+                needed_bytes: needed,
+                free_bytes: free,
+                limit_bytes: self.knobs.ssd_bytes_max,
+            });
+        }
+        let quota = state.stream_quota.get(&stream).copied().unwrap_or(self.knobs.stream_quota_bytes);
+        let usage = state.stream_usage.get(&stream).copied().unwrap_or(0);
+        if quota > 0 && usage + needed > quota {
+            return Err(WriteError::OutOfSpace {
+                stream,
+                limit: SpaceLimit::StreamQuota,
+                needed_bytes: needed,
+                free_bytes: quota.saturating_sub(usage),
+                limit_bytes: quota,
+            });
+        }
+        state.reserved_bytes += needed;
+        *state.stream_usage.entry(stream).or_default() += needed;
+        Ok(())
     }
 
     /// Reserves ring space (waiting for the flusher if DRAM is full), copies and checksums the
@@ -1017,8 +1107,7 @@ impl Inner {
                 if let Some(reason) = &state.failed {
                     return Err(WriteError::Failed(reason.clone()));
                 }
-                let high = state.ring.capacity() / 100 * self.knobs.dram_high_watermark_percent;
-                if state.ring.used() + bytes > high && piece.len() as u64 >= WRITE_THROUGH_PAYLOAD_BYTES_MIN {
+                if state.ring.used() + bytes > self.high_watermark_bytes(&state) && piece.len() as u64 >= WRITE_THROUGH_PAYLOAD_BYTES_MIN {
                     // DRAM is above its high watermark: the flusher is busy spilling it. Rather
                     // than copy into the ring and wait, this writer appends its record to the
                     // SSD log itself (write-through): one copy fewer, and every writer thread
@@ -1026,31 +1115,8 @@ impl Inner {
                     self.flusher.notify_one();
                     return self.write_through(state, stream, epoch, file, offset, piece);
                 }
-                if let Some(reservation) = state.ring.reserve(bytes) {
-                    if reservation.padding > 0 {
-                        state.dram.push_back(DramRecord {
-                            position: reservation.position - reservation.padding,
-                            bytes: reservation.padding,
-                            status: DramStatus::Dead,
-                            readers: 0,
-                            sequence: 0,
-                            epoch,
-                            stream,
-                        });
-                    }
-                    state.dram.push_back(DramRecord {
-                        position: reservation.position,
-                        bytes,
-                        status: DramStatus::Writing,
-                        readers: 0,
-                        sequence: 0,
-                        epoch,
-                        stream,
-                    });
-                    state.reserved_bytes -= bytes;
-                    state.dram_unplaced_bytes += bytes;
-                    state.epochs.get_mut(&epoch).expect("admitted epoch vanished").dram_pending += 1;
-                    break reservation.position;
+                if let Some(position) = reserve_dram_record(&mut state, bytes, stream, epoch, DramStatus::Writing) {
+                    break position;
                 }
                 self.flusher.notify_one();
                 if self.space.wait_until(&mut state, deadline).timed_out() {
@@ -1060,28 +1126,22 @@ impl Inner {
         };
         // SAFETY: the range was just reserved by this thread and is not published yet (status
         // Writing): nobody else reads or writes it, and the tail cannot pass it.
-        let slot = unsafe { self.arena.slice_mut(position, bytes) };
-        let payload_end = HEADER_BYTES + piece.len();
-        slot[HEADER_BYTES..payload_end].copy_from_slice(piece);
-        slot[payload_end..].fill(0);
-
+        unsafe { self.arena.slice_mut(position + HEADER_BYTES as u64, piece.len() as u64) }.copy_from_slice(piece);
         let mut state = self.state.lock();
-        let header = next_data_header(&mut state, stream, epoch, file, offset, piece.len());
-        let sequence = header.sequence;
-        // The record CRC is sealed when the record leaves DRAM (`seal_records`), off the
-        // ingest path; until then bytes 60..64 hold a placeholder no reader looks at.
-        header.encode(0, &mut slot[..HEADER_BYTES]);
-        let at = dram_index(&state, position);
-        let record = &mut state.dram[at];
-        assert_eq!(record.status, DramStatus::Writing);
-        record.status = DramStatus::Ready;
-        record.sequence = sequence;
-        publish_data_record(&mut state, &header, Location::Dram { position }, bytes);
-        let high = state.ring.capacity() / 100 * self.knobs.dram_high_watermark_percent;
-        if state.ring.used() > high {
+        publish_dram_record(&mut state, &self.arena, position, DramStatus::Writing, stream, epoch, file, offset, piece.len());
+        self.wake_flusher_above_high_watermark(&state);
+        Ok(())
+    }
+
+    /// Wakes the flusher if DRAM use is above the high watermark.
+    pub(crate) fn wake_flusher_above_high_watermark(&self, state: &State) {
+        if state.ring.used() > self.high_watermark_bytes(state) {
             self.flusher.notify_one();
         }
-        Ok(())
+    }
+
+    pub(crate) fn high_watermark_bytes(&self, state: &State) -> u64 {
+        state.ring.capacity() / 100 * self.knobs.dram_high_watermark_percent
     }
 
     /// Appends one data record straight to its stream's segment (no DRAM copy): place it under

@@ -1,0 +1,149 @@
+//! Writes whose payload lands in the DRAM ring without passing through a caller's buffer.
+//!
+//! A server reading a write off a socket would otherwise read it into a buffer and have
+//! [`Store::write`] copy it into the ring: one memcpy per byte, the largest cost of ingest after
+//! the socket itself. [`Store::try_reserve_write`] instead hands out the ring ranges the write's
+//! records will occupy; the caller reads the payload into them and publishes the slot, which
+//! makes the write visible exactly as `write` would have.
+//!
+//! A slot is not a write until it is published: it does not hold its epoch open, so a commit,
+//! sync or delete that runs meanwhile neither waits for it nor includes it, and publishing
+//! into an epoch that is no longer open fails as a late write would. Dropping an unpublished
+//! slot abandons it (its ring space turns dead, its capacity returns). An unpublished slot does
+//! pin the ring's tail, so callers keep it briefly (the server bounds how long a client may
+//! stall mid-payload) and reservations never wait: when the ring is above its high watermark
+//! the caller gets no slot and uses `write`, which takes the write-through path.
+
+use std::sync::Arc;
+
+use spillway_types::{EpochId, FileId, StreamKey};
+
+use crate::error::{EpochPhase, WriteError};
+use crate::format::{record_bytes, HEADER_BYTES};
+use crate::store::*;
+
+/// Ring space for one write, filled by its owner and then published (see the module docs).
+pub struct WriteSlot {
+    inner: Arc<Inner>,
+    stream: StreamKey,
+    epoch: EpochId,
+    file: FileId,
+    offset: u64,
+    /// One ring record per piece of at most `record_payload_bytes_max`, in offset order:
+    /// (position, payload bytes).
+    records: Vec<(u64, usize)>,
+    published: bool,
+}
+
+impl Store {
+    /// Reserves ring space for a write of `length` bytes at `offset` of (`epoch`, `file`) in
+    /// `stream`, after the same admission as [`Store::write`] (open epoch, capacity, quota).
+    /// `Ok(None)` when DRAM is above its high watermark or the ring lacks room right now: the
+    /// caller should fall back to `write`. Never waits for space.
+    pub fn try_reserve_write(
+        &self,
+        stream: StreamKey,
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+        length: usize,
+    ) -> Result<Option<WriteSlot>, WriteError> {
+        check_write_target(stream, epoch, file, offset, length)?;
+        let inner = &self.inner;
+        let piece_max = inner.knobs.record_payload_bytes_max as usize;
+        let pieces: Vec<usize> =
+            (0..length.div_ceil(piece_max)).map(|i| piece_max.min(length - i * piece_max)).collect();
+        let needed: u64 = pieces.iter().map(|&p| record_bytes(p as u64)).sum();
+        let mut state = inner.state.lock();
+        // No slot above the high watermark: there the caller's `write` goes straight to SSD.
+        if state.ring.used() + needed > inner.high_watermark_bytes(&state) {
+            return Ok(None);
+        }
+        inner.admit_locked(&mut state, stream, epoch, needed)?;
+        let mut slot =
+            WriteSlot { inner: inner.clone(), stream, epoch, file, offset, records: Vec::with_capacity(pieces.len()), published: false };
+        for &piece in &pieces {
+            let bytes = record_bytes(piece as u64);
+            match reserve_dram_record(&mut state, bytes, stream, epoch, DramStatus::Reserved) {
+                Some(position) => slot.records.push((position, piece)),
+                None => {
+                    // The ring's free space is split by its wrap point. Return what was
+                    // admitted but not placed; dropping the slot abandons the rest.
+                    let unplaced: u64 = pieces[slot.records.len()..].iter().map(|&p| record_bytes(p as u64)).sum();
+                    state.reserved_bytes -= unplaced;
+                    *state.stream_usage.get_mut(&stream).expect("admitted stream usage missing") -= unplaced;
+                    drop(state);
+                    drop(slot);
+                    return Ok(None);
+                }
+            }
+        }
+        Ok(Some(slot))
+    }
+}
+
+impl WriteSlot {
+    /// Payload bytes of the write.
+    pub fn len(&self) -> usize {
+        self.records.iter().map(|&(_, payload)| payload).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The ranges to fill, in offset order; together they are the write's `len()` bytes.
+    pub fn buffers(&mut self) -> Vec<&mut [u8]> {
+        self.records
+            .iter()
+            // SAFETY: each range was reserved for this slot and stays Reserved until it is
+            // published or abandoned (both take `self`): nobody else reads or writes it, and
+            // the ring's tail cannot pass it. The ranges are disjoint, and `&mut self` keeps
+            // them from being handed out twice at once.
+            .map(|&(position, payload)| unsafe {
+                self.inner.arena.slice_mut(position + HEADER_BYTES as u64, payload as u64)
+            })
+            .collect()
+    }
+
+    /// Makes the write visible (sequence numbers, headers, index), as [`Store::write`] would
+    /// have when it returned. Fails, writing nothing, if the store failed or the epoch is no
+    /// longer open (committed or deleted since the reservation).
+    pub fn publish(mut self) -> Result<(), WriteError> {
+        let inner = self.inner.clone();
+        let mut state = inner.state.lock();
+        if let Some(reason) = &state.failed {
+            return Err(WriteError::Failed(reason.clone()));
+        }
+        let phase = state.epochs.get(&self.epoch).expect("epoch of a reserved write vanished").phase;
+        if phase != EpochPhase::Open {
+            return Err(WriteError::EpochNotOpen { epoch: self.epoch, phase });
+        }
+        let piece_max = inner.knobs.record_payload_bytes_max;
+        for (i, &(position, payload)) in self.records.iter().enumerate() {
+            let offset = self.offset + i as u64 * piece_max;
+            publish_dram_record(&mut state, &inner.arena, position, DramStatus::Reserved, self.stream, self.epoch, self.file, offset, payload);
+        }
+        self.published = true;
+        inner.wake_flusher_above_high_watermark(&state);
+        Ok(())
+    }
+}
+
+impl Drop for WriteSlot {
+    /// An unpublished slot (never filled, refused at publish, or its owner gave up) is abandoned.
+    fn drop(&mut self) {
+        if self.published || self.records.is_empty() {
+            return;
+        }
+        let mut state = self.inner.state.lock();
+        for &(position, _) in &self.records {
+            abandon_dram_record(&mut state, position, self.stream);
+        }
+        advance_tail(&mut state);
+        #[cfg(feature = "strict_assertions")]
+        check_invariants(&state);
+        drop(state);
+        self.inner.space.notify_all();
+    }
+}
