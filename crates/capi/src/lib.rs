@@ -750,7 +750,7 @@ mod tests {
             assert!(last_error().contains("address #1"), "{}", last_error());
             let mut options = std::mem::zeroed::<spillway_options>();
             assert_eq!(spillway_options_init(&mut options), 0);
-            assert_eq!(options.window, 8);
+            assert_eq!(options.window, 64);
             options.placement = 7;
             assert_eq!(spillway_connect(endpoints.as_ptr(), 1, &options, &mut client), -libc::EINVAL);
             assert!(last_error().contains("options.placement 7"), "{}", last_error());

@@ -321,7 +321,8 @@ fn worker(rank: u32, args: &Args) -> anyhow::Result<()> {
     let options = ClientOptions {
         placement,
         durability,
-        window: 16,
+        // Deep enough for small transfers; the client's byte window bounds large ones.
+        window: 128,
         transfer_bytes_max: transfer,
         client_name: format!("bench worker {rank}"),
         ..ClientOptions::default()

@@ -2,7 +2,8 @@
 //!
 //! Requests are sent at once and their replies collected later, in order; at most
 //! `window` are outstanding (the lesser of the client's wish and the server's
-//! `in_flight_requests_max`). Write acknowledgements are collected lazily; the first failure is
+//! `in_flight_requests_max`), and pipelined writes carry at most `window_bytes_max` payload
+//! bytes not yet acknowledged (so small writes pipeline deeply and large ones do not pile up). Write acknowledgements are collected lazily; the first failure is
 //! kept and reported by the next [`ServerConnection::flush`].
 
 use std::collections::VecDeque;
@@ -28,7 +29,10 @@ pub struct ServerConnection {
     reader: BufReader<Box<dyn Connection>>,
     next_request_id: u64,
     window: usize,
+    window_bytes_max: u64,
     outstanding: VecDeque<(u64, Pending)>,
+    /// Payload bytes of the pipelined writes in `outstanding`.
+    outstanding_bytes: u64,
     deferred: Option<ClientError>,
     pub payload_bytes_max: u32,
     pub uid: u32,
@@ -48,7 +52,9 @@ impl ServerConnection {
             connection,
             next_request_id: 1,
             window: 1,
+            window_bytes_max: u64::MAX,
             outstanding: VecDeque::new(),
+            outstanding_bytes: 0,
             deferred: None,
             payload_bytes_max: 0,
             uid: 0,
@@ -75,6 +81,13 @@ impl ServerConnection {
             }
             (other, _) => Err(this.unexpected("HelloReply", &other)),
         }
+    }
+
+    /// Bounds the payload bytes of pipelined writes awaiting acknowledgement (one write is
+    /// always allowed, whatever its size).
+    pub fn with_window_bytes_max(mut self, bytes: u64) -> ServerConnection {
+        self.window_bytes_max = bytes.max(1);
+        self
     }
 
     fn unexpected(&self, expected: &'static str, got: &Response) -> ClientError {
@@ -126,6 +139,8 @@ impl ServerConnection {
     /// Receives the oldest outstanding pipelined reply and settles it.
     fn settle_one(&mut self) -> Result<(), ClientError> {
         let (id, pending) = self.outstanding.pop_front().expect("settle_one with nothing outstanding");
+        let Pending::WriteAck { bytes } = pending;
+        self.outstanding_bytes -= bytes as u64;
         let (reply_id, response) = self.receive(None)?;
         if reply_id != id {
             return Err(ClientError::Protocol { endpoint: self.endpoint.clone(), message: format!("reply for request {reply_id}, expected {id}") });
@@ -142,15 +157,19 @@ impl ServerConnection {
         }
     }
 
-    /// Sends a write without waiting for its acknowledgement (at most `window` outstanding).
+    /// Sends a write without waiting for its acknowledgement (at most `window` requests and
+    /// `window_bytes_max` payload bytes outstanding).
     pub fn write_pipelined(&mut self, request: &Request, data: &[u8]) -> Result<(), ClientError> {
         assert!(matches!(request, Request::Write { .. }));
         assert!(data.len() <= self.payload_bytes_max as usize);
-        while self.outstanding.len() >= self.window {
+        while self.outstanding.len() >= self.window
+            || (!self.outstanding.is_empty() && self.outstanding_bytes + data.len() as u64 > self.window_bytes_max)
+        {
             self.settle_one()?;
         }
         let id = self.send(request, data)?;
         self.outstanding.push_back((id, Pending::WriteAck { bytes: data.len() as u32 }));
+        self.outstanding_bytes += data.len() as u64;
         Ok(())
     }
 
@@ -294,5 +313,66 @@ pub fn read_parallel(jobs: &mut [(&mut ServerConnection, Vec<(Request, &mut [u8]
     match first_error {
         Some(error) => Err(error),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spillway_proto::frame::Header;
+    use spillway_types::{EpochId, FileId};
+    use std::net::TcpListener;
+    use std::time::Duration;
+
+    /// Reads one frame (header, body, payload) from a raw stream.
+    fn read_frame(stream: &mut std::net::TcpStream) -> std::io::Result<Header> {
+        let mut body = Vec::new();
+        let header = frame::read_header_and_body(stream, &mut body, 1 << 24).map_err(|e| std::io::Error::other(e.to_string()))?;
+        let mut payload = vec![0u8; header.payload_bytes as usize];
+        frame::read_payload(stream, &mut payload).map_err(|e| std::io::Error::other(e.to_string()))?;
+        Ok(header)
+    }
+
+    #[test]
+    fn pipelined_writes_stop_at_the_byte_window_until_acknowledged() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        // A server that acknowledges nothing until the client has stopped sending.
+        let server = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let hello = read_frame(&mut stream).unwrap();
+            let reply = Response::Hello {
+                version: PROTOCOL_VERSION,
+                payload_bytes_max: 1 << 20,
+                in_flight_requests_max: 128,
+                uid: 0,
+                gid: 0,
+                server_name: "fake".into(),
+            };
+            frame::write_frame(&mut stream, reply.kind(), hello.request_id, &reply.encode_body(), &[]).unwrap();
+            stream.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+            let mut ids = Vec::new();
+            while let Ok(header) = read_frame(&mut stream) {
+                ids.push(header.request_id);
+            }
+            let before_any_ack = ids.len();
+            stream.set_read_timeout(None).unwrap();
+            for written in 0..5 {
+                let id = if written < ids.len() { ids[written] } else { read_frame(&mut stream).unwrap().request_id };
+                let ack = Response::Written { bytes: 400 << 10 };
+                frame::write_frame(&mut stream, ack.kind(), id, &ack.encode_body(), &[]).unwrap();
+            }
+            before_any_ack
+        });
+        let endpoint = Endpoint::Tcp(address);
+        let mut connection = ServerConnection::connect(&endpoint, "test", 128).unwrap().with_window_bytes_max(1 << 20);
+        let data = vec![7u8; 400 << 10];
+        for i in 0..5u64 {
+            let request = Request::Write { epoch: EpochId(1), file: FileId(1), offset: i * (400 << 10) };
+            connection.write_pipelined(&request, &data).unwrap();
+        }
+        connection.flush().unwrap();
+        // Two 400 KiB writes fit in 1 MiB; the third waited for an acknowledgement.
+        assert_eq!(server.join().unwrap(), 2);
     }
 }

@@ -84,6 +84,9 @@ pub struct ClientOptions {
     pub durability: Durability,
     /// Pipelined requests per server connection (capped by the server's limit).
     pub window: u32,
+    /// Payload bytes of pipelined writes awaiting acknowledgement per server connection: deep
+    /// pipelines for small writes, a bounded amount in flight for large ones.
+    pub window_bytes_max: u64,
     /// Largest single write or read request (capped by the server's payload limit).
     pub transfer_bytes_max: u64,
     /// Name sent in the handshake (for the server's logs).
@@ -103,7 +106,8 @@ impl Default for ClientOptions {
         ClientOptions {
             placement: Placement::striped_default(),
             durability: Durability::ServerDefault,
-            window: 8,
+            window: 64,
+            window_bytes_max: 16 << 20,
             transfer_bytes_max: 4 << 20,
             client_name: format!("spillway-client pid {}", std::process::id()),
             trace_path: None,
@@ -172,7 +176,7 @@ impl Client {
         }
         let servers = endpoints
             .iter()
-            .map(|e| ServerConnection::connect(e, &options.client_name, options.window))
+            .map(|e| ServerConnection::connect(e, &options.client_name, options.window).map(|c| c.with_window_bytes_max(options.window_bytes_max)))
             .collect::<Result<Vec<_>, _>>()?;
         let tracer = match &options.trace_path {
             Some(path) => trace_record::Tracer::start(path, options.trace_rank, false),

@@ -31,7 +31,7 @@ knobs! {
         /// Largest payload of one frame (a write or a read reply), announced in the handshake.
         payload_bytes_max: u32 = 16 * 1024 * 1024, unit = "bytes";
         /// Requests a client may have outstanding on one connection (the per-connection queue).
-        in_flight_requests_max: u32 = 16, unit = "requests";
+        in_flight_requests_max: u32 = 128, unit = "requests";
         /// Write payload bytes received but not yet in the store, over all connections.
         in_flight_bytes_max: u64 = 512 * 1024 * 1024, unit = "bytes";
         /// How long a write waits for space when the store is full before failing with ENOSPC.
