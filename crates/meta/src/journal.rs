@@ -85,22 +85,29 @@ fn sync_directory_of(path: &Path) -> Result<(), JournalError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(io_error(path, "fsync of the directory"))
 }
 
+/// Writes `bytes` as the whole of a new (or truncated) file at `path` and fsyncs it; returns it
+/// open for reading and appending, before it is put in place.
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<File, JournalError> {
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .map_err(io_error(path, "create"))?;
+    file.write_all(bytes).map_err(io_error(path, "write"))?;
+    file.sync_all().map_err(io_error(path, "fsync"))?;
+    Ok(file)
+}
+
 impl Journal {
     /// Creates a new journal holding `initial` as its first record (the root directory), fsyncs
     /// it and its directory. Fails if the file exists.
     pub fn create(path: &Path, header: JournalHeader, initial: &[Mutation]) -> Result<Journal, JournalError> {
         let tmp = path.with_extension("creating");
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)
-            .map_err(io_error(&tmp, "create"))?;
         let mut bytes = encode_header(header).to_vec();
         bytes.extend_from_slice(&encode_record(1, initial));
-        file.write_all(&bytes).map_err(io_error(&tmp, "write"))?;
-        file.sync_all().map_err(io_error(&tmp, "fsync"))?;
+        let file = write_synced(&tmp, &bytes)?;
         // Link, not rename: fails if another creator won the race.
         std::fs::hard_link(&tmp, path).map_err(io_error(path, "link into place"))?;
         std::fs::remove_file(&tmp).map_err(io_error(&tmp, "remove"))?;
@@ -179,21 +186,13 @@ impl Journal {
     /// written to a temporary file, fsync'd, renamed over the journal, directory fsync'd.
     pub fn compact(&mut self, state: &State) -> Result<(), JournalError> {
         let tmp = self.path.with_extension("compacting");
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)
-            .map_err(io_error(&tmp, "create"))?;
         let mut bytes = encode_header(self.header).to_vec();
         let mut sequence = 1;
         for chunk in snapshot_mutations(state).chunks(SNAPSHOT_MUTATIONS_PER_RECORD) {
             bytes.extend_from_slice(&encode_record(sequence, chunk));
             sequence += 1;
         }
-        file.write_all(&bytes).map_err(io_error(&tmp, "write"))?;
-        file.sync_all().map_err(io_error(&tmp, "fsync"))?;
+        let file = write_synced(&tmp, &bytes)?;
         std::fs::rename(&tmp, &self.path).map_err(io_error(&self.path, "rename the snapshot into place"))?;
         sync_directory_of(&self.path)?;
         self.file = file;

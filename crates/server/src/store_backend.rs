@@ -152,14 +152,16 @@ impl Backend for StoreBackend {
     }
 
     fn write(&self, stream: StreamKey, epoch: EpochId, file: FileId, offset: u64, data: &[u8]) -> Result<(), BackendError> {
-        if self.store.stat(epoch, file).is_none() {
+        if !self.store.has_file(epoch, file) {
             return Err(BackendError::new(ErrorCode::NoSuchFile, format!("epoch {epoch} has no file {file}: open it first")));
         }
         self.store.write(stream, epoch, file, offset, data).map_err(write_error)
     }
 
     fn reserve_write(&self, stream: StreamKey, epoch: EpochId, file: FileId, offset: u64, length: usize) -> Option<Box<dyn PendingWrite>> {
-        self.store.stat(epoch, file)?;
+        if !self.store.has_file(epoch, file) {
+            return None;
+        }
         let slot = self.store.try_reserve_write(stream, epoch, file, offset, length).ok()??;
         Some(Box::new(slot))
     }

@@ -755,14 +755,13 @@ impl Store {
     /// One file of one epoch, if the store has it.
     pub fn stat(&self, epoch: EpochId, file: FileId) -> Option<FileInfo> {
         let state = self.inner.state.lock();
-        let entry = state.epochs.get(&epoch)?;
-        if !phase_is_live(entry.phase) {
-            return None;
-        }
-        if !entry.names.contains_key(&file) && state.index.file(epoch, file).is_none() {
-            return None;
-        }
-        Some(file_info(&state, epoch, file))
+        file_exists(&state, epoch, file).then(|| file_info(&state, epoch, file))
+    }
+
+    /// Whether (`epoch`, `file`) exists: named or written, in a live epoch. What [`Store::stat`]
+    /// answers, without building the answer (callers check this on every write).
+    pub fn has_file(&self, epoch: EpochId, file: FileId) -> bool {
+        file_exists(&self.inner.state.lock(), epoch, file)
     }
 
     /// The extents of a range of epochs (optionally one file), in (epoch, file, offset) order:
@@ -930,6 +929,12 @@ impl Drop for Store {
     }
 }
 
+fn file_exists(state: &State, epoch: EpochId, file: FileId) -> bool {
+    state.epochs.get(&epoch).is_some_and(|entry| {
+        phase_is_live(entry.phase) && (entry.names.contains_key(&file) || state.index.file(epoch, file).is_some())
+    })
+}
+
 fn file_info(state: &State, epoch: EpochId, file: FileId) -> FileInfo {
     let extents = state.index.file(epoch, file);
     FileInfo {
@@ -1089,8 +1094,8 @@ impl Inner {
         Ok(())
     }
 
-    /// Reserves ring space (waiting for the flusher if DRAM is full), copies and checksums the
-    /// payload outside the lock, then publishes the record (sequence, header, index).
+    /// Reserves ring space (waiting for the flusher if DRAM is full), copies the payload outside
+    /// the lock, then publishes the record (sequence, header, index; the CRC is sealed at spill).
     pub(crate) fn write_piece(
         &self,
         stream: StreamKey,
