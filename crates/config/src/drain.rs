@@ -36,16 +36,11 @@ knobs! {
 
 impl DrainKnobs {
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |name: &'static str, value: String, reason: &str| ConfigError::Invalid {
-            section: Self::SECTION,
-            name,
-            value,
-            reason: reason.to_string(),
-        };
+        let invalid = |name: &'static str, value: String, reason: &str| ConfigError::invalid(Self::SECTION, name, value, reason);
         if self.stripe_bytes == 0 {
             return Err(invalid("stripe_bytes", "0".into(), "must be positive"));
         }
-        if self.write_bytes_max == 0 || self.write_bytes_max % self.stripe_bytes != 0 {
+        if self.write_bytes_max == 0 || !self.write_bytes_max.is_multiple_of(self.stripe_bytes) {
             return Err(invalid("write_bytes_max", self.write_bytes_max.to_string(), "must be a positive multiple of stripe_bytes"));
         }
         if self.mode != "shuffled" && self.mode != "naive" {

@@ -96,6 +96,30 @@ pub enum ConfigError {
     },
 }
 
+impl ConfigError {
+    /// Knob `section.name` refuses `value`, for `reason`.
+    pub fn invalid(section: &'static str, name: &'static str, value: impl ToString, reason: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid { section, name, value: value.to_string(), reason: reason.into() }
+    }
+}
+
+/// Checks a TCP listen address knob: `IP:PORT`, and a loopback address unless `remote_allowed`
+/// (`remote_refusal` says why not, and how to allow it if one can).
+pub(crate) fn check_listen_address(
+    section: &'static str,
+    name: &'static str,
+    value: &str,
+    remote_allowed: bool,
+    remote_refusal: &str,
+) -> Result<(), ConfigError> {
+    let address: std::net::SocketAddr =
+        value.parse().map_err(|e| ConfigError::invalid(section, name, value, format!("not IP:PORT ({e})")))?;
+    if !address.ip().is_loopback() && !remote_allowed {
+        return Err(ConfigError::invalid(section, name, value, format!("not a loopback address; {remote_refusal}")));
+    }
+    Ok(())
+}
+
 /// The whole daemon configuration, one member per section.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -65,36 +65,18 @@ impl ManagerKnobs {
         let digits = self.socket_mode.trim().trim_start_matches("0o");
         match u32::from_str_radix(digits, 8) {
             Ok(mode) if mode <= 0o777 => Ok(mode),
-            _ => Err(ConfigError::Invalid {
-                section: Self::SECTION,
-                name: "socket_mode",
-                value: self.socket_mode.clone(),
-                reason: "not an octal permission mode (0000 to 0777)".into(),
-            }),
+            _ => Err(ConfigError::invalid(Self::SECTION, "socket_mode", &self.socket_mode, "not an octal permission mode (0000 to 0777)")),
         }
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |name: &'static str, value: String, reason: &str| ConfigError::Invalid {
-            section: Self::SECTION,
-            name,
-            value,
-            reason: reason.to_string(),
-        };
+        let invalid = |name: &'static str, value: String, reason: &str| ConfigError::invalid(Self::SECTION, name, value, reason);
         if self.socket_path.is_empty() && self.listen_address.is_empty() {
             return Err(invalid("socket_path", "\"\"".into(), "needs a socket_path or a listen_address"));
         }
         if !self.listen_address.is_empty() {
-            let address: std::net::SocketAddr = self.listen_address.parse().map_err(|e| {
-                invalid("listen_address", self.listen_address.clone(), &format!("not IP:PORT ({e})"))
-            })?;
-            if !address.ip().is_loopback() {
-                return Err(invalid(
-                    "listen_address",
-                    self.listen_address.clone(),
-                    "not a loopback address; the manager cannot authenticate remote callers",
-                ));
-            }
+            let refusal = "the manager cannot authenticate remote callers";
+            crate::check_listen_address(Self::SECTION, "listen_address", &self.listen_address, false, refusal)?;
         }
         self.socket_mode_bits()?;
         if self.fragment_bytes < 4096 {

@@ -47,12 +47,7 @@ knobs! {
 
 impl ServerKnobs {
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |name: &'static str, value: String, reason: &str| ConfigError::Invalid {
-            section: Self::SECTION,
-            name,
-            value,
-            reason: reason.to_string(),
-        };
+        let invalid = |name: &'static str, value: String, reason: &str| ConfigError::invalid(Self::SECTION, name, value, reason);
         if self.listen_address.is_empty() && self.unix_socket_path.is_empty() {
             return Err(invalid(
                 "listen_address",
@@ -61,20 +56,8 @@ impl ServerKnobs {
             ));
         }
         if !self.listen_address.is_empty() {
-            let address: std::net::SocketAddr = self.listen_address.parse().map_err(|e| {
-                invalid(
-                    "listen_address",
-                    self.listen_address.clone(),
-                    &format!("not IP:PORT ({e})"),
-                )
-            })?;
-            if !address.ip().is_loopback() && !self.insecure_tcp {
-                return Err(invalid(
-                    "listen_address",
-                    self.listen_address.clone(),
-                    "not a loopback address; peers cannot be authenticated yet, set insecure_tcp (--insecure-tcp) to allow it",
-                ));
-            }
+            let refusal = "peers cannot be authenticated yet, set insecure_tcp (--insecure-tcp) to allow it";
+            crate::check_listen_address(Self::SECTION, "listen_address", &self.listen_address, self.insecure_tcp, refusal)?;
         }
         if self.connections_max == 0 {
             return Err(invalid("connections_max", "0".into(), "must be at least 1"));

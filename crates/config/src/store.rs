@@ -47,12 +47,7 @@ knobs! {
 
 impl StoreKnobs {
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |name: &'static str, value: u64, reason: String| ConfigError::Invalid {
-            section: Self::SECTION,
-            name,
-            value: value.to_string(),
-            reason,
-        };
+        let invalid = |name: &'static str, value: u64, reason: String| ConfigError::invalid(Self::SECTION, name, value, reason);
         if self.dram_bytes_max < self.dram_bytes_min {
             return Err(invalid(
                 "dram_bytes_max",
