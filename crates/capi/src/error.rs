@@ -106,19 +106,39 @@ mod tests {
             CapiError::Panic("boom".into()),
         ];
         let client_errors = vec![
-            ClientError::Connect { endpoint: endpoint(), source: io(std::io::Error::from_raw_os_error(libc::ECONNREFUSED)) },
-            ClientError::Connect { endpoint: endpoint(), source: io(std::io::Error::other("no os code")) },
-            ClientError::Io { endpoint: endpoint(), source: io(std::io::Error::from_raw_os_error(0)) },
-            ClientError::Io { endpoint: endpoint(), source: io(std::io::Error::from_raw_os_error(libc::EPIPE)) },
+            ClientError::Connect {
+                endpoint: endpoint(),
+                source: io(std::io::Error::from_raw_os_error(libc::ECONNREFUSED)),
+            },
+            ClientError::Connect {
+                endpoint: endpoint(),
+                source: io(std::io::Error::other("no os code")),
+            },
+            ClientError::Io {
+                endpoint: endpoint(),
+                source: io(std::io::Error::from_raw_os_error(0)),
+            },
+            ClientError::Io {
+                endpoint: endpoint(),
+                source: io(std::io::Error::from_raw_os_error(libc::EPIPE)),
+            },
             ClientError::Handshake { endpoint: endpoint(), message: "x".into() },
             ClientError::Protocol { endpoint: endpoint(), message: "x".into() },
-            ClientError::UnexpectedReply { endpoint: endpoint(), expected: "Committed", got: "Files".into() },
+            ClientError::UnexpectedReply {
+                endpoint: endpoint(),
+                expected: "Committed",
+                got: "Files".into(),
+            },
             ClientError::NoSuchFile { epoch: EpochId(3), name: "f".into() },
             ClientError::InvalidArgument("x".into()),
         ];
         errors.extend(client_errors.into_iter().map(CapiError::Client));
         for code in ErrorCode::all() {
-            errors.push(CapiError::Client(ClientError::Server { endpoint: endpoint(), code, message: "x".into() }));
+            errors.push(CapiError::Client(ClientError::Server {
+                endpoint: endpoint(),
+                code,
+                message: "x".into(),
+            }));
         }
         for error in &errors {
             assert!(error.errno() > 0, "{error:?} maps to errno {}", error.errno());
@@ -127,15 +147,29 @@ mod tests {
 
     #[test]
     fn errno_values_follow_the_protocol_table() {
-        let server = |code| CapiError::Client(ClientError::Server { endpoint: endpoint(), code, message: String::new() });
+        let server = |code| {
+            CapiError::Client(ClientError::Server {
+                endpoint: endpoint(),
+                code,
+                message: String::new(),
+            })
+        };
         assert_eq!(server(ErrorCode::NoSpace).errno(), libc::ENOSPC);
         assert_eq!(server(ErrorCode::EpochReadOnly).errno(), libc::EROFS);
-        assert_eq!(CapiError::Client(ClientError::NoSuchFile { epoch: EpochId(1), name: "f".into() }).errno(), libc::ENOENT);
+        assert_eq!(
+            CapiError::Client(ClientError::NoSuchFile { epoch: EpochId(1), name: "f".into() })
+                .errno(),
+            libc::ENOENT
+        );
         assert_eq!(CapiError::NullArgument("x").errno(), libc::EINVAL);
         assert_eq!(CapiError::Panic("x".into()).errno(), libc::EIO);
-        let refused = ClientError::Connect { endpoint: endpoint(), source: std::io::Error::from_raw_os_error(libc::ECONNREFUSED) };
+        let refused = ClientError::Connect {
+            endpoint: endpoint(),
+            source: std::io::Error::from_raw_os_error(libc::ECONNREFUSED),
+        };
         assert_eq!(CapiError::Client(refused).errno(), libc::ECONNREFUSED);
-        let zero = ClientError::Io { endpoint: endpoint(), source: std::io::Error::from_raw_os_error(0) };
+        let zero =
+            ClientError::Io { endpoint: endpoint(), source: std::io::Error::from_raw_os_error(0) };
         assert_eq!(CapiError::Client(zero).errno(), libc::EIO);
     }
 }

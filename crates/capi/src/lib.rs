@@ -113,7 +113,9 @@ pub struct spillway_server_status {
 
 /// Called by `spillway_list_files` once per file: its name (borrowed for the call only), its
 /// size in bytes and the caller's `context`. Return 0 to continue, non-zero to stop.
-pub type spillway_file_callback = Option<unsafe extern "C" fn(name: *const c_char, size_bytes: u64, context: *mut c_void) -> c_int>;
+pub type spillway_file_callback = Option<
+    unsafe extern "C" fn(name: *const c_char, size_bytes: u64, context: *mut c_void) -> c_int,
+>;
 
 /// A connection to every server of one reservation (opaque).
 pub struct spillway_client {
@@ -163,13 +165,18 @@ fn string<'a>(pointer: *const c_char, argument: &'static str) -> Result<&'a str,
     unsafe { CStr::from_ptr(pointer) }.to_str().map_err(|_| CapiError::InvalidUtf8 { argument })
 }
 
-fn lock_client(client: *const spillway_client) -> Result<(u64, MutexGuard<'static, Client>), CapiError> {
+fn lock_client(
+    client: *const spillway_client,
+) -> Result<(u64, MutexGuard<'static, Client>), CapiError> {
     let client: &'static spillway_client = non_null(client, "client")?;
     let guard = client.client.lock().map_err(|_| CapiError::Poisoned("client"))?;
     Ok((client.id, guard))
 }
 
-fn lock_file(file: *const spillway_file, client_id: u64) -> Result<MutexGuard<'static, FileHandle>, CapiError> {
+fn lock_file(
+    file: *const spillway_file,
+    client_id: u64,
+) -> Result<MutexGuard<'static, FileHandle>, CapiError> {
     let file: &'static spillway_file = non_null(file, "file")?;
     let handle = file.handle.lock().map_err(|_| CapiError::Poisoned("file"))?;
     if file.client_id != client_id {
@@ -184,17 +191,26 @@ fn client_options(options: &spillway_options) -> Result<ClientOptions, CapiError
             if options.stripe_unit_bytes == 0 {
                 return Err(CapiError::InvalidArgument("options.stripe_unit_bytes is 0".into()));
             }
-            let stripe_count = if options.stripe_count == 0 { u32::MAX } else { options.stripe_count };
+            let stripe_count =
+                if options.stripe_count == 0 { u32::MAX } else { options.stripe_count };
             Placement::Striped { stripe_unit_bytes: options.stripe_unit_bytes, stripe_count }
         }
         SPILLWAY_PLACEMENT_LOCAL => Placement::Local { rank: options.rank },
-        other => return Err(CapiError::InvalidArgument(format!("options.placement {other} is not a SPILLWAY_PLACEMENT_* value"))),
+        other => {
+            return Err(CapiError::InvalidArgument(format!(
+                "options.placement {other} is not a SPILLWAY_PLACEMENT_* value"
+            )))
+        }
     };
     let durability = match options.durability {
         SPILLWAY_DURABILITY_SERVER_DEFAULT => Durability::ServerDefault,
         SPILLWAY_DURABILITY_SSD => Durability::Ssd,
         SPILLWAY_DURABILITY_MEMORY => Durability::Memory,
-        other => return Err(CapiError::InvalidArgument(format!("options.durability {other} is not a SPILLWAY_DURABILITY_* value"))),
+        other => {
+            return Err(CapiError::InvalidArgument(format!(
+                "options.durability {other} is not a SPILLWAY_DURABILITY_* value"
+            )))
+        }
     };
     if options.window == 0 {
         return Err(CapiError::InvalidArgument("options.window is 0".into()));
@@ -203,15 +219,25 @@ fn client_options(options: &spillway_options) -> Result<ClientOptions, CapiError
         return Err(CapiError::InvalidArgument("options.transfer_bytes_max is 0".into()));
     }
     if options.reserved != 0 {
-        return Err(CapiError::InvalidArgument("options.reserved is not 0 (initialise with spillway_options_init)".into()));
+        return Err(CapiError::InvalidArgument(
+            "options.reserved is not 0 (initialise with spillway_options_init)".into(),
+        ));
     }
-    Ok(ClientOptions { placement, durability, window: options.window, transfer_bytes_max: options.transfer_bytes_max, ..ClientOptions::default() })
+    Ok(ClientOptions {
+        placement,
+        durability,
+        window: options.window,
+        transfer_bytes_max: options.transfer_bytes_max,
+        ..ClientOptions::default()
+    })
 }
 
 fn default_options() -> spillway_options {
     let defaults = ClientOptions::default();
     let (stripe_unit_bytes, stripe_count) = match defaults.placement {
-        Placement::Striped { stripe_unit_bytes, stripe_count } => (stripe_unit_bytes, if stripe_count == u32::MAX { 0 } else { stripe_count }),
+        Placement::Striped { stripe_unit_bytes, stripe_count } => {
+            (stripe_unit_bytes, if stripe_count == u32::MAX { 0 } else { stripe_count })
+        }
         Placement::Local { .. } => (1 << 20, 0),
     };
     spillway_options {
@@ -268,7 +294,9 @@ fn describe_static(code: ErrorCode) -> *const c_char {
         let mut table = HashMap::new();
         for code in ErrorCode::all() {
             // Several codes share an errno; the first in wire order names it.
-            table.entry(code.errno()).or_insert_with(|| CString::new(code.describe()).expect("descriptions have no NUL"));
+            table.entry(code.errno()).or_insert_with(|| {
+                CString::new(code.describe()).expect("descriptions have no NUL")
+            });
         }
         table
     });
@@ -325,10 +353,13 @@ pub unsafe extern "C" fn spillway_connect(
             .iter()
             .enumerate()
             .map(|(index, &pointer)| {
-                string(pointer, "endpoints[i]")?.parse::<Endpoint>().map_err(|message| CapiError::BadEndpoint { index, message })
+                string(pointer, "endpoints[i]")?
+                    .parse::<Endpoint>()
+                    .map_err(|message| CapiError::BadEndpoint { index, message })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let options = if options.is_null() { default_options() } else { *non_null(options, "options")? };
+        let options =
+            if options.is_null() { default_options() } else { *non_null(options, "options")? };
         let client = Client::connect(&parsed, client_options(&options)?)?;
         let id = NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed);
         let handle = Box::new(spillway_client { id, client: Mutex::new(client) });
@@ -365,7 +396,8 @@ pub unsafe extern "C" fn spillway_server_count(client: *const spillway_client) -
     let mut count = 0;
     let status = guard("spillway_server_count", || {
         let (_, client) = lock_client(client)?;
-        count = c_int::try_from(client.server_count()).map_err(|_| CapiError::InvalidArgument("too many servers".into()))?;
+        count = c_int::try_from(client.server_count())
+            .map_err(|_| CapiError::InvalidArgument("too many servers".into()))?;
         Ok(())
     });
     if status < 0 {
@@ -404,7 +436,11 @@ fn open_common(
         unsafe { file_out.write(std::ptr::null_mut()) };
         let name = string(name, "name")?;
         let (client_id, mut client) = lock_client(client)?;
-        let handle = if create { client.create_file(EpochId(epoch), name)? } else { client.open_file(EpochId(epoch), name)? };
+        let handle = if create {
+            client.create_file(EpochId(epoch), name)?
+        } else {
+            client.open_file(EpochId(epoch), name)?
+        };
         let file = Box::new(spillway_file { client_id, handle: Mutex::new(handle) });
         // SAFETY: checked non-NULL above.
         unsafe { file_out.write(Box::into_raw(file)) };
@@ -629,7 +665,8 @@ pub unsafe extern "C" fn spillway_list_files(
             client.list_files(EpochId(epoch))?
         };
         for (name, size) in files {
-            let name = std::ffi::CString::new(name.replace('\0', "\\0")).expect("NULs were replaced");
+            let name =
+                std::ffi::CString::new(name.replace('\0', "\\0")).expect("NULs were replaced");
             // SAFETY: valid callback per the contract; `name` lives across the call.
             if unsafe { callback(name.as_ptr(), size, context) } != 0 {
                 break;
@@ -676,7 +713,10 @@ pub unsafe extern "C" fn spillway_status(
         let list = client.status()?;
         for (i, s) in list.iter().take(capacity).enumerate() {
             let mut server_name = [0 as c_char; SPILLWAY_SERVER_NAME_BYTES];
-            for (target, &source) in server_name.iter_mut().zip(s.server_name.as_bytes().iter().take(SPILLWAY_SERVER_NAME_BYTES - 1)) {
+            for (target, &source) in server_name
+                .iter_mut()
+                .zip(s.server_name.as_bytes().iter().take(SPILLWAY_SERVER_NAME_BYTES - 1))
+            {
                 *target = source as c_char;
             }
             let status = spillway_server_status {
@@ -719,7 +759,10 @@ mod tests {
         let status = guard("test_operation", || panic!("deliberate test panic"));
         assert_eq!(status, -libc::EIO);
         let message = last_error();
-        assert!(message.contains("test_operation") && message.contains("deliberate test panic"), "{message}");
+        assert!(
+            message.contains("test_operation") && message.contains("deliberate test panic"),
+            "{message}"
+        );
         assert_eq!(guard("ok", || Ok(())), 0);
         assert_eq!(last_error(), "");
     }
@@ -733,7 +776,10 @@ mod tests {
             let mut client = ptr::NonNull::<spillway_client>::dangling().as_ptr();
             assert_eq!(spillway_connect(ptr::null(), 1, ptr::null(), &mut client), -libc::EINVAL);
             assert!(client.is_null(), "client_out is cleared on failure");
-            assert_eq!(spillway_connect(ptr::null(), 1, ptr::null(), ptr::null_mut()), -libc::EINVAL);
+            assert_eq!(
+                spillway_connect(ptr::null(), 1, ptr::null(), ptr::null_mut()),
+                -libc::EINVAL
+            );
             spillway_disconnect(ptr::null_mut());
             spillway_file_close(ptr::null_mut());
         }
@@ -746,17 +792,26 @@ mod tests {
         let endpoints = [good.as_ptr(), bad.as_ptr()];
         let mut client = ptr::null_mut();
         unsafe {
-            assert_eq!(spillway_connect(endpoints.as_ptr(), 2, ptr::null(), &mut client), -libc::EINVAL);
+            assert_eq!(
+                spillway_connect(endpoints.as_ptr(), 2, ptr::null(), &mut client),
+                -libc::EINVAL
+            );
             assert!(last_error().contains("address #1"), "{}", last_error());
             let mut options = std::mem::zeroed::<spillway_options>();
             assert_eq!(spillway_options_init(&mut options), 0);
             assert_eq!(options.window, 64);
             options.placement = 7;
-            assert_eq!(spillway_connect(endpoints.as_ptr(), 1, &options, &mut client), -libc::EINVAL);
+            assert_eq!(
+                spillway_connect(endpoints.as_ptr(), 1, &options, &mut client),
+                -libc::EINVAL
+            );
             assert!(last_error().contains("options.placement 7"), "{}", last_error());
             let not_utf8 = [0xffu8 as c_char, 0];
             let endpoints = [not_utf8.as_ptr()];
-            assert_eq!(spillway_connect(endpoints.as_ptr(), 1, ptr::null(), &mut client), -libc::EINVAL);
+            assert_eq!(
+                spillway_connect(endpoints.as_ptr(), 1, ptr::null(), &mut client),
+                -libc::EINVAL
+            );
             assert!(last_error().contains("UTF-8"), "{}", last_error());
         }
         assert!(client.is_null());
@@ -771,7 +826,11 @@ mod tests {
         let mut client = ptr::null_mut();
         let status = unsafe { spillway_connect(endpoints.as_ptr(), 1, ptr::null(), &mut client) };
         assert_eq!(status, -libc::ECONNREFUSED, "{}", last_error());
-        assert!(last_error().contains(&port.to_string()), "the message names the server: {}", last_error());
+        assert!(
+            last_error().contains(&port.to_string()),
+            "the message names the server: {}",
+            last_error()
+        );
     }
 
     #[test]

@@ -20,16 +20,21 @@ fn workspace_root() -> PathBuf {
 fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     let deps = exe.parent().expect("test binary has a parent");
-    let dir = if deps.file_name().is_some_and(|n| n == "deps") { deps.parent().unwrap() } else { deps };
+    let dir =
+        if deps.file_name().is_some_and(|n| n == "deps") { deps.parent().unwrap() } else { deps };
     dir.to_path_buf()
 }
 
 /// The cdylib cargo built for this test run: `cargo test` leaves it in `deps/` (only `cargo build`
 /// copies it up to the profile directory, possibly from an older build, so `deps/` comes first).
 fn shared_library() -> PathBuf {
-    let candidates = [profile_dir().join("deps/libspillway.so"), profile_dir().join("libspillway.so")];
+    let candidates =
+        [profile_dir().join("deps/libspillway.so"), profile_dir().join("libspillway.so")];
     candidates.iter().find(|p| p.exists()).cloned().unwrap_or_else(|| {
-        panic!("{} is missing: cargo should have built the cdylib of spillway-capi before its tests", candidates[0].display())
+        panic!(
+            "{} is missing: cargo should have built the cdylib of spillway-capi before its tests",
+            candidates[0].display()
+        )
     })
 }
 
@@ -53,7 +58,10 @@ fn spillway_binary() -> PathBuf {
         .env("CARGO_TARGET_DIR", target)
         .status()
         .expect("running cargo build for the spillway binary");
-    assert!(status.success(), "cargo build -p spillway failed (set SPILLWAY_BIN to use another build)");
+    assert!(
+        status.success(),
+        "cargo build -p spillway failed (set SPILLWAY_BIN to use another build)"
+    );
     let built = profile_dir.join("spillway");
     assert!(built.exists(), "{} missing after cargo build", built.display());
     built
@@ -87,9 +95,15 @@ fn compile_example(dir: &Path) -> PathBuf {
     let root = workspace_root();
     let library = shared_library();
     let libdir = library.parent().unwrap();
-    let pc = run(Command::new("sh").arg(root.join("scripts/gen-pkgconfig.sh")).arg(dir).arg(libdir).arg(root.join("include")));
+    let pc = run(Command::new("sh")
+        .arg(root.join("scripts/gen-pkgconfig.sh"))
+        .arg(dir)
+        .arg(libdir)
+        .arg(root.join("include")));
     std::fs::write(dir.join("spillway.pc"), &pc.stdout).unwrap();
-    let flags = run(Command::new("pkg-config").args(["--cflags", "--libs", "spillway"]).env("PKG_CONFIG_PATH", dir));
+    let flags = run(Command::new("pkg-config")
+        .args(["--cflags", "--libs", "spillway"])
+        .env("PKG_CONFIG_PATH", dir));
     let flags = String::from_utf8(flags.stdout).unwrap();
     assert!(flags.contains("-lspillway"), "pkg-config flags: {flags}");
     let program = dir.join("checkpoint");
@@ -112,20 +126,47 @@ fn c_checkpoint_example_writes_commits_and_reads_back() {
     let cases: [&[&str]; 3] = [
         &["--mode", "nn", "--placement", "striped", "--epoch", "1", "--transfer-bytes", "100000"],
         &["--mode", "n1", "--placement", "local", "--epoch", "2", "--durability", "memory"],
-        &["--mode", "n1", "--placement", "striped", "--epoch", "3", "--ranks", "3", "--bytes-per-rank", "700001", "--delete"],
+        &[
+            "--mode",
+            "n1",
+            "--placement",
+            "striped",
+            "--epoch",
+            "3",
+            "--ranks",
+            "3",
+            "--bytes-per-rank",
+            "700001",
+            "--delete",
+        ],
     ];
     for case in cases {
         let output = run(Command::new(&program).args(case).args(&endpoints));
         let stdout = String::from_utf8_lossy(&output.stdout);
-        for step in ["connect:", "write+commit:", "list_epochs:", "list_files:", "read+verify:", "open missing file: -ENOENT", "OK"] {
+        for step in [
+            "connect:",
+            "write+commit:",
+            "list_epochs:",
+            "list_files:",
+            "read+verify:",
+            "open missing file: -ENOENT",
+            "OK",
+        ] {
             assert!(stdout.contains(step), "{case:?}: step {step:?} missing from:\n{stdout}");
         }
     }
     // Writing into epoch 1 again after its commit must fail with EROFS and a non-zero exit.
     let again = Command::new(&program).args(cases[0]).args(&endpoints).output().unwrap();
     let stderr = String::from_utf8_lossy(&again.stderr);
-    assert!(!again.status.success(), "rewriting a committed epoch succeeded:\n{}", String::from_utf8_lossy(&again.stdout));
-    assert!(stderr.contains("FAIL") && stderr.contains(&format!("errno {}", libc::EROFS)), "expected EROFS:\n{stderr}");
+    assert!(
+        !again.status.success(),
+        "rewriting a committed epoch succeeded:\n{}",
+        String::from_utf8_lossy(&again.stdout)
+    );
+    assert!(
+        stderr.contains("FAIL") && stderr.contains(&format!("errno {}", libc::EROFS)),
+        "expected EROFS:\n{stderr}"
+    );
 }
 
 #[test]
@@ -151,7 +192,11 @@ fn c_example_exits_non_zero_when_no_server_answers() {
     let output = Command::new(&program).arg(format!("127.0.0.1:{port}")).output().unwrap();
     assert!(!output.status.success(), "the example succeeded without a server");
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("FAIL connect") && stderr.contains(&format!("errno {}", libc::ECONNREFUSED)), "{stderr}");
+    assert!(
+        stderr.contains("FAIL connect")
+            && stderr.contains(&format!("errno {}", libc::ECONNREFUSED)),
+        "{stderr}"
+    );
 }
 
 /// The shared library exports exactly the functions the header declares (no Rust symbols leak,
@@ -161,7 +206,9 @@ fn shared_library_exports_exactly_the_header_functions() {
     let header = std::fs::read_to_string(workspace_root().join("include/spillway.h")).unwrap();
     let mut declared: Vec<String> = header
         .lines()
-        .filter(|line| !line.starts_with("//") && !line.starts_with(' ') && !line.starts_with("typedef"))
+        .filter(|line| {
+            !line.starts_with("//") && !line.starts_with(' ') && !line.starts_with("typedef")
+        })
         .filter_map(|line| line.split('(').next().filter(|_| line.contains('(')))
         .filter_map(|before| before.rsplit([' ', '*']).next())
         .filter(|name| name.starts_with("spillway_"))

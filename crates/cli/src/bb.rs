@@ -191,7 +191,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     match args.hook {
         Hook::Validate { script } => ctx.validate(&script),
         Hook::Pools { cache, refresh } => ctx.pools(cache.as_deref(), refresh),
-        Hook::Setup { job, uid, gid, pool, script } => ctx.setup(job, uid, gid, pool.as_deref(), &script),
+        Hook::Setup { job, uid, gid, pool, script } => {
+            ctx.setup(job, uid, gid, pool.as_deref(), &script)
+        }
         Hook::DataIn { job, script } => ctx.stage(job, &script, StageDirection::In),
         Hook::RealSize { job } => ctx.real_size(job),
         Hook::Paths { job, script, path_file } => ctx.paths(job, &script, &path_file),
@@ -224,21 +226,26 @@ fn job_reservation_name(job: u64) -> String {
 
 impl Hooks {
     fn read_directive(&self, script: &Path) -> anyhow::Result<Option<Directive>> {
-        let text = std::fs::read_to_string(script).with_context(|| format!("reading job script {}", script.display()))?;
-        directive::parse_script(&text, &self.directive).map_err(|e| anyhow!("{}: {e}", script.display()))
+        let text = std::fs::read_to_string(script)
+            .with_context(|| format!("reading job script {}", script.display()))?;
+        directive::parse_script(&text, &self.directive)
+            .map_err(|e| anyhow!("{}: {e}", script.display()))
     }
 
     fn require_directive(&self, script: &Path) -> anyhow::Result<Directive> {
-        self.read_directive(script)?
-            .ok_or_else(|| anyhow!("{}: no #{} line in the job script", script.display(), self.directive))
+        self.read_directive(script)?.ok_or_else(|| {
+            anyhow!("{}: no #{} line in the job script", script.display(), self.directive)
+        })
     }
 
     fn validate(&self, script: &Path) -> anyhow::Result<()> {
-        let text = std::fs::read_to_string(script).with_context(|| format!("reading job script {}", script.display()))?;
+        let text = std::fs::read_to_string(script)
+            .with_context(|| format!("reading job script {}", script.display()))?;
         // The message goes to the submitting user through sbatch: name the line and token, not
         // the copy of the script in slurmctld's state directory. No directive line at all is odd
         // (Slurm calls job_process only when it saw one) but harmless: no burst buffer.
-        directive::parse_script(&text, &self.directive).map_err(|e| anyhow!("invalid #{} directive: {e}", self.directive))?;
+        directive::parse_script(&text, &self.directive)
+            .map_err(|e| anyhow!("invalid #{} directive: {e}", self.directive))?;
         Ok(())
     }
 
@@ -255,15 +262,20 @@ impl Hooks {
             .with_context(|| format!("creating state directory {}", self.state_dir.display()))?;
         let path = self.record_path(record.job);
         let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec(record)?).with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, &path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+        std::fs::write(&tmp, serde_json::to_vec(record)?)
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, &path)
+            .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
         Ok(())
     }
 
     fn read_record(&self, job: u64) -> anyhow::Result<Option<JobRecord>> {
         let path = self.record_path(job);
         match std::fs::read(&path) {
-            Ok(bytes) => Ok(Some(serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))?)),
+            Ok(bytes) => Ok(Some(
+                serde_json::from_slice(&bytes)
+                    .with_context(|| format!("parsing {}", path.display()))?,
+            )),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
         }
@@ -271,7 +283,10 @@ impl Hooks {
 
     fn require_record(&self, job: u64) -> anyhow::Result<JobRecord> {
         self.read_record(job)?.ok_or_else(|| {
-            anyhow!("job {job}: no record {} (setup did not run or failed)", self.record_path(job).display())
+            anyhow!(
+                "job {job}: no record {} (setup did not run or failed)",
+                self.record_path(job).display()
+            )
         })
     }
 
@@ -300,8 +315,10 @@ impl Hooks {
         let output = command.output().context("running spillway reservation show")?;
         if output.status.success() {
             let text = String::from_utf8_lossy(&output.stdout);
-            let reservation: Reservation = serde_json::from_str(text.trim())
-                .with_context(|| format!("parsing `reservation show {name} --json` output {text:?}"))?;
+            let reservation: Reservation =
+                serde_json::from_str(text.trim()).with_context(|| {
+                    format!("parsing `reservation show {name} --json` output {text:?}")
+                })?;
             return Ok(Some(reservation));
         }
         let stderr = String::from_utf8_lossy(&output.stderr);
@@ -311,7 +328,14 @@ impl Hooks {
         bail!("spillway reservation show {name}: {}", stderr.trim())
     }
 
-    fn setup(&self, job: u64, uid: u32, gid: u32, slurm_pool: Option<&str>, script: &Path) -> anyhow::Result<()> {
+    fn setup(
+        &self,
+        job: u64,
+        uid: u32,
+        gid: u32,
+        slurm_pool: Option<&str>,
+        script: &Path,
+    ) -> anyhow::Result<()> {
         let directive = self.require_directive(script)?;
         if uid == 0 {
             bail!("job {job}: root may not use a burst buffer reservation");
@@ -371,10 +395,15 @@ impl Hooks {
                     create.extend(["--job", &job_text]);
                 }
                 let created = self.manager(&create)?;
-                let reservation: Reservation = serde_json::from_str(created.trim())
-                    .with_context(|| format!("parsing `reservation create --json` output {created:?}"))?;
+                let reservation: Reservation =
+                    serde_json::from_str(created.trim()).with_context(|| {
+                        format!("parsing `reservation create --json` output {created:?}")
+                    })?;
                 if reservation.name != name {
-                    bail!("job {job}: the manager named the reservation {} instead of {name}", reservation.name);
+                    bail!(
+                        "job {job}: the manager named the reservation {} instead of {name}",
+                        reservation.name
+                    );
                 }
             }
         }
@@ -430,7 +459,8 @@ impl Hooks {
         let mut lines = format!("SPILLWAY_BB={}\n", self.mountpoint(job).display());
         let name = directive.persistent.clone().unwrap_or_else(|| job_reservation_name(job));
         lines.push_str(&format!("SPILLWAY_BB_RESERVATION={name}\n"));
-        file.write_all(lines.as_bytes()).with_context(|| format!("writing {}", path_file.display()))?;
+        file.write_all(lines.as_bytes())
+            .with_context(|| format!("writing {}", path_file.display()))?;
         Ok(())
     }
 
@@ -443,31 +473,41 @@ impl Hooks {
         let mut help = self.spillway()?;
         help.args(["mount", "--help"]).stdout(Stdio::null()).stderr(Stdio::null());
         if !help.status().map(|s| s.success()).unwrap_or(false) {
-            bail!("job {job}: cannot mount reservation {}: this spillway has no `mount` subcommand", record.reservation);
+            bail!(
+                "job {job}: cannot mount reservation {}: this spillway has no `mount` subcommand",
+                record.reservation
+            );
         }
         let mountpoint = self.mountpoint(job);
         if is_mounted(&mountpoint)? {
             return Ok(()); // pre_run re-run: already mounted
         }
-        std::fs::create_dir_all(&mountpoint).with_context(|| format!("creating mount point {}", mountpoint.display()))?;
-        let namespace_id = reservation
-            .namespace_id
-            .ok_or_else(|| anyhow!("job {job}: reservation {} has no namespace_id", record.reservation))?;
+        std::fs::create_dir_all(&mountpoint)
+            .with_context(|| format!("creating mount point {}", mountpoint.display()))?;
+        let namespace_id = reservation.namespace_id.ok_or_else(|| {
+            anyhow!("job {job}: reservation {} has no namespace_id", record.reservation)
+        })?;
         let epoch = reservation.epoch.unwrap_or(1);
         if reservation.servers.is_empty() {
             bail!("job {job}: reservation {} has no servers", record.reservation);
         }
-        let access = reservation.access.clone().unwrap_or_else(|| directive.access.as_str().to_string());
+        let access =
+            reservation.access.clone().unwrap_or_else(|| directive.access.as_str().to_string());
         // The namespace root belongs to the reservation's owner: private (0700) for a job
         // reservation, sticky and shared (1777, like /tmp) for a persistent one, whose allowed
         // users and groups the manager decides.
-        let owner = format!("{}:{}", reservation.owner.unwrap_or(record.uid), reservation.group.unwrap_or(record.gid));
+        let owner = format!(
+            "{}:{}",
+            reservation.owner.unwrap_or(record.uid),
+            reservation.group.unwrap_or(record.gid)
+        );
         let mode = if reservation.persistent { "1777" } else { "0700" };
         let log = self.state_dir.join(format!("job-{job}.mount.log"));
         // The serving process stays behind: it must not inherit a pipe of ours (or the Lua's
         // popen), or whoever reads that pipe waits for it until the hook times out. Its output
         // goes to the log file instead.
-        let out = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let out =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let mut mount = self.spillway()?;
         mount
             .args(["mount", "--servers", &reservation.servers.join(","), "--access", &access])
@@ -492,7 +532,10 @@ impl Hooks {
             );
         }
         if !is_mounted(&mountpoint)? {
-            bail!("job {job}: `spillway mount` succeeded but {} is not a mount point", mountpoint.display());
+            bail!(
+                "job {job}: `spillway mount` succeeded but {} is not a mount point",
+                mountpoint.display()
+            );
         }
         Ok(())
     }
@@ -509,7 +552,8 @@ impl Hooks {
         if is_mounted(&mountpoint)? {
             let mut umount = self.spillway()?;
             umount.arg("umount").arg(&mountpoint);
-            let result = output_of(&mut umount, &format!("job {job}: unmounting {}", mountpoint.display()));
+            let result =
+                output_of(&mut umount, &format!("job {job}: unmounting {}", mountpoint.display()));
             if is_mounted(&mountpoint)? {
                 // The mount process is wedged: detach so the node is usable, then report.
                 lazy_unmount(&mountpoint)?;
@@ -545,7 +589,9 @@ impl Hooks {
         if !persistent {
             match self.show_reservation(&name) {
                 Ok(Some(_)) => {
-                    if let Err(e) = self.manager(&["reservation", "destroy", &name, "--job", &job.to_string()]) {
+                    if let Err(e) =
+                        self.manager(&["reservation", "destroy", &name, "--job", &job.to_string()])
+                    {
                         problems.push(format!("{e:#}"));
                     }
                 }
@@ -563,7 +609,9 @@ impl Hooks {
             match std::fs::remove_file(self.record_path(job)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => problems.push(format!("removing {}: {e}", self.record_path(job).display())),
+                Err(e) => {
+                    problems.push(format!("removing {}: {e}", self.record_path(job).display()))
+                }
             }
         }
         if problems.is_empty() {
@@ -576,8 +624,10 @@ impl Hooks {
 
     fn pools(&self, cache: Option<&Path>, refresh: bool) -> anyhow::Result<()> {
         if !refresh {
-            let cache = cache.ok_or_else(|| anyhow!("bb pools: give --refresh, --cache FILE or both"))?;
-            let text = std::fs::read_to_string(cache).with_context(|| format!("reading pools cache {}", cache.display()))?;
+            let cache =
+                cache.ok_or_else(|| anyhow!("bb pools: give --refresh, --cache FILE or both"))?;
+            let text = std::fs::read_to_string(cache)
+                .with_context(|| format!("reading pools cache {}", cache.display()))?;
             print!("{text}");
             return Ok(());
         }
@@ -587,7 +637,8 @@ impl Hooks {
             let tmp = cache.with_extension("tmp");
             std::fs::write(&tmp, &json).with_context(|| format!("writing {}", tmp.display()))?;
             // Readable by slurmctld whoever refreshed it.
-            std::fs::rename(&tmp, cache).with_context(|| format!("renaming {} to {}", tmp.display(), cache.display()))?;
+            std::fs::rename(&tmp, cache)
+                .with_context(|| format!("renaming {} to {}", tmp.display(), cache.display()))?;
         }
         println!("{json}");
         Ok(())
@@ -604,10 +655,16 @@ impl Hooks {
         let Ok(entries) = std::fs::read_dir(&self.state_dir) else { return };
         for entry in entries.flatten() {
             let name = entry.file_name();
-            let Some(job) = name.to_str().and_then(|n| n.strip_prefix("job-")?.strip_suffix(".json")?.parse::<u64>().ok()) else {
+            let Some(job) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("job-")?.strip_suffix(".json")?.parse::<u64>().ok())
+            else {
                 continue;
             };
-            let orphaned = match Command::new("scontrol").args(["-o", "show", "job", &job.to_string()]).output() {
+            let orphaned = match Command::new("scontrol")
+                .args(["-o", "show", "job", &job.to_string()])
+                .output()
+            {
                 Ok(output) if output.status.success() => {
                     job_is_orphaned(&String::from_utf8_lossy(&output.stdout), now_unix_s())
                 }
@@ -616,8 +673,12 @@ impl Hooks {
             };
             if orphaned {
                 match self.teardown(job, true, None) {
-                    Ok(()) => eprintln!("spillway bb: job {job}: its teardown never ran; torn down now"),
-                    Err(e) => eprintln!("spillway bb: job {job}: tearing down after a lost teardown: {e:#}"),
+                    Ok(()) => {
+                        eprintln!("spillway bb: job {job}: its teardown never ran; torn down now")
+                    }
+                    Err(e) => eprintln!(
+                        "spillway bb: job {job}: tearing down after a lost teardown: {e:#}"
+                    ),
                 }
             }
         }
@@ -625,11 +686,16 @@ impl Hooks {
 
     /// Slurm's pool JSON from the manager's pools and reservations.
     fn slurm_pools_json(&self) -> anyhow::Result<String> {
-        let pools: serde_json::Value = serde_json::from_str(&self.manager_timed(&["pool", "list", "--json"])?)
-            .context("parsing `pool list --json`")?;
-        let reservations: serde_json::Value =
-            serde_json::from_str(&self.manager_timed(&["reservation", "list", "--all", "--json"])?)
-                .context("parsing `reservation list --all --json`")?;
+        let pools: serde_json::Value =
+            serde_json::from_str(&self.manager_timed(&["pool", "list", "--json"])?)
+                .context("parsing `pool list --json`")?;
+        let reservations: serde_json::Value = serde_json::from_str(&self.manager_timed(&[
+            "reservation",
+            "list",
+            "--all",
+            "--json",
+        ])?)
+        .context("parsing `reservation list --all --json`")?;
         Ok(slurm_pools(&pools, &reservations)?.to_string())
     }
 
@@ -637,7 +703,8 @@ impl Hooks {
     fn manager_timed(&self, args: &[&str]) -> anyhow::Result<String> {
         let mut command = self.spillway()?;
         command.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
-        let mut child = command.spawn().with_context(|| format!("running spillway {}", args.join(" ")))?;
+        let mut child =
+            command.spawn().with_context(|| format!("running spillway {}", args.join(" ")))?;
         let deadline = Instant::now() + POOLS_TIMEOUT;
         loop {
             if child.try_wait()?.is_some() {
@@ -646,7 +713,10 @@ impl Hooks {
             if Instant::now() >= deadline {
                 let _ = child.kill();
                 let _ = child.wait();
-                bail!("spillway {}: no answer from the manager within {POOLS_TIMEOUT:?}", args.join(" "));
+                bail!(
+                    "spillway {}: no answer from the manager within {POOLS_TIMEOUT:?}",
+                    args.join(" ")
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -668,11 +738,18 @@ impl Hooks {
 /// quantity = the pool's capacity / granularity. Slurm subtracts its own jobs' usage itself and
 /// treats quantity − free as space used outside Slurm, so free = quantity minus what the
 /// reservations Slurm does not account for hold: persistent ones and any not tied to a job.
-fn slurm_pools(pools: &serde_json::Value, reservations: &serde_json::Value) -> anyhow::Result<serde_json::Value> {
-    let pools = pools.as_array().ok_or_else(|| anyhow!("pool list: expected a JSON array, got {pools}"))?;
-    let reservations =
-        reservations.as_array().ok_or_else(|| anyhow!("reservation list: expected a JSON array, got {reservations}"))?;
-    let text = |item: &serde_json::Value, key: &str| item.get(key).and_then(|v| v.as_str()).map(str::to_string);
+fn slurm_pools(
+    pools: &serde_json::Value,
+    reservations: &serde_json::Value,
+) -> anyhow::Result<serde_json::Value> {
+    let pools =
+        pools.as_array().ok_or_else(|| anyhow!("pool list: expected a JSON array, got {pools}"))?;
+    let reservations = reservations
+        .as_array()
+        .ok_or_else(|| anyhow!("reservation list: expected a JSON array, got {reservations}"))?;
+    let text = |item: &serde_json::Value, key: &str| {
+        item.get(key).and_then(|v| v.as_str()).map(str::to_string)
+    };
     let number = |item: &serde_json::Value, key: &str| item.get(key).and_then(|v| v.as_u64());
     let mut out = Vec::new();
     for pool in pools {
@@ -680,7 +757,8 @@ fn slurm_pools(pools: &serde_json::Value, reservations: &serde_json::Value) -> a
         let granularity = number(pool, "granularity_bytes")
             .filter(|g| *g > 0)
             .ok_or_else(|| anyhow!("pool {name} without a granularity_bytes: {pool}"))?;
-        let capacity = number(pool, "capacity_bytes").ok_or_else(|| anyhow!("pool {name} without capacity_bytes: {pool}"))?;
+        let capacity = number(pool, "capacity_bytes")
+            .ok_or_else(|| anyhow!("pool {name} without capacity_bytes: {pool}"))?;
         let external: u64 = reservations
             .iter()
             .filter(|r| text(r, "pool").as_deref() == Some(name.as_str()))
@@ -746,7 +824,9 @@ fn supplementary_groups(uid: u32, gid: u32) -> anyhow::Result<Vec<libc::gid_t>> 
     let mut passwd: libc::passwd = unsafe { std::mem::zeroed() };
     let mut result: *mut libc::passwd = std::ptr::null_mut();
     // SAFETY: buffer and passwd outlive the call; result points into them on success.
-    let rc = unsafe { libc::getpwuid_r(uid, &mut passwd, buffer.as_mut_ptr().cast(), buffer.len(), &mut result) };
+    let rc = unsafe {
+        libc::getpwuid_r(uid, &mut passwd, buffer.as_mut_ptr().cast(), buffer.len(), &mut result)
+    };
     if rc != 0 || result.is_null() {
         return Ok(vec![gid]);
     }
@@ -797,9 +877,12 @@ fn is_mounted(path: &Path) -> anyhow::Result<bool> {
 }
 
 fn mountinfo_has(path: &Path) -> anyhow::Result<bool> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
+    let text =
+        std::fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
     let wanted = path.to_string_lossy();
-    Ok(text.lines().any(|line| line.split(' ').nth(4).map(unescape_mountinfo).as_deref() == Some(&*wanted)))
+    Ok(text
+        .lines()
+        .any(|line| line.split(' ').nth(4).map(unescape_mountinfo).as_deref() == Some(&*wanted)))
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.
@@ -808,8 +891,12 @@ fn unescape_mountinfo(field: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 3 < bytes.len() && bytes[i + 1..i + 4].iter().all(|b| (b'0'..=b'7').contains(b)) {
-            let value = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && bytes[i + 1..i + 4].iter().all(|b| (b'0'..=b'7').contains(b))
+        {
+            let value =
+                (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
             out.push(value);
             i += 4;
         } else {
@@ -844,7 +931,8 @@ fn is_stage_of(args: &[OsString], reservation: &str) -> bool {
         return false;
     }
     let long = format!("--reservation={reservation}");
-    args.windows(2).any(|w| w[0] == "--reservation" && w[1] == reservation) || args.iter().any(|a| *a == *long)
+    args.windows(2).any(|w| w[0] == "--reservation" && w[1] == reservation)
+        || args.iter().any(|a| *a == *long)
 }
 
 fn is_spillway(args: &[OsString]) -> bool {
@@ -857,7 +945,9 @@ fn find_processes(matches: impl Fn(&[OsString]) -> bool) -> anyhow::Result<Vec<i
     let mut pids = Vec::new();
     for entry in std::fs::read_dir("/proc").context("listing /proc")? {
         let Ok(entry) = entry else { continue };
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
         if pid == me {
             continue;
         }
@@ -876,17 +966,31 @@ fn find_processes(matches: impl Fn(&[OsString]) -> bool) -> anyhow::Result<Vec<i
 }
 
 fn now_unix_s() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
 }
 
 /// Whether a job (one line of `scontrol -o show job`) has ended, more than [`ORPHAN_GRACE_S`]
 /// before `now`, in a state that leaves nothing for its burst buffer to do but teardown.
 fn job_is_orphaned(line: &str, now: i64) -> bool {
-    let field = |key: &str| line.split_whitespace().find_map(|word| word.strip_prefix(key)?.strip_prefix('='));
-    const ENDED: [&str; 9] =
-        ["CANCELLED", "COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"];
+    let field = |key: &str| {
+        line.split_whitespace().find_map(|word| word.strip_prefix(key)?.strip_prefix('='))
+    };
+    const ENDED: [&str; 9] = [
+        "CANCELLED",
+        "COMPLETED",
+        "FAILED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "OUT_OF_MEMORY",
+    ];
     let ended = field("JobState").is_some_and(|state| ENDED.contains(&state));
-    let staging_out = field("BurstBufferState").is_some_and(|state| matches!(state, "post-run" | "staging-out"));
+    let staging_out =
+        field("BurstBufferState").is_some_and(|state| matches!(state, "post-run" | "staging-out"));
     let end = field("EndTime").and_then(local_time_unix_s);
     ended && !staging_out && end.is_some_and(|end| now - end > ORPHAN_GRACE_S)
 }
@@ -955,25 +1059,64 @@ mod tests {
     #[test]
     fn recognises_leftover_processes_exactly() {
         let mp = Path::new("/mnt/spillway/job-7");
-        assert!(is_mount_of(&args(&["/usr/bin/spillway", "mount", "--servers", "a", "--background", "/mnt/spillway/job-7"]), mp));
-        assert!(!is_mount_of(&args(&["/usr/bin/spillway", "mount", "--background", "/mnt/spillway/job-70"]), mp));
+        assert!(is_mount_of(
+            &args(&[
+                "/usr/bin/spillway",
+                "mount",
+                "--servers",
+                "a",
+                "--background",
+                "/mnt/spillway/job-7"
+            ]),
+            mp
+        ));
+        assert!(!is_mount_of(
+            &args(&["/usr/bin/spillway", "mount", "--background", "/mnt/spillway/job-70"]),
+            mp
+        ));
         assert!(!is_mount_of(&args(&["/usr/bin/other", "mount", "/mnt/spillway/job-7"]), mp));
-        assert!(is_stage_of(&args(&["spillway", "stage-in", "--reservation", "job-7", "/a", "b"]), "job-7"));
-        assert!(is_stage_of(&args(&["spillway", "stage-out", "--reservation=job-7", "a", "/b"]), "job-7"));
-        assert!(!is_stage_of(&args(&["spillway", "stage-in", "--reservation", "job-71", "/a", "b"]), "job-7"));
-        assert!(!is_stage_of(&args(&["spillway", "reservation", "--reservation", "job-7"]), "job-7"));
+        assert!(is_stage_of(
+            &args(&["spillway", "stage-in", "--reservation", "job-7", "/a", "b"]),
+            "job-7"
+        ));
+        assert!(is_stage_of(
+            &args(&["spillway", "stage-out", "--reservation=job-7", "a", "/b"]),
+            "job-7"
+        ));
+        assert!(!is_stage_of(
+            &args(&["spillway", "stage-in", "--reservation", "job-71", "/a", "b"]),
+            "job-7"
+        ));
+        assert!(!is_stage_of(
+            &args(&["spillway", "reservation", "--reservation", "job-7"]),
+            "job-7"
+        ));
     }
 
     #[test]
     fn ended_jobs_without_stage_out_are_orphans_after_the_grace() {
         let end = local_time_unix_s("2026-11-22T18:05:07").unwrap();
-        let line = |state: &str, bb: &str| format!("JobId=6 JobName=stuck JobState={state} Reason=None EndTime=2026-11-22T18:05:07 BurstBufferState={bb} Partition=debug");
+        let line = |state: &str, bb: &str| {
+            format!("JobId=6 JobName=stuck JobState={state} Reason=None EndTime=2026-11-22T18:05:07 BurstBufferState={bb} Partition=debug")
+        };
         assert!(job_is_orphaned(&line("CANCELLED", "teardown"), end + ORPHAN_GRACE_S + 1));
-        assert!(!job_is_orphaned(&line("CANCELLED", "teardown"), end + ORPHAN_GRACE_S - 1), "within the grace");
-        assert!(!job_is_orphaned(&line("COMPLETED", "staging-out"), end + 3600), "stage-out still running");
+        assert!(
+            !job_is_orphaned(&line("CANCELLED", "teardown"), end + ORPHAN_GRACE_S - 1),
+            "within the grace"
+        );
+        assert!(
+            !job_is_orphaned(&line("COMPLETED", "staging-out"), end + 3600),
+            "stage-out still running"
+        );
         assert!(!job_is_orphaned(&line("PENDING", "staging-in"), end + 3600), "not ended");
-        assert!(!job_is_orphaned("JobId=6 JobState=CANCELLED EndTime=Unknown", end + 3600), "no end time");
-        assert_eq!(local_time_unix_s("2026-11-22T18:05:67"), local_time_unix_s("2026-11-22T18:06:07"));
+        assert!(
+            !job_is_orphaned("JobId=6 JobState=CANCELLED EndTime=Unknown", end + 3600),
+            "no end time"
+        );
+        assert_eq!(
+            local_time_unix_s("2026-11-22T18:05:67"),
+            local_time_unix_s("2026-11-22T18:06:07")
+        );
         assert_eq!(local_time_unix_s("yesterday"), None);
     }
 
@@ -999,7 +1142,10 @@ mod tests {
             ]})
         );
         let no_granularity = serde_json::json!([{"name": "x", "capacity_bytes": 1}]);
-        assert!(slurm_pools(&no_granularity, &reservations).unwrap_err().to_string().contains("pool x"));
+        assert!(slurm_pools(&no_granularity, &reservations)
+            .unwrap_err()
+            .to_string()
+            .contains("pool x"));
     }
 
     #[test]

@@ -80,8 +80,14 @@ struct Cluster {
 
 impl Cluster {
     fn start(args: &Args, dir: &Path, pfs: &Path, log: &Arc<WriteLog>) -> anyhow::Result<Cluster> {
-        let endpoints: Vec<Endpoint> = (0..args.servers).map(|i| Endpoint::Unix(dir.join(format!("s{i}.sock")))).collect();
-        let mut cluster = Cluster { endpoints: endpoints.clone(), handles: Vec::new(), threads: Vec::new(), drainers: Vec::new() };
+        let endpoints: Vec<Endpoint> =
+            (0..args.servers).map(|i| Endpoint::Unix(dir.join(format!("s{i}.sock")))).collect();
+        let mut cluster = Cluster {
+            endpoints: endpoints.clone(),
+            handles: Vec::new(),
+            threads: Vec::new(),
+            drainers: Vec::new(),
+        };
         for i in 0..args.servers as usize {
             let ssd = dir.join(format!("s{i}-ssd"));
             let knobs = StoreKnobs {
@@ -90,14 +96,20 @@ impl Cluster {
                 ssd_bytes_max: (args.total_bytes * 4).max(1 << 30),
                 ..StoreKnobs::default()
             };
-            let store = spillway_store::Store::open(&knobs).with_context(|| format!("opening store {}", ssd.display()))?;
+            let store = spillway_store::Store::open(&knobs)
+                .with_context(|| format!("opening store {}", ssd.display()))?;
             let backend = Arc::new(StoreBackend::new(store));
             let server_knobs = ServerKnobs {
                 server_name: format!("s{i}"),
                 in_flight_requests_max: args.in_flight_requests,
                 ..ServerKnobs::default()
             };
-            let server = Server::bind(ServerOptions::from_knobs(&server_knobs), backend.clone(), &endpoints[i..=i], false)?;
+            let server = Server::bind(
+                ServerOptions::from_knobs(&server_knobs),
+                backend.clone(),
+                &endpoints[i..=i],
+                false,
+            )?;
             let options = DrainerOptions {
                 peers: endpoints.clone(),
                 self_index: i,
@@ -162,15 +174,26 @@ fn fill_block(block: u64, buffer: &mut [u8]) {
 
 /// C client threads write the interleaved N-1 file and commit. Returns the seconds from the
 /// first write to the last commit's return.
-fn write_checkpoint(args: &Args, endpoints: &[Endpoint], epoch: EpochId, durability: Durability) -> anyhow::Result<f64> {
+fn write_checkpoint(
+    args: &Args,
+    endpoints: &[Endpoint],
+    epoch: EpochId,
+    durability: Durability,
+) -> anyhow::Result<f64> {
     let barrier = Arc::new(std::sync::Barrier::new(args.clients as usize + 1));
     let mut threads = Vec::new();
     for rank in 0..args.clients {
         let endpoints = endpoints.to_vec();
         let barrier = barrier.clone();
-        let (total, transfer, clients) = (args.total_bytes, args.transfer_bytes, args.clients as u64);
+        let (total, transfer, clients) =
+            (args.total_bytes, args.transfer_bytes, args.clients as u64);
         threads.push(std::thread::spawn(move || -> anyhow::Result<()> {
-            let options = ClientOptions { placement: Placement::Local { rank }, durability, window: 64, ..ClientOptions::default() };
+            let options = ClientOptions {
+                placement: Placement::Local { rank },
+                durability,
+                window: 64,
+                ..ClientOptions::default()
+            };
             let mut client = Client::connect(&endpoints, options)?;
             client.begin_epoch(epoch);
             let mut file = client.create_file(epoch, "ckpt/shared.dat")?;
@@ -206,7 +229,8 @@ fn direct_checkpoint(args: &Args, path: &Path) -> anyhow::Result<f64> {
     let mut threads = Vec::new();
     for rank in 0..args.clients as u64 {
         let file = file.clone();
-        let (total, transfer, clients) = (args.total_bytes, args.transfer_bytes, args.clients as u64);
+        let (total, transfer, clients) =
+            (args.total_bytes, args.transfer_bytes, args.clients as u64);
         threads.push(std::thread::spawn(move || -> std::io::Result<()> {
             let mut buffer = vec![0u8; transfer as usize];
             let mut block = rank;
@@ -262,7 +286,14 @@ fn settle() {
     unsafe { libc::sync() };
 }
 
-fn drain(args: &Args, cluster: &Cluster, log: &WriteLog, epoch: EpochId, mode: DrainMode, pfs: &Path) -> anyhow::Result<DrainResult> {
+fn drain(
+    args: &Args,
+    cluster: &Cluster,
+    log: &WriteLog,
+    epoch: EpochId,
+    mode: DrainMode,
+    pfs: &Path,
+) -> anyhow::Result<DrainResult> {
     log.take();
     settle();
     let mut client = Client::connect(&cluster.endpoints, ClientOptions::default())?;
@@ -270,25 +301,44 @@ fn drain(args: &Args, cluster: &Cluster, log: &WriteLog, epoch: EpochId, mode: D
     client.request_drain(epoch, mode.code())?;
     loop {
         let status = client.drain_status()?;
-        let mine: Vec<_> = status.iter().filter_map(|(_, l)| l.iter().find(|d| d.epoch == epoch)).collect();
-        if mine.len() == cluster.endpoints.len() && mine.iter().all(|d| d.state == DrainState::Drained) {
+        let mine: Vec<_> =
+            status.iter().filter_map(|(_, l)| l.iter().find(|d| d.epoch == epoch)).collect();
+        if mine.len() == cluster.endpoints.len()
+            && mine.iter().all(|d| d.state == DrainState::Drained)
+        {
             break;
         }
-        anyhow::ensure!(started.elapsed() < Duration::from_secs(3600), "drain of epoch {epoch} did not finish: {status:?}");
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(3600),
+            "drain of epoch {epoch} did not finish: {status:?}"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     let seconds = started.elapsed().as_secs_f64();
     let status = client.drain_status()?;
-    let mine: Vec<_> = status.iter().filter_map(|(_, l)| l.iter().find(|d| d.epoch == epoch).cloned()).collect();
-    anyhow::ensure!(!log.truncated(), "PFS write log overflowed its bound; lock switches would be undercounted");
+    let mine: Vec<_> =
+        status.iter().filter_map(|(_, l)| l.iter().find(|d| d.epoch == epoch).cloned()).collect();
+    anyhow::ensure!(
+        !log.truncated(),
+        "PFS write log overflowed its bound; lock switches would be undercounted"
+    );
     let entries = log.take();
     let final_path = pfs.join(format!("epoch-{}/ckpt/shared.dat", epoch.0));
-    let size = std::fs::metadata(&final_path).with_context(|| format!("{}", final_path.display()))?.len();
-    anyhow::ensure!(size == args.total_bytes, "PFS copy has {size} bytes, expected {}", args.total_bytes);
+    let size =
+        std::fs::metadata(&final_path).with_context(|| format!("{}", final_path.display()))?.len();
+    anyhow::ensure!(
+        size == args.total_bytes,
+        "PFS copy has {size} bytes, expected {}",
+        args.total_bytes
+    );
     Ok(DrainResult {
         seconds,
         write_calls: entries.len() as u64,
-        aligned_fraction: spillway_drain::stripe_aligned_fraction(&entries, args.stripe_bytes, args.total_bytes),
+        aligned_fraction: spillway_drain::stripe_aligned_fraction(
+            &entries,
+            args.stripe_bytes,
+            args.total_bytes,
+        ),
         lock_switches: spillway_drain::lock_switches(&entries, args.stripe_bytes),
         shuffle_s_max: mine.iter().map(|d| d.shuffle_us).max().unwrap_or(0) as f64 / 1e6,
         flush_s_max: mine.iter().map(|d| d.flush_us).max().unwrap_or(0) as f64 / 1e6,
@@ -299,13 +349,19 @@ fn drain(args: &Args, cluster: &Cluster, log: &WriteLog, epoch: EpochId, mode: D
 fn verify(args: &Args, path: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::FileExt;
     let file = std::fs::File::open(path)?;
-    let (mut got, mut want) = (vec![0u8; args.transfer_bytes as usize], vec![0u8; args.transfer_bytes as usize]);
+    let (mut got, mut want) =
+        (vec![0u8; args.transfer_bytes as usize], vec![0u8; args.transfer_bytes as usize]);
     let mut block = 0;
     while block * args.transfer_bytes < args.total_bytes {
-        let length = args.transfer_bytes.min(args.total_bytes - block * args.transfer_bytes) as usize;
+        let length =
+            args.transfer_bytes.min(args.total_bytes - block * args.transfer_bytes) as usize;
         file.read_exact_at(&mut got[..length], block * args.transfer_bytes)?;
         fill_block(block, &mut want[..length]);
-        anyhow::ensure!(got[..length] == want[..length], "{}: block {block} differs from what was written", path.display());
+        anyhow::ensure!(
+            got[..length] == want[..length],
+            "{}: block {block} differs from what was written",
+            path.display()
+        );
         block += 1;
     }
     Ok(())
@@ -325,7 +381,14 @@ struct Repeat {
 /// Checkpoints `epoch` at `memory` durability and `epoch + 1` at `ssd`, drains one naive and one
 /// shuffled (in the given order), each right after its own sequential baseline, and verifies
 /// and removes both PFS copies.
-fn measure_repeat(args: &Args, cluster: &Cluster, log: &WriteLog, pfs: &Path, epoch: EpochId, shuffled_first: bool) -> anyhow::Result<Repeat> {
+fn measure_repeat(
+    args: &Args,
+    cluster: &Cluster,
+    log: &WriteLog,
+    pfs: &Path,
+    epoch: EpochId,
+    shuffled_first: bool,
+) -> anyhow::Result<Repeat> {
     // A sequential baseline right before the drain, the drain, then the PFS copy checked and
     // removed: (baseline bytes/s, drain result).
     let drain_paired = |epoch: EpochId, mode: DrainMode| -> anyhow::Result<(f64, DrainResult)> {
@@ -337,7 +400,11 @@ fn measure_repeat(args: &Args, cluster: &Cluster, log: &WriteLog, pfs: &Path, ep
         std::fs::remove_dir_all(&copy)?;
         Ok((sequential, result))
     };
-    let (first, second) = if shuffled_first { (DrainMode::Shuffled, DrainMode::Naive) } else { (DrainMode::Naive, DrainMode::Shuffled) };
+    let (first, second) = if shuffled_first {
+        (DrainMode::Shuffled, DrainMode::Naive)
+    } else {
+        (DrainMode::Naive, DrainMode::Shuffled)
+    };
     settle();
     let direct_s = direct_checkpoint(args, &pfs.join("baseline.direct"))?;
     settle();
@@ -349,18 +416,36 @@ fn measure_repeat(args: &Args, cluster: &Cluster, log: &WriteLog, pfs: &Path, ep
     let second_drain = drain_paired(ssd_epoch, second)?;
     let ((sequential_before_naive, naive), (sequential_before_shuffled, shuffled)) =
         if shuffled_first { (second_drain, first_drain) } else { (first_drain, second_drain) };
-    Ok(Repeat { sequential_before_naive, sequential_before_shuffled, naive, shuffled, direct_s, memory_s, ssd_s })
+    Ok(Repeat {
+        sequential_before_naive,
+        sequential_before_shuffled,
+        naive,
+        shuffled,
+        direct_s,
+        memory_s,
+        ssd_s,
+    })
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     let n = values.len();
-    if n % 2 == 1 { values[n / 2] } else { (values[n / 2 - 1] + values[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    anyhow::ensure!(args.servers > 0 && args.clients > 0 && args.transfer_bytes > 0 && args.total_bytes > 0, "servers, clients and sizes must be positive");
-    anyhow::ensure!(args.write_bytes % args.stripe_bytes == 0, "--write-bytes must be a multiple of --stripe-bytes");
+    anyhow::ensure!(
+        args.servers > 0 && args.clients > 0 && args.transfer_bytes > 0 && args.total_bytes > 0,
+        "servers, clients and sizes must be positive"
+    );
+    anyhow::ensure!(
+        args.write_bytes % args.stripe_bytes == 0,
+        "--write-bytes must be a multiple of --stripe-bytes"
+    );
     let temp;
     let dir = match &args.dir {
         Some(d) => d.clone(),
@@ -371,13 +456,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let pfs = dir.join("pfs");
     std::fs::create_dir_all(&pfs)?;
-    let log = Arc::new(WriteLog::new(((args.total_bytes / args.transfer_bytes.min(args.stripe_bytes)) as usize + 1024).min(64 << 20)));
+    let log = Arc::new(WriteLog::new(
+        ((args.total_bytes / args.transfer_bytes.min(args.stripe_bytes)) as usize + 1024)
+            .min(64 << 20),
+    ));
     let cluster = Cluster::start(&args, &dir, &pfs, &log)?;
     anyhow::ensure!(args.repeat > 0, "--repeat must be at least 1");
     let mut repeats = Vec::new();
     for r in 0..args.repeat as u64 {
         let shuffled_first = args.shuffled_first ^ (r % 2 == 1);
-        repeats.push(measure_repeat(&args, &cluster, &log, &pfs, EpochId(2 * r + 1), shuffled_first)?);
+        repeats.push(measure_repeat(
+            &args,
+            &cluster,
+            &log,
+            &pfs,
+            EpochId(2 * r + 1),
+            shuffled_first,
+        )?);
     }
     cluster.stop();
 
@@ -455,7 +550,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     println!("| repeat | mode | sequential MiB/s | drain s | MiB/s | × sequential | PFS writes | stripe-aligned | shuffle s (max/server) | flush s (max/server) | lock switches |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for (index, r) in repeats.iter().enumerate() {
-        for (name, d, sequential) in [("naive", &r.naive, r.sequential_before_naive), ("shuffled", &r.shuffled, r.sequential_before_shuffled)] {
+        for (name, d, sequential) in [
+            ("naive", &r.naive, r.sequential_before_naive),
+            ("shuffled", &r.shuffled, r.sequential_before_shuffled),
+        ] {
             println!(
                 "| {} | {name} | {:.0} | {:.2} | {:.0} | {:.2} | {} | {:.3} | {:.2} | {:.2} | {} |",
                 index + 1,

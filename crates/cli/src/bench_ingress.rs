@@ -122,7 +122,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let mut shapes = vec![primary];
     if !args.single {
-        for extra in [Shape { servers: 2, ..primary }, Shape { transfer_bytes: 16 << 10, ..primary }] {
+        for extra in
+            [Shape { servers: 2, ..primary }, Shape { transfer_bytes: 16 << 10, ..primary }]
+        {
             if !shapes.contains(&extra) {
                 shapes.push(extra);
             }
@@ -132,7 +134,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let result = (|| -> anyhow::Result<()> {
         for shape in &shapes {
             if !args.json {
-                eprintln!("measuring S={} C={} transfer={} bytes/client={} …", shape.servers, shape.clients, shape.transfer_bytes, shape.bytes_per_client);
+                eprintln!(
+                    "measuring S={} C={} transfer={} bytes/client={} …",
+                    shape.servers, shape.clients, shape.transfer_bytes, shape.bytes_per_client
+                );
             }
             rows.push(measure(shape, &work, args.repeat.max(1))?);
         }
@@ -200,7 +205,9 @@ fn measure(shape: &Shape, work: &Path, repeat: u32) -> anyhow::Result<Row> {
         samples[5].push(spillway_gbps(shape, work, "nn", "ssd")?);
         samples[6].push(spillway_gbps(shape, work, "n1", "ssd")?);
     }
-    let paired = |subject: usize, baseline: usize| median(samples[subject].iter().zip(&samples[baseline]).map(|(s, b)| s / b).collect());
+    let paired = |subject: usize, baseline: usize| {
+        median(samples[subject].iter().zip(&samples[baseline]).map(|(s, b)| s / b).collect())
+    };
     let (vs_memcached, vs_loopback, ssd_vs_direct_pfs) = (paired(1, 2), paired(1, 0), paired(5, 4));
     let [loopback, nn_memory, memcached, n1_memory, direct, nn_ssd, n1_ssd] = samples.map(median);
     Ok(Row {
@@ -229,7 +236,12 @@ fn median(mut values: Vec<f64>) -> f64 {
 
 use crate::reaped::{start_server, Reaped};
 
-fn spillway_gbps(shape: &Shape, work: &Path, pattern: &str, durability: &str) -> anyhow::Result<f64> {
+fn spillway_gbps(
+    shape: &Shape,
+    work: &Path,
+    pattern: &str,
+    durability: &str,
+) -> anyhow::Result<f64> {
     let exe = std::env::current_exe()?;
     let per_server = shape.total_bytes().div_ceil(shape.servers as u64);
     // Above the flusher's high watermark (75 %) the store starts spilling; leave room so the
@@ -239,14 +251,24 @@ fn spillway_gbps(shape: &Shape, work: &Path, pattern: &str, durability: &str) ->
     let dram = if durability == "memory" {
         (per_server * 10 / 7 + (64 << 20)).next_multiple_of(1 << 20)
     } else {
-        std::env::var("SPILLWAY_BENCH_SSD_DRAM").ok().and_then(|v| parse_bytes(&v).ok()).unwrap_or(128 << 20)
+        std::env::var("SPILLWAY_BENCH_SSD_DRAM")
+            .ok()
+            .and_then(|v| parse_bytes(&v).ok())
+            .unwrap_or(128 << 20)
     };
     let ssd = per_server * 2 + (1 << 30);
     let mut servers = Vec::new();
     let mut endpoints = Vec::new();
     for s in 0..shape.servers {
         let ssd_dir = work.join(format!("ssd-{pattern}-{durability}-{s}"));
-        let server_args = ["--durability".to_string(), durability.to_string(), "--dram-bytes".into(), dram.to_string(), "--ssd-bytes".into(), ssd.to_string()];
+        let server_args = [
+            "--durability".to_string(),
+            durability.to_string(),
+            "--dram-bytes".into(),
+            dram.to_string(),
+            "--ssd-bytes".into(),
+            ssd.to_string(),
+        ];
         let (server, endpoint) = start_server(work, &s.to_string(), &ssd_dir, &server_args)?;
         servers.push(server);
         endpoints.push(endpoint);
@@ -255,10 +277,27 @@ fn spillway_gbps(shape: &Shape, work: &Path, pattern: &str, durability: &str) ->
     let mut workers: Vec<(Reaped, ChildStdin, BufReader<ChildStdout>)> = Vec::new();
     for rank in 0..shape.clients {
         let mut child = Command::new(&exe)
-            .args(["bench", "ingress", "--worker-rank", &rank.to_string(), "--worker-servers", &list])
+            .args([
+                "bench",
+                "ingress",
+                "--worker-rank",
+                &rank.to_string(),
+                "--worker-servers",
+                &list,
+            ])
             .args(["--worker-pattern", pattern, "--worker-durability", durability])
-            .args(["--transfer-bytes", &shape.transfer_bytes.to_string(), "--bytes-per-client", &shape.bytes_per_client.to_string()])
-            .args(["--servers", &shape.servers.to_string(), "--clients", &shape.clients.to_string()])
+            .args([
+                "--transfer-bytes",
+                &shape.transfer_bytes.to_string(),
+                "--bytes-per-client",
+                &shape.bytes_per_client.to_string(),
+            ])
+            .args([
+                "--servers",
+                &shape.servers.to_string(),
+                "--clients",
+                &shape.clients.to_string(),
+            ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -267,7 +306,9 @@ fn spillway_gbps(shape: &Shape, work: &Path, pattern: &str, durability: &str) ->
         let stdout = BufReader::new(child.stdout.take().expect("piped"));
         workers.push((Reaped(child), stdin, stdout));
     }
-    let expect = |workers: &mut Vec<(Reaped, ChildStdin, BufReader<ChildStdout>)>, word: &str| -> anyhow::Result<()> {
+    let expect = |workers: &mut Vec<(Reaped, ChildStdin, BufReader<ChildStdout>)>,
+                  word: &str|
+     -> anyhow::Result<()> {
         for (rank, (_, _, out)) in workers.iter_mut().enumerate() {
             let mut line = String::new();
             out.read_line(&mut line)?;
@@ -277,7 +318,9 @@ fn spillway_gbps(shape: &Shape, work: &Path, pattern: &str, durability: &str) ->
         }
         Ok(())
     };
-    let say = |workers: &mut Vec<(Reaped, ChildStdin, BufReader<ChildStdout>)>, word: &str| -> anyhow::Result<()> {
+    let say = |workers: &mut Vec<(Reaped, ChildStdin, BufReader<ChildStdout>)>,
+               word: &str|
+     -> anyhow::Result<()> {
         for (_, input, _) in workers.iter_mut() {
             writeln!(input, "{word}")?;
             input.flush()?;
@@ -317,7 +360,10 @@ fn worker(rank: u32, args: &Args) -> anyhow::Result<()> {
         _ => Durability::Ssd,
     };
     let transfer = args.transfer_bytes;
-    let placement = Placement::Striped { stripe_unit_bytes: transfer.max(1 << 20), stripe_count: endpoints.len() as u32 };
+    let placement = Placement::Striped {
+        stripe_unit_bytes: transfer.max(1 << 20),
+        stripe_count: endpoints.len() as u32,
+    };
     let options = ClientOptions {
         placement,
         durability,
@@ -335,7 +381,8 @@ fn worker(rank: u32, args: &Args) -> anyhow::Result<()> {
         _ => (format!("rank{rank}"), 0),
     };
     let mut file = client.create_file(epoch, &name)?;
-    let buffer: Vec<u8> = (0..transfer).map(|i| (i as u8) ^ (rank as u8).wrapping_mul(31)).collect();
+    let buffer: Vec<u8> =
+        (0..transfer).map(|i| (i as u8) ^ (rank as u8).wrapping_mul(31)).collect();
     let mut stdin = std::io::stdin().lock();
     let mut stdout = std::io::stdout().lock();
     let mut line = String::new();
@@ -375,7 +422,8 @@ fn memcached_gbps(shape: &Shape, work: &Path) -> anyhow::Result<f64> {
     let memcached = which("memcached").context(
         "memcached not found: install the Debian packages memcached and libmemcached-tools (apt-get install -y memcached libmemcached-tools)",
     )?;
-    let memcaslap = which("memcaslap").context("memcaslap not found: install the Debian package libmemcached-tools")?;
+    let memcaslap = which("memcaslap")
+        .context("memcaslap not found: install the Debian package libmemcached-tools")?;
     let per_server_mb = (shape.total_bytes().div_ceil(shape.servers as u64) >> 20) + 256;
     let mut servers = Vec::new();
     let mut addresses = Vec::new();
@@ -395,7 +443,10 @@ fn memcached_gbps(shape: &Shape, work: &Path) -> anyhow::Result<f64> {
         wait_for_port(port)?;
     }
     let config = work.join("memcaslap.cfg");
-    std::fs::write(&config, format!("key\n64 64 1\nvalue\n{0} {0} 1\ncmd\n0 1\n1 0\n", shape.transfer_bytes))?;
+    std::fs::write(
+        &config,
+        format!("key\n64 64 1\nvalue\n{0} {0} 1\ncmd\n0 1\n1 0\n", shape.transfer_bytes),
+    )?;
     let operations = shape.total_bytes() / shape.transfer_bytes;
     let threads = shape.clients.max(shape.servers + 1);
     let start = Instant::now();
@@ -409,7 +460,12 @@ fn memcached_gbps(shape: &Shape, work: &Path) -> anyhow::Result<f64> {
     let seconds = start.elapsed().as_secs_f64();
     let text = String::from_utf8_lossy(&output.stdout);
     if !output.status.success() || !text.contains("Run time") {
-        bail!("memcaslap failed ({}): {}{}", output.status, text, String::from_utf8_lossy(&output.stderr));
+        bail!(
+            "memcaslap failed ({}): {}{}",
+            output.status,
+            text,
+            String::from_utf8_lossy(&output.stderr)
+        );
     }
     let sets: u64 = text
         .lines()
@@ -445,7 +501,8 @@ fn wait_for_port(port: u16) -> anyhow::Result<()> {
 
 /// C threads push the bytes over plain loopback TCP into S sinks that discard them.
 fn loopback_gbps(shape: &Shape) -> anyhow::Result<f64> {
-    let listeners: Vec<TcpListener> = (0..shape.servers).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
+    let listeners: Vec<TcpListener> =
+        (0..shape.servers).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
     let addresses: Vec<_> = listeners.iter().map(|l| l.local_addr()).collect::<Result<_, _>>()?;
     let clients = shape.clients;
     let sinks: Vec<_> = listeners

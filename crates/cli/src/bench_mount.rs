@@ -64,13 +64,26 @@ pub struct Args {
 
 use crate::reaped::{start_server, Reaped};
 
-fn start_servers(work: &Path, count: usize, dram_bytes: u64) -> anyhow::Result<(Vec<Reaped>, Vec<Endpoint>)> {
+fn start_servers(
+    work: &Path,
+    count: usize,
+    dram_bytes: u64,
+) -> anyhow::Result<(Vec<Reaped>, Vec<Endpoint>)> {
     let mut servers = Vec::new();
     let mut endpoints = Vec::new();
     for s in 0..count {
-        let (server, endpoint) = start_server(work, &s.to_string(), &work.join(format!("ssd-{s}")), &["--dram-bytes".to_string(), dram_bytes.to_string()])?;
+        let (server, endpoint) = start_server(
+            work,
+            &s.to_string(),
+            &work.join(format!("ssd-{s}")),
+            &["--dram-bytes".to_string(), dram_bytes.to_string()],
+        )?;
         servers.push(server);
-        endpoints.push(endpoint.parse().map_err(|e| anyhow::anyhow!("server {s} endpoint {endpoint:?}: {e}"))?);
+        endpoints.push(
+            endpoint
+                .parse()
+                .map_err(|e| anyhow::anyhow!("server {s} endpoint {endpoint:?}: {e}"))?,
+        );
     }
     Ok((servers, endpoints))
 }
@@ -91,7 +104,12 @@ impl Drop for BenchMount {
     }
 }
 
-fn mount(path: &Path, namespace: Arc<dyn Namespace>, endpoints: &[Endpoint], threads: usize) -> anyhow::Result<BenchMount> {
+fn mount(
+    path: &Path,
+    namespace: Arc<dyn Namespace>,
+    endpoints: &[Endpoint],
+    threads: usize,
+) -> anyhow::Result<BenchMount> {
     std::fs::create_dir_all(path)?;
     let config = MountConfig { threads, ..MountConfig::default() };
     let clients = data_clients(endpoints, threads)?;
@@ -104,8 +122,16 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
-fn native_write(endpoints: &[Endpoint], epoch: EpochId, data: &[u8], total: u64) -> anyhow::Result<f64> {
-    let mut client = Client::connect(endpoints, ClientOptions { placement: Placement::striped_default(), ..Default::default() })?;
+fn native_write(
+    endpoints: &[Endpoint],
+    epoch: EpochId,
+    data: &[u8],
+    total: u64,
+) -> anyhow::Result<f64> {
+    let mut client = Client::connect(
+        endpoints,
+        ClientOptions { placement: Placement::striped_default(), ..Default::default() },
+    )?;
     client.begin_epoch(epoch);
     let start = Instant::now();
     let mut file = client.create_file(epoch, "bench/native")?;
@@ -123,11 +149,13 @@ fn native_write(endpoints: &[Endpoint], epoch: EpochId, data: &[u8], total: u64)
 
 fn mount_write(path: &Path, data: &[u8], total: u64) -> anyhow::Result<f64> {
     let start = Instant::now();
-    let mut file = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut file =
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
     let mut written = 0;
     while written < total {
         let length = (total - written).min(data.len() as u64) as usize;
-        file.write_all(&data[..length]).with_context(|| format!("writing {} at {written}", path.display()))?;
+        file.write_all(&data[..length])
+            .with_context(|| format!("writing {} at {written}", path.display()))?;
         written += length as u64;
     }
     drop(file); // close: waits until the servers acknowledged every write
@@ -154,44 +182,55 @@ fn metadata_run(dirs: &[PathBuf], files: u32) -> anyhow::Result<MetaRates> {
     let workers = dirs.len();
     let barrier = Barrier::new(workers);
     let ops = (files as usize * workers) as f64;
-    let spans: Vec<[(Instant, Instant); 3]> = std::thread::scope(|scope| -> anyhow::Result<Vec<[(Instant, Instant); 3]>> {
-        let handles: Vec<_> = dirs
-            .iter()
-            .map(|dir| {
-                let barrier = &barrier;
-                scope.spawn(move || -> anyhow::Result<[(Instant, Instant); 3]> {
-                    let name = |i: u32| dir.join(format!("f{i:06}"));
-                    let phase = |p: usize| -> anyhow::Result<()> {
-                        for i in 0..files {
-                            let path = name(i);
-                            match p {
-                                0 => drop(std::fs::File::create_new(&path).with_context(|| format!("creating {}", path.display()))?),
-                                1 => {
-                                    let meta = std::fs::metadata(&path).with_context(|| format!("stat {}", path.display()))?;
-                                    anyhow::ensure!(meta.is_file(), "{} is not a file", path.display());
+    let spans: Vec<[(Instant, Instant); 3]> =
+        std::thread::scope(|scope| -> anyhow::Result<Vec<[(Instant, Instant); 3]>> {
+            let handles: Vec<_> = dirs
+                .iter()
+                .map(|dir| {
+                    let barrier = &barrier;
+                    scope.spawn(move || -> anyhow::Result<[(Instant, Instant); 3]> {
+                        let name = |i: u32| dir.join(format!("f{i:06}"));
+                        let phase = |p: usize| -> anyhow::Result<()> {
+                            for i in 0..files {
+                                let path = name(i);
+                                match p {
+                                    0 => {
+                                        drop(std::fs::File::create_new(&path).with_context(
+                                            || format!("creating {}", path.display()),
+                                        )?)
+                                    }
+                                    1 => {
+                                        let meta = std::fs::metadata(&path)
+                                            .with_context(|| format!("stat {}", path.display()))?;
+                                        anyhow::ensure!(
+                                            meta.is_file(),
+                                            "{} is not a file",
+                                            path.display()
+                                        );
+                                    }
+                                    _ => std::fs::remove_file(&path)
+                                        .with_context(|| format!("unlink {}", path.display()))?,
                                 }
-                                _ => std::fs::remove_file(&path).with_context(|| format!("unlink {}", path.display()))?,
                             }
+                            Ok(())
+                        };
+                        // Every worker reaches every barrier, also after a failure (no deadlock).
+                        let mut failure = None;
+                        let mut spans = [(Instant::now(), Instant::now()); 3];
+                        for (p, span) in spans.iter_mut().enumerate() {
+                            barrier.wait();
+                            let start = Instant::now();
+                            if failure.is_none() {
+                                failure = phase(p).err();
+                            }
+                            *span = (start, Instant::now());
                         }
-                        Ok(())
-                    };
-                    // Every worker reaches every barrier, also after a failure (no deadlock).
-                    let mut failure = None;
-                    let mut spans = [(Instant::now(), Instant::now()); 3];
-                    for (p, span) in spans.iter_mut().enumerate() {
-                        barrier.wait();
-                        let start = Instant::now();
-                        if failure.is_none() {
-                            failure = phase(p).err();
-                        }
-                        *span = (start, Instant::now());
-                    }
-                    failure.map_or(Ok(spans), Err)
+                        failure.map_or(Ok(spans), Err)
+                    })
                 })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().expect("metadata worker panicked")).collect()
-    })?;
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("metadata worker panicked")).collect()
+        })?;
     let rate = |phase: usize| {
         let first = spans.iter().map(|s| s[phase].0).min().expect("a worker");
         let last = spans.iter().map(|s| s[phase].1).max().expect("a worker");
@@ -215,12 +254,16 @@ fn nodes_on_different_servers(servers: usize) -> (String, String) {
     if servers < 2 {
         return (first, "node-1".to_string());
     }
-    let second = (1..).map(|i| format!("node-{i}")).find(|n| namespace_placement(Access::Private, n, None, servers).1 != server0).expect("some name hashes elsewhere");
+    let second = (1..)
+        .map(|i| format!("node-{i}"))
+        .find(|n| namespace_placement(Access::Private, n, None, servers).1 != server0)
+        .expect("some name hashes elsewhere");
     (first, second)
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let total = parse_bytes(&args.write_bytes).map_err(|e| anyhow::anyhow!("--write-bytes: {e}"))?;
+    let total =
+        parse_bytes(&args.write_bytes).map_err(|e| anyhow::anyhow!("--write-bytes: {e}"))?;
     if total == 0 || args.repeat == 0 || args.files == 0 || args.servers == 0 || args.threads == 0 {
         bail!("--write-bytes, --repeat, --files, --servers and --threads must be positive");
     }
@@ -243,7 +286,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     // (1) sequential writes
     let data: Vec<u8> = (0..TRANSFER_BYTES).map(|i| (i * 131 % 251) as u8).collect();
-    let write_ns = connect_namespace(&endpoints[0], 10, EpochId(1_000_010), 0, 0, 0o1777, args.threads)?;
+    let write_ns =
+        connect_namespace(&endpoints[0], 10, EpochId(1_000_010), 0, 0, 0o1777, args.threads)?;
     let write_mount = mount(&work.join("mnt-write"), write_ns, &endpoints, args.threads)?;
     // One unmeasured round first (connections, first files), then alternating measured runs;
     // the ratio is the median of each run's mount/native pair, which cancels slow phases of a
@@ -253,7 +297,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     mount_write(&write_mount.path.join("warmup"), &data, warmup)?;
     let (mut native, mut mounted) = (Vec::new(), Vec::new());
     for run in 0..args.repeat {
-        native.push(native_write(&endpoints, EpochId(NATIVE_EPOCH_BASE + run as u64), &data, total)?);
+        native.push(native_write(
+            &endpoints,
+            EpochId(NATIVE_EPOCH_BASE + run as u64),
+            &data,
+            total,
+        )?);
         mounted.push(mount_write(&write_mount.path.join(format!("seq-{run}")), &data, total)?);
     }
     drop(write_mount);
@@ -263,19 +312,42 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // (2) metadata on striped and private namespaces, (3) on a plain directory
     let mut rows = Vec::new();
     for workers in [1, 2] {
-        let dirs: Vec<PathBuf> = (0..workers).map(|w| work.join(format!("plain-{workers}/w{w}"))).collect();
-        rows.push(MetaRow { target: "plain directory", workers, rates: metadata_run(&dirs, args.files)? });
+        let dirs: Vec<PathBuf> =
+            (0..workers).map(|w| work.join(format!("plain-{workers}/w{w}"))).collect();
+        rows.push(MetaRow {
+            target: "plain directory",
+            workers,
+            rates: metadata_run(&dirs, args.files)?,
+        });
     }
     for workers in [1, 2] {
         let id = 20 + workers as u64;
         let mounts: Vec<BenchMount> = (0..workers)
             .map(|w| {
-                let ns = connect_namespace(&endpoints[0], id, EpochId(1_000_000 + id), 0, 0, 0o1777, args.threads)?;
-                mount(&work.join(format!("mnt-striped-{workers}-{w}")), ns, &endpoints, args.threads)
+                let ns = connect_namespace(
+                    &endpoints[0],
+                    id,
+                    EpochId(1_000_000 + id),
+                    0,
+                    0,
+                    0o1777,
+                    args.threads,
+                )?;
+                mount(
+                    &work.join(format!("mnt-striped-{workers}-{w}")),
+                    ns,
+                    &endpoints,
+                    args.threads,
+                )
             })
             .collect::<anyhow::Result<_>>()?;
-        let dirs: Vec<PathBuf> = mounts.iter().enumerate().map(|(w, m)| m.path.join(format!("w{w}"))).collect();
-        rows.push(MetaRow { target: "mount, striped", workers, rates: metadata_run(&dirs, args.files)? });
+        let dirs: Vec<PathBuf> =
+            mounts.iter().enumerate().map(|(w, m)| m.path.join(format!("w{w}"))).collect();
+        rows.push(MetaRow {
+            target: "mount, striped",
+            workers,
+            rates: metadata_run(&dirs, args.files)?,
+        });
     }
     let (node_a, node_b) = nodes_on_different_servers(args.servers);
     for workers in [1, 2] {
@@ -284,19 +356,45 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .enumerate()
             .map(|(w, node)| {
                 // A fresh namespace per run, on the server the node's name picks.
-                let (id, server) = namespace_placement(Access::Private, node, Some(100 + 10 * workers as u64 + w as u64), args.servers);
-                let ns = connect_namespace(&endpoints[server], id, EpochId(1_000_100), 0, 0, 0o1777, args.threads)?;
-                mount(&work.join(format!("mnt-private-{workers}-{w}")), ns, &endpoints, args.threads)
+                let (id, server) = namespace_placement(
+                    Access::Private,
+                    node,
+                    Some(100 + 10 * workers as u64 + w as u64),
+                    args.servers,
+                );
+                let ns = connect_namespace(
+                    &endpoints[server],
+                    id,
+                    EpochId(1_000_100),
+                    0,
+                    0,
+                    0o1777,
+                    args.threads,
+                )?;
+                mount(
+                    &work.join(format!("mnt-private-{workers}-{w}")),
+                    ns,
+                    &endpoints,
+                    args.threads,
+                )
             })
             .collect::<anyhow::Result<_>>()?;
-        let dirs: Vec<PathBuf> = mounts.iter().enumerate().map(|(w, m)| m.path.join(format!("w{w}"))).collect();
-        rows.push(MetaRow { target: "mount, private", workers, rates: metadata_run(&dirs, args.files)? });
+        let dirs: Vec<PathBuf> =
+            mounts.iter().enumerate().map(|(w, m)| m.path.join(format!("w{w}"))).collect();
+        rows.push(MetaRow {
+            target: "mount, private",
+            workers,
+            rates: metadata_run(&dirs, args.files)?,
+        });
     }
     drop(servers);
 
-    let find = |target: &str, workers: usize| rows.iter().find(|r| r.target == target && r.workers == workers).expect("measured").rates;
+    let find = |target: &str, workers: usize| {
+        rows.iter().find(|r| r.target == target && r.workers == workers).expect("measured").rates
+    };
     let mount_vs_native = median(pair_ratios.clone());
-    let private_over_striped = find("mount, private", 2).create_ops_s / find("mount, striped", 2).create_ops_s;
+    let private_over_striped =
+        find("mount, private", 2).create_ops_s / find("mount, striped", 2).create_ops_s;
     if args.json {
         let out = serde_json::json!({
             "write": {
@@ -323,14 +421,33 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
-    println!("Sequential 1 MiB writes, {:.0} MiB per run, median of {} ({} servers, {} FUSE threads)", total as f64 / MIB, args.repeat, args.servers, args.threads);
+    println!(
+        "Sequential 1 MiB writes, {:.0} MiB per run, median of {} ({} servers, {} FUSE threads)",
+        total as f64 / MIB,
+        args.repeat,
+        args.servers,
+        args.threads
+    );
     println!("  {:<16} {:>10.1} MiB/s", "native client", native_mib_s);
-    println!("  {:<16} {:>10.1} MiB/s   {:.2}x native, median of per-run ratios (target >= 0.6)", "mount", mount_mib_s, mount_vs_native);
+    println!(
+        "  {:<16} {:>10.1} MiB/s   {:.2}x native, median of per-run ratios (target >= 0.6)",
+        "mount", mount_mib_s, mount_vs_native
+    );
     println!();
     println!("Metadata: {} files per worker, ops/s", args.files);
-    println!("  {:<18} {:>7} {:>10} {:>10} {:>10}", "target", "workers", "create", "stat", "unlink");
+    println!(
+        "  {:<18} {:>7} {:>10} {:>10} {:>10}",
+        "target", "workers", "create", "stat", "unlink"
+    );
     for row in &rows {
-        println!("  {:<18} {:>7} {:>10.0} {:>10.0} {:>10.0}", row.target, row.workers, row.rates.create_ops_s, row.rates.stat_ops_s, row.rates.unlink_ops_s);
+        println!(
+            "  {:<18} {:>7} {:>10.0} {:>10.0} {:>10.0}",
+            row.target,
+            row.workers,
+            row.rates.create_ops_s,
+            row.rates.stat_ops_s,
+            row.rates.unlink_ops_s
+        );
     }
     println!();
     println!("private / striped creates with 2 workers: {private_over_striped:.2}x");

@@ -189,14 +189,10 @@ impl Phase<'_> {
                 .with_context(|| format!("writing {}", path.display()))?;
             written += length as u64;
         }
-        file.sync_all()
-            .with_context(|| format!("fsync {}", path.display()))?;
+        file.sync_all().with_context(|| format!("fsync {}", path.display()))?;
         let seconds = started.elapsed().as_secs_f64();
         drop_cache(&file);
-        Ok(Work {
-            units: written,
-            seconds,
-        })
+        Ok(Work { units: written, seconds })
     }
 
     fn read_bandwidth(&self, thread: usize) -> anyhow::Result<Work> {
@@ -206,18 +202,14 @@ impl Phase<'_> {
         let started = Instant::now();
         let mut read = 0u64;
         while started.elapsed() < self.deadline * 4 {
-            let bytes = file
-                .read(&mut block)
-                .with_context(|| format!("reading {}", path.display()))?;
+            let bytes =
+                file.read(&mut block).with_context(|| format!("reading {}", path.display()))?;
             if bytes == 0 {
                 break;
             }
             read += bytes as u64;
         }
-        Ok(Work {
-            units: read,
-            seconds: started.elapsed().as_secs_f64(),
-        })
+        Ok(Work { units: read, seconds: started.elapsed().as_secs_f64() })
     }
 
     fn random_transfers(&self, thread: usize, write: bool, seed: u64) -> anyhow::Result<Work> {
@@ -227,17 +219,11 @@ impl Phase<'_> {
             .write(true)
             .open(&path)
             .with_context(|| format!("opening {}", path.display()))?;
-        let size = file
-            .metadata()
-            .with_context(|| format!("stat {}", path.display()))?
-            .len();
+        let size = file.metadata().with_context(|| format!("stat {}", path.display()))?.len();
         let transfer = self.args.small_transfer_bytes;
         let slots = size / transfer;
         if slots == 0 {
-            bail!(
-                "{} is smaller than one {transfer}-byte transfer",
-                path.display()
-            );
+            bail!("{} is smaller than one {transfer}-byte transfer", path.display());
         }
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ thread as u64);
         let mut buffer = vec![0x5Au8; transfer as usize];
@@ -272,10 +258,7 @@ impl Phase<'_> {
                 break;
             }
         }
-        Ok(Work {
-            units: operations,
-            seconds: started.elapsed().as_secs_f64(),
-        })
+        Ok(Work { units: operations, seconds: started.elapsed().as_secs_f64() })
     }
 
     fn metadata(&self, thread: usize, step: MetadataStep) -> anyhow::Result<Work> {
@@ -298,19 +281,14 @@ impl Phase<'_> {
                     break;
                 }
             }
-            return Ok(Work {
-                units: done,
-                seconds: started.elapsed().as_secs_f64(),
-            });
+            return Ok(Work { units: done, seconds: started.elapsed().as_secs_f64() });
         }
         for index in 0..count {
             let path = directory.join(format!("f{index}"));
             let result = match step {
-                MetadataStep::Create => OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .open(&path)
-                    .map(drop),
+                MetadataStep::Create => {
+                    OpenOptions::new().write(true).create_new(true).open(&path).map(drop)
+                }
                 MetadataStep::Stat => std::fs::metadata(&path).map(drop),
                 MetadataStep::Remove => std::fs::remove_file(&path),
                 MetadataStep::List => unreachable!("listing is handled above"),
@@ -332,10 +310,7 @@ impl Phase<'_> {
                 break;
             }
         }
-        Ok(Work {
-            units: done,
-            seconds: started.elapsed().as_secs_f64(),
-        })
+        Ok(Work { units: done, seconds: started.elapsed().as_secs_f64() })
     }
 }
 
@@ -348,10 +323,7 @@ enum MetadataStep {
 }
 
 fn measure_level(phase: &Phase, threads: usize) -> anyhow::Result<Level> {
-    let mut level = Level {
-        threads,
-        ..Level::default()
-    };
+    let mut level = Level { threads, ..Level::default() };
     level.write_bytes_per_second =
         aggregate(&phase.parallel(threads, |thread| phase.write_bandwidth(thread))?);
     level.read_bytes_per_second =
@@ -360,16 +332,14 @@ fn measure_level(phase: &Phase, threads: usize) -> anyhow::Result<Level> {
         aggregate(&phase.parallel(threads, |thread| phase.random_transfers(thread, true, 1))?);
     level.read_iops =
         aggregate(&phase.parallel(threads, |thread| phase.random_transfers(thread, false, 2))?);
-    level.create_per_second = aggregate(&phase.parallel(threads, |thread| {
-        phase.metadata(thread, MetadataStep::Create)
-    })?);
+    level.create_per_second =
+        aggregate(&phase.parallel(threads, |thread| phase.metadata(thread, MetadataStep::Create))?);
     level.stat_per_second =
         aggregate(&phase.parallel(threads, |thread| phase.metadata(thread, MetadataStep::Stat))?);
     level.list_entries_per_second =
         aggregate(&phase.parallel(threads, |thread| phase.metadata(thread, MetadataStep::List))?);
-    level.remove_per_second = aggregate(&phase.parallel(threads, |thread| {
-        phase.metadata(thread, MetadataStep::Remove)
-    })?);
+    level.remove_per_second =
+        aggregate(&phase.parallel(threads, |thread| phase.metadata(thread, MetadataStep::Remove))?);
     for thread in 0..threads {
         let path = phase.data_path(thread);
         std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
@@ -421,10 +391,7 @@ fn validate(args: &Args) -> anyhow::Result<()> {
         bail!("give exactly one of --target DIR and --servers HOST:PORT[,HOST:PORT…]");
     }
     if args.threads_max == 0 || args.threads_max > THREADS_LIMIT {
-        bail!(
-            "--threads-max must be between 1 and {THREADS_LIMIT} (got {})",
-            args.threads_max
-        );
+        bail!("--threads-max must be between 1 and {THREADS_LIMIT} (got {})", args.threads_max);
     }
     if args.transfer_kib == 0 || args.file_mib_per_thread == 0 || args.small_transfer_bytes == 0 {
         bail!(
@@ -438,16 +405,10 @@ fn validate(args: &Args) -> anyhow::Result<()> {
         bail!("--file-mib-per-thread must hold at least one --small-transfer-bytes transfer");
     }
     if !(args.phase_seconds > 0.0 && args.phase_seconds <= 600.0) {
-        bail!(
-            "--phase-seconds must be in (0, 600] (got {})",
-            args.phase_seconds
-        );
+        bail!("--phase-seconds must be in (0, 600] (got {})", args.phase_seconds);
     }
     if !args.servers.is_empty() && args.small_transfer_bytes > u32::MAX as u64 {
-        bail!(
-            "--small-transfer-bytes must fit one request (at most {} bytes)",
-            u32::MAX
-        );
+        bail!("--small-transfer-bytes must fit one request (at most {} bytes)", u32::MAX);
     }
     Ok(())
 }
@@ -468,8 +429,7 @@ fn measure_directory(args: &Args, target: &Path) -> anyhow::Result<Vec<Level>> {
         .into_iter()
         .map(|threads| measure_level(&phase, threads))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    work.close()
-        .with_context(|| format!("removing the work directory in {}", target.display()))?;
+    work.close().with_context(|| format!("removing the work directory in {}", target.display()))?;
     Ok(levels)
 }
 
@@ -477,14 +437,9 @@ fn measure_directory(args: &Args, target: &Path) -> anyhow::Result<Vec<Level>> {
 fn target_description(args: &Args) -> (String, &'static str) {
     match &args.target {
         Some(target) => (target.display().to_string(), "directory"),
-        None => (
-            args.servers
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(","),
-            "spillway",
-        ),
+        None => {
+            (args.servers.iter().map(ToString::to_string).collect::<Vec<_>>().join(","), "spillway")
+        }
     }
 }
 
@@ -575,10 +530,7 @@ mod tests {
     fn a_tiny_run_measures_every_phase_at_each_level_and_cleans_up() {
         let target = tempfile::tempdir().unwrap();
         let (levels, peaks) = measure(&tiny(target.path().to_path_buf())).unwrap();
-        assert_eq!(
-            levels.iter().map(|level| level.threads).collect::<Vec<_>>(),
-            vec![1, 2]
-        );
+        assert_eq!(levels.iter().map(|level| level.threads).collect::<Vec<_>>(), vec![1, 2]);
         for level in &levels {
             for rate in [
                 level.write_bytes_per_second,
@@ -598,11 +550,7 @@ mod tests {
                 && peaks.iops > 0.0
                 && peaks.metadata_ops_per_second > 0.0
         );
-        assert_eq!(
-            std::fs::read_dir(target.path()).unwrap().count(),
-            0,
-            "work directory removed"
-        );
+        assert_eq!(std::fs::read_dir(target.path()).unwrap().count(), 0, "work directory removed");
     }
 
     #[test]
@@ -629,15 +577,9 @@ mod tests {
         let target = tempfile::tempdir().unwrap();
         let mut args = tiny(target.path().to_path_buf());
         args.threads_max = 0;
-        assert!(measure(&args)
-            .unwrap_err()
-            .to_string()
-            .contains("--threads-max"));
+        assert!(measure(&args).unwrap_err().to_string().contains("--threads-max"));
         let mut args = tiny(target.path().to_path_buf());
         args.phase_seconds = -1.0;
-        assert!(measure(&args)
-            .unwrap_err()
-            .to_string()
-            .contains("--phase-seconds"));
+        assert!(measure(&args).unwrap_err().to_string().contains("--phase-seconds"));
     }
 }

@@ -41,7 +41,6 @@ const RECORD_BYTES: usize = MIB as usize;
 const THREADS: u64 = 2;
 const TMPFS_MAGIC: i64 = 0x0102_1994;
 
-
 pub fn run(args: Args) -> anyhow::Result<()> {
     if args.bytes < 64 * MIB || args.bytes % (THREADS * MIB) != 0 {
         bail!("--bytes must be at least 64 MiB and a multiple of 2 MiB (got {})", args.bytes);
@@ -56,7 +55,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             (dir.clone(), None)
         }
         None => {
-            let temp = tempfile::Builder::new().prefix("spillway-bench-store-").tempdir_in("/var/tmp")?;
+            let temp =
+                tempfile::Builder::new().prefix("spillway-bench-store-").tempdir_in("/var/tmp")?;
             (temp.path().to_path_buf(), Some(temp))
         }
     };
@@ -118,7 +118,8 @@ fn is_tmpfs(path: &Path) -> anyhow::Result<bool> {
     // SAFETY: statfs fills the struct we pass; the path is NUL-terminated.
     let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
     if unsafe { libc::statfs(c_path.as_ptr(), &mut stat) } != 0 {
-        return Err(std::io::Error::last_os_error()).with_context(|| format!("statfs {}", path.display()));
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("statfs {}", path.display()));
     }
     Ok(stat.f_type as i64 == TMPFS_MAGIC)
 }
@@ -143,7 +144,13 @@ fn measure_memcpy(bytes: u64, source: &[u8]) -> f64 {
     gbps(bytes, started.elapsed().as_secs_f64())
 }
 
-fn knobs(root: &Path, name: &str, dram_bytes_max: u64, bytes: u64, segment_bytes_max: u64) -> anyhow::Result<StoreKnobs> {
+fn knobs(
+    root: &Path,
+    name: &str,
+    dram_bytes_max: u64,
+    bytes: u64,
+    segment_bytes_max: u64,
+) -> anyhow::Result<StoreKnobs> {
     let directory = root.join(name);
     if directory.exists() {
         std::fs::remove_dir_all(&directory)?;
@@ -183,7 +190,12 @@ fn ingest(store: &Store, bytes: u64, source: &[u8]) -> anyhow::Result<()> {
     })
 }
 
-fn measure_dram_ingest(root: &Path, bytes: u64, segment_bytes: u64, source: &[u8]) -> anyhow::Result<f64> {
+fn measure_dram_ingest(
+    root: &Path,
+    bytes: u64,
+    segment_bytes: u64,
+    source: &[u8],
+) -> anyhow::Result<f64> {
     // Room for everything below the high watermark: nothing spills.
     let dram = (bytes + bytes / 8).div_ceil(MIB) * MIB * 100 / 75 + 16 * MIB;
     let store = Store::open(&knobs(root, "dram", dram, bytes, segment_bytes)?)?;
@@ -215,8 +227,14 @@ fn measure_plain_file(root: &Path, bytes: u64, source: &[u8]) -> anyhow::Result<
 }
 
 /// Ingest into a 256 MiB DRAM tier (the flusher spills as it goes), then `sync`.
-fn measure_spill(root: &Path, bytes: u64, segment_bytes: u64, source: &[u8]) -> anyhow::Result<f64> {
-    let store = Store::open(&knobs(root, "spill", (bytes / 4).max(32 * MIB), bytes, segment_bytes)?)?;
+fn measure_spill(
+    root: &Path,
+    bytes: u64,
+    segment_bytes: u64,
+    source: &[u8],
+) -> anyhow::Result<f64> {
+    let store =
+        Store::open(&knobs(root, "spill", (bytes / 4).max(32 * MIB), bytes, segment_bytes)?)?;
     let started = Instant::now();
     ingest(&store, bytes, source)?;
     store.sync()?;
@@ -232,7 +250,12 @@ fn measure_spill(root: &Path, bytes: u64, segment_bytes: u64, source: &[u8]) -> 
 
 /// An epoch of `bytes` held in DRAM, then timed `commit` (spill + fsync + commit record),
 /// sandwiched between two plain write + fdatasync baselines. Returns (commit, baseline) GB/s.
-fn measure_commit(root: &Path, bytes: u64, segment_bytes: u64, source: &[u8]) -> anyhow::Result<(f64, f64)> {
+fn measure_commit(
+    root: &Path,
+    bytes: u64,
+    segment_bytes: u64,
+    source: &[u8],
+) -> anyhow::Result<(f64, f64)> {
     let dram = (bytes + bytes / 8).div_ceil(MIB) * MIB * 100 / 75 + 16 * MIB;
     let store = Store::open(&knobs(root, "commit", dram, bytes, segment_bytes)?)?;
     ingest(&store, bytes, source)?;
@@ -316,7 +339,10 @@ fn report(args: &Args, root: &Path, segment_bytes: u64, rows: &[Row]) -> anyhow:
     println!("{:<34} {:>10.2}", "store SSD spill (ingest + sync)", best(|r| r.spill));
     println!("{:<34} {:>10.2}", "store commit of one epoch", best(|r| r.commit));
     println!();
-    println!("{:<24} {:>8} {:>16} {:>8} {:>6}", "ratio (paired)", "median", "spread", "target", "met");
+    println!(
+        "{:<24} {:>8} {:>16} {:>8} {:>6}",
+        "ratio (paired)", "median", "spread", "target", "met"
+    );
     for (name, values, target) in [
         ("dram_vs_memcpy", &dram_ratio, 0.6),
         ("spill_vs_file", &spill_ratio, 0.8),

@@ -71,11 +71,7 @@ pub fn read_profile(path: &Path) -> anyhow::Result<(String, Profile)> {
         .with_context(|| format!("reading profile {}", path.display()))?;
     let value: serde_json::Value = serde_json::from_str(&text)
         .with_context(|| format!("profile {} is not JSON", path.display()))?;
-    let name = value
-        .get("name")
-        .and_then(|name| name.as_str())
-        .unwrap_or_default()
-        .to_string();
+    let name = value.get("name").and_then(|name| name.as_str()).unwrap_or_default().to_string();
     let profile = value.get("profile").cloned().unwrap_or(value);
     let profile = serde_json::from_value(profile)
         .with_context(|| format!("profile {}: not a profile object", path.display()))?;
@@ -99,10 +95,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.fragment_gib == 0 {
         bail!("--fragment-gib must be at least 1");
     }
-    let target = AllocationTarget {
-        pipelines: args.pipelines,
-        fragment_bytes: args.fragment_gib << 30,
-    };
+    let target =
+        AllocationTarget { pipelines: args.pipelines, fragment_bytes: args.fragment_gib << 30 };
     let result = match (&args.trace, &args.profile) {
         (Some(path), None) => {
             let trace = Trace::read_path(path)

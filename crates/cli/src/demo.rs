@@ -110,7 +110,15 @@ struct ServerProcess {
 }
 
 impl ServerProcess {
-    fn start(bin: &Path, name: &str, listen: &str, ssd_dir: &Path, log: &Path, drain: &DrainSetup, args: &Args) -> anyhow::Result<ServerProcess> {
+    fn start(
+        bin: &Path,
+        name: &str,
+        listen: &str,
+        ssd_dir: &Path,
+        log: &Path,
+        drain: &DrainSetup,
+        args: &Args,
+    ) -> anyhow::Result<ServerProcess> {
         // A socket left by a killed predecessor would make the bind fail.
         let _ = std::fs::remove_file(&drain.socket);
         let log_file = std::fs::OpenOptions::new()
@@ -125,7 +133,8 @@ impl ServerProcess {
         // SIGKILLs the server, so no server outlives the demo.
         unsafe {
             command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0
+                {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
@@ -135,12 +144,22 @@ impl ServerProcess {
             .args(["serve", "--listen", listen, "--name", name])
             .arg("--ssd-dir")
             .arg(ssd_dir)
-            .args(["--dram-bytes", &args.dram_bytes.to_string(), "--ssd-bytes", &ssd_bytes(args).to_string()])
+            .args([
+                "--dram-bytes",
+                &args.dram_bytes.to_string(),
+                "--ssd-bytes",
+                &ssd_bytes(args).to_string(),
+            ])
             .arg("--unix-socket")
             .arg(&drain.socket)
             .arg("--pfs-dir")
             .arg(&drain.pfs_dir)
-            .args(["--drain-peers", &drain.peers, "--drain-self-index", &drain.self_index.to_string()])
+            .args([
+                "--drain-peers",
+                &drain.peers,
+                "--drain-self-index",
+                &drain.self_index.to_string(),
+            ])
             .env("SPILLWAY_STORE_SEGMENT_BYTES_MAX", args.segment_bytes.to_string())
             .env("SPILLWAY_DRAIN_STRIPE_BYTES", DRAIN_STRIPE_BYTES.to_string())
             .env("SPILLWAY_DRAIN_WRITE_BYTES_MAX", DRAIN_WRITE_BYTES_MAX.to_string())
@@ -162,8 +181,13 @@ impl ServerProcess {
         let mut guard = PendingChild(Some(child));
         let (line, reader) = match receiver.recv_timeout(START_TIMEOUT) {
             Ok((Ok(line), reader)) => (line, reader),
-            Ok((Err(error), _)) => bail!("server {name}: reading its stdout: {error}{}", log_tail(log)),
-            Err(_) => bail!("server {name} printed no `listening` line within {START_TIMEOUT:?}{}", log_tail(log)),
+            Ok((Err(error), _)) => {
+                bail!("server {name}: reading its stdout: {error}{}", log_tail(log))
+            }
+            Err(_) => bail!(
+                "server {name} printed no `listening` line within {START_TIMEOUT:?}{}",
+                log_tail(log)
+            ),
         };
         let Some(rest) = line.trim().strip_prefix("listening ") else {
             bail!("server {name} did not start (stdout: {line:?}){}", log_tail(log));
@@ -175,7 +199,14 @@ impl ServerProcess {
             .parse()
             .map_err(|e| anyhow!("server {name}: {e}"))?;
         let child = guard.0.take().expect("child still owned");
-        Ok(ServerProcess { name: name.to_string(), child, endpoint, log: log.to_path_buf(), _stdout: reader, startup: started.elapsed() })
+        Ok(ServerProcess {
+            name: name.to_string(),
+            child,
+            endpoint,
+            log: log.to_path_buf(),
+            _stdout: reader,
+            startup: started.elapsed(),
+        })
     }
 
     fn pid(&self) -> u32 {
@@ -185,7 +216,12 @@ impl ServerProcess {
     fn signal(&self, signal: libc::c_int) -> anyhow::Result<()> {
         // SAFETY: kill(2) on a child we have not reaped yet (so the pid is still ours).
         if unsafe { libc::kill(self.child.id() as libc::pid_t, signal) } != 0 {
-            bail!("signal {signal} to server {} (pid {}): {}", self.name, self.pid(), std::io::Error::last_os_error());
+            bail!(
+                "signal {signal} to server {} (pid {}): {}",
+                self.name,
+                self.pid(),
+                std::io::Error::last_os_error()
+            );
         }
         Ok(())
     }
@@ -204,7 +240,11 @@ impl ServerProcess {
                 return Ok((status, started.elapsed()));
             }
             if started.elapsed() > STOP_TIMEOUT {
-                bail!("server {} ignored SIGTERM for {STOP_TIMEOUT:?}{}", self.name, log_tail(&self.log));
+                bail!(
+                    "server {} ignored SIGTERM for {STOP_TIMEOUT:?}{}",
+                    self.name,
+                    log_tail(&self.log)
+                );
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -288,14 +328,18 @@ impl EpochPlan {
     fn placement(&self, rank: u32) -> Placement {
         match self.layout {
             Layout::FilePerRank => Placement::Local { rank },
-            Layout::SharedStriped => Placement::Striped { stripe_unit_bytes: STRIPE_UNIT_BYTES, stripe_count: u32::MAX },
+            Layout::SharedStriped => {
+                Placement::Striped { stripe_unit_bytes: STRIPE_UNIT_BYTES, stripe_count: u32::MAX }
+            }
         }
     }
 
     fn describe(&self, ranks: u32) -> String {
         let what = match self.layout {
             Layout::FilePerRank => format!("N-N, {ranks} files, local placement"),
-            Layout::SharedStriped => format!("N-1, 1 shared file, striped {} units", format_bytes(STRIPE_UNIT_BYTES)),
+            Layout::SharedStriped => {
+                format!("N-1, 1 shared file, striped {} units", format_bytes(STRIPE_UNIT_BYTES))
+            }
         };
         let durability = match (self.commit, self.durability) {
             (false, _) => "not committed".to_string(),
@@ -309,7 +353,9 @@ impl EpochPlan {
 
 /// Deterministic content of one rank's part of one epoch.
 fn rank_data(epoch: EpochId, rank: u32, length: u64) -> Vec<u8> {
-    let mut state = (epoch.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (rank as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9)) | 1;
+    let mut state = (epoch.0.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ (rank as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9))
+        | 1;
     let mut out = Vec::with_capacity(length as usize + 8);
     while (out.len() as u64) < length {
         state ^= state << 13;
@@ -340,7 +386,12 @@ impl CheckpointTiming {
 }
 
 /// Runs one epoch's ranks as threads: connect, barrier, write + flush, barrier, commit.
-fn write_checkpoint(endpoints: &[Endpoint], plan: &EpochPlan, data: &[Vec<u8>], transfer_bytes: u64) -> anyhow::Result<CheckpointTiming> {
+fn write_checkpoint(
+    endpoints: &[Endpoint],
+    plan: &EpochPlan,
+    data: &[Vec<u8>],
+    transfer_bytes: u64,
+) -> anyhow::Result<CheckpointTiming> {
     let ranks = data.len();
     let barrier = Barrier::new(ranks);
     let results: Vec<anyhow::Result<(Instant, Instant, Instant)>> = std::thread::scope(|scope| {
@@ -359,17 +410,22 @@ fn write_checkpoint(endpoints: &[Endpoint], plan: &EpochPlan, data: &[Vec<u8>], 
                         ..ClientOptions::default()
                     };
                     // Every rank passes both barriers even after a failure, so none waits forever.
-                    let connected = Client::connect(endpoints, options).with_context(|| format!("rank {rank}: connecting"));
+                    let connected = Client::connect(endpoints, options)
+                        .with_context(|| format!("rank {rank}: connecting"));
                     barrier.wait();
                     let started = Instant::now();
                     let written = connected.and_then(|mut client| {
                         client.begin_epoch(plan.epoch);
                         let name = plan.file_name(rank);
-                        let mut file = client.create_file(plan.epoch, &name).with_context(|| format!("rank {rank}: creating {name}"))?;
+                        let mut file = client
+                            .create_file(plan.epoch, &name)
+                            .with_context(|| format!("rank {rank}: creating {name}"))?;
                         let base = plan.offset(rank);
                         for (i, chunk) in bytes.chunks(transfer_bytes as usize).enumerate() {
                             let offset = base + i as u64 * transfer_bytes;
-                            client.write(&mut file, offset, chunk).with_context(|| format!("rank {rank}: writing {name} at {offset}"))?;
+                            client.write(&mut file, offset, chunk).with_context(|| {
+                                format!("rank {rank}: writing {name} at {offset}")
+                            })?;
                         }
                         client.flush().with_context(|| format!("rank {rank}: writes of {name}"))?;
                         Ok(client)
@@ -378,28 +434,44 @@ fn write_checkpoint(endpoints: &[Endpoint], plan: &EpochPlan, data: &[Vec<u8>], 
                     barrier.wait();
                     let mut client = written?;
                     if plan.commit {
-                        client.commit_epoch(plan.epoch).with_context(|| format!("rank {rank}: committing epoch {}", plan.epoch))?;
+                        client.commit_epoch(plan.epoch).with_context(|| {
+                            format!("rank {rank}: committing epoch {}", plan.epoch)
+                        })?;
                     }
                     Ok((started, write_done, Instant::now()))
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a rank thread panicked")))).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a rank thread panicked"))))
+            .collect()
     });
     let times = results.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
     let start = times.iter().map(|t| t.0).min().expect("at least one rank");
     let written = times.iter().map(|t| t.1).max().expect("at least one rank");
     let committed = times.iter().map(|t| t.2).max().expect("at least one rank");
-    Ok(CheckpointTiming { started: start, finished: committed.max(written), write: written - start, commit: committed.saturating_duration_since(written) })
+    Ok(CheckpointTiming {
+        started: start,
+        finished: committed.max(written),
+        write: written - start,
+        commit: committed.saturating_duration_since(written),
+    })
 }
 
 /// The same bytes written straight to a directory on disk: N-N as a file per rank, N-1 as one
 /// shared file with positioned writes; every rank fsyncs its file. Returns the elapsed time.
-fn write_direct(dir: &Path, plan: &EpochPlan, data: &[Vec<u8>], transfer_bytes: u64) -> anyhow::Result<Duration> {
+fn write_direct(
+    dir: &Path,
+    plan: &EpochPlan,
+    data: &[Vec<u8>],
+    transfer_bytes: u64,
+) -> anyhow::Result<Duration> {
     let dir = dir.join(format!("epoch{}", plan.epoch.0));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     if plan.layout == Layout::SharedStriped {
-        File::create(dir.join("shared.dat")).with_context(|| format!("creating {}/shared.dat", dir.display()))?;
+        File::create(dir.join("shared.dat"))
+            .with_context(|| format!("creating {}/shared.dat", dir.display()))?;
     }
     let started = Instant::now();
     std::thread::scope(|scope| {
@@ -414,7 +486,11 @@ fn write_direct(dir: &Path, plan: &EpochPlan, data: &[Vec<u8>], transfer_bytes: 
                         Layout::FilePerRank => dir.join(format!("rank{rank}.dat")),
                         Layout::SharedStriped => dir.join("shared.dat"),
                     };
-                    let file = std::fs::OpenOptions::new().create(true).write(true).truncate(false).open(&path)?;
+                    let file = std::fs::OpenOptions::new()
+                        .create(true)
+                        .write(true)
+                        .truncate(false)
+                        .open(&path)?;
                     let base = plan.offset(rank);
                     for (i, chunk) in bytes.chunks(transfer_bytes as usize).enumerate() {
                         file.write_all_at(chunk, base + i as u64 * transfer_bytes)
@@ -425,7 +501,9 @@ fn write_direct(dir: &Path, plan: &EpochPlan, data: &[Vec<u8>], transfer_bytes: 
                 })
             })
             .collect();
-        handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a direct-write thread panicked"))))
+        handles.into_iter().try_for_each(|h| {
+            h.join().unwrap_or_else(|_| Err(anyhow!("a direct-write thread panicked")))
+        })
     })?;
     let elapsed = started.elapsed();
     std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
@@ -435,7 +513,14 @@ fn write_direct(dir: &Path, plan: &EpochPlan, data: &[Vec<u8>], transfer_bytes: 
 /// Reads every rank's part of a committed epoch back through the client and checks it; with
 /// `pfs`, the client falls back to the PFS copy of a drained epoch (and must, if `drained`).
 /// Returns the bytes verified and how many parts were read from the PFS copy.
-fn verify_epoch(endpoints: &[Endpoint], plan: &EpochPlan, crcs: &[u32], transfer_bytes: u64, pfs: &Path, drained: bool) -> anyhow::Result<(u64, usize)> {
+fn verify_epoch(
+    endpoints: &[Endpoint],
+    plan: &EpochPlan,
+    crcs: &[u32],
+    transfer_bytes: u64,
+    pfs: &Path,
+    drained: bool,
+) -> anyhow::Result<(u64, usize)> {
     let mut verified = 0;
     let mut from_pfs = 0;
     for (rank, &expected) in crcs.iter().enumerate() {
@@ -445,11 +530,18 @@ fn verify_epoch(endpoints: &[Endpoint], plan: &EpochPlan, crcs: &[u32], transfer
             Placement::Local { .. } => Placement::Local { rank: 0 },
             striped => striped,
         };
-        let options = ClientOptions { placement, transfer_bytes_max: transfer_bytes, client_name: "demo reader".into(), ..ClientOptions::default() };
+        let options = ClientOptions {
+            placement,
+            transfer_bytes_max: transfer_bytes,
+            client_name: "demo reader".into(),
+            ..ClientOptions::default()
+        };
         let mut client = Client::connect(endpoints, options).context("reader: connecting")?;
         client.set_pfs_fallback(pfs);
         let name = plan.file_name(rank);
-        let file = client.open_file(plan.epoch, &name).with_context(|| format!("opening {name} of epoch {}", plan.epoch))?;
+        let file = client
+            .open_file(plan.epoch, &name)
+            .with_context(|| format!("opening {name} of epoch {}", plan.epoch))?;
         match (file.pfs_copy(), drained) {
             (Some(_), _) => from_pfs += 1,
             (None, true) => bail!("epoch {} {name}: drained and freed, yet the client did not fall back to its PFS copy", plan.epoch),
@@ -457,10 +549,16 @@ fn verify_epoch(endpoints: &[Endpoint], plan: &EpochPlan, crcs: &[u32], transfer
         }
         let mut back = vec![0u8; plan.rank_bytes as usize];
         let offset = plan.offset(rank);
-        client.read(&file, offset, &mut back).with_context(|| format!("reading {name} of epoch {} at {offset}", plan.epoch))?;
+        client
+            .read(&file, offset, &mut back)
+            .with_context(|| format!("reading {name} of epoch {} at {offset}", plan.epoch))?;
         let got = crc32c::crc32c(&back);
         if got != expected {
-            let first_bad = rank_data(plan.epoch, rank, plan.rank_bytes).iter().zip(&back).position(|(a, b)| a != b).unwrap_or(0);
+            let first_bad = rank_data(plan.epoch, rank, plan.rank_bytes)
+                .iter()
+                .zip(&back)
+                .position(|(a, b)| a != b)
+                .unwrap_or(0);
             bail!(
                 "epoch {} {name}: rank {rank}'s {} read back with CRC32C {got:08x}, written {expected:08x}; first differing byte at file offset {}",
                 plan.epoch,
@@ -482,13 +580,19 @@ fn verify_pfs_copy(pfs: &Path, plan: &EpochPlan, crcs: &[u32]) -> anyhow::Result
     let mut verified = 0;
     let mut check = |name: &str, ranks_in_file: std::ops::Range<u32>| -> anyhow::Result<()> {
         let path = dir.join(name);
-        let bytes = std::fs::read(&path).with_context(|| format!("reading the PFS copy {}", path.display()))?;
+        let bytes = std::fs::read(&path)
+            .with_context(|| format!("reading the PFS copy {}", path.display()))?;
         let expected_len = match plan.layout {
             Layout::FilePerRank => plan.rank_bytes,
             Layout::SharedStriped => ranks as u64 * plan.rank_bytes,
         };
         if bytes.len() as u64 != expected_len {
-            bail!("PFS copy {}: {} bytes, {} were written", path.display(), bytes.len(), expected_len);
+            bail!(
+                "PFS copy {}: {} bytes, {} were written",
+                path.display(),
+                bytes.len(),
+                expected_len
+            );
         }
         for rank in ranks_in_file {
             let start = plan.offset(rank) as usize;
@@ -513,7 +617,11 @@ fn verify_pfs_copy(pfs: &Path, plan: &EpochPlan, crcs: &[u32]) -> anyhow::Result
         for entry in std::fs::read_dir(&d).with_context(|| format!("listing {}", d.display()))? {
             let entry = entry?;
             if entry.file_name().to_string_lossy().starts_with('.') {
-                bail!("PFS: {} left behind in {} (staging file or part marker)", entry.file_name().to_string_lossy(), d.display());
+                bail!(
+                    "PFS: {} left behind in {} (staging file or part marker)",
+                    entry.file_name().to_string_lossy(),
+                    d.display()
+                );
             }
             if entry.file_type()?.is_dir() {
                 stack.push(entry.path());
@@ -553,7 +661,14 @@ struct FinalFile {
 /// holds it. With `free_threshold` (no other epoch growing meanwhile), fails if a server's space
 /// in use fell by that much before every file it holds a part of was published: each server
 /// frees an epoch's space once its own files are on the PFS, whatever its peers are doing.
-fn watch_drain(endpoints: &[Endpoint], epoch: EpochId, requested: Instant, used_before: &[u64], files: &[FinalFile], free_threshold: Option<u64>) -> anyhow::Result<DrainWatch> {
+fn watch_drain(
+    endpoints: &[Endpoint],
+    epoch: EpochId,
+    requested: Instant,
+    used_before: &[u64],
+    files: &[FinalFile],
+    free_threshold: Option<u64>,
+) -> anyhow::Result<DrainWatch> {
     let mut client = admin(endpoints)?;
     let mut published = None;
     let mut freed = None;
@@ -570,7 +685,9 @@ fn watch_drain(endpoints: &[Endpoint], epoch: EpochId, requested: Instant, used_
                 if now_used.saturating_add(threshold) > before {
                     continue;
                 }
-                if let Some((file, _)) = files.iter().zip(&on_pfs).find(|(f, &p)| !p && f.holders.contains(&server)) {
+                if let Some((file, _)) =
+                    files.iter().zip(&on_pfs).find(|(f, &p)| !p && f.holders.contains(&server))
+                {
                     bail!(
                         "epoch {epoch}: server {server} freed space ({} -> {}) before {} was published on the PFS",
                         format_bytes(before),
@@ -581,16 +698,36 @@ fn watch_drain(endpoints: &[Endpoint], epoch: EpochId, requested: Instant, used_
                 freed.get_or_insert(now);
             }
         }
-        let infos: Vec<(usize, DrainInfo)> =
-            status.iter().filter_map(|(server, list)| list.iter().find(|d| d.epoch == epoch).map(|d| (*server, d.clone()))).collect();
+        let infos: Vec<(usize, DrainInfo)> = status
+            .iter()
+            .filter_map(|(server, list)| {
+                list.iter().find(|d| d.epoch == epoch).map(|d| (*server, d.clone()))
+            })
+            .collect();
         if !infos.is_empty() && infos.iter().all(|(_, d)| d.state == DrainState::Drained) {
             if published.is_none() {
                 bail!("epoch {epoch}: reported drained but not every file is under its final PFS name");
             }
-            return Ok(DrainWatch { requested, published, freed, drained: now, used_before: used_before.iter().sum(), used_after: used.iter().sum(), infos });
+            return Ok(DrainWatch {
+                requested,
+                published,
+                freed,
+                drained: now,
+                used_before: used_before.iter().sum(),
+                used_after: used.iter().sum(),
+                infos,
+            });
         }
         if requested.elapsed() > DRAIN_TIMEOUT {
-            let report: Vec<String> = infos.iter().map(|(s, d)| format!("server {s}: {} ({} failed attempts) {}", d.state, d.failed_attempts, d.last_error)).collect();
+            let report: Vec<String> = infos
+                .iter()
+                .map(|(s, d)| {
+                    format!(
+                        "server {s}: {} ({} failed attempts) {}",
+                        d.state, d.failed_attempts, d.last_error
+                    )
+                })
+                .collect();
             bail!("epoch {epoch} not drained after {DRAIN_TIMEOUT:?}: {}", report.join("; "));
         }
         std::thread::sleep(Duration::from_millis(2));
@@ -612,14 +749,24 @@ fn settled_use(client: &mut Client) -> anyhow::Result<Vec<u64>> {
 }
 
 /// The final PFS names of an epoch's files and which servers hold parts of each.
-fn final_files(endpoints: &[Endpoint], pfs: &Path, plan: &EpochPlan, ranks: u32) -> anyhow::Result<Vec<FinalFile>> {
+fn final_files(
+    endpoints: &[Endpoint],
+    pfs: &Path,
+    plan: &EpochPlan,
+    ranks: u32,
+) -> anyhow::Result<Vec<FinalFile>> {
     let mut client = admin(endpoints)?;
     let names: std::collections::BTreeSet<String> = (0..ranks).map(|r| plan.file_name(r)).collect();
     names
         .into_iter()
         .map(|name| {
-            let file = client.open_file(plan.epoch, &name).with_context(|| format!("opening {name} of epoch {}", plan.epoch))?;
-            Ok(FinalFile { path: pfs.join(format!("epoch-{}", plan.epoch.0)).join(&name), holders: file.servers() })
+            let file = client
+                .open_file(plan.epoch, &name)
+                .with_context(|| format!("opening {name} of epoch {}", plan.epoch))?;
+            Ok(FinalFile {
+                path: pfs.join(format!("epoch-{}", plan.epoch.0)).join(&name),
+                holders: file.servers(),
+            })
         })
         .collect()
 }
@@ -677,12 +824,22 @@ fn print_status(statuses: &[ServerStatus]) {
 
 fn print_epochs(epochs: &[EpochSummary]) {
     for e in epochs {
-        println!("     epoch {:<3} {:>10} on {} server(s)  {}", e.epoch.0, format_bytes(e.bytes), e.servers, state_name(e.state));
+        println!(
+            "     epoch {:<3} {:>10} on {} server(s)  {}",
+            e.epoch.0,
+            format_bytes(e.bytes),
+            e.servers,
+            state_name(e.state)
+        );
     }
 }
 
 fn admin(endpoints: &[Endpoint]) -> anyhow::Result<Client> {
-    Client::connect(endpoints, ClientOptions { client_name: "demo admin".into(), ..ClientOptions::default() }).context("admin client: connecting")
+    Client::connect(
+        endpoints,
+        ClientOptions { client_name: "demo admin".into(), ..ClientOptions::default() },
+    )
+    .context("admin client: connecting")
 }
 
 /// One server's own view of its epochs (state, bytes).
@@ -692,7 +849,11 @@ fn server_epochs(endpoint: &Endpoint) -> anyhow::Result<BTreeMap<EpochId, (Epoch
 }
 
 /// Waits until `check` holds on the merged epoch list; returns how long that took.
-fn wait_for(endpoints: &[Endpoint], what: &str, mut check: impl FnMut(&mut Client) -> anyhow::Result<bool>) -> anyhow::Result<Duration> {
+fn wait_for(
+    endpoints: &[Endpoint],
+    what: &str,
+    mut check: impl FnMut(&mut Client) -> anyhow::Result<bool>,
+) -> anyhow::Result<Duration> {
     let started = Instant::now();
     let mut client = admin(endpoints)?;
     loop {
@@ -753,16 +914,25 @@ fn run_demo(args: Args) -> anyhow::Result<DemoSummary> {
     let ssd_dirs: Vec<PathBuf> = names.iter().map(|n| root.join(format!("{n}-ssd"))).collect();
     let logs: Vec<PathBuf> = names.iter().map(|n| root.join(format!("{n}.log"))).collect();
     let pfs = root.join("pfs");
-    std::fs::create_dir(&pfs).with_context(|| format!("creating the PFS stand-in {}", pfs.display()))?;
+    std::fs::create_dir(&pfs)
+        .with_context(|| format!("creating the PFS stand-in {}", pfs.display()))?;
     let sockets: Vec<PathBuf> = names.iter().map(|n| root.join(format!("{n}.sock"))).collect();
-    let peers = sockets.iter().map(|s| format!("unix://{}", s.display())).collect::<Vec<_>>().join(",");
+    let peers =
+        sockets.iter().map(|s| format!("unix://{}", s.display())).collect::<Vec<_>>().join(",");
     let drain_setups: Vec<DrainSetup> = (0..names.len())
-        .map(|i| DrainSetup { pfs_dir: pfs.clone(), socket: sockets[i].clone(), peers: peers.clone(), self_index: i })
+        .map(|i| DrainSetup {
+            pfs_dir: pfs.clone(),
+            socket: sockets[i].clone(),
+            peers: peers.clone(),
+            self_index: i,
+        })
         .collect();
     let ranks = args.ranks;
     let epoch_bytes = ranks as u64 * args.rank_bytes;
 
-    println!("Spillway demo: 2 burst buffer servers, {ranks} client ranks, a checkpoint over 4 epochs");
+    println!(
+        "Spillway demo: 2 burst buffer servers, {ranks} client ranks, a checkpoint over 4 epochs"
+    );
     println!(
         "  per server: DRAM tier {} (spills to SSD above the high watermark), SSD log {} in segments of {}",
         format_bytes(args.dram_bytes),
@@ -782,24 +952,59 @@ fn run_demo(args: Args) -> anyhow::Result<DemoSummary> {
     println!("   (a directory on the local disk stands in for Lustre: {}; stripe {}; drain peers over Unix sockets)", pfs.display(), format_bytes(DRAIN_STRIPE_BYTES));
     let mut servers: Vec<Option<ServerProcess>> = Vec::new();
     for (i, name) in names.iter().enumerate() {
-        let server = ServerProcess::start(&bin, name, "127.0.0.1:0", &ssd_dirs[i], &logs[i], &drain_setups[i], &args)?;
-        println!("   {name}: pid {}, {} (ready in {} ms), SSD log {}", server.pid(), server.endpoint, server.startup.as_millis(), ssd_dirs[i].display());
+        let server = ServerProcess::start(
+            &bin,
+            name,
+            "127.0.0.1:0",
+            &ssd_dirs[i],
+            &logs[i],
+            &drain_setups[i],
+            &args,
+        )?;
+        println!(
+            "   {name}: pid {}, {} (ready in {} ms), SSD log {}",
+            server.pid(),
+            server.endpoint,
+            server.startup.as_millis(),
+            ssd_dirs[i].display()
+        );
         servers.push(Some(server));
     }
     let endpoints: Vec<Endpoint> = servers.iter().flatten().map(|s| s.endpoint.clone()).collect();
     println!();
 
-    println!("2. Checkpoint: each epoch timed as the application sees it (first write to last commit),");
+    println!(
+        "2. Checkpoint: each epoch timed as the application sees it (first write to last commit),"
+    );
     println!("   against the same bytes written to files on the same disk and fsync'd");
     let plans = [
-        EpochPlan { epoch: EpochId(1), layout: Layout::FilePerRank, durability: Durability::Memory, rank_bytes: args.rank_bytes, commit: true },
-        EpochPlan { epoch: EpochId(2), layout: Layout::FilePerRank, durability: Durability::Ssd, rank_bytes: args.rank_bytes, commit: true },
-        EpochPlan { epoch: EpochId(3), layout: Layout::SharedStriped, durability: Durability::Ssd, rank_bytes: args.rank_bytes, commit: true },
+        EpochPlan {
+            epoch: EpochId(1),
+            layout: Layout::FilePerRank,
+            durability: Durability::Memory,
+            rank_bytes: args.rank_bytes,
+            commit: true,
+        },
+        EpochPlan {
+            epoch: EpochId(2),
+            layout: Layout::FilePerRank,
+            durability: Durability::Ssd,
+            rank_bytes: args.rank_bytes,
+            commit: true,
+        },
+        EpochPlan {
+            epoch: EpochId(3),
+            layout: Layout::SharedStriped,
+            durability: Durability::Ssd,
+            rank_bytes: args.rank_bytes,
+            commit: true,
+        },
     ];
     let mut crcs: BTreeMap<EpochId, Vec<u32>> = BTreeMap::new();
     let mut timings: BTreeMap<EpochId, CheckpointTiming> = BTreeMap::new();
     for plan in &plans {
-        let data: Vec<Vec<u8>> = (0..ranks).map(|r| rank_data(plan.epoch, r, plan.rank_bytes)).collect();
+        let data: Vec<Vec<u8>> =
+            (0..ranks).map(|r| rank_data(plan.epoch, r, plan.rank_bytes)).collect();
         crcs.insert(plan.epoch, data.iter().map(|d| crc32c::crc32c(d)).collect());
         // The direct write first, so that the last epoch's commit is what the drain follows.
         let direct = write_direct(&direct_dir, plan, &data, args.transfer_bytes)?;
@@ -824,7 +1029,10 @@ fn run_demo(args: Args) -> anyhow::Result<DemoSummary> {
             // make it durable in the background. Wait for that before anyone kills a server.
             let epoch = plan.epoch;
             let caught_up = wait_for(&endpoints, "memory commit reaching SSD", |client| {
-                Ok(client.list_epochs()?.iter().any(|e| e.epoch == epoch && e.state == EpochState::Committed))
+                Ok(client
+                    .list_epochs()?
+                    .iter()
+                    .any(|e| e.epoch == epoch && e.state == EpochState::Committed))
             })?;
             println!("     background: the SSD logs caught up with epoch {} {:.0} ms after its commit returned", epoch.0, caught_up.as_secs_f64() * 1e3);
         }
@@ -840,30 +1048,66 @@ fn run_demo(args: Args) -> anyhow::Result<DemoSummary> {
     let mut client = admin(&endpoints)?;
     let shared_final = final_files(&endpoints, &pfs, &shared_plan, ranks)?;
     let used_at_request = space_used(&mut client)?;
-    let queued = client.request_drain(shared_plan.epoch, DrainMode::Shuffled.code()).with_context(|| format!("requesting the drain of epoch {}", shared_plan.epoch))?;
+    let queued = client
+        .request_drain(shared_plan.epoch, DrainMode::Shuffled.code())
+        .with_context(|| format!("requesting the drain of epoch {}", shared_plan.epoch))?;
     let drain_requested = Instant::now();
     if queued != names.len() {
-        bail!("drain of epoch {} queued on {queued} servers, expected {}", shared_plan.epoch, names.len());
+        bail!(
+            "drain of epoch {} queued on {queued} servers, expected {}",
+            shared_plan.epoch,
+            names.len()
+        );
     }
     // The application computes its next state (here: generates epoch 4's bytes), then writes it.
-    let open_plan = EpochPlan { epoch: EpochId(4), layout: Layout::FilePerRank, durability: Durability::Ssd, rank_bytes: args.rank_bytes, commit: false };
-    let open_data: Vec<Vec<u8>> = (0..ranks).map(|r| rank_data(open_plan.epoch, r, open_plan.rank_bytes)).collect();
+    let open_plan = EpochPlan {
+        epoch: EpochId(4),
+        layout: Layout::FilePerRank,
+        durability: Durability::Ssd,
+        rank_bytes: args.rank_bytes,
+        commit: false,
+    };
+    let open_data: Vec<Vec<u8>> =
+        (0..ranks).map(|r| rank_data(open_plan.epoch, r, open_plan.rank_bytes)).collect();
     let (watch, open_timing) = std::thread::scope(|scope| {
-        let watcher = scope.spawn(|| watch_drain(&endpoints, shared_plan.epoch, drain_requested, &used_at_request, &shared_final, None));
+        let watcher = scope.spawn(|| {
+            watch_drain(
+                &endpoints,
+                shared_plan.epoch,
+                drain_requested,
+                &used_at_request,
+                &shared_final,
+                None,
+            )
+        });
         let written = write_checkpoint(&endpoints, &open_plan, &open_data, args.transfer_bytes);
         let watched = watcher.join().unwrap_or_else(|_| Err(anyhow!("the drain watcher panicked")));
         (watched, written)
     });
     let (watch, open_timing) = (watch?, open_timing?);
     let at = |instant: Instant| ms_since(shared_commit, instant);
-    println!("   timeline (ms after epoch {}'s commit returned to the application):", shared_plan.epoch.0);
-    println!("     {:>7.0}  drain of epoch {} requested (queued on {queued} servers, journaled)", at(drain_requested), shared_plan.epoch.0);
+    println!(
+        "   timeline (ms after epoch {}'s commit returned to the application):",
+        shared_plan.epoch.0
+    );
+    println!(
+        "     {:>7.0}  drain of epoch {} requested (queued on {queued} servers, journaled)",
+        at(drain_requested),
+        shared_plan.epoch.0
+    );
     println!("     {:>7.0}  epoch 4 writes start ({} from {ranks} ranks, once the application has computed them)", at(open_timing.started), format_bytes(epoch_bytes));
-    println!("     {:>7.0}  epoch 4 writes acknowledged", at(open_timing.started + open_timing.write));
+    println!(
+        "     {:>7.0}  epoch 4 writes acknowledged",
+        at(open_timing.started + open_timing.write)
+    );
     if let Some(published) = watch.published {
         println!("     {:>7.0}  {} complete under its final PFS name (staging file fsync'd, renamed, directory fsync'd)", at(published), shared_plan.file_name(0));
     }
-    println!("     {:>7.0}  epoch {} drained on every server", at(watch.drained), shared_plan.epoch.0);
+    println!(
+        "     {:>7.0}  epoch {} drained on every server",
+        at(watch.drained),
+        shared_plan.epoch.0
+    );
     let drain_time = watch.drained - watch.requested;
     let overlapped = open_timing.started < watch.drained;
     println!(
@@ -874,22 +1118,39 @@ fn run_demo(args: Args) -> anyhow::Result<DemoSummary> {
         gbps(epoch_bytes, open_timing.write),
         gbps(epoch_bytes, timings[&EpochId(2)].write)
     );
-    let busy_ms = watch.infos.iter().map(|(_, d)| (d.shuffle_us + d.flush_us) as f64 / 1e3).fold(0.0, f64::max);
+    let busy_ms = watch
+        .infos
+        .iter()
+        .map(|(_, d)| (d.shuffle_us + d.flush_us) as f64 / 1e3)
+        .fold(0.0, f64::max);
     if overlapped {
         println!(
             "   (each server was busy shuffling + flushing at most {busy_ms:.0} ms of it; the rest is the drainer yielding to epoch 4's ingest (drain.ingest_bandwidth_share) and waiting for its peer's part)"
         );
     } else {
-        println!("   (the drain finished before epoch 4's first write: nothing overlapped this time)");
+        println!(
+            "   (the drain finished before epoch 4's first write: nothing overlapped this time)"
+        );
     }
     print_drain(&names, &watch);
     let domains = partition_domains(epoch_bytes, watch.infos.len(), DRAIN_STRIPE_BYTES);
-    println!("   domains of the {} shared file ({} participants, boundaries on {} stripes):", format_bytes(epoch_bytes), domains.len(), format_bytes(DRAIN_STRIPE_BYTES));
+    println!(
+        "   domains of the {} shared file ({} participants, boundaries on {} stripes):",
+        format_bytes(epoch_bytes),
+        domains.len(),
+        format_bytes(DRAIN_STRIPE_BYTES)
+    );
     for ((server, info), domain) in watch.infos.iter().zip(&domains) {
         // The writes the plan makes of this domain: at most DRAIN_WRITE_BYTES_MAX, ending on
         // stripe boundaries; the server's own counts must match it.
         let planned = chunk_writes(domain.clone(), DRAIN_WRITE_BYTES_MAX, DRAIN_STRIPE_BYTES);
-        let aligned = planned.iter().filter(|w| w.start % DRAIN_STRIPE_BYTES == 0 && ((w.end - w.start) % DRAIN_STRIPE_BYTES == 0 || w.end == epoch_bytes)).count();
+        let aligned = planned
+            .iter()
+            .filter(|w| {
+                w.start % DRAIN_STRIPE_BYTES == 0
+                    && ((w.end - w.start) % DRAIN_STRIPE_BYTES == 0 || w.end == epoch_bytes)
+            })
+            .count();
         println!(
             "     {:<4} bytes [{}, {}) = {}: wrote {} in {} calls (plan: {} writes of <= {}, {} of them stripe-aligned)",
             names[*server],
@@ -902,7 +1163,10 @@ fn run_demo(args: Args) -> anyhow::Result<DemoSummary> {
             format_bytes(DRAIN_WRITE_BYTES_MAX),
             aligned
         );
-        if info.failed_attempts == 0 && (info.pfs_bytes_written != domain.end - domain.start || info.pfs_write_calls != planned.len() as u64) {
+        if info.failed_attempts == 0
+            && (info.pfs_bytes_written != domain.end - domain.start
+                || info.pfs_write_calls != planned.len() as u64)
+        {
             bail!(
                 "{} wrote {} bytes in {} calls to the PFS; its domain is {} bytes in {} planned writes",
                 names[*server],
@@ -925,12 +1189,21 @@ fn run_demo(args: Args) -> anyhow::Result<DemoSummary> {
     println!("   before the drain:");
     print_status(&client.status()?);
     let nn_final = final_files(&endpoints, &pfs, &nn_plan, ranks)?;
-    client.request_drain(nn_plan.epoch, DrainMode::Shuffled.code()).with_context(|| format!("requesting the drain of epoch {}", nn_plan.epoch))?;
+    client
+        .request_drain(nn_plan.epoch, DrainMode::Shuffled.code())
+        .with_context(|| format!("requesting the drain of epoch {}", nn_plan.epoch))?;
     let requested = Instant::now();
     // Freed on a server: at least a quarter of its share of the epoch (segments shared with a
     // live epoch stay until compaction).
     let threshold = (epoch_bytes / (4 * names.len() as u64)).max(1);
-    let mut nn_watch = watch_drain(&endpoints, nn_plan.epoch, requested, &used_before, &nn_final, Some(threshold))?;
+    let mut nn_watch = watch_drain(
+        &endpoints,
+        nn_plan.epoch,
+        requested,
+        &used_before,
+        &nn_final,
+        Some(threshold),
+    )?;
     while nn_watch.freed.is_none() && nn_watch.drained.elapsed() < GC_WAIT {
         std::thread::sleep(Duration::from_millis(5));
         let used = space_used(&mut client)?;
@@ -940,9 +1213,15 @@ fn run_demo(args: Args) -> anyhow::Result<DemoSummary> {
     }
     nn_watch.used_after = settled_use(&mut client)?.iter().sum();
     println!("   timeline (ms after the request):");
-    let mut events: Vec<(Instant, String)> = vec![(nn_watch.drained, format!("epoch {} drained on every server", nn_plan.epoch.0))];
+    let mut events: Vec<(Instant, String)> =
+        vec![(nn_watch.drained, format!("epoch {} drained on every server", nn_plan.epoch.0))];
     if let Some(published) = nn_watch.published {
-        events.push((published, format!("all {ranks} files under their final PFS names (each fsync'd before its rename)")));
+        events.push((
+            published,
+            format!(
+                "all {ranks} files under their final PFS names (each fsync'd before its rename)"
+            ),
+        ));
     }
     match nn_watch.freed {
         Some(freed) => events.push((freed, "first space freed by GC (each server frees only after its own files are published: checked at every poll)".to_string())),
@@ -953,17 +1232,29 @@ fn run_demo(args: Args) -> anyhow::Result<DemoSummary> {
         println!("     {:>7.0}  {what}", ms_since(requested, *at));
     }
     let nn_drain_time = nn_watch.drained - nn_watch.requested;
-    println!("   drain: {} in {:.0} ms = {:.2} GB/s", format_bytes(epoch_bytes), nn_drain_time.as_secs_f64() * 1e3, gbps(epoch_bytes, nn_drain_time));
+    println!(
+        "   drain: {} in {:.0} ms = {:.2} GB/s",
+        format_bytes(epoch_bytes),
+        nn_drain_time.as_secs_f64() * 1e3,
+        gbps(epoch_bytes, nn_drain_time)
+    );
     print_drain(&names, &nn_watch);
     pfs_bytes_verified += verify_pfs_copy(&pfs, &nn_plan, &crcs[&nn_plan.epoch])?;
-    println!("   PFS copies of the {ranks} files verified against the CRC32C of what each rank wrote");
-    println!("   after the drain and GC (DRAM + SSD in use {} -> {}):", format_bytes(nn_watch.used_before), format_bytes(nn_watch.used_after));
+    println!(
+        "   PFS copies of the {ranks} files verified against the CRC32C of what each rank wrote"
+    );
+    println!(
+        "   after the drain and GC (DRAM + SSD in use {} -> {}):",
+        format_bytes(nn_watch.used_before),
+        format_bytes(nn_watch.used_after)
+    );
     print_status(&client.status()?);
     print_epochs(&client.list_epochs()?);
     let bytes_freed_after_drain = nn_watch.used_before.saturating_sub(nn_watch.used_after);
     drop(client);
     println!();
-    let drained: std::collections::BTreeSet<EpochId> = [shared_plan.epoch, nn_plan.epoch].into_iter().collect();
+    let drained: std::collections::BTreeSet<EpochId> =
+        [shared_plan.epoch, nn_plan.epoch].into_iter().collect();
 
     let victim_name = names[VICTIM];
     println!("5. Crash while epoch 4 is open: SIGKILL {victim_name}, restart it on the same SSD directory and port");
@@ -976,11 +1267,24 @@ fn run_demo(args: Args) -> anyhow::Result<DemoSummary> {
     };
     let status = server.kill9()?;
     println!("   {victim_name} (pid {pid}) killed: {status}");
-    let restarted = ServerProcess::start(&bin, victim_name, &listen, &ssd_dirs[VICTIM], &logs[VICTIM], &drain_setups[VICTIM], &args)?;
+    let restarted = ServerProcess::start(
+        &bin,
+        victim_name,
+        &listen,
+        &ssd_dirs[VICTIM],
+        &logs[VICTIM],
+        &drain_setups[VICTIM],
+        &args,
+    )?;
     if restarted.endpoint != endpoints[VICTIM] {
         bail!("{victim_name} came back on {} instead of {}", restarted.endpoint, endpoints[VICTIM]);
     }
-    println!("   {victim_name} restarted: pid {}, {} (recovery + ready in {} ms)", restarted.pid(), restarted.endpoint, restarted.startup.as_millis());
+    println!(
+        "   {victim_name} restarted: pid {}, {} (recovery + ready in {} ms)",
+        restarted.pid(),
+        restarted.endpoint,
+        restarted.startup.as_millis()
+    );
     servers[VICTIM] = Some(restarted);
     let after = server_epochs(&endpoints[VICTIM])?;
     println!("   what recovery found on {victim_name} (before the kill -> after the restart):");
@@ -989,7 +1293,12 @@ fn run_demo(args: Args) -> anyhow::Result<DemoSummary> {
             Some((state, bytes)) => format!("{} {}", format_bytes(*bytes), state_name(*state)),
             None => "absent".to_string(),
         };
-        println!("     epoch {:<3} {:<48} -> {}", epoch.0, show(before.get(epoch)), show(after.get(epoch)));
+        println!(
+            "     epoch {:<3} {:<48} -> {}",
+            epoch.0,
+            show(before.get(epoch)),
+            show(after.get(epoch))
+        );
     }
     let log_text = std::fs::read_to_string(&logs[VICTIM]).unwrap_or_default();
     let torn = log_text.lines().filter(|l| l.contains("torn tail")).count();
@@ -997,9 +1306,14 @@ fn run_demo(args: Args) -> anyhow::Result<DemoSummary> {
     println!("   torn record tails cut by recovery (from {victim_name}'s log): {torn}");
     for plan in &plans {
         let (state, _) = after.get(&plan.epoch).copied().unwrap_or((EpochState::Open, 0));
-        let expected = if drained.contains(&plan.epoch) { EpochState::Drained } else { EpochState::Committed };
+        let expected =
+            if drained.contains(&plan.epoch) { EpochState::Drained } else { EpochState::Committed };
         if before.contains_key(&plan.epoch) && state != expected {
-            bail!("committed epoch {} is {} on {victim_name} after the restart", plan.epoch, state_name(state));
+            bail!(
+                "committed epoch {} is {} on {victim_name} after the restart",
+                plan.epoch,
+                state_name(state)
+            );
         }
     }
     println!("   reading every committed byte back through the client and checking CRC32C; the client falls");
@@ -1009,15 +1323,34 @@ fn run_demo(args: Args) -> anyhow::Result<DemoSummary> {
     let mut parts_read_from_pfs = 0;
     for plan in &plans {
         let expected = &crcs[&plan.epoch];
-        let (verified, from_pfs) = verify_epoch(&endpoints, plan, expected, args.transfer_bytes, &pfs, drained.contains(&plan.epoch))?;
+        let (verified, from_pfs) = verify_epoch(
+            &endpoints,
+            plan,
+            expected,
+            args.transfer_bytes,
+            &pfs,
+            drained.contains(&plan.epoch),
+        )?;
         verified_total += verified;
         parts_read_from_pfs += from_pfs;
         let listing: Vec<String> = expected.iter().map(|c| format!("{c:08x}")).collect();
         let source = if from_pfs > 0 { "from the PFS copy" } else { "from the burst buffer" };
-        println!("     epoch {}: {} in {} part(s) verified {source}, CRC32C {}", plan.epoch.0, format_bytes(verified), expected.len(), listing.join(" "));
+        println!(
+            "     epoch {}: {} in {} part(s) verified {source}, CRC32C {}",
+            plan.epoch.0,
+            format_bytes(verified),
+            expected.len(),
+            listing.join(" ")
+        );
     }
     let read_time = read_started.elapsed();
-    println!("   all {} committed bytes verified ({}) in {:.0} ms = {:.2} GB/s", verified_total, format_bytes(verified_total), read_time.as_secs_f64() * 1e3, gbps(verified_total, read_time));
+    println!(
+        "   all {} committed bytes verified ({}) in {:.0} ms = {:.2} GB/s",
+        verified_total,
+        format_bytes(verified_total),
+        read_time.as_secs_f64() * 1e3,
+        gbps(verified_total, read_time)
+    );
     println!();
 
     println!("6. Epochs and space, then delete the oldest epoch still held in the burst buffer");
@@ -1037,7 +1370,9 @@ fn run_demo(args: Args) -> anyhow::Result<DemoSummary> {
     // also holds a live epoch stays until compaction, which runs when free space gets low.
     let gc_started = Instant::now();
     let mut statuses = client.status()?;
-    while statuses.iter().map(|s| s.ssd_bytes_used).sum::<u64>() >= ssd_before && gc_started.elapsed() < GC_WAIT {
+    while statuses.iter().map(|s| s.ssd_bytes_used).sum::<u64>() >= ssd_before
+        && gc_started.elapsed() < GC_WAIT
+    {
         std::thread::sleep(Duration::from_millis(10));
         statuses = client.status()?;
     }
@@ -1105,7 +1440,11 @@ struct DemoMount {
 impl DemoMount {
     /// Unmounts and waits (bounded) for the serving process to flush, sync and exit.
     fn unmount(mut self) -> anyhow::Result<()> {
-        let status = Command::new(&self.bin).arg("umount").arg(&self.path).status().context("running spillway umount")?;
+        let status = Command::new(&self.bin)
+            .arg("umount")
+            .arg(&self.path)
+            .status()
+            .context("running spillway umount")?;
         if !status.success() {
             bail!("spillway umount {} failed ({status})", self.path.display());
         }
@@ -1125,7 +1464,11 @@ impl Drop for DemoMount {
         if self.path.as_os_str().is_empty() {
             return;
         }
-        let unmounted = Command::new(&self.bin).arg("umount").arg(&self.path).status().is_ok_and(|s| s.success());
+        let unmounted = Command::new(&self.bin)
+            .arg("umount")
+            .arg(&self.path)
+            .status()
+            .is_ok_and(|s| s.success());
         if !unmounted {
             let _ = Command::new("fusermount3").arg("-u").arg("-z").arg(&self.path).status();
         }
@@ -1133,7 +1476,12 @@ impl Drop for DemoMount {
 }
 
 /// `spillway mount --background` of the demo's servers at `path`.
-fn demo_mount(bin: &Path, endpoints: &[Endpoint], path: &Path, log: &Path) -> anyhow::Result<DemoMount> {
+fn demo_mount(
+    bin: &Path,
+    endpoints: &[Endpoint],
+    path: &Path,
+    log: &Path,
+) -> anyhow::Result<DemoMount> {
     let servers = endpoints.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(",");
     let out = Command::new(bin)
         .args(["mount", "--servers", &servers, "--background", "--log"])
@@ -1143,17 +1491,30 @@ fn demo_mount(bin: &Path, endpoints: &[Endpoint], path: &Path, log: &Path) -> an
         .context("running spillway mount")?;
     let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if !out.status.success() {
-        bail!("spillway mount failed: {said} {}{}", String::from_utf8_lossy(&out.stderr).trim(), log_tail(log));
+        bail!(
+            "spillway mount failed: {said} {}{}",
+            String::from_utf8_lossy(&out.stderr).trim(),
+            log_tail(log)
+        );
     }
     println!("   {said}");
-    let pid = said.rsplit_once("(pid ").and_then(|(_, rest)| rest.trim_end_matches(')').parse().ok());
+    let pid =
+        said.rsplit_once("(pid ").and_then(|(_, rest)| rest.trim_end_matches(')').parse().ok());
     Ok(DemoMount { bin: bin.to_path_buf(), path: path.to_path_buf(), pid })
 }
 
 fn shell(script: &str) -> anyhow::Result<()> {
-    let out = Command::new("sh").arg("-c").arg(script).output().with_context(|| format!("running {script}"))?;
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .output()
+        .with_context(|| format!("running {script}"))?;
     if !out.status.success() {
-        bail!("`{script}` failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "`{script}` failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(())
 }
@@ -1170,15 +1531,23 @@ fn mount_step(bin: &Path, endpoints: &[Endpoint], root: &Path) -> anyhow::Result
     let mnt = root.join("mnt");
     std::fs::create_dir(&mnt).with_context(|| format!("creating {}", mnt.display()))?;
     let input = root.join("input.bin");
-    std::fs::write(&input, rank_data(EpochId(99), 0, 3 * MIB + 4321)).context("writing the demo input")?;
+    std::fs::write(&input, rank_data(EpochId(99), 0, 3 * MIB + 4321))
+        .context("writing the demo input")?;
     let mount = demo_mount(bin, endpoints, &mnt, &root.join("mount.log"))?;
     let (i, m) = (input.display(), mnt.display());
     let started = Instant::now();
     shell(&format!("mkdir -p {m}/results && cp {i} {m}/results/copy.bin && dd if={i} of={m}/results/dd.bin bs=1M conv=fsync status=none"))?;
-    println!("   cp and dd (conv=fsync) wrote {} twice in {:.0} ms", format_bytes(3 * MIB + 4321), started.elapsed().as_secs_f64() * 1e3);
+    println!(
+        "   cp and dd (conv=fsync) wrote {} twice in {:.0} ms",
+        format_bytes(3 * MIB + 4321),
+        started.elapsed().as_secs_f64() * 1e3
+    );
     let python = "import os, sys\nwith open(sys.argv[1], 'w') as f:\n    f.write('written by Python through the mount\\n')\n    f.flush()\n    os.fsync(f.fileno())\n";
-    match Command::new("python3").arg("-c").arg(python).arg(mnt.join("results/python.txt")).status() {
-        Ok(status) if status.success() => println!("   python3 wrote and fsync'd results/python.txt"),
+    match Command::new("python3").arg("-c").arg(python).arg(mnt.join("results/python.txt")).status()
+    {
+        Ok(status) if status.success() => {
+            println!("   python3 wrote and fsync'd results/python.txt")
+        }
         Ok(status) => bail!("python3 writing through the mount failed ({status})"),
         Err(_) => println!("   (python3 not found: Python part skipped)"),
     }
@@ -1192,8 +1561,12 @@ fn mount_step(bin: &Path, endpoints: &[Endpoint], root: &Path) -> anyhow::Result
     let mount = demo_mount(bin, endpoints, &mnt, &root.join("mount.log"))?;
     shell(&format!("cmp {i} {m}/results/copy.bin && cmp {i} {m}/results/dd.bin"))?;
     if mnt.join("results/python.txt").exists() {
-        let text = std::fs::read_to_string(mnt.join("results/python.txt")).context("reading results/python.txt back")?;
-        println!("   read back: copy.bin and dd.bin identical to the input; python.txt says {:?}", text.trim());
+        let text = std::fs::read_to_string(mnt.join("results/python.txt"))
+            .context("reading results/python.txt back")?;
+        println!(
+            "   read back: copy.bin and dd.bin identical to the input; python.txt says {:?}",
+            text.trim()
+        );
     } else {
         println!("   read back: copy.bin and dd.bin identical to the input");
     }
@@ -1216,7 +1589,13 @@ mod tests {
 
     #[test]
     fn n_1_ranks_write_disjoint_ranges_of_one_file() {
-        let plan = EpochPlan { epoch: EpochId(3), layout: Layout::SharedStriped, durability: Durability::Ssd, rank_bytes: 100, commit: true };
+        let plan = EpochPlan {
+            epoch: EpochId(3),
+            layout: Layout::SharedStriped,
+            durability: Durability::Ssd,
+            rank_bytes: 100,
+            commit: true,
+        };
         assert_eq!(plan.file_name(0), plan.file_name(3));
         assert_eq!((0..4).map(|r| plan.offset(r)).collect::<Vec<_>>(), vec![0, 100, 200, 300]);
         let nn = EpochPlan { layout: Layout::FilePerRank, ..plan };
@@ -1231,7 +1610,11 @@ mod tests {
     fn demo_runs() {
         let exe = std::env::current_exe().unwrap();
         let bin = exe.parent().and_then(Path::parent).map(|d| d.join("spillway")).unwrap();
-        assert!(bin.exists(), "{} not built (run `cargo test -p spillway`, which builds it)", bin.display());
+        assert!(
+            bin.exists(),
+            "{} not built (run `cargo test -p spillway`, which builds it)",
+            bin.display()
+        );
         let dir = tempfile::tempdir().unwrap();
         let args = Args {
             ranks: 2,
@@ -1257,7 +1640,13 @@ mod tests {
     #[test]
     fn pfs_copy_check_finds_damage() {
         let dir = tempfile::tempdir().unwrap();
-        let plan = EpochPlan { epoch: EpochId(7), layout: Layout::SharedStriped, durability: Durability::Ssd, rank_bytes: 1000, commit: true };
+        let plan = EpochPlan {
+            epoch: EpochId(7),
+            layout: Layout::SharedStriped,
+            durability: Durability::Ssd,
+            rank_bytes: 1000,
+            commit: true,
+        };
         let data: Vec<Vec<u8>> = (0..3).map(|r| rank_data(plan.epoch, r, 1000)).collect();
         let crcs: Vec<u32> = data.iter().map(|d| crc32c::crc32c(d)).collect();
         let path = dir.path().join("epoch-7").join(plan.file_name(0));

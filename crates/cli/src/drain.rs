@@ -52,12 +52,18 @@ fn connect(servers: &[String]) -> anyhow::Result<Client> {
         .iter()
         .map(|s| s.parse::<Endpoint>().map_err(|e| anyhow::anyhow!("--servers: {e}")))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let options = ClientOptions { client_name: "spillway drain".into(), ..ClientOptions::default() };
+    let options =
+        ClientOptions { client_name: "spillway drain".into(), ..ClientOptions::default() };
     Client::connect(&endpoints, options).context("connecting to the servers")
 }
 
 /// Polls until `epoch` is drained on every server that knows it. Returns the seconds waited.
-pub fn wait_drained(client: &mut Client, epoch: EpochId, timeout: Duration, verbose: bool) -> anyhow::Result<f64> {
+pub fn wait_drained(
+    client: &mut Client,
+    epoch: EpochId,
+    timeout: Duration,
+    verbose: bool,
+) -> anyhow::Result<f64> {
     let started = Instant::now();
     let mut last_report = String::new();
     loop {
@@ -71,7 +77,10 @@ pub fn wait_drained(client: &mut Client, epoch: EpochId, timeout: Duration, verb
                 if d.state == DrainState::Drained {
                     done += 1;
                 } else if !d.last_error.is_empty() {
-                    report.push_str(&format!("server {server}: {} ({} failed attempts): {}\n", d.state, d.failed_attempts, d.last_error));
+                    report.push_str(&format!(
+                        "server {server}: {} ({} failed attempts): {}\n",
+                        d.state, d.failed_attempts, d.last_error
+                    ));
                 }
             }
         }
@@ -95,21 +104,39 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut client = connect(&args.servers)?;
     match args.action {
         Action::Start { epoch, mode, wait, timeout_s } => {
-            let mode: spillway_drain::DrainMode = mode.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+            let mode: spillway_drain::DrainMode =
+                mode.parse().map_err(|e: String| anyhow::anyhow!(e))?;
             let queued = client.request_drain(EpochId(epoch), mode.code())?;
             anyhow::ensure!(queued > 0, "no server holds epoch {epoch}");
             println!("epoch {epoch}: drain ({mode}) queued on {queued} servers");
             if wait {
-                let seconds = wait_drained(&mut client, EpochId(epoch), Duration::from_secs(timeout_s), true)?;
+                let seconds = wait_drained(
+                    &mut client,
+                    EpochId(epoch),
+                    Duration::from_secs(timeout_s),
+                    true,
+                )?;
                 println!("epoch {epoch}: drained on every server in {seconds:.2} s");
             }
         }
         Action::Wait { epoch, timeout_s } => {
-            let seconds = wait_drained(&mut client, EpochId(epoch), Duration::from_secs(timeout_s), true)?;
+            let seconds =
+                wait_drained(&mut client, EpochId(epoch), Duration::from_secs(timeout_s), true)?;
             println!("epoch {epoch}: drained on every server ({seconds:.2} s waited)");
         }
         Action::Status => {
-            println!("{:>6} {:>8} {:>9} {:>8} {:>11} {:>12} {:>8} {:>9} {:>9}  last error", "server", "epoch", "state", "mode", "files", "pfs_bytes", "writes", "shuffle_s", "flush_s");
+            println!(
+                "{:>6} {:>8} {:>9} {:>8} {:>11} {:>12} {:>8} {:>9} {:>9}  last error",
+                "server",
+                "epoch",
+                "state",
+                "mode",
+                "files",
+                "pfs_bytes",
+                "writes",
+                "shuffle_s",
+                "flush_s"
+            );
             for (server, list) in client.drain_status()? {
                 for d in list {
                     println!(

@@ -88,23 +88,47 @@ fn parse_gc_placement(text: &str) -> Result<spillway_ftl::GcPlacement, String> {
 }
 
 fn parse_mapping(text: &str) -> Result<Mapping, String> {
-    Mapping::parse(text).ok_or_else(|| format!("unknown mapping {text:?} (legacy, user-id, per-job, lifetime-aware)"))
+    Mapping::parse(text).ok_or_else(|| {
+        format!("unknown mapping {text:?} (legacy, user-id, per-job, lifetime-aware)")
+    })
 }
 
 impl DeviceArgs {
     fn knobs(&self) -> FtlKnobs {
         let mut k = FtlKnobs::default();
-        if let Some(v) = self.blocks_per_ssd { k.blocks_per_ssd = v }
-        if let Some(v) = self.pages_per_block { k.pages_per_block = v }
-        if let Some(v) = self.page_bytes { k.page_bytes = v }
-        if let Some(v) = self.overprovision_fraction { k.overprovision_fraction = v }
-        if let Some(v) = self.victim { k.victim = v }
-        if let Some(v) = self.streams { k.streams_max = v }
-        if let Some(v) = self.gc_placement { k.gc_placement = v }
-        if let Some(v) = self.ssds { k.ssds = v }
-        if let Some(v) = self.stripe_unit_bytes { k.stripe_unit_bytes = v }
-        if let Some(v) = self.trim_on_delete { k.trim_on_delete = v }
-        if let Some(v) = self.lba_allocation { k.lba_allocation = v }
+        if let Some(v) = self.blocks_per_ssd {
+            k.blocks_per_ssd = v
+        }
+        if let Some(v) = self.pages_per_block {
+            k.pages_per_block = v
+        }
+        if let Some(v) = self.page_bytes {
+            k.page_bytes = v
+        }
+        if let Some(v) = self.overprovision_fraction {
+            k.overprovision_fraction = v
+        }
+        if let Some(v) = self.victim {
+            k.victim = v
+        }
+        if let Some(v) = self.streams {
+            k.streams_max = v
+        }
+        if let Some(v) = self.gc_placement {
+            k.gc_placement = v
+        }
+        if let Some(v) = self.ssds {
+            k.ssds = v
+        }
+        if let Some(v) = self.stripe_unit_bytes {
+            k.stripe_unit_bytes = v
+        }
+        if let Some(v) = self.trim_on_delete {
+            k.trim_on_delete = v
+        }
+        if let Some(v) = self.lba_allocation {
+            k.lba_allocation = v
+        }
         k
     }
 
@@ -211,7 +235,8 @@ fn run_workload(args: RunArgs) -> anyhow::Result<()> {
     let events = match args.workload {
         WorkloadKind::Replay => {
             let path = args.log.as_ref().context("--workload replay needs --log FILE")?;
-            let file = std::fs::File::open(path).with_context(|| format!("cannot open write log {}", path.display()))?;
+            let file = std::fs::File::open(path)
+                .with_context(|| format!("cannot open write log {}", path.display()))?;
             Some(replay::parse_log(std::io::BufReader::new(file), &path.display().to_string())?)
         }
         WorkloadKind::Trace => {
@@ -244,7 +269,13 @@ fn run_workload(args: RunArgs) -> anyhow::Result<()> {
                 synthetic::run(&params, mapping)?
             }
             WorkloadKind::Bios => {
-                let mut params = ExperimentParams::bios(ssd.clone(), knobs.stripe_unit_bytes, args.device_writes, args.seed).base;
+                let mut params = ExperimentParams::bios(
+                    ssd.clone(),
+                    knobs.stripe_unit_bytes,
+                    args.device_writes,
+                    args.seed,
+                )
+                .base;
                 params.nodes = knobs.ssds;
                 params.configuration = args.configuration;
                 params.stripe_count = args.stripe_count;
@@ -276,7 +307,12 @@ fn run_workload(args: RunArgs) -> anyhow::Result<()> {
                 points: r.samples.iter().map(|s| (s.device_writes, s.waf_window)).collect(),
             })
             .collect();
-        let svg = spillway_plot::line_chart_svg("WAF over time", "host writes ÷ logical capacity", "WAF (per interval)", &series);
+        let svg = spillway_plot::line_chart_svg(
+            "WAF over time",
+            "host writes ÷ logical capacity",
+            "WAF (per interval)",
+            &series,
+        );
         write_file(&dir.join("waf.svg"), &svg)?;
         write_file(&dir.join("report.json"), &serde_json::to_string_pretty(&reports)?)?;
     }
@@ -294,7 +330,9 @@ fn run_workload(args: RunArgs) -> anyhow::Result<()> {
                 r.gc_copied_pages,
                 r.erases,
                 r.throughput_mib_per_s.map_or("-".into(), |t| format!("{t:.0}")),
-                r.file_write_latency.as_ref().map_or("-".into(), |l| format!("{:.0}", l.latency_ms_p99)),
+                r.file_write_latency
+                    .as_ref()
+                    .map_or("-".into(), |l| format!("{:.0}", l.latency_ms_p99)),
                 r.wall.as_ref().map_or(0.0, |w| w.host_page_writes_per_second / 1e6),
             );
         }
@@ -359,7 +397,14 @@ fn validate(args: ValidateArgs) -> anyhow::Result<()> {
             let g = &r.greedy_waf_by_pages_per_block;
             println!(
                 "| {:.2} | {:.4} | {:.3} | {:.3} | {:+.2} | {:.3} | {:.3} | {:.3} |",
-                r.overprovision_fraction, r.alpha, r.closed_form_waf, r.fifo_waf, r.fifo_error_percent, g[0].1, g[1].1, g[2].1
+                r.overprovision_fraction,
+                r.alpha,
+                r.closed_form_waf,
+                r.fifo_waf,
+                r.fifo_error_percent,
+                g[0].1,
+                g[1].1,
+                g[2].1
             );
         }
     }
@@ -368,7 +413,8 @@ fn validate(args: ValidateArgs) -> anyhow::Result<()> {
 
 fn bios_experiment(args: ExperimentArgs) -> anyhow::Result<()> {
     let (knobs, ssd) = args.device.ssd()?;
-    let mut params = ExperimentParams::bios(ssd, knobs.stripe_unit_bytes, args.device_writes, args.seed);
+    let mut params =
+        ExperimentParams::bios(ssd, knobs.stripe_unit_bytes, args.device_writes, args.seed);
     params.base.nodes = knobs.ssds;
     params.base.fs = knobs.file_system();
     if args.no_extra_file_systems {
@@ -388,12 +434,16 @@ fn bios_experiment(args: ExperimentArgs) -> anyhow::Result<()> {
             );
         }
     })?;
-    std::fs::create_dir_all(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
     let table = result.markdown();
     write_file(&args.out.join("results.md"), &table)?;
     for fs in result.file_systems() {
         for configuration in result.configurations(fs) {
-            write_file(&args.out.join(result.waf_plot_file(fs, configuration)), &result.waf_plot(fs, configuration))?;
+            write_file(
+                &args.out.join(result.waf_plot_file(fs, configuration)),
+                &result.waf_plot(fs, configuration),
+            )?;
         }
     }
     for &configuration in &params.sweep_configurations {
@@ -408,7 +458,10 @@ fn bios_experiment(args: ExperimentArgs) -> anyhow::Result<()> {
         println!("{json}");
     } else {
         println!("{table}");
-        println!("Wrote {}/results.md, results.json, waf_config*.svg and stripe_sweep*.svg", args.out.display());
+        println!(
+            "Wrote {}/results.md, results.json, waf_config*.svg and stripe_sweep*.svg",
+            args.out.display()
+        );
     }
     Ok(())
 }

@@ -18,10 +18,10 @@ mod mount;
 mod pool;
 mod reaped;
 mod reservation;
-mod stage;
-mod status;
 mod serve;
 mod sim;
+mod stage;
+mod status;
 
 #[derive(Parser)]
 #[command(name = "spillway", version, about = "Spillway: a burst buffer for HPC centers")]

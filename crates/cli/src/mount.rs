@@ -23,8 +23,8 @@ use spillway_client::meta::{RemoteNamespace, RemoteOptions};
 use spillway_client::{Client, ClientOptions, Placement};
 use spillway_meta::{Namespace, NamespaceId};
 use spillway_mount::MountConfig;
-use spillway_proto::Endpoint;
 use spillway_policy::namespace::{namespace_placement as policy_placement, NamespaceAccess};
+use spillway_proto::Endpoint;
 use spillway_types::EpochId;
 
 /// The data epoch of mount namespaces unless `--epoch` says otherwise.
@@ -95,26 +95,42 @@ pub struct UmountArgs {
 /// The namespace a mount uses: its id and the index of the server that holds it. The one
 /// placement rule of `spillway_policy::namespace`, so the manager, stage-in and every mount agree;
 /// `namespace_id` is the reservation's (base) namespace id.
-pub fn namespace_placement(access: Access, node: &str, namespace_id: Option<u64>, servers: usize) -> (NamespaceId, usize) {
+pub fn namespace_placement(
+    access: Access,
+    node: &str,
+    namespace_id: Option<u64>,
+    servers: usize,
+) -> (NamespaceId, usize) {
     let access = match access {
         Access::Striped => NamespaceAccess::Striped,
         Access::Private => NamespaceAccess::Private,
     };
-    let place = policy_placement(access, namespace_id.unwrap_or(STRIPED_NAMESPACE_ID_DEFAULT), node, servers);
+    let place = policy_placement(
+        access,
+        namespace_id.unwrap_or(STRIPED_NAMESPACE_ID_DEFAULT),
+        node,
+        servers,
+    );
     (place.namespace, place.server)
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "localhost".to_string())
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".to_string())
 }
 
 fn parse_owner(text: &str) -> anyhow::Result<(u32, u32)> {
-    let (uid, gid) = text.split_once(':').with_context(|| format!("--root-owner {text:?}: expected UID:GID"))?;
+    let (uid, gid) =
+        text.split_once(':').with_context(|| format!("--root-owner {text:?}: expected UID:GID"))?;
     Ok((uid.parse().context("--root-owner uid")?, gid.parse().context("--root-owner gid")?))
 }
 
 pub fn parse_endpoints(servers: &[String]) -> anyhow::Result<Vec<Endpoint>> {
-    servers.iter().map(|s| s.parse::<Endpoint>().map_err(|e| anyhow::anyhow!("server {s:?}: {e}"))).collect()
+    servers
+        .iter()
+        .map(|s| s.parse::<Endpoint>().map_err(|e| anyhow::anyhow!("server {s:?}: {e}")))
+        .collect()
 }
 
 /// Opens (creating if needed) the mount's namespace on its server.
@@ -122,9 +138,18 @@ pub fn open_namespace(args: &Args, endpoints: &[Endpoint]) -> anyhow::Result<Arc
     let node = args.node.clone().unwrap_or_else(hostname);
     let (id, server) = namespace_placement(args.access, &node, args.namespace_id, endpoints.len());
     let (root_uid, root_gid) = parse_owner(&args.root_owner)?;
-    let root_mode = u32::from_str_radix(&args.root_mode, 8).with_context(|| format!("--root-mode {:?} is not octal", args.root_mode))?;
-    connect_namespace(&endpoints[server], id, EpochId(args.epoch), root_uid, root_gid, root_mode & 0o7777, args.threads)
-        .with_context(|| format!("opening namespace {id} on server {server} ({})", endpoints[server]))
+    let root_mode = u32::from_str_radix(&args.root_mode, 8)
+        .with_context(|| format!("--root-mode {:?} is not octal", args.root_mode))?;
+    connect_namespace(
+        &endpoints[server],
+        id,
+        EpochId(args.epoch),
+        root_uid,
+        root_gid,
+        root_mode & 0o7777,
+        args.threads,
+    )
+    .with_context(|| format!("opening namespace {id} on server {server} ({})", endpoints[server]))
 }
 
 /// Opens namespace `id` on the server at `endpoint`, creating it (with this data epoch and root
@@ -138,8 +163,16 @@ pub fn connect_namespace(
     root_mode: u32,
     connections: usize,
 ) -> anyhow::Result<Arc<dyn Namespace>> {
-    let options = RemoteOptions { create: true, data_epoch, root_uid, root_gid, root_mode, connections_max: connections.max(1) * 2 };
-    let namespace = RemoteNamespace::open(endpoint, id, &options).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let options = RemoteOptions {
+        create: true,
+        data_epoch,
+        root_uid,
+        root_gid,
+        root_mode,
+        connections_max: connections.max(1) * 2,
+    };
+    let namespace =
+        RemoteNamespace::open(endpoint, id, &options).map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(Arc::new(namespace))
 }
 
@@ -171,10 +204,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // SAFETY: `signals` is an initialised sigset.
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &signals, std::ptr::null_mut()) };
     let namespace = open_namespace(&args, &endpoints)?;
-    let config = MountConfig { threads: args.threads, attr_ttl: Duration::from_millis(args.attr_ttl_ms), ..MountConfig::default() };
+    let config = MountConfig {
+        threads: args.threads,
+        attr_ttl: Duration::from_millis(args.attr_ttl_ms),
+        ..MountConfig::default()
+    };
     let clients = data_clients(&endpoints, config.threads)?;
     let mount = spillway_mount::mount(namespace.clone(), clients, &args.mountpoint, config)?;
-    println!("{READY_PREFIX}{} (namespace {}, data epoch {})", args.mountpoint.display(), namespace.id(), namespace.data_epoch().0);
+    println!(
+        "{READY_PREFIX}{} (namespace {}, data epoch {})",
+        args.mountpoint.display(),
+        namespace.id(),
+        namespace.data_epoch().0
+    );
     use std::io::Write;
     std::io::stdout().flush().ok();
     loop {
@@ -234,7 +276,13 @@ fn run_background(args: &Args) -> anyhow::Result<()> {
         .arg(args.attr_ttl_ms.to_string())
         .arg(&args.mountpoint);
     let log = match &args.log {
-        Some(path) => Stdio::from(std::fs::OpenOptions::new().create(true).append(true).open(path).with_context(|| format!("opening log {}", path.display()))?),
+        Some(path) => Stdio::from(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("opening log {}", path.display()))?,
+        ),
         None => Stdio::null(),
     };
     command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
@@ -271,7 +319,9 @@ fn run_background(args: &Args) -> anyhow::Result<()> {
         }
         Err(_) => {
             let _ = child.kill();
-            bail!("the mount was not live after {BACKGROUND_READY_TIMEOUT:?}; see --log for its log")
+            bail!(
+                "the mount was not live after {BACKGROUND_READY_TIMEOUT:?}; see --log for its log"
+            )
         }
     }
 }
@@ -294,12 +344,19 @@ mod tests {
     fn private_namespaces_spread_over_servers() {
         let mut used = std::collections::BTreeSet::new();
         for node in 0..32 {
-            let (id, server) = namespace_placement(Access::Private, &format!("nid{node:05}"), None, 4);
+            let (id, server) =
+                namespace_placement(Access::Private, &format!("nid{node:05}"), None, 4);
             assert!(id != STRIPED_NAMESPACE_ID_DEFAULT && server < 4);
             used.insert(server);
         }
         assert_eq!(used.len(), 4, "32 nodes use every one of 4 servers");
-        assert_eq!(namespace_placement(Access::Striped, "any", None, 4), (STRIPED_NAMESPACE_ID_DEFAULT, 0));
-        assert_ne!(namespace_placement(Access::Private, "n1", Some(9), 4).0, namespace_placement(Access::Private, "n2", Some(9), 4).0);
+        assert_eq!(
+            namespace_placement(Access::Striped, "any", None, 4),
+            (STRIPED_NAMESPACE_ID_DEFAULT, 0)
+        );
+        assert_ne!(
+            namespace_placement(Access::Private, "n1", Some(9), 4).0,
+            namespace_placement(Access::Private, "n2", Some(9), 4).0
+        );
     }
 }

@@ -33,7 +33,9 @@ enum PoolCommand {
 pub fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
         PoolCommand::Create { name, granularity, flags } => {
-            let pool: Pool = flags.client()?.post("/v1/pools", &CreatePool { name, granularity_bytes: granularity })?;
+            let pool: Pool = flags
+                .client()?
+                .post("/v1/pools", &CreatePool { name, granularity_bytes: granularity })?;
             if flags.json {
                 return print_json(&pool);
             }
@@ -66,7 +68,19 @@ pub fn print_pools(pools: &[Pool]) {
             ]
         })
         .collect();
-    print_table(&["POOL", "GRANULARITY", "UP/SERVERS", "CAPACITY", "USED", "FREE", "RESERVATIONS", "KEYS/STREAM"], &rows);
+    print_table(
+        &[
+            "POOL",
+            "GRANULARITY",
+            "UP/SERVERS",
+            "CAPACITY",
+            "USED",
+            "FREE",
+            "RESERVATIONS",
+            "KEYS/STREAM",
+        ],
+        &rows,
+    );
 }
 
 #[derive(clap::Args)]
@@ -101,8 +115,10 @@ enum ServerCommand {
 pub fn run_server(args: ServerArgs) -> anyhow::Result<()> {
     match args.command {
         ServerCommand::Add { address, pool, capacity, pfs, flags } => {
-            let server: Server =
-                flags.client()?.post("/v1/servers", &AddServer { address, pool, capacity_bytes: capacity, pfs_dir: pfs })?;
+            let server: Server = flags.client()?.post(
+                "/v1/servers",
+                &AddServer { address, pool, capacity_bytes: capacity, pfs_dir: pfs },
+            )?;
             if flags.json {
                 return print_json(&server);
             }

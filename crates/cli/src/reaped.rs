@@ -29,7 +29,12 @@ impl Drop for Reaped {
 
 /// Starts `spillway serve` on a loopback port with its SSD log in `ssd_dir`, its log in
 /// `<work>/server-<name>.log` and the extra `args`; returns it with the endpoint it printed.
-pub fn start_server(work: &Path, name: &str, ssd_dir: &Path, args: &[String]) -> anyhow::Result<(Reaped, String)> {
+pub fn start_server(
+    work: &Path,
+    name: &str,
+    ssd_dir: &Path,
+    args: &[String],
+) -> anyhow::Result<(Reaped, String)> {
     let log_path = work.join(format!("server-{name}.log"));
     let log = std::fs::File::create(&log_path)?;
     let mut child = Command::new(std::env::current_exe()?)

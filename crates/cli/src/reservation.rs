@@ -78,7 +78,18 @@ enum Command {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
-        Command::Create { capacity, pool, access, persistent, job, owner, group, allow_uids, allow_gids, flags } => {
+        Command::Create {
+            capacity,
+            pool,
+            access,
+            persistent,
+            job,
+            owner,
+            group,
+            allow_uids,
+            allow_gids,
+            flags,
+        } => {
             let request = CreateReservation {
                 capacity_bytes: capacity,
                 pool,
@@ -94,11 +105,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             show(&reservation, flags.json)
         }
         Command::Show { reservation, flags } => {
-            let reservation: Reservation = flags.client()?.get(&format!("/v1/reservations/{}", path_segment(&reservation)?))?;
+            let reservation: Reservation = flags
+                .client()?
+                .get(&format!("/v1/reservations/{}", path_segment(&reservation)?))?;
             show(&reservation, flags.json)
         }
         Command::List { all, flags } => {
-            let list: Vec<Reservation> = flags.client()?.get(if all { "/v1/reservations?all=1" } else { "/v1/reservations" })?;
+            let list: Vec<Reservation> = flags.client()?.get(if all {
+                "/v1/reservations?all=1"
+            } else {
+                "/v1/reservations"
+            })?;
             if flags.json {
                 return print_json(&list);
             }
@@ -123,7 +140,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// Ids, names and job ids are `[A-Za-z0-9._-]`; anything else cannot name a reservation.
 pub fn path_segment(text: &str) -> anyhow::Result<&str> {
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
-        anyhow::bail!("{text:?} is not a reservation id, name or job id (letters, digits, '.', '_', '-')");
+        anyhow::bail!(
+            "{text:?} is not a reservation id, name or job id (letters, digits, '.', '_', '-')"
+        );
     }
     Ok(text)
 }
@@ -133,14 +152,34 @@ fn show(reservation: &Reservation, json: bool) -> anyhow::Result<()> {
         return print_json(reservation);
     }
     let r = reservation;
-    let servers: Vec<String> =
-        r.servers.iter().zip(&r.server_fragments).map(|(s, f)| format!("{s} ({f} fragments)")).collect();
+    let servers: Vec<String> = r
+        .servers
+        .iter()
+        .zip(&r.server_fragments)
+        .map(|(s, f)| format!("{s} ({f} fragments)"))
+        .collect();
     let rows = vec![
         ("id", r.id.to_string()),
         ("name", r.name.clone()),
         ("owner", format!("uid {} gid {}", r.owner, r.group)),
-        ("kind", if r.persistent { "persistent".into() } else { format!("job {}", r.job.as_deref().unwrap_or("-")) }),
-        ("capacity", format!("{} ({} fragments of {}; asked {})", bytes(r.capacity_bytes), r.fragments, bytes(r.fragment_bytes), bytes(r.requested_bytes))),
+        (
+            "kind",
+            if r.persistent {
+                "persistent".into()
+            } else {
+                format!("job {}", r.job.as_deref().unwrap_or("-"))
+            },
+        ),
+        (
+            "capacity",
+            format!(
+                "{} ({} fragments of {}; asked {})",
+                bytes(r.capacity_bytes),
+                r.fragments,
+                bytes(r.fragment_bytes),
+                bytes(r.requested_bytes)
+            ),
+        ),
         ("pool", r.pool.clone()),
         ("servers", servers.join(", ")),
         ("access", r.access.as_str().into()),
@@ -173,5 +212,11 @@ pub fn print_reservations(list: &[Reservation]) {
             ]
         })
         .collect();
-    print_table(&["ID", "NAME", "OWNER", "CAPACITY", "POOL", "SERVERS", "ACCESS", "STREAM", "EPOCH", "STATE"], &rows);
+    print_table(
+        &[
+            "ID", "NAME", "OWNER", "CAPACITY", "POOL", "SERVERS", "ACCESS", "STREAM", "EPOCH",
+            "STATE",
+        ],
+        &rows,
+    );
 }

@@ -150,7 +150,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut endpoints = Vec::new();
     if !config.server.listen_address.is_empty() {
         endpoints.push(
-            config.server.listen_address.parse::<Endpoint>().map_err(|e| anyhow::anyhow!("server.listen_address: {e}"))?,
+            config
+                .server
+                .listen_address
+                .parse::<Endpoint>()
+                .map_err(|e| anyhow::anyhow!("server.listen_address: {e}"))?,
         );
     }
     if !config.server.unix_socket_path.is_empty() {
@@ -160,7 +164,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let store = spillway_store::Store::open(&config.store)
         .with_context(|| format!("opening the store in {}", config.store.ssd_directory))?;
     let backend = Arc::new(StoreBackend::new(store));
-    let server = Server::bind(ServerOptions::from_knobs(&config.server), backend.clone(), &endpoints, config.server.insecure_tcp)?;
+    let server = Server::bind(
+        ServerOptions::from_knobs(&config.server),
+        backend.clone(),
+        &endpoints,
+        config.server.insecure_tcp,
+    )?;
     let drainer = start_drainer(&config, &server, backend.clone())?;
     // The metadata service of the mount: namespace journals live beside the store's segments.
     server.attach_namespaces(std::path::Path::new(&config.store.ssd_directory).join("namespaces"));
@@ -206,10 +215,19 @@ fn start_drainer(
     }
     let mut peers = Vec::new();
     for text in knobs.peers.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        peers.push(text.parse::<Endpoint>().map_err(|e| anyhow::anyhow!("drain.peers entry {text:?}: {e}"))?);
+        peers.push(
+            text.parse::<Endpoint>()
+                .map_err(|e| anyhow::anyhow!("drain.peers entry {text:?}: {e}"))?,
+        );
     }
     let self_index = if peers.is_empty() {
-        peers.push(server.endpoints().into_iter().next().context("the server has no endpoint to drain through")?);
+        peers.push(
+            server
+                .endpoints()
+                .into_iter()
+                .next()
+                .context("the server has no endpoint to drain through")?,
+        );
         0
     } else {
         knobs.self_index as usize

@@ -94,11 +94,7 @@ pub struct Args {
 
 fn parse_policies(text: &str) -> anyhow::Result<Vec<PolicyKind>> {
     let mut policies = Vec::new();
-    for name in text
-        .split(',')
-        .map(str::trim)
-        .filter(|name| !name.is_empty())
-    {
+    for name in text.split(',').map(str::trim).filter(|name| !name.is_empty()) {
         let Some(policy) = PolicyKind::parse(name) else {
             bail!("--policy: unknown eviction policy {name:?} (known: lru, fifo, lfu)");
         };
@@ -114,14 +110,9 @@ fn parse_policies(text: &str) -> anyhow::Result<Vec<PolicyKind>> {
 
 fn parse_fractions(text: &str) -> anyhow::Result<Vec<f64>> {
     let mut fractions = Vec::new();
-    for part in text
-        .split(',')
-        .map(str::trim)
-        .filter(|part| !part.is_empty())
-    {
-        let value: f64 = part
-            .parse()
-            .with_context(|| format!("--fractions: {part:?} is not a number"))?;
+    for part in text.split(',').map(str::trim).filter(|part| !part.is_empty()) {
+        let value: f64 =
+            part.parse().with_context(|| format!("--fractions: {part:?} is not a number"))?;
         if !(value > 0.0 && value <= 1.0) {
             bail!("--fractions: {value} is outside (0, 1]");
         }
@@ -142,11 +133,7 @@ fn load(args: &Args) -> anyhow::Result<(Trace, String, f64)> {
             let trace = Trace::read_path(path)
                 .with_context(|| format!("reading trace {}", path.display()))?;
             let seconds = started.elapsed().as_secs_f64();
-            let rate = if seconds > 0.0 {
-                trace.ops.len() as f64 / seconds
-            } else {
-                0.0
-            };
+            let rate = if seconds > 0.0 { trace.ops.len() as f64 / seconds } else { 0.0 };
             Ok((trace, path.display().to_string(), rate))
         }
         (None, true) => {
@@ -174,9 +161,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let (trace, name, decode_ops_per_second) = load(&args)?;
     if let Some(path) = &args.write_trace {
-        trace
-            .write_path(path)
-            .with_context(|| format!("writing trace {}", path.display()))?;
+        trace.write_path(path).with_context(|| format!("writing trace {}", path.display()))?;
     }
     if args.chunk_kib == 0 {
         bail!("--chunk-kib must be at least 1");
@@ -226,11 +211,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let mut results = Vec::new();
         let started = Instant::now();
         for &policy in &policies {
-            let config = SimConfig {
-                capacity_bytes,
-                policy,
-                ..base.clone()
-            };
+            let config = SimConfig { capacity_bytes, policy, ..base.clone() };
             let report = simulate(&ops, &config).context("simulator configuration")?;
             results.push((policy, report));
         }
@@ -291,17 +272,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         sweep(&ops, &base, &policies, &fractions).context("simulator configuration")?;
     let seconds = started.elapsed().as_secs_f64();
     // One ideal run per policy plus one per fraction below the ideal.
-    let runs = policies.len()
-        + points
-            .iter()
-            .filter(|point| point.capacity_bytes < space.bytes)
-            .count();
+    let runs =
+        policies.len() + points.iter().filter(|point| point.capacity_bytes < space.bytes).count();
     let ops_per_second = (ops.len() * runs) as f64 / seconds.max(1e-9);
     if !(args.target_relative > 0.0 && args.target_relative <= 1.0) {
-        bail!(
-            "--target-relative {} is outside (0, 1]",
-            args.target_relative
-        );
+        bail!("--target-relative {} is outside (0, 1]", args.target_relative);
     }
     let sufficient = smallest_sufficient(&points, args.target_relative);
     if let Some(path) = &args.svg {
@@ -381,18 +356,9 @@ mod tests {
             parse_policies("lru, FIFO,lru").unwrap(),
             vec![PolicyKind::Lru, PolicyKind::Fifo]
         );
-        assert!(parse_policies("arc")
-            .unwrap_err()
-            .to_string()
-            .contains("--policy"));
+        assert!(parse_policies("arc").unwrap_err().to_string().contains("--policy"));
         assert_eq!(parse_fractions("0.5,1").unwrap(), vec![0.5, 1.0]);
-        assert!(parse_fractions("0")
-            .unwrap_err()
-            .to_string()
-            .contains("--fractions"));
-        assert!(parse_fractions("x")
-            .unwrap_err()
-            .to_string()
-            .contains("--fractions"));
+        assert!(parse_fractions("0").unwrap_err().to_string().contains("--fractions"));
+        assert!(parse_fractions("x").unwrap_err().to_string().contains("--fractions"));
     }
 }

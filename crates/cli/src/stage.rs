@@ -41,15 +41,21 @@ pub struct Args {
 }
 
 fn prepare(args: &Args, direction: &str) -> anyhow::Result<(Reservation, StageOptions)> {
-    let reservation: Reservation =
-        args.flags.client()?.get(&format!("/v1/reservations/{}", path_segment(&args.reservation)?))?;
+    let reservation: Reservation = args
+        .flags
+        .client()?
+        .get(&format!("/v1/reservations/{}", path_segment(&args.reservation)?))?;
     if reservation.state != spillway_manager::ReservationState::Active {
-        anyhow::bail!("reservation {} ({}) is {}", reservation.id, reservation.name, reservation.state.as_str());
+        anyhow::bail!(
+            "reservation {} ({}) is {}",
+            reservation.id,
+            reservation.name,
+            reservation.state.as_str()
+        );
     }
-    let record = args
-        .record
-        .clone()
-        .unwrap_or_else(|| stage::default_record_path(direction, &reservation, &args.src, &args.dst));
+    let record = args.record.clone().unwrap_or_else(|| {
+        stage::default_record_path(direction, &reservation, &args.src, &args.dst)
+    });
     let mut options = StageOptions::new(record);
     if !(1..=64).contains(&args.parallel) {
         anyhow::bail!("--parallel {}: expected 1 to 64 files at once", args.parallel);
@@ -92,12 +98,14 @@ pub fn run_in(args: Args) -> anyhow::Result<()> {
         anyhow::bail!("--drain applies to stage-out only");
     }
     let (reservation, options) = prepare(&args, "in")?;
-    let done = stage::stage_in(&reservation, std::path::Path::new(&args.src), &args.dst, &options).map_err(flat)?;
+    let done = stage::stage_in(&reservation, std::path::Path::new(&args.src), &args.dst, &options)
+        .map_err(flat)?;
     report("stage-in", &done, args.flags.json)
 }
 
 pub fn run_out(args: Args) -> anyhow::Result<()> {
     let (reservation, options) = prepare(&args, "out")?;
-    let done = stage::stage_out(&reservation, &args.src, std::path::Path::new(&args.dst), &options).map_err(flat)?;
+    let done = stage::stage_out(&reservation, &args.src, std::path::Path::new(&args.dst), &options)
+        .map_err(flat)?;
     report("stage-out", &done, args.flags.json)
 }

@@ -40,10 +40,18 @@ impl Api {
     pub fn delete<T: serde::de::DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
         self.0.delete(path).map_err(flat)
     }
-    pub fn post<B: serde::Serialize, T: serde::de::DeserializeOwned>(&self, path: &str, body: &B) -> anyhow::Result<T> {
+    pub fn post<B: serde::Serialize, T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> anyhow::Result<T> {
         self.0.post(path, body).map_err(flat)
     }
-    pub fn put<B: serde::Serialize, T: serde::de::DeserializeOwned>(&self, path: &str, body: &B) -> anyhow::Result<T> {
+    pub fn put<B: serde::Serialize, T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> anyhow::Result<T> {
         self.0.put(path, body).map_err(flat)
     }
 }
@@ -63,7 +71,8 @@ pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
         }
     }
     let line = |cells: Vec<&str>| {
-        let text: Vec<String> = cells.iter().enumerate().map(|(i, c)| format!("{c:<w$}", w = widths[i])).collect();
+        let text: Vec<String> =
+            cells.iter().enumerate().map(|(i, c)| format!("{c:<w$}", w = widths[i])).collect();
         println!("{}", text.join("  ").trim_end());
     };
     line(headers.to_vec());

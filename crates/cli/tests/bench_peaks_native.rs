@@ -48,19 +48,13 @@ fn run_peaks(target: &[&str]) -> serde_json::Value {
         String::from_utf8_lossy(&output.stderr)
     );
     serde_json::from_slice(&output.stdout).unwrap_or_else(|error| {
-        panic!(
-            "not JSON ({error}): {}",
-            String::from_utf8_lossy(&output.stdout)
-        )
+        panic!("not JSON ({error}): {}", String::from_utf8_lossy(&output.stdout))
     })
 }
 
 fn assert_every_figure_positive(report: &serde_json::Value) {
     let levels = report["levels"].as_array().expect("levels array");
-    let threads: Vec<u64> = levels
-        .iter()
-        .map(|level| level["threads"].as_u64().unwrap())
-        .collect();
+    let threads: Vec<u64> = levels.iter().map(|level| level["threads"].as_u64().unwrap()).collect();
     assert_eq!(threads, vec![1, 2], "{report}");
     for level in levels {
         for figure in FIGURES {
@@ -68,11 +62,7 @@ fn assert_every_figure_positive(report: &serde_json::Value) {
             assert!(value > 0.0 && value.is_finite(), "{figure} in {level}");
         }
     }
-    for peak in [
-        "bandwidth_bytes_per_second",
-        "iops",
-        "metadata_ops_per_second",
-    ] {
+    for peak in ["bandwidth_bytes_per_second", "iops", "metadata_ops_per_second"] {
         let value = report["peaks"][peak].as_f64().unwrap_or(f64::NAN);
         assert!(value > 0.0 && value.is_finite(), "peak {peak} in {report}");
     }
@@ -88,9 +78,7 @@ fn native_target_measures_every_phase_and_level_like_the_directory_target() {
     let endpoints: Vec<Endpoint> = servers.iter().map(|s| s.endpoint().clone()).collect();
     // An epoch the benchmark must neither disturb nor collide with.
     let mut client = Client::connect(&endpoints, ClientOptions::default()).unwrap();
-    let mut file = client
-        .create_file(spillway_types::EpochId(7), "keep")
-        .unwrap();
+    let mut file = client.create_file(spillway_types::EpochId(7), "keep").unwrap();
     client.write(&mut file, 0, b"application data").unwrap();
     client.commit_epoch(spillway_types::EpochId(7)).unwrap();
 
@@ -118,9 +106,7 @@ fn native_target_measures_every_phase_and_level_like_the_directory_target() {
         vec![7],
         "benchmark epochs left behind: {epochs:?}"
     );
-    let file = client
-        .open_file(spillway_types::EpochId(7), "keep")
-        .unwrap();
+    let file = client.open_file(spillway_types::EpochId(7), "keep").unwrap();
     let mut back = vec![0u8; 16];
     client.read(&file, 0, &mut back).unwrap();
     assert_eq!(&back, b"application data");
@@ -129,14 +115,7 @@ fn native_target_measures_every_phase_and_level_like_the_directory_target() {
 #[test]
 fn target_and_servers_are_exclusive_and_one_is_required() {
     let both = Command::new(BIN)
-        .args([
-            "bench",
-            "peaks",
-            "--target",
-            "/tmp",
-            "--servers",
-            "127.0.0.1:1",
-        ])
+        .args(["bench", "peaks", "--target", "/tmp", "--servers", "127.0.0.1:1"])
         .output()
         .unwrap();
     assert!(!both.status.success());
@@ -157,11 +136,7 @@ fn target_and_servers_are_exclusive_and_one_is_required() {
 #[test]
 fn an_unreachable_server_is_named_in_the_error() {
     // A port nobody listens on: bind one, note it, close it.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let output = Command::new(BIN)
         .args(["bench", "peaks", "--servers", &format!("127.0.0.1:{port}")])
         .output()

@@ -73,8 +73,11 @@ fn client_trace_records_a_checkpoint_and_sim_reads_it() {
         })
         .collect();
     let f = |name: &str| traced_file_name(epoch, name);
-    let mut expected = vec![(Op::Create, f("ckpt/rank0"), 0, 0), (Op::Create, f("ckpt/rank1"), 0, 0)];
-    expected.extend(WRITES.iter().map(|&(name, offset, length)| (Op::Write, f(name), offset, length as u64)));
+    let mut expected =
+        vec![(Op::Create, f("ckpt/rank0"), 0, 0), (Op::Create, f("ckpt/rank1"), 0, 0)];
+    expected.extend(
+        WRITES.iter().map(|&(name, offset, length)| (Op::Write, f(name), offset, length as u64)),
+    );
     expected.push((Op::Fsync, traced_epoch_name(epoch), 0, 0));
     expected.push((Op::Open, f("ckpt/rank0"), 0, 0));
     expected.push((Op::Read, f("ckpt/rank0"), 100_000, 150_000));
@@ -90,7 +93,11 @@ fn client_trace_records_a_checkpoint_and_sim_reads_it() {
 
 fn run_sim(trace_path: &Path) {
     let output = Command::new(BIN).arg("sim").arg(trace_path).arg("--json").output().unwrap();
-    assert!(output.status.success(), "spillway sim failed: {}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "spillway sim failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert!(report.get("ops_per_second").is_some(), "no ops_per_second in {report}");
 }

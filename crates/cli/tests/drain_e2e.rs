@@ -40,13 +40,20 @@ fn endpoints(dir: &Path, count: usize) -> Vec<Endpoint> {
 }
 
 fn client(dir: &Path, count: usize, rank: u32) -> Client {
-    let options = ClientOptions { placement: Placement::Local { rank }, ..ClientOptions::default() };
+    let options =
+        ClientOptions { placement: Placement::Local { rank }, ..ClientOptions::default() };
     Client::connect(&endpoints(dir, count), options).unwrap()
 }
 
 /// Every rank writes blocks rank, rank+R, … of the shared file and a file of its own; commits.
 /// Returns the expected content of every file.
-fn write_checkpoint(dir: &Path, count: usize, epoch: EpochId, shared_bytes: usize, block: usize) -> Vec<(String, Vec<u8>)> {
+fn write_checkpoint(
+    dir: &Path,
+    count: usize,
+    epoch: EpochId,
+    shared_bytes: usize,
+    block: usize,
+) -> Vec<(String, Vec<u8>)> {
     let shared = pattern(epoch.0 * 1000 + 1, shared_bytes);
     let mut expected = vec![("ckpt/shared.dat".to_string(), shared.clone())];
     let mut clients: Vec<Client> = (0..count).map(|r| client(dir, count, r as u32)).collect();
@@ -76,8 +83,10 @@ fn wait_drained(c: &mut Client, epoch: EpochId, timeout: Duration) {
     let started = Instant::now();
     loop {
         let status = c.drain_status().unwrap();
-        let states: Vec<Option<DrainState>> =
-            status.iter().map(|(_, list)| list.iter().find(|d| d.epoch == epoch).map(|d| d.state)).collect();
+        let states: Vec<Option<DrainState>> = status
+            .iter()
+            .map(|(_, list)| list.iter().find(|d| d.epoch == epoch).map(|d| d.state))
+            .collect();
         if states.iter().all(|s| *s == Some(DrainState::Drained)) {
             return;
         }
@@ -125,7 +134,14 @@ fn n1_and_nn_drain_in_both_modes_and_reads_fall_back_to_the_pfs() {
     check_pfs(&pfs, EpochId(2), &naive);
     // Shuffled: each server wrote only stripe-aligned chunks of its domain.
     let status = c.drain_status().unwrap();
-    let calls = |epoch: u64| -> u64 { status.iter().flat_map(|(_, l)| l.iter()).filter(|d| d.epoch.0 == epoch).map(|d| d.pfs_write_calls).sum() };
+    let calls = |epoch: u64| -> u64 {
+        status
+            .iter()
+            .flat_map(|(_, l)| l.iter())
+            .filter(|d| d.epoch.0 == epoch)
+            .map(|d| d.pfs_write_calls)
+            .sum()
+    };
     assert!(calls(2) > 3 * calls(1), "naive {} vs shuffled {} write calls", calls(2), calls(1));
     // Drained epochs leave the burst buffer; reads fall back to the PFS copy.
     for e in c.list_epochs().unwrap() {
@@ -152,13 +168,21 @@ fn unwritable_pfs_is_retried_and_reported_and_space_is_freed_only_after_the_drai
     let _servers: Vec<ServerProcess> = (0..2).map(|i| start(dir.path(), i, 2, &pfs)).collect();
     let expected = write_checkpoint(dir.path(), 2, EpochId(5), 3_000_000, 64 * 1024);
     let mut c = client(dir.path(), 2, 0);
-    let used_before: u64 = c.status().unwrap().iter().map(|s| s.ssd_bytes_used + s.dram_bytes_used).sum();
+    let used_before: u64 =
+        c.status().unwrap().iter().map(|s| s.ssd_bytes_used + s.dram_bytes_used).sum();
     c.request_drain(EpochId(5), 1).unwrap();
     // Wait for a reported failure.
     let started = Instant::now();
     loop {
         let status = c.drain_status().unwrap();
-        let failing = status.iter().all(|(_, l)| l.iter().any(|d| d.epoch == EpochId(5) && d.state == DrainState::Retrying && d.failed_attempts >= 2 && d.last_error.contains("epoch-5")));
+        let failing = status.iter().all(|(_, l)| {
+            l.iter().any(|d| {
+                d.epoch == EpochId(5)
+                    && d.state == DrainState::Retrying
+                    && d.failed_attempts >= 2
+                    && d.last_error.contains("epoch-5")
+            })
+        });
         if failing {
             break;
         }
@@ -167,7 +191,10 @@ fn unwritable_pfs_is_retried_and_reported_and_space_is_freed_only_after_the_drai
     }
     // Meanwhile the data is safe and readable in the burst buffer, nothing is freed.
     let epochs = c.list_epochs().unwrap();
-    assert!(epochs.iter().any(|e| e.epoch == EpochId(5) && e.state != EpochState::Drained), "{epochs:?}");
+    assert!(
+        epochs.iter().any(|e| e.epoch == EpochId(5) && e.state != EpochState::Drained),
+        "{epochs:?}"
+    );
     let file = c.open_file(EpochId(5), "ckpt/shared.dat").unwrap();
     let mut back = vec![0u8; 300_000];
     c.read(&file, 1_000_000, &mut back).unwrap();
@@ -177,7 +204,8 @@ fn unwritable_pfs_is_retried_and_reported_and_space_is_freed_only_after_the_drai
     std::fs::remove_file(pfs.join("epoch-5")).unwrap();
     wait_drained(&mut c, EpochId(5), Duration::from_secs(30));
     check_pfs(&pfs, EpochId(5), &expected);
-    let used_after: u64 = c.status().unwrap().iter().map(|s| s.ssd_bytes_used + s.dram_bytes_used).sum();
+    let used_after: u64 =
+        c.status().unwrap().iter().map(|s| s.ssd_bytes_used + s.dram_bytes_used).sum();
     assert!(used_after < used_before, "space not freed after drain: {used_before} -> {used_after}");
 }
 
@@ -191,7 +219,12 @@ fn server_killed_mid_drain_resumes_from_its_journal() {
     let mut c = client(dir.path(), 2, 0);
     c.request_drain(EpochId(3), 1).unwrap();
     let started = Instant::now();
-    while !c.drain_status().unwrap().iter().all(|(_, l)| l.iter().any(|d| d.epoch == EpochId(3) && d.failed_attempts > 0)) {
+    while !c
+        .drain_status()
+        .unwrap()
+        .iter()
+        .all(|(_, l)| l.iter().any(|d| d.epoch == EpochId(3) && d.failed_attempts > 0))
+    {
         assert!(started.elapsed() < Duration::from_secs(20));
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -54,7 +54,10 @@ impl ManagerProcess {
             .unwrap();
         let mut manager = ManagerProcess { child, socket, db, log };
         let deadline = Instant::now() + Duration::from_secs(60);
-        while !std::fs::read_to_string(&manager.log).unwrap_or_default().contains("spillway manager listening") {
+        while !std::fs::read_to_string(&manager.log)
+            .unwrap_or_default()
+            .contains("spillway manager listening")
+        {
             if let Some(status) = manager.child.try_wait().unwrap() {
                 panic!("manager exited with {status}: {}", manager.log_text());
             }
@@ -89,7 +92,10 @@ fn spillway(manager: &ManagerProcess, uid: Option<u32>, args: &[&str]) -> Output
         None => Command::new(BIN),
         Some(uid) => {
             let mut c = Command::new("setpriv");
-            c.arg(format!("--reuid={uid}")).arg(format!("--regid={uid}")).arg("--clear-groups").arg(BIN);
+            c.arg(format!("--reuid={uid}"))
+                .arg(format!("--regid={uid}"))
+                .arg("--clear-groups")
+                .arg(BIN);
             c
         }
     };
@@ -108,8 +114,9 @@ fn json(manager: &ManagerProcess, uid: Option<u32>, args: &[&str]) -> Value {
         String::from_utf8_lossy(&output.stderr),
         manager.log_text()
     );
-    serde_json::from_slice(&output.stdout)
-        .unwrap_or_else(|e| panic!("spillway {args:?}: not JSON ({e}): {}", String::from_utf8_lossy(&output.stdout)))
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!("spillway {args:?}: not JSON ({e}): {}", String::from_utf8_lossy(&output.stdout))
+    })
 }
 
 /// Runs the CLI, expects failure with exit code 1 and one stderr line containing `needle`.
@@ -117,7 +124,10 @@ fn fails(manager: &ManagerProcess, uid: Option<u32>, args: &[&str], needle: &str
     let output = spillway(manager, uid, args);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "spillway {args:?} as {uid:?}: {stderr}");
-    assert!(stderr.contains(needle), "spillway {args:?} as {uid:?}: expected {needle:?} in {stderr:?}");
+    assert!(
+        stderr.contains(needle),
+        "spillway {args:?} as {uid:?}: expected {needle:?} in {stderr:?}"
+    );
     assert_eq!(stderr.trim_end().lines().count(), 1, "one line naming the problem: {stderr:?}");
 }
 
@@ -182,22 +192,40 @@ fn manager_reservations_staging_restart_and_heartbeat() {
 
     // Root: a pool and two servers. A user may not.
     json(&manager, None, &["pool", "create", "fast", "--granularity", "8MiB"]);
-    fails(&manager, Some(USER), &["pool", "create", "mine", "--granularity", "8MiB"], "may not manage pools");
+    fails(
+        &manager,
+        Some(USER),
+        &["pool", "create", "mine", "--granularity", "8MiB"],
+        "may not manage pools",
+    );
     for address in &addresses {
         json(&manager, None, &["server", "add", address, "--pool", "fast", "--capacity", "64MiB"]);
     }
-    fails(&manager, Some(USER), &["server", "add", "127.0.0.1:1", "--pool", "fast", "--capacity", "1G"], "may not manage servers");
+    fails(
+        &manager,
+        Some(USER),
+        &["server", "add", "127.0.0.1:1", "--pool", "fast", "--capacity", "1G"],
+        "may not manage servers",
+    );
 
     // The user's reservation: 20 MiB in 8 MiB fragments over both servers.
-    let reservation = json(&manager, Some(USER), &["reservation", "create", "--capacity", "20MiB", "--job", "77"]);
+    let reservation = json(
+        &manager,
+        Some(USER),
+        &["reservation", "create", "--capacity", "20MiB", "--job", "77"],
+    );
     assert_eq!(reservation["name"], "job-77");
     assert_eq!(reservation["owner"], USER);
     assert_eq!(reservation["fragments"], 3);
     assert_eq!(reservation["capacity_bytes"], 24 * MIB);
     assert_eq!(reservation["state"], "active");
     assert_eq!(reservation["access"], "striped");
-    let mut striped: Vec<String> =
-        reservation["servers"].as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect();
+    let mut striped: Vec<String> = reservation["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect();
     striped.sort();
     let mut expected = addresses.clone();
     expected.sort();
@@ -213,7 +241,12 @@ fn manager_reservations_staging_restart_and_heartbeat() {
     assert_eq!(json(&manager, Some(USER), &["reservation", "list"]).as_array().unwrap().len(), 1);
     // Quota: root sets 16 MiB for the other user, whose 24 MiB request is refused clearly.
     json(&manager, None, &["quota", "set", &OTHER.to_string(), "16MiB"]);
-    fails(&manager, Some(OTHER), &["reservation", "create", "--capacity", "24MiB"], "quota exceeded for uid 1001");
+    fails(
+        &manager,
+        Some(OTHER),
+        &["reservation", "create", "--capacity", "24MiB"],
+        "quota exceeded for uid 1001",
+    );
 
     // Stage in a tree as the user, read it back through the client as root.
     let source = dir.path().join("pfs-src");
@@ -223,14 +256,32 @@ fn manager_reservations_staging_restart_and_heartbeat() {
     chown(&user_dir, USER);
     let record_in = user_dir.join("in.jsonl");
     let record_in_text = record_in.to_str().unwrap();
-    let stage_in_args = ["stage-in", "--reservation", "job-77", source.to_str().unwrap(), "/input", "--record", record_in_text, "--progress", "lines"];
+    let stage_in_args = [
+        "stage-in",
+        "--reservation",
+        "job-77",
+        source.to_str().unwrap(),
+        "/input",
+        "--record",
+        record_in_text,
+        "--progress",
+        "lines",
+    ];
     let report = json(&manager, Some(USER), &stage_in_args);
     assert_eq!(report["files_total"], files.len());
     assert_eq!(report["files_copied"], files.len());
     // In the reservation's stripe order (placement depends on it).
-    let endpoints_in_order: Vec<Endpoint> =
-        reservation["servers"].as_array().unwrap().iter().map(|s| s.as_str().unwrap().parse().unwrap()).collect();
-    let mut client = Client::connect(&endpoints_in_order, ClientOptions { placement: Placement::striped_default(), ..Default::default() }).unwrap();
+    let endpoints_in_order: Vec<Endpoint> = reservation["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().parse().unwrap())
+        .collect();
+    let mut client = Client::connect(
+        &endpoints_in_order,
+        ClientOptions { placement: Placement::striped_default(), ..Default::default() },
+    )
+    .unwrap();
     // Through the namespace the job's mount shows: /input/<name>, owned by the user, with the
     // bytes in the namespace's data file.
     let namespace = RemoteNamespace::open(
@@ -243,25 +294,36 @@ fn manager_reservations_staging_restart_and_heartbeat() {
     for (name, data) in &files {
         let mut attr = namespace.getattr(ROOT_INO).unwrap();
         for part in format!("input/{name}").split('/') {
-            attr = namespace.lookup(&MetaCaller::root(), attr.ino, part.as_bytes()).unwrap_or_else(|e| panic!("input/{name}: {e}"));
+            attr = namespace
+                .lookup(&MetaCaller::root(), attr.ino, part.as_bytes())
+                .unwrap_or_else(|e| panic!("input/{name}: {e}"));
         }
         assert_eq!(attr.kind, FileKind::Regular);
         assert_eq!((attr.uid, attr.size), (USER, data.len() as u64), "input/{name}");
         if data.is_empty() {
             continue;
         }
-        let handle = client.open_file(epoch, &data_file_name(namespace.id(), attr.ino, attr.generation)).unwrap();
+        let handle = client
+            .open_file(epoch, &data_file_name(namespace.id(), attr.ino, attr.generation))
+            .unwrap();
         let mut back = vec![0u8; data.len()];
         client.read(&handle, 0, &mut back).unwrap();
         assert!(back == *data, "input/{name}: bytes differ");
     }
     // Resume: a rerun copies nothing; with the record cut to its first line, the rest again.
     let report = json(&manager, Some(USER), &stage_in_args);
-    assert_eq!((report["files_copied"].as_u64(), report["files_skipped"].as_u64()), (Some(0), Some(files.len() as u64)));
-    let first_line = std::fs::read_to_string(&record_in).unwrap().lines().next().unwrap().to_string();
+    assert_eq!(
+        (report["files_copied"].as_u64(), report["files_skipped"].as_u64()),
+        (Some(0), Some(files.len() as u64))
+    );
+    let first_line =
+        std::fs::read_to_string(&record_in).unwrap().lines().next().unwrap().to_string();
     std::fs::write(&record_in, format!("{first_line}\n")).unwrap();
     let report = json(&manager, Some(USER), &stage_in_args);
-    assert_eq!((report["files_copied"].as_u64(), report["files_skipped"].as_u64()), (Some(files.len() as u64 - 1), Some(1)));
+    assert_eq!(
+        (report["files_copied"].as_u64(), report["files_skipped"].as_u64()),
+        (Some(files.len() as u64 - 1), Some(1))
+    );
 
     // Stage out as the user: the same bytes on the PFS.
     let out = user_dir.join("out");
@@ -269,16 +331,35 @@ fn manager_reservations_staging_restart_and_heartbeat() {
     let report = json(
         &manager,
         Some(USER),
-        &["stage-out", "--reservation", &id, "/input", out.to_str().unwrap(), "--record", record_out.to_str().unwrap(), "--parallel", "3"],
+        &[
+            "stage-out",
+            "--reservation",
+            &id,
+            "/input",
+            out.to_str().unwrap(),
+            "--record",
+            record_out.to_str().unwrap(),
+            "--parallel",
+            "3",
+        ],
     );
     assert_eq!(report["files_copied"], files.len());
     for (name, data) in &files {
         let path = out.join(name);
         assert!(std::fs::read(&path).unwrap() == *data, "{}: bytes differ", path.display());
         use std::os::unix::fs::MetadataExt;
-        assert_eq!(std::fs::metadata(&path).unwrap().uid(), USER, "written with the user's identity");
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().uid(),
+            USER,
+            "written with the user's identity"
+        );
     }
-    fails(&manager, Some(USER), &["stage-out", "--reservation", &id, "/nothing", out.to_str().unwrap()], "nothing under");
+    fails(
+        &manager,
+        Some(USER),
+        &["stage-out", "--reservation", &id, "/nothing", out.to_str().unwrap()],
+        "nothing under",
+    );
 
     // Restart: the reservation, pool and servers are still there.
     let before = json(&manager, Some(USER), &["reservation", "show", "job-77"]);
@@ -295,19 +376,30 @@ fn manager_reservations_staging_restart_and_heartbeat() {
     let down = addresses[1].clone();
     wait_for("the heartbeat to mark the killed server down", Duration::from_secs(30), || {
         let list = json(&manager, None, &["server", "list"]);
-        list.as_array().unwrap().iter().any(|s| s["address"] == down.as_str() && s["healthy"] == false)
+        list.as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["address"] == down.as_str() && s["healthy"] == false)
     });
     // New reservations avoid it.
-    let next = json(&manager, Some(USER), &["reservation", "create", "--capacity", "16MiB", "--persistent", "keep"]);
+    let next = json(
+        &manager,
+        Some(USER),
+        &["reservation", "create", "--capacity", "16MiB", "--persistent", "keep"],
+    );
     assert_eq!(next["servers"], serde_json::json!([addresses[0]]));
 
     // The user destroys their job reservation; its data is deleted on the live server.
-    let destroyed = json(&manager, Some(USER), &["reservation", "destroy", "job-77", "--job", "77"]);
+    let destroyed =
+        json(&manager, Some(USER), &["reservation", "destroy", "job-77", "--job", "77"]);
     assert_eq!(destroyed["state"], "destroyed");
     fails(&manager, Some(USER), &["reservation", "show", "job-77"], "no reservation");
     let live_endpoint: Endpoint = addresses[0].parse().unwrap();
     let mut live = Client::connect(&[live_endpoint], ClientOptions::default()).unwrap();
-    assert!(live.list_epochs().unwrap().iter().all(|e| e.epoch != epoch), "epoch deleted at destroy");
+    assert!(
+        live.list_epochs().unwrap().iter().all(|e| e.epoch != epoch),
+        "epoch deleted at destroy"
+    );
     manager.stop();
 }
 
@@ -337,28 +429,79 @@ fn stage_out_through_the_drain_path() {
     let manager = ManagerProcess::start(dir.path());
     json(&manager, None, &["pool", "create", "drained", "--granularity", "8MiB"]);
     for endpoint in &endpoints {
-        json(&manager, None, &["server", "add", &endpoint.to_string(), "--pool", "drained", "--capacity", "64MiB", "--pfs", pfs.to_str().unwrap()]);
+        json(
+            &manager,
+            None,
+            &[
+                "server",
+                "add",
+                &endpoint.to_string(),
+                "--pool",
+                "drained",
+                "--capacity",
+                "64MiB",
+                "--pfs",
+                pfs.to_str().unwrap(),
+            ],
+        );
     }
-    let reservation = json(&manager, None, &["reservation", "create", "--capacity", "16MiB", "--job", "9"]);
+    let reservation =
+        json(&manager, None, &["reservation", "create", "--capacity", "16MiB", "--job", "9"]);
     assert_eq!(reservation["servers"].as_array().unwrap().len(), 2);
     let source = dir.path().join("src");
     let files = make_tree(&source);
-    json(&manager, None, &["stage-in", "--reservation", "job-9", source.to_str().unwrap(), "/data", "--progress", "none"]);
+    json(
+        &manager,
+        None,
+        &[
+            "stage-in",
+            "--reservation",
+            "job-9",
+            source.to_str().unwrap(),
+            "/data",
+            "--progress",
+            "none",
+        ],
+    );
 
     let out = dir.path().join("out");
     let record = dir.path().join("out.jsonl");
-    let args = ["stage-out", "--reservation", "job-9", "/data", out.to_str().unwrap(), "--drain", "--drain-timeout-s", "60", "--record", record.to_str().unwrap(), "--progress", "none"];
+    let args = [
+        "stage-out",
+        "--reservation",
+        "job-9",
+        "/data",
+        out.to_str().unwrap(),
+        "--drain",
+        "--drain-timeout-s",
+        "60",
+        "--record",
+        record.to_str().unwrap(),
+        "--progress",
+        "none",
+    ];
     let report = json(&manager, None, &args);
     assert_eq!(report["files_copied"], files.len());
-    assert_eq!(report["files_from_drained_copy"], files.len(), "every file came from its drained copy: {report}");
+    assert_eq!(
+        report["files_from_drained_copy"],
+        files.len(),
+        "every file came from its drained copy: {report}"
+    );
     for (name, data) in &files {
         assert!(std::fs::read(out.join(name)).unwrap() == *data, "{name}: bytes differ");
     }
     let mut client = Client::connect(&endpoints, ClientOptions::default()).unwrap();
     let epoch = EpochId(reservation["epoch"].as_u64().unwrap());
-    let state = client.list_epochs().unwrap().into_iter().find(|e| e.epoch == epoch).map(|e| e.state);
-    assert!(matches!(state, None | Some(spillway_proto::EpochState::Drained)), "epoch drained: {state:?}");
+    let state =
+        client.list_epochs().unwrap().into_iter().find(|e| e.epoch == epoch).map(|e| e.state);
+    assert!(
+        matches!(state, None | Some(spillway_proto::EpochState::Drained)),
+        "epoch drained: {state:?}"
+    );
     // Already staged out: nothing is copied twice.
     let report = json(&manager, None, &args);
-    assert_eq!((report["files_copied"].as_u64(), report["files_skipped"].as_u64()), (Some(0), Some(files.len() as u64)));
+    assert_eq!(
+        (report["files_copied"].as_u64(), report["files_skipped"].as_u64()),
+        (Some(0), Some(files.len() as u64))
+    );
 }

@@ -11,8 +11,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use spillway_client::{Client, ClientOptions, Placement};
 use spillway_client::meta::{RemoteNamespace, RemoteOptions};
+use spillway_client::{Client, ClientOptions, Placement};
 use spillway_meta::Namespace;
 use spillway_mount::{Mount, MountConfig};
 use spillway_proto::Endpoint;
@@ -46,29 +46,48 @@ impl Drop for MountGuard {
                 eprintln!("unmount of {} failed: {e}", self.path.display());
             }
         }
-        let still_mounted = std::fs::read_to_string("/proc/mounts").unwrap_or_default().contains(&format!(" {} ", self.path.display()));
+        let still_mounted = std::fs::read_to_string("/proc/mounts")
+            .unwrap_or_default()
+            .contains(&format!(" {} ", self.path.display()));
         if still_mounted {
-            let _ = std::process::Command::new("fusermount3").arg("-u").arg("-z").arg(&self.path).status();
+            let _ = std::process::Command::new("fusermount3")
+                .arg("-u")
+                .arg("-z")
+                .arg(&self.path)
+                .status();
         }
     }
 }
 
 /// Servers for one test, with their data directories in `dir`.
 fn servers(dir: &Path, count: usize) -> (Vec<ServerProcess>, Vec<Endpoint>) {
-    let servers: Vec<ServerProcess> = (0..count).map(|i| ServerProcess::builder(BIN, dir, &format!("s{i}")).dram_bytes("64M").start()).collect();
+    let servers: Vec<ServerProcess> = (0..count)
+        .map(|i| ServerProcess::builder(BIN, dir, &format!("s{i}")).dram_bytes("64M").start())
+        .collect();
     let endpoints = servers.iter().map(|s| s.endpoint().clone()).collect();
     (servers, endpoints)
 }
 
 fn clients(endpoints: &[Endpoint], count: usize) -> Vec<Client> {
     (0..count)
-        .map(|_| Client::connect(endpoints, ClientOptions { placement: Placement::striped_default(), ..Default::default() }).unwrap())
+        .map(|_| {
+            Client::connect(
+                endpoints,
+                ClientOptions { placement: Placement::striped_default(), ..Default::default() },
+            )
+            .unwrap()
+        })
         .collect()
 }
 
 /// Namespace `id` on the first server (what `spillway mount --access striped` uses).
 fn remote_namespace(endpoints: &[Endpoint], id: u64) -> Arc<dyn Namespace> {
-    let options = RemoteOptions { create: true, data_epoch: EpochId(1_000 + id), root_mode: 0o755, ..RemoteOptions::default() };
+    let options = RemoteOptions {
+        create: true,
+        data_epoch: EpochId(1_000 + id),
+        root_mode: 0o755,
+        ..RemoteOptions::default()
+    };
     Arc::new(RemoteNamespace::open(&endpoints[0], id, &options).unwrap())
 }
 
@@ -94,17 +113,35 @@ impl CliMount {
             .output()
             .unwrap();
         let guard = CliMount { path: path.to_path_buf() };
-        assert!(out.status.success(), "spillway mount failed: {}{}; log: {}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr), std::fs::read_to_string(&log).unwrap_or_default());
-        assert!(String::from_utf8_lossy(&out.stdout).starts_with("mounted "), "{}", String::from_utf8_lossy(&out.stdout));
+        assert!(
+            out.status.success(),
+            "spillway mount failed: {}{}; log: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stdout).starts_with("mounted "),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
         guard
     }
 }
 
 impl Drop for CliMount {
     fn drop(&mut self) {
-        let ok = std::process::Command::new(BIN).arg("umount").arg(&self.path).status().is_ok_and(|s| s.success());
+        let ok = std::process::Command::new(BIN)
+            .arg("umount")
+            .arg(&self.path)
+            .status()
+            .is_ok_and(|s| s.success());
         if !ok {
-            let _ = std::process::Command::new("fusermount3").arg("-u").arg("-z").arg(&self.path).status();
+            let _ = std::process::Command::new("fusermount3")
+                .arg("-u")
+                .arg("-z")
+                .arg(&self.path)
+                .status();
         }
     }
 }
@@ -116,14 +153,19 @@ fn sh(script: &str) -> String {
 }
 
 fn mount_at(path: &Path, namespace: Arc<dyn Namespace>, endpoints: &[Endpoint]) -> MountGuard {
-    assert!(Path::new("/dev/fuse").exists(), "the mount tests need /dev/fuse (the fuse kernel module) and root");
+    assert!(
+        Path::new("/dev/fuse").exists(),
+        "the mount tests need /dev/fuse (the fuse kernel module) and root"
+    );
     std::fs::create_dir_all(path).unwrap();
     let config = MountConfig::default();
-    let mount = spillway_mount::mount(namespace, clients(endpoints, config.threads), path, config).unwrap();
+    let mount =
+        spillway_mount::mount(namespace, clients(endpoints, config.threads), path, config).unwrap();
     let guard = MountGuard { mount: Some(mount), path: path.to_path_buf() };
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
     assert!(
-        mounts.lines().any(|l| l.split(' ').nth(1) == Some(&path.display().to_string()) && l.split(' ').nth(2).is_some_and(|t| t.starts_with("fuse"))),
+        mounts.lines().any(|l| l.split(' ').nth(1) == Some(&path.display().to_string())
+            && l.split(' ').nth(2).is_some_and(|t| t.starts_with("fuse"))),
         "{} is not a FUSE mount:\n{mounts}",
         path.display()
     );
@@ -140,14 +182,22 @@ fn tempdir() -> tempfile::TempDir {
 fn seed() -> u64 {
     match std::env::var("SPILLWAY_MOUNT_SEED") {
         Ok(s) => s.parse().expect("SPILLWAY_MOUNT_SEED is a number"),
-        Err(_) => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64,
+        Err(_) => {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+                as u64
+        }
     }
 }
 
 fn run_conformance(root: &Path, what: &str) {
     let (passed, total, failures) = mount_suite::conformance(root);
     println!("POSIX conformance on {what}: {passed}/{total} cases passed");
-    assert!(failures.is_empty(), "{} of {total} cases failed on {what}:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {total} cases failed on {what}:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -180,8 +230,9 @@ fn random_operations_match_a_plain_directory() {
     let mount = mount_at(&dir.path().join("mnt"), remote_namespace(&endpoints, 2), &endpoints);
     let seed = seed();
     println!("random operations seed {seed} (replay: SPILLWAY_MOUNT_SEED={seed})");
-    let steps = mount_suite::random_ops(&mount.path().join("r"), &dir.path().join("plain"), seed, 2_000)
-        .unwrap_or_else(|e| panic!("{e}\nreplay with SPILLWAY_MOUNT_SEED={seed}"));
+    let steps =
+        mount_suite::random_ops(&mount.path().join("r"), &dir.path().join("plain"), seed, 2_000)
+            .unwrap_or_else(|e| panic!("{e}\nreplay with SPILLWAY_MOUNT_SEED={seed}"));
     println!("{steps} random steps agreed");
     mount.unmount();
 }
@@ -209,7 +260,10 @@ fn two_mounts_share_a_striped_namespace_and_private_ones_are_separate() {
         assert_eq!(sh(&format!("cat {}/shared/dir/note", b.display())), "from a");
         assert_eq!(std::fs::metadata(b.join("shared/zeros")).unwrap().len(), 3 << 20);
         // And back: a rename on b shows on a.
-        sh(&format!("mv {0}/shared/dir/note {0}/shared/renamed && printf ' and b' >> {0}/shared/renamed", b.display()));
+        sh(&format!(
+            "mv {0}/shared/dir/note {0}/shared/renamed && printf ' and b' >> {0}/shared/renamed",
+            b.display()
+        ));
         assert_eq!(sh(&format!("cat {}/shared/renamed", a.display())), "from a and b");
         assert!(!a.join("shared/dir/note").exists());
     }
@@ -219,7 +273,10 @@ fn two_mounts_share_a_striped_namespace_and_private_ones_are_separate() {
         assert!(!a.join("shared").exists(), "a private namespace starts empty");
         sh(&format!("printf mine > {}/only-a", a.display()));
         sh(&format!("printf other > {}/only-b", b.display()));
-        assert!(!b.join("only-a").exists() && !a.join("only-b").exists(), "private namespaces are separate");
+        assert!(
+            !b.join("only-a").exists() && !a.join("only-b").exists(),
+            "private namespaces are separate"
+        );
         assert_eq!(std::fs::read(a.join("only-a")).unwrap(), b"mine");
     }
     {
@@ -234,7 +291,8 @@ fn fsync_through_the_mount_survives_a_crash_of_every_server() {
     let dir = tempdir();
     let (mut servers, endpoints) = servers(dir.path(), 2);
     let path = dir.path().join("m");
-    let expected: Vec<u8> = (0..3u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
+    let expected: Vec<u8> =
+        (0..3u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
     std::fs::write(dir.path().join("expected"), &expected).unwrap();
     {
         let _mount = CliMount::start(&endpoints, &path, &["--access", "striped"]);
@@ -257,5 +315,8 @@ fn fsync_through_the_mount_survives_a_crash_of_every_server() {
     let endpoints: Vec<Endpoint> = servers.iter().map(|s| s.endpoint().clone()).collect();
     let _mount = CliMount::start(&endpoints, &path, &["--access", "striped"]);
     let got = std::fs::read(path.join("ckpt.bin")).unwrap();
-    assert!(spillway_testkit::same_bytes(&got, &expected), "the fsync'd file lost bytes across the crash");
+    assert!(
+        spillway_testkit::same_bytes(&got, &expected),
+        "the fsync'd file lost bytes across the crash"
+    );
 }

@@ -63,7 +63,8 @@ fn two_clients_share_a_tree_that_survives_sigkill() {
 
     // A builds, B sees and changes, A sees B's changes.
     let project = a.mkdir(&root(), ROOT_INO, b"project", 0o755, 0o022).unwrap();
-    let data = a.create(&root(), project.ino, b"data.bin", FileKind::Regular, 0o644, 0, 0, true).unwrap();
+    let data =
+        a.create(&root(), project.ino, b"data.bin", FileKind::Regular, 0o644, 0, 0, true).unwrap();
     a.wrote(&root(), data.ino, 1 << 20).unwrap();
     let seen = b.lookup(&root(), ROOT_INO, b"project").unwrap();
     assert_eq!(seen.ino, project.ino);
@@ -72,14 +73,31 @@ fn two_clients_share_a_tree_that_survives_sigkill() {
     b.symlink(&root(), project.ino, b"latest", b"data.bin").unwrap();
     b.rename(&root(), project.ino, b"data.bin", project.ino, b"step-1.bin", 0).unwrap();
     assert_eq!(a.getattr(data.ino).unwrap().nlink, 2);
-    assert_eq!(a.readlink(a.lookup(&root(), project.ino, b"latest").unwrap().ino).unwrap(), b"data.bin");
+    assert_eq!(
+        a.readlink(a.lookup(&root(), project.ino, b"latest").unwrap().ino).unwrap(),
+        b"data.bin"
+    );
     assert_eq!(a.lookup(&root(), project.ino, b"data.bin").unwrap_err().errno, libc::ENOENT);
-    assert_eq!(a.mkdir(&root(), ROOT_INO, b"project", 0o755, 0).unwrap_err().errno, libc::EEXIST, "errno crosses the wire");
+    assert_eq!(
+        a.mkdir(&root(), ROOT_INO, b"project", 0o755, 0).unwrap_err().errno,
+        libc::EEXIST,
+        "errno crosses the wire"
+    );
     let public = a.mkdir(&root(), ROOT_INO, b"public", 0o1777, 0).unwrap();
     assert_eq!(public.mode, 0o1777);
     // Many entries page through readdir.
     for i in 0..300 {
-        a.create(&root(), project.ino, format!("f{i:04}").as_bytes(), FileKind::Regular, 0o600, 0, 0, true).unwrap();
+        a.create(
+            &root(),
+            project.ino,
+            format!("f{i:04}").as_bytes(),
+            FileKind::Regular,
+            0o600,
+            0,
+            0,
+            true,
+        )
+        .unwrap();
     }
     assert_eq!(tree(&b).len(), 3 + 2 + 300);
     let statfs = b.statfs().unwrap();
@@ -107,15 +125,22 @@ fn two_clients_share_a_tree_that_survives_sigkill() {
     assert!(!server.log_text().contains("panicked"));
 
     // A namespace that does not exist is ENOENT without create.
-    assert_eq!(RemoteNamespace::open(&endpoint, 999, &options(false)).err().unwrap().errno, libc::ENOENT);
+    assert_eq!(
+        RemoteNamespace::open(&endpoint, 999, &options(false)).err().unwrap().errno,
+        libc::ENOENT
+    );
 
     // The unprivileged peer (a separate process as uid 4242) cannot act as root.
     if run_unprivileged_child(&endpoint, dir.path()) {
         let public_tree = tree(&a);
-        let made: Vec<_> = public_tree.iter().filter(|(path, ..)| path.starts_with("/public/")).collect();
+        let made: Vec<_> =
+            public_tree.iter().filter(|(path, ..)| path.starts_with("/public/")).collect();
         assert_eq!(made.len(), 1, "{made:?}");
         assert_eq!(made[0].4, UNPRIVILEGED, "created as the peer's own uid, not the claimed root");
-        assert!(a.lookup(&root(), ROOT_INO, b"by-root").is_err(), "the claimed root could not write the root directory");
+        assert!(
+            a.lookup(&root(), ROOT_INO, b"by-root").is_err(),
+            "the claimed root could not write the root directory"
+        );
     }
     let status = server.sigterm_and_wait(Duration::from_secs(20)).unwrap();
     assert!(status.success(), "graceful shutdown (namespaces synced): {status:?}");
@@ -137,7 +162,11 @@ fn run_unprivileged_child(endpoint: &Endpoint, dir: &Path) -> bool {
         .gid(UNPRIVILEGED)
         .output()
         .unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
     assert!(output.status.success(), "unprivileged child failed:\n{text}");
     assert!(text.contains("1 passed"), "the child test did not run:\n{text}");
     true
@@ -153,17 +182,26 @@ fn child_unprivileged_peer() {
     let ns = RemoteNamespace::open(&endpoint, NAMESPACE, &options(false)).unwrap();
     let claimed_root = Caller { uid: 0, gid: 0, groups: vec![0], pid: 1 };
     // The root directory is 0755 root: the claimed root identity is not believed.
-    let denied = ns.create(&claimed_root, ROOT_INO, b"by-root", FileKind::Regular, 0o644, 0, 0, true);
+    let denied =
+        ns.create(&claimed_root, ROOT_INO, b"by-root", FileKind::Regular, 0o644, 0, 0, true);
     assert_eq!(denied.unwrap_err().errno, libc::EACCES);
     let public = ns.lookup(&claimed_root, ROOT_INO, b"public").unwrap();
-    let mine = ns.create(&claimed_root, public.ino, b"mine", FileKind::Regular, 0o644, 0, 0, true).unwrap();
+    let mine = ns
+        .create(&claimed_root, public.ino, b"mine", FileKind::Regular, 0o644, 0, 0, true)
+        .unwrap();
     assert_eq!(mine.uid, UNPRIVILEGED);
-    let chown = ns.setattr(&claimed_root, mine.ino, &SetAttr { uid: Some(0), ..SetAttr::default() });
+    let chown =
+        ns.setattr(&claimed_root, mine.ino, &SetAttr { uid: Some(0), ..SetAttr::default() });
     assert_eq!(chown.unwrap_err().errno, libc::EPERM);
     let hard = ns.lookup(&claimed_root, ROOT_INO, b"hard").unwrap();
-    let steal = ns.setattr(&claimed_root, hard.ino, &SetAttr { mode: Some(0o777), ..SetAttr::default() });
+    let steal =
+        ns.setattr(&claimed_root, hard.ino, &SetAttr { mode: Some(0o777), ..SetAttr::default() });
     assert_eq!(steal.unwrap_err().errno, libc::EPERM);
-    let truncate = ns.setattr(&claimed_root, hard.ino, &SetAttr { size: Some(0), via_writable_handle: true, ..SetAttr::default() });
+    let truncate = ns.setattr(
+        &claimed_root,
+        hard.ino,
+        &SetAttr { size: Some(0), via_writable_handle: true, ..SetAttr::default() },
+    );
     assert_eq!(truncate.unwrap_err().errno, libc::EACCES, "a write handle is not believed either");
     assert_eq!(ns.wrote(&claimed_root, hard.ino, 1 << 30).unwrap_err().errno, libc::EACCES);
     assert_eq!(ns.manifest().unwrap_err().errno, libc::EACCES);
@@ -185,7 +223,8 @@ fn drained_mount_files_land_under_their_paths() {
     let dir = tempfile::tempdir().unwrap();
     let pfs = dir.path().join("pfs");
     std::fs::create_dir_all(&pfs).unwrap();
-    let sockets: Vec<Endpoint> = (0..2).map(|i| Endpoint::Unix(dir.path().join(format!("s{i}.sock")))).collect();
+    let sockets: Vec<Endpoint> =
+        (0..2).map(|i| Endpoint::Unix(dir.path().join(format!("s{i}.sock")))).collect();
     let _servers: Vec<ServerProcess> = (0..2)
         .map(|i| {
             ServerProcess::builder(BIN, dir.path(), &format!("s{i}"))
@@ -200,37 +239,50 @@ fn drained_mount_files_land_under_their_paths() {
         })
         .collect();
     let epoch = EpochId(5);
-    let ns = RemoteNamespace::open(&sockets[0], 77, &RemoteOptions { data_epoch: epoch, ..options(true) }).unwrap();
+    let ns = RemoteNamespace::open(
+        &sockets[0],
+        77,
+        &RemoteOptions { data_epoch: epoch, ..options(true) },
+    )
+    .unwrap();
     let mut client = Client::connect(
         &sockets,
-        ClientOptions { placement: Placement::Striped { stripe_unit_bytes: 64 * 1024, stripe_count: 2 }, ..ClientOptions::default() },
+        ClientOptions {
+            placement: Placement::Striped { stripe_unit_bytes: 64 * 1024, stripe_count: 2 },
+            ..ClientOptions::default()
+        },
     )
     .unwrap();
     client.begin_epoch(epoch);
     // Writes `bytes` as the current generation of `ino`, then records the write.
     let mut write = |ino: u64, bytes: &[u8]| {
         let attr = ns.getattr(ino).unwrap();
-        let mut file = client.create_file(epoch, &data_file_name(77, ino, attr.generation)).unwrap();
+        let mut file =
+            client.create_file(epoch, &data_file_name(77, ino, attr.generation)).unwrap();
         client.write(&mut file, 0, bytes).unwrap();
         ns.wrote(&root(), ino, bytes.len() as u64).unwrap();
     };
     let a = ns.mkdir(&root(), ROOT_INO, b"results", 0o755, 0).unwrap();
     let b = ns.mkdir(&root(), a.ino, b"run-1", 0o755, 0).unwrap();
-    let deep = ns.create(&root(), b.ino, b"field.dat", FileKind::Regular, 0o644, 0, 0, true).unwrap();
+    let deep =
+        ns.create(&root(), b.ino, b"field.dat", FileKind::Regular, 0o644, 0, 0, true).unwrap();
     let deep_bytes = pattern(1, 300_000);
     write(deep.ino, &deep_bytes);
-    let top = ns.create(&root(), ROOT_INO, b"summary.txt", FileKind::Regular, 0o644, 0, 0, true).unwrap();
+    let top =
+        ns.create(&root(), ROOT_INO, b"summary.txt", FileKind::Regular, 0o644, 0, 0, true).unwrap();
     write(top.ino, &pattern(2, 1000));
     // Rewritten after O_TRUNC: the first generation is dead, the second is the file.
     ns.open(&root(), top.ino, libc::O_WRONLY | libc::O_TRUNC).unwrap();
     let top_bytes = pattern(3, 70_000);
     write(top.ino, &top_bytes);
     // Written, then unlinked: never published.
-    let gone = ns.create(&root(), ROOT_INO, b"scratch.tmp", FileKind::Regular, 0o644, 0, 0, true).unwrap();
+    let gone =
+        ns.create(&root(), ROOT_INO, b"scratch.tmp", FileKind::Regular, 0o644, 0, 0, true).unwrap();
     write(gone.ino, &pattern(4, 5000));
     ns.unlink(&root(), ROOT_INO, b"scratch.tmp").unwrap();
     // Created but never written: the mount creates its (empty) store file at create time.
-    let empty = ns.create(&root(), a.ino, b"empty.flag", FileKind::Regular, 0o644, 0, 0, true).unwrap();
+    let empty =
+        ns.create(&root(), a.ino, b"empty.flag", FileKind::Regular, 0o644, 0, 0, true).unwrap();
     client.create_file(epoch, &data_file_name(77, empty.ino, empty.generation)).unwrap();
     // Renamed after its data was written: published under the new name.
     ns.rename(&root(), b.ino, b"field.dat", b.ino, b"field-final.dat", 0).unwrap();
@@ -242,7 +294,9 @@ fn drained_mount_files_land_under_their_paths() {
     let started = Instant::now();
     loop {
         let status = client.drain_status().unwrap();
-        let drained = status.iter().all(|(_, list)| list.iter().any(|d| d.epoch == epoch && d.state == DrainState::Drained));
+        let drained = status.iter().all(|(_, list)| {
+            list.iter().any(|d| d.epoch == epoch && d.state == DrainState::Drained)
+        });
         if drained {
             break;
         }
@@ -250,7 +304,10 @@ fn drained_mount_files_land_under_their_paths() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let got = std::fs::read(pfs.join("results/run-1/field-final.dat")).unwrap();
-    assert!(got.len() == deep_bytes.len() && same_bytes(&got, &deep_bytes), "results/run-1/field-final.dat differs");
+    assert!(
+        got.len() == deep_bytes.len() && same_bytes(&got, &deep_bytes),
+        "results/run-1/field-final.dat differs"
+    );
     let got = std::fs::read(pfs.join("summary.txt")).unwrap();
     assert!(got.len() == top_bytes.len() && same_bytes(&got, &top_bytes), "summary.txt differs");
     let mut published = Vec::new();
@@ -261,11 +318,16 @@ fn drained_mount_files_land_under_their_paths() {
             if entry.file_type().unwrap().is_dir() {
                 stack.push(entry.path());
             } else {
-                published.push(entry.path().strip_prefix(&pfs).unwrap().to_string_lossy().into_owned());
+                published
+                    .push(entry.path().strip_prefix(&pfs).unwrap().to_string_lossy().into_owned());
             }
         }
     }
     published.sort();
-    assert_eq!(published, ["results/empty.flag", "results/run-1/field-final.dat", "summary.txt"], "only live files, only under their paths");
+    assert_eq!(
+        published,
+        ["results/empty.flag", "results/run-1/field-final.dat", "summary.txt"],
+        "only live files, only under their paths"
+    );
     assert_eq!(std::fs::metadata(pfs.join("results/empty.flag")).unwrap().len(), 0);
 }

@@ -53,7 +53,11 @@ fn child_writer() {
     let barrier = PathBuf::from(std::env::var("SPILLWAY_E2E_BARRIER").unwrap());
     let endpoints = endpoints_from_env();
     for (epoch, name, placement, offset) in rank_plan(rank) {
-        let mut client = Client::connect(&endpoints, ClientOptions { placement, durability: Durability::Ssd, ..Default::default() }).unwrap();
+        let mut client = Client::connect(
+            &endpoints,
+            ClientOptions { placement, durability: Durability::Ssd, ..Default::default() },
+        )
+        .unwrap();
         client.begin_epoch(epoch);
         let mut file = client.create_file(epoch, &name).unwrap();
         let data = pattern(seed(rank, epoch), BLOCK);
@@ -88,7 +92,10 @@ fn verify_all_ranks(endpoints: &[Endpoint]) {
             let file = client.open_file(epoch, &name).unwrap();
             let mut back = vec![0u8; BLOCK];
             client.read(&file, offset, &mut back).unwrap();
-            assert!(back == pattern(seed(rank, epoch), BLOCK), "rank {rank} epoch {epoch} file {name}: bytes differ");
+            assert!(
+                back == pattern(seed(rank, epoch), BLOCK),
+                "rank {rank} epoch {epoch} file {name}: bytes differ"
+            );
         }
     }
 }
@@ -120,7 +127,10 @@ fn n_n_and_n_1_from_several_processes_read_back_bit_exact() {
     let mut client = reader(&endpoints, Placement::striped_default());
     let epochs = client.list_epochs().unwrap();
     assert_eq!(epochs.iter().map(|e| e.epoch.0).collect::<Vec<_>>(), vec![1, 2, 3]);
-    assert!(epochs.iter().all(|e| e.state == EpochState::Committed && e.servers == 2), "{epochs:?}");
+    assert!(
+        epochs.iter().all(|e| e.state == EpochState::Committed && e.servers == 2),
+        "{epochs:?}"
+    );
     let total: u64 = epochs.iter().map(|e| e.bytes).sum();
     assert_eq!(total, 3 * RANKS as u64 * BLOCK as u64);
     assert_eq!(client.list_files(EpochId(1)).unwrap().len(), RANKS as usize);
@@ -134,7 +144,8 @@ fn server_killed_after_commit_still_serves_every_committed_byte() {
     let mut server = server(dir.path(), "k").start();
     let endpoints = vec![server.endpoint().clone()];
     let mut client = reader(&endpoints, Placement::striped_default());
-    let committed: Vec<(String, Vec<u8>)> = (0..4).map(|i| (format!("ckpt/{i}"), pattern(i, 1_500_000 + i as usize * 7))).collect();
+    let committed: Vec<(String, Vec<u8>)> =
+        (0..4).map(|i| (format!("ckpt/{i}"), pattern(i, 1_500_000 + i as usize * 7))).collect();
     for (name, data) in &committed {
         let mut file = client.create_file(EpochId(10), name).unwrap();
         for (i, chunk) in data.chunks(1 << 20).enumerate() {
@@ -179,7 +190,9 @@ fn protocol_garbage_is_answered_logged_and_others_still_served() {
     let mut body = Vec::new();
     let header = frame::read_header_and_body(&mut bad, &mut body, 0).unwrap();
     match Response::decode(header.kind, &body).unwrap() {
-        Response::Error { code: ErrorCode::BadFrame, message } => assert!(message.contains("magic"), "{message}"),
+        Response::Error { code: ErrorCode::BadFrame, message } => {
+            assert!(message.contains("magic"), "{message}")
+        }
         other => panic!("expected an error frame, got {other:?}"),
     }
     let mut rest = Vec::new();
@@ -269,7 +282,10 @@ fn full_store_waits_then_fails_with_enospc_and_succeeds_once_space_is_freed() {
         let endpoints = endpoints.clone();
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(200));
-            Client::connect(&endpoints, ClientOptions::default()).unwrap().delete_epoch(EpochId(1)).unwrap();
+            Client::connect(&endpoints, ClientOptions::default())
+                .unwrap()
+                .delete_epoch(EpochId(1))
+                .unwrap();
         })
     };
     client.write(&mut new, 0, &data).unwrap();

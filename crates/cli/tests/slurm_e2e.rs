@@ -43,20 +43,30 @@ fn require_environment() {
         "the Slurm end-to-end test must run as root (it starts slurmctld/slurmd and mounts FUSE); \
          run `make test` as root on CI"
     );
-    for tool in ["munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "scancel", "useradd"] {
+    for tool in
+        ["munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "scancel", "useradd"]
+    {
         let found = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
             .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
             .any(|dir| dir.join(tool).exists());
         assert!(found, "`{tool}` not found: install the Debian packages slurm-wlm and munge (scripts/install-deps.sh)");
     }
     let lua = Path::new("/usr/lib/x86_64-linux-gnu/slurm-wlm/burst_buffer_lua.so");
-    assert!(lua.exists() || glob_plugin(), "Slurm's burst_buffer_lua.so plugin is missing (Debian slurm-wlm-basic-plugins)");
+    assert!(
+        lua.exists() || glob_plugin(),
+        "Slurm's burst_buffer_lua.so plugin is missing (Debian slurm-wlm-basic-plugins)"
+    );
 }
 
 fn glob_plugin() -> bool {
-    ["/usr/lib/slurm-wlm", "/usr/lib64/slurm", "/usr/lib/slurm", "/usr/lib/aarch64-linux-gnu/slurm-wlm"]
-        .iter()
-        .any(|d| Path::new(d).join("burst_buffer_lua.so").exists())
+    [
+        "/usr/lib/slurm-wlm",
+        "/usr/lib64/slurm",
+        "/usr/lib/slurm",
+        "/usr/lib/aarch64-linux-gnu/slurm-wlm",
+    ]
+    .iter()
+    .any(|d| Path::new(d).join("burst_buffer_lua.so").exists())
 }
 
 /// A loopback TCP port nobody listens on right now.
@@ -135,7 +145,8 @@ impl Manager {
     fn start(dir: &Path) -> Manager {
         let socket = dir.join("manager/manager.sock");
         std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
-        std::fs::set_permissions(socket.parent().unwrap(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(socket.parent().unwrap(), std::fs::Permissions::from_mode(0o755))
+            .unwrap();
         let config = dir.join("manager/manager.toml");
         std::fs::write(
             &config,
@@ -159,7 +170,9 @@ impl Manager {
         let manager = Manager { child, socket };
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if manager.socket.exists() && spillway(&manager.socket, &["pool", "list", "--json"]).status.success() {
+            if manager.socket.exists()
+                && spillway(&manager.socket, &["pool", "list", "--json"]).status.success()
+            {
                 return manager;
             }
             assert!(
@@ -174,7 +187,12 @@ impl Manager {
 
 /// `spillway ARGS` as root against the manager.
 fn spillway(socket: &Path, args: &[&str]) -> Output {
-    Command::new(BIN).args(args).env("SPILLWAY_MANAGER", socket).stdin(Stdio::null()).output().unwrap()
+    Command::new(BIN)
+        .args(args)
+        .env("SPILLWAY_MANAGER", socket)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
 }
 
 fn spillway_ok(socket: &Path, args: &[&str]) -> String {
@@ -224,12 +242,18 @@ fn submit(cluster: &Cluster, work: &Path, name: &str, script: &str) -> u64 {
     let output = sbatch(cluster, work, name, script, &[]);
     assert!(output.status.success(), "sbatch {name}: {}", String::from_utf8_lossy(&output.stderr));
     let text = String::from_utf8_lossy(&output.stdout);
-    text.trim().split(';').next().unwrap().parse().unwrap_or_else(|_| panic!("sbatch printed {text:?}"))
+    text.trim()
+        .split(';')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|_| panic!("sbatch printed {text:?}"))
 }
 
 /// `scontrol show job -o ID` as key=value pairs (empty once the job is purged).
 fn job_fields(cluster: &Cluster, job: u64) -> std::collections::HashMap<String, String> {
-    let output = cluster.command("scontrol").args(["show", "job", "-o", &job.to_string()]).output().unwrap();
+    let output =
+        cluster.command("scontrol").args(["show", "job", "-o", &job.to_string()]).output().unwrap();
     String::from_utf8_lossy(&output.stdout)
         .split_whitespace()
         .filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
@@ -258,7 +282,17 @@ fn wait_job_end(cluster: &Cluster, job: u64) -> String {
     let mut state = String::new();
     wait_for(&format!("job {job} to end"), cluster, || {
         state = job_state(cluster, job);
-        matches!(state.as_str(), "COMPLETED" | "FAILED" | "CANCELLED" | "TIMEOUT" | "NODE_FAIL" | "OUT_OF_MEMORY" | "BOOT_FAIL" | "DEADLINE")
+        matches!(
+            state.as_str(),
+            "COMPLETED"
+                | "FAILED"
+                | "CANCELLED"
+                | "TIMEOUT"
+                | "NODE_FAIL"
+                | "OUT_OF_MEMORY"
+                | "BOOT_FAIL"
+                | "DEADLINE"
+        )
     });
     state
 }
@@ -284,13 +318,18 @@ fn leftover_processes(mountpoint: &Path, reservation: &str) -> Vec<String> {
     let mut found = Vec::new();
     let me = std::process::id();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
         if pid == me {
             continue;
         }
         let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else { continue };
-        let args: Vec<String> =
-            raw.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+        let args: Vec<String> = raw
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
         let spillway = args.first().is_some_and(|a| a.ends_with("spillway"));
         let mp = mountpoint.to_string_lossy();
         if spillway && args.iter().any(|a| *a == *mp || a == reservation) {
@@ -302,7 +341,13 @@ fn leftover_processes(mountpoint: &Path, reservation: &str) -> Vec<String> {
 
 /// After the job ended: teardown has removed the mount, the reservation (unless persistent)
 /// and every process of the job.
-fn assert_cleaned_up(cluster: &Cluster, manager: &Manager, job: u64, reservation: &str, persistent: bool) {
+fn assert_cleaned_up(
+    cluster: &Cluster,
+    manager: &Manager,
+    job: u64,
+    reservation: &str,
+    persistent: bool,
+) {
     let mountpoint = cluster.dir.join(format!("mnt/job-{job}"));
     let record = cluster.dir.join(format!("bb-state/job-{job}.json"));
     wait_for(&format!("teardown of job {job}"), cluster, || {
@@ -313,12 +358,19 @@ fn assert_cleaned_up(cluster: &Cluster, manager: &Manager, job: u64, reservation
     });
     assert!(!mountpoint.exists(), "mount point {} left behind", mountpoint.display());
     if persistent {
-        assert!(reservation_exists(&manager.socket, reservation), "persistent reservation {reservation} destroyed by a job");
+        assert!(
+            reservation_exists(&manager.socket, reservation),
+            "persistent reservation {reservation} destroyed by a job"
+        );
     }
 }
 
 fn mount_available() -> bool {
-    Command::new(BIN).args(["mount", "--help"]).output().map(|o| o.status.success()).unwrap_or(false)
+    Command::new(BIN)
+        .args(["mount", "--help"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
 }
 
 #[test]
@@ -343,7 +395,17 @@ fn slurm_burst_buffer_end_to_end() {
         let pfs_text = pfs.to_string_lossy().into_owned();
         spillway_ok(
             &manager.socket,
-            &["server", "add", &address, "--pool", "fast", "--capacity", &(256 * MIB).to_string(), "--pfs", &pfs_text],
+            &[
+                "server",
+                "add",
+                &address,
+                "--pool",
+                "fast",
+                "--capacity",
+                &(256 * MIB).to_string(),
+                "--pfs",
+                &pfs_text,
+            ],
         );
     }
 
@@ -367,11 +429,30 @@ fn slurm_burst_buffer_end_to_end() {
     };
 
     // 1. A malformed directive is rejected at submission, naming the bad token.
-    let bad = sbatch(&cluster, &work, "bad", "#!/bin/sh\n#BB_LUA capacity=8M pool=fast colour=blue\ntrue\n", &[]);
+    let bad = sbatch(
+        &cluster,
+        &work,
+        "bad",
+        "#!/bin/sh\n#BB_LUA capacity=8M pool=fast colour=blue\ntrue\n",
+        &[],
+    );
     let stderr = String::from_utf8_lossy(&bad.stderr);
-    assert!(!bad.status.success(), "sbatch accepted a malformed directive: {}", String::from_utf8_lossy(&bad.stdout));
-    assert!(stderr.contains("colour=blue"), "sbatch's message does not name the bad token: {stderr}");
-    let bad_size = sbatch(&cluster, &work, "bad-size", "#!/bin/sh\n#BB_LUA capacity=8M pool=fast access=sideways\ntrue\n", &[]);
+    assert!(
+        !bad.status.success(),
+        "sbatch accepted a malformed directive: {}",
+        String::from_utf8_lossy(&bad.stdout)
+    );
+    assert!(
+        stderr.contains("colour=blue"),
+        "sbatch's message does not name the bad token: {stderr}"
+    );
+    let bad_size = sbatch(
+        &cluster,
+        &work,
+        "bad-size",
+        "#!/bin/sh\n#BB_LUA capacity=8M pool=fast access=sideways\ntrue\n",
+        &[],
+    );
     assert!(!bad_size.status.success());
     assert!(String::from_utf8_lossy(&bad_size.stderr).contains("access=sideways"));
     pass(&mut passed, "malformed directive rejected at sbatch");
@@ -379,7 +460,11 @@ fn slurm_burst_buffer_end_to_end() {
     // 2. `scontrol show bbstat` runs `spillway status`, which names the pool.
     let bbstat = cluster.command("scontrol").args(["show", "bbstat"]).output().unwrap();
     let bbstat_text = String::from_utf8_lossy(&bbstat.stdout);
-    assert!(bbstat.status.success() && bbstat_text.contains("fast"), "bbstat: {bbstat_text}{}", String::from_utf8_lossy(&bbstat.stderr));
+    assert!(
+        bbstat.status.success() && bbstat_text.contains("fast"),
+        "bbstat: {bbstat_text}{}",
+        String::from_utf8_lossy(&bbstat.stderr)
+    );
     pass(&mut passed, "scontrol show bbstat shows spillway status");
 
     let mount = mount_available();
@@ -409,17 +494,25 @@ fn slurm_burst_buffer_end_to_end() {
         );
         let job = submit(&cluster, &work, "stage", &script);
         let state = wait_job_end(&cluster, job);
-        let out = std::fs::read_to_string(work.join(format!("stage-{job}.out"))).unwrap_or_default();
+        let out =
+            std::fs::read_to_string(work.join(format!("stage-{job}.out"))).unwrap_or_default();
         assert_eq!(state, "COMPLETED", "job {job}: {out}\n{:?}", job_fields(&cluster, job));
-        assert!(out.contains(&format!("bb={}/mnt/job-{job}", cluster.dir.display())), "SPILLWAY_BB not set: {out}");
+        assert!(
+            out.contains(&format!("bb={}/mnt/job-{job}", cluster.dir.display())),
+            "SPILLWAY_BB not set: {out}"
+        );
         assert!(out.contains("STAGE_IN_OK"), "stage-in data not visible in the job: {out}");
         assert!(out.contains("CHECKPOINT_OK"), "checkpoint through the mount failed: {out}");
         pass(&mut passed, "stage-in data visible in the job");
         pass(&mut passed, "checkpoint written through the mount");
         assert_cleaned_up(&cluster, &manager, job, &format!("job-{job}"), false);
-        let staged = std::fs::read(pfs_out.join("state.bin")).expect("stage-out wrote nothing to the PFS");
+        let staged =
+            std::fs::read(pfs_out.join("state.bin")).expect("stage-out wrote nothing to the PFS");
         assert_eq!(staged.len() as u64, checkpoint_bytes);
-        assert!(staged == input[..checkpoint_bytes as usize], "stage-out bytes differ from the checkpoint");
+        assert!(
+            staged == input[..checkpoint_bytes as usize],
+            "stage-out bytes differ from the checkpoint"
+        );
         pass(&mut passed, "stage-out data on the PFS with the right bytes");
         pass(&mut passed, "job reservation gone after teardown");
     }
@@ -440,9 +533,18 @@ fn slurm_burst_buffer_end_to_end() {
             work = work.display()
         );
         let second = submit(&cluster, &work, "persistent-reader", &reader);
-        assert_eq!(wait_job_end(&cluster, second), "COMPLETED", "{:?}", job_fields(&cluster, second));
-        let out = std::fs::read_to_string(work.join(format!("pr-{second}.out"))).unwrap_or_default();
-        assert!(out.contains("persisted-by-first-job"), "second job did not see the first job's file: {out}");
+        assert_eq!(
+            wait_job_end(&cluster, second),
+            "COMPLETED",
+            "{:?}",
+            job_fields(&cluster, second)
+        );
+        let out =
+            std::fs::read_to_string(work.join(format!("pr-{second}.out"))).unwrap_or_default();
+        assert!(
+            out.contains("persisted-by-first-job"),
+            "second job did not see the first job's file: {out}"
+        );
         assert_cleaned_up(&cluster, &manager, second, "shared1", true);
         spillway_ok(&manager.socket, &["reservation", "destroy", "shared1"]);
         pass(&mut passed, "persistent reservation shared by two consecutive jobs");
@@ -484,7 +586,8 @@ fn slurm_burst_buffer_end_to_end() {
         std::thread::sleep(Duration::from_millis(10));
     };
     println!("stage-in of job {job} frozen mid-copy (pid {frozen}); cancelling");
-    let cancel = cluster.command("scancel").arg(job.to_string()).uid(uid).gid(gid).status().unwrap();
+    let cancel =
+        cluster.command("scancel").arg(job.to_string()).uid(uid).gid(gid).status().unwrap();
     assert!(cancel.success());
     wait_job_end(&cluster, job);
     assert_cleaned_up(&cluster, &manager, job, &reservation, false);
@@ -505,8 +608,11 @@ fn slurm_burst_buffer_end_to_end() {
         reason.contains("missing.bin")
     });
     assert_eq!(job_state(&cluster, job), "PENDING", "reason {reason}");
-    wait_for(&format!("job {job}'s reservation released"), &cluster, || !reservation_exists(&manager.socket, &reservation));
-    let cancel = cluster.command("scancel").arg(job.to_string()).uid(uid).gid(gid).status().unwrap();
+    wait_for(&format!("job {job}'s reservation released"), &cluster, || {
+        !reservation_exists(&manager.socket, &reservation)
+    });
+    let cancel =
+        cluster.command("scancel").arg(job.to_string()).uid(uid).gid(gid).status().unwrap();
     assert!(cancel.success());
     wait_job_end(&cluster, job);
     assert_cleaned_up(&cluster, &manager, job, &reservation, false);
@@ -522,9 +628,12 @@ fn slurm_burst_buffer_end_to_end() {
         let job = submit(&cluster, &work, "long", &long);
         let mountpoint = cluster.dir.join(format!("mnt/job-{job}"));
         wait_for(&format!("job {job} running with its mount"), &cluster, || {
-            job_state(&cluster, job) == "RUNNING" && is_mounted(&mountpoint) && mountpoint.join("started").exists()
+            job_state(&cluster, job) == "RUNNING"
+                && is_mounted(&mountpoint)
+                && mountpoint.join("started").exists()
         });
-        let cancel = cluster.command("scancel").arg(job.to_string()).uid(uid).gid(gid).status().unwrap();
+        let cancel =
+            cluster.command("scancel").arg(job.to_string()).uid(uid).gid(gid).status().unwrap();
         assert!(cancel.success());
         assert_eq!(wait_job_end(&cluster, job), "CANCELLED");
         assert_cleaned_up(&cluster, &manager, job, &format!("job-{job}"), false);
@@ -540,9 +649,24 @@ fn slurm_burst_buffer_end_to_end() {
     let (ghost_id, uid_text, gid_text) = (ghost.to_string(), uid.to_string(), gid.to_string());
     spillway_ok(
         &manager.socket,
-        &["reservation", "create", "--capacity", "8M", "--pool", "fast", "--job", &ghost_id, "--owner", &uid_text, "--group", &gid_text],
+        &[
+            "reservation",
+            "create",
+            "--capacity",
+            "8M",
+            "--pool",
+            "fast",
+            "--job",
+            &ghost_id,
+            "--owner",
+            &uid_text,
+            "--group",
+            &gid_text,
+        ],
     );
-    let record = format!(r#"{{"job":{ghost},"uid":{uid},"gid":{gid},"reservation":"{ghost_reservation}","persistent":false}}"#);
+    let record = format!(
+        r#"{{"job":{ghost},"uid":{uid},"gid":{gid},"reservation":"{ghost_reservation}","persistent":false}}"#
+    );
     std::fs::write(cluster.dir.join(format!("bb-state/job-{ghost}.json")), record).unwrap();
     assert_cleaned_up(&cluster, &manager, ghost, &ghost_reservation, false);
     pass(&mut passed, "job whose teardown was lost torn down by the pools refresh");

@@ -11,7 +11,9 @@ use std::io::BufReader;
 
 use spillway_proto::frame::{self, ReceiveError};
 use spillway_proto::transport;
-use spillway_proto::{Connection, Endpoint, Kind, Request, Response, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN};
+use spillway_proto::{
+    Connection, Endpoint, Kind, Request, Response, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+};
 
 use crate::ClientError;
 
@@ -42,10 +44,16 @@ pub struct ServerConnection {
 }
 
 impl ServerConnection {
-    pub fn connect(endpoint: &Endpoint, client_name: &str, window_wanted: u32) -> Result<ServerConnection, ClientError> {
+    pub fn connect(
+        endpoint: &Endpoint,
+        client_name: &str,
+        window_wanted: u32,
+    ) -> Result<ServerConnection, ClientError> {
         let connection = transport::connect(endpoint)
             .map_err(|source| ClientError::Connect { endpoint: endpoint.clone(), source })?;
-        let reader = connection.try_clone_connection().map_err(|source| ClientError::Connect { endpoint: endpoint.clone(), source })?;
+        let reader = connection
+            .try_clone_connection()
+            .map_err(|source| ClientError::Connect { endpoint: endpoint.clone(), source })?;
         let mut this = ServerConnection {
             endpoint: endpoint.clone(),
             reader: BufReader::with_capacity(64 * 1024, reader),
@@ -68,9 +76,22 @@ impl ServerConnection {
             client_name: client_name.to_string(),
         };
         match this.call(&hello, &[], None)? {
-            (Response::Hello { version, payload_bytes_max, in_flight_requests_max, uid, gid, server_name }, _) => {
+            (
+                Response::Hello {
+                    version,
+                    payload_bytes_max,
+                    in_flight_requests_max,
+                    uid,
+                    gid,
+                    server_name,
+                },
+                _,
+            ) => {
                 if !(PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION).contains(&version) {
-                    return Err(ClientError::Handshake { endpoint: endpoint.clone(), message: format!("server chose version {version}, which we do not speak") });
+                    return Err(ClientError::Handshake {
+                        endpoint: endpoint.clone(),
+                        message: format!("server chose version {version}, which we do not speak"),
+                    });
                 }
                 this.payload_bytes_max = payload_bytes_max;
                 this.window = window_wanted.clamp(1, in_flight_requests_max.max(1)) as usize;
@@ -92,8 +113,16 @@ impl ServerConnection {
 
     fn unexpected(&self, expected: &'static str, got: &Response) -> ClientError {
         match got {
-            Response::Error { code, message } => ClientError::Server { endpoint: self.endpoint.clone(), code: *code, message: message.clone() },
-            other => ClientError::UnexpectedReply { endpoint: self.endpoint.clone(), expected, got: format!("{:?}", other.kind()) },
+            Response::Error { code, message } => ClientError::Server {
+                endpoint: self.endpoint.clone(),
+                code: *code,
+                message: message.clone(),
+            },
+            other => ClientError::UnexpectedReply {
+                endpoint: self.endpoint.clone(),
+                expected,
+                got: format!("{:?}", other.kind()),
+            },
         }
     }
 
@@ -104,7 +133,14 @@ impl ServerConnection {
     fn send(&mut self, request: &Request, payload: &[u8]) -> Result<u64, ClientError> {
         let id = self.next_request_id;
         self.next_request_id += 1;
-        frame::write_frame(&mut *self.connection, request.kind(), id, &request.encode_body(), payload).map_err(|e| self.io(e))?;
+        frame::write_frame(
+            &mut *self.connection,
+            request.kind(),
+            id,
+            &request.encode_body(),
+            payload,
+        )
+        .map_err(|e| self.io(e))?;
         Ok(id)
     }
 
@@ -115,20 +151,33 @@ impl ServerConnection {
         let header = match frame::read_header_and_body(&mut self.reader, &mut self.body, max) {
             Ok(header) => header,
             Err(ReceiveError::Io(e)) => return Err(self.io(e)),
-            Err(error) => return Err(ClientError::Protocol { endpoint: self.endpoint.clone(), message: error.to_string() }),
+            Err(error) => {
+                return Err(ClientError::Protocol {
+                    endpoint: self.endpoint.clone(),
+                    message: error.to_string(),
+                })
+            }
         };
-        let response = Response::decode(header.kind, &self.body)
-            .map_err(|e| ClientError::Protocol { endpoint: self.endpoint.clone(), message: e.to_string() })?;
+        let response = Response::decode(header.kind, &self.body).map_err(|e| {
+            ClientError::Protocol { endpoint: self.endpoint.clone(), message: e.to_string() }
+        })?;
         if header.kind == Kind::ReadData {
             match read_into {
                 Some(buffer) if buffer.len() == header.payload_bytes as usize => {
-                    frame::read_payload(&mut self.reader, buffer)
-                        .map_err(|e| ClientError::Protocol { endpoint: self.endpoint.clone(), message: e.to_string() })?;
+                    frame::read_payload(&mut self.reader, buffer).map_err(|e| {
+                        ClientError::Protocol {
+                            endpoint: self.endpoint.clone(),
+                            message: e.to_string(),
+                        }
+                    })?;
                 }
                 _ => {
                     return Err(ClientError::Protocol {
                         endpoint: self.endpoint.clone(),
-                        message: format!("unexpected read payload of {} bytes", header.payload_bytes),
+                        message: format!(
+                            "unexpected read payload of {} bytes",
+                            header.payload_bytes
+                        ),
                     })
                 }
             }
@@ -138,15 +187,21 @@ impl ServerConnection {
 
     /// Receives the oldest outstanding pipelined reply and settles it.
     fn settle_one(&mut self) -> Result<(), ClientError> {
-        let (id, pending) = self.outstanding.pop_front().expect("settle_one with nothing outstanding");
+        let (id, pending) =
+            self.outstanding.pop_front().expect("settle_one with nothing outstanding");
         let Pending::WriteAck { bytes } = pending;
         self.outstanding_bytes -= bytes as u64;
         let (reply_id, response) = self.receive(None)?;
         if reply_id != id {
-            return Err(ClientError::Protocol { endpoint: self.endpoint.clone(), message: format!("reply for request {reply_id}, expected {id}") });
+            return Err(ClientError::Protocol {
+                endpoint: self.endpoint.clone(),
+                message: format!("reply for request {reply_id}, expected {id}"),
+            });
         }
         match (pending, response) {
-            (Pending::WriteAck { bytes }, Response::Written { bytes: got }) if got == bytes => Ok(()),
+            (Pending::WriteAck { bytes }, Response::Written { bytes: got }) if got == bytes => {
+                Ok(())
+            }
             (Pending::WriteAck { .. }, other) => {
                 let error = self.unexpected("Written", &other);
                 if self.deferred.is_none() {
@@ -163,7 +218,8 @@ impl ServerConnection {
         assert!(matches!(request, Request::Write { .. }));
         assert!(data.len() <= self.payload_bytes_max as usize);
         while self.outstanding.len() >= self.window
-            || (!self.outstanding.is_empty() && self.outstanding_bytes + data.len() as u64 > self.window_bytes_max)
+            || (!self.outstanding.is_empty()
+                && self.outstanding_bytes + data.len() as u64 > self.window_bytes_max)
         {
             self.settle_one()?;
         }
@@ -186,12 +242,20 @@ impl ServerConnection {
 
     /// One request, one reply (after settling anything pipelined). `read_into` receives a
     /// `ReadData` payload.
-    pub fn call(&mut self, request: &Request, payload: &[u8], read_into: Option<&mut [u8]>) -> Result<(Response, ()), ClientError> {
+    pub fn call(
+        &mut self,
+        request: &Request,
+        payload: &[u8],
+        read_into: Option<&mut [u8]>,
+    ) -> Result<(Response, ()), ClientError> {
         self.flush()?;
         let id = self.send(request, payload)?;
         let (reply_id, response) = self.receive(read_into)?;
         if reply_id != id && !matches!(response, Response::Error { .. }) {
-            return Err(ClientError::Protocol { endpoint: self.endpoint.clone(), message: format!("reply for request {reply_id}, expected {id}") });
+            return Err(ClientError::Protocol {
+                endpoint: self.endpoint.clone(),
+                message: format!("reply for request {reply_id}, expected {id}"),
+            });
         }
         if let Response::Error { code, message } = response {
             return Err(ClientError::Server { endpoint: self.endpoint.clone(), code, message });
@@ -213,7 +277,10 @@ impl ServerConnection {
             return Err(ClientError::Server { endpoint: self.endpoint.clone(), code, message });
         }
         if reply_id != id {
-            return Err(ClientError::Protocol { endpoint: self.endpoint.clone(), message: format!("reply for request {reply_id}, expected {id}") });
+            return Err(ClientError::Protocol {
+                endpoint: self.endpoint.clone(),
+                message: format!("reply for request {reply_id}, expected {id}"),
+            });
         }
         Ok(response)
     }
@@ -239,7 +306,10 @@ impl ServerConnection {
                 return Err(ClientError::Server { endpoint: self.endpoint.clone(), code, message });
             }
             if reply_id != id || response != Response::ReadData {
-                return Err(ClientError::Protocol { endpoint: self.endpoint.clone(), message: format!("reply {reply_id} {:?} to read request {id}", response.kind()) });
+                return Err(ClientError::Protocol {
+                    endpoint: self.endpoint.clone(),
+                    message: format!("reply {reply_id} {:?} to read request {id}", response.kind()),
+                });
             }
         }
         Ok(())
@@ -251,7 +321,9 @@ impl ServerConnection {
 /// replies are collected round robin, so every server works at the same time. The first
 /// failure is returned after every connection's outstanding replies are collected (a
 /// connection that broke is left as it is).
-pub fn read_parallel(jobs: &mut [(&mut ServerConnection, Vec<(Request, &mut [u8])>)]) -> Result<(), ClientError> {
+pub fn read_parallel(
+    jobs: &mut [(&mut ServerConnection, Vec<(Request, &mut [u8])>)],
+) -> Result<(), ClientError> {
     use std::io::Write;
     for (connection, _) in jobs.iter_mut() {
         connection.flush()?;
@@ -290,12 +362,19 @@ pub fn read_parallel(jobs: &mut [(&mut ServerConnection, Vec<(Request, &mut [u8]
             waiting = true;
             match connection.receive(Some(&mut *requests[index].1)) {
                 Ok((_, Response::Error { code, message })) => {
-                    first_error.get_or_insert(ClientError::Server { endpoint: connection.endpoint.clone(), code, message });
+                    first_error.get_or_insert(ClientError::Server {
+                        endpoint: connection.endpoint.clone(),
+                        code,
+                        message,
+                    });
                 }
                 Ok((reply_id, response)) if reply_id != id || response != Response::ReadData => {
                     first_error.get_or_insert(ClientError::Protocol {
                         endpoint: connection.endpoint.clone(),
-                        message: format!("reply {reply_id} {:?} to read request {id}", response.kind()),
+                        message: format!(
+                            "reply {reply_id} {:?} to read request {id}",
+                            response.kind()
+                        ),
                     });
                     broken[j] = true;
                 }
@@ -306,7 +385,10 @@ pub fn read_parallel(jobs: &mut [(&mut ServerConnection, Vec<(Request, &mut [u8]
                 }
             }
         }
-        if !waiting && (first_error.is_some() || jobs.iter().enumerate().all(|(j, (_, r))| broken[j] || next[j] >= r.len())) {
+        if !waiting
+            && (first_error.is_some()
+                || jobs.iter().enumerate().all(|(j, (_, r))| broken[j] || next[j] >= r.len()))
+        {
             break;
         }
     }
@@ -327,9 +409,11 @@ mod tests {
     /// Reads one frame (header, body, payload) from a raw stream.
     fn read_frame(stream: &mut std::net::TcpStream) -> std::io::Result<Header> {
         let mut body = Vec::new();
-        let header = frame::read_header_and_body(stream, &mut body, 1 << 24).map_err(|e| std::io::Error::other(e.to_string()))?;
+        let header = frame::read_header_and_body(stream, &mut body, 1 << 24)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
         let mut payload = vec![0u8; header.payload_bytes as usize];
-        frame::read_payload(stream, &mut payload).map_err(|e| std::io::Error::other(e.to_string()))?;
+        frame::read_payload(stream, &mut payload)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
         Ok(header)
     }
 
@@ -349,7 +433,14 @@ mod tests {
                 gid: 0,
                 server_name: "fake".into(),
             };
-            frame::write_frame(&mut stream, reply.kind(), hello.request_id, &reply.encode_body(), &[]).unwrap();
+            frame::write_frame(
+                &mut stream,
+                reply.kind(),
+                hello.request_id,
+                &reply.encode_body(),
+                &[],
+            )
+            .unwrap();
             stream.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
             let mut ids = Vec::new();
             while let Ok(header) = read_frame(&mut stream) {
@@ -358,17 +449,24 @@ mod tests {
             let before_any_ack = ids.len();
             stream.set_read_timeout(None).unwrap();
             for written in 0..5 {
-                let id = if written < ids.len() { ids[written] } else { read_frame(&mut stream).unwrap().request_id };
+                let id = if written < ids.len() {
+                    ids[written]
+                } else {
+                    read_frame(&mut stream).unwrap().request_id
+                };
                 let ack = Response::Written { bytes: 400 << 10 };
                 frame::write_frame(&mut stream, ack.kind(), id, &ack.encode_body(), &[]).unwrap();
             }
             before_any_ack
         });
         let endpoint = Endpoint::Tcp(address);
-        let mut connection = ServerConnection::connect(&endpoint, "test", 128).unwrap().with_window_bytes_max(1 << 20);
+        let mut connection = ServerConnection::connect(&endpoint, "test", 128)
+            .unwrap()
+            .with_window_bytes_max(1 << 20);
         let data = vec![7u8; 400 << 10];
         for i in 0..5u64 {
-            let request = Request::Write { epoch: EpochId(1), file: FileId(1), offset: i * (400 << 10) };
+            let request =
+                Request::Write { epoch: EpochId(1), file: FileId(1), offset: i * (400 << 10) };
             connection.write_pipelined(&request, &data).unwrap();
         }
         connection.flush().unwrap();

@@ -19,7 +19,10 @@ mod trace_record;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use spillway_proto::{DrainInfo, Durability, Endpoint, EpochInfo, EpochState, ErrorCode, Extent, FileInfo, Request, Response, ServerStatus};
+use spillway_proto::{
+    DrainInfo, Durability, Endpoint, EpochInfo, EpochState, ErrorCode, Extent, FileInfo, Request,
+    Response, ServerStatus,
+};
 use spillway_types::{EpochId, FileId};
 
 pub use connection::ServerConnection;
@@ -58,7 +61,9 @@ impl ClientError {
             ClientError::Server { code, .. } => code.errno(),
             ClientError::NoSuchFile { .. } => ErrorCode::NoSuchFile.errno(),
             ClientError::InvalidArgument(_) => ErrorCode::InvalidArgument.errno(),
-            ClientError::Connect { source, .. } | ClientError::Io { source, .. } => source.raw_os_error().unwrap_or(libc_eio()),
+            ClientError::Connect { source, .. } | ClientError::Io { source, .. } => {
+                source.raw_os_error().unwrap_or(libc_eio())
+            }
             _ => ErrorCode::BadFrame.errno(),
         }
     }
@@ -176,14 +181,24 @@ impl Client {
         }
         let servers = endpoints
             .iter()
-            .map(|e| ServerConnection::connect(e, &options.client_name, options.window).map(|c| c.with_window_bytes_max(options.window_bytes_max)))
+            .map(|e| {
+                ServerConnection::connect(e, &options.client_name, options.window)
+                    .map(|c| c.with_window_bytes_max(options.window_bytes_max))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let tracer = match &options.trace_path {
             Some(path) => trace_record::Tracer::start(path, options.trace_rank, false),
             None => trace_record::path_from_env(options.trace_rank)
                 .and_then(|path| trace_record::Tracer::start(&path, options.trace_rank, true)),
         };
-        Ok(Client { servers, options, touched: HashMap::new(), pfs_directory: None, tracer, traced_creates: HashMap::new() })
+        Ok(Client {
+            servers,
+            options,
+            touched: HashMap::new(),
+            pfs_directory: None,
+            tracer,
+            traced_creates: HashMap::new(),
+        })
     }
 
     /// Records one traced operation (no-op when tracing is off).
@@ -230,7 +245,11 @@ impl Client {
         Ok(handle)
     }
 
-    fn create_file_untraced(&mut self, epoch: EpochId, name: &str) -> Result<FileHandle, ClientError> {
+    fn create_file_untraced(
+        &mut self,
+        epoch: EpochId,
+        name: &str,
+    ) -> Result<FileHandle, ClientError> {
         let mut ids = vec![None; self.servers.len()];
         for server in placement::stripe_set(self.options.placement, name, self.servers.len()) {
             let request = Request::OpenFile { epoch, name: name.to_string(), create: true };
@@ -253,17 +272,27 @@ impl Client {
         Ok(handle)
     }
 
-    fn open_file_untraced(&mut self, epoch: EpochId, name: &str) -> Result<FileHandle, ClientError> {
+    fn open_file_untraced(
+        &mut self,
+        epoch: EpochId,
+        name: &str,
+    ) -> Result<FileHandle, ClientError> {
         // Restart read path: once an epoch is drained its PFS copy is the data (the burst
         // buffer may have freed the bytes already).
         if let Some(copy) = self.pfs_path(epoch, name) {
             if copy.is_file() {
-                let drained = match self.list_epochs_untraced()?.into_iter().find(|e| e.epoch == epoch) {
-                    None => true,
-                    Some(summary) => summary.state == EpochState::Drained,
-                };
+                let drained =
+                    match self.list_epochs_untraced()?.into_iter().find(|e| e.epoch == epoch) {
+                        None => true,
+                        Some(summary) => summary.state == EpochState::Drained,
+                    };
                 if drained {
-                    return Ok(FileHandle { epoch, name: name.to_string(), ids: vec![None; self.servers.len()], pfs_copy: Some(copy) });
+                    return Ok(FileHandle {
+                        epoch,
+                        name: name.to_string(),
+                        ids: vec![None; self.servers.len()],
+                        pfs_copy: Some(copy),
+                    });
                 }
             }
         }
@@ -273,7 +302,9 @@ impl Client {
             match connection.call(&request, &[], None) {
                 Ok((Response::FileOpened { file, .. }, ())) => ids[server] = Some(file),
                 Ok((other, ())) => return Err(unexpected(connection, "FileOpened", &other)),
-                Err(e) if matches!(e.code(), Some(ErrorCode::NoSuchFile | ErrorCode::NoSuchEpoch)) => {}
+                Err(e)
+                    if matches!(e.code(), Some(ErrorCode::NoSuchFile | ErrorCode::NoSuchEpoch)) => {
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -292,7 +323,9 @@ impl Client {
     fn pfs_path(&self, epoch: EpochId, name: &str) -> Option<std::path::PathBuf> {
         let dir = self.pfs_directory.as_ref()?;
         let relative = std::path::Path::new(name);
-        if relative.is_absolute() || relative.components().any(|c| !matches!(c, std::path::Component::Normal(_))) {
+        if relative.is_absolute()
+            || relative.components().any(|c| !matches!(c, std::path::Component::Normal(_)))
+        {
             return None;
         }
         Some(dir.join(format!("epoch-{}", epoch.0)).join(relative))
@@ -303,7 +336,8 @@ impl Client {
             return Ok(id);
         }
         // Local placement over a handle opened elsewhere: create the file on our server.
-        let request = Request::OpenFile { epoch: file.epoch, name: file.name.clone(), create: true };
+        let request =
+            Request::OpenFile { epoch: file.epoch, name: file.name.clone(), create: true };
         match self.servers[server].call(&request, &[], None)? {
             (Response::FileOpened { file: id, .. }, ()) => {
                 file.ids[server] = Some(id);
@@ -315,20 +349,46 @@ impl Client {
 
     /// Writes `data` at `offset`. Returns once the requests are sent; failures surface by the
     /// next `flush` or `commit_epoch` at the latest.
-    pub fn write(&mut self, file: &mut FileHandle, offset: u64, data: &[u8]) -> Result<(), ClientError> {
+    pub fn write(
+        &mut self,
+        file: &mut FileHandle,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), ClientError> {
         let started = Instant::now();
         self.write_untraced(file, offset, data)?;
         if self.tracer.is_some() {
-            self.trace(TraceKind::Write, &traced_file_name(file.epoch, &file.name), offset, data.len() as u64, started);
+            self.trace(
+                TraceKind::Write,
+                &traced_file_name(file.epoch, &file.name),
+                offset,
+                data.len() as u64,
+                started,
+            );
         }
         Ok(())
     }
 
-    fn write_untraced(&mut self, file: &mut FileHandle, offset: u64, data: &[u8]) -> Result<(), ClientError> {
+    fn write_untraced(
+        &mut self,
+        file: &mut FileHandle,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), ClientError> {
         offset.checked_add(data.len() as u64).ok_or_else(|| {
-            ClientError::InvalidArgument(format!("write of {} bytes at offset {offset} overflows", data.len()))
+            ClientError::InvalidArgument(format!(
+                "write of {} bytes at offset {offset} overflows",
+                data.len()
+            ))
         })?;
-        let pieces = placement::split(self.options.placement, &file.name, self.servers.len(), offset, data.len() as u64, self.piece_bytes_max());
+        let pieces = placement::split(
+            self.options.placement,
+            &file.name,
+            self.servers.len(),
+            offset,
+            data.len() as u64,
+            self.piece_bytes_max(),
+        );
         for piece in pieces {
             let id = self.file_on(file, piece.server)?;
             let start = (piece.offset - offset) as usize;
@@ -365,22 +425,29 @@ impl Client {
 
     fn commit_epoch_untraced(&mut self, epoch: EpochId) -> Result<(), ClientError> {
         let request = Request::Commit { epoch, durability: self.options.durability };
-        self.call_touched_servers(epoch, &request, "Committed", |r| matches!(r, Response::Committed { .. }))
+        self.call_touched_servers(epoch, &request, "Committed", |r| {
+            matches!(r, Response::Committed { .. })
+        })
     }
 
     /// Makes every byte this client wrote to the epoch durable in the SSD log of each server it
     /// wrote to, without sealing the epoch: `fsync` on the mount. Later writes may follow.
     pub fn sync_epoch(&mut self, epoch: EpochId) -> Result<(), ClientError> {
-        self.call_touched_servers(epoch, &Request::Sync { epoch }, "Synced", |r| matches!(r, Response::Synced { .. }))
+        self.call_touched_servers(epoch, &Request::Sync { epoch }, "Synced", |r| {
+            matches!(r, Response::Synced { .. })
+        })
     }
 
     /// Tells every server of this client that the epoch's writes go to SSD stream `stream` (the
     /// manager's BIOS Algorithm 1 choice). Only root may; the servers refuse anyone else.
     pub fn assign_stream(&mut self, epoch: EpochId, stream: u64) -> Result<(), ClientError> {
         let servers: Vec<usize> = (0..self.servers.len()).collect();
-        self.call_servers(&servers, &Request::AssignStream { epoch, stream }, "StreamAssigned", |r| {
-            matches!(r, Response::StreamAssigned { .. })
-        })
+        self.call_servers(
+            &servers,
+            &Request::AssignStream { epoch, stream },
+            "StreamAssigned",
+            |r| matches!(r, Response::StreamAssigned { .. }),
+        )
     }
 
     /// Flushes the pipeline, then sends `request` to every server this client wrote the epoch to
@@ -393,7 +460,8 @@ impl Client {
         is_expected: impl Fn(&Response) -> bool,
     ) -> Result<(), ClientError> {
         self.flush()?;
-        let servers: Vec<usize> = self.touched.get(&epoch).map(|s| s.iter().copied().collect()).unwrap_or_default();
+        let servers: Vec<usize> =
+            self.touched.get(&epoch).map(|s| s.iter().copied().collect()).unwrap_or_default();
         self.call_servers(&servers, request, expected, is_expected)
     }
 
@@ -427,7 +495,10 @@ impl Client {
     }
 
     /// The byte ranges of the file each server holds (asked, for local placement).
-    fn extents_by_server(&mut self, file: &FileHandle) -> Result<Vec<(usize, Extent)>, ClientError> {
+    fn extents_by_server(
+        &mut self,
+        file: &FileHandle,
+    ) -> Result<Vec<(usize, Extent)>, ClientError> {
         let mut out = Vec::new();
         for (server, id) in file.ids.iter().enumerate() {
             let Some(id) = *id else { continue };
@@ -436,7 +507,9 @@ impl Client {
                 let request = Request::Extents { epoch: file.epoch, file: id, from_offset };
                 let list = match self.servers[server].call(&request, &[], None)? {
                     (Response::Extents(list), ()) => list,
-                    (other, ()) => return Err(unexpected(&self.servers[server], "Extents", &other)),
+                    (other, ()) => {
+                        return Err(unexpected(&self.servers[server], "Extents", &other))
+                    }
                 };
                 let Some(last) = list.last() else { break };
                 let next = last.offset + last.length;
@@ -452,18 +525,37 @@ impl Client {
 
     /// Reads `buffer.len()` bytes at `offset` from whichever servers hold them; bytes nobody
     /// wrote read as zeros.
-    pub fn read(&mut self, file: &FileHandle, offset: u64, buffer: &mut [u8]) -> Result<(), ClientError> {
+    pub fn read(
+        &mut self,
+        file: &FileHandle,
+        offset: u64,
+        buffer: &mut [u8],
+    ) -> Result<(), ClientError> {
         let started = Instant::now();
         self.read_untraced(file, offset, buffer)?;
         if self.tracer.is_some() {
-            self.trace(TraceKind::Read, &traced_file_name(file.epoch, &file.name), offset, buffer.len() as u64, started);
+            self.trace(
+                TraceKind::Read,
+                &traced_file_name(file.epoch, &file.name),
+                offset,
+                buffer.len() as u64,
+                started,
+            );
         }
         Ok(())
     }
 
-    fn read_untraced(&mut self, file: &FileHandle, offset: u64, buffer: &mut [u8]) -> Result<(), ClientError> {
+    fn read_untraced(
+        &mut self,
+        file: &FileHandle,
+        offset: u64,
+        buffer: &mut [u8],
+    ) -> Result<(), ClientError> {
         let end = offset.checked_add(buffer.len() as u64).ok_or_else(|| {
-            ClientError::InvalidArgument(format!("read of {} bytes at offset {offset} overflows", buffer.len()))
+            ClientError::InvalidArgument(format!(
+                "read of {} bytes at offset {offset} overflows",
+                buffer.len()
+            ))
         })?;
         self.flush()?;
         if let Some(copy) = &file.pfs_copy {
@@ -474,7 +566,14 @@ impl Client {
         let mut wanted: Vec<(usize, u64, u64)> = Vec::new();
         match self.options.placement {
             Placement::Striped { .. } => {
-                for piece in placement::split(self.options.placement, &file.name, self.servers.len(), offset, buffer.len() as u64, piece_max) {
+                for piece in placement::split(
+                    self.options.placement,
+                    &file.name,
+                    self.servers.len(),
+                    offset,
+                    buffer.len() as u64,
+                    piece_max,
+                ) {
                     if file.ids[piece.server].is_some() {
                         wanted.push((piece.server, piece.offset, piece.length));
                     }
@@ -512,10 +611,21 @@ impl Client {
     /// Fills the parts of `buffer` (which starts at file offset `offset`) named by `wanted`
     /// (`(server, file offset, length)`, each inside the buffer, at most the payload limit
     /// long) from those servers, pipelined per server. Other bytes of `buffer` are untouched.
-    pub fn read_ranges(&mut self, file: &FileHandle, offset: u64, buffer: &mut [u8], wanted: Vec<(usize, u64, u64)>) -> Result<(), ClientError> {
+    pub fn read_ranges(
+        &mut self,
+        file: &FileHandle,
+        offset: u64,
+        buffer: &mut [u8],
+        wanted: Vec<(usize, u64, u64)>,
+    ) -> Result<(), ClientError> {
         let end = offset + buffer.len() as u64;
         for &(server, at, length) in &wanted {
-            if server >= self.servers.len() || file.ids[server].is_none() || at < offset || at + length > end || length > self.piece_bytes_max() {
+            if server >= self.servers.len()
+                || file.ids[server].is_none()
+                || at < offset
+                || at + length > end
+                || length > self.piece_bytes_max()
+            {
                 return Err(ClientError::InvalidArgument(format!("range {at}+{length} on server {server} is outside the buffer or the file's servers")));
             }
         }
@@ -526,7 +636,10 @@ impl Client {
         }
         // One pass over the buffer in offset order hands each range its own disjoint slice; a
         // range overlapping one already taken (any server) is skipped: those bytes come once.
-        let mut all: Vec<(u64, u64, usize)> = per_server.into_iter().flat_map(|(s, r)| r.into_iter().map(move |(at, l)| (at, l, s))).collect();
+        let mut all: Vec<(u64, u64, usize)> = per_server
+            .into_iter()
+            .flat_map(|(s, r)| r.into_iter().map(move |(at, l)| (at, l, s)))
+            .collect();
         all.sort_unstable();
         let mut slices: BTreeMap<usize, Vec<(Request, &mut [u8])>> = BTreeMap::new();
         let mut rest: &mut [u8] = &mut *buffer;
@@ -540,7 +653,10 @@ impl Client {
             let (piece, tail) = tail.split_at_mut(length as usize);
             rest = tail;
             rest_offset = at + length;
-            slices.entry(server).or_default().push((Request::Read { epoch: file.epoch, file: id, offset: at, length: length as u32 }, piece));
+            slices.entry(server).or_default().push((
+                Request::Read { epoch: file.epoch, file: id, offset: at, length: length as u32 },
+                piece,
+            ));
         }
         // Every server at once (each pipelined), not one after another.
         let mut jobs: Vec<(&mut ServerConnection, Vec<(Request, &mut [u8])>)> = Vec::new();
@@ -555,14 +671,19 @@ impl Client {
     /// The file's size: one past the highest byte any server holds.
     pub fn file_size(&mut self, file: &FileHandle) -> Result<u64, ClientError> {
         if let Some(copy) = &file.pfs_copy {
-            return std::fs::metadata(copy)
-                .map(|m| m.len())
-                .map_err(|source| ClientError::Io { endpoint: Endpoint::Unix(copy.clone()), source });
+            return std::fs::metadata(copy).map(|m| m.len()).map_err(|source| ClientError::Io {
+                endpoint: Endpoint::Unix(copy.clone()),
+                source,
+            });
         }
         let mut size = 0;
         for (server, id) in file.ids.iter().enumerate() {
             let Some(id) = *id else { continue };
-            match self.servers[server].call(&Request::Stat { epoch: file.epoch, file: id }, &[], None)? {
+            match self.servers[server].call(
+                &Request::Stat { epoch: file.epoch, file: id },
+                &[],
+                None,
+            )? {
                 (Response::FileStat(info), ()) => size = size.max(info.size_bytes),
                 (other, ()) => return Err(unexpected(&self.servers[server], "FileStat", &other)),
             }
@@ -585,13 +706,19 @@ impl Client {
         for connection in &mut self.servers {
             let mut from_epoch = EpochId(0);
             loop {
-                let list: Vec<EpochInfo> = match connection.call(&Request::ListEpochs { from_epoch }, &[], None)? {
-                    (Response::Epochs(list), ()) => list,
-                    (other, ()) => return Err(unexpected(connection, "Epochs", &other)),
-                };
+                let list: Vec<EpochInfo> =
+                    match connection.call(&Request::ListEpochs { from_epoch }, &[], None)? {
+                        (Response::Epochs(list), ()) => list,
+                        (other, ()) => return Err(unexpected(connection, "Epochs", &other)),
+                    };
                 let Some(last) = list.last().map(|e| e.epoch) else { break };
                 for info in list {
-                    let entry = merged.entry(info.epoch).or_insert(EpochSummary { epoch: info.epoch, state: info.state, servers: 0, bytes: 0 });
+                    let entry = merged.entry(info.epoch).or_insert(EpochSummary {
+                        epoch: info.epoch,
+                        state: info.state,
+                        servers: 0,
+                        bytes: 0,
+                    });
                     entry.servers += 1;
                     entry.bytes += info.bytes;
                     entry.state = least_advanced(entry.state, info.state);
@@ -620,12 +747,13 @@ impl Client {
         for connection in &mut self.servers {
             let mut from_file = FileId(0);
             loop {
-                let list = match connection.call(&Request::ListFiles { epoch, from_file }, &[], None) {
-                    Ok((Response::Files(list), ())) => list,
-                    Ok((other, ())) => return Err(unexpected(connection, "Files", &other)),
-                    Err(e) if e.code() == Some(ErrorCode::NoSuchEpoch) => break,
-                    Err(e) => return Err(e),
-                };
+                let list =
+                    match connection.call(&Request::ListFiles { epoch, from_file }, &[], None) {
+                        Ok((Response::Files(list), ())) => list,
+                        Ok((other, ())) => return Err(unexpected(connection, "Files", &other)),
+                        Err(e) if e.code() == Some(ErrorCode::NoSuchEpoch) => break,
+                        Err(e) => return Err(e),
+                    };
                 let Some(last) = list.last().map(|f| f.file) else { break };
                 for FileInfo { name, size_bytes, .. } in list {
                     let size = merged.entry(name).or_insert(0);
@@ -707,7 +835,11 @@ impl Client {
     }
 }
 
-fn read_pfs_copy(path: &std::path::Path, offset: u64, buffer: &mut [u8]) -> Result<(), ClientError> {
+fn read_pfs_copy(
+    path: &std::path::Path,
+    offset: u64,
+    buffer: &mut [u8],
+) -> Result<(), ClientError> {
     use std::os::unix::fs::FileExt;
     let io = |source| ClientError::Io { endpoint: Endpoint::Unix(path.to_path_buf()), source };
     let file = std::fs::File::open(path).map_err(io)?;
@@ -733,13 +865,29 @@ fn least_advanced(a: EpochState, b: EpochState) -> EpochState {
             EpochState::Drained => 3,
         }
     }
-    if rank(a) <= rank(b) { a } else { b }
+    if rank(a) <= rank(b) {
+        a
+    } else {
+        b
+    }
 }
 
-fn unexpected(connection: &ServerConnection, expected: &'static str, got: &Response) -> ClientError {
+fn unexpected(
+    connection: &ServerConnection,
+    expected: &'static str,
+    got: &Response,
+) -> ClientError {
     match got {
-        Response::Error { code, message } => ClientError::Server { endpoint: connection.endpoint.clone(), code: *code, message: message.clone() },
-        other => ClientError::UnexpectedReply { endpoint: connection.endpoint.clone(), expected, got: format!("{:?}", other.kind()) },
+        Response::Error { code, message } => ClientError::Server {
+            endpoint: connection.endpoint.clone(),
+            code: *code,
+            message: message.clone(),
+        },
+        other => ClientError::UnexpectedReply {
+            endpoint: connection.endpoint.clone(),
+            expected,
+            got: format!("{:?}", other.kind()),
+        },
     }
 }
 

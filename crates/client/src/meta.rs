@@ -13,7 +13,8 @@
 use std::sync::{Condvar, Mutex};
 
 use spillway_meta::{
-    Attr, Caller, DirEntry, FileKind, FsStat, Ino, ManifestEntry, MetaError, Namespace, NamespaceId, SetAttr,
+    Attr, Caller, DirEntry, FileKind, FsStat, Ino, ManifestEntry, MetaError, Namespace,
+    NamespaceId, SetAttr,
 };
 use spillway_proto::{Endpoint, NamespaceRequest, NamespaceResponse, Request, Response};
 use spillway_types::EpochId;
@@ -39,7 +40,14 @@ pub struct RemoteOptions {
 
 impl Default for RemoteOptions {
     fn default() -> Self {
-        RemoteOptions { create: true, data_epoch: EpochId(1), root_uid: 0, root_gid: 0, root_mode: 0o755, connections_max: 8 }
+        RemoteOptions {
+            create: true,
+            data_epoch: EpochId(1),
+            root_uid: 0,
+            root_gid: 0,
+            root_mode: 0o755,
+            connections_max: 8,
+        }
     }
 }
 
@@ -72,7 +80,11 @@ fn transport(endpoint: &Endpoint, failure: ClientError) -> MetaError {
 
 impl RemoteNamespace {
     /// Connects to `endpoint` and opens namespace `id` there (creating it if asked).
-    pub fn open(endpoint: &Endpoint, id: NamespaceId, options: &RemoteOptions) -> Result<RemoteNamespace, MetaError> {
+    pub fn open(
+        endpoint: &Endpoint,
+        id: NamespaceId,
+        options: &RemoteOptions,
+    ) -> Result<RemoteNamespace, MetaError> {
         assert!(options.connections_max > 0);
         let mut this = RemoteNamespace {
             endpoint: endpoint.clone(),
@@ -91,7 +103,9 @@ impl RemoteNamespace {
             root_mode: options.root_mode,
         };
         match this.call(request)? {
-            NamespaceResponse::Opened { namespace, data_epoch, .. } if namespace == id => this.data_epoch = data_epoch,
+            NamespaceResponse::Opened { namespace, data_epoch, .. } if namespace == id => {
+                this.data_epoch = data_epoch
+            }
             other => return Err(this.unexpected("NamespaceOpened", &other)),
         }
         Ok(this)
@@ -103,7 +117,14 @@ impl RemoteNamespace {
     }
 
     fn unexpected(&self, expected: &str, got: &NamespaceResponse) -> MetaError {
-        MetaError::new(libc::EPROTO, format!("namespace server {}: expected {expected}, got {:?}", self.endpoint, got.kind()))
+        MetaError::new(
+            libc::EPROTO,
+            format!(
+                "namespace server {}: expected {expected}, got {:?}",
+                self.endpoint,
+                got.kind()
+            ),
+        )
     }
 
     fn take(&self) -> Result<ServerConnection, MetaError> {
@@ -115,10 +136,12 @@ impl RemoteNamespace {
             if pool.open < self.connections_max {
                 pool.open += 1;
                 drop(pool);
-                return ServerConnection::connect(&self.endpoint, "spillway-meta", 1).map_err(|failure| {
-                    self.give(None);
-                    transport(&self.endpoint, failure)
-                });
+                return ServerConnection::connect(&self.endpoint, "spillway-meta", 1).map_err(
+                    |failure| {
+                        self.give(None);
+                        transport(&self.endpoint, failure)
+                    },
+                );
             }
             pool = self.returned.wait(pool).expect("namespace connection pool poisoned");
         }
@@ -160,7 +183,14 @@ impl RemoteNamespace {
                 }
                 Ok((other, ())) => {
                     self.give(None);
-                    return Err(MetaError::new(libc::EPROTO, format!("namespace server {}: unexpected {:?}", self.endpoint, other.kind())));
+                    return Err(MetaError::new(
+                        libc::EPROTO,
+                        format!(
+                            "namespace server {}: unexpected {:?}",
+                            self.endpoint,
+                            other.kind()
+                        ),
+                    ));
                 }
                 Err(failure @ ClientError::Server { .. }) => {
                     // The server answered with a protocol error: the connection is still sound.
@@ -199,7 +229,12 @@ impl Namespace for RemoteNamespace {
     }
 
     fn lookup(&self, c: &Caller, parent: Ino, name: &[u8]) -> Result<Attr, MetaError> {
-        self.attr(NamespaceRequest::Lookup { namespace: self.id, caller: c.clone(), parent, name: name.to_vec() })
+        self.attr(NamespaceRequest::Lookup {
+            namespace: self.id,
+            caller: c.clone(),
+            parent,
+            name: name.to_vec(),
+        })
     }
 
     fn getattr(&self, ino: Ino) -> Result<Attr, MetaError> {
@@ -207,7 +242,12 @@ impl Namespace for RemoteNamespace {
     }
 
     fn setattr(&self, c: &Caller, ino: Ino, set: &SetAttr) -> Result<Attr, MetaError> {
-        self.attr(NamespaceRequest::SetAttr { namespace: self.id, caller: c.clone(), ino, set: set.clone() })
+        self.attr(NamespaceRequest::SetAttr {
+            namespace: self.id,
+            caller: c.clone(),
+            ino,
+            set: set.clone(),
+        })
     }
 
     fn create(
@@ -234,12 +274,38 @@ impl Namespace for RemoteNamespace {
         })
     }
 
-    fn mkdir(&self, c: &Caller, parent: Ino, name: &[u8], mode: u32, umask: u32) -> Result<Attr, MetaError> {
-        self.attr(NamespaceRequest::Mkdir { namespace: self.id, caller: c.clone(), parent, name: name.to_vec(), mode, umask })
+    fn mkdir(
+        &self,
+        c: &Caller,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+    ) -> Result<Attr, MetaError> {
+        self.attr(NamespaceRequest::Mkdir {
+            namespace: self.id,
+            caller: c.clone(),
+            parent,
+            name: name.to_vec(),
+            mode,
+            umask,
+        })
     }
 
-    fn symlink(&self, c: &Caller, parent: Ino, name: &[u8], target: &[u8]) -> Result<Attr, MetaError> {
-        self.attr(NamespaceRequest::Symlink { namespace: self.id, caller: c.clone(), parent, name: name.to_vec(), target: target.to_vec() })
+    fn symlink(
+        &self,
+        c: &Caller,
+        parent: Ino,
+        name: &[u8],
+        target: &[u8],
+    ) -> Result<Attr, MetaError> {
+        self.attr(NamespaceRequest::Symlink {
+            namespace: self.id,
+            caller: c.clone(),
+            parent,
+            name: name.to_vec(),
+            target: target.to_vec(),
+        })
     }
 
     fn readlink(&self, ino: Ino) -> Result<Vec<u8>, MetaError> {
@@ -249,19 +315,49 @@ impl Namespace for RemoteNamespace {
         }
     }
 
-    fn link(&self, c: &Caller, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr, MetaError> {
-        self.attr(NamespaceRequest::Link { namespace: self.id, caller: c.clone(), ino, new_parent, new_name: new_name.to_vec() })
+    fn link(
+        &self,
+        c: &Caller,
+        ino: Ino,
+        new_parent: Ino,
+        new_name: &[u8],
+    ) -> Result<Attr, MetaError> {
+        self.attr(NamespaceRequest::Link {
+            namespace: self.id,
+            caller: c.clone(),
+            ino,
+            new_parent,
+            new_name: new_name.to_vec(),
+        })
     }
 
     fn unlink(&self, c: &Caller, parent: Ino, name: &[u8]) -> Result<(), MetaError> {
-        self.done(NamespaceRequest::Unlink { namespace: self.id, caller: c.clone(), parent, name: name.to_vec() })
+        self.done(NamespaceRequest::Unlink {
+            namespace: self.id,
+            caller: c.clone(),
+            parent,
+            name: name.to_vec(),
+        })
     }
 
     fn rmdir(&self, c: &Caller, parent: Ino, name: &[u8]) -> Result<(), MetaError> {
-        self.done(NamespaceRequest::Rmdir { namespace: self.id, caller: c.clone(), parent, name: name.to_vec() })
+        self.done(NamespaceRequest::Rmdir {
+            namespace: self.id,
+            caller: c.clone(),
+            parent,
+            name: name.to_vec(),
+        })
     }
 
-    fn rename(&self, c: &Caller, parent: Ino, name: &[u8], new_parent: Ino, new_name: &[u8], flags: u32) -> Result<(), MetaError> {
+    fn rename(
+        &self,
+        c: &Caller,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        flags: u32,
+    ) -> Result<(), MetaError> {
         self.done(NamespaceRequest::Rename {
             namespace: self.id,
             caller: c.clone(),
@@ -273,8 +369,20 @@ impl Namespace for RemoteNamespace {
         })
     }
 
-    fn readdir(&self, c: &Caller, dir: Ino, after_cookie: u64, entries_max: u32) -> Result<Vec<DirEntry>, MetaError> {
-        match self.call(NamespaceRequest::Readdir { namespace: self.id, caller: c.clone(), dir, after_cookie, entries_max })? {
+    fn readdir(
+        &self,
+        c: &Caller,
+        dir: Ino,
+        after_cookie: u64,
+        entries_max: u32,
+    ) -> Result<Vec<DirEntry>, MetaError> {
+        match self.call(NamespaceRequest::Readdir {
+            namespace: self.id,
+            caller: c.clone(),
+            dir,
+            after_cookie,
+            entries_max,
+        })? {
             NamespaceResponse::Entries(entries) => Ok(entries),
             other => Err(self.unexpected("NsEntries", &other)),
         }
@@ -289,7 +397,12 @@ impl Namespace for RemoteNamespace {
     }
 
     fn wrote(&self, c: &Caller, ino: Ino, end_offset: u64) -> Result<Attr, MetaError> {
-        self.attr(NamespaceRequest::Wrote { namespace: self.id, caller: c.clone(), ino, end_offset })
+        self.attr(NamespaceRequest::Wrote {
+            namespace: self.id,
+            caller: c.clone(),
+            ino,
+            end_offset,
+        })
     }
 
     fn statfs(&self) -> Result<FsStat, MetaError> {
@@ -306,7 +419,10 @@ impl Namespace for RemoteNamespace {
     fn manifest(&self) -> Result<Vec<ManifestEntry>, MetaError> {
         let mut out = Vec::new();
         loop {
-            match self.call(NamespaceRequest::Manifest { namespace: self.id, from_index: out.len() as u64 })? {
+            match self.call(NamespaceRequest::Manifest {
+                namespace: self.id,
+                from_index: out.len() as u64,
+            })? {
                 NamespaceResponse::Manifest(page) if page.is_empty() => return Ok(out),
                 NamespaceResponse::Manifest(page) => out.extend(page),
                 other => return Err(self.unexpected("NamespaceManifestPage", &other)),

@@ -52,7 +52,14 @@ pub fn stripe_set(placement: Placement, name: &str, servers: usize) -> Vec<usize
 
 /// Splits `[offset, offset + length)` into pieces, each on one server and no longer than
 /// `piece_bytes_max`, in offset order.
-pub fn split(placement: Placement, name: &str, servers: usize, offset: u64, length: u64, piece_bytes_max: u64) -> Vec<Piece> {
+pub fn split(
+    placement: Placement,
+    name: &str,
+    servers: usize,
+    offset: u64,
+    length: u64,
+    piece_bytes_max: u64,
+) -> Vec<Piece> {
     assert!(servers > 0 && piece_bytes_max > 0);
     let set = stripe_set(placement, name, servers);
     let end = offset.checked_add(length).expect("range end fits u64 (checked by the caller)");

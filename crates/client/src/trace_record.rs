@@ -32,12 +32,16 @@ impl Tracer {
     /// each other's trace). An error here is reported once and tracing stays off.
     pub(crate) fn start(path: &Path, rank: u32, exclusive: bool) -> Option<Tracer> {
         let connected = Instant::now();
-        let start_unix_us = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0);
+        let start_unix_us =
+            SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0);
         let meta = JobMeta {
             // SAFETY: getuid has no preconditions and cannot fail.
             uid: unsafe { libc::getuid() },
             nprocs: 1,
-            job_id: std::env::var("SLURM_JOB_ID").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(0),
+            job_id: std::env::var("SLURM_JOB_ID")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0),
             start_unix_us,
             // Unknown when the header is written; the trace is streamed, never rewritten.
             end_unix_us: 0,
@@ -57,7 +61,9 @@ impl Tracer {
             .map_err(|e| e.to_string())
             .and_then(|f| TraceWriter::new(BufWriter::new(f), &meta).map_err(|e| e.to_string()));
         match opened {
-            Ok(writer) => Some(Tracer { writer: Some(writer), path: path.to_path_buf(), connected, rank }),
+            Ok(writer) => {
+                Some(Tracer { writer: Some(writer), path: path.to_path_buf(), connected, rank })
+            }
             Err(e) => {
                 eprintln!("spillway-client: tracing to {} disabled: {e}", path.display());
                 None
@@ -66,12 +72,27 @@ impl Tracer {
     }
 
     /// Records one operation that started at `started` and ends now.
-    pub(crate) fn record(&mut self, op: Op, name: &str, offset: u64, length: u64, started: Instant) {
+    pub(crate) fn record(
+        &mut self,
+        op: Op,
+        name: &str,
+        offset: u64,
+        length: u64,
+        started: Instant,
+    ) {
         let Some(writer) = self.writer.as_mut() else { return };
         let time_ns = started.saturating_duration_since(self.connected).as_nanos() as u64;
         let duration_ns = started.elapsed().as_nanos() as u64;
         let result = writer.file_id(name).and_then(|file| {
-            writer.write_op(&TraceOp { time_ns, duration_ns, offset, length, rank: self.rank, file, op })
+            writer.write_op(&TraceOp {
+                time_ns,
+                duration_ns,
+                offset,
+                length,
+                rank: self.rank,
+                file,
+                op,
+            })
         });
         if let Err(e) = result {
             eprintln!("spillway-client: tracing to {} stopped: {e}", self.path.display());
@@ -104,7 +125,9 @@ pub(crate) fn path_from_env(rank: u32) -> Option<PathBuf> {
     if !text.contains('%') {
         return Some(PathBuf::from(value));
     }
-    Some(PathBuf::from(text.replace("%p", &std::process::id().to_string()).replace("%r", &rank.to_string())))
+    Some(PathBuf::from(
+        text.replace("%p", &std::process::id().to_string()).replace("%r", &rank.to_string()),
+    ))
 }
 
 #[cfg(test)]
@@ -114,7 +137,8 @@ mod tests {
 
     #[test]
     fn records_stream_and_exclusive_refuses_existing_file() {
-        let dir = std::env::temp_dir().join(format!("spillway-client-trace-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("spillway-client-trace-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("t.sptrace");
         let _ = std::fs::remove_file(&path);

@@ -36,28 +36,46 @@ knobs! {
 
 impl DrainKnobs {
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |name: &'static str, value: String, reason: &str| ConfigError::invalid(Self::SECTION, name, value, reason);
+        let invalid = |name: &'static str, value: String, reason: &str| {
+            ConfigError::invalid(Self::SECTION, name, value, reason)
+        };
         if self.stripe_bytes == 0 {
             return Err(invalid("stripe_bytes", "0".into(), "must be positive"));
         }
         if self.write_bytes_max == 0 || !self.write_bytes_max.is_multiple_of(self.stripe_bytes) {
-            return Err(invalid("write_bytes_max", self.write_bytes_max.to_string(), "must be a positive multiple of stripe_bytes"));
+            return Err(invalid(
+                "write_bytes_max",
+                self.write_bytes_max.to_string(),
+                "must be a positive multiple of stripe_bytes",
+            ));
         }
         if self.mode != "shuffled" && self.mode != "naive" {
             return Err(invalid("mode", self.mode.clone(), "expected shuffled or naive"));
         }
         if !(self.ingest_bandwidth_share > 0.0 && self.ingest_bandwidth_share <= 1.0) {
-            return Err(invalid("ingest_bandwidth_share", self.ingest_bandwidth_share.to_string(), "must be in (0, 1]"));
+            return Err(invalid(
+                "ingest_bandwidth_share",
+                self.ingest_bandwidth_share.to_string(),
+                "must be in (0, 1]",
+            ));
         }
         if self.retry_backoff_ms_min == 0 || self.retry_backoff_ms_min > self.retry_backoff_ms_max {
-            return Err(invalid("retry_backoff_ms_min", self.retry_backoff_ms_min.to_string(), "must be positive and at most retry_backoff_ms_max"));
+            return Err(invalid(
+                "retry_backoff_ms_min",
+                self.retry_backoff_ms_min.to_string(),
+                "must be positive and at most retry_backoff_ms_max",
+            ));
         }
         if self.queued_epochs_max == 0 {
             return Err(invalid("queued_epochs_max", "0".into(), "must be positive"));
         }
         let peers = self.peers.split(',').filter(|p| !p.trim().is_empty()).count();
         if peers > 0 && self.self_index as usize >= peers {
-            return Err(invalid("self_index", self.self_index.to_string(), "must be a position in peers"));
+            return Err(invalid(
+                "self_index",
+                self.self_index.to_string(),
+                "must be a position in peers",
+            ));
         }
         Ok(())
     }
@@ -72,7 +90,11 @@ mod tests {
         DrainKnobs::default().validate().unwrap();
         let bad = DrainKnobs { write_bytes_max: 3 << 19, ..DrainKnobs::default() };
         assert!(bad.validate().unwrap_err().to_string().contains("write_bytes_max"));
-        let bad = DrainKnobs { peers: "127.0.0.1:1,127.0.0.1:2".into(), self_index: 2, ..DrainKnobs::default() };
+        let bad = DrainKnobs {
+            peers: "127.0.0.1:1,127.0.0.1:2".into(),
+            self_index: 2,
+            ..DrainKnobs::default()
+        };
         assert!(bad.validate().unwrap_err().to_string().contains("self_index"));
     }
 }

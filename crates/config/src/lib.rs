@@ -82,23 +82,19 @@ pub enum ConfigError {
     #[error("config file {path} is not valid: {message}")]
     Parse { path: String, message: String },
     #[error("environment variable {variable}={value:?} is not a valid value: {message}")]
-    Environment {
-        variable: String,
-        value: String,
-        message: String,
-    },
+    Environment { variable: String, value: String, message: String },
     #[error("knob {section}.{name} = {value}: {reason}")]
-    Invalid {
-        section: &'static str,
-        name: &'static str,
-        value: String,
-        reason: String,
-    },
+    Invalid { section: &'static str, name: &'static str, value: String, reason: String },
 }
 
 impl ConfigError {
     /// Knob `section.name` refuses `value`, for `reason`.
-    pub fn invalid(section: &'static str, name: &'static str, value: impl ToString, reason: impl Into<String>) -> ConfigError {
+    pub fn invalid(
+        section: &'static str,
+        name: &'static str,
+        value: impl ToString,
+        reason: impl Into<String>,
+    ) -> ConfigError {
         ConfigError::Invalid { section, name, value: value.to_string(), reason: reason.into() }
     }
 }
@@ -112,10 +108,16 @@ pub(crate) fn check_listen_address(
     remote_allowed: bool,
     remote_refusal: &str,
 ) -> Result<(), ConfigError> {
-    let address: std::net::SocketAddr =
-        value.parse().map_err(|e| ConfigError::invalid(section, name, value, format!("not IP:PORT ({e})")))?;
+    let address: std::net::SocketAddr = value
+        .parse()
+        .map_err(|e| ConfigError::invalid(section, name, value, format!("not IP:PORT ({e})")))?;
     if !address.ip().is_loopback() && !remote_allowed {
-        return Err(ConfigError::invalid(section, name, value, format!("not a loopback address; {remote_refusal}")));
+        return Err(ConfigError::invalid(
+            section,
+            name,
+            value,
+            format!("not a loopback address; {remote_refusal}"),
+        ));
     }
     Ok(())
 }
@@ -152,13 +154,14 @@ impl Config {
             None => toml::Table::new(),
         };
         apply_environment(&mut table, environment)?;
-        let config: Config = toml::Value::Table(table)
-            .try_into()
-            .map_err(|error: toml::de::Error| ConfigError::Parse {
-                path: path
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_else(|| "(environment)".into()),
-                message: error.to_string(),
+        let config: Config =
+            toml::Value::Table(table).try_into().map_err(|error: toml::de::Error| {
+                ConfigError::Parse {
+                    path: path
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_else(|| "(environment)".into()),
+                    message: error.to_string(),
+                }
             })?;
         config.validate()?;
         Ok(config)
@@ -229,9 +232,8 @@ fn apply_environment(
             .ok()
             .and_then(|mut t| t.remove("v"))
             .unwrap_or_else(|| toml::Value::String(value.clone()));
-        let section = table
-            .entry(knob.section)
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let section =
+            table.entry(knob.section).or_insert_with(|| toml::Value::Table(toml::Table::new()));
         match section {
             toml::Value::Table(section) => {
                 section.insert(knob.name.to_string(), parsed);

@@ -65,22 +65,43 @@ impl ManagerKnobs {
         let digits = self.socket_mode.trim().trim_start_matches("0o");
         match u32::from_str_radix(digits, 8) {
             Ok(mode) if mode <= 0o777 => Ok(mode),
-            _ => Err(ConfigError::invalid(Self::SECTION, "socket_mode", &self.socket_mode, "not an octal permission mode (0000 to 0777)")),
+            _ => Err(ConfigError::invalid(
+                Self::SECTION,
+                "socket_mode",
+                &self.socket_mode,
+                "not an octal permission mode (0000 to 0777)",
+            )),
         }
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |name: &'static str, value: String, reason: &str| ConfigError::invalid(Self::SECTION, name, value, reason);
+        let invalid = |name: &'static str, value: String, reason: &str| {
+            ConfigError::invalid(Self::SECTION, name, value, reason)
+        };
         if self.socket_path.is_empty() && self.listen_address.is_empty() {
-            return Err(invalid("socket_path", "\"\"".into(), "needs a socket_path or a listen_address"));
+            return Err(invalid(
+                "socket_path",
+                "\"\"".into(),
+                "needs a socket_path or a listen_address",
+            ));
         }
         if !self.listen_address.is_empty() {
             let refusal = "the manager cannot authenticate remote callers";
-            crate::check_listen_address(Self::SECTION, "listen_address", &self.listen_address, false, refusal)?;
+            crate::check_listen_address(
+                Self::SECTION,
+                "listen_address",
+                &self.listen_address,
+                false,
+                refusal,
+            )?;
         }
         self.socket_mode_bits()?;
         if self.fragment_bytes < 4096 {
-            return Err(invalid("fragment_bytes", self.fragment_bytes.to_string(), "must be at least 4096"));
+            return Err(invalid(
+                "fragment_bytes",
+                self.fragment_bytes.to_string(),
+                "must be at least 4096",
+            ));
         }
         let positive = [
             ("stripe_servers_max", self.stripe_servers_max as u64),
@@ -97,7 +118,11 @@ impl ManagerKnobs {
             }
         }
         if self.request_bytes_max < 1024 {
-            return Err(invalid("request_bytes_max", self.request_bytes_max.to_string(), "must be at least 1024"));
+            return Err(invalid(
+                "request_bytes_max",
+                self.request_bytes_max.to_string(),
+                "must be at least 1024",
+            ));
         }
         Ok(())
     }

@@ -47,7 +47,9 @@ knobs! {
 
 impl ServerKnobs {
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |name: &'static str, value: String, reason: &str| ConfigError::invalid(Self::SECTION, name, value, reason);
+        let invalid = |name: &'static str, value: String, reason: &str| {
+            ConfigError::invalid(Self::SECTION, name, value, reason)
+        };
         if self.listen_address.is_empty() && self.unix_socket_path.is_empty() {
             return Err(invalid(
                 "listen_address",
@@ -56,8 +58,15 @@ impl ServerKnobs {
             ));
         }
         if !self.listen_address.is_empty() {
-            let refusal = "peers cannot be authenticated yet, set insecure_tcp (--insecure-tcp) to allow it";
-            crate::check_listen_address(Self::SECTION, "listen_address", &self.listen_address, self.insecure_tcp, refusal)?;
+            let refusal =
+                "peers cannot be authenticated yet, set insecure_tcp (--insecure-tcp) to allow it";
+            crate::check_listen_address(
+                Self::SECTION,
+                "listen_address",
+                &self.listen_address,
+                self.insecure_tcp,
+                refusal,
+            )?;
         }
         if self.connections_max == 0 {
             return Err(invalid("connections_max", "0".into(), "must be at least 1"));
@@ -93,10 +102,7 @@ mod tests {
 
     #[test]
     fn non_loopback_needs_insecure_tcp() {
-        let mut knobs = ServerKnobs {
-            listen_address: "0.0.0.0:7070".into(),
-            ..Default::default()
-        };
+        let mut knobs = ServerKnobs { listen_address: "0.0.0.0:7070".into(), ..Default::default() };
         assert!(knobs.validate().unwrap_err().to_string().contains("insecure_tcp"));
         knobs.insecure_tcp = true;
         knobs.validate().unwrap();

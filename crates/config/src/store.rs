@@ -47,7 +47,9 @@ knobs! {
 
 impl StoreKnobs {
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |name: &'static str, value: u64, reason: String| ConfigError::invalid(Self::SECTION, name, value, reason);
+        let invalid = |name: &'static str, value: u64, reason: String| {
+            ConfigError::invalid(Self::SECTION, name, value, reason)
+        };
         if self.dram_bytes_max < self.dram_bytes_min {
             return Err(invalid(
                 "dram_bytes_max",

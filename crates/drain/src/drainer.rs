@@ -173,13 +173,22 @@ impl Drainer {
         ingest: Option<IngestProbe>,
     ) -> Result<Drainer, StartError> {
         if options.self_index >= options.peers.len() {
-            return Err(StartError::SelfIndex { index: options.self_index, count: options.peers.len() });
+            return Err(StartError::SelfIndex {
+                index: options.self_index,
+                count: options.peers.len(),
+            });
         }
-        assert!(options.stripe_bytes > 0 && options.write_bytes_max > 0 && options.queued_epochs_max > 0);
+        assert!(
+            options.stripe_bytes > 0
+                && options.write_bytes_max > 0
+                && options.queued_epochs_max > 0
+        );
         let journal = Journal::open(journal_directory, 4096)?;
         let mut state = State { epochs: BTreeMap::new(), queue: VecDeque::new() };
-        let held: BTreeMap<EpochId, EpochState> =
-            backend.epochs().map(|l| l.into_iter().map(|e| (e.epoch, e.state)).collect()).unwrap_or_default();
+        let held: BTreeMap<EpochId, EpochState> = backend
+            .epochs()
+            .map(|l| l.into_iter().map(|e| (e.epoch, e.state)).collect())
+            .unwrap_or_default();
         for (epoch, mode) in journal.pending() {
             tracing::info!(%epoch, %mode, "drain: resuming a journaled drain");
             state.epochs.insert(epoch, EpochStatus::new(mode, DrainState::Queued));
@@ -233,7 +242,12 @@ impl Drainer {
     /// How the drain of `epoch` yielded to ingest so far: PFS writes made while clients were
     /// writing to this server, and the total pause (`None`: epoch unknown to the drainer).
     pub fn yielded_to_ingest(&self, epoch: EpochId) -> Option<(u64, Duration)> {
-        self.inner.state.lock().epochs.get(&epoch).map(|s| (s.yielded_writes, Duration::from_micros(s.yielded_us)))
+        self.inner
+            .state
+            .lock()
+            .epochs
+            .get(&epoch)
+            .map(|s| (s.yielded_writes, Duration::from_micros(s.yielded_us)))
     }
 
     /// Stops the worker (between two writes) and waits for it.
@@ -254,8 +268,12 @@ impl Drop for Drainer {
 
 impl DrainControl for Drainer {
     fn request(&self, epoch: EpochId, mode: u8) -> Result<(), BackendError> {
-        let mode = DrainMode::from_code(mode)
-            .ok_or_else(|| BackendError::new(ErrorCode::InvalidArgument, format!("drain mode {mode}: expected 0 (naive) or 1 (shuffled)")))?;
+        let mode = DrainMode::from_code(mode).ok_or_else(|| {
+            BackendError::new(
+                ErrorCode::InvalidArgument,
+                format!("drain mode {mode}: expected 0 (naive) or 1 (shuffled)"),
+            )
+        })?;
         self.inner.request(epoch, mode)
     }
     fn committed(&self, epoch: EpochId) {
@@ -279,11 +297,15 @@ struct Names {
 impl Names {
     fn new(epoch: EpochId, name: &str) -> Result<Names, DrainError> {
         let relative = Path::new(name);
-        if name.is_empty() || relative.is_absolute() || relative.components().any(|c| !matches!(c, Component::Normal(_))) {
+        if name.is_empty()
+            || relative.is_absolute()
+            || relative.components().any(|c| !matches!(c, Component::Normal(_)))
+        {
             return Err(DrainError::BadName { epoch, name: name.to_string() });
         }
         let final_path = PathBuf::from(format!("epoch-{}", epoch.0)).join(relative);
-        let base = final_path.file_name().expect("normal components").to_string_lossy().into_owned();
+        let base =
+            final_path.file_name().expect("normal components").to_string_lossy().into_owned();
         let staging = final_path.with_file_name(format!(".{base}.spillway-e{}.staging", epoch.0));
         Ok(Names { final_path, staging })
     }
@@ -291,7 +313,8 @@ impl Names {
     fn published_as(epoch: EpochId, path: &str) -> Result<Names, DrainError> {
         let mut names = Names::new(epoch, path)?;
         names.final_path = PathBuf::from(path);
-        names.staging = names.final_path.with_file_name(names.staging.file_name().expect("staging name"));
+        names.staging =
+            names.final_path.with_file_name(names.staging.file_name().expect("staging name"));
         Ok(names)
     }
     fn marker(&self, server: usize) -> PathBuf {
@@ -387,13 +410,19 @@ impl Inner {
     fn request(&self, epoch: EpochId, mode: DrainMode) -> Result<(), BackendError> {
         let mut state = self.state.lock();
         if let Some(s) = state.epochs.get(&epoch) {
-            if s.state == DrainState::Drained || state.queue.contains(&epoch) || s.state != DrainState::Queued {
+            if s.state == DrainState::Drained
+                || state.queue.contains(&epoch)
+                || s.state != DrainState::Queued
+            {
                 return Ok(()); // drained, queued or in progress
             }
         }
         let pending = state.queue.len();
         if pending >= self.options.queued_epochs_max {
-            return Err(BackendError::new(ErrorCode::Busy, format!("{pending} epochs already queued for drain (limit)")));
+            return Err(BackendError::new(
+                ErrorCode::Busy,
+                format!("{pending} epochs already queued for drain (limit)"),
+            ));
         }
         self.journal
             .lock()
@@ -492,8 +521,19 @@ impl Inner {
         }
     }
 
-    fn drain_epoch(&self, client: &mut Option<Client>, epoch: EpochId, mode: DrainMode) -> Result<Outcome, DrainError> {
-        let local = match self.backend.epochs().map_err(DrainError::Store)?.into_iter().find(|e| e.epoch == epoch) {
+    fn drain_epoch(
+        &self,
+        client: &mut Option<Client>,
+        epoch: EpochId,
+        mode: DrainMode,
+    ) -> Result<Outcome, DrainError> {
+        let local = match self
+            .backend
+            .epochs()
+            .map_err(DrainError::Store)?
+            .into_iter()
+            .find(|e| e.epoch == epoch)
+        {
             Some(e) => e,
             None => {
                 tracing::warn!(%epoch, "drain: epoch is no longer in the burst buffer (deleted); dropping the request");
@@ -503,7 +543,9 @@ impl Inner {
             }
         };
         match local.state {
-            EpochState::Open => return Ok(Outcome::Wait(format!("epoch {epoch} is not committed here yet"))),
+            EpochState::Open => {
+                return Ok(Outcome::Wait(format!("epoch {epoch} is not committed here yet")))
+            }
             EpochState::Drained => {
                 self.journal.lock().drained(epoch)?;
                 self.set(epoch, |s| s.state = DrainState::Drained);
@@ -535,9 +577,13 @@ impl Inner {
         let mut done = 0u64;
         let mut waiting = None;
         // Mount files (`ns/<id>/<ino>.<gen>`) are published under their namespace paths.
-        let mut namespace_names = crate::namespace_names::NamespaceNames::new(self.options.peers.clone());
+        let mut namespace_names =
+            crate::namespace_names::NamespaceNames::new(self.options.peers.clone());
         for file in &files {
-            let names = match namespace_names.final_name(&file.name).map_err(DrainError::Namespace)? {
+            let names = match namespace_names
+                .final_name(&file.name)
+                .map_err(DrainError::Namespace)?
+            {
                 crate::namespace_names::FinalName::Unchanged => Names::new(epoch, &file.name)?,
                 crate::namespace_names::FinalName::Path(path) => Names::published_as(epoch, &path)?,
                 crate::namespace_names::FinalName::Dead => {
@@ -593,7 +639,16 @@ impl Inner {
             .ok_or_else(|| DrainError::NotParticipant { index: me, name: name.to_string() })?;
         if !self.pfs.exists(&names.marker(me))? {
             self.pfs.create_parents(&names.staging)?;
-            let stats = self.write_part(client, &handle, epoch, mode, local_file, position, participants.len(), names)?;
+            let stats = self.write_part(
+                client,
+                &handle,
+                epoch,
+                mode,
+                local_file,
+                position,
+                participants.len(),
+                names,
+            )?;
             self.set(epoch, |s| {
                 s.pfs_bytes_written += stats.bytes;
                 s.pfs_write_calls += stats.calls;
@@ -614,7 +669,9 @@ impl Inner {
             if self.pfs.exists(&names.final_path)? {
                 return Ok(Outcome::Done);
             }
-            return Ok(Outcome::Wait(format!("{name:?}: waiting for the parts of servers {missing:?}")));
+            return Ok(Outcome::Wait(format!(
+                "{name:?}: waiting for the parts of servers {missing:?}"
+            )));
         }
         if let Err(error) = self.pfs.publish(&names.staging, &names.final_path) {
             // A peer published first (both saw every marker).
@@ -641,7 +698,8 @@ impl Inner {
         names: &Names,
     ) -> Result<PartStats, DrainError> {
         let size = client.file_size(handle)?;
-        let extents: Vec<(usize, u64, u64)> = client.extents(handle)?.into_iter().map(|(s, e)| (s, e.offset, e.length)).collect();
+        let extents: Vec<(usize, u64, u64)> =
+            client.extents(handle)?.into_iter().map(|(s, e)| (s, e.offset, e.length)).collect();
         let mut file = self.pfs.open_staging(&names.staging)?;
         let mut stats = PartStats::default();
         let mut throttle = Throttle {
@@ -654,7 +712,9 @@ impl Inner {
         let write_max = self.options.write_bytes_max;
         match mode {
             DrainMode::Shuffled => {
-                let domain = partition_domains(size, participants, self.options.stripe_bytes)[position].clone();
+                let domain = partition_domains(size, participants, self.options.stripe_bytes)
+                    [position]
+                    .clone();
                 let chunks = chunk_writes(domain, write_max, self.options.stripe_bytes);
                 // Gather (shuffle) on this thread, write on another: two chunks in flight at most.
                 let (tx, rx) = std::sync::mpsc::sync_channel::<(u64, IoBuffer)>(1);
@@ -703,7 +763,9 @@ impl Inner {
                             // of the whole chunk: its holes read as zeros), not over a socket;
                             // then the peers' ranges (disjoint from ours) are filled in.
                             if local {
-                                backend.read(epoch, local_file, chunk.start, &mut buffer).map_err(DrainError::Store)?;
+                                backend
+                                    .read(epoch, local_file, chunk.start, &mut buffer)
+                                    .map_err(DrainError::Store)?;
                             }
                             client.read_ranges(handle, chunk.start, &mut buffer, wanted)?;
                             stats.shuffle += started.elapsed();
@@ -726,7 +788,11 @@ impl Inner {
                 result?;
             }
             DrainMode::Naive => {
-                let mine: Vec<(u64, u64)> = extents.iter().filter(|e| e.0 == self.options.self_index).map(|e| (e.1, e.2)).collect();
+                let mine: Vec<(u64, u64)> = extents
+                    .iter()
+                    .filter(|e| e.0 == self.options.self_index)
+                    .map(|e| (e.1, e.2))
+                    .collect();
                 let mut buffer = Vec::new();
                 for range in naive_writes(&mine, write_max) {
                     if self.stop.load(Ordering::SeqCst) {
@@ -734,7 +800,9 @@ impl Inner {
                     }
                     let started = Instant::now();
                     buffer.resize((range.end - range.start) as usize, 0);
-                    self.backend.read(epoch, local_file, range.start, &mut buffer).map_err(DrainError::Store)?;
+                    self.backend
+                        .read(epoch, local_file, range.start, &mut buffer)
+                        .map_err(DrainError::Store)?;
                     stats.shuffle += started.elapsed();
                     let started = Instant::now();
                     file.write_at(range.start, &buffer)?;
@@ -747,7 +815,10 @@ impl Inner {
             }
         }
         if self.stop.load(Ordering::SeqCst) {
-            return Err(DrainError::Store(BackendError::new(ErrorCode::ShuttingDown, "drainer stopping mid-file")));
+            return Err(DrainError::Store(BackendError::new(
+                ErrorCode::ShuttingDown,
+                "drainer stopping mid-file",
+            )));
         }
         stats.yielded_writes = throttle.yielded;
         stats.yielded = throttle.paused;

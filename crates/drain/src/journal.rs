@@ -137,7 +137,13 @@ impl Journal {
     pub fn open(directory: &Path, records_max: usize) -> Result<Journal, JournalError> {
         let path = directory.join(JOURNAL_FILE);
         let io = |source| JournalError::Io { path: path.clone(), source };
-        let mut file = OpenOptions::new().create(true).truncate(false).read(true).write(true).open(&path).map_err(io)?;
+        let mut file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(io)?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes).map_err(io)?;
         let mut entries = BTreeMap::new();
@@ -148,7 +154,8 @@ impl Journal {
         while at < whole {
             match decode(&bytes[at..at + RECORD_BYTES]) {
                 Ok((kind, mode, epoch)) => {
-                    let entry = entries.entry(epoch).or_insert(JournalEntry { mode, drained: false });
+                    let entry =
+                        entries.entry(epoch).or_insert(JournalEntry { mode, drained: false });
                     match kind {
                         Kind::Requested => entry.mode = mode,
                         Kind::Drained => entry.drained = true,
@@ -176,7 +183,8 @@ impl Journal {
         }
         use std::io::Seek;
         file.seek(io::SeekFrom::End(0)).map_err(io)?;
-        let mut journal = Journal { path, file, entries, records, records_max: records_max.max(16) };
+        let mut journal =
+            Journal { path, file, entries, records, records_max: records_max.max(16) };
         if journal.records > journal.records_max {
             journal.compact()?;
         }
@@ -237,7 +245,8 @@ impl Journal {
         let staging = self.path.with_extension("journal.staging");
         let io = |path: &Path, source| JournalError::Io { path: path.to_path_buf(), source };
         let keep_drained = self.records_max / 2;
-        let drained: Vec<EpochId> = self.entries.iter().filter(|(_, e)| e.drained).map(|(&k, _)| k).collect();
+        let drained: Vec<EpochId> =
+            self.entries.iter().filter(|(_, e)| e.drained).map(|(&k, _)| k).collect();
         let cut = drained.len().saturating_sub(keep_drained);
         for epoch in &drained[..cut] {
             self.entries.remove(epoch);
@@ -256,7 +265,11 @@ impl Journal {
         if let Some(dir) = self.path.parent() {
             File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io(dir, e))?;
         }
-        self.file = OpenOptions::new().append(true).read(true).open(&self.path).map_err(|e| io(&self.path, e))?;
+        self.file = OpenOptions::new()
+            .append(true)
+            .read(true)
+            .open(&self.path)
+            .map_err(|e| io(&self.path, e))?;
         self.records = bytes.len() / RECORD_BYTES;
         Ok(())
     }
@@ -277,7 +290,10 @@ mod tests {
         }
         let j = Journal::open(dir.path(), 100).unwrap();
         assert_eq!(j.pending(), vec![(EpochId(2), DrainMode::Naive)]);
-        assert_eq!(j.get(EpochId(1)), Some(JournalEntry { mode: DrainMode::Shuffled, drained: true }));
+        assert_eq!(
+            j.get(EpochId(1)),
+            Some(JournalEntry { mode: DrainMode::Shuffled, drained: true })
+        );
     }
 
     #[test]
@@ -321,7 +337,10 @@ mod tests {
         }
         let j = Journal::open(dir.path(), 16).unwrap();
         assert_eq!(j.pending(), vec![(EpochId(7), DrainMode::Shuffled)]);
-        assert!(std::fs::metadata(dir.path().join(JOURNAL_FILE)).unwrap().len() <= 40 * RECORD_BYTES as u64);
+        assert!(
+            std::fs::metadata(dir.path().join(JOURNAL_FILE)).unwrap().len()
+                <= 40 * RECORD_BYTES as u64
+        );
         assert!(j.get(EpochId(40)).unwrap().drained);
     }
 }

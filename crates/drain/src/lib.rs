@@ -17,7 +17,12 @@ pub mod namespace_names;
 pub mod pfs;
 pub mod plan;
 
-pub use drainer::{yield_pause, DrainError, Drainer, DrainerOptions, IngestActivity, StartError, INGEST_IDLE_AFTER, YIELD_PAUSE_MAX};
+pub use drainer::{
+    yield_pause, DrainError, Drainer, DrainerOptions, IngestActivity, StartError,
+    INGEST_IDLE_AFTER, YIELD_PAUSE_MAX,
+};
 pub use journal::{DrainMode, Journal, JournalError};
-pub use pfs::{FaultyPfs, Faults, IoBuffer, Pfs, PfsError, PfsFile, PosixPfs, WriteLog, DIRECT_IO_ALIGN};
+pub use pfs::{
+    Faults, FaultyPfs, IoBuffer, Pfs, PfsError, PfsFile, PosixPfs, WriteLog, DIRECT_IO_ALIGN,
+};
 pub use plan::{chunk_writes, lock_switches, partition_domains, stripe_aligned_fraction, PfsWrite};

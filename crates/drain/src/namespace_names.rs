@@ -41,7 +41,9 @@ impl NamespaceNames {
 
     /// The final name of store file `name` (see the module doc).
     pub fn final_name(&mut self, name: &str) -> Result<FinalName, MetaError> {
-        let Some((namespace, _, _)) = parse_data_file_name(name) else { return Ok(FinalName::Unchanged) };
+        let Some((namespace, _, _)) = parse_data_file_name(name) else {
+            return Ok(FinalName::Unchanged);
+        };
         if !self.manifests.contains_key(&namespace) {
             let manifest = fetch(&self.peers, namespace)?;
             self.manifests.insert(namespace, manifest);
@@ -64,13 +66,18 @@ impl NamespaceNames {
 }
 
 /// The manifest of `namespace` from the first peer that holds it; `None` if none does.
-fn fetch(peers: &[Endpoint], namespace: NamespaceId) -> Result<Option<HashMap<String, ManifestEntry>>, MetaError> {
+fn fetch(
+    peers: &[Endpoint],
+    namespace: NamespaceId,
+) -> Result<Option<HashMap<String, ManifestEntry>>, MetaError> {
     let options = RemoteOptions { create: false, connections_max: 1, ..RemoteOptions::default() };
     for endpoint in peers {
         match RemoteNamespace::open(endpoint, namespace, &options) {
             Ok(remote) => {
                 let manifest = remote.manifest()?;
-                return Ok(Some(manifest.into_iter().map(|entry| (entry.file_name.clone(), entry)).collect()));
+                return Ok(Some(
+                    manifest.into_iter().map(|entry| (entry.file_name.clone(), entry)).collect(),
+                ));
             }
             Err(failure) if failure.errno == libc::ENOENT => continue,
             Err(failure) => return Err(failure),

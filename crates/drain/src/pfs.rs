@@ -125,10 +125,12 @@ impl IoBuffer {
         if len == 0 {
             return IoBuffer { ptr: std::ptr::NonNull::<u8>::dangling(), len };
         }
-        let layout = std::alloc::Layout::from_size_align(len, DIRECT_IO_ALIGN).expect("buffer size overflows");
+        let layout = std::alloc::Layout::from_size_align(len, DIRECT_IO_ALIGN)
+            .expect("buffer size overflows");
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = std::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        let ptr =
+            std::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
         IoBuffer { ptr, len }
     }
 }
@@ -151,7 +153,8 @@ impl std::ops::DerefMut for IoBuffer {
 impl Drop for IoBuffer {
     fn drop(&mut self) {
         if self.len > 0 {
-            let layout = std::alloc::Layout::from_size_align(self.len, DIRECT_IO_ALIGN).expect("layout was valid at allocation");
+            let layout = std::alloc::Layout::from_size_align(self.len, DIRECT_IO_ALIGN)
+                .expect("layout was valid at allocation");
             // SAFETY: allocated in `zeroed` with this very layout.
             unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
         }
@@ -176,7 +179,8 @@ impl PosixFile {
     fn write_direct(&mut self, offset: u64, data: &[u8]) -> Result<usize, PfsError> {
         const DIRECT_WRITE_BYTES_MIN: usize = 256 * 1024;
         let prefix = data.len() - data.len() % DIRECT_IO_ALIGN;
-        let aligned = offset % DIRECT_IO_ALIGN as u64 == 0 && (data.as_ptr() as usize) % DIRECT_IO_ALIGN == 0;
+        let aligned =
+            offset % DIRECT_IO_ALIGN as u64 == 0 && (data.as_ptr() as usize) % DIRECT_IO_ALIGN == 0;
         let Some(direct) = &self.direct else { return Ok(0) };
         if !aligned || prefix < DIRECT_WRITE_BYTES_MIN {
             return Ok(0);
@@ -197,7 +201,9 @@ impl PfsFile for PosixFile {
     fn write_at(&mut self, offset: u64, data: &[u8]) -> Result<(), PfsError> {
         let done = self.write_direct(offset, data)?;
         if done < data.len() {
-            self.file.write_all_at(&data[done..], offset + done as u64).map_err(|e| PfsError::new("write", &self.path, e))?;
+            self.file
+                .write_all_at(&data[done..], offset + done as u64)
+                .map_err(|e| PfsError::new("write", &self.path, e))?;
         }
         if let Some(log) = &self.log {
             log.record(self.server, offset, data.len() as u64);
@@ -221,7 +227,12 @@ impl PfsFile for PosixFile {
         use std::os::fd::AsRawFd;
         // SAFETY: plain syscall on an open descriptor; failure only loses the hint.
         unsafe {
-            libc::sync_file_range(self.file.as_raw_fd(), offset as i64, length as i64, libc::SYNC_FILE_RANGE_WRITE);
+            libc::sync_file_range(
+                self.file.as_raw_fd(),
+                offset as i64,
+                length as i64,
+                libc::SYNC_FILE_RANGE_WRITE,
+            );
         }
     }
 }
@@ -232,12 +243,16 @@ impl Pfs for PosixPfs {
             return Err(PfsError::new(
                 "find root",
                 &self.root,
-                io::Error::new(io::ErrorKind::NotFound, "PFS root directory is missing (not mounted?)"),
+                io::Error::new(
+                    io::ErrorKind::NotFound,
+                    "PFS root directory is missing (not mounted?)",
+                ),
             ));
         }
         if let Some(parent) = path.parent() {
             let full = self.full(parent);
-            std::fs::create_dir_all(&full).map_err(|e| PfsError::new("create directory", &full, e))?;
+            std::fs::create_dir_all(&full)
+                .map_err(|e| PfsError::new("create directory", &full, e))?;
         }
         Ok(())
     }
@@ -254,7 +269,13 @@ impl Pfs for PosixPfs {
             use std::os::unix::fs::OpenOptionsExt;
             OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(&full).ok()
         };
-        Ok(Box::new(PosixFile { file, direct, path: full, log: self.log.clone(), server: self.server }))
+        Ok(Box::new(PosixFile {
+            file,
+            direct,
+            path: full,
+            log: self.log.clone(),
+            server: self.server,
+        }))
     }
 
     fn exists(&self, path: &Path) -> Result<bool, PfsError> {
@@ -268,7 +289,12 @@ impl Pfs for PosixPfs {
 
     fn create_marker(&self, path: &Path) -> Result<(), PfsError> {
         let full = self.full(path);
-        OpenOptions::new().create(true).truncate(false).write(true).open(&full).map_err(|e| PfsError::new("create marker", &full, e))?;
+        OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&full)
+            .map_err(|e| PfsError::new("create marker", &full, e))?;
         fsync_dir(full.parent().unwrap_or(&self.root))
     }
 
@@ -402,11 +428,19 @@ impl PfsFile for FaultyFile {
         {
             let mut faults = self.faults.lock();
             if faults.read_only {
-                return Err(PfsError::new("write", &self.path, io::Error::from_raw_os_error(libc::EROFS)));
+                return Err(PfsError::new(
+                    "write",
+                    &self.path,
+                    io::Error::from_raw_os_error(libc::EROFS),
+                ));
             }
             if let Some(left) = faults.space_left_bytes.as_mut() {
                 if *left < data.len() as u64 {
-                    return Err(PfsError::new("write", &self.path, io::Error::from_raw_os_error(libc::ENOSPC)));
+                    return Err(PfsError::new(
+                        "write",
+                        &self.path,
+                        io::Error::from_raw_os_error(libc::ENOSPC),
+                    ));
                 }
                 *left -= data.len() as u64;
             }
@@ -416,7 +450,11 @@ impl PfsFile for FaultyFile {
 
     fn extend_to(&mut self, bytes: u64) -> Result<(), PfsError> {
         if self.faults.lock().read_only {
-            return Err(PfsError::new("extend", &self.path, io::Error::from_raw_os_error(libc::EROFS)));
+            return Err(PfsError::new(
+                "extend",
+                &self.path,
+                io::Error::from_raw_os_error(libc::EROFS),
+            ));
         }
         self.inner.extend_to(bytes)
     }
@@ -427,7 +465,11 @@ impl PfsFile for FaultyFile {
 
     fn sync(&mut self) -> Result<(), PfsError> {
         if self.faults.lock().fsync_fails {
-            return Err(PfsError::new("fsync", &self.path, io::Error::from_raw_os_error(libc::EIO)));
+            return Err(PfsError::new(
+                "fsync",
+                &self.path,
+                io::Error::from_raw_os_error(libc::EIO),
+            ));
         }
         self.inner.sync()
     }
@@ -488,7 +530,9 @@ mod tests {
         assert_eq!(back.len(), (2 << 20) + 1000);
         assert_eq!(&back[(1 << 20)..], &big[..]);
         assert_eq!(&back[100..100 + 4999], &small[1..]);
-        assert!(back[..100].iter().all(|&b| b == 0) && back[5099..(1 << 20)].iter().all(|&b| b == 0));
+        assert!(
+            back[..100].iter().all(|&b| b == 0) && back[5099..(1 << 20)].iter().all(|&b| b == 0)
+        );
         // One logged write per call, whichever path it took.
         assert_eq!(log.writes(), 2);
         assert!(IoBuffer::zeroed(0).is_empty());

@@ -26,7 +26,11 @@ pub struct PfsWrite {
 /// boundaries on multiples of `stripe_bytes`. Domain `k` is `result[k]`; together they cover
 /// `0..file_bytes` exactly once, in order. When the file has fewer stripes than participants
 /// some domains are empty (`start == end`).
-pub fn partition_domains(file_bytes: u64, participants: usize, stripe_bytes: u64) -> Vec<Range<u64>> {
+pub fn partition_domains(
+    file_bytes: u64,
+    participants: usize,
+    stripe_bytes: u64,
+) -> Vec<Range<u64>> {
     assert!(participants > 0, "a file to drain has at least one participant");
     assert!(stripe_bytes > 0, "stripe size must be positive");
     let stripes = file_bytes.div_ceil(stripe_bytes);
@@ -121,7 +125,8 @@ pub fn stripe_aligned_fraction(log: &[PfsWrite], stripe_bytes: u64, file_bytes: 
     let aligned = log
         .iter()
         .filter(|w| {
-            w.offset % stripe_bytes == 0 && (w.length % stripe_bytes == 0 || w.offset + w.length == file_bytes)
+            w.offset % stripe_bytes == 0
+                && (w.length % stripe_bytes == 0 || w.offset + w.length == file_bytes)
         })
         .count();
     aligned as f64 / log.len() as f64
@@ -137,7 +142,10 @@ mod tests {
     #[test]
     fn four_servers_one_gib() {
         let d = partition_domains(1 << 30, 4, MIB);
-        assert_eq!(d, vec![0..256 * MIB, 256 * MIB..512 * MIB, 512 * MIB..768 * MIB, 768 * MIB..1024 * MIB]);
+        assert_eq!(
+            d,
+            vec![0..256 * MIB, 256 * MIB..512 * MIB, 512 * MIB..768 * MIB, 768 * MIB..1024 * MIB]
+        );
     }
 
     #[test]
@@ -155,14 +163,24 @@ mod tests {
         let mut naive = Vec::new();
         let mut seq = 0;
         for i in 0..(4 * MIB / block) {
-            naive.push(PfsWrite { sequence: seq, server: (i % 4) as u32, offset: i * block, length: block });
+            naive.push(PfsWrite {
+                sequence: seq,
+                server: (i % 4) as u32,
+                offset: i * block,
+                length: block,
+            });
             seq += 1;
         }
         assert!(lock_switches(&naive, MIB) > 200);
         let mut shuffled = Vec::new();
         for (k, d) in partition_domains(4 * MIB, 4, MIB).into_iter().enumerate() {
             for w in chunk_writes(d, 8 * MIB, MIB) {
-                shuffled.push(PfsWrite { sequence: seq, server: k as u32, offset: w.start, length: w.end - w.start });
+                shuffled.push(PfsWrite {
+                    sequence: seq,
+                    server: k as u32,
+                    offset: w.start,
+                    length: w.end - w.start,
+                });
                 seq += 1;
             }
         }

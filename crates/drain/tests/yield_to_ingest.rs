@@ -18,7 +18,11 @@ use spillway_server::{Server, ServerOptions, StoreBackend};
 use spillway_types::EpochId;
 
 fn client(endpoint: &Endpoint) -> Client {
-    let options = ClientOptions { placement: Placement::Local { rank: 0 }, durability: Durability::Ssd, ..ClientOptions::default() };
+    let options = ClientOptions {
+        placement: Placement::Local { rank: 0 },
+        durability: Durability::Ssd,
+        ..ClientOptions::default()
+    };
     Client::connect(std::slice::from_ref(endpoint), options).unwrap()
 }
 
@@ -66,7 +70,13 @@ fn drain_yields_while_clients_write_and_runs_unthrottled_when_idle() {
     let backend = Arc::new(StoreBackend::new(spillway_store::Store::open(&store_knobs).unwrap()));
     let endpoint = Endpoint::Unix(dir.path().join("s0.sock"));
     let server_knobs = ServerKnobs { server_name: "s0".into(), ..ServerKnobs::default() };
-    let server = Server::bind(ServerOptions::from_knobs(&server_knobs), backend.clone(), std::slice::from_ref(&endpoint), false).unwrap();
+    let server = Server::bind(
+        ServerOptions::from_knobs(&server_knobs),
+        backend.clone(),
+        std::slice::from_ref(&endpoint),
+        false,
+    )
+    .unwrap();
     let probe = server.ingest_probe();
     let shutdown = server.shutdown_handle();
     let serving = std::thread::spawn(move || server.run().unwrap());
@@ -91,7 +101,14 @@ fn drain_yields_while_clients_write_and_runs_unthrottled_when_idle() {
         queued_epochs_max: 4,
         server_name: "s0".into(),
     };
-    let drainer = Drainer::start(options, backend.clone(), Arc::new(PosixPfs::new(&pfs)), &ssd, Some(probe.clone())).unwrap();
+    let drainer = Drainer::start(
+        options,
+        backend.clone(),
+        Arc::new(PosixPfs::new(&pfs)),
+        &ssd,
+        Some(probe.clone()),
+    )
+    .unwrap();
 
     // Idle: nobody writes; the drain never yields.
     let before = probe.bytes_written();
@@ -99,7 +116,11 @@ fn drain_yields_while_clients_write_and_runs_unthrottled_when_idle() {
     wait_drained(&drainer, EpochId(1));
     assert_eq!(probe.bytes_written(), before, "nothing may write during the idle drain");
     let (writes, paused) = drainer.yielded_to_ingest(EpochId(1)).unwrap();
-    assert_eq!((writes, paused), (0, Duration::ZERO), "an idle-ingest drain must run at full speed");
+    assert_eq!(
+        (writes, paused),
+        (0, Duration::ZERO),
+        "an idle-ingest drain must run at full speed"
+    );
 
     // Active: the application writes the next checkpoint (acknowledged) before the drain starts.
     write_epoch(&mut app, EpochId(3), 1 << 20, false);

@@ -115,19 +115,37 @@ impl BiosParams {
             Err(BiosError::Parameter { name, value, reason: reason.to_string() })
         };
         if self.stripe_count == 0 || self.nodes % self.stripe_count != 0 {
-            return bad("stripe_count", self.stripe_count.to_string(), "must divide the node count");
+            return bad(
+                "stripe_count",
+                self.stripe_count.to_string(),
+                "must divide the node count",
+            );
         }
         if !(1..=4).contains(&self.configuration) {
             return bad("configuration", self.configuration.to_string(), "is 1, 2, 3 or 4");
         }
         if self.quota_classes.is_empty() || self.quota_classes.iter().any(|&q| q <= 0.0) {
-            return bad("quota_classes", format!("{:?}", self.quota_classes), "need positive multipliers");
+            return bad(
+                "quota_classes",
+                format!("{:?}", self.quota_classes),
+                "need positive multipliers",
+            );
         }
         if self.users_per_node == 0 || self.threads_per_user == 0 || self.file_bytes == 0 {
-            return bad("users_per_node/threads_per_user/file_bytes", "0".into(), "must be positive");
+            return bad(
+                "users_per_node/threads_per_user/file_bytes",
+                "0".into(),
+                "must be positive",
+            );
         }
-        if !(0.0..1.0).contains(&self.warmup_fraction) || !(self.device_writes.is_finite() && self.device_writes > 0.0) {
-            return bad("warmup_fraction/device_writes", format!("{}/{}", self.warmup_fraction, self.device_writes), "need 0 ≤ warmup < 1 and positive device writes");
+        if !(0.0..1.0).contains(&self.warmup_fraction)
+            || !(self.device_writes.is_finite() && self.device_writes > 0.0)
+        {
+            return bad(
+                "warmup_fraction/device_writes",
+                format!("{}/{}", self.warmup_fraction, self.device_writes),
+                "need 0 ≤ warmup < 1 and positive device writes",
+            );
         }
         Ok(())
     }
@@ -176,9 +194,11 @@ fn users_with_quotas(params: &BiosParams, pool_bytes: u64) -> Result<Vec<User>, 
         })
         .collect();
     for pool in 0..pools as u16 {
-        let members: Vec<u32> = (0..params.users()).filter(|&u| users[u as usize].pool == pool).collect();
+        let members: Vec<u32> =
+            (0..params.users()).filter(|&u| users[u as usize].pool == pool).collect();
         // Each user may hold one finished file over quota plus one file in flight per thread.
-        let in_flight = members.len() as u64 * (params.threads_per_user as u64 + 1) * params.file_bytes;
+        let in_flight =
+            members.len() as u64 * (params.threads_per_user as u64 + 1) * params.file_bytes;
         let budget = (pool_bytes as f64 * params.quota_fill) as u64;
         if budget <= in_flight {
             return Err(BiosError::Parameter {
@@ -199,7 +219,8 @@ fn users_with_quotas(params: &BiosParams, pool_bytes: u64) -> Result<Vec<User>, 
 
 /// T threads per user; users start in id order, so Algorithm 1 registers them in that order.
 fn closed_loop_threads(params: &BiosParams) -> Vec<Thread> {
-    let mut threads = Vec::with_capacity(params.users() as usize * params.threads_per_user as usize);
+    let mut threads =
+        Vec::with_capacity(params.users() as usize * params.threads_per_user as usize);
     for u in 0..params.users() {
         for t in 0..params.threads_per_user {
             let position = threads.len() as u64;
@@ -222,7 +243,12 @@ fn closed_loop_threads(params: &BiosParams) -> Vec<Thread> {
 pub fn run(params: &BiosParams, mapping: Mapping) -> Result<RunReport, BiosError> {
     params.validate()?;
     let started = crate::report::Stopwatch::start();
-    let mut volume = Volume::with_file_system(&params.ssd, params.nodes as usize, params.stripe_unit_bytes, params.fs)?;
+    let mut volume = Volume::with_file_system(
+        &params.ssd,
+        params.nodes as usize,
+        params.stripe_unit_bytes,
+        params.fs,
+    )?;
     let page_bytes = params.ssd.page_bytes as u64;
     let chunk_bytes = volume.chunk_bytes();
     let chunks_per_file = params.file_bytes.div_ceil(chunk_bytes) as usize;
@@ -239,7 +265,8 @@ pub fn run(params: &BiosParams, mapping: Mapping) -> Result<RunReport, BiosError
     }
     let mut threads = closed_loop_threads(params);
 
-    let total_host_pages = (volume.logical_bytes() as f64 * params.device_writes / page_bytes as f64) as u64;
+    let total_host_pages =
+        (volume.logical_bytes() as f64 * params.device_writes / page_bytes as f64) as u64;
     if total_host_pages == 0 {
         return Err(BiosError::Parameter {
             name: "device_writes",
@@ -248,15 +275,17 @@ pub fn run(params: &BiosParams, mapping: Mapping) -> Result<RunReport, BiosError
         });
     }
     let warmup_host_pages = (total_host_pages as f64 * params.warmup_fraction) as u64;
-    let mut sampler = Sampler::new(total_host_pages, params.samples, volume.logical_bytes(), page_bytes);
+    let mut sampler =
+        Sampler::new(total_host_pages, params.samples, volume.logical_bytes(), page_bytes);
     let mut ssd_free_ns = vec![0u64; params.nodes as usize];
     // One round: every thread of a pool has one stripe unit served on each SSD of the pool.
     // Requests issued within a round reach the SSDs in random order, as concurrent clients'
     // requests do; without this the closed loop degenerates into a fixed thread rotation that
     // puts the same users in the same blocks forever.
     let threads_per_pool = (params.users() as u64 / pools as u64) * params.threads_per_user as u64;
-    let chunk_service_ns = (volume.chunk_pages() as f64 * params.ssd.timing.page_program_us * 1000.0
-        / params.ssd.timing.parallel_units.max(1) as f64) as u64;
+    let chunk_service_ns =
+        (volume.chunk_pages() as f64 * params.ssd.timing.page_program_us * 1000.0
+            / params.ssd.timing.parallel_units.max(1) as f64) as u64;
     let round_ns = threads_per_pool * chunk_service_ns;
     let mut files: Vec<FileSlot> = Vec::new();
     let mut spare_files: Vec<usize> = Vec::new();
@@ -281,7 +310,14 @@ pub fn run(params: &BiosParams, mapping: Mapping) -> Result<RunReport, BiosError
                 chunks: Vec::with_capacity(chunks_per_file),
             };
             let streams: Vec<u16> = (0..params.stripe_count as usize)
-                .map(|i| mapper.open(layout.pool_first_ssd as usize + i, users[user_index].key, threads[ti].job, ready))
+                .map(|i| {
+                    mapper.open(
+                        layout.pool_first_ssd as usize + i,
+                        users[user_index].key,
+                        threads[ti].job,
+                        ready,
+                    )
+                })
                 .collect();
             let slot = FileSlot { layout, streams };
             let index = match spare_files.pop() {
@@ -308,11 +344,16 @@ pub fn run(params: &BiosParams, mapping: Mapping) -> Result<RunReport, BiosError
             let ordinal = threads[ti].next_chunk;
             let ssd = files[file_index].layout.ssd_of(ordinal);
             let Some(chunk) = volume.allocate_chunk(ssd) else {
-                return Err(BiosError::OutOfSpace { ssd, user: threads[ti].user, file: file_index as u64 });
+                return Err(BiosError::OutOfSpace {
+                    ssd,
+                    user: threads[ti].user,
+                    file: file_index as u64,
+                });
             };
             let bytes = chunk_bytes.min(params.file_bytes - ordinal as u64 * chunk_bytes);
             let pages = bytes.div_ceil(page_bytes) as u32;
-            let stream = files[file_index].streams[ssd - files[file_index].layout.pool_first_ssd as usize];
+            let stream =
+                files[file_index].streams[ssd - files[file_index].layout.pool_first_ssd as usize];
             let busy_before = volume.ssds()[ssd].counters().busy_ns;
             volume.write(ssd, chunk, 0, pages, stream);
             let service = volume.ssds()[ssd].counters().busy_ns - busy_before;
@@ -339,9 +380,11 @@ pub fn run(params: &BiosParams, mapping: Mapping) -> Result<RunReport, BiosError
             user.used_bytes += params.file_bytes;
             user.files.push_back((file_index, done));
             if user.used_bytes > user.quota_bytes {
-                let victims = ((user.files.len() as f64 * params.delete_fraction).ceil() as usize).max(1);
+                let victims =
+                    ((user.files.len() as f64 * params.delete_fraction).ceil() as usize).max(1);
                 for _ in 0..victims {
-                    let (victim, written_at) = user.files.pop_front().expect("over quota with no file");
+                    let (victim, written_at) =
+                        user.files.pop_front().expect("over quota with no file");
                     volume.release_file(&files[victim].layout);
                     files[victim].layout.chunks.clear();
                     spare_files.push(victim);
@@ -368,7 +411,13 @@ pub fn run(params: &BiosParams, mapping: Mapping) -> Result<RunReport, BiosError
         label: if params.fs == FileSystemModel::default() {
             format!("{} c{} sc{}", mapping.name(), params.configuration, params.stripe_count)
         } else {
-            format!("{} c{} sc{} {}", mapping.name(), params.configuration, params.stripe_count, params.fs.name())
+            format!(
+                "{} c{} sc{} {}",
+                mapping.name(),
+                params.configuration,
+                params.stripe_count,
+                params.fs.name()
+            )
         },
         waf_steady: counters.waf_since(&window_start),
         waf_cumulative: counters.waf(),
@@ -377,7 +426,9 @@ pub fn run(params: &BiosParams, mapping: Mapping) -> Result<RunReport, BiosError
         erases: counters.erases,
         per_ssd: volume.ssds().iter().map(SsdSummary::of).collect(),
         samples: sampler.samples,
-        throughput_mib_per_s: Some(window_host_bytes as f64 / (1024.0 * 1024.0) / window_seconds.max(1e-9)),
+        throughput_mib_per_s: Some(
+            window_host_bytes as f64 / (1024.0 * 1024.0) / window_seconds.max(1e-9),
+        ),
         file_write_latency: LatencyPercentiles::from_ns(&mut latencies_ns),
         wall: Some(started.finish(&counters)),
     })

@@ -51,7 +51,12 @@ pub struct ExperimentParams {
 
 impl ExperimentParams {
     /// The BIOS setup on `ssd` SSDs of the given configuration.
-    pub fn bios(ssd: SsdConfig, stripe_unit_bytes: u64, device_writes: f64, seed: u64) -> ExperimentParams {
+    pub fn bios(
+        ssd: SsdConfig,
+        stripe_unit_bytes: u64,
+        device_writes: f64,
+        seed: u64,
+    ) -> ExperimentParams {
         ExperimentParams {
             base: BiosParams {
                 ssd,
@@ -78,10 +83,14 @@ impl ExperimentParams {
             sweep_configurations: vec![2, 3],
             distinct_lifetimes: true,
             estimate_noise_sigmas: vec![0.5, 1.0],
-            extra_file_systems: [LbaAllocation::Stack, LbaAllocation::FirstFit, LbaAllocation::NextFit]
-                .into_iter()
-                .map(|allocation| FileSystemModel { allocation, trim_on_delete: false })
-                .collect(),
+            extra_file_systems: [
+                LbaAllocation::Stack,
+                LbaAllocation::FirstFit,
+                LbaAllocation::NextFit,
+            ]
+            .into_iter()
+            .map(|allocation| FileSystemModel { allocation, trim_on_delete: false })
+            .collect(),
         }
     }
 }
@@ -131,7 +140,10 @@ pub struct ExperimentResult {
 
 /// Runs every configuration × mapping at stripe count 4, then the stripe sweep. `progress` is
 /// told about each finished run.
-pub fn run(params: &ExperimentParams, mut progress: impl FnMut(&ExperimentRow)) -> Result<ExperimentResult, BiosError> {
+pub fn run(
+    params: &ExperimentParams,
+    mut progress: impl FnMut(&ExperimentRow),
+) -> Result<ExperimentResult, BiosError> {
     let mut rows = Vec::new();
     let mut host_pages = 0u64;
     let mut nand_pages = 0u64;
@@ -154,9 +166,20 @@ pub fn run(params: &ExperimentParams, mut progress: impl FnMut(&ExperimentRow)) 
     for &fs in &file_systems {
         for &configuration in &params.configurations {
             for &mapping in &params.mappings {
-                let run_params = BiosParams { configuration, stripe_count: 4, fs, ..params.base.clone() };
+                let run_params =
+                    BiosParams { configuration, stripe_count: 4, fs, ..params.base.clone() };
                 let report = bios::run(&run_params, mapping)?;
-                record(ExperimentRow { configuration, lifetime_estimate_noise: 0.0, stripe_count: 4, mapping, fs, report }, &mut rows);
+                record(
+                    ExperimentRow {
+                        configuration,
+                        lifetime_estimate_noise: 0.0,
+                        stripe_count: 4,
+                        mapping,
+                        fs,
+                        report,
+                    },
+                    &mut rows,
+                );
             }
         }
         for &configuration in &params.sweep_configurations {
@@ -165,9 +188,20 @@ pub fn run(params: &ExperimentParams, mut progress: impl FnMut(&ExperimentRow)) 
                     continue; // measured above
                 }
                 for mapping in [Mapping::Legacy, Mapping::UserId] {
-                    let run_params = BiosParams { configuration, stripe_count, fs, ..params.base.clone() };
+                    let run_params =
+                        BiosParams { configuration, stripe_count, fs, ..params.base.clone() };
                     let report = bios::run(&run_params, mapping)?;
-                    record(ExperimentRow { configuration, lifetime_estimate_noise: 0.0, stripe_count, mapping, fs, report }, &mut rows);
+                    record(
+                        ExperimentRow {
+                            configuration,
+                            lifetime_estimate_noise: 0.0,
+                            stripe_count,
+                            mapping,
+                            fs,
+                            report,
+                        },
+                        &mut rows,
+                    );
                 }
             }
         }
@@ -175,27 +209,59 @@ pub fn run(params: &ExperimentParams, mut progress: impl FnMut(&ExperimentRow)) 
     if params.distinct_lifetimes {
         let quota_classes = bios::distinct_quota_classes(params.base.users());
         for mapping in [Mapping::Legacy, Mapping::UserId, Mapping::LifetimeAware] {
-            let run_params = BiosParams { configuration: 4, stripe_count: 4, quota_classes: quota_classes.clone(), ..params.base.clone() };
+            let run_params = BiosParams {
+                configuration: 4,
+                stripe_count: 4,
+                quota_classes: quota_classes.clone(),
+                ..params.base.clone()
+            };
             let report = bios::run(&run_params, mapping)?;
-            record(ExperimentRow { configuration: 4, lifetime_estimate_noise: 0.0, stripe_count: 4, mapping, fs: base_fs, report }, &mut rows);
+            record(
+                ExperimentRow {
+                    configuration: 4,
+                    lifetime_estimate_noise: 0.0,
+                    stripe_count: 4,
+                    mapping,
+                    fs: base_fs,
+                    report,
+                },
+                &mut rows,
+            );
         }
     }
     for &sigma in &params.estimate_noise_sigmas {
         for configuration in [3u8, 4] {
-            let mut run_params = BiosParams { configuration, stripe_count: 4, lifetime_estimate_noise: sigma, ..params.base.clone() };
+            let mut run_params = BiosParams {
+                configuration,
+                stripe_count: 4,
+                lifetime_estimate_noise: sigma,
+                ..params.base.clone()
+            };
             if configuration == 4 {
                 run_params.quota_classes = bios::distinct_quota_classes(params.base.users());
             }
             let report = bios::run(&run_params, Mapping::LifetimeAware)?;
             record(
-                ExperimentRow { configuration, lifetime_estimate_noise: sigma, stripe_count: 4, mapping: Mapping::LifetimeAware, fs: base_fs, report },
+                ExperimentRow {
+                    configuration,
+                    lifetime_estimate_noise: sigma,
+                    stripe_count: 4,
+                    mapping: Mapping::LifetimeAware,
+                    fs: base_fs,
+                    report,
+                },
                 &mut rows,
             );
         }
     }
     let config3 = |fs: FileSystemModel| -> BTreeMap<String, f64> {
         rows.iter()
-            .filter(|r| r.configuration == 3 && r.stripe_count == 4 && r.lifetime_estimate_noise == 0.0 && r.fs == fs)
+            .filter(|r| {
+                r.configuration == 3
+                    && r.stripe_count == 4
+                    && r.lifetime_estimate_noise == 0.0
+                    && r.fs == fs
+            })
             .map(|r| (r.mapping.name().to_string(), r.report.waf_steady))
             .collect()
     };
@@ -226,7 +292,13 @@ impl ExperimentResult {
         out
     }
 
-    fn row(&self, fs: FileSystemModel, configuration: u8, stripe_count: u16, mapping: Mapping) -> Option<&RunReport> {
+    fn row(
+        &self,
+        fs: FileSystemModel,
+        configuration: u8,
+        stripe_count: u16,
+        mapping: Mapping,
+    ) -> Option<&RunReport> {
         self.rows
             .iter()
             .find(|r| {
@@ -241,7 +313,8 @@ impl ExperimentResult {
 
     /// Heading text for a file system model.
     fn fs_title(fs: FileSystemModel) -> String {
-        let trim = if fs.trim_on_delete { "TRIM on delete" } else { "no TRIM (mounted without discard)" };
+        let trim =
+            if fs.trim_on_delete { "TRIM on delete" } else { "no TRIM (mounted without discard)" };
         format!("{trim}, {} LBA allocation", fs.allocation.name())
     }
 
@@ -274,7 +347,8 @@ impl ExperimentResult {
             let r = &row.report;
             let latency = r.file_write_latency.as_ref();
             let wear_max = r.per_ssd.iter().map(|s| s.erase_count_max).max().unwrap_or(0);
-            let wear_mean = r.per_ssd.iter().map(|s| s.erase_count_mean).sum::<f64>() / r.per_ssd.len().max(1) as f64;
+            let wear_mean = r.per_ssd.iter().map(|s| s.erase_count_mean).sum::<f64>()
+                / r.per_ssd.len().max(1) as f64;
             out.push_str(&format!(
                 "| {} | {} | {:.3} | {:.3} | {:.3} | {:.0} | {:.0} | {:.0} | {} / {:.1} |\n",
                 row.configuration,
@@ -289,7 +363,11 @@ impl ExperimentResult {
                 wear_mean,
             ));
         }
-        if self.rows.iter().any(|r| r.fs == fs && (r.configuration == 4 || r.lifetime_estimate_noise > 0.0)) {
+        if self
+            .rows
+            .iter()
+            .any(|r| r.fs == fs && (r.configuration == 4 || r.lifetime_estimate_noise > 0.0))
+        {
             out.push_str("\nConfiguration 4 = every user its own lifetime (not in BIOS). σ = log-normal error of the lifetime estimates, drawn afresh at every stream decision.\n");
         }
         out.push_str("\n### Ratios (stripe count 4)\n\n| config | comparison | WAF ratio | throughput ratio |\n|---|---|---|---|\n");
@@ -307,13 +385,16 @@ impl ExperimentResult {
                 if configuration != 3 && better == Mapping::LifetimeAware {
                     continue;
                 }
-                if let (Some(a), Some(b)) = (self.row(fs, configuration, 4, worse), self.row(fs, configuration, 4, better)) {
+                if let (Some(a), Some(b)) =
+                    (self.row(fs, configuration, 4, worse), self.row(fs, configuration, 4, better))
+                {
                     out.push_str(&format!(
                         "| {configuration} | {} ÷ {} | {:.3}× | {:.3}× |\n",
                         worse.name(),
                         better.name(),
                         a.waf_steady / b.waf_steady,
-                        b.throughput_mib_per_s.unwrap_or(0.0) / a.throughput_mib_per_s.unwrap_or(1.0).max(1e-9),
+                        b.throughput_mib_per_s.unwrap_or(0.0)
+                            / a.throughput_mib_per_s.unwrap_or(1.0).max(1e-9),
                     ));
                 }
             }
@@ -323,7 +404,10 @@ impl ExperimentResult {
                 "\n### Stripe-count sweep (configuration {configuration}, 8 users per SSD; {title})\n\n| stripe count | legacy WAF | user_id WAF | WAF ratio | legacy MiB/s | user_id MiB/s |\n|---|---|---|---|---|---|\n"
             ));
             for &sc in &self.params.stripe_counts {
-                if let (Some(l), Some(u)) = (self.row(fs, configuration, sc, Mapping::Legacy), self.row(fs, configuration, sc, Mapping::UserId)) {
+                if let (Some(l), Some(u)) = (
+                    self.row(fs, configuration, sc, Mapping::Legacy),
+                    self.row(fs, configuration, sc, Mapping::UserId),
+                ) {
                     out.push_str(&format!(
                         "| {sc} | {:.3} | {:.3} | {:.3}× | {:.0} | {:.0} |\n",
                         l.waf_steady,
@@ -360,7 +444,10 @@ impl ExperimentResult {
                         .params
                         .stripe_counts
                         .iter()
-                        .filter_map(|&sc| self.row(fs, configuration, sc, mapping).map(|r| (sc as f64, r.waf_steady)))
+                        .filter_map(|&sc| {
+                            self.row(fs, configuration, sc, mapping)
+                                .map(|r| (sc as f64, r.waf_steady))
+                        })
                         .collect(),
                 });
             }
@@ -375,7 +462,8 @@ impl ExperimentResult {
 
     /// Configurations that have rows under `fs`, in order.
     pub fn configurations(&self, fs: FileSystemModel) -> Vec<u8> {
-        let mut configurations: Vec<u8> = self.rows.iter().filter(|r| r.fs == fs).map(|r| r.configuration).collect();
+        let mut configurations: Vec<u8> =
+            self.rows.iter().filter(|r| r.fs == fs).map(|r| r.configuration).collect();
         configurations.sort_unstable();
         configurations.dedup();
         configurations
@@ -403,7 +491,10 @@ impl ExperimentResult {
             })
             .collect();
         line_chart_svg(
-            &format!("BIOS synthetic workload, configuration {configuration}, {}: WAF over time", Self::fs_title(fs)),
+            &format!(
+                "BIOS synthetic workload, configuration {configuration}, {}: WAF over time",
+                Self::fs_title(fs)
+            ),
             "host writes ÷ logical capacity",
             "WAF (per interval)",
             &series,
@@ -430,7 +521,8 @@ mod tests {
         params.sweep_configurations = vec![2, 3];
         params.distinct_lifetimes = false;
         params.estimate_noise_sigmas = vec![];
-        params.extra_file_systems = vec![FileSystemModel { allocation: LbaAllocation::FirstFit, trim_on_delete: false }];
+        params.extra_file_systems =
+            vec![FileSystemModel { allocation: LbaAllocation::FirstFit, trim_on_delete: false }];
         let result = run(&params, |_| {}).unwrap();
         // Per file system: configuration 3 × 2 mappings at stripe count 4, then the sweep:
         // configuration 2 at stripe counts 1 and 4, configuration 3 at 1 (4 was measured).
@@ -441,10 +533,22 @@ mod tests {
         assert_eq!(result.waf_by_file_system.len(), 2);
         assert_eq!(result.waf_by_file_system[&FileSystemModel::default().name()], result.waf);
         let untrimmed = &result.waf_by_file_system["no_trim+first_fit"];
-        assert!(untrimmed["legacy"] > result.waf["legacy"], "no-trim legacy {} trim {}", untrimmed["legacy"], result.waf["legacy"]);
+        assert!(
+            untrimmed["legacy"] > result.waf["legacy"],
+            "no-trim legacy {} trim {}",
+            untrimmed["legacy"],
+            result.waf["legacy"]
+        );
         let table = result.markdown();
-        assert!(table.contains("## File system: TRIM on delete, stack") && table.contains("## File system: no TRIM"), "{table}");
-        assert!(table.contains("Stripe-count sweep (configuration 2") && table.contains("Stripe-count sweep (configuration 3"));
+        assert!(
+            table.contains("## File system: TRIM on delete, stack")
+                && table.contains("## File system: no TRIM"),
+            "{table}"
+        );
+        assert!(
+            table.contains("Stripe-count sweep (configuration 2")
+                && table.contains("Stripe-count sweep (configuration 3")
+        );
         assert_eq!(result.waf_plot_file(file_systems[0], 3), "waf_config3.svg");
         assert_eq!(result.waf_plot_file(file_systems[1], 3), "waf_config3_no_trim_first_fit.svg");
         assert!(result.sweep_plot(2).contains("no_trim+first_fit"));

@@ -9,8 +9,8 @@
 //! The decisions come from `spillway-policy`, the same code the manager runs. A stream is chosen
 //! when a file is opened on an SSD (BIOS: `fadvise` on the file descriptor), not per page.
 
-use spillway_policy::{lifetime_stream, LifetimeEstimate, StreamTable, StreamTableLimits};
 use rand::{Rng, SeedableRng};
+use spillway_policy::{lifetime_stream, LifetimeEstimate, StreamTable, StreamTableLimits};
 use spillway_types::StreamKey;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -23,7 +23,8 @@ pub enum Mapping {
 }
 
 impl Mapping {
-    pub const ALL: [Mapping; 4] = [Mapping::Legacy, Mapping::UserId, Mapping::PerJob, Mapping::LifetimeAware];
+    pub const ALL: [Mapping; 4] =
+        [Mapping::Legacy, Mapping::UserId, Mapping::PerJob, Mapping::LifetimeAware];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -126,7 +127,8 @@ impl LifetimeEstimator {
 
 /// Keys without any estimate get the mean of the known ones (1.0 if none is known).
 fn fill_unknown(estimates: &mut [LifetimeEstimate]) {
-    let known: Vec<f64> = estimates.iter().map(|e| e.expected_lifetime).filter(|l| l.is_finite()).collect();
+    let known: Vec<f64> =
+        estimates.iter().map(|e| e.expected_lifetime).filter(|l| l.is_finite()).collect();
     let mean = if known.is_empty() { 1.0 } else { known.iter().sum::<f64>() / known.len() as f64 };
     for e in estimates.iter_mut() {
         if !e.expected_lifetime.is_finite() {
@@ -246,7 +248,8 @@ mod tests {
         let mut legacy = StreamMapper::new(Mapping::Legacy, 1, 4);
         assert_eq!(legacy.open(0, StreamKey(9), StreamKey(9), 0), 0);
         let mut per_job = StreamMapper::new(Mapping::PerJob, 1, 4);
-        let streams: Vec<u16> = (0..4).map(|j| per_job.open(0, StreamKey(1), StreamKey(j), 0)).collect();
+        let streams: Vec<u16> =
+            (0..4).map(|j| per_job.open(0, StreamKey(1), StreamKey(j), 0)).collect();
         assert_eq!(streams, vec![0, 1, 2, 3], "per-job keys by job, not user");
     }
 }

@@ -85,7 +85,9 @@ pub fn parse_log(reader: impl BufRead, source_name: &str) -> Result<Vec<LogEvent
                 segment: SegmentId(number(1, "segment")?),
                 length_bytes: number(2, "length_bytes")?,
             },
-            "write" => return Err(bad("write takes 4 fields: stream segment offset_bytes length_bytes")),
+            "write" => {
+                return Err(bad("write takes 4 fields: stream segment offset_bytes length_bytes"))
+            }
             "delete" => return Err(bad("delete takes 2 fields: segment length_bytes")),
             _ => return Err(bad("unknown event (expected write or delete)")),
         };
@@ -105,7 +107,9 @@ pub fn parse_log(reader: impl BufRead, source_name: &str) -> Result<Vec<LogEvent
 pub enum ReplayError {
     #[error(transparent)]
     Volume(#[from] VolumeError),
-    #[error("mapping per_job does not apply to a write log: it carries one placement key per write")]
+    #[error(
+        "mapping per_job does not apply to a write log: it carries one placement key per write"
+    )]
     PerJob,
     #[error("event {event}: segment {segment} needs more logical space than the {ssds} SSD(s) export (ssd {ssd} full)")]
     OutOfSpace { event: usize, segment: SegmentId, ssds: usize, ssd: usize },
@@ -133,7 +137,11 @@ struct Segment {
 }
 
 /// Replays `events`. Segments still live at the end stay on the SSDs.
-pub fn replay(params: &ReplayParams, events: &[LogEvent], mapping: Mapping) -> Result<RunReport, ReplayError> {
+pub fn replay(
+    params: &ReplayParams,
+    events: &[LogEvent],
+    mapping: Mapping,
+) -> Result<RunReport, ReplayError> {
     if mapping == Mapping::PerJob {
         return Err(ReplayError::PerJob);
     }
@@ -148,7 +156,8 @@ pub fn replay(params: &ReplayParams, events: &[LogEvent], mapping: Mapping) -> R
             LogEvent::Delete { .. } => 0,
         })
         .sum();
-    let mut sampler = Sampler::new(total_bytes / page_bytes, params.samples, volume.logical_bytes(), page_bytes);
+    let mut sampler =
+        Sampler::new(total_bytes / page_bytes, params.samples, volume.logical_bytes(), page_bytes);
     let mut mapper = StreamMapper::new(mapping, ssd_count, params.ssd.streams);
     let mut segments: HashMap<SegmentId, Segment> = HashMap::new();
     let mut now: u64 = 0;
@@ -180,7 +189,8 @@ pub fn replay(params: &ReplayParams, events: &[LogEvent], mapping: Mapping) -> R
                     end_bytes: 0,
                 });
                 if entry.streams.is_empty() {
-                    entry.streams = (0..ssd_count).map(|ssd| mapper.open(ssd, key, key, now)).collect();
+                    entry.streams =
+                        (0..ssd_count).map(|ssd| mapper.open(ssd, key, key, now)).collect();
                 }
                 // Pages touched, chunk by chunk.
                 let first_page = offset_bytes / page_bytes;
@@ -197,11 +207,22 @@ pub fn replay(params: &ReplayParams, events: &[LogEvent], mapping: Mapping) -> R
                     let ssd = entry.layout.ssd_of(ordinal);
                     if entry.layout.chunks[ordinal] == INVALID {
                         let Some(chunk) = volume.allocate_chunk(ssd) else {
-                            return Err(ReplayError::OutOfSpace { event: index, segment, ssds: ssd_count, ssd });
+                            return Err(ReplayError::OutOfSpace {
+                                event: index,
+                                segment,
+                                ssds: ssd_count,
+                                ssd,
+                            });
                         };
                         entry.layout.chunks[ordinal] = chunk;
                     }
-                    volume.write(ssd, entry.layout.chunks[ordinal], in_chunk as u32, pages as u32, entry.streams[ssd]);
+                    volume.write(
+                        ssd,
+                        entry.layout.chunks[ordinal],
+                        in_chunk as u32,
+                        pages as u32,
+                        entry.streams[ssd],
+                    );
                     page += pages;
                 }
                 entry.end_bytes = entry.end_bytes.max(offset_bytes + length_bytes);
@@ -261,7 +282,10 @@ pub fn events_from_trace(trace: &spillway_sim::trace::Trace) -> Vec<LogEvent> {
             }
             Op::Unlink => {
                 if let Some(length_bytes) = written_bytes.remove(&op.file) {
-                    events.push(LogEvent::Delete { segment: SegmentId(u64::from(op.file)), length_bytes });
+                    events.push(LogEvent::Delete {
+                        segment: SegmentId(u64::from(op.file)),
+                        length_bytes,
+                    });
                 }
             }
             _ => {}

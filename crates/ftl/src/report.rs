@@ -40,7 +40,8 @@ impl SsdSummary {
             erases: c.erases,
             erase_count_min: counts.iter().copied().min().unwrap_or(0),
             erase_count_max: counts.iter().copied().max().unwrap_or(0),
-            erase_count_mean: counts.iter().map(|&c| c as f64).sum::<f64>() / counts.len().max(1) as f64,
+            erase_count_mean: counts.iter().map(|&c| c as f64).sum::<f64>()
+                / counts.len().max(1) as f64,
         }
     }
 }
@@ -142,7 +143,8 @@ impl Stopwatch {
             seconds,
             cpu_seconds,
             host_page_writes_per_second: counters.host_pages as f64 / cpu_seconds,
-            nand_page_programs_per_second: (counters.host_pages + counters.gc_copied_pages) as f64 / cpu_seconds,
+            nand_page_programs_per_second: (counters.host_pages + counters.gc_copied_pages) as f64
+                / cpu_seconds,
         }
     }
 }
@@ -158,7 +160,12 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    pub fn new(total_host_pages: u64, samples: u32, logical_bytes: u64, page_bytes: u64) -> Sampler {
+    pub fn new(
+        total_host_pages: u64,
+        samples: u32,
+        logical_bytes: u64,
+        page_bytes: u64,
+    ) -> Sampler {
         let every = (total_host_pages / samples.max(1) as u64).max(1);
         Sampler {
             every_host_pages: every,

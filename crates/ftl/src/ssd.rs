@@ -57,7 +57,12 @@ impl Default for NandTiming {
     /// TLC NAND of a PM963-class datacenter SSD: 16 KiB pages, ~60 µs read, ~500 µs program,
     /// ~3.5 ms erase, 32 dies (≈1 GB/s sequential write without GC).
     fn default() -> Self {
-        NandTiming { page_read_us: 60.0, page_program_us: 500.0, block_erase_us: 3500.0, parallel_units: 32 }
+        NandTiming {
+            page_read_us: 60.0,
+            page_program_us: 500.0,
+            block_erase_us: 3500.0,
+            parallel_units: 32,
+        }
     }
 }
 
@@ -128,7 +133,8 @@ impl SsdConfig {
     }
 
     pub fn validate(&self) -> Result<(), SsdConfigError> {
-        let geometry = |field, value: u64, reason| Err(SsdConfigError::Geometry { field, value, reason });
+        let geometry =
+            |field, value: u64, reason| Err(SsdConfigError::Geometry { field, value, reason });
         if self.pages_per_block < 2 {
             return geometry("pages_per_block", self.pages_per_block as u64, "needs at least 2");
         }
@@ -136,7 +142,11 @@ impl SsdConfig {
             return geometry("page_bytes", 0, "must be positive");
         }
         if self.gc_reserve_blocks == 0 {
-            return geometry("gc_reserve_blocks", 0, "GC needs at least one free block to copy into");
+            return geometry(
+                "gc_reserve_blocks",
+                0,
+                "GC needs at least one free block to copy into",
+            );
         }
         if self.streams == 0 {
             return geometry("streams", 0, "needs at least one stream");
@@ -242,7 +252,9 @@ impl Ssd {
         let slots = config.open_slots() as usize;
         let units = config.timing.parallel_units.max(1) as f64;
         let program_ns = (config.timing.page_program_us * 1000.0 / units).round() as u64;
-        let copy_ns = ((config.timing.page_read_us + config.timing.page_program_us) * 1000.0 / units).round() as u64;
+        let copy_ns = ((config.timing.page_read_us + config.timing.page_program_us) * 1000.0
+            / units)
+            .round() as u64;
         let erase_ns = (config.timing.block_erase_us * 1000.0 / units).round() as u64;
         Ok(Ssd {
             l2p: vec![INVALID; config.logical_pages as usize],
@@ -296,7 +308,11 @@ impl Ssd {
     #[inline]
     pub fn write(&mut self, lpn: u32, stream: u16) {
         assert!(lpn < self.config.logical_pages, "logical page {lpn} beyond the device");
-        assert!(stream < self.config.streams, "stream {stream} beyond the device's {}", self.config.streams);
+        assert!(
+            stream < self.config.streams,
+            "stream {stream} beyond the device's {}",
+            self.config.streams
+        );
         let old = self.l2p[lpn as usize];
         if old != INVALID {
             self.invalidate(old);
@@ -348,14 +364,16 @@ impl Ssd {
                 if host && self.free.len() <= self.config.gc_reserve_blocks as usize {
                     self.collect_garbage();
                 }
-                let block = self.free.pop_front().expect("free pool exhausted: GC reserve too small");
+                let block =
+                    self.free.pop_front().expect("free pool exhausted: GC reserve too small");
                 self.state[block as usize] = OPEN;
                 self.block_stream[block as usize] = stream;
                 OpenSlot { block, next_page: 0 }
             }
         };
         let ppn = current.block * ppb + current.next_page;
-        self.slots[slot] = Some(OpenSlot { block: current.block, next_page: current.next_page + 1 });
+        self.slots[slot] =
+            Some(OpenSlot { block: current.block, next_page: current.next_page + 1 });
         self.valid[current.block as usize] += 1;
         ppn
     }
@@ -489,13 +507,19 @@ impl Ssd {
         let mut valid = vec![0u32; self.config.blocks as usize];
         for (ppn, &lpn) in self.p2l.iter().enumerate() {
             if lpn != INVALID {
-                assert_eq!(self.l2p[lpn as usize], ppn as u32, "p2l/l2p disagree at physical page {ppn}");
+                assert_eq!(
+                    self.l2p[lpn as usize], ppn as u32,
+                    "p2l/l2p disagree at physical page {ppn}"
+                );
                 valid[ppn / ppb as usize] += 1;
             }
         }
         for (lpn, &ppn) in self.l2p.iter().enumerate() {
             if ppn != INVALID {
-                assert_eq!(self.p2l[ppn as usize], lpn as u32, "l2p/p2l disagree at logical page {lpn}");
+                assert_eq!(
+                    self.p2l[ppn as usize], lpn as u32,
+                    "l2p/p2l disagree at logical page {lpn}"
+                );
             }
         }
         assert_eq!(valid, self.valid, "valid counts drifted");
@@ -506,7 +530,10 @@ impl Ssd {
             for (bucket, &head) in self.bucket_head.iter().enumerate() {
                 let mut block = head;
                 while block != INVALID {
-                    assert_eq!(self.valid[block as usize], bucket as u32, "block {block} in wrong bucket");
+                    assert_eq!(
+                        self.valid[block as usize], bucket as u32,
+                        "block {block} in wrong bucket"
+                    );
                     assert_eq!(self.state[block as usize], CLOSED);
                     listed += 1;
                     block = self.bucket_next[block as usize];
@@ -591,6 +618,9 @@ mod tests {
         let mut ssd = small(VictimPolicy::Greedy, 1, GcPlacement::Shared);
         ssd.write(0, 0);
         let t = NandTiming::default();
-        assert_eq!(ssd.counters().busy_ns, (t.page_program_us * 1000.0 / t.parallel_units as f64).round() as u64);
+        assert_eq!(
+            ssd.counters().busy_ns,
+            (t.page_program_us * 1000.0 / t.parallel_units as f64).round() as u64
+        );
     }
 }

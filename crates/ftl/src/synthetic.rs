@@ -15,7 +15,10 @@ use rand::{Rng, SeedableRng};
 pub enum Skew {
     Uniform,
     /// `hot_write_fraction` of the writes go to the first `hot_space_fraction` of the pages.
-    HotCold { hot_space_fraction: f64, hot_write_fraction: f64 },
+    HotCold {
+        hot_space_fraction: f64,
+        hot_write_fraction: f64,
+    },
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -38,7 +41,9 @@ pub enum SyntheticError {
     Mapping { mapping: &'static str, workload: &'static str, reason: &'static str },
     #[error("{name} = {value} must be a finite number ≥ 0")]
     DeviceWrites { name: &'static str, value: f64 },
-    #[error("hot/cold fractions must lie strictly between 0 and 1 (space {space}, writes {writes})")]
+    #[error(
+        "hot/cold fractions must lie strictly between 0 and 1 (space {space}, writes {writes})"
+    )]
     Fractions { space: f64, writes: f64 },
 }
 
@@ -64,7 +69,10 @@ pub fn run(params: &SyntheticParams, mapping: Mapping) -> Result<RunReport, Synt
         }
         (Skew::HotCold { .. }, Mapping::LifetimeAware) => true,
     };
-    for (name, value) in [("warmup_device_writes", params.warmup_device_writes), ("measure_device_writes", params.measure_device_writes)] {
+    for (name, value) in [
+        ("warmup_device_writes", params.warmup_device_writes),
+        ("measure_device_writes", params.measure_device_writes),
+    ] {
         if !(value.is_finite() && value >= 0.0) {
             return Err(SyntheticError::DeviceWrites { name, value });
         }
@@ -76,7 +84,10 @@ pub fn run(params: &SyntheticParams, mapping: Mapping) -> Result<RunReport, Synt
         Skew::HotCold { hot_space_fraction, hot_write_fraction } => {
             let ok = |f: f64| f > 0.0 && f < 1.0;
             if !ok(hot_space_fraction) || !ok(hot_write_fraction) {
-                return Err(SyntheticError::Fractions { space: hot_space_fraction, writes: hot_write_fraction });
+                return Err(SyntheticError::Fractions {
+                    space: hot_space_fraction,
+                    writes: hot_write_fraction,
+                });
             }
             (((logical as f64 * hot_space_fraction) as u32).max(1), hot_write_fraction)
         }
@@ -121,7 +132,10 @@ pub fn run(params: &SyntheticParams, mapping: Mapping) -> Result<RunReport, Synt
                 Skew::HotCold { hot_space_fraction, hot_write_fraction } =>
                     format!("hot_cold {hot_write_fraction}/{hot_space_fraction}"),
             },
-            serde_json::to_value(params.ssd.victim).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+            serde_json::to_value(params.ssd.victim)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default()
         ),
         waf_steady: counters.waf_since(&window),
         waf_cumulative: counters.waf(),

@@ -67,7 +67,11 @@ impl FileSystemModel {
         FileSystemModel { allocation: LbaAllocation::NextFit, trim_on_delete: false };
 
     pub fn name(&self) -> String {
-        format!("{}{}", if self.trim_on_delete { "trim+" } else { "no_trim+" }, self.allocation.name())
+        format!(
+            "{}{}",
+            if self.trim_on_delete { "trim+" } else { "no_trim+" },
+            self.allocation.name()
+        )
     }
 }
 
@@ -75,15 +79,22 @@ impl FileSystemModel {
 enum FreeChunks {
     Stack(Vec<u32>),
     /// Free chunk addresses and, for next-fit, the cursor (next address to try).
-    Ordered { free: BTreeSet<u32>, cursor: Option<u32> },
+    Ordered {
+        free: BTreeSet<u32>,
+        cursor: Option<u32>,
+    },
 }
 
 impl FreeChunks {
     fn new(allocation: LbaAllocation, chunks: u32) -> FreeChunks {
         match allocation {
             LbaAllocation::Stack => FreeChunks::Stack((0..chunks).rev().collect()),
-            LbaAllocation::FirstFit => FreeChunks::Ordered { free: (0..chunks).collect(), cursor: None },
-            LbaAllocation::NextFit => FreeChunks::Ordered { free: (0..chunks).collect(), cursor: Some(0) },
+            LbaAllocation::FirstFit => {
+                FreeChunks::Ordered { free: (0..chunks).collect(), cursor: None }
+            }
+            LbaAllocation::NextFit => {
+                FreeChunks::Ordered { free: (0..chunks).collect(), cursor: Some(0) }
+            }
         }
     }
 
@@ -158,7 +169,11 @@ pub enum VolumeError {
 
 impl Volume {
     /// A volume under the default file system model (TRIM on delete, free stack).
-    pub fn new(config: &SsdConfig, ssd_count: usize, stripe_unit_bytes: u64) -> Result<Volume, VolumeError> {
+    pub fn new(
+        config: &SsdConfig,
+        ssd_count: usize,
+        stripe_unit_bytes: u64,
+    ) -> Result<Volume, VolumeError> {
         Volume::with_file_system(config, ssd_count, stripe_unit_bytes, FileSystemModel::default())
     }
 
@@ -173,7 +188,10 @@ impl Volume {
         }
         let page = config.page_bytes as u64;
         if stripe_unit_bytes == 0 || stripe_unit_bytes % page != 0 {
-            return Err(VolumeError::StripeUnit { stripe_unit_bytes, page_bytes: config.page_bytes });
+            return Err(VolumeError::StripeUnit {
+                stripe_unit_bytes,
+                page_bytes: config.page_bytes,
+            });
         }
         let chunk_pages = (stripe_unit_bytes / page) as u32;
         let chunks = config.logical_pages / chunk_pages;
@@ -270,7 +288,13 @@ mod tests {
 
     fn volume(allocation: LbaAllocation, trim_on_delete: bool) -> Volume {
         let config = SsdConfig::with_overprovisioning(64, 16, 4096, 0.25);
-        Volume::with_file_system(&config, 1, 4 * 4096, FileSystemModel { allocation, trim_on_delete }).unwrap()
+        Volume::with_file_system(
+            &config,
+            1,
+            4 * 4096,
+            FileSystemModel { allocation, trim_on_delete },
+        )
+        .unwrap()
     }
 
     fn write_chunk(v: &mut Volume, chunk: u32) {
@@ -289,17 +313,28 @@ mod tests {
                 rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                 if (rng >> 33) % 3 != 0 || held.is_empty() {
                     if let Some(c) = v.allocate_chunk(0) {
-                        assert!(held.insert(c), "{allocation:?}: chunk {c} handed out twice at step {step}");
+                        assert!(
+                            held.insert(c),
+                            "{allocation:?}: chunk {c} handed out twice at step {step}"
+                        );
                         write_chunk(&mut v, c);
                     } else {
-                        assert_eq!(held.len(), total, "{allocation:?}: allocator empty with free chunks left");
+                        assert_eq!(
+                            held.len(),
+                            total,
+                            "{allocation:?}: allocator empty with free chunks left"
+                        );
                     }
                 } else {
                     let c = *held.iter().nth((rng >> 40) as usize % held.len()).unwrap();
                     held.remove(&c);
                     v.release_chunk(0, c);
                 }
-                assert_eq!(held.len() + v.free_chunks(0), total, "{allocation:?}: chunks lost at step {step}");
+                assert_eq!(
+                    held.len() + v.free_chunks(0),
+                    total,
+                    "{allocation:?}: chunks lost at step {step}"
+                );
             }
             v.ssds()[0].check_invariants();
         }
@@ -335,9 +370,17 @@ mod tests {
             write_chunk(&mut v, c);
             v.release_chunk(0, c);
             let base = c * v.chunk_pages();
-            let mapped = (base..base + v.chunk_pages()).filter(|&l| v.ssds()[0].is_mapped(l)).count();
-            assert_eq!(mapped, if trim { 0 } else { v.chunk_pages() as usize }, "trim_on_delete = {trim}");
-            assert_eq!(v.total_counters().trimmed_pages, if trim { v.chunk_pages() as u64 } else { 0 });
+            let mapped =
+                (base..base + v.chunk_pages()).filter(|&l| v.ssds()[0].is_mapped(l)).count();
+            assert_eq!(
+                mapped,
+                if trim { 0 } else { v.chunk_pages() as usize },
+                "trim_on_delete = {trim}"
+            );
+            assert_eq!(
+                v.total_counters().trimmed_pages,
+                if trim { v.chunk_pages() as u64 } else { 0 }
+            );
             // Stack reuse hands the same chunk back; rewriting it invalidates the stale copy.
             assert_eq!(v.allocate_chunk(0), Some(c));
             write_chunk(&mut v, c);

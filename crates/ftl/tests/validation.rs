@@ -6,12 +6,22 @@ use spillway_ftl::bios::{self, BiosParams};
 use spillway_ftl::mapping::Mapping;
 use spillway_ftl::replay::{self, parse_log, LogEvent, ReplayParams};
 use spillway_ftl::synthetic::{self, Skew, SyntheticParams};
-use spillway_ftl::{analytic, GcPlacement, SsdConfig, VictimPolicy};
 use spillway_ftl::volume::FileSystemModel;
+use spillway_ftl::{analytic, GcPlacement, SsdConfig, VictimPolicy};
 use spillway_types::{SegmentId, StreamKey, KIB, MIB};
 
-fn uniform_waf(op: f64, victim: VictimPolicy, pages_per_block: u32, physical_pages: u32) -> (f64, f64) {
-    let mut ssd = SsdConfig::with_overprovisioning(physical_pages / pages_per_block, pages_per_block, 4096, op);
+fn uniform_waf(
+    op: f64,
+    victim: VictimPolicy,
+    pages_per_block: u32,
+    physical_pages: u32,
+) -> (f64, f64) {
+    let mut ssd = SsdConfig::with_overprovisioning(
+        physical_pages / pages_per_block,
+        pages_per_block,
+        4096,
+        op,
+    );
     ssd.victim = victim;
     ssd.gc_reserve_blocks = 1;
     let alpha = ssd.physical_pages() as f64 / ssd.logical_pages as f64;
@@ -46,11 +56,17 @@ fn greedy_lies_below_fifo_and_approaches_it_as_blocks_grow() {
         .iter()
         .map(|&ppb| {
             let (_, greedy) = uniform_waf(op, VictimPolicy::Greedy, ppb, physical);
-            assert!(greedy < closed, "greedy {greedy:.3} at {ppb} pages/block not below FIFO closed form {closed:.3}");
+            assert!(
+                greedy < closed,
+                "greedy {greedy:.3} at {ppb} pages/block not below FIFO closed form {closed:.3}"
+            );
             closed - greedy
         })
         .collect();
-    assert!(gaps[0] > gaps[1] && gaps[1] > gaps[2], "gap to the closed form must shrink with block size: {gaps:?}");
+    assert!(
+        gaps[0] > gaps[1] && gaps[1] > gaps[2],
+        "gap to the closed form must shrink with block size: {gaps:?}"
+    );
 }
 
 fn small_bios(mapping_streams: u16, users_per_node: u16) -> BiosParams {
@@ -122,16 +138,34 @@ fn sharing_streams_across_lifetimes_costs_copies_and_grouping_helps() {
     let legacy = bios::run(&params, Mapping::Legacy).unwrap();
     let user = bios::run(&params, Mapping::UserId).unwrap();
     let lifetime = bios::run(&params, Mapping::LifetimeAware).unwrap();
-    eprintln!("config 3: legacy {} user {} lifetime {}", legacy.waf_steady, user.waf_steady, lifetime.waf_steady);
-    assert!(user.waf_steady > lifetime.waf_steady, "user {} lifetime {}", user.waf_steady, lifetime.waf_steady);
-    assert!(legacy.waf_steady > lifetime.waf_steady, "legacy {} lifetime {}", legacy.waf_steady, lifetime.waf_steady);
+    eprintln!(
+        "config 3: legacy {} user {} lifetime {}",
+        legacy.waf_steady, user.waf_steady, lifetime.waf_steady
+    );
+    assert!(
+        user.waf_steady > lifetime.waf_steady,
+        "user {} lifetime {}",
+        user.waf_steady,
+        lifetime.waf_steady
+    );
+    assert!(
+        legacy.waf_steady > lifetime.waf_steady,
+        "legacy {} lifetime {}",
+        legacy.waf_steady,
+        lifetime.waf_steady
+    );
     assert!(legacy.file_write_latency.is_some() && legacy.throughput_mib_per_s.unwrap() > 0.0);
     // Configuration 1 (same lifetime per stream): user-ID separation beats one shared stream.
     let params = BiosParams { configuration: 1, ..params };
     let legacy = bios::run(&params, Mapping::Legacy).unwrap();
     let user = bios::run(&params, Mapping::UserId).unwrap();
     eprintln!("config 1: legacy {} user {}", legacy.waf_steady, user.waf_steady);
-    assert!(legacy.waf_steady > user.waf_steady, "legacy {} user {}", legacy.waf_steady, user.waf_steady);
+    assert!(
+        legacy.waf_steady > user.waf_steady,
+        "legacy {} user {}",
+        legacy.waf_steady,
+        user.waf_steady
+    );
 }
 
 const SMALL_LOG: &str = "# spillway ssd write log v1
@@ -152,7 +186,12 @@ fn write_log_parses() {
     assert_eq!(events.len(), 7);
     assert_eq!(
         events[0],
-        LogEvent::Write { stream: StreamKey(1), segment: SegmentId(0), offset_bytes: 0, length_bytes: 1 << 20 }
+        LogEvent::Write {
+            stream: StreamKey(1),
+            segment: SegmentId(0),
+            offset_bytes: 0,
+            length_bytes: 1 << 20
+        }
     );
     assert_eq!(events[3], LogEvent::Delete { segment: SegmentId(0), length_bytes: 1572864 });
 }
@@ -188,7 +227,12 @@ fn replay_counts_pages_and_trims_deleted_segments() {
     let error = replay::replay(&params, &bad, Mapping::Legacy).unwrap_err().to_string();
     assert!(error.contains("segment 5"), "{error}");
     // A write far beyond the volume is refused, not allocated.
-    let huge = vec![LogEvent::Write { stream: StreamKey(1), segment: SegmentId(1), offset_bytes: 1 << 60, length_bytes: 1 }];
+    let huge = vec![LogEvent::Write {
+        stream: StreamKey(1),
+        segment: SegmentId(1),
+        offset_bytes: 1 << 60,
+        length_bytes: 1,
+    }];
     let error = replay::replay(&params, &huge, Mapping::Legacy).unwrap_err().to_string();
     assert!(error.contains("beyond"), "{error}");
 }
@@ -200,11 +244,19 @@ fn replay_churn_triggers_gc_and_lifetime_grouping_helps() {
     for segment in 0..600u64 {
         let stream = StreamKey(segment % 2);
         for piece in 0..4 {
-            events.push(LogEvent::Write { stream, segment: SegmentId(segment), offset_bytes: piece * 65536, length_bytes: 65536 });
+            events.push(LogEvent::Write {
+                stream,
+                segment: SegmentId(segment),
+                offset_bytes: piece * 65536,
+                length_bytes: 65536,
+            });
         }
         for (key, lifetime) in [(0u64, 20u64), (1, 4)] {
             if segment >= lifetime && (segment - lifetime) % 2 == key {
-                events.push(LogEvent::Delete { segment: SegmentId(segment - lifetime), length_bytes: 262144 });
+                events.push(LogEvent::Delete {
+                    segment: SegmentId(segment - lifetime),
+                    length_bytes: 262144,
+                });
             }
         }
     }
@@ -215,7 +267,12 @@ fn replay_churn_triggers_gc_and_lifetime_grouping_helps() {
     let grouped = replay::replay(&params, &events, Mapping::LifetimeAware).unwrap();
     assert!(legacy.erases > 0, "GC must run");
     assert_eq!(legacy.host_pages, 600 * 16);
-    assert!(grouped.waf_cumulative <= legacy.waf_cumulative, "grouped {} legacy {}", grouped.waf_cumulative, legacy.waf_cumulative);
+    assert!(
+        grouped.waf_cumulative <= legacy.waf_cumulative,
+        "grouped {} legacy {}",
+        grouped.waf_cumulative,
+        legacy.waf_cumulative
+    );
 }
 
 #[test]
@@ -238,7 +295,10 @@ fn hot_cold_skew_favours_cost_benefit_and_separation() {
     let cost_benefit = run(VictimPolicy::CostBenefit, Mapping::Legacy);
     let separated = run(VictimPolicy::CostBenefit, Mapping::LifetimeAware);
     assert!(cost_benefit < greedy, "cost-benefit {cost_benefit:.3} vs greedy {greedy:.3}");
-    assert!(separated < cost_benefit, "hot/cold streams {separated:.3} vs one stream {cost_benefit:.3}");
+    assert!(
+        separated < cost_benefit,
+        "hot/cold streams {separated:.3} vs one stream {cost_benefit:.3}"
+    );
 }
 
 #[test]
@@ -251,9 +311,17 @@ fn without_trim_dead_data_is_copied_until_the_file_system_reuses_it() {
     for allocation in [LbaAllocation::Stack, LbaAllocation::FirstFit, LbaAllocation::NextFit] {
         let fs = FileSystemModel { allocation, trim_on_delete: false };
         let untrimmed = bios::run(&BiosParams { fs, ..params.clone() }, Mapping::Legacy).unwrap();
-        eprintln!("{allocation:?}: legacy WAF trim {} no trim {}", trimmed.waf_steady, untrimmed.waf_steady);
+        eprintln!(
+            "{allocation:?}: legacy WAF trim {} no trim {}",
+            trimmed.waf_steady, untrimmed.waf_steady
+        );
         assert_eq!(untrimmed.host_pages, trimmed.host_pages, "{allocation:?}: same host writes");
-        assert!(untrimmed.waf_steady > trimmed.waf_steady, "{allocation:?}: no-trim {} trim {}", untrimmed.waf_steady, trimmed.waf_steady);
+        assert!(
+            untrimmed.waf_steady > trimmed.waf_steady,
+            "{allocation:?}: no-trim {} trim {}",
+            untrimmed.waf_steady,
+            trimmed.waf_steady
+        );
         assert!(untrimmed.label.contains("no_trim"), "{}", untrimmed.label);
     }
 }
@@ -262,7 +330,15 @@ fn without_trim_dead_data_is_copied_until_the_file_system_reuses_it() {
 #[test]
 fn trace_workload_writes_every_traced_byte_and_trims_unlinked_files() {
     use spillway_sim::trace::{Op, Trace, TraceOp};
-    let op = |rank, file, op, offset, length| TraceOp { time_ns: 0, duration_ns: 0, offset, length, rank, file, op };
+    let op = |rank, file, op, offset, length| TraceOp {
+        time_ns: 0,
+        duration_ns: 0,
+        offset,
+        length,
+        rank,
+        file,
+        op,
+    };
     let trace = Trace {
         files: vec!["a".into(), "b".into(), "never-written".into()],
         ops: vec![
@@ -280,10 +356,25 @@ fn trace_workload_writes_every_traced_byte_and_trims_unlinked_files() {
     assert_eq!(
         events,
         vec![
-            LogEvent::Write { stream: StreamKey(0), segment: SegmentId(0), offset_bytes: 0, length_bytes: 1 << 20 },
-            LogEvent::Write { stream: StreamKey(1), segment: SegmentId(1), offset_bytes: 0, length_bytes: 512 * 1024 },
+            LogEvent::Write {
+                stream: StreamKey(0),
+                segment: SegmentId(0),
+                offset_bytes: 0,
+                length_bytes: 1 << 20
+            },
+            LogEvent::Write {
+                stream: StreamKey(1),
+                segment: SegmentId(1),
+                offset_bytes: 0,
+                length_bytes: 512 * 1024
+            },
             LogEvent::Delete { segment: SegmentId(0), length_bytes: 1 << 20 },
-            LogEvent::Write { stream: StreamKey(1), segment: SegmentId(1), offset_bytes: 512 * 1024, length_bytes: 16 * 1024 },
+            LogEvent::Write {
+                stream: StreamKey(1),
+                segment: SegmentId(1),
+                offset_bytes: 512 * 1024,
+                length_bytes: 16 * 1024
+            },
         ]
     );
     let mut ssd = SsdConfig::with_overprovisioning(64, 16, 16 * 1024, 0.25);

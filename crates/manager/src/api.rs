@@ -60,9 +60,10 @@ impl ApiClient {
         let endpoint = if address.starts_with('/') || address.starts_with('.') {
             Endpoint::Unix(PathBuf::from(address))
         } else {
-            address
-                .parse()
-                .map_err(|reason| ApiClientError::Address { address: address.to_string(), reason })?
+            address.parse().map_err(|reason| ApiClientError::Address {
+                address: address.to_string(),
+                reason,
+            })?
         };
         Ok(ApiClient { endpoint })
     }
@@ -85,15 +86,28 @@ impl ApiClient {
         self.call("DELETE", path, None)
     }
 
-    pub fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T, ApiClientError> {
+    pub fn post<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, ApiClientError> {
         self.call("POST", path, Some(serde_json::to_vec(body).expect("API types serialize")))
     }
 
-    pub fn put<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T, ApiClientError> {
+    pub fn put<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, ApiClientError> {
         self.call("PUT", path, Some(serde_json::to_vec(body).expect("API types serialize")))
     }
 
-    fn call<T: DeserializeOwned>(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Result<T, ApiClientError> {
+    fn call<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<T, ApiClientError> {
         let endpoint = &self.endpoint;
         let io = |source| ApiClientError::Io { endpoint: endpoint.clone(), source };
         let bad = |reason: String| ApiClientError::BadReply { endpoint: endpoint.clone(), reason };
@@ -126,22 +140,26 @@ impl ApiClient {
             .windows(4)
             .position(|w| w == b"\r\n\r\n")
             .ok_or_else(|| bad("no end of headers".into()))?;
-        let head = std::str::from_utf8(&reply[..split]).map_err(|_| bad("head is not UTF-8".into()))?;
-        let status: u16 = head
-            .split(' ')
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| bad(format!("status line {:?}", head.lines().next().unwrap_or_default())))?;
+        let head =
+            std::str::from_utf8(&reply[..split]).map_err(|_| bad("head is not UTF-8".into()))?;
+        let status: u16 = head.split(' ').nth(1).and_then(|s| s.parse().ok()).ok_or_else(|| {
+            bad(format!("status line {:?}", head.lines().next().unwrap_or_default()))
+        })?;
         let payload = &reply[split + 4..];
         if (200..300).contains(&status) {
             serde_json::from_slice(payload).map_err(|e| bad(format!("{method} {path}: {e}")))
         } else {
             match serde_json::from_slice::<ErrorBody>(payload) {
-                Ok(error) => Err(ApiClientError::Api { status, kind: error.kind, message: error.error }),
+                Ok(error) => {
+                    Err(ApiClientError::Api { status, kind: error.kind, message: error.error })
+                }
                 Err(_) => Err(ApiClientError::Api {
                     status,
                     kind: "http".into(),
-                    message: format!("manager answered HTTP {status}: {}", String::from_utf8_lossy(payload)),
+                    message: format!(
+                        "manager answered HTTP {status}: {}",
+                        String::from_utf8_lossy(payload)
+                    ),
                 }),
             }
         }

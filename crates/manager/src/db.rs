@@ -106,9 +106,14 @@ impl Db {
         conn.pragma_update(None, "journal_mode", "WAL").map_err(sqlite)?;
         conn.pragma_update(None, "synchronous", "FULL").map_err(sqlite)?;
         conn.pragma_update(None, "foreign_keys", "ON").map_err(sqlite)?;
-        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(sqlite)?;
+        let version: i64 =
+            conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(sqlite)?;
         if version > SCHEMA_VERSION {
-            return Err(OpenError::TooNew { path: name, found: version, supported: SCHEMA_VERSION });
+            return Err(OpenError::TooNew {
+                path: name,
+                found: version,
+                supported: SCHEMA_VERSION,
+            });
         }
         if version < 1 {
             let tx = conn.transaction().map_err(sqlite)?;
@@ -188,10 +193,16 @@ impl ReservationRow {
             servers: self
                 .placement
                 .iter()
-                .map(|&(id, _)| server(id).map(|s| s.address.clone()).unwrap_or_else(|| format!("server-{id}")))
+                .map(|&(id, _)| {
+                    server(id).map(|s| s.address.clone()).unwrap_or_else(|| format!("server-{id}"))
+                })
                 .collect(),
             server_fragments: self.placement.iter().map(|&(_, f)| f).collect(),
-            server_pfs_dirs: self.placement.iter().map(|&(id, _)| server(id).and_then(|s| s.pfs_dir.clone())).collect(),
+            server_pfs_dirs: self
+                .placement
+                .iter()
+                .map(|&(id, _)| server(id).and_then(|s| s.pfs_dir.clone()))
+                .collect(),
             pool: pools
                 .iter()
                 .find(|p| p.id == self.pool_id)
@@ -210,14 +221,24 @@ impl ReservationRow {
 }
 
 pub fn pools(tx: &Transaction) -> rusqlite::Result<Vec<PoolRow>> {
-    let mut statement = tx.prepare_cached("SELECT id, name, granularity_bytes FROM pools ORDER BY id")?;
+    let mut statement =
+        tx.prepare_cached("SELECT id, name, granularity_bytes FROM pools ORDER BY id")?;
     let rows = statement.query_map([], |r| {
-        Ok(PoolRow { id: r.get::<_, i64>(0)? as u64, name: r.get(1)?, granularity_bytes: r.get::<_, i64>(2)? as u64 })
+        Ok(PoolRow {
+            id: r.get::<_, i64>(0)? as u64,
+            name: r.get(1)?,
+            granularity_bytes: r.get::<_, i64>(2)? as u64,
+        })
     })?;
     rows.collect()
 }
 
-pub fn insert_pool(tx: &Transaction, name: &str, granularity_bytes: u64, now_unix_s: u64) -> rusqlite::Result<u64> {
+pub fn insert_pool(
+    tx: &Transaction,
+    name: &str,
+    granularity_bytes: u64,
+    now_unix_s: u64,
+) -> rusqlite::Result<u64> {
     tx.execute(
         "INSERT INTO pools (name, granularity_bytes, created_unix_s) VALUES (?1, ?2, ?3)",
         params![name, granularity_bytes as i64, now_unix_s as i64],
@@ -302,10 +323,13 @@ fn reservation_from_row(r: &rusqlite::Row) -> rusqlite::Result<ReservationRow> {
         epoch: r.get::<_, i64>(11)? as u64,
         namespace_id: r.get::<_, i64>(12)? as u64,
         stream: r.get::<_, i64>(13)? as u16,
-        state: ReservationState::parse(&state).ok_or_else(|| text_error(14, "state", state.clone()))?,
+        state: ReservationState::parse(&state)
+            .ok_or_else(|| text_error(14, "state", state.clone()))?,
         created_unix_s: r.get::<_, i64>(15)? as u64,
-        allowed_uids: serde_json::from_str(&allowed_uids).map_err(|_| text_error(16, "allowed_uids", allowed_uids.clone()))?,
-        allowed_gids: serde_json::from_str(&allowed_gids).map_err(|_| text_error(17, "allowed_gids", allowed_gids.clone()))?,
+        allowed_uids: serde_json::from_str(&allowed_uids)
+            .map_err(|_| text_error(16, "allowed_uids", allowed_uids.clone()))?,
+        allowed_gids: serde_json::from_str(&allowed_gids)
+            .map_err(|_| text_error(17, "allowed_gids", allowed_gids.clone()))?,
         placement: Vec::new(),
     })
 }
@@ -316,7 +340,9 @@ fn attach_placement(tx: &Transaction, rows: &mut [ReservationRow]) -> rusqlite::
     )?;
     for row in rows {
         row.placement = statement
-            .query_map(params![row.id as i64], |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)))?
+            .query_map(params![row.id as i64], |r| {
+                Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64))
+            })?
             .collect::<rusqlite::Result<_>>()?;
     }
     Ok(())
@@ -327,7 +353,8 @@ pub fn active_reservations(tx: &Transaction) -> rusqlite::Result<Vec<Reservation
     let mut statement = tx.prepare_cached(&format!(
         "SELECT {RESERVATION_COLUMNS} FROM reservations WHERE state = 'active' ORDER BY id"
     ))?;
-    let mut rows: Vec<ReservationRow> = statement.query_map([], reservation_from_row)?.collect::<rusqlite::Result<_>>()?;
+    let mut rows: Vec<ReservationRow> =
+        statement.query_map([], reservation_from_row)?.collect::<rusqlite::Result<_>>()?;
     drop(statement);
     attach_placement(tx, &mut rows)?;
     Ok(rows)
@@ -368,7 +395,8 @@ pub fn reservation_of_job(tx: &Transaction, job: &str) -> rusqlite::Result<Optio
 
 /// Takes the next value of a counter (`next_epoch`, `next_namespace_id`).
 pub fn take_counter(tx: &Transaction, name: &str) -> rusqlite::Result<u64> {
-    let value: i64 = tx.query_row("SELECT value FROM counters WHERE name = ?1", params![name], |r| r.get(0))?;
+    let value: i64 =
+        tx.query_row("SELECT value FROM counters WHERE name = ?1", params![name], |r| r.get(0))?;
     tx.execute("UPDATE counters SET value = value + 1 WHERE name = ?1", params![name])?;
     Ok(value as u64)
 }
@@ -426,7 +454,8 @@ pub fn mark_destroyed(tx: &Transaction, id: u64, now_unix_s: u64) -> rusqlite::R
 
 pub fn quotas(tx: &Transaction) -> rusqlite::Result<Vec<(u32, u64)>> {
     let mut statement = tx.prepare_cached("SELECT uid, bytes FROM quotas ORDER BY uid")?;
-    let rows = statement.query_map([], |r| Ok((r.get::<_, i64>(0)? as u32, r.get::<_, i64>(1)? as u64)))?;
+    let rows = statement
+        .query_map([], |r| Ok((r.get::<_, i64>(0)? as u32, r.get::<_, i64>(1)? as u64)))?;
     rows.collect()
 }
 

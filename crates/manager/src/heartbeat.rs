@@ -28,7 +28,10 @@ pub struct ClientProber;
 impl Prober for ClientProber {
     fn probe(&self, address: &str) -> Result<Probe, String> {
         let endpoint: Endpoint = address.parse()?;
-        let options = ClientOptions { client_name: "spillway-manager heartbeat".into(), ..Default::default() };
+        let options = ClientOptions {
+            client_name: "spillway-manager heartbeat".into(),
+            ..Default::default()
+        };
         let mut client = Client::connect(&[endpoint], options).map_err(|e| e.to_string())?;
         client.status().map_err(|e| e.to_string())?;
         let drains_in_flight = match client.drain_status() {
@@ -70,7 +73,9 @@ fn reassert_streams(manager: &Manager) {
             return;
         }
     };
-    for reservation in reservations.iter().filter(|r| r.state == crate::model::ReservationState::Active) {
+    for reservation in
+        reservations.iter().filter(|r| r.state == crate::model::ReservationState::Active)
+    {
         if let Err(error) = crate::assign_reservation_stream(reservation) {
             tracing::debug!(reservation = reservation.id, %error, "stream assignment not delivered this round");
         }

@@ -79,7 +79,12 @@ fn read_request(connection: &mut dyn Connection, limit: usize) -> Result<Request
         match connection.read(&mut chunk[..want]) {
             Ok(0) => return Err(RequestError::Truncated),
             Ok(n) => buffer.extend_from_slice(&chunk[..n]),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
                 return Err(RequestError::Timeout)
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -91,7 +96,9 @@ fn read_request(connection: &mut dyn Connection, limit: usize) -> Result<Request
     let mut lines = head.split("\r\n");
     let request_line = lines.next().unwrap_or_default();
     let mut parts = request_line.split(' ');
-    let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
         return Err(RequestError::Malformed(format!("request line {request_line:?}")));
     };
     if !version.starts_with("HTTP/1.") {
@@ -103,12 +110,13 @@ fn read_request(connection: &mut dyn Connection, limit: usize) -> Result<Request
             return Err(RequestError::Malformed(format!("header line {line:?}")));
         };
         if name.trim().eq_ignore_ascii_case("content-length") {
-            content_length = value
-                .trim()
-                .parse()
-                .map_err(|_| RequestError::Malformed(format!("Content-Length {:?}", value.trim())))?;
+            content_length = value.trim().parse().map_err(|_| {
+                RequestError::Malformed(format!("Content-Length {:?}", value.trim()))
+            })?;
         } else if name.trim().eq_ignore_ascii_case("transfer-encoding") {
-            return Err(RequestError::Malformed("Transfer-Encoding is not supported; send Content-Length".into()));
+            return Err(RequestError::Malformed(
+                "Transfer-Encoding is not supported; send Content-Length".into(),
+            ));
         }
     }
     let body_start = header_end + 4;
@@ -124,7 +132,12 @@ fn read_request(connection: &mut dyn Connection, limit: usize) -> Result<Request
         match connection.read(&mut chunk[..want]) {
             Ok(0) => return Err(RequestError::Truncated),
             Ok(n) => body.extend_from_slice(&chunk[..n]),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
                 return Err(RequestError::Timeout)
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -161,7 +174,11 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
-fn write_response(connection: &mut dyn Connection, status: u16, body: &[u8]) -> std::io::Result<()> {
+fn write_response(
+    connection: &mut dyn Connection,
+    status: u16,
+    body: &[u8],
+) -> std::io::Result<()> {
     let head = format!(
         "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         reason(status),
@@ -197,8 +214,13 @@ fn result<T: Serialize, E: ApiError>(status: u16, outcome: Result<T, E>) -> Repl
 }
 
 fn body<T: DeserializeOwned>(request: &Request) -> Result<T, Reply> {
-    serde_json::from_slice(&request.body)
-        .map_err(|e| error_reply(400, "invalid", format!("request body of {} {}: {e}", request.method, request.path)))
+    serde_json::from_slice(&request.body).map_err(|e| {
+        error_reply(
+            400,
+            "invalid",
+            format!("request body of {} {}: {e}", request.method, request.path),
+        )
+    })
 }
 
 /// Answers one request as `caller`.
@@ -242,7 +264,11 @@ fn route(manager: &Manager, caller: &crate::Caller, request: &Request) -> Reply 
         },
         ("GET", ["v1", "reservations", key]) => result(200, manager.show_reservation(caller, key)),
         ("DELETE", ["v1", "reservations", key]) => {
-            match manager.destroy_reservation(caller, key, request.query.get("job").map(String::as_str)) {
+            match manager.destroy_reservation(
+                caller,
+                key,
+                request.query.get("job").map(String::as_str),
+            ) {
                 Ok(destroyed) => {
                     crate::delete_reservation_data(&destroyed.reservation);
                     json(200, &destroyed.reservation)
@@ -259,7 +285,11 @@ fn route(manager: &Manager, caller: &crate::Caller, request: &Request) -> Reply 
             Err(_) => error_reply(400, "invalid", format!("uid {uid:?} is not a number")),
         },
         (_, ["v1", "whoami" | "status" | "pools" | "servers" | "reservations" | "quotas", ..]) => {
-            error_reply(405, "method_not_allowed", format!("{method} is not allowed on {}", request.path))
+            error_reply(
+                405,
+                "method_not_allowed",
+                format!("{method} is not allowed on {}", request.path),
+            )
         }
         _ => error_reply(404, "no_such_endpoint", format!("no endpoint {method} {}", request.path)),
     }
@@ -273,7 +303,8 @@ fn handle(manager: &Manager, mut connection: Box<dyn Connection>) {
         Ok(identity) => identity,
         Err(error) => {
             tracing::warn!(%peer, %error, "cannot establish the caller's identity");
-            let (status, body) = error_reply(403, "no_identity", format!("cannot establish your identity: {error}"));
+            let (status, body) =
+                error_reply(403, "no_identity", format!("cannot establish your identity: {error}"));
             let _ = write_response(connection.as_mut(), status, &body);
             return;
         }
@@ -319,10 +350,11 @@ pub fn serve(manager: Arc<Manager>, listeners: Vec<Box<dyn Listener>>, stop: Arc
                     active.fetch_add(1, Ordering::AcqRel);
                     let manager = Arc::clone(&manager);
                     let active_for_thread = Arc::clone(&active);
-                    let spawned = std::thread::Builder::new().name("manager-api".into()).spawn(move || {
-                        handle(&manager, connection);
-                        active_for_thread.fetch_sub(1, Ordering::AcqRel);
-                    });
+                    let spawned =
+                        std::thread::Builder::new().name("manager-api".into()).spawn(move || {
+                            handle(&manager, connection);
+                            active_for_thread.fetch_sub(1, Ordering::AcqRel);
+                        });
                     if let Err(error) = spawned {
                         active.fetch_sub(1, Ordering::AcqRel);
                         tracing::error!(%error, "cannot start an API thread");
@@ -339,7 +371,8 @@ pub fn serve(manager: Arc<Manager>, listeners: Vec<Box<dyn Listener>>, stop: Arc
         }
     }
     // Let in-flight requests finish (bounded by the request timeout plus the work itself).
-    let deadline = std::time::Instant::now() + Duration::from_millis(manager.knobs().request_timeout_ms) * 2;
+    let deadline =
+        std::time::Instant::now() + Duration::from_millis(manager.knobs().request_timeout_ms) * 2;
     while active.load(Ordering::Acquire) > 0 && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -389,7 +422,11 @@ mod tests {
 
     #[test]
     fn parses_request_line_query_and_body() {
-        let request = parse(b"POST /v1/reservations?all=1&job=7 HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}", 4096).unwrap();
+        let request = parse(
+            b"POST /v1/reservations?all=1&job=7 HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}",
+            4096,
+        )
+        .unwrap();
         assert_eq!(request.method, "POST");
         assert_eq!(request.path, "/v1/reservations");
         assert_eq!(request.query.get("job").map(String::as_str), Some("7"));
@@ -398,12 +435,24 @@ mod tests {
 
     #[test]
     fn bad_requests_are_named_not_panics() {
-        assert!(matches!(parse(b"GET / HTTP/1.1\r\nContent-Length: 9999\r\n\r\n", 1024), Err(RequestError::TooLarge { .. })));
+        assert!(matches!(
+            parse(b"GET / HTTP/1.1\r\nContent-Length: 9999\r\n\r\n", 1024),
+            Err(RequestError::TooLarge { .. })
+        ));
         assert!(matches!(parse(&[b'a'; 5000], 1024), Err(RequestError::TooLarge { .. })));
         assert!(matches!(parse(b"GET /\r\n\r\n", 1024), Err(RequestError::Malformed(_))));
-        assert!(matches!(parse(b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n", 1024), Err(RequestError::Malformed(_))));
-        assert!(matches!(parse(b"GET / HTTP/1.1\r\nContent-Length: 5\r\n\r\nab", 1024), Err(RequestError::Truncated)));
+        assert!(matches!(
+            parse(b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n", 1024),
+            Err(RequestError::Malformed(_))
+        ));
+        assert!(matches!(
+            parse(b"GET / HTTP/1.1\r\nContent-Length: 5\r\n\r\nab", 1024),
+            Err(RequestError::Truncated)
+        ));
         assert!(matches!(parse(b"GET / HTTP/1.1\r\n", 1024), Err(RequestError::Truncated)));
-        assert!(matches!(parse(b"GET / HTTP/1.1\r\n\xff\xfe\r\n\r\n", 1024), Err(RequestError::Malformed(_))));
+        assert!(matches!(
+            parse(b"GET / HTTP/1.1\r\n\xff\xfe\r\n\r\n", 1024),
+            Err(RequestError::Malformed(_))
+        ));
     }
 }

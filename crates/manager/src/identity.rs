@@ -48,12 +48,15 @@ pub fn resolve_group(text: &str) -> Result<Option<u32>, String> {
     if let Ok(gid) = text.parse::<u32>() {
         return Ok(Some(gid));
     }
-    let name = CString::new(text).map_err(|_| format!("group name {text:?} contains a NUL byte"))?;
+    let name =
+        CString::new(text).map_err(|_| format!("group name {text:?} contains a NUL byte"))?;
     let mut group: libc::group = unsafe { std::mem::zeroed() };
     let mut buffer = vec![0 as libc::c_char; 16 * 1024];
     let mut result: *mut libc::group = std::ptr::null_mut();
     // SAFETY: every pointer is valid for the call; the buffer outlives it.
-    let rc = unsafe { libc::getgrnam_r(name.as_ptr(), &mut group, buffer.as_mut_ptr(), buffer.len(), &mut result) };
+    let rc = unsafe {
+        libc::getgrnam_r(name.as_ptr(), &mut group, buffer.as_mut_ptr(), buffer.len(), &mut result)
+    };
     if rc != 0 || result.is_null() {
         return Err(format!("group {text:?} does not exist (knob manager.admin_group)"));
     }
@@ -67,7 +70,9 @@ fn groups_of(uid: u32, gid: u32) -> Vec<u32> {
     let mut buffer = vec![0 as libc::c_char; 16 * 1024];
     let mut result: *mut libc::passwd = std::ptr::null_mut();
     // SAFETY: every pointer is valid for the call; the buffer outlives it.
-    let rc = unsafe { libc::getpwuid_r(uid, &mut passwd, buffer.as_mut_ptr(), buffer.len(), &mut result) };
+    let rc = unsafe {
+        libc::getpwuid_r(uid, &mut passwd, buffer.as_mut_ptr(), buffer.len(), &mut result)
+    };
     if rc != 0 || result.is_null() {
         return vec![gid];
     }

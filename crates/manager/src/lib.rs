@@ -66,8 +66,10 @@ pub fn run_daemon(
     if !knobs.socket_path.is_empty() {
         let path = PathBuf::from(&knobs.socket_path);
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent)
-                .map_err(|source| DaemonError::SocketDirectory { path: parent.to_path_buf(), source })?;
+            std::fs::create_dir_all(parent).map_err(|source| DaemonError::SocketDirectory {
+                path: parent.to_path_buf(),
+                source,
+            })?;
         }
         let listener = spillway_proto::transport::bind(&Endpoint::Unix(path.clone()), false)?;
         use std::os::unix::fs::PermissionsExt;
@@ -77,9 +79,13 @@ pub fn run_daemon(
         listeners.push(listener);
     }
     if !knobs.listen_address.is_empty() {
-        let address: std::net::SocketAddr = knobs.listen_address.parse().map_err(|e: std::net::AddrParseError| {
-            DaemonError::ListenAddress { address: knobs.listen_address.clone(), reason: e.to_string() }
-        })?;
+        let address: std::net::SocketAddr =
+            knobs.listen_address.parse().map_err(|e: std::net::AddrParseError| {
+                DaemonError::ListenAddress {
+                    address: knobs.listen_address.clone(),
+                    reason: e.to_string(),
+                }
+            })?;
         // Never insecure: the manager has no way to authenticate a remote caller.
         listeners.push(spillway_proto::transport::bind(&Endpoint::Tcp(address), false)?);
     }
@@ -131,7 +137,9 @@ pub fn create_reservation_namespace(reservation: &Reservation) -> Result<(), Str
     };
     spillway_client::meta::RemoteNamespace::open(&servers[place.server], place.namespace, &options)
         .map(|_| ())
-        .map_err(|e| format!("creating namespace {} on {}: {e}", place.namespace, servers[place.server]))
+        .map_err(|e| {
+            format!("creating namespace {} on {}: {e}", place.namespace, servers[place.server])
+        })
 }
 
 /// Tells each of the reservation's servers that writes to its epoch go to the SSD stream BIOS
@@ -144,11 +152,17 @@ pub fn assign_reservation_stream(reservation: &Reservation) -> Result<(), String
     if servers.is_empty() {
         return Ok(());
     }
-    let options = spillway_client::ClientOptions { client_name: "spillway-manager streams".into(), ..Default::default() };
-    let mut client = spillway_client::Client::connect(&servers, options).map_err(|e| e.to_string())?;
+    let options = spillway_client::ClientOptions {
+        client_name: "spillway-manager streams".into(),
+        ..Default::default()
+    };
+    let mut client =
+        spillway_client::Client::connect(&servers, options).map_err(|e| e.to_string())?;
     client
         .assign_stream(spillway_types::EpochId(reservation.epoch), reservation.stream as u64)
-        .map_err(|e| format!("assigning stream {} to epoch {}: {e}", reservation.stream, reservation.epoch))
+        .map_err(|e| {
+            format!("assigning stream {} to epoch {}: {e}", reservation.stream, reservation.epoch)
+        })
 }
 
 /// Deletes a destroyed reservation's data (its epoch) on each of its servers. Best effort: a
@@ -157,17 +171,17 @@ pub fn assign_reservation_stream(reservation: &Reservation) -> Result<(), String
 pub fn delete_reservation_data(reservation: &Reservation) -> usize {
     let mut deleted = 0;
     for address in &reservation.servers {
-        let outcome = address
-            .parse::<Endpoint>()
-            .map_err(|e| e.to_string())
-            .and_then(|endpoint| {
-                let options = spillway_client::ClientOptions {
-                    client_name: "spillway-manager teardown".into(),
-                    ..Default::default()
-                };
-                let mut client = spillway_client::Client::connect(&[endpoint], options).map_err(|e| e.to_string())?;
-                client.delete_epoch(spillway_types::EpochId(reservation.epoch)).map_err(|e| e.to_string())
-            });
+        let outcome = address.parse::<Endpoint>().map_err(|e| e.to_string()).and_then(|endpoint| {
+            let options = spillway_client::ClientOptions {
+                client_name: "spillway-manager teardown".into(),
+                ..Default::default()
+            };
+            let mut client = spillway_client::Client::connect(&[endpoint], options)
+                .map_err(|e| e.to_string())?;
+            client
+                .delete_epoch(spillway_types::EpochId(reservation.epoch))
+                .map_err(|e| e.to_string())
+        });
         match outcome {
             Ok(()) => deleted += 1,
             Err(error) => tracing::warn!(

@@ -36,7 +36,10 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now_unix_s(&self) -> u64 {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0)
     }
 }
 
@@ -139,7 +142,9 @@ api_error!(AddServerError {
 pub enum CreateReservationError {
     #[error("invalid reservation request: {reason}")]
     Invalid { reason: String },
-    #[error("uid {uid} may not create reservations for uid {owner} (root or the admin group only)")]
+    #[error(
+        "uid {uid} may not create reservations for uid {owner} (root or the admin group only)"
+    )]
     NotAuthorized { uid: u32, owner: u32 },
     #[error("no pool named {pool:?}")]
     NoSuchPool { pool: String },
@@ -149,7 +154,9 @@ pub enum CreateReservationError {
     JobHasReservation { job: String, id: u64 },
     #[error("quota exceeded for uid {uid}: {used_bytes} bytes in use + {asked_bytes} bytes asked > quota {quota_bytes} bytes")]
     QuotaExceeded { uid: u32, quota_bytes: u64, used_bytes: u64, asked_bytes: u64 },
-    #[error("uid {uid} already holds {count} reservations (knob manager.reservations_per_user_max)")]
+    #[error(
+        "uid {uid} already holds {count} reservations (knob manager.reservations_per_user_max)"
+    )]
     TooManyReservations { uid: u32, count: u32 },
     #[error("no capacity: {reason}")]
     NoCapacity { reason: String },
@@ -253,7 +260,9 @@ fn check_name(what: &str, name: &str) -> Result<(), String> {
         return Err(format!("{what} name {name:?} must be 1 to 64 characters"));
     }
     if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
-        return Err(format!("{what} name {name:?} may contain only letters, digits, '.', '_' and '-'"));
+        return Err(format!(
+            "{what} name {name:?} may contain only letters, digits, '.', '_' and '-'"
+        ));
     }
     if name.bytes().all(|b| b.is_ascii_digit()) {
         return Err(format!("{what} name {name:?} is all digits (numbers are ids)"));
@@ -269,7 +278,12 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Manager {
     /// Opens the manager on `db`, rebuilding the stream tables from the active reservations.
-    pub fn new(db: Db, knobs: ManagerKnobs, admin_gid: Option<u32>, clock: Arc<dyn Clock>) -> Result<Manager, ReadError> {
+    pub fn new(
+        db: Db,
+        knobs: ManagerKnobs,
+        admin_gid: Option<u32>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Manager, ReadError> {
         let manager = Manager {
             db: Mutex::new(db),
             knobs,
@@ -315,7 +329,9 @@ impl Manager {
         let mut streams = lock(&self.streams);
         streams.clear();
         for row in active {
-            let table = streams.entry(row.pool_id).or_insert_with(|| StreamTable::new(self.stream_limits()));
+            let table = streams
+                .entry(row.pool_id)
+                .or_insert_with(|| StreamTable::new(self.stream_limits()));
             let key = self.stream_key(row.owner_uid, row.epoch);
             if table.stream_of(key).is_some() || row.stream >= self.knobs.streams_max {
                 continue; // shared key already registered, or streams_max lowered since
@@ -338,13 +354,19 @@ impl Manager {
 
     // ---- pools and servers ----
 
-    pub fn create_pool(&self, caller: &Caller, request: &CreatePool) -> Result<Pool, CreatePoolError> {
+    pub fn create_pool(
+        &self,
+        caller: &Caller,
+        request: &CreatePool,
+    ) -> Result<Pool, CreatePoolError> {
         if !caller.admin {
             return Err(CreatePoolError::NotAuthorized { uid: caller.uid });
         }
         check_name("pool", &request.name).map_err(|reason| CreatePoolError::Invalid { reason })?;
         if request.granularity_bytes == 0 || request.granularity_bytes > i64::MAX as u64 {
-            return Err(CreatePoolError::Invalid { reason: format!("granularity of {} bytes", request.granularity_bytes) });
+            return Err(CreatePoolError::Invalid {
+                reason: format!("granularity of {} bytes", request.granularity_bytes),
+            });
         }
         let mut db = lock(&self.db);
         let tx = db.conn.transaction()?;
@@ -355,10 +377,18 @@ impl Manager {
         tx.commit()?;
         drop(db);
         tracing::info!(pool = %request.name, granularity_bytes = request.granularity_bytes, uid = caller.uid, "pool created");
-        Ok(self.list_pools()?.into_iter().find(|p| p.name == request.name).expect("pool just committed"))
+        Ok(self
+            .list_pools()?
+            .into_iter()
+            .find(|p| p.name == request.name)
+            .expect("pool just committed"))
     }
 
-    pub fn add_server(&self, caller: &Caller, request: &AddServer) -> Result<Server, AddServerError> {
+    pub fn add_server(
+        &self,
+        caller: &Caller,
+        request: &AddServer,
+    ) -> Result<Server, AddServerError> {
         if !caller.admin {
             return Err(AddServerError::NotAuthorized { uid: caller.uid });
         }
@@ -372,11 +402,15 @@ impl Manager {
             }
         }
         if request.capacity_bytes == 0 || request.capacity_bytes > i64::MAX as u64 {
-            return Err(AddServerError::Invalid { reason: format!("capacity of {} bytes", request.capacity_bytes) });
+            return Err(AddServerError::Invalid {
+                reason: format!("capacity of {} bytes", request.capacity_bytes),
+            });
         }
         if let Some(dir) = &request.pfs_dir {
             if !dir.starts_with('/') {
-                return Err(AddServerError::Invalid { reason: format!("PFS directory {dir:?} is not absolute") });
+                return Err(AddServerError::Invalid {
+                    reason: format!("PFS directory {dir:?} is not absolute"),
+                });
             }
         }
         let mut db = lock(&self.db);
@@ -388,14 +422,27 @@ impl Manager {
         if db::servers(&tx)?.iter().any(|s| s.address == request.address) {
             return Err(AddServerError::Exists { address: request.address.clone() });
         }
-        db::insert_server(&tx, &request.address, pool.id, request.capacity_bytes, request.pfs_dir.as_deref())?;
+        db::insert_server(
+            &tx,
+            &request.address,
+            pool.id,
+            request.capacity_bytes,
+            request.pfs_dir.as_deref(),
+        )?;
         tx.commit()?;
         drop(db);
         tracing::info!(server = %request.address, pool = %request.pool, capacity_bytes = request.capacity_bytes, "server added");
-        Ok(self.list_servers()?.into_iter().find(|s| s.address == request.address).expect("server just committed"))
+        Ok(self
+            .list_servers()?
+            .into_iter()
+            .find(|s| s.address == request.address)
+            .expect("server just committed"))
     }
 
-    fn snapshot(&self, db: &mut Db) -> rusqlite::Result<(Vec<PoolRow>, Vec<ServerRow>, Vec<ReservationRow>)> {
+    fn snapshot(
+        &self,
+        db: &mut Db,
+    ) -> rusqlite::Result<(Vec<PoolRow>, Vec<ServerRow>, Vec<ReservationRow>)> {
         let tx = db.conn.transaction()?;
         let snapshot = (db::pools(&tx)?, db::servers(&tx)?, db::active_reservations(&tx)?);
         tx.commit()?;
@@ -419,9 +466,11 @@ impl Manager {
         Ok(pools
             .iter()
             .map(|pool| {
-                let members: Vec<&ServerRow> = servers.iter().filter(|s| s.pool_id == pool.id).collect();
+                let members: Vec<&ServerRow> =
+                    servers.iter().filter(|s| s.pool_id == pool.id).collect();
                 let capacity: u64 = members.iter().map(|s| s.capacity_bytes).sum();
-                let used_bytes: u64 = members.iter().map(|s| used.get(&s.id).copied().unwrap_or(0)).sum();
+                let used_bytes: u64 =
+                    members.iter().map(|s| used.get(&s.id).copied().unwrap_or(0)).sum();
                 Pool {
                     id: pool.id,
                     name: pool.name.clone(),
@@ -450,7 +499,11 @@ impl Manager {
             .map(|s| Server {
                 id: s.id,
                 address: s.address.clone(),
-                pool: pools.iter().find(|p| p.id == s.pool_id).map(|p| p.name.clone()).unwrap_or_default(),
+                pool: pools
+                    .iter()
+                    .find(|p| p.id == s.pool_id)
+                    .map(|p| p.name.clone())
+                    .unwrap_or_default(),
                 capacity_bytes: s.capacity_bytes,
                 used_bytes: used.get(&s.id).copied().unwrap_or(0),
                 pfs_dir: s.pfs_dir.clone(),
@@ -468,7 +521,8 @@ impl Manager {
         caller.admin
             || row.owner_uid == caller.uid
             || (row.persistent
-                && (row.allowed_uids.contains(&caller.uid) || row.allowed_gids.iter().any(|&g| caller.in_group(g))))
+                && (row.allowed_uids.contains(&caller.uid)
+                    || row.allowed_gids.iter().any(|&g| caller.in_group(g))))
     }
 
     fn quota_of(&self, tx: &rusqlite::Transaction, uid: u32) -> rusqlite::Result<(u64, bool)> {
@@ -496,7 +550,11 @@ impl Manager {
                 match group {
                     Some(group) => (owner, group),
                     None if owner == caller.uid => (owner, caller.gid),
-                    None => return Err(invalid(format!("owner {owner} given without its group (--group GID)"))),
+                    None => {
+                        return Err(invalid(format!(
+                            "owner {owner} given without its group (--group GID)"
+                        )))
+                    }
                 }
             }
             (None, Some(group)) => {
@@ -509,11 +567,16 @@ impl Manager {
         if let Some(name) = &request.persistent {
             check_name("reservation", name).map_err(invalid)?;
             if name.starts_with("job-") || name.starts_with("res-") {
-                return Err(invalid(format!("reservation name {name:?} uses a reserved prefix (job-, res-)")));
+                return Err(invalid(format!(
+                    "reservation name {name:?} uses a reserved prefix (job-, res-)"
+                )));
             }
         }
         if let Some(job) = &request.job {
-            if job.is_empty() || job.len() > 64 || !job.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
+            if job.is_empty()
+                || job.len() > 64
+                || !job.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+            {
                 return Err(invalid(format!("job id {job:?} must be 1 to 64 of [A-Za-z0-9._-]")));
             }
         }
@@ -549,9 +612,13 @@ impl Manager {
         }
 
         // Quota and count.
-        let mine: Vec<&ReservationRow> = active.iter().filter(|r| r.owner_uid == owner_uid).collect();
+        let mine: Vec<&ReservationRow> =
+            active.iter().filter(|r| r.owner_uid == owner_uid).collect();
         if mine.len() as u64 >= self.knobs.reservations_per_user_max as u64 {
-            return Err(CreateReservationError::TooManyReservations { uid: owner_uid, count: mine.len() as u32 });
+            return Err(CreateReservationError::TooManyReservations {
+                uid: owner_uid,
+                count: mine.len() as u32,
+            });
         }
         let fragment_bytes = self.knobs.fragment_bytes;
         let granted = request.capacity_bytes.div_ceil(fragment_bytes) * fragment_bytes;
@@ -574,7 +641,9 @@ impl Manager {
                 .filter(|s| s.pool_id == pool)
                 .map(|s| ServerSpace {
                     server: s.id,
-                    free_bytes: s.capacity_bytes.saturating_sub(used_per_server.get(&s.id).copied().unwrap_or(0)),
+                    free_bytes: s
+                        .capacity_bytes
+                        .saturating_sub(used_per_server.get(&s.id).copied().unwrap_or(0)),
                     healthy: s.healthy,
                 })
                 .collect()
@@ -599,7 +668,9 @@ impl Manager {
         for pool in &candidates {
             match allocate(&space(pool.id), fragment_request) {
                 Ok(plan) => fitting.push((pool.id, plan)),
-                Err(FragmentError::ZeroCapacity) => return Err(invalid("capacity of 0 bytes".into())),
+                Err(FragmentError::ZeroCapacity) => {
+                    return Err(invalid("capacity of 0 bytes".into()))
+                }
                 Err(error) => refusals.push(format!("pool {}: {error}", pool.name)),
             }
         }
@@ -617,14 +688,18 @@ impl Manager {
         let Some(choice) = select_pool(&states, StreamKey(owner_uid as u64)) else {
             return Err(CreateReservationError::NoCapacity { reason: refusals.join("; ") });
         };
-        let (pool_id, plan) = fitting.into_iter().find(|(p, _)| *p as u32 == choice.pool()).expect("chosen among fitting");
+        let (pool_id, plan) = fitting
+            .into_iter()
+            .find(|(p, _)| *p as u32 == choice.pool())
+            .expect("chosen among fitting");
 
         // Identifiers and stream.
         let epoch = db::take_counter(&tx, "next_epoch")?;
         let namespace_id = db::take_counter(&tx, "next_namespace_id")?;
         let key = self.stream_key(owner_uid, epoch);
         let mut streams = lock(&self.streams);
-        let table = streams.entry(pool_id).or_insert_with(|| StreamTable::new(self.stream_limits()));
+        let table =
+            streams.entry(pool_id).or_insert_with(|| StreamTable::new(self.stream_limits()));
         let decision = table.decide(key, now);
 
         let mut row = ReservationRow {
@@ -666,7 +741,11 @@ impl Manager {
         Ok(row.to_model(&pools, &servers))
     }
 
-    pub fn list_reservations(&self, caller: &Caller, all: bool) -> Result<Vec<Reservation>, ReadError> {
+    pub fn list_reservations(
+        &self,
+        caller: &Caller,
+        all: bool,
+    ) -> Result<Vec<Reservation>, ReadError> {
         let (pools, servers, active) = self.snapshot(&mut lock(&self.db))?;
         Ok(active
             .iter()
@@ -690,18 +769,31 @@ impl Manager {
 
     /// Marks the reservation destroyed (its capacity is free at once). The caller then deletes
     /// its data on the servers ([`crate::delete_reservation_data`]).
-    pub fn destroy_reservation(&self, caller: &Caller, key: &str, job: Option<&str>) -> Result<Destroyed, DestroyError> {
+    pub fn destroy_reservation(
+        &self,
+        caller: &Caller,
+        key: &str,
+        job: Option<&str>,
+    ) -> Result<Destroyed, DestroyError> {
         let mut db = lock(&self.db);
         let tx = db.conn.transaction()?;
         let row = db::find_reservation(&tx, key)?
             .filter(|r| r.state == ReservationState::Active && Self::can_see(caller, r))
             .ok_or_else(|| DestroyError::NotFound { key: key.to_string(), uid: caller.uid })?;
         if !caller.admin && row.owner_uid != caller.uid {
-            return Err(DestroyError::NotAuthorized { uid: caller.uid, name: row.name.clone(), owner: row.owner_uid });
+            return Err(DestroyError::NotAuthorized {
+                uid: caller.uid,
+                name: row.name.clone(),
+                owner: row.owner_uid,
+            });
         }
         if let Some(job) = job {
             if !row.persistent && row.job_id.as_deref() != Some(job) {
-                return Err(DestroyError::JobMismatch { name: row.name.clone(), given: job.to_string(), actual: row.job_id.clone() });
+                return Err(DestroyError::JobMismatch {
+                    name: row.name.clone(),
+                    given: job.to_string(),
+                    actual: row.job_id.clone(),
+                });
             }
         }
         db::mark_destroyed(&tx, row.id, self.clock.now_unix_s())?;
@@ -715,7 +807,12 @@ impl Manager {
 
     // ---- quotas ----
 
-    pub fn set_quota(&self, caller: &Caller, uid: u32, request: &SetQuota) -> Result<Quota, QuotaError> {
+    pub fn set_quota(
+        &self,
+        caller: &Caller,
+        uid: u32,
+        request: &SetQuota,
+    ) -> Result<Quota, QuotaError> {
         if !caller.admin {
             return Err(QuotaError::NotAuthorized { uid: caller.uid });
         }
@@ -733,14 +830,21 @@ impl Manager {
         let tx = db.conn.transaction()?;
         let rows = db::quotas(&tx)?;
         let active = db::active_reservations(&tx)?;
-        let used = |uid: u32| active.iter().filter(|r| r.owner_uid == uid).map(|r| r.granted_bytes()).sum();
+        let used = |uid: u32| {
+            active.iter().filter(|r| r.owner_uid == uid).map(|r| r.granted_bytes()).sum()
+        };
         let mut out: Vec<Quota> = rows
             .iter()
             .filter(|&&(uid, _)| caller.admin || uid == caller.uid)
             .map(|&(uid, bytes)| Quota { uid, bytes, used_bytes: used(uid), default: false })
             .collect();
         if !out.iter().any(|q| q.uid == caller.uid) {
-            out.push(Quota { uid: caller.uid, bytes: self.knobs.quota_bytes_default, used_bytes: used(caller.uid), default: true });
+            out.push(Quota {
+                uid: caller.uid,
+                bytes: self.knobs.quota_bytes_default,
+                used_bytes: used(caller.uid),
+                default: true,
+            });
         }
         Ok(out)
     }
@@ -755,7 +859,10 @@ impl Manager {
     /// Records one heartbeat round: `Ok` probes reset the miss count and mark the server up,
     /// errors count a miss; `heartbeat_misses_max` consecutive misses mark it down. Only rows
     /// whose state changed are written.
-    pub fn record_heartbeats(&self, results: &[(u64, Result<Probe, String>)]) -> Result<(), ReadError> {
+    pub fn record_heartbeats(
+        &self,
+        results: &[(u64, Result<Probe, String>)],
+    ) -> Result<(), ReadError> {
         let now = self.clock.now_unix_s();
         let mut db = lock(&self.db);
         let tx = db.conn.transaction()?;

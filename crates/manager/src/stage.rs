@@ -45,8 +45,8 @@ use spillway_types::EpochId;
 
 use spillway_client::meta::{RemoteNamespace, RemoteOptions};
 use spillway_meta::{
-    data_file_name, Attr as MetaAttr, Caller as MetaCaller, FileKind, Ino, MetaError, Namespace, SetAttr, TimeSet, Timestamp,
-    ROOT_INO,
+    data_file_name, Attr as MetaAttr, Caller as MetaCaller, FileKind, Ino, MetaError, Namespace,
+    SetAttr, TimeSet, Timestamp, ROOT_INO,
 };
 use spillway_policy::namespace::{namespace_placement, NamespaceAccess};
 
@@ -164,13 +164,19 @@ struct RecordEntry {
 
 /// The default progress record for a stage: under the system temp dir, per uid, named by the
 /// reservation and a hash of the two paths, so reruns of the same stage find it.
-pub fn default_record_path(direction: &str, reservation: &Reservation, src: &str, dst: &str) -> PathBuf {
+pub fn default_record_path(
+    direction: &str,
+    reservation: &Reservation,
+    src: &str,
+    dst: &str,
+) -> PathBuf {
     // SAFETY: getuid cannot fail.
     let uid = unsafe { libc::getuid() };
     let key = crc32c::crc32c(format!("{src}\0{dst}").as_bytes());
-    std::env::temp_dir()
-        .join(format!("spillway-stage-{uid}"))
-        .join(format!("{direction}-res{}-epoch{}-{key:08x}.jsonl", reservation.id, reservation.epoch))
+    std::env::temp_dir().join(format!("spillway-stage-{uid}")).join(format!(
+        "{direction}-res{}-epoch{}-{key:08x}.jsonl",
+        reservation.id, reservation.epoch
+    ))
 }
 
 /// A normalized path inside a reservation: no leading `/`, no `.`/`..`, `/`-separated; "" is
@@ -182,11 +188,17 @@ pub fn reservation_path(path: &str) -> Result<String, StageError> {
             Component::RootDir | Component::CurDir => {}
             Component::Normal(part) => parts.push(
                 part.to_str()
-                    .ok_or_else(|| StageError::BadPath { path: path.into(), reason: "not UTF-8".into() })?
+                    .ok_or_else(|| StageError::BadPath {
+                        path: path.into(),
+                        reason: "not UTF-8".into(),
+                    })?
                     .to_string(),
             ),
             Component::ParentDir | Component::Prefix(_) => {
-                return Err(StageError::BadPath { path: path.into(), reason: "'..' is not allowed in a reservation path".into() })
+                return Err(StageError::BadPath {
+                    path: path.into(),
+                    reason: "'..' is not allowed in a reservation path".into(),
+                })
             }
         }
     }
@@ -217,7 +229,8 @@ fn connect(reservation: &Reservation) -> Result<Client, StageError> {
         client_name: format!("spillway stage pid {}", std::process::id()),
         ..Default::default()
     };
-    let mut client = Client::connect(&endpoints(reservation)?, options).map_err(|source| burst(reservation, source))?;
+    let mut client = Client::connect(&endpoints(reservation)?, options)
+        .map_err(|source| burst(reservation, source))?;
     if let Some(Some(dir)) = reservation.server_pfs_dirs.first() {
         client.set_pfs_fallback(dir);
     }
@@ -254,7 +267,8 @@ impl Record {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(error(e)),
         }
-        let file = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(error)?;
+        let file =
+            std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(error)?;
         Ok(Record { path: path.to_path_buf(), done, file: Mutex::new(file) })
     }
 
@@ -281,7 +295,12 @@ struct Progress {
 }
 
 impl Progress {
-    fn new(label: &'static str, mode: ProgressMode, files_total: u64, bytes_total: u64) -> Progress {
+    fn new(
+        label: &'static str,
+        mode: ProgressMode,
+        files_total: u64,
+        bytes_total: u64,
+    ) -> Progress {
         let now = Instant::now();
         Progress {
             label,
@@ -326,7 +345,9 @@ impl Progress {
         match self.mode {
             ProgressMode::Bar => {
                 const WIDTH: u64 = 30;
-                let filled = (bytes.saturating_mul(WIDTH)).checked_div(self.bytes_total).map_or(WIDTH, |f| f.min(WIDTH));
+                let filled = (bytes.saturating_mul(WIDTH))
+                    .checked_div(self.bytes_total)
+                    .map_or(WIDTH, |f| f.min(WIDTH));
                 let bar: String = (0..WIDTH).map(|i| if i < filled { '#' } else { '.' }).collect();
                 eprint!("\r[{bar}] {text}\x1b[K{}", if last { "\n" } else { "" });
             }
@@ -411,7 +432,10 @@ fn walk(root: &Path, base: &str, out: &mut Vec<SourceFile>) -> Result<(), StageE
             let path = entry.path();
             let file_name = entry.file_name();
             let Some(name) = file_name.to_str() else {
-                return Err(StageError::BadPath { path: path.display().to_string(), reason: "not UTF-8".into() });
+                return Err(StageError::BadPath {
+                    path: path.display().to_string(),
+                    reason: "not UTF-8".into(),
+                });
             };
             let name = join_name(&prefix, name);
             let kind = entry.file_type().map_err(pfs(&path))?;
@@ -459,7 +483,12 @@ impl Tree {
             return Err(StageError::Private { reservation: reservation.name.clone() });
         }
         let servers = endpoints(reservation)?;
-        let place = namespace_placement(NamespaceAccess::Striped, reservation.namespace_id, "", servers.len());
+        let place = namespace_placement(
+            NamespaceAccess::Striped,
+            reservation.namespace_id,
+            "",
+            servers.len(),
+        );
         // SAFETY: these calls cannot fail.
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
         let options = RemoteOptions {
@@ -473,9 +502,15 @@ impl Tree {
             connections_max: connections_max.max(1),
         };
         let what = format!("opening namespace {} on {}", place.namespace, servers[place.server]);
-        let ns = RemoteNamespace::open(&servers[place.server], place.namespace, &options).map_err(|e| meta(reservation, &what, e))?;
+        let ns = RemoteNamespace::open(&servers[place.server], place.namespace, &options)
+            .map_err(|e| meta(reservation, &what, e))?;
         let caller = if uid == 0 {
-            MetaCaller { uid: reservation.owner, gid: reservation.group, groups: vec![reservation.group], pid: std::process::id() }
+            MetaCaller {
+                uid: reservation.owner,
+                gid: reservation.group,
+                groups: vec![reservation.group],
+                pid: std::process::id(),
+            }
         } else {
             MetaCaller { uid, gid, groups: own_groups(), pid: std::process::id() }
         };
@@ -484,7 +519,11 @@ impl Tree {
     }
 
     /// The inode at `path` ("" is the root), if it exists.
-    fn resolve(&self, reservation: &Reservation, path: &str) -> Result<Option<MetaAttr>, StageError> {
+    fn resolve(
+        &self,
+        reservation: &Reservation,
+        path: &str,
+    ) -> Result<Option<MetaAttr>, StageError> {
         let mut attr = self.ns.getattr(ROOT_INO).map_err(|e| meta(reservation, "/", e))?;
         for part in path.split('/').filter(|p| !p.is_empty()) {
             match self.ns.lookup(&self.caller, attr.ino, part.as_bytes()) {
@@ -504,18 +543,24 @@ impl Tree {
             walked = join_name(&walked, part);
             let attr = match self.ns.lookup(&self.caller, ino, part.as_bytes()) {
                 Ok(attr) => attr,
-                Err(e) if e.errno == libc::ENOENT => match self.ns.mkdir(&self.caller, ino, part.as_bytes(), 0o755, 0o022) {
-                    Ok(attr) => attr,
-                    // Made meanwhile by a parallel stage: use it.
-                    Err(e) if e.errno == libc::EEXIST => {
-                        self.ns.lookup(&self.caller, ino, part.as_bytes()).map_err(|e| meta(reservation, &walked, e))?
+                Err(e) if e.errno == libc::ENOENT => {
+                    match self.ns.mkdir(&self.caller, ino, part.as_bytes(), 0o755, 0o022) {
+                        Ok(attr) => attr,
+                        // Made meanwhile by a parallel stage: use it.
+                        Err(e) if e.errno == libc::EEXIST => self
+                            .ns
+                            .lookup(&self.caller, ino, part.as_bytes())
+                            .map_err(|e| meta(reservation, &walked, e))?,
+                        Err(e) => return Err(meta(reservation, &walked, e)),
                     }
-                    Err(e) => return Err(meta(reservation, &walked, e)),
-                },
+                }
                 Err(e) => return Err(meta(reservation, &walked, e)),
             };
             if attr.kind != FileKind::Directory {
-                return Err(StageError::BadPath { path: walked, reason: "exists in the reservation and is not a directory".into() });
+                return Err(StageError::BadPath {
+                    path: walked,
+                    reason: "exists in the reservation and is not a directory".into(),
+                });
             }
             ino = attr.ino;
         }
@@ -537,7 +582,14 @@ fn split_parent(name: &str) -> (&str, &str) {
 }
 
 /// Reads `size` bytes of store file `name` back from the reservation and returns their CRC32C.
-fn crc_in_reservation(client: &mut Client, reservation: &Reservation, epoch: EpochId, name: &str, size: u64, chunk: usize) -> Result<u32, StageError> {
+fn crc_in_reservation(
+    client: &mut Client,
+    reservation: &Reservation,
+    epoch: EpochId,
+    name: &str,
+    size: u64,
+    chunk: usize,
+) -> Result<u32, StageError> {
     if size == 0 {
         return Ok(0);
     }
@@ -555,13 +607,21 @@ fn crc_in_reservation(client: &mut Client, reservation: &Reservation, epoch: Epo
 }
 
 /// Copies `src` (a file or a directory tree on the PFS) to `dst` in the reservation.
-pub fn stage_in(reservation: &Reservation, src: &Path, dst: &str, options: &StageOptions) -> Result<StageReport, StageError> {
+pub fn stage_in(
+    reservation: &Reservation,
+    src: &Path,
+    dst: &str,
+    options: &StageOptions,
+) -> Result<StageReport, StageError> {
     let started = Instant::now();
     let base = reservation_path(dst)?;
     let mut files = Vec::new();
     walk(src, &base, &mut files)?;
     if files.iter().any(|f| f.name.is_empty()) {
-        return Err(StageError::BadPath { path: dst.into(), reason: "a file needs a name inside the reservation".into() });
+        return Err(StageError::BadPath {
+            path: dst.into(),
+            reason: "a file needs a name inside the reservation".into(),
+        });
     }
     let record = Record::open(&options.record_path)?;
     let tree = Tree::open(reservation, options.parallel_files + 1)?;
@@ -598,58 +658,91 @@ pub fn stage_in(reservation: &Reservation, src: &Path, dst: &str, options: &Stag
     let progress = Progress::new("stage-in", options.progress, files.len() as u64, bytes_total);
     progress.add(skipped, skipped_bytes);
     let chunk = options.chunk_bytes.clamp(4096, 16 << 20);
-    parallel(&todo, options.parallel_files, || connect(reservation), |client, file| {
-        let pfs = pfs_error(&file.path);
-        let mut source = File::open(&file.path).map_err(&pfs)?;
-        let mode = source.metadata().map_err(&pfs)?.mode() & 0o777;
-        let (parent, leaf) = split_parent(&file.name);
-        let parent_ino = directories[parent];
-        let created = tree
-            .ns
-            .create(&tree.caller, parent_ino, leaf.as_bytes(), FileKind::Regular, mode, 0, 0, false)
-            .map_err(|e| meta(reservation, &file.name, e))?;
-        if created.kind != FileKind::Regular {
-            return Err(StageError::BadPath { path: file.name.clone(), reason: "exists in the reservation and is not a regular file".into() });
-        }
-        // Truncate (a new data generation: bytes of an earlier, interrupted copy are dead).
-        let attr = tree
-            .ns
-            .open(&tree.caller, created.ino, libc::O_WRONLY | libc::O_TRUNC)
-            .map_err(|e| meta(reservation, &file.name, e))?;
-        let data_name = data_file_name(tree.ns.id(), attr.ino, attr.generation);
-        client.begin_epoch(epoch);
-        let mut handle = client.create_file(epoch, &data_name).map_err(|e| burst(reservation, e))?;
-        let mut buffer = vec![0u8; chunk];
-        let mut offset = 0u64;
-        let mut crc = 0u32;
-        loop {
-            let n = read_full(&mut source, &mut buffer).map_err(&pfs)?;
-            if n == 0 {
-                break;
+    parallel(
+        &todo,
+        options.parallel_files,
+        || connect(reservation),
+        |client, file| {
+            let pfs = pfs_error(&file.path);
+            let mut source = File::open(&file.path).map_err(&pfs)?;
+            let mode = source.metadata().map_err(&pfs)?.mode() & 0o777;
+            let (parent, leaf) = split_parent(&file.name);
+            let parent_ino = directories[parent];
+            let created = tree
+                .ns
+                .create(
+                    &tree.caller,
+                    parent_ino,
+                    leaf.as_bytes(),
+                    FileKind::Regular,
+                    mode,
+                    0,
+                    0,
+                    false,
+                )
+                .map_err(|e| meta(reservation, &file.name, e))?;
+            if created.kind != FileKind::Regular {
+                return Err(StageError::BadPath {
+                    path: file.name.clone(),
+                    reason: "exists in the reservation and is not a regular file".into(),
+                });
             }
-            crc = crc32c::crc32c_append(crc, &buffer[..n]);
-            client.write(&mut handle, offset, &buffer[..n]).map_err(|e| burst(reservation, e))?;
-            offset += n as u64;
-            progress.add(0, n as u64);
-        }
-        client.flush().map_err(|e| burst(reservation, e))?;
-        if offset > 0 {
-            tree.ns.wrote(&tree.caller, attr.ino, offset).map_err(|e| meta(reservation, &file.name, e))?;
-        }
-        let mtime = Timestamp {
-            seconds: file.mtime_ns.div_euclid(1_000_000_000) as i64,
-            nanos: file.mtime_ns.rem_euclid(1_000_000_000) as u32,
-        };
-        let set = SetAttr { mtime: Some(TimeSet::At(mtime)), ..Default::default() };
-        tree.ns.setattr(&tree.caller, attr.ino, &set).map_err(|e| meta(reservation, &file.name, e))?;
-        let actual = crc_in_reservation(client, reservation, epoch, &data_name, offset, chunk)?;
-        if actual != crc {
-            return Err(StageError::Checksum { name: file.name.clone(), expected: crc, actual });
-        }
-        record.append(&RecordEntry { name: file.name.clone(), size: offset, mtime_ns: file.mtime_ns, crc32c: crc })?;
-        progress.add(1, 0);
-        Ok(())
-    })?;
+            // Truncate (a new data generation: bytes of an earlier, interrupted copy are dead).
+            let attr = tree
+                .ns
+                .open(&tree.caller, created.ino, libc::O_WRONLY | libc::O_TRUNC)
+                .map_err(|e| meta(reservation, &file.name, e))?;
+            let data_name = data_file_name(tree.ns.id(), attr.ino, attr.generation);
+            client.begin_epoch(epoch);
+            let mut handle =
+                client.create_file(epoch, &data_name).map_err(|e| burst(reservation, e))?;
+            let mut buffer = vec![0u8; chunk];
+            let mut offset = 0u64;
+            let mut crc = 0u32;
+            loop {
+                let n = read_full(&mut source, &mut buffer).map_err(&pfs)?;
+                if n == 0 {
+                    break;
+                }
+                crc = crc32c::crc32c_append(crc, &buffer[..n]);
+                client
+                    .write(&mut handle, offset, &buffer[..n])
+                    .map_err(|e| burst(reservation, e))?;
+                offset += n as u64;
+                progress.add(0, n as u64);
+            }
+            client.flush().map_err(|e| burst(reservation, e))?;
+            if offset > 0 {
+                tree.ns
+                    .wrote(&tree.caller, attr.ino, offset)
+                    .map_err(|e| meta(reservation, &file.name, e))?;
+            }
+            let mtime = Timestamp {
+                seconds: file.mtime_ns.div_euclid(1_000_000_000) as i64,
+                nanos: file.mtime_ns.rem_euclid(1_000_000_000) as u32,
+            };
+            let set = SetAttr { mtime: Some(TimeSet::At(mtime)), ..Default::default() };
+            tree.ns
+                .setattr(&tree.caller, attr.ino, &set)
+                .map_err(|e| meta(reservation, &file.name, e))?;
+            let actual = crc_in_reservation(client, reservation, epoch, &data_name, offset, chunk)?;
+            if actual != crc {
+                return Err(StageError::Checksum {
+                    name: file.name.clone(),
+                    expected: crc,
+                    actual,
+                });
+            }
+            record.append(&RecordEntry {
+                name: file.name.clone(),
+                size: offset,
+                mtime_ns: file.mtime_ns,
+                crc32c: crc,
+            })?;
+            progress.add(1, 0);
+            Ok(())
+        },
+    )?;
     tree.ns.sync().map_err(|e| meta(reservation, "sync", e))?;
     progress.show(true);
     Ok(StageReport {
@@ -692,12 +785,20 @@ fn crc_of_file(path: &Path, chunk: usize) -> std::io::Result<(u64, u32)> {
 
 /// Commits the epoch and drains it through the servers' drain path, waiting until every server
 /// reports it drained.
-fn drain_epoch(reservation: &Reservation, client: &mut Client, timeout: Duration) -> Result<(), StageError> {
+fn drain_epoch(
+    reservation: &Reservation,
+    client: &mut Client,
+    timeout: Duration,
+) -> Result<(), StageError> {
     let epoch = EpochId(reservation.epoch);
     if reservation.server_pfs_dirs.iter().all(Option::is_none) {
         return Err(StageError::NoDrainDirectory { epoch: epoch.0 });
     }
-    let summary = client.list_epochs().map_err(|e| burst(reservation, e))?.into_iter().find(|e| e.epoch == epoch);
+    let summary = client
+        .list_epochs()
+        .map_err(|e| burst(reservation, e))?
+        .into_iter()
+        .find(|e| e.epoch == epoch);
     match summary.map(|s| s.state) {
         None | Some(EpochState::Drained) => return Ok(()), // nothing left in the burst buffer, or done
         Some(_) => {}
@@ -712,13 +813,19 @@ fn drain_epoch(reservation: &Reservation, client: &mut Client, timeout: Duration
     let deadline = Instant::now() + timeout;
     loop {
         let status = client.drain_status().map_err(|e| burst(reservation, e))?;
-        let states: Vec<DrainState> =
-            status.iter().flat_map(|(_, list)| list.iter().filter(|d| d.epoch == epoch).map(|d| d.state)).collect();
+        let states: Vec<DrainState> = status
+            .iter()
+            .flat_map(|(_, list)| list.iter().filter(|d| d.epoch == epoch).map(|d| d.state))
+            .collect();
         if !states.is_empty() && states.iter().all(|s| *s == DrainState::Drained) {
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(StageError::DrainTimeout { epoch: epoch.0, timeout, state: format!("{states:?}") });
+            return Err(StageError::DrainTimeout {
+                epoch: epoch.0,
+                timeout,
+                state: format!("{states:?}"),
+            });
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -763,18 +870,36 @@ struct TreeFile {
 
 /// Every regular file under `path` in the namespace (directories walked, symlinks and other
 /// kinds skipped), sorted by name.
-fn tree_files(tree: &Tree, reservation: &Reservation, path: &str) -> Result<Vec<TreeFile>, StageError> {
+fn tree_files(
+    tree: &Tree,
+    reservation: &Reservation,
+    path: &str,
+) -> Result<Vec<TreeFile>, StageError> {
     let Some(top) = tree.resolve(reservation, path)? else {
-        return Err(StageError::NothingToStage { reservation: reservation.name.clone(), path: path.to_string() });
+        return Err(StageError::NothingToStage {
+            reservation: reservation.name.clone(),
+            path: path.to_string(),
+        });
     };
     let mut out = Vec::new();
     match top.kind {
         FileKind::Regular => {
-            out.push(TreeFile { name: path.to_string(), relative: String::new(), ino: top.ino, generation: top.generation, size: top.size });
+            out.push(TreeFile {
+                name: path.to_string(),
+                relative: String::new(),
+                ino: top.ino,
+                generation: top.generation,
+                size: top.size,
+            });
             return Ok(out);
         }
         FileKind::Directory => {}
-        _ => return Err(StageError::BadPath { path: path.to_string(), reason: "neither a regular file nor a directory".into() }),
+        _ => {
+            return Err(StageError::BadPath {
+                path: path.to_string(),
+                reason: "neither a regular file nor a directory".into(),
+            })
+        }
     }
     let mut stack = vec![(top.ino, String::new())];
     while let Some((dir, relative_dir)) = stack.pop() {
@@ -790,21 +915,33 @@ fn tree_files(tree: &Tree, reservation: &Reservation, path: &str) -> Result<Vec<
                 if entry.name == b"." || entry.name == b".." {
                     continue;
                 }
-                let name = String::from_utf8(entry.name.clone()).map_err(|_| StageError::BadPath {
-                    path: join_name(path, &relative_dir),
-                    reason: "an entry's name is not UTF-8".into(),
-                })?;
+                let name =
+                    String::from_utf8(entry.name.clone()).map_err(|_| StageError::BadPath {
+                        path: join_name(path, &relative_dir),
+                        reason: "an entry's name is not UTF-8".into(),
+                    })?;
                 let relative = join_name(&relative_dir, &name);
                 match entry.kind {
                     FileKind::Directory => stack.push((entry.ino, relative)),
                     FileKind::Regular => {
-                        let attr = tree.ns.getattr(entry.ino).map_err(|e| meta(reservation, &relative, e))?;
+                        let attr = tree
+                            .ns
+                            .getattr(entry.ino)
+                            .map_err(|e| meta(reservation, &relative, e))?;
                         if out.len() >= FILES_MAX {
                             return Err(StageError::TooManyFiles { path: path.to_string() });
                         }
-                        out.push(TreeFile { name: join_name(path, &relative), relative, ino: attr.ino, generation: attr.generation, size: attr.size });
+                        out.push(TreeFile {
+                            name: join_name(path, &relative),
+                            relative,
+                            ino: attr.ino,
+                            generation: attr.generation,
+                            size: attr.size,
+                        });
                     }
-                    _ => tracing::warn!(path = %join_name(path, &relative), "not a regular file; not staged out"),
+                    _ => {
+                        tracing::warn!(path = %join_name(path, &relative), "not a regular file; not staged out")
+                    }
                 }
             }
         }
@@ -814,7 +951,12 @@ fn tree_files(tree: &Tree, reservation: &Reservation, path: &str) -> Result<Vec<
 }
 
 /// Copies `src` (a file or directory in the reservation) to `dst` on the PFS.
-pub fn stage_out(reservation: &Reservation, src: &str, dst: &Path, options: &StageOptions) -> Result<StageReport, StageError> {
+pub fn stage_out(
+    reservation: &Reservation,
+    src: &str,
+    dst: &Path,
+    options: &StageOptions,
+) -> Result<StageReport, StageError> {
     let started = Instant::now();
     let base = reservation_path(src)?;
     let tree = Tree::open(reservation, options.parallel_files + 1)?;
@@ -824,9 +966,15 @@ pub fn stage_out(reservation: &Reservation, src: &str, dst: &Path, options: &Sta
         drain_epoch(reservation, &mut client, options.drain_timeout)?;
     }
     let selected = tree_files(&tree, reservation, &base)?;
-    let drained_root: Option<PathBuf> =
-        reservation.server_pfs_dirs.iter().flatten().next().map(PathBuf::from).filter(|_| options.drain_first);
-    let target = |relative: &str| if relative.is_empty() { dst.to_path_buf() } else { dst.join(relative) };
+    let drained_root: Option<PathBuf> = reservation
+        .server_pfs_dirs
+        .iter()
+        .flatten()
+        .next()
+        .map(PathBuf::from)
+        .filter(|_| options.drain_first);
+    let target =
+        |relative: &str| if relative.is_empty() { dst.to_path_buf() } else { dst.join(relative) };
     let record = Record::open(&options.record_path)?;
     let chunk = options.chunk_bytes.clamp(4096, 16 << 20);
     // Already copied and verified by an earlier run: the destination still has the recorded
@@ -851,85 +999,108 @@ pub fn stage_out(reservation: &Reservation, src: &str, dst: &Path, options: &Sta
     let progress = Progress::new("stage-out", options.progress, selected.len() as u64, bytes_total);
     progress.add(skipped, skipped_bytes);
     let from_drained = AtomicU64::new(0);
-    parallel(&todo, options.parallel_files, || connect(reservation), |client, file| {
-        let path = target(&file.relative);
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(pfs_error(parent))?;
-        }
-        // A complete drained copy: the drain already moved these bytes to the PFS, under the
-        // file's path (when the drain publishes namespace paths) or under its data file's
-        // name in the epoch's directory (`<pfs>/epoch-<E>/ns/<ns>/<ino>.<gen>`).
-        let data_name = data_file_name(tree.ns.id(), file.ino, file.generation);
-        let drained = drained_root.as_ref().and_then(|root| {
-            let epoch_dir = root.join(format!("epoch-{}", epoch.0));
-            [root.join(&file.name), epoch_dir.join(&file.name), epoch_dir.join(&data_name)]
-                .into_iter()
-                .find(|copy| std::fs::metadata(copy).is_ok_and(|m| m.is_file() && m.len() == file.size))
-        });
-        if let Some(copy) = &drained {
-            if same_file(copy, &path) {
-                // The drain published the file exactly where it is wanted: nothing to copy.
-                let (size, crc) = crc_of_file(copy, chunk).map_err(pfs_error(copy))?;
-                record.append(&RecordEntry { name: file.name.clone(), size, mtime_ns: 0, crc32c: crc })?;
+    parallel(
+        &todo,
+        options.parallel_files,
+        || connect(reservation),
+        |client, file| {
+            let path = target(&file.relative);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).map_err(pfs_error(parent))?;
+            }
+            // A complete drained copy: the drain already moved these bytes to the PFS, under the
+            // file's path (when the drain publishes namespace paths) or under its data file's
+            // name in the epoch's directory (`<pfs>/epoch-<E>/ns/<ns>/<ino>.<gen>`).
+            let data_name = data_file_name(tree.ns.id(), file.ino, file.generation);
+            let drained = drained_root.as_ref().and_then(|root| {
+                let epoch_dir = root.join(format!("epoch-{}", epoch.0));
+                [root.join(&file.name), epoch_dir.join(&file.name), epoch_dir.join(&data_name)]
+                    .into_iter()
+                    .find(|copy| {
+                        std::fs::metadata(copy).is_ok_and(|m| m.is_file() && m.len() == file.size)
+                    })
+            });
+            if let Some(copy) = &drained {
+                if same_file(copy, &path) {
+                    // The drain published the file exactly where it is wanted: nothing to copy.
+                    let (size, crc) = crc_of_file(copy, chunk).map_err(pfs_error(copy))?;
+                    record.append(&RecordEntry {
+                        name: file.name.clone(),
+                        size,
+                        mtime_ns: 0,
+                        crc32c: crc,
+                    })?;
+                    from_drained.fetch_add(1, Ordering::Relaxed);
+                    progress.add(1, size);
+                    return Ok(());
+                }
+            }
+            let partial = path.with_file_name(format!(
+                ".{}.spillway-part",
+                path.file_name().and_then(|n| n.to_str()).unwrap_or("file")
+            ));
+            let mut out = File::create(&partial).map_err(pfs_error(&partial))?;
+            let mut buffer = vec![0u8; chunk];
+            let mut crc = 0u32;
+            let mut offset = 0u64;
+            if let Some(copy) = drained {
+                let mut source = File::open(&copy).map_err(pfs_error(&copy))?;
+                loop {
+                    let n = read_full(&mut source, &mut buffer).map_err(pfs_error(&copy))?;
+                    if n == 0 {
+                        break;
+                    }
+                    crc = crc32c::crc32c_append(crc, &buffer[..n]);
+                    out.write_all(&buffer[..n]).map_err(pfs_error(&partial))?;
+                    offset += n as u64;
+                    progress.add(0, n as u64);
+                }
                 from_drained.fetch_add(1, Ordering::Relaxed);
-                progress.add(1, size);
-                return Ok(());
-            }
-        }
-        let partial = path.with_file_name(format!(
-            ".{}.spillway-part",
-            path.file_name().and_then(|n| n.to_str()).unwrap_or("file")
-        ));
-        let mut out = File::create(&partial).map_err(pfs_error(&partial))?;
-        let mut buffer = vec![0u8; chunk];
-        let mut crc = 0u32;
-        let mut offset = 0u64;
-        if let Some(copy) = drained {
-            let mut source = File::open(&copy).map_err(pfs_error(&copy))?;
-            loop {
-                let n = read_full(&mut source, &mut buffer).map_err(pfs_error(&copy))?;
-                if n == 0 {
-                    break;
+            } else if file.size > 0 {
+                // A file whose bytes were never written (all holes) has no store file: zeros.
+                let handle = match client.open_file(epoch, &data_name) {
+                    Ok(handle) => Some(handle),
+                    Err(ClientError::NoSuchFile { .. }) => None,
+                    Err(e) => return Err(burst(reservation, e)),
+                };
+                while offset < file.size {
+                    let n = ((file.size - offset) as usize).min(chunk);
+                    match &handle {
+                        Some(handle) => client
+                            .read(handle, offset, &mut buffer[..n])
+                            .map_err(|e| burst(reservation, e))?,
+                        None => buffer[..n].fill(0),
+                    }
+                    crc = crc32c::crc32c_append(crc, &buffer[..n]);
+                    out.write_all(&buffer[..n]).map_err(pfs_error(&partial))?;
+                    offset += n as u64;
+                    progress.add(0, n as u64);
                 }
-                crc = crc32c::crc32c_append(crc, &buffer[..n]);
-                out.write_all(&buffer[..n]).map_err(pfs_error(&partial))?;
-                offset += n as u64;
-                progress.add(0, n as u64);
             }
-            from_drained.fetch_add(1, Ordering::Relaxed);
-        } else if file.size > 0 {
-            // A file whose bytes were never written (all holes) has no store file: zeros.
-            let handle = match client.open_file(epoch, &data_name) {
-                Ok(handle) => Some(handle),
-                Err(ClientError::NoSuchFile { .. }) => None,
-                Err(e) => return Err(burst(reservation, e)),
-            };
-            while offset < file.size {
-                let n = ((file.size - offset) as usize).min(chunk);
-                match &handle {
-                    Some(handle) => client.read(handle, offset, &mut buffer[..n]).map_err(|e| burst(reservation, e))?,
-                    None => buffer[..n].fill(0),
-                }
-                crc = crc32c::crc32c_append(crc, &buffer[..n]);
-                out.write_all(&buffer[..n]).map_err(pfs_error(&partial))?;
-                offset += n as u64;
-                progress.add(0, n as u64);
+            out.sync_all().map_err(pfs_error(&partial))?;
+            drop(out);
+            let (size, actual) = crc_of_file(&partial, chunk).map_err(pfs_error(&partial))?;
+            if size != offset || actual != crc {
+                return Err(StageError::Checksum {
+                    name: path.display().to_string(),
+                    expected: crc,
+                    actual,
+                });
             }
-        }
-        out.sync_all().map_err(pfs_error(&partial))?;
-        drop(out);
-        let (size, actual) = crc_of_file(&partial, chunk).map_err(pfs_error(&partial))?;
-        if size != offset || actual != crc {
-            return Err(StageError::Checksum { name: path.display().to_string(), expected: crc, actual });
-        }
-        std::fs::rename(&partial, &path).map_err(pfs_error(&path))?;
-        if let Some(parent) = path.parent() {
-            File::open(parent).and_then(|d| d.sync_all()).map_err(pfs_error(parent))?;
-        }
-        record.append(&RecordEntry { name: file.name.clone(), size: offset, mtime_ns: 0, crc32c: crc })?;
-        progress.add(1, 0);
-        Ok(())
-    })?;
+            std::fs::rename(&partial, &path).map_err(pfs_error(&path))?;
+            if let Some(parent) = path.parent() {
+                File::open(parent).and_then(|d| d.sync_all()).map_err(pfs_error(parent))?;
+            }
+            record.append(&RecordEntry {
+                name: file.name.clone(),
+                size: offset,
+                mtime_ns: 0,
+                crc32c: crc,
+            })?;
+            progress.add(1, 0);
+            Ok(())
+        },
+    )?;
     progress.show(true);
     Ok(StageReport {
         files_total: selected.len() as u64,
@@ -967,7 +1138,11 @@ mod tests {
         let mut files = Vec::new();
         walk(dir.path(), "in", &mut files).unwrap();
         let names: Vec<(&str, u64)> = files.iter().map(|f| (f.name.as_str(), f.size)).collect();
-        assert_eq!(names, vec![("in/a", 1), ("in/b/c/z", 2)], "the symlink to a directory is not followed");
+        assert_eq!(
+            names,
+            vec![("in/a", 1), ("in/b/c/z", 2)],
+            "the symlink to a directory is not followed"
+        );
     }
 
     #[test]

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use spillway_config::{ManagerKnobs, StreamKeyKind};
 use spillway_manager::db::Db;
 use spillway_manager::heartbeat::{heartbeat_round, Prober};
-use spillway_manager::service::{ApiError, CreateReservationError, DestroyError, LookupError, Probe};
+use spillway_manager::service::{
+    ApiError, CreateReservationError, DestroyError, LookupError, Probe,
+};
 use spillway_manager::*;
 
 const MIB: u64 = 1 << 20;
@@ -21,11 +23,17 @@ impl Clock for TestClock {
 }
 
 fn knobs() -> ManagerKnobs {
-    ManagerKnobs { fragment_bytes: 8 * MIB, stripe_servers_max: 2, streams_max: 2, ..Default::default() }
+    ManagerKnobs {
+        fragment_bytes: 8 * MIB,
+        stripe_servers_max: 2,
+        streams_max: 2,
+        ..Default::default()
+    }
 }
 
 fn open(path: &Path, knobs: ManagerKnobs) -> Manager {
-    Manager::new(Db::open(path).unwrap(), knobs, None, Arc::new(TestClock(AtomicU64::new(1000)))).unwrap()
+    Manager::new(Db::open(path).unwrap(), knobs, None, Arc::new(TestClock(AtomicU64::new(1000))))
+        .unwrap()
 }
 
 fn root() -> Caller {
@@ -38,10 +46,20 @@ fn user(uid: u32) -> Caller {
 /// Two pools of two servers, 64 MiB each.
 fn setup(manager: &Manager) {
     for (pool, base) in [("fast", 7001), ("slow", 7101)] {
-        manager.create_pool(&root(), &CreatePool { name: pool.into(), granularity_bytes: 8 * MIB }).unwrap();
+        manager
+            .create_pool(&root(), &CreatePool { name: pool.into(), granularity_bytes: 8 * MIB })
+            .unwrap();
         for port in [base, base + 1] {
             manager
-                .add_server(&root(), &AddServer { address: format!("127.0.0.1:{port}"), pool: pool.into(), capacity_bytes: 64 * MIB, pfs_dir: None })
+                .add_server(
+                    &root(),
+                    &AddServer {
+                        address: format!("127.0.0.1:{port}"),
+                        pool: pool.into(),
+                        capacity_bytes: 64 * MIB,
+                        pfs_dir: None,
+                    },
+                )
                 .unwrap();
         }
     }
@@ -55,23 +73,51 @@ fn request(capacity_bytes: u64) -> CreateReservation {
 fn only_admins_manage_pools_and_servers() {
     let dir = tempfile::tempdir().unwrap();
     let manager = open(&dir.path().join("m.db"), knobs());
-    let error = manager.create_pool(&user(1000), &CreatePool { name: "p".into(), granularity_bytes: MIB }).unwrap_err();
+    let error = manager
+        .create_pool(&user(1000), &CreatePool { name: "p".into(), granularity_bytes: MIB })
+        .unwrap_err();
     assert_eq!(error.status(), 403);
     assert!(error.to_string().contains("uid 1000 may not manage pools"), "{error}");
     setup(&manager);
     let error = manager
-        .add_server(&user(1000), &AddServer { address: "127.0.0.1:9".into(), pool: "fast".into(), capacity_bytes: MIB, pfs_dir: None })
+        .add_server(
+            &user(1000),
+            &AddServer {
+                address: "127.0.0.1:9".into(),
+                pool: "fast".into(),
+                capacity_bytes: MIB,
+                pfs_dir: None,
+            },
+        )
         .unwrap_err();
     assert_eq!(error.status(), 403);
     let error = manager
-        .add_server(&root(), &AddServer { address: "127.0.0.1:9".into(), pool: "nope".into(), capacity_bytes: MIB, pfs_dir: None })
+        .add_server(
+            &root(),
+            &AddServer {
+                address: "127.0.0.1:9".into(),
+                pool: "nope".into(),
+                capacity_bytes: MIB,
+                pfs_dir: None,
+            },
+        )
         .unwrap_err();
     assert!(error.to_string().contains("no pool named \"nope\""), "{error}");
     let error = manager
-        .add_server(&root(), &AddServer { address: "10.0.0.1:9".into(), pool: "fast".into(), capacity_bytes: MIB, pfs_dir: None })
+        .add_server(
+            &root(),
+            &AddServer {
+                address: "10.0.0.1:9".into(),
+                pool: "fast".into(),
+                capacity_bytes: MIB,
+                pfs_dir: None,
+            },
+        )
         .unwrap_err();
     assert!(error.to_string().contains("not a loopback address"), "{error}");
-    let error = manager.create_pool(&root(), &CreatePool { name: "fast".into(), granularity_bytes: MIB }).unwrap_err();
+    let error = manager
+        .create_pool(&root(), &CreatePool { name: "fast".into(), granularity_bytes: MIB })
+        .unwrap_err();
     assert_eq!(error.status(), 409);
 }
 
@@ -80,7 +126,12 @@ fn users_see_and_destroy_only_their_own() {
     let dir = tempfile::tempdir().unwrap();
     let manager = open(&dir.path().join("m.db"), knobs());
     setup(&manager);
-    let mine = manager.create_reservation(&user(1000), &CreateReservation { job: Some("42".into()), ..request(20 * MIB) }).unwrap();
+    let mine = manager
+        .create_reservation(
+            &user(1000),
+            &CreateReservation { job: Some("42".into()), ..request(20 * MIB) },
+        )
+        .unwrap();
     assert_eq!(mine.name, "job-42");
     assert_eq!(mine.owner, 1000);
     assert_eq!(mine.fragments, 3, "20 MiB in 8 MiB fragments");
@@ -90,8 +141,14 @@ fn users_see_and_destroy_only_their_own() {
 
     // Another user: cannot see it by id or name, cannot destroy it; lists are empty.
     let other = user(1001);
-    assert!(matches!(manager.show_reservation(&other, "job-42"), Err(LookupError::NotFound { .. })));
-    assert!(matches!(manager.show_reservation(&other, &mine.id.to_string()), Err(LookupError::NotFound { .. })));
+    assert!(matches!(
+        manager.show_reservation(&other, "job-42"),
+        Err(LookupError::NotFound { .. })
+    ));
+    assert!(matches!(
+        manager.show_reservation(&other, &mine.id.to_string()),
+        Err(LookupError::NotFound { .. })
+    ));
     let error = manager.destroy_reservation(&other, "job-42", None).unwrap_err();
     assert!(matches!(error, DestroyError::NotFound { .. }));
     assert_eq!(error.status(), 404);
@@ -99,14 +156,28 @@ fn users_see_and_destroy_only_their_own() {
     // The owner and root see it.
     assert_eq!(manager.show_reservation(&user(1000), "job-42").unwrap().id, mine.id);
     assert_eq!(manager.list_reservations(&root(), true).unwrap().len(), 1);
-    assert!(manager.list_reservations(&root(), false).unwrap().is_empty(), "root's own only without --all");
+    assert!(
+        manager.list_reservations(&root(), false).unwrap().is_empty(),
+        "root's own only without --all"
+    );
     // A user may not act for another uid; root may.
     let error = manager
-        .create_reservation(&other, &CreateReservation { owner: Some(1000), group: Some(1000), ..request(MIB) })
+        .create_reservation(
+            &other,
+            &CreateReservation { owner: Some(1000), group: Some(1000), ..request(MIB) },
+        )
         .unwrap_err();
     assert!(matches!(error, CreateReservationError::NotAuthorized { uid: 1001, owner: 1000 }));
     let for_user = manager
-        .create_reservation(&root(), &CreateReservation { owner: Some(1001), group: Some(1001), job: Some("43".into()), ..request(MIB) })
+        .create_reservation(
+            &root(),
+            &CreateReservation {
+                owner: Some(1001),
+                group: Some(1001),
+                job: Some("43".into()),
+                ..request(MIB)
+            },
+        )
         .unwrap();
     assert_eq!((for_user.owner, for_user.group), (1001, 1001));
     assert_eq!(manager.show_reservation(&other, "job-43").unwrap().id, for_user.id);
@@ -115,10 +186,30 @@ fn users_see_and_destroy_only_their_own() {
     assert!(matches!(error, DestroyError::JobMismatch { .. }), "{error}");
     let destroyed = manager.destroy_reservation(&user(1000), "job-42", Some("42")).unwrap();
     assert_eq!(destroyed.reservation.state, ReservationState::Destroyed);
-    assert!(manager.show_reservation(&user(1000), "job-42").is_err(), "names resolve to active reservations only");
+    assert!(
+        manager.show_reservation(&user(1000), "job-42").is_err(),
+        "names resolve to active reservations only"
+    );
     // A second reservation for the same job while the first is active is refused.
-    let error = manager.create_reservation(&root(), &CreateReservation { owner: Some(1001), group: Some(1001), job: Some("43".into()), ..request(MIB) }).unwrap_err();
-    assert!(matches!(error, CreateReservationError::NameTaken { .. } | CreateReservationError::JobHasReservation { .. }), "{error}");
+    let error = manager
+        .create_reservation(
+            &root(),
+            &CreateReservation {
+                owner: Some(1001),
+                group: Some(1001),
+                job: Some("43".into()),
+                ..request(MIB)
+            },
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            CreateReservationError::NameTaken { .. }
+                | CreateReservationError::JobHasReservation { .. }
+        ),
+        "{error}"
+    );
 }
 
 #[test]
@@ -129,7 +220,12 @@ fn persistent_reservations_are_shared_with_allowed_users_only() {
     let shared = manager
         .create_reservation(
             &user(1000),
-            &CreateReservation { persistent: Some("dataset".into()), allowed_uids: vec![1002], allowed_gids: vec![500], ..request(MIB) },
+            &CreateReservation {
+                persistent: Some("dataset".into()),
+                allowed_uids: vec![1002],
+                allowed_gids: vec![500],
+                ..request(MIB)
+            },
         )
         .unwrap();
     assert!(shared.persistent);
@@ -140,10 +236,20 @@ fn persistent_reservations_are_shared_with_allowed_users_only() {
     // Allowed users use it but do not destroy it.
     let error = manager.destroy_reservation(&user(1002), "dataset", None).unwrap_err();
     assert!(matches!(error, DestroyError::NotAuthorized { .. }), "{error}");
-    let error = manager.create_reservation(&user(1000), &CreateReservation { persistent: Some("dataset".into()), ..request(MIB) }).unwrap_err();
+    let error = manager
+        .create_reservation(
+            &user(1000),
+            &CreateReservation { persistent: Some("dataset".into()), ..request(MIB) },
+        )
+        .unwrap_err();
     assert!(matches!(error, CreateReservationError::NameTaken { .. }));
     for bad in ["12", "job-x", "a b", ""] {
-        let error = manager.create_reservation(&user(1000), &CreateReservation { persistent: Some(bad.into()), ..request(MIB) }).unwrap_err();
+        let error = manager
+            .create_reservation(
+                &user(1000),
+                &CreateReservation { persistent: Some(bad.into()), ..request(MIB) },
+            )
+            .unwrap_err();
         assert!(matches!(error, CreateReservationError::Invalid { .. }), "{bad:?}: {error}");
     }
 }
@@ -151,7 +257,8 @@ fn persistent_reservations_are_shared_with_allowed_users_only() {
 #[test]
 fn quota_exceeded_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
-    let manager = open(&dir.path().join("m.db"), ManagerKnobs { quota_bytes_default: 32 * MIB, ..knobs() });
+    let manager =
+        open(&dir.path().join("m.db"), ManagerKnobs { quota_bytes_default: 32 * MIB, ..knobs() });
     setup(&manager);
     manager.create_reservation(&user(1000), &request(24 * MIB)).unwrap();
     let error = manager.create_reservation(&user(1000), &request(9 * MIB)).unwrap_err();
@@ -159,7 +266,12 @@ fn quota_exceeded_is_a_clear_error() {
     assert_eq!(error.kind(), "quota_exceeded");
     assert_eq!(
         error.to_string(),
-        format!("quota exceeded for uid 1000: {} bytes in use + {} bytes asked > quota {} bytes", 24 * MIB, 16 * MIB, 32 * MIB)
+        format!(
+            "quota exceeded for uid 1000: {} bytes in use + {} bytes asked > quota {} bytes",
+            24 * MIB,
+            16 * MIB,
+            32 * MIB
+        )
     );
     // Per-user row overrides the default; only admins set it.
     assert!(manager.set_quota(&user(1000), 1000, &SetQuota { bytes: 0 }).is_err());
@@ -178,7 +290,12 @@ fn capacity_runs_out_with_the_shortfall_named() {
     let error = manager.create_reservation(&user(1), &request(200 * MIB)).unwrap_err();
     assert_eq!(error.kind(), "no_capacity");
     assert!(error.to_string().contains("pool fast: 25 fragments"), "{error}");
-    let error = manager.create_reservation(&user(1), &CreateReservation { pool: Some("none".into()), ..request(MIB) }).unwrap_err();
+    let error = manager
+        .create_reservation(
+            &user(1),
+            &CreateReservation { pool: Some("none".into()), ..request(MIB) },
+        )
+        .unwrap_err();
     assert!(matches!(error, CreateReservationError::NoSuchPool { .. }));
 }
 
@@ -196,7 +313,12 @@ fn pools_by_algorithm_2_and_streams_by_algorithm_1() {
     // Streams per pool, keyed by user: user 1 and user 2 in "fast" get different streams;
     // user 1's second job in "fast" keeps its stream.
     assert_ne!(a.stream, c.stream);
-    let d = manager.create_reservation(&user(1), &CreateReservation { pool: Some("fast".into()), ..request(MIB) }).unwrap();
+    let d = manager
+        .create_reservation(
+            &user(1),
+            &CreateReservation { pool: Some("fast".into()), ..request(MIB) },
+        )
+        .unwrap();
     assert_eq!(d.stream, a.stream);
     // Epochs and namespace ids are unique.
     let mut epochs = vec![a.epoch, b.epoch, c.epoch, d.epoch];
@@ -206,10 +328,19 @@ fn pools_by_algorithm_2_and_streams_by_algorithm_1() {
     assert_eq!(pools[0].keys_per_stream, vec![1, 1]);
     // Keyed by job, every reservation is its own key: with 2 streams the third shares.
     let dir = tempfile::tempdir().unwrap();
-    let manager = open(&dir.path().join("m.db"), ManagerKnobs { stream_key: StreamKeyKind::Job, ..knobs() });
+    let manager =
+        open(&dir.path().join("m.db"), ManagerKnobs { stream_key: StreamKeyKind::Job, ..knobs() });
     setup(&manager);
     let streams: Vec<u16> = (0..3)
-        .map(|_| manager.create_reservation(&user(1), &CreateReservation { pool: Some("fast".into()), ..request(MIB) }).unwrap().stream)
+        .map(|_| {
+            manager
+                .create_reservation(
+                    &user(1),
+                    &CreateReservation { pool: Some("fast".into()), ..request(MIB) },
+                )
+                .unwrap()
+                .stream
+        })
         .collect();
     assert_eq!(streams, vec![0, 1, 0]);
 }
@@ -222,7 +353,12 @@ fn state_survives_a_restart() {
         let manager = open(&path, knobs());
         setup(&manager);
         manager.set_quota(&root(), 7, &SetQuota { bytes: 100 * MIB }).unwrap();
-        let kept = manager.create_reservation(&user(7), &CreateReservation { persistent: Some("keep".into()), ..request(20 * MIB) }).unwrap();
+        let kept = manager
+            .create_reservation(
+                &user(7),
+                &CreateReservation { persistent: Some("keep".into()), ..request(20 * MIB) },
+            )
+            .unwrap();
         let gone = manager.create_reservation(&user(8), &request(MIB)).unwrap();
         manager.destroy_reservation(&user(8), &gone.id.to_string(), None).unwrap();
         (kept.clone(), kept.stream)
@@ -236,7 +372,12 @@ fn state_survives_a_restart() {
     assert_eq!(manager.quotas(&user(7)).unwrap()[0].bytes, 100 * MIB);
     // The stream table was rebuilt: user 7 keeps its stream in that pool, and the next id
     // counters continue (no epoch reused).
-    let again = manager.create_reservation(&user(7), &CreateReservation { pool: Some(kept.pool.clone()), ..request(MIB) }).unwrap();
+    let again = manager
+        .create_reservation(
+            &user(7),
+            &CreateReservation { pool: Some(kept.pool.clone()), ..request(MIB) },
+        )
+        .unwrap();
     assert_eq!(again.stream, stream);
     assert!(again.epoch > kept.epoch + 1);
     let used: u64 = manager.list_servers().unwrap().iter().map(|s| s.used_bytes).sum();
@@ -259,18 +400,30 @@ impl Prober for FlakyProber {
 #[test]
 fn a_server_missing_heartbeats_is_marked_down_and_avoided() {
     let dir = tempfile::tempdir().unwrap();
-    let manager = open(&dir.path().join("m.db"), ManagerKnobs { heartbeat_misses_max: 2, ..knobs() });
+    let manager =
+        open(&dir.path().join("m.db"), ManagerKnobs { heartbeat_misses_max: 2, ..knobs() });
     setup(&manager);
     let prober = FlakyProber { down: std::sync::Mutex::new(vec!["127.0.0.1:7001".into()]) };
     heartbeat_round(&manager, &prober);
-    let server = |m: &Manager| m.list_servers().unwrap().into_iter().find(|s| s.address == "127.0.0.1:7001").unwrap();
+    let server = |m: &Manager| {
+        m.list_servers().unwrap().into_iter().find(|s| s.address == "127.0.0.1:7001").unwrap()
+    };
     assert!(server(&manager).healthy, "one miss is not enough");
     heartbeat_round(&manager, &prober);
     let down = server(&manager);
     assert!(!down.healthy);
     assert_eq!(down.misses, 2);
-    let fast = manager.create_reservation(&user(1), &CreateReservation { pool: Some("fast".into()), ..request(16 * MIB) }).unwrap();
-    assert_eq!(fast.servers, vec!["127.0.0.1:7002".to_string()], "the down server gets no fragment");
+    let fast = manager
+        .create_reservation(
+            &user(1),
+            &CreateReservation { pool: Some("fast".into()), ..request(16 * MIB) },
+        )
+        .unwrap();
+    assert_eq!(
+        fast.servers,
+        vec!["127.0.0.1:7002".to_string()],
+        "the down server gets no fragment"
+    );
     assert_eq!(manager.status(&root()).unwrap().drains_in_flight, 3, "from the three live servers");
     prober.down.lock().unwrap().clear();
     heartbeat_round(&manager, &prober);

@@ -76,7 +76,10 @@ pub struct Journal {
     unsynced_bytes: u64,
 }
 
-fn io_error<'a>(path: &'a Path, action: &'static str) -> impl FnOnce(io::Error) -> JournalError + 'a {
+fn io_error<'a>(
+    path: &'a Path,
+    action: &'static str,
+) -> impl FnOnce(io::Error) -> JournalError + 'a {
     move |source| JournalError::Io { path: path.to_path_buf(), action, source }
 }
 
@@ -103,7 +106,11 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<File, JournalError> {
 impl Journal {
     /// Creates a new journal holding `initial` as its first record (the root directory), fsyncs
     /// it and its directory. Fails if the file exists.
-    pub fn create(path: &Path, header: JournalHeader, initial: &[Mutation]) -> Result<Journal, JournalError> {
+    pub fn create(
+        path: &Path,
+        header: JournalHeader,
+        initial: &[Mutation],
+    ) -> Result<Journal, JournalError> {
         let tmp = path.with_extension("creating");
         let mut bytes = encode_header(header).to_vec();
         bytes.extend_from_slice(&encode_record(1, initial));
@@ -112,40 +119,69 @@ impl Journal {
         std::fs::hard_link(&tmp, path).map_err(io_error(path, "link into place"))?;
         std::fs::remove_file(&tmp).map_err(io_error(&tmp, "remove"))?;
         sync_directory_of(path)?;
-        Ok(Journal { file, path: path.to_path_buf(), header, next_sequence: 2, bytes: bytes.len() as u64, unsynced_bytes: 0 })
+        Ok(Journal {
+            file,
+            path: path.to_path_buf(),
+            header,
+            next_sequence: 2,
+            bytes: bytes.len() as u64,
+            unsynced_bytes: 0,
+        })
     }
 
     /// Opens an existing journal, replays it into a state and cuts a torn tail.
     pub fn open(path: &Path) -> Result<(Journal, State, Recovery), JournalError> {
-        let mut file = OpenOptions::new().read(true).write(true).open(path).map_err(io_error(path, "open"))?;
+        let mut file =
+            OpenOptions::new().read(true).write(true).open(path).map_err(io_error(path, "open"))?;
         let mut contents = Vec::new();
         file.read_to_end(&mut contents).map_err(io_error(path, "read"))?;
-        let header = decode_header(&contents).map_err(|reason| JournalError::BadHeader { path: path.to_path_buf(), reason })?;
+        let header = decode_header(&contents)
+            .map_err(|reason| JournalError::BadHeader { path: path.to_path_buf(), reason })?;
         let mut state = State::empty();
         let mut offset = HEADER_BYTES;
         let mut sequence = 1u64;
         let mut recovery = Recovery::default();
         loop {
-            let decoded = decode_record(&contents[offset..], sequence)
-                .map_err(|reason| JournalError::Replay { path: path.to_path_buf(), offset: offset as u64, reason })?;
+            let decoded = decode_record(&contents[offset..], sequence).map_err(|reason| {
+                JournalError::Replay { path: path.to_path_buf(), offset: offset as u64, reason }
+            })?;
             let Some((mutations, record_bytes)) = decoded else { break };
             for mutation in mutations {
-                state.apply(mutation).map_err(|e| JournalError::Replay { path: path.to_path_buf(), offset: offset as u64, reason: e.0 })?;
+                state.apply(mutation).map_err(|e| JournalError::Replay {
+                    path: path.to_path_buf(),
+                    offset: offset as u64,
+                    reason: e.0,
+                })?;
             }
             offset += record_bytes;
             sequence += 1;
             recovery.records += 1;
         }
         if recovery.records == 0 {
-            return Err(JournalError::Replay { path: path.to_path_buf(), offset: offset as u64, reason: "no complete first record (root)".into() });
+            return Err(JournalError::Replay {
+                path: path.to_path_buf(),
+                offset: offset as u64,
+                reason: "no complete first record (root)".into(),
+            });
         }
-        state.check().map_err(|reason| JournalError::Replay { path: path.to_path_buf(), offset: offset as u64, reason })?;
+        state.check().map_err(|reason| JournalError::Replay {
+            path: path.to_path_buf(),
+            offset: offset as u64,
+            reason,
+        })?;
         recovery.torn_bytes_cut = (contents.len() - offset) as u64;
         if recovery.torn_bytes_cut > 0 {
             file.set_len(offset as u64).map_err(io_error(path, "cut the torn tail"))?;
             file.sync_all().map_err(io_error(path, "fsync after cutting the torn tail"))?;
         }
-        let journal = Journal { file, path: path.to_path_buf(), header, next_sequence: sequence, bytes: offset as u64, unsynced_bytes: 0 };
+        let journal = Journal {
+            file,
+            path: path.to_path_buf(),
+            header,
+            next_sequence: sequence,
+            bytes: offset as u64,
+            unsynced_bytes: 0,
+        };
         Ok((journal, state, recovery))
     }
 
@@ -165,7 +201,11 @@ impl Journal {
     /// Appends one record with one positioned write (not yet fsync'd).
     pub fn append(&mut self, mutations: &[Mutation]) -> Result<(), JournalError> {
         let record = encode_record(self.next_sequence, mutations);
-        assert!(record.len() - RECORD_HEADER_BYTES <= RECORD_BYTES_MAX, "record of {} bytes", record.len());
+        assert!(
+            record.len() - RECORD_HEADER_BYTES <= RECORD_BYTES_MAX,
+            "record of {} bytes",
+            record.len()
+        );
         self.file.write_all_at(&record, self.bytes).map_err(io_error(&self.path, "append"))?;
         self.bytes += record.len() as u64;
         self.unsynced_bytes += record.len() as u64;
@@ -193,7 +233,8 @@ impl Journal {
             sequence += 1;
         }
         let file = write_synced(&tmp, &bytes)?;
-        std::fs::rename(&tmp, &self.path).map_err(io_error(&self.path, "rename the snapshot into place"))?;
+        std::fs::rename(&tmp, &self.path)
+            .map_err(io_error(&self.path, "rename the snapshot into place"))?;
         sync_directory_of(&self.path)?;
         self.file = file;
         self.bytes = bytes.len() as u64;
@@ -236,7 +277,10 @@ fn encode_header(header: JournalHeader) -> [u8; HEADER_BYTES] {
 
 fn decode_header(bytes: &[u8]) -> Result<JournalHeader, String> {
     if bytes.len() < HEADER_BYTES {
-        return Err(format!("file is {} bytes, shorter than the {HEADER_BYTES}-byte header", bytes.len()));
+        return Err(format!(
+            "file is {} bytes, shorter than the {HEADER_BYTES}-byte header",
+            bytes.len()
+        ));
     }
     if bytes[0..8] != MAGIC {
         return Err(format!("magic {:02x?} is not SPWLNSJ1", &bytes[0..8]));
@@ -277,7 +321,10 @@ pub fn encode_record(sequence: u64, mutations: &[Mutation]) -> Vec<u8> {
 /// `sequence` and a good checksum: (mutations, record length). `Ok(None)` marks the end (or a
 /// torn tail); an error means a record with a good checksum that does not decode (a bug or a
 /// foreign file), which recovery refuses rather than cuts.
-pub fn decode_record(bytes: &[u8], sequence: u64) -> Result<Option<(Vec<Mutation>, usize)>, String> {
+pub fn decode_record(
+    bytes: &[u8],
+    sequence: u64,
+) -> Result<Option<(Vec<Mutation>, usize)>, String> {
     if bytes.len() < RECORD_HEADER_BYTES {
         return Ok(None);
     }
@@ -288,10 +335,13 @@ pub fn decode_record(bytes: &[u8], sequence: u64) -> Result<Option<(Vec<Mutation
     let crc = u32::from_le_bytes(bytes[4..8].try_into().expect("4"));
     let found_sequence = u64::from_le_bytes(bytes[8..16].try_into().expect("8"));
     let body = &bytes[RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + body_bytes];
-    if found_sequence != sequence || crc != crc32c::crc32c_append(crc32c::crc32c(&bytes[8..16]), body) {
+    if found_sequence != sequence
+        || crc != crc32c::crc32c_append(crc32c::crc32c(&bytes[8..16]), body)
+    {
         return Ok(None);
     }
-    let mutations = decode_body(body).ok_or_else(|| format!("record {sequence} has a good checksum but does not decode"))?;
+    let mutations = decode_body(body)
+        .ok_or_else(|| format!("record {sequence} has a good checksum but does not decode"))?;
     Ok(Some((mutations, RECORD_HEADER_BYTES + body_bytes)))
 }
 
@@ -398,7 +448,20 @@ fn decode_body(body: &[u8]) -> Option<Vec<Mutation>> {
                 let generation = c.u64()?;
                 let parent = c.u64()?;
                 let target = c.bytes()?;
-                let attr = Attr { ino, kind, mode, nlink, uid, gid, size, rdev, atime, mtime, ctime, generation };
+                let attr = Attr {
+                    ino,
+                    kind,
+                    mode,
+                    nlink,
+                    uid,
+                    gid,
+                    size,
+                    rdev,
+                    atime,
+                    mtime,
+                    ctime,
+                    generation,
+                };
                 Mutation::PutInode(Inode { attr, target, parent })
             }
             TAG_DROP_INODE => Mutation::DropInode(c.u64()?),

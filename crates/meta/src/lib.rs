@@ -13,10 +13,14 @@ pub mod namespace;
 pub mod permission;
 pub mod state;
 
-pub use namespace::{
-    data_file_name, parse_data_file_name, Attr, Caller, DirEntry, FileKind, FsStat, Ino, ManifestEntry, MetaError,
-    Namespace, NamespaceId, SetAttr, TimeSet, Timestamp, ACCESS_EXECUTE, ACCESS_READ, ACCESS_WRITE, NAME_BYTES_MAX, RENAME_EXCHANGE,
-    RENAME_NOREPLACE, ROOT_INO, SYMLINK_TARGET_BYTES_MAX,
-};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use local::{journal_path, Capacity, FixedCapacity, LocalNamespace, LocalOptions, NamespaceConfig, OpenError, StoreCapacity};
+pub use local::{
+    journal_path, Capacity, FixedCapacity, LocalNamespace, LocalOptions, NamespaceConfig,
+    OpenError, StoreCapacity,
+};
+pub use namespace::{
+    data_file_name, parse_data_file_name, Attr, Caller, DirEntry, FileKind, FsStat, Ino,
+    ManifestEntry, MetaError, Namespace, NamespaceId, SetAttr, TimeSet, Timestamp, ACCESS_EXECUTE,
+    ACCESS_READ, ACCESS_WRITE, NAME_BYTES_MAX, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO,
+    SYMLINK_TARGET_BYTES_MAX,
+};

@@ -59,7 +59,12 @@ pub struct LocalOptions {
 
 impl Default for LocalOptions {
     fn default() -> Self {
-        LocalOptions { inodes_max: 4_000_000, check_invariants: false, compact_journal_bytes_min: 16 << 20, readdir_entries_max: 4096 }
+        LocalOptions {
+            inodes_max: 4_000_000,
+            check_invariants: false,
+            compact_journal_bytes_min: 16 << 20,
+            readdir_entries_max: 4096,
+        }
     }
 }
 
@@ -127,7 +132,10 @@ fn root_mutations(config: &NamespaceConfig, now: Timestamp) -> Vec<Mutation> {
         ctime: now,
         generation: 0,
     };
-    vec![Mutation::NextIno(ROOT_INO + 1), Mutation::PutInode(Inode { attr, target: Vec::new(), parent: ROOT_INO })]
+    vec![
+        Mutation::NextIno(ROOT_INO + 1),
+        Mutation::PutInode(Inode { attr, target: Vec::new(), parent: ROOT_INO }),
+    ]
 }
 
 fn error(errno: i32, message: impl Into<String>) -> MetaError {
@@ -144,7 +152,10 @@ fn check_name(name: &[u8]) -> Result<(), MetaError> {
         return Err(error(libc::ENOENT, "empty name"));
     }
     if name.len() > NAME_BYTES_MAX {
-        return Err(error(libc::ENAMETOOLONG, format!("name of {} bytes exceeds NAME_MAX {NAME_BYTES_MAX}", name.len())));
+        return Err(error(
+            libc::ENAMETOOLONG,
+            format!("name of {} bytes exceeds NAME_MAX {NAME_BYTES_MAX}", name.len()),
+        ));
     }
     if name.contains(&b'/') || name.contains(&0) {
         return Err(error(libc::EINVAL, format!("name {} contains '/' or NUL", show(name))));
@@ -170,13 +181,23 @@ struct Plan<'a> {
 
 impl<'a> Plan<'a> {
     fn new(state: &'a State, now: Timestamp) -> Plan<'a> {
-        Plan { state, now, next_ino: None, dirty: BTreeMap::new(), entries: Vec::new(), drops: Vec::new(), cookies: BTreeMap::new() }
+        Plan {
+            state,
+            now,
+            next_ino: None,
+            dirty: BTreeMap::new(),
+            entries: Vec::new(),
+            drops: Vec::new(),
+            cookies: BTreeMap::new(),
+        }
     }
 
     /// The inode as changed so far in this plan.
     fn inode(&mut self, ino: Ino) -> &mut Inode {
         let state = self.state;
-        self.dirty.entry(ino).or_insert_with(|| state.inode(ino).expect("plan touches an existing inode").clone())
+        self.dirty
+            .entry(ino)
+            .or_insert_with(|| state.inode(ino).expect("plan touches an existing inode").clone())
     }
 
     /// Marks a directory's contents changed (mtime and ctime).
@@ -189,7 +210,10 @@ impl<'a> Plan<'a> {
 
     fn cookie(&mut self, dir: Ino) -> u64 {
         let state = self.state;
-        let next = self.cookies.entry(dir).or_insert_with(|| state.directory(dir).expect("directory").next_cookie);
+        let next = self
+            .cookies
+            .entry(dir)
+            .or_insert_with(|| state.directory(dir).expect("directory").next_cookie);
         let cookie = *next;
         *next += 1;
         cookie
@@ -228,7 +252,8 @@ impl<'a> Plan<'a> {
     }
 
     fn into_mutations(self) -> Vec<Mutation> {
-        let mut out = Vec::with_capacity(2 + self.dirty.len() + self.entries.len() + self.drops.len());
+        let mut out =
+            Vec::with_capacity(2 + self.dirty.len() + self.entries.len() + self.drops.len());
         if let Some(next) = self.next_ino {
             out.push(Mutation::NextIno(next));
         }
@@ -278,12 +303,25 @@ fn is_ancestor_or_self(state: &State, ancestor: Ino, mut ino: Ino) -> bool {
 
 impl LocalNamespace {
     /// A namespace with no journal (lost when dropped): for tests and in-process use.
-    pub fn in_memory(config: &NamespaceConfig, clock: Arc<dyn Clock>, capacity: Arc<dyn Capacity>, options: LocalOptions) -> LocalNamespace {
+    pub fn in_memory(
+        config: &NamespaceConfig,
+        clock: Arc<dyn Clock>,
+        capacity: Arc<dyn Capacity>,
+        options: LocalOptions,
+    ) -> LocalNamespace {
         let mut state = State::empty();
         for mutation in root_mutations(config, clock.now()) {
             state.apply(mutation).expect("root");
         }
-        LocalNamespace::assemble(config.id, config.data_epoch, state, None, clock, capacity, options)
+        LocalNamespace::assemble(
+            config.id,
+            config.data_epoch,
+            state,
+            None,
+            clock,
+            capacity,
+            options,
+        )
     }
 
     /// Opens namespace `config.id` from its journal in `directory` (replaying it and cutting a
@@ -301,18 +339,31 @@ impl LocalNamespace {
             let (journal, state, recovery) = Journal::open(&path)?;
             let header = journal.header();
             if header.namespace != config.id {
-                return Err(OpenError::WrongNamespace { id: config.id, found: header.namespace, path });
+                return Err(OpenError::WrongNamespace {
+                    id: config.id,
+                    found: header.namespace,
+                    path,
+                });
             }
             if recovery.torn_bytes_cut > 0 {
                 tracing_warn(&path, &recovery);
             }
-            let namespace = LocalNamespace::assemble(config.id, header.data_epoch, state, Some(journal), clock, capacity, options);
+            let namespace = LocalNamespace::assemble(
+                config.id,
+                header.data_epoch,
+                state,
+                Some(journal),
+                clock,
+                capacity,
+                options,
+            );
             return Ok((namespace, false, recovery));
         }
         if !create {
             return Err(OpenError::NotFound { id: config.id, path });
         }
-        std::fs::create_dir_all(directory).map_err(|source| OpenError::Directory { path: directory.to_path_buf(), source })?;
+        std::fs::create_dir_all(directory)
+            .map_err(|source| OpenError::Directory { path: directory.to_path_buf(), source })?;
         let initial = root_mutations(config, clock.now());
         let header = JournalHeader { namespace: config.id, data_epoch: config.data_epoch };
         let journal = Journal::create(&path, header, &initial)?;
@@ -320,7 +371,15 @@ impl LocalNamespace {
         for mutation in initial {
             state.apply(mutation).expect("root");
         }
-        let namespace = LocalNamespace::assemble(config.id, config.data_epoch, state, Some(journal), clock, capacity, options);
+        let namespace = LocalNamespace::assemble(
+            config.id,
+            config.data_epoch,
+            state,
+            Some(journal),
+            clock,
+            capacity,
+            options,
+        );
         Ok((namespace, true, Recovery { records: 1, torn_bytes_cut: 0 }))
     }
 
@@ -333,9 +392,18 @@ impl LocalNamespace {
         capacity: Arc<dyn Capacity>,
         options: LocalOptions,
     ) -> LocalNamespace {
-        state.check().unwrap_or_else(|violation| panic!("namespace {id} starts inconsistent: {violation}"));
+        state
+            .check()
+            .unwrap_or_else(|violation| panic!("namespace {id} starts inconsistent: {violation}"));
         let journal_bytes_at_snapshot = journal.as_ref().map(|j| j.bytes()).unwrap_or(0);
-        LocalNamespace { id, data_epoch, clock, capacity, options, inner: Mutex::new(Inner { state, journal, broken: None, journal_bytes_at_snapshot }) }
+        LocalNamespace {
+            id,
+            data_epoch,
+            clock,
+            capacity,
+            options,
+            inner: Mutex::new(Inner { state, journal, broken: None, journal_bytes_at_snapshot }),
+        }
     }
 
     /// Number of inodes (for tests and status).
@@ -362,7 +430,10 @@ impl LocalNamespace {
     ) -> Result<R, MetaError> {
         let mut inner = self.inner.lock();
         if let Some(reason) = &inner.broken {
-            return Err(error(libc::EIO, format!("namespace {} refuses changes after a journal failure: {reason}", self.id)));
+            return Err(error(
+                libc::EIO,
+                format!("namespace {} refuses changes after a journal failure: {reason}", self.id),
+            ));
         }
         let now = self.clock.now();
         let (mutations, value) = plan(&inner.state, now)?;
@@ -376,7 +447,10 @@ impl LocalNamespace {
             }
             for mutation in mutations {
                 if let Err(bug) = inner.state.apply(mutation.clone()) {
-                    panic!("namespace {}: planned mutation {mutation:?} does not apply: {bug}", self.id);
+                    panic!(
+                        "namespace {}: planned mutation {mutation:?} does not apply: {bug}",
+                        self.id
+                    );
                 }
             }
             if self.options.check_invariants {
@@ -388,7 +462,8 @@ impl LocalNamespace {
             // A failure marks the namespace broken (reported by the next operation); this
             // operation is journaled and stands.
             let long = inner.journal.as_ref().is_some_and(|j| {
-                j.bytes() >= 2 * self.options.compact_journal_bytes_min && j.bytes() >= 8 * inner.journal_bytes_at_snapshot
+                j.bytes() >= 2 * self.options.compact_journal_bytes_min
+                    && j.bytes() >= 8 * inner.journal_bytes_at_snapshot
             });
             if long {
                 let _ = self.maybe_compact(&mut inner);
@@ -399,14 +474,26 @@ impl LocalNamespace {
 
     fn full(&self, state: &State) -> Result<(), MetaError> {
         if state.inodes.len() as u64 >= self.options.inodes_max {
-            return Err(error(libc::ENOSPC, format!("namespace {} holds its maximum of {} inodes", self.id, self.options.inodes_max)));
+            return Err(error(
+                libc::ENOSPC,
+                format!(
+                    "namespace {} holds its maximum of {} inodes",
+                    self.id, self.options.inodes_max
+                ),
+            ));
         }
         Ok(())
     }
 
     /// Shared part of create/mkdir/symlink: checks the parent and name, returns the parent attr,
     /// or the existing entry's inode.
-    fn prepare_new(&self, state: &State, c: &Caller, parent: Ino, name: &[u8]) -> Result<(Attr, Option<Ino>), MetaError> {
+    fn prepare_new(
+        &self,
+        state: &State,
+        c: &Caller,
+        parent: Ino,
+        name: &[u8],
+    ) -> Result<(Attr, Option<Ino>), MetaError> {
         let dir = directory_attr(state, parent)?;
         check_name(name)?;
         permission::require(c, &dir, MAY_EXECUTE, "search")?;
@@ -420,7 +507,16 @@ impl LocalNamespace {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn new_inode(&self, plan: &mut Plan<'_>, c: &Caller, dir: &Attr, kind: FileKind, mode: u32, rdev: u32, target: &[u8]) -> Ino {
+    fn new_inode(
+        &self,
+        plan: &mut Plan<'_>,
+        c: &Caller,
+        dir: &Attr,
+        kind: FileKind,
+        mode: u32,
+        rdev: u32,
+        target: &[u8],
+    ) -> Ino {
         let ino = plan.allocate();
         let (uid, gid, mode) = permission::new_inode_owner(c, dir, kind, mode);
         let now = plan.now;
@@ -432,7 +528,11 @@ impl LocalNamespace {
             uid,
             gid,
             size: target.len() as u64,
-            rdev: if matches!(kind, FileKind::CharDevice | FileKind::BlockDevice) { rdev } else { 0 },
+            rdev: if matches!(kind, FileKind::CharDevice | FileKind::BlockDevice) {
+                rdev
+            } else {
+                0
+            },
             atime: now,
             mtime: now,
             ctime: now,
@@ -465,7 +565,9 @@ impl LocalNamespace {
         (new_parent, new_name): (Ino, &[u8]),
         flags: u32,
     ) -> Result<Vec<Mutation>, MetaError> {
-        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0 || flags == RENAME_NOREPLACE | RENAME_EXCHANGE {
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
+            || flags == RENAME_NOREPLACE | RENAME_EXCHANGE
+        {
             return Err(error(libc::EINVAL, format!("rename flags {flags:#x}")));
         }
         let source_dir = directory_attr(state, parent)?;
@@ -477,14 +579,22 @@ impl LocalNamespace {
         check_name(new_name)?;
         permission::require(c, &source_dir, MAY_EXECUTE, "search")?;
         permission::require(c, &target_dir, MAY_EXECUTE, "search")?;
-        let (source, _) = state.entry(parent, name).ok_or_else(|| error(libc::ENOENT, format!("no {} in directory {parent}", show(name))))?;
+        let (source, _) = state.entry(parent, name).ok_or_else(|| {
+            error(libc::ENOENT, format!("no {} in directory {parent}", show(name)))
+        })?;
         let source_attr = attr_of(state, source)?;
         let target = state.entry(new_parent, new_name).map(|(ino, _)| ino);
         if flags & RENAME_EXCHANGE != 0 && target.is_none() {
-            return Err(error(libc::ENOENT, format!("exchange: no {} in directory {new_parent}", show(new_name))));
+            return Err(error(
+                libc::ENOENT,
+                format!("exchange: no {} in directory {new_parent}", show(new_name)),
+            ));
         }
         if flags & RENAME_NOREPLACE != 0 && target.is_some() {
-            return Err(error(libc::EEXIST, format!("{} exists in directory {new_parent}", show(new_name))));
+            return Err(error(
+                libc::EEXIST,
+                format!("{} exists in directory {new_parent}", show(new_name)),
+            ));
         }
         let target_attr = target.map(|t| attr_of(state, t)).transpose()?;
         let source_is_dir = source_attr.kind == FileKind::Directory;
@@ -493,12 +603,18 @@ impl LocalNamespace {
         // Linux's order: the ancestry traps first, then "same inode", then permissions, then
         // the kinds of source and target.
         if source_is_dir && parent != new_parent && is_ancestor_or_self(state, source, new_parent) {
-            return Err(error(libc::EINVAL, format!("cannot move directory {source} into its own subtree")));
+            return Err(error(
+                libc::EINVAL,
+                format!("cannot move directory {source} into its own subtree"),
+            ));
         }
         if let Some(target) = target.filter(|_| target_is_dir) {
             if parent != new_parent && is_ancestor_or_self(state, target, parent) {
                 let errno = if exchange { libc::EINVAL } else { libc::ENOTEMPTY };
-                return Err(error(errno, format!("directory {target} is an ancestor of {}", show(name))));
+                return Err(error(
+                    errno,
+                    format!("directory {target} is an ancestor of {}", show(name)),
+                ));
             }
         }
         if target == Some(source) {
@@ -514,25 +630,44 @@ impl LocalNamespace {
             permission::require_sticky(c, &target_dir, target_attr, new_name)?;
             if !exchange {
                 if source_is_dir && !target_is_dir {
-                    return Err(error(libc::ENOTDIR, format!("cannot replace non-directory {} with a directory", show(new_name))));
+                    return Err(error(
+                        libc::ENOTDIR,
+                        format!("cannot replace non-directory {} with a directory", show(new_name)),
+                    ));
                 }
                 if !source_is_dir && target_is_dir {
-                    return Err(error(libc::EISDIR, format!("cannot replace directory {} with a non-directory", show(new_name))));
+                    return Err(error(
+                        libc::EISDIR,
+                        format!("cannot replace directory {} with a non-directory", show(new_name)),
+                    ));
                 }
             }
         }
         if parent != new_parent {
             // Moving a directory rewrites its "..": that needs write permission on it.
             if source_is_dir {
-                permission::require(c, &source_attr, MAY_WRITE, "moving a directory to another parent")?;
+                permission::require(
+                    c,
+                    &source_attr,
+                    MAY_WRITE,
+                    "moving a directory to another parent",
+                )?;
             }
             if exchange && target_is_dir {
-                permission::require(c, target_attr.as_ref().expect("target"), MAY_WRITE, "moving a directory to another parent")?;
+                permission::require(
+                    c,
+                    target_attr.as_ref().expect("target"),
+                    MAY_WRITE,
+                    "moving a directory to another parent",
+                )?;
             }
         }
         if let Some(target_attr) = target_attr.as_ref().filter(|_| !exchange && target_is_dir) {
             if state.directory(target_attr.ino).is_some_and(|d| !d.by_name.is_empty()) {
-                return Err(error(libc::ENOTEMPTY, format!("directory {} is not empty", show(new_name))));
+                return Err(error(
+                    libc::ENOTEMPTY,
+                    format!("directory {} is not empty", show(new_name)),
+                ));
             }
         }
         let mut plan = Plan::new(state, now);
@@ -542,8 +677,10 @@ impl LocalNamespace {
             plan.put_entry(new_parent, new_name, source);
             if parent != new_parent {
                 let delta = |gains: bool, loses: bool| gains as i64 - loses as i64;
-                plan.inode(parent).attr.nlink = (source_dir.nlink as i64 + delta(target_is_dir, source_is_dir)) as u32;
-                plan.inode(new_parent).attr.nlink = (target_dir.nlink as i64 + delta(source_is_dir, target_is_dir)) as u32;
+                plan.inode(parent).attr.nlink =
+                    (source_dir.nlink as i64 + delta(target_is_dir, source_is_dir)) as u32;
+                plan.inode(new_parent).attr.nlink =
+                    (target_dir.nlink as i64 + delta(source_is_dir, target_is_dir)) as u32;
                 if source_is_dir {
                     plan.inode(source).parent = new_parent;
                 }
@@ -573,10 +710,21 @@ impl LocalNamespace {
         Ok(plan.into_mutations())
     }
 
-    fn plan_setattr(&self, state: &State, now: Timestamp, c: &Caller, ino: Ino, set: &SetAttr) -> Result<Vec<Mutation>, MetaError> {
+    fn plan_setattr(
+        &self,
+        state: &State,
+        now: Timestamp,
+        c: &Caller,
+        ino: Ino,
+        set: &SetAttr,
+    ) -> Result<Vec<Mutation>, MetaError> {
         let original = attr_of(state, ino)?;
-        let changes_anything =
-            set.mode.is_some() || set.uid.is_some() || set.gid.is_some() || set.size.is_some() || set.atime.is_some() || set.mtime.is_some();
+        let changes_anything = set.mode.is_some()
+            || set.uid.is_some()
+            || set.gid.is_some()
+            || set.size.is_some()
+            || set.atime.is_some()
+            || set.mtime.is_some();
         if !changes_anything {
             return Ok(Vec::new());
         }
@@ -598,8 +746,12 @@ impl LocalNamespace {
         if let Some(size) = set.size {
             match original.kind {
                 FileKind::Regular => {}
-                FileKind::Directory => return Err(error(libc::EISDIR, format!("truncate of directory {ino}"))),
-                other => return Err(error(libc::EINVAL, format!("truncate of {other:?} inode {ino}"))),
+                FileKind::Directory => {
+                    return Err(error(libc::EISDIR, format!("truncate of directory {ino}")))
+                }
+                other => {
+                    return Err(error(libc::EINVAL, format!("truncate of {other:?} inode {ino}")))
+                }
             }
             if size > i64::MAX as u64 {
                 return Err(error(libc::EFBIG, format!("size {size} is beyond the largest file")));
@@ -610,7 +762,8 @@ impl LocalNamespace {
             Self::truncate(&mut plan, c, ino, size);
         }
         if set.atime.is_some() || set.mtime.is_some() {
-            let explicit = matches!(set.atime, Some(TimeSet::At(_))) || matches!(set.mtime, Some(TimeSet::At(_)));
+            let explicit = matches!(set.atime, Some(TimeSet::At(_)))
+                || matches!(set.mtime, Some(TimeSet::At(_)));
             permission::check_set_times(c, &original, explicit)?;
             let resolve = |t: TimeSet| match t {
                 TimeSet::Now => now,
@@ -619,7 +772,10 @@ impl LocalNamespace {
             for t in [set.atime, set.mtime].into_iter().flatten() {
                 if let TimeSet::At(at) = t {
                     if at.nanos >= 1_000_000_000 {
-                        return Err(error(libc::EINVAL, format!("nanoseconds {} out of range", at.nanos)));
+                        return Err(error(
+                            libc::EINVAL,
+                            format!("nanoseconds {} out of range", at.nanos),
+                        ));
                     }
                 }
             }
@@ -638,7 +794,8 @@ impl LocalNamespace {
     /// Compacts the journal if it has grown enough since the last snapshot.
     fn maybe_compact(&self, inner: &mut Inner) -> Result<(), MetaError> {
         let Some(journal) = inner.journal.as_mut() else { return Ok(()) };
-        let grown = journal.bytes() >= self.options.compact_journal_bytes_min && journal.bytes() >= 4 * inner.journal_bytes_at_snapshot;
+        let grown = journal.bytes() >= self.options.compact_journal_bytes_min
+            && journal.bytes() >= 4 * inner.journal_bytes_at_snapshot;
         if grown {
             if let Err(failure) = journal.compact(&inner.state) {
                 let reason = failure.to_string();
@@ -686,15 +843,19 @@ impl Namespace for LocalNamespace {
         self.read(|state| {
             let dir = directory_attr(state, parent)?;
             if name.len() > NAME_BYTES_MAX {
-                return Err(error(libc::ENAMETOOLONG, format!("name of {} bytes exceeds NAME_MAX {NAME_BYTES_MAX}", name.len())));
+                return Err(error(
+                    libc::ENAMETOOLONG,
+                    format!("name of {} bytes exceeds NAME_MAX {NAME_BYTES_MAX}", name.len()),
+                ));
             }
             permission::require(c, &dir, MAY_EXECUTE, "search")?;
             match name {
                 b"." => Ok(dir),
                 b".." => attr_of(state, state.inode(parent).expect("directory").parent),
                 _ => {
-                    let (ino, _) =
-                        state.entry(parent, name).ok_or_else(|| error(libc::ENOENT, format!("no {} in directory {parent}", show(name))))?;
+                    let (ino, _) = state.entry(parent, name).ok_or_else(|| {
+                        error(libc::ENOENT, format!("no {} in directory {parent}", show(name)))
+                    })?;
                     attr_of(state, ino)
                 }
             }
@@ -706,7 +867,10 @@ impl Namespace for LocalNamespace {
     }
 
     fn setattr(&self, c: &Caller, ino: Ino, set: &SetAttr) -> Result<Attr, MetaError> {
-        self.mutate(|state, now| Ok((self.plan_setattr(state, now, c, ino, set)?, ())), |state, ()| attr_of(state, ino))
+        self.mutate(
+            |state, now| Ok((self.plan_setattr(state, now, c, ino, set)?, ())),
+            |state, ()| attr_of(state, ino),
+        )
     }
 
     fn create(
@@ -723,18 +887,27 @@ impl Namespace for LocalNamespace {
         self.mutate(
             |state, now| {
                 if matches!(kind, FileKind::Directory | FileKind::Symlink) {
-                    return Err(error(libc::EINVAL, format!("create of a {kind:?}: use mkdir or symlink")));
+                    return Err(error(
+                        libc::EINVAL,
+                        format!("create of a {kind:?}: use mkdir or symlink"),
+                    ));
                 }
                 let (dir, existing) = self.prepare_new(state, c, parent, name)?;
                 if let Some(ino) = existing {
                     if exclusive {
-                        return Err(error(libc::EEXIST, format!("{} exists in directory {parent}", show(name))));
+                        return Err(error(
+                            libc::EEXIST,
+                            format!("{} exists in directory {parent}", show(name)),
+                        ));
                     }
                     return Ok((Vec::new(), ino));
                 }
                 permission::require(c, &dir, MAY_WRITE | MAY_EXECUTE, "create in")?;
                 if matches!(kind, FileKind::CharDevice | FileKind::BlockDevice) && !c.is_root() {
-                    return Err(error(libc::EPERM, format!("mknod of a {kind:?} needs root (caller uid {})", c.uid)));
+                    return Err(error(
+                        libc::EPERM,
+                        format!("mknod of a {kind:?} needs root (caller uid {})", c.uid),
+                    ));
                 }
                 self.full(state)?;
                 let mut plan = Plan::new(state, now);
@@ -747,20 +920,41 @@ impl Namespace for LocalNamespace {
         )
     }
 
-    fn mkdir(&self, c: &Caller, parent: Ino, name: &[u8], mode: u32, umask: u32) -> Result<Attr, MetaError> {
+    fn mkdir(
+        &self,
+        c: &Caller,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+    ) -> Result<Attr, MetaError> {
         self.mutate(
             |state, now| {
                 let (dir, existing) = self.prepare_new(state, c, parent, name)?;
                 if existing.is_some() {
-                    return Err(error(libc::EEXIST, format!("{} exists in directory {parent}", show(name))));
+                    return Err(error(
+                        libc::EEXIST,
+                        format!("{} exists in directory {parent}", show(name)),
+                    ));
                 }
                 permission::require(c, &dir, MAY_WRITE | MAY_EXECUTE, "mkdir in")?;
                 if dir.nlink == u32::MAX {
-                    return Err(error(libc::EMLINK, format!("directory {parent} has the most subdirectories possible")));
+                    return Err(error(
+                        libc::EMLINK,
+                        format!("directory {parent} has the most subdirectories possible"),
+                    ));
                 }
                 self.full(state)?;
                 let mut plan = Plan::new(state, now);
-                let ino = self.new_inode(&mut plan, c, &dir, FileKind::Directory, mode & !umask & 0o1777, 0, &[]);
+                let ino = self.new_inode(
+                    &mut plan,
+                    c,
+                    &dir,
+                    FileKind::Directory,
+                    mode & !umask & 0o1777,
+                    0,
+                    &[],
+                );
                 plan.put_entry(parent, name, ino);
                 plan.inode(parent).attr.nlink += 1;
                 plan.touch_directory(parent);
@@ -770,18 +964,33 @@ impl Namespace for LocalNamespace {
         )
     }
 
-    fn symlink(&self, c: &Caller, parent: Ino, name: &[u8], target: &[u8]) -> Result<Attr, MetaError> {
+    fn symlink(
+        &self,
+        c: &Caller,
+        parent: Ino,
+        name: &[u8],
+        target: &[u8],
+    ) -> Result<Attr, MetaError> {
         self.mutate(
             |state, now| {
                 let (dir, existing) = self.prepare_new(state, c, parent, name)?;
                 if existing.is_some() {
-                    return Err(error(libc::EEXIST, format!("{} exists in directory {parent}", show(name))));
+                    return Err(error(
+                        libc::EEXIST,
+                        format!("{} exists in directory {parent}", show(name)),
+                    ));
                 }
                 if target.is_empty() {
                     return Err(error(libc::ENOENT, "empty symlink target"));
                 }
                 if target.len() > SYMLINK_TARGET_BYTES_MAX || target.contains(&0) {
-                    return Err(error(libc::ENAMETOOLONG, format!("symlink target of {} bytes (max {SYMLINK_TARGET_BYTES_MAX})", target.len())));
+                    return Err(error(
+                        libc::ENAMETOOLONG,
+                        format!(
+                            "symlink target of {} bytes (max {SYMLINK_TARGET_BYTES_MAX})",
+                            target.len()
+                        ),
+                    ));
                 }
                 permission::require(c, &dir, MAY_WRITE | MAY_EXECUTE, "symlink in")?;
                 self.full(state)?;
@@ -797,7 +1006,8 @@ impl Namespace for LocalNamespace {
 
     fn readlink(&self, ino: Ino) -> Result<Vec<u8>, MetaError> {
         self.read(|state| {
-            let inode = state.inode(ino).ok_or_else(|| error(libc::ENOENT, format!("no inode {ino}")))?;
+            let inode =
+                state.inode(ino).ok_or_else(|| error(libc::ENOENT, format!("no inode {ino}")))?;
             if inode.attr.kind != FileKind::Symlink {
                 return Err(error(libc::EINVAL, format!("inode {ino} is not a symlink")));
             }
@@ -805,7 +1015,13 @@ impl Namespace for LocalNamespace {
         })
     }
 
-    fn link(&self, c: &Caller, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr, MetaError> {
+    fn link(
+        &self,
+        c: &Caller,
+        ino: Ino,
+        new_parent: Ino,
+        new_name: &[u8],
+    ) -> Result<Attr, MetaError> {
         self.mutate(
             |state, now| {
                 let source = attr_of(state, ino)?;
@@ -814,11 +1030,17 @@ impl Namespace for LocalNamespace {
                     return Err(error(libc::EPERM, format!("hard link to directory {ino}")));
                 }
                 if existing.is_some() {
-                    return Err(error(libc::EEXIST, format!("{} exists in directory {new_parent}", show(new_name))));
+                    return Err(error(
+                        libc::EEXIST,
+                        format!("{} exists in directory {new_parent}", show(new_name)),
+                    ));
                 }
                 permission::require(c, &dir, MAY_WRITE | MAY_EXECUTE, "link in")?;
                 if source.nlink == u32::MAX {
-                    return Err(error(libc::EMLINK, format!("inode {ino} has the most links possible")));
+                    return Err(error(
+                        libc::EMLINK,
+                        format!("inode {ino} has the most links possible"),
+                    ));
                 }
                 let mut plan = Plan::new(state, now);
                 let inode = plan.inode(ino);
@@ -841,12 +1063,17 @@ impl Namespace for LocalNamespace {
                     return Err(error(libc::EISDIR, format!("unlink of {}", show(name))));
                 }
                 check_name(name)?;
-                let (ino, _) = state.entry(parent, name).ok_or_else(|| error(libc::ENOENT, format!("no {} in directory {parent}", show(name))))?;
+                let (ino, _) = state.entry(parent, name).ok_or_else(|| {
+                    error(libc::ENOENT, format!("no {} in directory {parent}", show(name)))
+                })?;
                 let victim = attr_of(state, ino)?;
                 permission::require(c, &dir, MAY_WRITE | MAY_EXECUTE, "unlink in")?;
                 permission::require_sticky(c, &dir, &victim, name)?;
                 if victim.kind == FileKind::Directory {
-                    return Err(error(libc::EISDIR, format!("{} is a directory (use rmdir)", show(name))));
+                    return Err(error(
+                        libc::EISDIR,
+                        format!("{} is a directory (use rmdir)", show(name)),
+                    ));
                 }
                 let mut plan = Plan::new(state, now);
                 plan.drop_entry(parent, name);
@@ -868,7 +1095,9 @@ impl Namespace for LocalNamespace {
                     b".." => return Err(error(libc::ENOTEMPTY, "rmdir of ..")),
                     _ => check_name(name)?,
                 }
-                let (ino, _) = state.entry(parent, name).ok_or_else(|| error(libc::ENOENT, format!("no {} in directory {parent}", show(name))))?;
+                let (ino, _) = state.entry(parent, name).ok_or_else(|| {
+                    error(libc::ENOENT, format!("no {} in directory {parent}", show(name)))
+                })?;
                 let victim = attr_of(state, ino)?;
                 permission::require(c, &dir, MAY_WRITE | MAY_EXECUTE, "rmdir in")?;
                 permission::require_sticky(c, &dir, &victim, name)?;
@@ -876,7 +1105,10 @@ impl Namespace for LocalNamespace {
                     return Err(error(libc::ENOTDIR, format!("{} is not a directory", show(name))));
                 }
                 if victim.size > 0 {
-                    return Err(error(libc::ENOTEMPTY, format!("directory {} holds {} entries", show(name), victim.size)));
+                    return Err(error(
+                        libc::ENOTEMPTY,
+                        format!("directory {} holds {} entries", show(name), victim.size),
+                    ));
                 }
                 let mut plan = Plan::new(state, now);
                 plan.drop_entry(parent, name);
@@ -889,22 +1121,54 @@ impl Namespace for LocalNamespace {
         )
     }
 
-    fn rename(&self, c: &Caller, parent: Ino, name: &[u8], new_parent: Ino, new_name: &[u8], flags: u32) -> Result<(), MetaError> {
-        self.mutate(|state, now| Ok((self.plan_rename(state, now, c, (parent, name), (new_parent, new_name), flags)?, ())), |_, ()| Ok(()))
+    fn rename(
+        &self,
+        c: &Caller,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        flags: u32,
+    ) -> Result<(), MetaError> {
+        self.mutate(
+            |state, now| {
+                Ok((
+                    self.plan_rename(state, now, c, (parent, name), (new_parent, new_name), flags)?,
+                    (),
+                ))
+            },
+            |_, ()| Ok(()),
+        )
     }
 
-    fn readdir(&self, c: &Caller, dir: Ino, after_cookie: u64, entries_max: u32) -> Result<Vec<DirEntry>, MetaError> {
+    fn readdir(
+        &self,
+        c: &Caller,
+        dir: Ino,
+        after_cookie: u64,
+        entries_max: u32,
+    ) -> Result<Vec<DirEntry>, MetaError> {
         self.read(|state| {
             let attr = directory_attr(state, dir)?;
             permission::require(c, &attr, MAY_READ, "readdir")?;
             let entries_max = entries_max.min(self.options.readdir_entries_max) as usize;
             let mut out = Vec::with_capacity(entries_max.min(256));
             if after_cookie < 1 && out.len() < entries_max {
-                out.push(DirEntry { name: b".".to_vec(), ino: dir, kind: FileKind::Directory, cookie: 1 });
+                out.push(DirEntry {
+                    name: b".".to_vec(),
+                    ino: dir,
+                    kind: FileKind::Directory,
+                    cookie: 1,
+                });
             }
             if after_cookie < 2 && out.len() < entries_max {
                 let parent = state.inode(dir).expect("directory").parent;
-                out.push(DirEntry { name: b"..".to_vec(), ino: parent, kind: FileKind::Directory, cookie: 2 });
+                out.push(DirEntry {
+                    name: b"..".to_vec(),
+                    ino: parent,
+                    kind: FileKind::Directory,
+                    cookie: 2,
+                });
             }
             let directory = state.directory(dir).expect("directory");
             for (&cookie, name) in directory.by_cookie.range(after_cookie.max(2) + 1..) {
@@ -932,9 +1196,14 @@ impl Namespace for LocalNamespace {
                 let truncate = flags & libc::O_TRUNC != 0;
                 match attr.kind {
                     FileKind::Directory if mask & MAY_WRITE != 0 || truncate => {
-                        return Err(error(libc::EISDIR, format!("inode {ino} is a directory: cannot open for writing")))
+                        return Err(error(
+                            libc::EISDIR,
+                            format!("inode {ino} is a directory: cannot open for writing"),
+                        ))
                     }
-                    FileKind::Symlink => return Err(error(libc::ELOOP, format!("inode {ino} is a symlink"))),
+                    FileKind::Symlink => {
+                        return Err(error(libc::ELOOP, format!("inode {ino} is a symlink")))
+                    }
                     _ => {}
                 }
                 let mask = if truncate { mask | MAY_WRITE } else { mask };
@@ -965,10 +1234,16 @@ impl Namespace for LocalNamespace {
             |state, now| {
                 let attr = attr_of(state, ino)?;
                 if attr.kind != FileKind::Regular {
-                    return Err(error(libc::EINVAL, format!("data write recorded on {:?} inode {ino}", attr.kind)));
+                    return Err(error(
+                        libc::EINVAL,
+                        format!("data write recorded on {:?} inode {ino}", attr.kind),
+                    ));
                 }
                 if end_offset > i64::MAX as u64 {
-                    return Err(error(libc::EFBIG, format!("write ending at {end_offset} is beyond the largest file")));
+                    return Err(error(
+                        libc::EFBIG,
+                        format!("write ending at {end_offset} is beyond the largest file"),
+                    ));
                 }
                 let mut plan = Plan::new(state, now);
                 let inode = plan.inode(ino);
@@ -1000,7 +1275,10 @@ impl Namespace for LocalNamespace {
     fn sync(&self) -> Result<(), MetaError> {
         let mut inner = self.inner.lock();
         if let Some(reason) = &inner.broken {
-            return Err(error(libc::EIO, format!("namespace {} cannot sync after a journal failure: {reason}", self.id)));
+            return Err(error(
+                libc::EIO,
+                format!("namespace {} cannot sync after a journal failure: {reason}", self.id),
+            ));
         }
         if let Some(journal) = inner.journal.as_mut() {
             if let Err(failure) = journal.sync() {

@@ -330,17 +330,36 @@ pub trait Namespace: Send + Sync {
     ) -> Result<Attr, MetaError>;
 
     /// Creates a directory (`mode & !umask`, sgid inherited from an sgid parent).
-    fn mkdir(&self, c: &Caller, parent: Ino, name: &[u8], mode: u32, umask: u32) -> Result<Attr, MetaError>;
+    fn mkdir(
+        &self,
+        c: &Caller,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+    ) -> Result<Attr, MetaError>;
 
     /// Creates a symlink (mode 0o777) to `target` (stored verbatim, not resolved).
-    fn symlink(&self, c: &Caller, parent: Ino, name: &[u8], target: &[u8]) -> Result<Attr, MetaError>;
+    fn symlink(
+        &self,
+        c: &Caller,
+        parent: Ino,
+        name: &[u8],
+        target: &[u8],
+    ) -> Result<Attr, MetaError>;
 
     /// The target of a symlink; EINVAL for other kinds.
     fn readlink(&self, ino: Ino) -> Result<Vec<u8>, MetaError>;
 
     /// Adds the name `new_name` in `new_parent` for the existing non-directory `ino` (EPERM for
     /// directories). Returns the inode's attributes (nlink incremented, ctime updated).
-    fn link(&self, c: &Caller, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr, MetaError>;
+    fn link(
+        &self,
+        c: &Caller,
+        ino: Ino,
+        new_parent: Ino,
+        new_name: &[u8],
+    ) -> Result<Attr, MetaError>;
 
     /// Removes a non-directory name (EISDIR for directories). Sticky `parent`: only the owner of
     /// the file or of the directory (or root) may. The inode disappears with its last link.
@@ -367,7 +386,13 @@ pub trait Namespace: Send + Sync {
     /// Up to `entries_max` entries of directory `dir` whose cookie is greater than
     /// `after_cookie`, in cookie order; 0 starts at the beginning and an empty result means the
     /// end. The listing starts with `.` (cookie 1) and `..` (cookie 2). Needs read permission.
-    fn readdir(&self, c: &Caller, dir: Ino, after_cookie: u64, entries_max: u32) -> Result<Vec<DirEntry>, MetaError>;
+    fn readdir(
+        &self,
+        c: &Caller,
+        dir: Ino,
+        after_cookie: u64,
+        entries_max: u32,
+    ) -> Result<Vec<DirEntry>, MetaError>;
 
     /// Checks that the caller may open `ino` with open(2) `flags` (access mode O_RDONLY /
     /// O_WRONLY / O_RDWR; EISDIR for writing a directory). With O_TRUNC on a regular file the

@@ -29,7 +29,9 @@ pub fn permits(c: &Caller, attr: &Attr, mask: u32) -> bool {
     debug_assert!(mask <= 7, "mask {mask:#o} has bits beyond rwx");
     if c.is_root() {
         // Root: read and write always; execute only if someone may execute (or a directory).
-        return mask & MAY_EXECUTE == 0 || attr.kind == FileKind::Directory || attr.mode & ANY_EXECUTE != 0;
+        return mask & MAY_EXECUTE == 0
+            || attr.kind == FileKind::Directory
+            || attr.mode & ANY_EXECUTE != 0;
     }
     let granted = if c.uid == attr.uid {
         (attr.mode >> 6) & 7
@@ -86,7 +88,12 @@ pub fn require_sticky(c: &Caller, dir: &Attr, victim: &Attr, name: &[u8]) -> Res
 /// chown rules: root may set anything; otherwise the caller must own the file, may not change
 /// the owner, and may only set a group it belongs to. Unchanged values are always allowed to
 /// the owner.
-pub fn check_chown(c: &Caller, attr: &Attr, uid: Option<u32>, gid: Option<u32>) -> Result<(), MetaError> {
+pub fn check_chown(
+    c: &Caller,
+    attr: &Attr,
+    uid: Option<u32>,
+    gid: Option<u32>,
+) -> Result<(), MetaError> {
     if c.is_root() {
         return Ok(());
     }
@@ -94,7 +101,10 @@ pub fn check_chown(c: &Caller, attr: &Attr, uid: Option<u32>, gid: Option<u32>) 
         if uid != attr.uid {
             return Err(MetaError::new(
                 libc::EPERM,
-                format!("chown of inode {} to uid {uid}: only root changes an owner (caller uid {})", attr.ino, c.uid),
+                format!(
+                    "chown of inode {} to uid {uid}: only root changes an owner (caller uid {})",
+                    attr.ino, c.uid
+                ),
             ));
         }
     }
@@ -104,14 +114,20 @@ pub fn check_chown(c: &Caller, attr: &Attr, uid: Option<u32>, gid: Option<u32>) 
     if c.uid != attr.uid {
         return Err(MetaError::new(
             libc::EPERM,
-            format!("chown of inode {}: caller uid {} is not the owner {}", attr.ino, c.uid, attr.uid),
+            format!(
+                "chown of inode {}: caller uid {} is not the owner {}",
+                attr.ino, c.uid, attr.uid
+            ),
         ));
     }
     if let Some(gid) = gid {
         if gid != attr.gid && !c.in_group(gid) {
             return Err(MetaError::new(
                 libc::EPERM,
-                format!("chgrp of inode {} to gid {gid}: uid {} is not a member of that group", attr.ino, c.uid),
+                format!(
+                    "chgrp of inode {} to gid {gid}: uid {} is not a member of that group",
+                    attr.ino, c.uid
+                ),
             ));
         }
     }
@@ -151,7 +167,10 @@ pub fn chmod_mode(c: &Caller, attr: &Attr, requested: u32) -> Result<u32, MetaEr
     if !c.is_root() && c.uid != attr.uid {
         return Err(MetaError::new(
             libc::EPERM,
-            format!("chmod of inode {}: caller uid {} is not the owner {}", attr.ino, c.uid, attr.uid),
+            format!(
+                "chmod of inode {}: caller uid {} is not the owner {}",
+                attr.ino, c.uid, attr.uid
+            ),
         ));
     }
     let mut mode = requested & 0o7777;
@@ -170,7 +189,10 @@ pub fn check_set_times(c: &Caller, attr: &Attr, explicit: bool) -> Result<(), Me
     if explicit {
         return Err(MetaError::new(
             libc::EPERM,
-            format!("setting explicit times on inode {}: caller uid {} is not the owner {}", attr.ino, c.uid, attr.uid),
+            format!(
+                "setting explicit times on inode {}: caller uid {} is not the owner {}",
+                attr.ino, c.uid, attr.uid
+            ),
         ));
     }
     require(c, attr, MAY_WRITE, "setting times to now")
@@ -225,7 +247,10 @@ mod tests {
     #[test]
     fn the_first_matching_class_decides() {
         let file = attr(FileKind::Regular, 0o070, 10, 20); // owner nothing, group rwx
-        assert!(!permits(&user(10, 20, &[]), &file, MAY_READ), "owner class decides even when group would allow");
+        assert!(
+            !permits(&user(10, 20, &[]), &file, MAY_READ),
+            "owner class decides even when group would allow"
+        );
         assert!(permits(&user(11, 20, &[]), &file, MAY_READ | MAY_WRITE | MAY_EXECUTE));
         assert!(permits(&user(11, 5, &[7, 20]), &file, MAY_WRITE), "supplementary groups count");
         assert!(!permits(&user(11, 5, &[7]), &file, MAY_READ), "other class: nothing");
@@ -247,9 +272,19 @@ mod tests {
 
     #[test]
     fn require_names_the_missing_bits() {
-        let error = require(&user(1, 1, &[]), &attr(FileKind::Regular, 0o600, 2, 2), MAY_READ | MAY_EXECUTE, "open").unwrap_err();
+        let error = require(
+            &user(1, 1, &[]),
+            &attr(FileKind::Regular, 0o600, 2, 2),
+            MAY_READ | MAY_EXECUTE,
+            "open",
+        )
+        .unwrap_err();
         assert_eq!(error.errno, libc::EACCES);
-        assert!(error.message.contains("r-x") && error.message.contains("inode 9"), "{}", error.message);
+        assert!(
+            error.message.contains("r-x") && error.message.contains("inode 9"),
+            "{}",
+            error.message
+        );
     }
 
     #[test]
@@ -262,25 +297,48 @@ mod tests {
         assert!(may_delete_in_sticky(&Caller::root(), &dir, &victim));
         let plain = attr(FileKind::Directory, 0o777, 1, 1);
         assert!(may_delete_in_sticky(&user(3, 3, &[]), &plain, &victim));
-        assert_eq!(require_sticky(&user(3, 3, &[]), &dir, &victim, b"f").unwrap_err().errno, libc::EPERM);
+        assert_eq!(
+            require_sticky(&user(3, 3, &[]), &dir, &victim, b"f").unwrap_err().errno,
+            libc::EPERM
+        );
     }
 
     #[test]
     fn chown_rules() {
         let file = attr(FileKind::Regular, 0o644, 10, 20);
         assert!(check_chown(&Caller::root(), &file, Some(99), Some(99)).is_ok());
-        assert_eq!(check_chown(&user(10, 20, &[]), &file, Some(11), None).unwrap_err().errno, libc::EPERM);
-        assert!(check_chown(&user(10, 20, &[]), &file, Some(10), None).is_ok(), "unchanged owner is allowed");
-        assert!(check_chown(&user(10, 20, &[30]), &file, None, Some(30)).is_ok(), "owner to one of its groups");
-        assert_eq!(check_chown(&user(10, 20, &[30]), &file, None, Some(31)).unwrap_err().errno, libc::EPERM);
-        assert_eq!(check_chown(&user(11, 20, &[30]), &file, None, Some(30)).unwrap_err().errno, libc::EPERM, "non-owner");
+        assert_eq!(
+            check_chown(&user(10, 20, &[]), &file, Some(11), None).unwrap_err().errno,
+            libc::EPERM
+        );
+        assert!(
+            check_chown(&user(10, 20, &[]), &file, Some(10), None).is_ok(),
+            "unchanged owner is allowed"
+        );
+        assert!(
+            check_chown(&user(10, 20, &[30]), &file, None, Some(30)).is_ok(),
+            "owner to one of its groups"
+        );
+        assert_eq!(
+            check_chown(&user(10, 20, &[30]), &file, None, Some(31)).unwrap_err().errno,
+            libc::EPERM
+        );
+        assert_eq!(
+            check_chown(&user(11, 20, &[30]), &file, None, Some(30)).unwrap_err().errno,
+            libc::EPERM,
+            "non-owner"
+        );
         assert!(check_chown(&user(11, 20, &[]), &file, None, None).is_ok());
     }
 
     #[test]
     fn chown_drops_setuid_and_executable_setgid_on_files_only() {
         assert_eq!(mode_after_chown(&attr(FileKind::Regular, 0o6755, 1, 1)), 0o755);
-        assert_eq!(mode_after_chown(&attr(FileKind::Regular, 0o6745, 1, 1)), 0o2745, "sgid without gx stays");
+        assert_eq!(
+            mode_after_chown(&attr(FileKind::Regular, 0o6745, 1, 1)),
+            0o2745,
+            "sgid without gx stays"
+        );
         assert_eq!(mode_after_chown(&attr(FileKind::Directory, 0o6755, 1, 1)), 0o6755);
     }
 
@@ -296,9 +354,17 @@ mod tests {
         let file = attr(FileKind::Regular, 0o644, 10, 20);
         assert_eq!(chmod_mode(&user(11, 20, &[]), &file, 0o777).unwrap_err().errno, libc::EPERM);
         assert_eq!(chmod_mode(&user(10, 20, &[]), &file, 0o2755).unwrap(), 0o2755);
-        assert_eq!(chmod_mode(&user(10, 21, &[]), &file, 0o2755).unwrap(), 0o755, "sgid needs group membership");
+        assert_eq!(
+            chmod_mode(&user(10, 21, &[]), &file, 0o2755).unwrap(),
+            0o755,
+            "sgid needs group membership"
+        );
         assert_eq!(chmod_mode(&Caller::root(), &file, 0o2755).unwrap(), 0o2755);
-        assert_eq!(chmod_mode(&user(10, 20, &[]), &file, 0o170644).unwrap(), 0o644, "type bits ignored");
+        assert_eq!(
+            chmod_mode(&user(10, 20, &[]), &file, 0o170644).unwrap(),
+            0o644,
+            "type bits ignored"
+        );
     }
 
     #[test]
@@ -306,19 +372,41 @@ mod tests {
         let file = attr(FileKind::Regular, 0o646, 10, 20);
         assert!(check_set_times(&user(10, 1, &[]), &file, true).is_ok());
         assert_eq!(check_set_times(&user(11, 1, &[]), &file, true).unwrap_err().errno, libc::EPERM);
-        assert!(check_set_times(&user(11, 1, &[]), &file, false).is_ok(), "write permission suffices for now");
+        assert!(
+            check_set_times(&user(11, 1, &[]), &file, false).is_ok(),
+            "write permission suffices for now"
+        );
         let readonly = attr(FileKind::Regular, 0o644, 10, 20);
-        assert_eq!(check_set_times(&user(11, 1, &[]), &readonly, false).unwrap_err().errno, libc::EACCES);
+        assert_eq!(
+            check_set_times(&user(11, 1, &[]), &readonly, false).unwrap_err().errno,
+            libc::EACCES
+        );
     }
 
     #[test]
     fn new_inodes_take_group_and_sgid_from_sgid_parents() {
         let plain = attr(FileKind::Directory, 0o755, 0, 50);
-        assert_eq!(new_inode_owner(&user(10, 20, &[]), &plain, FileKind::Regular, 0o644), (10, 20, 0o644));
+        assert_eq!(
+            new_inode_owner(&user(10, 20, &[]), &plain, FileKind::Regular, 0o644),
+            (10, 20, 0o644)
+        );
         let sgid = attr(FileKind::Directory, 0o2775, 0, 50);
-        assert_eq!(new_inode_owner(&user(10, 20, &[]), &sgid, FileKind::Regular, 0o644), (10, 50, 0o644));
-        assert_eq!(new_inode_owner(&user(10, 20, &[]), &sgid, FileKind::Directory, 0o755), (10, 50, 0o2755));
-        assert_eq!(new_inode_owner(&user(10, 20, &[]), &sgid, FileKind::Regular, 0o2755), (10, 50, 0o755), "non-member");
-        assert_eq!(new_inode_owner(&user(10, 20, &[50]), &sgid, FileKind::Regular, 0o2755), (10, 50, 0o2755));
+        assert_eq!(
+            new_inode_owner(&user(10, 20, &[]), &sgid, FileKind::Regular, 0o644),
+            (10, 50, 0o644)
+        );
+        assert_eq!(
+            new_inode_owner(&user(10, 20, &[]), &sgid, FileKind::Directory, 0o755),
+            (10, 50, 0o2755)
+        );
+        assert_eq!(
+            new_inode_owner(&user(10, 20, &[]), &sgid, FileKind::Regular, 0o2755),
+            (10, 50, 0o755),
+            "non-member"
+        );
+        assert_eq!(
+            new_inode_owner(&user(10, 20, &[50]), &sgid, FileKind::Regular, 0o2755),
+            (10, 50, 0o2755)
+        );
     }
 }

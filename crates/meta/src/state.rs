@@ -93,15 +93,24 @@ impl State {
             Mutation::PutInode(inode) => {
                 let ino = inode.attr.ino;
                 if ino == 0 || ino >= self.next_ino && ino != ROOT_INO {
-                    return Err(ApplyError(format!("inode {ino} put before its number was allocated (next {})", self.next_ino)));
+                    return Err(ApplyError(format!(
+                        "inode {ino} put before its number was allocated (next {})",
+                        self.next_ino
+                    )));
                 }
                 if let Some(old) = self.inodes.get(&ino) {
                     if old.attr.kind != inode.attr.kind {
-                        return Err(ApplyError(format!("inode {ino} changes kind {:?} -> {:?}", old.attr.kind, inode.attr.kind)));
+                        return Err(ApplyError(format!(
+                            "inode {ino} changes kind {:?} -> {:?}",
+                            old.attr.kind, inode.attr.kind
+                        )));
                     }
                 }
                 if inode.attr.kind == FileKind::Directory {
-                    self.directories.entry(ino).or_insert_with(|| Directory { next_cookie: FIRST_ENTRY_COOKIE, ..Directory::default() });
+                    self.directories.entry(ino).or_insert_with(|| Directory {
+                        next_cookie: FIRST_ENTRY_COOKIE,
+                        ..Directory::default()
+                    });
                 }
                 self.inodes.insert(ino, inode);
             }
@@ -114,36 +123,50 @@ impl State {
                 }
                 if let Some(dir) = self.directories.remove(&ino) {
                     if !dir.by_name.is_empty() {
-                        return Err(ApplyError(format!("dropping directory {ino} with {} entries", dir.by_name.len())));
+                        return Err(ApplyError(format!(
+                            "dropping directory {ino} with {} entries",
+                            dir.by_name.len()
+                        )));
                     }
                 }
             }
             Mutation::PutEntry { dir, name, ino, cookie } => {
                 if !self.inodes.contains_key(&ino) {
-                    return Err(ApplyError(format!("entry {:?} in {dir} names missing inode {ino}", String::from_utf8_lossy(&name))));
+                    return Err(ApplyError(format!(
+                        "entry {:?} in {dir} names missing inode {ino}",
+                        String::from_utf8_lossy(&name)
+                    )));
                 }
-                let directory = self
-                    .directories
-                    .get_mut(&dir)
-                    .ok_or_else(|| ApplyError(format!("entry {:?} put in {dir}, which is not a directory", String::from_utf8_lossy(&name))))?;
+                let directory = self.directories.get_mut(&dir).ok_or_else(|| {
+                    ApplyError(format!(
+                        "entry {:?} put in {dir}, which is not a directory",
+                        String::from_utf8_lossy(&name)
+                    ))
+                })?;
                 if cookie < FIRST_ENTRY_COOKIE {
                     return Err(ApplyError(format!("entry cookie {cookie} is reserved")));
                 }
-                if let Some((_, old_cookie)) = directory.by_name.insert(name.clone(), (ino, cookie)) {
+                if let Some((_, old_cookie)) = directory.by_name.insert(name.clone(), (ino, cookie))
+                {
                     directory.by_cookie.remove(&old_cookie);
                 }
                 if directory.by_cookie.insert(cookie, name).is_some() {
-                    return Err(ApplyError(format!("cookie {cookie} used twice in directory {dir}")));
+                    return Err(ApplyError(format!(
+                        "cookie {cookie} used twice in directory {dir}"
+                    )));
                 }
                 directory.next_cookie = directory.next_cookie.max(cookie + 1);
             }
             Mutation::DropEntry { dir, name } => {
-                let directory =
-                    self.directories.get_mut(&dir).ok_or_else(|| ApplyError(format!("entry removed from {dir}, which is not a directory")))?;
-                let (_, cookie) = directory
-                    .by_name
-                    .remove(&name)
-                    .ok_or_else(|| ApplyError(format!("removing {:?} from {dir}: no such entry", String::from_utf8_lossy(&name))))?;
+                let directory = self.directories.get_mut(&dir).ok_or_else(|| {
+                    ApplyError(format!("entry removed from {dir}, which is not a directory"))
+                })?;
+                let (_, cookie) = directory.by_name.remove(&name).ok_or_else(|| {
+                    ApplyError(format!(
+                        "removing {:?} from {dir}: no such entry",
+                        String::from_utf8_lossy(&name)
+                    ))
+                })?;
                 directory.by_cookie.remove(&cookie);
             }
             Mutation::NextIno(next) => {
@@ -166,28 +189,52 @@ impl State {
                 return Err(format!("directory table holds {dir}, which is not a directory inode"));
             }
             if directory.by_name.len() != directory.by_cookie.len() {
-                return Err(format!("directory {dir}: {} names but {} cookies", directory.by_name.len(), directory.by_cookie.len()));
+                return Err(format!(
+                    "directory {dir}: {} names but {} cookies",
+                    directory.by_name.len(),
+                    directory.by_cookie.len()
+                ));
             }
             for (name, &(ino, cookie)) in &directory.by_name {
-                let child = self.inodes.get(&ino).ok_or_else(|| format!("entry {:?} in {dir} names missing inode {ino}", String::from_utf8_lossy(name)))?;
-                if directory.by_cookie.get(&cookie) != Some(name) || cookie >= directory.next_cookie {
-                    return Err(format!("entry {:?} in {dir}: cookie {cookie} inconsistent", String::from_utf8_lossy(name)));
+                let child = self.inodes.get(&ino).ok_or_else(|| {
+                    format!(
+                        "entry {:?} in {dir} names missing inode {ino}",
+                        String::from_utf8_lossy(name)
+                    )
+                })?;
+                if directory.by_cookie.get(&cookie) != Some(name) || cookie >= directory.next_cookie
+                {
+                    return Err(format!(
+                        "entry {:?} in {dir}: cookie {cookie} inconsistent",
+                        String::from_utf8_lossy(name)
+                    ));
                 }
-                if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0) {
+                if name.is_empty()
+                    || name == b"."
+                    || name == b".."
+                    || name.contains(&b'/')
+                    || name.contains(&0)
+                {
                     return Err(format!("directory {dir} holds an invalid name {name:?}"));
                 }
                 *names.entry(ino).or_default() += 1;
                 if child.attr.kind == FileKind::Directory {
                     *subdirectories.entry(dir).or_default() += 1;
                     if child.parent != dir {
-                        return Err(format!("directory {ino} is in {dir} but records parent {}", child.parent));
+                        return Err(format!(
+                            "directory {ino} is in {dir} but records parent {}",
+                            child.parent
+                        ));
                     }
                 }
             }
         }
         for (&ino, inode) in &self.inodes {
             if inode.attr.ino != ino || ino >= self.next_ino {
-                return Err(format!("inode {ino} records number {} (next {})", inode.attr.ino, self.next_ino));
+                return Err(format!(
+                    "inode {ino} records number {} (next {})",
+                    inode.attr.ino, self.next_ino
+                ));
             }
             let named = names.get(&ino).copied().unwrap_or(0);
             if inode.attr.kind == FileKind::Directory {
@@ -197,28 +244,42 @@ impl State {
                 }
                 let nlink = 2 + subdirectories.get(&ino).copied().unwrap_or(0);
                 if inode.attr.nlink != nlink {
-                    return Err(format!("directory {ino} has nlink {} but {} links", inode.attr.nlink, nlink));
+                    return Err(format!(
+                        "directory {ino} has nlink {} but {} links",
+                        inode.attr.nlink, nlink
+                    ));
                 }
                 let mut at = ino;
                 for _ in 0..=self.directories.len() {
                     if at == ROOT_INO {
                         break;
                     }
-                    at = self.inodes.get(&at).map(|i| i.parent).ok_or_else(|| format!("directory {ino}: ancestor {at} missing"))?;
+                    at = self
+                        .inodes
+                        .get(&at)
+                        .map(|i| i.parent)
+                        .ok_or_else(|| format!("directory {ino}: ancestor {at} missing"))?;
                 }
                 if at != ROOT_INO {
                     return Err(format!("directory {ino} does not reach the root (cycle)"));
                 }
             } else {
                 if inode.attr.nlink != named || named == 0 {
-                    return Err(format!("inode {ino} has nlink {} but is named by {named} entries", inode.attr.nlink));
+                    return Err(format!(
+                        "inode {ino} has nlink {} but is named by {named} entries",
+                        inode.attr.nlink
+                    ));
                 }
                 if inode.parent != 0 {
                     return Err(format!("non-directory {ino} records parent {}", inode.parent));
                 }
             }
             if (inode.attr.kind == FileKind::Symlink) == inode.target.is_empty() {
-                return Err(format!("inode {ino} ({:?}) has a target of {} bytes", inode.attr.kind, inode.target.len()));
+                return Err(format!(
+                    "inode {ino} ({:?}) has a target of {} bytes",
+                    inode.attr.kind,
+                    inode.target.len()
+                ));
             }
         }
         Ok(())

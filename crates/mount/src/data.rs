@@ -47,7 +47,13 @@ pub const QUEUED_COMMANDS_MAX: usize = 16;
 #[non_exhaustive]
 pub enum DataError {
     #[error("{operation} of store file {file} at offset {offset} ({length} bytes): {source}")]
-    Client { operation: &'static str, file: String, offset: u64, length: u64, source: Box<ClientError> },
+    Client {
+        operation: &'static str,
+        file: String,
+        offset: u64,
+        length: u64,
+        source: Box<ClientError>,
+    },
     #[error("flushing writes to the store: {0}")]
     Flush(Box<ClientError>),
     #[error("the data worker of slot {slot} has stopped")]
@@ -84,12 +90,34 @@ struct SlotChannel {
 type Reply<T> = SyncSender<Result<T, DataError>>;
 
 enum Command {
-    Write { ino: Ino, generation: u64, offset: u64, data: Vec<u8> },
-    Read { ino: Ino, generation: u64, offset: u64, length: usize, reply: Reply<Vec<u8>> },
-    ZeroFill { ino: Ino, generation: u64, from: u64, to: u64, reply: Reply<()> },
+    Write {
+        ino: Ino,
+        generation: u64,
+        offset: u64,
+        data: Vec<u8>,
+    },
+    Read {
+        ino: Ino,
+        generation: u64,
+        offset: u64,
+        length: usize,
+        reply: Reply<Vec<u8>>,
+    },
+    ZeroFill {
+        ino: Ino,
+        generation: u64,
+        from: u64,
+        to: u64,
+        reply: Reply<()>,
+    },
     /// `durable`: also make the acknowledged bytes durable in the servers' SSD logs (fsync).
-    Flush { durable: bool, reply: Reply<()> },
-    Forget { ino: Ino },
+    Flush {
+        durable: bool,
+        reply: Reply<()>,
+    },
+    Forget {
+        ino: Ino,
+    },
 }
 
 impl DataPlane {
@@ -102,7 +130,8 @@ impl DataPlane {
             .enumerate()
             .map(|(index, mut client)| {
                 client.begin_epoch(epoch);
-                let slot = Slot { client, namespace, epoch, handles: HashMap::new(), deferred: None };
+                let slot =
+                    Slot { client, namespace, epoch, handles: HashMap::new(), deferred: None };
                 let (sender, receiver) = sync_channel(QUEUED_COMMANDS_MAX);
                 let worker = std::thread::Builder::new()
                     .name(format!("mount-data-{index}"))
@@ -118,7 +147,11 @@ impl DataPlane {
     pub fn slot(&self, ino: Ino) -> SlotGuard<'_> {
         let index = (ino % self.slots.len() as u64) as usize;
         let channel = &self.slots[index];
-        SlotGuard { _lock: channel.lock.lock(), sender: channel.sender.as_ref().expect("open until drop"), index }
+        SlotGuard {
+            _lock: channel.lock.lock(),
+            sender: channel.sender.as_ref().expect("open until drop"),
+            index,
+        }
     }
 
     /// Flushes every slot's pipeline; the first failure.
@@ -164,12 +197,24 @@ impl SlotGuard<'_> {
 
     /// Queues a write of `data` at `offset` (copied). The write fails, if at all, by the next
     /// flush of the slot.
-    pub fn write(&mut self, ino: Ino, generation: u64, offset: u64, data: &[u8]) -> Result<(), DataError> {
+    pub fn write(
+        &mut self,
+        ino: Ino,
+        generation: u64,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), DataError> {
         self.send(Command::Write { ino, generation, offset, data: data.to_vec() })
     }
 
     /// Fills `buffer` from `offset`, after every write queued before; unwritten bytes are zeros.
-    pub fn read(&mut self, ino: Ino, generation: u64, offset: u64, buffer: &mut [u8]) -> Result<(), DataError> {
+    pub fn read(
+        &mut self,
+        ino: Ino,
+        generation: u64,
+        offset: u64,
+        buffer: &mut [u8],
+    ) -> Result<(), DataError> {
         let length = buffer.len();
         let bytes = self.call(|reply| Command::Read { ino, generation, offset, length, reply })?;
         buffer.copy_from_slice(&bytes);
@@ -177,7 +222,13 @@ impl SlotGuard<'_> {
     }
 
     /// See [`Slot::zero_fill`].
-    pub fn zero_fill(&mut self, ino: Ino, generation: u64, from: u64, to: u64) -> Result<(), DataError> {
+    pub fn zero_fill(
+        &mut self,
+        ino: Ino,
+        generation: u64,
+        from: u64,
+        to: u64,
+    ) -> Result<(), DataError> {
         self.call(|reply| Command::ZeroFill { ino, generation, from, to, reply })
     }
 
@@ -223,7 +274,8 @@ impl Slot {
                 }
                 Command::Read { ino, generation, offset, length, reply } => {
                     let mut buffer = vec![0u8; length];
-                    let _ = reply.send(self.read(ino, generation, offset, &mut buffer).map(|()| buffer));
+                    let _ = reply
+                        .send(self.read(ino, generation, offset, &mut buffer).map(|()| buffer));
                 }
                 Command::ZeroFill { ino, generation, from, to, reply } => {
                     let _ = reply.send(self.zero_fill(ino, generation, from, to));
@@ -265,10 +317,14 @@ impl Slot {
             return Ok(handle.clone());
         }
         let name = self.name(ino, generation);
-        let handle = self
-            .client
-            .create_file(self.epoch, &name)
-            .map_err(|source| DataError::Client { operation: "create", file: name.clone(), offset: 0, length: 0, source: Box::new(source) })?;
+        let handle =
+            self.client.create_file(self.epoch, &name).map_err(|source| DataError::Client {
+                operation: "create",
+                file: name.clone(),
+                offset: 0,
+                length: 0,
+                source: Box::new(source),
+            })?;
         self.remember(ino, generation, handle.clone());
         Ok(handle)
     }
@@ -284,20 +340,38 @@ impl Slot {
                 // Cache only a handle that covers the whole stripe set: another mount may still
                 // create the file on the missing servers.
                 let servers = self.client.server_count();
-                let stripe = placement::stripe_set(spillway_client::Placement::striped_default(), &name, servers);
+                let stripe = placement::stripe_set(
+                    spillway_client::Placement::striped_default(),
+                    &name,
+                    servers,
+                );
                 if stripe.iter().all(|s| handle.servers().contains(s)) {
                     self.remember(ino, generation, handle.clone());
                 }
                 Ok(Some(handle))
             }
             Err(ClientError::NoSuchFile { .. }) => Ok(None),
-            Err(e) if matches!(e.code(), Some(ErrorCode::NoSuchFile | ErrorCode::NoSuchEpoch)) => Ok(None),
-            Err(source) => Err(DataError::Client { operation: "open", file: name, offset: 0, length: 0, source: Box::new(source) }),
+            Err(e) if matches!(e.code(), Some(ErrorCode::NoSuchFile | ErrorCode::NoSuchEpoch)) => {
+                Ok(None)
+            }
+            Err(source) => Err(DataError::Client {
+                operation: "open",
+                file: name,
+                offset: 0,
+                length: 0,
+                source: Box::new(source),
+            }),
         }
     }
 
     /// Writes `data` at `offset` (pipelined: failures surface by the next flush of this slot).
-    pub fn write(&mut self, ino: Ino, generation: u64, offset: u64, data: &[u8]) -> Result<(), DataError> {
+    pub fn write(
+        &mut self,
+        ino: Ino,
+        generation: u64,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), DataError> {
         let mut handle = self.writable(ino, generation)?;
         self.client.write(&mut handle, offset, data).map_err(|source| DataError::Client {
             operation: "write",
@@ -309,7 +383,13 @@ impl Slot {
     }
 
     /// Fills `buffer` from `offset`; bytes the store does not hold read as zeros.
-    pub fn read(&mut self, ino: Ino, generation: u64, offset: u64, buffer: &mut [u8]) -> Result<(), DataError> {
+    pub fn read(
+        &mut self,
+        ino: Ino,
+        generation: u64,
+        offset: u64,
+        buffer: &mut [u8],
+    ) -> Result<(), DataError> {
         let Some(handle) = self.readable(ino, generation)? else {
             buffer.fill(0);
             return Ok(());
@@ -326,7 +406,13 @@ impl Slot {
     /// Overwrites with zeros whatever the store holds of `[from, to)` (stale bytes left by a
     /// shrinking truncate), before the file's size grows over that range. Costs one stat per
     /// server holding the file when there is nothing to do.
-    pub fn zero_fill(&mut self, ino: Ino, generation: u64, from: u64, to: u64) -> Result<(), DataError> {
+    pub fn zero_fill(
+        &mut self,
+        ino: Ino,
+        generation: u64,
+        from: u64,
+        to: u64,
+    ) -> Result<(), DataError> {
         if from >= to {
             return Ok(());
         }

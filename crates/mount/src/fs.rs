@@ -22,12 +22,15 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
-use spillway_meta::{Attr, Caller, FileKind, Ino, MetaError, Namespace, SetAttr, TimeSet, Timestamp};
+use spillway_meta::{
+    Attr, Caller, FileKind, Ino, MetaError, Namespace, SetAttr, TimeSet, Timestamp,
+};
 
 use crate::data::{DataError, DataPlane};
 use crate::identity;
@@ -109,7 +112,8 @@ fn system_time(t: Timestamp) -> SystemTime {
     if t.seconds >= 0 {
         UNIX_EPOCH + Duration::new(t.seconds as u64, t.nanos)
     } else {
-        UNIX_EPOCH - Duration::from_secs(t.seconds.unsigned_abs()) + Duration::from_nanos(t.nanos as u64)
+        UNIX_EPOCH - Duration::from_secs(t.seconds.unsigned_abs())
+            + Duration::from_nanos(t.nanos as u64)
     }
 }
 
@@ -232,7 +236,9 @@ impl SpillwayFs {
     /// truncate and open, which is what close-to-open needs and saves one metadata round trip
     /// per write.
     fn push_pending(&self, ino: Ino) -> Result<(), Errno> {
-        let Some((caller, end)) = self.inodes.lock().get_mut(&ino).and_then(|state| state.pending.take()) else {
+        let Some((caller, end)) =
+            self.inodes.lock().get_mut(&ino).and_then(|state| state.pending.take())
+        else {
             return Ok(());
         };
         match self.namespace.wrote(&caller, ino, end) {
@@ -255,7 +261,12 @@ impl SpillwayFs {
         let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
         files.insert(handle, OpenFile { ino: attr.ino, writable });
         let mut inodes = self.inodes.lock();
-        let state = inodes.entry(attr.ino).or_insert(InodeState { attr: attr.clone(), opens: 0, reported: false, pending: None });
+        let state = inodes.entry(attr.ino).or_insert(InodeState {
+            attr: attr.clone(),
+            opens: 0,
+            reported: false,
+            pending: None,
+        });
         state.attr = attr.clone();
         state.opens += 1;
         Ok(handle)
@@ -345,7 +356,8 @@ impl SpillwayFs {
         let mut slot = self.data.slot(ino);
         let current = self.current_attr(ino)?;
         if current.kind == FileKind::Regular && new_size > current.size {
-            slot.zero_fill(ino, current.generation, current.size, new_size).map_err(|e| data_errno(&e))?;
+            slot.zero_fill(ino, current.generation, current.size, new_size)
+                .map_err(|e| data_errno(&e))?;
         }
         if current.kind == FileKind::Regular && new_size < current.size {
             // Writes of this mount still in flight must land before the size shrinks, or
@@ -378,7 +390,11 @@ impl Filesystem for SpillwayFs {
         let _ = config.set_max_background(64);
         // O_TRUNC arrives with open (the namespace truncates atomically); the namespace clears
         // suid/sgid on write, chown and truncate; directory operations may run in parallel.
-        for flag in [InitFlags::FUSE_ATOMIC_O_TRUNC, InitFlags::FUSE_HANDLE_KILLPRIV, InitFlags::FUSE_PARALLEL_DIROPS] {
+        for flag in [
+            InitFlags::FUSE_ATOMIC_O_TRUNC,
+            InitFlags::FUSE_HANDLE_KILLPRIV,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+        ] {
             if config.add_capabilities(flag).is_err() {
                 tracing::info!(?flag, "kernel does not offer FUSE capability");
             }
@@ -430,7 +446,8 @@ impl Filesystem for SpillwayFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let via_writable_handle = fh.is_some_and(|fh| self.open_files.lock().get(&fh.0).is_some_and(|f| f.writable));
+        let via_writable_handle =
+            fh.is_some_and(|fh| self.open_files.lock().get(&fh.0).is_some_and(|f| f.writable));
         let set = SetAttr {
             mode: mode.map(|m| m & 0o7777),
             uid,
@@ -453,18 +470,46 @@ impl Filesystem for SpillwayFs {
         }
     }
 
-    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
         let kind = match FileKind::from_mode(mode) {
-            Some(FileKind::Directory | FileKind::Symlink) | None => return reply.error(Errno::EINVAL),
+            Some(FileKind::Directory | FileKind::Symlink) | None => {
+                return reply.error(Errno::EINVAL)
+            }
             Some(kind) => kind,
         };
-        match self.namespace.create(&caller(req), parent.0, name.as_bytes(), kind, mode & 0o7777, umask, rdev, true) {
+        match self.namespace.create(
+            &caller(req),
+            parent.0,
+            name.as_bytes(),
+            kind,
+            mode & 0o7777,
+            umask,
+            rdev,
+            true,
+        ) {
             Ok(attr) => self.reply_entry(reply, &attr),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
-    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
         match self.namespace.mkdir(&caller(req), parent.0, name.as_bytes(), mode & 0o7777, umask) {
             Ok(attr) => self.reply_entry(reply, &attr),
             Err(e) => reply.error(errno(&e)),
@@ -485,8 +530,20 @@ impl Filesystem for SpillwayFs {
         }
     }
 
-    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
-        match self.namespace.symlink(&caller(req), parent.0, link_name.as_bytes(), target.as_os_str().as_bytes()) {
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        match self.namespace.symlink(
+            &caller(req),
+            parent.0,
+            link_name.as_bytes(),
+            target.as_os_str().as_bytes(),
+        ) {
             Ok(attr) => self.reply_entry(reply, &attr),
             Err(e) => reply.error(errno(&e)),
         }
@@ -502,13 +559,27 @@ impl Filesystem for SpillwayFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        match self.namespace.rename(&caller(req), parent.0, name.as_bytes(), newparent.0, newname.as_bytes(), flags.bits()) {
+        match self.namespace.rename(
+            &caller(req),
+            parent.0,
+            name.as_bytes(),
+            newparent.0,
+            newname.as_bytes(),
+            flags.bits(),
+        ) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
-    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+    fn link(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
         match self.namespace.link(&caller(req), ino.0, newparent.0, newname.as_bytes()) {
             Ok(attr) => self.reply_entry(reply, &attr),
             Err(e) => reply.error(errno(&e)),
@@ -528,9 +599,7 @@ impl Filesystem for SpillwayFs {
         self.data.slot(ino.0).forget(ino.0);
         let writable = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
         match self.open_handle(&attr, writable) {
-            Ok(fh) => {
-                reply.opened(FileHandle(fh), open_flags(flags.0))
-            }
+            Ok(fh) => reply.opened(FileHandle(fh), open_flags(flags.0)),
             Err(e) => reply.error(e),
         }
     }
@@ -580,7 +649,14 @@ impl Filesystem for SpillwayFs {
         }
     }
 
-    fn flush(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
         // close(2): report any write failure of this file's pipeline, then the size.
         if let Err(e) = self.data.slot(ino.0).flush() {
             return reply.error(data_errno(&e));
@@ -615,7 +691,14 @@ impl Filesystem for SpillwayFs {
         reply.ok();
     }
 
-    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         if let Err(e) = self.data.slot(ino.0).sync() {
             return reply.error(data_errno(&e));
         }
@@ -631,7 +714,11 @@ impl Filesystem for SpillwayFs {
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.namespace.getattr(ino.0) {
             Ok(attr) if attr.kind != FileKind::Directory => reply.error(Errno::ENOTDIR),
-            Ok(_) => match self.namespace.access(&caller(req), ino.0, spillway_meta::namespace::ACCESS_READ) {
+            Ok(_) => match self.namespace.access(
+                &caller(req),
+                ino.0,
+                spillway_meta::namespace::ACCESS_READ,
+            ) {
                 Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
                 Err(e) => reply.error(errno(&e)),
             },
@@ -639,7 +726,14 @@ impl Filesystem for SpillwayFs {
         }
     }
 
-    fn readdir(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
         let caller = caller(req);
         let mut after = offset;
         loop {
@@ -651,7 +745,12 @@ impl Filesystem for SpillwayFs {
                 return reply.ok();
             }
             for entry in entries {
-                if reply.add(INodeNo(entry.ino), entry.cookie, file_type(entry.kind), OsStr::from_bytes(&entry.name)) {
+                if reply.add(
+                    INodeNo(entry.ino),
+                    entry.cookie,
+                    file_type(entry.kind),
+                    OsStr::from_bytes(&entry.name),
+                ) {
                     return reply.ok();
                 }
                 after = entry.cookie;
@@ -659,7 +758,14 @@ impl Filesystem for SpillwayFs {
         }
     }
 
-    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         match self.namespace.sync() {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
@@ -682,11 +788,27 @@ impl Filesystem for SpillwayFs {
         }
     }
 
-    fn setxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _value: &[u8], _flags: i32, _position: u32, reply: ReplyEmpty) {
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
         reply.error(Errno::EOPNOTSUPP);
     }
 
-    fn getxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _size: u32, reply: ReplyXattr) {
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: ReplyXattr,
+    ) {
         reply.error(Errno::EOPNOTSUPP);
     }
 
@@ -710,12 +832,30 @@ impl Filesystem for SpillwayFs {
         }
     }
 
-    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
         let caller = caller(req);
         let exclusive = flags & libc::O_EXCL != 0;
         // Create exclusively first: a file we just created may be opened in any mode by us; an
         // existing one (O_CREAT without O_EXCL) goes through the open permission check.
-        let attr = match self.namespace.create(&caller, parent.0, name.as_bytes(), FileKind::Regular, mode & 0o7777, umask, 0, true) {
+        let attr = match self.namespace.create(
+            &caller,
+            parent.0,
+            name.as_bytes(),
+            FileKind::Regular,
+            mode & 0o7777,
+            umask,
+            0,
+            true,
+        ) {
             Ok(attr) => attr,
             Err(e) if e.errno == libc::EEXIST && !exclusive => {
                 let existing = match self.namespace.lookup(&caller, parent.0, name.as_bytes()) {
@@ -735,12 +875,27 @@ impl Filesystem for SpillwayFs {
         self.data.slot(attr.ino).forget(attr.ino);
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         match self.open_handle(&attr, writable) {
-            Ok(fh) => reply.created(&self.ttl(), &file_attr(&attr), Generation(0), FileHandle(fh), open_flags(flags)),
+            Ok(fh) => reply.created(
+                &self.ttl(),
+                &file_attr(&attr),
+                Generation(0),
+                FileHandle(fh),
+                open_flags(flags),
+            ),
             Err(e) => reply.error(e),
         }
     }
 
-    fn fallocate(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+    fn fallocate(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
         // Mode 0 (posix_fallocate): make the file at least offset+length long; the store has no
         // preallocation, so the range is only reserved in the size.
         if mode != 0 {
@@ -768,7 +923,11 @@ mod tests {
 
     #[test]
     fn timestamps_round_trip_through_system_time() {
-        for t in [Timestamp::new(0, 0), Timestamp::new(1_700_000_000, 123_456_789), Timestamp::new(-5, 250_000_000)] {
+        for t in [
+            Timestamp::new(0, 0),
+            Timestamp::new(1_700_000_000, 123_456_789),
+            Timestamp::new(-5, 250_000_000),
+        ] {
             assert_eq!(timestamp(system_time(t)), t);
         }
     }

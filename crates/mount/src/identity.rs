@@ -41,7 +41,8 @@ mod tests {
 
     #[test]
     fn parses_the_groups_line() {
-        let status = "Name:\tbash\nUid:\t1000\t1000\t1000\t1000\nGroups:\t4 24 1000 \nVmPeak:\t1 kB\n";
+        let status =
+            "Name:\tbash\nUid:\t1000\t1000\t1000\t1000\nGroups:\t4 24 1000 \nVmPeak:\t1 kB\n";
         assert_eq!(parse_groups(status), vec![4, 24, 1000]);
         assert_eq!(parse_groups("Groups:\t\n"), Vec::<u32>::new());
         assert_eq!(parse_groups("Name:\tx\n"), Vec::<u32>::new());

@@ -69,7 +69,9 @@ impl Mount {
             std::mem::forget(session);
             return Ok(());
         }
-        session.umount_and_join().map_err(|source| MountError::Unmount { path: self.mountpoint.clone(), source })
+        session
+            .umount_and_join()
+            .map_err(|source| MountError::Unmount { path: self.mountpoint.clone(), source })
     }
 }
 
@@ -84,17 +86,27 @@ impl Drop for Mount {
 /// Mounts a namespace at `mountpoint`, with file data going through `clients` (one per data
 /// slot; all connected to the reservation's servers in the same order with striped placement).
 /// Returns once the kernel has the mount (the FUSE handshake is done).
-pub fn mount(namespace: Arc<dyn Namespace>, clients: Vec<Client>, mountpoint: &Path, config: MountConfig) -> Result<Mount, MountError> {
+pub fn mount(
+    namespace: Arc<dyn Namespace>,
+    clients: Vec<Client>,
+    mountpoint: &Path,
+    config: MountConfig,
+) -> Result<Mount, MountError> {
     if clients.is_empty() {
         return Err(MountError::Config("no data clients".into()));
     }
     if config.threads == 0 {
         return Err(MountError::Config("threads must be at least 1".into()));
     }
-    let meta = std::fs::metadata(mountpoint)
-        .map_err(|e| MountError::MountPoint { path: mountpoint.to_path_buf(), problem: e.to_string() })?;
+    let meta = std::fs::metadata(mountpoint).map_err(|e| MountError::MountPoint {
+        path: mountpoint.to_path_buf(),
+        problem: e.to_string(),
+    })?;
     if !meta.is_dir() {
-        return Err(MountError::MountPoint { path: mountpoint.to_path_buf(), problem: "not a directory".into() });
+        return Err(MountError::MountPoint {
+            path: mountpoint.to_path_buf(),
+            problem: "not a directory".into(),
+        });
     }
     let data = DataPlane::new(clients, namespace.id(), namespace.data_epoch());
     let mut options = Config::default();
@@ -120,8 +132,12 @@ pub fn mount(namespace: Arc<dyn Namespace>, clients: Vec<Client>, mountpoint: &P
 /// `fusermount3 -u`); `lazy` detaches even if files are still open.
 pub fn unmount_path(mountpoint: &Path, lazy: bool) -> Result<(), MountError> {
     use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())
-        .map_err(|_| MountError::MountPoint { path: mountpoint.to_path_buf(), problem: "contains a NUL byte".into() })?;
+    let path = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()).map_err(|_| {
+        MountError::MountPoint {
+            path: mountpoint.to_path_buf(),
+            problem: "contains a NUL byte".into(),
+        }
+    })?;
     let flags = if lazy { libc::MNT_DETACH } else { 0 };
     // SAFETY: `path` is a valid NUL-terminated string for the duration of the call.
     if unsafe { libc::umount2(path.as_ptr(), flags) } == 0 {
@@ -137,7 +153,10 @@ pub fn unmount_path(mountpoint: &Path, lazy: bool) -> Result<(), MountError> {
         Ok(out) if out.status.success() => Ok(()),
         Ok(out) => Err(MountError::Unmount {
             path: mountpoint.to_path_buf(),
-            source: std::io::Error::other(format!("umount2: {first}; fusermount3: {}", String::from_utf8_lossy(&out.stderr).trim())),
+            source: std::io::Error::other(format!(
+                "umount2: {first}; fusermount3: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )),
         }),
         Err(_) => Err(MountError::Unmount { path: mountpoint.to_path_buf(), source: first }),
     }

@@ -31,8 +31,10 @@ const COLOURS: [&str; 8] =
 /// A line chart of `series` against shared linear axes.
 pub fn line_chart_svg(title: &str, x_label: &str, y_label: &str, series: &[Series]) -> String {
     let finite = |v: &f64| v.is_finite();
-    let xs: Vec<f64> = series.iter().flat_map(|s| s.points.iter().map(|p| p.0)).filter(finite).collect();
-    let ys: Vec<f64> = series.iter().flat_map(|s| s.points.iter().map(|p| p.1)).filter(finite).collect();
+    let xs: Vec<f64> =
+        series.iter().flat_map(|s| s.points.iter().map(|p| p.0)).filter(finite).collect();
+    let ys: Vec<f64> =
+        series.iter().flat_map(|s| s.points.iter().map(|p| p.1)).filter(finite).collect();
     let x_axis = Axis::fit(&xs, false);
     let y_axis = Axis::fit(&ys, true);
     let mut svg = open_svg(title, x_label, y_label, &x_axis, &y_axis);
@@ -120,7 +122,8 @@ impl Axis {
         let step = nice_step((high - low) / 5.0);
         let min = (low / step).floor() * step;
         let max = (high / step).ceil() * step;
-        let ticks = (0..=((max - min) / step).round() as usize).map(|i| min + step * i as f64).collect();
+        let ticks =
+            (0..=((max - min) / step).round() as usize).map(|i| min + step * i as f64).collect();
         Axis { min, max, ticks }
     }
 
@@ -129,7 +132,9 @@ impl Axis {
     }
 
     fn to_px_y(&self, y: f64) -> f64 {
-        HEIGHT - MARGIN_BOTTOM - (y - self.min) / (self.max - self.min) * (HEIGHT - MARGIN_TOP - MARGIN_BOTTOM)
+        HEIGHT
+            - MARGIN_BOTTOM
+            - (y - self.min) / (self.max - self.min) * (HEIGHT - MARGIN_TOP - MARGIN_BOTTOM)
     }
 }
 
@@ -248,9 +253,18 @@ mod tests {
     fn degenerate_inputs_do_not_break_the_chart() {
         let svg = line_chart_svg("empty", "x", "y", &[]);
         assert!(svg.contains("</svg>"));
-        let flat = line_chart_svg("flat", "x", "y", &[Series { name: "a".into(), points: vec![(1.0, 2.0)] }]);
+        let flat = line_chart_svg(
+            "flat",
+            "x",
+            "y",
+            &[Series { name: "a".into(), points: vec![(1.0, 2.0)] }],
+        );
         assert!(flat.contains("<circle"));
-        let bars = bar_chart_svg("bars", "ops/s", &[Bar { label: "a".into(), value: 3.0 }, Bar { label: "b".into(), value: f64::NAN }]);
+        let bars = bar_chart_svg(
+            "bars",
+            "ops/s",
+            &[Bar { label: "a".into(), value: 3.0 }, Bar { label: "b".into(), value: f64::NAN }],
+        );
         assert_eq!(bars.matches("<rect").count(), 3, "background plus two bars");
     }
 }

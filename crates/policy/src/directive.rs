@@ -14,7 +14,6 @@
 //! `KB` = 1000, up to `P`/`PiB`/`PB`; no suffix = bytes). Unlike Slurm, which silently reads
 //! `10X` as 10 bytes, every unknown key, bad size or bad path is an error naming the token.
 
-
 /// Directive name as configured by `Directive=BB_LUA` in burst_buffer.conf (without the `#`).
 pub const DIRECTIVE_DEFAULT: &str = "BB_LUA";
 
@@ -102,7 +101,9 @@ pub fn parse_size(text: &str) -> Result<u64, SizeError> {
         Ok(0) => Err(SizeError::Zero),
         Ok(bytes) => Ok(bytes),
         Err(spillway_types::SizeError::NoDigits) => Err(SizeError::NoDigits),
-        Err(spillway_types::SizeError::UnknownUnit(_)) => Err(SizeError::Suffix(suffix.to_string())),
+        Err(spillway_types::SizeError::UnknownUnit(_)) => {
+            Err(SizeError::Suffix(suffix.to_string()))
+        }
         Err(spillway_types::SizeError::Overflow) => Err(SizeError::Overflow),
     }
 }
@@ -110,7 +111,10 @@ pub fn parse_size(text: &str) -> Result<u64, SizeError> {
 /// The directive lines of `script` as Slurm 22.05 sees them: from the leading comment block,
 /// continuations joined, each with the 1-based number of its first line and the text after
 /// `#<directive>`.
-pub fn directive_lines(script: &str, directive: &str) -> Result<Vec<(usize, String)>, DirectiveError> {
+pub fn directive_lines(
+    script: &str,
+    directive: &str,
+) -> Result<Vec<(usize, String)>, DirectiveError> {
     let marker = format!("#{directive}");
     let mut lines: Vec<(usize, String)> = Vec::new();
     let mut continuing = false;
@@ -131,7 +135,11 @@ pub fn directive_lines(script: &str, directive: &str) -> Result<Vec<(usize, Stri
         };
         if !rest.is_empty() && !rest.starts_with(char::is_whitespace) {
             let token = line.split_whitespace().next().unwrap_or(line).to_string();
-            return Err(DirectiveError::NotDirective { line: number, token, directive: directive.to_string() });
+            return Err(DirectiveError::NotDirective {
+                line: number,
+                token,
+                directive: directive.to_string(),
+            });
         }
         let (body, continues) = match rest.strip_suffix('\\') {
             Some(body) => (body, true),
@@ -171,21 +179,32 @@ pub fn parse_script(script: &str, directive: &str) -> Result<Option<Directive>, 
             let Some((key, value)) = token.split_once('=') else {
                 return Err(DirectiveError::NotKeyValue { line, token: token.to_string() });
             };
-            let duplicate = |key: &'static str| DirectiveError::Duplicate { line, token: token.to_string(), key };
+            let duplicate = |key: &'static str| DirectiveError::Duplicate {
+                line,
+                token: token.to_string(),
+                key,
+            };
             match key {
                 "capacity" => {
                     if capacity_bytes.is_some() {
                         return Err(duplicate("capacity"));
                     }
-                    let bytes = parse_size(value)
-                        .map_err(|problem| DirectiveError::BadSize { line, token: token.to_string(), problem })?;
+                    let bytes = parse_size(value).map_err(|problem| DirectiveError::BadSize {
+                        line,
+                        token: token.to_string(),
+                        problem,
+                    })?;
                     capacity_bytes = Some(bytes);
                 }
                 "pool" => {
                     if pool.is_some() {
                         return Err(duplicate("pool"));
                     }
-                    check_name(value).map_err(|problem| DirectiveError::BadName { line, token: token.to_string(), problem })?;
+                    check_name(value).map_err(|problem| DirectiveError::BadName {
+                        line,
+                        token: token.to_string(),
+                        problem,
+                    })?;
                     pool = Some(value.to_string());
                 }
                 "access" => {
@@ -195,14 +214,23 @@ pub fn parse_script(script: &str, directive: &str) -> Result<Option<Directive>, 
                     access = Some(match value {
                         "striped" => Access::Striped,
                         "private" => Access::Private,
-                        _ => return Err(DirectiveError::BadAccess { line, token: token.to_string() }),
+                        _ => {
+                            return Err(DirectiveError::BadAccess {
+                                line,
+                                token: token.to_string(),
+                            })
+                        }
                     });
                 }
                 "persistent" => {
                     if persistent.is_some() {
                         return Err(duplicate("persistent"));
                     }
-                    check_name(value).map_err(|problem| DirectiveError::BadName { line, token: token.to_string(), problem })?;
+                    check_name(value).map_err(|problem| DirectiveError::BadName {
+                        line,
+                        token: token.to_string(),
+                        problem,
+                    })?;
                     if value.starts_with("job-") {
                         return Err(DirectiveError::BadName {
                             line,
@@ -219,7 +247,11 @@ pub fn parse_script(script: &str, directive: &str) -> Result<Option<Directive>, 
                             check_reservation_path(&dst)?;
                             Ok((src, dst))
                         })
-                        .map_err(|problem| DirectiveError::BadStage { line, token: token.to_string(), problem })?;
+                        .map_err(|problem| DirectiveError::BadStage {
+                            line,
+                            token: token.to_string(),
+                            problem,
+                        })?;
                     stage_in.push(Stage { pfs_path: pfs, reservation_path: reservation });
                 }
                 "stage_out" => {
@@ -230,7 +262,11 @@ pub fn parse_script(script: &str, directive: &str) -> Result<Option<Directive>, 
                             check_pfs_path(&dst)?;
                             Ok((src, dst))
                         })
-                        .map_err(|problem| DirectiveError::BadStage { line, token: token.to_string(), problem })?;
+                        .map_err(|problem| DirectiveError::BadStage {
+                            line,
+                            token: token.to_string(),
+                            problem,
+                        })?;
                     stage_out.push(Stage { pfs_path: pfs, reservation_path: reservation });
                 }
                 _ => return Err(DirectiveError::UnknownKey { line, token: token.to_string() }),
@@ -340,7 +376,10 @@ mod tests {
                 Stage { pfs_path: "/pfs/in/cfg".into(), reservation_path: "cfg".into() },
             ]
         );
-        assert_eq!(d.stage_out, vec![Stage { pfs_path: "/pfs/out/ckpt".into(), reservation_path: "ckpt".into() }]);
+        assert_eq!(
+            d.stage_out,
+            vec![Stage { pfs_path: "/pfs/out/ckpt".into(), reservation_path: "ckpt".into() }]
+        );
     }
 
     #[test]
@@ -363,7 +402,10 @@ mod tests {
             parse("#!/bin/sh\n#BB_LUA capacity=5M \\\n#SBATCH -N1\n"),
             Err(DirectiveError::DanglingContinuation { line: 2 })
         );
-        assert_eq!(parse("#BB_LUA capacity=5M \\\n"), Err(DirectiveError::DanglingContinuation { line: 1 }));
+        assert_eq!(
+            parse("#BB_LUA capacity=5M \\\n"),
+            Err(DirectiveError::DanglingContinuation { line: 1 })
+        );
     }
 
     #[test]

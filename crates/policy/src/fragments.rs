@@ -69,7 +69,10 @@ pub enum FragmentError {
 }
 
 /// Places `request` over `servers` (see the module documentation for the rules).
-pub fn allocate(servers: &[ServerSpace], request: FragmentRequest) -> Result<FragmentPlan, FragmentError> {
+pub fn allocate(
+    servers: &[ServerSpace],
+    request: FragmentRequest,
+) -> Result<FragmentPlan, FragmentError> {
     if request.capacity_bytes == 0 {
         return Err(FragmentError::ZeroCapacity);
     }
@@ -80,8 +83,11 @@ pub fn allocate(servers: &[ServerSpace], request: FragmentRequest) -> Result<Fra
         return Err(FragmentError::ZeroStripe);
     }
     let fragments = request.capacity_bytes.div_ceil(request.fragment_bytes);
-    let mut candidates: Vec<ServerSpace> =
-        servers.iter().copied().filter(|s| s.healthy && s.free_bytes >= request.fragment_bytes).collect();
+    let mut candidates: Vec<ServerSpace> = servers
+        .iter()
+        .copied()
+        .filter(|s| s.healthy && s.free_bytes >= request.fragment_bytes)
+        .collect();
     candidates.sort_by_key(|s| (std::cmp::Reverse(s.free_bytes), s.server));
     if candidates.is_empty() {
         return Err(FragmentError::NoHealthyServer {
@@ -114,7 +120,8 @@ pub fn allocate(servers: &[ServerSpace], request: FragmentRequest) -> Result<Fra
             }
         }
     }
-    let per_server: Vec<(u64, u64)> = chosen.iter().zip(counts).map(|(s, c)| (s.server, c)).collect();
+    let per_server: Vec<(u64, u64)> =
+        chosen.iter().zip(counts).map(|(s, c)| (s.server, c)).collect();
     debug_assert!(per_server.iter().all(|&(_, c)| c > 0), "every chosen server gets a fragment");
     debug_assert_eq!(per_server.iter().map(|&(_, c)| c).sum::<u64>(), fragments);
     Ok(FragmentPlan { fragments, fragment_bytes: request.fragment_bytes, per_server })
@@ -131,7 +138,11 @@ mod tests {
     }
 
     fn request(capacity_mib: u64, stripe_servers_max: u32) -> FragmentRequest {
-        FragmentRequest { capacity_bytes: capacity_mib * MIB, fragment_bytes: 8 * MIB, stripe_servers_max }
+        FragmentRequest {
+            capacity_bytes: capacity_mib * MIB,
+            fragment_bytes: 8 * MIB,
+            stripe_servers_max,
+        }
     }
 
     #[test]
@@ -173,10 +184,21 @@ mod tests {
     fn shortfall_is_named() {
         let servers = [server(1, 16), server(2, 16)];
         let error = allocate(&servers, request(5 * 8, 8)).unwrap_err();
-        assert_eq!(error, FragmentError::InsufficientCapacity { fragments: 5, fragment_bytes: 8 * MIB, placeable: 4, servers: 2 });
+        assert_eq!(
+            error,
+            FragmentError::InsufficientCapacity {
+                fragments: 5,
+                fragment_bytes: 8 * MIB,
+                placeable: 4,
+                servers: 2
+            }
+        );
         assert!(error.to_string().contains("only 4 fit"), "{error}");
         let down = [ServerSpace { server: 1, free_bytes: 100 * MIB, healthy: false }];
-        assert!(matches!(allocate(&down, request(1, 8)), Err(FragmentError::NoHealthyServer { .. })));
+        assert!(matches!(
+            allocate(&down, request(1, 8)),
+            Err(FragmentError::NoHealthyServer { .. })
+        ));
         assert_eq!(allocate(&servers, request(0, 8)), Err(FragmentError::ZeroCapacity));
     }
 
@@ -184,7 +206,8 @@ mod tests {
     fn deterministic_and_within_free_space() {
         // Every request against every small snapshot: same answer twice, never over free space.
         for frees in [[3u64, 1, 2], [0, 5, 5], [2, 2, 2], [7, 0, 1]] {
-            let servers: Vec<ServerSpace> = frees.iter().enumerate().map(|(i, &f)| server(i as u64, f * 8)).collect();
+            let servers: Vec<ServerSpace> =
+                frees.iter().enumerate().map(|(i, &f)| server(i as u64, f * 8)).collect();
             for fragments in 1..12 {
                 for width in 1..4 {
                     let a = allocate(&servers, request(fragments * 8, width));

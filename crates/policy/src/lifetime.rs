@@ -30,9 +30,7 @@ pub fn lifetime_stream(active: &[LifetimeEstimate], key: StreamKey, streams: u16
     assert!(own.expected_lifetime.is_finite(), "lifetime estimate of {key} is not finite");
     let rank = active
         .iter()
-        .filter(|e| {
-            (e.expected_lifetime, e.key) < (own.expected_lifetime, own.key)
-        })
+        .filter(|e| (e.expected_lifetime, e.key) < (own.expected_lifetime, own.key))
         .count();
     ((rank * streams as usize) / active.len()) as u16
 }
@@ -49,7 +47,8 @@ mod tests {
     fn similar_lifetimes_share_a_stream() {
         // 32 keys, 4 lifetime classes interleaved by key (BIOS configuration 3 order): the
         // grouping puts each class on its own 2 streams.
-        let active: Vec<_> = (0..32).map(|k| est(k, [10.0, 20.0, 40.0, 80.0][(k / 8) as usize])).collect();
+        let active: Vec<_> =
+            (0..32).map(|k| est(k, [10.0, 20.0, 40.0, 80.0][(k / 8) as usize])).collect();
         for e in &active {
             let stream = lifetime_stream(&active, e.key, 8);
             let class = e.key.0 / 8;

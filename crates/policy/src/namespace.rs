@@ -39,7 +39,9 @@ impl std::str::FromStr for NamespaceAccess {
         match text {
             "striped" => Ok(NamespaceAccess::Striped),
             "private" => Ok(NamespaceAccess::Private),
-            other => Err(format!("namespace access {other:?} is neither \"striped\" nor \"private\"")),
+            other => {
+                Err(format!("namespace access {other:?} is neither \"striped\" nor \"private\""))
+            }
         }
     }
 }
@@ -66,7 +68,12 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
 /// The placement of the namespace a mount on `node` uses, for base namespace id `base`
 /// (the reservation's) and `servers` servers. Private namespaces get distinct ids per node
 /// (`base` mixed with the node's hash) so two nodes placed on one server do not share a tree.
-pub fn namespace_placement(access: NamespaceAccess, base: u64, node: &str, servers: usize) -> NamespacePlacement {
+pub fn namespace_placement(
+    access: NamespaceAccess,
+    base: u64,
+    node: &str,
+    servers: usize,
+) -> NamespacePlacement {
     assert!(servers > 0, "a reservation has at least one server");
     match access {
         NamespaceAccess::Striped => NamespacePlacement { server: 0, namespace: base },
@@ -93,13 +100,18 @@ mod tests {
     #[test]
     fn striped_is_one_namespace_on_the_first_server() {
         for node in ["n1", "n2", "nid00042"] {
-            assert_eq!(namespace_placement(NamespaceAccess::Striped, 7, node, 4), NamespacePlacement { server: 0, namespace: 7 });
+            assert_eq!(
+                namespace_placement(NamespaceAccess::Striped, 7, node, 4),
+                NamespacePlacement { server: 0, namespace: 7 }
+            );
         }
     }
 
     #[test]
     fn private_spreads_nodes_over_servers_with_distinct_namespaces() {
-        let placements: Vec<_> = (0..64).map(|i| namespace_placement(NamespaceAccess::Private, 7, &format!("nid{i:05}"), 4)).collect();
+        let placements: Vec<_> = (0..64)
+            .map(|i| namespace_placement(NamespaceAccess::Private, 7, &format!("nid{i:05}"), 4))
+            .collect();
         let mut per_server = [0; 4];
         for p in &placements {
             per_server[p.server] += 1;
@@ -107,7 +119,11 @@ mod tests {
         assert!(per_server.iter().all(|&n| n >= 8), "64 nodes over 4 servers: {per_server:?}");
         let ids: std::collections::HashSet<_> = placements.iter().map(|p| p.namespace).collect();
         assert_eq!(ids.len(), 64);
-        assert_eq!(placements[3], namespace_placement(NamespaceAccess::Private, 7, "nid00003", 4), "deterministic");
+        assert_eq!(
+            placements[3],
+            namespace_placement(NamespaceAccess::Private, 7, "nid00003", 4),
+            "deterministic"
+        );
         assert_eq!(namespace_placement(NamespaceAccess::Private, 7, "x", 1).server, 0);
     }
 

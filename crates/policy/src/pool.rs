@@ -40,7 +40,9 @@ pub fn select_pool(pools: &[PoolState], user: StreamKey) -> Option<PoolChoice> {
     let least_used = |candidates: &mut dyn Iterator<Item = &PoolState>| {
         candidates.min_by_key(|p| (p.running_job_users.len(), p.pool)).map(|p| p.pool)
     };
-    if let Some(idle) = pools.iter().filter(|p| p.running_job_users.is_empty()).map(|p| p.pool).min() {
+    if let Some(idle) =
+        pools.iter().filter(|p| p.running_job_users.is_empty()).map(|p| p.pool).min()
+    {
         return Some(PoolChoice::Idle(idle));
     }
     let mut not_overlapping = pools.iter().filter(|p| !p.running_job_users.contains(&user));

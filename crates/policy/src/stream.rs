@@ -221,7 +221,7 @@ mod tests {
         t.access(StreamKey(1), 0); // counter 1
         t.access(StreamKey(2), 0); // counter 2
         t.access(StreamKey(2), 50); // counter 3
-        // 4th access exceeds the threshold: key 1 was last seen at 0, idle for 60 > 10.
+                                    // 4th access exceeds the threshold: key 1 was last seen at 0, idle for 60 > 10.
         let d = t.decide(StreamKey(2), 60);
         assert_eq!(d.reclaimed, Some(vec![StreamKey(1)]));
         t.apply(&d);

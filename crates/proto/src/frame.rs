@@ -179,7 +179,9 @@ impl Kind {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum FrameError {
-    #[error("bad magic {found:02x?} (expected \"SPWL\"): not a spillway peer or stream out of sync")]
+    #[error(
+        "bad magic {found:02x?} (expected \"SPWL\"): not a spillway peer or stream out of sync"
+    )]
     BadMagic { found: [u8; 4] },
     #[error("header checksum mismatch: computed {computed:#010x}, frame says {found:#010x}")]
     HeaderChecksum { computed: u32, found: u32 },
@@ -213,7 +215,9 @@ pub enum ReceiveError {
     #[error("connection closed by peer")]
     Closed,
     /// The peer closed the connection in the middle of a frame.
-    #[error("connection closed in the middle of a frame ({got} of {expected} bytes of the {part})")]
+    #[error(
+        "connection closed in the middle of a frame ({got} of {expected} bytes of the {part})"
+    )]
     TruncatedFrame { part: &'static str, got: usize, expected: usize },
     #[error(transparent)]
     Frame(#[from] FrameError),
@@ -247,7 +251,10 @@ impl Header {
     }
 
     /// Decodes and validates a header. `payload_bytes_max` is the negotiated payload limit.
-    pub fn decode(bytes: &[u8; HEADER_BYTES], payload_bytes_max: u32) -> Result<Header, FrameError> {
+    pub fn decode(
+        bytes: &[u8; HEADER_BYTES],
+        payload_bytes_max: u32,
+    ) -> Result<Header, FrameError> {
         let found: [u8; 4] = bytes[0..4].try_into().expect("4 bytes");
         if found != MAGIC {
             return Err(FrameError::BadMagic { found });
@@ -263,11 +270,17 @@ impl Header {
         }
         let reserved_6 = u16::from_le_bytes(bytes[6..8].try_into().expect("2 bytes"));
         if reserved_6 != 0 {
-            return Err(FrameError::ReservedNotZero { field: "bytes 6..8", value: reserved_6 as u64 });
+            return Err(FrameError::ReservedNotZero {
+                field: "bytes 6..8",
+                value: reserved_6 as u64,
+            });
         }
         let reserved_24 = u32::from_le_bytes(bytes[24..28].try_into().expect("4 bytes"));
         if reserved_24 != 0 {
-            return Err(FrameError::ReservedNotZero { field: "bytes 24..28", value: reserved_24 as u64 });
+            return Err(FrameError::ReservedNotZero {
+                field: "bytes 24..28",
+                value: reserved_24 as u64,
+            });
         }
         let request_id = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
         let body_bytes = u32::from_le_bytes(bytes[16..20].try_into().expect("4 bytes"));
@@ -325,7 +338,10 @@ pub fn read_header_and_body<R: Read + ?Sized>(
 }
 
 /// Reads a frame's payload into `buffer` (whose length is the header's `payload_bytes`).
-pub fn read_payload<R: Read + ?Sized>(reader: &mut R, buffer: &mut [u8]) -> Result<(), ReceiveError> {
+pub fn read_payload<R: Read + ?Sized>(
+    reader: &mut R,
+    buffer: &mut [u8],
+) -> Result<(), ReceiveError> {
     read_part(reader, buffer, "payload", false)
 }
 
@@ -338,9 +354,8 @@ pub fn write_frame<W: Write + ?Sized>(
     payload: &[u8],
 ) -> io::Result<()> {
     let body_bytes = u32::try_from(body.len()).expect("body fits u32");
-    let payload_bytes = u32::try_from(payload.len()).map_err(|_| {
-        io::Error::new(io::ErrorKind::InvalidInput, "payload larger than 4 GiB")
-    })?;
+    let payload_bytes = u32::try_from(payload.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "payload larger than 4 GiB"))?;
     let header = Header { kind, request_id, body_bytes, payload_bytes }.encode();
     let parts: [&[u8]; 3] = [&header, body, payload];
     let total: usize = parts.iter().map(|p| p.len()).sum();
@@ -410,23 +425,38 @@ mod tests {
     fn bad_fields_behind_a_valid_checksum_are_rejected() {
         let mut b = header().encode();
         b[4] = 0x42;
-        assert_eq!(Header::decode(&reseal(b), 1 << 20), Err(FrameError::UnknownKind { kind: 0x42 }));
+        assert_eq!(
+            Header::decode(&reseal(b), 1 << 20),
+            Err(FrameError::UnknownKind { kind: 0x42 })
+        );
         let mut b = header().encode();
         b[5] = 1;
-        assert!(matches!(Header::decode(&reseal(b), 1 << 20), Err(FrameError::ReservedNotZero { field: "flags", .. })));
+        assert!(matches!(
+            Header::decode(&reseal(b), 1 << 20),
+            Err(FrameError::ReservedNotZero { field: "flags", .. })
+        ));
         let mut b = header().encode();
         b[25] = 1;
-        assert!(matches!(Header::decode(&reseal(b), 1 << 20), Err(FrameError::ReservedNotZero { .. })));
+        assert!(matches!(
+            Header::decode(&reseal(b), 1 << 20),
+            Err(FrameError::ReservedNotZero { .. })
+        ));
         let mut b = header().encode();
         b[16..20].copy_from_slice(&(BODY_BYTES_MAX + 1).to_le_bytes());
-        assert!(matches!(Header::decode(&reseal(b), 1 << 20), Err(FrameError::BodyTooLarge { .. })));
+        assert!(matches!(
+            Header::decode(&reseal(b), 1 << 20),
+            Err(FrameError::BodyTooLarge { .. })
+        ));
         assert_eq!(
             Header::decode(&header().encode(), 4095),
             Err(FrameError::PayloadTooLarge { bytes: 4096, max: 4095 })
         );
         let mut b = header().encode();
         b[4] = Kind::Commit as u8;
-        assert!(matches!(Header::decode(&reseal(b), 1 << 20), Err(FrameError::UnexpectedPayload { .. })));
+        assert!(matches!(
+            Header::decode(&reseal(b), 1 << 20),
+            Err(FrameError::UnexpectedPayload { .. })
+        ));
     }
 
     #[test]
@@ -439,7 +469,10 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let mut cursor = std::io::Cursor::new(Vec::new());
-        assert!(matches!(read_header_and_body(&mut cursor, &mut body, 1 << 20), Err(ReceiveError::Closed)));
+        assert!(matches!(
+            read_header_and_body(&mut cursor, &mut body, 1 << 20),
+            Err(ReceiveError::Closed)
+        ));
         let mut stream = h.to_vec();
         stream.extend_from_slice(&[0; 5]);
         let mut cursor = std::io::Cursor::new(stream);

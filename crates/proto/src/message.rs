@@ -59,7 +59,13 @@ impl EpochState {
             1 => EpochState::CommittedMemory,
             2 => EpochState::Committed,
             3 => EpochState::Drained,
-            other => return Err(FrameError::BadValue { kind, field: "epoch state", value: other as u64 }),
+            other => {
+                return Err(FrameError::BadValue {
+                    kind,
+                    field: "epoch state",
+                    value: other as u64,
+                })
+            }
         })
     }
 }
@@ -143,7 +149,13 @@ impl DrainState {
             2 => DrainState::Running,
             3 => DrainState::Retrying,
             4 => DrainState::Drained,
-            other => return Err(FrameError::BadValue { kind, field: "drain state", value: other as u64 }),
+            other => {
+                return Err(FrameError::BadValue {
+                    kind,
+                    field: "drain state",
+                    value: other as u64,
+                })
+            }
         })
     }
 }
@@ -186,36 +198,78 @@ pub struct DrainInfo {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
     /// First frame of every connection: the versions the client speaks.
-    Hello { version_min: u16, version_max: u16, client_name: String },
+    Hello {
+        version_min: u16,
+        version_max: u16,
+        client_name: String,
+    },
     /// Opens (and with `create`, creates) the named file in an epoch.
-    OpenFile { epoch: EpochId, name: String, create: bool },
+    OpenFile {
+        epoch: EpochId,
+        name: String,
+        create: bool,
+    },
     /// Writes the frame payload at `offset`.
-    Write { epoch: EpochId, file: FileId, offset: u64 },
+    Write {
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+    },
     /// Reads `length` bytes at `offset`; holes read as zeros.
-    Read { epoch: EpochId, file: FileId, offset: u64, length: u32 },
-    Commit { epoch: EpochId, durability: Durability },
+    Read {
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+        length: u32,
+    },
+    Commit {
+        epoch: EpochId,
+        durability: Durability,
+    },
     /// Epochs from `from_epoch` upward. A reply holds what fits in one body; ask again from one
     /// past the last epoch until the list comes back empty.
-    ListEpochs { from_epoch: EpochId },
+    ListEpochs {
+        from_epoch: EpochId,
+    },
     /// Files of an epoch with ids from `from_file` upward; paged like `ListEpochs`.
-    ListFiles { epoch: EpochId, from_file: FileId },
-    Stat { epoch: EpochId, file: FileId },
+    ListFiles {
+        epoch: EpochId,
+        from_file: FileId,
+    },
+    Stat {
+        epoch: EpochId,
+        file: FileId,
+    },
     /// The byte ranges of the file this server holds (for reassembly across servers), starting
     /// with the first range that ends after `from_offset`. A reply holds at most what fits in one
     /// body; the client asks again from the end of the last range until the list comes back empty.
-    Extents { epoch: EpochId, file: FileId, from_offset: u64 },
-    DeleteEpoch { epoch: EpochId },
+    Extents {
+        epoch: EpochId,
+        file: FileId,
+        from_offset: u64,
+    },
+    DeleteEpoch {
+        epoch: EpochId,
+    },
     Status,
     /// Queue a drain of a committed epoch to the PFS (`mode`: 0 naive, 1 shuffled).
-    Drain { epoch: EpochId, mode: u8 },
+    Drain {
+        epoch: EpochId,
+        mode: u8,
+    },
     /// Drain state of every epoch this server knows of.
     DrainStatus,
     /// Make every byte this server acknowledged for the epoch durable in its SSD log without
     /// sealing the epoch (what `fsync` on the mount needs; a commit seals).
-    Sync { epoch: EpochId },
+    Sync {
+        epoch: EpochId,
+    },
     /// From the manager (root only): the epoch's writes go to SSD stream `stream` (BIOS
     /// Algorithm 1's choice for the reservation's user or job) instead of the writer's uid.
-    AssignStream { epoch: EpochId, stream: u64 },
+    AssignStream {
+        epoch: EpochId,
+        stream: u64,
+    },
     /// A namespace (metadata service) operation; see [`crate::namespace`].
     Namespace(NamespaceRequest),
 }
@@ -233,21 +287,41 @@ pub enum Response {
         gid: u32,
         server_name: String,
     },
-    FileOpened { file: FileId, created: bool },
-    Written { bytes: u32 },
+    FileOpened {
+        file: FileId,
+        created: bool,
+    },
+    Written {
+        bytes: u32,
+    },
     ReadData,
-    Committed { epoch: EpochId, durability: Durability },
+    Committed {
+        epoch: EpochId,
+        durability: Durability,
+    },
     Epochs(Vec<EpochInfo>),
     Files(Vec<FileInfo>),
     FileStat(FileInfo),
     Extents(Vec<Extent>),
-    Deleted { epoch: EpochId },
+    Deleted {
+        epoch: EpochId,
+    },
     Status(ServerStatus),
-    DrainQueued { epoch: EpochId },
+    DrainQueued {
+        epoch: EpochId,
+    },
     DrainStatus(Vec<DrainInfo>),
-    Synced { epoch: EpochId },
-    StreamAssigned { epoch: EpochId, stream: u64 },
-    Error { code: ErrorCode, message: String },
+    Synced {
+        epoch: EpochId,
+    },
+    StreamAssigned {
+        epoch: EpochId,
+        stream: u64,
+    },
+    Error {
+        code: ErrorCode,
+        message: String,
+    },
     /// The answer to a namespace request (its failures included).
     Namespace(NamespaceResponse),
 }
@@ -302,7 +376,12 @@ pub(crate) struct Decoder<'a> {
 impl<'a> Decoder<'a> {
     pub(crate) fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], FrameError> {
         if self.bytes.len() < n {
-            return Err(FrameError::Truncated { kind: self.kind, field, needed: n, available: self.bytes.len() });
+            return Err(FrameError::Truncated {
+                kind: self.kind,
+                field,
+                needed: n,
+                available: self.bytes.len(),
+            });
         }
         let (head, tail) = self.bytes.split_at(n);
         self.bytes = tail;
@@ -326,7 +405,8 @@ impl<'a> Decoder<'a> {
             return Err(FrameError::BadValue { kind: self.kind, field, value: len as u64 });
         }
         let raw = self.take(len, field)?;
-        String::from_utf8(raw.to_vec()).map_err(|_| FrameError::BadString { kind: self.kind, field })
+        String::from_utf8(raw.to_vec())
+            .map_err(|_| FrameError::BadString { kind: self.kind, field })
     }
     /// Raw bytes written by `Encoder::bytes`.
     pub(crate) fn bytes(&mut self, field: &'static str) -> Result<Vec<u8>, FrameError> {
@@ -349,11 +429,19 @@ impl<'a> Decoder<'a> {
             0 => Ok(Durability::Ssd),
             1 => Ok(Durability::Memory),
             2 => Ok(Durability::ServerDefault),
-            other => Err(FrameError::BadValue { kind: self.kind, field: "durability", value: other as u64 }),
+            other => Err(FrameError::BadValue {
+                kind: self.kind,
+                field: "durability",
+                value: other as u64,
+            }),
         }
     }
     /// A list count, bounded by what the remaining bytes could possibly hold.
-    pub(crate) fn count(&mut self, element_bytes_min: usize, field: &'static str) -> Result<usize, FrameError> {
+    pub(crate) fn count(
+        &mut self,
+        element_bytes_min: usize,
+        field: &'static str,
+    ) -> Result<usize, FrameError> {
         let count = self.u32(field)? as usize;
         if count.saturating_mul(element_bytes_min) > self.bytes.len() {
             return Err(FrameError::Truncated {
@@ -479,10 +567,17 @@ impl Request {
                 offset: d.u64("offset")?,
                 length: d.u32("length")?,
             },
-            Kind::Commit => Request::Commit { epoch: EpochId(d.u64("epoch")?), durability: d.durability()? },
+            Kind::Commit => {
+                Request::Commit { epoch: EpochId(d.u64("epoch")?), durability: d.durability()? }
+            }
             Kind::ListEpochs => Request::ListEpochs { from_epoch: EpochId(d.u64("from_epoch")?) },
-            Kind::ListFiles => Request::ListFiles { epoch: EpochId(d.u64("epoch")?), from_file: FileId(d.u64("from_file")?) },
-            Kind::Stat => Request::Stat { epoch: EpochId(d.u64("epoch")?), file: FileId(d.u64("file")?) },
+            Kind::ListFiles => Request::ListFiles {
+                epoch: EpochId(d.u64("epoch")?),
+                from_file: FileId(d.u64("from_file")?),
+            },
+            Kind::Stat => {
+                Request::Stat { epoch: EpochId(d.u64("epoch")?), file: FileId(d.u64("file")?) }
+            }
             Kind::Extents => Request::Extents {
                 epoch: EpochId(d.u64("epoch")?),
                 file: FileId(d.u64("file")?),
@@ -490,7 +585,9 @@ impl Request {
             },
             Kind::DeleteEpoch => Request::DeleteEpoch { epoch: EpochId(d.u64("epoch")?) },
             Kind::Sync => Request::Sync { epoch: EpochId(d.u64("epoch")?) },
-            Kind::AssignStream => Request::AssignStream { epoch: EpochId(d.u64("epoch")?), stream: d.u64("stream")? },
+            Kind::AssignStream => {
+                Request::AssignStream { epoch: EpochId(d.u64("epoch")?), stream: d.u64("stream")? }
+            }
             Kind::Status => Request::Status,
             Kind::Drain => Request::Drain { epoch: EpochId(d.u64("epoch")?), mode: d.u8("mode")? },
             Kind::DrainStatus => Request::DrainStatus,
@@ -531,8 +628,20 @@ impl Response {
     pub fn encode_body(&self) -> Vec<u8> {
         let mut e = Encoder(Vec::with_capacity(32));
         match self {
-            Response::Hello { version, payload_bytes_max, in_flight_requests_max, uid, gid, server_name } => {
-                e.u16(*version).u32(*payload_bytes_max).u32(*in_flight_requests_max).u32(*uid).u32(*gid).string(server_name);
+            Response::Hello {
+                version,
+                payload_bytes_max,
+                in_flight_requests_max,
+                uid,
+                gid,
+                server_name,
+            } => {
+                e.u16(*version)
+                    .u32(*payload_bytes_max)
+                    .u32(*in_flight_requests_max)
+                    .u32(*uid)
+                    .u32(*gid)
+                    .string(server_name);
             }
             Response::FileOpened { file, created } => {
                 e.u64(file.0).u8(*created as u8);
@@ -610,7 +719,12 @@ impl Response {
             }
             Response::Namespace(r) => r.encode(&mut e),
         }
-        assert!(e.0.len() <= crate::BODY_BYTES_MAX as usize, "{:?} body of {} bytes", self.kind(), e.0.len());
+        assert!(
+            e.0.len() <= crate::BODY_BYTES_MAX as usize,
+            "{:?} body of {} bytes",
+            self.kind(),
+            e.0.len()
+        );
         e.0
     }
 
@@ -629,17 +743,27 @@ impl Response {
                 gid: d.u32("gid")?,
                 server_name: d.string("server_name")?,
             },
-            Kind::FileOpened => Response::FileOpened { file: FileId(d.u64("file")?), created: d.boolean("created")? },
+            Kind::FileOpened => Response::FileOpened {
+                file: FileId(d.u64("file")?),
+                created: d.boolean("created")?,
+            },
             Kind::Written => Response::Written { bytes: d.u32("bytes")? },
             Kind::ReadData => Response::ReadData,
-            Kind::Committed => Response::Committed { epoch: EpochId(d.u64("epoch")?), durability: d.durability()? },
+            Kind::Committed => {
+                Response::Committed { epoch: EpochId(d.u64("epoch")?), durability: d.durability()? }
+            }
             Kind::Epochs => {
                 let n = d.count(25, "epoch count")?;
                 let mut list = Vec::with_capacity(n);
                 for _ in 0..n {
                     let epoch = EpochId(d.u64("epoch")?);
                     let state = EpochState::from_wire(kind, d.u8("state")?)?;
-                    list.push(EpochInfo { epoch, state, files: d.u64("files")?, bytes: d.u64("bytes")? });
+                    list.push(EpochInfo {
+                        epoch,
+                        state,
+                        files: d.u64("files")?,
+                        bytes: d.u64("bytes")?,
+                    });
                 }
                 Response::Epochs(list)
             }
@@ -662,7 +786,10 @@ impl Response {
             }
             Kind::Deleted => Response::Deleted { epoch: EpochId(d.u64("epoch")?) },
             Kind::Synced => Response::Synced { epoch: EpochId(d.u64("epoch")?) },
-            Kind::StreamAssigned => Response::StreamAssigned { epoch: EpochId(d.u64("epoch")?), stream: d.u64("stream")? },
+            Kind::StreamAssigned => Response::StreamAssigned {
+                epoch: EpochId(d.u64("epoch")?),
+                stream: d.u64("stream")?,
+            },
             Kind::DrainQueued => Response::DrainQueued { epoch: EpochId(d.u64("epoch")?) },
             Kind::DrainReport => {
                 let n = d.count(64, "drain count")?;
@@ -703,8 +830,11 @@ impl Response {
             }),
             Kind::Error => {
                 let wire = d.u16("code")?;
-                let code = ErrorCode::from_wire(wire)
-                    .ok_or(FrameError::BadValue { kind, field: "code", value: wire as u64 })?;
+                let code = ErrorCode::from_wire(wire).ok_or(FrameError::BadValue {
+                    kind,
+                    field: "code",
+                    value: wire as u64,
+                })?;
                 Response::Error { code, message: d.string("message")? }
             }
             k if k.is_namespace() => Response::Namespace(NamespaceResponse::decode(k, &mut d)?),
@@ -725,68 +855,156 @@ mod tests {
     }
 
     fn durability() -> impl Strategy<Value = Durability> {
-        prop_oneof![Just(Durability::Ssd), Just(Durability::Memory), Just(Durability::ServerDefault)]
+        prop_oneof![
+            Just(Durability::Ssd),
+            Just(Durability::Memory),
+            Just(Durability::ServerDefault)
+        ]
     }
 
     fn request() -> impl Strategy<Value = Request> {
         prop_oneof![
-            (any::<u16>(), any::<u16>(), name()).prop_map(|(a, b, n)| Request::Hello { version_min: a, version_max: b, client_name: n }),
-            (any::<u64>(), name(), any::<bool>()).prop_map(|(e, n, c)| Request::OpenFile { epoch: EpochId(e), name: n, create: c }),
-            (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(e, f, o)| Request::Write { epoch: EpochId(e), file: FileId(f), offset: o }),
-            (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(e, f, o, l)| Request::Read { epoch: EpochId(e), file: FileId(f), offset: o, length: l }),
-            (any::<u64>(), durability()).prop_map(|(e, d)| Request::Commit { epoch: EpochId(e), durability: d }),
+            (any::<u16>(), any::<u16>(), name()).prop_map(|(a, b, n)| Request::Hello {
+                version_min: a,
+                version_max: b,
+                client_name: n
+            }),
+            (any::<u64>(), name(), any::<bool>()).prop_map(|(e, n, c)| Request::OpenFile {
+                epoch: EpochId(e),
+                name: n,
+                create: c
+            }),
+            (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(e, f, o)| Request::Write {
+                epoch: EpochId(e),
+                file: FileId(f),
+                offset: o
+            }),
+            (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(e, f, o, l)| {
+                Request::Read { epoch: EpochId(e), file: FileId(f), offset: o, length: l }
+            }),
+            (any::<u64>(), durability())
+                .prop_map(|(e, d)| Request::Commit { epoch: EpochId(e), durability: d }),
             any::<u64>().prop_map(|e| Request::ListEpochs { from_epoch: EpochId(e) }),
-            (any::<u64>(), any::<u64>()).prop_map(|(e, f)| Request::ListFiles { epoch: EpochId(e), from_file: FileId(f) }),
-            (any::<u64>(), any::<u64>()).prop_map(|(e, f)| Request::Stat { epoch: EpochId(e), file: FileId(f) }),
-            (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(e, f, o)| Request::Extents { epoch: EpochId(e), file: FileId(f), from_offset: o }),
+            (any::<u64>(), any::<u64>())
+                .prop_map(|(e, f)| Request::ListFiles { epoch: EpochId(e), from_file: FileId(f) }),
+            (any::<u64>(), any::<u64>())
+                .prop_map(|(e, f)| Request::Stat { epoch: EpochId(e), file: FileId(f) }),
+            (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(e, f, o)| Request::Extents {
+                epoch: EpochId(e),
+                file: FileId(f),
+                from_offset: o
+            }),
             any::<u64>().prop_map(|e| Request::DeleteEpoch { epoch: EpochId(e) }),
             any::<u64>().prop_map(|e| Request::Sync { epoch: EpochId(e) }),
-            (any::<u64>(), any::<u64>()).prop_map(|(e, s)| Request::AssignStream { epoch: EpochId(e), stream: s }),
+            (any::<u64>(), any::<u64>())
+                .prop_map(|(e, s)| Request::AssignStream { epoch: EpochId(e), stream: s }),
             Just(Request::Status),
-            (any::<u64>(), any::<u8>()).prop_map(|(e, m)| Request::Drain { epoch: EpochId(e), mode: m }),
+            (any::<u64>(), any::<u8>())
+                .prop_map(|(e, m)| Request::Drain { epoch: EpochId(e), mode: m }),
             Just(Request::DrainStatus),
         ]
     }
 
     fn file_info() -> impl Strategy<Value = FileInfo> {
-        (any::<u64>(), name(), any::<u64>(), any::<u64>())
-            .prop_map(|(f, n, s, t)| FileInfo { file: FileId(f), name: n, size_bytes: s, stored_bytes: t })
+        (any::<u64>(), name(), any::<u64>(), any::<u64>()).prop_map(|(f, n, s, t)| FileInfo {
+            file: FileId(f),
+            name: n,
+            size_bytes: s,
+            stored_bytes: t,
+        })
     }
 
     fn state() -> impl Strategy<Value = EpochState> {
-        prop_oneof![Just(EpochState::Open), Just(EpochState::CommittedMemory), Just(EpochState::Committed), Just(EpochState::Drained)]
+        prop_oneof![
+            Just(EpochState::Open),
+            Just(EpochState::CommittedMemory),
+            Just(EpochState::Committed),
+            Just(EpochState::Drained)
+        ]
     }
 
     fn response() -> impl Strategy<Value = Response> {
         prop_oneof![
-            (any::<u16>(), any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>(), name()).prop_map(|(v, p, i, u, g, n)| Response::Hello { version: v, payload_bytes_max: p, in_flight_requests_max: i, uid: u, gid: g, server_name: n }),
-            (any::<u64>(), any::<bool>()).prop_map(|(f, c)| Response::FileOpened { file: FileId(f), created: c }),
+            (any::<u16>(), any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>(), name())
+                .prop_map(|(v, p, i, u, g, n)| Response::Hello {
+                    version: v,
+                    payload_bytes_max: p,
+                    in_flight_requests_max: i,
+                    uid: u,
+                    gid: g,
+                    server_name: n
+                }),
+            (any::<u64>(), any::<bool>())
+                .prop_map(|(f, c)| Response::FileOpened { file: FileId(f), created: c }),
             any::<u32>().prop_map(|b| Response::Written { bytes: b }),
             Just(Response::ReadData),
-            (any::<u64>(), durability()).prop_map(|(e, d)| Response::Committed { epoch: EpochId(e), durability: d }),
-            proptest::collection::vec((any::<u64>(), state(), any::<u64>(), any::<u64>()), 0..20).prop_map(|v| Response::Epochs(v.into_iter().map(|(e, s, f, b)| EpochInfo { epoch: EpochId(e), state: s, files: f, bytes: b }).collect())),
+            (any::<u64>(), durability())
+                .prop_map(|(e, d)| Response::Committed { epoch: EpochId(e), durability: d }),
+            proptest::collection::vec((any::<u64>(), state(), any::<u64>(), any::<u64>()), 0..20)
+                .prop_map(|v| Response::Epochs(
+                    v.into_iter()
+                        .map(|(e, s, f, b)| EpochInfo {
+                            epoch: EpochId(e),
+                            state: s,
+                            files: f,
+                            bytes: b
+                        })
+                        .collect()
+                )),
             proptest::collection::vec(file_info(), 0..10).prop_map(Response::Files),
             file_info().prop_map(Response::FileStat),
-            proptest::collection::vec((any::<u64>(), any::<u64>()), 0..20).prop_map(|v| Response::Extents(v.into_iter().map(|(o, l)| Extent { offset: o, length: l }).collect())),
+            proptest::collection::vec((any::<u64>(), any::<u64>()), 0..20).prop_map(|v| {
+                Response::Extents(
+                    v.into_iter().map(|(o, l)| Extent { offset: o, length: l }).collect(),
+                )
+            }),
             any::<u64>().prop_map(|e| Response::Deleted { epoch: EpochId(e) }),
             any::<u64>().prop_map(|e| Response::Synced { epoch: EpochId(e) }),
-            (any::<u64>(), any::<u64>()).prop_map(|(e, s)| Response::StreamAssigned { epoch: EpochId(e), stream: s }),
-            (name(), any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(n, c, b, e)| Response::Status(ServerStatus { server_name: n, connections: c, connections_max: c / 2, in_flight_bytes: b, in_flight_bytes_max: b / 3, requests_served: e, bytes_written: b ^ e, bytes_read: 7, dram_bytes_used: 1, dram_bytes_max: 2, ssd_bytes_used: 3, ssd_bytes_max: 4, epochs: e })),
+            (any::<u64>(), any::<u64>())
+                .prop_map(|(e, s)| Response::StreamAssigned { epoch: EpochId(e), stream: s }),
+            (name(), any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(n, c, b, e)| {
+                Response::Status(ServerStatus {
+                    server_name: n,
+                    connections: c,
+                    connections_max: c / 2,
+                    in_flight_bytes: b,
+                    in_flight_bytes_max: b / 3,
+                    requests_served: e,
+                    bytes_written: b ^ e,
+                    bytes_read: 7,
+                    dram_bytes_used: 1,
+                    dram_bytes_max: 2,
+                    ssd_bytes_used: 3,
+                    ssd_bytes_max: 4,
+                    epochs: e,
+                })
+            }),
             any::<u64>().prop_map(|e| Response::DrainQueued { epoch: EpochId(e) }),
-            proptest::collection::vec((any::<u64>(), 0u8..5, any::<u64>(), any::<u32>(), name()), 0..8).prop_map(|v| Response::DrainStatus(v.into_iter().map(|(e, s, n, a, m)| DrainInfo {
-                epoch: EpochId(e),
-                state: DrainState::from_wire(Kind::DrainReport, s).unwrap(),
-                mode: s % 2,
-                files_total: n,
-                files_done: n / 2,
-                pfs_bytes_written: n ^ e,
-                pfs_write_calls: e / 3,
-                shuffle_us: 5,
-                flush_us: n / 7,
-                failed_attempts: a,
-                last_error: m,
-            }).collect())),
-            (0usize..15, name()).prop_map(|(i, m)| Response::Error { code: ErrorCode::all().nth(i).unwrap(), message: m }),
+            proptest::collection::vec(
+                (any::<u64>(), 0u8..5, any::<u64>(), any::<u32>(), name()),
+                0..8
+            )
+            .prop_map(|v| Response::DrainStatus(
+                v.into_iter()
+                    .map(|(e, s, n, a, m)| DrainInfo {
+                        epoch: EpochId(e),
+                        state: DrainState::from_wire(Kind::DrainReport, s).unwrap(),
+                        mode: s % 2,
+                        files_total: n,
+                        files_done: n / 2,
+                        pfs_bytes_written: n ^ e,
+                        pfs_write_calls: e / 3,
+                        shuffle_us: 5,
+                        flush_us: n / 7,
+                        failed_attempts: a,
+                        last_error: m,
+                    })
+                    .collect()
+            )),
+            (0usize..15, name()).prop_map(|(i, m)| Response::Error {
+                code: ErrorCode::all().nth(i).unwrap(),
+                message: m
+            }),
         ]
     }
 
@@ -842,24 +1060,39 @@ mod tests {
 
     #[test]
     fn bad_enum_values_are_named() {
-        let mut body = Request::Commit { epoch: EpochId(1), durability: Durability::Ssd }.encode_body();
+        let mut body =
+            Request::Commit { epoch: EpochId(1), durability: Durability::Ssd }.encode_body();
         *body.last_mut().unwrap() = 9;
         assert_eq!(
             Request::decode(Kind::Commit, &body),
             Err(FrameError::BadValue { kind: Kind::Commit, field: "durability", value: 9 })
         );
-        let mut body = Request::OpenFile { epoch: EpochId(1), name: "a".into(), create: true }.encode_body();
+        let mut body =
+            Request::OpenFile { epoch: EpochId(1), name: "a".into(), create: true }.encode_body();
         body[10] = 0xFF; // the name byte
-        assert_eq!(Request::decode(Kind::OpenFile, &body), Err(FrameError::BadString { kind: Kind::OpenFile, field: "name" }));
-        let mut body = Response::Error { code: ErrorCode::Io, message: String::new() }.encode_body();
+        assert_eq!(
+            Request::decode(Kind::OpenFile, &body),
+            Err(FrameError::BadString { kind: Kind::OpenFile, field: "name" })
+        );
+        let mut body =
+            Response::Error { code: ErrorCode::Io, message: String::new() }.encode_body();
         body[0] = 200;
-        assert!(matches!(Response::decode(Kind::Error, &body), Err(FrameError::BadValue { field: "code", .. })));
+        assert!(matches!(
+            Response::decode(Kind::Error, &body),
+            Err(FrameError::BadValue { field: "code", .. })
+        ));
     }
 
     #[test]
     fn direction_is_checked() {
-        assert!(matches!(Request::decode(Kind::Written, &[0; 4]), Err(FrameError::WrongDirection { .. })));
-        assert!(matches!(Response::decode(Kind::Write, &[0; 24]), Err(FrameError::WrongDirection { .. })));
+        assert!(matches!(
+            Request::decode(Kind::Written, &[0; 4]),
+            Err(FrameError::WrongDirection { .. })
+        ));
+        assert!(matches!(
+            Response::decode(Kind::Write, &[0; 24]),
+            Err(FrameError::WrongDirection { .. })
+        ));
     }
 
     #[test]

@@ -8,7 +8,10 @@
 //! kernel unchanged. Every request that acts for someone carries the [`Caller`]; the server
 //! trusts it only from root peers. Byte layouts: docs/design/protocol.md, "Namespace frames".
 
-use spillway_meta::{Attr, Caller, DirEntry, FileKind, FsStat, Ino, ManifestEntry, NamespaceId, SetAttr, TimeSet, Timestamp};
+use spillway_meta::{
+    Attr, Caller, DirEntry, FileKind, FsStat, Ino, ManifestEntry, NamespaceId, SetAttr, TimeSet,
+    Timestamp,
+};
 use spillway_types::EpochId;
 
 use crate::frame::{FrameError, Kind};
@@ -29,14 +32,39 @@ pub const ATTR_BYTES: usize = 8 + 1 + 4 * 4 + 8 + 4 + 3 * 12 + 8;
 pub enum NamespaceRequest {
     /// Opens (with `create`, creates: `data_epoch`, root owner and mode are used only then) a
     /// namespace on this server.
-    Open { namespace: NamespaceId, create: bool, data_epoch: EpochId, root_uid: u32, root_gid: u32, root_mode: u32 },
-    Sync { namespace: NamespaceId },
+    Open {
+        namespace: NamespaceId,
+        create: bool,
+        data_epoch: EpochId,
+        root_uid: u32,
+        root_gid: u32,
+        root_mode: u32,
+    },
+    Sync {
+        namespace: NamespaceId,
+    },
     /// The drain's name map, from entry `from_index` on (a reply holds what fits; ask again
     /// from one past the last until a reply comes back empty).
-    Manifest { namespace: NamespaceId, from_index: u64 },
-    Lookup { namespace: NamespaceId, caller: Caller, parent: Ino, name: Vec<u8> },
-    GetAttr { namespace: NamespaceId, ino: Ino },
-    SetAttr { namespace: NamespaceId, caller: Caller, ino: Ino, set: SetAttr },
+    Manifest {
+        namespace: NamespaceId,
+        from_index: u64,
+    },
+    Lookup {
+        namespace: NamespaceId,
+        caller: Caller,
+        parent: Ino,
+        name: Vec<u8>,
+    },
+    GetAttr {
+        namespace: NamespaceId,
+        ino: Ino,
+    },
+    SetAttr {
+        namespace: NamespaceId,
+        caller: Caller,
+        ino: Ino,
+        set: SetAttr,
+    },
     Create {
         namespace: NamespaceId,
         caller: Caller,
@@ -48,24 +76,91 @@ pub enum NamespaceRequest {
         rdev: u32,
         exclusive: bool,
     },
-    Mkdir { namespace: NamespaceId, caller: Caller, parent: Ino, name: Vec<u8>, mode: u32, umask: u32 },
-    Symlink { namespace: NamespaceId, caller: Caller, parent: Ino, name: Vec<u8>, target: Vec<u8> },
-    Readlink { namespace: NamespaceId, ino: Ino },
-    Link { namespace: NamespaceId, caller: Caller, ino: Ino, new_parent: Ino, new_name: Vec<u8> },
-    Unlink { namespace: NamespaceId, caller: Caller, parent: Ino, name: Vec<u8> },
-    Rmdir { namespace: NamespaceId, caller: Caller, parent: Ino, name: Vec<u8> },
-    Rename { namespace: NamespaceId, caller: Caller, parent: Ino, name: Vec<u8>, new_parent: Ino, new_name: Vec<u8>, flags: u32 },
-    Readdir { namespace: NamespaceId, caller: Caller, dir: Ino, after_cookie: u64, entries_max: u32 },
-    OpenInode { namespace: NamespaceId, caller: Caller, ino: Ino, flags: i32 },
-    Access { namespace: NamespaceId, caller: Caller, ino: Ino, mask: i32 },
-    Wrote { namespace: NamespaceId, caller: Caller, ino: Ino, end_offset: u64 },
-    Statfs { namespace: NamespaceId },
+    Mkdir {
+        namespace: NamespaceId,
+        caller: Caller,
+        parent: Ino,
+        name: Vec<u8>,
+        mode: u32,
+        umask: u32,
+    },
+    Symlink {
+        namespace: NamespaceId,
+        caller: Caller,
+        parent: Ino,
+        name: Vec<u8>,
+        target: Vec<u8>,
+    },
+    Readlink {
+        namespace: NamespaceId,
+        ino: Ino,
+    },
+    Link {
+        namespace: NamespaceId,
+        caller: Caller,
+        ino: Ino,
+        new_parent: Ino,
+        new_name: Vec<u8>,
+    },
+    Unlink {
+        namespace: NamespaceId,
+        caller: Caller,
+        parent: Ino,
+        name: Vec<u8>,
+    },
+    Rmdir {
+        namespace: NamespaceId,
+        caller: Caller,
+        parent: Ino,
+        name: Vec<u8>,
+    },
+    Rename {
+        namespace: NamespaceId,
+        caller: Caller,
+        parent: Ino,
+        name: Vec<u8>,
+        new_parent: Ino,
+        new_name: Vec<u8>,
+        flags: u32,
+    },
+    Readdir {
+        namespace: NamespaceId,
+        caller: Caller,
+        dir: Ino,
+        after_cookie: u64,
+        entries_max: u32,
+    },
+    OpenInode {
+        namespace: NamespaceId,
+        caller: Caller,
+        ino: Ino,
+        flags: i32,
+    },
+    Access {
+        namespace: NamespaceId,
+        caller: Caller,
+        ino: Ino,
+        mask: i32,
+    },
+    Wrote {
+        namespace: NamespaceId,
+        caller: Caller,
+        ino: Ino,
+        end_offset: u64,
+    },
+    Statfs {
+        namespace: NamespaceId,
+    },
 }
 
 /// A namespace response.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NamespaceResponse {
-    Opened { namespace: NamespaceId, data_epoch: EpochId, created: bool },
+    Opened {
+        namespace: NamespaceId,
+        data_epoch: EpochId,
+        created: bool,
+    },
     /// lookup, getattr, setattr, create, mkdir, symlink, link, open, wrote.
     Attr(Attr),
     /// unlink, rmdir, rename, access, sync.
@@ -76,7 +171,10 @@ pub enum NamespaceResponse {
     Stat(FsStat),
     Manifest(Vec<ManifestEntry>),
     /// The operation failed with this errno (positive).
-    Error { errno: i32, message: String },
+    Error {
+        errno: i32,
+        message: String,
+    },
 }
 
 impl NamespaceRequest {
@@ -123,7 +221,12 @@ impl NamespaceRequest {
             | OpenInode { caller, .. }
             | Access { caller, .. }
             | Wrote { caller, .. } => Some(caller),
-            Open { .. } | Sync { .. } | Manifest { .. } | GetAttr { .. } | Readlink { .. } | Statfs { .. } => None,
+            Open { .. }
+            | Sync { .. }
+            | Manifest { .. }
+            | GetAttr { .. }
+            | Readlink { .. }
+            | Statfs { .. } => None,
         }
     }
 
@@ -163,7 +266,9 @@ impl NamespaceRequest {
             Manifest { from_index, .. } => {
                 e.u64(*from_index);
             }
-            Lookup { caller, parent, name, .. } | Unlink { caller, parent, name, .. } | Rmdir { caller, parent, name, .. } => {
+            Lookup { caller, parent, name, .. }
+            | Unlink { caller, parent, name, .. }
+            | Rmdir { caller, parent, name, .. } => {
                 caller_out(e, caller);
                 e.u64(*parent).bytes(name);
             }
@@ -177,7 +282,13 @@ impl NamespaceRequest {
             }
             Create { caller, parent, name, kind, mode, umask, rdev, exclusive, .. } => {
                 caller_out(e, caller);
-                e.u64(*parent).bytes(name).u8(kind.code()).u32(*mode).u32(*umask).u32(*rdev).u8(*exclusive as u8);
+                e.u64(*parent)
+                    .bytes(name)
+                    .u8(kind.code())
+                    .u32(*mode)
+                    .u32(*umask)
+                    .u32(*rdev)
+                    .u8(*exclusive as u8);
             }
             Mkdir { caller, parent, name, mode, umask, .. } => {
                 caller_out(e, caller);
@@ -241,7 +352,12 @@ impl NamespaceRequest {
             }
             Kind::NsGetAttr => GetAttr { namespace, ino: d.u64("ino")? },
             Kind::NsReadlink => Readlink { namespace, ino: d.u64("ino")? },
-            Kind::NsSetAttr => SetAttr { namespace, caller: caller_in(d)?, ino: d.u64("ino")?, set: setattr_in(d)? },
+            Kind::NsSetAttr => SetAttr {
+                namespace,
+                caller: caller_in(d)?,
+                ino: d.u64("ino")?,
+                set: setattr_in(d)?,
+            },
             Kind::NsCreate => Create {
                 namespace,
                 caller: caller_in(d)?,
@@ -291,9 +407,24 @@ impl NamespaceRequest {
                 after_cookie: d.u64("after_cookie")?,
                 entries_max: d.u32("entries_max")?,
             },
-            Kind::NsOpen => OpenInode { namespace, caller: caller_in(d)?, ino: d.u64("ino")?, flags: d.u32("flags")? as i32 },
-            Kind::NsAccess => Access { namespace, caller: caller_in(d)?, ino: d.u64("ino")?, mask: d.u32("mask")? as i32 },
-            Kind::NsWrote => Wrote { namespace, caller: caller_in(d)?, ino: d.u64("ino")?, end_offset: d.u64("end_offset")? },
+            Kind::NsOpen => OpenInode {
+                namespace,
+                caller: caller_in(d)?,
+                ino: d.u64("ino")?,
+                flags: d.u32("flags")? as i32,
+            },
+            Kind::NsAccess => Access {
+                namespace,
+                caller: caller_in(d)?,
+                ino: d.u64("ino")?,
+                mask: d.u32("mask")? as i32,
+            },
+            Kind::NsWrote => Wrote {
+                namespace,
+                caller: caller_in(d)?,
+                ino: d.u64("ino")?,
+                end_offset: d.u64("end_offset")?,
+            },
             other => unreachable!("{other:?} is not a namespace request"),
         })
     }
@@ -330,12 +461,23 @@ impl NamespaceResponse {
                 }
             }
             NamespaceResponse::Stat(s) => {
-                e.u32(s.block_bytes).u64(s.blocks).u64(s.blocks_free).u64(s.blocks_avail).u64(s.files).u64(s.files_free).u32(s.name_bytes_max);
+                e.u32(s.block_bytes)
+                    .u64(s.blocks)
+                    .u64(s.blocks_free)
+                    .u64(s.blocks_avail)
+                    .u64(s.files)
+                    .u64(s.files_free)
+                    .u32(s.name_bytes_max);
             }
             NamespaceResponse::Manifest(list) => {
                 e.u32(list.len() as u32);
                 for m in list {
-                    e.string(&m.file_name).bytes(&m.path).u64(m.size).u32(m.mode).u32(m.uid).u32(m.gid);
+                    e.string(&m.file_name)
+                        .bytes(&m.path)
+                        .u64(m.size)
+                        .u32(m.mode)
+                        .u32(m.uid)
+                        .u32(m.gid);
                     timestamp_out(e, m.mtime);
                 }
             }
@@ -427,7 +569,11 @@ fn caller_in(d: &mut Decoder<'_>) -> Result<Caller, FrameError> {
     let pid = d.u32("caller pid")?;
     let count = d.u16("caller group count")? as usize;
     if count > CALLER_GROUPS_MAX {
-        return Err(FrameError::BadValue { kind: d.kind, field: "caller group count", value: count as u64 });
+        return Err(FrameError::BadValue {
+            kind: d.kind,
+            field: "caller group count",
+            value: count as u64,
+        });
     }
     let mut groups = Vec::with_capacity(count.min(d.remaining() / 4));
     for _ in 0..count {
@@ -446,7 +592,11 @@ fn name_in(d: &mut Decoder<'_>, field: &'static str) -> Result<Vec<u8>, FrameErr
 
 fn file_kind_in(d: &mut Decoder<'_>) -> Result<FileKind, FrameError> {
     let code = d.u8("file kind")?;
-    FileKind::from_code(code).ok_or(FrameError::BadValue { kind: d.kind, field: "file kind", value: code as u64 })
+    FileKind::from_code(code).ok_or(FrameError::BadValue {
+        kind: d.kind,
+        field: "file kind",
+        value: code as u64,
+    })
 }
 
 fn timestamp_out(e: &mut Encoder, t: Timestamp) {
@@ -463,7 +613,14 @@ fn timestamp_in(d: &mut Decoder<'_>, field: &'static str) -> Result<Timestamp, F
 }
 
 fn attr_out(e: &mut Encoder, a: &Attr) {
-    e.u64(a.ino).u8(a.kind.code()).u32(a.mode).u32(a.nlink).u32(a.uid).u32(a.gid).u64(a.size).u32(a.rdev);
+    e.u64(a.ino)
+        .u8(a.kind.code())
+        .u32(a.mode)
+        .u32(a.nlink)
+        .u32(a.uid)
+        .u32(a.gid)
+        .u64(a.size)
+        .u32(a.rdev);
     for t in [a.atime, a.mtime, a.ctime] {
         timestamp_out(e, t);
     }
@@ -558,9 +715,16 @@ fn setattr_out(e: &mut Encoder, s: &SetAttr) {
 fn setattr_in(d: &mut Decoder<'_>) -> Result<SetAttr, FrameError> {
     let present = d.u8("setattr fields")?;
     if present & 0x80 != 0 {
-        return Err(FrameError::BadValue { kind: d.kind, field: "setattr fields", value: present as u64 });
+        return Err(FrameError::BadValue {
+            kind: d.kind,
+            field: "setattr fields",
+            value: present as u64,
+        });
     }
-    let mut s = SetAttr { via_writable_handle: present & SET_VIA_WRITABLE_HANDLE != 0, ..SetAttr::default() };
+    let mut s = SetAttr {
+        via_writable_handle: present & SET_VIA_WRITABLE_HANDLE != 0,
+        ..SetAttr::default()
+    };
     if present & SET_MODE != 0 {
         s.mode = Some(d.u32("mode")?);
     }
@@ -602,11 +766,16 @@ mod tests {
     }
 
     fn timestamp() -> impl Strategy<Value = Timestamp> {
-        (any::<i64>(), 0u32..1_000_000_000).prop_map(|(seconds, nanos)| Timestamp { seconds, nanos })
+        (any::<i64>(), 0u32..1_000_000_000)
+            .prop_map(|(seconds, nanos)| Timestamp { seconds, nanos })
     }
 
     fn time_set() -> impl Strategy<Value = Option<TimeSet>> {
-        prop_oneof![Just(None), Just(Some(TimeSet::Now)), timestamp().prop_map(|t| Some(TimeSet::At(t)))]
+        prop_oneof![
+            Just(None),
+            Just(Some(TimeSet::Now)),
+            timestamp().prop_map(|t| Some(TimeSet::At(t)))
+        ]
     }
 
     fn setattr() -> impl Strategy<Value = SetAttr> {
@@ -619,12 +788,23 @@ mod tests {
             time_set(),
             any::<bool>(),
         )
-            .prop_map(|(mode, uid, gid, size, atime, mtime, via_writable_handle)| SetAttr { mode, uid, gid, size, atime, mtime, via_writable_handle })
+            .prop_map(|(mode, uid, gid, size, atime, mtime, via_writable_handle)| {
+                SetAttr { mode, uid, gid, size, atime, mtime, via_writable_handle }
+            })
     }
 
     fn attr() -> impl Strategy<Value = Attr> {
-        (any::<u64>(), kind(), any::<u32>(), any::<u32>(), any::<u64>(), timestamp(), timestamp(), any::<u64>()).prop_map(
-            |(ino, kind, mode, nlink, size, atime, mtime, generation)| Attr {
+        (
+            any::<u64>(),
+            kind(),
+            any::<u32>(),
+            any::<u32>(),
+            any::<u64>(),
+            timestamp(),
+            timestamp(),
+            any::<u64>(),
+        )
+            .prop_map(|(ino, kind, mode, nlink, size, atime, mtime, generation)| Attr {
                 ino,
                 kind,
                 mode,
@@ -637,80 +817,154 @@ mod tests {
                 mtime,
                 ctime: atime,
                 generation,
-            },
-        )
+            })
     }
 
     fn request() -> impl Strategy<Value = NamespaceRequest> {
         use NamespaceRequest::*;
         let n = any::<u64>();
         prop_oneof![
-            (n, any::<bool>(), any::<u64>(), any::<u32>(), any::<u32>(), any::<u32>())
-                .prop_map(|(namespace, create, e, u, g, m)| Open { namespace, create, data_epoch: EpochId(e), root_uid: u, root_gid: g, root_mode: m }),
+            (n, any::<bool>(), any::<u64>(), any::<u32>(), any::<u32>(), any::<u32>()).prop_map(
+                |(namespace, create, e, u, g, m)| Open {
+                    namespace,
+                    create,
+                    data_epoch: EpochId(e),
+                    root_uid: u,
+                    root_gid: g,
+                    root_mode: m
+                }
+            ),
             n.prop_map(|namespace| Sync { namespace }),
             n.prop_map(|namespace| Statfs { namespace }),
-            (n, any::<u64>()).prop_map(|(namespace, from_index)| Manifest { namespace, from_index }),
-            (n, caller(), any::<u64>(), bytes()).prop_map(|(namespace, caller, parent, name)| Lookup { namespace, caller, parent, name }),
-            (n, caller(), any::<u64>(), bytes()).prop_map(|(namespace, caller, parent, name)| Unlink { namespace, caller, parent, name }),
-            (n, caller(), any::<u64>(), bytes()).prop_map(|(namespace, caller, parent, name)| Rmdir { namespace, caller, parent, name }),
+            (n, any::<u64>())
+                .prop_map(|(namespace, from_index)| Manifest { namespace, from_index }),
+            (n, caller(), any::<u64>(), bytes()).prop_map(|(namespace, caller, parent, name)| {
+                Lookup { namespace, caller, parent, name }
+            }),
+            (n, caller(), any::<u64>(), bytes()).prop_map(|(namespace, caller, parent, name)| {
+                Unlink { namespace, caller, parent, name }
+            }),
+            (n, caller(), any::<u64>(), bytes()).prop_map(|(namespace, caller, parent, name)| {
+                Rmdir { namespace, caller, parent, name }
+            }),
             (n, any::<u64>()).prop_map(|(namespace, ino)| GetAttr { namespace, ino }),
             (n, any::<u64>()).prop_map(|(namespace, ino)| Readlink { namespace, ino }),
-            (n, caller(), any::<u64>(), setattr()).prop_map(|(namespace, caller, ino, set)| SetAttr { namespace, caller, ino, set }),
-            (n, caller(), any::<u64>(), bytes(), kind(), any::<u32>(), any::<u32>(), any::<bool>()).prop_map(
-                |(namespace, caller, parent, name, kind, mode, rdev, exclusive)| Create {
+            (n, caller(), any::<u64>(), setattr())
+                .prop_map(|(namespace, caller, ino, set)| SetAttr { namespace, caller, ino, set }),
+            (n, caller(), any::<u64>(), bytes(), kind(), any::<u32>(), any::<u32>(), any::<bool>())
+                .prop_map(|(namespace, caller, parent, name, kind, mode, rdev, exclusive)| {
+                    Create {
+                        namespace,
+                        caller,
+                        parent,
+                        name,
+                        kind,
+                        mode,
+                        umask: mode >> 3,
+                        rdev,
+                        exclusive,
+                    }
+                }),
+            (n, caller(), any::<u64>(), bytes(), any::<u32>()).prop_map(
+                |(namespace, caller, parent, name, mode)| Mkdir {
                     namespace,
                     caller,
                     parent,
                     name,
-                    kind,
                     mode,
-                    umask: mode >> 3,
-                    rdev,
-                    exclusive
+                    umask: 0o22
                 }
             ),
-            (n, caller(), any::<u64>(), bytes(), any::<u32>())
-                .prop_map(|(namespace, caller, parent, name, mode)| Mkdir { namespace, caller, parent, name, mode, umask: 0o22 }),
-            (n, caller(), any::<u64>(), bytes(), bytes())
-                .prop_map(|(namespace, caller, parent, name, target)| Symlink { namespace, caller, parent, name, target }),
-            (n, caller(), any::<u64>(), any::<u64>(), bytes())
-                .prop_map(|(namespace, caller, ino, new_parent, new_name)| Link { namespace, caller, ino, new_parent, new_name }),
-            (n, caller(), any::<u64>(), bytes(), any::<u64>(), bytes(), any::<u32>()).prop_map(
-                |(namespace, caller, parent, name, new_parent, new_name, flags)| Rename { namespace, caller, parent, name, new_parent, new_name, flags }
+            (n, caller(), any::<u64>(), bytes(), bytes()).prop_map(
+                |(namespace, caller, parent, name, target)| Symlink {
+                    namespace,
+                    caller,
+                    parent,
+                    name,
+                    target
+                }
             ),
-            (n, caller(), any::<u64>(), any::<u64>(), any::<u32>())
-                .prop_map(|(namespace, caller, dir, after_cookie, entries_max)| Readdir { namespace, caller, dir, after_cookie, entries_max }),
-            (n, caller(), any::<u64>(), any::<i32>()).prop_map(|(namespace, caller, ino, flags)| OpenInode { namespace, caller, ino, flags }),
-            (n, caller(), any::<u64>(), any::<i32>()).prop_map(|(namespace, caller, ino, mask)| Access { namespace, caller, ino, mask }),
-            (n, caller(), any::<u64>(), any::<u64>()).prop_map(|(namespace, caller, ino, end_offset)| Wrote { namespace, caller, ino, end_offset }),
+            (n, caller(), any::<u64>(), any::<u64>(), bytes()).prop_map(
+                |(namespace, caller, ino, new_parent, new_name)| Link {
+                    namespace,
+                    caller,
+                    ino,
+                    new_parent,
+                    new_name
+                }
+            ),
+            (n, caller(), any::<u64>(), bytes(), any::<u64>(), bytes(), any::<u32>()).prop_map(
+                |(namespace, caller, parent, name, new_parent, new_name, flags)| Rename {
+                    namespace,
+                    caller,
+                    parent,
+                    name,
+                    new_parent,
+                    new_name,
+                    flags
+                }
+            ),
+            (n, caller(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(
+                |(namespace, caller, dir, after_cookie, entries_max)| Readdir {
+                    namespace,
+                    caller,
+                    dir,
+                    after_cookie,
+                    entries_max
+                }
+            ),
+            (n, caller(), any::<u64>(), any::<i32>()).prop_map(
+                |(namespace, caller, ino, flags)| OpenInode { namespace, caller, ino, flags }
+            ),
+            (n, caller(), any::<u64>(), any::<i32>())
+                .prop_map(|(namespace, caller, ino, mask)| Access { namespace, caller, ino, mask }),
+            (n, caller(), any::<u64>(), any::<u64>()).prop_map(
+                |(namespace, caller, ino, end_offset)| Wrote { namespace, caller, ino, end_offset }
+            ),
         ]
     }
 
     fn response() -> impl Strategy<Value = NamespaceResponse> {
         prop_oneof![
-            (any::<u64>(), any::<u64>(), any::<bool>())
-                .prop_map(|(namespace, e, created)| NamespaceResponse::Opened { namespace, data_epoch: EpochId(e), created }),
+            (any::<u64>(), any::<u64>(), any::<bool>()).prop_map(|(namespace, e, created)| {
+                NamespaceResponse::Opened { namespace, data_epoch: EpochId(e), created }
+            }),
             attr().prop_map(NamespaceResponse::Attr),
             Just(NamespaceResponse::Done),
             bytes().prop_map(NamespaceResponse::Target),
-            proptest::collection::vec((bytes(), any::<u64>(), kind(), any::<u64>()), 0..10).prop_map(|v| NamespaceResponse::Entries(
-                v.into_iter().map(|(name, ino, kind, cookie)| DirEntry { name, ino, kind, cookie }).collect()
-            )),
-            (any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(b, n, f)| NamespaceResponse::Stat(FsStat {
-                block_bytes: b,
-                blocks: n,
-                blocks_free: n / 2,
-                blocks_avail: n / 3,
-                files: f,
-                files_free: f / 2,
-                name_bytes_max: 255
-            })),
-            proptest::collection::vec((bytes(), any::<u64>(), any::<u32>(), timestamp()), 0..6).prop_map(|v| NamespaceResponse::Manifest(
-                v.into_iter()
-                    .map(|(path, size, mode, mtime)| ManifestEntry { file_name: format!("ns/1/{size}.0"), path, size, mode, uid: mode / 2, gid: 3, mtime })
-                    .collect()
-            )),
-            (1i32..4096, "[a-z ]{0,30}").prop_map(|(errno, message)| NamespaceResponse::Error { errno, message }),
+            proptest::collection::vec((bytes(), any::<u64>(), kind(), any::<u64>()), 0..10)
+                .prop_map(|v| NamespaceResponse::Entries(
+                    v.into_iter()
+                        .map(|(name, ino, kind, cookie)| DirEntry { name, ino, kind, cookie })
+                        .collect()
+                )),
+            (any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(b, n, f)| {
+                NamespaceResponse::Stat(FsStat {
+                    block_bytes: b,
+                    blocks: n,
+                    blocks_free: n / 2,
+                    blocks_avail: n / 3,
+                    files: f,
+                    files_free: f / 2,
+                    name_bytes_max: 255,
+                })
+            }),
+            proptest::collection::vec((bytes(), any::<u64>(), any::<u32>(), timestamp()), 0..6)
+                .prop_map(|v| NamespaceResponse::Manifest(
+                    v.into_iter()
+                        .map(|(path, size, mode, mtime)| ManifestEntry {
+                            file_name: format!("ns/1/{size}.0"),
+                            path,
+                            size,
+                            mode,
+                            uid: mode / 2,
+                            gid: 3,
+                            mtime
+                        })
+                        .collect()
+                )),
+            (1i32..4096, "[a-z ]{0,30}")
+                .prop_map(|(errno, message)| NamespaceResponse::Error { errno, message }),
         ]
     }
 
@@ -759,35 +1013,47 @@ mod tests {
         let mut body = request.encode_body();
         // namespace 8, caller 14, parent 8, name 2+1 → kind at 33.
         body[33] = 99;
-        assert!(matches!(Request::decode(Kind::NsCreate, &body), Err(FrameError::BadValue { field: "file kind", value: 99, .. })));
+        assert!(matches!(
+            Request::decode(Kind::NsCreate, &body),
+            Err(FrameError::BadValue { field: "file kind", value: 99, .. })
+        ));
         let mut groups = Vec::new();
         groups.extend_from_slice(&1u64.to_le_bytes());
         groups.extend_from_slice(&[0; 12]);
         groups.extend_from_slice(&(CALLER_GROUPS_MAX as u16 + 1).to_le_bytes());
-        assert!(matches!(Request::decode(Kind::NsLookup, &groups), Err(FrameError::BadValue { field: "caller group count", .. })));
+        assert!(matches!(
+            Request::decode(Kind::NsLookup, &groups),
+            Err(FrameError::BadValue { field: "caller group count", .. })
+        ));
         let error = Response::Namespace(NamespaceResponse::Error { errno: 2, message: "x".into() });
         let mut body = error.encode_body();
         body[0..4].copy_from_slice(&0u32.to_le_bytes());
-        assert!(matches!(Response::decode(Kind::NsError, &body), Err(FrameError::BadValue { field: "errno", .. })));
+        assert!(matches!(
+            Response::decode(Kind::NsError, &body),
+            Err(FrameError::BadValue { field: "errno", .. })
+        ));
     }
 
     #[test]
     fn an_attr_has_its_documented_size() {
         let mut e = Encoder(Vec::new());
-        attr_out(&mut e, &Attr {
-            ino: 1,
-            kind: FileKind::Regular,
-            mode: 0,
-            nlink: 1,
-            uid: 0,
-            gid: 0,
-            size: 0,
-            rdev: 0,
-            atime: Timestamp::default(),
-            mtime: Timestamp::default(),
-            ctime: Timestamp::default(),
-            generation: 0,
-        });
+        attr_out(
+            &mut e,
+            &Attr {
+                ino: 1,
+                kind: FileKind::Regular,
+                mode: 0,
+                nlink: 1,
+                uid: 0,
+                gid: 0,
+                size: 0,
+                rdev: 0,
+                atime: Timestamp::default(),
+                mtime: Timestamp::default(),
+                ctime: Timestamp::default(),
+                generation: 0,
+            },
+        );
         assert_eq!(e.0.len(), ATTR_BYTES);
         assert_eq!(ATTR_BYTES, 81);
     }

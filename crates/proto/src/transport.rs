@@ -318,12 +318,14 @@ fn loopback_peer_uid(peer: SocketAddr, local: SocketAddr) -> io::Result<u32> {
         SocketAddr::V6(_) => "/proc/net/tcp6",
     };
     let text = std::fs::read_to_string(table)?;
-    find_uid_in_proc_net(&text, &proc_net_address(peer), &proc_net_address(local)).ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::NotFound,
-            format!("no {table} row for peer {peer} → {local}; cannot establish identity"),
-        )
-    })
+    find_uid_in_proc_net(&text, &proc_net_address(peer), &proc_net_address(local)).ok_or_else(
+        || {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no {table} row for peer {peer} → {local}; cannot establish identity"),
+            )
+        },
+    )
 }
 
 fn find_uid_in_proc_net(text: &str, peer: &str, local: &str) -> Option<u32> {
@@ -343,7 +345,9 @@ fn primary_gid(uid: u32) -> Option<u32> {
     let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
     let mut result: *mut libc::passwd = std::ptr::null_mut();
     // SAFETY: all pointers are valid for the sizes given; getpwuid_r writes only inside them.
-    let rc = unsafe { libc::getpwuid_r(uid, &mut entry, buffer.as_mut_ptr(), buffer.len(), &mut result) };
+    let rc = unsafe {
+        libc::getpwuid_r(uid, &mut entry, buffer.as_mut_ptr(), buffer.len(), &mut result)
+    };
     if rc == 0 && !result.is_null() {
         Some(entry.pw_gid)
     } else {
@@ -362,9 +366,18 @@ mod tests {
 
     #[test]
     fn endpoints_parse() {
-        assert_eq!("127.0.0.1:7070".parse::<Endpoint>().unwrap(), Endpoint::Tcp("127.0.0.1:7070".parse().unwrap()));
-        assert_eq!("tcp://[::1]:9".parse::<Endpoint>().unwrap(), Endpoint::Tcp("[::1]:9".parse().unwrap()));
-        assert_eq!("unix:///tmp/x.sock".parse::<Endpoint>().unwrap(), Endpoint::Unix("/tmp/x.sock".into()));
+        assert_eq!(
+            "127.0.0.1:7070".parse::<Endpoint>().unwrap(),
+            Endpoint::Tcp("127.0.0.1:7070".parse().unwrap())
+        );
+        assert_eq!(
+            "tcp://[::1]:9".parse::<Endpoint>().unwrap(),
+            Endpoint::Tcp("[::1]:9".parse().unwrap())
+        );
+        assert_eq!(
+            "unix:///tmp/x.sock".parse::<Endpoint>().unwrap(),
+            Endpoint::Unix("/tmp/x.sock".into())
+        );
         assert!("unix://".parse::<Endpoint>().is_err());
         assert!("example.com:80".parse::<Endpoint>().unwrap_err().contains("example.com"));
     }
@@ -405,7 +418,10 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         };
         let identity = server.identity().unwrap();
-        assert_eq!(identity, Identity { uid: unsafe { libc::getuid() }, gid: unsafe { libc::getgid() } });
+        assert_eq!(
+            identity,
+            Identity { uid: unsafe { libc::getuid() }, gid: unsafe { libc::getgid() } }
+        );
         assert!(server.peer().contains(&format!("pid={}", std::process::id())));
         drop(listener);
         std::fs::remove_dir_all(&dir).unwrap();
@@ -417,7 +433,13 @@ mod tests {
         let peer: SocketAddr = "127.0.0.1:40010".parse().unwrap();
         let local: SocketAddr = "127.0.0.1:7070".parse().unwrap();
         assert_eq!(proc_net_address(peer), "0100007F:9C4A");
-        assert_eq!(find_uid_in_proc_net(text, &proc_net_address(peer), &proc_net_address(local)), Some(1234));
-        assert_eq!(find_uid_in_proc_net(text, &proc_net_address(local), &proc_net_address(peer)), None);
+        assert_eq!(
+            find_uid_in_proc_net(text, &proc_net_address(peer), &proc_net_address(local)),
+            Some(1234)
+        );
+        assert_eq!(
+            find_uid_in_proc_net(text, &proc_net_address(local), &proc_net_address(peer)),
+            None
+        );
     }
 }

@@ -51,22 +51,45 @@ pub trait PendingWrite: Send {
 pub trait Backend: Send + Sync + 'static {
     /// Opens the named file of an epoch, creating it (and the epoch) if `create`.
     /// Returns the file id and whether it was created.
-    fn open_file(&self, stream: StreamKey, epoch: EpochId, name: &str, create: bool)
-        -> Result<(FileId, bool), BackendError>;
+    fn open_file(
+        &self,
+        stream: StreamKey,
+        epoch: EpochId,
+        name: &str,
+        create: bool,
+    ) -> Result<(FileId, bool), BackendError>;
     /// Appends `data` at `offset` of the file. Acknowledged when in the store's DRAM log.
     /// A full store answers `ErrorCode::NoSpace` (the server retries within its bounded wait).
-    fn write(&self, stream: StreamKey, epoch: EpochId, file: FileId, offset: u64, data: &[u8])
-        -> Result<(), BackendError>;
+    fn write(
+        &self,
+        stream: StreamKey,
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), BackendError>;
     /// Reserves store memory for a write of `length` bytes, if it can without waiting and the
     /// write would be admitted now. `None`: the caller buffers the payload and calls
     /// [`Backend::write`], which waits for space and reports errors.
-    fn reserve_write(&self, stream: StreamKey, epoch: EpochId, file: FileId, offset: u64, length: usize)
-        -> Option<Box<dyn PendingWrite>> {
+    fn reserve_write(
+        &self,
+        stream: StreamKey,
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+        length: usize,
+    ) -> Option<Box<dyn PendingWrite>> {
         let _ = (stream, epoch, file, offset, length);
         None
     }
     /// Fills `out` from `offset`; holes read as zeros.
-    fn read(&self, epoch: EpochId, file: FileId, offset: u64, out: &mut [u8]) -> Result<(), BackendError>;
+    fn read(
+        &self,
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), BackendError>;
     /// Seals the epoch (later writes fail with `EpochReadOnly`) and returns when it is durable
     /// at `durability`: `Ssd` — fsync'd in the SSD log (group commit); `Memory` — held in DRAM,
     /// the SSD log catches up in the background. Never called with `ServerDefault`.
@@ -94,7 +117,10 @@ pub trait Backend: Send + Sync + 'static {
     /// Marks a committed epoch drained (every file is on the PFS): its bytes become dead and
     /// GC may free them. Backends without a PFS drain refuse.
     fn mark_drained(&self, epoch: EpochId) -> Result<(), BackendError> {
-        Err(BackendError::new(ErrorCode::InvalidArgument, format!("this backend cannot mark epoch {epoch} drained")))
+        Err(BackendError::new(
+            ErrorCode::InvalidArgument,
+            format!("this backend cannot mark epoch {epoch} drained"),
+        ))
     }
     /// Frees the space of dead (drained or deleted) data now; returns the bytes freed.
     fn collect_garbage(&self) -> Result<u64, BackendError> {

@@ -23,7 +23,11 @@ impl ByteBudget {
 
     /// Blocks until `bytes` fit, then reserves them. The returned guard releases them.
     pub fn reserve(self: &Arc<Self>, bytes: u64) -> Reservation {
-        assert!(bytes <= self.max, "reservation of {bytes} bytes exceeds the budget of {}", self.max);
+        assert!(
+            bytes <= self.max,
+            "reservation of {bytes} bytes exceeds the budget of {}",
+            self.max
+        );
         let mut used = self.used.lock();
         while *used + bytes > self.max {
             self.freed.wait(&mut used);

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use spillway_proto::frame::{self, ReceiveError};
 use spillway_proto::message::ServerStatus;
 use spillway_proto::{
-    Connection, Durability, ErrorCode, Extent, FileInfo, FrameError, Identity, Request,
-    Response, BODY_BYTES_MAX, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+    Connection, Durability, ErrorCode, Extent, FileInfo, FrameError, Identity, Request, Response,
+    BODY_BYTES_MAX, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
 use spillway_types::{EpochId, StreamKey};
 
@@ -79,18 +79,26 @@ impl Read for FrameReader<'_> {
                     }
                     return Ok(n);
                 }
-                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                Err(e)
+                    if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) =>
+                {
                     if self.shutdown.load(Ordering::SeqCst) {
                         if !self.frame_started {
                             return Ok(0);
                         }
                         let since = *self.stopping_since.get_or_insert_with(Instant::now);
                         if since.elapsed() > self.grace {
-                            return Err(io::Error::new(io::ErrorKind::TimedOut, "shutdown grace ran out mid-frame"));
+                            return Err(io::Error::new(
+                                io::ErrorKind::TimedOut,
+                                "shutdown grace ran out mid-frame",
+                            ));
                         }
                     }
                     if self.frame_started && self.last_byte_at.elapsed() > self.stall_max {
-                        let message = format!("peer sent nothing for {} ms in the middle of a frame", self.stall_max.as_millis());
+                        let message = format!(
+                            "peer sent nothing for {} ms in the middle of a frame",
+                            self.stall_max.as_millis()
+                        );
                         return Err(io::Error::new(io::ErrorKind::TimedOut, message));
                     }
                 }
@@ -112,7 +120,12 @@ impl Drop for ConnectionCount<'_> {
 /// Buffer size of a connection's reader and reply writer: several small frames per syscall.
 const STREAM_BUFFER_BYTES: usize = 64 * 1024;
 
-fn send<W: Write + ?Sized>(writer: &mut W, request_id: u64, response: &Response, payload: &[u8]) -> io::Result<()> {
+fn send<W: Write + ?Sized>(
+    writer: &mut W,
+    request_id: u64,
+    response: &Response,
+    payload: &[u8],
+) -> io::Result<()> {
     frame::write_frame(writer, response.kind(), request_id, &response.encode_body(), payload)
 }
 
@@ -127,7 +140,15 @@ pub fn serve(shared: Arc<Shared>, mut connection: Box<dyn Connection>) {
     let _count = ConnectionCount(&shared);
     if count > shared.options.connections_max {
         tracing::warn!(%peer, connections_max = shared.options.connections_max, "refusing connection: at the connection limit");
-        let _ = send(&mut *connection, 0, &error_reply(ErrorCode::Busy, format!("server at its limit of {} connections", shared.options.connections_max)), &[]);
+        let _ = send(
+            &mut *connection,
+            0,
+            &error_reply(
+                ErrorCode::Busy,
+                format!("server at its limit of {} connections", shared.options.connections_max),
+            ),
+            &[],
+        );
         connection.shutdown();
         return;
     }
@@ -135,7 +156,15 @@ pub fn serve(shared: Arc<Shared>, mut connection: Box<dyn Connection>) {
         Ok(identity) => identity,
         Err(error) => {
             tracing::warn!(%peer, %error, "refusing connection: cannot establish the peer's identity");
-            let _ = send(&mut *connection, 0, &error_reply(ErrorCode::PermissionDenied, format!("cannot establish your identity: {error}")), &[]);
+            let _ = send(
+                &mut *connection,
+                0,
+                &error_reply(
+                    ErrorCode::PermissionDenied,
+                    format!("cannot establish your identity: {error}"),
+                ),
+                &[],
+            );
             connection.shutdown();
             return;
         }
@@ -193,7 +222,13 @@ pub fn serve(shared: Arc<Shared>, mut connection: Box<dyn Connection>) {
 }
 
 /// Reads the client's `Hello` and answers it. False: the connection must close.
-fn handshake(shared: &Shared, reader: &mut FrameReader<'_>, writer: &mut dyn Connection, peer: &str, identity: Identity) -> bool {
+fn handshake(
+    shared: &Shared,
+    reader: &mut FrameReader<'_>,
+    writer: &mut dyn Connection,
+    peer: &str,
+    identity: Identity,
+) -> bool {
     let mut body = Vec::new();
     reader.begin_frame(false);
     let header = match frame::read_header_and_body(reader, &mut body, 0) {
@@ -201,7 +236,12 @@ fn handshake(shared: &Shared, reader: &mut FrameReader<'_>, writer: &mut dyn Con
         Err(ReceiveError::Closed) => return false,
         Err(error) => {
             tracing::warn!(%peer, problem = %error, "malformed handshake; closing");
-            let _ = send(writer, 0, &error_reply(code_of(&error), format!("malformed handshake: {error}")), &[]);
+            let _ = send(
+                writer,
+                0,
+                &error_reply(code_of(&error), format!("malformed handshake: {error}")),
+                &[],
+            );
             return false;
         }
     };
@@ -209,13 +249,26 @@ fn handshake(shared: &Shared, reader: &mut FrameReader<'_>, writer: &mut dyn Con
         Ok(request) => request,
         Err(error) => {
             tracing::warn!(%peer, problem = %error, "malformed handshake; closing");
-            let _ = send(writer, header.request_id, &error_reply(ErrorCode::BadFrame, format!("malformed handshake: {error}")), &[]);
+            let _ = send(
+                writer,
+                header.request_id,
+                &error_reply(ErrorCode::BadFrame, format!("malformed handshake: {error}")),
+                &[],
+            );
             return false;
         }
     };
     let Request::Hello { version_min, version_max, client_name } = request else {
         tracing::warn!(%peer, problem = ?header.kind, "first frame is not Hello; closing");
-        let _ = send(writer, header.request_id, &error_reply(ErrorCode::OutOfOrder, format!("expected Hello first, got {:?}", header.kind)), &[]);
+        let _ = send(
+            writer,
+            header.request_id,
+            &error_reply(
+                ErrorCode::OutOfOrder,
+                format!("expected Hello first, got {:?}", header.kind),
+            ),
+            &[],
+        );
         return false;
     };
     let version = version_max.min(PROTOCOL_VERSION);
@@ -224,7 +277,12 @@ fn handshake(shared: &Shared, reader: &mut FrameReader<'_>, writer: &mut dyn Con
         let message = format!(
             "client speaks versions {version_min}..={version_max}, server {PROTOCOL_VERSION_MIN}..={PROTOCOL_VERSION}"
         );
-        let _ = send(writer, header.request_id, &error_reply(ErrorCode::UnsupportedVersion, message), &[]);
+        let _ = send(
+            writer,
+            header.request_id,
+            &error_reply(ErrorCode::UnsupportedVersion, message),
+            &[],
+        );
         return false;
     }
     tracing::debug!(%peer, %client_name, version, "handshake");
@@ -241,7 +299,9 @@ fn handshake(shared: &Shared, reader: &mut FrameReader<'_>, writer: &mut dyn Con
 
 fn code_of(error: &ReceiveError) -> ErrorCode {
     match error {
-        ReceiveError::Frame(FrameError::BodyTooLarge { .. } | FrameError::PayloadTooLarge { .. }) => ErrorCode::TooLarge,
+        ReceiveError::Frame(
+            FrameError::BodyTooLarge { .. } | FrameError::PayloadTooLarge { .. },
+        ) => ErrorCode::TooLarge,
         _ => ErrorCode::BadFrame,
     }
 }
@@ -259,15 +319,29 @@ fn read_loop(
         // Bytes of the next frame may already sit in the buffer: then it has started.
         let started = !reader.buffer().is_empty();
         reader.get_mut().begin_frame(started);
-        let header = match frame::read_header_and_body(reader, &mut body, shared.options.payload_bytes_max) {
+        let header = match frame::read_header_and_body(
+            reader,
+            &mut body,
+            shared.options.payload_bytes_max,
+        ) {
             Ok(header) => header,
             Err(ReceiveError::Closed) => {
-                return if shared.shutdown.load(Ordering::SeqCst) { "server shutting down".into() } else { "closed by peer".into() };
+                return if shared.shutdown.load(Ordering::SeqCst) {
+                    "server shutting down".into()
+                } else {
+                    "closed by peer".into()
+                };
             }
             Err(error @ ReceiveError::Frame(_)) => {
                 // The header is bad: lengths cannot be trusted, the stream is out of sync.
                 tracing::warn!(%peer, problem = %error, "malformed frame; closing the connection");
-                let _ = sender.send(Job::Reply { request_id: 0, response: error_reply(code_of(&error), format!("malformed frame: {error}; closing")) });
+                let _ = sender.send(Job::Reply {
+                    request_id: 0,
+                    response: error_reply(
+                        code_of(&error),
+                        format!("malformed frame: {error}; closing"),
+                    ),
+                });
                 return format!("malformed frame: {error}");
             }
             Err(error) => {
@@ -280,10 +354,17 @@ fn read_loop(
             Err(error) => {
                 // The header was sound: skip the payload and keep the connection.
                 tracing::warn!(%peer, request_id = header.request_id, problem = %error, "malformed request body; answering with an error");
-                if header.payload_bytes > 0 && discard(reader, header.payload_bytes as u64).is_err() {
+                if header.payload_bytes > 0 && discard(reader, header.payload_bytes as u64).is_err()
+                {
                     return "connection broken while skipping a bad frame's payload".into();
                 }
-                let reply = Job::Reply { request_id: header.request_id, response: error_reply(ErrorCode::BadFrame, format!("malformed {:?} body: {error}", header.kind)) };
+                let reply = Job::Reply {
+                    request_id: header.request_id,
+                    response: error_reply(
+                        ErrorCode::BadFrame,
+                        format!("malformed {:?} body: {error}", header.kind),
+                    ),
+                };
                 if sender.send(reply).is_err() {
                     return "executor stopped".into();
                 }
@@ -292,7 +373,10 @@ fn read_loop(
         };
         if let Request::Hello { .. } = request {
             tracing::warn!(%peer, request_id = header.request_id, problem = "second Hello", "out-of-order frame; answering with an error");
-            let reply = Job::Reply { request_id: header.request_id, response: error_reply(ErrorCode::OutOfOrder, "Hello after the handshake") };
+            let reply = Job::Reply {
+                request_id: header.request_id,
+                response: error_reply(ErrorCode::OutOfOrder, "Hello after the handshake"),
+            };
             if sender.send(reply).is_err() {
                 return "executor stopped".into();
             }
@@ -302,10 +386,17 @@ fn read_loop(
             Request::Write { epoch, file, offset } => {
                 let length = header.payload_bytes as usize;
                 let stream = stream_of(shared, identity, epoch);
-                let placed = if length > 0 { shared.backend.reserve_write(stream, epoch, file, offset, length) } else { None };
+                let placed = if length > 0 {
+                    shared.backend.reserve_write(stream, epoch, file, offset, length)
+                } else {
+                    None
+                };
                 let (payload, received) = match placed {
                     Some(mut pending) => {
-                        let received = pending.buffers().into_iter().try_for_each(|buffer| frame::read_payload(reader, buffer));
+                        let received = pending
+                            .buffers()
+                            .into_iter()
+                            .try_for_each(|buffer| frame::read_payload(reader, buffer));
                         (Payload::Placed(pending), received)
                     }
                     None => {
@@ -325,7 +416,10 @@ fn read_loop(
             _ => None,
         };
         let received = Instant::now();
-        if sender.send(Job::Request { request_id: header.request_id, request, payload, received }).is_err() {
+        if sender
+            .send(Job::Request { request_id: header.request_id, request, payload, received })
+            .is_err()
+        {
             return "executor stopped (reply could not be sent)".into();
         }
     }
@@ -342,7 +436,13 @@ fn discard(reader: &mut impl Read, mut bytes: u64) -> io::Result<()> {
 }
 
 /// Runs requests in order and writes the replies.
-fn execute(shared: Arc<Shared>, receiver: Receiver<Job>, writer: Box<dyn Connection>, peer: String, identity: Identity) {
+fn execute(
+    shared: Arc<Shared>,
+    receiver: Receiver<Job>,
+    writer: Box<dyn Connection>,
+    peer: String,
+    identity: Identity,
+) {
     let mut broken = false;
     let mut last_no_space: Option<Instant> = None;
     // Replies are buffered and flushed whenever the queue runs dry, so a burst of small
@@ -377,11 +477,15 @@ fn execute(shared: Arc<Shared>, receiver: Receiver<Job>, writer: Box<dyn Connect
                 // (otherwise N pipelined writes would wait N times the bound); a write sent
                 // after that failure (a retry) waits again.
                 let fail_fast = last_no_space.is_some_and(|at| received <= at);
-                let wait = if fail_fast { Duration::ZERO } else { shared.options.backpressure_wait };
+                let wait =
+                    if fail_fast { Duration::ZERO } else { shared.options.backpressure_wait };
                 let (response, read_data) = match payload {
-                    Some(Payload::Placed(pending)) => handle(&shared, identity, request, WriteData::Placed(pending), wait),
+                    Some(Payload::Placed(pending)) => {
+                        handle(&shared, identity, request, WriteData::Placed(pending), wait)
+                    }
                     Some(Payload::Buffered(buffer, reservation)) => {
-                        let reply = handle(&shared, identity, request, WriteData::Bytes(&buffer), wait);
+                        let reply =
+                            handle(&shared, identity, request, WriteData::Bytes(&buffer), wait);
                         drop(reservation);
                         shared.pool.give(buffer);
                         reply
@@ -428,7 +532,12 @@ const ASSIGNED_STREAM_TAG: u64 = 1 << 63;
 
 /// Checks that this identity may touch the epoch; the first identity to create it owns it for
 /// this server run. Root may touch anything.
-fn authorize(shared: &Shared, identity: Identity, epoch: EpochId, claim: bool) -> Result<(), BackendError> {
+fn authorize(
+    shared: &Shared,
+    identity: Identity,
+    epoch: EpochId,
+    claim: bool,
+) -> Result<(), BackendError> {
     let mut owners = shared.owners.lock();
     match owners.get(&epoch) {
         Some(&owner) if owner != identity.uid && identity.uid != 0 => Err(BackendError::new(
@@ -452,7 +561,13 @@ enum WriteData<'a> {
     Bytes(&'a [u8]),
 }
 
-fn handle(shared: &Shared, identity: Identity, request: Request, data: WriteData<'_>, wait: Duration) -> Reply {
+fn handle(
+    shared: &Shared,
+    identity: Identity,
+    request: Request,
+    data: WriteData<'_>,
+    wait: Duration,
+) -> Reply {
     match run(shared, identity, request, data, wait) {
         Ok(reply) => reply,
         Err(error) => (error_reply(error.code, error.message), None),
@@ -461,17 +576,28 @@ fn handle(shared: &Shared, identity: Identity, request: Request, data: WriteData
 
 type Reply = (Response, Option<Vec<u8>>);
 
-fn run(shared: &Shared, identity: Identity, request: Request, data: WriteData<'_>, wait: Duration) -> Result<Reply, BackendError> {
+fn run(
+    shared: &Shared,
+    identity: Identity,
+    request: Request,
+    data: WriteData<'_>,
+    wait: Duration,
+) -> Result<Reply, BackendError> {
     let backend = &*shared.backend;
     let plain = |response| Ok((response, None));
     match request {
         Request::Hello { .. } => unreachable!("the reader answers a second Hello itself"),
         Request::OpenFile { epoch, name, create } => {
-            if name.is_empty() || name.len() > spillway_proto::NAME_BYTES_MAX || name.contains('\0') {
-                return Err(BackendError::new(ErrorCode::InvalidArgument, format!("bad file name {name:?}")));
+            if name.is_empty() || name.len() > spillway_proto::NAME_BYTES_MAX || name.contains('\0')
+            {
+                return Err(BackendError::new(
+                    ErrorCode::InvalidArgument,
+                    format!("bad file name {name:?}"),
+                ));
             }
             authorize(shared, identity, epoch, create)?;
-            let (file, created) = backend.open_file(stream_of(shared, identity, epoch), epoch, &name, create)?;
+            let (file, created) =
+                backend.open_file(stream_of(shared, identity, epoch), epoch, &name, create)?;
             plain(Response::FileOpened { file, created })
         }
         Request::Write { epoch, file, offset } => {
@@ -485,7 +611,10 @@ fn run(shared: &Shared, identity: Identity, request: Request, data: WriteData<'_
                 }
                 WriteData::Bytes(data) => {
                     offset.checked_add(data.len() as u64).ok_or_else(|| {
-                        BackendError::new(ErrorCode::InvalidArgument, format!("write at offset {offset} of {} bytes overflows", data.len()))
+                        BackendError::new(
+                            ErrorCode::InvalidArgument,
+                            format!("write at offset {offset} of {} bytes overflows", data.len()),
+                        )
                     })?;
                     write_with_backpressure(shared, identity, epoch, file, offset, data, wait)?;
                     data.len()
@@ -499,11 +628,17 @@ fn run(shared: &Shared, identity: Identity, request: Request, data: WriteData<'_
             if length > shared.options.payload_bytes_max {
                 return Err(BackendError::new(
                     ErrorCode::TooLarge,
-                    format!("read of {length} bytes exceeds payload_bytes_max {}", shared.options.payload_bytes_max),
+                    format!(
+                        "read of {length} bytes exceeds payload_bytes_max {}",
+                        shared.options.payload_bytes_max
+                    ),
                 ));
             }
             offset.checked_add(length as u64).ok_or_else(|| {
-                BackendError::new(ErrorCode::InvalidArgument, format!("read at offset {offset} of {length} bytes overflows"))
+                BackendError::new(
+                    ErrorCode::InvalidArgument,
+                    format!("read at offset {offset} of {length} bytes overflows"),
+                )
             })?;
             // Not charged to the write budget (an executor waiting on it while readers hold
             // it could deadlock); bounded instead by one reply buffer per connection:
@@ -564,11 +699,17 @@ fn run(shared: &Shared, identity: Identity, request: Request, data: WriteData<'_
             if identity.uid != 0 {
                 return Err(BackendError::new(
                     ErrorCode::PermissionDenied,
-                    format!("only root (the manager) assigns SSD streams; request runs as uid {}", identity.uid),
+                    format!(
+                        "only root (the manager) assigns SSD streams; request runs as uid {}",
+                        identity.uid
+                    ),
                 ));
             }
             if stream & ASSIGNED_STREAM_TAG != 0 {
-                return Err(BackendError::new(ErrorCode::InvalidArgument, format!("stream id {stream} is out of range (below 2^63)")));
+                return Err(BackendError::new(
+                    ErrorCode::InvalidArgument,
+                    format!("stream id {stream} is out of range (below 2^63)"),
+                ));
             }
             shared.epoch_streams.write().insert(epoch, assigned_stream_key(stream));
             plain(Response::StreamAssigned { epoch, stream })
@@ -583,10 +724,16 @@ fn run(shared: &Shared, identity: Identity, request: Request, data: WriteData<'_
         Request::Drain { epoch, mode } => {
             authorize(shared, identity, epoch, false)?;
             let drain = shared.drain.get().ok_or_else(|| {
-                BackendError::new(ErrorCode::InvalidArgument, "this server has no PFS to drain to (drain.pfs_directory is not set)")
+                BackendError::new(
+                    ErrorCode::InvalidArgument,
+                    "this server has no PFS to drain to (drain.pfs_directory is not set)",
+                )
             })?;
             if !backend.epochs()?.iter().any(|e| e.epoch == epoch) {
-                return Err(BackendError::new(ErrorCode::NoSuchEpoch, format!("no epoch {epoch} here")));
+                return Err(BackendError::new(
+                    ErrorCode::NoSuchEpoch,
+                    format!("no epoch {epoch} here"),
+                ));
             }
             drain.request(epoch, mode)?;
             plain(Response::DrainQueued { epoch })
@@ -605,7 +752,10 @@ fn run(shared: &Shared, identity: Identity, request: Request, data: WriteData<'_
         }
         Request::Namespace(request) => {
             let service = shared.namespaces.get().ok_or_else(|| {
-                BackendError::new(ErrorCode::InvalidArgument, "this server has no namespace service (started without a store directory)")
+                BackendError::new(
+                    ErrorCode::InvalidArgument,
+                    "this server has no namespace service (started without a store directory)",
+                )
             })?;
             plain(Response::Namespace(service.handle(identity, request)))
         }
@@ -665,7 +815,10 @@ fn write_with_backpressure(
                 if now >= deadline || shared.shutdown.load(Ordering::SeqCst) {
                     return Err(BackendError::new(
                         ErrorCode::NoSpace,
-                        format!("{} (store still full after waiting {wait:?} for space)", error.message),
+                        format!(
+                            "{} (store still full after waiting {wait:?} for space)",
+                            error.message
+                        ),
                     ));
                 }
                 if !waited {
@@ -673,7 +826,10 @@ fn write_with_backpressure(
                     waited = true;
                 }
                 // Wake at least every 50 ms: shutdown, or space freed the backend cannot see.
-                shared.backend.wait_for_space(data.len() as u64, (deadline - now).min(Duration::from_millis(50)));
+                shared.backend.wait_for_space(
+                    data.len() as u64,
+                    (deadline - now).min(Duration::from_millis(50)),
+                );
             }
             other => return other,
         }

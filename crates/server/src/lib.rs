@@ -216,7 +216,11 @@ impl Server {
     /// Serves namespace (metadata) requests, keeping namespace journals in `directory`
     /// (normally `<store directory>/namespaces`). Returns false if already attached.
     pub fn attach_namespaces(&self, directory: std::path::PathBuf) -> bool {
-        let service = namespace_service::NamespaceService::new(directory, self.shared.backend.clone(), spillway_meta::LocalOptions::default());
+        let service = namespace_service::NamespaceService::new(
+            directory,
+            self.shared.backend.clone(),
+            spillway_meta::LocalOptions::default(),
+        );
         self.shared.namespaces.set(Arc::new(service)).is_ok()
     }
 
@@ -233,7 +237,8 @@ impl Server {
     /// requests it has received, waits for background SSD commits, returns.
     pub fn run(self) -> Result<(), ServeError> {
         let shared = self.shared;
-        let endpoints: Vec<String> = self.listeners.iter().map(|l| l.endpoint().to_string()).collect();
+        let endpoints: Vec<String> =
+            self.listeners.iter().map(|l| l.endpoint().to_string()).collect();
         tracing::info!(server = %shared.options.server_name, endpoints = ?endpoints, "serving");
         let mut workers: Vec<JoinHandle<()>> = Vec::new();
         let mut next_connection = 0u64;
@@ -252,7 +257,9 @@ impl Server {
                             .spawn(move || connection::serve(shared, conn));
                         match spawned {
                             Ok(handle) => workers.push(handle),
-                            Err(error) => tracing::error!(%error, "cannot start a connection thread; connection dropped"),
+                            Err(error) => {
+                                tracing::error!(%error, "cannot start a connection thread; connection dropped")
+                            }
                         }
                     }
                     Ok(None) => {}
@@ -267,7 +274,10 @@ impl Server {
                 std::thread::sleep(Duration::from_millis(5));
             }
         }
-        tracing::info!(connections = shared.connections.load(Ordering::SeqCst), "shutting down: no longer accepting, finishing in-flight requests");
+        tracing::info!(
+            connections = shared.connections.load(Ordering::SeqCst),
+            "shutting down: no longer accepting, finishing in-flight requests"
+        );
         drop(self.listeners);
         for worker in workers {
             let _ = worker.join();

@@ -19,8 +19,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use spillway_meta::{
-    Capacity, Caller, LocalNamespace, LocalOptions, MetaError, Namespace, NamespaceConfig, NamespaceId, OpenError, StoreCapacity,
-    SystemClock, ROOT_INO,
+    Caller, Capacity, LocalNamespace, LocalOptions, MetaError, Namespace, NamespaceConfig,
+    NamespaceId, OpenError, StoreCapacity, SystemClock, ROOT_INO,
 };
 use spillway_proto::{Identity, NamespaceRequest, NamespaceResponse, BODY_BYTES_MAX};
 
@@ -35,7 +35,10 @@ struct StoreCapacityProbe(Arc<dyn Backend>);
 impl Capacity for StoreCapacityProbe {
     fn capacity(&self) -> StoreCapacity {
         let usage = self.0.usage();
-        StoreCapacity { total_bytes: usage.ssd_bytes_max, free_bytes: usage.ssd_bytes_max.saturating_sub(usage.ssd_bytes_used) }
+        StoreCapacity {
+            total_bytes: usage.ssd_bytes_max,
+            free_bytes: usage.ssd_bytes_max.saturating_sub(usage.ssd_bytes_used),
+        }
     }
 }
 
@@ -54,26 +57,54 @@ fn error(errno: i32, message: impl Into<String>) -> MetaError {
 impl NamespaceService {
     /// A service keeping its journals in `directory` (created on first use), reporting the
     /// capacity of `backend`.
-    pub fn new(directory: PathBuf, backend: Arc<dyn Backend>, options: LocalOptions) -> NamespaceService {
-        NamespaceService { directory, capacity: Arc::new(StoreCapacityProbe(backend)), options, open: Mutex::new(HashMap::new()) }
+    pub fn new(
+        directory: PathBuf,
+        backend: Arc<dyn Backend>,
+        options: LocalOptions,
+    ) -> NamespaceService {
+        NamespaceService {
+            directory,
+            capacity: Arc::new(StoreCapacityProbe(backend)),
+            options,
+            open: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Opens (or creates) a namespace, returning it and whether it was created.
-    pub fn open(&self, config: &NamespaceConfig, create: bool) -> Result<(Arc<LocalNamespace>, bool), MetaError> {
+    pub fn open(
+        &self,
+        config: &NamespaceConfig,
+        create: bool,
+    ) -> Result<(Arc<LocalNamespace>, bool), MetaError> {
         let mut open = self.open.lock();
         if let Some(namespace) = open.get(&config.id) {
             return Ok((namespace.clone(), false));
         }
         if open.len() >= NAMESPACES_MAX {
-            return Err(error(libc::EMFILE, format!("this server holds its maximum of {NAMESPACES_MAX} namespaces")));
+            return Err(error(
+                libc::EMFILE,
+                format!("this server holds its maximum of {NAMESPACES_MAX} namespaces"),
+            ));
         }
-        let opened = LocalNamespace::open(&self.directory, config, create, Arc::new(SystemClock), self.capacity.clone(), self.options.clone());
+        let opened = LocalNamespace::open(
+            &self.directory,
+            config,
+            create,
+            Arc::new(SystemClock),
+            self.capacity.clone(),
+            self.options.clone(),
+        );
         let (namespace, created, recovery) = opened.map_err(|failure| match failure {
             OpenError::NotFound { .. } => error(libc::ENOENT, failure.to_string()),
             other => error(libc::EIO, other.to_string()),
         })?;
         if recovery.torn_bytes_cut > 0 {
-            tracing::warn!(namespace = config.id, bytes = recovery.torn_bytes_cut, records = recovery.records, "namespace journal: cut a torn tail");
+            tracing::warn!(
+                namespace = config.id,
+                bytes = recovery.torn_bytes_cut,
+                records = recovery.records,
+                "namespace journal: cut a torn tail"
+            );
         }
         tracing::info!(namespace = config.id, created, data_epoch = %namespace.data_epoch(), "namespace open");
         let namespace = Arc::new(namespace);
@@ -86,7 +117,13 @@ impl NamespaceService {
         if let Some(namespace) = self.open.lock().get(&id) {
             return Ok(namespace.clone());
         }
-        let config = NamespaceConfig { id, data_epoch: Default::default(), root_uid: 0, root_gid: 0, root_mode: 0o755 };
+        let config = NamespaceConfig {
+            id,
+            data_epoch: Default::default(),
+            root_uid: 0,
+            root_gid: 0,
+            root_mode: 0o755,
+        };
         self.open(&config, false).map(|(namespace, _)| namespace)
     }
 
@@ -110,7 +147,12 @@ impl NamespaceService {
         let trusted = identity.uid == 0;
         if !trusted {
             if let Some(caller) = request.caller_mut() {
-                *caller = Caller { uid: identity.uid, gid: identity.gid, groups: Vec::new(), pid: caller.pid };
+                *caller = Caller {
+                    uid: identity.uid,
+                    gid: identity.gid,
+                    groups: Vec::new(),
+                    pid: caller.pid,
+                };
             }
             if let NamespaceRequest::SetAttr { set, .. } = &mut request {
                 set.via_writable_handle = false;
@@ -118,20 +160,34 @@ impl NamespaceService {
         }
         match self.run(identity, trusted, request) {
             Ok(response) => response,
-            Err(failure) => NamespaceResponse::Error { errno: failure.errno, message: failure.message },
+            Err(failure) => {
+                NamespaceResponse::Error { errno: failure.errno, message: failure.message }
+            }
         }
     }
 
-    fn run(&self, identity: Identity, trusted: bool, request: NamespaceRequest) -> Result<NamespaceResponse, MetaError> {
+    fn run(
+        &self,
+        identity: Identity,
+        trusted: bool,
+        request: NamespaceRequest,
+    ) -> Result<NamespaceResponse, MetaError> {
         use NamespaceRequest as R;
         use NamespaceResponse as A;
         if let R::Open { namespace, create, data_epoch, root_uid, root_gid, root_mode } = request {
             // Only root (the mount, the manager) creates namespaces: a user must not squat an
             // id a job's mount will use. Anyone may open an existing one.
             if create && !trusted && self.get(namespace).is_err() {
-                return Err(error(libc::EPERM, format!("only root creates namespaces (namespace {namespace}, peer uid {})", identity.uid)));
+                return Err(error(
+                    libc::EPERM,
+                    format!(
+                        "only root creates namespaces (namespace {namespace}, peer uid {})",
+                        identity.uid
+                    ),
+                ));
             }
-            let config = NamespaceConfig { id: namespace, data_epoch, root_uid, root_gid, root_mode };
+            let config =
+                NamespaceConfig { id: namespace, data_epoch, root_uid, root_gid, root_mode };
             let (ns, created) = self.open(&config, create)?;
             return Ok(A::Opened { namespace, data_epoch: ns.data_epoch(), created });
         }
@@ -145,7 +201,14 @@ impl NamespaceService {
             R::Manifest { from_index, .. } => {
                 let root = ns.getattr(ROOT_INO)?;
                 if !trusted && identity.uid != root.uid {
-                    return Err(error(libc::EACCES, format!("the manifest of namespace {} is for root or its owner (uid {})", ns.id(), root.uid)));
+                    return Err(error(
+                        libc::EACCES,
+                        format!(
+                            "the manifest of namespace {} is for root or its owner (uid {})",
+                            ns.id(),
+                            root.uid
+                        ),
+                    ));
                 }
                 let mut bytes = 4usize;
                 let page = ns
@@ -165,10 +228,16 @@ impl NamespaceService {
             R::Create { caller, parent, name, kind, mode, umask, rdev, exclusive, .. } => {
                 A::Attr(ns.create(&caller, parent, &name, kind, mode, umask, rdev, exclusive)?)
             }
-            R::Mkdir { caller, parent, name, mode, umask, .. } => A::Attr(ns.mkdir(&caller, parent, &name, mode, umask)?),
-            R::Symlink { caller, parent, name, target, .. } => A::Attr(ns.symlink(&caller, parent, &name, &target)?),
+            R::Mkdir { caller, parent, name, mode, umask, .. } => {
+                A::Attr(ns.mkdir(&caller, parent, &name, mode, umask)?)
+            }
+            R::Symlink { caller, parent, name, target, .. } => {
+                A::Attr(ns.symlink(&caller, parent, &name, &target)?)
+            }
             R::Readlink { ino, .. } => A::Target(ns.readlink(ino)?),
-            R::Link { caller, ino, new_parent, new_name, .. } => A::Attr(ns.link(&caller, ino, new_parent, &new_name)?),
+            R::Link { caller, ino, new_parent, new_name, .. } => {
+                A::Attr(ns.link(&caller, ino, new_parent, &new_name)?)
+            }
             R::Unlink { caller, parent, name, .. } => {
                 ns.unlink(&caller, parent, &name)?;
                 A::Done

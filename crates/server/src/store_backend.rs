@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use spillway_proto::{Durability, EpochInfo, EpochState, ErrorCode, Extent, FileInfo};
-use spillway_store::{CommitError, EpochPhase, LifecycleError, ReadError, Store, WriteError, WriteSlot};
+use spillway_store::{
+    CommitError, EpochPhase, LifecycleError, ReadError, Store, WriteError, WriteSlot,
+};
 use spillway_types::{EpochId, FileId, StreamKey};
 
 use crate::backend::{Backend, BackendError, PendingWrite, Usage};
@@ -64,11 +66,13 @@ impl StoreBackend {
 fn write_error(error: WriteError) -> BackendError {
     let code = match &error {
         WriteError::OutOfSpace { .. } | WriteError::DramStalled { .. } => ErrorCode::NoSpace,
-        WriteError::EpochNotOpen { phase: EpochPhase::Drained | EpochPhase::Deleted, .. } => ErrorCode::NoSuchEpoch,
-        WriteError::EpochNotOpen { .. } => ErrorCode::EpochReadOnly,
-        WriteError::ReservedStream(_) | WriteError::OffsetOverflow { .. } | WriteError::BadFileName { .. } => {
-            ErrorCode::InvalidArgument
+        WriteError::EpochNotOpen { phase: EpochPhase::Drained | EpochPhase::Deleted, .. } => {
+            ErrorCode::NoSuchEpoch
         }
+        WriteError::EpochNotOpen { .. } => ErrorCode::EpochReadOnly,
+        WriteError::ReservedStream(_)
+        | WriteError::OffsetOverflow { .. }
+        | WriteError::BadFileName { .. } => ErrorCode::InvalidArgument,
         WriteError::Io { .. } | WriteError::Failed(_) => ErrorCode::Io,
         _ => ErrorCode::Internal,
     };
@@ -99,7 +103,9 @@ fn lifecycle_error(error: LifecycleError) -> BackendError {
     let code = match &error {
         LifecycleError::UnknownEpoch(_) => ErrorCode::NoSuchEpoch,
         LifecycleError::WrongPhase { phase: EpochPhase::Committing, .. } => ErrorCode::Busy,
-        LifecycleError::WrongPhase { phase: EpochPhase::Drained | EpochPhase::Deleted, .. } => ErrorCode::NoSuchEpoch,
+        LifecycleError::WrongPhase { phase: EpochPhase::Drained | EpochPhase::Deleted, .. } => {
+            ErrorCode::NoSuchEpoch
+        }
         LifecycleError::WrongPhase { .. } => ErrorCode::InvalidArgument,
         LifecycleError::Io { .. } | LifecycleError::Failed(_) => ErrorCode::Io,
         _ => ErrorCode::Internal,
@@ -132,17 +138,28 @@ impl PendingWrite for WriteSlot {
 }
 
 impl Backend for StoreBackend {
-    fn open_file(&self, _stream: StreamKey, epoch: EpochId, name: &str, create: bool) -> Result<(FileId, bool), BackendError> {
+    fn open_file(
+        &self,
+        _stream: StreamKey,
+        epoch: EpochId,
+        name: &str,
+        create: bool,
+    ) -> Result<(FileId, bool), BackendError> {
         let mut all = self.names.lock();
         let names = match all.entry(epoch) {
             std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
-            std::collections::hash_map::Entry::Vacant(entry) => entry.insert(self.load_names(epoch)?),
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                entry.insert(self.load_names(epoch)?)
+            }
         };
         if let Some(&id) = names.ids.get(name) {
             return Ok((id, false));
         }
         if !create {
-            return Err(BackendError::new(ErrorCode::NoSuchFile, format!("no file {name:?} in epoch {epoch}")));
+            return Err(BackendError::new(
+                ErrorCode::NoSuchFile,
+                format!("no file {name:?} in epoch {epoch}"),
+            ));
         }
         let id = FileId(names.next);
         self.store.name_file(epoch, id, name).map_err(write_error)?;
@@ -151,14 +168,31 @@ impl Backend for StoreBackend {
         Ok((id, true))
     }
 
-    fn write(&self, stream: StreamKey, epoch: EpochId, file: FileId, offset: u64, data: &[u8]) -> Result<(), BackendError> {
+    fn write(
+        &self,
+        stream: StreamKey,
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), BackendError> {
         if !self.store.has_file(epoch, file) {
-            return Err(BackendError::new(ErrorCode::NoSuchFile, format!("epoch {epoch} has no file {file}: open it first")));
+            return Err(BackendError::new(
+                ErrorCode::NoSuchFile,
+                format!("epoch {epoch} has no file {file}: open it first"),
+            ));
         }
         self.store.write(stream, epoch, file, offset, data).map_err(write_error)
     }
 
-    fn reserve_write(&self, stream: StreamKey, epoch: EpochId, file: FileId, offset: u64, length: usize) -> Option<Box<dyn PendingWrite>> {
+    fn reserve_write(
+        &self,
+        stream: StreamKey,
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+        length: usize,
+    ) -> Option<Box<dyn PendingWrite>> {
         if !self.store.has_file(epoch, file) {
             return None;
         }
@@ -166,7 +200,13 @@ impl Backend for StoreBackend {
         Some(Box::new(slot))
     }
 
-    fn read(&self, epoch: EpochId, file: FileId, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
+    fn read(
+        &self,
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), BackendError> {
         self.store.read(epoch, file, offset, out).map_err(read_error)
     }
 
@@ -192,7 +232,12 @@ impl Backend for StoreBackend {
             .epochs()
             .into_iter()
             .filter_map(|e| {
-                state_of(e.phase).map(|state| EpochInfo { epoch: e.epoch, state, files: e.files as u64, bytes: e.payload_bytes })
+                state_of(e.phase).map(|state| EpochInfo {
+                    epoch: e.epoch,
+                    state,
+                    files: e.files as u64,
+                    bytes: e.payload_bytes,
+                })
             })
             .collect())
     }
@@ -216,12 +261,16 @@ impl Backend for StoreBackend {
     }
 
     fn stat(&self, epoch: EpochId, file: FileId) -> Result<FileInfo, BackendError> {
-        let info = self
-            .store
-            .stat(epoch, file)
-            .ok_or_else(|| BackendError::new(ErrorCode::NoSuchFile, format!("epoch {epoch} has no file {file}")))?;
+        let info = self.store.stat(epoch, file).ok_or_else(|| {
+            BackendError::new(ErrorCode::NoSuchFile, format!("epoch {epoch} has no file {file}"))
+        })?;
         let stored_bytes = self.extents(epoch, file)?.iter().map(|e| e.length).sum();
-        Ok(FileInfo { file, name: info.name.unwrap_or_default(), size_bytes: info.size_bytes, stored_bytes })
+        Ok(FileInfo {
+            file,
+            name: info.name.unwrap_or_default(),
+            size_bytes: info.size_bytes,
+            stored_bytes,
+        })
     }
 
     fn extents(&self, epoch: EpochId, file: FileId) -> Result<Vec<Extent>, BackendError> {

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use spillway_client::{Client, ClientOptions, Placement};
 use spillway_proto::frame::{self, Kind};
-use spillway_proto::{Durability, Endpoint, EpochState, ErrorCode, Request, Response, PROTOCOL_VERSION};
+use spillway_proto::{
+    Durability, Endpoint, EpochState, ErrorCode, Request, Response, PROTOCOL_VERSION,
+};
 use spillway_server::{Backend, Server, ServerOptions, ShutdownHandle, StoreBackend};
 use spillway_types::{EpochId, StreamKey};
 use support::ModelBackend;
@@ -52,7 +54,11 @@ impl Drop for Running {
     }
 }
 
-fn start_with(options: ServerOptions, backend: Arc<dyn Backend>, endpoints: &[Endpoint]) -> Running {
+fn start_with(
+    options: ServerOptions,
+    backend: Arc<dyn Backend>,
+    endpoints: &[Endpoint],
+) -> Running {
     let server = Server::bind(options, backend, endpoints, false).unwrap();
     let endpoints = server.endpoints();
     let handle = server.shutdown_handle();
@@ -84,7 +90,16 @@ fn receive(stream: &mut TcpStream) -> (u64, Response, Vec<u8>) {
 }
 
 fn hello(stream: &mut TcpStream) {
-    send(stream, 1, &Request::Hello { version_min: 1, version_max: PROTOCOL_VERSION, client_name: "raw".into() }, &[]);
+    send(
+        stream,
+        1,
+        &Request::Hello {
+            version_min: 1,
+            version_max: PROTOCOL_VERSION,
+            client_name: "raw".into(),
+        },
+        &[],
+    );
     let (id, response, _) = receive(stream);
     assert_eq!(id, 1);
     assert!(matches!(response, Response::Hello { .. }), "{response:?}");
@@ -109,7 +124,8 @@ fn pattern(seed: u64, length: usize) -> Vec<u8> {
 }
 
 fn client(running: &Running, placement: Placement) -> Client {
-    let options = ClientOptions { placement, window: 8, transfer_bytes_max: 256 << 10, ..Default::default() };
+    let options =
+        ClientOptions { placement, window: 8, transfer_bytes_max: 256 << 10, ..Default::default() };
     Client::connect(&running.endpoints, options).unwrap()
 }
 
@@ -148,10 +164,7 @@ fn n_to_1_over_two_servers_striped_and_local() {
     let b = start(Arc::new(ModelBackend::new(1 << 30)));
     let endpoints = vec![a.endpoints[0].clone(), b.endpoints[0].clone()];
     let unit = 64 * 1024;
-    for (epoch, placement) in [
-        (EpochId(7), None),
-        (EpochId(8), Some(())),
-    ] {
+    for (epoch, placement) in [(EpochId(7), None), (EpochId(8), Some(()))] {
         let block = 200_000usize; // not stripe-aligned on purpose
         let writers: Vec<_> = (0..3u32)
             .map(|rank| {
@@ -161,7 +174,11 @@ fn n_to_1_over_two_servers_striped_and_local() {
                         None => Placement::Striped { stripe_unit_bytes: unit, stripe_count: 2 },
                         Some(()) => Placement::Local { rank },
                     };
-                    let mut c = Client::connect(&endpoints, ClientOptions { placement, ..Default::default() }).unwrap();
+                    let mut c = Client::connect(
+                        &endpoints,
+                        ClientOptions { placement, ..Default::default() },
+                    )
+                    .unwrap();
                     let mut file = c.create_file(epoch, "shared").unwrap();
                     let data = pattern(rank as u64 + epoch.0, block);
                     c.write(&mut file, rank as u64 * block as u64, &data).unwrap();
@@ -179,13 +196,17 @@ fn n_to_1_over_two_servers_striped_and_local() {
             None => Placement::Striped { stripe_unit_bytes: unit, stripe_count: 2 },
             Some(()) => Placement::Local { rank: 99 },
         };
-        let mut reader = Client::connect(&endpoints, ClientOptions { placement, ..Default::default() }).unwrap();
+        let mut reader =
+            Client::connect(&endpoints, ClientOptions { placement, ..Default::default() }).unwrap();
         let file = reader.open_file(epoch, "shared").unwrap();
         let mut back = vec![0; 3 * block];
         reader.read(&file, 0, &mut back).unwrap();
         for rank in 0..3 {
             let expected = pattern(rank as u64 + epoch.0, block);
-            assert!(back[rank * block..(rank + 1) * block] == expected[..], "rank {rank} differs ({placement:?})");
+            assert!(
+                back[rank * block..(rank + 1) * block] == expected[..],
+                "rank {rank} differs ({placement:?})"
+            );
         }
         let summary = reader.list_epochs().unwrap().into_iter().find(|e| e.epoch == epoch).unwrap();
         assert_eq!(summary.servers, 2, "{placement:?} should use both servers");
@@ -200,7 +221,9 @@ fn garbage_gets_an_error_and_a_close_and_others_are_still_served() {
     bad.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n\0\0\0\0\0").unwrap();
     let (_, response, _) = receive(&mut bad);
     match response {
-        Response::Error { code: ErrorCode::BadFrame, message } => assert!(message.contains("magic"), "{message}"),
+        Response::Error { code: ErrorCode::BadFrame, message } => {
+            assert!(message.contains("magic"), "{message}")
+        }
         other => panic!("{other:?}"),
     }
     expect_closed(&mut bad);
@@ -216,8 +239,15 @@ fn garbage_gets_an_error_and_a_close_and_others_are_still_served() {
     // Truncated frame then hang-up: the server just drops it.
     let mut truncated = tcp(&running);
     hello(&mut truncated);
-    let full = Request::Write { epoch: EpochId(1), file: spillway_types::FileId(1), offset: 0 }.encode_body();
-    let header = frame::Header { kind: Kind::Write, request_id: 9, body_bytes: full.len() as u32, payload_bytes: 100 }.encode();
+    let full = Request::Write { epoch: EpochId(1), file: spillway_types::FileId(1), offset: 0 }
+        .encode_body();
+    let header = frame::Header {
+        kind: Kind::Write,
+        request_id: 9,
+        body_bytes: full.len() as u32,
+        payload_bytes: 100,
+    }
+    .encode();
     truncated.write_all(&header).unwrap();
     truncated.write_all(&full[..5]).unwrap();
     drop(truncated);
@@ -237,20 +267,38 @@ fn out_of_order_oversized_and_version_mismatch_are_refused() {
     // A second Hello: error, connection stays.
     let mut s = tcp(&running);
     hello(&mut s);
-    send(&mut s, 2, &Request::Hello { version_min: 1, version_max: 1, client_name: "again".into() }, &[]);
+    send(
+        &mut s,
+        2,
+        &Request::Hello { version_min: 1, version_max: 1, client_name: "again".into() },
+        &[],
+    );
     assert!(matches!(receive(&mut s), (2, Response::Error { code: ErrorCode::OutOfOrder, .. }, _)));
     send(&mut s, 3, &Request::ListEpochs { from_epoch: EpochId(0) }, &[]);
     assert!(matches!(receive(&mut s), (3, Response::Epochs(_), _)));
     // A payload over the negotiated maximum: the stream cannot be trusted, error and close.
-    let header = frame::Header { kind: Kind::Write, request_id: 4, body_bytes: 24, payload_bytes: (1 << 20) + 1 }.encode();
+    let header = frame::Header {
+        kind: Kind::Write,
+        request_id: 4,
+        body_bytes: 24,
+        payload_bytes: (1 << 20) + 1,
+    }
+    .encode();
     s.write_all(&header).unwrap();
     assert!(matches!(receive(&mut s).1, Response::Error { code: ErrorCode::TooLarge, .. }));
     expect_closed(&mut s);
     // No common version.
     let mut s = tcp(&running);
-    send(&mut s, 1, &Request::Hello { version_min: 50, version_max: 60, client_name: "future".into() }, &[]);
+    send(
+        &mut s,
+        1,
+        &Request::Hello { version_min: 50, version_max: 60, client_name: "future".into() },
+        &[],
+    );
     match receive(&mut s).1 {
-        Response::Error { code: ErrorCode::UnsupportedVersion, message } => assert!(message.contains("50..=60"), "{message}"),
+        Response::Error { code: ErrorCode::UnsupportedVersion, message } => {
+            assert!(message.contains("50..=60"), "{message}")
+        }
         other => panic!("{other:?}"),
     }
     expect_closed(&mut s);
@@ -326,7 +374,11 @@ fn shutdown_finishes_in_flight_writes() {
 fn unix_socket_identity_comes_from_the_kernel() {
     let dir = tempfile::tempdir().unwrap();
     let endpoint = Endpoint::Unix(dir.path().join("s.sock"));
-    let running = start_with(options(), Arc::new(ModelBackend::new(1 << 20)), std::slice::from_ref(&endpoint));
+    let running = start_with(
+        options(),
+        Arc::new(ModelBackend::new(1 << 20)),
+        std::slice::from_ref(&endpoint),
+    );
     let c = Client::connect(&[endpoint], ClientOptions::default()).unwrap();
     assert_eq!(c.identity(), unsafe { (libc::getuid(), libc::getgid()) });
     drop(c);
@@ -335,9 +387,15 @@ fn unix_socket_identity_comes_from_the_kernel() {
 
 #[test]
 fn connection_limit_is_enforced() {
-    let running = start_with(ServerOptions { connections_max: 1, ..options() }, Arc::new(ModelBackend::new(1 << 20)), &["127.0.0.1:0".parse().unwrap()]);
+    let running = start_with(
+        ServerOptions { connections_max: 1, ..options() },
+        Arc::new(ModelBackend::new(1 << 20)),
+        &["127.0.0.1:0".parse().unwrap()],
+    );
     let mut first = client(&running, Placement::striped_default());
-    let error = Client::connect(&running.endpoints, ClientOptions::default()).err().expect("second connection refused");
+    let error = Client::connect(&running.endpoints, ClientOptions::default())
+        .err()
+        .expect("second connection refused");
     assert_eq!(error.code(), Some(ErrorCode::Busy), "{error}");
     first.status().unwrap();
 }
@@ -347,7 +405,8 @@ fn listings_page_past_one_body() {
     let running = start(Arc::new(ModelBackend::new(1 << 30)));
     let mut c = client(&running, Placement::striped_default());
     // 2000 files with 40-byte names do not fit in one 64 KiB body.
-    let names: Vec<String> = (0..2000).map(|i| format!("checkpoint/rank{i:06}/data-file-name.bin")).collect();
+    let names: Vec<String> =
+        (0..2000).map(|i| format!("checkpoint/rank{i:06}/data-file-name.bin")).collect();
     for name in &names {
         let mut file = c.create_file(EpochId(1), name).unwrap();
         c.write(&mut file, 0, b"x").unwrap();
@@ -375,7 +434,10 @@ fn assigned_streams_reach_the_backend_and_other_epochs_keep_the_uid_stream() {
         return;
     }
     c.assign_stream(EpochId(7), 3).unwrap();
-    assert!(c.assign_stream(EpochId(7), 1 << 63).is_err(), "a stream id with the tag bit is refused");
+    assert!(
+        c.assign_stream(EpochId(7), 1 << 63).is_err(),
+        "a stream id with the tag bit is refused"
+    );
     for epoch in [EpochId(7), EpochId(8)] {
         c.begin_epoch(epoch);
         let mut file = c.create_file(epoch, "rank0").unwrap();
@@ -398,12 +460,19 @@ fn start_store(options: ServerOptions) -> (Running, Arc<StoreBackend>) {
         ..spillway_config::StoreKnobs::default()
     };
     let storage = spillway_store::SimStorage::new();
-    let store = spillway_store::Store::open_with(&knobs, storage as Arc<dyn spillway_store::Storage>).unwrap();
+    let store =
+        spillway_store::Store::open_with(&knobs, storage as Arc<dyn spillway_store::Storage>)
+            .unwrap();
     let backend = Arc::new(StoreBackend::new(store));
     (start_with(options, backend.clone(), &["127.0.0.1:0".parse().unwrap()]), backend)
 }
 
-fn open_file(stream: &mut TcpStream, id: u64, epoch: EpochId, name: &str) -> spillway_types::FileId {
+fn open_file(
+    stream: &mut TcpStream,
+    id: u64,
+    epoch: EpochId,
+    name: &str,
+) -> spillway_types::FileId {
     send(stream, id, &Request::OpenFile { epoch, name: name.into(), create: true }, &[]);
     match receive(stream) {
         (got, Response::FileOpened { file, .. }, _) if got == id => file,
@@ -423,7 +492,12 @@ fn placed_writes_keep_request_order_around_a_pipelined_commit() {
     let first = pattern(1, 512 << 10);
     send(&mut raw, 3, &Request::Write { epoch: EpochId(1), file, offset: 0 }, &first);
     send(&mut raw, 4, &Request::Commit { epoch: EpochId(1), durability: Durability::Ssd }, &[]);
-    send(&mut raw, 5, &Request::Write { epoch: EpochId(1), file, offset: 1 << 20 }, &pattern(2, 512 << 10));
+    send(
+        &mut raw,
+        5,
+        &Request::Write { epoch: EpochId(1), file, offset: 1 << 20 },
+        &pattern(2, 512 << 10),
+    );
     assert!(matches!(receive(&mut raw), (3, Response::Written { bytes }, _) if bytes == 512 << 10));
     assert!(matches!(receive(&mut raw), (4, Response::Committed { .. }, _)));
     match receive(&mut raw) {
@@ -434,16 +508,27 @@ fn placed_writes_keep_request_order_around_a_pipelined_commit() {
     let mut back = vec![0u8; 512 << 10];
     backend.store().read(EpochId(1), file, 0, &mut back).unwrap();
     assert!(back == first);
-    assert_eq!(backend.store().stats().write_through_records, 0, "the writes did not go through DRAM");
+    assert_eq!(
+        backend.store().stats().write_through_records,
+        0,
+        "the writes did not go through DRAM"
+    );
     backend.store().check_invariants();
 }
 
 #[test]
 fn a_client_that_stalls_or_dies_mid_payload_leaves_nothing_behind() {
-    let (running, backend) = start_store(ServerOptions { frame_stall: Duration::from_millis(300), ..options() });
+    let (running, backend) =
+        start_store(ServerOptions { frame_stall: Duration::from_millis(300), ..options() });
     let header_and_half = |stream: &mut TcpStream, id: u64, file| {
         let body = Request::Write { epoch: EpochId(1), file, offset: 0 }.encode_body();
-        let header = frame::Header { kind: Kind::Write, request_id: id, body_bytes: body.len() as u32, payload_bytes: 1 << 20 }.encode();
+        let header = frame::Header {
+            kind: Kind::Write,
+            request_id: id,
+            body_bytes: body.len() as u32,
+            payload_bytes: 1 << 20,
+        }
+        .encode();
         stream.write_all(&header).unwrap();
         stream.write_all(&body).unwrap();
         stream.write_all(&pattern(3, 512 << 10)).unwrap();
@@ -465,7 +550,11 @@ fn a_client_that_stalls_or_dies_mid_payload_leaves_nothing_behind() {
     expect_closed(&mut stalled);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while backend.usage().dram_bytes_used > 1 << 20 {
-        assert!(std::time::Instant::now() < deadline, "abandoned writes still hold DRAM: {:?}", backend.usage());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "abandoned writes still hold DRAM: {:?}",
+            backend.usage()
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     assert!(backend.store().stat(EpochId(1), file).is_some_and(|info| info.size_bytes == 0));

@@ -40,10 +40,7 @@ impl Peaks {
 
     pub fn validate(&self) -> Result<(), CharacterizeError> {
         for (name, value) in [
-            (
-                "bandwidth_bytes_per_second",
-                self.bandwidth_bytes_per_second,
-            ),
+            ("bandwidth_bytes_per_second", self.bandwidth_bytes_per_second),
             ("iops", self.iops),
             ("metadata_ops_per_second", self.metadata_ops_per_second),
         ] {
@@ -176,11 +173,7 @@ impl Profile {
             },
             io_bytes,
             data_ops,
-            mean_transfer_bytes: if data_ops > 0 {
-                io_bytes as f64 / data_ops as f64
-            } else {
-                0.0
-            },
+            mean_transfer_bytes: if data_ops > 0 { io_bytes as f64 / data_ops as f64 } else { 0.0 },
             bandwidth_bytes_per_second: bandwidth,
             percent_peak_bandwidth,
             data_ops_per_second,
@@ -290,24 +283,13 @@ pub struct AllocationTarget {
 impl Default for AllocationTarget {
     /// One pipeline on Cori's 200 GiB fragments.
     fn default() -> Self {
-        AllocationTarget {
-            pipelines: 1,
-            fragment_bytes: 200 << 30,
-        }
+        AllocationTarget { pipelines: 1, fragment_bytes: 200 << 30 }
     }
 }
 
 fn looks_like_software(name: &str) -> bool {
-    const MARKERS: [&str; 8] = [
-        "site-packages",
-        "/lib/python",
-        "/usr/lib",
-        "/lib64/",
-        "/conda/",
-        "/env/",
-        ".so",
-        ".pyc",
-    ];
+    const MARKERS: [&str; 8] =
+        ["site-packages", "/lib/python", "/usr/lib", "/lib64/", "/conda/", "/env/", ".so", ".pyc"];
     MARKERS.iter().any(|marker| name.contains(marker)) || name.ends_with(".py")
 }
 
@@ -413,11 +395,8 @@ pub fn characterize(
                 }
                 file.first_data.get_or_insert(op.op);
                 file.extent = file.extent.max(op.offset.saturating_add(op.length));
-                let class = if op.length == 0 {
-                    0
-                } else {
-                    1u64 << (63 - op.length.leading_zeros())
-                };
+                let class =
+                    if op.length == 0 { 0 } else { 1u64 << (63 - op.length.leading_zeros()) };
                 *histogram.entry(class).or_insert(0) += 1;
             }
             other => {
@@ -431,10 +410,8 @@ pub fn characterize(
         }
     }
     profile.file_bytes = files.values().map(|file| file.extent).sum();
-    profile.wall_seconds = trace
-        .meta
-        .wall_seconds()
-        .unwrap_or((last_ns.saturating_sub(first_ns)) as f64 / 1e9);
+    profile.wall_seconds =
+        trace.meta.wall_seconds().unwrap_or((last_ns.saturating_sub(first_ns)) as f64 / 1e9);
     let metrics = profile.metrics(peaks);
     let usage = file_usage(trace, files);
     let recommendation = recommend(&profile, &metrics, &usage, target);
@@ -465,10 +442,7 @@ fn cumulative(trace: &Trace, first_ns: u64) -> Vec<(f64, u64, u64)> {
             written += op.length;
         }
         if (index + 1) % step == 0 || index + 1 == ordered.len() {
-            let end = op
-                .time_ns
-                .saturating_add(op.duration_ns)
-                .saturating_sub(first_ns);
+            let end = op.time_ns.saturating_add(op.duration_ns).saturating_sub(first_ns);
             points.push((end as f64 / 1e9, read, written));
         }
     }
@@ -479,11 +453,8 @@ fn file_usage(trace: &Trace, files: HashMap<u32, FileAccumulator>) -> Vec<FileUs
     let mut usage: Vec<FileUsage> = files
         .into_iter()
         .map(|(id, file)| {
-            let name = trace
-                .files
-                .get(id as usize)
-                .cloned()
-                .unwrap_or_else(|| format!("<file {id}>"));
+            let name =
+                trace.files.get(id as usize).cloned().unwrap_or_else(|| format!("<file {id}>"));
             let role = match (file.first_data, file.bytes_written > 0, file.unlinked) {
                 (None, _, _) => FileRole::MetadataOnly,
                 (Some(_), true, true) => FileRole::Intermediate,
@@ -532,46 +503,28 @@ fn recommend(
     let pipelines = target.pipelines;
     let capacity_bytes = profile.file_bytes.saturating_mul(pipelines);
     let fragments_for_capacity = capacity_bytes.div_ceil(target.fragment_bytes).max(1);
-    let fragments_for_data = metrics
-        .pipelines_to_saturate_data
-        .map_or(1, |per| pipelines.div_ceil(per))
-        .max(1);
-    let fragments_for_metadata = metrics
-        .pipelines_to_saturate_metadata
-        .map_or(1, |per| pipelines.div_ceil(per))
-        .max(1);
+    let fragments_for_data =
+        metrics.pipelines_to_saturate_data.map_or(1, |per| pipelines.div_ceil(per)).max(1);
+    let fragments_for_metadata =
+        metrics.pipelines_to_saturate_metadata.map_or(1, |per| pipelines.div_ceil(per)).max(1);
     // A striped namespace has one metadata server whatever its size; only private namespaces
     // (one per node, each with its own metadata server) scale metadata with fragments.
-    let namespace = if fragments_for_metadata > 1 {
-        Namespace::Private
-    } else {
-        Namespace::Striped
-    };
-    let fragments = fragments_for_capacity
-        .max(fragments_for_data)
-        .max(match namespace {
-            Namespace::Private => fragments_for_metadata,
-            Namespace::Striped => 1,
-        });
+    let namespace =
+        if fragments_for_metadata > 1 { Namespace::Private } else { Namespace::Striped };
+    let fragments = fragments_for_capacity.max(fragments_for_data).max(match namespace {
+        Namespace::Private => fragments_for_metadata,
+        Namespace::Striped => 1,
+    });
     let reused = |file: &&FileUsage| file.ranks > 1 || file.bytes_read > file.size_bytes;
     let keep_persistent = group(files.iter().filter(|file| {
         file.role == FileRole::Software || (file.role == FileRole::Input && reused(file))
     }));
-    let stage_in = group(
-        files
-            .iter()
-            .filter(|file| matches!(file.role, FileRole::Input | FileRole::Updated)),
-    );
+    let stage_in =
+        group(files.iter().filter(|file| matches!(file.role, FileRole::Input | FileRole::Updated)));
     let stage_out = group(
-        files
-            .iter()
-            .filter(|file| matches!(file.role, FileRole::Output | FileRole::Updated)),
+        files.iter().filter(|file| matches!(file.role, FileRole::Output | FileRole::Updated)),
     );
-    let discard = group(
-        files
-            .iter()
-            .filter(|file| file.role == FileRole::Intermediate),
-    );
+    let discard = group(files.iter().filter(|file| file.role == FileRole::Intermediate));
 
     let mut advice = Vec::new();
     let percent = |value: f64| format!("{value:.1}%");
@@ -589,14 +542,10 @@ fn recommend(
         percent(metrics.percent_peak_metadata)
     ));
     if let Some(per) = metrics.pipelines_to_saturate_data {
-        advice.push(format!(
-            "About {per} concurrent pipelines saturate one fragment's data path."
-        ));
+        advice.push(format!("About {per} concurrent pipelines saturate one fragment's data path."));
     }
     if let Some(per) = metrics.pipelines_to_saturate_metadata {
-        advice.push(format!(
-            "About {per} concurrent pipelines saturate one metadata server."
-        ));
+        advice.push(format!("About {per} concurrent pipelines saturate one metadata server."));
     }
     advice.push(format!(
         "For {pipelines} pipeline(s): {fragments} fragment(s) — {fragments_for_capacity} for capacity ({} per pipeline), {fragments_for_data} for data performance{}.",
@@ -976,31 +925,16 @@ mod tests {
     #[test]
     fn bounds_follow_the_paper() {
         let peaks = Peaks::datawarp_cori();
-        let bounds: Vec<Bound> = TABLE2
-            .iter()
-            .map(|column| profile_of(column).metrics(&peaks).bound)
-            .collect();
+        let bounds: Vec<Bound> =
+            TABLE2.iter().map(|column| profile_of(column).metrics(&peaks).bound).collect();
         assert_eq!(
             bounds,
-            vec![
-                Bound::Bandwidth,
-                Bound::Bandwidth,
-                Bound::Metadata,
-                Bound::Metadata
-            ]
+            vec![Bound::Bandwidth, Bound::Bandwidth, Bound::Metadata, Bound::Metadata]
         );
     }
 
     fn op(op: Op, file: u32, rank: u32, time_ns: u64, offset: u64, length: u64) -> TraceOp {
-        TraceOp {
-            time_ns,
-            duration_ns: 1_000_000,
-            offset,
-            length,
-            rank,
-            file,
-            op,
-        }
+        TraceOp { time_ns, duration_ns: 1_000_000, offset, length, rank, file, op }
     }
 
     #[test]
@@ -1028,14 +962,7 @@ mod tests {
         };
         let result =
             characterize(&trace, &Peaks::datawarp_cori(), AllocationTarget::default()).unwrap();
-        let role = |name: &str| {
-            result
-                .files
-                .iter()
-                .find(|file| file.name == name)
-                .unwrap()
-                .role
-        };
+        let role = |name: &str| result.files.iter().find(|file| file.name == name).unwrap().role;
         assert_eq!(role("/bb/in/a.dat"), FileRole::Input);
         assert_eq!(
             role("/bb/env/lib/python3.11/site-packages/numpy/__init__.py"),
@@ -1045,10 +972,7 @@ mod tests {
         assert_eq!(role("/bb/out/y"), FileRole::Output);
         assert_eq!(role("/bb/db.sqlite"), FileRole::Updated);
         let recommendation = &result.recommendation;
-        assert_eq!(
-            recommendation.keep_persistent.files, 2,
-            "software + input read by two ranks"
-        );
+        assert_eq!(recommendation.keep_persistent.files, 2, "software + input read by two ranks");
         assert_eq!(recommendation.discard.files, 1);
         assert_eq!(recommendation.stage_out.files, 2);
         assert_eq!(result.profile.read_ops, 5);
@@ -1061,25 +985,15 @@ mod tests {
         let column = &TABLE2[2]; // CAMP-builddb
         let profile = profile_of(column);
         let metrics = profile.metrics(&Peaks::datawarp_cori());
-        let target = AllocationTarget {
-            pipelines: 64,
-            fragment_bytes: 200 << 30,
-        };
+        let target = AllocationTarget { pipelines: 64, fragment_bytes: 200 << 30 };
         let recommendation = recommend(&profile, &metrics, &[], target);
         assert_eq!(recommendation.namespace, Namespace::Private);
         assert_eq!(recommendation.fragments_for_metadata, 22); // ⌈64 / 3⌉
         assert_eq!(recommendation.fragments, 22);
         let swarp = profile_of(&TABLE2[0]);
         let swarp_metrics = swarp.metrics(&Peaks::datawarp_cori());
-        let recommendation = recommend(
-            &swarp,
-            &swarp_metrics,
-            &[],
-            AllocationTarget {
-                pipelines: 16,
-                ..target
-            },
-        );
+        let recommendation =
+            recommend(&swarp, &swarp_metrics, &[], AllocationTarget { pipelines: 16, ..target });
         // 16 SWarp pipelines stay under one metadata server (19) but need ⌈16 / 5⌉ fragments.
         assert_eq!(recommendation.namespace, Namespace::Striped);
         assert_eq!(recommendation.fragments_for_data, 4);
@@ -1089,45 +1003,26 @@ mod tests {
     #[test]
     fn a_profile_alone_gives_the_same_metrics_and_advice() {
         let profile = profile_of(&TABLE2[2]);
-        let target = AllocationTarget {
-            pipelines: 64,
-            fragment_bytes: 200 << 30,
-        };
-        let result = characterize_profile(
-            &profile,
-            JobMeta::default(),
-            &Peaks::datawarp_cori(),
-            target,
-        )
-        .unwrap();
+        let target = AllocationTarget { pipelines: 64, fragment_bytes: 200 << 30 };
+        let result =
+            characterize_profile(&profile, JobMeta::default(), &Peaks::datawarp_cori(), target)
+                .unwrap();
         assert_eq!(result.metrics.pipelines_to_saturate_metadata, Some(3));
         assert_eq!(result.recommendation.namespace, Namespace::Private);
-        let bad = Profile {
-            data_time_seconds: f64::NAN,
-            ..profile
-        };
+        let bad = Profile { data_time_seconds: f64::NAN, ..profile };
         assert!(matches!(
             characterize_profile(&bad, JobMeta::default(), &Peaks::datawarp_cori(), target),
-            Err(CharacterizeError::BadProfile {
-                name: "data_time_seconds",
-                ..
-            })
+            Err(CharacterizeError::BadProfile { name: "data_time_seconds", .. })
         ));
     }
 
     #[test]
     fn invalid_inputs_are_named() {
         let trace = Trace::default();
-        let bad = Peaks {
-            iops: 0.0,
-            ..Peaks::datawarp_cori()
-        };
+        let bad = Peaks { iops: 0.0, ..Peaks::datawarp_cori() };
         assert_eq!(
             characterize(&trace, &bad, AllocationTarget::default()).unwrap_err(),
-            CharacterizeError::BadPeak {
-                name: "iops",
-                value: 0.0
-            }
+            CharacterizeError::BadPeak { name: "iops", value: 0.0 }
         );
         assert_eq!(
             characterize(&trace, &Peaks::datawarp_cori(), AllocationTarget::default()).unwrap_err(),

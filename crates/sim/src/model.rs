@@ -70,24 +70,13 @@ pub enum SimConfigError {
     #[error("chunk_bytes must be at least 1 (got {0})")]
     ChunkBytes(u64),
     #[error("capacity_bytes {capacity_bytes} is smaller than one chunk ({chunk_bytes} bytes)")]
-    CapacityBelowOneChunk {
-        capacity_bytes: u64,
-        chunk_bytes: u64,
-    },
+    CapacityBelowOneChunk { capacity_bytes: u64, chunk_bytes: u64 },
     #[error("capacity of {chunks} chunks exceeds the simulator's limit of {limit} chunks; raise chunk_bytes")]
     TooManyChunks { chunks: u64, limit: u64 },
     #[error("{level} {what} must be finite and positive (got {value})")]
-    BadLevel {
-        level: &'static str,
-        what: &'static str,
-        value: f64,
-    },
+    BadLevel { level: &'static str, what: &'static str, value: f64 },
     #[error("the trace touches {accesses} chunks of {chunk_bytes} bytes in all, more than the limit of {limit}; raise chunk_bytes")]
-    TooManyChunkAccesses {
-        accesses: u128,
-        chunk_bytes: u64,
-        limit: u64,
-    },
+    TooManyChunkAccesses { accesses: u128, chunk_bytes: u64, limit: u64 },
 }
 
 /// Most chunk accesses one simulation may make (bounds time and the access-space map even for
@@ -123,14 +112,8 @@ impl SimConfig {
     /// Lustre PFS 145.2 GB/s, 500 µs.
     pub fn reedbush(capacity_bytes: u64) -> SimConfig {
         SimConfig {
-            burst_buffer: Level {
-                bandwidth_bytes_per_second: 436.2e9,
-                latency_seconds: 20e-6,
-            },
-            pfs: Level {
-                bandwidth_bytes_per_second: 145.2e9,
-                latency_seconds: 500e-6,
-            },
+            burst_buffer: Level { bandwidth_bytes_per_second: 436.2e9, latency_seconds: 20e-6 },
+            pfs: Level { bandwidth_bytes_per_second: 145.2e9, latency_seconds: 500e-6 },
             capacity_bytes,
             chunk_bytes: 1 << 20,
             policy: PolicyKind::Lru,
@@ -170,11 +153,7 @@ impl SimConfig {
             }
             let latency = values.latency_seconds;
             if !(latency.is_finite() && latency >= 0.0) {
-                return Err(SimConfigError::BadLevel {
-                    level,
-                    what: "latency",
-                    value: latency,
-                });
+                return Err(SimConfigError::BadLevel { level, what: "latency", value: latency });
             }
         }
         Ok(())
@@ -392,11 +371,8 @@ impl<'c, P: EvictionPolicy> Simulator<'c, P> {
                     }
                     if !is_write {
                         let chunk_start = chunk * chunk_bytes;
-                        let extent = self
-                            .file_extent
-                            .get(op.file as usize)
-                            .copied()
-                            .unwrap_or(u64::MAX);
+                        let extent =
+                            self.file_extent.get(op.file as usize).copied().unwrap_or(u64::MAX);
                         missing_bytes += chunk_bytes.min(extent.saturating_sub(chunk_start)).max(1);
                     }
                     self.insert(key)
@@ -476,12 +452,7 @@ impl<'c, P: EvictionPolicy> Simulator<'c, P> {
     }
 
     fn insert(&mut self, key: (u32, u64)) -> u32 {
-        let state = Slot {
-            key,
-            clean_at: 0.0,
-            write_back_start: 0.0,
-            dirty_bytes: 0,
-        };
+        let state = Slot { key, clean_at: 0.0, write_back_start: 0.0, dirty_bytes: 0 };
         let slot = match self.free.pop() {
             Some(slot) => {
                 self.slots[slot as usize] = state;
@@ -496,10 +467,7 @@ impl<'c, P: EvictionPolicy> Simulator<'c, P> {
         debug_assert!(previous.is_none());
         self.policy.insert(slot);
         self.resident += 1;
-        assert!(
-            self.resident <= self.capacity_chunks,
-            "resident chunks exceed capacity"
-        );
+        assert!(self.resident <= self.capacity_chunks, "resident chunks exceed capacity");
         let resident_bytes = self.resident * self.config.chunk_bytes;
         self.report.peak_resident_bytes = self.report.peak_resident_bytes.max(resident_bytes);
         slot
@@ -541,12 +509,8 @@ impl<'c, P: EvictionPolicy> Simulator<'c, P> {
             return;
         };
         if (last + 1) as usize > self.map.len() * 4 {
-            let doomed: Vec<u32> = self
-                .map
-                .iter()
-                .filter(|(key, _)| key.0 == file)
-                .map(|(_, &slot)| slot)
-                .collect();
+            let doomed: Vec<u32> =
+                self.map.iter().filter(|(key, _)| key.0 == file).map(|(_, &slot)| slot).collect();
             for slot in doomed {
                 self.remove_slot(slot);
             }
@@ -564,11 +528,8 @@ impl<'c, P: EvictionPolicy> Simulator<'c, P> {
         report.makespan_seconds = self.now;
         report.io_time_seconds = self.now - report.idle_seconds;
         let bytes = (report.bytes_read + report.bytes_written) as f64;
-        report.throughput_bytes_per_second = if report.io_time_seconds > 0.0 {
-            bytes / report.io_time_seconds
-        } else {
-            0.0
-        };
+        report.throughput_bytes_per_second =
+            if report.io_time_seconds > 0.0 { bytes / report.io_time_seconds } else { 0.0 };
         report.hit_ratio = ratio(report.chunk_hits, report.chunk_accesses);
         report.read_hit_ratio = ratio(report.read_chunk_hits, report.read_chunk_accesses);
         let mut drain = self.now;
@@ -629,10 +590,7 @@ pub fn access_space(ops: &[TraceOp], chunk_bytes: u64) -> Result<AccessSpace, Si
 /// Operations sorted by time (stable: ties keep trace order). Traces merged from many ranks may
 /// arrive grouped by rank; the model replays them in time order.
 pub fn time_ordered(ops: &[TraceOp]) -> std::borrow::Cow<'_, [TraceOp]> {
-    if ops
-        .windows(2)
-        .all(|pair| pair[0].time_ns <= pair[1].time_ns)
-    {
+    if ops.windows(2).all(|pair| pair[0].time_ns <= pair[1].time_ns) {
         std::borrow::Cow::Borrowed(ops)
     } else {
         let mut sorted = ops.to_vec();
@@ -670,18 +628,11 @@ pub fn sweep(
             let chunks = ((space.chunks as f64 * fraction).floor() as u64).max(1);
             chunks * base.chunk_bytes
         };
-        let ideal_config = SimConfig {
-            capacity_bytes: capacity_for(1.0),
-            policy,
-            ..base.clone()
-        };
+        let ideal_config = SimConfig { capacity_bytes: capacity_for(1.0), policy, ..base.clone() };
         let ideal = simulate(ops, &ideal_config)?;
         for &fraction in fractions {
-            let config = SimConfig {
-                capacity_bytes: capacity_for(fraction),
-                policy,
-                ..base.clone()
-            };
+            let config =
+                SimConfig { capacity_bytes: capacity_for(fraction), policy, ..base.clone() };
             let report = if config.capacity_bytes == ideal_config.capacity_bytes {
                 ideal.clone()
             } else {
@@ -732,23 +683,13 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     fn op(op: Op, file: u32, offset: u64, length: u64) -> TraceOp {
-        TraceOp {
-            time_ns: 0,
-            duration_ns: 0,
-            offset,
-            length,
-            rank: 0,
-            file,
-            op,
-        }
+        TraceOp { time_ns: 0, duration_ns: 0, offset, length, rank: 0, file, op }
     }
 
     /// Round numbers: 1 GiB/s, no latency, so every time is bytes / 2^30 seconds.
     fn simple(capacity_chunks: u64, policy: PolicyKind, write_back: WriteBack) -> SimConfig {
-        let level = |bandwidth: f64| Level {
-            bandwidth_bytes_per_second: bandwidth,
-            latency_seconds: 0.0,
-        };
+        let level =
+            |bandwidth: f64| Level { bandwidth_bytes_per_second: bandwidth, latency_seconds: 0.0 };
         SimConfig {
             burst_buffer: level(4.0 * 1024.0 * MIB as f64),
             pfs: level(1024.0 * MIB as f64),
@@ -791,21 +732,13 @@ mod tests {
         assert!((report.hit_ratio - 0.5).abs() < 1e-12);
         // 2 MiB from the PFS at 1 GiB/s + 2 × 2 MiB from the BB at 4 GiB/s.
         let expected = 2.0 / 1024.0 + 4.0 / 4096.0;
-        assert!(
-            (report.io_time_seconds - expected).abs() < 1e-12,
-            "{}",
-            report.io_time_seconds
-        );
+        assert!((report.io_time_seconds - expected).abs() < 1e-12, "{}", report.io_time_seconds);
     }
 
     #[test]
     fn sync_write_back_pays_on_eviction_only_for_dirty_chunks() {
         // Three 1-MiB writes into a 2-chunk buffer: the third evicts one dirty chunk.
-        let ops = [
-            op(Op::Write, 0, 0, MIB),
-            op(Op::Write, 1, 0, MIB),
-            op(Op::Write, 2, 0, MIB),
-        ];
+        let ops = [op(Op::Write, 0, 0, MIB), op(Op::Write, 1, 0, MIB), op(Op::Write, 2, 0, MIB)];
         let report = simulate(&ops, &simple(2, PolicyKind::Lru, WriteBack::Sync)).unwrap();
         assert_eq!(report.dirty_evictions, 1);
         assert_eq!(report.bytes_bb_to_pfs, MIB);
@@ -851,29 +784,21 @@ mod tests {
         let ops = [op(Op::Read, 0, 0, 4096)];
         let report = simulate(&ops, &simple(4, PolicyKind::Lru, WriteBack::Sync)).unwrap();
         assert_eq!(report.bytes_pfs_to_bb, 4096);
-        let mut ops: Vec<TraceOp> = (0..16)
-            .map(|index| op(Op::Write, 0, index * 65536, 65536))
-            .collect();
+        let mut ops: Vec<TraceOp> =
+            (0..16).map(|index| op(Op::Write, 0, index * 65536, 65536)).collect();
         ops.push(op(Op::Write, 1, 0, 100));
         let sync = simulate(&ops, &simple(1, PolicyKind::Lru, WriteBack::Sync)).unwrap();
         assert_eq!(sync.bytes_bb_to_pfs, MIB);
         assert_eq!(sync.dirty_bytes_at_end, 100);
         let asynchronous = simulate(&ops, &simple(1, PolicyKind::Lru, WriteBack::Async)).unwrap();
-        assert!(
-            asynchronous.bytes_bb_to_pfs <= MIB + 100,
-            "{}",
-            asynchronous.bytes_bb_to_pfs
-        );
+        assert!(asynchronous.bytes_bb_to_pfs <= MIB + 100, "{}", asynchronous.bytes_bb_to_pfs);
         assert!(asynchronous.bytes_bb_to_pfs >= 65536 + 100);
     }
 
     #[test]
     fn unlinked_files_leave_without_write_back() {
-        let ops = [
-            op(Op::Write, 0, 0, 2 * MIB),
-            op(Op::Unlink, 0, 0, 0),
-            op(Op::Write, 1, 0, 2 * MIB),
-        ];
+        let ops =
+            [op(Op::Write, 0, 0, 2 * MIB), op(Op::Unlink, 0, 0, 0), op(Op::Write, 1, 0, 2 * MIB)];
         let report = simulate(&ops, &simple(2, PolicyKind::Lru, WriteBack::Sync)).unwrap();
         assert_eq!(report.evictions, 0);
         assert_eq!(report.bytes_bb_to_pfs, 0);
@@ -930,9 +855,7 @@ mod tests {
         assert_eq!(chosen.len(), 2);
         // A cyclic scan needs the whole working set under LRU and FIFO alike.
         assert!(chosen.iter().all(|point| point.bb_fraction == 1.0));
-        assert!(smallest_sufficient(&points, 0.1)
-            .iter()
-            .all(|point| point.bb_fraction == 0.5));
+        assert!(smallest_sufficient(&points, 0.1).iter().all(|point| point.bb_fraction == 0.5));
     }
 
     #[test]

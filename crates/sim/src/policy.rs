@@ -34,10 +34,7 @@ impl PolicyKind {
     }
 
     pub fn parse(text: &str) -> Option<PolicyKind> {
-        PolicyKind::ALL
-            .iter()
-            .copied()
-            .find(|kind| kind.name().eq_ignore_ascii_case(text))
+        PolicyKind::ALL.iter().copied().find(|kind| kind.name().eq_ignore_ascii_case(text))
     }
 }
 
@@ -68,11 +65,7 @@ struct SlotList {
 
 impl SlotList {
     fn new() -> Self {
-        SlotList {
-            head: NONE,
-            tail: NONE,
-            ..SlotList::default()
-        }
+        SlotList { head: NONE, tail: NONE, ..SlotList::default() }
     }
 
     fn grow_to(&mut self, slot: u32) {
@@ -102,10 +95,7 @@ impl SlotList {
 
     fn unlink(&mut self, slot: u32) {
         let index = slot as usize;
-        assert!(
-            self.linked.get(index).copied().unwrap_or(false),
-            "slot {slot} is not resident"
-        );
+        assert!(self.linked.get(index).copied().unwrap_or(false), "slot {slot} is not resident");
         let (previous, next) = (self.previous[index], self.next[index]);
         if previous != NONE {
             self.next[previous as usize] = next;
@@ -134,9 +124,7 @@ pub struct Lru {
 
 impl Default for Lru {
     fn default() -> Self {
-        Lru {
-            list: SlotList::new(),
-        }
+        Lru { list: SlotList::new() }
     }
 }
 
@@ -169,9 +157,7 @@ pub struct Fifo {
 
 impl Default for Fifo {
     fn default() -> Self {
-        Fifo {
-            list: SlotList::new(),
-        }
+        Fifo { list: SlotList::new() }
     }
 }
 

@@ -38,75 +38,38 @@ pub fn characterization_table(result: &Characterization) -> String {
     let profile = &result.profile;
     let peaks = &result.peaks;
     let rows: Vec<(String, String)> = vec![
-        (
-            "Trace".into(),
-            format!("{} ({})", result.job.executable, result.job.source),
-        ),
+        ("Trace".into(), format!("{} ({})", result.job.executable, result.job.source)),
         (
             "Synthesized (not recorded)".into(),
-            if result.job.synthesized {
-                "yes".into()
-            } else {
-                "no".into()
-            },
+            if result.job.synthesized { "yes".into() } else { "no".into() },
         ),
-        (
-            "Wall time (s)".into(),
-            format!("{:.2}", profile.wall_seconds),
-        ),
-        (
-            "I/O time (%)".into(),
-            format!("{:.1}", metrics.io_time_percent),
-        ),
-        (
-            "I/O time in data operations (s)".into(),
-            format!("{:.3}", profile.data_time_seconds),
-        ),
+        ("Wall time (s)".into(), format!("{:.2}", profile.wall_seconds)),
+        ("I/O time (%)".into(), format!("{:.1}", metrics.io_time_percent)),
+        ("I/O time in data operations (s)".into(), format!("{:.3}", profile.data_time_seconds)),
         (
             "I/O time in metadata operations (s)".into(),
             format!("{:.3}", profile.metadata_time_seconds),
         ),
-        (
-            "I/O (MiB)".into(),
-            format!("{:.1}", metrics.io_bytes as f64 / MIB),
-        ),
+        ("I/O (MiB)".into(), format!("{:.1}", metrics.io_bytes as f64 / MIB)),
         ("Read/write operations".into(), metrics.data_ops.to_string()),
         (
             "Mean read/write transaction size (KiB)".into(),
             format!("{:.0}", metrics.mean_transfer_bytes / 1024.0),
         ),
+        ("Metadata operations".into(), profile.metadata_ops.to_string()),
+        ("Bandwidth (MiB/s)".into(), format!("{:.0}", metrics.bandwidth_bytes_per_second / MIB)),
         (
-            "Metadata operations".into(),
-            profile.metadata_ops.to_string(),
-        ),
-        (
-            "Bandwidth (MiB/s)".into(),
-            format!("{:.0}", metrics.bandwidth_bytes_per_second / MIB),
-        ),
-        (
-            format!(
-                "% of peak bandwidth ({:.0} MiB/s)",
-                peaks.bandwidth_bytes_per_second / MIB
-            ),
+            format!("% of peak bandwidth ({:.0} MiB/s)", peaks.bandwidth_bytes_per_second / MIB),
             format!("{:.1}", metrics.percent_peak_bandwidth),
         ),
-        (
-            "Read/write rate (operations/s)".into(),
-            format!("{:.0}", metrics.data_ops_per_second),
-        ),
+        ("Read/write rate (operations/s)".into(), format!("{:.0}", metrics.data_ops_per_second)),
         (
             format!("% of peak IOPS ({:.0})", peaks.iops),
             format!("{:.1}", metrics.percent_peak_iops),
         ),
+        ("Metadata rate (operations/s)".into(), format!("{:.0}", metrics.metadata_ops_per_second)),
         (
-            "Metadata rate (operations/s)".into(),
-            format!("{:.0}", metrics.metadata_ops_per_second),
-        ),
-        (
-            format!(
-                "% of peak metadata rate ({:.0})",
-                peaks.metadata_ops_per_second
-            ),
+            format!("% of peak metadata rate ({:.0})", peaks.metadata_ops_per_second),
             format!("{:.1}", metrics.percent_peak_metadata),
         ),
         (
@@ -118,28 +81,14 @@ pub fn characterization_table(result: &Characterization) -> String {
             optional(metrics.pipelines_to_saturate_metadata),
         ),
         ("Bound".into(), metrics.bound.name().into()),
-        (
-            "Total file size (MiB)".into(),
-            format!("{:.1}", profile.file_bytes as f64 / MIB),
-        ),
-        (
-            "Data reuse".into(),
-            metrics
-                .data_reuse
-                .map_or("-".into(), |value| format!("{value:.1}")),
-        ),
+        ("Total file size (MiB)".into(), format!("{:.1}", profile.file_bytes as f64 / MIB)),
+        ("Data reuse".into(), metrics.data_reuse.map_or("-".into(), |value| format!("{value:.1}"))),
         (
             "Read:write I/O".into(),
-            metrics
-                .read_write_ratio
-                .map_or("no writes".into(), |value| format!("{value:.1}")),
+            metrics.read_write_ratio.map_or("no writes".into(), |value| format!("{value:.1}")),
         ),
     ];
-    let width = rows
-        .iter()
-        .map(|(label, _)| label.chars().count())
-        .max()
-        .unwrap_or(0);
+    let width = rows.iter().map(|(label, _)| label.chars().count()).max().unwrap_or(0);
     let mut out = String::new();
     for (label, value) in rows {
         let _ = writeln!(out, "{label:<width$}  {value}");
@@ -288,10 +237,7 @@ ul.advice li {{ margin: .35rem 0; }}
     html.push_str(&gauge(
         "IOPS",
         metrics.percent_peak_iops,
-        &format!(
-            "{:.0} of {:.0} operations/s",
-            metrics.data_ops_per_second, peaks.iops
-        ),
+        &format!("{:.0} of {:.0} operations/s", metrics.data_ops_per_second, peaks.iops),
         metrics.bound == Bound::Iops,
     ));
     html.push_str(&gauge(
@@ -310,54 +256,30 @@ ul.advice li {{ margin: .35rem 0; }}
         "Time of one pipeline",
         "seconds",
         &[
-            Bar {
-                label: "data I/O".into(),
-                value: profile.data_time_seconds,
-            },
-            Bar {
-                label: "metadata I/O".into(),
-                value: profile.metadata_time_seconds,
-            },
-            Bar {
-                label: "not in I/O".into(),
-                value: compute,
-            },
+            Bar { label: "data I/O".into(), value: profile.data_time_seconds },
+            Bar { label: "metadata I/O".into(), value: profile.metadata_time_seconds },
+            Bar { label: "not in I/O".into(), value: compute },
         ],
     ));
-    let read: Vec<(f64, f64)> = result
-        .cumulative_bytes
-        .iter()
-        .map(|&(t, r, _)| (t, r as f64 / MIB))
-        .collect();
-    let written: Vec<(f64, f64)> = result
-        .cumulative_bytes
-        .iter()
-        .map(|&(t, _, w)| (t, w as f64 / MIB))
-        .collect();
+    let read: Vec<(f64, f64)> =
+        result.cumulative_bytes.iter().map(|&(t, r, _)| (t, r as f64 / MIB)).collect();
+    let written: Vec<(f64, f64)> =
+        result.cumulative_bytes.iter().map(|&(t, _, w)| (t, w as f64 / MIB)).collect();
     if result.cumulative_bytes.len() > 1 {
         html.push_str(&line_chart_svg(
             "Cumulative I/O over the run",
             "seconds since start",
             "MiB",
             &[
-                Series {
-                    name: "read".into(),
-                    points: read,
-                },
-                Series {
-                    name: "written".into(),
-                    points: written,
-                },
+                Series { name: "read".into(), points: read },
+                Series { name: "written".into(), points: written },
             ],
         ));
     }
     let sizes: Vec<Bar> = result
         .transfer_size_histogram
         .iter()
-        .map(|&(size, count)| Bar {
-            label: size_label(size),
-            value: count as f64,
-        })
+        .map(|&(size, count)| Bar { label: size_label(size), value: count as f64 })
         .collect();
     if !sizes.is_empty() {
         html.push_str(&bar_chart_svg(
@@ -369,10 +291,7 @@ ul.advice li {{ margin: .35rem 0; }}
     let ops: Vec<Bar> = result
         .op_counts
         .iter()
-        .map(|(name, &count)| Bar {
-            label: name.clone(),
-            value: count as f64,
-        })
+        .map(|(name, &count)| Bar { label: name.clone(), value: count as f64 })
         .collect();
     html.push_str(&bar_chart_svg("Operations by kind", "operations", &ops));
     html.push_str("</div>");
@@ -392,11 +311,7 @@ ul.advice li {{ margin: .35rem 0; }}
         &recommendation.stage_in,
         "read before written: must be ready when the pipeline starts",
     ));
-    html.push_str(&group_row(
-        "Stage out",
-        &recommendation.stage_out,
-        "written and kept",
-    ));
+    html.push_str(&group_row("Stage out", &recommendation.stage_out, "written and kept"));
     html.push_str(&group_row(
         "Discard",
         &recommendation.discard,
@@ -405,10 +320,7 @@ ul.advice li {{ margin: .35rem 0; }}
     html.push_str("</table>");
 
     html.push_str("<h2>All metrics</h2><table>");
-    for line in characterization_table(result)
-        .lines()
-        .take_while(|line| !line.is_empty())
-    {
+    for line in characterization_table(result).lines().take_while(|line| !line.is_empty()) {
         let (label, value) = line.split_at(line.rfind("  ").map_or(line.len(), |at| at));
         let _ = write!(
             html,
@@ -528,10 +440,7 @@ mod tests {
         assert!(html.contains("Synthesized trace"));
         assert!(html.contains(&format!("{}-bound", result.metrics.bound.name())));
         assert!(!html.contains("<script"), "no scripts");
-        assert!(
-            !html.contains(" src=") && !html.contains("<link"),
-            "no external resources"
-        );
+        assert!(!html.contains(" src=") && !html.contains("<link"), "no external resources");
         let table = characterization_table(&result);
         assert!(table.contains("Pipelines to saturate metadata performance"));
     }

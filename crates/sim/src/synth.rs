@@ -85,10 +85,7 @@ impl WorkflowShape {
         }
         let ops = self.estimated_ops();
         if ops > SYNTH_OPS_MAX {
-            return Err(SynthError::TooLarge {
-                ops,
-                limit: SYNTH_OPS_MAX,
-            });
+            return Err(SynthError::TooLarge { ops, limit: SYNTH_OPS_MAX });
         }
         Ok(())
     }
@@ -158,25 +155,16 @@ impl Clock<'_> {
 pub fn workflow(shape: &WorkflowShape) -> Result<Trace, SynthError> {
     shape.validate()?;
     let mut rng = ChaCha8Rng::seed_from_u64(shape.seed);
-    let mut builder = Builder {
-        files: Vec::new(),
-        ids: HashMap::new(),
-        ops: Vec::new(),
-    };
+    let mut builder = Builder { files: Vec::new(), ids: HashMap::new(), ops: Vec::new() };
     builder.ops.reserve(shape.estimated_ops() as usize);
     let transfer = shape.transfer_bytes;
     let mut end_ns = 0;
     for pipeline in 0..shape.pipelines {
         let start_ns = rng.gen_range(0..50_000_000);
-        let mut clock = Clock {
-            now_ns: start_ns,
-            rank: pipeline,
-            rng: &mut rng,
-        };
+        let mut clock = Clock { now_ns: start_ns, rank: pipeline, rng: &mut rng };
         for module in 0..shape.software_files {
-            let file = builder.file(format!(
-                "/bb/env/lib/python3.11/site-packages/module_{module:04}.py"
-            ));
+            let file =
+                builder.file(format!("/bb/env/lib/python3.11/site-packages/module_{module:04}.py"));
             clock.emit(&mut builder, Op::Stat, file, 0, 0);
             clock.emit(&mut builder, Op::Open, file, 0, 0);
             clock.emit(&mut builder, Op::Read, file, 0, 4096);
@@ -189,30 +177,17 @@ pub fn workflow(shape: &WorkflowShape) -> Result<Trace, SynthError> {
             clock.emit(&mut builder, Op::Open, input, 0, 0);
             clock.transfer(&mut builder, Op::Read, input, shape.input_bytes, transfer);
             clock.emit(&mut builder, Op::Close, input, 0, 0);
-            let resampled = builder.file(format!(
-                "/bb/pipeline_{pipeline:04}/resampled_{index:03}.fits"
-            ));
+            let resampled =
+                builder.file(format!("/bb/pipeline_{pipeline:04}/resampled_{index:03}.fits"));
             clock.emit(&mut builder, Op::Create, resampled, 0, 0);
-            clock.transfer(
-                &mut builder,
-                Op::Write,
-                resampled,
-                shape.input_bytes,
-                transfer,
-            );
+            clock.transfer(&mut builder, Op::Write, resampled, shape.input_bytes, transfer);
             clock.emit(&mut builder, Op::Close, resampled, 0, 0);
             intermediates.push(resampled);
         }
         for &resampled in &intermediates {
             clock.emit(&mut builder, Op::Open, resampled, 0, 0);
             for _ in 0..shape.reread_passes {
-                clock.transfer(
-                    &mut builder,
-                    Op::Read,
-                    resampled,
-                    shape.input_bytes,
-                    transfer,
-                );
+                clock.transfer(&mut builder, Op::Read, resampled, shape.input_bytes, transfer);
             }
             clock.emit(&mut builder, Op::Close, resampled, 0, 0);
         }
@@ -241,11 +216,7 @@ pub fn workflow(shape: &WorkflowShape) -> Result<Trace, SynthError> {
             shape.pipelines, shape.inputs_per_pipeline, shape.input_bytes
         ),
     };
-    Ok(Trace {
-        meta,
-        files: builder.files,
-        ops: builder.ops,
-    })
+    Ok(Trace { meta, files: builder.files, ops: builder.ops })
 }
 
 #[cfg(test)]
@@ -270,27 +241,16 @@ mod tests {
         let first = workflow(&small()).unwrap();
         assert_eq!(first, workflow(&small()).unwrap());
         assert!(first.meta.synthesized);
-        assert!(first
-            .ops
-            .windows(2)
-            .all(|pair| pair[0].time_ns <= pair[1].time_ns));
-        let other = workflow(&WorkflowShape {
-            seed: 10,
-            ..small()
-        })
-        .unwrap();
+        assert!(first.ops.windows(2).all(|pair| pair[0].time_ns <= pair[1].time_ns));
+        let other = workflow(&WorkflowShape { seed: 10, ..small() }).unwrap();
         assert_ne!(first, other);
     }
 
     #[test]
     fn bytes_and_unlinks_follow_the_shape() {
         let trace = workflow(&small()).unwrap();
-        let written: u64 = trace
-            .ops
-            .iter()
-            .filter(|op| op.op == Op::Write)
-            .map(|op| op.length)
-            .sum();
+        let written: u64 =
+            trace.ops.iter().filter(|op| op.op == Op::Write).map(|op| op.length).sum();
         // Per pipeline: 3 intermediates + 1 output of 1 MiB.
         assert_eq!(written, 2 * 4 * (1 << 20));
         let unlinks = trace.ops.iter().filter(|op| op.op == Op::Unlink).count();
@@ -300,21 +260,9 @@ mod tests {
 
     #[test]
     fn absurd_shapes_are_refused() {
-        let zero = WorkflowShape {
-            transfer_bytes: 0,
-            ..small()
-        };
-        assert_eq!(
-            workflow(&zero),
-            Err(SynthError::Zero {
-                field: "transfer_bytes"
-            })
-        );
-        let huge = WorkflowShape {
-            pipelines: 100_000,
-            transfer_bytes: 4096,
-            ..small()
-        };
+        let zero = WorkflowShape { transfer_bytes: 0, ..small() };
+        assert_eq!(workflow(&zero), Err(SynthError::Zero { field: "transfer_bytes" }));
+        let huge = WorkflowShape { pipelines: 100_000, transfer_bytes: 4096, ..small() };
         assert!(matches!(workflow(&huge), Err(SynthError::TooLarge { .. })));
     }
 }

@@ -10,9 +10,7 @@ use spillway_sim::policy::PolicyKind;
 use spillway_sim::trace::{Op, Trace};
 
 fn sample(name: &str) -> Trace {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../traces")
-        .join(name);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../traces").join(name);
     Trace::read_path(&path).unwrap_or_else(|error| panic!("{}: {error}", path.display()))
 }
 
@@ -32,21 +30,12 @@ fn python_written_darshan_dxt_trace_reads_back_identically() {
 
 #[test]
 fn every_sample_simulates_and_characterizes() {
-    for name in [
-        "darshan-dxt.spwt",
-        "darshan-ior-hdf5.spwt",
-        "synthetic-workflow.spwt",
-    ] {
+    for name in ["darshan-dxt.spwt", "darshan-ior-hdf5.spwt", "synthetic-workflow.spwt"] {
         let trace = sample(name);
         let ops = time_ordered(&trace.ops);
         let base = SimConfig::reedbush(1 << 20);
-        let (space, points) = sweep(
-            &ops,
-            &base,
-            &[PolicyKind::Lru, PolicyKind::Lfu],
-            &[0.1, 0.5, 1.0],
-        )
-        .unwrap();
+        let (space, points) =
+            sweep(&ops, &base, &[PolicyKind::Lru, PolicyKind::Lfu], &[0.1, 0.5, 1.0]).unwrap();
         assert!(space.chunks > 0, "{name}");
         for point in &points {
             assert!(
@@ -54,11 +43,7 @@ fn every_sample_simulates_and_characterizes() {
                 "{name}"
             );
         }
-        let sync = SimConfig {
-            write_back: WriteBack::Sync,
-            capacity_bytes: space.bytes,
-            ..base
-        };
+        let sync = SimConfig { write_back: WriteBack::Sync, capacity_bytes: space.bytes, ..base };
         let report = simulate(&ops, &sync).unwrap();
         assert_eq!(report.ops, trace.ops.len() as u64);
         let result =
@@ -80,18 +65,13 @@ fn datawarp_profile_fixtures_give_table2_pipelines() {
         ("datawarp-camp-reproject.json", 30, 4),
     ];
     for (name, data, metadata) in expected {
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../traces/profiles")
-            .join(name);
+        let path =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../traces/profiles").join(name);
         let text = std::fs::read_to_string(&path).unwrap();
         let value: serde_json::Value = serde_json::from_str(&text).unwrap();
         let profile: Profile = serde_json::from_value(value["profile"].clone()).unwrap();
         let metrics = profile.metrics(&Peaks::datawarp_cori());
         assert_eq!(metrics.pipelines_to_saturate_data, Some(data), "{name}");
-        assert_eq!(
-            metrics.pipelines_to_saturate_metadata,
-            Some(metadata),
-            "{name}"
-        );
+        assert_eq!(metrics.pipelines_to_saturate_metadata, Some(metadata), "{name}");
     }
 }

@@ -24,7 +24,13 @@ fn advise_huge_pages(bytes: &[UnsafeCell<u8>]) {
     let aligned_end = (start + bytes.len()) / HUGE_PAGE_BYTES * HUGE_PAGE_BYTES;
     if aligned_end > aligned_start {
         // SAFETY: the range lies inside our own allocation; MADV_HUGEPAGE changes no contents.
-        unsafe { libc::madvise(aligned_start as *mut libc::c_void, aligned_end - aligned_start, libc::MADV_HUGEPAGE) };
+        unsafe {
+            libc::madvise(
+                aligned_start as *mut libc::c_void,
+                aligned_end - aligned_start,
+                libc::MADV_HUGEPAGE,
+            )
+        };
     }
 }
 
@@ -54,7 +60,8 @@ impl Arena {
         // calloc-style allocation: pages are mapped lazily unless we touch them below.
         let zeroed: Box<[u8]> = vec![0u8; capacity as usize].into_boxed_slice();
         // SAFETY: UnsafeCell<u8> is repr(transparent) over u8, so the slice layouts agree.
-        let bytes: Box<[UnsafeCell<u8>]> = unsafe { Box::from_raw(Box::into_raw(zeroed) as *mut [UnsafeCell<u8>]) };
+        let bytes: Box<[UnsafeCell<u8>]> =
+            unsafe { Box::from_raw(Box::into_raw(zeroed) as *mut [UnsafeCell<u8>]) };
         advise_huge_pages(&bytes);
         if prefault {
             let mut at = 0usize;
@@ -128,7 +135,8 @@ impl Ring {
     pub fn reserve(&mut self, length: u64) -> Option<Reservation> {
         assert!(length > 0 && length <= self.capacity(), "reservation of {length} bytes");
         let physical = self.head % self.capacity();
-        let padding = if physical + length > self.capacity() { self.capacity() - physical } else { 0 };
+        let padding =
+            if physical + length > self.capacity() { self.capacity() - physical } else { 0 };
         if self.used() + padding + length > self.capacity() {
             return None;
         }
@@ -140,7 +148,12 @@ impl Ring {
 
     /// Releases everything before `position` (the oldest held bytes).
     pub fn release_to(&mut self, position: u64) {
-        assert!(position >= self.tail && position <= self.head, "release to {position} outside [{}, {}]", self.tail, self.head);
+        assert!(
+            position >= self.tail && position <= self.head,
+            "release to {position} outside [{}, {}]",
+            self.tail,
+            self.head
+        );
         self.tail = position;
     }
 }

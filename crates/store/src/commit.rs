@@ -44,15 +44,22 @@ impl Inner {
                         .skip(1)
                         .map(|(id, file, _)| {
                             scope.spawn(move || {
-                                file.sync().map_err(|e| format!("fsync of segment {id} in {}: {e}", self.storage.describe()))
+                                file.sync().map_err(|e| {
+                                    format!(
+                                        "fsync of segment {id} in {}: {e}",
+                                        self.storage.describe()
+                                    )
+                                })
                             })
                         })
                         .collect();
                     let (id, file, _) = &group[0];
-                    let mut results = vec![file
-                        .sync()
-                        .map_err(|e| format!("fsync of segment {id} in {}: {e}", self.storage.describe()))];
-                    results.extend(handles.into_iter().map(|h| h.join().expect("fsync thread panicked")));
+                    let mut results = vec![file.sync().map_err(|e| {
+                        format!("fsync of segment {id} in {}: {e}", self.storage.describe())
+                    })];
+                    results.extend(
+                        handles.into_iter().map(|h| h.join().expect("fsync thread panicked")),
+                    );
                     results
                 });
                 results.into_iter().collect::<Result<Vec<()>, String>>()?;
@@ -87,7 +94,10 @@ impl Inner {
             }
             let done = epochs.iter().all(|e| {
                 state.epochs.get(e).is_some_and(|x| {
-                    matches!(x.phase, EpochPhase::Committed | EpochPhase::Drained | EpochPhase::Deleted)
+                    matches!(
+                        x.phase,
+                        EpochPhase::Committed | EpochPhase::Drained | EpochPhase::Deleted
+                    )
                 })
             });
             if done {
@@ -119,7 +129,8 @@ impl Inner {
             let moved = self.spill(SpillScope::Epochs(batch), u64::MAX)?;
             let mut state = self.state.lock();
             Self::failed(&state)?;
-            let pending: u64 = batch.iter().filter_map(|e| state.epochs.get(e)).map(|e| e.dram_pending).sum();
+            let pending: u64 =
+                batch.iter().filter_map(|e| state.epochs.get(e)).map(|e| e.dram_pending).sum();
             if pending == 0 {
                 break;
             }
@@ -145,9 +156,9 @@ impl Inner {
                 .collect();
             loop {
                 Self::failed(&state)?;
-                let behind = targets
-                    .iter()
-                    .any(|(id, length)| state.segments.get(id).is_some_and(|s| s.written_frontier() < *length));
+                let behind = targets.iter().any(|(id, length)| {
+                    state.segments.get(id).is_some_and(|s| s.written_frontier() < *length)
+                });
                 if !behind {
                     break;
                 }

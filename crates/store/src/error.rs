@@ -62,7 +62,13 @@ pub enum OpenError {
 #[non_exhaustive]
 pub enum WriteError {
     #[error("out of space: stream {stream} needs {needed_bytes} bytes but {limit} leaves {free_bytes} free (limit {limit_bytes} bytes)")]
-    OutOfSpace { stream: StreamKey, limit: SpaceLimit, needed_bytes: u64, free_bytes: u64, limit_bytes: u64 },
+    OutOfSpace {
+        stream: StreamKey,
+        limit: SpaceLimit,
+        needed_bytes: u64,
+        free_bytes: u64,
+        limit_bytes: u64,
+    },
     #[error("epoch {epoch} is {phase} and accepts no writes")]
     EpochNotOpen { epoch: EpochId, phase: EpochPhase },
     #[error("stream {0} is reserved for the store's metadata")]
@@ -95,7 +101,9 @@ pub enum ReadError {
     UnknownEpoch(EpochId),
     #[error("epoch {epoch} is {phase}; its data is gone")]
     EpochGone { epoch: EpochId, phase: EpochPhase },
-    #[error("read of epoch {epoch} file {file} at offset {offset} overflows the file offset range")]
+    #[error(
+        "read of epoch {epoch} file {file} at offset {offset} overflows the file offset range"
+    )]
     OffsetOverflow { epoch: EpochId, file: FileId, offset: u64 },
     #[error("I/O error reading segment {segment} at offset {offset}: {source}")]
     Io { segment: SegmentId, offset: u64, source: std::io::Error },

@@ -18,7 +18,11 @@ impl Inner {
                     return;
                 }
                 let high = self.high_watermark_bytes(&state);
-                if state.durable_pending.is_empty() && state.ring.used() <= high && !state.gc_wanted && !state.write_through_seen {
+                if state.durable_pending.is_empty()
+                    && state.ring.used() <= high
+                    && !state.gc_wanted
+                    && !state.write_through_seen
+                {
                     self.flusher.wait_for(&mut state, interval);
                 }
                 if state.shutdown {
@@ -32,7 +36,8 @@ impl Inner {
                 let low = state.ring.capacity() / 100 * self.knobs.dram_low_watermark_percent;
                 let pressure = std::mem::take(&mut state.write_through_seen);
                 let over = state.ring.used() > high || (pressure && state.ring.used() > low);
-                let low_space = self.free_bytes(&state) * 100 < self.knobs.gc_free_percent_min * self.knobs.ssd_bytes_max;
+                let low_space = self.free_bytes(&state) * 100
+                    < self.knobs.gc_free_percent_min * self.knobs.ssd_bytes_max;
                 (pending, over, std::mem::take(&mut state.gc_wanted) || low_space)
             };
             if !pending.is_empty() {
@@ -45,7 +50,8 @@ impl Inner {
                         if state.shutdown {
                             return;
                         }
-                        state.ring.used() <= state.ring.capacity() / 100 * self.knobs.dram_low_watermark_percent
+                        state.ring.used()
+                            <= state.ring.capacity() / 100 * self.knobs.dram_low_watermark_percent
                     };
                     if low {
                         break;

@@ -35,7 +35,12 @@ impl Inner {
         };
         let candidates: BTreeSet<SegmentId> = {
             let state = self.state.lock();
-            state.segments.iter().filter(|(&id, s)| is_dead(&state, id, s)).map(|(&id, _)| id).collect()
+            state
+                .segments
+                .iter()
+                .filter(|(&id, s)| is_dead(&state, id, s))
+                .map(|(&id, _)| id)
+                .collect()
         };
         if candidates.is_empty() {
             return Ok(());
@@ -91,7 +96,8 @@ impl Inner {
     /// Cost-benefit (Rosenblum & Ousterhout): maximise (1 - u) · age / (1 + u) over sealed
     /// segments with live share u ≤ `gc_live_percent_max`; only when free space is low.
     pub(crate) fn choose_victim(&self, state: &State, force: bool) -> Option<SegmentId> {
-        let low = self.free_bytes(state) * 100 < self.knobs.gc_free_percent_min * self.knobs.ssd_bytes_max;
+        let low = self.free_bytes(state) * 100
+            < self.knobs.gc_free_percent_min * self.knobs.ssd_bytes_max;
         if !force && !low {
             return None;
         }
@@ -123,13 +129,16 @@ impl Inner {
             (segment.file.clone(), segment.length)
         };
         let mut image = vec![0u8; length as usize];
-        file.read_at(0, &mut image).map_err(|e| format!("reading segment {victim} for compaction: {e}"))?;
+        file.read_at(0, &mut image)
+            .map_err(|e| format!("reading segment {victim} for compaction: {e}"))?;
         let mut found = Vec::new();
         let mut at = 0usize;
         while at < image.len() {
             let header = RecordHeader::decode(&image[at..])
                 .and_then(|h| verify_payload(&h, &image[at..]).map(|_| h))
-                .map_err(|detail| format!("segment {victim} is corrupt at offset {at}: {detail}"))?;
+                .map_err(|detail| {
+                    format!("segment {victim} is corrupt at offset {at}: {detail}")
+                })?;
             let total = record_bytes(header.payload_bytes as u64) as usize;
             if header.kind != RecordKind::SegmentHeader {
                 found.push((at, total as u64, header));
@@ -149,24 +158,30 @@ impl Inner {
                     }
                     RecordKind::FileName | RecordKind::Commit => {
                         state.epochs.get(&epoch).is_some_and(|e| phase_is_live(e.phase))
-                            && state.segments[&victim].epoch_bytes.get(&epoch).copied().unwrap_or(0) >= total
+                            && state.segments[&victim].epoch_bytes.get(&epoch).copied().unwrap_or(0)
+                                >= total
                     }
                     RecordKind::EpochState => {
-                        state.epochs.get(&epoch).is_some_and(|e| e.segments.iter().any(|&s| s != victim))
-                            && state.segments[&victim].tombstones.get(&epoch).copied().unwrap_or(0) >= total
+                        state
+                            .epochs
+                            .get(&epoch)
+                            .is_some_and(|e| e.segments.iter().any(|&s| s != victim))
+                            && state.segments[&victim].tombstones.get(&epoch).copied().unwrap_or(0)
+                                >= total
                     }
                     RecordKind::SegmentHeader => false,
                 };
                 if !live {
                     continue;
                 }
-                let (target, offset, target_file) = match self.place(&mut state, stream, total, header.sequence) {
-                    Ok(p) => p,
-                    Err(reason) => {
-                        self.fail(&mut state, reason.clone());
-                        return Err(reason);
-                    }
-                };
+                let (target, offset, target_file) =
+                    match self.place(&mut state, stream, total, header.sequence) {
+                        Ok(p) => p,
+                        Err(reason) => {
+                            self.fail(&mut state, reason.clone());
+                            return Err(reason);
+                        }
+                    };
                 let tombstone = header.kind == RecordKind::EpochState;
                 move_bytes(&mut state, victim, target, epoch, total, tombstone);
                 copies.push((target, offset, target_file, at, total, header));
@@ -175,7 +190,9 @@ impl Inner {
         let mut result = Ok(());
         for (target, offset, target_file, at, total, header) in &copies {
             if let Err(error) = target_file.write_at(*offset, &image[*at..*at + *total as usize]) {
-                result = Err(format!("compaction write to segment {target} at offset {offset}: {error}"));
+                result = Err(format!(
+                    "compaction write to segment {target} at offset {offset}: {error}"
+                ));
                 break;
             }
             self.write_log.write(header.stream, *target, *offset, *total);
@@ -205,7 +222,14 @@ impl Inner {
 }
 
 /// Moves the accounting of `bytes` of `epoch` from segment `from` to segment `to`.
-fn move_bytes(state: &mut State, from: SegmentId, to: SegmentId, epoch: EpochId, bytes: u64, tombstone: bool) {
+fn move_bytes(
+    state: &mut State,
+    from: SegmentId,
+    to: SegmentId,
+    epoch: EpochId,
+    bytes: u64,
+    tombstone: bool,
+) {
     let source = state.segments.get_mut(&from).expect("compaction source missing");
     let map = if tombstone { &mut source.tombstones } else { &mut source.epoch_bytes };
     let left = map.get_mut(&epoch).expect("moved bytes not accounted");

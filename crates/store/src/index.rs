@@ -33,7 +33,13 @@ impl Index {
     /// Records that `[offset, offset + extent.length)` of (`epoch`, `file`) now holds `extent`,
     /// replacing whatever covered that range. Returns the (record, bytes) pairs that lost
     /// coverage, so the caller can keep per-record live counts.
-    pub fn insert(&mut self, epoch: EpochId, file: FileId, offset: u64, extent: Extent) -> Vec<(u64, u64)> {
+    pub fn insert(
+        &mut self,
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+        extent: Extent,
+    ) -> Vec<(u64, u64)> {
         assert!(extent.length > 0, "empty extent");
         let end = offset.checked_add(extent.length).expect("extent end overflows u64");
         let extents = self.epochs.entry(epoch).or_default().entry(file).or_default();
@@ -45,7 +51,10 @@ impl Index {
                 extents.insert(start, Extent { length: offset - start, ..old });
                 if old_end > end {
                     // The new write sits strictly inside the old extent: keep its tail.
-                    extents.insert(end, Extent { skip: old.skip + (end - start), length: old_end - end, ..old });
+                    extents.insert(
+                        end,
+                        Extent { skip: old.skip + (end - start), length: old_end - end, ..old },
+                    );
                     displaced.push((old.record, extent.length));
                 } else {
                     displaced.push((old.record, old_end - offset));
@@ -58,7 +67,10 @@ impl Index {
             let old = extents.remove(&start).expect("extent vanished");
             let old_end = start + old.length;
             if old_end > end {
-                extents.insert(end, Extent { skip: old.skip + (end - start), length: old_end - end, ..old });
+                extents.insert(
+                    end,
+                    Extent { skip: old.skip + (end - start), length: old_end - end, ..old },
+                );
                 displaced.push((old.record, end - start));
             } else {
                 displaced.push((old.record, old.length));
@@ -105,7 +117,13 @@ impl Index {
 
     /// The extents overlapping `[offset, offset + length)` of a file, in offset order, each as
     /// (file offset, extent) clipped to the range.
-    pub fn range(&self, epoch: EpochId, file: FileId, offset: u64, length: u64) -> Vec<(u64, Extent)> {
+    pub fn range(
+        &self,
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+        length: u64,
+    ) -> Vec<(u64, Extent)> {
         let Some(extents) = self.file(epoch, file) else { return Vec::new() };
         let end = offset.saturating_add(length);
         let mut out = Vec::new();
@@ -119,7 +137,11 @@ impl Index {
             let clip_end = extent_end.min(end);
             out.push((
                 clip_start,
-                Extent { record: extent.record, skip: extent.skip + (clip_start - start), length: clip_end - clip_start },
+                Extent {
+                    record: extent.record,
+                    skip: extent.skip + (clip_start - start),
+                    length: clip_end - clip_start,
+                },
             ));
         }
         out
@@ -168,7 +190,10 @@ mod tests {
         let got = index.range(e, f, 5, 20);
         assert_eq!(
             got,
-            vec![(5, Extent { record: 1, skip: 5, length: 5 }), (20, Extent { record: 2, skip: 0, length: 5 })]
+            vec![
+                (5, Extent { record: 1, skip: 5, length: 5 }),
+                (20, Extent { record: 2, skip: 0, length: 5 })
+            ]
         );
         assert_eq!(Index::file_size(index.file(e, f).unwrap()), 30);
         assert!(index.range(e, FileId(9), 0, 10).is_empty());

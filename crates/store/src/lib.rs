@@ -42,13 +42,14 @@ mod store;
 mod write_log;
 
 pub use error::{
-    CommitError, EpochPhase, Error, LifecycleError, OpenError, ReadError, SpaceLimit, SyncError, WriteError,
+    CommitError, EpochPhase, Error, LifecycleError, OpenError, ReadError, SpaceLimit, SyncError,
+    WriteError,
 };
 pub use format::META_STREAM;
 pub use slot::WriteSlot;
 pub use storage::{CrashPlan, PosixStorage, SegmentFile, SimStorage, Storage};
 pub use store::{
-    write_hint_for, Durability, EpochInfo, ExtentInfo, FileInfo, GcReport, RecoveryReport, Store, StoreStats, Tier,
-    WriteHints,
+    write_hint_for, Durability, EpochInfo, ExtentInfo, FileInfo, GcReport, RecoveryReport, Store,
+    StoreStats, Tier, WriteHints,
 };
 pub use write_log::WRITE_LOG_HEADER;

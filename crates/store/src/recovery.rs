@@ -11,8 +11,8 @@
 use crate::error::{EpochPhase, OpenError};
 use crate::format::*;
 use crate::index::Extent;
-use crate::store::{phase_is_live, EpochEntry, Location, RecordInfo, Segment, State};
 use crate::storage::{SegmentFile, Storage};
+use crate::store::{phase_is_live, EpochEntry, Location, RecordInfo, Segment, State};
 use spillway_config::StoreKnobs;
 use spillway_types::{EpochId, SegmentId, StreamKey};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -40,10 +40,18 @@ struct ScannedSegment {
     length: u64,
 }
 
-pub(crate) fn recover(knobs: &StoreKnobs, storage: &dyn Storage, state: &mut State) -> Result<(), OpenError> {
+pub(crate) fn recover(
+    knobs: &StoreKnobs,
+    storage: &dyn Storage,
+    state: &mut State,
+) -> Result<(), OpenError> {
     let started = Instant::now();
     let directory = storage.describe();
-    let io = |what: String, source: std::io::Error| OpenError::Io { what, directory: directory.clone(), source };
+    let io = |what: String, source: std::io::Error| OpenError::Io {
+        what,
+        directory: directory.clone(),
+        source,
+    };
     let mut names: Vec<(SegmentId, String)> = storage
         .list()
         .map_err(|e| io("listing segments".into(), e))?
@@ -73,11 +81,12 @@ pub(crate) fn recover(knobs: &StoreKnobs, storage: &dyn Storage, state: &mut Sta
     let mut synced: HashMap<SegmentId, u64> = HashMap::new();
     for record in &records {
         if record.header.kind == RecordKind::Commit {
-            let payload = CommitPayload::decode(&record.payload).map_err(|detail| OpenError::Corrupt {
-                segment: record.segment,
-                offset: record.offset,
-                detail: detail.to_string(),
-            })?;
+            let payload =
+                CommitPayload::decode(&record.payload).map_err(|detail| OpenError::Corrupt {
+                    segment: record.segment,
+                    offset: record.offset,
+                    detail: detail.to_string(),
+                })?;
             for (segment, length) in payload.synced {
                 let entry = synced.entry(segment).or_default();
                 *entry = (*entry).max(length);
@@ -152,8 +161,12 @@ pub(crate) fn recover(knobs: &StoreKnobs, storage: &dyn Storage, state: &mut Sta
                 state.recovery.committed_epochs += 1;
                 let expected = promised.get(&epoch).copied().unwrap_or(0);
                 if entry.data_records != expected {
-                    let sites: Vec<String> =
-                        damages.iter().map(|d| format!("segment {} offset {} ({})", d.segment, d.offset, d.detail)).collect();
+                    let sites: Vec<String> = damages
+                        .iter()
+                        .map(|d| {
+                            format!("segment {} offset {} ({})", d.segment, d.offset, d.detail)
+                        })
+                        .collect();
                     return Err(OpenError::CommittedEpochIncomplete {
                         epoch,
                         detail: format!(
@@ -196,7 +209,11 @@ fn scan_segment(
                     (header.kind == RecordKind::SegmentHeader).then_some("second segment header")
                 };
                 if let Some(detail) = header_problem {
-                    damages.push(Damage { segment: id, offset: at as u64, detail: detail.to_string() });
+                    damages.push(Damage {
+                        segment: id,
+                        offset: at as u64,
+                        detail: detail.to_string(),
+                    });
                     return (stream, at as u64);
                 }
                 if at == 0 {
@@ -205,9 +222,16 @@ fn scan_segment(
                     let payload = if header.kind == RecordKind::Data {
                         Vec::new()
                     } else {
-                        image[at + HEADER_BYTES..at + HEADER_BYTES + header.payload_bytes as usize].to_vec()
+                        image[at + HEADER_BYTES..at + HEADER_BYTES + header.payload_bytes as usize]
+                            .to_vec()
                     };
-                    records.push(ScannedRecord { segment: id, offset: at as u64, bytes, header, payload });
+                    records.push(ScannedRecord {
+                        segment: id,
+                        offset: at as u64,
+                        bytes,
+                        header,
+                        payload,
+                    });
                 }
                 at += bytes as usize;
             }
@@ -240,7 +264,9 @@ fn check_record(bytes: &[u8], knobs: &StoreKnobs) -> Result<RecordHeader, String
 fn find_valid_record(image: &[u8], from: usize, knobs: &StoreKnobs) -> Option<usize> {
     let mut at = from.next_multiple_of(RECORD_ALIGN_BYTES);
     while at + HEADER_BYTES <= image.len() {
-        if image[at..at + 4] == RECORD_MAGIC.to_le_bytes() && check_record(&image[at..], knobs).is_ok() {
+        if image[at..at + 4] == RECORD_MAGIC.to_le_bytes()
+            && check_record(&image[at..], knobs).is_ok()
+        {
             return Some(at);
         }
         at += RECORD_ALIGN_BYTES;
@@ -257,7 +283,11 @@ fn replay(state: &mut State, mut records: Vec<ScannedRecord>) -> HashMap<EpochId
     let mut max_sequence = 0;
     for record in records {
         let header = record.header;
-        assert!(header.sequence > max_sequence, "replay out of sequence order at {}", header.sequence);
+        assert!(
+            header.sequence > max_sequence,
+            "replay out of sequence order at {}",
+            header.sequence
+        );
         max_sequence = header.sequence;
         let epoch = header.epoch;
         let segment = state.segments.get_mut(&record.segment).expect("replayed segment missing");
@@ -283,7 +313,11 @@ fn replay(state: &mut State, mut records: Vec<ScannedRecord>) -> HashMap<EpochId
                         epoch,
                         header.file,
                         header.offset,
-                        Extent { record: header.sequence, skip: 0, length: header.payload_bytes as u64 },
+                        Extent {
+                            record: header.sequence,
+                            skip: 0,
+                            length: header.payload_bytes as u64,
+                        },
                     );
                 }
                 entry.data_records += 1;
@@ -294,14 +328,17 @@ fn replay(state: &mut State, mut records: Vec<ScannedRecord>) -> HashMap<EpochId
             }
             RecordKind::FileName => {
                 if phase_is_live(entry.phase) {
-                    entry.names.insert(header.file, String::from_utf8_lossy(&record.payload).into_owned());
+                    entry
+                        .names
+                        .insert(header.file, String::from_utf8_lossy(&record.payload).into_owned());
                 }
             }
             RecordKind::Commit => {
                 if entry.phase == EpochPhase::Open {
                     entry.phase = EpochPhase::Committed;
                     entry.recovered_uncommitted = false;
-                    let payload = CommitPayload::decode(&record.payload).expect("commit payload checked earlier");
+                    let payload = CommitPayload::decode(&record.payload)
+                        .expect("commit payload checked earlier");
                     promised.insert(epoch, payload.data_records);
                 }
             }

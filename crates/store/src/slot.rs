@@ -51,8 +51,9 @@ impl Store {
         check_write_target(stream, epoch, file, offset, length)?;
         let inner = &self.inner;
         let piece_max = inner.knobs.record_payload_bytes_max as usize;
-        let pieces: Vec<usize> =
-            (0..length.div_ceil(piece_max)).map(|i| piece_max.min(length - i * piece_max)).collect();
+        let pieces: Vec<usize> = (0..length.div_ceil(piece_max))
+            .map(|i| piece_max.min(length - i * piece_max))
+            .collect();
         let needed: u64 = pieces.iter().map(|&p| record_bytes(p as u64)).sum();
         let mut state = inner.state.lock();
         // No slot above the high watermark: there the caller's `write` goes straight to SSD.
@@ -60,8 +61,15 @@ impl Store {
             return Ok(None);
         }
         inner.admit_locked(&mut state, stream, epoch, needed)?;
-        let mut slot =
-            WriteSlot { inner: inner.clone(), stream, epoch, file, offset, records: Vec::with_capacity(pieces.len()), published: false };
+        let mut slot = WriteSlot {
+            inner: inner.clone(),
+            stream,
+            epoch,
+            file,
+            offset,
+            records: Vec::with_capacity(pieces.len()),
+            published: false,
+        };
         for &piece in &pieces {
             let bytes = record_bytes(piece as u64);
             match reserve_dram_record(&mut state, bytes, stream, epoch, DramStatus::Reserved) {
@@ -69,9 +77,11 @@ impl Store {
                 None => {
                     // The ring's free space is split by its wrap point. Return what was
                     // admitted but not placed; dropping the slot abandons the rest.
-                    let unplaced: u64 = pieces[slot.records.len()..].iter().map(|&p| record_bytes(p as u64)).sum();
+                    let unplaced: u64 =
+                        pieces[slot.records.len()..].iter().map(|&p| record_bytes(p as u64)).sum();
                     state.reserved_bytes -= unplaced;
-                    *state.stream_usage.get_mut(&stream).expect("admitted stream usage missing") -= unplaced;
+                    *state.stream_usage.get_mut(&stream).expect("admitted stream usage missing") -=
+                        unplaced;
                     drop(state);
                     drop(slot);
                     return Ok(None);
@@ -115,14 +125,25 @@ impl WriteSlot {
         if let Some(reason) = &state.failed {
             return Err(WriteError::Failed(reason.clone()));
         }
-        let phase = state.epochs.get(&self.epoch).expect("epoch of a reserved write vanished").phase;
+        let phase =
+            state.epochs.get(&self.epoch).expect("epoch of a reserved write vanished").phase;
         if phase != EpochPhase::Open {
             return Err(WriteError::EpochNotOpen { epoch: self.epoch, phase });
         }
         let piece_max = inner.knobs.record_payload_bytes_max;
         for (i, &(position, payload)) in self.records.iter().enumerate() {
             let offset = self.offset + i as u64 * piece_max;
-            publish_dram_record(&mut state, &inner.arena, position, DramStatus::Reserved, self.stream, self.epoch, self.file, offset, payload);
+            publish_dram_record(
+                &mut state,
+                &inner.arena,
+                position,
+                DramStatus::Reserved,
+                self.stream,
+                self.epoch,
+                self.file,
+                offset,
+                payload,
+            );
         }
         self.published = true;
         inner.wake_flusher_above_high_watermark(&state);

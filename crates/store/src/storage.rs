@@ -73,13 +73,20 @@ impl PosixStorage {
     pub fn new(directory: &Path) -> io::Result<PosixStorage> {
         use std::os::fd::AsRawFd;
         std::fs::create_dir_all(directory)?;
-        let lock = OpenOptions::new().create(true).truncate(false).write(true).open(directory.join(LOCK_FILE_NAME))?;
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(directory.join(LOCK_FILE_NAME))?;
         // SAFETY: flock on a descriptor we own.
         if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             let error = io::Error::last_os_error();
             return Err(io::Error::new(
                 error.kind(),
-                format!("{} is in use by another store (flock on {LOCK_FILE_NAME}: {error})", directory.display()),
+                format!(
+                    "{} is in use by another store (flock on {LOCK_FILE_NAME}: {error})",
+                    directory.display()
+                ),
             ));
         }
         Ok(PosixStorage { directory: directory.to_path_buf(), _lock: lock })
@@ -105,7 +112,8 @@ impl SegmentFile for PosixFile {
             libc::iovec { iov_base: second.as_mut_ptr().cast(), iov_len: second.len() },
         ];
         // SAFETY: both iovecs describe live, exclusively borrowed buffers of the given lengths.
-        let n = unsafe { libc::preadv(self.file.as_raw_fd(), iov.as_ptr(), 2, offset as libc::off_t) };
+        let n =
+            unsafe { libc::preadv(self.file.as_raw_fd(), iov.as_ptr(), 2, offset as libc::off_t) };
         match n {
             n if n < 0 => Err(io::Error::last_os_error()),
             n if n as usize == wanted => Ok(()),
@@ -155,7 +163,8 @@ impl SegmentFile for PosixFile {
         let value: u64 = hint;
         // SAFETY: fcntl with F_SET_RW_HINT reads one u64 through the pointer, which is valid
         // for the duration of the call.
-        let result = unsafe { libc::fcntl(self.file.as_raw_fd(), F_SET_RW_HINT, &value as *const u64) };
+        let result =
+            unsafe { libc::fcntl(self.file.as_raw_fd(), F_SET_RW_HINT, &value as *const u64) };
         if result == 0 {
             return Ok(true);
         }
@@ -307,7 +316,11 @@ impl SimStorage {
 
     fn new_file(&self, bytes: Vec<u8>) -> Arc<SimFile> {
         Arc::new(SimFile {
-            inner: Mutex::new(SimFileState { current: bytes.clone(), durable: bytes, unsynced: Vec::new() }),
+            inner: Mutex::new(SimFileState {
+                current: bytes.clone(),
+                durable: bytes,
+                unsynced: Vec::new(),
+            }),
             clock: self.clock.clone(),
         })
     }
@@ -371,11 +384,10 @@ impl Storage for SimStorage {
     }
     fn open(&self, name: &str) -> io::Result<Arc<dyn SegmentFile>> {
         let state = self.state.lock();
-        let file = state
-            .files
-            .get(name)
-            .cloned()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("{name} not found")))?;
+        let file =
+            state.files.get(name).cloned().ok_or_else(|| {
+                io::Error::new(io::ErrorKind::NotFound, format!("{name} not found"))
+            })?;
         Ok(file)
     }
     fn remove(&self, name: &str) -> io::Result<()> {
@@ -410,7 +422,8 @@ mod tests {
         file.sync().unwrap();
         file.write_at(8, b"lost").unwrap();
         file.write_at(12, b"torn-write").unwrap();
-        let image = storage.crash_image(CrashPlan { torn_write_bytes: Some(3), keep_older_unsynced: false });
+        let image = storage
+            .crash_image(CrashPlan { torn_write_bytes: Some(3), keep_older_unsynced: false });
         let image_dir: Arc<dyn Storage> = image;
         let reopened = image_dir.open("a").unwrap();
         assert_eq!(reopened.len().unwrap(), 15);
@@ -419,7 +432,8 @@ mod tests {
         assert_eq!(&buf, b"durable!\0\0\0\0tor");
         // A file never made durable in the directory vanishes.
         dir.create("b").unwrap();
-        let image = storage.crash_image(CrashPlan { torn_write_bytes: None, keep_older_unsynced: true });
+        let image =
+            storage.crash_image(CrashPlan { torn_write_bytes: None, keep_older_unsynced: true });
         assert_eq!(image.list().unwrap(), vec!["a".to_string()]);
     }
 }

@@ -358,7 +358,13 @@ pub fn write_hint_for(stream: StreamKey) -> u64 {
 }
 
 /// Refuses writes no store accepts: to the metadata stream, or past the end of the offset space.
-pub(crate) fn check_write_target(stream: StreamKey, epoch: EpochId, file: FileId, offset: u64, length: usize) -> Result<(), WriteError> {
+pub(crate) fn check_write_target(
+    stream: StreamKey,
+    epoch: EpochId,
+    file: FileId,
+    offset: u64,
+    length: usize,
+) -> Result<(), WriteError> {
     if stream == META_STREAM {
         return Err(WriteError::ReservedStream(stream));
     }
@@ -370,20 +376,45 @@ pub(crate) fn check_write_target(stream: StreamKey, epoch: EpochId, file: FileId
 
 /// Takes the next sequence number for a data record and builds its header. Called under the
 /// state lock: sequence order is the order records become visible (newest wins).
-fn next_data_header(state: &mut State, stream: StreamKey, epoch: EpochId, file: FileId, offset: u64, payload_bytes: usize) -> RecordHeader {
+fn next_data_header(
+    state: &mut State,
+    stream: StreamKey,
+    epoch: EpochId,
+    file: FileId,
+    offset: u64,
+    payload_bytes: usize,
+) -> RecordHeader {
     let sequence = state.next_sequence;
     state.next_sequence += 1;
-    RecordHeader { kind: RecordKind::Data, sequence, stream, epoch, file, offset, payload_bytes: payload_bytes as u32 }
+    RecordHeader {
+        kind: RecordKind::Data,
+        sequence,
+        stream,
+        epoch,
+        file,
+        offset,
+        payload_bytes: payload_bytes as u32,
+    }
 }
 
 /// Makes a written data record readable and accounted, wherever it lives (DRAM ring or, for a
 /// write-through, its segment): record table, index extent, its epoch's bookkeeping, counters.
 /// `record_bytes` is the record's size on its medium (header, payload, padding).
-fn publish_data_record(state: &mut State, header: &RecordHeader, location: Location, record_bytes: u64) {
+fn publish_data_record(
+    state: &mut State,
+    header: &RecordHeader,
+    location: Location,
+    record_bytes: u64,
+) {
     let (sequence, epoch, payload_bytes) = (header.sequence, header.epoch, header.payload_bytes);
     state.records.insert(sequence, RecordInfo { location, epoch, payload_bytes });
     if payload_bytes > 0 {
-        state.index.insert(epoch, header.file, header.offset, Extent { record: sequence, skip: 0, length: payload_bytes as u64 });
+        state.index.insert(
+            epoch,
+            header.file,
+            header.offset,
+            Extent { record: sequence, skip: 0, length: payload_bytes as u64 },
+        );
     }
     let entry = state.epochs.get_mut(&epoch).expect("admitted epoch vanished");
     entry.data_records += 1;
@@ -396,15 +427,36 @@ fn publish_data_record(state: &mut State, header: &RecordHeader, location: Locat
 /// Takes `bytes` of ring space for a data record of (`stream`, `epoch`) in `status` (Writing or
 /// Reserved), recording any padding skipped before it. The record's capacity moves from
 /// `reserved_bytes` (admitted) to `dram_unplaced_bytes`. `None`: the ring has no room now.
-pub(crate) fn reserve_dram_record(state: &mut State, bytes: u64, stream: StreamKey, epoch: EpochId, status: DramStatus) -> Option<u64> {
+pub(crate) fn reserve_dram_record(
+    state: &mut State,
+    bytes: u64,
+    stream: StreamKey,
+    epoch: EpochId,
+    status: DramStatus,
+) -> Option<u64> {
     debug_assert!(matches!(status, DramStatus::Writing | DramStatus::Reserved));
     let reservation = state.ring.reserve(bytes)?;
-    let record = |position, bytes, status| DramRecord { position, bytes, status, readers: 0, sequence: 0, epoch, stream };
+    let record = |position, bytes, status| DramRecord {
+        position,
+        bytes,
+        status,
+        readers: 0,
+        sequence: 0,
+        epoch,
+        stream,
+    };
     if reservation.padding > 0 {
-        state.dram.push_back(record(reservation.position - reservation.padding, reservation.padding, DramStatus::Dead));
+        state.dram.push_back(record(
+            reservation.position - reservation.padding,
+            reservation.padding,
+            DramStatus::Dead,
+        ));
     }
     state.dram.push_back(record(reservation.position, bytes, status));
-    assert!(state.reserved_bytes >= bytes, "ring record of {bytes} bytes without admitted capacity");
+    assert!(
+        state.reserved_bytes >= bytes,
+        "ring record of {bytes} bytes without admitted capacity"
+    );
     state.reserved_bytes -= bytes;
     state.dram_unplaced_bytes += bytes;
     Some(reservation.position)
@@ -448,11 +500,16 @@ pub(crate) fn publish_dram_record(
 pub(crate) fn abandon_dram_record(state: &mut State, position: u64, stream: StreamKey) {
     let at = dram_index(state, position);
     let record = &mut state.dram[at];
-    assert_eq!(record.status, DramStatus::Reserved, "abandoning a DRAM record that is not reserved");
+    assert_eq!(
+        record.status,
+        DramStatus::Reserved,
+        "abandoning a DRAM record that is not reserved"
+    );
     record.status = DramStatus::Dead;
     let bytes = record.bytes;
     state.dram_unplaced_bytes -= bytes;
-    let usage = state.stream_usage.get_mut(&stream).expect("stream usage of a reserved record missing");
+    let usage =
+        state.stream_usage.get_mut(&stream).expect("stream usage of a reserved record missing");
     assert!(*usage >= bytes, "stream {stream} usage underflow");
     *usage -= bytes;
 }
@@ -460,20 +517,26 @@ pub(crate) fn abandon_dram_record(state: &mut State, position: u64, stream: Stre
 impl Store {
     /// Opens (recovering if needed) the store in `knobs.ssd_directory`.
     pub fn open(knobs: &StoreKnobs) -> Result<Store, OpenError> {
-        let storage = PosixStorage::new(std::path::Path::new(&knobs.ssd_directory)).map_err(|source| {
-            OpenError::Io { what: "creating and locking the directory".into(), directory: knobs.ssd_directory.clone(), source }
-        })?;
+        let storage =
+            PosixStorage::new(std::path::Path::new(&knobs.ssd_directory)).map_err(|source| {
+                OpenError::Io {
+                    what: "creating and locking the directory".into(),
+                    directory: knobs.ssd_directory.clone(),
+                    source,
+                }
+            })?;
         Store::open_with(knobs, Arc::new(storage))
     }
 
     /// Opens the store on any [`Storage`] (tests pass a `SimStorage`).
     pub fn open_with(knobs: &StoreKnobs, storage: Arc<dyn Storage>) -> Result<Store, OpenError> {
         knobs.validate()?;
-        let write_log = WriteLog::open(&knobs.ssd_write_log_path).map_err(|source| OpenError::Io {
-            what: format!("opening ssd_write_log_path {}", knobs.ssd_write_log_path),
-            directory: storage.describe(),
-            source,
-        })?;
+        let write_log =
+            WriteLog::open(&knobs.ssd_write_log_path).map_err(|source| OpenError::Io {
+                what: format!("opening ssd_write_log_path {}", knobs.ssd_write_log_path),
+                directory: storage.describe(),
+                source,
+            })?;
         let arena = Arena::new(knobs.dram_bytes_max, knobs.dram_prefault);
         let mut state = State {
             ring: Ring::new(knobs.dram_bytes_max),
@@ -592,9 +655,9 @@ impl Store {
             offset: 0,
             payload_bytes: name.len() as u32,
         };
-        self.inner.append_meta(&mut state, header, name.as_bytes()).map_err(|(segment, source)| {
-            WriteError::Io { segment, source }
-        })?;
+        self.inner
+            .append_meta(&mut state, header, name.as_bytes())
+            .map_err(|(segment, source)| WriteError::Io { segment, source })?;
         state.epochs.get_mut(&epoch).expect("epoch vanished").names.insert(file, name.to_string());
         Ok(())
     }
@@ -646,7 +709,13 @@ impl Store {
 
     /// Reads `buf.len()` bytes of (`epoch`, `file`) at `offset`, assembled from the extents;
     /// bytes never written read as zeros.
-    pub fn read(&self, epoch: EpochId, file: FileId, offset: u64, buf: &mut [u8]) -> Result<(), ReadError> {
+    pub fn read(
+        &self,
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<(), ReadError> {
         if offset.checked_add(buf.len() as u64).is_none() {
             return Err(ReadError::OffsetOverflow { epoch, file, offset });
         }
@@ -663,21 +732,36 @@ impl Store {
             for (file_offset, extent) in state.index.range(epoch, file, offset, buf.len() as u64) {
                 let at = (file_offset - offset) as usize;
                 let target = at..at + extent.length as usize;
-                let info = state.records.get(&extent.record).expect("indexed record has no location");
+                let info =
+                    state.records.get(&extent.record).expect("indexed record has no location");
                 match info.location {
                     Location::Dram { position } => {
                         let start = position + HEADER_BYTES as u64 + extent.skip;
-                        assert!(state.ring.holds(start, extent.length), "indexed DRAM record was released");
+                        assert!(
+                            state.ring.holds(start, extent.length),
+                            "indexed DRAM record was released"
+                        );
                         let at = dram_index(&state, position);
                         state.dram[at].readers += 1;
                         dram_reads.push((position, start, extent.length, target));
                     }
                     Location::Ssd { segment, offset: record_offset } => {
-                        let file = state.segments.get(&segment).expect("record in unknown segment").file.clone();
+                        let file = state
+                            .segments
+                            .get(&segment)
+                            .expect("record in unknown segment")
+                            .file
+                            .clone();
                         // A read of a whole record (what drains do) is checked against its CRC.
                         let whole = extent.skip == 0 && extent.length == info.payload_bytes as u64;
                         let verify = whole.then_some((record_offset, extent.record));
-                        ssd_reads.push((segment, file, record_offset + HEADER_BYTES as u64 + extent.skip, target, verify));
+                        ssd_reads.push((
+                            segment,
+                            file,
+                            record_offset + HEADER_BYTES as u64 + extent.skip,
+                            target,
+                            verify,
+                        ));
                     }
                 }
             }
@@ -705,17 +789,25 @@ impl Store {
                 let mut header = [0u8; HEADER_BYTES];
                 file.read_two_at(record_offset, &mut header, &mut buf[target.clone()])
                     .map_err(|source| ReadError::Io { segment, offset: record_offset, source })?;
-                let corrupt = |detail: String| ReadError::Corrupt { segment, offset: record_offset, detail };
+                let corrupt =
+                    |detail: String| ReadError::Corrupt { segment, offset: record_offset, detail };
                 let decoded = RecordHeader::decode(&header).map_err(|d| corrupt(d.to_string()))?;
                 if decoded.sequence != sequence {
-                    return Err(corrupt(format!("expected record {sequence}, found record {}", decoded.sequence)));
+                    return Err(corrupt(format!(
+                        "expected record {sequence}, found record {}",
+                        decoded.sequence
+                    )));
                 }
                 let stored = u32::from_le_bytes(header[60..64].try_into().expect("4 bytes"));
                 if record_crc(&header, crc32c::crc32c(&buf[target])) != stored {
                     return Err(corrupt("record CRC mismatch".into()));
                 }
             } else {
-                file.read_at(at, &mut buf[target.clone()]).map_err(|source| ReadError::Io { segment, offset: at, source })?;
+                file.read_at(at, &mut buf[target.clone()]).map_err(|source| ReadError::Io {
+                    segment,
+                    offset: at,
+                    source,
+                })?;
             }
         }
         Ok(())
@@ -766,7 +858,11 @@ impl Store {
 
     /// The extents of a range of epochs (optionally one file), in (epoch, file, offset) order:
     /// what a drain walks.
-    pub fn extents(&self, epochs: impl RangeBounds<EpochId>, file: Option<FileId>) -> Vec<ExtentInfo> {
+    pub fn extents(
+        &self,
+        epochs: impl RangeBounds<EpochId>,
+        file: Option<FileId>,
+    ) -> Vec<ExtentInfo> {
         let state = self.inner.state.lock();
         let mut out = Vec::new();
         for (epoch, files) in state.index.epochs_in(epochs) {
@@ -779,7 +875,13 @@ impl Store {
                         Location::Dram { .. } => Tier::Dram,
                         Location::Ssd { segment, .. } => Tier::Ssd(segment),
                     };
-                    out.push(ExtentInfo { epoch, file: file_id, offset, length: extent.length, tier });
+                    out.push(ExtentInfo {
+                        epoch,
+                        file: file_id,
+                        offset,
+                        length: extent.length,
+                        tier,
+                    });
                 }
             }
         }
@@ -847,7 +949,8 @@ impl Store {
 
     pub fn stats(&self) -> StoreStats {
         let state = self.inner.state.lock();
-        let live: u64 = state.segments.iter().map(|(&id, s)| segment_live_bytes(id, s, &state.epochs)).sum();
+        let live: u64 =
+            state.segments.iter().map(|(&id, s)| segment_live_bytes(id, s, &state.epochs)).sum();
         let c = &state.counters;
         StoreStats {
             dram_bytes_max: state.ring.capacity(),
@@ -931,7 +1034,8 @@ impl Drop for Store {
 
 fn file_exists(state: &State, epoch: EpochId, file: FileId) -> bool {
     state.epochs.get(&epoch).is_some_and(|entry| {
-        phase_is_live(entry.phase) && (entry.names.contains_key(&file) || state.index.file(epoch, file).is_some())
+        phase_is_live(entry.phase)
+            && (entry.names.contains_key(&file) || state.index.file(epoch, file).is_some())
     })
 }
 
@@ -948,7 +1052,11 @@ fn file_info(state: &State, epoch: EpochId, file: FileId) -> FileInfo {
 
 /// Live bytes of a segment: records of live epochs, plus tombstones still needed (their epoch
 /// has bytes in some other segment that a crash could otherwise resurrect).
-pub(crate) fn segment_live_bytes(id: SegmentId, segment: &Segment, epochs: &BTreeMap<EpochId, EpochEntry>) -> u64 {
+pub(crate) fn segment_live_bytes(
+    id: SegmentId,
+    segment: &Segment,
+    epochs: &BTreeMap<EpochId, EpochEntry>,
+) -> u64 {
     let mut live = 0;
     for (epoch, &bytes) in &segment.epoch_bytes {
         if epochs.get(epoch).is_some_and(|e| phase_is_live(e.phase)) {
@@ -966,7 +1074,12 @@ pub(crate) fn segment_live_bytes(id: SegmentId, segment: &Segment, epochs: &BTre
 
 /// Whether some SSD bytes are dead (drained or deleted epochs), so a GC round could free space.
 fn has_dead_bytes(state: &State) -> bool {
-    state.ssd_used_bytes > state.segments.iter().map(|(&id, s)| segment_live_bytes(id, s, &state.epochs)).sum::<u64>()
+    state.ssd_used_bytes
+        > state
+            .segments
+            .iter()
+            .map(|(&id, s)| segment_live_bytes(id, s, &state.epochs))
+            .sum::<u64>()
 }
 
 pub(crate) fn check_invariants(state: &State) {
@@ -983,8 +1096,16 @@ pub(crate) fn check_invariants(state: &State) {
     for (&id, segment) in &state.segments {
         let accounted: u64 =
             segment.epoch_bytes.values().sum::<u64>() + segment.tombstones.values().sum::<u64>();
-        assert!(accounted <= segment.length, "segment {id} accounts {accounted} > length {}", segment.length);
-        assert_eq!(segment.inflight as usize, segment.inflight_at.len(), "segment {id}: in-flight count and offsets disagree");
+        assert!(
+            accounted <= segment.length,
+            "segment {id} accounts {accounted} > length {}",
+            segment.length
+        );
+        assert_eq!(
+            segment.inflight as usize,
+            segment.inflight_at.len(),
+            "segment {id}: in-flight count and offsets disagree"
+        );
         assert!(
             segment.synced_length <= segment.written_frontier(),
             "segment {id} claims sync to {} beyond its written frontier {}",
@@ -999,7 +1120,10 @@ pub(crate) fn check_invariants(state: &State) {
     }
     for (&epoch, entry) in &state.epochs {
         for segment in &entry.segments {
-            assert!(state.segments.contains_key(segment), "epoch {epoch} names deleted segment {segment}");
+            assert!(
+                state.segments.contains_key(segment),
+                "epoch {epoch} names deleted segment {segment}"
+            );
         }
         if let Some(files) = state.index.epoch(epoch) {
             assert!(phase_is_live(entry.phase), "retired epoch {epoch} still indexed");
@@ -1017,7 +1141,8 @@ pub(crate) fn check_invariants(state: &State) {
 impl Inner {
     pub(crate) fn free_bytes(&self, state: &State) -> u64 {
         let capacity = self.knobs.ssd_bytes_max - self.knobs.segment_bytes_max;
-        capacity.saturating_sub(state.ssd_used_bytes + state.dram_unplaced_bytes + state.reserved_bytes)
+        capacity
+            .saturating_sub(state.ssd_used_bytes + state.dram_unplaced_bytes + state.reserved_bytes)
     }
 
     pub(crate) fn failed(state: &State) -> Result<(), String> {
@@ -1039,16 +1164,27 @@ impl Inner {
     /// Admits a write of `needed` record bytes for `Store::write`: [`Inner::admit_locked`],
     /// retried once after a GC round if dead data could make room, and counted as in flight on
     /// its epoch (commits and deletes wait for it) until `write` ends it.
-    pub(crate) fn admit_write(&self, stream: StreamKey, epoch: EpochId, needed: u64) -> Result<(), WriteError> {
+    pub(crate) fn admit_write(
+        &self,
+        stream: StreamKey,
+        epoch: EpochId,
+        needed: u64,
+    ) -> Result<(), WriteError> {
         let mut tried_gc = false;
         loop {
             let mut state = self.state.lock();
             match self.admit_locked(&mut state, stream, epoch, needed) {
                 Ok(()) => {
-                    state.epochs.get_mut(&epoch).expect("admitted epoch vanished").inflight_writes += 1;
+                    state
+                        .epochs
+                        .get_mut(&epoch)
+                        .expect("admitted epoch vanished")
+                        .inflight_writes += 1;
                     return Ok(());
                 }
-                Err(WriteError::OutOfSpace { limit: SpaceLimit::Ssd, .. }) if !tried_gc && has_dead_bytes(&state) => {
+                Err(WriteError::OutOfSpace { limit: SpaceLimit::Ssd, .. })
+                    if !tried_gc && has_dead_bytes(&state) =>
+                {
                     drop(state);
                     tried_gc = true;
                     self.gc(false).map_err(WriteError::Failed)?;
@@ -1060,7 +1196,13 @@ impl Inner {
 
     /// Checks the store, the epoch (created if new, must be open), the SSD capacity and the
     /// stream quota, then reserves `needed` bytes of capacity for the caller's records.
-    pub(crate) fn admit_locked(&self, state: &mut State, stream: StreamKey, epoch: EpochId, needed: u64) -> Result<(), WriteError> {
+    pub(crate) fn admit_locked(
+        &self,
+        state: &mut State,
+        stream: StreamKey,
+        epoch: EpochId,
+        needed: u64,
+    ) -> Result<(), WriteError> {
         if let Some(reason) = &state.failed {
             return Err(WriteError::Failed(reason.clone()));
         }
@@ -1078,7 +1220,8 @@ impl Inner {
                 limit_bytes: self.knobs.ssd_bytes_max,
             });
         }
-        let quota = state.stream_quota.get(&stream).copied().unwrap_or(self.knobs.stream_quota_bytes);
+        let quota =
+            state.stream_quota.get(&stream).copied().unwrap_or(self.knobs.stream_quota_bytes);
         let usage = state.stream_usage.get(&stream).copied().unwrap_or(0);
         if quota > 0 && usage + needed > quota {
             return Err(WriteError::OutOfSpace {
@@ -1112,7 +1255,9 @@ impl Inner {
                 if let Some(reason) = &state.failed {
                     return Err(WriteError::Failed(reason.clone()));
                 }
-                if state.ring.used() + bytes > self.high_watermark_bytes(&state) && piece.len() as u64 >= WRITE_THROUGH_PAYLOAD_BYTES_MIN {
+                if state.ring.used() + bytes > self.high_watermark_bytes(&state)
+                    && piece.len() as u64 >= WRITE_THROUGH_PAYLOAD_BYTES_MIN
+                {
                     // DRAM is above its high watermark: the flusher is busy spilling it. Rather
                     // than copy into the ring and wait, this writer appends its record to the
                     // SSD log itself (write-through): one copy fewer, and every writer thread
@@ -1120,7 +1265,9 @@ impl Inner {
                     self.flusher.notify_one();
                     return self.write_through(state, stream, epoch, file, offset, piece);
                 }
-                if let Some(position) = reserve_dram_record(&mut state, bytes, stream, epoch, DramStatus::Writing) {
+                if let Some(position) =
+                    reserve_dram_record(&mut state, bytes, stream, epoch, DramStatus::Writing)
+                {
                     break position;
                 }
                 self.flusher.notify_one();
@@ -1131,9 +1278,20 @@ impl Inner {
         };
         // SAFETY: the range was just reserved by this thread and is not published yet (status
         // Writing): nobody else reads or writes it, and the tail cannot pass it.
-        unsafe { self.arena.slice_mut(position + HEADER_BYTES as u64, piece.len() as u64) }.copy_from_slice(piece);
+        unsafe { self.arena.slice_mut(position + HEADER_BYTES as u64, piece.len() as u64) }
+            .copy_from_slice(piece);
         let mut state = self.state.lock();
-        publish_dram_record(&mut state, &self.arena, position, DramStatus::Writing, stream, epoch, file, offset, piece.len());
+        publish_dram_record(
+            &mut state,
+            &self.arena,
+            position,
+            DramStatus::Writing,
+            stream,
+            epoch,
+            file,
+            offset,
+            piece.len(),
+        );
         self.wake_flusher_above_high_watermark(&state);
         Ok(())
     }
@@ -1174,7 +1332,13 @@ impl Inner {
             }
         };
         state.reserved_bytes -= bytes;
-        *state.segments.get_mut(&segment_id).expect("placed segment missing").epoch_bytes.entry(epoch).or_default() += bytes;
+        *state
+            .segments
+            .get_mut(&segment_id)
+            .expect("placed segment missing")
+            .epoch_bytes
+            .entry(epoch)
+            .or_default() += bytes;
         state.epochs.get_mut(&epoch).expect("admitted epoch vanished").segments.insert(segment_id);
         // Logged at placement, under the lock, so each segment's lines stay in offset order.
         self.write_log.write(stream, segment_id, at, bytes);
@@ -1184,7 +1348,8 @@ impl Inner {
         let padding = (bytes - HEADER_BYTES as u64 - piece.len() as u64) as usize;
         let mut result = segment_file.write_at(at + HEADER_BYTES as u64, piece);
         if result.is_ok() && padding > 0 {
-            result = segment_file.write_at(at + HEADER_BYTES as u64 + piece.len() as u64, &[0u8; 8][..padding]);
+            result = segment_file
+                .write_at(at + HEADER_BYTES as u64 + piece.len() as u64, &[0u8; 8][..padding]);
         }
 
         let mut state = self.state.lock();
@@ -1197,15 +1362,17 @@ impl Inner {
         if result.is_ok() {
             result = segment_file.write_at(at, &encoded);
         }
-        let segment = state.segments.get_mut(&segment_id).expect("segment vanished during a write-through");
+        let segment =
+            state.segments.get_mut(&segment_id).expect("segment vanished during a write-through");
         segment.finish_placement(at);
         segment.dirty = true;
         segment.last_write_sequence = segment.last_write_sequence.max(sequence);
-        let kick = (segment.written_frontier() >= segment.kicked + WRITEBACK_CHUNK_BYTES).then(|| {
-            let range = (segment.kicked, segment.written_frontier());
-            segment.kicked = range.1;
-            range
-        });
+        let kick =
+            (segment.written_frontier() >= segment.kicked + WRITEBACK_CHUNK_BYTES).then(|| {
+                let range = (segment.kicked, segment.written_frontier());
+                segment.kicked = range.1;
+                range
+            });
         if let Err(error) = result {
             let reason = format!(
                 "writing a {bytes}-byte record to segment {segment_id} at offset {at} in {}: {error}",
@@ -1216,7 +1383,12 @@ impl Inner {
             state.reserved_bytes += bytes;
             return Err(WriteError::Io { segment: segment_id, source: error });
         }
-        publish_data_record(&mut state, &header, Location::Ssd { segment: segment_id, offset: at }, bytes);
+        publish_data_record(
+            &mut state,
+            &header,
+            Location::Ssd { segment: segment_id, offset: at },
+            bytes,
+        );
         state.counters.user_bytes_to_ssd += bytes;
         state.counters.ssd_bytes_written += bytes;
         state.counters.write_through_records += 1;
@@ -1230,7 +1402,13 @@ impl Inner {
     }
 
     /// Places `bytes` at the end of `stream`'s open segment (rolling to a new one when full).
-    pub(crate) fn place(&self, state: &mut State, stream: StreamKey, bytes: u64, sequence: u64) -> Result<(SegmentId, u64, Arc<dyn SegmentFile>), String> {
+    pub(crate) fn place(
+        &self,
+        state: &mut State,
+        stream: StreamKey,
+        bytes: u64,
+        sequence: u64,
+    ) -> Result<(SegmentId, u64, Arc<dyn SegmentFile>), String> {
         let current = state.open_segments.get(&stream).copied();
         let segment_id = match current {
             Some(id) if state.segments[&id].length + bytes <= self.knobs.segment_bytes_max => id,
@@ -1253,7 +1431,11 @@ impl Inner {
     }
 
     /// Creates a segment file for `stream`, writes its header record and sets its hint.
-    pub(crate) fn create_segment(&self, state: &mut State, stream: StreamKey) -> Result<SegmentId, String> {
+    pub(crate) fn create_segment(
+        &self,
+        state: &mut State,
+        stream: StreamKey,
+    ) -> Result<SegmentId, String> {
         let id = SegmentId(state.next_segment);
         state.next_segment += 1;
         let name = segment_file_name(id);
@@ -1281,7 +1463,9 @@ impl Inner {
                     state.hints = WriteHints::Unsupported;
                 }
             }
-            Err(error) => tracing::warn!(%error, segment = %id, "setting the write-lifetime hint failed"),
+            Err(error) => {
+                tracing::warn!(%error, segment = %id, "setting the write-lifetime hint failed")
+            }
         }
         self.write_log.write(stream, id, 0, bytes.len() as u64);
         state.segments.insert(
@@ -1322,19 +1506,21 @@ impl Inner {
         state.next_sequence += 1;
         let bytes = encode_record(&header, payload);
         let length = bytes.len() as u64;
-        let (segment_id, offset, file) = match self.place(state, META_STREAM, length, header.sequence) {
-            Ok(placed) => placed,
-            Err(reason) => {
-                self.fail(state, reason.clone());
-                return Err((SegmentId(0), std::io::Error::other(reason)));
-            }
-        };
+        let (segment_id, offset, file) =
+            match self.place(state, META_STREAM, length, header.sequence) {
+                Ok(placed) => placed,
+                Err(reason) => {
+                    self.fail(state, reason.clone());
+                    return Err((SegmentId(0), std::io::Error::other(reason)));
+                }
+            };
         let result = file.write_at(offset, &bytes);
         let segment = state.segments.get_mut(&segment_id).expect("meta segment missing");
         segment.finish_placement(offset);
         segment.dirty = true;
         if let Err(error) = result {
-            let reason = format!("writing metadata to segment {segment_id} at offset {offset}: {error}");
+            let reason =
+                format!("writing metadata to segment {segment_id} at offset {offset}: {error}");
             self.fail(state, reason);
             return Err((segment_id, error));
         }
@@ -1342,7 +1528,12 @@ impl Inner {
             *segment.tombstones.entry(header.epoch).or_default() += length;
         } else {
             *segment.epoch_bytes.entry(header.epoch).or_default() += length;
-            state.epochs.entry(header.epoch).or_insert_with(EpochEntry::new).segments.insert(segment_id);
+            state
+                .epochs
+                .entry(header.epoch)
+                .or_insert_with(EpochEntry::new)
+                .segments
+                .insert(segment_id);
         }
         state.counters.metadata_bytes += length;
         state.counters.ssd_bytes_written += length;
@@ -1371,11 +1562,18 @@ impl Inner {
                         continue;
                     }
                 }
-                chosen.push((record.position, record.bytes, record.stream, record.epoch, record.sequence));
+                chosen.push((
+                    record.position,
+                    record.bytes,
+                    record.stream,
+                    record.epoch,
+                    record.sequence,
+                ));
                 total += record.bytes;
             }
             for (position, bytes, stream, epoch, sequence) in chosen {
-                let (segment, offset, file) = match self.place(&mut state, stream, bytes, sequence) {
+                let (segment, offset, file) = match self.place(&mut state, stream, bytes, sequence)
+                {
                     Ok(p) => p,
                     Err(reason) => {
                         self.fail(&mut state, reason.clone());
@@ -1384,7 +1582,12 @@ impl Inner {
                 };
                 let seg = state.segments.get_mut(&segment).expect("placed segment missing");
                 *seg.epoch_bytes.entry(epoch).or_default() += bytes;
-                state.epochs.get_mut(&epoch).expect("epoch of DRAM record missing").segments.insert(segment);
+                state
+                    .epochs
+                    .get_mut(&epoch)
+                    .expect("epoch of DRAM record missing")
+                    .segments
+                    .insert(segment);
                 state.dram_unplaced_bytes -= bytes;
                 let at = dram_index(&state, position);
                 state.dram[at].status = DramStatus::Spilling;
@@ -1398,7 +1601,8 @@ impl Inner {
         let mut state = self.state.lock();
         let mut moved = 0;
         for item in &placed {
-            let segment = state.segments.get_mut(&item.segment).expect("segment vanished during spill");
+            let segment =
+                state.segments.get_mut(&item.segment).expect("segment vanished during spill");
             segment.finish_placement(item.offset);
             segment.dirty = true;
             let at = dram_index(&state, item.position);
@@ -1441,11 +1645,13 @@ impl Inner {
                 0
             } else {
                 crc32c::crc32c(unsafe {
-                    self.arena.slice(item.position + HEADER_BYTES as u64, decoded.payload_bytes as u64)
+                    self.arena
+                        .slice(item.position + HEADER_BYTES as u64, decoded.payload_bytes as u64)
                 })
             };
             let crc = record_crc(&header, payload_crc);
-            unsafe { self.arena.slice_mut(item.position + 60, 4) }.copy_from_slice(&crc.to_le_bytes());
+            unsafe { self.arena.slice_mut(item.position + 60, 4) }
+                .copy_from_slice(&crc.to_le_bytes());
         }
     }
 
@@ -1485,7 +1691,11 @@ impl Inner {
             })?;
             // Start writeback in large chunks as we go, so the commit's fsync finds most of the
             // data on disk already (a hint; errors surface at fsync).
-            let range = unkicked.entry(first.segment).or_insert((first.file.clone(), first.offset, first.offset));
+            let range = unkicked.entry(first.segment).or_insert((
+                first.file.clone(),
+                first.offset,
+                first.offset,
+            ));
             range.1 = range.1.min(first.offset);
             range.2 = range.2.max(first.offset + length);
             if range.2 - range.1 >= WRITEBACK_CHUNK_BYTES {
@@ -1535,14 +1745,22 @@ impl Inner {
                 _ => false,
             };
             if !allowed {
-                return Err(LifecycleError::WrongPhase { epoch, phase: entry.phase, wanted: target });
+                return Err(LifecycleError::WrongPhase {
+                    epoch,
+                    phase: entry.phase,
+                    wanted: target,
+                });
             }
             if entry.inflight_writes == 0 {
                 break;
             }
             self.space.wait(&mut state);
         }
-        let code = if target == EpochPhase::Drained { epoch_state_code::DRAINED } else { epoch_state_code::DELETED };
+        let code = if target == EpochPhase::Drained {
+            epoch_state_code::DRAINED
+        } else {
+            epoch_state_code::DELETED
+        };
         let header = RecordHeader {
             kind: RecordKind::EpochState,
             sequence: 0,
@@ -1552,7 +1770,8 @@ impl Inner {
             offset: code,
             payload_bytes: 0,
         };
-        self.append_meta(&mut state, header, &[]).map_err(|(segment, source)| LifecycleError::Io { segment, source })?;
+        self.append_meta(&mut state, header, &[])
+            .map_err(|(segment, source)| LifecycleError::Io { segment, source })?;
         let state = &mut *state;
         let entry = state.epochs.get_mut(&epoch).expect("retired epoch vanished");
         entry.phase = target;
@@ -1582,9 +1801,7 @@ impl Inner {
         self.space.notify_all();
         Ok(())
     }
-
 }
-
 
 /// Index of the DRAM record starting at `position` (the deque is sorted by position).
 pub(crate) fn dram_index(state: &State, position: u64) -> usize {

@@ -29,8 +29,17 @@ impl WriteLog {
         Ok(WriteLog { out: Mutex::new(Some(out)) })
     }
 
-    pub fn write(&self, stream: StreamKey, segment: SegmentId, offset_bytes: u64, length_bytes: u64) {
-        self.line(format_args!("write {} {} {} {}", stream.0, segment.0, offset_bytes, length_bytes));
+    pub fn write(
+        &self,
+        stream: StreamKey,
+        segment: SegmentId,
+        offset_bytes: u64,
+        length_bytes: u64,
+    ) {
+        self.line(format_args!(
+            "write {} {} {} {}",
+            stream.0, segment.0, offset_bytes, length_bytes
+        ));
     }
 
     pub fn delete(&self, segment: SegmentId, length_bytes: u64) {

@@ -4,7 +4,8 @@
 mod common;
 
 use spillway_store::{
-    format, Durability, EpochPhase, SimStorage, SpaceLimit, Storage, Store, Tier, WriteError, WRITE_LOG_HEADER,
+    format, Durability, EpochPhase, SimStorage, SpaceLimit, Storage, Store, Tier, WriteError,
+    WRITE_LOG_HEADER,
 };
 use spillway_types::{EpochId, FileId, SegmentId, StreamKey, KIB};
 use std::collections::{BTreeMap, BTreeSet};
@@ -12,7 +13,8 @@ use std::sync::Arc;
 
 fn open_sim() -> (Arc<SimStorage>, Store) {
     let storage = SimStorage::new();
-    let store = Store::open_with(&common::small_knobs(), storage.clone() as Arc<dyn Storage>).unwrap();
+    let store =
+        Store::open_with(&common::small_knobs(), storage.clone() as Arc<dyn Storage>).unwrap();
     (storage, store)
 }
 
@@ -35,7 +37,9 @@ fn queries_answer_epochs_ranges_files_and_byte_ranges() {
     let (_storage, store) = open_sim();
     for epoch in 1..=4u64 {
         for file in 0..3u64 {
-            store.write(StreamKey(1), EpochId(epoch), FileId(file), 0, &[epoch as u8; 1000]).unwrap();
+            store
+                .write(StreamKey(1), EpochId(epoch), FileId(file), 0, &[epoch as u8; 1000])
+                .unwrap();
             store.write(StreamKey(1), EpochId(epoch), FileId(file), 3000, &[9; 500]).unwrap();
         }
     }
@@ -52,14 +56,24 @@ fn queries_answer_epochs_ranges_files_and_byte_ranges() {
     let whole_epoch = store.extents(EpochId(3)..=EpochId(3), None);
     assert_eq!(whole_epoch.len(), 6);
     let range = store.extents(EpochId(2)..EpochId(4), None);
-    assert_eq!(range.iter().map(|e| e.epoch).collect::<BTreeSet<_>>(), BTreeSet::from([EpochId(2), EpochId(3)]));
+    assert_eq!(
+        range.iter().map(|e| e.epoch).collect::<BTreeSet<_>>(),
+        BTreeSet::from([EpochId(2), EpochId(3)])
+    );
     // In order: (epoch, file, offset) ascending, so a drain can walk files from offset 0 up.
     let keys: Vec<_> = range.iter().map(|e| (e.epoch, e.file, e.offset)).collect();
     let mut sorted = keys.clone();
     sorted.sort();
     assert_eq!(keys, sorted);
     let one_file = store.extents(EpochId(2)..=EpochId(2), Some(FileId(1)));
-    assert_eq!(one_file.iter().map(|e| (e.offset, e.length)).collect::<Vec<_>>(), vec![(0, 500), (500, 1000), (1500, 0)][..2].iter().copied().chain([(3000, 500)]).collect::<Vec<_>>());
+    assert_eq!(
+        one_file.iter().map(|e| (e.offset, e.length)).collect::<Vec<_>>(),
+        vec![(0, 500), (500, 1000), (1500, 0)][..2]
+            .iter()
+            .copied()
+            .chain([(3000, 500)])
+            .collect::<Vec<_>>()
+    );
     assert!(one_file.iter().all(|e| e.tier == Tier::Dram));
     assert_eq!(store.files(EpochId(1)).unwrap().len(), 3);
     assert_eq!(store.stat(EpochId(1), FileId(2)).unwrap().size_bytes, 3500);
@@ -72,7 +86,9 @@ fn each_stream_gets_its_own_segments() {
     for round in 0..40u64 {
         for stream in 1..=3u64 {
             let data = common::payload(round * 10 + stream, 3000);
-            store.write(StreamKey(stream), EpochId(round % 4), FileId(stream), round * 3000, &data).unwrap();
+            store
+                .write(StreamKey(stream), EpochId(round % 4), FileId(stream), round * 3000, &data)
+                .unwrap();
         }
     }
     store.sync().unwrap();
@@ -147,14 +163,23 @@ impl Storage for SlowSync {
 #[test]
 fn concurrent_commits_share_fsync_rounds() {
     let storage = Arc::new(SlowSync(SimStorage::new()));
-    let store = Arc::new(Store::open_with(&common::small_knobs(), storage as Arc<dyn Storage>).unwrap());
+    let store =
+        Arc::new(Store::open_with(&common::small_knobs(), storage as Arc<dyn Storage>).unwrap());
     let threads: Vec<_> = (0..8u64)
         .map(|t| {
             let store = store.clone();
             std::thread::spawn(move || {
                 for i in 0..10u64 {
                     let epoch = EpochId(t * 100 + i);
-                    store.write(StreamKey(t), epoch, FileId(0), 0, &common::payload(t * 100 + i, 2000)).unwrap();
+                    store
+                        .write(
+                            StreamKey(t),
+                            epoch,
+                            FileId(0),
+                            0,
+                            &common::payload(t * 100 + i, 2000),
+                        )
+                        .unwrap();
                     store.commit(epoch, Durability::Ssd).unwrap();
                 }
             })
@@ -166,11 +191,22 @@ fn concurrent_commits_share_fsync_rounds() {
     let stats = store.stats();
     assert_eq!(stats.commits, 80);
     // Eight threads committing against a 3 ms fsync: rounds must have been shared.
-    assert!(stats.commit_rounds < stats.commits, "{} rounds for {} commits", stats.commit_rounds, stats.commits);
-    eprintln!("80 commits from 8 threads took {} rounds and {} fsyncs", stats.commit_rounds, stats.fsyncs);
+    assert!(
+        stats.commit_rounds < stats.commits,
+        "{} rounds for {} commits",
+        stats.commit_rounds,
+        stats.commits
+    );
+    eprintln!(
+        "80 commits from 8 threads took {} rounds and {} fsyncs",
+        stats.commit_rounds, stats.fsyncs
+    );
     // Writes after commit are refused; commit is idempotent.
     let error = store.write(StreamKey(0), EpochId(0), FileId(0), 0, b"late").unwrap_err();
-    assert!(matches!(error, WriteError::EpochNotOpen { phase: EpochPhase::Committed, .. }), "{error}");
+    assert!(
+        matches!(error, WriteError::EpochNotOpen { phase: EpochPhase::Committed, .. }),
+        "{error}"
+    );
     store.commit(EpochId(0), Durability::Ssd).unwrap();
 }
 
@@ -182,9 +218,19 @@ fn writes_above_the_high_watermark_go_straight_to_ssd_and_survive_a_crash() {
     // that record (and others after it) must be written through, whatever the timing.
     let records = 48u64;
     for i in 0..records {
-        store.write(StreamKey(1), EpochId(1), FileId(0), i * 16 * KIB, &common::payload(i, 16 * KIB as usize)).unwrap();
+        store
+            .write(
+                StreamKey(1),
+                EpochId(1),
+                FileId(0),
+                i * 16 * KIB,
+                &common::payload(i, 16 * KIB as usize),
+            )
+            .unwrap();
         // A second epoch interleaved in the same stream and segments, left uncommitted.
-        store.write(StreamKey(1), EpochId(2), FileId(0), i * 5000, &common::payload(1000 + i, 5000)).unwrap();
+        store
+            .write(StreamKey(1), EpochId(2), FileId(0), i * 5000, &common::payload(1000 + i, 5000))
+            .unwrap();
     }
     let stats = store.stats();
     assert!(stats.write_through_records > 0, "no record was written through: {stats:?}");
@@ -199,11 +245,17 @@ fn writes_above_the_high_watermark_go_straight_to_ssd_and_survive_a_crash() {
     check(&store);
     store.commit(EpochId(1), Durability::Ssd).unwrap();
     // Power loss right after the commit: every record of epoch 1 is back, written through or not.
-    let image = storage.crash_image(spillway_store::CrashPlan { torn_write_bytes: Some(3000), keep_older_unsynced: false });
+    let image = storage.crash_image(spillway_store::CrashPlan {
+        torn_write_bytes: Some(3000),
+        keep_older_unsynced: false,
+    });
     drop(store);
     let store = Store::open_with(&common::small_knobs(), image as Arc<dyn Storage>).unwrap();
     store.check_invariants();
-    assert_eq!(store.epochs().iter().find(|e| e.epoch == EpochId(1)).unwrap().phase, EpochPhase::Committed);
+    assert_eq!(
+        store.epochs().iter().find(|e| e.epoch == EpochId(1)).unwrap().phase,
+        EpochPhase::Committed
+    );
     check(&store);
 }
 
@@ -217,7 +269,10 @@ fn memory_commits_become_durable_in_the_background() {
         assert!(std::time::Instant::now() < deadline, "the flusher never made the epoch durable");
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
-    let image = storage.crash_image(spillway_store::CrashPlan { torn_write_bytes: None, keep_older_unsynced: false });
+    let image = storage.crash_image(spillway_store::CrashPlan {
+        torn_write_bytes: None,
+        keep_older_unsynced: false,
+    });
     drop(store);
     let store = Store::open_with(&common::small_knobs(), image as Arc<dyn Storage>).unwrap();
     let mut back = vec![0u8; 5000];
@@ -256,9 +311,13 @@ fn drained_epochs_free_whole_segments_and_compaction_counts_its_bytes() {
     }
     // Restart: compaction copies are found again.
     store.close().unwrap();
-    let store = Store::open_with(&common::small_knobs(), storage.clone() as Arc<dyn Storage>).unwrap();
+    let store =
+        Store::open_with(&common::small_knobs(), storage.clone() as Arc<dyn Storage>).unwrap();
     let phases: Vec<_> = store.epochs().into_iter().map(|e| (e.epoch, e.phase)).collect();
-    assert_eq!(phases, vec![(EpochId(1), EpochPhase::Committed), (EpochId(2), EpochPhase::Drained)]);
+    assert_eq!(
+        phases,
+        vec![(EpochId(1), EpochPhase::Committed), (EpochId(2), EpochPhase::Drained)]
+    );
     let mut back = vec![0u8; 4000];
     store.read(EpochId(1), FileId(0), 8 * 4000, &mut back).unwrap();
     assert_eq!(back, common::payload(8, 4000));
@@ -272,7 +331,8 @@ fn out_of_space_names_the_limit_and_writes_nothing() {
     store.write(StreamKey(1), EpochId(1), FileId(0), 0, &vec![1u8; 300 * 1024]).unwrap();
     store.commit(EpochId(1), Durability::Ssd).unwrap();
     let free = store.free_bytes();
-    let error = store.write(StreamKey(1), EpochId(2), FileId(0), 0, &vec![2u8; 200 * 1024]).unwrap_err();
+    let error =
+        store.write(StreamKey(1), EpochId(2), FileId(0), 0, &vec![2u8; 200 * 1024]).unwrap_err();
     let message = error.to_string();
     match error {
         WriteError::OutOfSpace { stream, limit, free_bytes, .. } => {
@@ -299,7 +359,15 @@ fn stream_quota_is_enforced_per_stream() {
     store.write(StreamKey(7), EpochId(1), FileId(0), 0, &[1; 10_000]).unwrap();
     let error = store.write(StreamKey(7), EpochId(1), FileId(0), 10_000, &[1; 15_000]).unwrap_err();
     assert!(
-        matches!(error, WriteError::OutOfSpace { stream: StreamKey(7), limit: SpaceLimit::StreamQuota, limit_bytes: 20480, .. }),
+        matches!(
+            error,
+            WriteError::OutOfSpace {
+                stream: StreamKey(7),
+                limit: SpaceLimit::StreamQuota,
+                limit_bytes: 20480,
+                ..
+            }
+        ),
         "{error}"
     );
     // Other streams are not affected.
@@ -321,7 +389,9 @@ fn ssd_write_log_lists_appends_and_deletions() {
     };
     let store = Store::open(&knobs).unwrap();
     for epoch in 1..=3u64 {
-        store.write(StreamKey(epoch), EpochId(epoch), FileId(0), 0, &common::payload(epoch, 100_000)).unwrap();
+        store
+            .write(StreamKey(epoch), EpochId(epoch), FileId(0), 0, &common::payload(epoch, 100_000))
+            .unwrap();
         store.commit(EpochId(epoch), Durability::Ssd).unwrap();
     }
     store.mark_drained(EpochId(1)).unwrap();
@@ -346,7 +416,11 @@ fn ssd_write_log_lists_appends_and_deletions() {
             }
             ["delete", segment, length] => {
                 let segment: u64 = segment.parse().unwrap();
-                assert_eq!(live.remove(&segment), Some(length.parse().unwrap()), "delete length of {segment}");
+                assert_eq!(
+                    live.remove(&segment),
+                    Some(length.parse().unwrap()),
+                    "delete length of {segment}"
+                );
                 deleted += 1;
             }
             other => panic!("unexpected line {other:?}"),
@@ -368,12 +442,24 @@ fn concurrent_writers_and_readers_see_their_bytes_while_dram_spills() {
             std::thread::spawn(move || {
                 let epoch = EpochId(t + 1);
                 for i in 0..150u64 {
-                    store.write(StreamKey(t), epoch, FileId(0), i * 3000, &common::payload(t * 1000 + i, 3000)).unwrap();
+                    store
+                        .write(
+                            StreamKey(t),
+                            epoch,
+                            FileId(0),
+                            i * 3000,
+                            &common::payload(t * 1000 + i, 3000),
+                        )
+                        .unwrap();
                     // Read back an earlier piece: it may be in DRAM, being spilled, or on SSD.
                     let j = (i * 7919) % (i + 1);
                     let mut back = vec![0u8; 3000];
                     store.read(epoch, FileId(0), j * 3000, &mut back).unwrap();
-                    assert_eq!(back, common::payload(t * 1000 + j, 3000), "thread {t} piece {j} after write {i}");
+                    assert_eq!(
+                        back,
+                        common::payload(t * 1000 + j, 3000),
+                        "thread {t} piece {j} after write {i}"
+                    );
                 }
                 store.commit(epoch, Durability::Ssd).unwrap();
             })
@@ -383,7 +469,10 @@ fn concurrent_writers_and_readers_see_their_bytes_while_dram_spills() {
         thread.join().unwrap();
     }
     let stats = store.stats();
-    assert!(stats.user_bytes_to_ssd > 0, "DRAM never spilled: the test did not exercise both tiers");
+    assert!(
+        stats.user_bytes_to_ssd > 0,
+        "DRAM never spilled: the test did not exercise both tiers"
+    );
     store.check_invariants();
 }
 

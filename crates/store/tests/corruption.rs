@@ -94,7 +94,8 @@ fn garbage_after_the_last_sync_point_is_a_torn_tail() {
     junk.truncate(500);
     file.write_at(length, &junk).unwrap();
     file.sync().unwrap();
-    let store = Store::open_with(&common::small_knobs(), storage.clone() as Arc<dyn Storage>).unwrap();
+    let store =
+        Store::open_with(&common::small_knobs(), storage.clone() as Arc<dyn Storage>).unwrap();
     let segment: SegmentId = format::parse_segment_file_name(&name).unwrap();
     assert_eq!(store.stats().recovery.truncated, vec![(segment, length)]);
     for epoch in 1..=3u64 {
@@ -108,7 +109,8 @@ fn garbage_after_the_last_sync_point_is_a_torn_tail() {
 #[test]
 fn damage_after_open_is_caught_when_a_whole_record_is_read() {
     let (storage, name, length) = committed_store();
-    let store = Store::open_with(&common::small_knobs(), storage.clone() as Arc<dyn Storage>).unwrap();
+    let store =
+        Store::open_with(&common::small_knobs(), storage.clone() as Arc<dyn Storage>).unwrap();
     // Bad media after recovery verified everything: flip a payload byte under the running store.
     storage.corrupt(&name, length / 2);
     let mut failures = Vec::new();
@@ -124,5 +126,9 @@ fn damage_after_open_is_caught_when_a_whole_record_is_read() {
         }
     }
     assert_eq!(failures.len(), 1, "{failures:?}");
-    assert!(failures[0].contains(&format!("segment {}", format::parse_segment_file_name(&name).unwrap())), "{failures:?}");
+    assert!(
+        failures[0]
+            .contains(&format!("segment {}", format::parse_segment_file_name(&name).unwrap())),
+        "{failures:?}"
+    );
 }

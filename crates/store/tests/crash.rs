@@ -32,7 +32,13 @@ fn write_epoch(store: &Store, epoch: u64) {
         for record in 0..records_per_epoch(epoch) {
             let data = common::payload(record_seed(epoch, file, record), RECORD_BYTES);
             store
-                .write(StreamKey(1 + epoch % 3), EpochId(epoch), FileId(file), record * RECORD_BYTES as u64, &data)
+                .write(
+                    StreamKey(1 + epoch % 3),
+                    EpochId(epoch),
+                    FileId(file),
+                    record * RECORD_BYTES as u64,
+                    &data,
+                )
                 .unwrap();
         }
     }
@@ -76,13 +82,15 @@ fn committed_epochs_survive_power_loss_during_concurrent_work() {
     let knobs = common::small_knobs();
     for round in 0..24 {
         let storage = SimStorage::new();
-        let store = Arc::new(Store::open_with(&knobs, storage.clone() as Arc<dyn Storage>).unwrap());
+        let store =
+            Arc::new(Store::open_with(&knobs, storage.clone() as Arc<dyn Storage>).unwrap());
         let committed = Arc::new(Mutex::new(Vec::<u64>::new()));
         let drained = Arc::new(Mutex::new(Vec::<u64>::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let mut writers = Vec::new();
         for thread in 0..2u64 {
-            let (store, committed, drained, stop) = (store.clone(), committed.clone(), drained.clone(), stop.clone());
+            let (store, committed, drained, stop) =
+                (store.clone(), committed.clone(), drained.clone(), stop.clone());
             writers.push(std::thread::spawn(move || {
                 let mut epoch = 1 + thread;
                 while !stop.load(Ordering::Relaxed) {
@@ -129,7 +137,9 @@ fn committed_epochs_survive_power_loss_during_concurrent_work() {
                 }
                 // Drained around the crash (its tombstone may or may not be durable).
                 Some(EpochPhase::Drained) | None if drained.contains(&epoch) => {}
-                other => panic!("seed {seed} round {round}: committed epoch {epoch} came back as {other:?}"),
+                other => panic!(
+                    "seed {seed} round {round}: committed epoch {epoch} came back as {other:?}"
+                ),
             }
         }
         for (&epoch, &phase) in &phases {
@@ -160,12 +170,14 @@ fn torn_tail_is_cut_and_reported() {
     write_epoch(&store, 3);
     store.commit(EpochId(3), Durability::Memory).unwrap();
     std::thread::sleep(Duration::from_millis(1));
-    let image = storage.crash_image(CrashPlan { torn_write_bytes: Some(100), keep_older_unsynced: true });
+    let image =
+        storage.crash_image(CrashPlan { torn_write_bytes: Some(100), keep_older_unsynced: true });
     drop(store);
     let store = Store::open_with(&knobs, image as Arc<dyn Storage>).unwrap();
     verify_committed(&store, 1, 0);
     verify_committed(&store, 2, 0);
-    let phases: Vec<_> = store.epochs().into_iter().map(|e| (e.epoch.0, e.phase, e.recovered_uncommitted)).collect();
+    let phases: Vec<_> =
+        store.epochs().into_iter().map(|e| (e.epoch.0, e.phase, e.recovered_uncommitted)).collect();
     assert_eq!(phases[0], (1, EpochPhase::Committed, false));
     assert_eq!(phases[1], (2, EpochPhase::Open, true));
     if let Some(&(3, EpochPhase::Open, _)) = phases.get(2) {

@@ -22,12 +22,18 @@ const CHILD_ENV: &str = "SPILLWAY_STORE_KILL_CHILD";
 const FILES: u64 = 3;
 
 fn knobs(directory: &Path) -> spillway_config::StoreKnobs {
-    spillway_config::StoreKnobs { ssd_directory: directory.display().to_string(), ..common::small_knobs() }
+    spillway_config::StoreKnobs {
+        ssd_directory: directory.display().to_string(),
+        ..common::small_knobs()
+    }
 }
 
 /// The content of one file of one epoch (sizes vary so records split and segments roll).
 fn file_data(epoch: u64, file: u64) -> Vec<u8> {
-    common::payload(epoch * 1000 + file, 10_000 + ((epoch * 7919 + file * 104_729) % 40_000) as usize)
+    common::payload(
+        epoch * 1000 + file,
+        10_000 + ((epoch * 7919 + file * 104_729) % 40_000) as usize,
+    )
 }
 
 fn epoch_checksum(epoch: u64) -> u32 {
@@ -70,8 +76,18 @@ fn child(directory: &Path) {
             let data = file_data(epoch, file);
             // Two halves, second first, to exercise out-of-order offsets.
             let half = data.len() / 2;
-            store.write(StreamKey(1 + file), EpochId(epoch), FileId(file), half as u64, &data[half..]).unwrap();
-            store.write(StreamKey(1 + file), EpochId(epoch), FileId(file), 0, &data[..half]).unwrap();
+            store
+                .write(
+                    StreamKey(1 + file),
+                    EpochId(epoch),
+                    FileId(file),
+                    half as u64,
+                    &data[half..],
+                )
+                .unwrap();
+            store
+                .write(StreamKey(1 + file), EpochId(epoch), FileId(file), 0, &data[..half])
+                .unwrap();
         }
         store.commit(EpochId(epoch), Durability::Ssd).unwrap();
         // One write(2) per line, so a kill cannot split a line between its fields.
@@ -102,7 +118,8 @@ fn kill_child_entry() {
 fn committed_epochs_survive_sigkill() {
     let seed = common::seed("committed_epochs_survive_sigkill");
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let temp = tempfile::Builder::new().prefix("spillway-kill-").tempdir_in(scratch_root()).unwrap();
+    let temp =
+        tempfile::Builder::new().prefix("spillway-kill-").tempdir_in(scratch_root()).unwrap();
     let directory = temp.path();
     let executable = std::env::current_exe().unwrap();
     let mut verified_total = 0;
@@ -138,14 +155,16 @@ fn committed_epochs_survive_sigkill() {
         let store = Store::open(&knobs(&directory.join("ssd")))
             .unwrap_or_else(|e| panic!("seed {seed} round {round}: reopen failed: {e}"));
         store.check_invariants();
-        let phases: BTreeMap<u64, EpochPhase> = store.epochs().into_iter().map(|e| (e.epoch.0, e.phase)).collect();
+        let phases: BTreeMap<u64, EpochPhase> =
+            store.epochs().into_iter().map(|e| (e.epoch.0, e.phase)).collect();
         let mut verified = 0;
         for (&epoch, &crc) in &committed {
             if drained.contains(&epoch) {
                 continue;
             }
             if phases.get(&epoch) != Some(&EpochPhase::Committed) {
-                let context: Vec<&str> = side.lines().filter(|l| l.contains(&epoch.to_string())).collect();
+                let context: Vec<&str> =
+                    side.lines().filter(|l| l.contains(&epoch.to_string())).collect();
                 panic!(
                     "seed {seed} round {round}: committed epoch {epoch} came back as {:?}; side file lines naming it: {context:?}; epochs: {:?}",
                     phases.get(&epoch),
@@ -154,13 +173,17 @@ fn committed_epochs_survive_sigkill() {
             }
             let mut check = 0;
             for file in 0..FILES {
-                let stat = store.stat(EpochId(epoch), FileId(file)).expect("committed file missing");
+                let stat =
+                    store.stat(EpochId(epoch), FileId(file)).expect("committed file missing");
                 assert_eq!(stat.name.as_deref(), Some(format!("out/{epoch}/{file}").as_str()));
                 let mut back = vec![0u8; stat.size_bytes as usize];
                 store.read(EpochId(epoch), FileId(file), 0, &mut back).unwrap();
                 check = crc32c::crc32c_append(check, &back);
             }
-            assert_eq!(check, crc, "seed {seed} round {round}: epoch {epoch} reads back different bytes");
+            assert_eq!(
+                check, crc,
+                "seed {seed} round {round}: epoch {epoch} reads back different bytes"
+            );
             verified += 1;
         }
         verified_total += verified;

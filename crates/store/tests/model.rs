@@ -35,16 +35,34 @@ fn write_into(file: &mut Vec<u8>, offset: usize, data: &[u8]) {
 
 fn verify_epoch(store: &Store, epoch: EpochId, model: &ModelEpoch, seed: u64) {
     for (&file, content) in &model.files {
-        let stat = store.stat(epoch, file).unwrap_or_else(|| panic!("seed {seed}: epoch {epoch} file {file} missing"));
-        assert_eq!(stat.size_bytes, content.len() as u64, "seed {seed}: size of epoch {epoch} file {file}");
+        let stat = store
+            .stat(epoch, file)
+            .unwrap_or_else(|| panic!("seed {seed}: epoch {epoch} file {file} missing"));
+        assert_eq!(
+            stat.size_bytes,
+            content.len() as u64,
+            "seed {seed}: size of epoch {epoch} file {file}"
+        );
         let mut back = vec![0xAAu8; content.len() + 100];
         store.read(epoch, file, 0, &mut back).unwrap();
-        assert!(back[..content.len()] == content[..], "seed {seed}: content of epoch {epoch} file {file} differs");
-        assert!(back[content.len()..].iter().all(|&b| b == 0), "seed {seed}: bytes past the end are not zero");
+        assert!(
+            back[..content.len()] == content[..],
+            "seed {seed}: content of epoch {epoch} file {file} differs"
+        );
+        assert!(
+            back[content.len()..].iter().all(|&b| b == 0),
+            "seed {seed}: bytes past the end are not zero"
+        );
     }
     for (&file, name) in &model.names {
-        let stat = store.stat(epoch, file).unwrap_or_else(|| panic!("seed {seed}: named file {file} missing"));
-        assert_eq!(stat.name.as_deref(), Some(name.as_str()), "seed {seed}: name of epoch {epoch} file {file}");
+        let stat = store
+            .stat(epoch, file)
+            .unwrap_or_else(|| panic!("seed {seed}: named file {file} missing"));
+        assert_eq!(
+            stat.name.as_deref(),
+            Some(name.as_str()),
+            "seed {seed}: name of epoch {epoch} file {file}"
+        );
     }
 }
 
@@ -62,7 +80,8 @@ fn run_sequence(seed: u64, steps: usize, ssd_bytes_max: u64) {
         let stats = store.stats();
         totals[0] = totals[0].max(stats.ssd_used_bytes);
         let live: Vec<EpochId> = model.keys().copied().collect();
-        let open: Vec<EpochId> = model.iter().filter(|(_, m)| m.phase == Phase::Open).map(|(&e, _)| e).collect();
+        let open: Vec<EpochId> =
+            model.iter().filter(|(_, m)| m.phase == Phase::Open).map(|(&e, _)| e).collect();
         match choice {
             0..=44 => {
                 // Write (to an open epoch, or a new one).
@@ -74,7 +93,11 @@ fn run_sequence(seed: u64, steps: usize, ssd_bytes_max: u64) {
                 };
                 let file = FileId(rng.gen_range(0..4));
                 let offset = rng.gen_range(0..40_000usize);
-                let length = if rng.gen_bool(0.3) { rng.gen_range(20_000..120_000) } else { rng.gen_range(1..5_000) };
+                let length = if rng.gen_bool(0.3) {
+                    rng.gen_range(20_000..120_000)
+                } else {
+                    rng.gen_range(1..5_000)
+                };
                 let data = common::payload(seed ^ (step as u64) << 8, length);
                 let stream = StreamKey(rng.gen_range(1..4));
                 match store.write(stream, epoch, file, offset as u64, &data) {
@@ -105,25 +128,36 @@ fn run_sequence(seed: u64, steps: usize, ssd_bytes_max: u64) {
             50..=59 => {
                 if !open.is_empty() {
                     let epoch = open[rng.gen_range(0..open.len())];
-                    let durability = if rng.gen_bool(0.3) { Durability::Memory } else { Durability::Ssd };
+                    let durability =
+                        if rng.gen_bool(0.3) { Durability::Memory } else { Durability::Ssd };
                     store.commit(epoch, durability).unwrap();
                     *counts.entry("commit").or_default() += 1;
-                    model.get_mut(&epoch).unwrap().phase =
-                        if durability == Durability::Ssd { Phase::Committed } else { Phase::CommittedMemory };
+                    model.get_mut(&epoch).unwrap().phase = if durability == Durability::Ssd {
+                        Phase::Committed
+                    } else {
+                        Phase::CommittedMemory
+                    };
                 }
             }
             60..=74 => {
                 if !live.is_empty() {
                     let epoch = live[rng.gen_range(0..live.len())];
                     let entry = &model[&epoch];
-                    if let Some((&file, content)) = entry.files.iter().nth(rng.gen_range(0..entry.files.len().max(1))) {
+                    if let Some((&file, content)) =
+                        entry.files.iter().nth(rng.gen_range(0..entry.files.len().max(1)))
+                    {
                         let offset = rng.gen_range(0..content.len() + 10);
                         let length = rng.gen_range(1..30_000);
                         let mut back = vec![0x55u8; length];
                         store.read(epoch, file, offset as u64, &mut back).unwrap();
                         for (i, &byte) in back.iter().enumerate() {
                             let expected = content.get(offset + i).copied().unwrap_or(0);
-                            assert_eq!(byte, expected, "seed {seed} step {step}: epoch {epoch} file {file} byte {}", offset + i);
+                            assert_eq!(
+                                byte,
+                                expected,
+                                "seed {seed} step {step}: epoch {epoch} file {file} byte {}",
+                                offset + i
+                            );
                         }
                     }
                 }
@@ -150,7 +184,11 @@ fn run_sequence(seed: u64, steps: usize, ssd_bytes_max: u64) {
                 }
             }
             87..=90 => {
-                let report = if rng.gen_bool(0.5) { store.gc().unwrap() } else { store.compact_now().unwrap() };
+                let report = if rng.gen_bool(0.5) {
+                    store.gc().unwrap()
+                } else {
+                    store.compact_now().unwrap()
+                };
                 totals[1] += report.segments_deleted;
                 totals[2] += report.bytes_copied;
             }
@@ -176,7 +214,9 @@ fn run_sequence(seed: u64, steps: usize, ssd_bytes_max: u64) {
                 drop(store);
                 storage = image;
                 store = Store::open_with(&knobs, storage.clone() as Arc<dyn Storage>)
-                    .unwrap_or_else(|e| panic!("seed {seed} step {step}: reopen after power loss failed: {e}"));
+                    .unwrap_or_else(|e| {
+                        panic!("seed {seed} step {step}: reopen after power loss failed: {e}")
+                    });
                 let recovered: BTreeMap<EpochId, EpochPhase> =
                     store.epochs().into_iter().map(|e| (e.epoch, e.phase)).collect();
                 let mut survivors = BTreeMap::new();
@@ -190,7 +230,8 @@ fn run_sequence(seed: u64, steps: usize, ssd_bytes_max: u64) {
                         }
                         (Phase::CommittedMemory, Some(EpochPhase::Committed)) => {
                             // The flusher made it durable in time: then it must be complete.
-                            survivors.insert(epoch, ModelEpoch { phase: Phase::Committed, ..entry });
+                            survivors
+                                .insert(epoch, ModelEpoch { phase: Phase::Committed, ..entry });
                         }
                         _ => {}
                     }
@@ -199,7 +240,9 @@ fn run_sequence(seed: u64, steps: usize, ssd_bytes_max: u64) {
                 // Uncertain epochs (open, memory-only, drained/deleted whose tombstone was not
                 // durable) are removed so the model stays exact.
                 for (epoch, phase) in recovered {
-                    if !model.contains_key(&epoch) && matches!(phase, EpochPhase::Open | EpochPhase::Committed) {
+                    if !model.contains_key(&epoch)
+                        && matches!(phase, EpochPhase::Open | EpochPhase::Committed)
+                    {
                         store.delete_epoch(epoch).unwrap();
                     }
                 }
@@ -220,7 +263,11 @@ fn run_sequence(seed: u64, steps: usize, ssd_bytes_max: u64) {
         "seed {seed}: {counts:?}; peak SSD use {} B; explicit GC deleted {} segments, copied {} B; {} live epochs at the end",
         totals[0], totals[1], totals[2], model.len()
     );
-    assert!(stats.host_write_amplification >= 1.0, "seed {seed}: WAF {}", stats.host_write_amplification);
+    assert!(
+        stats.host_write_amplification >= 1.0,
+        "seed {seed}: WAF {}",
+        stats.host_write_amplification
+    );
     store.close().unwrap();
 }
 

@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 fn open_sim() -> (Arc<SimStorage>, Store) {
     let storage = SimStorage::new();
-    let store = Store::open_with(&common::small_knobs(), storage.clone() as Arc<dyn Storage>).unwrap();
+    let store =
+        Store::open_with(&common::small_knobs(), storage.clone() as Arc<dyn Storage>).unwrap();
     (storage, store)
 }
 
@@ -49,7 +50,10 @@ fn a_published_slot_reads_back_and_survives_commit_and_crash() {
     assert_eq!(store.stats().user_payload_bytes, data.len() as u64);
     store.commit(EpochId(1), Durability::Ssd).unwrap();
     store.check_invariants();
-    let image = storage.crash_image(spillway_store::CrashPlan { torn_write_bytes: None, keep_older_unsynced: false });
+    let image = storage.crash_image(spillway_store::CrashPlan {
+        torn_write_bytes: None,
+        keep_older_unsynced: false,
+    });
     drop(store);
     let store = Store::open_with(&common::small_knobs(), image as Arc<dyn Storage>).unwrap();
     let mut back = vec![0u8; data.len()];
@@ -107,7 +111,10 @@ fn a_slot_in_a_deleted_epoch_is_refused_and_its_space_returns() {
     fill(&mut slot, &[1; 8192]);
     store.write(StreamKey(1), EpochId(3), FileId(0), 0, b"x").unwrap();
     store.delete_epoch(EpochId(3)).unwrap();
-    assert!(matches!(slot.publish(), Err(WriteError::EpochNotOpen { phase: EpochPhase::Deleted, .. })));
+    assert!(matches!(
+        slot.publish(),
+        Err(WriteError::EpochNotOpen { phase: EpochPhase::Deleted, .. })
+    ));
     assert_eq!(store.stream_usage_bytes(StreamKey(1)), 0);
     store.check_invariants();
 }
@@ -145,9 +152,20 @@ fn no_slot_above_the_high_watermark_and_held_slots_pin_the_ring() {
         fill(&mut slot, &common::payload(i, 16 * KIB as usize));
         held.push(slot);
     }
-    assert!(store.try_reserve_write(StreamKey(1), EpochId(1), FileId(0), 0, 16 * KIB as usize).unwrap().is_none());
+    assert!(store
+        .try_reserve_write(StreamKey(1), EpochId(1), FileId(0), 0, 16 * KIB as usize)
+        .unwrap()
+        .is_none());
     // Writes still go through (straight to SSD) while the slots pin the ring.
-    store.write(StreamKey(1), EpochId(1), FileId(0), 11 * 16 * KIB, &common::payload(11, 16 * KIB as usize)).unwrap();
+    store
+        .write(
+            StreamKey(1),
+            EpochId(1),
+            FileId(0),
+            11 * 16 * KIB,
+            &common::payload(11, 16 * KIB as usize),
+        )
+        .unwrap();
     assert!(store.stats().write_through_records > 0);
     for slot in held {
         slot.publish().unwrap();
@@ -172,12 +190,17 @@ fn concurrent_slots_and_writes_from_many_threads_all_land() {
                 for i in 0..64u64 {
                     let offset = (t * 64 + i) * 6000;
                     let data = common::payload(t * 1000 + i, 6000);
-                    match store.try_reserve_write(StreamKey(t), EpochId(1), FileId(t), offset, data.len()).unwrap() {
+                    match store
+                        .try_reserve_write(StreamKey(t), EpochId(1), FileId(t), offset, data.len())
+                        .unwrap()
+                    {
                         Some(mut slot) => {
                             fill(&mut slot, &data);
                             slot.publish().unwrap();
                         }
-                        None => store.write(StreamKey(t), EpochId(1), FileId(t), offset, &data).unwrap(),
+                        None => {
+                            store.write(StreamKey(t), EpochId(1), FileId(t), offset, &data).unwrap()
+                        }
                     }
                 }
             })

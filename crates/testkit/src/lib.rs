@@ -33,7 +33,9 @@ pub enum ServerError {
     NotListening { name: String, line: String, log: PathBuf, stderr: String },
     #[error("server {name} printed no listening line within {timeout:?}; log ({log}): {stderr}")]
     ReadyTimeout { name: String, timeout: Duration, log: PathBuf, stderr: String },
-    #[error("server {name} printed an unparsable endpoint {text:?} ({problem}); log ({log}): {stderr}")]
+    #[error(
+        "server {name} printed an unparsable endpoint {text:?} ({problem}); log ({log}): {stderr}"
+    )]
     BadEndpoint { name: String, text: String, problem: String, log: PathBuf, stderr: String },
     #[error("server {name} ignored SIGTERM for {timeout:?}; log ({log}): {stderr}")]
     TermTimeout { name: String, timeout: Duration, log: PathBuf, stderr: String },
@@ -180,13 +182,19 @@ impl ServerBuilder {
 
     fn launch(&self) -> Result<(Child, Vec<Endpoint>), ServerError> {
         let name = &self.name;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .map_err(|source| ServerError::Log { name: name.clone(), log: self.log.clone(), source })?;
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).map_err(
+            |source| ServerError::Log { name: name.clone(), log: self.log.clone(), source },
+        )?;
         let mut command = Command::new(&self.binary);
-        command.args(["serve", "--listen", &self.listen, "--dram-bytes", &self.dram_bytes, "--name", name]);
+        command.args([
+            "serve",
+            "--listen",
+            &self.listen,
+            "--dram-bytes",
+            &self.dram_bytes,
+            "--name",
+            name,
+        ]);
         if let Some(socket) = &self.unix_socket {
             let _ = std::fs::remove_file(socket);
             command.arg("--unix-socket").arg(socket);
@@ -202,11 +210,9 @@ impl ServerBuilder {
             command.args(["--durability", durability]);
         }
         command.args(&self.extra_args).envs(self.env.iter().map(|(k, v)| (k, v)));
-        let mut child = command
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .map_err(|source| ServerError::Spawn { name: name.clone(), binary: self.binary.clone(), source })?;
+        let mut child = command.stdout(Stdio::piped()).stderr(log).spawn().map_err(|source| {
+            ServerError::Spawn { name: name.clone(), binary: self.binary.clone(), source }
+        })?;
         // The first stdout line, read on a thread so that a hung server cannot hang the test.
         let stdout = child.stdout.take().expect("stdout was piped");
         let (sender, receiver) = mpsc::sync_channel(1);
@@ -351,9 +357,14 @@ impl ServerProcess {
     /// ephemeral port is pinned to the one the first run got, so clients keep their endpoint).
     pub fn restart(&mut self) -> Result<(), ServerError> {
         if self.try_status()?.is_none() {
-            return Err(ServerError::StillRunning { name: self.config.name.clone(), pid: self.child.id() });
+            return Err(ServerError::StillRunning {
+                name: self.config.name.clone(),
+                pid: self.child.id(),
+            });
         }
-        if let Some(Endpoint::Tcp(address)) = self.endpoints.iter().find(|e| matches!(e, Endpoint::Tcp(_))) {
+        if let Some(Endpoint::Tcp(address)) =
+            self.endpoints.iter().find(|e| matches!(e, Endpoint::Tcp(_)))
+        {
             self.config.listen = address.to_string();
         }
         let (child, endpoints) = self.config.launch()?;
@@ -402,7 +413,9 @@ pub fn pattern(seed: u64, length: usize) -> Vec<u8> {
 
 /// Same length, same CRC32C and same bytes (the CRC is what a drain or a store would check).
 pub fn same_bytes(got: &[u8], expected: &[u8]) -> bool {
-    got.len() == expected.len() && crc32c::crc32c(got) == crc32c::crc32c(expected) && got == expected
+    got.len() == expected.len()
+        && crc32c::crc32c(got) == crc32c::crc32c(expected)
+        && got == expected
 }
 
 #[cfg(test)]
@@ -435,7 +448,8 @@ mod tests {
             std::fs::write(&path, text).unwrap();
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
         }
-        let error = ServerBuilder::new(dir.path().join("wrong"), dir.path(), "w").spawn().unwrap_err();
+        let error =
+            ServerBuilder::new(dir.path().join("wrong"), dir.path(), "w").spawn().unwrap_err();
         let text = error.to_string();
         assert!(matches!(error, ServerError::NotListening { .. }), "{text}");
         assert!(text.contains("not ready") && text.contains("bad flag --dram-bytes"), "{text}");

@@ -13,11 +13,7 @@ const TABLE: [u32; 256] = {
         let mut value = index as u32;
         let mut bit = 0;
         while bit < 8 {
-            value = if value & 1 != 0 {
-                (value >> 1) ^ POLYNOMIAL
-            } else {
-                value >> 1
-            };
+            value = if value & 1 != 0 { (value >> 1) ^ POLYNOMIAL } else { value >> 1 };
             bit += 1;
         }
         table[index] = value;

@@ -171,30 +171,13 @@ pub enum TraceReadError {
     #[error("string at byte {offset} is not UTF-8")]
     BadUtf8 { offset: u64 },
     #[error("file record at byte {offset} defines id {found}, expected the next id {expected}")]
-    FileIdOutOfOrder {
-        expected: u64,
-        found: u64,
-        offset: u64,
-    },
+    FileIdOutOfOrder { expected: u64, found: u64, offset: u64 },
     #[error("operation at byte {offset} names file {file}, but only {defined} files are defined")]
-    UndefinedFile {
-        file: u64,
-        defined: u64,
-        offset: u64,
-    },
+    UndefinedFile { file: u64, defined: u64, offset: u64 },
     #[error("value {value} of {field} at byte {offset} does not fit")]
-    OutOfRange {
-        field: &'static str,
-        value: u64,
-        offset: u64,
-    },
+    OutOfRange { field: &'static str, value: u64, offset: u64 },
     #[error("end record counts {claimed_ops} ops and {claimed_files} files, the stream held {ops} and {files}")]
-    CountMismatch {
-        claimed_ops: u64,
-        claimed_files: u64,
-        ops: u64,
-        files: u64,
-    },
+    CountMismatch { claimed_ops: u64, claimed_files: u64, ops: u64, files: u64 },
     #[error("trace checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")]
     Checksum { stored: u32, computed: u32 },
     #[error("{bytes} bytes of trailing data after the end record at byte {offset}")]
@@ -334,12 +317,7 @@ impl<R: Read> TraceReader<R> {
                     return Ok(bytes > 0);
                 }
                 Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(source) => {
-                    return Err(TraceReadError::Io {
-                        offset: self.base_offset,
-                        source,
-                    })
-                }
+                Err(source) => return Err(TraceReadError::Io { offset: self.base_offset, source }),
             }
         }
     }
@@ -347,9 +325,7 @@ impl<R: Read> TraceReader<R> {
     #[inline]
     fn byte(&mut self) -> Result<u8, TraceReadError> {
         if self.position == self.filled && !self.refill()? {
-            return Err(TraceReadError::Truncated {
-                offset: self.offset(),
-            });
+            return Err(TraceReadError::Truncated { offset: self.offset() });
         }
         let value = self.buffer[self.position];
         self.position += 1;
@@ -456,11 +432,7 @@ impl<R: Read> TraceReader<R> {
         let id = self.varint()?;
         let expected = self.files.len() as u64;
         if id != expected || id >= FILES_MAX {
-            return Err(TraceReadError::FileIdOutOfOrder {
-                expected,
-                found: id,
-                offset,
-            });
+            return Err(TraceReadError::FileIdOutOfOrder { expected, found: id, offset });
         }
         let name = self.string()?;
         self.files.push(name);
@@ -525,15 +497,7 @@ impl<R: Read> TraceReader<R> {
         let time_ns = self.previous_time_ns.wrapping_add(unzigzag(delta) as u64);
         self.previous_time_ns = time_ns;
         self.ops_read += 1;
-        Ok(TraceOp {
-            time_ns,
-            duration_ns,
-            offset: op_offset,
-            length,
-            rank,
-            file: file as u32,
-            op,
-        })
+        Ok(TraceOp { time_ns, duration_ns, offset: op_offset, length, rank, file: file as u32, op })
     }
 
     fn read_op_streaming(&mut self, offset: u64) -> Result<TraceOp, TraceReadError> {
@@ -561,23 +525,14 @@ impl<R: Read> TraceReader<R> {
         let op_offset = self.varint()?;
         let length = self.varint()?;
         self.ops_read += 1;
-        Ok(TraceOp {
-            time_ns,
-            duration_ns,
-            offset: op_offset,
-            length,
-            rank,
-            file: file as u32,
-            op,
-        })
+        Ok(TraceOp { time_ns, duration_ns, offset: op_offset, length, rank, file: file as u32, op })
     }
 
     fn read_end(&mut self) -> Result<(), TraceReadError> {
         let claimed_ops = self.varint()?;
         let claimed_files = self.varint()?;
         // The checksum covers every byte before the stored CRC field.
-        self.crc
-            .update(&self.buffer[self.checksummed..self.position]);
+        self.crc.update(&self.buffer[self.checksummed..self.position]);
         self.checksummed = self.position;
         let computed = self.crc.clone().finish();
         let stored = u32::from_le_bytes(self.bytes()?);
@@ -605,10 +560,7 @@ impl<R: Read> TraceReader<R> {
             }
         }
         if trailing > 0 {
-            return Err(TraceReadError::TrailingData {
-                bytes: trailing,
-                offset,
-            });
+            return Err(TraceReadError::TrailingData { bytes: trailing, offset });
         }
         Ok(())
     }
@@ -639,23 +591,15 @@ impl<W: Write> TraceWriter<W> {
             ops_written: 0,
             previous_time_ns: 0,
         };
-        let flags = if meta.synthesized {
-            FLAG_SYNTHESIZED
-        } else {
-            0
-        };
+        let flags = if meta.synthesized { FLAG_SYNTHESIZED } else { 0 };
         writer.buffer.extend_from_slice(&MAGIC);
         writer.buffer.extend_from_slice(&VERSION.to_le_bytes());
         writer.buffer.extend_from_slice(&flags.to_le_bytes());
         writer.buffer.extend_from_slice(&meta.uid.to_le_bytes());
         writer.buffer.extend_from_slice(&meta.nprocs.to_le_bytes());
         writer.buffer.extend_from_slice(&meta.job_id.to_le_bytes());
-        writer
-            .buffer
-            .extend_from_slice(&meta.start_unix_us.to_le_bytes());
-        writer
-            .buffer
-            .extend_from_slice(&meta.end_unix_us.to_le_bytes());
+        writer.buffer.extend_from_slice(&meta.start_unix_us.to_le_bytes());
+        writer.buffer.extend_from_slice(&meta.end_unix_us.to_le_bytes());
         assert_eq!(writer.buffer.len(), HEADER_FIXED_BYTES);
         writer.put_string(&meta.source)?;
         writer.put_string(&meta.executable)?;
@@ -834,10 +778,7 @@ mod tests {
         for index in 0..bytes.len() {
             let mut corrupt = bytes.clone();
             corrupt[index] ^= 0x10;
-            assert!(
-                Trace::read_from(&corrupt[..]).is_err(),
-                "flip at byte {index} went unnoticed"
-            );
+            assert!(Trace::read_from(&corrupt[..]).is_err(), "flip at byte {index} went unnoticed");
         }
     }
 
@@ -845,10 +786,7 @@ mod tests {
     fn truncation_and_trailing_garbage_are_errors() {
         let bytes = encode(&sample());
         for cut in 0..bytes.len() {
-            assert!(
-                Trace::read_from(&bytes[..cut]).is_err(),
-                "cut at {cut} accepted"
-            );
+            assert!(Trace::read_from(&bytes[..cut]).is_err(), "cut at {cut} accepted");
         }
         let mut longer = bytes.clone();
         longer.push(0);
@@ -904,10 +842,7 @@ mod tests {
             file: 0,
             op: Op::Stat,
         };
-        assert!(matches!(
-            writer.write_op(&op),
-            Err(TraceWriteError::UndefinedFile { .. })
-        ));
+        assert!(matches!(writer.write_op(&op), Err(TraceWriteError::UndefinedFile { .. })));
     }
 
     #[test]
@@ -931,17 +866,15 @@ mod tests {
             0..files,
             0..Op::ALL.len(),
         )
-            .prop_map(
-                |(time_ns, duration_ns, offset, length, rank, file, op)| TraceOp {
-                    time_ns,
-                    duration_ns,
-                    offset,
-                    length,
-                    rank,
-                    file,
-                    op: Op::ALL[op],
-                },
-            )
+            .prop_map(|(time_ns, duration_ns, offset, length, rank, file, op)| TraceOp {
+                time_ns,
+                duration_ns,
+                offset,
+                length,
+                rank,
+                file,
+                op: Op::ALL[op],
+            })
     }
 
     proptest! {

@@ -75,7 +75,9 @@ impl std::fmt::Display for SizeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             SizeError::NoDigits => write!(f, "no digits (e.g. 4096, 64M, 64MiB, 200GiB, 10GB)"),
-            SizeError::UnknownUnit(unit) => write!(f, "unknown unit {unit:?} (K, M, G, T, P with an optional iB or B)"),
+            SizeError::UnknownUnit(unit) => {
+                write!(f, "unknown unit {unit:?} (K, M, G, T, P with an optional iB or B)")
+            }
             SizeError::Overflow => write!(f, "more than 2^64 bytes"),
         }
     }

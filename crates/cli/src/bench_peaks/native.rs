@@ -48,11 +48,7 @@ pub(super) fn measure(args: &Args) -> anyhow::Result<Vec<Level>> {
 }
 
 fn servers_text(servers: &[Endpoint]) -> String {
-    servers
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(",")
+    servers.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
 }
 
 fn client_options(args: &Args, name: String) -> ClientOptions {
@@ -187,12 +183,9 @@ impl Phases<'_> {
         let mut written = 0u64;
         while written < total && started.elapsed() < self.deadline * 4 {
             let length = transfer.min((total - written) as usize);
-            state
-                .client
-                .write(&mut file, written, &block[..length])
-                .with_context(|| {
-                    format!("writing {name} of epoch {} at offset {written}", epoch.0)
-                })?;
+            state.client.write(&mut file, written, &block[..length]).with_context(|| {
+                format!("writing {name} of epoch {} at offset {written}", epoch.0)
+            })?;
             written += length as u64;
         }
         state
@@ -201,35 +194,24 @@ impl Phases<'_> {
             .with_context(|| format!("committing epoch {} ({name})", epoch.0))?;
         let seconds = started.elapsed().as_secs_f64();
         state.data = Some((file, written));
-        Ok(Work {
-            units: written,
-            seconds,
-        })
+        Ok(Work { units: written, seconds })
     }
 
     fn read_bandwidth(&self, thread: usize, state: &mut ThreadState) -> anyhow::Result<Work> {
         let name = Self::data_name(thread);
-        let (file, size) = state
-            .data
-            .as_ref()
-            .context("read bandwidth phase before the write phase")?;
+        let (file, size) =
+            state.data.as_ref().context("read bandwidth phase before the write phase")?;
         let mut block = vec![0u8; (self.args.transfer_kib << 10) as usize];
         let started = Instant::now();
         let mut read = 0u64;
         while read < *size && started.elapsed() < self.deadline * 4 {
             let length = block.len().min((size - read) as usize);
-            state
-                .client
-                .read(file, read, &mut block[..length])
-                .with_context(|| {
-                    format!("reading {name} of epoch {} at offset {read}", file.epoch.0)
-                })?;
+            state.client.read(file, read, &mut block[..length]).with_context(|| {
+                format!("reading {name} of epoch {} at offset {read}", file.epoch.0)
+            })?;
             read += length as u64;
         }
-        Ok(Work {
-            units: read,
-            seconds: started.elapsed().as_secs_f64(),
-        })
+        Ok(Work { units: read, seconds: started.elapsed().as_secs_f64() })
     }
 
     fn write_iops(&self, thread: usize, state: &mut ThreadState) -> anyhow::Result<Work> {
@@ -272,18 +254,12 @@ impl Phases<'_> {
             .client
             .flush()
             .with_context(|| format!("waiting for the writes to {name} of epoch {}", epoch.0))?;
-        Ok(Work {
-            units: operations,
-            seconds: started.elapsed().as_secs_f64(),
-        })
+        Ok(Work { units: operations, seconds: started.elapsed().as_secs_f64() })
     }
 
     fn read_iops(&self, thread: usize, state: &mut ThreadState) -> anyhow::Result<Work> {
         let name = Self::data_name(thread);
-        let (file, size) = state
-            .data
-            .as_ref()
-            .context("read IOPS phase before the write phase")?;
+        let (file, size) = state.data.as_ref().context("read IOPS phase before the write phase")?;
         let transfer = self.args.small_transfer_bytes;
         let slots = size / transfer;
         if slots == 0 {
@@ -297,25 +273,16 @@ impl Phases<'_> {
         while operations < OPERATIONS_MAX {
             for _ in 0..64 {
                 let offset = rng.gen_range(0..slots) * transfer;
-                state
-                    .client
-                    .read(file, offset, &mut buffer)
-                    .with_context(|| {
-                        format!(
-                            "reading {name} of epoch {} at offset {offset}",
-                            file.epoch.0
-                        )
-                    })?;
+                state.client.read(file, offset, &mut buffer).with_context(|| {
+                    format!("reading {name} of epoch {} at offset {offset}", file.epoch.0)
+                })?;
                 operations += 1;
             }
             if started.elapsed() >= self.deadline {
                 break;
             }
         }
-        Ok(Work {
-            units: operations,
-            seconds: started.elapsed().as_secs_f64(),
-        })
+        Ok(Work { units: operations, seconds: started.elapsed().as_secs_f64() })
     }
 
     fn create(&self, state: &mut ThreadState) -> anyhow::Result<Work> {
@@ -334,10 +301,7 @@ impl Phases<'_> {
             }
         }
         state.metadata_files = created;
-        Ok(Work {
-            units: created,
-            seconds: started.elapsed().as_secs_f64(),
-        })
+        Ok(Work { units: created, seconds: started.elapsed().as_secs_f64() })
     }
 
     fn stat(&self, state: &mut ThreadState) -> anyhow::Result<Work> {
@@ -359,10 +323,7 @@ impl Phases<'_> {
                 break;
             }
         }
-        Ok(Work {
-            units: done,
-            seconds: started.elapsed().as_secs_f64(),
-        })
+        Ok(Work { units: done, seconds: started.elapsed().as_secs_f64() })
     }
 
     fn list(&self, state: &mut ThreadState) -> anyhow::Result<Work> {
@@ -388,10 +349,7 @@ impl Phases<'_> {
                 break;
             }
         }
-        Ok(Work {
-            units: listed,
-            seconds: started.elapsed().as_secs_f64(),
-        })
+        Ok(Work { units: listed, seconds: started.elapsed().as_secs_f64() })
     }
 
     /// Untimed: one file in each of the first `metadata_files` remove epochs.
@@ -421,10 +379,7 @@ impl Phases<'_> {
             }
         }
         state.removed = removed;
-        Ok(Work {
-            units: removed,
-            seconds: started.elapsed().as_secs_f64(),
-        })
+        Ok(Work { units: removed, seconds: started.elapsed().as_secs_f64() })
     }
 }
 
@@ -447,10 +402,7 @@ fn measure_level(
             removed: 0,
         });
     }
-    let phases = Phases {
-        args,
-        deadline: Duration::from_secs_f64(args.phase_seconds),
-    };
+    let phases = Phases { args, deadline: Duration::from_secs_f64(args.phase_seconds) };
     let mut level = Level {
         threads,
         write_bytes_per_second: aggregate(&parallel(&mut states, |thread, state| {
@@ -470,9 +422,7 @@ fn measure_level(
         list_entries_per_second: aggregate(&parallel(&mut states, |_, state| phases.list(state))?),
         remove_per_second: 0.0,
     };
-    parallel(&mut states, |_, state| {
-        phases.prepare_remove(state).map(|()| Work::default())
-    })?;
+    parallel(&mut states, |_, state| phases.prepare_remove(state).map(|()| Work::default()))?;
     level.remove_per_second = aggregate(&parallel(&mut states, |_, state| phases.remove(state))?);
     // Untimed cleanup: the data, IOPS and metadata epochs, and the remove epochs the phase's
     // time bound left.

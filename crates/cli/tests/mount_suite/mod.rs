@@ -68,7 +68,8 @@ fn last_error<T>(rc: libc::c_int, value: T) -> std::io::Result<T> {
 fn renameat2(from: &Path, to: &Path, flags: u32) -> std::io::Result<()> {
     let (a, b) = (cstr(from), cstr(to));
     // SAFETY: valid NUL-terminated paths; AT_FDCWD.
-    let rc = unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), flags) };
+    let rc =
+        unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), flags) };
     last_error(rc, ())
 }
 
@@ -126,7 +127,10 @@ pub fn as_user(path: &Path, code: &str, groups: &[u32]) -> Result<i32, String> {
     if groups.is_empty() {
         command.arg("--clear-groups");
     } else {
-        command.arg(format!("--groups={}", groups.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",")));
+        command.arg(format!(
+            "--groups={}",
+            groups.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",")
+        ));
     }
     let out = command
         .arg(python())
@@ -137,7 +141,9 @@ pub fn as_user(path: &Path, code: &str, groups: &[u32]) -> Result<i32, String> {
         .output()
         .map_err(|e| format!("setpriv: {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout);
-    text.trim().parse().map_err(|_| format!("helper printed {text:?}, stderr {}", String::from_utf8_lossy(&out.stderr)))
+    text.trim().parse().map_err(|_| {
+        format!("helper printed {text:?}, stderr {}", String::from_utf8_lossy(&out.stderr))
+    })
 }
 
 fn user_expect(path: &Path, code: &str, want: i32) -> CaseResult {
@@ -146,7 +152,10 @@ fn user_expect(path: &Path, code: &str, want: i32) -> CaseResult {
 
 fn user_expect_groups(path: &Path, code: &str, want: i32, groups: &[u32]) -> CaseResult {
     let got = as_user(path, code, groups)?;
-    check(got == want, format!("as uid {USER_UID}: `{code}` on {}: errno {got}, expected {want}", path.display()))
+    check(
+        got == want,
+        format!("as uid {USER_UID}: `{code}` on {}: errno {got}, expected {want}", path.display()),
+    )
 }
 
 /// Deterministic bytes for a (seed, length).
@@ -180,26 +189,43 @@ pub fn cases() -> Vec<Case> {
         ("create_excl_existing_eexist", |d| {
             let p = d.join("f");
             write_file(&p, b"x")?;
-            expect_errno("O_CREAT|O_EXCL", OpenOptions::new().write(true).create_new(true).open(&p), libc::EEXIST)
+            expect_errno(
+                "O_CREAT|O_EXCL",
+                OpenOptions::new().write(true).create_new(true).open(&p),
+                libc::EEXIST,
+            )
         }),
         ("create_excl_new_ok", |d| {
-            ok("O_CREAT|O_EXCL", OpenOptions::new().write(true).create_new(true).open(d.join("f"))).map(|_| ())
+            ok("O_CREAT|O_EXCL", OpenOptions::new().write(true).create_new(true).open(d.join("f")))
+                .map(|_| ())
         }),
-        ("open_missing_enoent", |d| expect_errno("open", File::open(d.join("missing")), libc::ENOENT)),
-        ("create_in_missing_dir_enoent", |d| expect_errno("create", File::create(d.join("no/f")), libc::ENOENT)),
+        ("open_missing_enoent", |d| {
+            expect_errno("open", File::open(d.join("missing")), libc::ENOENT)
+        }),
+        ("create_in_missing_dir_enoent", |d| {
+            expect_errno("create", File::create(d.join("no/f")), libc::ENOENT)
+        }),
         ("open_through_file_enotdir", |d| {
             write_file(&d.join("f"), b"x")?;
             expect_errno("open f/x", File::open(d.join("f/x")), libc::ENOTDIR)
         }),
         ("open_dir_for_write_eisdir", |d| {
             ok("mkdir", fs::create_dir(d.join("sub")))?;
-            expect_errno("open dir O_WRONLY", OpenOptions::new().write(true).open(d.join("sub")), libc::EISDIR)
+            expect_errno(
+                "open dir O_WRONLY",
+                OpenOptions::new().write(true).open(d.join("sub")),
+                libc::EISDIR,
+            )
         }),
         ("name_255_ok_256_enametoolong", |d| {
             let long = "n".repeat(255);
             write_file(&d.join(&long), b"x")?;
             check(read_file(&d.join(&long))? == b"x", "255-byte name reads back")?;
-            expect_errno("create 256-byte name", File::create(d.join("n".repeat(256))), libc::ENAMETOOLONG)
+            expect_errno(
+                "create 256-byte name",
+                File::create(d.join("n".repeat(256))),
+                libc::ENAMETOOLONG,
+            )
         }),
         ("open_trunc_empties", |d| {
             let p = d.join("f");
@@ -235,13 +261,19 @@ pub fn cases() -> Vec<Case> {
         }),
         ("create_mode_applied", |d| {
             let p = d.join("f");
-            ok("create 0600", OpenOptions::new().write(true).create(true).truncate(false).mode(0o600).open(&p))?;
+            ok(
+                "create 0600",
+                OpenOptions::new().write(true).create(true).truncate(false).mode(0o600).open(&p),
+            )?;
             let mode = ok("stat", fs::metadata(&p))?.mode() & 0o7777;
             check(mode == 0o600, format!("mode {mode:o}, expected 600"))
         }),
         ("create_readonly_mode_still_writable_by_creator", |d| {
             let p = d.join("f");
-            let mut f = ok("create 0444", OpenOptions::new().write(true).create(true).truncate(false).mode(0o444).open(&p))?;
+            let mut f = ok(
+                "create 0444",
+                OpenOptions::new().write(true).create(true).truncate(false).mode(0o444).open(&p),
+            )?;
             ok("write", f.write_all(b"data"))?;
             drop(f);
             check(read_file(&p)? == b"data", "creator writes through its handle")
@@ -267,7 +299,10 @@ pub fn cases() -> Vec<Case> {
             drop(f);
             let got = read_file(&p)?;
             check(got.len() == (1 << 20) + 21, format!("size {}", got.len()))?;
-            check(got[..(1 << 20) + 17].iter().all(|&b| b == 0) && &got[(1 << 20) + 17..] == b"tail", "hole is zeros")
+            check(
+                got[..(1 << 20) + 17].iter().all(|&b| b == 0) && &got[(1 << 20) + 17..] == b"tail",
+                "hole is zeros",
+            )
         }),
         ("read_past_eof_empty", |d| {
             let p = d.join("f");
@@ -299,7 +334,10 @@ pub fn cases() -> Vec<Case> {
         }),
         ("read_write_same_handle", |d| {
             let p = d.join("f");
-            let mut f = ok("open rw", OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&p))?;
+            let mut f = ok(
+                "open rw",
+                OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&p),
+            )?;
             ok("write", f.write_all(b"hello"))?;
             ok("seek", f.seek(SeekFrom::Start(0)))?;
             let mut s = String::new();
@@ -324,7 +362,10 @@ pub fn cases() -> Vec<Case> {
             write_file(&p, b"ab")?;
             ok("truncate", OpenOptions::new().write(true).open(&p).and_then(|f| f.set_len(5000)))?;
             let got = read_file(&p)?;
-            check(got.len() == 5000 && &got[..2] == b"ab" && got[2..].iter().all(|&b| b == 0), "grown with zeros")
+            check(
+                got.len() == 5000 && &got[..2] == b"ab" && got[2..].iter().all(|&b| b == 0),
+                "grown with zeros",
+            )
         }),
         ("truncate_shrink_then_grow_zeros", |d| {
             let p = d.join("f");
@@ -346,7 +387,12 @@ pub fn cases() -> Vec<Case> {
             ok("pwrite past", f.write_all_at(b"end", 90_000))?;
             drop(f);
             let got = read_file(&p)?;
-            check(got.len() == 90_003 && got[10..90_000].iter().all(|&b| b == 0) && &got[90_000..] == b"end", "gap is zeros")
+            check(
+                got.len() == 90_003
+                    && got[10..90_000].iter().all(|&b| b == 0)
+                    && &got[90_000..] == b"end",
+                "gap is zeros",
+            )
         }),
         ("ftruncate_zero_then_write_offset", |d| {
             let p = d.join("f");
@@ -386,7 +432,9 @@ pub fn cases() -> Vec<Case> {
             write_file(&d.join("f"), b"")?;
             expect_errno("mkdir over file", fs::create_dir(d.join("f")), libc::EEXIST)
         }),
-        ("mkdir_missing_parent_enoent", |d| expect_errno("mkdir", fs::create_dir(d.join("a/b")), libc::ENOENT)),
+        ("mkdir_missing_parent_enoent", |d| {
+            expect_errno("mkdir", fs::create_dir(d.join("a/b")), libc::ENOENT)
+        }),
         ("rmdir_nonempty_enotempty", |d| {
             ok("mkdir", fs::create_dir_all(d.join("a/b")))?;
             expect_errno("rmdir", fs::remove_dir(d.join("a")), libc::ENOTEMPTY)
@@ -395,7 +443,9 @@ pub fn cases() -> Vec<Case> {
             write_file(&d.join("f"), b"")?;
             expect_errno("rmdir file", fs::remove_dir(d.join("f")), libc::ENOTDIR)
         }),
-        ("rmdir_missing_enoent", |d| expect_errno("rmdir", fs::remove_dir(d.join("missing")), libc::ENOENT)),
+        ("rmdir_missing_enoent", |d| {
+            expect_errno("rmdir", fs::remove_dir(d.join("missing")), libc::ENOENT)
+        }),
         ("rmdir_empty_ok", |d| {
             ok("mkdir", fs::create_dir(d.join("a")))?;
             ok("rmdir", fs::remove_dir(d.join("a")))?;
@@ -421,10 +471,15 @@ pub fn cases() -> Vec<Case> {
             ok("mkdir", fs::create_dir(d.join("sub")))?;
             expect_errno("unlink dir", fs::remove_file(d.join("sub")), libc::EISDIR)
         }),
-        ("unlink_missing_enoent", |d| expect_errno("unlink", fs::remove_file(d.join("missing")), libc::ENOENT)),
+        ("unlink_missing_enoent", |d| {
+            expect_errno("unlink", fs::remove_file(d.join("missing")), libc::ENOENT)
+        }),
         ("unlink_open_file_still_usable", |d| {
             let p = d.join("f");
-            let mut f = ok("open", OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&p))?;
+            let mut f = ok(
+                "open",
+                OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&p),
+            )?;
             ok("write", f.write_all(b"before"))?;
             ok("unlink", fs::remove_file(&p))?;
             ok("write after unlink", f.write_all(b"+after"))?;
@@ -445,26 +500,35 @@ pub fn cases() -> Vec<Case> {
             let dir = d.join("many");
             ok("mkdir", fs::create_dir(&dir))?;
             for i in 0..600 {
-                ok("create", File::create(dir.join(format!("entry-{i:04}-{}", "x".repeat(i % 40)))))?;
+                ok(
+                    "create",
+                    File::create(dir.join(format!("entry-{i:04}-{}", "x".repeat(i % 40)))),
+                )?;
             }
             let mut names: Vec<String> = ok("readdir", fs::read_dir(&dir))?
                 .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
                 .collect();
             names.sort();
-            let mut want: Vec<String> = (0..600).map(|i| format!("entry-{i:04}-{}", "x".repeat(i % 40))).collect();
+            let mut want: Vec<String> =
+                (0..600).map(|i| format!("entry-{i:04}-{}", "x".repeat(i % 40))).collect();
             want.sort();
             check(names == want, format!("{} names listed, expected 600", names.len()))
         }),
         ("readdir_empty", |d| {
             ok("mkdir", fs::create_dir(d.join("e")))?;
-            check(ok("readdir", fs::read_dir(d.join("e")))?.count() == 0, "empty directory lists nothing")
+            check(
+                ok("readdir", fs::read_dir(d.join("e")))?.count() == 0,
+                "empty directory lists nothing",
+            )
         }),
         ("readdir_after_unlink", |d| {
             for n in ["a", "b", "c"] {
                 write_file(&d.join(n), b"")?;
             }
             ok("unlink", fs::remove_file(d.join("b")))?;
-            let mut names: Vec<String> = ok("readdir", fs::read_dir(d))?.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+            let mut names: Vec<String> = ok("readdir", fs::read_dir(d))?
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
             names.sort();
             check(names == ["a", "c"], format!("listed {names:?}"))
         }),
@@ -514,7 +578,10 @@ pub fn cases() -> Vec<Case> {
             ok("mkdir", fs::create_dir_all(d.join("a/inner")))?;
             ok("mkdir", fs::create_dir(d.join("b")))?;
             ok("rename", fs::rename(d.join("a"), d.join("b")))?;
-            check(ok("stat", fs::metadata(d.join("b/inner")))?.is_dir(), "directory replaced the empty one")
+            check(
+                ok("stat", fs::metadata(d.join("b/inner")))?.is_dir(),
+                "directory replaced the empty one",
+            )
         }),
         ("rename_dir_over_nonempty_enotempty", |d| {
             ok("mkdir", fs::create_dir(d.join("a")))?;
@@ -528,22 +595,40 @@ pub fn cases() -> Vec<Case> {
         ("rename_file_over_dir_eisdir", |d| {
             write_file(&d.join("f"), b"")?;
             ok("mkdir", fs::create_dir(d.join("dir")))?;
-            expect_errno("rename file over dir", fs::rename(d.join("f"), d.join("dir")), libc::EISDIR)
+            expect_errno(
+                "rename file over dir",
+                fs::rename(d.join("f"), d.join("dir")),
+                libc::EISDIR,
+            )
         }),
         ("rename_dir_over_file_enotdir", |d| {
             write_file(&d.join("f"), b"")?;
             ok("mkdir", fs::create_dir(d.join("dir")))?;
-            expect_errno("rename dir over file", fs::rename(d.join("dir"), d.join("f")), libc::ENOTDIR)
+            expect_errno(
+                "rename dir over file",
+                fs::rename(d.join("dir"), d.join("f")),
+                libc::ENOTDIR,
+            )
         }),
         ("rename_into_own_subdir_einval", |d| {
             ok("mkdir", fs::create_dir_all(d.join("a/b")))?;
-            expect_errno("rename a -> a/b/c", fs::rename(d.join("a"), d.join("a/b/c")), libc::EINVAL)
+            expect_errno(
+                "rename a -> a/b/c",
+                fs::rename(d.join("a"), d.join("a/b/c")),
+                libc::EINVAL,
+            )
         }),
-        ("rename_missing_enoent", |d| expect_errno("rename", fs::rename(d.join("no"), d.join("x")), libc::ENOENT)),
+        ("rename_missing_enoent", |d| {
+            expect_errno("rename", fs::rename(d.join("no"), d.join("x")), libc::ENOENT)
+        }),
         ("rename_noreplace_eexist", |d| {
             write_file(&d.join("a"), b"1")?;
             write_file(&d.join("b"), b"2")?;
-            expect_errno("RENAME_NOREPLACE", renameat2(&d.join("a"), &d.join("b"), libc::RENAME_NOREPLACE), libc::EEXIST)?;
+            expect_errno(
+                "RENAME_NOREPLACE",
+                renameat2(&d.join("a"), &d.join("b"), libc::RENAME_NOREPLACE),
+                libc::EEXIST,
+            )?;
             check(read_file(&d.join("b"))? == b"2", "target untouched")
         }),
         ("rename_noreplace_new_ok", |d| {
@@ -560,13 +645,20 @@ pub fn cases() -> Vec<Case> {
         }),
         ("rename_exchange_missing_enoent", |d| {
             write_file(&d.join("a"), b"A")?;
-            expect_errno("RENAME_EXCHANGE", renameat2(&d.join("a"), &d.join("b"), libc::RENAME_EXCHANGE), libc::ENOENT)
+            expect_errno(
+                "RENAME_EXCHANGE",
+                renameat2(&d.join("a"), &d.join("b"), libc::RENAME_EXCHANGE),
+                libc::ENOENT,
+            )
         }),
         ("rename_onto_own_hard_link_noop", |d| {
             write_file(&d.join("a"), b"x")?;
             ok("link", fs::hard_link(d.join("a"), d.join("b")))?;
             ok("rename", fs::rename(d.join("a"), d.join("b")))?;
-            check(fs::metadata(d.join("a")).is_ok() && fs::metadata(d.join("b")).is_ok(), "both names remain")
+            check(
+                fs::metadata(d.join("a")).is_ok() && fs::metadata(d.join("b")).is_ok(),
+                "both names remain",
+            )
         }),
         ("rename_open_file_keeps_handle", |d| {
             let mut f = ok("create", File::create(d.join("a")))?;
@@ -578,7 +670,10 @@ pub fn cases() -> Vec<Case> {
         // --- symlinks
         ("symlink_readlink", |d| {
             ok("symlink", std::os::unix::fs::symlink("some/target", d.join("l")))?;
-            check(ok("readlink", fs::read_link(d.join("l")))? == Path::new("some/target"), "target stored verbatim")
+            check(
+                ok("readlink", fs::read_link(d.join("l")))? == Path::new("some/target"),
+                "target stored verbatim",
+            )
         }),
         ("symlink_follow", |d| {
             write_file(&d.join("f"), b"through link")?;
@@ -587,7 +682,11 @@ pub fn cases() -> Vec<Case> {
         }),
         ("symlink_existing_eexist", |d| {
             write_file(&d.join("f"), b"")?;
-            expect_errno("symlink over file", std::os::unix::fs::symlink("x", d.join("f")), libc::EEXIST)
+            expect_errno(
+                "symlink over file",
+                std::os::unix::fs::symlink("x", d.join("f")),
+                libc::EEXIST,
+            )
         }),
         ("readlink_regular_einval", |d| {
             write_file(&d.join("f"), b"")?;
@@ -595,7 +694,10 @@ pub fn cases() -> Vec<Case> {
         }),
         ("symlink_dangling", |d| {
             ok("symlink", std::os::unix::fs::symlink("nowhere", d.join("l")))?;
-            check(ok("lstat", fs::symlink_metadata(d.join("l")))?.file_type().is_symlink(), "lstat sees the link")?;
+            check(
+                ok("lstat", fs::symlink_metadata(d.join("l")))?.file_type().is_symlink(),
+                "lstat sees the link",
+            )?;
             expect_errno("stat", fs::metadata(d.join("l")), libc::ENOENT)
         }),
         ("symlink_loop_eloop", |d| {
@@ -611,12 +713,16 @@ pub fn cases() -> Vec<Case> {
         ("link_shares_inode", |d| {
             write_file(&d.join("a"), b"shared")?;
             ok("link", fs::hard_link(d.join("a"), d.join("b")))?;
-            let (ma, mb) = (ok("stat", fs::metadata(d.join("a")))?, ok("stat", fs::metadata(d.join("b")))?);
+            let (ma, mb) =
+                (ok("stat", fs::metadata(d.join("a")))?, ok("stat", fs::metadata(d.join("b")))?);
             check(ma.ino() == mb.ino() && ma.nlink() == 2, "same inode, two links")?;
             let f = ok("open b", OpenOptions::new().write(true).open(d.join("b")))?;
             ok("pwrite", f.write_all_at(b"S", 0))?;
             drop(f);
-            check(read_file(&d.join("a"))? == b"Shared", "write through one link shows in the other")
+            check(
+                read_file(&d.join("a"))? == b"Shared",
+                "write through one link shows in the other",
+            )
         }),
         ("link_dir_eperm", |d| {
             ok("mkdir", fs::create_dir(d.join("dir")))?;
@@ -634,7 +740,9 @@ pub fn cases() -> Vec<Case> {
             check(read_file(&d.join("b"))? == b"keep", "content survives")?;
             check(ok("stat", fs::metadata(d.join("b")))?.nlink() == 1, "nlink back to 1")
         }),
-        ("link_missing_enoent", |d| expect_errno("link", fs::hard_link(d.join("no"), d.join("l")), libc::ENOENT)),
+        ("link_missing_enoent", |d| {
+            expect_errno("link", fs::hard_link(d.join("no"), d.join("l")), libc::ENOENT)
+        }),
         // --- attributes
         ("chmod_sets_mode", |d| {
             let p = d.join("f");
@@ -663,14 +771,22 @@ pub fn cases() -> Vec<Case> {
             write_file(&p, b"")?;
             ok("utimensat", utimens(&p, (1_000_000_000, 5), (1_100_000_000, 123_456_789)))?;
             let m = ok("stat", fs::metadata(&p))?;
-            check(m.atime() == 1_000_000_000 && m.mtime() == 1_100_000_000 && m.mtime_nsec() == 123_456_789, "times set")
+            check(
+                m.atime() == 1_000_000_000
+                    && m.mtime() == 1_100_000_000
+                    && m.mtime_nsec() == 123_456_789,
+                "times set",
+            )
         }),
         ("utimens_now", |d| {
             let p = d.join("f");
             write_file(&p, b"")?;
             ok("utimensat", utimens(&p, (1, 0), (1, 0)))?;
             ok("utimensat now", utimens(&p, (0, libc::UTIME_NOW), (0, libc::UTIME_NOW)))?;
-            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs() as i64;
             let m = ok("stat", fs::metadata(&p))?;
             check((m.mtime() - now).abs() < 60, "mtime is now")
         }),
@@ -690,10 +806,17 @@ pub fn cases() -> Vec<Case> {
             std::thread::sleep(std::time::Duration::from_millis(20));
             ok("chmod", fs::set_permissions(&p, fs::Permissions::from_mode(0o600)))?;
             let after = ok("stat", fs::metadata(&p))?;
-            check((after.ctime(), after.ctime_nsec()) > (before.ctime(), before.ctime_nsec()), "ctime moved on chmod")
+            check(
+                (after.ctime(), after.ctime_nsec()) > (before.ctime(), before.ctime_nsec()),
+                "ctime moved on chmod",
+            )
         }),
         ("chmod_missing_enoent", |d| {
-            expect_errno("chmod", fs::set_permissions(d.join("no"), fs::Permissions::from_mode(0o600)), libc::ENOENT)
+            expect_errno(
+                "chmod",
+                fs::set_permissions(d.join("no"), fs::Permissions::from_mode(0o600)),
+                libc::ENOENT,
+            )
         }),
         // --- special files
         ("mkfifo", |d| {
@@ -716,7 +839,10 @@ pub fn cases() -> Vec<Case> {
             ok("mknod", mknod(&p, libc::S_IFCHR | 0o666, dev))?;
             let m = ok("lstat", fs::symlink_metadata(&p))?;
             use std::os::unix::fs::FileTypeExt;
-            check(m.file_type().is_char_device() && m.rdev() == dev, format!("char device rdev {:x}", m.rdev()))
+            check(
+                m.file_type().is_char_device() && m.rdev() == dev,
+                format!("char device rdev {:x}", m.rdev()),
+            )
         }),
         ("mknod_existing_eexist", |d| {
             write_file(&d.join("f"), b"")?;
@@ -725,7 +851,10 @@ pub fn cases() -> Vec<Case> {
         // --- statfs, fsync, access
         ("statfs_reports_capacity", |d| {
             let s = ok("statvfs", statvfs(d))?;
-            check(s.f_blocks > 0 && s.f_bsize > 0 && s.f_namemax == 255, format!("blocks {} bsize {} namemax {}", s.f_blocks, s.f_bsize, s.f_namemax))
+            check(
+                s.f_blocks > 0 && s.f_bsize > 0 && s.f_namemax == 255,
+                format!("blocks {} bsize {} namemax {}", s.f_blocks, s.f_bsize, s.f_namemax),
+            )
         }),
         ("fsync_and_fdatasync", |d| {
             let mut f = ok("create", File::create(d.join("f")))?;
@@ -782,7 +911,11 @@ pub fn cases() -> Vec<Case> {
             let p = d.join("f");
             write_file(&p, b"")?;
             ok("chmod", fs::set_permissions(&p, fs::Permissions::from_mode(0o644)))?;
-            user_expect(&p, "import errno\nif not os.access(p, os.W_OK): raise OSError(errno.EACCES, 'denied')", libc::EACCES)
+            user_expect(
+                &p,
+                "import errno\nif not os.access(p, os.W_OK): raise OSError(errno.EACCES, 'denied')",
+                libc::EACCES,
+            )
         }),
         ("user_chmod_others_file_eperm", |d| {
             let p = d.join("f");
@@ -805,7 +938,10 @@ pub fn cases() -> Vec<Case> {
             ok("chmod", fs::set_permissions(d, fs::Permissions::from_mode(0o1777)))?;
             write_file(&d.join("roots"), b"")?;
             let got = as_user(&d.join("roots"), "os.unlink(p)", &[])?;
-            check(got == libc::EPERM || got == libc::EACCES, format!("errno {got}, expected EPERM"))?;
+            check(
+                got == libc::EPERM || got == libc::EACCES,
+                format!("errno {got}, expected EPERM"),
+            )?;
             check(d.join("roots").exists(), "file still there")
         }),
         ("user_sticky_unlink_own_ok", |d| {
@@ -894,7 +1030,10 @@ struct Side {
 pub fn random_ops(a: &Path, b: &Path, seed: u64, steps: usize) -> Result<usize, String> {
     const NAMES: [&str; 6] = ["f0", "f1", "f2", "f3", "sub/f4", "sub/f5"];
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut sides = [Side { root: a.to_path_buf(), handles: Vec::new() }, Side { root: b.to_path_buf(), handles: Vec::new() }];
+    let mut sides = [
+        Side { root: a.to_path_buf(), handles: Vec::new() },
+        Side { root: b.to_path_buf(), handles: Vec::new() },
+    ];
     for side in &sides {
         fs::create_dir_all(side.root.join("sub")).map_err(|e| e.to_string())?;
     }
@@ -902,8 +1041,10 @@ pub fn random_ops(a: &Path, b: &Path, seed: u64, steps: usize) -> Result<usize, 
         let op = rng.gen_range(0..100);
         let name = NAMES[rng.gen_range(0..NAMES.len())];
         let other = NAMES[rng.gen_range(0..NAMES.len())];
-        let offset: u64 = if rng.gen_bool(0.1) { rng.gen_range(0..3 << 20) } else { rng.gen_range(0..200_000) };
-        let length: usize = if rng.gen_bool(0.05) { rng.gen_range(0..2 << 20) } else { rng.gen_range(0..70_000) };
+        let offset: u64 =
+            if rng.gen_bool(0.1) { rng.gen_range(0..3 << 20) } else { rng.gen_range(0..200_000) };
+        let length: usize =
+            if rng.gen_bool(0.05) { rng.gen_range(0..2 << 20) } else { rng.gen_range(0..70_000) };
         let data = bytes(rng.gen(), length);
         let size: u64 = rng.gen_range(0..250_000);
         let handle_index: usize = rng.gen();
@@ -912,47 +1053,98 @@ pub fn random_ops(a: &Path, b: &Path, seed: u64, steps: usize) -> Result<usize, 
         for side in &mut sides {
             let path = side.root.join(name);
             let (text, outcome): (String, Result<String, i32>) = match op {
-                0..=24 => (format!("pwrite {name} @{offset} +{length}"), (|| {
-                    let f = OpenOptions::new().write(true).create(true).truncate(false).open(&path)?;
-                    f.write_all_at(&data, offset)
-                })()
-                .map(|_| String::new())
-                .map_err(|e| errno_of(&e))),
-                25..=34 => (format!("truncate {name} to {size}"), OpenOptions::new().write(true).open(&path).and_then(|f| f.set_len(size)).map(|_| String::new()).map_err(|e| errno_of(&e))),
-                35..=44 => (format!("read {name} @{offset} +{length}"), (|| {
-                    let f = File::open(&path)?;
-                    let mut buf = vec![0u8; length];
-                    let mut done = 0;
-                    loop {
-                        let n = f.read_at(&mut buf[done..], offset + done as u64)?;
-                        if n == 0 || done + n == length {
+                0..=24 => (
+                    format!("pwrite {name} @{offset} +{length}"),
+                    (|| {
+                        let f = OpenOptions::new()
+                            .write(true)
+                            .create(true)
+                            .truncate(false)
+                            .open(&path)?;
+                        f.write_all_at(&data, offset)
+                    })()
+                    .map(|_| String::new())
+                    .map_err(|e| errno_of(&e)),
+                ),
+                25..=34 => (
+                    format!("truncate {name} to {size}"),
+                    OpenOptions::new()
+                        .write(true)
+                        .open(&path)
+                        .and_then(|f| f.set_len(size))
+                        .map(|_| String::new())
+                        .map_err(|e| errno_of(&e)),
+                ),
+                35..=44 => (
+                    format!("read {name} @{offset} +{length}"),
+                    (|| {
+                        let f = File::open(&path)?;
+                        let mut buf = vec![0u8; length];
+                        let mut done = 0;
+                        loop {
+                            let n = f.read_at(&mut buf[done..], offset + done as u64)?;
+                            if n == 0 || done + n == length {
+                                done += n;
+                                break;
+                            }
                             done += n;
-                            break;
                         }
-                        done += n;
-                    }
-                    buf.truncate(done);
-                    Ok(format!("{} bytes crc {:08x}", done, crc(&buf)))
-                })()
-                .map_err(|e: std::io::Error| errno_of(&e))),
-                45..=54 => (format!("rename {name} -> {other}"), fs::rename(&path, side.root.join(other)).map(|_| String::new()).map_err(|e| errno_of(&e))),
-                55..=62 => (format!("unlink {name}"), fs::remove_file(&path).map(|_| String::new()).map_err(|e| errno_of(&e))),
-                63..=69 => (format!("O_TRUNC write {name} +{length}"), fs::write(&path, &data).map(|_| String::new()).map_err(|e| errno_of(&e))),
-                70..=76 => (format!("append {name} +{length}"), OpenOptions::new().append(true).create(true).open(&path).and_then(|mut f| f.write_all(&data)).map(|_| String::new()).map_err(|e| errno_of(&e))),
-                77..=84 => (format!("open handle on {name}"), OpenOptions::new().read(true).write(true).open(&path).map(|f| {
-                    side.handles.push((name.to_string(), f));
-                    if side.handles.len() > 4 {
-                        side.handles.remove(0);
-                    }
-                    String::new()
-                }).map_err(|e| errno_of(&e))),
+                        buf.truncate(done);
+                        Ok(format!("{} bytes crc {:08x}", done, crc(&buf)))
+                    })()
+                    .map_err(|e: std::io::Error| errno_of(&e)),
+                ),
+                45..=54 => (
+                    format!("rename {name} -> {other}"),
+                    fs::rename(&path, side.root.join(other))
+                        .map(|_| String::new())
+                        .map_err(|e| errno_of(&e)),
+                ),
+                55..=62 => (
+                    format!("unlink {name}"),
+                    fs::remove_file(&path).map(|_| String::new()).map_err(|e| errno_of(&e)),
+                ),
+                63..=69 => (
+                    format!("O_TRUNC write {name} +{length}"),
+                    fs::write(&path, &data).map(|_| String::new()).map_err(|e| errno_of(&e)),
+                ),
+                70..=76 => (
+                    format!("append {name} +{length}"),
+                    OpenOptions::new()
+                        .append(true)
+                        .create(true)
+                        .open(&path)
+                        .and_then(|mut f| f.write_all(&data))
+                        .map(|_| String::new())
+                        .map_err(|e| errno_of(&e)),
+                ),
+                77..=84 => (
+                    format!("open handle on {name}"),
+                    OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .open(&path)
+                        .map(|f| {
+                            side.handles.push((name.to_string(), f));
+                            if side.handles.len() > 4 {
+                                side.handles.remove(0);
+                            }
+                            String::new()
+                        })
+                        .map_err(|e| errno_of(&e)),
+                ),
                 85..=94 => {
                     if side.handles.is_empty() {
                         ("no handle".to_string(), Ok(String::new()))
                     } else {
                         let i = handle_index % side.handles.len();
                         let (hname, f) = &side.handles[i];
-                        (format!("pwrite via handle {i} ({hname}) @{offset} +{length}"), f.write_all_at(&data, offset).map(|_| String::new()).map_err(|e| errno_of(&e)))
+                        (
+                            format!("pwrite via handle {i} ({hname}) @{offset} +{length}"),
+                            f.write_all_at(&data, offset)
+                                .map(|_| String::new())
+                                .map_err(|e| errno_of(&e)),
+                        )
                     }
                 }
                 _ => {
@@ -961,7 +1153,10 @@ pub fn random_ops(a: &Path, b: &Path, seed: u64, steps: usize) -> Result<usize, 
                     } else {
                         let i = handle_index % side.handles.len();
                         let (hname, f) = &side.handles[i];
-                        (format!("ftruncate handle {i} ({hname}) to {size}"), f.set_len(size).map(|_| String::new()).map_err(|e| errno_of(&e)))
+                        (
+                            format!("ftruncate handle {i} ({hname}) to {size}"),
+                            f.set_len(size).map(|_| String::new()).map_err(|e| errno_of(&e)),
+                        )
                     }
                 }
             };
@@ -969,7 +1164,10 @@ pub fn random_ops(a: &Path, b: &Path, seed: u64, steps: usize) -> Result<usize, 
             outcomes.push(outcome);
         }
         if outcomes[0] != outcomes[1] {
-            return Err(format!("seed {seed} step {step} ({description}): outcomes differ: {:?} vs {:?}", outcomes[0], outcomes[1]));
+            return Err(format!(
+                "seed {seed} step {step} ({description}): outcomes differ: {:?} vs {:?}",
+                outcomes[0], outcomes[1]
+            ));
         }
         // Compare the touched names and the listing after every step; everything every 50.
         let compare: Vec<&str> = if step % 50 == 49 { NAMES.to_vec() } else { vec![name, other] };
@@ -982,23 +1180,39 @@ pub fn random_ops(a: &Path, b: &Path, seed: u64, steps: usize) -> Result<usize, 
                     Err(e) => format!("errno {e}"),
                 };
                 let first_diff = match (&x, &y) {
-                    (Ok(x), Ok(y)) => x.iter().zip(y.iter()).position(|(p, q)| p != q).map(|p| format!(", first difference at byte {p}")).unwrap_or_default(),
+                    (Ok(x), Ok(y)) => x
+                        .iter()
+                        .zip(y.iter())
+                        .position(|(p, q)| p != q)
+                        .map(|p| format!(", first difference at byte {p}"))
+                        .unwrap_or_default(),
                     _ => String::new(),
                 };
-                return Err(format!("seed {seed} step {step} ({description}): {n} differs: {} vs {}{first_diff}", describe(&x), describe(&y)));
+                return Err(format!(
+                    "seed {seed} step {step} ({description}): {n} differs: {} vs {}{first_diff}",
+                    describe(&x),
+                    describe(&y)
+                ));
             }
         }
         let list = |root: &Path| -> Vec<String> {
             let mut names: Vec<String> = ["", "sub"]
                 .iter()
-                .flat_map(|d| fs::read_dir(root.join(d)).into_iter().flatten().map(move |e| format!("{d}/{}", e.unwrap().file_name().to_string_lossy())))
+                .flat_map(|d| {
+                    fs::read_dir(root.join(d))
+                        .into_iter()
+                        .flatten()
+                        .map(move |e| format!("{d}/{}", e.unwrap().file_name().to_string_lossy()))
+                })
                 .collect();
             names.sort();
             names
         };
         let (la, lb) = (list(&sides[0].root), list(&sides[1].root));
         if la != lb {
-            return Err(format!("seed {seed} step {step} ({description}): listings differ: {la:?} vs {lb:?}"));
+            return Err(format!(
+                "seed {seed} step {step} ({description}): listings differ: {la:?} vs {lb:?}"
+            ));
         }
     }
     Ok(steps)
@@ -1047,15 +1261,28 @@ pub fn tools(root: &Path, scratch: &Path) -> Result<(), String> {
     // tar create on the mount, extract on the mount, compare
     run(Command::new("tar").arg("-C").arg(root).arg("-cf").arg(root.join("tree.tar")).arg("copy"))?;
     fs::create_dir(root.join("untar")).map_err(|e| e.to_string())?;
-    run(Command::new("tar").arg("-C").arg(root.join("untar")).arg("-xf").arg(root.join("tree.tar")))?;
+    run(Command::new("tar")
+        .arg("-C")
+        .arg(root.join("untar"))
+        .arg("-xf")
+        .arg(root.join("tree.tar")))?;
     run(Command::new("diff").arg("-r").arg(&source).arg(root.join("untar/copy")))?;
     // dd: 8 MiB in 1 MiB blocks with fsync, then read back with dd into the scratch dir
     fs::write(scratch.join("dd.in"), bytes(5, 8 << 20)).map_err(|e| e.to_string())?;
-    run(Command::new("dd").arg(format!("if={}", scratch.join("dd.in").display())).arg(format!("of={}", root.join("dd.out").display())).args(["bs=1M", "conv=fsync", "status=none"]))?;
-    run(Command::new("dd").arg(format!("if={}", root.join("dd.out").display())).arg(format!("of={}", scratch.join("dd.back").display())).args(["bs=64k", "status=none"]))?;
+    run(Command::new("dd")
+        .arg(format!("if={}", scratch.join("dd.in").display()))
+        .arg(format!("of={}", root.join("dd.out").display()))
+        .args(["bs=1M", "conv=fsync", "status=none"]))?;
+    run(Command::new("dd")
+        .arg(format!("if={}", root.join("dd.out").display()))
+        .arg(format!("of={}", scratch.join("dd.back").display()))
+        .args(["bs=64k", "status=none"]))?;
     run(Command::new("cmp").arg(scratch.join("dd.in")).arg(scratch.join("dd.back")))?;
     // dd seek: patch 4 KiB in the middle without truncating
-    run(Command::new("dd").arg("if=/dev/zero").arg(format!("of={}", root.join("dd.out").display())).args(["bs=4k", "count=1", "seek=100", "conv=notrunc", "status=none"]))?;
+    run(Command::new("dd")
+        .arg("if=/dev/zero")
+        .arg(format!("of={}", root.join("dd.out").display()))
+        .args(["bs=4k", "count=1", "seek=100", "conv=notrunc", "status=none"]))?;
     let patched = fs::read(root.join("dd.out")).map_err(|e| e.to_string())?;
     let mut want = bytes(5, 8 << 20);
     want[400 * 1024..404 * 1024].fill(0);
@@ -1093,7 +1320,17 @@ print(count)
     run(Command::new("cp").arg("-r").arg(&source).arg(&repo))?;
     let git = |args: &[&str]| {
         let mut c = Command::new("git");
-        c.arg("-C").arg(&repo).args(["-c", "user.name=Spillway Test", "-c", "user.email=test@spillway.invalid", "-c", "init.defaultBranch=main"]).args(args);
+        c.arg("-C")
+            .arg(&repo)
+            .args([
+                "-c",
+                "user.name=Spillway Test",
+                "-c",
+                "user.email=test@spillway.invalid",
+                "-c",
+                "init.defaultBranch=main",
+            ])
+            .args(args);
         c.env("GIT_CONFIG_NOSYSTEM", "1").env("HOME", scratch);
         c
     };

@@ -17,7 +17,10 @@ type Path = Vec<&'static str>;
 enum Node {
     Dir,
     /// A regular file (or symlink, `symlink` set) with a model identity shared by hard links.
-    File { id: u64, symlink: bool },
+    File {
+        id: u64,
+        symlink: bool,
+    },
 }
 
 #[derive(Default)]
@@ -70,7 +73,11 @@ impl Model {
     }
 
     fn children(&self, path: &[&'static str]) -> Vec<Path> {
-        self.nodes.keys().filter(|p| p.len() == path.len() + 1 && p.starts_with(path)).cloned().collect()
+        self.nodes
+            .keys()
+            .filter(|p| p.len() == path.len() + 1 && p.starts_with(path))
+            .cloned()
+            .collect()
     }
 
     fn add(&mut self, path: &[&'static str], node: Node) -> Result<(), i32> {
@@ -134,7 +141,12 @@ impl Model {
         }
     }
 
-    fn rename(&mut self, source: &[&'static str], target: &[&'static str], flags: u32) -> Result<(), i32> {
+    fn rename(
+        &mut self,
+        source: &[&'static str],
+        target: &[&'static str],
+        flags: u32,
+    ) -> Result<(), i32> {
         self.walk(source)?;
         self.walk(target)?;
         self.parent_is_directory(source)?;
@@ -148,7 +160,8 @@ impl Model {
         if flags & RENAME_NOREPLACE != 0 && target_node.is_some() {
             return Err(libc::EEXIST);
         }
-        let (source_parent, target_parent) = (&source[..source.len() - 1], &target[..target.len() - 1]);
+        let (source_parent, target_parent) =
+            (&source[..source.len() - 1], &target[..target.len() - 1]);
         let same_parent = source_parent == target_parent;
         if source_node == Node::Dir && !same_parent && target_parent.starts_with(source) {
             return Err(libc::EINVAL);
@@ -156,7 +169,9 @@ impl Model {
         if target_node == Some(Node::Dir) && !same_parent && source_parent.starts_with(target) {
             return Err(if exchange { libc::EINVAL } else { libc::ENOTEMPTY });
         }
-        if source == target || matches!((&source_node, &target_node), (Node::File { id: a, .. }, Some(Node::File { id: b, .. })) if a == b) {
+        if source == target
+            || matches!((&source_node, &target_node), (Node::File { id: a, .. }, Some(Node::File { id: b, .. })) if a == b)
+        {
             return Ok(());
         }
         if exchange {
@@ -169,7 +184,9 @@ impl Model {
         match (&source_node, &target_node) {
             (Node::Dir, Some(Node::File { .. })) => return Err(libc::ENOTDIR),
             (Node::File { .. }, Some(Node::Dir)) => return Err(libc::EISDIR),
-            (Node::Dir, Some(Node::Dir)) if !self.children(target).is_empty() => return Err(libc::ENOTEMPTY),
+            (Node::Dir, Some(Node::Dir)) if !self.children(target).is_empty() => {
+                return Err(libc::ENOTEMPTY)
+            }
             _ => {}
         }
         self.nodes.remove(target);
@@ -220,26 +237,31 @@ fn step(ns: &dyn Namespace, model: &mut Model, rng: &mut ChaCha8Rng) -> String {
     let op = rng.gen_range(0..100);
     let (description, real, expected) = match op {
         0..=19 => {
-            let real = parent_and_name(ns, &path)
-                .and_then(|(p, n)| errno_of(ns.create(&root(), p, n, FileKind::Regular, 0o644, 0, 0, true)));
+            let real = parent_and_name(ns, &path).and_then(|(p, n)| {
+                errno_of(ns.create(&root(), p, n, FileKind::Regular, 0o644, 0, 0, true))
+            });
             let node = model.new_file(false);
             (format!("create {path:?}"), real, model.add(&path, node))
         }
         20..=34 => {
-            let real = parent_and_name(ns, &path).and_then(|(p, n)| errno_of(ns.mkdir(&root(), p, n, 0o755, 0)));
+            let real = parent_and_name(ns, &path)
+                .and_then(|(p, n)| errno_of(ns.mkdir(&root(), p, n, 0o755, 0)));
             (format!("mkdir {path:?}"), real, model.add(&path, Node::Dir))
         }
         35..=39 => {
-            let real = parent_and_name(ns, &path).and_then(|(p, n)| errno_of(ns.symlink(&root(), p, n, b"x")));
+            let real = parent_and_name(ns, &path)
+                .and_then(|(p, n)| errno_of(ns.symlink(&root(), p, n, b"x")));
             let node = model.new_file(true);
             (format!("symlink {path:?}"), real, model.add(&path, node))
         }
         40..=49 => {
-            let real = parent_and_name(ns, &path).and_then(|(p, n)| errno_of(ns.unlink(&root(), p, n)));
+            let real =
+                parent_and_name(ns, &path).and_then(|(p, n)| errno_of(ns.unlink(&root(), p, n)));
             (format!("unlink {path:?}"), real, model.unlink(&path))
         }
         50..=57 => {
-            let real = parent_and_name(ns, &path).and_then(|(p, n)| errno_of(ns.rmdir(&root(), p, n)));
+            let real =
+                parent_and_name(ns, &path).and_then(|(p, n)| errno_of(ns.rmdir(&root(), p, n)));
             (format!("rmdir {path:?}"), real, model.rmdir(&path))
         }
         58..=64 => {
@@ -253,7 +275,11 @@ fn step(ns: &dyn Namespace, model: &mut Model, rng: &mut ChaCha8Rng) -> String {
             let real = parent_and_name(ns, &path)
                 .and_then(|(p, n)| parent_and_name(ns, &other).map(|(q, m)| (p, n, q, m)))
                 .and_then(|(p, n, q, m)| errno_of(ns.rename(&root(), p, n, q, m, flags)));
-            (format!("rename {path:?} {other:?} flags {flags}"), real, model.rename(&path, &other, flags))
+            (
+                format!("rename {path:?} {other:?} flags {flags}"),
+                real,
+                model.rename(&path, &other, flags),
+            )
         }
         85..=94 => {
             let end = rng.gen_range(0..1 << 20);
@@ -275,30 +301,47 @@ fn step(ns: &dyn Namespace, model: &mut Model, rng: &mut ChaCha8Rng) -> String {
 fn compare(ns: &dyn Namespace, model: &Model) {
     let tree = crate::recovery::tree(ns);
     let real_paths: Vec<String> = tree.iter().map(|(p, _, _)| p.clone()).collect();
-    let model_paths: Vec<String> = model.nodes.keys().map(|p| format!("/{}", p.join("/"))).collect();
+    let model_paths: Vec<String> =
+        model.nodes.keys().map(|p| format!("/{}", p.join("/"))).collect();
     let mut sorted_model = model_paths.clone();
     sorted_model.sort();
     assert_eq!(real_paths, sorted_model);
     let mut identity: HashMap<u64, Ino> = HashMap::new();
     for (path, attr, _) in &tree {
         let components: Vec<&str> = path[1..].split('/').collect();
-        let key: Vec<&'static str> = components.iter().map(|c| *NAMES.iter().find(|n| *n == c).unwrap()).collect();
+        let key: Vec<&'static str> =
+            components.iter().map(|c| *NAMES.iter().find(|n| *n == c).unwrap()).collect();
         match &model.nodes[&key] {
             Node::Dir => {
                 assert_eq!(attr.kind, FileKind::Directory, "{path}");
-                let subdirs = model.children(&key).iter().filter(|c| model.nodes[*c] == Node::Dir).count() as u32;
+                let subdirs =
+                    model.children(&key).iter().filter(|c| model.nodes[*c] == Node::Dir).count()
+                        as u32;
                 assert_eq!(attr.nlink, 2 + subdirs, "{path}");
             }
             Node::File { id, symlink } => {
-                assert_eq!(attr.kind, if *symlink { FileKind::Symlink } else { FileKind::Regular }, "{path}");
+                assert_eq!(
+                    attr.kind,
+                    if *symlink { FileKind::Symlink } else { FileKind::Regular },
+                    "{path}"
+                );
                 assert_eq!(attr.size, model.sizes[id], "{path}");
-                let links = model.nodes.values().filter(|n| matches!(n, Node::File { id: other, .. } if other == id)).count() as u32;
+                let links = model
+                    .nodes
+                    .values()
+                    .filter(|n| matches!(n, Node::File { id: other, .. } if other == id))
+                    .count() as u32;
                 assert_eq!(attr.nlink, links, "{path}");
-                assert_eq!(*identity.entry(*id).or_insert(attr.ino), attr.ino, "{path}: hard links share one inode");
+                assert_eq!(
+                    *identity.entry(*id).or_insert(attr.ino),
+                    attr.ino,
+                    "{path}: hard links share one inode"
+                );
             }
         }
     }
-    let root_subdirs = model.children(&[]).iter().filter(|c| model.nodes[*c] == Node::Dir).count() as u32;
+    let root_subdirs =
+        model.children(&[]).iter().filter(|c| model.nodes[*c] == Node::Dir).count() as u32;
     assert_eq!(ns.getattr(ROOT_INO).unwrap().nlink, 2 + root_subdirs);
 }
 
@@ -318,7 +361,9 @@ fn run(ns: &dyn Namespace, seed: u64, steps: usize) -> Model {
     let mut model = Model::default();
     let mut last = Vec::new();
     for i in 0..steps {
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| step(ns, &mut model, &mut rng)));
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            step(ns, &mut model, &mut rng)
+        }));
         match outcome {
             Ok(description) => {
                 last.push(description);
@@ -352,16 +397,21 @@ fn local_namespace_matches_the_reference_model() {
 fn a_journaled_namespace_recovers_the_model_state() {
     let seed = seeds()[0];
     let dir = tempfile::tempdir().unwrap();
-    let (ns, _, _) = LocalNamespace::open(dir.path(), &config(3), true, clock(), capacity(), options()).unwrap();
+    let (ns, _, _) =
+        LocalNamespace::open(dir.path(), &config(3), true, clock(), capacity(), options()).unwrap();
     let model = run(&ns, seed, 800);
     let before = crate::recovery::tree(&ns);
     drop(ns);
-    let (again, _, recovery) = LocalNamespace::open(dir.path(), &config(3), false, clock(), capacity(), options()).unwrap();
+    let (again, _, recovery) =
+        LocalNamespace::open(dir.path(), &config(3), false, clock(), capacity(), options())
+            .unwrap();
     assert_eq!(recovery.torn_bytes_cut, 0);
     assert_eq!(crate::recovery::tree(&again), before);
     compare(&again, &model);
     again.compact().unwrap();
     drop(again);
-    let (third, _, _) = LocalNamespace::open(dir.path(), &config(3), false, clock(), capacity(), options()).unwrap();
+    let (third, _, _) =
+        LocalNamespace::open(dir.path(), &config(3), false, clock(), capacity(), options())
+            .unwrap();
     assert_eq!(crate::recovery::tree(&third), before);
 }

@@ -15,7 +15,11 @@ fn dir(ns: &LocalNamespace, c: &Caller, parent: Ino, name: &str, mode: u32) -> A
 }
 
 fn names(ns: &LocalNamespace, dir: Ino) -> Vec<String> {
-    ns.readdir(&root(), dir, 0, 10_000).unwrap().into_iter().map(|e| String::from_utf8(e.name).unwrap()).collect()
+    ns.readdir(&root(), dir, 0, 10_000)
+        .unwrap()
+        .into_iter()
+        .map(|e| String::from_utf8(e.name).unwrap())
+        .collect()
 }
 
 // ---- lookup ----
@@ -39,7 +43,11 @@ fn lookup_errors() {
     file(&ns, &root(), d.ino, "inside", 0o644);
     assert_eq!(errno(ns.lookup(&root(), ROOT_INO, b"missing")), ENOENT);
     assert_eq!(errno(ns.lookup(&root(), f.ino, b"x")), ENOTDIR);
-    assert_eq!(errno(ns.lookup(&user(5), d.ino, b"inside")), EACCES, "search permission on the parent");
+    assert_eq!(
+        errno(ns.lookup(&user(5), d.ino, b"inside")),
+        EACCES,
+        "search permission on the parent"
+    );
     assert_eq!(errno(ns.lookup(&root(), ROOT_INO, &[b'a'; 256])), ENAMETOOLONG);
     assert_eq!(errno(ns.lookup(&root(), 999, b"x")), ENOENT);
 }
@@ -51,7 +59,10 @@ fn create_applies_umask_owner_and_times() {
     let ns = namespace();
     let before = ns.getattr(ROOT_INO).unwrap();
     let a = ns.create(&user(10), ROOT_INO, b"f", FileKind::Regular, 0o666, 0o022, 0, true).unwrap();
-    assert_eq!((a.kind, a.mode, a.uid, a.gid, a.nlink, a.size), (FileKind::Regular, 0o644, 10, 10, 1, 0));
+    assert_eq!(
+        (a.kind, a.mode, a.uid, a.gid, a.nlink, a.size),
+        (FileKind::Regular, 0o644, 10, 10, 1, 0)
+    );
     assert_eq!(a.st_mode(), 0o100644);
     assert_eq!(a.atime, a.mtime);
     assert_eq!(a.mtime, a.ctime);
@@ -64,10 +75,20 @@ fn create_applies_umask_owner_and_times() {
 fn create_exclusive_and_not() {
     let ns = namespace();
     let a = file(&ns, &root(), ROOT_INO, "f", 0o644);
-    assert_eq!(errno(ns.create(&root(), ROOT_INO, b"f", FileKind::Regular, 0o600, 0, 0, true)), EEXIST);
+    assert_eq!(
+        errno(ns.create(&root(), ROOT_INO, b"f", FileKind::Regular, 0o600, 0, 0, true)),
+        EEXIST
+    );
     let again = ns.create(&root(), ROOT_INO, b"f", FileKind::Regular, 0o600, 0, 0, false).unwrap();
-    assert_eq!((again.ino, again.mode), (a.ino, 0o644), "non-exclusive create returns the existing file unchanged");
-    assert_eq!(errno(ns.create(&root(), ROOT_INO, b".", FileKind::Regular, 0o600, 0, 0, false)), EEXIST);
+    assert_eq!(
+        (again.ino, again.mode),
+        (a.ino, 0o644),
+        "non-exclusive create returns the existing file unchanged"
+    );
+    assert_eq!(
+        errno(ns.create(&root(), ROOT_INO, b".", FileKind::Regular, 0o600, 0, 0, false)),
+        EEXIST
+    );
 }
 
 #[test]
@@ -75,14 +96,35 @@ fn create_errors() {
     let ns = namespace();
     let f = file(&ns, &root(), ROOT_INO, "f", 0o644);
     let locked = dir(&ns, &root(), ROOT_INO, "locked", 0o755);
-    assert_eq!(errno(ns.create(&user(5), locked.ino, b"x", FileKind::Regular, 0o644, 0, 0, true)), EACCES);
-    assert_eq!(errno(ns.create(&root(), f.ino, b"x", FileKind::Regular, 0o644, 0, 0, true)), ENOTDIR);
-    assert_eq!(errno(ns.create(&root(), 12345, b"x", FileKind::Regular, 0o644, 0, 0, true)), ENOENT);
-    assert_eq!(errno(ns.create(&root(), ROOT_INO, &[b'n'; 256], FileKind::Regular, 0o644, 0, 0, true)), ENAMETOOLONG);
+    assert_eq!(
+        errno(ns.create(&user(5), locked.ino, b"x", FileKind::Regular, 0o644, 0, 0, true)),
+        EACCES
+    );
+    assert_eq!(
+        errno(ns.create(&root(), f.ino, b"x", FileKind::Regular, 0o644, 0, 0, true)),
+        ENOTDIR
+    );
+    assert_eq!(
+        errno(ns.create(&root(), 12345, b"x", FileKind::Regular, 0o644, 0, 0, true)),
+        ENOENT
+    );
+    assert_eq!(
+        errno(ns.create(&root(), ROOT_INO, &[b'n'; 256], FileKind::Regular, 0o644, 0, 0, true)),
+        ENAMETOOLONG
+    );
     ns.create(&root(), ROOT_INO, &[b'n'; 255], FileKind::Regular, 0o644, 0, 0, true).unwrap();
-    assert_eq!(errno(ns.create(&root(), ROOT_INO, b"a/b", FileKind::Regular, 0o644, 0, 0, true)), EINVAL);
-    assert_eq!(errno(ns.create(&root(), ROOT_INO, b"", FileKind::Regular, 0o644, 0, 0, true)), ENOENT);
-    assert_eq!(errno(ns.create(&root(), ROOT_INO, b"d", FileKind::Directory, 0o755, 0, 0, true)), EINVAL);
+    assert_eq!(
+        errno(ns.create(&root(), ROOT_INO, b"a/b", FileKind::Regular, 0o644, 0, 0, true)),
+        EINVAL
+    );
+    assert_eq!(
+        errno(ns.create(&root(), ROOT_INO, b"", FileKind::Regular, 0o644, 0, 0, true)),
+        ENOENT
+    );
+    assert_eq!(
+        errno(ns.create(&root(), ROOT_INO, b"d", FileKind::Directory, 0o755, 0, 0, true)),
+        EINVAL
+    );
 }
 
 #[test]
@@ -90,7 +132,10 @@ fn existing_name_is_eexist_even_without_write_permission() {
     let ns = namespace();
     let locked = dir(&ns, &root(), ROOT_INO, "locked", 0o755);
     file(&ns, &root(), locked.ino, "f", 0o644);
-    assert_eq!(errno(ns.create(&user(5), locked.ino, b"f", FileKind::Regular, 0o644, 0, 0, true)), EEXIST);
+    assert_eq!(
+        errno(ns.create(&user(5), locked.ino, b"f", FileKind::Regular, 0o644, 0, 0, true)),
+        EEXIST
+    );
 }
 
 #[test]
@@ -99,9 +144,16 @@ fn special_files() {
     let fifo = ns.create(&user(3), ROOT_INO, b"fifo", FileKind::Fifo, 0o644, 0, 0, true).unwrap();
     assert_eq!(fifo.st_mode() & 0o170000, 0o010000);
     ns.create(&user(3), ROOT_INO, b"sock", FileKind::Socket, 0o644, 0, 0, true).unwrap();
-    assert_eq!(errno(ns.create(&user(3), ROOT_INO, b"chr", FileKind::CharDevice, 0o644, 0, 0x0103, true)), EPERM);
-    assert_eq!(errno(ns.create(&user(3), ROOT_INO, b"blk", FileKind::BlockDevice, 0o644, 0, 0x0801, true)), EPERM);
-    let chr = ns.create(&root(), ROOT_INO, b"chr", FileKind::CharDevice, 0o644, 0, 0x0103, true).unwrap();
+    assert_eq!(
+        errno(ns.create(&user(3), ROOT_INO, b"chr", FileKind::CharDevice, 0o644, 0, 0x0103, true)),
+        EPERM
+    );
+    assert_eq!(
+        errno(ns.create(&user(3), ROOT_INO, b"blk", FileKind::BlockDevice, 0o644, 0, 0x0801, true)),
+        EPERM
+    );
+    let chr =
+        ns.create(&root(), ROOT_INO, b"chr", FileKind::CharDevice, 0o644, 0, 0x0103, true).unwrap();
     assert_eq!((chr.kind, chr.rdev), (FileKind::CharDevice, 0x0103));
     assert_eq!(fifo.rdev, 0);
 }
@@ -110,7 +162,12 @@ fn special_files() {
 fn sgid_directories_pass_on_their_group() {
     let ns = namespace();
     let shared = dir(&ns, &root(), ROOT_INO, "shared", 0o777);
-    ns.setattr(&root(), shared.ino, &SetAttr { gid: Some(500), mode: Some(0o2777), ..SetAttr::default() }).unwrap();
+    ns.setattr(
+        &root(),
+        shared.ino,
+        &SetAttr { gid: Some(500), mode: Some(0o2777), ..SetAttr::default() },
+    )
+    .unwrap();
     let f = file(&ns, &user(10), shared.ino, "f", 0o2755);
     assert_eq!((f.gid, f.mode), (500, 0o755), "group inherited; sgid dropped for a non-member");
     let d = dir(&ns, &user(10), shared.ino, "sub", 0o755);
@@ -121,10 +178,18 @@ fn sgid_directories_pass_on_their_group() {
 
 #[test]
 fn inode_limit_is_enospc() {
-    let ns = LocalNamespace::in_memory(&crate::config(1), crate::clock(), crate::capacity(), LocalOptions { inodes_max: 3, ..crate::options() });
+    let ns = LocalNamespace::in_memory(
+        &crate::config(1),
+        crate::clock(),
+        crate::capacity(),
+        LocalOptions { inodes_max: 3, ..crate::options() },
+    );
     file(&ns, &root(), ROOT_INO, "a", 0o644);
     dir(&ns, &root(), ROOT_INO, "b", 0o755);
-    assert_eq!(errno(ns.create(&root(), ROOT_INO, b"c", FileKind::Regular, 0o644, 0, 0, true)), ENOSPC);
+    assert_eq!(
+        errno(ns.create(&root(), ROOT_INO, b"c", FileKind::Regular, 0o644, 0, 0, true)),
+        ENOSPC
+    );
     assert_eq!(errno(ns.mkdir(&root(), ROOT_INO, b"c", 0o755, 0)), ENOSPC);
     assert_eq!(ns.statfs().unwrap().files_free, 0);
 }
@@ -140,7 +205,11 @@ fn mkdir_counts_links() {
     dir(&ns, &root(), d.ino, "e", 0o755);
     file(&ns, &root(), d.ino, "f", 0o644);
     assert_eq!(ns.getattr(d.ino).unwrap().nlink, 3, "files do not add links to the parent");
-    assert_eq!(ns.mkdir(&root(), ROOT_INO, b"m", 0o7777, 0o022).unwrap().mode, 0o1755, "mkdir keeps sticky, not suid/sgid");
+    assert_eq!(
+        ns.mkdir(&root(), ROOT_INO, b"m", 0o7777, 0o022).unwrap().mode,
+        0o1755,
+        "mkdir keeps sticky, not suid/sgid"
+    );
 }
 
 #[test]
@@ -229,7 +298,11 @@ fn unlink_errors() {
     file(&ns, &root(), d.ino, "f", 0o666);
     assert_eq!(errno(ns.unlink(&root(), ROOT_INO, b"d")), EISDIR);
     assert_eq!(errno(ns.unlink(&root(), ROOT_INO, b"nope")), ENOENT);
-    assert_eq!(errno(ns.unlink(&user(3), d.ino, b"f")), EACCES, "write permission on the directory, not the file");
+    assert_eq!(
+        errno(ns.unlink(&user(3), d.ino, b"f")),
+        EACCES,
+        "write permission on the directory, not the file"
+    );
     assert_eq!(errno(ns.unlink(&root(), d.ino, b".")), EISDIR);
 }
 
@@ -243,7 +316,11 @@ fn sticky_directories_restrict_deletion() {
     assert_eq!(errno(ns.rmdir(&user(11), tmp.ino, b"mydir")), EPERM);
     assert_eq!(errno(ns.rename(&user(11), tmp.ino, b"mine", tmp.ino, b"stolen", 0)), EPERM);
     file(&ns, &user(11), tmp.ino, "theirs", 0o666);
-    assert_eq!(errno(ns.rename(&user(11), tmp.ino, b"theirs", tmp.ino, b"mine", 0)), EPERM, "cannot replace another's file");
+    assert_eq!(
+        errno(ns.rename(&user(11), tmp.ino, b"theirs", tmp.ino, b"mine", 0)),
+        EPERM,
+        "cannot replace another's file"
+    );
     ns.unlink(&user(10), tmp.ino, b"mine").unwrap();
     ns.rmdir(&root(), tmp.ino, b"mydir").unwrap();
     // The directory's owner may delete anything in it.
@@ -292,8 +369,22 @@ fn rename_kind_errors() {
     assert_eq!(errno(ns.rename(&root(), ROOT_INO, b"d", ROOT_INO, b"full", 0)), ENOTEMPTY);
     assert_eq!(errno(ns.rename(&root(), ROOT_INO, b"nope", ROOT_INO, b"x", 0)), ENOENT);
     assert_eq!(errno(ns.rename(&root(), ROOT_INO, b"f", d.ino, &[b'l'; 256], 0)), ENAMETOOLONG);
-    assert_eq!(errno(ns.rename(&root(), ROOT_INO, b"f", ROOT_INO, b"g", 4)), EINVAL, "unknown flag");
-    assert_eq!(errno(ns.rename(&root(), ROOT_INO, b"f", ROOT_INO, b"g", RENAME_EXCHANGE | RENAME_NOREPLACE)), EINVAL);
+    assert_eq!(
+        errno(ns.rename(&root(), ROOT_INO, b"f", ROOT_INO, b"g", 4)),
+        EINVAL,
+        "unknown flag"
+    );
+    assert_eq!(
+        errno(ns.rename(
+            &root(),
+            ROOT_INO,
+            b"f",
+            ROOT_INO,
+            b"g",
+            RENAME_EXCHANGE | RENAME_NOREPLACE
+        )),
+        EINVAL
+    );
     assert_eq!(errno(ns.rename(&root(), ROOT_INO, b".", ROOT_INO, b"g", 0)), EBUSY);
 }
 
@@ -305,7 +396,11 @@ fn rename_into_own_subtree_is_einval() {
     let c = dir(&ns, &root(), b.ino, "c", 0o755);
     assert_eq!(errno(ns.rename(&root(), ROOT_INO, b"a", c.ino, b"a", 0)), EINVAL);
     assert_eq!(errno(ns.rename(&root(), ROOT_INO, b"a", a.ino, b"x", 0)), EINVAL);
-    assert_eq!(errno(ns.rename(&root(), b.ino, b"c", ROOT_INO, b"a", 0)), ENOTEMPTY, "over an ancestor");
+    assert_eq!(
+        errno(ns.rename(&root(), b.ino, b"c", ROOT_INO, b"a", 0)),
+        ENOTEMPTY,
+        "over an ancestor"
+    );
     ns.rename(&root(), b.ino, b"c", ROOT_INO, b"c", 0).unwrap();
     ns.check_invariants().unwrap();
 }
@@ -368,12 +463,24 @@ fn readdir_lists_in_creation_order_with_dot_entries() {
     }
     dir(&ns, &root(), ROOT_INO, "z", 0o755);
     let entries = ns.readdir(&root(), ROOT_INO, 0, 100).unwrap();
-    let listed: Vec<_> = entries.iter().map(|e| (String::from_utf8(e.name.clone()).unwrap(), e.kind)).collect();
+    let listed: Vec<_> =
+        entries.iter().map(|e| (String::from_utf8(e.name.clone()).unwrap(), e.kind)).collect();
     assert_eq!(listed[0], (".".to_string(), FileKind::Directory));
     assert_eq!(listed[1], ("..".to_string(), FileKind::Directory));
-    assert_eq!(&listed[2..], [("c".into(), FileKind::Regular), ("a".into(), FileKind::Regular), ("b".into(), FileKind::Regular), ("z".into(), FileKind::Directory)]);
+    assert_eq!(
+        &listed[2..],
+        [
+            ("c".into(), FileKind::Regular),
+            ("a".into(), FileKind::Regular),
+            ("b".into(), FileKind::Regular),
+            ("z".into(), FileKind::Directory)
+        ]
+    );
     assert!(entries.windows(2).all(|w| w[0].cookie < w[1].cookie));
-    assert!(ns.readdir(&root(), ROOT_INO, entries.last().unwrap().cookie, 100).unwrap().is_empty(), "empty = end");
+    assert!(
+        ns.readdir(&root(), ROOT_INO, entries.last().unwrap().cookie, 100).unwrap().is_empty(),
+        "empty = end"
+    );
 }
 
 #[test]
@@ -389,7 +496,8 @@ fn readdir_cookies_survive_concurrent_changes() {
     ns.unlink(&root(), ROOT_INO, b"f050").unwrap();
     ns.rename(&root(), ROOT_INO, b"f060", ROOT_INO, b"moved", 0).unwrap();
     file(&ns, &root(), ROOT_INO, "new", 0o644);
-    let mut seen: Vec<String> = first.iter().map(|e| String::from_utf8(e.name.clone()).unwrap()).collect();
+    let mut seen: Vec<String> =
+        first.iter().map(|e| String::from_utf8(e.name.clone()).unwrap()).collect();
     let mut cookie = first.last().unwrap().cookie;
     loop {
         let page = ns.readdir(&root(), ROOT_INO, cookie, 7).unwrap();
@@ -406,7 +514,10 @@ fn readdir_cookies_survive_concurrent_changes() {
         }
     }
     assert!(!unique.contains("f050"), "deleted before it was reached");
-    assert!(unique.contains("new") && unique.contains("moved"), "entries added meanwhile come after");
+    assert!(
+        unique.contains("new") && unique.contains("moved"),
+        "entries added meanwhile come after"
+    );
 }
 
 #[test]
@@ -445,7 +556,11 @@ fn open_with_o_trunc_starts_a_new_generation() {
     let reopened = ns.open(&user(10), f.ino, O_WRONLY | O_TRUNC).unwrap();
     assert_eq!((reopened.size, reopened.generation), (0, f.generation + 1));
     assert!(reopened.mtime > f.mtime);
-    assert_eq!(errno(ns.open(&user(11), f.ino, O_RDONLY | O_TRUNC)), EACCES, "O_TRUNC needs write permission");
+    assert_eq!(
+        errno(ns.open(&user(11), f.ino, O_RDONLY | O_TRUNC)),
+        EACCES,
+        "O_TRUNC needs write permission"
+    );
     let plain = ns.open(&user(10), f.ino, O_RDWR).unwrap();
     assert_eq!(plain.generation, reopened.generation);
 }
@@ -473,11 +588,22 @@ fn access_masks() {
 fn chmod_rules() {
     let ns = namespace();
     let f = file(&ns, &user(10), ROOT_INO, "f", 0o644);
-    assert_eq!(errno(ns.setattr(&user(11), f.ino, &SetAttr { mode: Some(0o777), ..SetAttr::default() })), EPERM);
-    let changed = ns.setattr(&user(10), f.ino, &SetAttr { mode: Some(0o4711), ..SetAttr::default() }).unwrap();
+    assert_eq!(
+        errno(ns.setattr(&user(11), f.ino, &SetAttr { mode: Some(0o777), ..SetAttr::default() })),
+        EPERM
+    );
+    let changed = ns
+        .setattr(&user(10), f.ino, &SetAttr { mode: Some(0o4711), ..SetAttr::default() })
+        .unwrap();
     assert_eq!(changed.mode, 0o4711);
     assert!(changed.ctime > f.ctime);
-    let nonmember = ns.setattr(&Caller::user(10, 99), f.ino, &SetAttr { mode: Some(0o2755), ..SetAttr::default() }).unwrap();
+    let nonmember = ns
+        .setattr(
+            &Caller::user(10, 99),
+            f.ino,
+            &SetAttr { mode: Some(0o2755), ..SetAttr::default() },
+        )
+        .unwrap();
     assert_eq!(nonmember.mode, 0o755, "sgid silently dropped for a non-member");
 }
 
@@ -485,17 +611,34 @@ fn chmod_rules() {
 fn chown_rules() {
     let ns = namespace();
     let f = file(&ns, &user(10), ROOT_INO, "f", 0o6755);
-    assert_eq!(errno(ns.setattr(&user(10), f.ino, &SetAttr { uid: Some(11), ..SetAttr::default() })), EPERM);
-    assert_eq!(errno(ns.setattr(&user(10), f.ino, &SetAttr { gid: Some(30), ..SetAttr::default() })), EPERM);
+    assert_eq!(
+        errno(ns.setattr(&user(10), f.ino, &SetAttr { uid: Some(11), ..SetAttr::default() })),
+        EPERM
+    );
+    assert_eq!(
+        errno(ns.setattr(&user(10), f.ino, &SetAttr { gid: Some(30), ..SetAttr::default() })),
+        EPERM
+    );
     let in_group = Caller { uid: 10, gid: 10, groups: vec![30], pid: 0 };
-    let changed = ns.setattr(&in_group, f.ino, &SetAttr { gid: Some(30), ..SetAttr::default() }).unwrap();
+    let changed =
+        ns.setattr(&in_group, f.ino, &SetAttr { gid: Some(30), ..SetAttr::default() }).unwrap();
     assert_eq!((changed.gid, changed.mode), (30, 0o755), "chgrp drops suid and sgid");
     ns.setattr(&root(), f.ino, &SetAttr { mode: Some(0o6755), ..SetAttr::default() }).unwrap();
-    let by_root = ns.setattr(&root(), f.ino, &SetAttr { uid: Some(20), gid: Some(20), ..SetAttr::default() }).unwrap();
-    assert_eq!((by_root.uid, by_root.gid, by_root.mode), (20, 20, 0o755), "even root's chown drops them");
+    let by_root = ns
+        .setattr(&root(), f.ino, &SetAttr { uid: Some(20), gid: Some(20), ..SetAttr::default() })
+        .unwrap();
+    assert_eq!(
+        (by_root.uid, by_root.gid, by_root.mode),
+        (20, 20, 0o755),
+        "even root's chown drops them"
+    );
     let d = dir(&ns, &root(), ROOT_INO, "d", 0o755);
     ns.setattr(&root(), d.ino, &SetAttr { mode: Some(0o2755), ..SetAttr::default() }).unwrap();
-    assert_eq!(ns.setattr(&root(), d.ino, &SetAttr { uid: Some(5), ..SetAttr::default() }).unwrap().mode, 0o2755, "directories keep sgid");
+    assert_eq!(
+        ns.setattr(&root(), d.ino, &SetAttr { uid: Some(5), ..SetAttr::default() }).unwrap().mode,
+        0o2755,
+        "directories keep sgid"
+    );
 }
 
 #[test]
@@ -503,16 +646,43 @@ fn truncate_rules() {
     let ns = namespace();
     let f = file(&ns, &user(10), ROOT_INO, "f", 0o644);
     ns.wrote(&user(10), f.ino, 10_000).unwrap();
-    let shrunk = ns.setattr(&user(10), f.ino, &SetAttr { size: Some(100), ..SetAttr::default() }).unwrap();
-    assert_eq!((shrunk.size, shrunk.generation), (100, f.generation), "shrinking keeps the generation");
-    let zero = ns.setattr(&user(10), f.ino, &SetAttr { size: Some(0), ..SetAttr::default() }).unwrap();
-    assert_eq!((zero.size, zero.generation), (0, f.generation + 1), "truncating to 0 starts a new generation");
-    assert_eq!(errno(ns.setattr(&user(11), f.ino, &SetAttr { size: Some(5), ..SetAttr::default() })), EACCES);
-    ns.setattr(&user(11), f.ino, &SetAttr { size: Some(5), via_writable_handle: true, ..SetAttr::default() }).unwrap();
-    assert_eq!(errno(ns.setattr(&root(), ROOT_INO, &SetAttr { size: Some(0), ..SetAttr::default() })), EISDIR);
+    let shrunk =
+        ns.setattr(&user(10), f.ino, &SetAttr { size: Some(100), ..SetAttr::default() }).unwrap();
+    assert_eq!(
+        (shrunk.size, shrunk.generation),
+        (100, f.generation),
+        "shrinking keeps the generation"
+    );
+    let zero =
+        ns.setattr(&user(10), f.ino, &SetAttr { size: Some(0), ..SetAttr::default() }).unwrap();
+    assert_eq!(
+        (zero.size, zero.generation),
+        (0, f.generation + 1),
+        "truncating to 0 starts a new generation"
+    );
+    assert_eq!(
+        errno(ns.setattr(&user(11), f.ino, &SetAttr { size: Some(5), ..SetAttr::default() })),
+        EACCES
+    );
+    ns.setattr(
+        &user(11),
+        f.ino,
+        &SetAttr { size: Some(5), via_writable_handle: true, ..SetAttr::default() },
+    )
+    .unwrap();
+    assert_eq!(
+        errno(ns.setattr(&root(), ROOT_INO, &SetAttr { size: Some(0), ..SetAttr::default() })),
+        EISDIR
+    );
     let fifo = ns.create(&root(), ROOT_INO, b"p", FileKind::Fifo, 0o666, 0, 0, true).unwrap();
-    assert_eq!(errno(ns.setattr(&root(), fifo.ino, &SetAttr { size: Some(0), ..SetAttr::default() })), EINVAL);
-    assert_eq!(errno(ns.setattr(&root(), f.ino, &SetAttr { size: Some(u64::MAX), ..SetAttr::default() })), EFBIG);
+    assert_eq!(
+        errno(ns.setattr(&root(), fifo.ino, &SetAttr { size: Some(0), ..SetAttr::default() })),
+        EINVAL
+    );
+    assert_eq!(
+        errno(ns.setattr(&root(), f.ino, &SetAttr { size: Some(u64::MAX), ..SetAttr::default() })),
+        EFBIG
+    );
 }
 
 #[test]
@@ -520,16 +690,49 @@ fn utimens_rules() {
     let ns = namespace();
     let f = file(&ns, &user(10), ROOT_INO, "f", 0o646);
     let at = Timestamp::new(1_000, 5);
-    let set = ns.setattr(&user(10), f.ino, &SetAttr { atime: Some(TimeSet::At(at)), mtime: Some(TimeSet::At(at)), ..SetAttr::default() }).unwrap();
+    let set = ns
+        .setattr(
+            &user(10),
+            f.ino,
+            &SetAttr {
+                atime: Some(TimeSet::At(at)),
+                mtime: Some(TimeSet::At(at)),
+                ..SetAttr::default()
+            },
+        )
+        .unwrap();
     assert_eq!((set.atime, set.mtime), (at, at));
     assert!(set.ctime > f.ctime, "ctime is never set by the caller");
-    assert_eq!(errno(ns.setattr(&user(11), f.ino, &SetAttr { mtime: Some(TimeSet::At(at)), ..SetAttr::default() })), EPERM);
-    let now = ns.setattr(&user(11), f.ino, &SetAttr { mtime: Some(TimeSet::Now), ..SetAttr::default() }).unwrap();
+    assert_eq!(
+        errno(ns.setattr(
+            &user(11),
+            f.ino,
+            &SetAttr { mtime: Some(TimeSet::At(at)), ..SetAttr::default() }
+        )),
+        EPERM
+    );
+    let now = ns
+        .setattr(&user(11), f.ino, &SetAttr { mtime: Some(TimeSet::Now), ..SetAttr::default() })
+        .unwrap();
     assert!(now.mtime > at, "write permission allows setting now");
     let g = file(&ns, &user(10), ROOT_INO, "g", 0o644);
-    assert_eq!(errno(ns.setattr(&user(11), g.ino, &SetAttr { atime: Some(TimeSet::Now), ..SetAttr::default() })), EACCES);
+    assert_eq!(
+        errno(ns.setattr(
+            &user(11),
+            g.ino,
+            &SetAttr { atime: Some(TimeSet::Now), ..SetAttr::default() }
+        )),
+        EACCES
+    );
     let bad = Timestamp { seconds: 1, nanos: 1_000_000_000 };
-    assert_eq!(errno(ns.setattr(&user(10), g.ino, &SetAttr { atime: Some(TimeSet::At(bad)), ..SetAttr::default() })), EINVAL);
+    assert_eq!(
+        errno(ns.setattr(
+            &user(10),
+            g.ino,
+            &SetAttr { atime: Some(TimeSet::At(bad)), ..SetAttr::default() }
+        )),
+        EINVAL
+    );
 }
 
 #[test]
@@ -537,10 +740,18 @@ fn setattr_is_all_or_nothing() {
     let ns = namespace();
     let f = file(&ns, &user(10), ROOT_INO, "f", 0o644);
     // chmod would be allowed, but the chown in the same call is not: nothing changes.
-    let failed = ns.setattr(&user(10), f.ino, &SetAttr { mode: Some(0o600), uid: Some(11), ..SetAttr::default() });
+    let failed = ns.setattr(
+        &user(10),
+        f.ino,
+        &SetAttr { mode: Some(0o600), uid: Some(11), ..SetAttr::default() },
+    );
     assert_eq!(errno(failed), EPERM);
     assert_eq!(ns.getattr(f.ino).unwrap(), f);
-    assert_eq!(ns.setattr(&user(99), f.ino, &SetAttr::default()).unwrap(), f, "an empty setattr changes nothing");
+    assert_eq!(
+        ns.setattr(&user(99), f.ino, &SetAttr::default()).unwrap(),
+        f,
+        "an empty setattr changes nothing"
+    );
 }
 
 // ---- wrote ----
@@ -567,7 +778,10 @@ fn statfs_reports_the_store_capacity() {
     let ns = namespace();
     file(&ns, &root(), ROOT_INO, "f", 0o644);
     let s = ns.statfs().unwrap();
-    assert_eq!((s.block_bytes, s.blocks, s.blocks_free, s.blocks_avail), (4096, 8 * crate::GIB / 4096, 3 * crate::GIB / 4096, 3 * crate::GIB / 4096));
+    assert_eq!(
+        (s.block_bytes, s.blocks, s.blocks_free, s.blocks_avail),
+        (4096, 8 * crate::GIB / 4096, 3 * crate::GIB / 4096, 3 * crate::GIB / 4096)
+    );
     assert_eq!((s.files, s.files_free, s.name_bytes_max), (4_000_000, 4_000_000 - 2, 255));
 }
 
@@ -583,10 +797,16 @@ fn manifest_maps_data_files_to_paths() {
     ns.symlink(&root(), ROOT_INO, b"s", b"top").unwrap();
     ns.open(&root(), top.ino, O_WRONLY | O_TRUNC).unwrap();
     let manifest = ns.manifest().unwrap();
-    let pairs: Vec<_> = manifest.iter().map(|m| (m.file_name.clone(), String::from_utf8(m.path.clone()).unwrap(), m.size)).collect();
+    let pairs: Vec<_> = manifest
+        .iter()
+        .map(|m| (m.file_name.clone(), String::from_utf8(m.path.clone()).unwrap(), m.size))
+        .collect();
     assert_eq!(
         pairs,
-        [(format!("ns/1/{}.1", top.ino), "top".to_string(), 0), (format!("ns/1/{}.0", deep.ino), "a/b/deep.dat".to_string(), 123)]
+        [
+            (format!("ns/1/{}.1", top.ino), "top".to_string(), 0),
+            (format!("ns/1/{}.0", deep.ino), "a/b/deep.dat".to_string(), 123)
+        ]
     );
     assert_eq!((manifest[1].uid, manifest[1].mode), (3, 0o640));
 }

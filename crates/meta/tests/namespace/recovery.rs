@@ -8,7 +8,10 @@ use spillway_meta::*;
 
 use crate::{capacity, clock, config, options, root, user};
 
-fn open(dir: &Path, create: bool) -> Result<(LocalNamespace, bool, spillway_meta::journal::Recovery), OpenError> {
+fn open(
+    dir: &Path,
+    create: bool,
+) -> Result<(LocalNamespace, bool, spillway_meta::journal::Recovery), OpenError> {
     LocalNamespace::open(dir, &config(9), create, clock(), capacity(), options())
 }
 
@@ -28,7 +31,11 @@ pub fn tree(ns: &dyn Namespace) -> Vec<(String, Attr, Vec<u8>)> {
                 }
                 let path = format!("{prefix}/{}", String::from_utf8_lossy(&entry.name));
                 let attr = ns.getattr(entry.ino).unwrap();
-                let target = if attr.kind == FileKind::Symlink { ns.readlink(entry.ino).unwrap() } else { Vec::new() };
+                let target = if attr.kind == FileKind::Symlink {
+                    ns.readlink(entry.ino).unwrap()
+                } else {
+                    Vec::new()
+                };
                 if attr.kind == FileKind::Directory {
                     stack.push((entry.ino, path.clone()));
                 }
@@ -49,7 +56,12 @@ fn populate(ns: &LocalNamespace) {
     ns.create(&root(), d.ino, b"fifo", FileKind::Fifo, 0o600, 0, 0, true).unwrap();
     let sub = ns.mkdir(&root(), d.ino, b"sub", 0o700, 0).unwrap();
     ns.rename(&root(), d.ino, b"sub", ROOT_INO, b"moved", 0).unwrap();
-    ns.setattr(&root(), sub.ino, &SetAttr { uid: Some(7), mode: Some(0o1777), ..SetAttr::default() }).unwrap();
+    ns.setattr(
+        &root(),
+        sub.ino,
+        &SetAttr { uid: Some(7), mode: Some(0o1777), ..SetAttr::default() },
+    )
+    .unwrap();
     ns.create(&root(), ROOT_INO, b"gone", FileKind::Regular, 0o644, 0, 0, true).unwrap();
     ns.unlink(&root(), ROOT_INO, b"gone").unwrap();
 }
@@ -105,7 +117,11 @@ fn a_torn_tail_is_cut_back_to_the_last_whole_operation() {
         let (again, _, recovery) = open(scratch.path(), false).unwrap();
         assert_eq!(recovery.torn_bytes_cut, cut - length_before, "cut at {cut}");
         assert_eq!(tree(&again), before);
-        assert_eq!(std::fs::metadata(&path).unwrap().len(), length_before, "the tail is removed from the file");
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            length_before,
+            "the tail is removed from the file"
+        );
         // Appending after recovery works and survives another reopen.
         again.mkdir(&root(), ROOT_INO, b"after", 0o755, 0).unwrap();
         drop(again);
@@ -141,7 +157,8 @@ fn garbage_appended_is_cut() {
     populate(&ns);
     let before = tree(&ns);
     drop(ns);
-    let mut file = std::fs::OpenOptions::new().append(true).open(journal_path(dir.path(), 9)).unwrap();
+    let mut file =
+        std::fs::OpenOptions::new().append(true).open(journal_path(dir.path(), 9)).unwrap();
     file.write_all(&[0xAB; 100]).unwrap();
     drop(file);
     let (again, _, recovery) = open(dir.path(), false).unwrap();
@@ -155,11 +172,23 @@ fn compaction_keeps_the_tree_and_never_reuses_inode_numbers() {
     let (ns, _, _) = open(dir.path(), true).unwrap();
     populate(&ns);
     for i in 0..200 {
-        let f = ns.create(&root(), ROOT_INO, format!("tmp{i}").as_bytes(), FileKind::Regular, 0o644, 0, 0, true).unwrap();
+        let f = ns
+            .create(
+                &root(),
+                ROOT_INO,
+                format!("tmp{i}").as_bytes(),
+                FileKind::Regular,
+                0o644,
+                0,
+                0,
+                true,
+            )
+            .unwrap();
         ns.wrote(&root(), f.ino, i).unwrap();
         ns.unlink(&root(), ROOT_INO, format!("tmp{i}").as_bytes()).unwrap();
     }
-    let highest = ns.create(&root(), ROOT_INO, b"highest", FileKind::Regular, 0o644, 0, 0, true).unwrap();
+    let highest =
+        ns.create(&root(), ROOT_INO, b"highest", FileKind::Regular, 0o644, 0, 0, true).unwrap();
     ns.unlink(&root(), ROOT_INO, b"highest").unwrap();
     let before = tree(&ns);
     let long = ns.journal_bytes();
@@ -170,7 +199,8 @@ fn compaction_keeps_the_tree_and_never_reuses_inode_numbers() {
     assert!(next.ino > highest.ino);
     drop(ns);
     let (again, _, _) = open(dir.path(), false).unwrap();
-    let fresh = again.create(&root(), ROOT_INO, b"fresh", FileKind::Regular, 0o644, 0, 0, true).unwrap();
+    let fresh =
+        again.create(&root(), ROOT_INO, b"fresh", FileKind::Regular, 0o644, 0, 0, true).unwrap();
     assert!(fresh.ino > next.ino, "inode numbers are not reused after compaction and reopening");
     let mut expected = before;
     expected.push(("/next".into(), again.getattr(next.ino).unwrap(), Vec::new()));
@@ -184,7 +214,8 @@ fn sync_compacts_a_long_journal() {
     let dir = tempfile::tempdir().unwrap();
     // Operations alone compact at twice this (128 KiB); sync at once (64 KiB).
     let small = LocalOptions { compact_journal_bytes_min: 64 << 10, ..options() };
-    let (ns, _, _) = LocalNamespace::open(dir.path(), &config(9), true, clock(), capacity(), small).unwrap();
+    let (ns, _, _) =
+        LocalNamespace::open(dir.path(), &config(9), true, clock(), capacity(), small).unwrap();
     let f = ns.create(&root(), ROOT_INO, b"f", FileKind::Regular, 0o644, 0, 0, true).unwrap();
     for i in 0..800 {
         ns.wrote(&root(), f.ino, i * 10).unwrap();
@@ -200,7 +231,9 @@ fn sync_compacts_a_long_journal() {
 fn a_journal_nobody_syncs_stays_bounded() {
     let dir = tempfile::tempdir().unwrap();
     let small = LocalOptions { compact_journal_bytes_min: 4096, ..options() };
-    let (ns, _, _) = LocalNamespace::open(dir.path(), &config(9), true, clock(), capacity(), small.clone()).unwrap();
+    let (ns, _, _) =
+        LocalNamespace::open(dir.path(), &config(9), true, clock(), capacity(), small.clone())
+            .unwrap();
     let f = ns.create(&root(), ROOT_INO, b"f", FileKind::Regular, 0o644, 0, 0, true).unwrap();
     let mut longest = 0;
     for i in 0..2000 {
@@ -209,7 +242,8 @@ fn a_journal_nobody_syncs_stays_bounded() {
     }
     assert!(longest < 4 * 8192, "journal grew to {longest} bytes");
     drop(ns);
-    let (again, _, _) = LocalNamespace::open(dir.path(), &config(9), false, clock(), capacity(), small).unwrap();
+    let (again, _, _) =
+        LocalNamespace::open(dir.path(), &config(9), false, clock(), capacity(), small).unwrap();
     assert_eq!(again.getattr(f.ino).unwrap().size, 1999);
 }
 
@@ -235,7 +269,9 @@ fn damaged_or_foreign_journals_are_refused() {
     let mut bytes = std::fs::read(journal_path(&other, 10)).unwrap();
     bytes.truncate(spillway_meta::journal::HEADER_BYTES + 3);
     std::fs::write(journal_path(&other, 10), &bytes).unwrap();
-    let error = LocalNamespace::open(&other, &cfg, false, clock(), capacity(), options()).err().expect("refused");
+    let error = LocalNamespace::open(&other, &cfg, false, clock(), capacity(), options())
+        .err()
+        .expect("refused");
     assert!(error.to_string().contains("root"), "{error}");
 }
 
@@ -248,7 +284,13 @@ fn records_round_trip() {
     // reachable, so encode the mutations of a fresh state instead.
     let mut state = spillway_meta::state::State::empty();
     let root_attr = ns.getattr(ROOT_INO).unwrap();
-    state.apply(spillway_meta::state::Mutation::PutInode(spillway_meta::state::Inode { attr: root_attr, target: Vec::new(), parent: ROOT_INO })).unwrap();
+    state
+        .apply(spillway_meta::state::Mutation::PutInode(spillway_meta::state::Inode {
+            attr: root_attr,
+            target: Vec::new(),
+            parent: ROOT_INO,
+        }))
+        .unwrap();
     let mutations = snapshot_mutations(&state);
     let record = encode_record(5, &mutations);
     let (decoded, length) = decode_record(&record, 5).unwrap().unwrap();

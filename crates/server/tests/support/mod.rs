@@ -43,7 +43,12 @@ impl ModelBackend {
         ModelBackend { state: Mutex::new(State::default()), capacity }
     }
     pub fn write_streams(&self, epoch: EpochId) -> Vec<StreamKey> {
-        self.state.lock().write_streams.get(&epoch).map(|s| s.iter().copied().collect()).unwrap_or_default()
+        self.state
+            .lock()
+            .write_streams
+            .get(&epoch)
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default()
     }
     pub fn commits(&self) -> u64 {
         self.state.lock().commits
@@ -65,7 +70,13 @@ fn no_file(epoch: EpochId, file: FileId) -> BackendError {
 }
 
 impl Backend for ModelBackend {
-    fn open_file(&self, _stream: StreamKey, epoch: EpochId, name: &str, create: bool) -> Result<(FileId, bool), BackendError> {
+    fn open_file(
+        &self,
+        _stream: StreamKey,
+        epoch: EpochId,
+        name: &str,
+        create: bool,
+    ) -> Result<(FileId, bool), BackendError> {
         let mut state = self.state.lock();
         let next = FileId(state.next_file + 1);
         if !create && !state.epochs.contains_key(&epoch) {
@@ -76,10 +87,16 @@ impl Backend for ModelBackend {
             return Ok((id, false));
         }
         if !create {
-            return Err(BackendError::new(ErrorCode::NoSuchFile, format!("no file {name:?} in epoch {epoch}")));
+            return Err(BackendError::new(
+                ErrorCode::NoSuchFile,
+                format!("no file {name:?} in epoch {epoch}"),
+            ));
         }
         if e.committed {
-            return Err(BackendError::new(ErrorCode::EpochReadOnly, format!("epoch {epoch} is committed")));
+            return Err(BackendError::new(
+                ErrorCode::EpochReadOnly,
+                format!("epoch {epoch} is committed"),
+            ));
         }
         e.names.insert(name.to_string(), next);
         e.files.insert(next, File { name: name.to_string(), writes: Vec::new() });
@@ -87,15 +104,28 @@ impl Backend for ModelBackend {
         Ok((next, true))
     }
 
-    fn write(&self, stream: StreamKey, epoch: EpochId, file: FileId, offset: u64, data: &[u8]) -> Result<(), BackendError> {
+    fn write(
+        &self,
+        stream: StreamKey,
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), BackendError> {
         let mut state = self.state.lock();
         state.write_streams.entry(epoch).or_default().insert(stream);
         if state.used + data.len() as u64 > self.capacity {
-            return Err(BackendError::new(ErrorCode::NoSpace, format!("model full: {} of {} bytes used", state.used, self.capacity)));
+            return Err(BackendError::new(
+                ErrorCode::NoSpace,
+                format!("model full: {} of {} bytes used", state.used, self.capacity),
+            ));
         }
         let e = state.epochs.get_mut(&epoch).ok_or_else(|| no_epoch(epoch))?;
         if e.committed {
-            return Err(BackendError::new(ErrorCode::EpochReadOnly, format!("epoch {epoch} is committed")));
+            return Err(BackendError::new(
+                ErrorCode::EpochReadOnly,
+                format!("epoch {epoch} is committed"),
+            ));
         }
         let f = e.files.get_mut(&file).ok_or_else(|| no_file(epoch, file))?;
         f.writes.push((offset, data.to_vec()));
@@ -103,7 +133,13 @@ impl Backend for ModelBackend {
         Ok(())
     }
 
-    fn read(&self, epoch: EpochId, file: FileId, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
+    fn read(
+        &self,
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), BackendError> {
         let state = self.state.lock();
         let e = state.epochs.get(&epoch).ok_or_else(|| no_epoch(epoch))?;
         let f = e.files.get(&file).ok_or_else(|| no_file(epoch, file))?;
@@ -125,7 +161,11 @@ impl Backend for ModelBackend {
         Ok(())
     }
 
-    fn commit(&self, epoch: EpochId, _durability: spillway_proto::Durability) -> Result<(), BackendError> {
+    fn commit(
+        &self,
+        epoch: EpochId,
+        _durability: spillway_proto::Durability,
+    ) -> Result<(), BackendError> {
         let mut state = self.state.lock();
         state.epochs.get_mut(&epoch).ok_or_else(|| no_epoch(epoch))?.committed = true;
         state.commits += 1;
@@ -141,7 +181,12 @@ impl Backend for ModelBackend {
                 epoch: *id,
                 state: if e.committed { EpochState::Committed } else { EpochState::Open },
                 files: e.files.len() as u64,
-                bytes: e.files.values().flat_map(|f| f.writes.iter()).map(|w| w.1.len() as u64).sum(),
+                bytes: e
+                    .files
+                    .values()
+                    .flat_map(|f| f.writes.iter())
+                    .map(|w| w.1.len() as u64)
+                    .sum(),
             })
             .collect())
     }
@@ -177,18 +222,25 @@ impl Backend for ModelBackend {
     fn delete_epoch(&self, epoch: EpochId) -> Result<(), BackendError> {
         let mut state = self.state.lock();
         let e = state.epochs.remove(&epoch).ok_or_else(|| no_epoch(epoch))?;
-        let freed: u64 = e.files.values().flat_map(|f| f.writes.iter()).map(|w| w.1.len() as u64).sum();
+        let freed: u64 =
+            e.files.values().flat_map(|f| f.writes.iter()).map(|w| w.1.len() as u64).sum();
         state.used -= freed;
         Ok(())
     }
 
     fn usage(&self) -> Usage {
-        Usage { dram_bytes_used: self.used(), dram_bytes_max: self.capacity, ssd_bytes_used: 0, ssd_bytes_max: self.capacity }
+        Usage {
+            dram_bytes_used: self.used(),
+            dram_bytes_max: self.capacity,
+            ssd_bytes_used: 0,
+            ssd_bytes_max: self.capacity,
+        }
     }
 }
 
 fn merge(writes: &[(u64, Vec<u8>)]) -> Vec<Extent> {
-    let mut ranges: Vec<(u64, u64)> = writes.iter().filter(|w| !w.1.is_empty()).map(|(o, d)| (*o, o + d.len() as u64)).collect();
+    let mut ranges: Vec<(u64, u64)> =
+        writes.iter().filter(|w| !w.1.is_empty()).map(|(o, d)| (*o, o + d.len() as u64)).collect();
     ranges.sort_unstable();
     let mut out: Vec<Extent> = Vec::new();
     for (start, end) in ranges {
