@@ -769,6 +769,7 @@ mod tests {
 
     #[test]
     fn null_arguments_are_einval_with_the_argument_named() {
+        // SAFETY: the entry points are documented to check every pointer for null first.
         unsafe {
             assert_eq!(spillway_begin_epoch(ptr::null_mut(), 1), -libc::EINVAL);
             assert!(last_error().contains("`client`"), "{}", last_error());
@@ -791,6 +792,8 @@ mod tests {
         let bad = CString::new("not an address").unwrap();
         let endpoints = [good.as_ptr(), bad.as_ptr()];
         let mut client = ptr::null_mut();
+        // SAFETY: `endpoints` holds two valid C strings that outlive the calls; null options
+        // mean the defaults.
         unsafe {
             assert_eq!(
                 spillway_connect(endpoints.as_ptr(), 2, ptr::null(), &mut client),
@@ -824,6 +827,7 @@ mod tests {
         let address = CString::new(format!("127.0.0.1:{port}")).unwrap();
         let endpoints = [address.as_ptr()];
         let mut client = ptr::null_mut();
+        // SAFETY: one valid C string in `endpoints`; `client` is a valid out-pointer.
         let status = unsafe { spillway_connect(endpoints.as_ptr(), 1, ptr::null(), &mut client) };
         assert_eq!(status, -libc::ECONNREFUSED, "{}", last_error());
         assert!(
@@ -841,6 +845,7 @@ mod tests {
         }
         assert!(spillway_strerror(0).is_null());
         assert!(spillway_strerror(c_int::MIN).is_null());
+        // SAFETY: the version is a static NUL-terminated string.
         let version = unsafe { CStr::from_ptr(spillway_version()) };
         assert_eq!(version.to_str().unwrap(), env!("CARGO_PKG_VERSION"));
     }

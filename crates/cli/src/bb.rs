@@ -22,7 +22,6 @@
 use std::ffi::OsString;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -181,7 +180,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Slurm's slurmscriptd reads each hook's result from a pipe until EOF, and the Lua's popen
     // hands that pipe down to us: no child of ours (above all the mount's serving process,
     // which outlives the hook) may inherit it, or the hook "hangs" until its timeout.
-    close_inherited_descriptors_on_exec();
+    // Best effort: without /proc the descriptors stay, which only delays Slurm's reader.
+    let _ = spillway_sys::process::close_inherited_descriptors_on_exec();
     let ctx = Hooks {
         manager: args.manager,
         directive: args.directive,
@@ -356,7 +356,8 @@ impl Hooks {
             Some(existing) if persistent => {
                 // The hooks run as root and see every reservation: apply the manager's rule for
                 // persistent reservations here (owner, allowed uids, allowed groups).
-                let groups = supplementary_groups(uid, gid)?;
+                let groups = spillway_sys::user::groups_of(uid, gid)
+                    .with_context(|| format!("groups of uid {uid}"))?;
                 let allowed = existing.owner.is_none_or(|owner| owner == uid)
                     || existing.allowed_uids.contains(&uid)
                     || existing.allowed_gids.iter().any(|g| groups.contains(g));
@@ -427,7 +428,9 @@ impl Hooks {
                 StageDirection::Out => ("stage-out", &stage.reservation_path, &stage.pfs_path),
             };
             command.args([verb, "--reservation", &record.reservation, src.as_str(), dst.as_str()]);
-            as_user(&mut command, record.uid, record.gid)?;
+            let groups = spillway_sys::user::groups_of(record.uid, record.gid)
+                .with_context(|| format!("groups of uid {}", record.uid))?;
+            spillway_sys::process::run_as(&mut command, record.uid, record.gid, &groups);
             let what = format!("job {job}: {verb} {src} -> {dst} (as uid {})", record.uid);
             let output = output_of(&mut command, &what)?;
             // Progress lines go to the slurmctld log through the Lua (slurm.log_info).
@@ -556,7 +559,8 @@ impl Hooks {
                 output_of(&mut umount, &format!("job {job}: unmounting {}", mountpoint.display()));
             if is_mounted(&mountpoint)? {
                 // The mount process is wedged: detach so the node is usable, then report.
-                lazy_unmount(&mountpoint)?;
+                spillway_sys::mount::unmount(&mountpoint, true)
+                    .with_context(|| format!("detaching {}", mountpoint.display()))?;
                 result?;
             }
         }
@@ -798,75 +802,6 @@ fn checked(output: Output, what: &str) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
-/// Make `command` run as `uid`/`gid` with the user's supplementary groups (looked up before the
-/// fork; the child only makes async-signal-safe calls).
-fn as_user(command: &mut Command, uid: u32, gid: u32) -> anyhow::Result<()> {
-    let groups = supplementary_groups(uid, gid)?;
-    // SAFETY: the closure only calls setgroups/setgid/setuid, which are async-signal-safe, on
-    // data prepared before the fork.
-    unsafe {
-        command.pre_exec(move || {
-            if libc::setgroups(groups.len() as _, groups.as_ptr()) != 0
-                || libc::setgid(gid) != 0
-                || libc::setuid(uid) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    Ok(())
-}
-
-/// `getgrouplist` for the user owning `uid` (just `gid` if the uid has no passwd entry).
-fn supplementary_groups(uid: u32, gid: u32) -> anyhow::Result<Vec<libc::gid_t>> {
-    let mut buffer = vec![0u8; 16 * 1024];
-    let mut passwd: libc::passwd = unsafe { std::mem::zeroed() };
-    let mut result: *mut libc::passwd = std::ptr::null_mut();
-    // SAFETY: buffer and passwd outlive the call; result points into them on success.
-    let rc = unsafe {
-        libc::getpwuid_r(uid, &mut passwd, buffer.as_mut_ptr().cast(), buffer.len(), &mut result)
-    };
-    if rc != 0 || result.is_null() {
-        return Ok(vec![gid]);
-    }
-    let mut count: libc::c_int = 64;
-    loop {
-        let mut groups = vec![0 as libc::gid_t; count as usize];
-        let mut n = count;
-        // SAFETY: pw_name is a NUL-terminated string inside `buffer`; groups has room for n.
-        let rc = unsafe { libc::getgrouplist(passwd.pw_name, gid, groups.as_mut_ptr(), &mut n) };
-        if rc >= 0 {
-            groups.truncate(n as usize);
-            return Ok(groups);
-        }
-        if n <= count || n > 65_536 {
-            bail!("getgrouplist for uid {uid} failed");
-        }
-        count = n;
-    }
-}
-
-/// Mark every descriptor above stderr close-on-exec, so children get only stdin/out/err.
-fn close_inherited_descriptors_on_exec() {
-    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else { return };
-    let fds: Vec<i32> = entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok()))
-        .filter(|&fd| fd > 2)
-        .collect();
-    for fd in fds {
-        // SAFETY: fcntl on a descriptor number; a stale number (the read_dir handle, closed by
-        // now) fails with EBADF, which is harmless.
-        unsafe {
-            let flags = libc::fcntl(fd, libc::F_GETFD);
-            if flags >= 0 {
-                libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
-            }
-        }
-    }
-}
-
 /// Is `path` a mount point (listed in /proc/self/mountinfo)?
 fn is_mounted(path: &Path) -> anyhow::Result<bool> {
     let Ok(canonical) = path.canonicalize() else {
@@ -907,17 +842,6 @@ fn unescape_mountinfo(field: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn lazy_unmount(path: &Path) -> anyhow::Result<()> {
-    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-        .with_context(|| format!("mount point {} contains a NUL byte", path.display()))?;
-    // SAFETY: c_path is a valid NUL-terminated string.
-    if unsafe { libc::umount2(c_path.as_ptr(), libc::MNT_DETACH) } != 0 {
-        let error = std::io::Error::last_os_error();
-        bail!("detaching {}: {error}", path.display());
-    }
-    Ok(())
-}
-
 /// Does this command line belong to a `spillway mount … MOUNTPOINT` of this mount point?
 fn is_mount_of(args: &[OsString], mountpoint: &Path) -> bool {
     is_spillway(args)
@@ -940,12 +864,12 @@ fn is_spillway(args: &[OsString]) -> bool {
 }
 
 /// Pids (other than ours) whose command line matches.
-fn find_processes(matches: impl Fn(&[OsString]) -> bool) -> anyhow::Result<Vec<i32>> {
-    let me = std::process::id() as i32;
+fn find_processes(matches: impl Fn(&[OsString]) -> bool) -> anyhow::Result<Vec<u32>> {
+    let me = std::process::id();
     let mut pids = Vec::new();
     for entry in std::fs::read_dir("/proc").context("listing /proc")? {
         let Ok(entry) = entry else { continue };
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
             continue;
         };
         if pid == me {
@@ -1016,32 +940,30 @@ fn local_time_unix_s(text: &str) -> Option<i64> {
 }
 
 /// SIGTERM each pid, SIGKILL whatever is left after [`KILL_GRACE`].
-fn kill_all(pids: &[i32]) {
+fn kill_all(pids: &[u32]) {
+    use spillway_sys::signal::{send, Signal};
     if pids.is_empty() {
         return;
     }
+    // A process may have exited since it was found: failures to signal are expected.
     for &pid in pids {
-        // SAFETY: kill has no memory-safety preconditions. SIGCONT: a stopped process only
-        // acts on SIGTERM once it runs again.
-        unsafe {
-            libc::kill(pid, libc::SIGTERM);
-            libc::kill(pid, libc::SIGCONT);
-        }
+        // SIGCONT: a stopped process only acts on SIGTERM once it runs again.
+        let _ = send(pid, Signal::SIGTERM);
+        let _ = send(pid, Signal::SIGCONT);
     }
     let deadline = Instant::now() + KILL_GRACE;
-    let alive = |pid: i32| Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(pid);
+    let alive = |pid: u32| Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(pid);
     while Instant::now() < deadline && pids.iter().any(|&p| alive(p)) {
         std::thread::sleep(Duration::from_millis(50));
     }
     for &pid in pids {
         if alive(pid) {
-            // SAFETY: as above.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let _ = send(pid, Signal::SIGKILL);
         }
     }
 }
 
-fn is_zombie(pid: i32) -> bool {
+fn is_zombie(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|stat| stat.rsplit_once(") ").map(|(_, rest)| rest.starts_with('Z')))

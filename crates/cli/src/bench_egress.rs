@@ -443,7 +443,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "servers, clients and sizes must be positive"
     );
     anyhow::ensure!(
-        args.write_bytes % args.stripe_bytes == 0,
+        args.write_bytes.is_multiple_of(args.stripe_bytes),
         "--write-bytes must be a multiple of --stripe-bytes"
     );
     let temp;

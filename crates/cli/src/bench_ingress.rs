@@ -435,7 +435,7 @@ fn memcached_gbps(shape: &Shape, work: &Path) -> anyhow::Result<f64> {
             .args(["-m", &per_server_mb.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        if unsafe { libc::geteuid() } == 0 {
+        if spillway_sys::user::euid() == 0 {
             command.args(["-u", "root"]);
         }
         servers.push(Reaped(command.spawn().context("starting memcached")?));

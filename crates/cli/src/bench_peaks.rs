@@ -322,7 +322,7 @@ enum MetadataStep {
     Remove,
 }
 
-fn measure_level(phase: &Phase, threads: usize) -> anyhow::Result<Level> {
+fn measure_level(phase: &Phase<'_>, threads: usize) -> anyhow::Result<Level> {
     let mut level = Level { threads, ..Level::default() };
     level.write_bytes_per_second =
         aggregate(&phase.parallel(threads, |thread| phase.write_bandwidth(thread))?);

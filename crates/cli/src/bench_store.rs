@@ -42,7 +42,7 @@ const THREADS: u64 = 2;
 const TMPFS_MAGIC: i64 = 0x0102_1994;
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if args.bytes < 64 * MIB || args.bytes % (THREADS * MIB) != 0 {
+    if args.bytes < 64 * MIB || !args.bytes.is_multiple_of(THREADS * MIB) {
         bail!("--bytes must be at least 64 MiB and a multiple of 2 MiB (got {})", args.bytes);
     }
     if args.repeats == 0 {
@@ -115,8 +115,9 @@ fn pattern(length: usize) -> Vec<u8> {
 fn is_tmpfs(path: &Path) -> anyhow::Result<bool> {
     use std::os::unix::ffi::OsStrExt;
     let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())?;
-    // SAFETY: statfs fills the struct we pass; the path is NUL-terminated.
+    // SAFETY: an all-zero statfs is a valid value of this plain C struct.
     let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statfs fills the struct we pass; the path is NUL-terminated.
     if unsafe { libc::statfs(c_path.as_ptr(), &mut stat) } != 0 {
         return Err(std::io::Error::last_os_error())
             .with_context(|| format!("statfs {}", path.display()));

@@ -38,7 +38,6 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::FileExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::{mpsc, Barrier};
@@ -48,6 +47,7 @@ use anyhow::{anyhow, bail, Context};
 use spillway_client::{Client, ClientOptions, EpochSummary, Placement};
 use spillway_drain::{chunk_writes, partition_domains, DrainMode};
 use spillway_proto::{DrainInfo, DrainState, Durability, Endpoint, EpochState, ServerStatus};
+use spillway_sys::signal::Signal;
 use spillway_types::{format_bytes, EpochId, MIB};
 
 #[derive(clap::Args)]
@@ -128,18 +128,8 @@ impl ServerProcess {
             .with_context(|| format!("opening server log {}", log.display()))?;
         let started = Instant::now();
         let mut command = Command::new(bin);
-        // SAFETY: the hook runs between fork and exec and only calls prctl(2), which is
-        // async-signal-safe. If the demo itself is killed (no destructor runs), the kernel
-        // SIGKILLs the server, so no server outlives the demo.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        // If the demo itself is killed (no destructor runs), no server outlives it.
+        spillway_sys::process::die_with_parent(&mut command);
         let mut child = command
             .args(["serve", "--listen", listen, "--name", name])
             .arg("--ssd-dir")
@@ -213,28 +203,22 @@ impl ServerProcess {
         self.child.id()
     }
 
-    fn signal(&self, signal: libc::c_int) -> anyhow::Result<()> {
-        // SAFETY: kill(2) on a child we have not reaped yet (so the pid is still ours).
-        if unsafe { libc::kill(self.child.id() as libc::pid_t, signal) } != 0 {
-            bail!(
-                "signal {signal} to server {} (pid {}): {}",
-                self.name,
-                self.pid(),
-                std::io::Error::last_os_error()
-            );
-        }
-        Ok(())
+    fn signal(&self, signal: Signal) -> anyhow::Result<()> {
+        // The child is not reaped yet, so its pid is still ours.
+        spillway_sys::signal::send(self.pid(), signal).with_context(|| {
+            format!("signal {signal} to server {} (pid {})", self.name, self.pid())
+        })
     }
 
     fn kill9(mut self) -> anyhow::Result<ExitStatus> {
-        self.signal(libc::SIGKILL)?;
+        self.signal(Signal::SIGKILL)?;
         Ok(self.child.wait()?)
     }
 
     /// SIGTERM, then wait for the exit (graceful shutdown syncs the store).
     fn terminate(mut self) -> anyhow::Result<(ExitStatus, Duration)> {
         let started = Instant::now();
-        self.signal(libc::SIGTERM)?;
+        self.signal(Signal::SIGTERM)?;
         loop {
             if let Some(status) = self.child.try_wait()? {
                 return Ok((status, started.elapsed()));

@@ -7,7 +7,7 @@
 //! requests, which scripts and tests wait for.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 #[derive(clap::Args)]
@@ -27,12 +27,6 @@ pub struct Args {
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
-}
-
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_signal: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -56,28 +50,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         knobs.listen_address = listen;
     }
     knobs.validate()?;
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-        libc::signal(libc::SIGTERM, handler);
-        libc::signal(libc::SIGINT, handler);
-    }
     let stop = Arc::new(AtomicBool::new(false));
-    let watcher = {
-        let stop = Arc::clone(&stop);
-        std::thread::spawn(move || {
-            while !STOP.load(Ordering::SeqCst) && !stop.load(Ordering::SeqCst) {
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            }
-            stop.store(true, Ordering::SeqCst);
-        })
-    };
+    spillway_sys::signal::stop_on_termination(&stop)
+        .map_err(|e| anyhow::anyhow!("installing signal handlers: {e}"))?;
     let database = knobs.database_path.clone();
     let result = spillway_manager::run_daemon(knobs, Arc::clone(&stop), &|endpoint| {
         eprintln!("spillway manager listening {endpoint} (database {database})");
     });
-    stop.store(true, Ordering::SeqCst);
-    let _ = watcher.join();
     result.map_err(|e| anyhow::anyhow!("spillway manager: {e}"))?;
     tracing::info!("manager stopped");
     Ok(())

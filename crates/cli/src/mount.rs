@@ -198,11 +198,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if endpoints.is_empty() {
         bail!("--servers is empty");
     }
-    // Block the stop signals before any thread starts, so every thread inherits the mask and
-    // only `sigtimedwait` below sees them.
-    let signals = stop_signals();
-    // SAFETY: `signals` is an initialised sigset.
-    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &signals, std::ptr::null_mut()) };
+    // Caught from before the mount exists: a stop signal always unmounts cleanly.
+    let mut signals = spillway_sys::signal::StopSignals::catch().context("catching signals")?;
     let namespace = open_namespace(&args, &endpoints)?;
     let config = MountConfig {
         threads: args.threads,
@@ -224,28 +221,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             eprintln!("spillway mount: {} was unmounted", args.mountpoint.display());
             break;
         }
-        let timeout = libc::timespec { tv_sec: 0, tv_nsec: 200_000_000 };
-        // SAFETY: valid sigset and timespec; a null siginfo is allowed.
-        let signal = unsafe { libc::sigtimedwait(&signals, std::ptr::null_mut(), &timeout) };
-        if signal > 0 {
+        if let Some(signal) = signals.wait(Duration::from_millis(200)) {
             eprintln!("spillway mount: signal {signal}, unmounting {}", args.mountpoint.display());
             break;
         }
     }
     mount.unmount()?;
     Ok(())
-}
-
-fn stop_signals() -> libc::sigset_t {
-    // SAFETY: sigemptyset/sigaddset initialise and fill a zeroed set.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
-            libc::sigaddset(&mut set, signal);
-        }
-        set
-    }
 }
 
 /// Runs the mount as a detached child and returns once it reports the mount live.
@@ -286,20 +268,9 @@ fn run_background(args: &Args) -> anyhow::Result<()> {
         None => Stdio::null(),
     };
     command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
-    // Detach from our session so the caller's terminal or job step does not take it down.
-    use std::os::unix::process::CommandExt;
-    // SAFETY: setsid is async-signal-safe.
-    unsafe {
-        command.pre_exec(|| {
-            libc::setsid();
-            // Inherited descriptors (a caller's result pipe, e.g. Slurm's slurmscriptd reading a
-            // hook's output until EOF) must not stay open for the mount's lifetime: mark all
-            // above stderr close-on-exec (CLOSE_RANGE_CLOEXEC = 4; kernels without close_range
-            // return ENOSYS and keep them, which only delays such a reader).
-            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 4u32);
-            Ok(())
-        });
-    }
+    // Its own session, so the caller's terminal or job step does not take it down, and none of
+    // the caller's descriptors (Slurm's hook result pipe) for the mount's lifetime.
+    spillway_sys::process::detach(&mut command);
     let mut child = command.spawn().context("starting the mount process")?;
     let stdout = child.stdout.take().expect("piped");
     let (sender, receiver) = std::sync::mpsc::channel();

@@ -15,8 +15,8 @@ pub struct Reaped(pub Child);
 impl Drop for Reaped {
     fn drop(&mut self) {
         if self.0.try_wait().ok().flatten().is_none() {
-            // SAFETY: plain kill(2) of our own child.
-            unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+            // Not reaped yet (try_wait above), so the pid is still our child's.
+            let _ = spillway_sys::signal::send(self.0.id(), spillway_sys::signal::Signal::SIGTERM);
             let deadline = Instant::now() + Duration::from_secs(30);
             while Instant::now() < deadline && self.0.try_wait().ok().flatten().is_none() {
                 std::thread::sleep(Duration::from_millis(10));

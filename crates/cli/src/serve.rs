@@ -81,21 +81,6 @@ fn parse_durability(text: &str) -> Result<CommitDurability, String> {
     }
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_signal: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-}
-
-fn install_signal_handlers() {
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-        libc::signal(libc::SIGTERM, handler);
-        libc::signal(libc::SIGINT, handler);
-    }
-}
-
 fn init_logging(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -173,10 +158,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let drainer = start_drainer(&config, &server, backend.clone())?;
     // The metadata service of the mount: namespace journals live beside the store's segments.
     server.attach_namespaces(std::path::Path::new(&config.store.ssd_directory).join("namespaces"));
-    install_signal_handlers();
+    let stop = Arc::new(AtomicBool::new(false));
+    spillway_sys::signal::stop_on_termination(&stop).context("installing signal handlers")?;
     let handle = server.shutdown_handle();
+    let watcher_stop = Arc::clone(&stop);
     let watcher = std::thread::spawn(move || {
-        while !STOP.load(Ordering::SeqCst) {
+        while !watcher_stop.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(20));
         }
         tracing::info!("signal received: shutting down gracefully");
@@ -189,7 +176,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         stdout.flush()?;
     }
     let result = server.run();
-    STOP.store(true, Ordering::SeqCst);
+    stop.store(true, Ordering::SeqCst);
     let _ = watcher.join();
     if let Some(drainer) = drainer {
         drainer.stop(); // an unfinished drain resumes from the journal at the next start

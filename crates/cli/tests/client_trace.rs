@@ -62,8 +62,7 @@ fn client_trace_records_a_checkpoint_and_sim_reads_it() {
     assert_eq!(trace.meta.source, "spillway-client");
     assert_eq!(trace.meta.nprocs, 1);
     assert!(!trace.meta.synthesized);
-    // SAFETY: getuid has no preconditions.
-    assert_eq!(trace.meta.uid, unsafe { libc::getuid() });
+    assert_eq!(trace.meta.uid, spillway_sys::user::uid());
     let got: Vec<(Op, String, u64, u64)> = trace
         .ops
         .iter()

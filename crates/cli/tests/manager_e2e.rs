@@ -72,8 +72,7 @@ impl ManagerProcess {
     }
 
     fn stop(&mut self) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        spillway_sys::signal::send(self.child.id(), spillway_sys::signal::Signal::SIGTERM).unwrap();
         let status = self.child.wait().unwrap();
         assert!(status.success(), "manager exit {status}: {}", self.log_text());
     }
@@ -132,9 +131,8 @@ fn fails(manager: &ManagerProcess, uid: Option<u32>, args: &[&str], needle: &str
 }
 
 fn chown(path: &Path, uid: u32) {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: valid NUL-terminated path.
-    assert_eq!(unsafe { libc::chown(c.as_ptr(), uid, uid) }, 0, "chown {}", path.display());
+    std::os::unix::fs::chown(path, Some(uid), Some(uid))
+        .unwrap_or_else(|e| panic!("chown {}: {e}", path.display()));
 }
 
 fn chmod(path: &Path, mode: u32) {
@@ -170,11 +168,12 @@ fn wait_for(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) 
 
 #[test]
 fn manager_reservations_staging_restart_and_heartbeat() {
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("manager_e2e needs root (to run the CLI as other uids with setpriv); CI runs it as root");
-        return;
-    }
+    assert_eq!(
+        spillway_sys::user::euid(),
+        0,
+        "manager_e2e must run as root (it runs the CLI as other uids with setpriv); \
+         run `make test` as root, as CI does"
+    );
     let dir = tempfile::tempdir().unwrap();
     chmod(dir.path(), 0o755);
     let mut servers = [

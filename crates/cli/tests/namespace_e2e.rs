@@ -131,28 +131,29 @@ fn two_clients_share_a_tree_that_survives_sigkill() {
     );
 
     // The unprivileged peer (a separate process as uid 4242) cannot act as root.
-    if run_unprivileged_child(&endpoint, dir.path()) {
-        let public_tree = tree(&a);
-        let made: Vec<_> =
-            public_tree.iter().filter(|(path, ..)| path.starts_with("/public/")).collect();
-        assert_eq!(made.len(), 1, "{made:?}");
-        assert_eq!(made[0].4, UNPRIVILEGED, "created as the peer's own uid, not the claimed root");
-        assert!(
-            a.lookup(&root(), ROOT_INO, b"by-root").is_err(),
-            "the claimed root could not write the root directory"
-        );
-    }
+    run_unprivileged_child(&endpoint, dir.path());
+    let public_tree = tree(&a);
+    let made: Vec<_> =
+        public_tree.iter().filter(|(path, ..)| path.starts_with("/public/")).collect();
+    assert_eq!(made.len(), 1, "{made:?}");
+    assert_eq!(made[0].4, UNPRIVILEGED, "created as the peer's own uid, not the claimed root");
+    assert!(
+        a.lookup(&root(), ROOT_INO, b"by-root").is_err(),
+        "the claimed root could not write the root directory"
+    );
     let status = server.sigterm_and_wait(Duration::from_secs(20)).unwrap();
     assert!(status.success(), "graceful shutdown (namespaces synced): {status:?}");
 }
 
-/// Runs `child_unprivileged_peer` as uid/gid 4242; false (with a note) if not running as root.
-fn run_unprivileged_child(endpoint: &Endpoint, dir: &Path) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("not root: skipping the impersonation check (CI runs as root)");
-        return false;
-    }
+/// Runs `child_unprivileged_peer` as uid/gid 4242 (so the test must run as root).
+fn run_unprivileged_child(endpoint: &Endpoint, dir: &Path) {
+    assert_eq!(
+        spillway_sys::user::euid(),
+        0,
+        "namespace_e2e must run as root (it re-runs itself as uid {UNPRIVILEGED} to check that \
+         a server does not believe a non-root peer's stated identity); run `make test` as root, \
+         as CI does"
+    );
     use std::os::unix::process::CommandExt;
     let output = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_unprivileged_peer", "--nocapture", "--test-threads=1"])
@@ -169,15 +170,13 @@ fn run_unprivileged_child(endpoint: &Endpoint, dir: &Path) -> bool {
     );
     assert!(output.status.success(), "unprivileged child failed:\n{text}");
     assert!(text.contains("1 passed"), "the child test did not run:\n{text}");
-    true
 }
 
 /// The unprivileged peer (runs only when re-executed by the test above).
 #[test]
 fn child_unprivileged_peer() {
     let Ok(endpoint) = std::env::var("SPILLWAY_NS_E2E_CHILD") else { return };
-    // SAFETY: getuid has no preconditions.
-    assert_eq!(unsafe { libc::getuid() }, UNPRIVILEGED);
+    assert_eq!(spillway_sys::user::uid(), UNPRIVILEGED);
     let endpoint: Endpoint = endpoint.parse().unwrap();
     let ns = RemoteNamespace::open(&endpoint, NAMESPACE, &options(false)).unwrap();
     let claimed_root = Caller { uid: 0, gid: 0, groups: vec![0], pid: 1 };

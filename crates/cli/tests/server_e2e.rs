@@ -307,7 +307,7 @@ fn unix_socket_clients_run_as_the_kernel_reported_uid() {
     let unix = Endpoint::Unix(socket);
     assert!(server.endpoints().contains(&unix));
     let mut client = reader(std::slice::from_ref(&unix), Placement::striped_default());
-    assert_eq!(client.identity(), unsafe { (libc::getuid(), libc::getgid()) });
+    assert_eq!(client.identity(), (spillway_sys::user::uid(), spillway_sys::user::gid()));
     let mut file = client.create_file(EpochId(1), "over-unix").unwrap();
     client.write(&mut file, 0, b"unix bytes").unwrap();
     client.commit_epoch(EpochId(1)).unwrap();

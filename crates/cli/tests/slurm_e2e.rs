@@ -36,8 +36,7 @@ fn repo_root() -> PathBuf {
 }
 
 fn require_environment() {
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
+    let euid = spillway_sys::user::euid();
     assert_eq!(
         euid, 0,
         "the Slurm end-to-end test must run as root (it starts slurmctld/slurmd and mounts FUSE); \
@@ -127,8 +126,8 @@ struct Manager {
 
 impl Drop for Manager {
     fn drop(&mut self) {
-        // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        // The pid is our child's (not reaped yet); a failed send ends in the kill below.
+        let _ = spillway_sys::signal::send(self.child.id(), spillway_sys::signal::Signal::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
@@ -573,8 +572,7 @@ fn slurm_burst_buffer_end_to_end() {
     let frozen = loop {
         let stage = leftover_pids(&mountpoint, &reservation, "stage-in");
         if let Some(&pid) = stage.first() {
-            // SAFETY: kill has no memory-safety preconditions.
-            unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+            spillway_sys::signal::send(pid, spillway_sys::signal::Signal::SIGSTOP).unwrap();
             break pid;
         }
         let state = job_state(&cluster, job);

@@ -316,14 +316,17 @@ impl ServerConnection {
     }
 }
 
+/// One connection's share of [`read_parallel`]: the read requests and the buffer each reply
+/// fills.
+pub type ReadJob<'connection, 'buffer> =
+    (&'connection mut ServerConnection, Vec<(Request, &'buffer mut [u8])>);
+
 /// Pipelined reads on several connections at once: each keeps up to its `window` read
 /// requests outstanding, sent in batches (one syscall for many small request frames), and
 /// replies are collected round robin, so every server works at the same time. The first
 /// failure is returned after every connection's outstanding replies are collected (a
 /// connection that broke is left as it is).
-pub fn read_parallel(
-    jobs: &mut [(&mut ServerConnection, Vec<(Request, &mut [u8])>)],
-) -> Result<(), ClientError> {
+pub fn read_parallel(jobs: &mut [ReadJob<'_, '_>]) -> Result<(), ClientError> {
     use std::io::Write;
     for (connection, _) in jobs.iter_mut() {
         connection.flush()?;

@@ -659,7 +659,7 @@ impl Client {
             ));
         }
         // Every server at once (each pipelined), not one after another.
-        let mut jobs: Vec<(&mut ServerConnection, Vec<(Request, &mut [u8])>)> = Vec::new();
+        let mut jobs: Vec<connection::ReadJob<'_, '_>> = Vec::new();
         for (server, connection) in self.servers.iter_mut().enumerate() {
             if let Some(list) = slices.remove(&server) {
                 jobs.push((connection, list));

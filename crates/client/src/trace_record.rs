@@ -35,8 +35,7 @@ impl Tracer {
         let start_unix_us =
             SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0);
         let meta = JobMeta {
-            // SAFETY: getuid has no preconditions and cannot fail.
-            uid: unsafe { libc::getuid() },
+            uid: spillway_sys::user::uid(),
             nprocs: 1,
             job_id: std::env::var("SLURM_JOB_ID")
                 .ok()

@@ -118,6 +118,7 @@ pub struct IoBuffer {
 
 // SAFETY: IoBuffer owns its allocation exclusively, like a Vec<u8>.
 unsafe impl Send for IoBuffer {}
+// SAFETY: shared references only read the bytes (mutation needs `&mut`), like a Vec<u8>.
 unsafe impl Sync for IoBuffer {}
 
 impl IoBuffer {
@@ -179,8 +180,8 @@ impl PosixFile {
     fn write_direct(&mut self, offset: u64, data: &[u8]) -> Result<usize, PfsError> {
         const DIRECT_WRITE_BYTES_MIN: usize = 256 * 1024;
         let prefix = data.len() - data.len() % DIRECT_IO_ALIGN;
-        let aligned =
-            offset % DIRECT_IO_ALIGN as u64 == 0 && (data.as_ptr() as usize) % DIRECT_IO_ALIGN == 0;
+        let aligned = offset.is_multiple_of(DIRECT_IO_ALIGN as u64)
+            && (data.as_ptr() as usize).is_multiple_of(DIRECT_IO_ALIGN);
         let Some(direct) = &self.direct else { return Ok(0) };
         if !aligned || prefix < DIRECT_WRITE_BYTES_MIN {
             return Ok(0);

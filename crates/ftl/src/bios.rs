@@ -114,7 +114,7 @@ impl BiosParams {
         let bad = |name, value: String, reason: &str| {
             Err(BiosError::Parameter { name, value, reason: reason.to_string() })
         };
-        if self.stripe_count == 0 || self.nodes % self.stripe_count != 0 {
+        if self.stripe_count == 0 || !self.nodes.is_multiple_of(self.stripe_count) {
             return bad(
                 "stripe_count",
                 self.stripe_count.to_string(),
@@ -138,8 +138,9 @@ impl BiosParams {
                 "must be positive",
             );
         }
-        if !(0.0..1.0).contains(&self.warmup_fraction)
-            || !(self.device_writes.is_finite() && self.device_writes > 0.0)
+        if !((0.0..1.0).contains(&self.warmup_fraction)
+            && self.device_writes.is_finite()
+            && self.device_writes > 0.0)
         {
             return bad(
                 "warmup_fraction/device_writes",

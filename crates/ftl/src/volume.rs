@@ -187,7 +187,7 @@ impl Volume {
             return Err(VolumeError::NoSsd);
         }
         let page = config.page_bytes as u64;
-        if stripe_unit_bytes == 0 || stripe_unit_bytes % page != 0 {
+        if stripe_unit_bytes == 0 || !stripe_unit_bytes.is_multiple_of(page) {
             return Err(VolumeError::StripeUnit {
                 stripe_unit_bytes,
                 page_bytes: config.page_bytes,
@@ -311,7 +311,7 @@ mod tests {
             let mut rng = 12345u64;
             for step in 0..5000 {
                 rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                if (rng >> 33) % 3 != 0 || held.is_empty() {
+                if !(rng >> 33).is_multiple_of(3) || held.is_empty() {
                     if let Some(c) = v.allocate_chunk(0) {
                         assert!(
                             held.insert(c),

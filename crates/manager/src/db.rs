@@ -220,7 +220,7 @@ impl ReservationRow {
     }
 }
 
-pub fn pools(tx: &Transaction) -> rusqlite::Result<Vec<PoolRow>> {
+pub fn pools(tx: &Transaction<'_>) -> rusqlite::Result<Vec<PoolRow>> {
     let mut statement =
         tx.prepare_cached("SELECT id, name, granularity_bytes FROM pools ORDER BY id")?;
     let rows = statement.query_map([], |r| {
@@ -234,7 +234,7 @@ pub fn pools(tx: &Transaction) -> rusqlite::Result<Vec<PoolRow>> {
 }
 
 pub fn insert_pool(
-    tx: &Transaction,
+    tx: &Transaction<'_>,
     name: &str,
     granularity_bytes: u64,
     now_unix_s: u64,
@@ -246,7 +246,7 @@ pub fn insert_pool(
     Ok(tx.last_insert_rowid() as u64)
 }
 
-pub fn servers(tx: &Transaction) -> rusqlite::Result<Vec<ServerRow>> {
+pub fn servers(tx: &Transaction<'_>) -> rusqlite::Result<Vec<ServerRow>> {
     let mut statement = tx.prepare_cached(
         "SELECT id, address, pool_id, capacity_bytes, pfs_dir, healthy, misses, last_seen_unix_s FROM servers ORDER BY id",
     )?;
@@ -266,7 +266,7 @@ pub fn servers(tx: &Transaction) -> rusqlite::Result<Vec<ServerRow>> {
 }
 
 pub fn insert_server(
-    tx: &Transaction,
+    tx: &Transaction<'_>,
     address: &str,
     pool_id: u64,
     capacity_bytes: u64,
@@ -280,7 +280,7 @@ pub fn insert_server(
 }
 
 pub fn set_server_health(
-    tx: &Transaction,
+    tx: &Transaction<'_>,
     id: u64,
     healthy: bool,
     misses: u32,
@@ -296,7 +296,7 @@ pub fn set_server_health(
 const RESERVATION_COLUMNS: &str = "id, name, owner_uid, owner_gid, job_id, persistent, requested_bytes, fragment_bytes, \
      fragments, pool_id, access, epoch, namespace_id, stream, state, created_unix_s, allowed_uids, allowed_gids";
 
-fn reservation_from_row(r: &rusqlite::Row) -> rusqlite::Result<ReservationRow> {
+fn reservation_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ReservationRow> {
     let text_error = |column: usize, what: &str, value: String| {
         rusqlite::Error::FromSqlConversionFailure(
             column,
@@ -334,7 +334,7 @@ fn reservation_from_row(r: &rusqlite::Row) -> rusqlite::Result<ReservationRow> {
     })
 }
 
-fn attach_placement(tx: &Transaction, rows: &mut [ReservationRow]) -> rusqlite::Result<()> {
+fn attach_placement(tx: &Transaction<'_>, rows: &mut [ReservationRow]) -> rusqlite::Result<()> {
     let mut statement = tx.prepare_cached(
         "SELECT server_id, fragments FROM fragments WHERE reservation_id = ?1 ORDER BY stripe_index",
     )?;
@@ -349,7 +349,7 @@ fn attach_placement(tx: &Transaction, rows: &mut [ReservationRow]) -> rusqlite::
 }
 
 /// Every active reservation, by id.
-pub fn active_reservations(tx: &Transaction) -> rusqlite::Result<Vec<ReservationRow>> {
+pub fn active_reservations(tx: &Transaction<'_>) -> rusqlite::Result<Vec<ReservationRow>> {
     let mut statement = tx.prepare_cached(&format!(
         "SELECT {RESERVATION_COLUMNS} FROM reservations WHERE state = 'active' ORDER BY id"
     ))?;
@@ -361,7 +361,10 @@ pub fn active_reservations(tx: &Transaction) -> rusqlite::Result<Vec<Reservation
 }
 
 /// A reservation by id (any state) or by name (active only).
-pub fn find_reservation(tx: &Transaction, key: &str) -> rusqlite::Result<Option<ReservationRow>> {
+pub fn find_reservation(
+    tx: &Transaction<'_>,
+    key: &str,
+) -> rusqlite::Result<Option<ReservationRow>> {
     let row = match key.parse::<u64>() {
         Ok(id) => tx
             .query_row(
@@ -384,7 +387,7 @@ pub fn find_reservation(tx: &Transaction, key: &str) -> rusqlite::Result<Option<
 }
 
 /// The active reservation of a job, if any.
-pub fn reservation_of_job(tx: &Transaction, job: &str) -> rusqlite::Result<Option<u64>> {
+pub fn reservation_of_job(tx: &Transaction<'_>, job: &str) -> rusqlite::Result<Option<u64>> {
     tx.query_row(
         "SELECT id FROM reservations WHERE job_id = ?1 AND state = 'active'",
         params![job],
@@ -394,7 +397,7 @@ pub fn reservation_of_job(tx: &Transaction, job: &str) -> rusqlite::Result<Optio
 }
 
 /// Takes the next value of a counter (`next_epoch`, `next_namespace_id`).
-pub fn take_counter(tx: &Transaction, name: &str) -> rusqlite::Result<u64> {
+pub fn take_counter(tx: &Transaction<'_>, name: &str) -> rusqlite::Result<u64> {
     let value: i64 =
         tx.query_row("SELECT value FROM counters WHERE name = ?1", params![name], |r| r.get(0))?;
     tx.execute("UPDATE counters SET value = value + 1 WHERE name = ?1", params![name])?;
@@ -402,7 +405,7 @@ pub fn take_counter(tx: &Transaction, name: &str) -> rusqlite::Result<u64> {
 }
 
 /// Inserts a reservation (its `id` is ignored and returned) with its fragments.
-pub fn insert_reservation(tx: &Transaction, row: &ReservationRow) -> rusqlite::Result<u64> {
+pub fn insert_reservation(tx: &Transaction<'_>, row: &ReservationRow) -> rusqlite::Result<u64> {
     tx.execute(
         "INSERT INTO reservations (name, owner_uid, owner_gid, job_id, persistent, requested_bytes, fragment_bytes, \
          fragments, pool_id, access, epoch, namespace_id, stream, state, created_unix_s, allowed_uids, allowed_gids) \
@@ -438,12 +441,12 @@ pub fn insert_reservation(tx: &Transaction, row: &ReservationRow) -> rusqlite::R
 }
 
 /// Renames a reservation (used to give `res-<id>` names once the id is known).
-pub fn rename_reservation(tx: &Transaction, id: u64, name: &str) -> rusqlite::Result<()> {
+pub fn rename_reservation(tx: &Transaction<'_>, id: u64, name: &str) -> rusqlite::Result<()> {
     tx.execute("UPDATE reservations SET name = ?2 WHERE id = ?1", params![id as i64, name])?;
     Ok(())
 }
 
-pub fn mark_destroyed(tx: &Transaction, id: u64, now_unix_s: u64) -> rusqlite::Result<()> {
+pub fn mark_destroyed(tx: &Transaction<'_>, id: u64, now_unix_s: u64) -> rusqlite::Result<()> {
     let changed = tx.execute(
         "UPDATE reservations SET state = 'destroyed', destroyed_unix_s = ?2 WHERE id = ?1 AND state = 'active'",
         params![id as i64, now_unix_s as i64],
@@ -452,14 +455,14 @@ pub fn mark_destroyed(tx: &Transaction, id: u64, now_unix_s: u64) -> rusqlite::R
     Ok(())
 }
 
-pub fn quotas(tx: &Transaction) -> rusqlite::Result<Vec<(u32, u64)>> {
+pub fn quotas(tx: &Transaction<'_>) -> rusqlite::Result<Vec<(u32, u64)>> {
     let mut statement = tx.prepare_cached("SELECT uid, bytes FROM quotas ORDER BY uid")?;
     let rows = statement
         .query_map([], |r| Ok((r.get::<_, i64>(0)? as u32, r.get::<_, i64>(1)? as u64)))?;
     rows.collect()
 }
 
-pub fn set_quota(tx: &Transaction, uid: u32, bytes: u64) -> rusqlite::Result<()> {
+pub fn set_quota(tx: &Transaction<'_>, uid: u32, bytes: u64) -> rusqlite::Result<()> {
     tx.execute(
         "INSERT INTO quotas (uid, bytes) VALUES (?1, ?2) ON CONFLICT(uid) DO UPDATE SET bytes = excluded.bytes",
         params![uid as i64, bytes as i64],

@@ -5,8 +5,6 @@
 //! Supplementary groups are looked up in the user database (`getgrouplist`), which is what decides
 //! membership of the configured admin group and of a persistent reservation's allowed groups.
 
-use std::ffi::{CStr, CString};
-
 /// The identity an API request runs as.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Caller {
@@ -48,54 +46,17 @@ pub fn resolve_group(text: &str) -> Result<Option<u32>, String> {
     if let Ok(gid) = text.parse::<u32>() {
         return Ok(Some(gid));
     }
-    let name =
-        CString::new(text).map_err(|_| format!("group name {text:?} contains a NUL byte"))?;
-    let mut group: libc::group = unsafe { std::mem::zeroed() };
-    let mut buffer = vec![0 as libc::c_char; 16 * 1024];
-    let mut result: *mut libc::group = std::ptr::null_mut();
-    // SAFETY: every pointer is valid for the call; the buffer outlives it.
-    let rc = unsafe {
-        libc::getgrnam_r(name.as_ptr(), &mut group, buffer.as_mut_ptr(), buffer.len(), &mut result)
-    };
-    if rc != 0 || result.is_null() {
-        return Err(format!("group {text:?} does not exist (knob manager.admin_group)"));
+    match spillway_sys::user::group_id(text) {
+        Ok(Some(gid)) => Ok(Some(gid)),
+        Ok(None) => Err(format!("group {text:?} does not exist (knob manager.admin_group)")),
+        Err(error) => Err(format!("group {text:?}: {error} (knob manager.admin_group)")),
     }
-    Ok(Some(group.gr_gid))
 }
 
 /// Every group of `uid` (primary `gid` included) from the user database; just `[gid]` for a uid
-/// with no passwd entry.
+/// with no passwd entry or when the database cannot be read.
 fn groups_of(uid: u32, gid: u32) -> Vec<u32> {
-    let mut passwd: libc::passwd = unsafe { std::mem::zeroed() };
-    let mut buffer = vec![0 as libc::c_char; 16 * 1024];
-    let mut result: *mut libc::passwd = std::ptr::null_mut();
-    // SAFETY: every pointer is valid for the call; the buffer outlives it.
-    let rc = unsafe {
-        libc::getpwuid_r(uid, &mut passwd, buffer.as_mut_ptr(), buffer.len(), &mut result)
-    };
-    if rc != 0 || result.is_null() {
-        return vec![gid];
-    }
-    // SAFETY: pw_name points into `buffer`, NUL-terminated by getpwuid_r.
-    let name: &CStr = unsafe { CStr::from_ptr(passwd.pw_name) };
-    let mut count: libc::c_int = 64;
-    loop {
-        let mut groups = vec![0 as libc::gid_t; count as usize];
-        let before = count;
-        // SAFETY: `groups` has room for `count` entries; getgrouplist updates `count`.
-        let rc = unsafe { libc::getgrouplist(name.as_ptr(), gid, groups.as_mut_ptr(), &mut count) };
-        if rc >= 0 {
-            groups.truncate(count as usize);
-            return groups;
-        }
-        if count <= before {
-            // Grow geometrically when the library did not say how many it needs; bounded.
-            count = before * 2;
-        }
-        if count > 65_536 {
-            return vec![gid];
-        }
-    }
+    spillway_sys::user::groups_of(uid, gid).unwrap_or_else(|_| vec![gid])
 }
 
 #[cfg(test)]

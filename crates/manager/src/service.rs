@@ -525,7 +525,7 @@ impl Manager {
                     || row.allowed_gids.iter().any(|&g| caller.in_group(g))))
     }
 
-    fn quota_of(&self, tx: &rusqlite::Transaction, uid: u32) -> rusqlite::Result<(u64, bool)> {
+    fn quota_of(&self, tx: &rusqlite::Transaction<'_>, uid: u32) -> rusqlite::Result<(u64, bool)> {
         Ok(match db::quotas(tx)?.into_iter().find(|&(u, _)| u == uid) {
             Some((_, bytes)) => (bytes, false),
             None => (self.knobs.quota_bytes_default, true),

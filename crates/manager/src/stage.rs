@@ -99,8 +99,8 @@ pub enum ProgressMode {
 impl ProgressMode {
     /// A bar when stderr is a terminal, periodic lines otherwise.
     pub fn for_stderr() -> ProgressMode {
-        // SAFETY: isatty only inspects the descriptor.
-        if unsafe { libc::isatty(2) } == 1 {
+        use std::io::IsTerminal;
+        if std::io::stderr().is_terminal() {
             ProgressMode::Bar
         } else {
             ProgressMode::Lines { interval: Duration::from_secs(5) }
@@ -170,8 +170,7 @@ pub fn default_record_path(
     src: &str,
     dst: &str,
 ) -> PathBuf {
-    // SAFETY: getuid cannot fail.
-    let uid = unsafe { libc::getuid() };
+    let uid = spillway_sys::user::uid();
     let key = crc32c::crc32c(format!("{src}\0{dst}").as_bytes());
     std::env::temp_dir().join(format!("spillway-stage-{uid}")).join(format!(
         "{direction}-res{}-epoch{}-{key:08x}.jsonl",
@@ -489,8 +488,7 @@ impl Tree {
             "",
             servers.len(),
         );
-        // SAFETY: these calls cannot fail.
-        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let (uid, gid) = (spillway_sys::user::euid(), spillway_sys::user::egid());
         let options = RemoteOptions {
             // Only root may create namespaces on a server; the manager creates a striped
             // reservation's namespace when it creates the reservation.
@@ -512,7 +510,12 @@ impl Tree {
                 pid: std::process::id(),
             }
         } else {
-            MetaCaller { uid, gid, groups: own_groups(), pid: std::process::id() }
+            MetaCaller {
+                uid,
+                gid,
+                groups: spillway_sys::user::process_groups().unwrap_or_default(),
+                pid: std::process::id(),
+            }
         };
         let epoch = ns.data_epoch();
         Ok(Tree { ns, caller, epoch })
@@ -566,15 +569,6 @@ impl Tree {
         }
         Ok(ino)
     }
-}
-
-/// This process's supplementary groups.
-fn own_groups() -> Vec<u32> {
-    let mut groups = vec![0 as libc::gid_t; 1024];
-    // SAFETY: the buffer has room for 1024 entries.
-    let n = unsafe { libc::getgroups(groups.len() as libc::c_int, groups.as_mut_ptr()) };
-    groups.truncate(n.max(0) as usize);
-    groups
 }
 
 fn split_parent(name: &str) -> (&str, &str) {

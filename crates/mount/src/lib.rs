@@ -131,19 +131,9 @@ pub fn mount(
 /// Unmounts whatever is mounted at `mountpoint` (as root with umount2, else with
 /// `fusermount3 -u`); `lazy` detaches even if files are still open.
 pub fn unmount_path(mountpoint: &Path, lazy: bool) -> Result<(), MountError> {
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()).map_err(|_| {
-        MountError::MountPoint {
-            path: mountpoint.to_path_buf(),
-            problem: "contains a NUL byte".into(),
-        }
-    })?;
-    let flags = if lazy { libc::MNT_DETACH } else { 0 };
-    // SAFETY: `path` is a valid NUL-terminated string for the duration of the call.
-    if unsafe { libc::umount2(path.as_ptr(), flags) } == 0 {
+    let Err(first) = spillway_sys::mount::unmount(mountpoint, lazy) else {
         return Ok(());
-    }
-    let first = std::io::Error::last_os_error();
+    };
     let mut command = std::process::Command::new("fusermount3");
     command.arg("-u");
     if lazy {

@@ -116,6 +116,8 @@ impl Axis {
         if from_zero && low > 0.0 {
             low = 0.0;
         }
+        // `high >= low` here, so the difference needs no `abs`.
+        #[allow(clippy::float_equality_without_abs)]
         if high - low < f64::EPSILON {
             high = low + if low == 0.0 { 1.0 } else { low.abs() * 0.1 };
         }

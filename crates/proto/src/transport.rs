@@ -216,7 +216,10 @@ impl Connection for TcpConnection {
             return Ok(Identity::NOBODY);
         }
         let uid = loopback_peer_uid(peer, local)?;
-        Ok(Identity { uid, gid: primary_gid(uid).unwrap_or(Identity::NOBODY.gid) })
+        Ok(Identity {
+            uid,
+            gid: spillway_sys::user::primary_gid(uid).unwrap_or(Identity::NOBODY.gid),
+        })
     }
     fn try_clone_connection(&self) -> io::Result<Box<dyn Connection>> {
         Ok(Box::new(TcpConnection { stream: self.stream.try_clone()? }))
@@ -339,22 +342,6 @@ fn find_uid_in_proc_net(text: &str, peer: &str, local: &str) -> Option<u32> {
     })
 }
 
-/// The primary gid of a uid (from the password database).
-fn primary_gid(uid: u32) -> Option<u32> {
-    let mut buffer = vec![0 as libc::c_char; 4096];
-    let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
-    let mut result: *mut libc::passwd = std::ptr::null_mut();
-    // SAFETY: all pointers are valid for the sizes given; getpwuid_r writes only inside them.
-    let rc = unsafe {
-        libc::getpwuid_r(uid, &mut entry, buffer.as_mut_ptr(), buffer.len(), &mut result)
-    };
-    if rc == 0 && !result.is_null() {
-        Some(entry.pw_gid)
-    } else {
-        None
-    }
-}
-
 /// True for a path that looks usable as a Unix socket path (length limit of `sun_path`).
 pub fn unix_path_fits(path: &Path) -> bool {
     path.as_os_str().len() < 108
@@ -399,7 +386,7 @@ mod tests {
             }
             std::thread::sleep(Duration::from_millis(1));
         };
-        let me = unsafe { libc::getuid() };
+        let me = spillway_sys::user::uid();
         assert_eq!(server.identity().unwrap().uid, me);
         assert!(server.peer().starts_with("tcp://127.0.0.1:"));
     }
@@ -420,7 +407,7 @@ mod tests {
         let identity = server.identity().unwrap();
         assert_eq!(
             identity,
-            Identity { uid: unsafe { libc::getuid() }, gid: unsafe { libc::getgid() } }
+            Identity { uid: spillway_sys::user::uid(), gid: spillway_sys::user::gid() }
         );
         assert!(server.peer().contains(&format!("pid={}", std::process::id())));
         drop(listener);

@@ -380,7 +380,7 @@ fn unix_socket_identity_comes_from_the_kernel() {
         std::slice::from_ref(&endpoint),
     );
     let c = Client::connect(&[endpoint], ClientOptions::default()).unwrap();
-    assert_eq!(c.identity(), unsafe { (libc::getuid(), libc::getgid()) });
+    assert_eq!(c.identity(), (spillway_sys::user::uid(), spillway_sys::user::gid()));
     drop(c);
     running.stop().unwrap();
 }

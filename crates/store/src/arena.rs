@@ -45,6 +45,7 @@ pub struct Ring {
 // SAFETY: concurrent access goes to disjoint ranges as documented above; ranges are handed out
 // and reclaimed only under the store lock.
 unsafe impl Sync for Arena {}
+// SAFETY: the arena owns its bytes (a boxed slice), so moving it to another thread is moving a Box.
 unsafe impl Send for Arena {}
 
 /// A reservation: `padding` bytes skipped before `position`.
@@ -85,8 +86,12 @@ impl Arena {
     /// it and has not published it yet).
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn slice_mut(&self, position: u64, length: u64) -> &mut [u8] {
-        let start = self.physical(position, length);
-        std::slice::from_raw_parts_mut(self.bytes[start].get(), length as usize)
+        // SAFETY: `physical` asserts the range is inside the arena; the caller guarantees that
+        // nobody else accesses it while the view lives.
+        unsafe {
+            let start = self.physical(position, length);
+            std::slice::from_raw_parts_mut(self.bytes[start].get(), length as usize)
+        }
     }
 
     /// A shared view of a published range.
@@ -95,8 +100,12 @@ impl Arena {
     /// Nobody may write `[position, position + length)` while the view lives (the range is
     /// published and not yet released).
     pub unsafe fn slice(&self, position: u64, length: u64) -> &[u8] {
-        let start = self.physical(position, length);
-        std::slice::from_raw_parts(self.bytes[start].get() as *const u8, length as usize)
+        // SAFETY: `physical` asserts the range is inside the arena; the caller guarantees that
+        // nobody writes it while the view lives.
+        unsafe {
+            let start = self.physical(position, length);
+            std::slice::from_raw_parts(self.bytes[start].get() as *const u8, length as usize)
+        }
     }
 
     fn physical(&self, position: u64, length: u64) -> usize {
@@ -173,6 +182,8 @@ mod tests {
         assert_eq!(ring.reserve(50), Some(Reservation { padding: 40, position: 100 }));
         assert_eq!(ring.used(), 90);
         assert!(ring.holds(100, 50) && !ring.holds(0, 10));
+        // SAFETY: this test is the only user of the arena, and the two views do not overlap in
+        // time.
         unsafe {
             arena.slice_mut(100, 50).fill(7);
             assert!(arena.slice(100, 50).iter().all(|&b| b == 7));

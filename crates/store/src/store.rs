@@ -1638,18 +1638,21 @@ impl Inner {
             // payload bytes; the header bytes are touched by nobody but the spiller (us), and
             // the two views below never overlap in time.
             let mut header = [0u8; HEADER_BYTES];
+            // SAFETY: see above.
             header.copy_from_slice(unsafe { self.arena.slice(item.position, HEADER_BYTES as u64) });
             let decoded = RecordHeader::decode(&header).expect("a DRAM record header is corrupt");
             assert_eq!(decoded.sequence, item.sequence, "ring position and record disagree");
             let payload_crc = if decoded.payload_bytes == 0 {
                 0
             } else {
+                // SAFETY: as above; readers only ever read the payload.
                 crc32c::crc32c(unsafe {
                     self.arena
                         .slice(item.position + HEADER_BYTES as u64, decoded.payload_bytes as u64)
                 })
             };
             let crc = record_crc(&header, payload_crc);
+            // SAFETY: as above; the CRC bytes of the header are written by the spiller alone.
             unsafe { self.arena.slice_mut(item.position + 60, 4) }
                 .copy_from_slice(&crc.to_le_bytes());
         }

@@ -131,9 +131,8 @@ fn committed_epochs_survive_sigkill() {
             .spawn()
             .unwrap();
         std::thread::sleep(Duration::from_millis(rng.gen_range(30..250)));
-        // SAFETY: plain kill(2) on our own child's pid.
-        let killed = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGKILL) };
-        assert_eq!(killed, 0, "kill failed");
+        // SIGKILL; the child is not reaped yet, so its pid is still ours.
+        child.kill().expect("kill failed");
         let status = child.wait().unwrap();
         assert!(!status.success(), "round {round}: child exited on its own: {status:?}");
 

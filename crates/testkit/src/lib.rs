@@ -324,8 +324,8 @@ impl ServerProcess {
         if let Some(status) = self.try_status()? {
             return Ok(status);
         }
-        // SAFETY: kill(2) on our own child's pid, which is not reaped yet (try_status above).
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGKILL) };
+        // Not reaped yet (try_status above): the pid is still our child's.
+        let _ = self.child.kill();
         self.child.wait().map_err(|source| self.wait_error(source))
     }
 
@@ -334,8 +334,8 @@ impl ServerProcess {
         if let Some(status) = self.try_status()? {
             return Ok(status);
         }
-        // SAFETY: as in `sigkill`.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        // Not reaped yet, as in `sigkill`; a failed send shows as the timeout below.
+        let _ = spillway_sys::signal::send(self.child.id(), spillway_sys::signal::Signal::SIGTERM);
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.try_status()? {

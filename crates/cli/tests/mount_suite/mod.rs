@@ -95,6 +95,7 @@ fn statvfs(path: &Path) -> std::io::Result<libc::statvfs> {
     let p = cstr(path);
     // SAFETY: zeroed statvfs is a valid out-parameter.
     let mut out: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `p` is NUL-terminated and `out` a valid statvfs to fill.
     let rc = unsafe { libc::statvfs(p.as_ptr(), &mut out) };
     last_error(rc, out)
 }
