@@ -24,8 +24,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use spillway_client::{Client, ClientOptions, Placement};
-use spillway_meta::Namespace;
 use spillway_mount::MountConfig;
+use spillway_namespace::Namespace;
 use spillway_proto::Endpoint;
 use spillway_types::EpochId;
 

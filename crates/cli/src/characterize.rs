@@ -11,8 +11,8 @@ use spillway_sim::characterize::{
     characterize, characterize_profile, AllocationTarget, Peaks, Profile,
 };
 use spillway_sim::report::{characterization_html, characterization_table};
-use spillway_sim::trace::JobMeta;
-use spillway_sim::trace::Trace;
+use spillway_trace::JobMeta;
+use spillway_trace::Trace;
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -241,7 +241,7 @@ fn run_workload(args: RunArgs) -> anyhow::Result<()> {
         }
         WorkloadKind::Trace => {
             let path = args.trace.as_ref().context("--workload trace needs --trace FILE")?;
-            let trace = spillway_sim::trace::Trace::read_path(path)
+            let trace = spillway_trace::Trace::read_path(path)
                 .with_context(|| format!("cannot read trace {}", path.display()))?;
             Some(replay::events_from_trace(&trace))
         }

@@ -16,7 +16,7 @@ use spillway_sim::model::{
 use spillway_sim::policy::PolicyKind;
 use spillway_sim::report::{sweep_svg, sweep_table};
 use spillway_sim::synth::{workflow, WorkflowShape};
-use spillway_sim::trace::Trace;
+use spillway_trace::Trace;
 use spillway_types::format_bytes;
 
 #[derive(clap::Args)]

@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use spillway_client::meta::{RemoteNamespace, RemoteOptions};
 use spillway_client::{Client, ClientOptions, Placement};
-use spillway_meta::Namespace;
 use spillway_mount::{Mount, MountConfig};
+use spillway_namespace::Namespace;
 use spillway_proto::Endpoint;
 use spillway_testkit::ServerProcess;
 use spillway_types::EpochId;

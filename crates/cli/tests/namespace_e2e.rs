@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use spillway_client::meta::{RemoteNamespace, RemoteOptions};
-use spillway_meta::{Caller, FileKind, Namespace, SetAttr, ROOT_INO};
+use spillway_namespace::{Caller, FileKind, Namespace, SetAttr, ROOT_INO};
 use spillway_proto::Endpoint;
 use spillway_testkit::ServerProcess;
 use spillway_types::EpochId;
@@ -214,7 +214,7 @@ fn child_unprivileged_peer() {
 #[test]
 fn drained_mount_files_land_under_their_paths() {
     use spillway_client::{Client, ClientOptions, Placement};
-    use spillway_meta::data_file_name;
+    use spillway_namespace::data_file_name;
     use spillway_proto::DrainState;
     use spillway_testkit::{pattern, same_bytes};
     use std::time::Instant;

@@ -12,7 +12,7 @@
 
 use std::sync::{Condvar, Mutex};
 
-use spillway_meta::{
+use spillway_namespace::{
     Attr, Caller, DirEntry, FileKind, FsStat, Ino, ManifestEntry, MetaError, Namespace,
     NamespaceId, SetAttr,
 };

@@ -79,7 +79,7 @@ pub enum DrainError {
     #[error("this server (index {index}) is not among the servers holding {name:?}: server list differs between servers?")]
     NotParticipant { index: usize, name: String },
     #[error("mount file names: {0}")]
-    Namespace(spillway_meta::MetaError),
+    Namespace(spillway_namespace::MetaError),
 }
 
 /// Why starting the drainer failed.

@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 
 use spillway_client::meta::{RemoteNamespace, RemoteOptions};
-use spillway_meta::{parse_data_file_name, ManifestEntry, MetaError, Namespace, NamespaceId};
+use spillway_namespace::{parse_data_file_name, ManifestEntry, MetaError, Namespace, NamespaceId};
 use spillway_proto::Endpoint;
 
 /// Where one store file goes.

@@ -264,8 +264,8 @@ pub fn replay(
 /// placement key is the writing rank: a Darshan log is one job, so ranks are what a per-process
 /// stream mapping can separate. Reads, metadata operations and unlinks of files never written
 /// do not touch the SSDs and are skipped.
-pub fn events_from_trace(trace: &spillway_sim::trace::Trace) -> Vec<LogEvent> {
-    use spillway_sim::trace::Op;
+pub fn events_from_trace(trace: &spillway_trace::Trace) -> Vec<LogEvent> {
+    use spillway_trace::Op;
     let mut written_bytes: HashMap<u32, u64> = HashMap::new();
     let mut events = Vec::new();
     for op in &trace.ops {

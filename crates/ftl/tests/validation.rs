@@ -329,7 +329,7 @@ fn without_trim_dead_data_is_copied_until_the_file_system_reuses_it() {
 /// Workload (5): a trace becomes write-log events (file = segment, rank = key) and replays.
 #[test]
 fn trace_workload_writes_every_traced_byte_and_trims_unlinked_files() {
-    use spillway_sim::trace::{Op, Trace, TraceOp};
+    use spillway_trace::{Op, Trace, TraceOp};
     let op = |rank, file, op, offset, length| TraceOp {
         time_ns: 0,
         duration_ns: 0,

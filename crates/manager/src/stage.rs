@@ -44,7 +44,7 @@ use spillway_proto::{DrainState, Durability, Endpoint, EpochState, Request, Resp
 use spillway_types::EpochId;
 
 use spillway_client::meta::{RemoteNamespace, RemoteOptions};
-use spillway_meta::{
+use spillway_namespace::{
     data_file_name, Attr as MetaAttr, Caller as MetaCaller, FileKind, Ino, MetaError, Namespace,
     SetAttr, TimeSet, Timestamp, ROOT_INO,
 };

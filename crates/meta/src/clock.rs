@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use crate::namespace::Timestamp;
+use spillway_namespace::Timestamp;
 
 /// A source of the current time.
 pub trait Clock: Send + Sync {

@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 
 use spillway_types::EpochId;
 
-use crate::namespace::{Attr, FileKind, NamespaceId, Timestamp};
 use crate::state::{Inode, Mutation, State};
+use spillway_namespace::{Attr, FileKind, NamespaceId, Timestamp};
 
 /// Journal file magic, version 1.
 pub const MAGIC: [u8; 8] = *b"SPWLNSJ1";

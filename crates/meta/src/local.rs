@@ -16,9 +16,9 @@ use spillway_types::EpochId;
 
 use crate::clock::Clock;
 use crate::journal::{Journal, JournalError, JournalHeader, Recovery};
-use crate::namespace::*;
 use crate::permission::{self, MAY_EXECUTE, MAY_READ, MAY_WRITE};
 use crate::state::{Inode, Mutation, State};
+use spillway_namespace::*;
 
 /// Total and free bytes of the store that holds the namespace's data (for `statfs`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

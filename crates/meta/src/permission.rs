@@ -8,7 +8,7 @@
 //! changes an owner; the owner may change the group to one of its own groups; set-user-ID and
 //! set-group-ID (with group execute) bits are dropped on chown and on writes by non-root.
 
-use crate::namespace::{Attr, Caller, FileKind, MetaError};
+use spillway_namespace::{Attr, Caller, FileKind, MetaError};
 
 /// Read permission bit of the `mask` arguments below.
 pub const MAY_READ: u32 = 4;
@@ -221,7 +221,7 @@ pub fn new_inode_owner(c: &Caller, parent: &Attr, kind: FileKind, mode: u32) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::namespace::Timestamp;
+    use spillway_namespace::Timestamp;
 
     fn attr(kind: FileKind, mode: u32, uid: u32, gid: u32) -> Attr {
         Attr {

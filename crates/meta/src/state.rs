@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::namespace::{Attr, FileKind, Ino, ROOT_INO};
+use spillway_namespace::{Attr, FileKind, Ino, ROOT_INO};
 
 /// One inode: its attributes, a symlink's target, a directory's parent.
 #[derive(Clone, Debug, PartialEq, Eq)]

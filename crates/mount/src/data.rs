@@ -2,7 +2,7 @@
 //! reads, writes, zero-fills and flushes it.
 //!
 //! Generation `g` of inode `i` of namespace `n` is the store file `ns/<n>/<i>.<g>`
-//! ([`spillway_meta::data_file_name`]) in the namespace's data epoch, placed by the client's
+//! ([`spillway_namespace::data_file_name`]) in the namespace's data epoch, placed by the client's
 //! placement (striped over the reservation's servers by default), so it drains like any other
 //! epoch data. The store never shrinks a file, so the mount keeps two rules (docs/design/mount.md,
 //! "Truncate"):
@@ -31,7 +31,7 @@ use std::thread::JoinHandle;
 
 use parking_lot::{Mutex, MutexGuard};
 use spillway_client::{placement, Client, ClientError, FileHandle};
-use spillway_meta::{data_file_name, Ino, NamespaceId};
+use spillway_namespace::{data_file_name, Ino, NamespaceId};
 use spillway_proto::ErrorCode;
 use spillway_types::EpochId;
 

@@ -28,7 +28,7 @@ use fuser::{
     ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
-use spillway_meta::{
+use spillway_namespace::{
     Attr, Caller, FileKind, Ino, MetaError, Namespace, SetAttr, TimeSet, Timestamp,
 };
 
@@ -714,14 +714,12 @@ impl Filesystem for SpillwayFs {
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.namespace.getattr(ino.0) {
             Ok(attr) if attr.kind != FileKind::Directory => reply.error(Errno::ENOTDIR),
-            Ok(_) => match self.namespace.access(
-                &caller(req),
-                ino.0,
-                spillway_meta::namespace::ACCESS_READ,
-            ) {
-                Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
-                Err(e) => reply.error(errno(&e)),
-            },
+            Ok(_) => {
+                match self.namespace.access(&caller(req), ino.0, spillway_namespace::ACCESS_READ) {
+                    Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
+                    Err(e) => reply.error(errno(&e)),
+                }
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }

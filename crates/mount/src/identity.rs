@@ -5,7 +5,7 @@
 //! (`Groups:` line). A request the kernel makes on its own behalf (pid 0) or from a process that
 //! has exited meanwhile gets no supplementary groups: the check then errs on the side of denial.
 
-use spillway_meta::Caller;
+use spillway_namespace::Caller;
 
 /// Supplementary groups of `pid`, from `/proc/<pid>/status`; empty if the process is gone or
 /// the line is missing.

@@ -1,5 +1,5 @@
 //! The POSIX mount of Spillway: a FUSE file system whose metadata lives in a namespace
-//! ([`spillway_meta::Namespace`], on a burst buffer server or in-process) and whose file bytes
+//! ([`spillway_namespace::Namespace`], on a burst buffer server or in-process) and whose file bytes
 //! live in the burst buffer store as ordinary epoch data (`ns/<namespace>/<ino>.<generation>`),
 //! so `ls`, `cp`, Python and static binaries see the same files as the native API and the files
 //! drain to the PFS like any other epoch.
@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use fuser::{BackgroundSession, Config, MountOption, SessionACL};
 use spillway_client::Client;
-use spillway_meta::Namespace;
+use spillway_namespace::Namespace;
 
 pub use data::{DataError, DataPlane};
 pub use fs::{MountConfig, SpillwayFs, MAX_WRITE_BYTES};

@@ -8,7 +8,7 @@
 //! kernel unchanged. Every request that acts for someone carries the [`Caller`]; the server
 //! trusts it only from root peers. Byte layouts: docs/design/protocol.md, "Namespace frames".
 
-use spillway_meta::{
+use spillway_namespace::{
     Attr, Caller, DirEntry, FileKind, FsStat, Ino, ManifestEntry, NamespaceId, SetAttr, TimeSet,
     Timestamp,
 };

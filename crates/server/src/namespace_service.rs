@@ -19,9 +19,9 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use spillway_meta::{
-    Caller, Capacity, LocalNamespace, LocalOptions, MetaError, Namespace, NamespaceConfig,
-    NamespaceId, OpenError, StoreCapacity, SystemClock, ROOT_INO,
+    Capacity, LocalNamespace, LocalOptions, NamespaceConfig, OpenError, StoreCapacity, SystemClock,
 };
+use spillway_namespace::{Caller, MetaError, Namespace, NamespaceId, ROOT_INO};
 use spillway_proto::{Identity, NamespaceRequest, NamespaceResponse, BODY_BYTES_MAX};
 
 use crate::backend::Backend;
@@ -271,7 +271,7 @@ impl NamespaceService {
                 if !trusted {
                     let attr = ns.getattr(ino)?;
                     if attr.uid != caller.uid {
-                        ns.access(&caller, ino, spillway_meta::ACCESS_WRITE)?;
+                        ns.access(&caller, ino, spillway_namespace::ACCESS_WRITE)?;
                     }
                 }
                 A::Attr(ns.wrote(&caller, ino, end_offset)?)

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::trace::{JobMeta, Op, Trace};
+use spillway_trace::{JobMeta, Op, Trace};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
@@ -620,7 +620,7 @@ fn recommend(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::TraceOp;
+    use spillway_trace::TraceOp;
 
     const MIB: f64 = 1024.0 * 1024.0;
 

@@ -1,9 +1,8 @@
-//! Planning tools for burst buffers: the Spillway trace format (re-exported from the leaf crate
-//! `spillway-trace` as [`trace`]), a trace-driven two-level
-//! simulator (Xu/Sato), synthetic workflow traces, and workflow characterization with
-//! allocation advice (Daley et al., DataWarp).
+//! Planning tools for burst buffers over the Spillway trace format (the leaf crate
+//! `spillway-trace`): a trace-driven two-level simulator (Xu/Sato), synthetic workflow traces,
+//! and workflow characterization with allocation advice (Daley et al., DataWarp).
 //!
-//! Why one crate: all four share the trace and have no I/O beyond reading and writing traces,
+//! Why one crate: all three read traces and have no I/O beyond reading and writing them,
 //! so the CLI (`spillway sim`, `spillway characterize`) stays a thin layer of flags and output
 //! formatting. Eviction policies are pure code in [`policy`] so a daemon can share them.
 
@@ -12,12 +11,9 @@ pub mod model;
 pub mod policy;
 pub mod report;
 pub mod synth;
-pub use spillway_trace as trace;
-pub use spillway_trace::crc32;
 
 pub use characterize::{characterize, AllocationTarget, Bound, Characterization, Peaks, Profile};
 pub use model::{
     access_space, simulate, sweep, Level, SimConfig, SimReport, SweepPoint, WriteBack,
 };
 pub use policy::{EvictionPolicy, PolicyKind};
-pub use trace::{JobMeta, Op, Trace, TraceOp, TraceReader, TraceWriter};

@@ -18,7 +18,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use serde::{Deserialize, Serialize};
 
 use crate::policy::{EvictionPolicy, Fifo, Lfu, Lru, PolicyKind};
-use crate::trace::{Op, TraceOp};
+use spillway_trace::{Op, TraceOp};
 
 /// Bandwidth and latency of one storage level.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]

@@ -12,7 +12,7 @@ use spillway_types::format_bytes;
 use crate::characterize::{Bound, Characterization, FileGroup, Namespace};
 use crate::model::SweepPoint;
 use crate::policy::PolicyKind;
-use crate::trace::JobMeta;
+use spillway_trace::JobMeta;
 
 const MIB: f64 = 1024.0 * 1024.0;
 

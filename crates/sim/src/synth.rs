@@ -13,7 +13,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::trace::{JobMeta, Op, Trace, TraceOp};
+use spillway_trace::{JobMeta, Op, Trace, TraceOp};
 
 /// Parameters of a synthetic workflow.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use spillway_sim::characterize::{characterize, AllocationTarget, Peaks};
 use spillway_sim::model::{simulate, sweep, time_ordered, SimConfig, WriteBack};
 use spillway_sim::policy::PolicyKind;
-use spillway_sim::trace::{Op, Trace};
+use spillway_trace::{Op, Trace};
 
 fn sample(name: &str) -> Trace {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../traces").join(name);

@@ -9,6 +9,7 @@ mod recovery;
 use std::sync::Arc;
 
 use spillway_meta::*;
+use spillway_namespace::*;
 use spillway_types::EpochId;
 
 pub const GIB: u64 = 1 << 30;

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use spillway_meta::*;
+use spillway_namespace::*;
 
 use crate::{capacity, clock, config, options, root};
 

@@ -2,7 +2,8 @@
 
 use libc::*;
 use spillway_meta::*;
-use spillway_meta::{RENAME_EXCHANGE, RENAME_NOREPLACE};
+use spillway_namespace::*;
+use spillway_namespace::{RENAME_EXCHANGE, RENAME_NOREPLACE};
 
 use crate::{errno, namespace, root, user};
 

@@ -5,6 +5,7 @@ use std::io::Write;
 use std::path::Path;
 
 use spillway_meta::*;
+use spillway_namespace::*;
 
 use crate::{capacity, clock, config, options, root, user};
 
