@@ -1,27 +1,24 @@
-//! `spillway`: one binary, one subcommand per role. Each subcommand lives in its own module with
-//! an `Args` struct (its flags) and a `run` function; this file only dispatches.
+//! `spillway`: one binary, one subcommand per role. This crate parses the command line and
+//! dispatches; the work lives elsewhere:
+//!
+//! - [`daemons`]: `serve` and `manager`, the long-running processes (wiring of the server,
+//!   drain and manager crates);
+//! - [`commands`]: short-lived user and operator commands (`mount`, `reservation`, `stage-in`,
+//!   `status`, `drain`, …) against the servers and the manager;
+//! - [`planning`]: `ftl`, `sim` and `characterize`, front ends of `spillway-ftl` and
+//!   `spillway-sim`;
+//! - the crates `spillway-bench` (`bench …`), `spillway-demo` (`demo`) and `spillway-slurm`
+//!   (`bb …`, the Slurm hooks), which declare their own flags next to their code.
 
 use clap::{Parser, Subcommand};
 
-mod bb;
-mod bench_egress;
-mod bench_ingress;
-mod bench_mount;
-mod bench_peaks;
-mod bench_store;
-mod characterize;
-mod demo;
-mod drain;
-mod ftl;
-mod manager;
-mod mount;
-mod pool;
-mod reaped;
-mod reservation;
-mod serve;
-mod sim;
-mod stage;
-mod status;
+mod commands;
+mod daemons;
+mod planning;
+
+use commands::{drain, mount, pool, reservation, stage, status};
+use daemons::{manager, serve};
+use planning::{characterize, ftl, sim};
 
 #[derive(Parser)]
 #[command(name = "spillway", version, about = "Spillway: a burst buffer for HPC centers")]
@@ -33,7 +30,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the end-to-end demonstration (what `make demo` shows).
-    Demo(demo::Args),
+    Demo(spillway_demo::Args),
     /// Mount a reservation's burst buffer as a POSIX file system (FUSE).
     Mount(mount::Args),
     /// Unmount a Spillway mount (its process flushes, syncs and exits).
@@ -41,7 +38,7 @@ enum Command {
     /// Run a burst buffer server owning one store.
     Serve(serve::Args),
     /// Slurm burst_buffer/lua hooks (called by slurm/burst_buffer.lua).
-    Bb(bb::Args),
+    Bb(spillway_slurm::Args),
     /// Run the manager (control plane) in the foreground.
     Manager(manager::Args),
     /// Burst buffer pools (create: root or admin group).
@@ -62,7 +59,7 @@ enum Command {
     Drain(drain::Args),
     /// Benchmarks: each measures its baselines in the same run and reports ratios.
     #[command(subcommand)]
-    Bench(Bench),
+    Bench(spillway_bench::Command),
     /// SSD wear: FTL simulator with multi-stream placement.
     Ftl(ftl::Args),
     /// Trace-driven burst buffer simulator (Xu/Sato two-level model).
@@ -73,29 +70,13 @@ enum Command {
     ConfigDoc,
 }
 
-#[derive(Subcommand)]
-enum Bench {
-    /// Store ingest: DRAM, SSD spill and commit against memcpy and plain file baselines.
-    Store(bench_store::Args),
-    /// Client ingress through servers against Memcached, loopback TCP and direct-to-disk.
-    Ingress(bench_ingress::Args),
-    /// Peak bandwidth, IOPS and metadata rate of a target with rising concurrency.
-    Peaks(bench_peaks::Args),
-    /// Drain to the PFS: naive against coordinated shuffling, sequential-write baseline.
-    Egress(bench_egress::Args),
-    /// The FUSE mount: sequential writes against the native client, metadata striped against
-    /// private namespaces and a local directory.
-    Mount(bench_mount::Args),
-}
-
 fn main() {
-    let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Demo(args) => demo::run(args),
+    let result = match Cli::parse().command {
+        Command::Demo(args) => spillway_demo::run(args),
         Command::Mount(args) => mount::run(args),
         Command::Umount(args) => mount::run_umount(args),
         Command::Serve(args) => serve::run(args),
-        Command::Bb(args) => bb::run(args),
+        Command::Bb(args) => spillway_slurm::run(args),
         Command::Manager(args) => manager::run(args),
         Command::Pool(args) => pool::run(args),
         Command::Server(args) => pool::run_server(args),
@@ -105,20 +86,12 @@ fn main() {
         Command::StageOut(args) => stage::run_out(args),
         Command::Status(args) => status::run(args),
         Command::Drain(args) => drain::run(args),
-        Command::Bench(Bench::Store(args)) => bench_store::run(args),
-        Command::Bench(Bench::Ingress(args)) => bench_ingress::run(args),
-        Command::Bench(Bench::Peaks(args)) => bench_peaks::run(args),
-        Command::Bench(Bench::Egress(args)) => bench_egress::run(args),
-        Command::Bench(Bench::Mount(args)) => bench_mount::run(args),
+        Command::Bench(command) => spillway_bench::run(command),
         Command::Ftl(args) => ftl::run(args),
         Command::Sim(args) => sim::run(args),
         Command::Characterize(args) => characterize::run(args),
         Command::ConfigDoc => {
-            // The daemon's sections plus the simulators' (which the config crate cannot name
-            // without depending on them).
-            let mut knobs = spillway_config::Config::describe();
-            knobs.extend(spillway_ftl::FtlKnobs::describe());
-            print!("{}", spillway_config::render_reference(&knobs));
+            print_config_reference();
             Ok(())
         }
     };
@@ -126,4 +99,12 @@ fn main() {
         eprintln!("spillway: {error:#}");
         std::process::exit(1);
     }
+}
+
+/// The daemons' knob sections plus the simulators' (which the config crate cannot name without
+/// depending on them), as Markdown.
+fn print_config_reference() {
+    let mut knobs = spillway_config::Config::describe();
+    knobs.extend(spillway_ftl::FtlKnobs::describe());
+    print!("{}", spillway_config::render_reference(&knobs));
 }

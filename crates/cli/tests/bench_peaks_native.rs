@@ -5,8 +5,8 @@
 use std::process::Command;
 
 use spillway_client::{Client, ClientOptions};
+use spillway_harness::{endpoint_list, ServerProcess};
 use spillway_proto::Endpoint;
-use spillway_testkit::{endpoint_list, ServerProcess};
 
 const BIN: &str = env!("CARGO_BIN_EXE_spillway");
 

@@ -6,8 +6,8 @@ use std::path::Path;
 use std::process::Command;
 
 use spillway_client::{traced_epoch_name, traced_file_name, Client, ClientOptions, Placement};
+use spillway_harness::{pattern, ServerProcess};
 use spillway_proto::Durability;
-use spillway_testkit::{pattern, ServerProcess};
 use spillway_trace::{Op, Trace};
 use spillway_types::EpochId;
 

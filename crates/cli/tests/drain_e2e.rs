@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use spillway_client::{Client, ClientOptions, Placement};
+use spillway_harness::{pattern, same_bytes, ServerProcess};
 use spillway_proto::{DrainState, Endpoint, EpochState};
-use spillway_testkit::{pattern, same_bytes, ServerProcess};
 use spillway_types::EpochId;
 
 const BIN: &str = env!("CARGO_BIN_EXE_spillway");

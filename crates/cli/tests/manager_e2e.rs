@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use spillway_client::meta::{RemoteNamespace, RemoteOptions};
 use spillway_client::{Client, ClientOptions, Placement};
+use spillway_harness::{pattern, ServerProcess};
 use spillway_namespace::{data_file_name, Caller as MetaCaller, FileKind, Namespace, ROOT_INO};
 use spillway_proto::Endpoint;
-use spillway_testkit::{pattern, ServerProcess};
 use spillway_types::EpochId;
 
 const BIN: &str = env!("CARGO_BIN_EXE_spillway");

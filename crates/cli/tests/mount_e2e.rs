@@ -13,10 +13,10 @@ use std::sync::Arc;
 
 use spillway_client::meta::{RemoteNamespace, RemoteOptions};
 use spillway_client::{Client, ClientOptions, Placement};
+use spillway_harness::ServerProcess;
 use spillway_mount::{Mount, MountConfig};
 use spillway_namespace::Namespace;
 use spillway_proto::Endpoint;
-use spillway_testkit::ServerProcess;
 use spillway_types::EpochId;
 
 const BIN: &str = env!("CARGO_BIN_EXE_spillway");
@@ -104,7 +104,7 @@ impl CliMount {
         let out = std::process::Command::new(BIN)
             .arg("mount")
             .arg("--servers")
-            .arg(spillway_testkit::endpoint_list(endpoints))
+            .arg(spillway_harness::endpoint_list(endpoints))
             .args(extra)
             .arg("--background")
             .arg("--log")
@@ -316,7 +316,7 @@ fn fsync_through_the_mount_survives_a_crash_of_every_server() {
     let _mount = CliMount::start(&endpoints, &path, &["--access", "striped"]);
     let got = std::fs::read(path.join("ckpt.bin")).unwrap();
     assert!(
-        spillway_testkit::same_bytes(&got, &expected),
+        spillway_harness::same_bytes(&got, &expected),
         "the fsync'd file lost bytes across the crash"
     );
 }

@@ -11,9 +11,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use spillway_client::meta::{RemoteNamespace, RemoteOptions};
+use spillway_harness::ServerProcess;
 use spillway_namespace::{Caller, FileKind, Namespace, SetAttr, ROOT_INO};
 use spillway_proto::Endpoint;
-use spillway_testkit::ServerProcess;
 use spillway_types::EpochId;
 
 const BIN: &str = env!("CARGO_BIN_EXE_spillway");
@@ -214,9 +214,9 @@ fn child_unprivileged_peer() {
 #[test]
 fn drained_mount_files_land_under_their_paths() {
     use spillway_client::{Client, ClientOptions, Placement};
+    use spillway_harness::{pattern, same_bytes};
     use spillway_namespace::data_file_name;
     use spillway_proto::DrainState;
-    use spillway_testkit::{pattern, same_bytes};
     use std::time::Instant;
 
     let dir = tempfile::tempdir().unwrap();

@@ -11,9 +11,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use spillway_client::{Client, ClientOptions, Placement};
+use spillway_harness::{endpoint_list, pattern, ServerBuilder, ServerProcess};
 use spillway_proto::frame;
 use spillway_proto::{Durability, Endpoint, EpochState, ErrorCode, Response};
-use spillway_testkit::{endpoint_list, pattern, ServerBuilder, ServerProcess};
 use spillway_types::EpochId;
 
 const BIN: &str = env!("CARGO_BIN_EXE_spillway");

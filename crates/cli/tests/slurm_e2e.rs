@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use spillway_testkit::{pattern, ServerProcess};
+use spillway_harness::{pattern, ServerProcess};
 
 const BIN: &str = env!("CARGO_BIN_EXE_spillway");
 const USER: &str = "spillway-test";

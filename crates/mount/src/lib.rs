@@ -11,6 +11,7 @@
 //! docs/design/mount.md for threads, caching, TTLs, truncation and identity, and
 //! docs/semantics.md ("Mount") for what applications may rely on.
 
+pub mod connect;
 pub mod data;
 pub mod fs;
 pub mod identity;

@@ -8,8 +8,6 @@
 //! - [`stream`]: BIOS Algorithm 1, key (user or job) → SSD stream id with a per-device limit,
 //!   least-used sharing when streams run out, and periodic reclaim of idle keys.
 //! - [`pool`]: BIOS Algorithm 2, stream-aware choice of a burst buffer pool for a new job.
-//! - [`directive`]: the `#BB_LUA` job script directive (capacity, pool, access, persistent,
-//!   stage_in/stage_out), parsed the way Slurm 22.05's burst_buffer/lua plugin reads it.
 //! - [`fragments`]: a reservation's capacity → fixed-size fragments → the servers it stripes
 //!   over (DataWarp's fragments), respecting free space and health.
 //! - [`namespace`]: which server holds a mount's namespace (striped: the first; private:
@@ -17,7 +15,6 @@
 //! - [`lifetime`]: lifetime-aware grouping (the improvement BIOS 7.2 proposes): keys whose data
 //!   is expected to die at similar times share a stream.
 
-pub mod directive;
 pub mod fragments;
 pub mod lifetime;
 pub mod namespace;

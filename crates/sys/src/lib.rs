@@ -1,7 +1,7 @@
 //! The operating-system calls that several Spillway crates make, written once.
 //!
-//! User and group look-ups, signals, what a child process does between fork and exec, and
-//! unmounting: each was once copied into the crates that needed it, as raw `libc` with its own
+//! User and group look-ups, signals, what a child process does between fork and exec,
+//! unmounting, and local time: each was once copied into the crates that needed it, as raw `libc` with its own
 //! `unsafe`. They live here, on top of `nix` and `signal-hook`, so that the other crates stay
 //! free of that code (most of them `forbid(unsafe_code)`) and a fix lands in one place.
 //!
@@ -11,4 +11,5 @@
 pub mod mount;
 pub mod process;
 pub mod signal;
+pub mod time;
 pub mod user;

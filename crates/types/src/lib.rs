@@ -133,6 +133,11 @@ mod tests {
         assert_eq!(parse_size("5kb"), Ok(5000));
         assert_eq!(parse_size("3B"), Ok(3));
         assert_eq!(parse_size("0"), Ok(0));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("2g"), Ok(2 << 30));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("5X").is_err());
         assert_eq!(parse_size("G"), Err(SizeError::NoDigits));
         assert_eq!(parse_size(""), Err(SizeError::NoDigits));
         assert_eq!(parse_size("12XB"), Err(SizeError::UnknownUnit("XB".into())));

@@ -50,22 +50,23 @@ use spillway_proto::{DrainInfo, DrainState, Durability, Endpoint, EpochState, Se
 use spillway_sys::signal::Signal;
 use spillway_types::{format_bytes, EpochId, MIB};
 
+/// `spillway demo`'s flags.
 #[derive(clap::Args)]
 pub struct Args {
     /// Client ranks (threads, each with its own connections to every server).
     #[arg(long, default_value_t = 4)]
     ranks: u32,
     /// Bytes each rank writes per epoch, e.g. 16M.
-    #[arg(long, default_value = "32M", value_parser = crate::serve::parse_bytes)]
+    #[arg(long, default_value = "32M", value_parser = spillway_types::parse_size)]
     rank_bytes: u64,
     /// Size of one write call of a rank, e.g. 1M.
-    #[arg(long, default_value = "1M", value_parser = crate::serve::parse_bytes)]
+    #[arg(long, default_value = "1M", value_parser = spillway_types::parse_size)]
     transfer_bytes: u64,
     /// DRAM tier of each server (small, so that the checkpoint spills to SSD).
-    #[arg(long, default_value = "32M", value_parser = crate::serve::parse_bytes)]
+    #[arg(long, default_value = "32M", value_parser = spillway_types::parse_size)]
     dram_bytes: u64,
     /// SSD log segment size of each server (small, so that deleting an epoch frees whole segments).
-    #[arg(long, default_value = "8M", value_parser = crate::serve::parse_bytes)]
+    #[arg(long, default_value = "8M", value_parser = spillway_types::parse_size)]
     segment_bytes: u64,
     /// Directory under which the demo makes its temporary directory (removed at the end).
     #[arg(long, default_value = "/var/tmp")]
@@ -1589,14 +1590,14 @@ mod tests {
     }
 
     /// The whole demo with small sizes, against the `spillway` binary cargo built beside this
-    /// test binary (`cargo test -p spillway` builds it for the integration tests).
+    /// test binary (`cargo test --workspace` builds it for the binary's integration tests).
     #[test]
     fn demo_runs() {
         let exe = std::env::current_exe().unwrap();
         let bin = exe.parent().and_then(Path::parent).map(|d| d.join("spillway")).unwrap();
         assert!(
             bin.exists(),
-            "{} not built (run `cargo test -p spillway`, which builds it)",
+            "{} not built (run `cargo test --workspace`, or `cargo build -p spillway` first)",
             bin.display()
         );
         let dir = tempfile::tempdir().unwrap();

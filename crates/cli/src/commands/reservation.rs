@@ -5,10 +5,11 @@
 //! checks ownership from the socket's peer credentials; root (or the admin group) may create for
 //! another uid with `--owner UID --group GID` (the Slurm hooks do).
 
-use crate::serve::parse_bytes as parse_size;
 use spillway_manager::{Access, CreateReservation, Reservation};
+use spillway_types::parse_size;
 
-use crate::status::{bytes, print_json, print_table, ManagerFlags};
+use super::manager_api::{print_json, print_table, ManagerFlags};
+use spillway_types::format_bytes as bytes;
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -1,9 +1,10 @@
-//! `spillway bb <hook>`: the Slurm burst_buffer/lua hooks, one subcommand per hook.
+//! The Slurm integration: `spillway bb <hook>`, the burst_buffer/lua hooks (one subcommand per
+//! hook), and the `#BB_LUA` directive they read ([`directive`]).
 //!
 //! `slurm/burst_buffer.lua` is a thin shim: each `slurm_bb_*` function runs the matching
 //! subcommand here and hands its exit status and output back to Slurm. Keeping the logic in Rust
-//! means the directive parser is the tested one in `spillway_policy::directive`, errors are the
-//! CLI's, and the hooks can be run by hand when something goes wrong.
+//! means the directive parser is the tested one in [`directive`], errors are the CLI's, and the
+//! hooks can be run by hand when something goes wrong.
 //!
 //! Hooks that run inside slurmctld (`validate` for job_process, `paths`, `pools` from the cache)
 //! do local work only. The others talk to the manager through the contract CLI (`spillway
@@ -19,6 +20,8 @@
 //! by its exact arguments), destroy the job's reservation (never a persistent one), remove the
 //! mount point — so a job cancelled during stage-in or while running leaves nothing behind.
 
+pub mod directive;
+
 use std::ffi::OsString;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
@@ -28,8 +31,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 use clap::{Parser, Subcommand};
+use directive::Directive;
 use serde::{Deserialize, Serialize};
-use spillway_policy::directive::{self, Directive};
 
 /// Where job reservations are mounted on the node unless `--mount-root` says otherwise.
 const MOUNT_ROOT_DEFAULT: &str = "/mnt/spillway";
@@ -925,18 +928,14 @@ fn local_time_unix_s(text: &str) -> Option<i64> {
     if text.len() != 19 {
         return None;
     }
-    // SAFETY: a zeroed tm is a valid argument; mktime only reads and normalises it.
-    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
-    tm.tm_year = number(0..4)? - 1900;
-    tm.tm_mon = number(5..7)? - 1;
-    tm.tm_mday = number(8..10)?;
-    tm.tm_hour = number(11..13)?;
-    tm.tm_min = number(14..16)?;
-    tm.tm_sec = number(17..19)?;
-    tm.tm_isdst = -1;
-    // SAFETY: tm is a valid, initialised struct tm.
-    let seconds = unsafe { libc::mktime(&mut tm) };
-    (seconds != -1).then_some(seconds as i64)
+    spillway_sys::time::local_time_unix_s(
+        number(0..4)?,
+        number(5..7)?,
+        number(8..10)?,
+        number(11..13)?,
+        number(14..16)?,
+        number(17..19)?,
+    )
 }
 
 /// SIGTERM each pid, SIGKILL whatever is left after [`KILL_GRACE`].

@@ -16,18 +16,20 @@
 //! subject runs right after its baseline, and the reported ratio is the median over repeats of
 //! those paired ratios.
 
+use crate::start_server;
+use crate::stats::median;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use spillway_harness::Reaped;
+
 use anyhow::{bail, Context};
 use spillway_client::{Client, ClientOptions, Placement};
 use spillway_proto::{Durability, Endpoint};
 use spillway_types::EpochId;
-
-use crate::serve::parse_bytes;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -38,10 +40,10 @@ pub struct Args {
     #[arg(long, default_value_t = 2)]
     clients: u32,
     /// Bytes per write (and per memcached SET).
-    #[arg(long, default_value = "1M", value_parser = parse_bytes)]
+    #[arg(long, default_value = "1M", value_parser = spillway_types::parse_size)]
     transfer_bytes: u64,
     /// Bytes each client writes.
-    #[arg(long, default_value = "512M", value_parser = parse_bytes)]
+    #[arg(long, default_value = "512M", value_parser = spillway_types::parse_size)]
     bytes_per_client: u64,
     /// Only the configuration given by the flags (default: also S=2 and 16 KiB transfers).
     #[arg(long)]
@@ -206,7 +208,7 @@ fn measure(shape: &Shape, work: &Path, repeat: u32) -> anyhow::Result<Row> {
         samples[6].push(spillway_gbps(shape, work, "n1", "ssd")?);
     }
     let paired = |subject: usize, baseline: usize| {
-        median(samples[subject].iter().zip(&samples[baseline]).map(|(s, b)| s / b).collect())
+        median(samples[subject].iter().zip(&samples[baseline]).map(|(s, b)| s / b))
     };
     let (vs_memcached, vs_loopback, ssd_vs_direct_pfs) = (paired(1, 2), paired(1, 0), paired(5, 4));
     let [loopback, nn_memory, memcached, n1_memory, direct, nn_ssd, n1_ssd] = samples.map(median);
@@ -228,14 +230,6 @@ fn measure(shape: &Shape, work: &Path, repeat: u32) -> anyhow::Result<Row> {
     })
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    assert!(!values.is_empty());
-    values.sort_by(|a, b| a.total_cmp(b));
-    values[values.len() / 2]
-}
-
-use crate::reaped::{start_server, Reaped};
-
 fn spillway_gbps(
     shape: &Shape,
     work: &Path,
@@ -253,7 +247,7 @@ fn spillway_gbps(
     } else {
         std::env::var("SPILLWAY_BENCH_SSD_DRAM")
             .ok()
-            .and_then(|v| parse_bytes(&v).ok())
+            .and_then(|v| spillway_types::parse_size(&v).ok())
             .unwrap_or(128 << 20)
     };
     let ssd = per_server * 2 + (1 << 30);
@@ -264,14 +258,12 @@ fn spillway_gbps(
         let server_args = [
             "--durability".to_string(),
             durability.to_string(),
-            "--dram-bytes".into(),
-            dram.to_string(),
             "--ssd-bytes".into(),
             ssd.to_string(),
         ];
-        let (server, endpoint) = start_server(work, &s.to_string(), &ssd_dir, &server_args)?;
+        let server = start_server(work, &s.to_string(), &ssd_dir, dram, &server_args)?;
+        endpoints.push(server.endpoint().to_string());
         servers.push(server);
-        endpoints.push(endpoint);
     }
     let list = endpoints.join(",");
     let mut workers: Vec<(Reaped, ChildStdin, BufReader<ChildStdout>)> = Vec::new();

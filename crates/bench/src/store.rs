@@ -8,6 +8,7 @@
 //! write + fdatasync. Every pair is repeated; the table shows the best of each figure and the
 //! median and spread of the paired ratios.
 
+use crate::stats::{median, spread};
 use anyhow::{bail, Context};
 use spillway_config::StoreKnobs;
 use spillway_store::{Durability, Store};
@@ -268,20 +269,6 @@ fn measure_commit(
     store.close()?;
     std::fs::remove_dir_all(root.join("commit"))?;
     Ok((gbps(bytes, seconds), (before + after) / 2.0))
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
-}
-
-fn spread(values: &[f64]) -> (f64, f64) {
-    values.iter().fold((f64::MAX, f64::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)))
 }
 
 fn report(args: &Args, root: &Path, segment_bytes: u64, rows: &[Row]) -> anyhow::Result<()> {

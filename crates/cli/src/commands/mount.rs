@@ -19,18 +19,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use spillway_client::meta::{RemoteNamespace, RemoteOptions};
-use spillway_client::{Client, ClientOptions, Placement};
+use spillway_mount::connect::{
+    connect_namespace, data_clients, namespace_placement, NamespaceRoot, MOUNT_EPOCH_DEFAULT,
+};
 use spillway_mount::MountConfig;
-use spillway_namespace::{Namespace, NamespaceId};
-use spillway_policy::namespace::{namespace_placement as policy_placement, NamespaceAccess};
+use spillway_namespace::Namespace;
+use spillway_policy::namespace::NamespaceAccess;
 use spillway_proto::Endpoint;
 use spillway_types::EpochId;
 
-/// The data epoch of mount namespaces unless `--epoch` says otherwise.
-pub const MOUNT_EPOCH_DEFAULT: u64 = 1_000_000;
-/// The namespace id of the striped namespace unless `--namespace-id` says otherwise.
-pub const STRIPED_NAMESPACE_ID_DEFAULT: u64 = 1;
 /// The line the mount prints on stdout once the kernel has the mount.
 const READY_PREFIX: &str = "mounted ";
 /// How long `--background` waits for the child to report the mount live.
@@ -92,26 +89,13 @@ pub struct UmountArgs {
     pub mountpoint: PathBuf,
 }
 
-/// The namespace a mount uses: its id and the index of the server that holds it. The one
-/// placement rule of `spillway_policy::namespace`, so the manager, stage-in and every mount agree;
-/// `namespace_id` is the reservation's (base) namespace id.
-pub fn namespace_placement(
-    access: Access,
-    node: &str,
-    namespace_id: Option<u64>,
-    servers: usize,
-) -> (NamespaceId, usize) {
-    let access = match access {
-        Access::Striped => NamespaceAccess::Striped,
-        Access::Private => NamespaceAccess::Private,
-    };
-    let place = policy_placement(
-        access,
-        namespace_id.unwrap_or(STRIPED_NAMESPACE_ID_DEFAULT),
-        node,
-        servers,
-    );
-    (place.namespace, place.server)
+impl From<Access> for NamespaceAccess {
+    fn from(access: Access) -> NamespaceAccess {
+        match access {
+            Access::Striped => NamespaceAccess::Striped,
+            Access::Private => NamespaceAccess::Private,
+        }
+    }
 }
 
 fn hostname() -> String {
@@ -126,7 +110,7 @@ fn parse_owner(text: &str) -> anyhow::Result<(u32, u32)> {
     Ok((uid.parse().context("--root-owner uid")?, gid.parse().context("--root-owner gid")?))
 }
 
-pub fn parse_endpoints(servers: &[String]) -> anyhow::Result<Vec<Endpoint>> {
+fn parse_endpoints(servers: &[String]) -> anyhow::Result<Vec<Endpoint>> {
     servers
         .iter()
         .map(|s| s.parse::<Endpoint>().map_err(|e| anyhow::anyhow!("server {s:?}: {e}")))
@@ -134,60 +118,16 @@ pub fn parse_endpoints(servers: &[String]) -> anyhow::Result<Vec<Endpoint>> {
 }
 
 /// Opens (creating if needed) the mount's namespace on its server.
-pub fn open_namespace(args: &Args, endpoints: &[Endpoint]) -> anyhow::Result<Arc<dyn Namespace>> {
+fn open_namespace(args: &Args, endpoints: &[Endpoint]) -> anyhow::Result<Arc<dyn Namespace>> {
     let node = args.node.clone().unwrap_or_else(hostname);
-    let (id, server) = namespace_placement(args.access, &node, args.namespace_id, endpoints.len());
-    let (root_uid, root_gid) = parse_owner(&args.root_owner)?;
-    let root_mode = u32::from_str_radix(&args.root_mode, 8)
+    let (id, server) =
+        namespace_placement(args.access.into(), &node, args.namespace_id, endpoints.len());
+    let (uid, gid) = parse_owner(&args.root_owner)?;
+    let mode = u32::from_str_radix(&args.root_mode, 8)
         .with_context(|| format!("--root-mode {:?} is not octal", args.root_mode))?;
-    connect_namespace(
-        &endpoints[server],
-        id,
-        EpochId(args.epoch),
-        root_uid,
-        root_gid,
-        root_mode & 0o7777,
-        args.threads,
-    )
-    .with_context(|| format!("opening namespace {id} on server {server} ({})", endpoints[server]))
-}
-
-/// Opens namespace `id` on the server at `endpoint`, creating it (with this data epoch and root
-/// owner and mode) if the server has none; `connections` bounds concurrent operations.
-pub fn connect_namespace(
-    endpoint: &Endpoint,
-    id: NamespaceId,
-    data_epoch: EpochId,
-    root_uid: u32,
-    root_gid: u32,
-    root_mode: u32,
-    connections: usize,
-) -> anyhow::Result<Arc<dyn Namespace>> {
-    let options = RemoteOptions {
-        create: true,
-        data_epoch,
-        root_uid,
-        root_gid,
-        root_mode,
-        connections_max: connections.max(1) * 2,
-    };
-    let namespace =
-        RemoteNamespace::open(endpoint, id, &options).map_err(|e| anyhow::anyhow!("{e}"))?;
-    Ok(Arc::new(namespace))
-}
-
-/// Data clients for a mount: one per session thread, striped over every server.
-pub fn data_clients(endpoints: &[Endpoint], count: usize) -> anyhow::Result<Vec<Client>> {
-    (0..count)
-        .map(|i| {
-            let options = ClientOptions {
-                placement: Placement::striped_default(),
-                client_name: format!("spillway mount pid {} slot {i}", std::process::id()),
-                ..Default::default()
-            };
-            Client::connect(endpoints, options).context("connecting to the servers")
-        })
-        .collect()
+    let root = NamespaceRoot { data_epoch: EpochId(args.epoch), uid, gid, mode: mode & 0o7777 };
+    connect_namespace(&endpoints[server], id, root, args.threads)
+        .with_context(|| format!("server {server} of the reservation"))
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -305,29 +245,4 @@ pub fn run_umount(args: UmountArgs) -> anyhow::Result<()> {
 pub fn unmount(mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
     spillway_mount::unmount_path(mountpoint, lazy)?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn private_namespaces_spread_over_servers() {
-        let mut used = std::collections::BTreeSet::new();
-        for node in 0..32 {
-            let (id, server) =
-                namespace_placement(Access::Private, &format!("nid{node:05}"), None, 4);
-            assert!(id != STRIPED_NAMESPACE_ID_DEFAULT && server < 4);
-            used.insert(server);
-        }
-        assert_eq!(used.len(), 4, "32 nodes use every one of 4 servers");
-        assert_eq!(
-            namespace_placement(Access::Striped, "any", None, 4),
-            (STRIPED_NAMESPACE_ID_DEFAULT, 0)
-        );
-        assert_ne!(
-            namespace_placement(Access::Private, "n1", Some(9), 4).0,
-            namespace_placement(Access::Private, "n2", Some(9), 4).0
-        );
-    }
 }

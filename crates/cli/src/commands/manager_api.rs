@@ -1,10 +1,7 @@
-//! `spillway status`: pools, servers, reservations, used/free, streams in use, drains in flight.
-//!
-//! Also holds what every manager-facing command shares: the `--manager`/`--json` flags, the
-//! table printer, and JSON output.
+//! What every manager-facing command shares: the `--manager`/`--json` flags, the API client with
+//! one-line errors, the table printer and JSON output.
 
-use spillway_manager::{ApiClient, Status};
-use spillway_types::format_bytes;
+use spillway_manager::ApiClient;
 
 /// Flags shared by every command that talks to the manager.
 #[derive(clap::Args, Clone, Debug)]
@@ -79,35 +76,4 @@ pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
     for row in rows {
         line(row.iter().map(String::as_str).collect());
     }
-}
-
-pub fn bytes(value: u64) -> String {
-    format_bytes(value)
-}
-
-#[derive(clap::Args)]
-pub struct Args {
-    #[command(flatten)]
-    flags: ManagerFlags,
-}
-
-pub fn run(args: Args) -> anyhow::Result<()> {
-    let status: Status = args.flags.client()?.get("/v1/status")?;
-    if args.flags.json {
-        return print_json(&status);
-    }
-    println!(
-        "capacity {}  used {}  free {}  drains in flight {}",
-        bytes(status.capacity_bytes),
-        bytes(status.used_bytes),
-        bytes(status.free_bytes),
-        status.drains_in_flight
-    );
-    println!();
-    crate::pool::print_pools(&status.pools);
-    println!();
-    crate::pool::print_servers(&status.servers);
-    println!();
-    crate::reservation::print_reservations(&status.reservations);
-    Ok(())
 }

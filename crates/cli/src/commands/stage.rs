@@ -8,8 +8,9 @@ use std::time::Duration;
 use spillway_manager::stage::{self, ProgressMode, StageOptions, StageReport};
 use spillway_manager::Reservation;
 
-use crate::reservation::path_segment;
-use crate::status::{bytes, flat, print_json, ManagerFlags};
+use super::manager_api::{flat, print_json, ManagerFlags};
+use super::reservation::path_segment;
+use spillway_types::format_bytes as bytes;
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -36,10 +36,10 @@ pub struct Args {
     #[arg(long)]
     ssd_dir: Option<String>,
     /// DRAM log capacity (store.dram_bytes_max), e.g. 512M, 2G.
-    #[arg(long, value_parser = parse_bytes)]
+    #[arg(long, value_parser = spillway_types::parse_size)]
     dram_bytes: Option<u64>,
     /// SSD log capacity (store.ssd_bytes_max), e.g. 64G.
-    #[arg(long, value_parser = parse_bytes)]
+    #[arg(long, value_parser = spillway_types::parse_size)]
     ssd_bytes: Option<u64>,
     /// Default commit durability (server.commit_durability): ssd or memory.
     #[arg(long, value_parser = parse_durability)]
@@ -65,12 +65,6 @@ pub struct Args {
     /// shuffled or naive (drain.mode).
     #[arg(long)]
     drain_mode: Option<String>,
-}
-
-/// A size flag (`4096`, `64K`, `512MiB`, `10GB`): `spillway_types::parse_size`, the error
-/// naming the text.
-pub fn parse_bytes(text: &str) -> Result<u64, String> {
-    spillway_types::parse_size(text).map_err(|e| format!("{text:?}: {e}"))
 }
 
 fn parse_durability(text: &str) -> Result<CommitDurability, String> {
@@ -247,19 +241,4 @@ fn start_drainer(
     server.attach_drain(drainer.clone());
     tracing::info!(pfs = %knobs.pfs_directory, "draining committed epochs to the PFS");
     Ok(Some(drainer))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn byte_counts_parse() {
-        assert_eq!(parse_bytes("4096"), Ok(4096));
-        assert_eq!(parse_bytes("64K"), Ok(64 << 10));
-        assert_eq!(parse_bytes("512MiB"), Ok(512 << 20));
-        assert_eq!(parse_bytes("2g"), Ok(2 << 30));
-        assert!(parse_bytes("lots").is_err());
-        assert!(parse_bytes("5X").is_err());
-    }
 }

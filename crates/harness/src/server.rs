@@ -1,17 +1,13 @@
-//! Dev-only test harness shared by the end-to-end tests: one way to run a real `spillway serve`
-//! process, and the deterministic test data they write.
-//!
-//! Every end-to-end test needs the same dance: spawn the binary with the flags of its scenario,
-//! wait for the `listening <endpoint>…` line (bounded, with the server's stderr in the error when
-//! it never comes), kill or SIGTERM it, restart it on the same directories and port, grep its log,
-//! and never leak a process when an assertion fails. [`ServerProcess`] does that once; the binary
-//! is a parameter (cli tests pass `env!("CARGO_BIN_EXE_spillway")`, other crates find it their
-//! own way). [`pattern`] and [`same_bytes`] are the shared data generator and comparison.
+//! One way to run a real `spillway serve` process: spawn it with the flags of its scenario, wait
+//! for its `listening <endpoint>…` line (bounded, with the server's stderr in the error when it
+//! never comes), signal it, restart it on the same directories and port, read its log, and never
+//! leave it behind: it is killed when its [`ServerProcess`] is dropped, and by the kernel when
+//! this process dies first (`PR_SET_PDEATHSIG`).
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -62,6 +58,8 @@ pub struct ServerBuilder {
     env: Vec<(OsString, OsString)>,
     log: PathBuf,
     ready_timeout: Duration,
+    /// `Some`: dropping the process sends SIGTERM and waits this long before SIGKILL.
+    graceful_drop: Option<Duration>,
 }
 
 impl ServerBuilder {
@@ -82,6 +80,7 @@ impl ServerBuilder {
             env: Vec::new(),
             log: dir.join(format!("{name}.log")),
             ready_timeout: READY_TIMEOUT_DEFAULT,
+            graceful_drop: None,
         }
     }
 
@@ -120,8 +119,7 @@ impl ServerBuilder {
 
     /// `--drain-peers` (the whole reservation, in order) and `--drain-self-index`.
     pub fn drain_peers(mut self, peers: &[Endpoint], self_index: usize) -> Self {
-        let list = peers.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(",");
-        self.drain = Some((list, self_index));
+        self.drain = Some((crate::endpoint_list(peers), self_index));
         self
     }
 
@@ -149,7 +147,7 @@ impl ServerBuilder {
         self
     }
 
-    /// `RUST_LOG` for the server (inherited from the test when not set).
+    /// `RUST_LOG` for the server (inherited from this process when not set).
     pub fn rust_log(self, filter: &str) -> Self {
         self.env("RUST_LOG", filter)
     }
@@ -164,10 +162,23 @@ impl ServerBuilder {
         self
     }
 
+    /// When the [`ServerProcess`] is dropped, SIGTERM it (a server then syncs its store and
+    /// leaves nothing half-done) and wait up to `timeout` before SIGKILL. The default is SIGKILL.
+    pub fn graceful_drop(mut self, timeout: Duration) -> Self {
+        self.graceful_drop = Some(timeout);
+        self
+    }
+
     /// Spawns the server and waits for its `listening` line.
     pub fn spawn(self) -> Result<ServerProcess, ServerError> {
-        let (child, endpoints) = self.launch()?;
-        Ok(ServerProcess { child, endpoints, config: self })
+        let launched = self.launch()?;
+        Ok(ServerProcess {
+            child: launched.child,
+            endpoints: launched.endpoints,
+            startup: launched.startup,
+            _stdout: launched.stdout,
+            config: self,
+        })
     }
 
     /// [`spawn`](Self::spawn), panicking with the error (which carries the server's stderr).
@@ -180,10 +191,32 @@ impl ServerBuilder {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn launch(&self) -> Result<(Child, Vec<Endpoint>), ServerError> {
-        let name = &self.name;
+    /// Spawns the process and waits for its endpoints; a child that fails to get there is
+    /// killed and reaped before the error returns.
+    fn launch(&self) -> Result<Launched, ServerError> {
+        let started = Instant::now();
+        let mut child = self.command()?.spawn().map_err(|source| ServerError::Spawn {
+            name: self.name.clone(),
+            binary: self.binary.clone(),
+            source,
+        })?;
+        let stdout = child.stdout.take().expect("stdout was piped");
+        let endpoints = self.read_endpoints(stdout);
+        let startup = started.elapsed();
+        match endpoints {
+            Ok((endpoints, stdout)) => Ok(Launched { child, endpoints, startup, stdout }),
+            Err(error) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(error)
+            }
+        }
+    }
+
+    /// The `spillway serve` command line, environment and standard streams of this server.
+    fn command(&self) -> Result<Command, ServerError> {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).map_err(
-            |source| ServerError::Log { name: name.clone(), log: self.log.clone(), source },
+            |source| ServerError::Log { name: self.name.clone(), log: self.log.clone(), source },
         )?;
         let mut command = Command::new(&self.binary);
         command.args([
@@ -193,9 +226,10 @@ impl ServerBuilder {
             "--dram-bytes",
             &self.dram_bytes,
             "--name",
-            name,
+            &self.name,
         ]);
         if let Some(socket) = &self.unix_socket {
+            // A socket left by a killed predecessor would make the bind fail.
             let _ = std::fs::remove_file(socket);
             command.arg("--unix-socket").arg(socket);
         }
@@ -210,79 +244,80 @@ impl ServerBuilder {
             command.args(["--durability", durability]);
         }
         command.args(&self.extra_args).envs(self.env.iter().map(|(k, v)| (k, v)));
-        let mut child = command.stdout(Stdio::piped()).stderr(log).spawn().map_err(|source| {
-            ServerError::Spawn { name: name.clone(), binary: self.binary.clone(), source }
-        })?;
-        // The first stdout line, read on a thread so that a hung server cannot hang the test.
-        let stdout = child.stdout.take().expect("stdout was piped");
+        command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
+        spillway_sys::process::die_with_parent(&mut command);
+        Ok(command)
+    }
+
+    /// The endpoints of the first stdout line, read on a thread so that a hung server cannot
+    /// hang the caller; the reader is returned so the server never writes into a closed pipe.
+    fn read_endpoints(
+        &self,
+        stdout: ChildStdout,
+    ) -> Result<(Vec<Endpoint>, BufReader<ChildStdout>), ServerError> {
         let (sender, receiver) = mpsc::sync_channel(1);
         std::thread::spawn(move || {
+            let mut reader = BufReader::new(stdout);
             let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = sender.send(line);
+            let _ = reader.read_line(&mut line);
+            let _ = sender.send((line, reader));
         });
-        let line = match receiver.recv_timeout(self.ready_timeout) {
-            Ok(line) => line,
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(ServerError::ReadyTimeout {
-                    name: name.clone(),
-                    timeout: self.ready_timeout,
-                    log: self.log.clone(),
-                    stderr: self.stderr_text(),
-                });
-            }
-        };
-        let parsed = match line.strip_prefix("listening ") {
-            None => Err(ServerError::NotListening {
-                name: name.clone(),
-                line: line.clone(),
+        let Ok((line, reader)) = receiver.recv_timeout(self.ready_timeout) else {
+            return Err(ServerError::ReadyTimeout {
+                name: self.name.clone(),
+                timeout: self.ready_timeout,
                 log: self.log.clone(),
                 stderr: self.stderr_text(),
-            }),
-            Some(rest) => rest
-                .split_whitespace()
-                .map(|text| {
-                    text.parse::<Endpoint>().map_err(|problem| ServerError::BadEndpoint {
-                        name: name.clone(),
-                        text: text.to_string(),
-                        problem,
-                        log: self.log.clone(),
-                        stderr: self.stderr_text(),
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .and_then(|endpoints| {
-                    if endpoints.is_empty() {
-                        Err(ServerError::NotListening {
-                            name: name.clone(),
-                            line: line.clone(),
-                            log: self.log.clone(),
-                            stderr: self.stderr_text(),
-                        })
-                    } else {
-                        Ok(endpoints)
-                    }
-                }),
+            });
         };
-        match parsed {
-            Ok(endpoints) => Ok((child, endpoints)),
-            Err(error) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                Err(error)
-            }
+        Ok((self.parse_listening_line(&line)?, reader))
+    }
+
+    /// `listening E1 E2 …` → the endpoints, or an error carrying the server's stderr.
+    fn parse_listening_line(&self, line: &str) -> Result<Vec<Endpoint>, ServerError> {
+        let not_listening = || ServerError::NotListening {
+            name: self.name.clone(),
+            line: line.to_string(),
+            log: self.log.clone(),
+            stderr: self.stderr_text(),
+        };
+        let rest = line.strip_prefix("listening ").ok_or_else(not_listening)?;
+        let endpoints = rest
+            .split_whitespace()
+            .map(|text| {
+                text.parse::<Endpoint>().map_err(|problem| ServerError::BadEndpoint {
+                    name: self.name.clone(),
+                    text: text.to_string(),
+                    problem,
+                    log: self.log.clone(),
+                    stderr: self.stderr_text(),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if endpoints.is_empty() {
+            return Err(not_listening());
         }
+        Ok(endpoints)
     }
 }
 
+/// A server that printed its endpoints.
+struct Launched {
+    child: Child,
+    endpoints: Vec<Endpoint>,
+    startup: Duration,
+    stdout: BufReader<ChildStdout>,
+}
+
 /// A running (or stopped, awaiting [`restart`](Self::restart)) `spillway serve` child; killed and
-/// reaped when dropped, so a failing test leaves no server behind.
+/// reaped when dropped, so a failing test or benchmark leaves no server behind.
 #[derive(Debug)]
 pub struct ServerProcess {
     child: Child,
     endpoints: Vec<Endpoint>,
+    startup: Duration,
+    /// Kept open so that the server never writes into a closed pipe.
+    _stdout: BufReader<ChildStdout>,
     config: ServerBuilder,
 }
 
@@ -308,6 +343,11 @@ impl ServerProcess {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// From spawn to the `listening` line of the latest start (includes store recovery).
+    pub fn startup(&self) -> Duration {
+        self.startup
     }
 
     pub fn log_path(&self) -> &Path {
@@ -367,9 +407,11 @@ impl ServerProcess {
         {
             self.config.listen = address.to_string();
         }
-        let (child, endpoints) = self.config.launch()?;
-        self.child = child;
-        self.endpoints = endpoints;
+        let launched = self.config.launch()?;
+        self.child = launched.child;
+        self.endpoints = launched.endpoints;
+        self.startup = launched.startup;
+        self._stdout = launched.stdout;
         Ok(())
     }
 
@@ -384,53 +426,20 @@ impl ServerProcess {
 
 impl Drop for ServerProcess {
     fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        if self.child.try_wait().ok().flatten().is_some() {
+            return;
         }
+        if let Some(timeout) = self.config.graceful_drop {
+            let _ = self.sigterm_and_wait(timeout);
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
-}
-
-/// `a,b,c`: the comma-separated endpoint list the CLI and the test children take.
-pub fn endpoint_list(endpoints: &[Endpoint]) -> String {
-    endpoints.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(",")
-}
-
-/// Deterministic bytes for (seed, length): xorshift64, so every test and every process agrees on
-/// the content without shipping it around.
-pub fn pattern(seed: u64, length: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(length);
-    while out.len() < length {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(length);
-    out
-}
-
-/// Same length, same CRC32C and same bytes (the CRC is what a drain or a store would check).
-pub fn same_bytes(got: &[u8], expected: &[u8]) -> bool {
-    got.len() == expected.len()
-        && crc32c::crc32c(got) == crc32c::crc32c(expected)
-        && got == expected
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn pattern_is_deterministic_and_seed_dependent() {
-        assert_eq!(pattern(7, 1001), pattern(7, 1001));
-        assert_eq!(pattern(7, 1001).len(), 1001);
-        assert_eq!(pattern(7, 1001)[..500], pattern(7, 500)[..]);
-        assert_ne!(pattern(7, 64), pattern(8, 64));
-        assert!(same_bytes(&pattern(3, 4097), &pattern(3, 4097)));
-        assert!(!same_bytes(&pattern(3, 4097), &pattern(3, 4096)));
-    }
 
     /// Fake servers (shell scripts ignoring their flags) that fail in the two ways a real one
     /// can: a wrong first line, and silence. Both scripts are written before either is run, so no
@@ -461,5 +470,33 @@ mod tests {
         let text = error.to_string();
         assert!(matches!(error, ServerError::ReadyTimeout { .. }), "{text}");
         assert!(text.contains("still replaying the journal"), "{text}");
+    }
+
+    /// A fake server that reports its endpoint and then ignores SIGTERM for a moment, recording
+    /// it: a graceful drop delivers SIGTERM and waits, the default drop does not.
+    #[test]
+    fn a_graceful_drop_sends_sigterm_first() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("got-term");
+        let script = dir.path().join("server");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\ntrap 'touch {}; exit 0' TERM\necho 'listening 127.0.0.1:9'\n\
+                 while true; do sleep 0.05; done\n",
+                marker.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let server = ServerBuilder::new(&script, dir.path(), "g").start();
+        assert_eq!(server.endpoint(), &"127.0.0.1:9".parse::<Endpoint>().unwrap());
+        drop(server);
+        assert!(!marker.exists(), "the default drop is SIGKILL");
+        let server =
+            ServerBuilder::new(&script, dir.path(), "g").graceful_drop(Duration::from_secs(10));
+        drop(server.start());
+        assert!(marker.exists(), "a graceful drop sends SIGTERM and waits for the exit");
     }
 }

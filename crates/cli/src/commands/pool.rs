@@ -1,10 +1,11 @@
 //! `spillway pool …`, `spillway server …` and `spillway quota …`: what root or the admin group
 //! manages (the manager checks; these commands only ask).
 
-use crate::serve::parse_bytes as parse_size;
 use spillway_manager::{AddServer, CreatePool, Pool, Quota, Server, SetQuota};
+use spillway_types::parse_size;
 
-use crate::status::{bytes, print_json, print_table, ManagerFlags};
+use super::manager_api::{print_json, print_table, ManagerFlags};
+use spillway_types::format_bytes as bytes;
 
 #[derive(clap::Args)]
 pub struct Args {

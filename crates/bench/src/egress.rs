@@ -11,6 +11,7 @@
 //! Stripe lock switches come from the write log ([`spillway_drain::lock_switches`]): a local
 //! disk has no extent locks, the count stands in for Lustre's lock ping-pong.
 
+use crate::stats::median;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -24,8 +25,6 @@ use spillway_proto::{DrainState, Durability, Endpoint};
 use spillway_server::{Server, ServerOptions, ShutdownHandle, StoreBackend};
 use spillway_types::EpochId;
 
-use crate::serve::parse_bytes;
-
 #[derive(clap::Args)]
 pub struct Args {
     /// Burst buffer servers (S).
@@ -35,21 +34,21 @@ pub struct Args {
     #[arg(long, default_value_t = 4)]
     clients: u32,
     /// Size of the shared checkpoint file.
-    #[arg(long, default_value = "1G", value_parser = parse_bytes)]
+    #[arg(long, default_value = "1G", value_parser = spillway_types::parse_size)]
     total_bytes: u64,
     /// Bytes per client write (interleaving unit).
-    #[arg(long, default_value = "16K", value_parser = parse_bytes)]
+    #[arg(long, default_value = "16K", value_parser = spillway_types::parse_size)]
     transfer_bytes: u64,
     /// PFS stripe size.
-    #[arg(long, default_value = "1M", value_parser = parse_bytes)]
+    #[arg(long, default_value = "1M", value_parser = spillway_types::parse_size)]
     stripe_bytes: u64,
     /// Largest PFS write of the shuffled drain.
-    #[arg(long, default_value = "8M", value_parser = parse_bytes)]
+    #[arg(long, default_value = "8M", value_parser = spillway_types::parse_size)]
     write_bytes: u64,
     /// DRAM log per server (default: room for the server's share of the checkpoint below the
     /// flusher's high watermark, as a burst buffer sized for its checkpoints has; the ingress
     /// benchmark sizes its `memory` runs the same way).
-    #[arg(long, value_parser = parse_bytes)]
+    #[arg(long, value_parser = spillway_types::parse_size)]
     dram_bytes: Option<u64>,
     /// Requests a server queues per connection (the clients' pipelining window is 64).
     #[arg(long, default_value_t = 64)]
@@ -427,16 +426,6 @@ fn measure_repeat(
     })
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
-}
-
 pub fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.servers > 0 && args.clients > 0 && args.transfer_bytes > 0 && args.total_bytes > 0,
@@ -479,7 +468,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let gib = args.total_bytes as f64;
     let mib = |bytes_per_s: f64| bytes_per_s / (1u64 << 20) as f64;
     let rate = |d: &DrainResult| gib / d.seconds;
-    let median_of = |f: &dyn Fn(&Repeat) -> f64| median(repeats.iter().map(f).collect());
+    let median_of = |f: &dyn Fn(&Repeat) -> f64| median(repeats.iter().map(f));
     let ratios = serde_json::json!({
         "shuffled_vs_sequential": median_of(&|r| rate(&r.shuffled) / r.sequential_before_shuffled),
         "naive_vs_sequential": median_of(&|r| rate(&r.naive) / r.sequential_before_naive),

@@ -16,6 +16,13 @@
 //! this process too, with the same code as `spillway mount`. Servers are `spillway serve`
 //! children on loopback, killed when the benchmark ends.
 
+use crate::start_server;
+use crate::stats::median;
+use spillway_harness::ServerProcess;
+use spillway_mount::connect::{
+    connect_namespace, data_clients, namespace_placement, NamespaceRoot,
+};
+use spillway_policy::namespace::NamespaceAccess;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -29,9 +36,6 @@ use spillway_namespace::Namespace;
 use spillway_proto::Endpoint;
 use spillway_types::EpochId;
 
-use crate::mount::{connect_namespace, data_clients, namespace_placement, Access};
-use crate::serve::parse_bytes;
-
 const MIB: f64 = 1024.0 * 1024.0;
 const TRANSFER_BYTES: usize = 1 << 20;
 /// Epoch of the native-client runs (mount data lives in the namespaces' own epochs).
@@ -43,8 +47,8 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     /// Bytes written per sequential-write run (suffixes K, M, G).
-    #[arg(long, default_value = "256M")]
-    pub write_bytes: String,
+    #[arg(long, default_value = "256M", value_parser = spillway_types::parse_size)]
+    pub write_bytes: u64,
     /// Runs of each sequential-write variant (the median is reported).
     #[arg(long, default_value_t = 5)]
     pub repeat: u32,
@@ -62,30 +66,26 @@ pub struct Args {
     pub work_dir: Option<PathBuf>,
 }
 
-use crate::reaped::{start_server, Reaped};
-
+/// `count` servers with `dram_bytes` of DRAM each, and their endpoints.
 fn start_servers(
     work: &Path,
     count: usize,
     dram_bytes: u64,
-) -> anyhow::Result<(Vec<Reaped>, Vec<Endpoint>)> {
+) -> anyhow::Result<(Vec<ServerProcess>, Vec<Endpoint>)> {
     let mut servers = Vec::new();
     let mut endpoints = Vec::new();
     for s in 0..count {
-        let (server, endpoint) = start_server(
-            work,
-            &s.to_string(),
-            &work.join(format!("ssd-{s}")),
-            &["--dram-bytes".to_string(), dram_bytes.to_string()],
-        )?;
+        let ssd_dir = work.join(format!("ssd-{s}"));
+        let server = start_server(work, &s.to_string(), &ssd_dir, dram_bytes, &[])?;
+        endpoints.push(server.endpoint().clone());
         servers.push(server);
-        endpoints.push(
-            endpoint
-                .parse()
-                .map_err(|e| anyhow::anyhow!("server {s} endpoint {endpoint:?}: {e}"))?,
-        );
     }
     Ok((servers, endpoints))
+}
+
+/// A namespace root every benchmark worker may write: root-owned, mode 1777.
+fn open_root(data_epoch: EpochId) -> NamespaceRoot {
+    NamespaceRoot { data_epoch, uid: 0, gid: 0, mode: 0o1777 }
 }
 
 /// A mount of the benchmark, unmounted when dropped.
@@ -115,11 +115,6 @@ fn mount(
     let clients = data_clients(endpoints, threads)?;
     let mount = spillway_mount::mount(namespace, clients, path, config)?;
     Ok(BenchMount { mount: Some(mount), path: path.to_path_buf() })
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
-    values[values.len() / 2]
 }
 
 fn native_write(
@@ -250,20 +245,19 @@ struct MetaRow {
 /// Two node names whose private namespaces land on different servers.
 fn nodes_on_different_servers(servers: usize) -> (String, String) {
     let first = "node-0".to_string();
-    let (_, server0) = namespace_placement(Access::Private, &first, None, servers);
+    let (_, server0) = namespace_placement(NamespaceAccess::Private, &first, None, servers);
     if servers < 2 {
         return (first, "node-1".to_string());
     }
     let second = (1..)
         .map(|i| format!("node-{i}"))
-        .find(|n| namespace_placement(Access::Private, n, None, servers).1 != server0)
+        .find(|n| namespace_placement(NamespaceAccess::Private, n, None, servers).1 != server0)
         .expect("some name hashes elsewhere");
     (first, second)
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let total =
-        parse_bytes(&args.write_bytes).map_err(|e| anyhow::anyhow!("--write-bytes: {e}"))?;
+    let total = args.write_bytes;
     if total == 0 || args.repeat == 0 || args.files == 0 || args.servers == 0 || args.threads == 0 {
         bail!("--write-bytes, --repeat, --files, --servers and --threads must be positive");
     }
@@ -287,7 +281,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // (1) sequential writes
     let data: Vec<u8> = (0..TRANSFER_BYTES).map(|i| (i * 131 % 251) as u8).collect();
     let write_ns =
-        connect_namespace(&endpoints[0], 10, EpochId(1_000_010), 0, 0, 0o1777, args.threads)?;
+        connect_namespace(&endpoints[0], 10, open_root(EpochId(1_000_010)), args.threads)?;
     let write_mount = mount(&work.join("mnt-write"), write_ns, &endpoints, args.threads)?;
     // One unmeasured round first (connections, first files), then alternating measured runs;
     // the ratio is the median of each run's mount/native pair, which cancels slow phases of a
@@ -327,10 +321,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 let ns = connect_namespace(
                     &endpoints[0],
                     id,
-                    EpochId(1_000_000 + id),
-                    0,
-                    0,
-                    0o1777,
+                    open_root(EpochId(1_000_000 + id)),
                     args.threads,
                 )?;
                 mount(
@@ -357,7 +348,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .map(|(w, node)| {
                 // A fresh namespace per run, on the server the node's name picks.
                 let (id, server) = namespace_placement(
-                    Access::Private,
+                    NamespaceAccess::Private,
                     node,
                     Some(100 + 10 * workers as u64 + w as u64),
                     args.servers,
@@ -365,10 +356,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 let ns = connect_namespace(
                     &endpoints[server],
                     id,
-                    EpochId(1_000_100),
-                    0,
-                    0,
-                    0o1777,
+                    open_root(EpochId(1_000_100)),
                     args.threads,
                 )?;
                 mount(

@@ -20,7 +20,7 @@ pub const DIRECTIVE_DEFAULT: &str = "BB_LUA";
 /// Longest pool or persistent reservation name accepted.
 pub const NAME_BYTES_MAX: usize = 64;
 
-pub use crate::namespace::NamespaceAccess as Access;
+pub use spillway_policy::namespace::NamespaceAccess as Access;
 
 /// One copy between the PFS and the reservation. `pfs_path` is absolute; `reservation_path` is
 /// relative to the reservation's root (no `..`).

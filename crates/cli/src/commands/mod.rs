@@ -1,0 +1,11 @@
+//! Short-lived commands of users and operators: they talk to the manager (`pool`, `server`,
+//! `quota`, `reservation`, `status`), copy data (`stage-in`, `stage-out`), drive the servers'
+//! drains (`drain`) or serve a reservation as a POSIX file system (`mount`, `umount`).
+
+pub mod drain;
+pub mod manager_api;
+pub mod mount;
+pub mod pool;
+pub mod reservation;
+pub mod stage;
+pub mod status;

@@ -1,0 +1,27 @@
+//! Starts and owns the child processes of the `spillway` binary — servers above all — for the
+//! demo, the benchmarks and the end-to-end tests, and the deterministic data they write.
+//!
+//! Everything that runs a server needs the same dance: spawn the binary with the flags of its
+//! scenario, wait for the `listening <endpoint>…` line (bounded, with the server's stderr in the
+//! error when it never comes), kill or SIGTERM it, restart it on the same directories and port,
+//! read its log, and never leak a process when a step fails. [`ServerProcess`] does that once;
+//! the binary is a parameter (tests pass `env!("CARGO_BIN_EXE_spillway")`, the demo and the
+//! benchmarks `std::env::current_exe()`). [`Reaped`] owns any other child (a load generator,
+//! memcached). [`pattern`] and [`same_bytes`] are the shared data generator and comparison.
+
+#![forbid(unsafe_code)]
+
+mod child;
+mod data;
+mod server;
+
+pub use child::Reaped;
+pub use data::{pattern, same_bytes};
+pub use server::{ServerBuilder, ServerError, ServerProcess, READY_TIMEOUT_DEFAULT};
+
+use spillway_proto::Endpoint;
+
+/// `a,b,c`: the comma-separated endpoint list the CLI and the test children take.
+pub fn endpoint_list(endpoints: &[Endpoint]) -> String {
+    endpoints.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(",")
+}
