@@ -132,6 +132,46 @@ fn decode(r: &[u8]) -> Result<(Kind, DrainMode, EpochId), String> {
     Ok((kind, mode, EpochId(u64::from_le_bytes(r[8..16].try_into().unwrap()))))
 }
 
+/// What a journal's bytes say: the state of every epoch, how many whole records hold it, and
+/// where the valid records end (a torn tail follows).
+struct Replay {
+    entries: BTreeMap<EpochId, JournalEntry>,
+    records: usize,
+    valid: usize,
+}
+
+/// Replays journal bytes in order. A record that does not decode is a torn tail when no valid
+/// record follows it, and damage (its offset and the reason) when one does.
+fn replay(bytes: &[u8]) -> Result<Replay, (u64, String)> {
+    let mut entries = BTreeMap::new();
+    let mut records = 0usize;
+    let whole = bytes.len() / RECORD_BYTES * RECORD_BYTES;
+    let mut at = 0;
+    while at < whole {
+        match decode(&bytes[at..at + RECORD_BYTES]) {
+            Ok((kind, mode, epoch)) => {
+                let entry = entries.entry(epoch).or_insert(JournalEntry { mode, drained: false });
+                match kind {
+                    Kind::Requested => entry.mode = mode,
+                    Kind::Drained => entry.drained = true,
+                }
+                records += 1;
+                at += RECORD_BYTES;
+            }
+            Err(reason) => {
+                let later_valid = (at + RECORD_BYTES..whole)
+                    .step_by(RECORD_BYTES)
+                    .any(|o| decode(&bytes[o..o + RECORD_BYTES]).is_ok());
+                if later_valid {
+                    return Err((at as u64, reason));
+                }
+                break;
+            }
+        }
+    }
+    Ok(Replay { entries, records, valid: at })
+}
+
 impl Journal {
     /// Opens (creating) the journal in `directory` and replays it.
     pub fn open(directory: &Path, records_max: usize) -> Result<Journal, JournalError> {
@@ -146,36 +186,9 @@ impl Journal {
             .map_err(io)?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes).map_err(io)?;
-        let mut entries = BTreeMap::new();
-        let mut valid = 0usize;
-        let mut records = 0usize;
-        let whole = bytes.len() / RECORD_BYTES * RECORD_BYTES;
-        let mut at = 0;
-        while at < whole {
-            match decode(&bytes[at..at + RECORD_BYTES]) {
-                Ok((kind, mode, epoch)) => {
-                    let entry =
-                        entries.entry(epoch).or_insert(JournalEntry { mode, drained: false });
-                    match kind {
-                        Kind::Requested => entry.mode = mode,
-                        Kind::Drained => entry.drained = true,
-                    }
-                    records += 1;
-                    at += RECORD_BYTES;
-                    valid = at;
-                }
-                Err(reason) => {
-                    // Torn tail only if nothing valid follows.
-                    let later_valid = (at + RECORD_BYTES..whole)
-                        .step_by(RECORD_BYTES)
-                        .any(|o| decode(&bytes[o..o + RECORD_BYTES]).is_ok());
-                    if later_valid {
-                        return Err(JournalError::Corrupt { path, offset: at as u64, reason });
-                    }
-                    break;
-                }
-            }
-        }
+        let Replay { entries, records, valid } = replay(&bytes).map_err(|(offset, reason)| {
+            JournalError::Corrupt { path: path.clone(), offset, reason }
+        })?;
         if valid < bytes.len() {
             tracing::warn!(path = %path.display(), cut_bytes = bytes.len() - valid, "drain journal: cutting a torn tail");
             file.set_len(valid as u64).map_err(io)?;
@@ -188,6 +201,7 @@ impl Journal {
         if journal.records > journal.records_max {
             journal.compact()?;
         }
+        journal.check_against_file();
         Ok(journal)
     }
 
@@ -199,6 +213,19 @@ impl Journal {
         Ok(())
     }
 
+    /// Pair assertion (strict builds): what is on disk replays to exactly the state in memory.
+    /// Called after every change has reached the file.
+    fn check_against_file(&self) {
+        #[cfg(feature = "strict_assertions")]
+        {
+            let bytes = std::fs::read(&self.path).expect("strict: re-reading the drain journal");
+            let replayed = replay(&bytes).expect("strict: the drain journal replays");
+            assert_eq!(replayed.valid, bytes.len(), "strict: a torn tail in a live journal");
+            assert_eq!(replayed.records, self.records, "strict: journal record count");
+            assert_eq!(replayed.entries, self.entries, "strict: journal state differs from disk");
+        }
+    }
+
     /// Records (durably) that `epoch` is to be drained in `mode`. Idempotent for a pending epoch
     /// in the same mode; a drained epoch stays drained.
     pub fn request(&mut self, epoch: EpochId, mode: DrainMode) -> Result<(), JournalError> {
@@ -208,6 +235,7 @@ impl Journal {
         }
         self.append(encode(Kind::Requested, mode, epoch, crate::pfs::now_us()))?;
         self.entries.insert(epoch, JournalEntry { mode, drained: false });
+        self.check_against_file();
         Ok(())
     }
 
@@ -222,6 +250,7 @@ impl Journal {
         if self.records > self.records_max {
             self.compact()?;
         }
+        self.check_against_file();
         Ok(())
     }
 

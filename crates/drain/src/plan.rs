@@ -35,7 +35,7 @@ pub fn partition_domains(
     assert!(stripe_bytes > 0, "stripe size must be positive");
     let stripes = file_bytes.div_ceil(stripe_bytes);
     let n = participants as u64;
-    (0..n)
+    let domains: Vec<Range<u64>> = (0..n)
         .map(|k| {
             // Stripes [k*T/n, (k+1)*T/n): sizes differ by at most one stripe.
             let first = (k as u128 * stripes as u128 / n as u128) as u64;
@@ -44,7 +44,33 @@ pub fn partition_domains(
             let end = (last * stripe_bytes).min(file_bytes);
             start..end
         })
-        .collect()
+        .collect();
+    assert_eq!(domains.len(), participants);
+    strict_check_tiling(&domains, &(0..file_bytes), u64::MAX);
+    #[cfg(feature = "strict_assertions")]
+    for domain in &domains {
+        // One writer per stripe: every boundary but the file's end is on a stripe.
+        assert!(domain.start % stripe_bytes == 0 || domain.start == file_bytes);
+        assert!(domain.end % stripe_bytes == 0 || domain.end == file_bytes);
+    }
+    domains
+}
+
+/// Strict builds: `parts` cover `whole` exactly once, in order, each at most `part_bytes_max`
+/// (empty parts allowed). The drain must neither skip nor write twice a byte of a file.
+fn strict_check_tiling(parts: &[Range<u64>], whole: &Range<u64>, part_bytes_max: u64) {
+    #[cfg(feature = "strict_assertions")]
+    {
+        let mut at = whole.start;
+        for part in parts {
+            assert_eq!(part.start, at, "strict: parts of {whole:?} leave a gap or overlap");
+            assert!(part.start <= part.end && part.end - part.start <= part_bytes_max);
+            at = part.end;
+        }
+        assert_eq!(at, whole.end, "strict: parts of {whole:?} end early or late");
+    }
+    #[cfg(not(feature = "strict_assertions"))]
+    let _ = (parts, whole, part_bytes_max);
 }
 
 /// Cuts `range` into writes of at most `write_bytes_max`, each ending on a multiple of
@@ -65,6 +91,7 @@ pub fn chunk_writes(range: Range<u64>, write_bytes_max: u64, stripe_bytes: u64) 
         out.push(at..end);
         at = end;
     }
+    strict_check_tiling(&out, &range, write_bytes_max);
     out
 }
 
@@ -84,12 +111,14 @@ pub fn clip_extents(extents: &[(u64, u64)], range: &Range<u64>) -> Vec<Range<u64
 pub fn naive_writes(extents: &[(u64, u64)], write_bytes_max: u64) -> Vec<Range<u64>> {
     let mut out = Vec::new();
     for &(offset, length) in extents {
+        let first = out.len();
         let mut at = offset;
         while at < offset + length {
             let end = (at + write_bytes_max).min(offset + length);
             out.push(at..end);
             at = end;
         }
+        strict_check_tiling(&out[first..], &(offset..offset + length), write_bytes_max);
     }
     out
 }
