@@ -494,12 +494,53 @@ fn group<'a>(files: impl Iterator<Item = &'a FileUsage>) -> FileGroup {
     group
 }
 
+/// How many fragments each need asks for, and the namespace layout that follows.
+#[derive(Clone, Copy)]
+struct Sizing {
+    fragments: u64,
+    fragments_for_capacity: u64,
+    fragments_for_data: u64,
+    fragments_for_metadata: u64,
+    namespace: Namespace,
+}
+
+/// The files to keep persistent, stage in, stage out and discard.
+struct Staging {
+    keep_persistent: FileGroup,
+    stage_in: FileGroup,
+    stage_out: FileGroup,
+    discard: FileGroup,
+}
+
 fn recommend(
     profile: &Profile,
     metrics: &Metrics,
     files: &[FileUsage],
     target: AllocationTarget,
 ) -> Recommendation {
+    let pipelines = target.pipelines;
+    let sizing = size_allocation(profile, metrics, target);
+    let staging = stage_files(files);
+    let mut advice = performance_advice(profile, metrics, pipelines, &sizing);
+    advice.extend(staging_advice(metrics, &staging));
+    Recommendation {
+        pipelines,
+        fragment_bytes: target.fragment_bytes,
+        fragments: sizing.fragments,
+        fragments_for_capacity: sizing.fragments_for_capacity,
+        fragments_for_data: sizing.fragments_for_data,
+        fragments_for_metadata: sizing.fragments_for_metadata,
+        namespace: sizing.namespace,
+        stage_in: staging.stage_in,
+        keep_persistent: staging.keep_persistent,
+        stage_out: staging.stage_out,
+        discard: staging.discard,
+        advice,
+    }
+}
+
+/// Sizes the allocation: fragments for capacity, data and metadata, and the namespace layout.
+fn size_allocation(profile: &Profile, metrics: &Metrics, target: AllocationTarget) -> Sizing {
     let pipelines = target.pipelines;
     let capacity_bytes = profile.file_bytes.saturating_mul(pipelines);
     let fragments_for_capacity = capacity_bytes.div_ceil(target.fragment_bytes).max(1);
@@ -515,6 +556,17 @@ fn recommend(
         Namespace::Private => fragments_for_metadata,
         Namespace::Striped => 1,
     });
+    Sizing {
+        fragments,
+        fragments_for_capacity,
+        fragments_for_data,
+        fragments_for_metadata,
+        namespace,
+    }
+}
+
+/// Sorts the files into staging groups by their role and reuse.
+fn stage_files(files: &[FileUsage]) -> Staging {
     let reused = |file: &&FileUsage| file.ranks > 1 || file.bytes_read > file.size_bytes;
     let keep_persistent = group(files.iter().filter(|file| {
         file.role == FileRole::Software || (file.role == FileRole::Input && reused(file))
@@ -525,7 +577,23 @@ fn recommend(
         files.iter().filter(|file| matches!(file.role, FileRole::Output | FileRole::Updated)),
     );
     let discard = group(files.iter().filter(|file| file.role == FileRole::Intermediate));
+    Staging { keep_persistent, stage_in, stage_out, discard }
+}
 
+/// The advice on what bounds a pipeline and how to size and lay out the allocation.
+fn performance_advice(
+    profile: &Profile,
+    metrics: &Metrics,
+    pipelines: u64,
+    sizing: &Sizing,
+) -> Vec<String> {
+    let Sizing {
+        fragments,
+        fragments_for_capacity,
+        fragments_for_data,
+        fragments_for_metadata,
+        namespace,
+    } = *sizing;
     let mut advice = Vec::new();
     let percent = |value: f64| format!("{value:.1}%");
     if metrics.io_time_percent > 100.0 {
@@ -570,6 +638,13 @@ fn recommend(
     if metrics.bound == Bound::Iops {
         advice.push("Transfers are small: aggregate them (larger buffers, fewer writes) before adding fragments.".to_string());
     }
+    advice
+}
+
+/// The advice on which files to keep persistent, stage in, discard and stage out.
+fn staging_advice(metrics: &Metrics, staging: &Staging) -> Vec<String> {
+    let Staging { keep_persistent, stage_in, stage_out, discard } = staging;
+    let mut advice = Vec::new();
     if keep_persistent.files > 0 {
         advice.push(format!(
             "Keep {} file(s), {} (software environment and reused inputs) in a persistent reservation instead of staging them per job.",
@@ -601,20 +676,7 @@ fn recommend(
             spillway_types::format_bytes(stage_out.bytes)
         ));
     }
-    Recommendation {
-        pipelines,
-        fragment_bytes: target.fragment_bytes,
-        fragments,
-        fragments_for_capacity,
-        fragments_for_data,
-        fragments_for_metadata,
-        namespace,
-        stage_in,
-        keep_persistent,
-        stage_out,
-        discard,
-        advice,
-    }
+    advice
 }
 
 #[cfg(test)]
