@@ -848,101 +848,136 @@ mod tests {
         );
     }
 
+    /// Relative rounding error of the printed inputs of one column, per class of operation.
+    struct InputErrors {
+        data: f64,
+        metadata: f64,
+        wall: f64,
+    }
+
+    /// Derives the relative input errors of `column` from the precision Table 2 prints.
+    fn input_errors(column: &Column) -> InputErrors {
+        // Relative rounding error of the printed times: ±0.005 s over the time.
+        let data = 0.005 / column.data_seconds;
+        let metadata = 0.005 / column.metadata_seconds;
+        let wall = 0.05 / column.wall_seconds + data.max(metadata);
+        InputErrors { data, metadata, wall }
+    }
+
     #[test]
     fn table2_derived_rows_match_the_datawarp_paper() {
         let peaks = Peaks::datawarp_cori();
         for column in &TABLE2 {
             let metrics = profile_of(column).metrics(&peaks);
-            let name = column.name;
-            // Relative rounding error of the printed times: ±0.005 s over the time.
-            let data_error = 0.005 / column.data_seconds;
-            let metadata_error = 0.005 / column.metadata_seconds;
-            let wall_error = 0.05 / column.wall_seconds + data_error.max(metadata_error);
-
-            // The two rows the issue names are exact: pipelines to saturate.
-            assert_eq!(
-                metrics.pipelines_to_saturate_data,
-                Some(column.pipelines_data),
-                "{name}: data pipelines"
-            );
-            assert_eq!(
-                metrics.pipelines_to_saturate_metadata,
-                Some(column.pipelines_metadata),
-                "{name}: metadata pipelines"
-            );
-            assert_close(
-                name,
-                "% peak bandwidth",
-                metrics.percent_peak_bandwidth,
-                column.percent_bandwidth,
-                data_error,
-                1,
-            );
-            assert_close(
-                name,
-                "% peak IOPS",
-                metrics.percent_peak_iops,
-                column.percent_iops,
-                data_error,
-                1,
-            );
-            assert_close(
-                name,
-                "% peak metadata",
-                metrics.percent_peak_metadata,
-                column.percent_metadata,
-                metadata_error,
-                1,
-            );
-            assert_close(
-                name,
-                "bandwidth MiB/s",
-                metrics.bandwidth_bytes_per_second / MIB,
-                column.bandwidth_mib_s,
-                data_error,
-                0,
-            );
-            assert_close(
-                name,
-                "read/write rate",
-                metrics.data_ops_per_second,
-                column.data_rate,
-                data_error,
-                0,
-            );
-            assert_close(
-                name,
-                "metadata rate",
-                metrics.metadata_ops_per_second,
-                column.metadata_rate,
-                metadata_error,
-                0,
-            );
-            assert_close(
-                name,
-                "I/O time %",
-                metrics.io_time_percent,
-                column.io_time_percent,
-                wall_error,
-                1,
-            );
-            // Mean transfer and reuse use no times: exact to the printed precision.
-            assert_eq!(
-                round_to(metrics.mean_transfer_bytes / 1024.0, 0),
-                column.mean_transfer_kib,
-                "{name}: mean transfer"
-            );
-            assert_eq!(
-                round_to(metrics.data_reuse.unwrap(), 1),
-                column.data_reuse,
-                "{name}: data reuse (Table 3)"
-            );
-            assert_eq!(
-                round_to(metrics.read_write_ratio.unwrap(), 1),
-                column.read_write_ratio,
-                "{name}: read:write"
-            );
+            let errors = input_errors(column);
+            assert_pipelines_to_saturate(column, &metrics);
+            assert_percentages_of_peak(column, &metrics, &errors);
+            assert_rates_and_io_time(column, &metrics, &errors);
+            assert_rows_without_times(column, &metrics);
         }
+    }
+
+    /// Checks the pipelines-to-saturate rows of one column.
+    fn assert_pipelines_to_saturate(column: &Column, metrics: &Metrics) {
+        let name = column.name;
+        // The two rows the issue names are exact: pipelines to saturate.
+        assert_eq!(
+            metrics.pipelines_to_saturate_data,
+            Some(column.pipelines_data),
+            "{name}: data pipelines"
+        );
+        assert_eq!(
+            metrics.pipelines_to_saturate_metadata,
+            Some(column.pipelines_metadata),
+            "{name}: metadata pipelines"
+        );
+    }
+
+    /// Checks the % of peak rows of one column, within the propagated input rounding.
+    fn assert_percentages_of_peak(column: &Column, metrics: &Metrics, errors: &InputErrors) {
+        let name = column.name;
+        assert_close(
+            name,
+            "% peak bandwidth",
+            metrics.percent_peak_bandwidth,
+            column.percent_bandwidth,
+            errors.data,
+            1,
+        );
+        assert_close(
+            name,
+            "% peak IOPS",
+            metrics.percent_peak_iops,
+            column.percent_iops,
+            errors.data,
+            1,
+        );
+        assert_close(
+            name,
+            "% peak metadata",
+            metrics.percent_peak_metadata,
+            column.percent_metadata,
+            errors.metadata,
+            1,
+        );
+    }
+
+    /// Checks the rate rows and the I/O time share of one column, within the input rounding.
+    fn assert_rates_and_io_time(column: &Column, metrics: &Metrics, errors: &InputErrors) {
+        let name = column.name;
+        assert_close(
+            name,
+            "bandwidth MiB/s",
+            metrics.bandwidth_bytes_per_second / MIB,
+            column.bandwidth_mib_s,
+            errors.data,
+            0,
+        );
+        assert_close(
+            name,
+            "read/write rate",
+            metrics.data_ops_per_second,
+            column.data_rate,
+            errors.data,
+            0,
+        );
+        assert_close(
+            name,
+            "metadata rate",
+            metrics.metadata_ops_per_second,
+            column.metadata_rate,
+            errors.metadata,
+            0,
+        );
+        assert_close(
+            name,
+            "I/O time %",
+            metrics.io_time_percent,
+            column.io_time_percent,
+            errors.wall,
+            1,
+        );
+    }
+
+    /// Checks the rows that use no time (mean transfer, reuse, read:write) of one column.
+    fn assert_rows_without_times(column: &Column, metrics: &Metrics) {
+        let name = column.name;
+        // Mean transfer and reuse use no times: exact to the printed precision.
+        assert_eq!(
+            round_to(metrics.mean_transfer_bytes / 1024.0, 0),
+            column.mean_transfer_kib,
+            "{name}: mean transfer"
+        );
+        assert_eq!(
+            round_to(metrics.data_reuse.unwrap(), 1),
+            column.data_reuse,
+            "{name}: data reuse (Table 3)"
+        );
+        assert_eq!(
+            round_to(metrics.read_write_ratio.unwrap(), 1),
+            column.read_write_ratio,
+            "{name}: read:write"
+        );
     }
 
     #[test]
