@@ -34,10 +34,22 @@ fn optional(value: Option<u64>) -> String {
 
 /// The characterization as an aligned terminal table (the rows of the paper's Table 2 and 3).
 pub fn characterization_table(result: &Characterization) -> String {
+    let rows = metric_rows(result);
+    let width = rows.iter().map(|(label, _)| label.chars().count()).max().unwrap_or(0);
+    let mut out = String::new();
+    for (label, value) in rows {
+        let _ = writeln!(out, "{label:<width$}  {value}");
+    }
+    write_recommendation_summary(&mut out, result);
+    out
+}
+
+/// The (label, value) rows of the table: the inputs, then the derived metrics.
+fn metric_rows(result: &Characterization) -> Vec<(String, String)> {
     let metrics = &result.metrics;
     let profile = &result.profile;
     let peaks = &result.peaks;
-    let rows: Vec<(String, String)> = vec![
+    vec![
         ("Trace".into(), format!("{} ({})", result.job.executable, result.job.source)),
         (
             "Synthesized (not recorded)".into(),
@@ -87,12 +99,11 @@ pub fn characterization_table(result: &Characterization) -> String {
             "Read:write I/O".into(),
             metrics.read_write_ratio.map_or("no writes".into(), |value| format!("{value:.1}")),
         ),
-    ];
-    let width = rows.iter().map(|(label, _)| label.chars().count()).max().unwrap_or(0);
-    let mut out = String::new();
-    for (label, value) in rows {
-        let _ = writeln!(out, "{label:<width$}  {value}");
-    }
+    ]
+}
+
+/// Appends the recommendation after the table: the allocation to ask for, then the advice.
+fn write_recommendation_summary(out: &mut String, result: &Characterization) {
     let recommendation = &result.recommendation;
     let _ = writeln!(
         out,
@@ -108,7 +119,6 @@ pub fn characterization_table(result: &Characterization) -> String {
     for line in &recommendation.advice {
         let _ = writeln!(out, "  - {line}");
     }
-    out
 }
 
 fn gauge(label: &str, percent: f64, detail: &str, highlight: bool) -> String {
