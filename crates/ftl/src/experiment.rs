@@ -376,8 +376,17 @@ impl ExperimentResult {
         out
     }
 
+    /// The Markdown tables of one file system model: WAF and latency, ratios, stripe sweeps.
     fn markdown_for(&self, fs: FileSystemModel, out: &mut String) {
         let title = Self::fs_title(fs);
+        self.markdown_waf_table(fs, &title, out);
+        self.markdown_ratios(fs, out);
+        self.markdown_stripe_sweeps(fs, &title, out);
+        out.push('\n');
+    }
+
+    /// Table of WAF, throughput, tail latency and wear per run at stripe count 4 under `fs`.
+    fn markdown_waf_table(&self, fs: FileSystemModel, title: &str, out: &mut String) {
         out.push_str(&format!(
             "## File system: {title}\n\n\
              ### WAF, modelled throughput and file-write tail latency (stripe count 4, steady state)\n\n\
@@ -411,6 +420,10 @@ impl ExperimentResult {
         {
             out.push_str("\nConfiguration 4 = every user its own lifetime (not in BIOS). σ = log-normal error of the lifetime estimates, drawn afresh at every stream decision.\n");
         }
+    }
+
+    /// Table of WAF and throughput ratios between mappings at stripe count 4 under `fs`.
+    fn markdown_ratios(&self, fs: FileSystemModel, out: &mut String) {
         out.push_str("\n### Ratios (stripe count 4)\n\n| config | comparison | WAF ratio | throughput ratio |\n|---|---|---|---|\n");
         let pairs = [
             (Mapping::Legacy, Mapping::UserId),
@@ -440,6 +453,10 @@ impl ExperimentResult {
                 }
             }
         }
+    }
+
+    /// One stripe-count sweep table per swept configuration under `fs`: legacy against user-ID.
+    fn markdown_stripe_sweeps(&self, fs: FileSystemModel, title: &str, out: &mut String) {
         for &configuration in &self.params.sweep_configurations {
             out.push_str(&format!(
                 "\n### Stripe-count sweep (configuration {configuration}, 8 users per SSD; {title})\n\n| stripe count | legacy WAF | user_id WAF | WAF ratio | legacy MiB/s | user_id MiB/s |\n|---|---|---|---|---|---|\n"
@@ -460,7 +477,6 @@ impl ExperimentResult {
                 }
             }
         }
-        out.push('\n');
     }
 
     /// File name of the stripe-sweep plot of `configuration` (configuration 3 keeps the
