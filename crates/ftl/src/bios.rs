@@ -244,28 +244,256 @@ fn closed_loop_threads(params: &BiosParams) -> Vec<Thread> {
 pub fn run(params: &BiosParams, mapping: Mapping) -> Result<RunReport, BiosError> {
     params.validate()?;
     let started = crate::report::Stopwatch::start();
-    let mut volume = Volume::with_file_system(
-        &params.ssd,
-        params.nodes as usize,
-        params.stripe_unit_bytes,
-        params.fs,
-    )?;
+    let mut state = RunState::new(params, mapping)?;
+    while state.host_pages < state.total_host_pages {
+        state.serve_next_thread()?;
+    }
+    Ok(state.finish(mapping, started))
+}
+
+/// The state of one closed-loop run: the volume, its users and threads, and what was measured.
+struct RunState<'a> {
+    params: &'a BiosParams,
+    volume: Volume,
+    mapper: StreamMapper,
+    rng: rand_chacha::ChaCha8Rng,
+    users: Vec<User>,
+    threads: Vec<Thread>,
+    page_bytes: u64,
+    chunk_bytes: u64,
+    chunks_per_file: usize,
+    total_host_pages: u64,
+    warmup_host_pages: u64,
+    sampler: Sampler,
+    /// When each SSD is done with the stripe units issued to it so far.
+    ssd_free_ns: Vec<u64>,
+    round_ns: u64,
+    files: Vec<FileSlot>,
+    /// Indices into `files` of deleted files, reused by the next files opened.
+    spare_files: Vec<usize>,
+    /// Counters and time at the start of the measurement window, once reached.
+    window: Option<(crate::ssd::SsdCounters, u64)>,
+    /// Write latency of each file started in the measurement window.
+    latencies_ns: Vec<u64>,
+    host_pages: u64,
+    now_ns: u64,
+}
+
+impl<'a> RunState<'a> {
+    /// Sets up the volume, the stream mapper, the users with their quotas and the threads.
+    fn new(params: &'a BiosParams, mapping: Mapping) -> Result<RunState<'a>, BiosError> {
+        let volume = Volume::with_file_system(
+            &params.ssd,
+            params.nodes as usize,
+            params.stripe_unit_bytes,
+            params.fs,
+        )?;
+        let page_bytes = params.ssd.page_bytes as u64;
+        let chunk_bytes = volume.chunk_bytes();
+        let chunks_per_file = params.file_bytes.div_ceil(chunk_bytes) as usize;
+        let rng = rand_chacha::ChaCha8Rng::seed_from_u64(params.seed);
+        let mut mapper = StreamMapper::new(mapping, params.nodes as usize, params.ssd.streams);
+        if params.lifetime_estimate_noise > 0.0 {
+            mapper.set_estimate_noise(params.lifetime_estimate_noise, params.seed ^ 0x6c69_6665);
+        }
+        let users = users_with_quotas(params, volume.logical_bytes() / params.pools() as u64)?;
+        for user in &users {
+            mapper.lifetimes.set_quota(user.key, user.quota_bytes);
+        }
+        let threads = closed_loop_threads(params);
+        let total_host_pages = total_host_pages(params, &volume)?;
+        let warmup_host_pages = (total_host_pages as f64 * params.warmup_fraction) as u64;
+        let sampler =
+            Sampler::new(total_host_pages, params.samples, volume.logical_bytes(), page_bytes);
+        Ok(RunState {
+            params,
+            ssd_free_ns: vec![0u64; params.nodes as usize],
+            round_ns: round_ns(params, &volume),
+            volume,
+            mapper,
+            rng,
+            users,
+            threads,
+            page_bytes,
+            chunk_bytes,
+            chunks_per_file,
+            total_host_pages,
+            warmup_host_pages,
+            sampler,
+            files: Vec::new(),
+            spare_files: Vec::new(),
+            window: None,
+            latencies_ns: Vec::new(),
+            host_pages: 0,
+            now_ns: 0,
+        })
+    }
+
+    /// Serves the next thread: opens a file if needed, issues a stripe row, completes, samples.
+    fn serve_next_thread(&mut self) -> Result<(), BiosError> {
+        // The thread first in the service order issues next (ties: lowest index).
+        let thread_index =
+            (0..self.threads.len()).min_by_key(|&i| (self.threads[i].order_key, i)).unwrap();
+        let ready = self.threads[thread_index].ready_ns;
+        self.now_ns = self.now_ns.max(ready);
+        if self.threads[thread_index].file.is_none() {
+            self.open_file(thread_index, ready);
+        }
+        let file_index = self.threads[thread_index].file.unwrap();
+        let done = self.issue_stripe_row(thread_index, file_index, ready)?;
+        self.threads[thread_index].ready_ns = done;
+        self.threads[thread_index].file_latency_ns += done - ready;
+        self.threads[thread_index].order_key = done + self.rng.gen_range(0..=self.round_ns);
+
+        if self.threads[thread_index].next_chunk == self.chunks_per_file {
+            self.complete_file(thread_index, file_index, done);
+        }
+
+        let counters = self.volume.total_counters();
+        if self.window.is_none() && self.host_pages >= self.warmup_host_pages {
+            self.window = Some((counters, self.now_ns));
+        }
+        self.sampler.observe(&counters, self.now_ns);
+        Ok(())
+    }
+
+    /// Opens a new file for a thread: picks the layout and a stream per SSD of the pool.
+    fn open_file(&mut self, thread_index: usize, ready: u64) {
+        let params = self.params;
+        let user = &self.users[self.threads[thread_index].user as usize];
+        let layout = StripedFile {
+            pool_first_ssd: user.pool * params.stripe_count,
+            stripe_count: params.stripe_count,
+            start: self.rng.gen_range(0..params.stripe_count),
+            chunks: Vec::with_capacity(self.chunks_per_file),
+        };
+        let streams: Vec<u16> = (0..params.stripe_count as usize)
+            .map(|i| {
+                self.mapper.open(
+                    layout.pool_first_ssd as usize + i,
+                    user.key,
+                    self.threads[thread_index].job,
+                    ready,
+                )
+            })
+            .collect();
+        let slot = FileSlot { layout, streams };
+        let index = match self.spare_files.pop() {
+            Some(i) => {
+                self.files[i] = slot;
+                i
+            }
+            None => {
+                self.files.push(slot);
+                self.files.len() - 1
+            }
+        };
+        let thread = &mut self.threads[thread_index];
+        thread.file = Some(index);
+        thread.next_chunk = 0;
+        thread.file_started_ns = ready;
+        thread.file_latency_ns = 0;
+    }
+
+    /// Issues one stripe row of a thread's file; returns when the slowest of its units is done.
+    fn issue_stripe_row(
+        &mut self,
+        thread_index: usize,
+        file_index: usize,
+        ready: u64,
+    ) -> Result<u64, BiosError> {
+        // Issue one stripe row: the next chunk on each SSD of the pool, in parallel (what a
+        // striping client does with a large write); the thread waits for the slowest.
+        let params = self.params;
+        let user_key = self.users[self.threads[thread_index].user as usize].key;
+        let row = (params.stripe_count as usize)
+            .min(self.chunks_per_file - self.threads[thread_index].next_chunk);
+        let mut done = ready;
+        for _ in 0..row {
+            let ordinal = self.threads[thread_index].next_chunk;
+            let file = &mut self.files[file_index];
+            let ssd = file.layout.ssd_of(ordinal);
+            let Some(chunk) = self.volume.allocate_chunk(ssd) else {
+                return Err(BiosError::OutOfSpace {
+                    ssd,
+                    user: self.threads[thread_index].user,
+                    file: file_index as u64,
+                });
+            };
+            let bytes = self.chunk_bytes.min(params.file_bytes - ordinal as u64 * self.chunk_bytes);
+            let pages = bytes.div_ceil(self.page_bytes) as u32;
+            let stream = file.streams[ssd - file.layout.pool_first_ssd as usize];
+            let busy_before = self.volume.ssds()[ssd].counters().busy_ns;
+            self.volume.write(ssd, chunk, 0, pages, stream);
+            let service = self.volume.ssds()[ssd].counters().busy_ns - busy_before;
+            let start = self.ssd_free_ns[ssd].max(ready);
+            self.ssd_free_ns[ssd] = start + service;
+            done = done.max(start + service);
+            file.layout.chunks.push(chunk);
+            self.host_pages += pages as u64;
+            self.mapper.lifetimes.wrote(user_key, bytes, ready);
+            self.threads[thread_index].next_chunk += 1;
+        }
+        Ok(done)
+    }
+
+    /// Completes a thread's file at `done`: accounts it, records its latency, enforces the quota.
+    fn complete_file(&mut self, thread_index: usize, file_index: usize, done: u64) {
+        let params = self.params;
+        let thread = &mut self.threads[thread_index];
+        thread.file = None;
+        let in_window = self.window.is_some_and(|(_, t)| thread.file_started_ns >= t);
+        if in_window {
+            self.latencies_ns.push(thread.file_latency_ns);
+        }
+        let user = &mut self.users[thread.user as usize];
+        user.used_bytes += params.file_bytes;
+        user.files.push_back((file_index, done));
+        if user.used_bytes > user.quota_bytes {
+            let victims =
+                ((user.files.len() as f64 * params.delete_fraction).ceil() as usize).max(1);
+            for _ in 0..victims {
+                let (victim, written_at) = user.files.pop_front().expect("over quota with no file");
+                self.volume.release_file(&self.files[victim].layout);
+                self.files[victim].layout.chunks.clear();
+                self.spare_files.push(victim);
+                user.used_bytes -= params.file_bytes;
+                self.mapper.lifetimes.deleted(user.key, done.saturating_sub(written_at));
+            }
+        }
+    }
+
+    /// Takes the last sample and reports the run, with WAF and throughput over the window.
+    fn finish(mut self, mapping: Mapping, started: crate::report::Stopwatch) -> RunReport {
+        let params = self.params;
+        let end_ns = self.ssd_free_ns.iter().copied().max().unwrap_or(0).max(self.now_ns);
+        let counters = self.volume.total_counters();
+        self.sampler.force(&counters, end_ns);
+        let (window_start, window_start_ns) =
+            self.window.expect("run reached the measurement window");
+        let window_host_bytes = (counters.host_pages - window_start.host_pages) * self.page_bytes;
+        let window_seconds = (end_ns - window_start_ns) as f64 / 1e9;
+        RunReport {
+            label: run_label(params, mapping),
+            waf_steady: counters.waf_since(&window_start),
+            waf_cumulative: counters.waf(),
+            host_pages: counters.host_pages,
+            gc_copied_pages: counters.gc_copied_pages,
+            erases: counters.erases,
+            per_ssd: self.volume.ssds().iter().map(SsdSummary::of).collect(),
+            samples: self.sampler.samples,
+            throughput_mib_per_s: Some(
+                window_host_bytes as f64 / (1024.0 * 1024.0) / window_seconds.max(1e-9),
+            ),
+            file_write_latency: LatencyPercentiles::from_ns(&mut self.latencies_ns),
+            wall: Some(started.finish(&counters)),
+        }
+    }
+}
+
+/// Host pages the whole run writes: `device_writes` times the volume's logical capacity.
+fn total_host_pages(params: &BiosParams, volume: &Volume) -> Result<u64, BiosError> {
     let page_bytes = params.ssd.page_bytes as u64;
-    let chunk_bytes = volume.chunk_bytes();
-    let chunks_per_file = params.file_bytes.div_ceil(chunk_bytes) as usize;
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(params.seed);
-    let mut mapper = StreamMapper::new(mapping, params.nodes as usize, params.ssd.streams);
-    if params.lifetime_estimate_noise > 0.0 {
-        mapper.set_estimate_noise(params.lifetime_estimate_noise, params.seed ^ 0x6c69_6665);
-    }
-
-    let pools = params.pools();
-    let mut users = users_with_quotas(params, volume.logical_bytes() / pools as u64)?;
-    for user in &users {
-        mapper.lifetimes.set_quota(user.key, user.quota_bytes);
-    }
-    let mut threads = closed_loop_threads(params);
-
     let total_host_pages =
         (volume.logical_bytes() as f64 * params.device_writes / page_bytes as f64) as u64;
     if total_host_pages == 0 {
@@ -275,162 +503,34 @@ pub fn run(params: &BiosParams, mapping: Mapping) -> Result<RunReport, BiosError
             reason: "the run would write no page".into(),
         });
     }
-    let warmup_host_pages = (total_host_pages as f64 * params.warmup_fraction) as u64;
-    let mut sampler =
-        Sampler::new(total_host_pages, params.samples, volume.logical_bytes(), page_bytes);
-    let mut ssd_free_ns = vec![0u64; params.nodes as usize];
+    Ok(total_host_pages)
+}
+
+/// Length of one round of the service order, the range of the random offset of each thread.
+fn round_ns(params: &BiosParams, volume: &Volume) -> u64 {
     // One round: every thread of a pool has one stripe unit served on each SSD of the pool.
     // Requests issued within a round reach the SSDs in random order, as concurrent clients'
     // requests do; without this the closed loop degenerates into a fixed thread rotation that
     // puts the same users in the same blocks forever.
+    let pools = params.pools();
     let threads_per_pool = (params.users() as u64 / pools as u64) * params.threads_per_user as u64;
     let chunk_service_ns =
         (volume.chunk_pages() as f64 * params.ssd.timing.page_program_us * 1000.0
             / params.ssd.timing.parallel_units.max(1) as f64) as u64;
-    let round_ns = threads_per_pool * chunk_service_ns;
-    let mut files: Vec<FileSlot> = Vec::new();
-    let mut spare_files: Vec<usize> = Vec::new();
-    let mut window: Option<(crate::ssd::SsdCounters, u64)> = None;
-    let mut latencies_ns: Vec<u64> = Vec::new();
-    let mut host_pages: u64 = 0;
-    let mut now_ns: u64 = 0;
+    threads_per_pool * chunk_service_ns
+}
 
-    while host_pages < total_host_pages {
-        // The thread first in the service order issues next (ties: lowest index).
-        let ti = (0..threads.len()).min_by_key(|&i| (threads[i].order_key, i)).unwrap();
-        let ready = threads[ti].ready_ns;
-        now_ns = now_ns.max(ready);
-        let user_index = threads[ti].user as usize;
-        if threads[ti].file.is_none() {
-            // Open a new file: pick the layout and a stream per SSD of the pool.
-            let pool = users[user_index].pool;
-            let layout = StripedFile {
-                pool_first_ssd: pool * params.stripe_count,
-                stripe_count: params.stripe_count,
-                start: rng.gen_range(0..params.stripe_count),
-                chunks: Vec::with_capacity(chunks_per_file),
-            };
-            let streams: Vec<u16> = (0..params.stripe_count as usize)
-                .map(|i| {
-                    mapper.open(
-                        layout.pool_first_ssd as usize + i,
-                        users[user_index].key,
-                        threads[ti].job,
-                        ready,
-                    )
-                })
-                .collect();
-            let slot = FileSlot { layout, streams };
-            let index = match spare_files.pop() {
-                Some(i) => {
-                    files[i] = slot;
-                    i
-                }
-                None => {
-                    files.push(slot);
-                    files.len() - 1
-                }
-            };
-            threads[ti].file = Some(index);
-            threads[ti].next_chunk = 0;
-            threads[ti].file_started_ns = ready;
-            threads[ti].file_latency_ns = 0;
-        }
-        // Issue one stripe row: the next chunk on each SSD of the pool, in parallel (what a
-        // striping client does with a large write); the thread waits for the slowest.
-        let file_index = threads[ti].file.unwrap();
-        let row = (params.stripe_count as usize).min(chunks_per_file - threads[ti].next_chunk);
-        let mut done = ready;
-        for _ in 0..row {
-            let ordinal = threads[ti].next_chunk;
-            let ssd = files[file_index].layout.ssd_of(ordinal);
-            let Some(chunk) = volume.allocate_chunk(ssd) else {
-                return Err(BiosError::OutOfSpace {
-                    ssd,
-                    user: threads[ti].user,
-                    file: file_index as u64,
-                });
-            };
-            let bytes = chunk_bytes.min(params.file_bytes - ordinal as u64 * chunk_bytes);
-            let pages = bytes.div_ceil(page_bytes) as u32;
-            let stream =
-                files[file_index].streams[ssd - files[file_index].layout.pool_first_ssd as usize];
-            let busy_before = volume.ssds()[ssd].counters().busy_ns;
-            volume.write(ssd, chunk, 0, pages, stream);
-            let service = volume.ssds()[ssd].counters().busy_ns - busy_before;
-            let start = ssd_free_ns[ssd].max(ready);
-            ssd_free_ns[ssd] = start + service;
-            done = done.max(start + service);
-            files[file_index].layout.chunks.push(chunk);
-            host_pages += pages as u64;
-            mapper.lifetimes.wrote(users[user_index].key, bytes, ready);
-            threads[ti].next_chunk += 1;
-        }
-        threads[ti].ready_ns = done;
-        threads[ti].file_latency_ns += done - ready;
-        threads[ti].order_key = done + rng.gen_range(0..=round_ns);
-
-        if threads[ti].next_chunk == chunks_per_file {
-            // File complete: account it, record its latency, enforce the quota.
-            threads[ti].file = None;
-            let in_window = window.is_some_and(|(_, t)| threads[ti].file_started_ns >= t);
-            if in_window {
-                latencies_ns.push(threads[ti].file_latency_ns);
-            }
-            let user = &mut users[user_index];
-            user.used_bytes += params.file_bytes;
-            user.files.push_back((file_index, done));
-            if user.used_bytes > user.quota_bytes {
-                let victims =
-                    ((user.files.len() as f64 * params.delete_fraction).ceil() as usize).max(1);
-                for _ in 0..victims {
-                    let (victim, written_at) =
-                        user.files.pop_front().expect("over quota with no file");
-                    volume.release_file(&files[victim].layout);
-                    files[victim].layout.chunks.clear();
-                    spare_files.push(victim);
-                    user.used_bytes -= params.file_bytes;
-                    mapper.lifetimes.deleted(user.key, done.saturating_sub(written_at));
-                }
-            }
-        }
-
-        let counters = volume.total_counters();
-        if window.is_none() && host_pages >= warmup_host_pages {
-            window = Some((counters, now_ns));
-        }
-        sampler.observe(&counters, now_ns);
+/// Label of a run: mapping, configuration, stripe count, and the file system when not the base.
+fn run_label(params: &BiosParams, mapping: Mapping) -> String {
+    if params.fs == FileSystemModel::default() {
+        format!("{} c{} sc{}", mapping.name(), params.configuration, params.stripe_count)
+    } else {
+        format!(
+            "{} c{} sc{} {}",
+            mapping.name(),
+            params.configuration,
+            params.stripe_count,
+            params.fs.name()
+        )
     }
-
-    let end_ns = ssd_free_ns.iter().copied().max().unwrap_or(0).max(now_ns);
-    let counters = volume.total_counters();
-    sampler.force(&counters, end_ns);
-    let (window_start, window_start_ns) = window.expect("run reached the measurement window");
-    let window_host_bytes = (counters.host_pages - window_start.host_pages) * page_bytes;
-    let window_seconds = (end_ns - window_start_ns) as f64 / 1e9;
-    Ok(RunReport {
-        label: if params.fs == FileSystemModel::default() {
-            format!("{} c{} sc{}", mapping.name(), params.configuration, params.stripe_count)
-        } else {
-            format!(
-                "{} c{} sc{} {}",
-                mapping.name(),
-                params.configuration,
-                params.stripe_count,
-                params.fs.name()
-            )
-        },
-        waf_steady: counters.waf_since(&window_start),
-        waf_cumulative: counters.waf(),
-        host_pages: counters.host_pages,
-        gc_copied_pages: counters.gc_copied_pages,
-        erases: counters.erases,
-        per_ssd: volume.ssds().iter().map(SsdSummary::of).collect(),
-        samples: sampler.samples,
-        throughput_mib_per_s: Some(
-            window_host_bytes as f64 / (1024.0 * 1024.0) / window_seconds.max(1e-9),
-        ),
-        file_write_latency: LatencyPercentiles::from_ns(&mut latencies_ns),
-        wall: Some(started.finish(&counters)),
-    })
 }

@@ -142,93 +142,155 @@ pub struct ExperimentResult {
 /// told about each finished run.
 pub fn run(
     params: &ExperimentParams,
-    mut progress: impl FnMut(&ExperimentRow),
+    progress: impl FnMut(&ExperimentRow),
 ) -> Result<ExperimentResult, BiosError> {
-    let mut rows = Vec::new();
-    let mut host_pages = 0u64;
-    let mut nand_pages = 0u64;
-    let mut wall = 0.0;
-    let mut cpu = 0.0;
-    let mut record = |row: ExperimentRow, rows: &mut Vec<ExperimentRow>| {
-        if let Some(w) = &row.report.wall {
-            host_pages += row.report.host_pages;
-            nand_pages += row.report.host_pages + row.report.gc_copied_pages;
-            wall += w.seconds;
-            cpu += w.cpu_seconds;
-        }
-        progress(&row);
-        rows.push(row);
-    };
+    let mut recorder = Recorder::new(progress);
     let base_fs = params.base.fs;
     let file_systems: Vec<FileSystemModel> = std::iter::once(base_fs)
         .chain(params.extra_file_systems.iter().copied().filter(|fs| *fs != base_fs))
         .collect();
     for &fs in &file_systems {
-        for &configuration in &params.configurations {
-            for &mapping in &params.mappings {
-                let run_params =
-                    BiosParams { configuration, stripe_count: 4, fs, ..params.base.clone() };
-                let report = bios::run(&run_params, mapping)?;
-                record(
-                    ExperimentRow {
-                        configuration,
-                        lifetime_estimate_noise: 0.0,
-                        stripe_count: 4,
-                        mapping,
-                        fs,
-                        report,
-                    },
-                    &mut rows,
-                );
-            }
-        }
-        for &configuration in &params.sweep_configurations {
-            for &stripe_count in &params.stripe_counts {
-                if stripe_count == 4 && params.configurations.contains(&configuration) {
-                    continue; // measured above
-                }
-                for mapping in [Mapping::Legacy, Mapping::UserId] {
-                    let run_params =
-                        BiosParams { configuration, stripe_count, fs, ..params.base.clone() };
-                    let report = bios::run(&run_params, mapping)?;
-                    record(
-                        ExperimentRow {
-                            configuration,
-                            lifetime_estimate_noise: 0.0,
-                            stripe_count,
-                            mapping,
-                            fs,
-                            report,
-                        },
-                        &mut rows,
-                    );
-                }
-            }
-        }
+        run_configurations(params, fs, &mut recorder)?;
+        run_stripe_sweep(params, fs, &mut recorder)?;
     }
     if params.distinct_lifetimes {
-        let quota_classes = bios::distinct_quota_classes(params.base.users());
-        for mapping in [Mapping::Legacy, Mapping::UserId, Mapping::LifetimeAware] {
-            let run_params = BiosParams {
-                configuration: 4,
-                stripe_count: 4,
-                quota_classes: quota_classes.clone(),
-                ..params.base.clone()
-            };
-            let report = bios::run(&run_params, mapping)?;
-            record(
-                ExperimentRow {
-                    configuration: 4,
-                    lifetime_estimate_noise: 0.0,
-                    stripe_count: 4,
-                    mapping,
-                    fs: base_fs,
-                    report,
-                },
-                &mut rows,
-            );
+        run_distinct_lifetimes(params, &mut recorder)?;
+    }
+    run_estimate_noise(params, &mut recorder)?;
+    let Recorder { rows, host_pages, nand_pages, wall_seconds, cpu_seconds, .. } = recorder;
+    let waf = configuration3_waf(&rows, base_fs);
+    let waf_by_file_system =
+        file_systems.iter().map(|&fs| (fs.name(), configuration3_waf(&rows, fs))).collect();
+    Ok(ExperimentResult {
+        waf,
+        waf_by_file_system,
+        page_writes_per_second: host_pages as f64 / cpu_seconds.max(1e-9),
+        nand_page_programs_per_second: nand_pages as f64 / cpu_seconds.max(1e-9),
+        page_writes_per_wall_second: host_pages as f64 / wall_seconds.max(1e-9),
+        wall_seconds,
+        cpu_seconds,
+        rows,
+        params: params.clone(),
+    })
+}
+
+/// Collects the rows in run order, adds up the simulator's speed and tells `progress`.
+struct Recorder<F> {
+    rows: Vec<ExperimentRow>,
+    host_pages: u64,
+    nand_pages: u64,
+    wall_seconds: f64,
+    cpu_seconds: f64,
+    progress: F,
+}
+
+impl<F: FnMut(&ExperimentRow)> Recorder<F> {
+    /// An empty recorder that tells `progress` about each row.
+    fn new(progress: F) -> Recorder<F> {
+        Recorder {
+            rows: Vec::new(),
+            host_pages: 0,
+            nand_pages: 0,
+            wall_seconds: 0.0,
+            cpu_seconds: 0.0,
+            progress,
         }
     }
+
+    /// Runs BIOS with `run_params` under `mapping` and records the row.
+    fn run_and_record(
+        &mut self,
+        run_params: &BiosParams,
+        mapping: Mapping,
+        lifetime_estimate_noise: f64,
+    ) -> Result<(), BiosError> {
+        let report = bios::run(run_params, mapping)?;
+        // The row's estimate noise is the caller's (0 for runs with exact estimates, whatever
+        // the base parameters say); its other columns are those of `run_params`.
+        self.record(ExperimentRow {
+            configuration: run_params.configuration,
+            lifetime_estimate_noise,
+            stripe_count: run_params.stripe_count,
+            mapping,
+            fs: run_params.fs,
+            report,
+        });
+        Ok(())
+    }
+
+    /// Adds a finished run's speed to the totals, tells `progress` and keeps the row.
+    fn record(&mut self, row: ExperimentRow) {
+        if let Some(wall_clock) = &row.report.wall {
+            self.host_pages += row.report.host_pages;
+            self.nand_pages += row.report.host_pages + row.report.gc_copied_pages;
+            self.wall_seconds += wall_clock.seconds;
+            self.cpu_seconds += wall_clock.cpu_seconds;
+        }
+        (self.progress)(&row);
+        self.rows.push(row);
+    }
+}
+
+/// Every configuration × mapping at stripe count 4 under `fs`.
+fn run_configurations(
+    params: &ExperimentParams,
+    fs: FileSystemModel,
+    recorder: &mut Recorder<impl FnMut(&ExperimentRow)>,
+) -> Result<(), BiosError> {
+    for &configuration in &params.configurations {
+        for &mapping in &params.mappings {
+            let run_params =
+                BiosParams { configuration, stripe_count: 4, fs, ..params.base.clone() };
+            recorder.run_and_record(&run_params, mapping, 0.0)?;
+        }
+    }
+    Ok(())
+}
+
+/// The stripe-count sweep under `fs`, legacy and user-ID, skipping runs measured already.
+fn run_stripe_sweep(
+    params: &ExperimentParams,
+    fs: FileSystemModel,
+    recorder: &mut Recorder<impl FnMut(&ExperimentRow)>,
+) -> Result<(), BiosError> {
+    for &configuration in &params.sweep_configurations {
+        for &stripe_count in &params.stripe_counts {
+            if stripe_count == 4 && params.configurations.contains(&configuration) {
+                continue; // measured above
+            }
+            for mapping in [Mapping::Legacy, Mapping::UserId] {
+                let run_params =
+                    BiosParams { configuration, stripe_count, fs, ..params.base.clone() };
+                recorder.run_and_record(&run_params, mapping, 0.0)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Configuration 4 (every user its own lifetime) under legacy, user-ID and lifetime-aware.
+fn run_distinct_lifetimes(
+    params: &ExperimentParams,
+    recorder: &mut Recorder<impl FnMut(&ExperimentRow)>,
+) -> Result<(), BiosError> {
+    let quota_classes = bios::distinct_quota_classes(params.base.users());
+    for mapping in [Mapping::Legacy, Mapping::UserId, Mapping::LifetimeAware] {
+        let run_params = BiosParams {
+            configuration: 4,
+            stripe_count: 4,
+            quota_classes: quota_classes.clone(),
+            ..params.base.clone()
+        };
+        recorder.run_and_record(&run_params, mapping, 0.0)?;
+    }
+    Ok(())
+}
+
+/// Lifetime-aware with noisy lifetime estimates, each σ on configurations 3 and 4.
+fn run_estimate_noise(
+    params: &ExperimentParams,
+    recorder: &mut Recorder<impl FnMut(&ExperimentRow)>,
+) -> Result<(), BiosError> {
     for &sigma in &params.estimate_noise_sigmas {
         for configuration in [3u8, 4] {
             let mut run_params = BiosParams {
@@ -240,44 +302,23 @@ pub fn run(
             if configuration == 4 {
                 run_params.quota_classes = bios::distinct_quota_classes(params.base.users());
             }
-            let report = bios::run(&run_params, Mapping::LifetimeAware)?;
-            record(
-                ExperimentRow {
-                    configuration,
-                    lifetime_estimate_noise: sigma,
-                    stripe_count: 4,
-                    mapping: Mapping::LifetimeAware,
-                    fs: base_fs,
-                    report,
-                },
-                &mut rows,
-            );
+            recorder.run_and_record(&run_params, Mapping::LifetimeAware, sigma)?;
         }
     }
-    let config3 = |fs: FileSystemModel| -> BTreeMap<String, f64> {
-        rows.iter()
-            .filter(|r| {
-                r.configuration == 3
-                    && r.stripe_count == 4
-                    && r.lifetime_estimate_noise == 0.0
-                    && r.fs == fs
-            })
-            .map(|r| (r.mapping.name().to_string(), r.report.waf_steady))
-            .collect()
-    };
-    let waf = config3(base_fs);
-    let waf_by_file_system = file_systems.iter().map(|&fs| (fs.name(), config3(fs))).collect();
-    Ok(ExperimentResult {
-        waf,
-        waf_by_file_system,
-        page_writes_per_second: host_pages as f64 / cpu.max(1e-9),
-        nand_page_programs_per_second: nand_pages as f64 / cpu.max(1e-9),
-        page_writes_per_wall_second: host_pages as f64 / wall.max(1e-9),
-        wall_seconds: wall,
-        cpu_seconds: cpu,
-        rows,
-        params: params.clone(),
-    })
+    Ok(())
+}
+
+/// Steady-state WAF per mapping on configuration 3 at stripe count 4, exact estimates, `fs`.
+fn configuration3_waf(rows: &[ExperimentRow], fs: FileSystemModel) -> BTreeMap<String, f64> {
+    rows.iter()
+        .filter(|r| {
+            r.configuration == 3
+                && r.stripe_count == 4
+                && r.lifetime_estimate_noise == 0.0
+                && r.fs == fs
+        })
+        .map(|r| (r.mapping.name().to_string(), r.report.waf_steady))
+        .collect()
 }
 
 impl ExperimentResult {
@@ -335,8 +376,17 @@ impl ExperimentResult {
         out
     }
 
+    /// The Markdown tables of one file system model: WAF and latency, ratios, stripe sweeps.
     fn markdown_for(&self, fs: FileSystemModel, out: &mut String) {
         let title = Self::fs_title(fs);
+        self.markdown_waf_table(fs, &title, out);
+        self.markdown_ratios(fs, out);
+        self.markdown_stripe_sweeps(fs, &title, out);
+        out.push('\n');
+    }
+
+    /// Table of WAF, throughput, tail latency and wear per run at stripe count 4 under `fs`.
+    fn markdown_waf_table(&self, fs: FileSystemModel, title: &str, out: &mut String) {
         out.push_str(&format!(
             "## File system: {title}\n\n\
              ### WAF, modelled throughput and file-write tail latency (stripe count 4, steady state)\n\n\
@@ -370,6 +420,10 @@ impl ExperimentResult {
         {
             out.push_str("\nConfiguration 4 = every user its own lifetime (not in BIOS). σ = log-normal error of the lifetime estimates, drawn afresh at every stream decision.\n");
         }
+    }
+
+    /// Table of WAF and throughput ratios between mappings at stripe count 4 under `fs`.
+    fn markdown_ratios(&self, fs: FileSystemModel, out: &mut String) {
         out.push_str("\n### Ratios (stripe count 4)\n\n| config | comparison | WAF ratio | throughput ratio |\n|---|---|---|---|\n");
         let pairs = [
             (Mapping::Legacy, Mapping::UserId),
@@ -399,6 +453,10 @@ impl ExperimentResult {
                 }
             }
         }
+    }
+
+    /// One stripe-count sweep table per swept configuration under `fs`: legacy against user-ID.
+    fn markdown_stripe_sweeps(&self, fs: FileSystemModel, title: &str, out: &mut String) {
         for &configuration in &self.params.sweep_configurations {
             out.push_str(&format!(
                 "\n### Stripe-count sweep (configuration {configuration}, 8 users per SSD; {title})\n\n| stripe count | legacy WAF | user_id WAF | WAF ratio | legacy MiB/s | user_id MiB/s |\n|---|---|---|---|---|---|\n"
@@ -419,7 +477,6 @@ impl ExperimentResult {
                 }
             }
         }
-        out.push('\n');
     }
 
     /// File name of the stripe-sweep plot of `configuration` (configuration 3 keeps the

@@ -146,100 +146,27 @@ pub fn replay(
         return Err(ReplayError::PerJob);
     }
     let started = crate::report::Stopwatch::start();
-    let ssd_count = params.ssds as usize;
-    let mut volume = Volume::new(&params.ssd, ssd_count, params.stripe_unit_bytes)?;
+    let mut state = ReplayState::new(params, mapping)?;
     let page_bytes = params.ssd.page_bytes as u64;
-    let total_bytes: u64 = events
-        .iter()
-        .map(|e| match e {
-            LogEvent::Write { length_bytes, .. } => *length_bytes,
-            LogEvent::Delete { .. } => 0,
-        })
-        .sum();
-    let mut sampler =
-        Sampler::new(total_bytes / page_bytes, params.samples, volume.logical_bytes(), page_bytes);
-    let mut mapper = StreamMapper::new(mapping, ssd_count, params.ssd.streams);
-    let mut segments: HashMap<SegmentId, Segment> = HashMap::new();
-    let mut now: u64 = 0;
+    let mut sampler = Sampler::new(
+        total_write_bytes(events) / page_bytes,
+        params.samples,
+        state.volume.logical_bytes(),
+        page_bytes,
+    );
     for (index, event) in events.iter().enumerate() {
         match *event {
             LogEvent::Write { stream: key, segment, offset_bytes, length_bytes } => {
                 if length_bytes == 0 {
                     continue;
                 }
-                let end_bytes = offset_bytes + length_bytes; // parse_log rules out overflow
-                if end_bytes > volume.logical_bytes() {
-                    return Err(ReplayError::BeyondVolume {
-                        event: index,
-                        segment,
-                        end_bytes,
-                        logical_bytes: volume.logical_bytes(),
-                    });
-                }
-                let entry = segments.entry(segment).or_insert_with(|| Segment {
-                    layout: StripedFile {
-                        pool_first_ssd: 0,
-                        stripe_count: params.ssds,
-                        start: (segment.0 % params.ssds as u64) as u16,
-                        chunks: Vec::new(),
-                    },
-                    streams: Vec::new(),
-                    key,
-                    created_at: now,
-                    end_bytes: 0,
-                });
-                if entry.streams.is_empty() {
-                    entry.streams =
-                        (0..ssd_count).map(|ssd| mapper.open(ssd, key, key, now)).collect();
-                }
-                // Pages touched, chunk by chunk.
-                let first_page = offset_bytes / page_bytes;
-                let last_page = (offset_bytes + length_bytes).div_ceil(page_bytes);
-                let chunk_pages = volume.chunk_pages() as u64;
-                let mut page = first_page;
-                while page < last_page {
-                    let ordinal = (page / chunk_pages) as usize;
-                    let in_chunk = page % chunk_pages;
-                    let pages = (chunk_pages - in_chunk).min(last_page - page);
-                    if entry.layout.chunks.len() <= ordinal {
-                        entry.layout.chunks.resize(ordinal + 1, INVALID);
-                    }
-                    let ssd = entry.layout.ssd_of(ordinal);
-                    if entry.layout.chunks[ordinal] == INVALID {
-                        let Some(chunk) = volume.allocate_chunk(ssd) else {
-                            return Err(ReplayError::OutOfSpace {
-                                event: index,
-                                segment,
-                                ssds: ssd_count,
-                                ssd,
-                            });
-                        };
-                        entry.layout.chunks[ordinal] = chunk;
-                    }
-                    volume.write(
-                        ssd,
-                        entry.layout.chunks[ordinal],
-                        in_chunk as u32,
-                        pages as u32,
-                        entry.streams[ssd],
-                    );
-                    page += pages;
-                }
-                entry.end_bytes = entry.end_bytes.max(offset_bytes + length_bytes);
-                now += length_bytes;
-                mapper.lifetimes.wrote(key, length_bytes, now);
+                state.write(index, key, segment, offset_bytes, length_bytes)?;
             }
-            LogEvent::Delete { segment, length_bytes: _ } => {
-                let Some(gone) = segments.remove(&segment) else {
-                    return Err(ReplayError::UnknownSegment { event: index, segment });
-                };
-                volume.release_file(&gone.layout);
-                mapper.lifetimes.deleted(gone.key, now - gone.created_at);
-            }
+            LogEvent::Delete { segment, length_bytes: _ } => state.delete(index, segment)?,
         }
-        sampler.observe(&volume.total_counters(), 0);
+        sampler.observe(&state.volume.total_counters(), 0);
     }
-    let counters = volume.total_counters();
+    let counters = state.volume.total_counters();
     sampler.force(&counters, 0);
     Ok(RunReport {
         label: format!("replay {}", mapping.name()),
@@ -248,12 +175,150 @@ pub fn replay(
         host_pages: counters.host_pages,
         gc_copied_pages: counters.gc_copied_pages,
         erases: counters.erases,
-        per_ssd: volume.ssds().iter().map(SsdSummary::of).collect(),
+        per_ssd: state.volume.ssds().iter().map(SsdSummary::of).collect(),
         samples: sampler.samples,
         throughput_mib_per_s: None,
         file_write_latency: None,
         wall: Some(started.finish(&counters)),
     })
+}
+
+/// Bytes the log writes in all (what the sampler spreads its samples over).
+fn total_write_bytes(events: &[LogEvent]) -> u64 {
+    events
+        .iter()
+        .map(|e| match e {
+            LogEvent::Write { length_bytes, .. } => *length_bytes,
+            LogEvent::Delete { .. } => 0,
+        })
+        .sum()
+}
+
+/// The volume, the stream mapper and the live segments of a replay.
+struct ReplayState<'a> {
+    params: &'a ReplayParams,
+    volume: Volume,
+    mapper: StreamMapper,
+    segments: HashMap<SegmentId, Segment>,
+    /// "Time" for stream decisions and lifetimes: the host bytes replayed so far.
+    now_bytes: u64,
+}
+
+impl<'a> ReplayState<'a> {
+    /// An empty volume of `params.ssds` SSDs and a mapper for `mapping`.
+    fn new(params: &'a ReplayParams, mapping: Mapping) -> Result<ReplayState<'a>, ReplayError> {
+        let ssd_count = params.ssds as usize;
+        let volume = Volume::new(&params.ssd, ssd_count, params.stripe_unit_bytes)?;
+        let mapper = StreamMapper::new(mapping, ssd_count, params.ssd.streams);
+        Ok(ReplayState { params, volume, mapper, segments: HashMap::new(), now_bytes: 0 })
+    }
+
+    /// Replays write event `index`: opens the segment at its first write, then writes its pages.
+    fn write(
+        &mut self,
+        index: usize,
+        key: StreamKey,
+        segment: SegmentId,
+        offset_bytes: u64,
+        length_bytes: u64,
+    ) -> Result<(), ReplayError> {
+        let params = self.params;
+        let ssd_count = params.ssds as usize;
+        let end_bytes = offset_bytes + length_bytes; // parse_log rules out overflow
+        if end_bytes > self.volume.logical_bytes() {
+            return Err(ReplayError::BeyondVolume {
+                event: index,
+                segment,
+                end_bytes,
+                logical_bytes: self.volume.logical_bytes(),
+            });
+        }
+        let now_bytes = self.now_bytes;
+        let entry = self.segments.entry(segment).or_insert_with(|| Segment {
+            layout: StripedFile {
+                pool_first_ssd: 0,
+                stripe_count: params.ssds,
+                start: (segment.0 % params.ssds as u64) as u16,
+                chunks: Vec::new(),
+            },
+            streams: Vec::new(),
+            key,
+            created_at: now_bytes,
+            end_bytes: 0,
+        });
+        if entry.streams.is_empty() {
+            entry.streams =
+                (0..ssd_count).map(|ssd| self.mapper.open(ssd, key, key, now_bytes)).collect();
+        }
+        let pages = PageRange::of(offset_bytes, length_bytes, params.ssd.page_bytes as u64);
+        write_pages(&mut self.volume, entry, pages).map_err(|ssd| ReplayError::OutOfSpace {
+            event: index,
+            segment,
+            ssds: ssd_count,
+            ssd,
+        })?;
+        entry.end_bytes = entry.end_bytes.max(offset_bytes + length_bytes);
+        self.now_bytes += length_bytes;
+        self.mapper.lifetimes.wrote(key, length_bytes, self.now_bytes);
+        Ok(())
+    }
+
+    /// Replays delete event `index`: TRIMs the segment's pages and frees its chunks.
+    fn delete(&mut self, index: usize, segment: SegmentId) -> Result<(), ReplayError> {
+        let Some(gone) = self.segments.remove(&segment) else {
+            return Err(ReplayError::UnknownSegment { event: index, segment });
+        };
+        self.volume.release_file(&gone.layout);
+        self.mapper.lifetimes.deleted(gone.key, self.now_bytes - gone.created_at);
+        Ok(())
+    }
+}
+
+/// The pages a write touches: from `first` up to, not including, `end`.
+#[derive(Clone, Copy)]
+struct PageRange {
+    first: u64,
+    end: u64,
+}
+
+impl PageRange {
+    /// The pages of `page_bytes` that bytes `offset_bytes..offset_bytes + length_bytes` touch.
+    fn of(offset_bytes: u64, length_bytes: u64, page_bytes: u64) -> PageRange {
+        PageRange {
+            first: offset_bytes / page_bytes,
+            end: (offset_bytes + length_bytes).div_ceil(page_bytes),
+        }
+    }
+}
+
+/// Writes `pages` of `segment` chunk by chunk, allocating chunks; fails with the SSD that is full.
+fn write_pages(volume: &mut Volume, segment: &mut Segment, pages: PageRange) -> Result<(), usize> {
+    let chunk_pages = volume.chunk_pages() as u64;
+    let mut page = pages.first;
+    while page < pages.end {
+        let ordinal = (page / chunk_pages) as usize;
+        let in_chunk = page % chunk_pages;
+        let page_count = (chunk_pages - in_chunk).min(pages.end - page);
+        if segment.layout.chunks.len() <= ordinal {
+            segment.layout.chunks.resize(ordinal + 1, INVALID);
+        }
+        let ssd = segment.layout.ssd_of(ordinal);
+        if segment.layout.chunks[ordinal] == INVALID {
+            let Some(chunk) = volume.allocate_chunk(ssd) else {
+                return Err(ssd);
+            };
+            segment.layout.chunks[ordinal] = chunk;
+        }
+        volume.write(
+            ssd,
+            segment.layout.chunks[ordinal],
+            in_chunk as u32,
+            page_count as u32,
+            segment.streams[ssd],
+        );
+        page += page_count;
+    }
+    Ok(())
 }
 
 /// Workload (5): a Spillway trace (for instance converted from a Darshan log by

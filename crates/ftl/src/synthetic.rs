@@ -51,24 +51,7 @@ pub enum SyntheticError {
 /// separates hot pages (short lifetime) onto stream 1 and cold onto stream 0.
 pub fn run(params: &SyntheticParams, mapping: Mapping) -> Result<RunReport, SyntheticError> {
     let started = crate::report::Stopwatch::start();
-    let separate = match (params.skew, mapping) {
-        (_, Mapping::Legacy) | (Skew::Uniform, Mapping::LifetimeAware) => false,
-        (Skew::HotCold { .. }, Mapping::LifetimeAware) if params.ssd.streams < 2 => {
-            return Err(SyntheticError::Mapping {
-                mapping: mapping.name(),
-                workload: "hot_cold",
-                reason: "needs at least 2 streams",
-            })
-        }
-        (_, Mapping::UserId | Mapping::PerJob) => {
-            return Err(SyntheticError::Mapping {
-                mapping: mapping.name(),
-                workload: "uniform/hot_cold",
-                reason: "the workload has no users or jobs",
-            })
-        }
-        (Skew::HotCold { .. }, Mapping::LifetimeAware) => true,
-    };
+    let separate = separates_hot_pages(params, mapping)?;
     for (name, value) in [
         ("warmup_device_writes", params.warmup_device_writes),
         ("measure_device_writes", params.measure_device_writes),
@@ -79,20 +62,8 @@ pub fn run(params: &SyntheticParams, mapping: Mapping) -> Result<RunReport, Synt
     }
     let mut ssd = Ssd::new(params.ssd.clone())?;
     let logical = ssd.logical_pages();
-    let (hot_pages, hot_probability) = match params.skew {
-        Skew::Uniform => (logical, 1.0),
-        Skew::HotCold { hot_space_fraction, hot_write_fraction } => {
-            let ok = |f: f64| f > 0.0 && f < 1.0;
-            if !ok(hot_space_fraction) || !ok(hot_write_fraction) {
-                return Err(SyntheticError::Fractions {
-                    space: hot_space_fraction,
-                    writes: hot_write_fraction,
-                });
-            }
-            (((logical as f64 * hot_space_fraction) as u32).max(1), hot_write_fraction)
-        }
-    };
-    let stream_of = |lpn: u32| -> u16 { u16::from(separate && lpn < hot_pages) };
+    let hot = HotRegion::of(params.skew, logical)?;
+    let stream_of = |lpn: u32| -> u16 { u16::from(separate && lpn < hot.pages) };
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(params.seed);
     let page_bytes = params.ssd.page_bytes as u64;
     let logical_bytes = logical as u64 * page_bytes;
@@ -108,13 +79,7 @@ pub fn run(params: &SyntheticParams, mapping: Mapping) -> Result<RunReport, Synt
         if i == warmup {
             window = Some(ssd.counters());
         }
-        let lpn = if hot_probability >= 1.0 {
-            rng.gen_range(0..logical)
-        } else if rng.gen_bool(hot_probability) {
-            rng.gen_range(0..hot_pages)
-        } else {
-            rng.gen_range(hot_pages..logical)
-        };
+        let lpn = hot.pick_page(&mut rng, logical);
         ssd.write(lpn, stream_of(lpn));
         if i % 4096 == 0 {
             sampler.observe(&ssd.counters(), 0);
@@ -124,19 +89,7 @@ pub fn run(params: &SyntheticParams, mapping: Mapping) -> Result<RunReport, Synt
     sampler.force(&counters, 0);
     let window = window.unwrap_or_default();
     Ok(RunReport {
-        label: format!(
-            "{} {} {}",
-            mapping.name(),
-            match params.skew {
-                Skew::Uniform => "uniform".to_string(),
-                Skew::HotCold { hot_space_fraction, hot_write_fraction } =>
-                    format!("hot_cold {hot_write_fraction}/{hot_space_fraction}"),
-            },
-            serde_json::to_value(params.ssd.victim)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default()
-        ),
+        label: run_label(params, mapping),
         waf_steady: counters.waf_since(&window),
         waf_cumulative: counters.waf(),
         host_pages: counters.host_pages,
@@ -148,4 +101,79 @@ pub fn run(params: &SyntheticParams, mapping: Mapping) -> Result<RunReport, Synt
         file_write_latency: None,
         wall: Some(started.finish(&counters)),
     })
+}
+
+/// Whether `mapping` puts hot pages on their own stream, or why it does not apply.
+fn separates_hot_pages(params: &SyntheticParams, mapping: Mapping) -> Result<bool, SyntheticError> {
+    match (params.skew, mapping) {
+        (_, Mapping::Legacy) | (Skew::Uniform, Mapping::LifetimeAware) => Ok(false),
+        (Skew::HotCold { .. }, Mapping::LifetimeAware) if params.ssd.streams < 2 => {
+            Err(SyntheticError::Mapping {
+                mapping: mapping.name(),
+                workload: "hot_cold",
+                reason: "needs at least 2 streams",
+            })
+        }
+        (_, Mapping::UserId | Mapping::PerJob) => Err(SyntheticError::Mapping {
+            mapping: mapping.name(),
+            workload: "uniform/hot_cold",
+            reason: "the workload has no users or jobs",
+        }),
+        (Skew::HotCold { .. }, Mapping::LifetimeAware) => Ok(true),
+    }
+}
+
+/// The hot pages (the first `pages` logical pages) and the probability a write goes to them.
+#[derive(Clone, Copy)]
+struct HotRegion {
+    pages: u32,
+    probability: f64,
+}
+
+impl HotRegion {
+    /// The hot region of `skew` over `logical_pages`: all of them, always written, when uniform.
+    fn of(skew: Skew, logical_pages: u32) -> Result<HotRegion, SyntheticError> {
+        let (pages, probability) = match skew {
+            Skew::Uniform => (logical_pages, 1.0),
+            Skew::HotCold { hot_space_fraction, hot_write_fraction } => {
+                let ok = |f: f64| f > 0.0 && f < 1.0;
+                if !ok(hot_space_fraction) || !ok(hot_write_fraction) {
+                    return Err(SyntheticError::Fractions {
+                        space: hot_space_fraction,
+                        writes: hot_write_fraction,
+                    });
+                }
+                (((logical_pages as f64 * hot_space_fraction) as u32).max(1), hot_write_fraction)
+            }
+        };
+        Ok(HotRegion { pages, probability })
+    }
+
+    /// Draws the logical page of the next overwrite: hot with the region's probability.
+    fn pick_page(self, rng: &mut rand_chacha::ChaCha8Rng, logical_pages: u32) -> u32 {
+        if self.probability >= 1.0 {
+            rng.gen_range(0..logical_pages)
+        } else if rng.gen_bool(self.probability) {
+            rng.gen_range(0..self.pages)
+        } else {
+            rng.gen_range(self.pages..logical_pages)
+        }
+    }
+}
+
+/// Label of a run: mapping, skew and GC victim policy.
+fn run_label(params: &SyntheticParams, mapping: Mapping) -> String {
+    format!(
+        "{} {} {}",
+        mapping.name(),
+        match params.skew {
+            Skew::Uniform => "uniform".to_string(),
+            Skew::HotCold { hot_space_fraction, hot_write_fraction } =>
+                format!("hot_cold {hot_write_fraction}/{hot_space_fraction}"),
+        },
+        serde_json::to_value(params.ssd.victim)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default()
+    )
 }

@@ -494,12 +494,53 @@ fn group<'a>(files: impl Iterator<Item = &'a FileUsage>) -> FileGroup {
     group
 }
 
+/// How many fragments each need asks for, and the namespace layout that follows.
+#[derive(Clone, Copy)]
+struct Sizing {
+    fragments: u64,
+    fragments_for_capacity: u64,
+    fragments_for_data: u64,
+    fragments_for_metadata: u64,
+    namespace: Namespace,
+}
+
+/// The files to keep persistent, stage in, stage out and discard.
+struct Staging {
+    keep_persistent: FileGroup,
+    stage_in: FileGroup,
+    stage_out: FileGroup,
+    discard: FileGroup,
+}
+
 fn recommend(
     profile: &Profile,
     metrics: &Metrics,
     files: &[FileUsage],
     target: AllocationTarget,
 ) -> Recommendation {
+    let pipelines = target.pipelines;
+    let sizing = size_allocation(profile, metrics, target);
+    let staging = stage_files(files);
+    let mut advice = performance_advice(profile, metrics, pipelines, &sizing);
+    advice.extend(staging_advice(metrics, &staging));
+    Recommendation {
+        pipelines,
+        fragment_bytes: target.fragment_bytes,
+        fragments: sizing.fragments,
+        fragments_for_capacity: sizing.fragments_for_capacity,
+        fragments_for_data: sizing.fragments_for_data,
+        fragments_for_metadata: sizing.fragments_for_metadata,
+        namespace: sizing.namespace,
+        stage_in: staging.stage_in,
+        keep_persistent: staging.keep_persistent,
+        stage_out: staging.stage_out,
+        discard: staging.discard,
+        advice,
+    }
+}
+
+/// Sizes the allocation: fragments for capacity, data and metadata, and the namespace layout.
+fn size_allocation(profile: &Profile, metrics: &Metrics, target: AllocationTarget) -> Sizing {
     let pipelines = target.pipelines;
     let capacity_bytes = profile.file_bytes.saturating_mul(pipelines);
     let fragments_for_capacity = capacity_bytes.div_ceil(target.fragment_bytes).max(1);
@@ -515,6 +556,17 @@ fn recommend(
         Namespace::Private => fragments_for_metadata,
         Namespace::Striped => 1,
     });
+    Sizing {
+        fragments,
+        fragments_for_capacity,
+        fragments_for_data,
+        fragments_for_metadata,
+        namespace,
+    }
+}
+
+/// Sorts the files into staging groups by their role and reuse.
+fn stage_files(files: &[FileUsage]) -> Staging {
     let reused = |file: &&FileUsage| file.ranks > 1 || file.bytes_read > file.size_bytes;
     let keep_persistent = group(files.iter().filter(|file| {
         file.role == FileRole::Software || (file.role == FileRole::Input && reused(file))
@@ -525,7 +577,23 @@ fn recommend(
         files.iter().filter(|file| matches!(file.role, FileRole::Output | FileRole::Updated)),
     );
     let discard = group(files.iter().filter(|file| file.role == FileRole::Intermediate));
+    Staging { keep_persistent, stage_in, stage_out, discard }
+}
 
+/// The advice on what bounds a pipeline and how to size and lay out the allocation.
+fn performance_advice(
+    profile: &Profile,
+    metrics: &Metrics,
+    pipelines: u64,
+    sizing: &Sizing,
+) -> Vec<String> {
+    let Sizing {
+        fragments,
+        fragments_for_capacity,
+        fragments_for_data,
+        fragments_for_metadata,
+        namespace,
+    } = *sizing;
     let mut advice = Vec::new();
     let percent = |value: f64| format!("{value:.1}%");
     if metrics.io_time_percent > 100.0 {
@@ -570,6 +638,13 @@ fn recommend(
     if metrics.bound == Bound::Iops {
         advice.push("Transfers are small: aggregate them (larger buffers, fewer writes) before adding fragments.".to_string());
     }
+    advice
+}
+
+/// The advice on which files to keep persistent, stage in, discard and stage out.
+fn staging_advice(metrics: &Metrics, staging: &Staging) -> Vec<String> {
+    let Staging { keep_persistent, stage_in, stage_out, discard } = staging;
+    let mut advice = Vec::new();
     if keep_persistent.files > 0 {
         advice.push(format!(
             "Keep {} file(s), {} (software environment and reused inputs) in a persistent reservation instead of staging them per job.",
@@ -601,20 +676,7 @@ fn recommend(
             spillway_types::format_bytes(stage_out.bytes)
         ));
     }
-    Recommendation {
-        pipelines,
-        fragment_bytes: target.fragment_bytes,
-        fragments,
-        fragments_for_capacity,
-        fragments_for_data,
-        fragments_for_metadata,
-        namespace,
-        stage_in,
-        keep_persistent,
-        stage_out,
-        discard,
-        advice,
-    }
+    advice
 }
 
 #[cfg(test)]
@@ -786,101 +848,136 @@ mod tests {
         );
     }
 
+    /// Relative rounding error of the printed inputs of one column, per class of operation.
+    struct InputErrors {
+        data: f64,
+        metadata: f64,
+        wall: f64,
+    }
+
+    /// Derives the relative input errors of `column` from the precision Table 2 prints.
+    fn input_errors(column: &Column) -> InputErrors {
+        // Relative rounding error of the printed times: ±0.005 s over the time.
+        let data = 0.005 / column.data_seconds;
+        let metadata = 0.005 / column.metadata_seconds;
+        let wall = 0.05 / column.wall_seconds + data.max(metadata);
+        InputErrors { data, metadata, wall }
+    }
+
     #[test]
     fn table2_derived_rows_match_the_datawarp_paper() {
         let peaks = Peaks::datawarp_cori();
         for column in &TABLE2 {
             let metrics = profile_of(column).metrics(&peaks);
-            let name = column.name;
-            // Relative rounding error of the printed times: ±0.005 s over the time.
-            let data_error = 0.005 / column.data_seconds;
-            let metadata_error = 0.005 / column.metadata_seconds;
-            let wall_error = 0.05 / column.wall_seconds + data_error.max(metadata_error);
-
-            // The two rows the issue names are exact: pipelines to saturate.
-            assert_eq!(
-                metrics.pipelines_to_saturate_data,
-                Some(column.pipelines_data),
-                "{name}: data pipelines"
-            );
-            assert_eq!(
-                metrics.pipelines_to_saturate_metadata,
-                Some(column.pipelines_metadata),
-                "{name}: metadata pipelines"
-            );
-            assert_close(
-                name,
-                "% peak bandwidth",
-                metrics.percent_peak_bandwidth,
-                column.percent_bandwidth,
-                data_error,
-                1,
-            );
-            assert_close(
-                name,
-                "% peak IOPS",
-                metrics.percent_peak_iops,
-                column.percent_iops,
-                data_error,
-                1,
-            );
-            assert_close(
-                name,
-                "% peak metadata",
-                metrics.percent_peak_metadata,
-                column.percent_metadata,
-                metadata_error,
-                1,
-            );
-            assert_close(
-                name,
-                "bandwidth MiB/s",
-                metrics.bandwidth_bytes_per_second / MIB,
-                column.bandwidth_mib_s,
-                data_error,
-                0,
-            );
-            assert_close(
-                name,
-                "read/write rate",
-                metrics.data_ops_per_second,
-                column.data_rate,
-                data_error,
-                0,
-            );
-            assert_close(
-                name,
-                "metadata rate",
-                metrics.metadata_ops_per_second,
-                column.metadata_rate,
-                metadata_error,
-                0,
-            );
-            assert_close(
-                name,
-                "I/O time %",
-                metrics.io_time_percent,
-                column.io_time_percent,
-                wall_error,
-                1,
-            );
-            // Mean transfer and reuse use no times: exact to the printed precision.
-            assert_eq!(
-                round_to(metrics.mean_transfer_bytes / 1024.0, 0),
-                column.mean_transfer_kib,
-                "{name}: mean transfer"
-            );
-            assert_eq!(
-                round_to(metrics.data_reuse.unwrap(), 1),
-                column.data_reuse,
-                "{name}: data reuse (Table 3)"
-            );
-            assert_eq!(
-                round_to(metrics.read_write_ratio.unwrap(), 1),
-                column.read_write_ratio,
-                "{name}: read:write"
-            );
+            let errors = input_errors(column);
+            assert_pipelines_to_saturate(column, &metrics);
+            assert_percentages_of_peak(column, &metrics, &errors);
+            assert_rates_and_io_time(column, &metrics, &errors);
+            assert_rows_without_times(column, &metrics);
         }
+    }
+
+    /// Checks the pipelines-to-saturate rows of one column.
+    fn assert_pipelines_to_saturate(column: &Column, metrics: &Metrics) {
+        let name = column.name;
+        // The two rows the issue names are exact: pipelines to saturate.
+        assert_eq!(
+            metrics.pipelines_to_saturate_data,
+            Some(column.pipelines_data),
+            "{name}: data pipelines"
+        );
+        assert_eq!(
+            metrics.pipelines_to_saturate_metadata,
+            Some(column.pipelines_metadata),
+            "{name}: metadata pipelines"
+        );
+    }
+
+    /// Checks the % of peak rows of one column, within the propagated input rounding.
+    fn assert_percentages_of_peak(column: &Column, metrics: &Metrics, errors: &InputErrors) {
+        let name = column.name;
+        assert_close(
+            name,
+            "% peak bandwidth",
+            metrics.percent_peak_bandwidth,
+            column.percent_bandwidth,
+            errors.data,
+            1,
+        );
+        assert_close(
+            name,
+            "% peak IOPS",
+            metrics.percent_peak_iops,
+            column.percent_iops,
+            errors.data,
+            1,
+        );
+        assert_close(
+            name,
+            "% peak metadata",
+            metrics.percent_peak_metadata,
+            column.percent_metadata,
+            errors.metadata,
+            1,
+        );
+    }
+
+    /// Checks the rate rows and the I/O time share of one column, within the input rounding.
+    fn assert_rates_and_io_time(column: &Column, metrics: &Metrics, errors: &InputErrors) {
+        let name = column.name;
+        assert_close(
+            name,
+            "bandwidth MiB/s",
+            metrics.bandwidth_bytes_per_second / MIB,
+            column.bandwidth_mib_s,
+            errors.data,
+            0,
+        );
+        assert_close(
+            name,
+            "read/write rate",
+            metrics.data_ops_per_second,
+            column.data_rate,
+            errors.data,
+            0,
+        );
+        assert_close(
+            name,
+            "metadata rate",
+            metrics.metadata_ops_per_second,
+            column.metadata_rate,
+            errors.metadata,
+            0,
+        );
+        assert_close(
+            name,
+            "I/O time %",
+            metrics.io_time_percent,
+            column.io_time_percent,
+            errors.wall,
+            1,
+        );
+    }
+
+    /// Checks the rows that use no time (mean transfer, reuse, read:write) of one column.
+    fn assert_rows_without_times(column: &Column, metrics: &Metrics) {
+        let name = column.name;
+        // Mean transfer and reuse use no times: exact to the printed precision.
+        assert_eq!(
+            round_to(metrics.mean_transfer_bytes / 1024.0, 0),
+            column.mean_transfer_kib,
+            "{name}: mean transfer"
+        );
+        assert_eq!(
+            round_to(metrics.data_reuse.unwrap(), 1),
+            column.data_reuse,
+            "{name}: data reuse (Table 3)"
+        );
+        assert_eq!(
+            round_to(metrics.read_write_ratio.unwrap(), 1),
+            column.read_write_ratio,
+            "{name}: read:write"
+        );
     }
 
     #[test]

@@ -34,10 +34,22 @@ fn optional(value: Option<u64>) -> String {
 
 /// The characterization as an aligned terminal table (the rows of the paper's Table 2 and 3).
 pub fn characterization_table(result: &Characterization) -> String {
+    let rows = metric_rows(result);
+    let width = rows.iter().map(|(label, _)| label.chars().count()).max().unwrap_or(0);
+    let mut out = String::new();
+    for (label, value) in rows {
+        let _ = writeln!(out, "{label:<width$}  {value}");
+    }
+    write_recommendation_summary(&mut out, result);
+    out
+}
+
+/// The (label, value) rows of the table: the inputs, then the derived metrics.
+fn metric_rows(result: &Characterization) -> Vec<(String, String)> {
     let metrics = &result.metrics;
     let profile = &result.profile;
     let peaks = &result.peaks;
-    let rows: Vec<(String, String)> = vec![
+    vec![
         ("Trace".into(), format!("{} ({})", result.job.executable, result.job.source)),
         (
             "Synthesized (not recorded)".into(),
@@ -87,12 +99,11 @@ pub fn characterization_table(result: &Characterization) -> String {
             "Read:write I/O".into(),
             metrics.read_write_ratio.map_or("no writes".into(), |value| format!("{value:.1}")),
         ),
-    ];
-    let width = rows.iter().map(|(label, _)| label.chars().count()).max().unwrap_or(0);
-    let mut out = String::new();
-    for (label, value) in rows {
-        let _ = writeln!(out, "{label:<width$}  {value}");
-    }
+    ]
+}
+
+/// Appends the recommendation after the table: the allocation to ask for, then the advice.
+fn write_recommendation_summary(out: &mut String, result: &Characterization) {
     let recommendation = &result.recommendation;
     let _ = writeln!(
         out,
@@ -108,7 +119,6 @@ pub fn characterization_table(result: &Characterization) -> String {
     for line in &recommendation.advice {
         let _ = writeln!(out, "  - {line}");
     }
-    out
 }
 
 fn gauge(label: &str, percent: f64, detail: &str, highlight: bool) -> String {
@@ -151,16 +161,26 @@ fn job_line(job: &JobMeta) -> String {
 
 /// The characterization as one self-contained HTML page.
 pub fn characterization_html(result: &Characterization) -> String {
-    let metrics = &result.metrics;
-    let profile = &result.profile;
-    let peaks = &result.peaks;
-    let recommendation = &result.recommendation;
+    let mut html = String::new();
+    write_page_head(&mut html, result);
+    write_synthesized_warning(&mut html, &result.job);
+    write_verdict_cards(&mut html, result);
+    write_peak_gauges(&mut html, result);
+    write_time_and_bytes_charts(&mut html, result);
+    write_recommendation_section(&mut html, result);
+    write_all_metrics_table(&mut html, result);
+    write_largest_files_table(&mut html, result);
+    write_method_footer(&mut html, result);
+    html
+}
+
+/// Page head: title, style sheet, heading and the line on where the trace comes from.
+fn write_page_head(html: &mut String, result: &Characterization) {
     let title = if result.job.executable.is_empty() {
         "workflow pipeline".to_string()
     } else {
         result.job.executable.clone()
     };
-    let mut html = String::new();
     let _ = write!(
         html,
         r#"<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>Spillway characterization: {}</title>
@@ -189,8 +209,12 @@ ul.advice li {{ margin: .35rem 0; }}
         escape(&result.job.source),
         result.op_counts.values().sum::<u64>()
     );
-    if result.job.synthesized {
-        if result.job.source.starts_with("darshan") {
+}
+
+/// Warning that the operations were synthesized, saying from what, when they were.
+fn write_synthesized_warning(html: &mut String, job: &JobMeta) {
+    if job.synthesized {
+        if job.source.starts_with("darshan") {
             html.push_str(
                 r#"<p class="warn"><b>Synthesized trace.</b> The operations were reconstructed from aggregate Darshan counters, not recorded one by one: counts, bytes and times are right in total; their order and individual sizes are estimates.</p>"#,
             );
@@ -200,6 +224,12 @@ ul.advice li {{ margin: .35rem 0; }}
             );
         }
     }
+}
+
+/// The verdict cards: the bound, pipelines to saturate, and the allocation to ask for.
+fn write_verdict_cards(html: &mut String, result: &Characterization) {
+    let metrics = &result.metrics;
+    let recommendation = &result.recommendation;
     let bound_text = match metrics.bound {
         Bound::None => "no I/O".to_string(),
         bound => format!("{}-bound", bound.name()),
@@ -223,6 +253,12 @@ ul.advice li {{ margin: .35rem 0; }}
             Namespace::Private => "private (one per node)",
         }
     );
+}
+
+/// Section "Share of each peak used by one pipeline": one gauge per peak, the bound highlighted.
+fn write_peak_gauges(html: &mut String, result: &Characterization) {
+    let metrics = &result.metrics;
+    let peaks = &result.peaks;
     html.push_str("<h2>Share of each peak used by one pipeline</h2>");
     html.push_str(&gauge(
         "Bandwidth",
@@ -249,7 +285,12 @@ ul.advice li {{ margin: .35rem 0; }}
         ),
         metrics.bound == Bound::Metadata,
     ));
+}
 
+/// Section "Where the time and bytes go": the time split, then charts of bytes and operations.
+fn write_time_and_bytes_charts(html: &mut String, result: &Characterization) {
+    let metrics = &result.metrics;
+    let profile = &result.profile;
     html.push_str(r#"<h2>Where the time and bytes go</h2><div class="charts">"#);
     let compute = (profile.wall_seconds - metrics.io_time_seconds).max(0.0);
     html.push_str(&bar_chart_svg(
@@ -295,7 +336,11 @@ ul.advice li {{ margin: .35rem 0; }}
         .collect();
     html.push_str(&bar_chart_svg("Operations by kind", "operations", &ops));
     html.push_str("</div>");
+}
 
+/// Section "Recommendation": the advice, then the staging groups as a table.
+fn write_recommendation_section(html: &mut String, result: &Characterization) {
+    let recommendation = &result.recommendation;
     html.push_str(r#"<h2>Recommendation</h2><ul class="advice">"#);
     for line in &recommendation.advice {
         let _ = write!(html, "<li>{}</li>", escape(line));
@@ -318,7 +363,10 @@ ul.advice li {{ margin: .35rem 0; }}
         "written and removed by the pipeline",
     ));
     html.push_str("</table>");
+}
 
+/// Section "All metrics": the rows of the terminal table, as an HTML table.
+fn write_all_metrics_table(html: &mut String, result: &Characterization) {
     html.push_str("<h2>All metrics</h2><table>");
     for line in characterization_table(result).lines().take_while(|line| !line.is_empty()) {
         let (label, value) = line.split_at(line.rfind("  ").map_or(line.len(), |at| at));
@@ -329,7 +377,12 @@ ul.advice li {{ margin: .35rem 0; }}
             escape(value.trim())
         );
     }
-    html.push_str("</table><h2>Largest files</h2><table><tr><th>File</th><th>Role</th><th>Read</th><th>Written</th><th>Size</th><th>Ranks</th><th>Metadata ops</th></tr>");
+    html.push_str("</table>");
+}
+
+/// Section "Largest files": the 25 files with the most I/O, with their roles.
+fn write_largest_files_table(html: &mut String, result: &Characterization) {
+    html.push_str("<h2>Largest files</h2><table><tr><th>File</th><th>Role</th><th>Read</th><th>Written</th><th>Size</th><th>Ranks</th><th>Metadata ops</th></tr>");
     for file in result.files.iter().take(25) {
         let _ = write!(
             html,
@@ -343,14 +396,19 @@ ul.advice li {{ margin: .35rem 0; }}
             file.metadata_ops
         );
     }
+    html.push_str("</table>");
+}
+
+/// Page foot: the method and the peaks compared against, then the end of the page.
+fn write_method_footer(html: &mut String, result: &Characterization) {
+    let peaks = &result.peaks;
     let _ = writeln!(
         html,
-        "</table><p class=\"sub\">Method: Daley et al., DataWarp workflow characterization (see docs/design/characterize.md). Peaks: {:.0} MiB/s, {:.0} IOPS, {:.0} metadata ops/s.</p></body></html>",
+        "<p class=\"sub\">Method: Daley et al., DataWarp workflow characterization (see docs/design/characterize.md). Peaks: {:.0} MiB/s, {:.0} IOPS, {:.0} metadata ops/s.</p></body></html>",
         peaks.bandwidth_bytes_per_second / MIB,
         peaks.iops,
         peaks.metadata_ops_per_second
     );
-    html
 }
 
 /// The sweep as a terminal table: one row per (policy, fraction).
