@@ -23,15 +23,17 @@
 //! `ingest_bandwidth_share` of the bandwidth measured when idle.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::ops::Range;
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use spillway_client::{Client, ClientOptions, FileHandle};
-use spillway_proto::{DrainInfo, DrainState, Endpoint, EpochState, ErrorCode};
+use spillway_proto::{DrainInfo, DrainState, Endpoint, EpochState, ErrorCode, FileInfo};
 use spillway_server::{Backend, BackendError, DrainControl, IngestProbe};
 use spillway_types::EpochId;
 
@@ -527,6 +529,29 @@ impl Inner {
         epoch: EpochId,
         mode: DrainMode,
     ) -> Result<Outcome, DrainError> {
+        if let Some(outcome) = self.check_local_epoch(epoch)? {
+            return Ok(outcome);
+        }
+        let client = self.connect_once(client)?;
+        if let Some(summary) = client.list_epochs()?.into_iter().find(|s| s.epoch == epoch) {
+            if summary.state == EpochState::Open {
+                return Ok(Outcome::Wait(format!("epoch {epoch} is still open on some server")));
+            }
+        }
+        let files = self.backend.files(epoch).map_err(DrainError::Store)?;
+        self.set(epoch, |s| {
+            s.files_total = files.len() as u64;
+            s.last_error.clear();
+        });
+        if let Outcome::Wait(why) = self.drain_files(client, epoch, mode, &files)? {
+            return Ok(Outcome::Wait(why));
+        }
+        self.finish_epoch(epoch, files.len())?;
+        Ok(Outcome::Done)
+    }
+
+    /// Checks the epoch in the local store: `Some` when there is nothing to drain now.
+    fn check_local_epoch(&self, epoch: EpochId) -> Result<Option<Outcome>, DrainError> {
         let local = match self
             .backend
             .epochs()
@@ -539,20 +564,27 @@ impl Inner {
                 tracing::warn!(%epoch, "drain: epoch is no longer in the burst buffer (deleted); dropping the request");
                 self.journal.lock().drained(epoch)?;
                 self.state.lock().epochs.remove(&epoch);
-                return Ok(Outcome::Done);
+                return Ok(Some(Outcome::Done));
             }
         };
         match local.state {
             EpochState::Open => {
-                return Ok(Outcome::Wait(format!("epoch {epoch} is not committed here yet")))
+                Ok(Some(Outcome::Wait(format!("epoch {epoch} is not committed here yet"))))
             }
             EpochState::Drained => {
                 self.journal.lock().drained(epoch)?;
                 self.set(epoch, |s| s.state = DrainState::Drained);
-                return Ok(Outcome::Done);
+                Ok(Some(Outcome::Done))
             }
-            EpochState::CommittedMemory | EpochState::Committed => {}
+            EpochState::CommittedMemory | EpochState::Committed => Ok(None),
         }
+    }
+
+    /// The client to the reservation's servers, connected on first use.
+    fn connect_once<'c>(
+        &self,
+        client: &'c mut Option<Client>,
+    ) -> Result<&'c mut Client, DrainError> {
         if client.is_none() {
             let options = ClientOptions {
                 client_name: format!("drainer of {}", self.options.server_name),
@@ -563,23 +595,23 @@ impl Inner {
             };
             *client = Some(Client::connect(&self.options.peers, options)?);
         }
-        let client = client.as_mut().expect("connected above");
-        if let Some(summary) = client.list_epochs()?.into_iter().find(|s| s.epoch == epoch) {
-            if summary.state == EpochState::Open {
-                return Ok(Outcome::Wait(format!("epoch {epoch} is still open on some server")));
-            }
-        }
-        let files = self.backend.files(epoch).map_err(DrainError::Store)?;
-        self.set(epoch, |s| {
-            s.files_total = files.len() as u64;
-            s.last_error.clear();
-        });
+        Ok(client.as_mut().expect("connected above"))
+    }
+
+    /// Drains each file of the epoch; `Wait` if one waits for its peers or the drainer stops.
+    fn drain_files(
+        &self,
+        client: &mut Client,
+        epoch: EpochId,
+        mode: DrainMode,
+        files: &[FileInfo],
+    ) -> Result<Outcome, DrainError> {
         let mut done = 0u64;
         let mut waiting = None;
         // Mount files (`ns/<id>/<ino>.<gen>`) are published under their namespace paths.
         let mut namespace_names =
             crate::namespace_names::NamespaceNames::new(self.options.peers.clone());
-        for file in &files {
+        for file in files {
             let names = match namespace_names
                 .final_name(&file.name)
                 .map_err(DrainError::Namespace)?
@@ -600,19 +632,24 @@ impl Inner {
                 return Ok(Outcome::Wait("stopping".into()));
             }
         }
-        if let Some(why) = waiting {
-            return Ok(Outcome::Wait(why));
-        }
+        Ok(match waiting {
+            Some(why) => Outcome::Wait(why),
+            None => Outcome::Done,
+        })
+    }
+
+    /// Journals the epoch as drained, marks it drained in the store and frees its space.
+    fn finish_epoch(&self, epoch: EpochId, file_count: usize) -> Result<(), DrainError> {
         // Every file is under its final name and fsync'd: journal, then free.
         self.journal.lock().drained(epoch)?;
         self.backend.mark_drained(epoch).map_err(DrainError::Store)?;
         let freed = self.backend.collect_garbage().map_err(DrainError::Store)?;
-        tracing::info!(server = %self.options.server_name, %epoch, files = files.len(), bytes_freed = freed, "epoch drained to the PFS");
+        tracing::info!(server = %self.options.server_name, %epoch, files = file_count, bytes_freed = freed, "epoch drained to the PFS");
         self.set(epoch, |s| {
             s.state = DrainState::Drained;
             s.last_error.clear();
         });
-        Ok(Outcome::Done)
+        Ok(())
     }
 
     fn drain_file(
@@ -700,6 +737,7 @@ impl Inner {
         let size = client.file_size(handle)?;
         let extents: Vec<(usize, u64, u64)> =
             client.extents(handle)?.into_iter().map(|(s, e)| (s, e.offset, e.length)).collect();
+        let source = PartSource { handle, epoch, local_file, extents };
         let mut file = self.pfs.open_staging(&names.staging)?;
         let mut stats = PartStats::default();
         let mut throttle = Throttle {
@@ -709,110 +747,14 @@ impl Inner {
             yielded: 0,
             paused: Duration::ZERO,
         };
-        let write_max = self.options.write_bytes_max;
         match mode {
             DrainMode::Shuffled => {
                 let domain = partition_domains(size, participants, self.options.stripe_bytes)
                     [position]
                     .clone();
-                let chunks = chunk_writes(domain, write_max, self.options.stripe_bytes);
-                // Gather (shuffle) on this thread, write on another: two chunks in flight at most.
-                let (tx, rx) = std::sync::mpsc::sync_channel::<(u64, IoBuffer)>(1);
-                let stop = &self.stop;
-                let (backend, me) = (&self.backend, self.options.self_index);
-                let file_ref: &mut Box<dyn PfsFile> = &mut file;
-                let throttle_ref = &mut throttle;
-                let result: Result<(), DrainError> = std::thread::scope(|scope| {
-                    let writer = scope.spawn(move || -> Result<PartStats, PfsError> {
-                        let (file, throttle) = (file_ref, throttle_ref);
-                        let mut local = PartStats::default();
-                        for (offset, buffer) in rx {
-                            let started = Instant::now();
-                            file.write_at(offset, &buffer)?;
-                            file.start_writeback(offset, buffer.len() as u64);
-                            let took = started.elapsed();
-                            local.flush += took;
-                            local.bytes += buffer.len() as u64;
-                            local.calls += 1;
-                            throttle.after_write(took);
-                        }
-                        Ok(local)
-                    });
-                    let gather = || -> Result<(), DrainError> {
-                        for chunk in chunks {
-                            if stop.load(Ordering::SeqCst) {
-                                break;
-                            }
-                            let started = Instant::now();
-                            // Aligned, so the PFS can take it with direct I/O.
-                            let mut buffer = IoBuffer::zeroed((chunk.end - chunk.start) as usize);
-                            let mut wanted = Vec::new();
-                            let mut local = false;
-                            for &(server, offset, length) in &extents {
-                                for piece in clip_extents(&[(offset, length)], &chunk) {
-                                    if server == me {
-                                        local = true;
-                                        continue;
-                                    }
-                                    for p in chunk_writes(piece, 1 << 20, 1 << 20) {
-                                        wanted.push((server, p.start, p.end - p.start));
-                                    }
-                                }
-                            }
-                            // This server's own bytes come from its store directly (one read
-                            // of the whole chunk: its holes read as zeros), not over a socket;
-                            // then the peers' ranges (disjoint from ours) are filled in.
-                            if local {
-                                backend
-                                    .read(epoch, local_file, chunk.start, &mut buffer)
-                                    .map_err(DrainError::Store)?;
-                            }
-                            client.read_ranges(handle, chunk.start, &mut buffer, wanted)?;
-                            stats.shuffle += started.elapsed();
-                            if tx.send((chunk.start, buffer)).is_err() {
-                                break; // the writer failed; its error is reported below
-                            }
-                        }
-                        Ok(())
-                    };
-                    let gathered = gather();
-                    drop(tx);
-                    let written = writer.join().expect("drain writer thread panicked");
-                    gathered?;
-                    let local = written?;
-                    stats.bytes += local.bytes;
-                    stats.calls += local.calls;
-                    stats.flush += local.flush;
-                    Ok(())
-                });
-                result?;
+                self.write_shuffled(client, &source, domain, &mut file, &mut throttle, &mut stats)?;
             }
-            DrainMode::Naive => {
-                let mine: Vec<(u64, u64)> = extents
-                    .iter()
-                    .filter(|e| e.0 == self.options.self_index)
-                    .map(|e| (e.1, e.2))
-                    .collect();
-                let mut buffer = Vec::new();
-                for range in naive_writes(&mine, write_max) {
-                    if self.stop.load(Ordering::SeqCst) {
-                        break;
-                    }
-                    let started = Instant::now();
-                    buffer.resize((range.end - range.start) as usize, 0);
-                    self.backend
-                        .read(epoch, local_file, range.start, &mut buffer)
-                        .map_err(DrainError::Store)?;
-                    stats.shuffle += started.elapsed();
-                    let started = Instant::now();
-                    file.write_at(range.start, &buffer)?;
-                    let took = started.elapsed();
-                    stats.flush += took;
-                    stats.bytes += buffer.len() as u64;
-                    stats.calls += 1;
-                    throttle.after_write(took);
-                }
-            }
+            DrainMode::Naive => self.write_naive(&source, &mut file, &mut throttle, &mut stats)?,
         }
         if self.stop.load(Ordering::SeqCst) {
             return Err(DrainError::Store(BackendError::new(
@@ -828,6 +770,156 @@ impl Inner {
         stats.flush += started.elapsed();
         Ok(stats)
     }
+
+    /// Shuffled: gathers this server's domain from every participant, writes it on a thread.
+    fn write_shuffled(
+        &self,
+        client: &mut Client,
+        source: &PartSource<'_>,
+        domain: Range<u64>,
+        file: &mut Box<dyn PfsFile>,
+        throttle: &mut Throttle<'_>,
+        stats: &mut PartStats,
+    ) -> Result<(), DrainError> {
+        let chunks = chunk_writes(domain, self.options.write_bytes_max, self.options.stripe_bytes);
+        // Gather (shuffle) on this thread, write on another: two chunks in flight at most.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(u64, IoBuffer)>(1);
+        std::thread::scope(|scope| {
+            let writer = scope.spawn(move || write_chunks(file, throttle, rx));
+            let gathered = self.gather_chunks(client, source, chunks, tx, stats);
+            let written = writer.join().expect("drain writer thread panicked");
+            gathered?;
+            let local = written?;
+            stats.bytes += local.bytes;
+            stats.calls += local.calls;
+            stats.flush += local.flush;
+            Ok(())
+        })
+    }
+
+    /// Gathers the chunks in order for the writer thread, until the drainer stops or it fails.
+    fn gather_chunks(
+        &self,
+        client: &mut Client,
+        source: &PartSource<'_>,
+        chunks: Vec<Range<u64>>,
+        gathered: SyncSender<(u64, IoBuffer)>,
+        stats: &mut PartStats,
+    ) -> Result<(), DrainError> {
+        // `gathered` is dropped on return, which ends the writer thread's loop.
+        for chunk in chunks {
+            if self.stop.load(Ordering::SeqCst) {
+                break;
+            }
+            let started = Instant::now();
+            let buffer = self.gather_chunk(client, source, &chunk)?;
+            stats.shuffle += started.elapsed();
+            if gathered.send((chunk.start, buffer)).is_err() {
+                break; // the writer failed; write_shuffled reports its error
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads one chunk of this server's domain: its own bytes from its store, the rest from peers.
+    fn gather_chunk(
+        &self,
+        client: &mut Client,
+        source: &PartSource<'_>,
+        chunk: &Range<u64>,
+    ) -> Result<IoBuffer, DrainError> {
+        let me = self.options.self_index;
+        // Aligned, so the PFS can take it with direct I/O.
+        let mut buffer = IoBuffer::zeroed((chunk.end - chunk.start) as usize);
+        let mut wanted = Vec::new();
+        let mut local = false;
+        for &(server, offset, length) in &source.extents {
+            for piece in clip_extents(&[(offset, length)], chunk) {
+                if server == me {
+                    local = true;
+                    continue;
+                }
+                for p in chunk_writes(piece, 1 << 20, 1 << 20) {
+                    wanted.push((server, p.start, p.end - p.start));
+                }
+            }
+        }
+        // This server's own bytes come from its store directly (one read
+        // of the whole chunk: its holes read as zeros), not over a socket;
+        // then the peers' ranges (disjoint from ours) are filled in.
+        if local {
+            self.backend
+                .read(source.epoch, source.local_file, chunk.start, &mut buffer)
+                .map_err(DrainError::Store)?;
+        }
+        client.read_ranges(source.handle, chunk.start, &mut buffer, wanted)?;
+        Ok(buffer)
+    }
+
+    /// Naive: writes the extents this server holds where they fall, read from its store.
+    fn write_naive(
+        &self,
+        source: &PartSource<'_>,
+        file: &mut Box<dyn PfsFile>,
+        throttle: &mut Throttle<'_>,
+        stats: &mut PartStats,
+    ) -> Result<(), DrainError> {
+        let mine: Vec<(u64, u64)> = source
+            .extents
+            .iter()
+            .filter(|e| e.0 == self.options.self_index)
+            .map(|e| (e.1, e.2))
+            .collect();
+        let mut buffer = Vec::new();
+        for range in naive_writes(&mine, self.options.write_bytes_max) {
+            if self.stop.load(Ordering::SeqCst) {
+                break;
+            }
+            let started = Instant::now();
+            buffer.resize((range.end - range.start) as usize, 0);
+            self.backend
+                .read(source.epoch, source.local_file, range.start, &mut buffer)
+                .map_err(DrainError::Store)?;
+            stats.shuffle += started.elapsed();
+            let started = Instant::now();
+            file.write_at(range.start, &buffer)?;
+            let took = started.elapsed();
+            stats.flush += took;
+            stats.bytes += buffer.len() as u64;
+            stats.calls += 1;
+            throttle.after_write(took);
+        }
+        Ok(())
+    }
+}
+
+/// Where one file's part is read from: the file on the peers and in this server's store.
+struct PartSource<'a> {
+    handle: &'a FileHandle,
+    epoch: EpochId,
+    local_file: spillway_types::FileId,
+    /// Every extent of the file: (server, offset, length).
+    extents: Vec<(usize, u64, u64)>,
+}
+
+/// A shuffled part's writer thread: writes each chunk, starts its writeback, yields to ingest.
+fn write_chunks(
+    file: &mut Box<dyn PfsFile>,
+    throttle: &mut Throttle<'_>,
+    gathered: Receiver<(u64, IoBuffer)>,
+) -> Result<PartStats, PfsError> {
+    let mut local = PartStats::default();
+    for (offset, buffer) in gathered {
+        let started = Instant::now();
+        file.write_at(offset, &buffer)?;
+        file.start_writeback(offset, buffer.len() as u64);
+        let took = started.elapsed();
+        local.flush += took;
+        local.bytes += buffer.len() as u64;
+        local.calls += 1;
+        throttle.after_write(took);
+    }
+    Ok(local)
 }
 
 #[cfg(test)]

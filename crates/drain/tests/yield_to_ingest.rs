@@ -7,6 +7,7 @@
 //! (and is acknowledged) before the drain is requested, and the idle drain runs before any
 //! write the drainer could see. The rate limiter's arithmetic is unit-tested in `drainer.rs`.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -55,19 +56,52 @@ fn wait_drained(drainer: &Drainer, epoch: EpochId) {
     }
 }
 
-#[test]
-fn drain_yields_while_clients_write_and_runs_unthrottled_when_idle() {
-    let dir = tempfile::tempdir().unwrap();
-    let ssd = dir.path().join("ssd");
-    let pfs = dir.path().join("pfs");
-    std::fs::create_dir_all(&pfs).unwrap();
+/// The store of the test's server: 64 MiB of DRAM, 1 GiB of SSD in `ssd`.
+fn open_backend(ssd: &Path) -> Arc<StoreBackend> {
     let store_knobs = StoreKnobs {
         ssd_directory: ssd.display().to_string(),
         dram_bytes_max: 64 << 20,
         ssd_bytes_max: 1 << 30,
         ..StoreKnobs::default()
     };
-    let backend = Arc::new(StoreBackend::new(spillway_store::Store::open(&store_knobs).unwrap()));
+    Arc::new(StoreBackend::new(spillway_store::Store::open(&store_knobs).unwrap()))
+}
+
+/// Drainer options for the one server at `endpoint`: 16 PFS writes per 2 MiB checkpoint.
+fn drainer_options(endpoint: &Endpoint) -> DrainerOptions {
+    DrainerOptions {
+        peers: vec![endpoint.clone()],
+        self_index: 0,
+        stripe_bytes: 64 << 10,
+        write_bytes_max: 128 << 10, // 16 PFS writes per checkpoint
+        default_mode: DrainMode::Shuffled,
+        drain_after_commit: false,
+        ingest_bandwidth_share: 0.5,
+        // Longer than the test: once clients have written, ingest stays "active".
+        ingest_idle_after: Duration::from_secs(3600),
+        retry_backoff_min: Duration::from_millis(20),
+        retry_backoff_max: Duration::from_millis(200),
+        queued_epochs_max: 4,
+        server_name: "s0".into(),
+    }
+}
+
+/// Both drained copies (epochs 1 and 2) are complete in `pfs`.
+fn assert_copies_complete(pfs: &Path) {
+    for epoch in [1u64, 2] {
+        let copy = std::fs::read(pfs.join(format!("epoch-{epoch}/ckpt.dat"))).unwrap();
+        assert_eq!(copy.len(), 2 << 20);
+        assert!(copy.iter().all(|&b| b == epoch as u8), "epoch {epoch}: PFS copy differs");
+    }
+}
+
+#[test]
+fn drain_yields_while_clients_write_and_runs_unthrottled_when_idle() {
+    let dir = tempfile::tempdir().unwrap();
+    let ssd = dir.path().join("ssd");
+    let pfs = dir.path().join("pfs");
+    std::fs::create_dir_all(&pfs).unwrap();
+    let backend = open_backend(&ssd);
     let endpoint = Endpoint::Unix(dir.path().join("s0.sock"));
     let server_knobs = ServerKnobs { server_name: "s0".into(), ..ServerKnobs::default() };
     let server = Server::bind(
@@ -86,23 +120,8 @@ fn drain_yields_while_clients_write_and_runs_unthrottled_when_idle() {
     write_epoch(&mut app, EpochId(1), 2 << 20, true);
     write_epoch(&mut app, EpochId(2), 2 << 20, true);
 
-    let options = DrainerOptions {
-        peers: vec![endpoint.clone()],
-        self_index: 0,
-        stripe_bytes: 64 << 10,
-        write_bytes_max: 128 << 10, // 16 PFS writes per checkpoint
-        default_mode: DrainMode::Shuffled,
-        drain_after_commit: false,
-        ingest_bandwidth_share: 0.5,
-        // Longer than the test: once clients have written, ingest stays "active".
-        ingest_idle_after: Duration::from_secs(3600),
-        retry_backoff_min: Duration::from_millis(20),
-        retry_backoff_max: Duration::from_millis(200),
-        queued_epochs_max: 4,
-        server_name: "s0".into(),
-    };
     let drainer = Drainer::start(
-        options,
+        drainer_options(&endpoint),
         backend.clone(),
         Arc::new(PosixPfs::new(&pfs)),
         &ssd,
@@ -132,11 +151,7 @@ fn drain_yields_while_clients_write_and_runs_unthrottled_when_idle() {
     assert!(paused > Duration::ZERO, "yielding means pausing");
 
     // Both copies are complete.
-    for epoch in [1u64, 2] {
-        let copy = std::fs::read(pfs.join(format!("epoch-{epoch}/ckpt.dat"))).unwrap();
-        assert_eq!(copy.len(), 2 << 20);
-        assert!(copy.iter().all(|&b| b == epoch as u8), "epoch {epoch}: PFS copy differs");
-    }
+    assert_copies_complete(&pfs);
     drainer.stop();
     drop(app);
     shutdown.shutdown();

@@ -68,31 +68,42 @@ fn find_header_end(buffer: &[u8]) -> Option<usize> {
 fn read_request(connection: &mut dyn Connection, limit: usize) -> Result<Request, RequestError> {
     let mut buffer = Vec::with_capacity(1024);
     let mut chunk = [0u8; 4096];
-    let header_end = loop {
-        if let Some(end) = find_header_end(&buffer) {
-            break end;
+    let header_end = read_head(connection, &mut buffer, &mut chunk, limit)?;
+    let head = std::str::from_utf8(&buffer[..header_end])
+        .map_err(|_| RequestError::Malformed("request head is not UTF-8".into()))?;
+    let (method, target, content_length) = parse_head(head)?;
+    let body = read_body(connection, &mut chunk, &buffer, header_end, content_length, limit)?;
+    let (path, query_text) = target.split_once('?').unwrap_or((target, ""));
+    Ok(Request {
+        method: method.to_string(),
+        path: path.to_string(),
+        query: parse_query(query_text),
+        body,
+    })
+}
+
+/// Reads into `buffer` until it holds the whole head (within `limit`); returns where it ends.
+fn read_head(
+    connection: &mut dyn Connection,
+    buffer: &mut Vec<u8>,
+    chunk: &mut [u8],
+    limit: usize,
+) -> Result<usize, RequestError> {
+    loop {
+        if let Some(end) = find_header_end(buffer) {
+            return Ok(end);
         }
         if buffer.len() >= limit {
             return Err(RequestError::TooLarge { limit });
         }
         let want = chunk.len().min(limit - buffer.len());
-        match connection.read(&mut chunk[..want]) {
-            Ok(0) => return Err(RequestError::Truncated),
-            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Err(RequestError::Timeout)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(RequestError::Io(e)),
-        }
-    };
-    let head = std::str::from_utf8(&buffer[..header_end])
-        .map_err(|_| RequestError::Malformed("request head is not UTF-8".into()))?;
+        let n = read_some(connection, &mut chunk[..want])?;
+        buffer.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// The request line's method and target, and the `Content-Length` of the head (0 if absent).
+fn parse_head(head: &str) -> Result<(&str, &str, usize), RequestError> {
     let mut lines = head.split("\r\n");
     let request_line = lines.next().unwrap_or_default();
     let mut parts = request_line.split(' ');
@@ -119,6 +130,18 @@ fn read_request(connection: &mut dyn Connection, limit: usize) -> Result<Request
             ));
         }
     }
+    Ok((method, target, content_length))
+}
+
+/// The body: the bytes after the head in `buffer`, then the rest up to `content_length`.
+fn read_body(
+    connection: &mut dyn Connection,
+    chunk: &mut [u8],
+    buffer: &[u8],
+    header_end: usize,
+    content_length: usize,
+    limit: usize,
+) -> Result<Vec<u8>, RequestError> {
     let body_start = header_end + 4;
     if body_start.saturating_add(content_length) > limit {
         return Err(RequestError::TooLarge { limit });
@@ -129,9 +152,18 @@ fn read_request(connection: &mut dyn Connection, limit: usize) -> Result<Request
     }
     while body.len() < content_length {
         let want = chunk.len().min(content_length - body.len());
-        match connection.read(&mut chunk[..want]) {
+        let n = read_some(connection, &mut chunk[..want])?;
+        body.extend_from_slice(&chunk[..n]);
+    }
+    Ok(body)
+}
+
+/// One read of request bytes into `chunk` (again if interrupted); never returns 0 bytes.
+fn read_some(connection: &mut dyn Connection, chunk: &mut [u8]) -> Result<usize, RequestError> {
+    loop {
+        match connection.read(chunk) {
             Ok(0) => return Err(RequestError::Truncated),
-            Ok(n) => body.extend_from_slice(&chunk[..n]),
+            Ok(n) => return Ok(n),
             Err(e)
                 if matches!(
                     e.kind(),
@@ -144,16 +176,18 @@ fn read_request(connection: &mut dyn Connection, limit: usize) -> Result<Request
             Err(e) => return Err(RequestError::Io(e)),
         }
     }
-    let (path, query_text) = target.split_once('?').unwrap_or((target, ""));
-    let query = query_text
+}
+
+/// The query's `key=value` pairs (a key without `=` has an empty value).
+fn parse_query(query_text: &str) -> BTreeMap<String, String> {
+    query_text
         .split('&')
         .filter(|p| !p.is_empty())
         .map(|pair| {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             (k.to_string(), v.to_string())
         })
-        .collect();
-    Ok(Request { method: method.to_string(), path: path.to_string(), query, body })
+        .collect()
 }
 
 fn reason(status: u16) -> &'static str {

@@ -18,8 +18,12 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use spillway_config::{ManagerKnobs, StreamKeyKind};
-use spillway_policy::fragments::{allocate, FragmentError, FragmentRequest, ServerSpace};
-use spillway_policy::{select_pool, PoolState, StreamDecision, StreamTable, StreamTableLimits};
+use spillway_policy::fragments::{
+    allocate, FragmentError, FragmentPlan, FragmentRequest, ServerSpace,
+};
+use spillway_policy::{
+    select_pool, PoolChoice, PoolState, StreamDecision, StreamTable, StreamTableLimits,
+};
 use spillway_types::StreamKey;
 
 use crate::db::{self, Db, PoolRow, ReservationRow, ServerRow};
@@ -537,11 +541,103 @@ impl Manager {
         caller: &Caller,
         request: &CreateReservation,
     ) -> Result<Reservation, CreateReservationError> {
+        let (owner_uid, owner_gid) = Self::validate_reservation_request(caller, request)?;
+        let access = request.access.unwrap_or(Access::Striped);
+        let now = self.clock.now_unix_s();
+
+        let mut db = lock(&self.db);
+        let tx = db.conn.transaction()?;
+        let pools = db::pools(&tx)?;
+        let servers = db::servers(&tx)?;
+        let active = db::active_reservations(&tx)?;
+
+        let name = Self::check_name_and_job(&tx, request, &active)?;
+        self.check_count_and_quota(&tx, request, owner_uid, &active)?;
+        let (pool_id, plan, choice) =
+            self.choose_pool(request, owner_uid, &pools, &servers, &active)?;
+
+        // Identifiers and stream.
+        let epoch = db::take_counter(&tx, "next_epoch")?;
+        let namespace_id = db::take_counter(&tx, "next_namespace_id")?;
+        let key = self.stream_key(owner_uid, epoch);
+        let mut streams = lock(&self.streams);
+        let table =
+            streams.entry(pool_id).or_insert_with(|| StreamTable::new(self.stream_limits()));
+        let decision = table.decide(key, now);
+
+        let mut row = ReservationRow {
+            id: 0,
+            name: name.clone().unwrap_or_else(|| format!("pending-{epoch}")),
+            owner_uid,
+            owner_gid,
+            job_id: request.job.clone(),
+            persistent: request.persistent.is_some(),
+            requested_bytes: request.capacity_bytes,
+            fragment_bytes: self.knobs.fragment_bytes,
+            fragments: plan.fragments,
+            pool_id,
+            access,
+            epoch,
+            namespace_id,
+            stream: decision.stream,
+            state: ReservationState::Active,
+            created_unix_s: now,
+            allowed_uids: request.allowed_uids.clone(),
+            allowed_gids: request.allowed_gids.clone(),
+            placement: plan.per_server.clone(),
+        };
+        Self::persist_reservation(&tx, &mut row, name.is_none())?;
+        tx.commit()?;
+        table.apply(&decision);
+        drop(streams);
+        drop(db);
+        tracing::info!(
+            reservation = row.id, name = %row.name, owner = owner_uid, pool = pool_id, rule = ?choice,
+            fragments = plan.fragments, servers = plan.per_server.len(), stream = decision.stream, epoch,
+            "reservation created"
+        );
+        Ok(row.to_model(&pools, &servers))
+    }
+
+    /// Checks the request itself (capacity, owner, names, job id, allowed lists): owner uid, gid.
+    fn validate_reservation_request(
+        caller: &Caller,
+        request: &CreateReservation,
+    ) -> Result<(u32, u32), CreateReservationError> {
         let invalid = |reason: String| CreateReservationError::Invalid { reason };
         if request.capacity_bytes == 0 || request.capacity_bytes > i64::MAX as u64 / 2 {
             return Err(invalid(format!("capacity of {} bytes", request.capacity_bytes)));
         }
-        let (owner_uid, owner_gid) = match (request.owner, request.group) {
+        let owner = Self::reservation_owner(caller, request)?;
+        if let Some(name) = &request.persistent {
+            check_name("reservation", name).map_err(invalid)?;
+            if name.starts_with("job-") || name.starts_with("res-") {
+                return Err(invalid(format!(
+                    "reservation name {name:?} uses a reserved prefix (job-, res-)"
+                )));
+            }
+        }
+        if let Some(job) = &request.job {
+            if job.is_empty()
+                || job.len() > 64
+                || !job.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+            {
+                return Err(invalid(format!("job id {job:?} must be 1 to 64 of [A-Za-z0-9._-]")));
+            }
+        }
+        if request.allowed_uids.len() > 256 || request.allowed_gids.len() > 256 {
+            return Err(invalid("more than 256 allowed uids or gids".into()));
+        }
+        Ok(owner)
+    }
+
+    /// The owner's uid and gid: the caller's unless given (another uid by root or admins only).
+    fn reservation_owner(
+        caller: &Caller,
+        request: &CreateReservation,
+    ) -> Result<(u32, u32), CreateReservationError> {
+        let invalid = |reason: String| CreateReservationError::Invalid { reason };
+        Ok(match (request.owner, request.group) {
             (None, None) => (caller.uid, caller.gid),
             (Some(owner), group) => {
                 if owner != caller.uid && !caller.admin {
@@ -563,36 +659,15 @@ impl Manager {
                 }
                 (caller.uid, group)
             }
-        };
-        if let Some(name) = &request.persistent {
-            check_name("reservation", name).map_err(invalid)?;
-            if name.starts_with("job-") || name.starts_with("res-") {
-                return Err(invalid(format!(
-                    "reservation name {name:?} uses a reserved prefix (job-, res-)"
-                )));
-            }
-        }
-        if let Some(job) = &request.job {
-            if job.is_empty()
-                || job.len() > 64
-                || !job.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-            {
-                return Err(invalid(format!("job id {job:?} must be 1 to 64 of [A-Za-z0-9._-]")));
-            }
-        }
-        if request.allowed_uids.len() > 256 || request.allowed_gids.len() > 256 {
-            return Err(invalid("more than 256 allowed uids or gids".into()));
-        }
-        let access = request.access.unwrap_or(Access::Striped);
-        let now = self.clock.now_unix_s();
+        })
+    }
 
-        let mut db = lock(&self.db);
-        let tx = db.conn.transaction()?;
-        let pools = db::pools(&tx)?;
-        let servers = db::servers(&tx)?;
-        let active = db::active_reservations(&tx)?;
-
-        // Names and jobs.
+    /// Names and jobs: the name must be free, and a job holds one reservation at a time.
+    fn check_name_and_job(
+        tx: &rusqlite::Transaction<'_>,
+        request: &CreateReservation,
+        active: &[ReservationRow],
+    ) -> Result<Option<String>, CreateReservationError> {
         let name = match (&request.persistent, &request.job) {
             (Some(name), _) => Some(name.clone()),
             (None, Some(job)) => Some(format!("job-{job}")),
@@ -605,13 +680,22 @@ impl Manager {
         }
         if let Some(job) = &request.job {
             if request.persistent.is_none() {
-                if let Some(id) = db::reservation_of_job(&tx, job)? {
+                if let Some(id) = db::reservation_of_job(tx, job)? {
                     return Err(CreateReservationError::JobHasReservation { job: job.clone(), id });
                 }
             }
         }
+        Ok(name)
+    }
 
-        // Quota and count.
+    /// Quota and count: the owner stays within `reservations_per_user_max` and its quota.
+    fn check_count_and_quota(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        request: &CreateReservation,
+        owner_uid: u32,
+        active: &[ReservationRow],
+    ) -> Result<(), CreateReservationError> {
         let mine: Vec<&ReservationRow> =
             active.iter().filter(|r| r.owner_uid == owner_uid).collect();
         if mine.len() as u64 >= self.knobs.reservations_per_user_max as u64 {
@@ -623,7 +707,7 @@ impl Manager {
         let fragment_bytes = self.knobs.fragment_bytes;
         let granted = request.capacity_bytes.div_ceil(fragment_bytes) * fragment_bytes;
         let used: u64 = mine.iter().map(|r| r.granted_bytes()).sum();
-        let (quota, _) = self.quota_of(&tx, owner_uid)?;
+        let (quota, _) = self.quota_of(tx, owner_uid)?;
         if quota != 0 && used + granted > quota {
             return Err(CreateReservationError::QuotaExceeded {
                 uid: owner_uid,
@@ -632,9 +716,20 @@ impl Manager {
                 asked_bytes: granted,
             });
         }
+        Ok(())
+    }
 
+    /// Chooses the pool and the fragments; returns them and the rule that chose the pool.
+    fn choose_pool(
+        &self,
+        request: &CreateReservation,
+        owner_uid: u32,
+        pools: &[PoolRow],
+        servers: &[ServerRow],
+        active: &[ReservationRow],
+    ) -> Result<(u64, FragmentPlan, PoolChoice), CreateReservationError> {
         // Placement: pools that can hold it, then Algorithm 2 among them, then fragments.
-        let used_per_server = Self::used_per_server(&active);
+        let used_per_server = Self::used_per_server(active);
         let space = |pool: u64| -> Vec<ServerSpace> {
             servers
                 .iter()
@@ -650,7 +745,7 @@ impl Manager {
         };
         let fragment_request = FragmentRequest {
             capacity_bytes: request.capacity_bytes,
-            fragment_bytes,
+            fragment_bytes: self.knobs.fragment_bytes,
             stripe_servers_max: self.knobs.stripe_servers_max,
         };
         let candidates: Vec<&PoolRow> = match &request.pool {
@@ -669,7 +764,9 @@ impl Manager {
             match allocate(&space(pool.id), fragment_request) {
                 Ok(plan) => fitting.push((pool.id, plan)),
                 Err(FragmentError::ZeroCapacity) => {
-                    return Err(invalid("capacity of 0 bytes".into()))
+                    return Err(CreateReservationError::Invalid {
+                        reason: "capacity of 0 bytes".into(),
+                    })
                 }
                 Err(error) => refusals.push(format!("pool {}: {error}", pool.name)),
             }
@@ -692,53 +789,22 @@ impl Manager {
             .into_iter()
             .find(|(p, _)| *p as u32 == choice.pool())
             .expect("chosen among fitting");
+        Ok((pool_id, plan, choice))
+    }
 
-        // Identifiers and stream.
-        let epoch = db::take_counter(&tx, "next_epoch")?;
-        let namespace_id = db::take_counter(&tx, "next_namespace_id")?;
-        let key = self.stream_key(owner_uid, epoch);
-        let mut streams = lock(&self.streams);
-        let table =
-            streams.entry(pool_id).or_insert_with(|| StreamTable::new(self.stream_limits()));
-        let decision = table.decide(key, now);
-
-        let mut row = ReservationRow {
-            id: 0,
-            name: name.clone().unwrap_or_else(|| format!("pending-{epoch}")),
-            owner_uid,
-            owner_gid,
-            job_id: request.job.clone(),
-            persistent: request.persistent.is_some(),
-            requested_bytes: request.capacity_bytes,
-            fragment_bytes,
-            fragments: plan.fragments,
-            pool_id,
-            access,
-            epoch,
-            namespace_id,
-            stream: decision.stream,
-            state: ReservationState::Active,
-            created_unix_s: now,
-            allowed_uids: request.allowed_uids.clone(),
-            allowed_gids: request.allowed_gids.clone(),
-            placement: plan.per_server.clone(),
-        };
-        let id = db::insert_reservation(&tx, &row)?;
+    /// Persists the new reservation's row; gives it its id and, if it has no name, `res-<id>`.
+    fn persist_reservation(
+        tx: &rusqlite::Transaction<'_>,
+        row: &mut ReservationRow,
+        generated_name: bool,
+    ) -> Result<(), CreateReservationError> {
+        let id = db::insert_reservation(tx, row)?;
         row.id = id;
-        if name.is_none() {
+        if generated_name {
             row.name = format!("res-{id}");
-            db::rename_reservation(&tx, id, &row.name)?;
+            db::rename_reservation(tx, id, &row.name)?;
         }
-        tx.commit()?;
-        table.apply(&decision);
-        drop(streams);
-        drop(db);
-        tracing::info!(
-            reservation = id, name = %row.name, owner = owner_uid, pool = pool_id, rule = ?choice,
-            fragments = plan.fragments, servers = plan.per_server.len(), stream = decision.stream, epoch,
-            "reservation created"
-        );
-        Ok(row.to_model(&pools, &servers))
+        Ok(())
     }
 
     pub fn list_reservations(

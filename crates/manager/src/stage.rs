@@ -619,12 +619,56 @@ pub fn stage_in(
     }
     let record = Record::open(&options.record_path)?;
     let tree = Tree::open(reservation, options.parallel_files + 1)?;
-    let epoch = tree.epoch;
+    let remaining = files_to_stage_in(&files, &record, &tree, reservation)?;
+    // Directories first, one by one (parents before children), then files in parallel.
+    let directories = make_parent_directories(&tree, reservation, &remaining.todo)?;
+    let bytes_total: u64 = files.iter().map(|f| f.size).sum();
+    let progress = Progress::new("stage-in", options.progress, files.len() as u64, bytes_total);
+    progress.add(remaining.files_skipped, remaining.bytes_skipped);
+    let stage = StageIn {
+        reservation,
+        tree: &tree,
+        directories: &directories,
+        record: &record,
+        progress: &progress,
+        chunk_bytes: options.chunk_bytes.clamp(4096, 16 << 20),
+    };
+    parallel(
+        &remaining.todo,
+        options.parallel_files,
+        || connect(reservation),
+        |client, file| stage.copy_file(client, file),
+    )?;
+    tree.ns.sync().map_err(|e| meta(reservation, "sync", e))?;
+    progress.show(true);
+    Ok(StageReport {
+        files_total: files.len() as u64,
+        files_copied: remaining.todo.len() as u64,
+        files_skipped: remaining.files_skipped,
+        bytes_total,
+        bytes_copied: bytes_total - remaining.bytes_skipped,
+        elapsed_ms: started.elapsed().as_millis() as u64,
+        files_from_drained_copy: 0,
+    })
+}
 
+/// The files a stage still copies, and what earlier runs completed and verified.
+struct Remaining<T> {
+    todo: Vec<T>,
+    files_skipped: u64,
+    bytes_skipped: u64,
+}
+
+/// Splits the files into those to copy and those an earlier run completed.
+fn files_to_stage_in<'a>(
+    files: &'a [SourceFile],
+    record: &Record,
+    tree: &Tree,
+    reservation: &Reservation,
+) -> Result<Remaining<&'a SourceFile>, StageError> {
     // Files complete and verified by an earlier run: same source, the namespace has the file
     // with the recorded size.
-    let mut todo = Vec::new();
-    let (mut skipped, mut skipped_bytes) = (0, 0);
+    let mut remaining = Remaining { todo: Vec::new(), files_skipped: 0, bytes_skipped: 0 };
     for file in files.iter() {
         let complete = match record.done.get(&file.name) {
             Some(entry) if entry.size == file.size && entry.mtime_ns == file.mtime_ns => tree
@@ -633,121 +677,140 @@ pub fn stage_in(
             _ => false,
         };
         if complete {
-            skipped += 1;
-            skipped_bytes += file.size;
+            remaining.files_skipped += 1;
+            remaining.bytes_skipped += file.size;
         } else {
-            todo.push(file);
+            remaining.todo.push(file);
         }
     }
-    // Directories first, one by one (parents before children), then files in parallel.
+    Ok(remaining)
+}
+
+/// Makes the parent directories of the files to copy; returns their inodes by path.
+fn make_parent_directories(
+    tree: &Tree,
+    reservation: &Reservation,
+    todo: &[&SourceFile],
+) -> Result<BTreeMap<String, Ino>, StageError> {
     let mut directories: BTreeMap<String, Ino> = BTreeMap::new();
-    for file in &todo {
+    for file in todo {
         let (parent, _) = split_parent(&file.name);
         if !directories.contains_key(parent) {
             let ino = tree.make_dirs(reservation, parent)?;
             directories.insert(parent.to_string(), ino);
         }
     }
-    let bytes_total: u64 = files.iter().map(|f| f.size).sum();
-    let progress = Progress::new("stage-in", options.progress, files.len() as u64, bytes_total);
-    progress.add(skipped, skipped_bytes);
-    let chunk = options.chunk_bytes.clamp(4096, 16 << 20);
-    parallel(
-        &todo,
-        options.parallel_files,
-        || connect(reservation),
-        |client, file| {
-            let pfs = pfs_error(&file.path);
-            let mut source = File::open(&file.path).map_err(&pfs)?;
-            let mode = source.metadata().map_err(&pfs)?.mode() & 0o777;
-            let (parent, leaf) = split_parent(&file.name);
-            let parent_ino = directories[parent];
-            let created = tree
-                .ns
-                .create(
-                    &tree.caller,
-                    parent_ino,
-                    leaf.as_bytes(),
-                    FileKind::Regular,
-                    mode,
-                    0,
-                    0,
-                    false,
-                )
-                .map_err(|e| meta(reservation, &file.name, e))?;
-            if created.kind != FileKind::Regular {
-                return Err(StageError::BadPath {
-                    path: file.name.clone(),
-                    reason: "exists in the reservation and is not a regular file".into(),
-                });
+    Ok(directories)
+}
+
+/// What the workers of a stage-in share.
+struct StageIn<'a> {
+    reservation: &'a Reservation,
+    tree: &'a Tree,
+    /// The inode of every parent directory, by path.
+    directories: &'a BTreeMap<String, Ino>,
+    record: &'a Record,
+    progress: &'a Progress,
+    chunk_bytes: usize,
+}
+
+impl StageIn<'_> {
+    /// Copies one file into the reservation, verifies the copy and records it as done.
+    fn copy_file(&self, client: &mut Client, file: &SourceFile) -> Result<(), StageError> {
+        let (reservation, tree) = (self.reservation, self.tree);
+        let pfs = pfs_error(&file.path);
+        let mut source = File::open(&file.path).map_err(&pfs)?;
+        let mode = source.metadata().map_err(&pfs)?.mode() & 0o777;
+        let attr = self.create_truncated(file, mode)?;
+        let data_name = data_file_name(tree.ns.id(), attr.ino, attr.generation);
+        let (size, crc) = self.write_data(client, &mut source, file, &data_name)?;
+        self.set_size_and_mtime(file, attr.ino, size)?;
+        let actual = crc_in_reservation(
+            client,
+            reservation,
+            tree.epoch,
+            &data_name,
+            size,
+            self.chunk_bytes,
+        )?;
+        if actual != crc {
+            return Err(StageError::Checksum { name: file.name.clone(), expected: crc, actual });
+        }
+        self.record.append(&RecordEntry {
+            name: file.name.clone(),
+            size,
+            mtime_ns: file.mtime_ns,
+            crc32c: crc,
+        })?;
+        self.progress.add(1, 0);
+        Ok(())
+    }
+
+    /// Creates the file (or finds it) in its parent directory and opens it truncated.
+    fn create_truncated(&self, file: &SourceFile, mode: u32) -> Result<MetaAttr, StageError> {
+        let (reservation, tree) = (self.reservation, self.tree);
+        let (parent, leaf) = split_parent(&file.name);
+        let parent_ino = self.directories[parent];
+        let created = tree
+            .ns
+            .create(&tree.caller, parent_ino, leaf.as_bytes(), FileKind::Regular, mode, 0, 0, false)
+            .map_err(|e| meta(reservation, &file.name, e))?;
+        if created.kind != FileKind::Regular {
+            return Err(StageError::BadPath {
+                path: file.name.clone(),
+                reason: "exists in the reservation and is not a regular file".into(),
+            });
+        }
+        // Truncate (a new data generation: bytes of an earlier, interrupted copy are dead).
+        tree.ns
+            .open(&tree.caller, created.ino, libc::O_WRONLY | libc::O_TRUNC)
+            .map_err(|e| meta(reservation, &file.name, e))
+    }
+
+    /// Writes the source's bytes to store file `data_name`; returns how many and their CRC32C.
+    fn write_data(
+        &self,
+        client: &mut Client,
+        source: &mut File,
+        file: &SourceFile,
+        data_name: &str,
+    ) -> Result<(u64, u32), StageError> {
+        let reservation = self.reservation;
+        let pfs = pfs_error(&file.path);
+        let epoch = self.tree.epoch;
+        client.begin_epoch(epoch);
+        let mut handle = client.create_file(epoch, data_name).map_err(|e| burst(reservation, e))?;
+        let mut buffer = vec![0u8; self.chunk_bytes];
+        let mut offset = 0u64;
+        let mut crc = 0u32;
+        loop {
+            let n = read_full(source, &mut buffer).map_err(&pfs)?;
+            if n == 0 {
+                break;
             }
-            // Truncate (a new data generation: bytes of an earlier, interrupted copy are dead).
-            let attr = tree
-                .ns
-                .open(&tree.caller, created.ino, libc::O_WRONLY | libc::O_TRUNC)
-                .map_err(|e| meta(reservation, &file.name, e))?;
-            let data_name = data_file_name(tree.ns.id(), attr.ino, attr.generation);
-            client.begin_epoch(epoch);
-            let mut handle =
-                client.create_file(epoch, &data_name).map_err(|e| burst(reservation, e))?;
-            let mut buffer = vec![0u8; chunk];
-            let mut offset = 0u64;
-            let mut crc = 0u32;
-            loop {
-                let n = read_full(&mut source, &mut buffer).map_err(&pfs)?;
-                if n == 0 {
-                    break;
-                }
-                crc = crc32c::crc32c_append(crc, &buffer[..n]);
-                client
-                    .write(&mut handle, offset, &buffer[..n])
-                    .map_err(|e| burst(reservation, e))?;
-                offset += n as u64;
-                progress.add(0, n as u64);
-            }
-            client.flush().map_err(|e| burst(reservation, e))?;
-            if offset > 0 {
-                tree.ns
-                    .wrote(&tree.caller, attr.ino, offset)
-                    .map_err(|e| meta(reservation, &file.name, e))?;
-            }
-            let mtime = Timestamp {
-                seconds: file.mtime_ns.div_euclid(1_000_000_000) as i64,
-                nanos: file.mtime_ns.rem_euclid(1_000_000_000) as u32,
-            };
-            let set = SetAttr { mtime: Some(TimeSet::At(mtime)), ..Default::default() };
-            tree.ns
-                .setattr(&tree.caller, attr.ino, &set)
-                .map_err(|e| meta(reservation, &file.name, e))?;
-            let actual = crc_in_reservation(client, reservation, epoch, &data_name, offset, chunk)?;
-            if actual != crc {
-                return Err(StageError::Checksum {
-                    name: file.name.clone(),
-                    expected: crc,
-                    actual,
-                });
-            }
-            record.append(&RecordEntry {
-                name: file.name.clone(),
-                size: offset,
-                mtime_ns: file.mtime_ns,
-                crc32c: crc,
-            })?;
-            progress.add(1, 0);
-            Ok(())
-        },
-    )?;
-    tree.ns.sync().map_err(|e| meta(reservation, "sync", e))?;
-    progress.show(true);
-    Ok(StageReport {
-        files_total: files.len() as u64,
-        files_copied: todo.len() as u64,
-        files_skipped: skipped,
-        bytes_total,
-        bytes_copied: bytes_total - skipped_bytes,
-        elapsed_ms: started.elapsed().as_millis() as u64,
-        files_from_drained_copy: 0,
-    })
+            crc = crc32c::crc32c_append(crc, &buffer[..n]);
+            client.write(&mut handle, offset, &buffer[..n]).map_err(|e| burst(reservation, e))?;
+            offset += n as u64;
+            self.progress.add(0, n as u64);
+        }
+        client.flush().map_err(|e| burst(reservation, e))?;
+        Ok((offset, crc))
+    }
+
+    /// Records the written size (if any) and the source's modification time in the namespace.
+    fn set_size_and_mtime(&self, file: &SourceFile, ino: Ino, size: u64) -> Result<(), StageError> {
+        let (reservation, tree) = (self.reservation, self.tree);
+        if size > 0 {
+            tree.ns.wrote(&tree.caller, ino, size).map_err(|e| meta(reservation, &file.name, e))?;
+        }
+        let mtime = Timestamp {
+            seconds: file.mtime_ns.div_euclid(1_000_000_000) as i64,
+            nanos: file.mtime_ns.rem_euclid(1_000_000_000) as u32,
+        };
+        let set = SetAttr { mtime: Some(TimeSet::At(mtime)), ..Default::default() };
+        tree.ns.setattr(&tree.caller, ino, &set).map_err(|e| meta(reservation, &file.name, e))?;
+        Ok(())
+    }
 }
 
 fn read_full(source: &mut File, buffer: &mut [u8]) -> std::io::Result<usize> {
@@ -869,31 +932,17 @@ fn tree_files(
     reservation: &Reservation,
     path: &str,
 ) -> Result<Vec<TreeFile>, StageError> {
-    let Some(top) = tree.resolve(reservation, path)? else {
-        return Err(StageError::NothingToStage {
-            reservation: reservation.name.clone(),
-            path: path.to_string(),
-        });
-    };
+    let top = stage_out_top(tree, reservation, path)?;
     let mut out = Vec::new();
-    match top.kind {
-        FileKind::Regular => {
-            out.push(TreeFile {
-                name: path.to_string(),
-                relative: String::new(),
-                ino: top.ino,
-                generation: top.generation,
-                size: top.size,
-            });
-            return Ok(out);
-        }
-        FileKind::Directory => {}
-        _ => {
-            return Err(StageError::BadPath {
-                path: path.to_string(),
-                reason: "neither a regular file nor a directory".into(),
-            })
-        }
+    if top.kind == FileKind::Regular {
+        out.push(TreeFile {
+            name: path.to_string(),
+            relative: String::new(),
+            ino: top.ino,
+            generation: top.generation,
+            size: top.size,
+        });
+        return Ok(out);
     }
     let mut stack = vec![(top.ino, String::new())];
     while let Some((dir, relative_dir)) = stack.pop() {
@@ -944,6 +993,27 @@ fn tree_files(
     Ok(out)
 }
 
+/// The inode at `path` to stage out: it must exist and be a regular file or a directory.
+fn stage_out_top(
+    tree: &Tree,
+    reservation: &Reservation,
+    path: &str,
+) -> Result<MetaAttr, StageError> {
+    let Some(top) = tree.resolve(reservation, path)? else {
+        return Err(StageError::NothingToStage {
+            reservation: reservation.name.clone(),
+            path: path.to_string(),
+        });
+    };
+    match top.kind {
+        FileKind::Regular | FileKind::Directory => Ok(top),
+        _ => Err(StageError::BadPath {
+            path: path.to_string(),
+            reason: "neither a regular file nor a directory".into(),
+        }),
+    }
+}
+
 /// Copies `src` (a file or directory in the reservation) to `dst` on the PFS.
 pub fn stage_out(
     reservation: &Reservation,
@@ -954,7 +1024,6 @@ pub fn stage_out(
     let started = Instant::now();
     let base = reservation_path(src)?;
     let tree = Tree::open(reservation, options.parallel_files + 1)?;
-    let epoch = tree.epoch;
     if options.drain_first {
         let mut client = connect(reservation)?;
         drain_epoch(reservation, &mut client, options.drain_timeout)?;
@@ -967,144 +1036,242 @@ pub fn stage_out(
         .next()
         .map(PathBuf::from)
         .filter(|_| options.drain_first);
-    let target =
-        |relative: &str| if relative.is_empty() { dst.to_path_buf() } else { dst.join(relative) };
     let record = Record::open(&options.record_path)?;
-    let chunk = options.chunk_bytes.clamp(4096, 16 << 20);
-    // Already copied and verified by an earlier run: the destination still has the recorded
-    // size and checksum.
-    let mut todo = Vec::new();
-    let (mut skipped, mut skipped_bytes) = (0, 0);
-    for file in &selected {
-        let done = match record.done.get(&file.name) {
-            Some(entry) if entry.size == file.size => {
-                matches!(crc_of_file(&target(&file.relative), chunk), Ok((size, crc)) if size == entry.size && crc == entry.crc32c)
-            }
-            _ => false,
-        };
-        if done {
-            skipped += 1;
-            skipped_bytes += file.size;
-        } else {
-            todo.push(file.clone());
-        }
-    }
+    let chunk_bytes = options.chunk_bytes.clamp(4096, 16 << 20);
+    let remaining = files_to_stage_out(&selected, &record, dst, chunk_bytes);
     let bytes_total: u64 = selected.iter().map(|f| f.size).sum();
     let progress = Progress::new("stage-out", options.progress, selected.len() as u64, bytes_total);
-    progress.add(skipped, skipped_bytes);
-    let from_drained = AtomicU64::new(0);
+    progress.add(remaining.files_skipped, remaining.bytes_skipped);
+    let stage = StageOut {
+        reservation,
+        tree: &tree,
+        dst,
+        drained_root: drained_root.as_deref(),
+        record: &record,
+        progress: &progress,
+        chunk_bytes,
+        files_from_drained_copy: AtomicU64::new(0),
+    };
     parallel(
-        &todo,
+        &remaining.todo,
         options.parallel_files,
         || connect(reservation),
-        |client, file| {
-            let path = target(&file.relative);
-            if let Some(parent) = path.parent() {
-                std::fs::create_dir_all(parent).map_err(pfs_error(parent))?;
-            }
-            // A complete drained copy: the drain already moved these bytes to the PFS, under the
-            // file's path (when the drain publishes namespace paths) or under its data file's
-            // name in the epoch's directory (`<pfs>/epoch-<E>/ns/<ns>/<ino>.<gen>`).
-            let data_name = data_file_name(tree.ns.id(), file.ino, file.generation);
-            let drained = drained_root.as_ref().and_then(|root| {
-                let epoch_dir = root.join(format!("epoch-{}", epoch.0));
-                [root.join(&file.name), epoch_dir.join(&file.name), epoch_dir.join(&data_name)]
-                    .into_iter()
-                    .find(|copy| {
-                        std::fs::metadata(copy).is_ok_and(|m| m.is_file() && m.len() == file.size)
-                    })
-            });
-            if let Some(copy) = &drained {
-                if same_file(copy, &path) {
-                    // The drain published the file exactly where it is wanted: nothing to copy.
-                    let (size, crc) = crc_of_file(copy, chunk).map_err(pfs_error(copy))?;
-                    record.append(&RecordEntry {
-                        name: file.name.clone(),
-                        size,
-                        mtime_ns: 0,
-                        crc32c: crc,
-                    })?;
-                    from_drained.fetch_add(1, Ordering::Relaxed);
-                    progress.add(1, size);
-                    return Ok(());
-                }
-            }
-            let partial = path.with_file_name(format!(
-                ".{}.spillway-part",
-                path.file_name().and_then(|n| n.to_str()).unwrap_or("file")
-            ));
-            let mut out = File::create(&partial).map_err(pfs_error(&partial))?;
-            let mut buffer = vec![0u8; chunk];
-            let mut crc = 0u32;
-            let mut offset = 0u64;
-            if let Some(copy) = drained {
-                let mut source = File::open(&copy).map_err(pfs_error(&copy))?;
-                loop {
-                    let n = read_full(&mut source, &mut buffer).map_err(pfs_error(&copy))?;
-                    if n == 0 {
-                        break;
-                    }
-                    crc = crc32c::crc32c_append(crc, &buffer[..n]);
-                    out.write_all(&buffer[..n]).map_err(pfs_error(&partial))?;
-                    offset += n as u64;
-                    progress.add(0, n as u64);
-                }
-                from_drained.fetch_add(1, Ordering::Relaxed);
-            } else if file.size > 0 {
-                // A file whose bytes were never written (all holes) has no store file: zeros.
-                let handle = match client.open_file(epoch, &data_name) {
-                    Ok(handle) => Some(handle),
-                    Err(ClientError::NoSuchFile { .. }) => None,
-                    Err(e) => return Err(burst(reservation, e)),
-                };
-                while offset < file.size {
-                    let n = ((file.size - offset) as usize).min(chunk);
-                    match &handle {
-                        Some(handle) => client
-                            .read(handle, offset, &mut buffer[..n])
-                            .map_err(|e| burst(reservation, e))?,
-                        None => buffer[..n].fill(0),
-                    }
-                    crc = crc32c::crc32c_append(crc, &buffer[..n]);
-                    out.write_all(&buffer[..n]).map_err(pfs_error(&partial))?;
-                    offset += n as u64;
-                    progress.add(0, n as u64);
-                }
-            }
-            out.sync_all().map_err(pfs_error(&partial))?;
-            drop(out);
-            let (size, actual) = crc_of_file(&partial, chunk).map_err(pfs_error(&partial))?;
-            if size != offset || actual != crc {
-                return Err(StageError::Checksum {
-                    name: path.display().to_string(),
-                    expected: crc,
-                    actual,
-                });
-            }
-            std::fs::rename(&partial, &path).map_err(pfs_error(&path))?;
-            if let Some(parent) = path.parent() {
-                File::open(parent).and_then(|d| d.sync_all()).map_err(pfs_error(parent))?;
-            }
-            record.append(&RecordEntry {
-                name: file.name.clone(),
-                size: offset,
-                mtime_ns: 0,
-                crc32c: crc,
-            })?;
-            progress.add(1, 0);
-            Ok(())
-        },
+        |client, file| stage.copy_file(client, file),
     )?;
     progress.show(true);
     Ok(StageReport {
         files_total: selected.len() as u64,
-        files_copied: todo.len() as u64,
-        files_skipped: skipped,
+        files_copied: remaining.todo.len() as u64,
+        files_skipped: remaining.files_skipped,
         bytes_total,
-        bytes_copied: bytes_total - skipped_bytes,
+        bytes_copied: bytes_total - remaining.bytes_skipped,
         elapsed_ms: started.elapsed().as_millis() as u64,
-        files_from_drained_copy: from_drained.into_inner(),
+        files_from_drained_copy: stage.files_from_drained_copy.into_inner(),
     })
+}
+
+/// What the workers of a stage-out share.
+struct StageOut<'a> {
+    reservation: &'a Reservation,
+    tree: &'a Tree,
+    /// The destination on the PFS.
+    dst: &'a Path,
+    /// With `drain_first`: the servers' PFS directory, where drained copies may sit.
+    drained_root: Option<&'a Path>,
+    record: &'a Record,
+    progress: &'a Progress,
+    chunk_bytes: usize,
+    files_from_drained_copy: AtomicU64,
+}
+
+/// Where a file of a stage-out goes on the PFS: `dst` itself, or `relative` under it.
+fn stage_out_target(dst: &Path, relative: &str) -> PathBuf {
+    if relative.is_empty() {
+        dst.to_path_buf()
+    } else {
+        dst.join(relative)
+    }
+}
+
+/// Splits the files into those to copy and those an earlier run copied.
+fn files_to_stage_out(
+    selected: &[TreeFile],
+    record: &Record,
+    dst: &Path,
+    chunk_bytes: usize,
+) -> Remaining<TreeFile> {
+    // Already copied and verified by an earlier run: the destination still has the recorded
+    // size and checksum.
+    let mut remaining = Remaining { todo: Vec::new(), files_skipped: 0, bytes_skipped: 0 };
+    for file in selected {
+        let done = match record.done.get(&file.name) {
+            Some(entry) if entry.size == file.size => {
+                matches!(crc_of_file(&stage_out_target(dst, &file.relative), chunk_bytes), Ok((size, crc)) if size == entry.size && crc == entry.crc32c)
+            }
+            _ => false,
+        };
+        if done {
+            remaining.files_skipped += 1;
+            remaining.bytes_skipped += file.size;
+        } else {
+            remaining.todo.push(file.clone());
+        }
+    }
+    remaining
+}
+
+impl StageOut<'_> {
+    /// Copies one file to the PFS (from its drained copy if any), verifies it and records it.
+    fn copy_file(&self, client: &mut Client, file: &TreeFile) -> Result<(), StageError> {
+        let path = stage_out_target(self.dst, &file.relative);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(pfs_error(parent))?;
+        }
+        let data_name = data_file_name(self.tree.ns.id(), file.ino, file.generation);
+        let drained = self.drained_copy(file, &data_name);
+        if let Some(copy) = &drained {
+            if same_file(copy, &path) {
+                // The drain published the file exactly where it is wanted: nothing to copy.
+                return self.record_drained_in_place(file, copy);
+            }
+        }
+        let partial = path.with_file_name(format!(
+            ".{}.spillway-part",
+            path.file_name().and_then(|n| n.to_str()).unwrap_or("file")
+        ));
+        let mut out = File::create(&partial).map_err(pfs_error(&partial))?;
+        let (size, crc) = match drained {
+            Some(copy) => self.copy_from_drained(&copy, &mut out, &partial)?,
+            None => self.copy_from_reservation(client, file, &data_name, &mut out, &partial)?,
+        };
+        verify_and_rename(out, &partial, &path, size, crc, self.chunk_bytes)?;
+        self.record.append(&RecordEntry {
+            name: file.name.clone(),
+            size,
+            mtime_ns: 0,
+            crc32c: crc,
+        })?;
+        self.progress.add(1, 0);
+        Ok(())
+    }
+
+    /// The file's complete drained copy on the PFS, if there is one.
+    fn drained_copy(&self, file: &TreeFile, data_name: &str) -> Option<PathBuf> {
+        // A complete drained copy: the drain already moved these bytes to the PFS, under the
+        // file's path (when the drain publishes namespace paths) or under its data file's name
+        // in the epoch's directory (`<pfs>/epoch-<E>/ns/<ns>/<ino>.<gen>`).
+        self.drained_root.and_then(|root| {
+            let epoch_dir = root.join(format!("epoch-{}", self.tree.epoch.0));
+            [root.join(&file.name), epoch_dir.join(&file.name), epoch_dir.join(data_name)]
+                .into_iter()
+                .find(|copy| {
+                    std::fs::metadata(copy).is_ok_and(|m| m.is_file() && m.len() == file.size)
+                })
+        })
+    }
+
+    /// The drained copy is the destination itself: only records it as done.
+    fn record_drained_in_place(&self, file: &TreeFile, copy: &Path) -> Result<(), StageError> {
+        let (size, crc) = crc_of_file(copy, self.chunk_bytes).map_err(pfs_error(copy))?;
+        self.record.append(&RecordEntry {
+            name: file.name.clone(),
+            size,
+            mtime_ns: 0,
+            crc32c: crc,
+        })?;
+        self.files_from_drained_copy.fetch_add(1, Ordering::Relaxed);
+        self.progress.add(1, size);
+        Ok(())
+    }
+
+    /// Copies the drained copy into the partial file; returns the bytes copied and their CRC32C.
+    fn copy_from_drained(
+        &self,
+        copy: &Path,
+        out: &mut File,
+        partial: &Path,
+    ) -> Result<(u64, u32), StageError> {
+        let mut buffer = vec![0u8; self.chunk_bytes];
+        let mut crc = 0u32;
+        let mut offset = 0u64;
+        let mut source = File::open(copy).map_err(pfs_error(copy))?;
+        loop {
+            let n = read_full(&mut source, &mut buffer).map_err(pfs_error(copy))?;
+            if n == 0 {
+                break;
+            }
+            crc = crc32c::crc32c_append(crc, &buffer[..n]);
+            out.write_all(&buffer[..n]).map_err(pfs_error(partial))?;
+            offset += n as u64;
+            self.progress.add(0, n as u64);
+        }
+        self.files_from_drained_copy.fetch_add(1, Ordering::Relaxed);
+        Ok((offset, crc))
+    }
+
+    /// Copies the file from the reservation into the partial file; returns bytes and CRC32C.
+    fn copy_from_reservation(
+        &self,
+        client: &mut Client,
+        file: &TreeFile,
+        data_name: &str,
+        out: &mut File,
+        partial: &Path,
+    ) -> Result<(u64, u32), StageError> {
+        if file.size == 0 {
+            return Ok((0, 0));
+        }
+        let (reservation, chunk) = (self.reservation, self.chunk_bytes);
+        let mut buffer = vec![0u8; chunk];
+        let mut crc = 0u32;
+        let mut offset = 0u64;
+        // A file whose bytes were never written (all holes) has no store file: zeros.
+        let handle = match client.open_file(self.tree.epoch, data_name) {
+            Ok(handle) => Some(handle),
+            Err(ClientError::NoSuchFile { .. }) => None,
+            Err(e) => return Err(burst(reservation, e)),
+        };
+        while offset < file.size {
+            let n = ((file.size - offset) as usize).min(chunk);
+            match &handle {
+                Some(handle) => client
+                    .read(handle, offset, &mut buffer[..n])
+                    .map_err(|e| burst(reservation, e))?,
+                None => buffer[..n].fill(0),
+            }
+            crc = crc32c::crc32c_append(crc, &buffer[..n]);
+            out.write_all(&buffer[..n]).map_err(pfs_error(partial))?;
+            offset += n as u64;
+            self.progress.add(0, n as u64);
+        }
+        Ok((offset, crc))
+    }
+}
+
+/// Syncs the partial copy, checks its size and CRC32C, renames it into place (dir fsync'd).
+fn verify_and_rename(
+    out: File,
+    partial: &Path,
+    path: &Path,
+    size: u64,
+    crc: u32,
+    chunk_bytes: usize,
+) -> Result<(), StageError> {
+    out.sync_all().map_err(pfs_error(partial))?;
+    drop(out);
+    let (size_read, actual) = crc_of_file(partial, chunk_bytes).map_err(pfs_error(partial))?;
+    if size_read != size || actual != crc {
+        return Err(StageError::Checksum {
+            name: path.display().to_string(),
+            expected: crc,
+            actual,
+        });
+    }
+    std::fs::rename(partial, path).map_err(pfs_error(path))?;
+    if let Some(parent) = path.parent() {
+        File::open(parent).and_then(|d| d.sync_all()).map_err(pfs_error(parent))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

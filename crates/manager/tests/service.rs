@@ -126,33 +126,9 @@ fn users_see_and_destroy_only_their_own() {
     let dir = tempfile::tempdir().unwrap();
     let manager = open(&dir.path().join("m.db"), knobs());
     setup(&manager);
-    let mine = manager
-        .create_reservation(
-            &user(1000),
-            &CreateReservation { job: Some("42".into()), ..request(20 * MIB) },
-        )
-        .unwrap();
-    assert_eq!(mine.name, "job-42");
-    assert_eq!(mine.owner, 1000);
-    assert_eq!(mine.fragments, 3, "20 MiB in 8 MiB fragments");
-    assert_eq!(mine.capacity_bytes, 24 * MIB);
-    assert_eq!(mine.servers.len(), 2, "striped over stripe_servers_max = 2");
-    assert_eq!(mine.server_fragments.iter().sum::<u64>(), 3);
-
-    // Another user: cannot see it by id or name, cannot destroy it; lists are empty.
+    let mine = create_job_42(&manager);
+    assert_hidden_from_another_user(&manager, &mine);
     let other = user(1001);
-    assert!(matches!(
-        manager.show_reservation(&other, "job-42"),
-        Err(LookupError::NotFound { .. })
-    ));
-    assert!(matches!(
-        manager.show_reservation(&other, &mine.id.to_string()),
-        Err(LookupError::NotFound { .. })
-    ));
-    let error = manager.destroy_reservation(&other, "job-42", None).unwrap_err();
-    assert!(matches!(error, DestroyError::NotFound { .. }));
-    assert_eq!(error.status(), 404);
-    assert!(manager.list_reservations(&other, true).unwrap().is_empty());
     // The owner and root see it.
     assert_eq!(manager.show_reservation(&user(1000), "job-42").unwrap().id, mine.id);
     assert_eq!(manager.list_reservations(&root(), true).unwrap().len(), 1);
@@ -168,17 +144,7 @@ fn users_see_and_destroy_only_their_own() {
         )
         .unwrap_err();
     assert!(matches!(error, CreateReservationError::NotAuthorized { uid: 1001, owner: 1000 }));
-    let for_user = manager
-        .create_reservation(
-            &root(),
-            &CreateReservation {
-                owner: Some(1001),
-                group: Some(1001),
-                job: Some("43".into()),
-                ..request(MIB)
-            },
-        )
-        .unwrap();
+    let for_user = manager.create_reservation(&root(), &job_43_for_uid_1001()).unwrap();
     assert_eq!((for_user.owner, for_user.group), (1001, 1001));
     assert_eq!(manager.show_reservation(&other, "job-43").unwrap().id, for_user.id);
     // Wrong job at teardown is refused; the right one destroys.
@@ -191,17 +157,7 @@ fn users_see_and_destroy_only_their_own() {
         "names resolve to active reservations only"
     );
     // A second reservation for the same job while the first is active is refused.
-    let error = manager
-        .create_reservation(
-            &root(),
-            &CreateReservation {
-                owner: Some(1001),
-                group: Some(1001),
-                job: Some("43".into()),
-                ..request(MIB)
-            },
-        )
-        .unwrap_err();
+    let error = manager.create_reservation(&root(), &job_43_for_uid_1001()).unwrap_err();
     assert!(
         matches!(
             error,
@@ -210,6 +166,50 @@ fn users_see_and_destroy_only_their_own() {
         ),
         "{error}"
     );
+}
+
+/// Uid 1000 creates the reservation of job 42 (20 MiB), checked for name, owner and placement.
+fn create_job_42(manager: &Manager) -> Reservation {
+    let mine = manager
+        .create_reservation(
+            &user(1000),
+            &CreateReservation { job: Some("42".into()), ..request(20 * MIB) },
+        )
+        .unwrap();
+    assert_eq!(mine.name, "job-42");
+    assert_eq!(mine.owner, 1000);
+    assert_eq!(mine.fragments, 3, "20 MiB in 8 MiB fragments");
+    assert_eq!(mine.capacity_bytes, 24 * MIB);
+    assert_eq!(mine.servers.len(), 2, "striped over stripe_servers_max = 2");
+    assert_eq!(mine.server_fragments.iter().sum::<u64>(), 3);
+    mine
+}
+
+/// Another user (uid 1001) cannot see `mine` by id or name nor destroy it; its lists are empty.
+fn assert_hidden_from_another_user(manager: &Manager, mine: &Reservation) {
+    let other = user(1001);
+    assert!(matches!(
+        manager.show_reservation(&other, "job-42"),
+        Err(LookupError::NotFound { .. })
+    ));
+    assert!(matches!(
+        manager.show_reservation(&other, &mine.id.to_string()),
+        Err(LookupError::NotFound { .. })
+    ));
+    let error = manager.destroy_reservation(&other, "job-42", None).unwrap_err();
+    assert!(matches!(error, DestroyError::NotFound { .. }));
+    assert_eq!(error.status(), 404);
+    assert!(manager.list_reservations(&other, true).unwrap().is_empty());
+}
+
+/// The request root makes for job 43, owned by uid 1001.
+fn job_43_for_uid_1001() -> CreateReservation {
+    CreateReservation {
+        owner: Some(1001),
+        group: Some(1001),
+        job: Some("43".into()),
+        ..request(MIB)
+    }
 }
 
 #[test]

@@ -19,10 +19,10 @@ use std::time::{Duration, Instant};
 use spillway_proto::frame::{self, ReceiveError};
 use spillway_proto::message::ServerStatus;
 use spillway_proto::{
-    Connection, Durability, ErrorCode, Extent, FileInfo, FrameError, Identity, Request, Response,
-    BODY_BYTES_MAX, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+    Connection, DrainInfo, Durability, ErrorCode, Extent, FileInfo, FrameError, Header, Identity,
+    Request, Response, BODY_BYTES_MAX, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
-use spillway_types::{EpochId, StreamKey};
+use spillway_types::{EpochId, FileId, StreamKey};
 
 use crate::backend::{BackendError, PendingWrite};
 use crate::budget::Reservation;
@@ -139,21 +139,52 @@ pub fn serve(shared: Arc<Shared>, mut connection: Box<dyn Connection>) {
     let count = shared.connections.fetch_add(1, Ordering::SeqCst) + 1;
     let _count = ConnectionCount(&shared);
     if count > shared.options.connections_max {
-        tracing::warn!(%peer, connections_max = shared.options.connections_max, "refusing connection: at the connection limit");
-        let _ = send(
-            &mut *connection,
-            0,
-            &error_reply(
-                ErrorCode::Busy,
-                format!("server at its limit of {} connections", shared.options.connections_max),
-            ),
-            &[],
-        );
-        connection.shutdown();
+        refuse_at_connection_limit(&shared, &mut *connection, &peer);
         return;
     }
-    let identity = match connection.identity() {
-        Ok(identity) => identity,
+    let Some(identity) = establish_identity(&mut *connection, &peer) else { return };
+    let Some((mut reader, mut writer)) = split_connection(&shared, connection, &peer) else {
+        return;
+    };
+    if !handshake(&shared, &mut reader, &mut *writer, &peer, identity) {
+        writer.shutdown();
+        return;
+    }
+    tracing::info!(%peer, uid = identity.uid, gid = identity.gid, "client connected");
+
+    let (sender, receiver) = sync_channel::<Job>(shared.options.in_flight_requests_max as usize);
+    let Some(executor) = start_executor(&shared, receiver, writer, &peer, identity) else {
+        return;
+    };
+    // Buffered only after the handshake: the handshake reads exactly the Hello frame's bytes,
+    // so whatever a client pipelined behind it is still in the socket for this buffer.
+    let mut reader = BufReader::with_capacity(STREAM_BUFFER_BYTES, reader);
+    let reason = read_loop(&shared, &mut reader, &sender, &peer, identity);
+    drop(sender);
+    let _ = executor.join();
+    reader.get_ref().connection.shutdown();
+    tracing::info!(%peer, %reason, "client disconnected");
+}
+
+/// Refuses a connection beyond `connections_max`: answers `Busy` and closes it.
+fn refuse_at_connection_limit(shared: &Shared, connection: &mut dyn Connection, peer: &str) {
+    tracing::warn!(%peer, connections_max = shared.options.connections_max, "refusing connection: at the connection limit");
+    let _ = send(
+        &mut *connection,
+        0,
+        &error_reply(
+            ErrorCode::Busy,
+            format!("server at its limit of {} connections", shared.options.connections_max),
+        ),
+        &[],
+    );
+    connection.shutdown();
+}
+
+/// The peer's identity; if it cannot be established, answers `PermissionDenied` and closes.
+fn establish_identity(connection: &mut dyn Connection, peer: &str) -> Option<Identity> {
+    match connection.identity() {
+        Ok(identity) => Some(identity),
         Err(error) => {
             tracing::warn!(%peer, %error, "refusing connection: cannot establish the peer's identity");
             let _ = send(
@@ -166,21 +197,29 @@ pub fn serve(shared: Arc<Shared>, mut connection: Box<dyn Connection>) {
                 &[],
             );
             connection.shutdown();
-            return;
+            None
         }
-    };
+    }
+}
+
+/// The frame reader (polling every `READ_POLL`) and a clone of the connection for replies.
+fn split_connection<'a>(
+    shared: &'a Shared,
+    connection: Box<dyn Connection>,
+    peer: &str,
+) -> Option<(FrameReader<'a>, Box<dyn Connection>)> {
     if let Err(error) = connection.set_read_timeout(Some(READ_POLL)) {
         tracing::warn!(%peer, %error, "cannot set a read timeout; closing");
-        return;
+        return None;
     }
     let writer = match connection.try_clone_connection() {
         Ok(writer) => writer,
         Err(error) => {
             tracing::warn!(%peer, %error, "cannot clone the connection; closing");
-            return;
+            return None;
         }
     };
-    let mut reader = FrameReader {
+    let reader = FrameReader {
         connection,
         shutdown: &shared.shutdown,
         grace: shared.options.shutdown_grace,
@@ -189,36 +228,31 @@ pub fn serve(shared: Arc<Shared>, mut connection: Box<dyn Connection>) {
         last_byte_at: Instant::now(),
         stopping_since: None,
     };
-    let mut writer = writer;
-    if !handshake(&shared, &mut reader, &mut *writer, &peer, identity) {
-        writer.shutdown();
-        return;
-    }
-    tracing::info!(%peer, uid = identity.uid, gid = identity.gid, "client connected");
+    Some((reader, writer))
+}
 
-    let (sender, receiver) = sync_channel::<Job>(shared.options.in_flight_requests_max as usize);
+/// Starts the executor thread: it runs the requests in order and is the only reply writer.
+fn start_executor(
+    shared: &Arc<Shared>,
+    receiver: Receiver<Job>,
+    writer: Box<dyn Connection>,
+    peer: &str,
+    identity: Identity,
+) -> Option<std::thread::JoinHandle<()>> {
     let executor = {
         let shared = shared.clone();
-        let peer = peer.clone();
+        let peer = peer.to_string();
         std::thread::Builder::new()
             .name("executor".into())
             .spawn(move || execute(shared, receiver, writer, peer, identity))
     };
-    let executor = match executor {
-        Ok(executor) => executor,
+    match executor {
+        Ok(executor) => Some(executor),
         Err(error) => {
             tracing::error!(%peer, %error, "cannot start an executor thread; closing");
-            return;
+            None
         }
-    };
-    // Buffered only after the handshake: the handshake reads exactly the Hello frame's bytes,
-    // so whatever a client pipelined behind it is still in the socket for this buffer.
-    let mut reader = BufReader::with_capacity(STREAM_BUFFER_BYTES, reader);
-    let reason = read_loop(&shared, &mut reader, &sender, &peer, identity);
-    drop(sender);
-    let _ = executor.join();
-    reader.get_ref().connection.shutdown();
-    tracing::info!(%peer, %reason, "client disconnected");
+    }
 }
 
 /// Reads the client's `Hello` and answers it. False: the connection must close.
@@ -316,104 +350,18 @@ fn read_loop(
 ) -> String {
     let mut body = Vec::with_capacity(256);
     loop {
-        // Bytes of the next frame may already sit in the buffer: then it has started.
-        let started = !reader.buffer().is_empty();
-        reader.get_mut().begin_frame(started);
-        let header = match frame::read_header_and_body(
-            reader,
-            &mut body,
-            shared.options.payload_bytes_max,
-        ) {
+        let header = match read_frame(shared, reader, &mut body, sender, peer) {
             Ok(header) => header,
-            Err(ReceiveError::Closed) => {
-                return if shared.shutdown.load(Ordering::SeqCst) {
-                    "server shutting down".into()
-                } else {
-                    "closed by peer".into()
-                };
-            }
-            Err(error @ ReceiveError::Frame(_)) => {
-                // The header is bad: lengths cannot be trusted, the stream is out of sync.
-                tracing::warn!(%peer, problem = %error, "malformed frame; closing the connection");
-                let _ = sender.send(Job::Reply {
-                    request_id: 0,
-                    response: error_reply(
-                        code_of(&error),
-                        format!("malformed frame: {error}; closing"),
-                    ),
-                });
-                return format!("malformed frame: {error}");
-            }
-            Err(error) => {
-                tracing::warn!(%peer, problem = %error, "connection broken");
-                return error.to_string();
-            }
+            Err(reason) => return reason,
         };
-        let request = match Request::decode(header.kind, &body) {
-            Ok(request) => request,
-            Err(error) => {
-                // The header was sound: skip the payload and keep the connection.
-                tracing::warn!(%peer, request_id = header.request_id, problem = %error, "malformed request body; answering with an error");
-                if header.payload_bytes > 0 && discard(reader, header.payload_bytes as u64).is_err()
-                {
-                    return "connection broken while skipping a bad frame's payload".into();
-                }
-                let reply = Job::Reply {
-                    request_id: header.request_id,
-                    response: error_reply(
-                        ErrorCode::BadFrame,
-                        format!("malformed {:?} body: {error}", header.kind),
-                    ),
-                };
-                if sender.send(reply).is_err() {
-                    return "executor stopped".into();
-                }
-                continue;
-            }
+        let request = match decode_request(reader, &header, &body, sender, peer) {
+            Ok(Some(request)) => request,
+            Ok(None) => continue,
+            Err(reason) => return reason,
         };
-        if let Request::Hello { .. } = request {
-            tracing::warn!(%peer, request_id = header.request_id, problem = "second Hello", "out-of-order frame; answering with an error");
-            let reply = Job::Reply {
-                request_id: header.request_id,
-                response: error_reply(ErrorCode::OutOfOrder, "Hello after the handshake"),
-            };
-            if sender.send(reply).is_err() {
-                return "executor stopped".into();
-            }
-            continue;
-        }
-        let payload = match request {
-            Request::Write { epoch, file, offset } => {
-                let length = header.payload_bytes as usize;
-                let stream = stream_of(shared, identity, epoch);
-                let placed = if length > 0 {
-                    shared.backend.reserve_write(stream, epoch, file, offset, length)
-                } else {
-                    None
-                };
-                let (payload, received) = match placed {
-                    Some(mut pending) => {
-                        let received = pending
-                            .buffers()
-                            .into_iter()
-                            .try_for_each(|buffer| frame::read_payload(reader, buffer));
-                        (Payload::Placed(pending), received)
-                    }
-                    None => {
-                        let reservation = shared.budget.reserve(length as u64);
-                        let mut buffer = shared.pool.take(length);
-                        let received = frame::read_payload(reader, &mut buffer);
-                        (Payload::Buffered(buffer, reservation), received)
-                    }
-                };
-                if let Err(error) = received {
-                    // Dropping the payload abandons a placed write: nothing of it is stored.
-                    tracing::warn!(%peer, request_id = header.request_id, problem = %error, "write payload cut short");
-                    return format!("write payload cut short: {error}");
-                }
-                Some(payload)
-            }
-            _ => None,
+        let payload = match receive_payload(shared, reader, &header, &request, peer, identity) {
+            Ok(payload) => payload,
+            Err(reason) => return reason,
         };
         let received = Instant::now();
         if sender
@@ -423,6 +371,126 @@ fn read_loop(
             return "executor stopped (reply could not be sent)".into();
         }
     }
+}
+
+/// Reads the next frame's header and body. Err: why the connection ends.
+fn read_frame(
+    shared: &Shared,
+    reader: &mut BufReader<FrameReader<'_>>,
+    body: &mut Vec<u8>,
+    sender: &std::sync::mpsc::SyncSender<Job>,
+    peer: &str,
+) -> Result<Header, String> {
+    // Bytes of the next frame may already sit in the buffer: then it has started.
+    let started = !reader.buffer().is_empty();
+    reader.get_mut().begin_frame(started);
+    match frame::read_header_and_body(reader, body, shared.options.payload_bytes_max) {
+        Ok(header) => Ok(header),
+        Err(ReceiveError::Closed) => Err(if shared.shutdown.load(Ordering::SeqCst) {
+            "server shutting down".into()
+        } else {
+            "closed by peer".into()
+        }),
+        Err(error @ ReceiveError::Frame(_)) => {
+            // The header is bad: lengths cannot be trusted, the stream is out of sync.
+            tracing::warn!(%peer, problem = %error, "malformed frame; closing the connection");
+            let _ = sender.send(Job::Reply {
+                request_id: 0,
+                response: error_reply(
+                    code_of(&error),
+                    format!("malformed frame: {error}; closing"),
+                ),
+            });
+            Err(format!("malformed frame: {error}"))
+        }
+        Err(error) => {
+            tracing::warn!(%peer, problem = %error, "connection broken");
+            Err(error.to_string())
+        }
+    }
+}
+
+/// Decodes the request; a bad body or a second Hello is answered here (None). Err: why it ends.
+fn decode_request(
+    reader: &mut BufReader<FrameReader<'_>>,
+    header: &Header,
+    body: &[u8],
+    sender: &std::sync::mpsc::SyncSender<Job>,
+    peer: &str,
+) -> Result<Option<Request>, String> {
+    let request = match Request::decode(header.kind, body) {
+        Ok(request) => request,
+        Err(error) => {
+            // The header was sound: skip the payload and keep the connection.
+            tracing::warn!(%peer, request_id = header.request_id, problem = %error, "malformed request body; answering with an error");
+            if header.payload_bytes > 0 && discard(reader, header.payload_bytes as u64).is_err() {
+                return Err("connection broken while skipping a bad frame's payload".into());
+            }
+            let reply = Job::Reply {
+                request_id: header.request_id,
+                response: error_reply(
+                    ErrorCode::BadFrame,
+                    format!("malformed {:?} body: {error}", header.kind),
+                ),
+            };
+            if sender.send(reply).is_err() {
+                return Err("executor stopped".into());
+            }
+            return Ok(None);
+        }
+    };
+    if let Request::Hello { .. } = request {
+        tracing::warn!(%peer, request_id = header.request_id, problem = "second Hello", "out-of-order frame; answering with an error");
+        let reply = Job::Reply {
+            request_id: header.request_id,
+            response: error_reply(ErrorCode::OutOfOrder, "Hello after the handshake"),
+        };
+        if sender.send(reply).is_err() {
+            return Err("executor stopped".into());
+        }
+        return Ok(None);
+    }
+    Ok(Some(request))
+}
+
+/// Receives a write's payload into store memory or a pooled buffer; None for other requests.
+fn receive_payload(
+    shared: &Shared,
+    reader: &mut BufReader<FrameReader<'_>>,
+    header: &Header,
+    request: &Request,
+    peer: &str,
+    identity: Identity,
+) -> Result<Option<Payload>, String> {
+    let Request::Write { epoch, file, offset } = *request else { return Ok(None) };
+    let length = header.payload_bytes as usize;
+    let stream = stream_of(shared, identity, epoch);
+    let placed = if length > 0 {
+        shared.backend.reserve_write(stream, epoch, file, offset, length)
+    } else {
+        None
+    };
+    let (payload, received) = match placed {
+        Some(mut pending) => {
+            let received = pending
+                .buffers()
+                .into_iter()
+                .try_for_each(|buffer| frame::read_payload(reader, buffer));
+            (Payload::Placed(pending), received)
+        }
+        None => {
+            let reservation = shared.budget.reserve(length as u64);
+            let mut buffer = shared.pool.take(length);
+            let received = frame::read_payload(reader, &mut buffer);
+            (Payload::Buffered(buffer, reservation), received)
+        }
+    };
+    if let Err(error) = received {
+        // Dropping the payload abandons a placed write: nothing of it is stored.
+        tracing::warn!(%peer, request_id = header.request_id, problem = %error, "write payload cut short");
+        return Err(format!("write payload cut short: {error}"));
+    }
+    Ok(Some(payload))
 }
 
 fn discard(reader: &mut impl Read, mut bytes: u64) -> io::Result<()> {
@@ -588,78 +656,15 @@ fn run(
     match request {
         Request::Hello { .. } => unreachable!("the reader answers a second Hello itself"),
         Request::OpenFile { epoch, name, create } => {
-            if name.is_empty() || name.len() > spillway_proto::NAME_BYTES_MAX || name.contains('\0')
-            {
-                return Err(BackendError::new(
-                    ErrorCode::InvalidArgument,
-                    format!("bad file name {name:?}"),
-                ));
-            }
-            authorize(shared, identity, epoch, create)?;
-            let (file, created) =
-                backend.open_file(stream_of(shared, identity, epoch), epoch, &name, create)?;
-            plain(Response::FileOpened { file, created })
+            open_file(shared, identity, epoch, &name, create)
         }
         Request::Write { epoch, file, offset } => {
-            // A refused placed write is dropped unpublished: nothing of it is stored.
-            authorize(shared, identity, epoch, true)?;
-            let length = match data {
-                WriteData::Placed(pending) => {
-                    let length = pending.payload_bytes();
-                    pending.publish()?;
-                    length
-                }
-                WriteData::Bytes(data) => {
-                    offset.checked_add(data.len() as u64).ok_or_else(|| {
-                        BackendError::new(
-                            ErrorCode::InvalidArgument,
-                            format!("write at offset {offset} of {} bytes overflows", data.len()),
-                        )
-                    })?;
-                    write_with_backpressure(shared, identity, epoch, file, offset, data, wait)?;
-                    data.len()
-                }
-            };
-            shared.counters.bytes_written.fetch_add(length as u64, Ordering::Relaxed);
-            plain(Response::Written { bytes: length as u32 })
+            write(shared, identity, epoch, file, offset, data, wait)
         }
         Request::Read { epoch, file, offset, length } => {
-            authorize(shared, identity, epoch, false)?;
-            if length > shared.options.payload_bytes_max {
-                return Err(BackendError::new(
-                    ErrorCode::TooLarge,
-                    format!(
-                        "read of {length} bytes exceeds payload_bytes_max {}",
-                        shared.options.payload_bytes_max
-                    ),
-                ));
-            }
-            offset.checked_add(length as u64).ok_or_else(|| {
-                BackendError::new(
-                    ErrorCode::InvalidArgument,
-                    format!("read at offset {offset} of {length} bytes overflows"),
-                )
-            })?;
-            // Not charged to the write budget (an executor waiting on it while readers hold
-            // it could deadlock); bounded instead by one reply buffer per connection:
-            // connections_max × payload_bytes_max.
-            let mut buffer = vec![0u8; length as usize];
-            backend.read(epoch, file, offset, &mut buffer)?;
-            shared.counters.bytes_read.fetch_add(length as u64, Ordering::Relaxed);
-            Ok((Response::ReadData, Some(buffer)))
+            read(shared, identity, epoch, file, offset, length)
         }
-        Request::Commit { epoch, durability } => {
-            authorize(shared, identity, epoch, false)?;
-            let durability = match durability {
-                Durability::ServerDefault => shared.options.default_durability,
-                other => other,
-            };
-            backend.commit(epoch, durability)?;
-            if let Some(drain) = shared.drain.get() {
-                drain.committed(epoch);
-            }
-            plain(Response::Committed { epoch, durability })
-        }
+        Request::Commit { epoch, durability } => commit(shared, identity, epoch, durability),
         Request::ListEpochs { from_epoch } => {
             let mut epochs = backend.epochs()?;
             epochs.retain(|e| e.epoch >= from_epoch);
@@ -695,25 +700,7 @@ fn run(
             shared.epoch_streams.write().remove(&epoch);
             plain(Response::Deleted { epoch })
         }
-        Request::AssignStream { epoch, stream } => {
-            if identity.uid != 0 {
-                return Err(BackendError::new(
-                    ErrorCode::PermissionDenied,
-                    format!(
-                        "only root (the manager) assigns SSD streams; request runs as uid {}",
-                        identity.uid
-                    ),
-                ));
-            }
-            if stream & ASSIGNED_STREAM_TAG != 0 {
-                return Err(BackendError::new(
-                    ErrorCode::InvalidArgument,
-                    format!("stream id {stream} is out of range (below 2^63)"),
-                ));
-            }
-            shared.epoch_streams.write().insert(epoch, assigned_stream_key(stream));
-            plain(Response::StreamAssigned { epoch, stream })
-        }
+        Request::AssignStream { epoch, stream } => assign_stream(shared, identity, epoch, stream),
         Request::Sync { epoch } => {
             // The store syncs every dirty segment at once; the epoch is named so that only its
             // owner (or root) may ask, and so that the reply says what became durable.
@@ -721,35 +708,8 @@ fn run(
             backend.sync()?;
             plain(Response::Synced { epoch })
         }
-        Request::Drain { epoch, mode } => {
-            authorize(shared, identity, epoch, false)?;
-            let drain = shared.drain.get().ok_or_else(|| {
-                BackendError::new(
-                    ErrorCode::InvalidArgument,
-                    "this server has no PFS to drain to (drain.pfs_directory is not set)",
-                )
-            })?;
-            if !backend.epochs()?.iter().any(|e| e.epoch == epoch) {
-                return Err(BackendError::new(
-                    ErrorCode::NoSuchEpoch,
-                    format!("no epoch {epoch} here"),
-                ));
-            }
-            drain.request(epoch, mode)?;
-            plain(Response::DrainQueued { epoch })
-        }
-        Request::DrainStatus => {
-            let mut list = shared.drain.get().map(|d| d.status()).unwrap_or_default();
-            // 64 bytes per entry plus the error text after a 4-byte count: keep the newest that fit.
-            let mut bytes = 4usize;
-            list.reverse();
-            list.retain(|d| {
-                bytes += 64 + d.last_error.len().min(spillway_proto::NAME_BYTES_MAX);
-                bytes <= BODY_BYTES_MAX as usize
-            });
-            list.reverse();
-            plain(Response::DrainStatus(list))
-        }
+        Request::Drain { epoch, mode } => drain(shared, identity, epoch, mode),
+        Request::DrainStatus => plain(Response::DrainStatus(drain_status(shared))),
         Request::Namespace(request) => {
             let service = shared.namespaces.get().ok_or_else(|| {
                 BackendError::new(
@@ -759,25 +719,196 @@ fn run(
             })?;
             plain(Response::Namespace(service.handle(identity, request)))
         }
-        Request::Status => {
-            let usage = backend.usage();
-            let epochs = backend.epochs().map(|e| e.len() as u64).unwrap_or(0);
-            plain(Response::Status(ServerStatus {
-                server_name: shared.options.server_name.clone(),
-                connections: shared.connections.load(Ordering::SeqCst),
-                connections_max: shared.options.connections_max,
-                in_flight_bytes: shared.budget.used(),
-                in_flight_bytes_max: shared.budget.max(),
-                requests_served: shared.counters.requests_served.load(Ordering::Relaxed),
-                bytes_written: shared.counters.bytes_written.load(Ordering::Relaxed),
-                bytes_read: shared.counters.bytes_read.load(Ordering::Relaxed),
-                dram_bytes_used: usage.dram_bytes_used,
-                dram_bytes_max: usage.dram_bytes_max,
-                ssd_bytes_used: usage.ssd_bytes_used,
-                ssd_bytes_max: usage.ssd_bytes_max,
-                epochs,
-            }))
+        Request::Status => plain(Response::Status(server_status(shared))),
+    }
+}
+
+/// `OpenFile`: checks the name, authorizes (claiming the epoch if it creates) and opens.
+fn open_file(
+    shared: &Shared,
+    identity: Identity,
+    epoch: EpochId,
+    name: &str,
+    create: bool,
+) -> Result<Reply, BackendError> {
+    if name.is_empty() || name.len() > spillway_proto::NAME_BYTES_MAX || name.contains('\0') {
+        return Err(BackendError::new(
+            ErrorCode::InvalidArgument,
+            format!("bad file name {name:?}"),
+        ));
+    }
+    authorize(shared, identity, epoch, create)?;
+    let (file, created) =
+        shared.backend.open_file(stream_of(shared, identity, epoch), epoch, name, create)?;
+    Ok((Response::FileOpened { file, created }, None))
+}
+
+/// `Write`: publishes a placed payload, or writes a buffered one waiting up to `wait` for space.
+fn write(
+    shared: &Shared,
+    identity: Identity,
+    epoch: EpochId,
+    file: FileId,
+    offset: u64,
+    data: WriteData<'_>,
+    wait: Duration,
+) -> Result<Reply, BackendError> {
+    // A refused placed write is dropped unpublished: nothing of it is stored.
+    authorize(shared, identity, epoch, true)?;
+    let length = match data {
+        WriteData::Placed(pending) => {
+            let length = pending.payload_bytes();
+            pending.publish()?;
+            length
         }
+        WriteData::Bytes(data) => {
+            offset.checked_add(data.len() as u64).ok_or_else(|| {
+                BackendError::new(
+                    ErrorCode::InvalidArgument,
+                    format!("write at offset {offset} of {} bytes overflows", data.len()),
+                )
+            })?;
+            write_with_backpressure(shared, identity, epoch, file, offset, data, wait)?;
+            data.len()
+        }
+    };
+    shared.counters.bytes_written.fetch_add(length as u64, Ordering::Relaxed);
+    Ok((Response::Written { bytes: length as u32 }, None))
+}
+
+/// `Read`: checks the length against `payload_bytes_max` and reads into a reply buffer.
+fn read(
+    shared: &Shared,
+    identity: Identity,
+    epoch: EpochId,
+    file: FileId,
+    offset: u64,
+    length: u32,
+) -> Result<Reply, BackendError> {
+    authorize(shared, identity, epoch, false)?;
+    if length > shared.options.payload_bytes_max {
+        return Err(BackendError::new(
+            ErrorCode::TooLarge,
+            format!(
+                "read of {length} bytes exceeds payload_bytes_max {}",
+                shared.options.payload_bytes_max
+            ),
+        ));
+    }
+    offset.checked_add(length as u64).ok_or_else(|| {
+        BackendError::new(
+            ErrorCode::InvalidArgument,
+            format!("read at offset {offset} of {length} bytes overflows"),
+        )
+    })?;
+    // Not charged to the write budget (an executor waiting on it while readers hold
+    // it could deadlock); bounded instead by one reply buffer per connection:
+    // connections_max × payload_bytes_max.
+    let mut buffer = vec![0u8; length as usize];
+    shared.backend.read(epoch, file, offset, &mut buffer)?;
+    shared.counters.bytes_read.fetch_add(length as u64, Ordering::Relaxed);
+    Ok((Response::ReadData, Some(buffer)))
+}
+
+/// `Commit`: commits at the asked (or the server's default) durability and tells the drainer.
+fn commit(
+    shared: &Shared,
+    identity: Identity,
+    epoch: EpochId,
+    durability: Durability,
+) -> Result<Reply, BackendError> {
+    authorize(shared, identity, epoch, false)?;
+    let durability = match durability {
+        Durability::ServerDefault => shared.options.default_durability,
+        other => other,
+    };
+    shared.backend.commit(epoch, durability)?;
+    if let Some(drain) = shared.drain.get() {
+        drain.committed(epoch);
+    }
+    Ok((Response::Committed { epoch, durability }, None))
+}
+
+/// `AssignStream`: root (the manager) sets the SSD stream of an epoch.
+fn assign_stream(
+    shared: &Shared,
+    identity: Identity,
+    epoch: EpochId,
+    stream: u64,
+) -> Result<Reply, BackendError> {
+    if identity.uid != 0 {
+        return Err(BackendError::new(
+            ErrorCode::PermissionDenied,
+            format!(
+                "only root (the manager) assigns SSD streams; request runs as uid {}",
+                identity.uid
+            ),
+        ));
+    }
+    if stream & ASSIGNED_STREAM_TAG != 0 {
+        return Err(BackendError::new(
+            ErrorCode::InvalidArgument,
+            format!("stream id {stream} is out of range (below 2^63)"),
+        ));
+    }
+    shared.epoch_streams.write().insert(epoch, assigned_stream_key(stream));
+    Ok((Response::StreamAssigned { epoch, stream }, None))
+}
+
+/// `Drain`: queues a drain of an epoch this server holds, if it has a PFS to drain to.
+fn drain(
+    shared: &Shared,
+    identity: Identity,
+    epoch: EpochId,
+    mode: u8,
+) -> Result<Reply, BackendError> {
+    authorize(shared, identity, epoch, false)?;
+    let drain = shared.drain.get().ok_or_else(|| {
+        BackendError::new(
+            ErrorCode::InvalidArgument,
+            "this server has no PFS to drain to (drain.pfs_directory is not set)",
+        )
+    })?;
+    if !shared.backend.epochs()?.iter().any(|e| e.epoch == epoch) {
+        return Err(BackendError::new(ErrorCode::NoSuchEpoch, format!("no epoch {epoch} here")));
+    }
+    drain.request(epoch, mode)?;
+    Ok((Response::DrainQueued { epoch }, None))
+}
+
+/// `DrainStatus`: the drainer's status, the newest epochs that fit in one body.
+fn drain_status(shared: &Shared) -> Vec<DrainInfo> {
+    let mut list = shared.drain.get().map(|d| d.status()).unwrap_or_default();
+    // 64 bytes per entry plus the error text after a 4-byte count: keep the newest that fit.
+    let mut bytes = 4usize;
+    list.reverse();
+    list.retain(|d| {
+        bytes += 64 + d.last_error.len().min(spillway_proto::NAME_BYTES_MAX);
+        bytes <= BODY_BYTES_MAX as usize
+    });
+    list.reverse();
+    list
+}
+
+/// `Status`: this server's connections, budget, counters and store usage.
+fn server_status(shared: &Shared) -> ServerStatus {
+    let backend = &*shared.backend;
+    let usage = backend.usage();
+    let epochs = backend.epochs().map(|e| e.len() as u64).unwrap_or(0);
+    ServerStatus {
+        server_name: shared.options.server_name.clone(),
+        connections: shared.connections.load(Ordering::SeqCst),
+        connections_max: shared.options.connections_max,
+        in_flight_bytes: shared.budget.used(),
+        in_flight_bytes_max: shared.budget.max(),
+        requests_served: shared.counters.requests_served.load(Ordering::Relaxed),
+        bytes_written: shared.counters.bytes_written.load(Ordering::Relaxed),
+        bytes_read: shared.counters.bytes_read.load(Ordering::Relaxed),
+        dram_bytes_used: usage.dram_bytes_used,
+        dram_bytes_max: usage.dram_bytes_max,
+        ssd_bytes_used: usage.ssd_bytes_used,
+        ssd_bytes_max: usage.ssd_bytes_max,
+        epochs,
     }
 }
 

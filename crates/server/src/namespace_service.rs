@@ -21,7 +21,7 @@ use parking_lot::Mutex;
 use spillway_meta::{
     Capacity, LocalNamespace, LocalOptions, NamespaceConfig, OpenError, StoreCapacity, SystemClock,
 };
-use spillway_namespace::{Caller, MetaError, Namespace, NamespaceId, ROOT_INO};
+use spillway_namespace::{Caller, DirEntry, Ino, MetaError, Namespace, NamespaceId, ROOT_INO};
 use spillway_proto::{Identity, NamespaceRequest, NamespaceResponse, BODY_BYTES_MAX};
 
 use crate::backend::Backend;
@@ -175,21 +175,9 @@ impl NamespaceService {
         use NamespaceRequest as R;
         use NamespaceResponse as A;
         if let R::Open { namespace, create, data_epoch, root_uid, root_gid, root_mode } = request {
-            // Only root (the mount, the manager) creates namespaces: a user must not squat an
-            // id a job's mount will use. Anyone may open an existing one.
-            if create && !trusted && self.get(namespace).is_err() {
-                return Err(error(
-                    libc::EPERM,
-                    format!(
-                        "only root creates namespaces (namespace {namespace}, peer uid {})",
-                        identity.uid
-                    ),
-                ));
-            }
             let config =
                 NamespaceConfig { id: namespace, data_epoch, root_uid, root_gid, root_mode };
-            let (ns, created) = self.open(&config, create)?;
-            return Ok(A::Opened { namespace, data_epoch: ns.data_epoch(), created });
+            return self.open_for_peer(identity, trusted, &config, create);
         }
         let ns = self.get(request.namespace())?;
         Ok(match request {
@@ -198,30 +186,7 @@ impl NamespaceService {
                 ns.sync()?;
                 A::Done
             }
-            R::Manifest { from_index, .. } => {
-                let root = ns.getattr(ROOT_INO)?;
-                if !trusted && identity.uid != root.uid {
-                    return Err(error(
-                        libc::EACCES,
-                        format!(
-                            "the manifest of namespace {} is for root or its owner (uid {})",
-                            ns.id(),
-                            root.uid
-                        ),
-                    ));
-                }
-                let mut bytes = 4usize;
-                let page = ns
-                    .manifest()?
-                    .into_iter()
-                    .skip(from_index.min(usize::MAX as u64) as usize)
-                    .take_while(|entry| {
-                        bytes += NamespaceResponse::manifest_entry_bytes(entry);
-                        bytes <= BODY_BYTES_MAX as usize
-                    })
-                    .collect();
-                A::Manifest(page)
-            }
+            R::Manifest { from_index, .. } => manifest_page(&ns, identity, trusted, from_index)?,
             R::Lookup { caller, parent, name, .. } => A::Attr(ns.lookup(&caller, parent, &name)?),
             R::GetAttr { ino, .. } => A::Attr(ns.getattr(ino)?),
             R::SetAttr { caller, ino, set, .. } => A::Attr(ns.setattr(&caller, ino, &set)?),
@@ -251,16 +216,7 @@ impl NamespaceService {
                 A::Done
             }
             R::Readdir { caller, dir, after_cookie, entries_max, .. } => {
-                let mut bytes = 4usize;
-                let entries = ns
-                    .readdir(&caller, dir, after_cookie, entries_max)?
-                    .into_iter()
-                    .take_while(|entry| {
-                        bytes += NamespaceResponse::dir_entry_bytes(entry);
-                        bytes <= BODY_BYTES_MAX as usize
-                    })
-                    .collect();
-                A::Entries(entries)
+                A::Entries(readdir_page(&ns, &caller, dir, after_cookie, entries_max)?)
             }
             R::OpenInode { caller, ino, flags, .. } => A::Attr(ns.open(&caller, ino, flags)?),
             R::Access { caller, ino, mask, .. } => {
@@ -269,14 +225,94 @@ impl NamespaceService {
             }
             R::Wrote { caller, ino, end_offset, .. } => {
                 if !trusted {
-                    let attr = ns.getattr(ino)?;
-                    if attr.uid != caller.uid {
-                        ns.access(&caller, ino, spillway_namespace::ACCESS_WRITE)?;
-                    }
+                    check_may_write(&ns, &caller, ino)?;
                 }
                 A::Attr(ns.wrote(&caller, ino, end_offset)?)
             }
             R::Statfs { .. } => A::Stat(ns.statfs()?),
         })
     }
+
+    /// `Open` for a peer: opens (or creates) the namespace; says whether it was created.
+    fn open_for_peer(
+        &self,
+        identity: Identity,
+        trusted: bool,
+        config: &NamespaceConfig,
+        create: bool,
+    ) -> Result<NamespaceResponse, MetaError> {
+        let namespace = config.id;
+        // Only root (the mount, the manager) creates namespaces: a user must not squat an
+        // id a job's mount will use. Anyone may open an existing one.
+        if create && !trusted && self.get(namespace).is_err() {
+            return Err(error(
+                libc::EPERM,
+                format!(
+                    "only root creates namespaces (namespace {namespace}, peer uid {})",
+                    identity.uid
+                ),
+            ));
+        }
+        let (ns, created) = self.open(config, create)?;
+        Ok(NamespaceResponse::Opened { namespace, data_epoch: ns.data_epoch(), created })
+    }
+}
+
+/// `Manifest`: for root or the owner, the entries from `from_index` that fit in one body.
+fn manifest_page(
+    ns: &LocalNamespace,
+    identity: Identity,
+    trusted: bool,
+    from_index: u64,
+) -> Result<NamespaceResponse, MetaError> {
+    let root = ns.getattr(ROOT_INO)?;
+    if !trusted && identity.uid != root.uid {
+        return Err(error(
+            libc::EACCES,
+            format!(
+                "the manifest of namespace {} is for root or its owner (uid {})",
+                ns.id(),
+                root.uid
+            ),
+        ));
+    }
+    let mut bytes = 4usize;
+    let page = ns
+        .manifest()?
+        .into_iter()
+        .skip(from_index.min(usize::MAX as u64) as usize)
+        .take_while(|entry| {
+            bytes += NamespaceResponse::manifest_entry_bytes(entry);
+            bytes <= BODY_BYTES_MAX as usize
+        })
+        .collect();
+    Ok(NamespaceResponse::Manifest(page))
+}
+
+/// `Readdir`: the directory's entries after `after_cookie` that fit in one body.
+fn readdir_page(
+    ns: &LocalNamespace,
+    caller: &Caller,
+    dir: Ino,
+    after_cookie: u64,
+    entries_max: u32,
+) -> Result<Vec<DirEntry>, MetaError> {
+    let mut bytes = 4usize;
+    Ok(ns
+        .readdir(caller, dir, after_cookie, entries_max)?
+        .into_iter()
+        .take_while(|entry| {
+            bytes += NamespaceResponse::dir_entry_bytes(entry);
+            bytes <= BODY_BYTES_MAX as usize
+        })
+        .collect())
+}
+
+/// A non-root peer's `Wrote` needs ownership of the inode or write permission on it.
+fn check_may_write(ns: &LocalNamespace, caller: &Caller, ino: Ino) -> Result<(), MetaError> {
+    let attr = ns.getattr(ino)?;
+    if attr.uid != caller.uid {
+        ns.access(caller, ino, spillway_namespace::ACCESS_WRITE)?;
+    }
+    Ok(())
 }
