@@ -93,7 +93,8 @@ pub enum Kind {
 }
 
 impl Kind {
-    const ALL: [Kind; 58] = [
+    /// Every kind, in byte order within each family.
+    pub const ALL: [Kind; 58] = [
         Kind::Hello,
         Kind::OpenFile,
         Kind::Write,
