@@ -628,6 +628,38 @@ impl Response {
     pub fn encode_body(&self) -> Vec<u8> {
         let mut e = Encoder(Vec::with_capacity(32));
         match self {
+            Response::Hello { .. }
+            | Response::FileOpened { .. }
+            | Response::Written { .. }
+            | Response::ReadData
+            | Response::Committed { .. }
+            | Response::Synced { .. } => self.encode_data_path(&mut e),
+            Response::Epochs(_)
+            | Response::Files(_)
+            | Response::FileStat(_)
+            | Response::Extents(_) => self.encode_listing(&mut e),
+            Response::Deleted { .. }
+            | Response::StreamAssigned { .. }
+            | Response::Status(_)
+            | Response::DrainQueued { .. }
+            | Response::DrainStatus(_) => self.encode_drain_and_administration(&mut e),
+            Response::Error { code, message } => {
+                e.u16(code.wire()).string(message);
+            }
+            Response::Namespace(r) => r.encode(&mut e),
+        }
+        assert!(
+            e.0.len() <= crate::BODY_BYTES_MAX as usize,
+            "{:?} body of {} bytes",
+            self.kind(),
+            e.0.len()
+        );
+        e.0
+    }
+
+    /// Encodes the body of a data-path response: handshake, open, write, read, commit, sync.
+    fn encode_data_path(&self, encoder: &mut Encoder) {
+        match self {
             Response::Hello {
                 version,
                 payload_bytes_max,
@@ -636,7 +668,8 @@ impl Response {
                 gid,
                 server_name,
             } => {
-                e.u16(*version)
+                encoder
+                    .u16(*version)
                     .u32(*payload_bytes_max)
                     .u32(*in_flight_requests_max)
                     .u32(*uid)
@@ -644,44 +677,62 @@ impl Response {
                     .string(server_name);
             }
             Response::FileOpened { file, created } => {
-                e.u64(file.0).u8(*created as u8);
+                encoder.u64(file.0).u8(*created as u8);
             }
             Response::Written { bytes } => {
-                e.u32(*bytes);
+                encoder.u32(*bytes);
             }
             Response::ReadData => {}
             Response::Committed { epoch, durability } => {
-                e.u64(epoch.0).u8(durability.wire());
+                encoder.u64(epoch.0).u8(durability.wire());
             }
+            Response::Synced { epoch } => {
+                encoder.u64(epoch.0);
+            }
+            other => unreachable!("{:?} is not a data-path response", other.kind()),
+        }
+    }
+
+    /// Encodes the body of a listing response: epochs, files, one file's stat, extents.
+    fn encode_listing(&self, encoder: &mut Encoder) {
+        match self {
             Response::Epochs(list) => {
-                e.u32(list.len() as u32);
+                encoder.u32(list.len() as u32);
                 for x in list {
-                    e.u64(x.epoch.0).u8(x.state.wire()).u64(x.files).u64(x.bytes);
+                    encoder.u64(x.epoch.0).u8(x.state.wire()).u64(x.files).u64(x.bytes);
                 }
             }
             Response::Files(list) => {
-                e.u32(list.len() as u32);
+                encoder.u32(list.len() as u32);
                 for f in list {
-                    e.file_info(f);
+                    encoder.file_info(f);
                 }
             }
             Response::FileStat(f) => {
-                e.file_info(f);
+                encoder.file_info(f);
             }
             Response::Extents(list) => {
-                e.u32(list.len() as u32);
+                encoder.u32(list.len() as u32);
                 for x in list {
-                    e.u64(x.offset).u64(x.length);
+                    encoder.u64(x.offset).u64(x.length);
                 }
             }
-            Response::Deleted { epoch } | Response::Synced { epoch } => {
-                e.u64(epoch.0);
+            other => unreachable!("{:?} is not a listing response", other.kind()),
+        }
+    }
+
+    /// Encodes the body of a drain or administration response (delete, stream, status, drain).
+    fn encode_drain_and_administration(&self, encoder: &mut Encoder) {
+        match self {
+            Response::Deleted { epoch } | Response::DrainQueued { epoch } => {
+                encoder.u64(epoch.0);
             }
             Response::StreamAssigned { epoch, stream } => {
-                e.u64(epoch.0).u64(*stream);
+                encoder.u64(epoch.0).u64(*stream);
             }
             Response::Status(s) => {
-                e.string(&s.server_name)
+                encoder
+                    .string(&s.server_name)
                     .u32(s.connections)
                     .u32(s.connections_max)
                     .u64(s.in_flight_bytes)
@@ -695,13 +746,11 @@ impl Response {
                     .u64(s.ssd_bytes_max)
                     .u64(s.epochs);
             }
-            Response::DrainQueued { epoch } => {
-                e.u64(epoch.0);
-            }
             Response::DrainStatus(list) => {
-                e.u32(list.len() as u32);
+                encoder.u32(list.len() as u32);
                 for x in list {
-                    e.u64(x.epoch.0)
+                    encoder
+                        .u64(x.epoch.0)
                         .u8(x.state.wire())
                         .u8(x.mode)
                         .u64(x.files_total)
@@ -714,18 +763,8 @@ impl Response {
                         .string(&x.last_error);
                 }
             }
-            Response::Error { code, message } => {
-                e.u16(code.wire()).string(message);
-            }
-            Response::Namespace(r) => r.encode(&mut e),
+            other => unreachable!("{:?} is not a drain or administration response", other.kind()),
         }
-        assert!(
-            e.0.len() <= crate::BODY_BYTES_MAX as usize,
-            "{:?} body of {} bytes",
-            self.kind(),
-            e.0.len()
-        );
-        e.0
     }
 
     /// Decodes a response body of the given kind.
