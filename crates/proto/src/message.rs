@@ -774,99 +774,20 @@ impl Response {
         }
         let mut d = Decoder { kind, bytes: body };
         let response = match kind {
-            Kind::HelloReply => Response::Hello {
-                version: d.u16("version")?,
-                payload_bytes_max: d.u32("payload_bytes_max")?,
-                in_flight_requests_max: d.u32("in_flight_requests_max")?,
-                uid: d.u32("uid")?,
-                gid: d.u32("gid")?,
-                server_name: d.string("server_name")?,
-            },
-            Kind::FileOpened => Response::FileOpened {
-                file: FileId(d.u64("file")?),
-                created: d.boolean("created")?,
-            },
-            Kind::Written => Response::Written { bytes: d.u32("bytes")? },
-            Kind::ReadData => Response::ReadData,
-            Kind::Committed => {
-                Response::Committed { epoch: EpochId(d.u64("epoch")?), durability: d.durability()? }
+            Kind::HelloReply
+            | Kind::FileOpened
+            | Kind::Written
+            | Kind::ReadData
+            | Kind::Committed
+            | Kind::Synced => Response::decode_data_path(kind, &mut d)?,
+            Kind::Epochs | Kind::Files | Kind::FileStat | Kind::ExtentList => {
+                Response::decode_listing(kind, &mut d)?
             }
-            Kind::Epochs => {
-                let n = d.count(25, "epoch count")?;
-                let mut list = Vec::with_capacity(n);
-                for _ in 0..n {
-                    let epoch = EpochId(d.u64("epoch")?);
-                    let state = EpochState::from_wire(kind, d.u8("state")?)?;
-                    list.push(EpochInfo {
-                        epoch,
-                        state,
-                        files: d.u64("files")?,
-                        bytes: d.u64("bytes")?,
-                    });
-                }
-                Response::Epochs(list)
-            }
-            Kind::Files => {
-                let n = d.count(26, "file count")?;
-                let mut list = Vec::with_capacity(n);
-                for _ in 0..n {
-                    list.push(d.file_info()?);
-                }
-                Response::Files(list)
-            }
-            Kind::FileStat => Response::FileStat(d.file_info()?),
-            Kind::ExtentList => {
-                let n = d.count(16, "extent count")?;
-                let mut list = Vec::with_capacity(n);
-                for _ in 0..n {
-                    list.push(Extent { offset: d.u64("offset")?, length: d.u64("length")? });
-                }
-                Response::Extents(list)
-            }
-            Kind::Deleted => Response::Deleted { epoch: EpochId(d.u64("epoch")?) },
-            Kind::Synced => Response::Synced { epoch: EpochId(d.u64("epoch")?) },
-            Kind::StreamAssigned => Response::StreamAssigned {
-                epoch: EpochId(d.u64("epoch")?),
-                stream: d.u64("stream")?,
-            },
-            Kind::DrainQueued => Response::DrainQueued { epoch: EpochId(d.u64("epoch")?) },
-            Kind::DrainReport => {
-                let n = d.count(64, "drain count")?;
-                let mut list = Vec::with_capacity(n);
-                for _ in 0..n {
-                    let epoch = EpochId(d.u64("epoch")?);
-                    let state = DrainState::from_wire(kind, d.u8("state")?)?;
-                    list.push(DrainInfo {
-                        epoch,
-                        state,
-                        mode: d.u8("mode")?,
-                        files_total: d.u64("files_total")?,
-                        files_done: d.u64("files_done")?,
-                        pfs_bytes_written: d.u64("pfs_bytes_written")?,
-                        pfs_write_calls: d.u64("pfs_write_calls")?,
-                        shuffle_us: d.u64("shuffle_us")?,
-                        flush_us: d.u64("flush_us")?,
-                        failed_attempts: d.u32("failed_attempts")?,
-                        last_error: d.string("last_error")?,
-                    });
-                }
-                Response::DrainStatus(list)
-            }
-            Kind::StatusReply => Response::Status(ServerStatus {
-                server_name: d.string("server_name")?,
-                connections: d.u32("connections")?,
-                connections_max: d.u32("connections_max")?,
-                in_flight_bytes: d.u64("in_flight_bytes")?,
-                in_flight_bytes_max: d.u64("in_flight_bytes_max")?,
-                requests_served: d.u64("requests_served")?,
-                bytes_written: d.u64("bytes_written")?,
-                bytes_read: d.u64("bytes_read")?,
-                dram_bytes_used: d.u64("dram_bytes_used")?,
-                dram_bytes_max: d.u64("dram_bytes_max")?,
-                ssd_bytes_used: d.u64("ssd_bytes_used")?,
-                ssd_bytes_max: d.u64("ssd_bytes_max")?,
-                epochs: d.u64("epochs")?,
-            }),
+            Kind::Deleted
+            | Kind::StreamAssigned
+            | Kind::DrainQueued
+            | Kind::DrainReport
+            | Kind::StatusReply => Response::decode_drain_and_administration(kind, &mut d)?,
             Kind::Error => {
                 let wire = d.u16("code")?;
                 let code = ErrorCode::from_wire(wire).ok_or(FrameError::BadValue {
@@ -881,6 +802,127 @@ impl Response {
         };
         d.finish()?;
         Ok(response)
+    }
+
+    /// Decodes the body of a data-path response: handshake, open, write, read, commit, sync.
+    fn decode_data_path(kind: Kind, decoder: &mut Decoder<'_>) -> Result<Response, FrameError> {
+        Ok(match kind {
+            Kind::HelloReply => Response::Hello {
+                version: decoder.u16("version")?,
+                payload_bytes_max: decoder.u32("payload_bytes_max")?,
+                in_flight_requests_max: decoder.u32("in_flight_requests_max")?,
+                uid: decoder.u32("uid")?,
+                gid: decoder.u32("gid")?,
+                server_name: decoder.string("server_name")?,
+            },
+            Kind::FileOpened => Response::FileOpened {
+                file: FileId(decoder.u64("file")?),
+                created: decoder.boolean("created")?,
+            },
+            Kind::Written => Response::Written { bytes: decoder.u32("bytes")? },
+            Kind::ReadData => Response::ReadData,
+            Kind::Committed => Response::Committed {
+                epoch: EpochId(decoder.u64("epoch")?),
+                durability: decoder.durability()?,
+            },
+            Kind::Synced => Response::Synced { epoch: EpochId(decoder.u64("epoch")?) },
+            other => unreachable!("{other:?} is not a data-path response"),
+        })
+    }
+
+    /// Decodes the body of a listing response: epochs, files, one file's stat, extents.
+    fn decode_listing(kind: Kind, decoder: &mut Decoder<'_>) -> Result<Response, FrameError> {
+        Ok(match kind {
+            Kind::Epochs => {
+                let n = decoder.count(25, "epoch count")?;
+                let mut list = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let epoch = EpochId(decoder.u64("epoch")?);
+                    let state = EpochState::from_wire(kind, decoder.u8("state")?)?;
+                    list.push(EpochInfo {
+                        epoch,
+                        state,
+                        files: decoder.u64("files")?,
+                        bytes: decoder.u64("bytes")?,
+                    });
+                }
+                Response::Epochs(list)
+            }
+            Kind::Files => {
+                let n = decoder.count(26, "file count")?;
+                let mut list = Vec::with_capacity(n);
+                for _ in 0..n {
+                    list.push(decoder.file_info()?);
+                }
+                Response::Files(list)
+            }
+            Kind::FileStat => Response::FileStat(decoder.file_info()?),
+            Kind::ExtentList => {
+                let n = decoder.count(16, "extent count")?;
+                let mut list = Vec::with_capacity(n);
+                for _ in 0..n {
+                    list.push(Extent {
+                        offset: decoder.u64("offset")?,
+                        length: decoder.u64("length")?,
+                    });
+                }
+                Response::Extents(list)
+            }
+            other => unreachable!("{other:?} is not a listing response"),
+        })
+    }
+
+    /// Decodes the body of a drain or administration response (delete, stream, drain, status).
+    fn decode_drain_and_administration(
+        kind: Kind,
+        decoder: &mut Decoder<'_>,
+    ) -> Result<Response, FrameError> {
+        Ok(match kind {
+            Kind::Deleted => Response::Deleted { epoch: EpochId(decoder.u64("epoch")?) },
+            Kind::StreamAssigned => Response::StreamAssigned {
+                epoch: EpochId(decoder.u64("epoch")?),
+                stream: decoder.u64("stream")?,
+            },
+            Kind::DrainQueued => Response::DrainQueued { epoch: EpochId(decoder.u64("epoch")?) },
+            Kind::DrainReport => {
+                let n = decoder.count(64, "drain count")?;
+                let mut list = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let epoch = EpochId(decoder.u64("epoch")?);
+                    let state = DrainState::from_wire(kind, decoder.u8("state")?)?;
+                    list.push(DrainInfo {
+                        epoch,
+                        state,
+                        mode: decoder.u8("mode")?,
+                        files_total: decoder.u64("files_total")?,
+                        files_done: decoder.u64("files_done")?,
+                        pfs_bytes_written: decoder.u64("pfs_bytes_written")?,
+                        pfs_write_calls: decoder.u64("pfs_write_calls")?,
+                        shuffle_us: decoder.u64("shuffle_us")?,
+                        flush_us: decoder.u64("flush_us")?,
+                        failed_attempts: decoder.u32("failed_attempts")?,
+                        last_error: decoder.string("last_error")?,
+                    });
+                }
+                Response::DrainStatus(list)
+            }
+            Kind::StatusReply => Response::Status(ServerStatus {
+                server_name: decoder.string("server_name")?,
+                connections: decoder.u32("connections")?,
+                connections_max: decoder.u32("connections_max")?,
+                in_flight_bytes: decoder.u64("in_flight_bytes")?,
+                in_flight_bytes_max: decoder.u64("in_flight_bytes_max")?,
+                requests_served: decoder.u64("requests_served")?,
+                bytes_written: decoder.u64("bytes_written")?,
+                bytes_read: decoder.u64("bytes_read")?,
+                dram_bytes_used: decoder.u64("dram_bytes_used")?,
+                dram_bytes_max: decoder.u64("dram_bytes_max")?,
+                ssd_bytes_used: decoder.u64("ssd_bytes_used")?,
+                ssd_bytes_max: decoder.u64("ssd_bytes_max")?,
+                epochs: decoder.u64("epochs")?,
+            }),
+            other => unreachable!("{other:?} is not a drain or administration response"),
+        })
     }
 }
 
