@@ -1004,6 +1004,68 @@ mod tests {
         ]
     }
 
+    /// An `Epochs` listing of up to 20 epochs.
+    fn epochs_response() -> impl Strategy<Value = Response> {
+        proptest::collection::vec((any::<u64>(), state(), any::<u64>(), any::<u64>()), 0..20)
+            .prop_map(|v| {
+                Response::Epochs(
+                    v.into_iter()
+                        .map(|(e, s, f, b)| EpochInfo {
+                            epoch: EpochId(e),
+                            state: s,
+                            files: f,
+                            bytes: b,
+                        })
+                        .collect(),
+                )
+            })
+    }
+
+    /// A `Status` reply with counters derived from a few random values.
+    fn status_response() -> impl Strategy<Value = Response> {
+        (name(), any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(n, c, b, e)| {
+            Response::Status(ServerStatus {
+                server_name: n,
+                connections: c,
+                connections_max: c / 2,
+                in_flight_bytes: b,
+                in_flight_bytes_max: b / 3,
+                requests_served: e,
+                bytes_written: b ^ e,
+                bytes_read: 7,
+                dram_bytes_used: 1,
+                dram_bytes_max: 2,
+                ssd_bytes_used: 3,
+                ssd_bytes_max: 4,
+                epochs: e,
+            })
+        })
+    }
+
+    /// A `DrainStatus` report of up to 8 epochs' drains.
+    fn drain_status_response() -> impl Strategy<Value = Response> {
+        proptest::collection::vec((any::<u64>(), 0u8..5, any::<u64>(), any::<u32>(), name()), 0..8)
+            .prop_map(|v| {
+                Response::DrainStatus(
+                    v.into_iter()
+                        .map(|(e, s, n, a, m)| DrainInfo {
+                            epoch: EpochId(e),
+                            state: DrainState::from_wire(Kind::DrainReport, s).unwrap(),
+                            mode: s % 2,
+                            files_total: n,
+                            files_done: n / 2,
+                            pfs_bytes_written: n ^ e,
+                            pfs_write_calls: e / 3,
+                            shuffle_us: 5,
+                            flush_us: n / 7,
+                            failed_attempts: a,
+                            last_error: m,
+                        })
+                        .collect(),
+                )
+            })
+    }
+
     fn response() -> impl Strategy<Value = Response> {
         prop_oneof![
             (any::<u16>(), any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>(), name())
@@ -1021,17 +1083,7 @@ mod tests {
             Just(Response::ReadData),
             (any::<u64>(), durability())
                 .prop_map(|(e, d)| Response::Committed { epoch: EpochId(e), durability: d }),
-            proptest::collection::vec((any::<u64>(), state(), any::<u64>(), any::<u64>()), 0..20)
-                .prop_map(|v| Response::Epochs(
-                    v.into_iter()
-                        .map(|(e, s, f, b)| EpochInfo {
-                            epoch: EpochId(e),
-                            state: s,
-                            files: f,
-                            bytes: b
-                        })
-                        .collect()
-                )),
+            epochs_response(),
             proptest::collection::vec(file_info(), 0..10).prop_map(Response::Files),
             file_info().prop_map(Response::FileStat),
             proptest::collection::vec((any::<u64>(), any::<u64>()), 0..20).prop_map(|v| {
@@ -1043,45 +1095,9 @@ mod tests {
             any::<u64>().prop_map(|e| Response::Synced { epoch: EpochId(e) }),
             (any::<u64>(), any::<u64>())
                 .prop_map(|(e, s)| Response::StreamAssigned { epoch: EpochId(e), stream: s }),
-            (name(), any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(n, c, b, e)| {
-                Response::Status(ServerStatus {
-                    server_name: n,
-                    connections: c,
-                    connections_max: c / 2,
-                    in_flight_bytes: b,
-                    in_flight_bytes_max: b / 3,
-                    requests_served: e,
-                    bytes_written: b ^ e,
-                    bytes_read: 7,
-                    dram_bytes_used: 1,
-                    dram_bytes_max: 2,
-                    ssd_bytes_used: 3,
-                    ssd_bytes_max: 4,
-                    epochs: e,
-                })
-            }),
+            status_response(),
             any::<u64>().prop_map(|e| Response::DrainQueued { epoch: EpochId(e) }),
-            proptest::collection::vec(
-                (any::<u64>(), 0u8..5, any::<u64>(), any::<u32>(), name()),
-                0..8
-            )
-            .prop_map(|v| Response::DrainStatus(
-                v.into_iter()
-                    .map(|(e, s, n, a, m)| DrainInfo {
-                        epoch: EpochId(e),
-                        state: DrainState::from_wire(Kind::DrainReport, s).unwrap(),
-                        mode: s % 2,
-                        files_total: n,
-                        files_done: n / 2,
-                        pfs_bytes_written: n ^ e,
-                        pfs_write_calls: e / 3,
-                        shuffle_us: 5,
-                        flush_us: n / 7,
-                        failed_attempts: a,
-                        last_error: m,
-                    })
-                    .collect()
-            )),
+            drain_status_response(),
             (0usize..15, name()).prop_map(|(i, m)| Response::Error {
                 code: ErrorCode::all().nth(i).unwrap(),
                 message: m
