@@ -326,106 +326,172 @@ impl NamespaceRequest {
     }
 
     pub(crate) fn decode(kind: Kind, d: &mut Decoder<'_>) -> Result<NamespaceRequest, FrameError> {
-        use NamespaceRequest::*;
         let namespace = d.u64("namespace")?;
+        match kind {
+            Kind::NamespaceOpen
+            | Kind::NamespaceSync
+            | Kind::NamespaceManifest
+            | Kind::NsStatfs => NamespaceRequest::decode_whole_namespace(kind, namespace, d),
+            Kind::NsGetAttr
+            | Kind::NsReadlink
+            | Kind::NsSetAttr
+            | Kind::NsReaddir
+            | Kind::NsOpen
+            | Kind::NsAccess
+            | Kind::NsWrote => NamespaceRequest::decode_inode_request(kind, namespace, d),
+            Kind::NsCreate | Kind::NsMkdir | Kind::NsSymlink => {
+                NamespaceRequest::decode_creation_request(kind, namespace, d)
+            }
+            Kind::NsLookup | Kind::NsUnlink | Kind::NsRmdir | Kind::NsLink | Kind::NsRename => {
+                NamespaceRequest::decode_entry_request(kind, namespace, d)
+            }
+            other => unreachable!("{other:?} is not a namespace request"),
+        }
+    }
+
+    /// Decodes the rest of a whole-namespace request: open, sync, manifest, statfs.
+    fn decode_whole_namespace(
+        kind: Kind,
+        namespace: NamespaceId,
+        decoder: &mut Decoder<'_>,
+    ) -> Result<NamespaceRequest, FrameError> {
+        use NamespaceRequest::*;
         Ok(match kind {
             Kind::NamespaceOpen => Open {
                 namespace,
-                create: d.boolean("create")?,
-                data_epoch: EpochId(d.u64("data_epoch")?),
-                root_uid: d.u32("root_uid")?,
-                root_gid: d.u32("root_gid")?,
-                root_mode: d.u32("root_mode")?,
+                create: decoder.boolean("create")?,
+                data_epoch: EpochId(decoder.u64("data_epoch")?),
+                root_uid: decoder.u32("root_uid")?,
+                root_gid: decoder.u32("root_gid")?,
+                root_mode: decoder.u32("root_mode")?,
             },
             Kind::NamespaceSync => Sync { namespace },
             Kind::NsStatfs => Statfs { namespace },
-            Kind::NamespaceManifest => Manifest { namespace, from_index: d.u64("from_index")? },
+            Kind::NamespaceManifest => {
+                Manifest { namespace, from_index: decoder.u64("from_index")? }
+            }
+            other => unreachable!("{other:?} is not a whole-namespace request"),
+        })
+    }
+
+    /// Decodes the rest of an inode request: attributes, readlink, readdir, open, access, wrote.
+    fn decode_inode_request(
+        kind: Kind,
+        namespace: NamespaceId,
+        decoder: &mut Decoder<'_>,
+    ) -> Result<NamespaceRequest, FrameError> {
+        use NamespaceRequest::*;
+        Ok(match kind {
+            Kind::NsGetAttr => GetAttr { namespace, ino: decoder.u64("ino")? },
+            Kind::NsReadlink => Readlink { namespace, ino: decoder.u64("ino")? },
+            Kind::NsSetAttr => SetAttr {
+                namespace,
+                caller: caller_in(decoder)?,
+                ino: decoder.u64("ino")?,
+                set: setattr_in(decoder)?,
+            },
+            Kind::NsReaddir => Readdir {
+                namespace,
+                caller: caller_in(decoder)?,
+                dir: decoder.u64("dir")?,
+                after_cookie: decoder.u64("after_cookie")?,
+                entries_max: decoder.u32("entries_max")?,
+            },
+            Kind::NsOpen => OpenInode {
+                namespace,
+                caller: caller_in(decoder)?,
+                ino: decoder.u64("ino")?,
+                flags: decoder.u32("flags")? as i32,
+            },
+            Kind::NsAccess => Access {
+                namespace,
+                caller: caller_in(decoder)?,
+                ino: decoder.u64("ino")?,
+                mask: decoder.u32("mask")? as i32,
+            },
+            Kind::NsWrote => Wrote {
+                namespace,
+                caller: caller_in(decoder)?,
+                ino: decoder.u64("ino")?,
+                end_offset: decoder.u64("end_offset")?,
+            },
+            other => unreachable!("{other:?} is not an inode request"),
+        })
+    }
+
+    /// Decodes the rest of a request that makes a new entry and inode: create, mkdir, symlink.
+    fn decode_creation_request(
+        kind: Kind,
+        namespace: NamespaceId,
+        decoder: &mut Decoder<'_>,
+    ) -> Result<NamespaceRequest, FrameError> {
+        use NamespaceRequest::*;
+        Ok(match kind {
+            Kind::NsCreate => Create {
+                namespace,
+                caller: caller_in(decoder)?,
+                parent: decoder.u64("parent")?,
+                name: name_in(decoder, "name")?,
+                kind: file_kind_in(decoder)?,
+                mode: decoder.u32("mode")?,
+                umask: decoder.u32("umask")?,
+                rdev: decoder.u32("rdev")?,
+                exclusive: decoder.boolean("exclusive")?,
+            },
+            Kind::NsMkdir => Mkdir {
+                namespace,
+                caller: caller_in(decoder)?,
+                parent: decoder.u64("parent")?,
+                name: name_in(decoder, "name")?,
+                mode: decoder.u32("mode")?,
+                umask: decoder.u32("umask")?,
+            },
+            Kind::NsSymlink => Symlink {
+                namespace,
+                caller: caller_in(decoder)?,
+                parent: decoder.u64("parent")?,
+                name: name_in(decoder, "name")?,
+                target: name_in(decoder, "target")?,
+            },
+            other => unreachable!("{other:?} is not a creation request"),
+        })
+    }
+
+    /// Decodes the rest of a request on an existing name: lookup, unlink, rmdir, link, rename.
+    fn decode_entry_request(
+        kind: Kind,
+        namespace: NamespaceId,
+        decoder: &mut Decoder<'_>,
+    ) -> Result<NamespaceRequest, FrameError> {
+        use NamespaceRequest::*;
+        Ok(match kind {
             Kind::NsLookup | Kind::NsUnlink | Kind::NsRmdir => {
-                let caller = caller_in(d)?;
-                let parent = d.u64("parent")?;
-                let name = name_in(d, "name")?;
+                let caller = caller_in(decoder)?;
+                let parent = decoder.u64("parent")?;
+                let name = name_in(decoder, "name")?;
                 match kind {
                     Kind::NsLookup => Lookup { namespace, caller, parent, name },
                     Kind::NsUnlink => Unlink { namespace, caller, parent, name },
                     _ => Rmdir { namespace, caller, parent, name },
                 }
             }
-            Kind::NsGetAttr => GetAttr { namespace, ino: d.u64("ino")? },
-            Kind::NsReadlink => Readlink { namespace, ino: d.u64("ino")? },
-            Kind::NsSetAttr => SetAttr {
-                namespace,
-                caller: caller_in(d)?,
-                ino: d.u64("ino")?,
-                set: setattr_in(d)?,
-            },
-            Kind::NsCreate => Create {
-                namespace,
-                caller: caller_in(d)?,
-                parent: d.u64("parent")?,
-                name: name_in(d, "name")?,
-                kind: file_kind_in(d)?,
-                mode: d.u32("mode")?,
-                umask: d.u32("umask")?,
-                rdev: d.u32("rdev")?,
-                exclusive: d.boolean("exclusive")?,
-            },
-            Kind::NsMkdir => Mkdir {
-                namespace,
-                caller: caller_in(d)?,
-                parent: d.u64("parent")?,
-                name: name_in(d, "name")?,
-                mode: d.u32("mode")?,
-                umask: d.u32("umask")?,
-            },
-            Kind::NsSymlink => Symlink {
-                namespace,
-                caller: caller_in(d)?,
-                parent: d.u64("parent")?,
-                name: name_in(d, "name")?,
-                target: name_in(d, "target")?,
-            },
             Kind::NsLink => Link {
                 namespace,
-                caller: caller_in(d)?,
-                ino: d.u64("ino")?,
-                new_parent: d.u64("new_parent")?,
-                new_name: name_in(d, "new_name")?,
+                caller: caller_in(decoder)?,
+                ino: decoder.u64("ino")?,
+                new_parent: decoder.u64("new_parent")?,
+                new_name: name_in(decoder, "new_name")?,
             },
             Kind::NsRename => Rename {
                 namespace,
-                caller: caller_in(d)?,
-                parent: d.u64("parent")?,
-                name: name_in(d, "name")?,
-                new_parent: d.u64("new_parent")?,
-                new_name: name_in(d, "new_name")?,
-                flags: d.u32("flags")?,
+                caller: caller_in(decoder)?,
+                parent: decoder.u64("parent")?,
+                name: name_in(decoder, "name")?,
+                new_parent: decoder.u64("new_parent")?,
+                new_name: name_in(decoder, "new_name")?,
+                flags: decoder.u32("flags")?,
             },
-            Kind::NsReaddir => Readdir {
-                namespace,
-                caller: caller_in(d)?,
-                dir: d.u64("dir")?,
-                after_cookie: d.u64("after_cookie")?,
-                entries_max: d.u32("entries_max")?,
-            },
-            Kind::NsOpen => OpenInode {
-                namespace,
-                caller: caller_in(d)?,
-                ino: d.u64("ino")?,
-                flags: d.u32("flags")? as i32,
-            },
-            Kind::NsAccess => Access {
-                namespace,
-                caller: caller_in(d)?,
-                ino: d.u64("ino")?,
-                mask: d.u32("mask")? as i32,
-            },
-            Kind::NsWrote => Wrote {
-                namespace,
-                caller: caller_in(d)?,
-                ino: d.u64("ino")?,
-                end_offset: d.u64("end_offset")?,
-            },
-            other => unreachable!("{other:?} is not a namespace request"),
+            other => unreachable!("{other:?} is not an entry request"),
         })
     }
 }
