@@ -886,20 +886,125 @@ mod tests {
             })
     }
 
+    /// An `Open` of a random namespace, created or not, with a random root owner and mode.
+    fn open_request() -> impl Strategy<Value = NamespaceRequest> {
+        use NamespaceRequest::*;
+        (any::<u64>(), any::<bool>(), any::<u64>(), any::<u32>(), any::<u32>(), any::<u32>())
+            .prop_map(|(namespace, create, e, u, g, m)| Open {
+                namespace,
+                create,
+                data_epoch: EpochId(e),
+                root_uid: u,
+                root_gid: g,
+                root_mode: m,
+            })
+    }
+
+    /// A `Create` whose umask is derived from its mode.
+    fn create_request() -> impl Strategy<Value = NamespaceRequest> {
+        use NamespaceRequest::*;
+        (
+            any::<u64>(),
+            caller(),
+            any::<u64>(),
+            bytes(),
+            kind(),
+            any::<u32>(),
+            any::<u32>(),
+            any::<bool>(),
+        )
+            .prop_map(|(namespace, caller, parent, name, kind, mode, rdev, exclusive)| {
+                Create {
+                    namespace,
+                    caller,
+                    parent,
+                    name,
+                    kind,
+                    mode,
+                    umask: mode >> 3,
+                    rdev,
+                    exclusive,
+                }
+            })
+    }
+
+    /// A `Mkdir` with the usual umask 022.
+    fn mkdir_request() -> impl Strategy<Value = NamespaceRequest> {
+        use NamespaceRequest::*;
+        (any::<u64>(), caller(), any::<u64>(), bytes(), any::<u32>()).prop_map(
+            |(namespace, caller, parent, name, mode)| Mkdir {
+                namespace,
+                caller,
+                parent,
+                name,
+                mode,
+                umask: 0o22,
+            },
+        )
+    }
+
+    /// A `Symlink` with a random name and target.
+    fn symlink_request() -> impl Strategy<Value = NamespaceRequest> {
+        use NamespaceRequest::*;
+        (any::<u64>(), caller(), any::<u64>(), bytes(), bytes()).prop_map(
+            |(namespace, caller, parent, name, target)| Symlink {
+                namespace,
+                caller,
+                parent,
+                name,
+                target,
+            },
+        )
+    }
+
+    /// A `Link` of a random inode under a random new name.
+    fn link_request() -> impl Strategy<Value = NamespaceRequest> {
+        use NamespaceRequest::*;
+        (any::<u64>(), caller(), any::<u64>(), any::<u64>(), bytes()).prop_map(
+            |(namespace, caller, ino, new_parent, new_name)| Link {
+                namespace,
+                caller,
+                ino,
+                new_parent,
+                new_name,
+            },
+        )
+    }
+
+    /// A `Rename` with random names and flags.
+    fn rename_request() -> impl Strategy<Value = NamespaceRequest> {
+        use NamespaceRequest::*;
+        (any::<u64>(), caller(), any::<u64>(), bytes(), any::<u64>(), bytes(), any::<u32>())
+            .prop_map(|(namespace, caller, parent, name, new_parent, new_name, flags)| Rename {
+                namespace,
+                caller,
+                parent,
+                name,
+                new_parent,
+                new_name,
+                flags,
+            })
+    }
+
+    /// A `Readdir` from a random cookie.
+    fn readdir_request() -> impl Strategy<Value = NamespaceRequest> {
+        use NamespaceRequest::*;
+        (any::<u64>(), caller(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(
+            |(namespace, caller, dir, after_cookie, entries_max)| Readdir {
+                namespace,
+                caller,
+                dir,
+                after_cookie,
+                entries_max,
+            },
+        )
+    }
+
     fn request() -> impl Strategy<Value = NamespaceRequest> {
         use NamespaceRequest::*;
         let n = any::<u64>();
         prop_oneof![
-            (n, any::<bool>(), any::<u64>(), any::<u32>(), any::<u32>(), any::<u32>()).prop_map(
-                |(namespace, create, e, u, g, m)| Open {
-                    namespace,
-                    create,
-                    data_epoch: EpochId(e),
-                    root_uid: u,
-                    root_gid: g,
-                    root_mode: m
-                }
-            ),
+            open_request(),
             n.prop_map(|namespace| Sync { namespace }),
             n.prop_map(|namespace| Statfs { namespace }),
             (n, any::<u64>())
@@ -917,68 +1022,12 @@ mod tests {
             (n, any::<u64>()).prop_map(|(namespace, ino)| Readlink { namespace, ino }),
             (n, caller(), any::<u64>(), setattr())
                 .prop_map(|(namespace, caller, ino, set)| SetAttr { namespace, caller, ino, set }),
-            (n, caller(), any::<u64>(), bytes(), kind(), any::<u32>(), any::<u32>(), any::<bool>())
-                .prop_map(|(namespace, caller, parent, name, kind, mode, rdev, exclusive)| {
-                    Create {
-                        namespace,
-                        caller,
-                        parent,
-                        name,
-                        kind,
-                        mode,
-                        umask: mode >> 3,
-                        rdev,
-                        exclusive,
-                    }
-                }),
-            (n, caller(), any::<u64>(), bytes(), any::<u32>()).prop_map(
-                |(namespace, caller, parent, name, mode)| Mkdir {
-                    namespace,
-                    caller,
-                    parent,
-                    name,
-                    mode,
-                    umask: 0o22
-                }
-            ),
-            (n, caller(), any::<u64>(), bytes(), bytes()).prop_map(
-                |(namespace, caller, parent, name, target)| Symlink {
-                    namespace,
-                    caller,
-                    parent,
-                    name,
-                    target
-                }
-            ),
-            (n, caller(), any::<u64>(), any::<u64>(), bytes()).prop_map(
-                |(namespace, caller, ino, new_parent, new_name)| Link {
-                    namespace,
-                    caller,
-                    ino,
-                    new_parent,
-                    new_name
-                }
-            ),
-            (n, caller(), any::<u64>(), bytes(), any::<u64>(), bytes(), any::<u32>()).prop_map(
-                |(namespace, caller, parent, name, new_parent, new_name, flags)| Rename {
-                    namespace,
-                    caller,
-                    parent,
-                    name,
-                    new_parent,
-                    new_name,
-                    flags
-                }
-            ),
-            (n, caller(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(
-                |(namespace, caller, dir, after_cookie, entries_max)| Readdir {
-                    namespace,
-                    caller,
-                    dir,
-                    after_cookie,
-                    entries_max
-                }
-            ),
+            create_request(),
+            mkdir_request(),
+            symlink_request(),
+            link_request(),
+            rename_request(),
+            readdir_request(),
             (n, caller(), any::<u64>(), any::<i32>()).prop_map(
                 |(namespace, caller, ino, flags)| OpenInode { namespace, caller, ino, flags }
             ),
