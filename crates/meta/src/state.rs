@@ -90,89 +90,110 @@ impl State {
     /// operations assert success.
     pub fn apply(&mut self, mutation: Mutation) -> Result<(), ApplyError> {
         match mutation {
-            Mutation::PutInode(inode) => {
-                let ino = inode.attr.ino;
-                if ino == 0 || ino >= self.next_ino && ino != ROOT_INO {
-                    return Err(ApplyError(format!(
-                        "inode {ino} put before its number was allocated (next {})",
-                        self.next_ino
-                    )));
-                }
-                if let Some(old) = self.inodes.get(&ino) {
-                    if old.attr.kind != inode.attr.kind {
-                        return Err(ApplyError(format!(
-                            "inode {ino} changes kind {:?} -> {:?}",
-                            old.attr.kind, inode.attr.kind
-                        )));
-                    }
-                }
-                if inode.attr.kind == FileKind::Directory {
-                    self.directories.entry(ino).or_insert_with(|| Directory {
-                        next_cookie: FIRST_ENTRY_COOKIE,
-                        ..Directory::default()
-                    });
-                }
-                self.inodes.insert(ino, inode);
-            }
-            Mutation::DropInode(ino) => {
-                if ino == ROOT_INO {
-                    return Err(ApplyError("the root inode cannot be dropped".into()));
-                }
-                if self.inodes.remove(&ino).is_none() {
-                    return Err(ApplyError(format!("dropping inode {ino}, which does not exist")));
-                }
-                if let Some(dir) = self.directories.remove(&ino) {
-                    if !dir.by_name.is_empty() {
-                        return Err(ApplyError(format!(
-                            "dropping directory {ino} with {} entries",
-                            dir.by_name.len()
-                        )));
-                    }
-                }
-            }
+            Mutation::PutInode(inode) => self.apply_put_inode(inode)?,
+            Mutation::DropInode(ino) => self.apply_drop_inode(ino)?,
             Mutation::PutEntry { dir, name, ino, cookie } => {
-                if !self.inodes.contains_key(&ino) {
-                    return Err(ApplyError(format!(
-                        "entry {:?} in {dir} names missing inode {ino}",
-                        String::from_utf8_lossy(&name)
-                    )));
-                }
-                let directory = self.directories.get_mut(&dir).ok_or_else(|| {
-                    ApplyError(format!(
-                        "entry {:?} put in {dir}, which is not a directory",
-                        String::from_utf8_lossy(&name)
-                    ))
-                })?;
-                if cookie < FIRST_ENTRY_COOKIE {
-                    return Err(ApplyError(format!("entry cookie {cookie} is reserved")));
-                }
-                if let Some((_, old_cookie)) = directory.by_name.insert(name.clone(), (ino, cookie))
-                {
-                    directory.by_cookie.remove(&old_cookie);
-                }
-                if directory.by_cookie.insert(cookie, name).is_some() {
-                    return Err(ApplyError(format!(
-                        "cookie {cookie} used twice in directory {dir}"
-                    )));
-                }
-                directory.next_cookie = directory.next_cookie.max(cookie + 1);
+                self.apply_put_entry(dir, name, ino, cookie)?
             }
-            Mutation::DropEntry { dir, name } => {
-                let directory = self.directories.get_mut(&dir).ok_or_else(|| {
-                    ApplyError(format!("entry removed from {dir}, which is not a directory"))
-                })?;
-                let (_, cookie) = directory.by_name.remove(&name).ok_or_else(|| {
-                    ApplyError(format!(
-                        "removing {:?} from {dir}: no such entry",
-                        String::from_utf8_lossy(&name)
-                    ))
-                })?;
-                directory.by_cookie.remove(&cookie);
-            }
+            Mutation::DropEntry { dir, name } => self.apply_drop_entry(dir, name)?,
             Mutation::NextIno(next) => {
                 self.next_ino = self.next_ino.max(next);
             }
         }
+        Ok(())
+    }
+
+    /// Applies `Mutation::PutInode`: inserts or replaces the inode (a new directory is empty).
+    fn apply_put_inode(&mut self, inode: Inode) -> Result<(), ApplyError> {
+        let ino = inode.attr.ino;
+        if ino == 0 || ino >= self.next_ino && ino != ROOT_INO {
+            return Err(ApplyError(format!(
+                "inode {ino} put before its number was allocated (next {})",
+                self.next_ino
+            )));
+        }
+        if let Some(old) = self.inodes.get(&ino) {
+            if old.attr.kind != inode.attr.kind {
+                return Err(ApplyError(format!(
+                    "inode {ino} changes kind {:?} -> {:?}",
+                    old.attr.kind, inode.attr.kind
+                )));
+            }
+        }
+        if inode.attr.kind == FileKind::Directory {
+            self.directories.entry(ino).or_insert_with(|| Directory {
+                next_cookie: FIRST_ENTRY_COOKIE,
+                ..Directory::default()
+            });
+        }
+        self.inodes.insert(ino, inode);
+        Ok(())
+    }
+
+    /// Applies `Mutation::DropInode`: removes the inode (a directory must be empty).
+    fn apply_drop_inode(&mut self, ino: Ino) -> Result<(), ApplyError> {
+        if ino == ROOT_INO {
+            return Err(ApplyError("the root inode cannot be dropped".into()));
+        }
+        if self.inodes.remove(&ino).is_none() {
+            return Err(ApplyError(format!("dropping inode {ino}, which does not exist")));
+        }
+        if let Some(dir) = self.directories.remove(&ino) {
+            if !dir.by_name.is_empty() {
+                return Err(ApplyError(format!(
+                    "dropping directory {ino} with {} entries",
+                    dir.by_name.len()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies `Mutation::PutEntry`: adds (or repoints) the entry `name` in directory `dir`.
+    fn apply_put_entry(
+        &mut self,
+        dir: Ino,
+        name: Vec<u8>,
+        ino: Ino,
+        cookie: u64,
+    ) -> Result<(), ApplyError> {
+        if !self.inodes.contains_key(&ino) {
+            return Err(ApplyError(format!(
+                "entry {:?} in {dir} names missing inode {ino}",
+                String::from_utf8_lossy(&name)
+            )));
+        }
+        let directory = self.directories.get_mut(&dir).ok_or_else(|| {
+            ApplyError(format!(
+                "entry {:?} put in {dir}, which is not a directory",
+                String::from_utf8_lossy(&name)
+            ))
+        })?;
+        if cookie < FIRST_ENTRY_COOKIE {
+            return Err(ApplyError(format!("entry cookie {cookie} is reserved")));
+        }
+        if let Some((_, old_cookie)) = directory.by_name.insert(name.clone(), (ino, cookie)) {
+            directory.by_cookie.remove(&old_cookie);
+        }
+        if directory.by_cookie.insert(cookie, name).is_some() {
+            return Err(ApplyError(format!("cookie {cookie} used twice in directory {dir}")));
+        }
+        directory.next_cookie = directory.next_cookie.max(cookie + 1);
+        Ok(())
+    }
+
+    /// Applies `Mutation::DropEntry`: removes the entry `name` from directory `dir`.
+    fn apply_drop_entry(&mut self, dir: Ino, name: Vec<u8>) -> Result<(), ApplyError> {
+        let directory = self.directories.get_mut(&dir).ok_or_else(|| {
+            ApplyError(format!("entry removed from {dir}, which is not a directory"))
+        })?;
+        let (_, cookie) = directory.by_name.remove(&name).ok_or_else(|| {
+            ApplyError(format!(
+                "removing {:?} from {dir}: no such entry",
+                String::from_utf8_lossy(&name)
+            ))
+        })?;
+        directory.by_cookie.remove(&cookie);
         Ok(())
     }
 
