@@ -203,6 +203,15 @@ impl State {
         if root.attr.kind != FileKind::Directory || root.parent != ROOT_INO {
             return Err(format!("root is {:?} with parent {}", root.attr.kind, root.parent));
         }
+        let counts = self.check_entries()?;
+        for (&ino, inode) in &self.inodes {
+            self.check_inode(ino, inode, &counts)?;
+        }
+        Ok(())
+    }
+
+    /// Checks every directory's entries; counts names per inode and subdirectories per directory.
+    fn check_entries(&self) -> Result<EntryCounts, String> {
         let mut names: HashMap<Ino, u32> = HashMap::new();
         let mut subdirectories: HashMap<Ino, u32> = HashMap::new();
         for (&dir, directory) in &self.directories {
@@ -250,59 +259,81 @@ impl State {
                 }
             }
         }
-        for (&ino, inode) in &self.inodes {
-            if inode.attr.ino != ino || ino >= self.next_ino {
+        Ok(EntryCounts { names, subdirectories })
+    }
+
+    /// Checks one inode's number, links, place in the tree and symlink target.
+    fn check_inode(&self, ino: Ino, inode: &Inode, counts: &EntryCounts) -> Result<(), String> {
+        if inode.attr.ino != ino || ino >= self.next_ino {
+            return Err(format!(
+                "inode {ino} records number {} (next {})",
+                inode.attr.ino, self.next_ino
+            ));
+        }
+        let named = counts.names.get(&ino).copied().unwrap_or(0);
+        if inode.attr.kind == FileKind::Directory {
+            self.check_directory_inode(ino, inode, named, &counts.subdirectories)?;
+        } else {
+            if inode.attr.nlink != named || named == 0 {
                 return Err(format!(
-                    "inode {ino} records number {} (next {})",
-                    inode.attr.ino, self.next_ino
+                    "inode {ino} has nlink {} but is named by {named} entries",
+                    inode.attr.nlink
                 ));
             }
-            let named = names.get(&ino).copied().unwrap_or(0);
-            if inode.attr.kind == FileKind::Directory {
-                let expected_names = if ino == ROOT_INO { 0 } else { 1 };
-                if named != expected_names {
-                    return Err(format!("directory {ino} is named by {named} entries"));
-                }
-                let nlink = 2 + subdirectories.get(&ino).copied().unwrap_or(0);
-                if inode.attr.nlink != nlink {
-                    return Err(format!(
-                        "directory {ino} has nlink {} but {} links",
-                        inode.attr.nlink, nlink
-                    ));
-                }
-                let mut at = ino;
-                for _ in 0..=self.directories.len() {
-                    if at == ROOT_INO {
-                        break;
-                    }
-                    at = self
-                        .inodes
-                        .get(&at)
-                        .map(|i| i.parent)
-                        .ok_or_else(|| format!("directory {ino}: ancestor {at} missing"))?;
-                }
-                if at != ROOT_INO {
-                    return Err(format!("directory {ino} does not reach the root (cycle)"));
-                }
-            } else {
-                if inode.attr.nlink != named || named == 0 {
-                    return Err(format!(
-                        "inode {ino} has nlink {} but is named by {named} entries",
-                        inode.attr.nlink
-                    ));
-                }
-                if inode.parent != 0 {
-                    return Err(format!("non-directory {ino} records parent {}", inode.parent));
-                }
+            if inode.parent != 0 {
+                return Err(format!("non-directory {ino} records parent {}", inode.parent));
             }
-            if (inode.attr.kind == FileKind::Symlink) == inode.target.is_empty() {
-                return Err(format!(
-                    "inode {ino} ({:?}) has a target of {} bytes",
-                    inode.attr.kind,
-                    inode.target.len()
-                ));
-            }
+        }
+        if (inode.attr.kind == FileKind::Symlink) == inode.target.is_empty() {
+            return Err(format!(
+                "inode {ino} ({:?}) has a target of {} bytes",
+                inode.attr.kind,
+                inode.target.len()
+            ));
         }
         Ok(())
     }
+
+    /// Checks a directory inode: named by one entry (the root by none), nlink, reaches the root.
+    fn check_directory_inode(
+        &self,
+        ino: Ino,
+        inode: &Inode,
+        named: u32,
+        subdirectories: &HashMap<Ino, u32>,
+    ) -> Result<(), String> {
+        let expected_names = if ino == ROOT_INO { 0 } else { 1 };
+        if named != expected_names {
+            return Err(format!("directory {ino} is named by {named} entries"));
+        }
+        let nlink = 2 + subdirectories.get(&ino).copied().unwrap_or(0);
+        if inode.attr.nlink != nlink {
+            return Err(format!(
+                "directory {ino} has nlink {} but {} links",
+                inode.attr.nlink, nlink
+            ));
+        }
+        let mut at = ino;
+        for _ in 0..=self.directories.len() {
+            if at == ROOT_INO {
+                break;
+            }
+            at = self
+                .inodes
+                .get(&at)
+                .map(|i| i.parent)
+                .ok_or_else(|| format!("directory {ino}: ancestor {at} missing"))?;
+        }
+        if at != ROOT_INO {
+            return Err(format!("directory {ino} does not reach the root (cycle)"));
+        }
+        Ok(())
+    }
+}
+
+/// What [`State::check`] counts in the directories: the entries naming each inode and the
+/// subdirectories of each directory.
+struct EntryCounts {
+    names: HashMap<Ino, u32>,
+    subdirectories: HashMap<Ino, u32>,
 }
