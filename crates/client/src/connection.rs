@@ -327,7 +327,6 @@ pub type ReadJob<'connection, 'buffer> =
 /// failure is returned after every connection's outstanding replies are collected (a
 /// connection that broke is left as it is).
 pub fn read_parallel(jobs: &mut [ReadJob<'_, '_>]) -> Result<(), ClientError> {
-    use std::io::Write;
     for (connection, _) in jobs.iter_mut() {
         connection.flush()?;
     }
@@ -345,47 +344,18 @@ pub fn read_parallel(jobs: &mut [ReadJob<'_, '_>]) -> Result<(), ClientError> {
             // Top up the window when half of it has come back.
             let refill = sent[j].len() <= connection.window / 2;
             if first_error.is_none() && refill && next[j] < requests.len() {
-                batch.clear();
-                while next[j] < requests.len() && sent[j].len() < connection.window {
-                    let id = connection.next_request_id;
-                    connection.next_request_id += 1;
-                    let request = &requests[next[j]].0;
-                    frame::write_frame(&mut batch, request.kind(), id, &request.encode_body(), &[])
-                        .expect("encoding into a Vec cannot fail");
-                    sent[j].push_back((id, next[j]));
-                    next[j] += 1;
-                }
-                if let Err(e) = connection.connection.write_all(&batch) {
-                    first_error.get_or_insert(connection.io(e));
+                let batch_sent =
+                    connection.send_read_batch(requests, &mut sent[j], &mut next[j], &mut batch);
+                if let Err(error) = batch_sent {
+                    first_error.get_or_insert(error);
                     broken[j] = true;
                     continue;
                 }
             }
             let Some((id, index)) = sent[j].pop_front() else { continue };
             waiting = true;
-            match connection.receive(Some(&mut *requests[index].1)) {
-                Ok((_, Response::Error { code, message })) => {
-                    first_error.get_or_insert(ClientError::Server {
-                        endpoint: connection.endpoint.clone(),
-                        code,
-                        message,
-                    });
-                }
-                Ok((reply_id, response)) if reply_id != id || response != Response::ReadData => {
-                    first_error.get_or_insert(ClientError::Protocol {
-                        endpoint: connection.endpoint.clone(),
-                        message: format!(
-                            "reply {reply_id} {:?} to read request {id}",
-                            response.kind()
-                        ),
-                    });
-                    broken[j] = true;
-                }
-                Ok(_) => {}
-                Err(error) => {
-                    first_error.get_or_insert(error);
-                    broken[j] = true;
-                }
+            if connection.collect_read_reply(id, &mut *requests[index].1, &mut first_error) {
+                broken[j] = true;
             }
         }
         if !waiting
@@ -398,6 +368,61 @@ pub fn read_parallel(jobs: &mut [ReadJob<'_, '_>]) -> Result<(), ClientError> {
     match first_error {
         Some(error) => Err(error),
         None => Ok(()),
+    }
+}
+
+impl ServerConnection {
+    /// Sends the next read requests of `requests` in one batch, up to a full window.
+    fn send_read_batch(
+        &mut self,
+        requests: &[(Request, &mut [u8])],
+        sent: &mut VecDeque<(u64, usize)>,
+        next: &mut usize,
+        batch: &mut Vec<u8>,
+    ) -> Result<(), ClientError> {
+        use std::io::Write;
+        batch.clear();
+        while *next < requests.len() && sent.len() < self.window {
+            let id = self.next_request_id;
+            self.next_request_id += 1;
+            let request = &requests[*next].0;
+            frame::write_frame(&mut *batch, request.kind(), id, &request.encode_body(), &[])
+                .expect("encoding into a Vec cannot fail");
+            sent.push_back((id, *next));
+            *next += 1;
+        }
+        self.connection.write_all(batch).map_err(|e| self.io(e))
+    }
+
+    /// Collects the reply to read request `id` into `buffer`; returns whether the connection broke.
+    fn collect_read_reply(
+        &mut self,
+        id: u64,
+        buffer: &mut [u8],
+        first_error: &mut Option<ClientError>,
+    ) -> bool {
+        match self.receive(Some(buffer)) {
+            Ok((_, Response::Error { code, message })) => {
+                first_error.get_or_insert(ClientError::Server {
+                    endpoint: self.endpoint.clone(),
+                    code,
+                    message,
+                });
+                false
+            }
+            Ok((reply_id, response)) if reply_id != id || response != Response::ReadData => {
+                first_error.get_or_insert(ClientError::Protocol {
+                    endpoint: self.endpoint.clone(),
+                    message: format!("reply {reply_id} {:?} to read request {id}", response.kind()),
+                });
+                true
+            }
+            Ok(_) => false,
+            Err(error) => {
+                first_error.get_or_insert(error);
+                true
+            }
+        }
     }
 }
 

@@ -301,6 +301,255 @@ fn is_ancestor_or_self(state: &State, ancestor: Ino, mut ino: Ino) -> bool {
     panic!("directory {ino} does not reach the root: cycle in the namespace");
 }
 
+/// A rename's operands, looked up and checked to exist: `parent`/`name` moves to
+/// `new_parent`/`new_name`, replacing or (`exchange`) swapping with `target` if there is one.
+struct ResolvedRename<'a> {
+    parent: Ino,
+    name: &'a [u8],
+    new_parent: Ino,
+    new_name: &'a [u8],
+    source_dir: Attr,
+    target_dir: Attr,
+    source: Ino,
+    source_attr: Attr,
+    target: Option<Ino>,
+    target_attr: Option<Attr>,
+    source_is_dir: bool,
+    target_is_dir: bool,
+    exchange: bool,
+}
+
+impl<'a> ResolvedRename<'a> {
+    /// Checks the flags, both directories and both names, and looks up the source and target.
+    fn resolve(
+        state: &State,
+        c: &Caller,
+        (parent, name): (Ino, &'a [u8]),
+        (new_parent, new_name): (Ino, &'a [u8]),
+        flags: u32,
+    ) -> Result<ResolvedRename<'a>, MetaError> {
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
+            || flags == RENAME_NOREPLACE | RENAME_EXCHANGE
+        {
+            return Err(error(libc::EINVAL, format!("rename flags {flags:#x}")));
+        }
+        let source_dir = directory_attr(state, parent)?;
+        let target_dir = directory_attr(state, new_parent)?;
+        if is_dot(name) || is_dot(new_name) {
+            return Err(error(libc::EBUSY, "cannot rename . or .."));
+        }
+        check_name(name)?;
+        check_name(new_name)?;
+        permission::require(c, &source_dir, MAY_EXECUTE, "search")?;
+        permission::require(c, &target_dir, MAY_EXECUTE, "search")?;
+        let (source, _) = state.entry(parent, name).ok_or_else(|| {
+            error(libc::ENOENT, format!("no {} in directory {parent}", show(name)))
+        })?;
+        let source_attr = attr_of(state, source)?;
+        let target = state.entry(new_parent, new_name).map(|(ino, _)| ino);
+        if flags & RENAME_EXCHANGE != 0 && target.is_none() {
+            return Err(error(
+                libc::ENOENT,
+                format!("exchange: no {} in directory {new_parent}", show(new_name)),
+            ));
+        }
+        if flags & RENAME_NOREPLACE != 0 && target.is_some() {
+            return Err(error(
+                libc::EEXIST,
+                format!("{} exists in directory {new_parent}", show(new_name)),
+            ));
+        }
+        let target_attr = target.map(|t| attr_of(state, t)).transpose()?;
+        let source_is_dir = source_attr.kind == FileKind::Directory;
+        let target_is_dir = target_attr.as_ref().is_some_and(|a| a.kind == FileKind::Directory);
+        let exchange = flags & RENAME_EXCHANGE != 0;
+        Ok(ResolvedRename {
+            parent,
+            name,
+            new_parent,
+            new_name,
+            source_dir,
+            target_dir,
+            source,
+            source_attr,
+            target,
+            target_attr,
+            source_is_dir,
+            target_is_dir,
+            exchange,
+        })
+    }
+
+    /// Checks the ancestry traps: no directory may end up inside its own subtree.
+    fn check_ancestry(&self, state: &State) -> Result<(), MetaError> {
+        let ResolvedRename {
+            parent,
+            name,
+            new_parent,
+            source,
+            target,
+            source_is_dir,
+            target_is_dir,
+            exchange,
+            ..
+        } = *self;
+        if source_is_dir && parent != new_parent && is_ancestor_or_self(state, source, new_parent) {
+            return Err(error(
+                libc::EINVAL,
+                format!("cannot move directory {source} into its own subtree"),
+            ));
+        }
+        if let Some(target) = target.filter(|_| target_is_dir) {
+            if parent != new_parent && is_ancestor_or_self(state, target, parent) {
+                let errno = if exchange { libc::EINVAL } else { libc::ENOTEMPTY };
+                return Err(error(
+                    errno,
+                    format!("directory {target} is an ancestor of {}", show(name)),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks write and sticky-bit permission on the directories left, entered and replaced in.
+    fn check_permissions(&self, c: &Caller) -> Result<(), MetaError> {
+        let ResolvedRename { name, new_name, target, exchange, .. } = *self;
+        let ResolvedRename { source_dir, target_dir, source_attr, target_attr, .. } = self;
+        permission::require(c, source_dir, MAY_WRITE | MAY_EXECUTE, "rename from")?;
+        permission::require_sticky(c, source_dir, source_attr, name)?;
+        if target.is_none() || exchange {
+            permission::require(c, target_dir, MAY_WRITE | MAY_EXECUTE, "rename into")?;
+        }
+        if let Some(target_attr) = target_attr {
+            permission::require(c, target_dir, MAY_WRITE | MAY_EXECUTE, "rename over")?;
+            permission::require_sticky(c, target_dir, target_attr, new_name)?;
+        }
+        Ok(())
+    }
+
+    /// Checks that a replaced target is a directory exactly when the source is one.
+    fn check_kinds(&self) -> Result<(), MetaError> {
+        let ResolvedRename { new_name, source_is_dir, target_is_dir, exchange, .. } = *self;
+        if self.target_attr.is_some() && !exchange {
+            if source_is_dir && !target_is_dir {
+                return Err(error(
+                    libc::ENOTDIR,
+                    format!("cannot replace non-directory {} with a directory", show(new_name)),
+                ));
+            }
+            if !source_is_dir && target_is_dir {
+                return Err(error(
+                    libc::EISDIR,
+                    format!("cannot replace directory {} with a non-directory", show(new_name)),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks write permission on each directory that moves to another parent.
+    fn check_directory_moves(&self, c: &Caller) -> Result<(), MetaError> {
+        let ResolvedRename { parent, new_parent, source_is_dir, target_is_dir, exchange, .. } =
+            *self;
+        if parent != new_parent {
+            // Moving a directory rewrites its "..": that needs write permission on it.
+            if source_is_dir {
+                permission::require(
+                    c,
+                    &self.source_attr,
+                    MAY_WRITE,
+                    "moving a directory to another parent",
+                )?;
+            }
+            if exchange && target_is_dir {
+                permission::require(
+                    c,
+                    self.target_attr.as_ref().expect("target"),
+                    MAY_WRITE,
+                    "moving a directory to another parent",
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that a directory replaced (not exchanged) is empty.
+    fn check_replaced_directory_is_empty(&self, state: &State) -> Result<(), MetaError> {
+        let ResolvedRename { new_name, target_is_dir, exchange, .. } = *self;
+        if let Some(target_attr) = self.target_attr.as_ref().filter(|_| !exchange && target_is_dir)
+        {
+            if state.directory(target_attr.ino).is_some_and(|d| !d.by_name.is_empty()) {
+                return Err(error(
+                    libc::ENOTEMPTY,
+                    format!("directory {} is not empty", show(new_name)),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Plans `RENAME_EXCHANGE`: the two names swap inodes, link counts and parents follow.
+    fn plan_exchange(&self, plan: &mut Plan<'_>) {
+        let ResolvedRename {
+            parent,
+            name,
+            new_parent,
+            new_name,
+            source,
+            target,
+            source_is_dir,
+            target_is_dir,
+            ..
+        } = *self;
+        let now = plan.now;
+        let target = target.expect("exchange target");
+        plan.put_entry(parent, name, target);
+        plan.put_entry(new_parent, new_name, source);
+        if parent != new_parent {
+            let delta = |gains: bool, loses: bool| gains as i64 - loses as i64;
+            plan.inode(parent).attr.nlink =
+                (self.source_dir.nlink as i64 + delta(target_is_dir, source_is_dir)) as u32;
+            plan.inode(new_parent).attr.nlink =
+                (self.target_dir.nlink as i64 + delta(source_is_dir, target_is_dir)) as u32;
+            if source_is_dir {
+                plan.inode(source).parent = new_parent;
+            }
+            if target_is_dir {
+                plan.inode(target).parent = parent;
+            }
+        }
+        plan.inode(target).attr.ctime = now;
+    }
+
+    /// Plans a plain rename: the name moves, unlinking any target it replaces.
+    fn plan_move(&self, plan: &mut Plan<'_>) {
+        let ResolvedRename {
+            parent,
+            name,
+            new_parent,
+            new_name,
+            source,
+            target,
+            source_is_dir,
+            target_is_dir,
+            ..
+        } = *self;
+        plan.drop_entry(parent, name);
+        plan.put_entry(new_parent, new_name, source);
+        if let Some(target) = target {
+            plan.unlink_inode(target);
+            if target_is_dir {
+                plan.inode(new_parent).attr.nlink -= 1;
+            }
+        }
+        if source_is_dir && parent != new_parent {
+            plan.inode(parent).attr.nlink -= 1;
+            plan.inode(new_parent).attr.nlink += 1;
+            plan.inode(source).parent = new_parent;
+        }
+    }
+}
+
 impl LocalNamespace {
     /// A namespace with no journal (lost when dropped): for tests and in-process use.
     pub fn in_memory(
@@ -565,146 +814,25 @@ impl LocalNamespace {
         (new_parent, new_name): (Ino, &[u8]),
         flags: u32,
     ) -> Result<Vec<Mutation>, MetaError> {
-        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
-            || flags == RENAME_NOREPLACE | RENAME_EXCHANGE
-        {
-            return Err(error(libc::EINVAL, format!("rename flags {flags:#x}")));
-        }
-        let source_dir = directory_attr(state, parent)?;
-        let target_dir = directory_attr(state, new_parent)?;
-        if is_dot(name) || is_dot(new_name) {
-            return Err(error(libc::EBUSY, "cannot rename . or .."));
-        }
-        check_name(name)?;
-        check_name(new_name)?;
-        permission::require(c, &source_dir, MAY_EXECUTE, "search")?;
-        permission::require(c, &target_dir, MAY_EXECUTE, "search")?;
-        let (source, _) = state.entry(parent, name).ok_or_else(|| {
-            error(libc::ENOENT, format!("no {} in directory {parent}", show(name)))
-        })?;
-        let source_attr = attr_of(state, source)?;
-        let target = state.entry(new_parent, new_name).map(|(ino, _)| ino);
-        if flags & RENAME_EXCHANGE != 0 && target.is_none() {
-            return Err(error(
-                libc::ENOENT,
-                format!("exchange: no {} in directory {new_parent}", show(new_name)),
-            ));
-        }
-        if flags & RENAME_NOREPLACE != 0 && target.is_some() {
-            return Err(error(
-                libc::EEXIST,
-                format!("{} exists in directory {new_parent}", show(new_name)),
-            ));
-        }
-        let target_attr = target.map(|t| attr_of(state, t)).transpose()?;
-        let source_is_dir = source_attr.kind == FileKind::Directory;
-        let target_is_dir = target_attr.as_ref().is_some_and(|a| a.kind == FileKind::Directory);
-        let exchange = flags & RENAME_EXCHANGE != 0;
+        let rename =
+            ResolvedRename::resolve(state, c, (parent, name), (new_parent, new_name), flags)?;
         // Linux's order: the ancestry traps first, then "same inode", then permissions, then
         // the kinds of source and target.
-        if source_is_dir && parent != new_parent && is_ancestor_or_self(state, source, new_parent) {
-            return Err(error(
-                libc::EINVAL,
-                format!("cannot move directory {source} into its own subtree"),
-            ));
-        }
-        if let Some(target) = target.filter(|_| target_is_dir) {
-            if parent != new_parent && is_ancestor_or_self(state, target, parent) {
-                let errno = if exchange { libc::EINVAL } else { libc::ENOTEMPTY };
-                return Err(error(
-                    errno,
-                    format!("directory {target} is an ancestor of {}", show(name)),
-                ));
-            }
-        }
-        if target == Some(source) {
+        rename.check_ancestry(state)?;
+        if rename.target == Some(rename.source) {
             return Ok(Vec::new()); // two links of one inode: POSIX says do nothing
         }
-        permission::require(c, &source_dir, MAY_WRITE | MAY_EXECUTE, "rename from")?;
-        permission::require_sticky(c, &source_dir, &source_attr, name)?;
-        if target.is_none() || exchange {
-            permission::require(c, &target_dir, MAY_WRITE | MAY_EXECUTE, "rename into")?;
-        }
-        if let Some(target_attr) = &target_attr {
-            permission::require(c, &target_dir, MAY_WRITE | MAY_EXECUTE, "rename over")?;
-            permission::require_sticky(c, &target_dir, target_attr, new_name)?;
-            if !exchange {
-                if source_is_dir && !target_is_dir {
-                    return Err(error(
-                        libc::ENOTDIR,
-                        format!("cannot replace non-directory {} with a directory", show(new_name)),
-                    ));
-                }
-                if !source_is_dir && target_is_dir {
-                    return Err(error(
-                        libc::EISDIR,
-                        format!("cannot replace directory {} with a non-directory", show(new_name)),
-                    ));
-                }
-            }
-        }
-        if parent != new_parent {
-            // Moving a directory rewrites its "..": that needs write permission on it.
-            if source_is_dir {
-                permission::require(
-                    c,
-                    &source_attr,
-                    MAY_WRITE,
-                    "moving a directory to another parent",
-                )?;
-            }
-            if exchange && target_is_dir {
-                permission::require(
-                    c,
-                    target_attr.as_ref().expect("target"),
-                    MAY_WRITE,
-                    "moving a directory to another parent",
-                )?;
-            }
-        }
-        if let Some(target_attr) = target_attr.as_ref().filter(|_| !exchange && target_is_dir) {
-            if state.directory(target_attr.ino).is_some_and(|d| !d.by_name.is_empty()) {
-                return Err(error(
-                    libc::ENOTEMPTY,
-                    format!("directory {} is not empty", show(new_name)),
-                ));
-            }
-        }
+        rename.check_permissions(c)?;
+        rename.check_kinds()?;
+        rename.check_directory_moves(c)?;
+        rename.check_replaced_directory_is_empty(state)?;
         let mut plan = Plan::new(state, now);
-        if exchange {
-            let target = target.expect("exchange target");
-            plan.put_entry(parent, name, target);
-            plan.put_entry(new_parent, new_name, source);
-            if parent != new_parent {
-                let delta = |gains: bool, loses: bool| gains as i64 - loses as i64;
-                plan.inode(parent).attr.nlink =
-                    (source_dir.nlink as i64 + delta(target_is_dir, source_is_dir)) as u32;
-                plan.inode(new_parent).attr.nlink =
-                    (target_dir.nlink as i64 + delta(source_is_dir, target_is_dir)) as u32;
-                if source_is_dir {
-                    plan.inode(source).parent = new_parent;
-                }
-                if target_is_dir {
-                    plan.inode(target).parent = parent;
-                }
-            }
-            plan.inode(target).attr.ctime = now;
+        if rename.exchange {
+            rename.plan_exchange(&mut plan);
         } else {
-            plan.drop_entry(parent, name);
-            plan.put_entry(new_parent, new_name, source);
-            if let Some(target) = target {
-                plan.unlink_inode(target);
-                if target_is_dir {
-                    plan.inode(new_parent).attr.nlink -= 1;
-                }
-            }
-            if source_is_dir && parent != new_parent {
-                plan.inode(parent).attr.nlink -= 1;
-                plan.inode(new_parent).attr.nlink += 1;
-                plan.inode(source).parent = new_parent;
-            }
+            rename.plan_move(&mut plan);
         }
-        plan.inode(source).attr.ctime = now;
+        plan.inode(rename.source).attr.ctime = now;
         plan.touch_directory(parent);
         plan.touch_directory(new_parent);
         Ok(plan.into_mutations())

@@ -90,89 +90,110 @@ impl State {
     /// operations assert success.
     pub fn apply(&mut self, mutation: Mutation) -> Result<(), ApplyError> {
         match mutation {
-            Mutation::PutInode(inode) => {
-                let ino = inode.attr.ino;
-                if ino == 0 || ino >= self.next_ino && ino != ROOT_INO {
-                    return Err(ApplyError(format!(
-                        "inode {ino} put before its number was allocated (next {})",
-                        self.next_ino
-                    )));
-                }
-                if let Some(old) = self.inodes.get(&ino) {
-                    if old.attr.kind != inode.attr.kind {
-                        return Err(ApplyError(format!(
-                            "inode {ino} changes kind {:?} -> {:?}",
-                            old.attr.kind, inode.attr.kind
-                        )));
-                    }
-                }
-                if inode.attr.kind == FileKind::Directory {
-                    self.directories.entry(ino).or_insert_with(|| Directory {
-                        next_cookie: FIRST_ENTRY_COOKIE,
-                        ..Directory::default()
-                    });
-                }
-                self.inodes.insert(ino, inode);
-            }
-            Mutation::DropInode(ino) => {
-                if ino == ROOT_INO {
-                    return Err(ApplyError("the root inode cannot be dropped".into()));
-                }
-                if self.inodes.remove(&ino).is_none() {
-                    return Err(ApplyError(format!("dropping inode {ino}, which does not exist")));
-                }
-                if let Some(dir) = self.directories.remove(&ino) {
-                    if !dir.by_name.is_empty() {
-                        return Err(ApplyError(format!(
-                            "dropping directory {ino} with {} entries",
-                            dir.by_name.len()
-                        )));
-                    }
-                }
-            }
+            Mutation::PutInode(inode) => self.apply_put_inode(inode)?,
+            Mutation::DropInode(ino) => self.apply_drop_inode(ino)?,
             Mutation::PutEntry { dir, name, ino, cookie } => {
-                if !self.inodes.contains_key(&ino) {
-                    return Err(ApplyError(format!(
-                        "entry {:?} in {dir} names missing inode {ino}",
-                        String::from_utf8_lossy(&name)
-                    )));
-                }
-                let directory = self.directories.get_mut(&dir).ok_or_else(|| {
-                    ApplyError(format!(
-                        "entry {:?} put in {dir}, which is not a directory",
-                        String::from_utf8_lossy(&name)
-                    ))
-                })?;
-                if cookie < FIRST_ENTRY_COOKIE {
-                    return Err(ApplyError(format!("entry cookie {cookie} is reserved")));
-                }
-                if let Some((_, old_cookie)) = directory.by_name.insert(name.clone(), (ino, cookie))
-                {
-                    directory.by_cookie.remove(&old_cookie);
-                }
-                if directory.by_cookie.insert(cookie, name).is_some() {
-                    return Err(ApplyError(format!(
-                        "cookie {cookie} used twice in directory {dir}"
-                    )));
-                }
-                directory.next_cookie = directory.next_cookie.max(cookie + 1);
+                self.apply_put_entry(dir, name, ino, cookie)?
             }
-            Mutation::DropEntry { dir, name } => {
-                let directory = self.directories.get_mut(&dir).ok_or_else(|| {
-                    ApplyError(format!("entry removed from {dir}, which is not a directory"))
-                })?;
-                let (_, cookie) = directory.by_name.remove(&name).ok_or_else(|| {
-                    ApplyError(format!(
-                        "removing {:?} from {dir}: no such entry",
-                        String::from_utf8_lossy(&name)
-                    ))
-                })?;
-                directory.by_cookie.remove(&cookie);
-            }
+            Mutation::DropEntry { dir, name } => self.apply_drop_entry(dir, name)?,
             Mutation::NextIno(next) => {
                 self.next_ino = self.next_ino.max(next);
             }
         }
+        Ok(())
+    }
+
+    /// Applies `Mutation::PutInode`: inserts or replaces the inode (a new directory is empty).
+    fn apply_put_inode(&mut self, inode: Inode) -> Result<(), ApplyError> {
+        let ino = inode.attr.ino;
+        if ino == 0 || ino >= self.next_ino && ino != ROOT_INO {
+            return Err(ApplyError(format!(
+                "inode {ino} put before its number was allocated (next {})",
+                self.next_ino
+            )));
+        }
+        if let Some(old) = self.inodes.get(&ino) {
+            if old.attr.kind != inode.attr.kind {
+                return Err(ApplyError(format!(
+                    "inode {ino} changes kind {:?} -> {:?}",
+                    old.attr.kind, inode.attr.kind
+                )));
+            }
+        }
+        if inode.attr.kind == FileKind::Directory {
+            self.directories.entry(ino).or_insert_with(|| Directory {
+                next_cookie: FIRST_ENTRY_COOKIE,
+                ..Directory::default()
+            });
+        }
+        self.inodes.insert(ino, inode);
+        Ok(())
+    }
+
+    /// Applies `Mutation::DropInode`: removes the inode (a directory must be empty).
+    fn apply_drop_inode(&mut self, ino: Ino) -> Result<(), ApplyError> {
+        if ino == ROOT_INO {
+            return Err(ApplyError("the root inode cannot be dropped".into()));
+        }
+        if self.inodes.remove(&ino).is_none() {
+            return Err(ApplyError(format!("dropping inode {ino}, which does not exist")));
+        }
+        if let Some(dir) = self.directories.remove(&ino) {
+            if !dir.by_name.is_empty() {
+                return Err(ApplyError(format!(
+                    "dropping directory {ino} with {} entries",
+                    dir.by_name.len()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies `Mutation::PutEntry`: adds (or repoints) the entry `name` in directory `dir`.
+    fn apply_put_entry(
+        &mut self,
+        dir: Ino,
+        name: Vec<u8>,
+        ino: Ino,
+        cookie: u64,
+    ) -> Result<(), ApplyError> {
+        if !self.inodes.contains_key(&ino) {
+            return Err(ApplyError(format!(
+                "entry {:?} in {dir} names missing inode {ino}",
+                String::from_utf8_lossy(&name)
+            )));
+        }
+        let directory = self.directories.get_mut(&dir).ok_or_else(|| {
+            ApplyError(format!(
+                "entry {:?} put in {dir}, which is not a directory",
+                String::from_utf8_lossy(&name)
+            ))
+        })?;
+        if cookie < FIRST_ENTRY_COOKIE {
+            return Err(ApplyError(format!("entry cookie {cookie} is reserved")));
+        }
+        if let Some((_, old_cookie)) = directory.by_name.insert(name.clone(), (ino, cookie)) {
+            directory.by_cookie.remove(&old_cookie);
+        }
+        if directory.by_cookie.insert(cookie, name).is_some() {
+            return Err(ApplyError(format!("cookie {cookie} used twice in directory {dir}")));
+        }
+        directory.next_cookie = directory.next_cookie.max(cookie + 1);
+        Ok(())
+    }
+
+    /// Applies `Mutation::DropEntry`: removes the entry `name` from directory `dir`.
+    fn apply_drop_entry(&mut self, dir: Ino, name: Vec<u8>) -> Result<(), ApplyError> {
+        let directory = self.directories.get_mut(&dir).ok_or_else(|| {
+            ApplyError(format!("entry removed from {dir}, which is not a directory"))
+        })?;
+        let (_, cookie) = directory.by_name.remove(&name).ok_or_else(|| {
+            ApplyError(format!(
+                "removing {:?} from {dir}: no such entry",
+                String::from_utf8_lossy(&name)
+            ))
+        })?;
+        directory.by_cookie.remove(&cookie);
         Ok(())
     }
 
@@ -182,6 +203,15 @@ impl State {
         if root.attr.kind != FileKind::Directory || root.parent != ROOT_INO {
             return Err(format!("root is {:?} with parent {}", root.attr.kind, root.parent));
         }
+        let counts = self.check_entries()?;
+        for (&ino, inode) in &self.inodes {
+            self.check_inode(ino, inode, &counts)?;
+        }
+        Ok(())
+    }
+
+    /// Checks every directory's entries; counts names per inode and subdirectories per directory.
+    fn check_entries(&self) -> Result<EntryCounts, String> {
         let mut names: HashMap<Ino, u32> = HashMap::new();
         let mut subdirectories: HashMap<Ino, u32> = HashMap::new();
         for (&dir, directory) in &self.directories {
@@ -229,59 +259,81 @@ impl State {
                 }
             }
         }
-        for (&ino, inode) in &self.inodes {
-            if inode.attr.ino != ino || ino >= self.next_ino {
+        Ok(EntryCounts { names, subdirectories })
+    }
+
+    /// Checks one inode's number, links, place in the tree and symlink target.
+    fn check_inode(&self, ino: Ino, inode: &Inode, counts: &EntryCounts) -> Result<(), String> {
+        if inode.attr.ino != ino || ino >= self.next_ino {
+            return Err(format!(
+                "inode {ino} records number {} (next {})",
+                inode.attr.ino, self.next_ino
+            ));
+        }
+        let named = counts.names.get(&ino).copied().unwrap_or(0);
+        if inode.attr.kind == FileKind::Directory {
+            self.check_directory_inode(ino, inode, named, &counts.subdirectories)?;
+        } else {
+            if inode.attr.nlink != named || named == 0 {
                 return Err(format!(
-                    "inode {ino} records number {} (next {})",
-                    inode.attr.ino, self.next_ino
+                    "inode {ino} has nlink {} but is named by {named} entries",
+                    inode.attr.nlink
                 ));
             }
-            let named = names.get(&ino).copied().unwrap_or(0);
-            if inode.attr.kind == FileKind::Directory {
-                let expected_names = if ino == ROOT_INO { 0 } else { 1 };
-                if named != expected_names {
-                    return Err(format!("directory {ino} is named by {named} entries"));
-                }
-                let nlink = 2 + subdirectories.get(&ino).copied().unwrap_or(0);
-                if inode.attr.nlink != nlink {
-                    return Err(format!(
-                        "directory {ino} has nlink {} but {} links",
-                        inode.attr.nlink, nlink
-                    ));
-                }
-                let mut at = ino;
-                for _ in 0..=self.directories.len() {
-                    if at == ROOT_INO {
-                        break;
-                    }
-                    at = self
-                        .inodes
-                        .get(&at)
-                        .map(|i| i.parent)
-                        .ok_or_else(|| format!("directory {ino}: ancestor {at} missing"))?;
-                }
-                if at != ROOT_INO {
-                    return Err(format!("directory {ino} does not reach the root (cycle)"));
-                }
-            } else {
-                if inode.attr.nlink != named || named == 0 {
-                    return Err(format!(
-                        "inode {ino} has nlink {} but is named by {named} entries",
-                        inode.attr.nlink
-                    ));
-                }
-                if inode.parent != 0 {
-                    return Err(format!("non-directory {ino} records parent {}", inode.parent));
-                }
+            if inode.parent != 0 {
+                return Err(format!("non-directory {ino} records parent {}", inode.parent));
             }
-            if (inode.attr.kind == FileKind::Symlink) == inode.target.is_empty() {
-                return Err(format!(
-                    "inode {ino} ({:?}) has a target of {} bytes",
-                    inode.attr.kind,
-                    inode.target.len()
-                ));
-            }
+        }
+        if (inode.attr.kind == FileKind::Symlink) == inode.target.is_empty() {
+            return Err(format!(
+                "inode {ino} ({:?}) has a target of {} bytes",
+                inode.attr.kind,
+                inode.target.len()
+            ));
         }
         Ok(())
     }
+
+    /// Checks a directory inode: named by one entry (the root by none), nlink, reaches the root.
+    fn check_directory_inode(
+        &self,
+        ino: Ino,
+        inode: &Inode,
+        named: u32,
+        subdirectories: &HashMap<Ino, u32>,
+    ) -> Result<(), String> {
+        let expected_names = if ino == ROOT_INO { 0 } else { 1 };
+        if named != expected_names {
+            return Err(format!("directory {ino} is named by {named} entries"));
+        }
+        let nlink = 2 + subdirectories.get(&ino).copied().unwrap_or(0);
+        if inode.attr.nlink != nlink {
+            return Err(format!(
+                "directory {ino} has nlink {} but {} links",
+                inode.attr.nlink, nlink
+            ));
+        }
+        let mut at = ino;
+        for _ in 0..=self.directories.len() {
+            if at == ROOT_INO {
+                break;
+            }
+            at = self
+                .inodes
+                .get(&at)
+                .map(|i| i.parent)
+                .ok_or_else(|| format!("directory {ino}: ancestor {at} missing"))?;
+        }
+        if at != ROOT_INO {
+            return Err(format!("directory {ino} does not reach the root (cycle)"));
+        }
+        Ok(())
+    }
+}
+
+/// What [`State::check`] counts in the directories: the entries naming each inode and the
+/// subdirectories of each directory.
+struct EntryCounts {
+    names: HashMap<Ino, u32>,
+    subdirectories: HashMap<Ino, u32>,
 }

@@ -628,92 +628,21 @@ impl Response {
     pub fn encode_body(&self) -> Vec<u8> {
         let mut e = Encoder(Vec::with_capacity(32));
         match self {
-            Response::Hello {
-                version,
-                payload_bytes_max,
-                in_flight_requests_max,
-                uid,
-                gid,
-                server_name,
-            } => {
-                e.u16(*version)
-                    .u32(*payload_bytes_max)
-                    .u32(*in_flight_requests_max)
-                    .u32(*uid)
-                    .u32(*gid)
-                    .string(server_name);
-            }
-            Response::FileOpened { file, created } => {
-                e.u64(file.0).u8(*created as u8);
-            }
-            Response::Written { bytes } => {
-                e.u32(*bytes);
-            }
-            Response::ReadData => {}
-            Response::Committed { epoch, durability } => {
-                e.u64(epoch.0).u8(durability.wire());
-            }
-            Response::Epochs(list) => {
-                e.u32(list.len() as u32);
-                for x in list {
-                    e.u64(x.epoch.0).u8(x.state.wire()).u64(x.files).u64(x.bytes);
-                }
-            }
-            Response::Files(list) => {
-                e.u32(list.len() as u32);
-                for f in list {
-                    e.file_info(f);
-                }
-            }
-            Response::FileStat(f) => {
-                e.file_info(f);
-            }
-            Response::Extents(list) => {
-                e.u32(list.len() as u32);
-                for x in list {
-                    e.u64(x.offset).u64(x.length);
-                }
-            }
-            Response::Deleted { epoch } | Response::Synced { epoch } => {
-                e.u64(epoch.0);
-            }
-            Response::StreamAssigned { epoch, stream } => {
-                e.u64(epoch.0).u64(*stream);
-            }
-            Response::Status(s) => {
-                e.string(&s.server_name)
-                    .u32(s.connections)
-                    .u32(s.connections_max)
-                    .u64(s.in_flight_bytes)
-                    .u64(s.in_flight_bytes_max)
-                    .u64(s.requests_served)
-                    .u64(s.bytes_written)
-                    .u64(s.bytes_read)
-                    .u64(s.dram_bytes_used)
-                    .u64(s.dram_bytes_max)
-                    .u64(s.ssd_bytes_used)
-                    .u64(s.ssd_bytes_max)
-                    .u64(s.epochs);
-            }
-            Response::DrainQueued { epoch } => {
-                e.u64(epoch.0);
-            }
-            Response::DrainStatus(list) => {
-                e.u32(list.len() as u32);
-                for x in list {
-                    e.u64(x.epoch.0)
-                        .u8(x.state.wire())
-                        .u8(x.mode)
-                        .u64(x.files_total)
-                        .u64(x.files_done)
-                        .u64(x.pfs_bytes_written)
-                        .u64(x.pfs_write_calls)
-                        .u64(x.shuffle_us)
-                        .u64(x.flush_us)
-                        .u32(x.failed_attempts)
-                        .string(&x.last_error);
-                }
-            }
+            Response::Hello { .. }
+            | Response::FileOpened { .. }
+            | Response::Written { .. }
+            | Response::ReadData
+            | Response::Committed { .. }
+            | Response::Synced { .. } => self.encode_data_path(&mut e),
+            Response::Epochs(_)
+            | Response::Files(_)
+            | Response::FileStat(_)
+            | Response::Extents(_) => self.encode_listing(&mut e),
+            Response::Deleted { .. }
+            | Response::StreamAssigned { .. }
+            | Response::Status(_)
+            | Response::DrainQueued { .. }
+            | Response::DrainStatus(_) => self.encode_drain_and_administration(&mut e),
             Response::Error { code, message } => {
                 e.u16(code.wire()).string(message);
             }
@@ -728,6 +657,116 @@ impl Response {
         e.0
     }
 
+    /// Encodes the body of a data-path response: handshake, open, write, read, commit, sync.
+    fn encode_data_path(&self, encoder: &mut Encoder) {
+        match self {
+            Response::Hello {
+                version,
+                payload_bytes_max,
+                in_flight_requests_max,
+                uid,
+                gid,
+                server_name,
+            } => {
+                encoder
+                    .u16(*version)
+                    .u32(*payload_bytes_max)
+                    .u32(*in_flight_requests_max)
+                    .u32(*uid)
+                    .u32(*gid)
+                    .string(server_name);
+            }
+            Response::FileOpened { file, created } => {
+                encoder.u64(file.0).u8(*created as u8);
+            }
+            Response::Written { bytes } => {
+                encoder.u32(*bytes);
+            }
+            Response::ReadData => {}
+            Response::Committed { epoch, durability } => {
+                encoder.u64(epoch.0).u8(durability.wire());
+            }
+            Response::Synced { epoch } => {
+                encoder.u64(epoch.0);
+            }
+            other => unreachable!("{:?} is not a data-path response", other.kind()),
+        }
+    }
+
+    /// Encodes the body of a listing response: epochs, files, one file's stat, extents.
+    fn encode_listing(&self, encoder: &mut Encoder) {
+        match self {
+            Response::Epochs(list) => {
+                encoder.u32(list.len() as u32);
+                for x in list {
+                    encoder.u64(x.epoch.0).u8(x.state.wire()).u64(x.files).u64(x.bytes);
+                }
+            }
+            Response::Files(list) => {
+                encoder.u32(list.len() as u32);
+                for f in list {
+                    encoder.file_info(f);
+                }
+            }
+            Response::FileStat(f) => {
+                encoder.file_info(f);
+            }
+            Response::Extents(list) => {
+                encoder.u32(list.len() as u32);
+                for x in list {
+                    encoder.u64(x.offset).u64(x.length);
+                }
+            }
+            other => unreachable!("{:?} is not a listing response", other.kind()),
+        }
+    }
+
+    /// Encodes the body of a drain or administration response (delete, stream, status, drain).
+    fn encode_drain_and_administration(&self, encoder: &mut Encoder) {
+        match self {
+            Response::Deleted { epoch } | Response::DrainQueued { epoch } => {
+                encoder.u64(epoch.0);
+            }
+            Response::StreamAssigned { epoch, stream } => {
+                encoder.u64(epoch.0).u64(*stream);
+            }
+            Response::Status(s) => {
+                encoder
+                    .string(&s.server_name)
+                    .u32(s.connections)
+                    .u32(s.connections_max)
+                    .u64(s.in_flight_bytes)
+                    .u64(s.in_flight_bytes_max)
+                    .u64(s.requests_served)
+                    .u64(s.bytes_written)
+                    .u64(s.bytes_read)
+                    .u64(s.dram_bytes_used)
+                    .u64(s.dram_bytes_max)
+                    .u64(s.ssd_bytes_used)
+                    .u64(s.ssd_bytes_max)
+                    .u64(s.epochs);
+            }
+            Response::DrainStatus(list) => {
+                encoder.u32(list.len() as u32);
+                for x in list {
+                    encoder
+                        .u64(x.epoch.0)
+                        .u8(x.state.wire())
+                        .u8(x.mode)
+                        .u64(x.files_total)
+                        .u64(x.files_done)
+                        .u64(x.pfs_bytes_written)
+                        .u64(x.pfs_write_calls)
+                        .u64(x.shuffle_us)
+                        .u64(x.flush_us)
+                        .u32(x.failed_attempts)
+                        .string(&x.last_error);
+                }
+            }
+            other => unreachable!("{:?} is not a drain or administration response", other.kind()),
+        }
+    }
+
     /// Decodes a response body of the given kind.
     pub fn decode(kind: Kind, body: &[u8]) -> Result<Response, FrameError> {
         if kind.is_request() {
@@ -735,99 +774,20 @@ impl Response {
         }
         let mut d = Decoder { kind, bytes: body };
         let response = match kind {
-            Kind::HelloReply => Response::Hello {
-                version: d.u16("version")?,
-                payload_bytes_max: d.u32("payload_bytes_max")?,
-                in_flight_requests_max: d.u32("in_flight_requests_max")?,
-                uid: d.u32("uid")?,
-                gid: d.u32("gid")?,
-                server_name: d.string("server_name")?,
-            },
-            Kind::FileOpened => Response::FileOpened {
-                file: FileId(d.u64("file")?),
-                created: d.boolean("created")?,
-            },
-            Kind::Written => Response::Written { bytes: d.u32("bytes")? },
-            Kind::ReadData => Response::ReadData,
-            Kind::Committed => {
-                Response::Committed { epoch: EpochId(d.u64("epoch")?), durability: d.durability()? }
+            Kind::HelloReply
+            | Kind::FileOpened
+            | Kind::Written
+            | Kind::ReadData
+            | Kind::Committed
+            | Kind::Synced => Response::decode_data_path(kind, &mut d)?,
+            Kind::Epochs | Kind::Files | Kind::FileStat | Kind::ExtentList => {
+                Response::decode_listing(kind, &mut d)?
             }
-            Kind::Epochs => {
-                let n = d.count(25, "epoch count")?;
-                let mut list = Vec::with_capacity(n);
-                for _ in 0..n {
-                    let epoch = EpochId(d.u64("epoch")?);
-                    let state = EpochState::from_wire(kind, d.u8("state")?)?;
-                    list.push(EpochInfo {
-                        epoch,
-                        state,
-                        files: d.u64("files")?,
-                        bytes: d.u64("bytes")?,
-                    });
-                }
-                Response::Epochs(list)
-            }
-            Kind::Files => {
-                let n = d.count(26, "file count")?;
-                let mut list = Vec::with_capacity(n);
-                for _ in 0..n {
-                    list.push(d.file_info()?);
-                }
-                Response::Files(list)
-            }
-            Kind::FileStat => Response::FileStat(d.file_info()?),
-            Kind::ExtentList => {
-                let n = d.count(16, "extent count")?;
-                let mut list = Vec::with_capacity(n);
-                for _ in 0..n {
-                    list.push(Extent { offset: d.u64("offset")?, length: d.u64("length")? });
-                }
-                Response::Extents(list)
-            }
-            Kind::Deleted => Response::Deleted { epoch: EpochId(d.u64("epoch")?) },
-            Kind::Synced => Response::Synced { epoch: EpochId(d.u64("epoch")?) },
-            Kind::StreamAssigned => Response::StreamAssigned {
-                epoch: EpochId(d.u64("epoch")?),
-                stream: d.u64("stream")?,
-            },
-            Kind::DrainQueued => Response::DrainQueued { epoch: EpochId(d.u64("epoch")?) },
-            Kind::DrainReport => {
-                let n = d.count(64, "drain count")?;
-                let mut list = Vec::with_capacity(n);
-                for _ in 0..n {
-                    let epoch = EpochId(d.u64("epoch")?);
-                    let state = DrainState::from_wire(kind, d.u8("state")?)?;
-                    list.push(DrainInfo {
-                        epoch,
-                        state,
-                        mode: d.u8("mode")?,
-                        files_total: d.u64("files_total")?,
-                        files_done: d.u64("files_done")?,
-                        pfs_bytes_written: d.u64("pfs_bytes_written")?,
-                        pfs_write_calls: d.u64("pfs_write_calls")?,
-                        shuffle_us: d.u64("shuffle_us")?,
-                        flush_us: d.u64("flush_us")?,
-                        failed_attempts: d.u32("failed_attempts")?,
-                        last_error: d.string("last_error")?,
-                    });
-                }
-                Response::DrainStatus(list)
-            }
-            Kind::StatusReply => Response::Status(ServerStatus {
-                server_name: d.string("server_name")?,
-                connections: d.u32("connections")?,
-                connections_max: d.u32("connections_max")?,
-                in_flight_bytes: d.u64("in_flight_bytes")?,
-                in_flight_bytes_max: d.u64("in_flight_bytes_max")?,
-                requests_served: d.u64("requests_served")?,
-                bytes_written: d.u64("bytes_written")?,
-                bytes_read: d.u64("bytes_read")?,
-                dram_bytes_used: d.u64("dram_bytes_used")?,
-                dram_bytes_max: d.u64("dram_bytes_max")?,
-                ssd_bytes_used: d.u64("ssd_bytes_used")?,
-                ssd_bytes_max: d.u64("ssd_bytes_max")?,
-                epochs: d.u64("epochs")?,
-            }),
+            Kind::Deleted
+            | Kind::StreamAssigned
+            | Kind::DrainQueued
+            | Kind::DrainReport
+            | Kind::StatusReply => Response::decode_drain_and_administration(kind, &mut d)?,
             Kind::Error => {
                 let wire = d.u16("code")?;
                 let code = ErrorCode::from_wire(wire).ok_or(FrameError::BadValue {
@@ -842,6 +802,127 @@ impl Response {
         };
         d.finish()?;
         Ok(response)
+    }
+
+    /// Decodes the body of a data-path response: handshake, open, write, read, commit, sync.
+    fn decode_data_path(kind: Kind, decoder: &mut Decoder<'_>) -> Result<Response, FrameError> {
+        Ok(match kind {
+            Kind::HelloReply => Response::Hello {
+                version: decoder.u16("version")?,
+                payload_bytes_max: decoder.u32("payload_bytes_max")?,
+                in_flight_requests_max: decoder.u32("in_flight_requests_max")?,
+                uid: decoder.u32("uid")?,
+                gid: decoder.u32("gid")?,
+                server_name: decoder.string("server_name")?,
+            },
+            Kind::FileOpened => Response::FileOpened {
+                file: FileId(decoder.u64("file")?),
+                created: decoder.boolean("created")?,
+            },
+            Kind::Written => Response::Written { bytes: decoder.u32("bytes")? },
+            Kind::ReadData => Response::ReadData,
+            Kind::Committed => Response::Committed {
+                epoch: EpochId(decoder.u64("epoch")?),
+                durability: decoder.durability()?,
+            },
+            Kind::Synced => Response::Synced { epoch: EpochId(decoder.u64("epoch")?) },
+            other => unreachable!("{other:?} is not a data-path response"),
+        })
+    }
+
+    /// Decodes the body of a listing response: epochs, files, one file's stat, extents.
+    fn decode_listing(kind: Kind, decoder: &mut Decoder<'_>) -> Result<Response, FrameError> {
+        Ok(match kind {
+            Kind::Epochs => {
+                let n = decoder.count(25, "epoch count")?;
+                let mut list = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let epoch = EpochId(decoder.u64("epoch")?);
+                    let state = EpochState::from_wire(kind, decoder.u8("state")?)?;
+                    list.push(EpochInfo {
+                        epoch,
+                        state,
+                        files: decoder.u64("files")?,
+                        bytes: decoder.u64("bytes")?,
+                    });
+                }
+                Response::Epochs(list)
+            }
+            Kind::Files => {
+                let n = decoder.count(26, "file count")?;
+                let mut list = Vec::with_capacity(n);
+                for _ in 0..n {
+                    list.push(decoder.file_info()?);
+                }
+                Response::Files(list)
+            }
+            Kind::FileStat => Response::FileStat(decoder.file_info()?),
+            Kind::ExtentList => {
+                let n = decoder.count(16, "extent count")?;
+                let mut list = Vec::with_capacity(n);
+                for _ in 0..n {
+                    list.push(Extent {
+                        offset: decoder.u64("offset")?,
+                        length: decoder.u64("length")?,
+                    });
+                }
+                Response::Extents(list)
+            }
+            other => unreachable!("{other:?} is not a listing response"),
+        })
+    }
+
+    /// Decodes the body of a drain or administration response (delete, stream, drain, status).
+    fn decode_drain_and_administration(
+        kind: Kind,
+        decoder: &mut Decoder<'_>,
+    ) -> Result<Response, FrameError> {
+        Ok(match kind {
+            Kind::Deleted => Response::Deleted { epoch: EpochId(decoder.u64("epoch")?) },
+            Kind::StreamAssigned => Response::StreamAssigned {
+                epoch: EpochId(decoder.u64("epoch")?),
+                stream: decoder.u64("stream")?,
+            },
+            Kind::DrainQueued => Response::DrainQueued { epoch: EpochId(decoder.u64("epoch")?) },
+            Kind::DrainReport => {
+                let n = decoder.count(64, "drain count")?;
+                let mut list = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let epoch = EpochId(decoder.u64("epoch")?);
+                    let state = DrainState::from_wire(kind, decoder.u8("state")?)?;
+                    list.push(DrainInfo {
+                        epoch,
+                        state,
+                        mode: decoder.u8("mode")?,
+                        files_total: decoder.u64("files_total")?,
+                        files_done: decoder.u64("files_done")?,
+                        pfs_bytes_written: decoder.u64("pfs_bytes_written")?,
+                        pfs_write_calls: decoder.u64("pfs_write_calls")?,
+                        shuffle_us: decoder.u64("shuffle_us")?,
+                        flush_us: decoder.u64("flush_us")?,
+                        failed_attempts: decoder.u32("failed_attempts")?,
+                        last_error: decoder.string("last_error")?,
+                    });
+                }
+                Response::DrainStatus(list)
+            }
+            Kind::StatusReply => Response::Status(ServerStatus {
+                server_name: decoder.string("server_name")?,
+                connections: decoder.u32("connections")?,
+                connections_max: decoder.u32("connections_max")?,
+                in_flight_bytes: decoder.u64("in_flight_bytes")?,
+                in_flight_bytes_max: decoder.u64("in_flight_bytes_max")?,
+                requests_served: decoder.u64("requests_served")?,
+                bytes_written: decoder.u64("bytes_written")?,
+                bytes_read: decoder.u64("bytes_read")?,
+                dram_bytes_used: decoder.u64("dram_bytes_used")?,
+                dram_bytes_max: decoder.u64("dram_bytes_max")?,
+                ssd_bytes_used: decoder.u64("ssd_bytes_used")?,
+                ssd_bytes_max: decoder.u64("ssd_bytes_max")?,
+                epochs: decoder.u64("epochs")?,
+            }),
+            other => unreachable!("{other:?} is not a drain or administration response"),
+        })
     }
 }
 
@@ -923,6 +1004,68 @@ mod tests {
         ]
     }
 
+    /// An `Epochs` listing of up to 20 epochs.
+    fn epochs_response() -> impl Strategy<Value = Response> {
+        proptest::collection::vec((any::<u64>(), state(), any::<u64>(), any::<u64>()), 0..20)
+            .prop_map(|v| {
+                Response::Epochs(
+                    v.into_iter()
+                        .map(|(e, s, f, b)| EpochInfo {
+                            epoch: EpochId(e),
+                            state: s,
+                            files: f,
+                            bytes: b,
+                        })
+                        .collect(),
+                )
+            })
+    }
+
+    /// A `Status` reply with counters derived from a few random values.
+    fn status_response() -> impl Strategy<Value = Response> {
+        (name(), any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(n, c, b, e)| {
+            Response::Status(ServerStatus {
+                server_name: n,
+                connections: c,
+                connections_max: c / 2,
+                in_flight_bytes: b,
+                in_flight_bytes_max: b / 3,
+                requests_served: e,
+                bytes_written: b ^ e,
+                bytes_read: 7,
+                dram_bytes_used: 1,
+                dram_bytes_max: 2,
+                ssd_bytes_used: 3,
+                ssd_bytes_max: 4,
+                epochs: e,
+            })
+        })
+    }
+
+    /// A `DrainStatus` report of up to 8 epochs' drains.
+    fn drain_status_response() -> impl Strategy<Value = Response> {
+        proptest::collection::vec((any::<u64>(), 0u8..5, any::<u64>(), any::<u32>(), name()), 0..8)
+            .prop_map(|v| {
+                Response::DrainStatus(
+                    v.into_iter()
+                        .map(|(e, s, n, a, m)| DrainInfo {
+                            epoch: EpochId(e),
+                            state: DrainState::from_wire(Kind::DrainReport, s).unwrap(),
+                            mode: s % 2,
+                            files_total: n,
+                            files_done: n / 2,
+                            pfs_bytes_written: n ^ e,
+                            pfs_write_calls: e / 3,
+                            shuffle_us: 5,
+                            flush_us: n / 7,
+                            failed_attempts: a,
+                            last_error: m,
+                        })
+                        .collect(),
+                )
+            })
+    }
+
     fn response() -> impl Strategy<Value = Response> {
         prop_oneof![
             (any::<u16>(), any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>(), name())
@@ -940,17 +1083,7 @@ mod tests {
             Just(Response::ReadData),
             (any::<u64>(), durability())
                 .prop_map(|(e, d)| Response::Committed { epoch: EpochId(e), durability: d }),
-            proptest::collection::vec((any::<u64>(), state(), any::<u64>(), any::<u64>()), 0..20)
-                .prop_map(|v| Response::Epochs(
-                    v.into_iter()
-                        .map(|(e, s, f, b)| EpochInfo {
-                            epoch: EpochId(e),
-                            state: s,
-                            files: f,
-                            bytes: b
-                        })
-                        .collect()
-                )),
+            epochs_response(),
             proptest::collection::vec(file_info(), 0..10).prop_map(Response::Files),
             file_info().prop_map(Response::FileStat),
             proptest::collection::vec((any::<u64>(), any::<u64>()), 0..20).prop_map(|v| {
@@ -962,45 +1095,9 @@ mod tests {
             any::<u64>().prop_map(|e| Response::Synced { epoch: EpochId(e) }),
             (any::<u64>(), any::<u64>())
                 .prop_map(|(e, s)| Response::StreamAssigned { epoch: EpochId(e), stream: s }),
-            (name(), any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(n, c, b, e)| {
-                Response::Status(ServerStatus {
-                    server_name: n,
-                    connections: c,
-                    connections_max: c / 2,
-                    in_flight_bytes: b,
-                    in_flight_bytes_max: b / 3,
-                    requests_served: e,
-                    bytes_written: b ^ e,
-                    bytes_read: 7,
-                    dram_bytes_used: 1,
-                    dram_bytes_max: 2,
-                    ssd_bytes_used: 3,
-                    ssd_bytes_max: 4,
-                    epochs: e,
-                })
-            }),
+            status_response(),
             any::<u64>().prop_map(|e| Response::DrainQueued { epoch: EpochId(e) }),
-            proptest::collection::vec(
-                (any::<u64>(), 0u8..5, any::<u64>(), any::<u32>(), name()),
-                0..8
-            )
-            .prop_map(|v| Response::DrainStatus(
-                v.into_iter()
-                    .map(|(e, s, n, a, m)| DrainInfo {
-                        epoch: EpochId(e),
-                        state: DrainState::from_wire(Kind::DrainReport, s).unwrap(),
-                        mode: s % 2,
-                        files_total: n,
-                        files_done: n / 2,
-                        pfs_bytes_written: n ^ e,
-                        pfs_write_calls: e / 3,
-                        shuffle_us: 5,
-                        flush_us: n / 7,
-                        failed_attempts: a,
-                        last_error: m,
-                    })
-                    .collect()
-            )),
+            drain_status_response(),
             (0usize..15, name()).prop_map(|(i, m)| Response::Error {
                 code: ErrorCode::all().nth(i).unwrap(),
                 message: m

@@ -326,106 +326,172 @@ impl NamespaceRequest {
     }
 
     pub(crate) fn decode(kind: Kind, d: &mut Decoder<'_>) -> Result<NamespaceRequest, FrameError> {
-        use NamespaceRequest::*;
         let namespace = d.u64("namespace")?;
+        match kind {
+            Kind::NamespaceOpen
+            | Kind::NamespaceSync
+            | Kind::NamespaceManifest
+            | Kind::NsStatfs => NamespaceRequest::decode_whole_namespace(kind, namespace, d),
+            Kind::NsGetAttr
+            | Kind::NsReadlink
+            | Kind::NsSetAttr
+            | Kind::NsReaddir
+            | Kind::NsOpen
+            | Kind::NsAccess
+            | Kind::NsWrote => NamespaceRequest::decode_inode_request(kind, namespace, d),
+            Kind::NsCreate | Kind::NsMkdir | Kind::NsSymlink => {
+                NamespaceRequest::decode_creation_request(kind, namespace, d)
+            }
+            Kind::NsLookup | Kind::NsUnlink | Kind::NsRmdir | Kind::NsLink | Kind::NsRename => {
+                NamespaceRequest::decode_entry_request(kind, namespace, d)
+            }
+            other => unreachable!("{other:?} is not a namespace request"),
+        }
+    }
+
+    /// Decodes the rest of a whole-namespace request: open, sync, manifest, statfs.
+    fn decode_whole_namespace(
+        kind: Kind,
+        namespace: NamespaceId,
+        decoder: &mut Decoder<'_>,
+    ) -> Result<NamespaceRequest, FrameError> {
+        use NamespaceRequest::*;
         Ok(match kind {
             Kind::NamespaceOpen => Open {
                 namespace,
-                create: d.boolean("create")?,
-                data_epoch: EpochId(d.u64("data_epoch")?),
-                root_uid: d.u32("root_uid")?,
-                root_gid: d.u32("root_gid")?,
-                root_mode: d.u32("root_mode")?,
+                create: decoder.boolean("create")?,
+                data_epoch: EpochId(decoder.u64("data_epoch")?),
+                root_uid: decoder.u32("root_uid")?,
+                root_gid: decoder.u32("root_gid")?,
+                root_mode: decoder.u32("root_mode")?,
             },
             Kind::NamespaceSync => Sync { namespace },
             Kind::NsStatfs => Statfs { namespace },
-            Kind::NamespaceManifest => Manifest { namespace, from_index: d.u64("from_index")? },
+            Kind::NamespaceManifest => {
+                Manifest { namespace, from_index: decoder.u64("from_index")? }
+            }
+            other => unreachable!("{other:?} is not a whole-namespace request"),
+        })
+    }
+
+    /// Decodes the rest of an inode request: attributes, readlink, readdir, open, access, wrote.
+    fn decode_inode_request(
+        kind: Kind,
+        namespace: NamespaceId,
+        decoder: &mut Decoder<'_>,
+    ) -> Result<NamespaceRequest, FrameError> {
+        use NamespaceRequest::*;
+        Ok(match kind {
+            Kind::NsGetAttr => GetAttr { namespace, ino: decoder.u64("ino")? },
+            Kind::NsReadlink => Readlink { namespace, ino: decoder.u64("ino")? },
+            Kind::NsSetAttr => SetAttr {
+                namespace,
+                caller: caller_in(decoder)?,
+                ino: decoder.u64("ino")?,
+                set: setattr_in(decoder)?,
+            },
+            Kind::NsReaddir => Readdir {
+                namespace,
+                caller: caller_in(decoder)?,
+                dir: decoder.u64("dir")?,
+                after_cookie: decoder.u64("after_cookie")?,
+                entries_max: decoder.u32("entries_max")?,
+            },
+            Kind::NsOpen => OpenInode {
+                namespace,
+                caller: caller_in(decoder)?,
+                ino: decoder.u64("ino")?,
+                flags: decoder.u32("flags")? as i32,
+            },
+            Kind::NsAccess => Access {
+                namespace,
+                caller: caller_in(decoder)?,
+                ino: decoder.u64("ino")?,
+                mask: decoder.u32("mask")? as i32,
+            },
+            Kind::NsWrote => Wrote {
+                namespace,
+                caller: caller_in(decoder)?,
+                ino: decoder.u64("ino")?,
+                end_offset: decoder.u64("end_offset")?,
+            },
+            other => unreachable!("{other:?} is not an inode request"),
+        })
+    }
+
+    /// Decodes the rest of a request that makes a new entry and inode: create, mkdir, symlink.
+    fn decode_creation_request(
+        kind: Kind,
+        namespace: NamespaceId,
+        decoder: &mut Decoder<'_>,
+    ) -> Result<NamespaceRequest, FrameError> {
+        use NamespaceRequest::*;
+        Ok(match kind {
+            Kind::NsCreate => Create {
+                namespace,
+                caller: caller_in(decoder)?,
+                parent: decoder.u64("parent")?,
+                name: name_in(decoder, "name")?,
+                kind: file_kind_in(decoder)?,
+                mode: decoder.u32("mode")?,
+                umask: decoder.u32("umask")?,
+                rdev: decoder.u32("rdev")?,
+                exclusive: decoder.boolean("exclusive")?,
+            },
+            Kind::NsMkdir => Mkdir {
+                namespace,
+                caller: caller_in(decoder)?,
+                parent: decoder.u64("parent")?,
+                name: name_in(decoder, "name")?,
+                mode: decoder.u32("mode")?,
+                umask: decoder.u32("umask")?,
+            },
+            Kind::NsSymlink => Symlink {
+                namespace,
+                caller: caller_in(decoder)?,
+                parent: decoder.u64("parent")?,
+                name: name_in(decoder, "name")?,
+                target: name_in(decoder, "target")?,
+            },
+            other => unreachable!("{other:?} is not a creation request"),
+        })
+    }
+
+    /// Decodes the rest of a request on an existing name: lookup, unlink, rmdir, link, rename.
+    fn decode_entry_request(
+        kind: Kind,
+        namespace: NamespaceId,
+        decoder: &mut Decoder<'_>,
+    ) -> Result<NamespaceRequest, FrameError> {
+        use NamespaceRequest::*;
+        Ok(match kind {
             Kind::NsLookup | Kind::NsUnlink | Kind::NsRmdir => {
-                let caller = caller_in(d)?;
-                let parent = d.u64("parent")?;
-                let name = name_in(d, "name")?;
+                let caller = caller_in(decoder)?;
+                let parent = decoder.u64("parent")?;
+                let name = name_in(decoder, "name")?;
                 match kind {
                     Kind::NsLookup => Lookup { namespace, caller, parent, name },
                     Kind::NsUnlink => Unlink { namespace, caller, parent, name },
                     _ => Rmdir { namespace, caller, parent, name },
                 }
             }
-            Kind::NsGetAttr => GetAttr { namespace, ino: d.u64("ino")? },
-            Kind::NsReadlink => Readlink { namespace, ino: d.u64("ino")? },
-            Kind::NsSetAttr => SetAttr {
-                namespace,
-                caller: caller_in(d)?,
-                ino: d.u64("ino")?,
-                set: setattr_in(d)?,
-            },
-            Kind::NsCreate => Create {
-                namespace,
-                caller: caller_in(d)?,
-                parent: d.u64("parent")?,
-                name: name_in(d, "name")?,
-                kind: file_kind_in(d)?,
-                mode: d.u32("mode")?,
-                umask: d.u32("umask")?,
-                rdev: d.u32("rdev")?,
-                exclusive: d.boolean("exclusive")?,
-            },
-            Kind::NsMkdir => Mkdir {
-                namespace,
-                caller: caller_in(d)?,
-                parent: d.u64("parent")?,
-                name: name_in(d, "name")?,
-                mode: d.u32("mode")?,
-                umask: d.u32("umask")?,
-            },
-            Kind::NsSymlink => Symlink {
-                namespace,
-                caller: caller_in(d)?,
-                parent: d.u64("parent")?,
-                name: name_in(d, "name")?,
-                target: name_in(d, "target")?,
-            },
             Kind::NsLink => Link {
                 namespace,
-                caller: caller_in(d)?,
-                ino: d.u64("ino")?,
-                new_parent: d.u64("new_parent")?,
-                new_name: name_in(d, "new_name")?,
+                caller: caller_in(decoder)?,
+                ino: decoder.u64("ino")?,
+                new_parent: decoder.u64("new_parent")?,
+                new_name: name_in(decoder, "new_name")?,
             },
             Kind::NsRename => Rename {
                 namespace,
-                caller: caller_in(d)?,
-                parent: d.u64("parent")?,
-                name: name_in(d, "name")?,
-                new_parent: d.u64("new_parent")?,
-                new_name: name_in(d, "new_name")?,
-                flags: d.u32("flags")?,
+                caller: caller_in(decoder)?,
+                parent: decoder.u64("parent")?,
+                name: name_in(decoder, "name")?,
+                new_parent: decoder.u64("new_parent")?,
+                new_name: name_in(decoder, "new_name")?,
+                flags: decoder.u32("flags")?,
             },
-            Kind::NsReaddir => Readdir {
-                namespace,
-                caller: caller_in(d)?,
-                dir: d.u64("dir")?,
-                after_cookie: d.u64("after_cookie")?,
-                entries_max: d.u32("entries_max")?,
-            },
-            Kind::NsOpen => OpenInode {
-                namespace,
-                caller: caller_in(d)?,
-                ino: d.u64("ino")?,
-                flags: d.u32("flags")? as i32,
-            },
-            Kind::NsAccess => Access {
-                namespace,
-                caller: caller_in(d)?,
-                ino: d.u64("ino")?,
-                mask: d.u32("mask")? as i32,
-            },
-            Kind::NsWrote => Wrote {
-                namespace,
-                caller: caller_in(d)?,
-                ino: d.u64("ino")?,
-                end_offset: d.u64("end_offset")?,
-            },
-            other => unreachable!("{other:?} is not a namespace request"),
+            other => unreachable!("{other:?} is not an entry request"),
         })
     }
 }
@@ -820,20 +886,125 @@ mod tests {
             })
     }
 
+    /// An `Open` of a random namespace, created or not, with a random root owner and mode.
+    fn open_request() -> impl Strategy<Value = NamespaceRequest> {
+        use NamespaceRequest::*;
+        (any::<u64>(), any::<bool>(), any::<u64>(), any::<u32>(), any::<u32>(), any::<u32>())
+            .prop_map(|(namespace, create, e, u, g, m)| Open {
+                namespace,
+                create,
+                data_epoch: EpochId(e),
+                root_uid: u,
+                root_gid: g,
+                root_mode: m,
+            })
+    }
+
+    /// A `Create` whose umask is derived from its mode.
+    fn create_request() -> impl Strategy<Value = NamespaceRequest> {
+        use NamespaceRequest::*;
+        (
+            any::<u64>(),
+            caller(),
+            any::<u64>(),
+            bytes(),
+            kind(),
+            any::<u32>(),
+            any::<u32>(),
+            any::<bool>(),
+        )
+            .prop_map(|(namespace, caller, parent, name, kind, mode, rdev, exclusive)| {
+                Create {
+                    namespace,
+                    caller,
+                    parent,
+                    name,
+                    kind,
+                    mode,
+                    umask: mode >> 3,
+                    rdev,
+                    exclusive,
+                }
+            })
+    }
+
+    /// A `Mkdir` with the usual umask 022.
+    fn mkdir_request() -> impl Strategy<Value = NamespaceRequest> {
+        use NamespaceRequest::*;
+        (any::<u64>(), caller(), any::<u64>(), bytes(), any::<u32>()).prop_map(
+            |(namespace, caller, parent, name, mode)| Mkdir {
+                namespace,
+                caller,
+                parent,
+                name,
+                mode,
+                umask: 0o22,
+            },
+        )
+    }
+
+    /// A `Symlink` with a random name and target.
+    fn symlink_request() -> impl Strategy<Value = NamespaceRequest> {
+        use NamespaceRequest::*;
+        (any::<u64>(), caller(), any::<u64>(), bytes(), bytes()).prop_map(
+            |(namespace, caller, parent, name, target)| Symlink {
+                namespace,
+                caller,
+                parent,
+                name,
+                target,
+            },
+        )
+    }
+
+    /// A `Link` of a random inode under a random new name.
+    fn link_request() -> impl Strategy<Value = NamespaceRequest> {
+        use NamespaceRequest::*;
+        (any::<u64>(), caller(), any::<u64>(), any::<u64>(), bytes()).prop_map(
+            |(namespace, caller, ino, new_parent, new_name)| Link {
+                namespace,
+                caller,
+                ino,
+                new_parent,
+                new_name,
+            },
+        )
+    }
+
+    /// A `Rename` with random names and flags.
+    fn rename_request() -> impl Strategy<Value = NamespaceRequest> {
+        use NamespaceRequest::*;
+        (any::<u64>(), caller(), any::<u64>(), bytes(), any::<u64>(), bytes(), any::<u32>())
+            .prop_map(|(namespace, caller, parent, name, new_parent, new_name, flags)| Rename {
+                namespace,
+                caller,
+                parent,
+                name,
+                new_parent,
+                new_name,
+                flags,
+            })
+    }
+
+    /// A `Readdir` from a random cookie.
+    fn readdir_request() -> impl Strategy<Value = NamespaceRequest> {
+        use NamespaceRequest::*;
+        (any::<u64>(), caller(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(
+            |(namespace, caller, dir, after_cookie, entries_max)| Readdir {
+                namespace,
+                caller,
+                dir,
+                after_cookie,
+                entries_max,
+            },
+        )
+    }
+
     fn request() -> impl Strategy<Value = NamespaceRequest> {
         use NamespaceRequest::*;
         let n = any::<u64>();
         prop_oneof![
-            (n, any::<bool>(), any::<u64>(), any::<u32>(), any::<u32>(), any::<u32>()).prop_map(
-                |(namespace, create, e, u, g, m)| Open {
-                    namespace,
-                    create,
-                    data_epoch: EpochId(e),
-                    root_uid: u,
-                    root_gid: g,
-                    root_mode: m
-                }
-            ),
+            open_request(),
             n.prop_map(|namespace| Sync { namespace }),
             n.prop_map(|namespace| Statfs { namespace }),
             (n, any::<u64>())
@@ -851,68 +1022,12 @@ mod tests {
             (n, any::<u64>()).prop_map(|(namespace, ino)| Readlink { namespace, ino }),
             (n, caller(), any::<u64>(), setattr())
                 .prop_map(|(namespace, caller, ino, set)| SetAttr { namespace, caller, ino, set }),
-            (n, caller(), any::<u64>(), bytes(), kind(), any::<u32>(), any::<u32>(), any::<bool>())
-                .prop_map(|(namespace, caller, parent, name, kind, mode, rdev, exclusive)| {
-                    Create {
-                        namespace,
-                        caller,
-                        parent,
-                        name,
-                        kind,
-                        mode,
-                        umask: mode >> 3,
-                        rdev,
-                        exclusive,
-                    }
-                }),
-            (n, caller(), any::<u64>(), bytes(), any::<u32>()).prop_map(
-                |(namespace, caller, parent, name, mode)| Mkdir {
-                    namespace,
-                    caller,
-                    parent,
-                    name,
-                    mode,
-                    umask: 0o22
-                }
-            ),
-            (n, caller(), any::<u64>(), bytes(), bytes()).prop_map(
-                |(namespace, caller, parent, name, target)| Symlink {
-                    namespace,
-                    caller,
-                    parent,
-                    name,
-                    target
-                }
-            ),
-            (n, caller(), any::<u64>(), any::<u64>(), bytes()).prop_map(
-                |(namespace, caller, ino, new_parent, new_name)| Link {
-                    namespace,
-                    caller,
-                    ino,
-                    new_parent,
-                    new_name
-                }
-            ),
-            (n, caller(), any::<u64>(), bytes(), any::<u64>(), bytes(), any::<u32>()).prop_map(
-                |(namespace, caller, parent, name, new_parent, new_name, flags)| Rename {
-                    namespace,
-                    caller,
-                    parent,
-                    name,
-                    new_parent,
-                    new_name,
-                    flags
-                }
-            ),
-            (n, caller(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(
-                |(namespace, caller, dir, after_cookie, entries_max)| Readdir {
-                    namespace,
-                    caller,
-                    dir,
-                    after_cookie,
-                    entries_max
-                }
-            ),
+            create_request(),
+            mkdir_request(),
+            symlink_request(),
+            link_request(),
+            rename_request(),
+            readdir_request(),
             (n, caller(), any::<u64>(), any::<i32>()).prop_map(
                 |(namespace, caller, ino, flags)| OpenInode { namespace, caller, ino, flags }
             ),
