@@ -47,11 +47,19 @@ knobs! {
 
 impl StoreKnobs {
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |name: &'static str, value: u64, reason: String| {
-            ConfigError::invalid(Self::SECTION, name, value, reason)
-        };
+        self.validate_capacities()?;
+        self.validate_percentages_and_flusher()
+    }
+
+    /// The error naming knob `name` of this section, its `value` and why it is refused.
+    fn invalid(name: &'static str, value: u64, reason: String) -> ConfigError {
+        ConfigError::invalid(Self::SECTION, name, value, reason)
+    }
+
+    /// Step 1 of `validate`: the DRAM log, record, segment and SSD sizes fit inside one another.
+    fn validate_capacities(&self) -> Result<(), ConfigError> {
         if self.dram_bytes_max < self.dram_bytes_min {
-            return Err(invalid(
+            return Err(Self::invalid(
                 "dram_bytes_max",
                 self.dram_bytes_max,
                 format!(
@@ -61,7 +69,7 @@ impl StoreKnobs {
             ));
         }
         if self.record_payload_bytes_max == 0 || self.record_payload_bytes_max > u32::MAX as u64 {
-            return Err(invalid(
+            return Err(Self::invalid(
                 "record_payload_bytes_max",
                 self.record_payload_bytes_max,
                 "must be between 1 and 4 GiB - 1 (the header stores a u32 length)".into(),
@@ -69,7 +77,7 @@ impl StoreKnobs {
         }
         // Two records must fit in DRAM so one can be written while another is spilled.
         if self.dram_bytes_max < 2 * (self.record_payload_bytes_max + 128) {
-            return Err(invalid(
+            return Err(Self::invalid(
                 "dram_bytes_max",
                 self.dram_bytes_max,
                 format!(
@@ -79,14 +87,14 @@ impl StoreKnobs {
             ));
         }
         if self.segment_bytes_max < self.record_payload_bytes_max + 256 {
-            return Err(invalid(
+            return Err(Self::invalid(
                 "segment_bytes_max",
                 self.segment_bytes_max,
                 "must hold at least one record of record_payload_bytes_max plus headers".into(),
             ));
         }
         if self.ssd_bytes_max < 4 * self.segment_bytes_max {
-            return Err(invalid(
+            return Err(Self::invalid(
                 "ssd_bytes_max",
                 self.ssd_bytes_max,
                 format!(
@@ -95,10 +103,16 @@ impl StoreKnobs {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// Step 2 of `validate`: the DRAM watermarks and GC shares are percentages in order, and the
+    /// flusher has a positive batch and interval.
+    fn validate_percentages_and_flusher(&self) -> Result<(), ConfigError> {
         if self.dram_low_watermark_percent >= self.dram_high_watermark_percent
             || self.dram_high_watermark_percent > 100
         {
-            return Err(invalid(
+            return Err(Self::invalid(
                 "dram_low_watermark_percent",
                 self.dram_low_watermark_percent,
                 format!(
@@ -108,14 +122,14 @@ impl StoreKnobs {
             ));
         }
         if self.gc_free_percent_min >= 100 || self.gc_live_percent_max > 100 {
-            return Err(invalid(
+            return Err(Self::invalid(
                 "gc_free_percent_min",
                 self.gc_free_percent_min,
                 "percentages must be below 100".into(),
             ));
         }
         if self.flusher_batch_bytes == 0 || self.flusher_interval_ms == 0 {
-            return Err(invalid(
+            return Err(Self::invalid(
                 "flusher_batch_bytes",
                 self.flusher_batch_bytes,
                 "flusher batch and interval must be positive".into(),

@@ -125,6 +125,17 @@ impl Inner {
         if batch.is_empty() {
             return Ok(());
         }
+        self.spill_batch(batch)?;
+        self.wait_until_batch_written(batch)?;
+        self.sync_dirty()?;
+        self.append_commit_records(batch)?;
+        self.sync_dirty()?;
+        self.mark_batch_committed(batch);
+        Ok(())
+    }
+
+    /// Step 1 of `commit_round`: spills the batch's DRAM records until none is pending.
+    fn spill_batch(&self, batch: &BTreeSet<EpochId>) -> Result<(), String> {
         loop {
             let moved = self.spill(SpillScope::Epochs(batch), u64::MAX)?;
             let mut state = self.state.lock();
@@ -132,75 +143,87 @@ impl Inner {
             let pending: u64 =
                 batch.iter().filter_map(|e| state.epochs.get(e)).map(|e| e.dram_pending).sum();
             if pending == 0 {
-                break;
+                return Ok(());
             }
             if moved == 0 {
                 // Another thread (the flusher) is spilling some of them; wait for it.
                 self.space.wait_for(&mut state, Duration::from_millis(20));
             }
         }
+    }
+
+    /// Step 2 of `commit_round`: waits until the batch's segments are written up to where they
+    /// are placed now.
+    fn wait_until_batch_written(&self, batch: &BTreeSet<EpochId>) -> Result<(), String> {
         // Every record of the batch is placed; some may still be written by a concurrent
         // spill, and records of other epochs written through below them may be in flight.
         // Wait until each segment is written up to where it was placed now, so the fsync
-        // below covers the batch with no hole beneath it (a hole would make recovery cut
-        // committed records off as a torn tail).
-        {
-            let mut state = self.state.lock();
-            let targets: Vec<(SegmentId, u64)> = batch
-                .iter()
-                .filter_map(|e| state.epochs.get(e))
-                .flat_map(|e| e.segments.iter().copied())
-                .collect::<BTreeSet<_>>()
-                .into_iter()
-                .filter_map(|id| state.segments.get(&id).map(|s| (id, s.length)))
-                .collect();
-            loop {
-                Self::failed(&state)?;
-                let behind = targets.iter().any(|(id, length)| {
-                    state.segments.get(id).is_some_and(|s| s.written_frontier() < *length)
-                });
-                if !behind {
-                    break;
-                }
-                self.space.wait_for(&mut state, Duration::from_millis(5));
+        // that follows covers the batch with no hole beneath it (a hole would make recovery
+        // cut committed records off as a torn tail).
+        let mut state = self.state.lock();
+        let targets: Vec<(SegmentId, u64)> = batch
+            .iter()
+            .filter_map(|e| state.epochs.get(e))
+            .flat_map(|e| e.segments.iter().copied())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .filter_map(|id| state.segments.get(&id).map(|s| (id, s.length)))
+            .collect();
+        loop {
+            Self::failed(&state)?;
+            let behind = targets.iter().any(|(id, length)| {
+                state.segments.get(id).is_some_and(|s| s.written_frontier() < *length)
+            });
+            if !behind {
+                return Ok(());
             }
+            self.space.wait_for(&mut state, Duration::from_millis(5));
         }
-        self.sync_dirty()?;
-        {
-            let mut state = self.state.lock();
-            let recent = std::mem::take(&mut state.recent_synced);
-            for &epoch in batch {
-                let Some(entry) = state.epochs.get(&epoch) else { continue };
-                if !matches!(entry.phase, EpochPhase::Committing | EpochPhase::CommittedInMemory) {
-                    continue;
-                }
-                let mut synced: BTreeSet<SegmentId> = entry.segments.clone();
-                synced.extend(recent.iter().copied());
-                let payload = CommitPayload {
-                    data_records: entry.data_records,
-                    payload_bytes: entry.payload_bytes,
-                    synced: synced
-                        .into_iter()
-                        .filter_map(|id| state.segments.get(&id).map(|s| (id, s.synced_length)))
-                        .collect(),
-                };
-                let header = RecordHeader {
-                    kind: RecordKind::Commit,
-                    sequence: 0,
-                    stream: META_STREAM,
-                    epoch,
-                    file: FileId(0),
-                    offset: 0,
-                    payload_bytes: 0,
-                };
-                let bytes = payload.encode();
-                let header = RecordHeader { payload_bytes: bytes.len() as u32, ..header };
-                self.append_meta(&mut state, header, &bytes).map_err(|(segment, error)| {
-                    format!("appending the commit record of epoch {epoch} to segment {segment}: {error}")
-                })?;
+    }
+
+    /// Step 3 of `commit_round` (after the data fsync): appends one commit record per epoch
+    /// still committing, carrying its record counts and the segments' sync points.
+    fn append_commit_records(&self, batch: &BTreeSet<EpochId>) -> Result<(), String> {
+        let mut state = self.state.lock();
+        let recent = std::mem::take(&mut state.recent_synced);
+        for &epoch in batch {
+            let Some(entry) = state.epochs.get(&epoch) else { continue };
+            if !matches!(entry.phase, EpochPhase::Committing | EpochPhase::CommittedInMemory) {
+                continue;
             }
+            let mut synced: BTreeSet<SegmentId> = entry.segments.clone();
+            synced.extend(recent.iter().copied());
+            let payload = CommitPayload {
+                data_records: entry.data_records,
+                payload_bytes: entry.payload_bytes,
+                synced: synced
+                    .into_iter()
+                    .filter_map(|id| state.segments.get(&id).map(|s| (id, s.synced_length)))
+                    .collect(),
+            };
+            let header = RecordHeader {
+                kind: RecordKind::Commit,
+                sequence: 0,
+                stream: META_STREAM,
+                epoch,
+                file: FileId(0),
+                offset: 0,
+                payload_bytes: 0,
+            };
+            let bytes = payload.encode();
+            let header = RecordHeader { payload_bytes: bytes.len() as u32, ..header };
+            self.append_meta(&mut state, header, &bytes).map_err(|(segment, error)| {
+                format!(
+                    "appending the commit record of epoch {epoch} to segment {segment}: {error}"
+                )
+            })?;
         }
-        self.sync_dirty()?;
+        Ok(())
+    }
+
+    /// Step 4 of `commit_round` (after the commit records' fsync): the batch's epochs are
+    /// committed and no longer pending durability.
+    fn mark_batch_committed(&self, batch: &BTreeSet<EpochId>) {
         let mut state = self.state.lock();
         for &epoch in batch {
             if let Some(entry) = state.epochs.get_mut(&epoch) {
@@ -213,6 +236,5 @@ impl Inner {
             state.durable_pending.remove(&epoch);
         }
         state.counters.commit_rounds += 1;
-        Ok(())
     }
 }

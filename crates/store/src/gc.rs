@@ -3,9 +3,11 @@
 //! deletes them. Host write amplification counts every copied byte.
 
 use crate::format::*;
+use crate::storage::SegmentFile;
 use crate::store::*;
 use spillway_types::{EpochId, SegmentId};
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 impl Inner {
     /// Deletes segments with no live bytes; then, if `force` or free space is low, compacts
@@ -123,6 +125,15 @@ impl Inner {
     /// Copies the live records of `victim` (verbatim, same sequence numbers) to its stream's
     /// open segment and repoints them. The victim is then dead and deleted by the caller.
     pub(crate) fn compact(&self, victim: SegmentId) -> Result<u64, String> {
+        let image = self.read_segment_image(victim)?;
+        let found = scan_segment_image(victim, &image)?;
+        let copies = self.place_live_records(victim, found)?;
+        let result = self.write_copies(&copies, &image);
+        self.finish_copies(victim, &copies, result)
+    }
+
+    /// Step 1 of `compact`: reads the whole victim segment.
+    fn read_segment_image(&self, victim: SegmentId) -> Result<Vec<u8>, String> {
         let (file, length) = {
             let state = self.state.lock();
             let segment = &state.segments[&victim];
@@ -131,75 +142,64 @@ impl Inner {
         let mut image = vec![0u8; length as usize];
         file.read_at(0, &mut image)
             .map_err(|e| format!("reading segment {victim} for compaction: {e}"))?;
-        let mut found = Vec::new();
-        let mut at = 0usize;
-        while at < image.len() {
-            let header = RecordHeader::decode(&image[at..])
-                .and_then(|h| verify_payload(&h, &image[at..]).map(|_| h))
-                .map_err(|detail| {
-                    format!("segment {victim} is corrupt at offset {at}: {detail}")
-                })?;
-            let total = record_bytes(header.payload_bytes as u64) as usize;
-            if header.kind != RecordKind::SegmentHeader {
-                found.push((at, total as u64, header));
-            }
-            at += total;
-        }
+        Ok(image)
+    }
+
+    /// Step 3 of `compact`: places a copy of each live record at the end of the victim's
+    /// stream and moves its accounting there.
+    fn place_live_records(
+        &self,
+        victim: SegmentId,
+        found: Vec<FoundRecord>,
+    ) -> Result<Vec<CompactionCopy>, String> {
         let mut copies = Vec::new();
-        {
-            let mut state = self.state.lock();
-            let stream = state.segments[&victim].stream;
-            for (at, total, header) in found {
-                let epoch = header.epoch;
-                let live = match header.kind {
-                    RecordKind::Data => {
-                        state.records.get(&header.sequence).map(|r| r.location)
-                            == Some(Location::Ssd { segment: victim, offset: at as u64 })
-                    }
-                    RecordKind::FileName | RecordKind::Commit => {
-                        state.epochs.get(&epoch).is_some_and(|e| phase_is_live(e.phase))
-                            && state.segments[&victim].epoch_bytes.get(&epoch).copied().unwrap_or(0)
-                                >= total
-                    }
-                    RecordKind::EpochState => {
-                        state
-                            .epochs
-                            .get(&epoch)
-                            .is_some_and(|e| e.segments.iter().any(|&s| s != victim))
-                            && state.segments[&victim].tombstones.get(&epoch).copied().unwrap_or(0)
-                                >= total
-                    }
-                    RecordKind::SegmentHeader => false,
-                };
-                if !live {
-                    continue;
-                }
-                let (target, offset, target_file) =
-                    match self.place(&mut state, stream, total, header.sequence) {
-                        Ok(p) => p,
-                        Err(reason) => {
-                            self.fail(&mut state, reason.clone());
-                            return Err(reason);
-                        }
-                    };
-                let tombstone = header.kind == RecordKind::EpochState;
-                move_bytes(&mut state, victim, target, epoch, total, tombstone);
-                copies.push((target, offset, target_file, at, total, header));
+        let mut state = self.state.lock();
+        let stream = state.segments[&victim].stream;
+        for FoundRecord { at, total, header } in found {
+            if !is_live_in(&state, victim, at, total, &header) {
+                continue;
             }
+            let (target, offset, target_file) =
+                match self.place(&mut state, stream, total, header.sequence) {
+                    Ok(p) => p,
+                    Err(reason) => {
+                        self.fail(&mut state, reason.clone());
+                        return Err(reason);
+                    }
+                };
+            let epoch = header.epoch;
+            let tombstone = header.kind == RecordKind::EpochState;
+            move_bytes(&mut state, victim, target, epoch, total, tombstone);
+            copies.push(CompactionCopy { target, offset, target_file, at, total, header });
         }
-        let mut result = Ok(());
-        for (target, offset, target_file, at, total, header) in &copies {
+        Ok(copies)
+    }
+
+    /// Step 4 of `compact`: writes the placed copies out of the victim's image (stops at the
+    /// first error, which it returns).
+    fn write_copies(&self, copies: &[CompactionCopy], image: &[u8]) -> Result<(), String> {
+        for CompactionCopy { target, offset, target_file, at, total, header } in copies {
             if let Err(error) = target_file.write_at(*offset, &image[*at..*at + *total as usize]) {
-                result = Err(format!(
+                return Err(format!(
                     "compaction write to segment {target} at offset {offset}: {error}"
                 ));
-                break;
             }
             self.write_log.write(header.stream, *target, *offset, *total);
         }
+        Ok(())
+    }
+
+    /// Step 5 of `compact`: ends the copies' placements, repoints the data records still in the
+    /// victim to their copies and counts the bytes copied (failing the store if a write failed).
+    fn finish_copies(
+        &self,
+        victim: SegmentId,
+        copies: &[CompactionCopy],
+        result: Result<(), String>,
+    ) -> Result<u64, String> {
         let mut state = self.state.lock();
         let mut copied = 0;
-        for (target, offset, _, at, total, header) in &copies {
+        for CompactionCopy { target, offset, at, total, header, .. } in copies {
             let segment = state.segments.get_mut(target).expect("compaction target vanished");
             segment.finish_placement(*offset);
             segment.dirty = true;
@@ -218,6 +218,71 @@ impl Inner {
             self.fail(&mut state, reason.clone());
         }
         result.map(|_| copied)
+    }
+}
+
+/// One record found in a compaction victim's image.
+struct FoundRecord {
+    /// Offset in the victim.
+    at: usize,
+    /// Record bytes (header, payload, padding).
+    total: u64,
+    header: RecordHeader,
+}
+
+/// One live record copied by compaction: from offset `at` of the victim to `offset` of
+/// segment `target`.
+struct CompactionCopy {
+    target: SegmentId,
+    offset: u64,
+    target_file: Arc<dyn SegmentFile>,
+    at: usize,
+    total: u64,
+    header: RecordHeader,
+}
+
+/// Step 2 of `compact`: the records of the victim's image (its segment header left out); a
+/// record that does not check is corruption.
+fn scan_segment_image(victim: SegmentId, image: &[u8]) -> Result<Vec<FoundRecord>, String> {
+    let mut found = Vec::new();
+    let mut at = 0usize;
+    while at < image.len() {
+        let header = RecordHeader::decode(&image[at..])
+            .and_then(|h| verify_payload(&h, &image[at..]).map(|_| h))
+            .map_err(|detail| format!("segment {victim} is corrupt at offset {at}: {detail}"))?;
+        let total = record_bytes(header.payload_bytes as u64) as usize;
+        if header.kind != RecordKind::SegmentHeader {
+            found.push(FoundRecord { at, total: total as u64, header });
+        }
+        at += total;
+    }
+    Ok(found)
+}
+
+/// Whether the record at `at` of `victim` (`total` bytes) is still live there: a data record
+/// the index points at, a name or commit record of a live epoch, or a tombstone still needed.
+fn is_live_in(
+    state: &State,
+    victim: SegmentId,
+    at: usize,
+    total: u64,
+    header: &RecordHeader,
+) -> bool {
+    let epoch = header.epoch;
+    match header.kind {
+        RecordKind::Data => {
+            state.records.get(&header.sequence).map(|r| r.location)
+                == Some(Location::Ssd { segment: victim, offset: at as u64 })
+        }
+        RecordKind::FileName | RecordKind::Commit => {
+            state.epochs.get(&epoch).is_some_and(|e| phase_is_live(e.phase))
+                && state.segments[&victim].epoch_bytes.get(&epoch).copied().unwrap_or(0) >= total
+        }
+        RecordKind::EpochState => {
+            state.epochs.get(&epoch).is_some_and(|e| e.segments.iter().any(|&s| s != victim))
+                && state.segments[&victim].tombstones.get(&epoch).copied().unwrap_or(0) >= total
+        }
+        RecordKind::SegmentHeader => false,
     }
 }
 

@@ -40,6 +40,15 @@ struct ScannedSegment {
     length: u64,
 }
 
+/// What the scan of every segment file found.
+struct Scan {
+    records: Vec<ScannedRecord>,
+    damages: Vec<Damage>,
+    segments: BTreeMap<SegmentId, ScannedSegment>,
+    /// Highest segment id on disk (new segments are numbered after it).
+    max_segment: u64,
+}
+
 pub(crate) fn recover(
     knobs: &StoreKnobs,
     storage: &dyn Storage,
@@ -52,6 +61,30 @@ pub(crate) fn recover(
         directory: directory.clone(),
         source,
     };
+    let names = list_segment_files(storage, &io)?;
+    let mut scan = scan_segment_files(knobs, storage, state, &names, &io)?;
+    let synced = sync_points(&scan.records)?;
+    check_damage_above_sync_points(&scan.damages, &synced)?;
+    cut_torn_tails(storage, state, &scan.damages, &mut scan.segments, &io)?;
+    let headerless = remove_headerless_segments(storage, state, &mut scan.segments, &io)?;
+    if !scan.damages.is_empty() || !headerless.is_empty() {
+        storage.sync_directory().map_err(|e| io("syncing the directory".into(), e))?;
+    }
+    scan.records.retain(|r| scan.segments.contains_key(&r.segment));
+    install_segments(state, &scan.segments);
+    let promised = replay(state, scan.records);
+    check_committed_epochs(state, &promised, &scan.damages)?;
+    state.next_segment = scan.max_segment + 1;
+    state.recovery.duration_ms = started.elapsed().as_millis() as u64;
+    crate::store::check_invariants(state);
+    Ok(())
+}
+
+/// Step 1 of `recover`: the segment files in the directory, by id.
+fn list_segment_files(
+    storage: &dyn Storage,
+    io: &impl Fn(String, std::io::Error) -> OpenError,
+) -> Result<Vec<(SegmentId, String)>, OpenError> {
     let mut names: Vec<(SegmentId, String)> = storage
         .list()
         .map_err(|e| io("listing segments".into(), e))?
@@ -59,12 +92,22 @@ pub(crate) fn recover(
         .filter_map(|name| parse_segment_file_name(&name).map(|id| (id, name)))
         .collect();
     names.sort();
+    Ok(names)
+}
 
+/// Step 2 of `recover`: reads and scans every segment file, counting what was scanned.
+fn scan_segment_files(
+    knobs: &StoreKnobs,
+    storage: &dyn Storage,
+    state: &mut State,
+    names: &[(SegmentId, String)],
+    io: &impl Fn(String, std::io::Error) -> OpenError,
+) -> Result<Scan, OpenError> {
     let mut records = Vec::new();
     let mut damages = Vec::new();
     let mut segments: BTreeMap<SegmentId, ScannedSegment> = BTreeMap::new();
     let mut max_segment = 0;
-    for (id, name) in &names {
+    for (id, name) in names {
         max_segment = max_segment.max(id.0);
         let file = storage.open(name).map_err(|e| io(format!("opening {name}"), e))?;
         let length = file.len().map_err(|e| io(format!("sizing {name}"), e))?;
@@ -76,10 +119,14 @@ pub(crate) fn recover(
         segments.insert(*id, ScannedSegment { file, stream, length: valid_length });
     }
     state.recovery.records_scanned = records.len() as u64;
+    Ok(Scan { records, damages, segments, max_segment })
+}
 
-    // Sync points: how far each segment was known to be durable when some commit was written.
+/// Step 3 of `recover`: the sync points, how far each segment was known to be durable when
+/// some commit was written.
+fn sync_points(records: &[ScannedRecord]) -> Result<HashMap<SegmentId, u64>, OpenError> {
     let mut synced: HashMap<SegmentId, u64> = HashMap::new();
-    for record in &records {
+    for record in records {
         if record.header.kind == RecordKind::Commit {
             let payload =
                 CommitPayload::decode(&record.payload).map_err(|detail| OpenError::Corrupt {
@@ -93,7 +140,15 @@ pub(crate) fn recover(
             }
         }
     }
-    for damage in &damages {
+    Ok(synced)
+}
+
+/// Step 4 of `recover`: damage below a segment's sync point is corruption, and open fails.
+fn check_damage_above_sync_points(
+    damages: &[Damage],
+    synced: &HashMap<SegmentId, u64>,
+) -> Result<(), OpenError> {
+    for damage in damages {
         let durable = synced.get(&damage.segment).copied().unwrap_or(0);
         if damage.offset < durable {
             return Err(OpenError::Corrupt {
@@ -103,8 +158,19 @@ pub(crate) fn recover(
             });
         }
     }
-    // Torn tails: cut them off (a segment without a valid header goes entirely).
-    for damage in &damages {
+    Ok(())
+}
+
+/// Step 5 of `recover`: cuts off the torn tails (a segment without a valid header goes
+/// entirely).
+fn cut_torn_tails(
+    storage: &dyn Storage,
+    state: &mut State,
+    damages: &[Damage],
+    segments: &mut BTreeMap<SegmentId, ScannedSegment>,
+    io: &impl Fn(String, std::io::Error) -> OpenError,
+) -> Result<(), OpenError> {
+    for damage in damages {
         let name = segment_file_name(damage.segment);
         let segment = segments.get_mut(&damage.segment).expect("damaged segment was scanned");
         if segment.stream.is_none() || damage.offset == 0 {
@@ -119,7 +185,17 @@ pub(crate) fn recover(
         state.recovery.truncated.push((damage.segment, damage.offset));
         tracing::warn!(segment = %damage.segment, offset = damage.offset, detail = %damage.detail, "cut torn tail");
     }
-    // Segments created just before a crash whose header never reached the disk: empty files.
+    Ok(())
+}
+
+/// Step 6 of `recover`: removes the segments created just before a crash whose header never
+/// reached the disk (empty files). Returns their ids.
+fn remove_headerless_segments(
+    storage: &dyn Storage,
+    state: &mut State,
+    segments: &mut BTreeMap<SegmentId, ScannedSegment>,
+    io: &impl Fn(String, std::io::Error) -> OpenError,
+) -> Result<Vec<SegmentId>, OpenError> {
     let headerless: Vec<SegmentId> =
         segments.iter().filter(|(_, s)| s.stream.is_none()).map(|(&id, _)| id).collect();
     for id in &headerless {
@@ -128,12 +204,12 @@ pub(crate) fn recover(
         segments.remove(id);
         state.recovery.segments_removed += 1;
     }
-    if !damages.is_empty() || !headerless.is_empty() {
-        storage.sync_directory().map_err(|e| io("syncing the directory".into(), e))?;
-    }
-    records.retain(|r| segments.contains_key(&r.segment));
+    Ok(headerless)
+}
 
-    for (&id, scanned) in &segments {
+/// Step 7 of `recover`: the kept segments enter the state, sealed and synced to their length.
+fn install_segments(state: &mut State, segments: &BTreeMap<SegmentId, ScannedSegment>) {
+    for (&id, scanned) in segments {
         state.segments.insert(
             id,
             Segment {
@@ -153,38 +229,55 @@ pub(crate) fn recover(
         );
         state.ssd_used_bytes += scanned.length;
     }
+}
 
-    let promised = replay(state, records);
+/// Step 8 of `recover` (after `replay`): counts committed and open epochs, and fails open if a
+/// committed epoch has fewer or more data records than its commit record promised.
+fn check_committed_epochs(
+    state: &mut State,
+    promised: &HashMap<EpochId, u64>,
+    damages: &[Damage],
+) -> Result<(), OpenError> {
     for (&epoch, entry) in &state.epochs {
         match entry.phase {
             EpochPhase::Committed => {
                 state.recovery.committed_epochs += 1;
                 let expected = promised.get(&epoch).copied().unwrap_or(0);
                 if entry.data_records != expected {
-                    let sites: Vec<String> = damages
-                        .iter()
-                        .map(|d| {
-                            format!("segment {} offset {} ({})", d.segment, d.offset, d.detail)
-                        })
-                        .collect();
-                    return Err(OpenError::CommittedEpochIncomplete {
+                    return Err(incomplete_epoch_error(
                         epoch,
-                        detail: format!(
-                            "its commit record promises {expected} data records but {} were found; damage seen at: {}",
-                            entry.data_records,
-                            if sites.is_empty() { "nowhere (records are missing)".to_string() } else { sites.join(", ") }
-                        ),
-                    });
+                        expected,
+                        entry.data_records,
+                        damages,
+                    ));
                 }
             }
             EpochPhase::Open => state.recovery.uncommitted_epochs += 1,
             _ => {}
         }
     }
-    state.next_segment = max_segment + 1;
-    state.recovery.duration_ms = started.elapsed().as_millis() as u64;
-    crate::store::check_invariants(state);
     Ok(())
+}
+
+/// The error for a committed epoch whose data records (`found`) are not the `expected` count,
+/// naming every damage site seen.
+fn incomplete_epoch_error(
+    epoch: EpochId,
+    expected: u64,
+    found: u64,
+    damages: &[Damage],
+) -> OpenError {
+    let sites: Vec<String> = damages
+        .iter()
+        .map(|d| format!("segment {} offset {} ({})", d.segment, d.offset, d.detail))
+        .collect();
+    OpenError::CommittedEpochIncomplete {
+        epoch,
+        detail: format!(
+            "its commit record promises {expected} data records but {found} were found; damage seen at: {}",
+            if sites.is_empty() { "nowhere (records are missing)".to_string() } else { sites.join(", ") }
+        ),
+    }
 }
 
 /// Scans one segment image; returns its stream (from the header record) and the length of its
@@ -289,83 +382,7 @@ fn replay(state: &mut State, mut records: Vec<ScannedRecord>) -> HashMap<EpochId
             header.sequence
         );
         max_sequence = header.sequence;
-        let epoch = header.epoch;
-        let segment = state.segments.get_mut(&record.segment).expect("replayed segment missing");
-        segment.last_write_sequence = segment.last_write_sequence.max(header.sequence);
-        let entry = state.epochs.entry(epoch).or_insert_with(EpochEntry::new);
-        if header.kind == RecordKind::Data && !phase_is_live(entry.phase) {
-            // An epoch id reused after its earlier incarnation was retired.
-            *entry = EpochEntry::new();
-        }
-        match header.kind {
-            RecordKind::SegmentHeader => unreachable!("segment headers are not replayed"),
-            RecordKind::Data => {
-                state.records.insert(
-                    header.sequence,
-                    RecordInfo {
-                        location: Location::Ssd { segment: record.segment, offset: record.offset },
-                        epoch,
-                        payload_bytes: header.payload_bytes,
-                    },
-                );
-                if header.payload_bytes > 0 {
-                    state.index.insert(
-                        epoch,
-                        header.file,
-                        header.offset,
-                        Extent {
-                            record: header.sequence,
-                            skip: 0,
-                            length: header.payload_bytes as u64,
-                        },
-                    );
-                }
-                entry.data_records += 1;
-                entry.payload_bytes += header.payload_bytes as u64;
-                entry.record_sequences.push(header.sequence);
-                *entry.stream_bytes.entry(header.stream).or_default() += record.bytes;
-                entry.recovered_uncommitted = true;
-            }
-            RecordKind::FileName => {
-                if phase_is_live(entry.phase) {
-                    entry
-                        .names
-                        .insert(header.file, String::from_utf8_lossy(&record.payload).into_owned());
-                }
-            }
-            RecordKind::Commit => {
-                if entry.phase == EpochPhase::Open {
-                    entry.phase = EpochPhase::Committed;
-                    entry.recovered_uncommitted = false;
-                    let payload = CommitPayload::decode(&record.payload)
-                        .expect("commit payload checked earlier");
-                    promised.insert(epoch, payload.data_records);
-                }
-            }
-            RecordKind::EpochState => {
-                if phase_is_live(entry.phase) {
-                    entry.phase = if header.offset == epoch_state_code::DRAINED {
-                        EpochPhase::Drained
-                    } else {
-                        EpochPhase::Deleted
-                    };
-                    entry.recovered_uncommitted = false;
-                    for sequence in std::mem::take(&mut entry.record_sequences) {
-                        state.records.remove(&sequence);
-                    }
-                    entry.stream_bytes.clear();
-                    entry.names.clear();
-                    state.index.remove_epoch(epoch);
-                }
-            }
-        }
-        let segment = state.segments.get_mut(&record.segment).expect("replayed segment missing");
-        if header.kind == RecordKind::EpochState {
-            *segment.tombstones.entry(epoch).or_default() += record.bytes;
-        } else {
-            *segment.epoch_bytes.entry(epoch).or_default() += record.bytes;
-            state.epochs.get_mut(&epoch).expect("epoch just used").segments.insert(record.segment);
-        }
+        replay_record(state, &record, &mut promised);
     }
     for entry in state.epochs.values() {
         for (&stream, &bytes) in &entry.stream_bytes {
@@ -374,4 +391,95 @@ fn replay(state: &mut State, mut records: Vec<ScannedRecord>) -> HashMap<EpochId
     }
     state.next_sequence = max_sequence.max(state.next_sequence - 1) + 1;
     promised
+}
+
+/// One step of `replay`: applies one record to its epoch, then accounts its bytes to its
+/// segment (as a tombstone or as bytes of the epoch).
+fn replay_record(state: &mut State, record: &ScannedRecord, promised: &mut HashMap<EpochId, u64>) {
+    let header = record.header;
+    let epoch = header.epoch;
+    let segment = state.segments.get_mut(&record.segment).expect("replayed segment missing");
+    segment.last_write_sequence = segment.last_write_sequence.max(header.sequence);
+    let entry = state.epochs.entry(epoch).or_insert_with(EpochEntry::new);
+    if header.kind == RecordKind::Data && !phase_is_live(entry.phase) {
+        // An epoch id reused after its earlier incarnation was retired.
+        *entry = EpochEntry::new();
+    }
+    match header.kind {
+        RecordKind::SegmentHeader => unreachable!("segment headers are not replayed"),
+        RecordKind::Data => replay_data_record(state, record),
+        RecordKind::FileName => {
+            if phase_is_live(entry.phase) {
+                entry
+                    .names
+                    .insert(header.file, String::from_utf8_lossy(&record.payload).into_owned());
+            }
+        }
+        RecordKind::Commit => {
+            if entry.phase == EpochPhase::Open {
+                entry.phase = EpochPhase::Committed;
+                entry.recovered_uncommitted = false;
+                let payload =
+                    CommitPayload::decode(&record.payload).expect("commit payload checked earlier");
+                promised.insert(epoch, payload.data_records);
+            }
+        }
+        RecordKind::EpochState => replay_epoch_state(state, epoch, header.offset),
+    }
+    let segment = state.segments.get_mut(&record.segment).expect("replayed segment missing");
+    if header.kind == RecordKind::EpochState {
+        *segment.tombstones.entry(epoch).or_default() += record.bytes;
+    } else {
+        *segment.epoch_bytes.entry(epoch).or_default() += record.bytes;
+        state.epochs.get_mut(&epoch).expect("epoch just used").segments.insert(record.segment);
+    }
+}
+
+/// Replays a data record: record table, index extent and its epoch's bookkeeping (the epoch
+/// counts as uncommitted until a commit record of it is replayed).
+fn replay_data_record(state: &mut State, record: &ScannedRecord) {
+    let header = record.header;
+    let epoch = header.epoch;
+    state.records.insert(
+        header.sequence,
+        RecordInfo {
+            location: Location::Ssd { segment: record.segment, offset: record.offset },
+            epoch,
+            payload_bytes: header.payload_bytes,
+        },
+    );
+    if header.payload_bytes > 0 {
+        state.index.insert(
+            epoch,
+            header.file,
+            header.offset,
+            Extent { record: header.sequence, skip: 0, length: header.payload_bytes as u64 },
+        );
+    }
+    let entry = state.epochs.get_mut(&epoch).expect("epoch of a replayed record missing");
+    entry.data_records += 1;
+    entry.payload_bytes += header.payload_bytes as u64;
+    entry.record_sequences.push(header.sequence);
+    *entry.stream_bytes.entry(header.stream).or_default() += record.bytes;
+    entry.recovered_uncommitted = true;
+}
+
+/// Replays an `EpochState` record (`code` drained or deleted): a live epoch is retired and
+/// forgets its records, streams, names and index.
+fn replay_epoch_state(state: &mut State, epoch: EpochId, code: u64) {
+    let entry = state.epochs.get_mut(&epoch).expect("epoch of a replayed record missing");
+    if phase_is_live(entry.phase) {
+        entry.phase = if code == epoch_state_code::DRAINED {
+            EpochPhase::Drained
+        } else {
+            EpochPhase::Deleted
+        };
+        entry.recovered_uncommitted = false;
+        for sequence in std::mem::take(&mut entry.record_sequences) {
+            state.records.remove(&sequence);
+        }
+        entry.stream_bytes.clear();
+        entry.names.clear();
+        state.index.remove_epoch(epoch);
+    }
 }

@@ -514,6 +514,23 @@ pub(crate) fn abandon_dram_record(state: &mut State, position: u64, stream: Stre
     *usage -= bytes;
 }
 
+/// Step 2 of `Inner::write_through`, outside the lock: writes the payload of the record of
+/// `bytes` placed at `at`, then the zero padding after it (the header comes last).
+fn write_payload_and_padding(
+    segment_file: &dyn SegmentFile,
+    at: u64,
+    piece: &[u8],
+    bytes: u64,
+) -> std::io::Result<()> {
+    let padding = (bytes - HEADER_BYTES as u64 - piece.len() as u64) as usize;
+    let mut result = segment_file.write_at(at + HEADER_BYTES as u64, piece);
+    if result.is_ok() && padding > 0 {
+        result = segment_file
+            .write_at(at + HEADER_BYTES as u64 + piece.len() as u64, &[0u8; 8][..padding]);
+    }
+    result
+}
+
 impl Store {
     /// Opens (recovering if needed) the store in `knobs.ssd_directory`.
     pub fn open(knobs: &StoreKnobs) -> Result<Store, OpenError> {
@@ -720,53 +737,73 @@ impl Store {
             return Err(ReadError::OffsetOverflow { epoch, file, offset });
         }
         buf.fill(0);
+        let (dram_reads, ssd_reads) = self.locate_extents(epoch, file, offset, buf.len() as u64)?;
+        self.copy_dram_extents(&dram_reads, buf);
+        for read in ssd_reads {
+            read_ssd_extent(read, buf)?;
+        }
+        Ok(())
+    }
+
+    /// Step 1 of `read`: under the lock, where each extent of the range is; the DRAM records
+    /// are pinned.
+    fn locate_extents(
+        &self,
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+        length: u64,
+    ) -> Result<(Vec<DramRead>, Vec<SsdRead>), ReadError> {
         let mut ssd_reads = Vec::new();
         // DRAM ranges are copied after the lock is released; the records are pinned meanwhile.
         let mut dram_reads = Vec::new();
-        {
-            let mut state = self.inner.state.lock();
-            let entry = state.epochs.get(&epoch).ok_or(ReadError::UnknownEpoch(epoch))?;
-            if !phase_is_live(entry.phase) {
-                return Err(ReadError::EpochGone { epoch, phase: entry.phase });
-            }
-            for (file_offset, extent) in state.index.range(epoch, file, offset, buf.len() as u64) {
-                let at = (file_offset - offset) as usize;
-                let target = at..at + extent.length as usize;
-                let info =
-                    state.records.get(&extent.record).expect("indexed record has no location");
-                match info.location {
-                    Location::Dram { position } => {
-                        let start = position + HEADER_BYTES as u64 + extent.skip;
-                        assert!(
-                            state.ring.holds(start, extent.length),
-                            "indexed DRAM record was released"
-                        );
-                        let at = dram_index(&state, position);
-                        state.dram[at].readers += 1;
-                        dram_reads.push((position, start, extent.length, target));
-                    }
-                    Location::Ssd { segment, offset: record_offset } => {
-                        let file = state
-                            .segments
-                            .get(&segment)
-                            .expect("record in unknown segment")
-                            .file
-                            .clone();
-                        // A read of a whole record (what drains do) is checked against its CRC.
-                        let whole = extent.skip == 0 && extent.length == info.payload_bytes as u64;
-                        let verify = whole.then_some((record_offset, extent.record));
-                        ssd_reads.push((
-                            segment,
-                            file,
-                            record_offset + HEADER_BYTES as u64 + extent.skip,
-                            target,
-                            verify,
-                        ));
-                    }
+        let mut state = self.inner.state.lock();
+        let entry = state.epochs.get(&epoch).ok_or(ReadError::UnknownEpoch(epoch))?;
+        if !phase_is_live(entry.phase) {
+            return Err(ReadError::EpochGone { epoch, phase: entry.phase });
+        }
+        for (file_offset, extent) in state.index.range(epoch, file, offset, length) {
+            let at = (file_offset - offset) as usize;
+            let target = at..at + extent.length as usize;
+            let info = state.records.get(&extent.record).expect("indexed record has no location");
+            match info.location {
+                Location::Dram { position } => {
+                    let start = position + HEADER_BYTES as u64 + extent.skip;
+                    assert!(
+                        state.ring.holds(start, extent.length),
+                        "indexed DRAM record was released"
+                    );
+                    let at = dram_index(&state, position);
+                    state.dram[at].readers += 1;
+                    dram_reads.push(DramRead { position, start, length: extent.length, target });
+                }
+                Location::Ssd { segment, offset: record_offset } => {
+                    let file = state
+                        .segments
+                        .get(&segment)
+                        .expect("record in unknown segment")
+                        .file
+                        .clone();
+                    // A read of a whole record (what drains do) is checked against its CRC.
+                    let whole = extent.skip == 0 && extent.length == info.payload_bytes as u64;
+                    let verify = whole.then_some((record_offset, extent.record));
+                    ssd_reads.push(SsdRead {
+                        segment,
+                        file,
+                        at: record_offset + HEADER_BYTES as u64 + extent.skip,
+                        target,
+                        verify,
+                    });
                 }
             }
         }
-        for (_, start, length, target) in &dram_reads {
+        Ok((dram_reads, ssd_reads))
+    }
+
+    /// Step 2 of `read`: copies the pinned DRAM extents into `buf` without the lock, then unpins
+    /// them (the ring tail may pass them again).
+    fn copy_dram_extents(&self, dram_reads: &[DramRead], buf: &mut [u8]) {
+        for DramRead { start, length, target, .. } in dram_reads {
             // SAFETY: the record is published (its payload is never written again) and pinned
             // (`readers` > 0), so the ring tail cannot pass it and its range is not reused.
             let bytes = unsafe { self.inner.arena.slice(*start, *length) };
@@ -774,7 +811,7 @@ impl Store {
         }
         if !dram_reads.is_empty() {
             let mut state = self.inner.state.lock();
-            for (position, ..) in &dram_reads {
+            for DramRead { position, .. } in dram_reads {
                 let at = dram_index(&state, *position);
                 assert!(state.dram[at].readers > 0, "DRAM reader count underflow");
                 state.dram[at].readers -= 1;
@@ -783,34 +820,6 @@ impl Store {
             drop(state);
             self.inner.space.notify_all();
         }
-        for (segment, file, at, target, verify) in ssd_reads {
-            if let Some((record_offset, sequence)) = verify {
-                // Header and payload in one read (the payload follows the header on disk).
-                let mut header = [0u8; HEADER_BYTES];
-                file.read_two_at(record_offset, &mut header, &mut buf[target.clone()])
-                    .map_err(|source| ReadError::Io { segment, offset: record_offset, source })?;
-                let corrupt =
-                    |detail: String| ReadError::Corrupt { segment, offset: record_offset, detail };
-                let decoded = RecordHeader::decode(&header).map_err(|d| corrupt(d.to_string()))?;
-                if decoded.sequence != sequence {
-                    return Err(corrupt(format!(
-                        "expected record {sequence}, found record {}",
-                        decoded.sequence
-                    )));
-                }
-                let stored = u32::from_le_bytes(header[60..64].try_into().expect("4 bytes"));
-                if record_crc(&header, crc32c::crc32c(&buf[target])) != stored {
-                    return Err(corrupt("record CRC mismatch".into()));
-                }
-            } else {
-                file.read_at(at, &mut buf[target.clone()]).map_err(|source| ReadError::Io {
-                    segment,
-                    offset: at,
-                    source,
-                })?;
-            }
-        }
-        Ok(())
     }
 
     /// Every epoch the store knows, in order.
@@ -1048,6 +1057,62 @@ fn file_info(state: &State, epoch: EpochId, file: FileId) -> FileInfo {
         size_bytes: extents.map_or(0, Index::file_size),
         extents: extents.map_or(0, |e| e.len()),
     }
+}
+
+/// One extent of a read that is in the DRAM ring: pinned from `Store::read`'s lookup until
+/// its bytes are copied out.
+struct DramRead {
+    /// Ring position of the record (what pins it).
+    position: u64,
+    /// Ring position of the extent's first byte.
+    start: u64,
+    length: u64,
+    /// Where the bytes go in the caller's buffer.
+    target: std::ops::Range<usize>,
+}
+
+/// One extent of a read that is in an SSD segment.
+struct SsdRead {
+    segment: SegmentId,
+    file: Arc<dyn SegmentFile>,
+    /// Segment offset of the extent's first byte.
+    at: u64,
+    /// Where the bytes go in the caller's buffer.
+    target: std::ops::Range<usize>,
+    /// (record offset, sequence) when the extent is a whole record, checked against its CRC.
+    verify: Option<(u64, u64)>,
+}
+
+/// Step 3 of `Store::read`: reads one SSD extent into `buf`; a whole record is read with its
+/// header and checked (sequence and record CRC).
+fn read_ssd_extent(read: SsdRead, buf: &mut [u8]) -> Result<(), ReadError> {
+    let SsdRead { segment, file, at, target, verify } = read;
+    if let Some((record_offset, sequence)) = verify {
+        // Header and payload in one read (the payload follows the header on disk).
+        let mut header = [0u8; HEADER_BYTES];
+        file.read_two_at(record_offset, &mut header, &mut buf[target.clone()])
+            .map_err(|source| ReadError::Io { segment, offset: record_offset, source })?;
+        let corrupt =
+            |detail: String| ReadError::Corrupt { segment, offset: record_offset, detail };
+        let decoded = RecordHeader::decode(&header).map_err(|d| corrupt(d.to_string()))?;
+        if decoded.sequence != sequence {
+            return Err(corrupt(format!(
+                "expected record {sequence}, found record {}",
+                decoded.sequence
+            )));
+        }
+        let stored = u32::from_le_bytes(header[60..64].try_into().expect("4 bytes"));
+        if record_crc(&header, crc32c::crc32c(&buf[target])) != stored {
+            return Err(corrupt("record CRC mismatch".into()));
+        }
+    } else {
+        file.read_at(at, &mut buf[target.clone()]).map_err(|source| ReadError::Io {
+            segment,
+            offset: at,
+            source,
+        })?;
+    }
+    Ok(())
 }
 
 /// Live bytes of a segment: records of live epochs, plus tombstones still needed (their epoch
@@ -1323,34 +1388,12 @@ impl Inner {
         piece: &[u8],
     ) -> Result<(), WriteError> {
         let bytes = record_bytes(piece.len() as u64);
-        let hint = state.next_sequence;
-        let (segment_id, at, segment_file) = match self.place(&mut state, stream, bytes, hint) {
-            Ok(placed) => placed,
-            Err(reason) => {
-                self.fail(&mut state, reason.clone());
-                return Err(WriteError::Failed(reason));
-            }
-        };
-        state.reserved_bytes -= bytes;
-        *state
-            .segments
-            .get_mut(&segment_id)
-            .expect("placed segment missing")
-            .epoch_bytes
-            .entry(epoch)
-            .or_default() += bytes;
-        state.epochs.get_mut(&epoch).expect("admitted epoch vanished").segments.insert(segment_id);
-        // Logged at placement, under the lock, so each segment's lines stay in offset order.
-        self.write_log.write(stream, segment_id, at, bytes);
+        let (segment_id, at, segment_file) =
+            self.place_write_through(&mut state, stream, epoch, bytes)?;
         drop(state);
 
         let payload_crc = crc32c::crc32c(piece);
-        let padding = (bytes - HEADER_BYTES as u64 - piece.len() as u64) as usize;
-        let mut result = segment_file.write_at(at + HEADER_BYTES as u64, piece);
-        if result.is_ok() && padding > 0 {
-            result = segment_file
-                .write_at(at + HEADER_BYTES as u64 + piece.len() as u64, &[0u8; 8][..padding]);
-        }
+        let mut result = write_payload_and_padding(segment_file.as_ref(), at, piece, bytes);
 
         let mut state = self.state.lock();
         let header = next_data_header(&mut state, stream, epoch, file, offset, piece.len());
@@ -1399,6 +1442,37 @@ impl Inner {
             let _ = segment_file.start_writeback(from, to - from);
         }
         Ok(())
+    }
+
+    /// Step 1 of `write_through`: places the record in its stream's segment and accounts its
+    /// bytes there (a placement failure fails the store).
+    fn place_write_through(
+        &self,
+        state: &mut State,
+        stream: StreamKey,
+        epoch: EpochId,
+        bytes: u64,
+    ) -> Result<(SegmentId, u64, Arc<dyn SegmentFile>), WriteError> {
+        let hint = state.next_sequence;
+        let (segment_id, at, segment_file) = match self.place(state, stream, bytes, hint) {
+            Ok(placed) => placed,
+            Err(reason) => {
+                self.fail(state, reason.clone());
+                return Err(WriteError::Failed(reason));
+            }
+        };
+        state.reserved_bytes -= bytes;
+        *state
+            .segments
+            .get_mut(&segment_id)
+            .expect("placed segment missing")
+            .epoch_bytes
+            .entry(epoch)
+            .or_default() += bytes;
+        state.epochs.get_mut(&epoch).expect("admitted epoch vanished").segments.insert(segment_id);
+        // Logged at placement, under the lock, so each segment's lines stay in offset order.
+        self.write_log.write(stream, segment_id, at, bytes);
+        Ok((segment_id, at, segment_file))
     }
 
     /// Places `bytes` at the end of `stream`'s open segment (rolling to a new one when full).
@@ -1544,63 +1618,78 @@ impl Inner {
     /// Moves Ready DRAM records in `scope` to their streams' segments (up to `bytes_max`).
     /// Returns the bytes moved.
     pub(crate) fn spill(&self, scope: SpillScope<'_>, bytes_max: u64) -> Result<u64, String> {
-        let mut placed: Vec<Placed> = Vec::new();
-        {
-            let mut state = self.state.lock();
-            Self::failed(&state)?;
-            let mut chosen = Vec::new();
-            let mut total = 0;
-            for record in &state.dram {
-                if total >= bytes_max {
-                    break;
-                }
-                if record.status != DramStatus::Ready {
-                    continue;
-                }
-                if let SpillScope::Epochs(epochs) = &scope {
-                    if !epochs.contains(&record.epoch) {
-                        continue;
-                    }
-                }
-                chosen.push((
-                    record.position,
-                    record.bytes,
-                    record.stream,
-                    record.epoch,
-                    record.sequence,
-                ));
-                total += record.bytes;
-            }
-            for (position, bytes, stream, epoch, sequence) in chosen {
-                let (segment, offset, file) = match self.place(&mut state, stream, bytes, sequence)
-                {
-                    Ok(p) => p,
-                    Err(reason) => {
-                        self.fail(&mut state, reason.clone());
-                        return Err(reason);
-                    }
-                };
-                let seg = state.segments.get_mut(&segment).expect("placed segment missing");
-                *seg.epoch_bytes.entry(epoch).or_default() += bytes;
-                state
-                    .epochs
-                    .get_mut(&epoch)
-                    .expect("epoch of DRAM record missing")
-                    .segments
-                    .insert(segment);
-                state.dram_unplaced_bytes -= bytes;
-                let at = dram_index(&state, position);
-                state.dram[at].status = DramStatus::Spilling;
-                placed.push(Placed { segment, offset, file, position, bytes, sequence, stream });
-            }
-        }
+        let placed = self.place_ready_records(scope, bytes_max)?;
         if placed.is_empty() {
             return Ok(0);
         }
         let result = self.write_placed(&placed);
+        self.finish_spill(&placed, result)
+    }
+
+    /// Step 1 of `spill`: under the lock, chooses the Ready records in `scope` (oldest first, up
+    /// to `bytes_max`), places each in its stream's segment and marks it Spilling.
+    fn place_ready_records(
+        &self,
+        scope: SpillScope<'_>,
+        bytes_max: u64,
+    ) -> Result<Vec<Placed>, String> {
+        let mut placed: Vec<Placed> = Vec::new();
+        let mut state = self.state.lock();
+        Self::failed(&state)?;
+        let mut chosen = Vec::new();
+        let mut total = 0;
+        for record in &state.dram {
+            if total >= bytes_max {
+                break;
+            }
+            if record.status != DramStatus::Ready {
+                continue;
+            }
+            if let SpillScope::Epochs(epochs) = &scope {
+                if !epochs.contains(&record.epoch) {
+                    continue;
+                }
+            }
+            chosen.push((
+                record.position,
+                record.bytes,
+                record.stream,
+                record.epoch,
+                record.sequence,
+            ));
+            total += record.bytes;
+        }
+        for (position, bytes, stream, epoch, sequence) in chosen {
+            let (segment, offset, file) = match self.place(&mut state, stream, bytes, sequence) {
+                Ok(p) => p,
+                Err(reason) => {
+                    self.fail(&mut state, reason.clone());
+                    return Err(reason);
+                }
+            };
+            let seg = state.segments.get_mut(&segment).expect("placed segment missing");
+            *seg.epoch_bytes.entry(epoch).or_default() += bytes;
+            state
+                .epochs
+                .get_mut(&epoch)
+                .expect("epoch of DRAM record missing")
+                .segments
+                .insert(segment);
+            state.dram_unplaced_bytes -= bytes;
+            let at = dram_index(&state, position);
+            state.dram[at].status = DramStatus::Spilling;
+            placed.push(Placed { segment, offset, file, position, bytes, sequence, stream });
+        }
+        Ok(placed)
+    }
+
+    /// Step 2 of `spill` (after the pwrites, whose `result` it takes): ends the placements,
+    /// marks the records Spilled and repoints them to SSD, counts the bytes moved and releases
+    /// ring space (failing the store if a write failed).
+    fn finish_spill(&self, placed: &[Placed], result: Result<(), String>) -> Result<u64, String> {
         let mut state = self.state.lock();
         let mut moved = 0;
-        for item in &placed {
+        for item in placed {
             let segment =
                 state.segments.get_mut(&item.segment).expect("segment vanished during spill");
             segment.finish_placement(item.offset);

@@ -84,77 +84,115 @@ fn committed_epochs_survive_power_loss_during_concurrent_work() {
         let storage = SimStorage::new();
         let store =
             Arc::new(Store::open_with(&knobs, storage.clone() as Arc<dyn Storage>).unwrap());
-        let committed = Arc::new(Mutex::new(Vec::<u64>::new()));
-        let drained = Arc::new(Mutex::new(Vec::<u64>::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut writers = Vec::new();
-        for thread in 0..2u64 {
-            let (store, committed, drained, stop) =
-                (store.clone(), committed.clone(), drained.clone(), stop.clone());
-            writers.push(std::thread::spawn(move || {
-                let mut epoch = 1 + thread;
-                while !stop.load(Ordering::Relaxed) {
-                    write_epoch(&store, epoch);
-                    store.commit(EpochId(epoch), Durability::Ssd).unwrap();
-                    committed.lock().push(epoch);
-                    if epoch > 6 {
-                        // Drain old epochs so GC deletes and compacts segments mid-run.
-                        drained.lock().push(epoch - 6);
-                        store.mark_drained(EpochId(epoch - 6)).unwrap();
-                    }
-                    epoch += 2;
-                }
-            }));
-        }
-        std::thread::sleep(Duration::from_millis(rng.gen_range(5..60)));
-        let plan = CrashPlan {
-            torn_write_bytes: rng.gen_bool(0.7).then(|| rng.gen_range(1..RECORD_BYTES as u64 * 2)),
-            keep_older_unsynced: rng.gen_bool(0.3),
-        };
-        // Epochs whose commit returned before the crash instant are promised.
-        let (promised, image) = {
-            let list = committed.lock();
-            (list.clone(), storage.crash_image(plan))
-        };
-        let drained = drained.lock().clone();
-        stop.store(true, Ordering::Relaxed);
-        for writer in writers {
-            writer.join().unwrap();
-        }
+        let writers = start_writers(&store);
+        let crash = crash_while_writing(&mut rng, &storage, writers);
         drop(store);
 
-        let store = Store::open_with(&knobs, image.clone() as Arc<dyn Storage>)
+        let store = Store::open_with(&knobs, crash.image.clone() as Arc<dyn Storage>)
             .unwrap_or_else(|e| panic!("seed {seed} round {round}: reopen failed: {e}"));
-        store.check_invariants();
-        let phases: std::collections::BTreeMap<u64, EpochPhase> =
-            store.epochs().into_iter().map(|e| (e.epoch.0, e.phase)).collect();
-        let mut checked = 0;
-        for &epoch in &promised {
-            match phases.get(&epoch) {
-                Some(EpochPhase::Committed) => {
-                    verify_committed(&store, epoch, seed);
-                    checked += 1;
-                }
-                // Drained around the crash (its tombstone may or may not be durable).
-                Some(EpochPhase::Drained) | None if drained.contains(&epoch) => {}
-                other => panic!(
-                    "seed {seed} round {round}: committed epoch {epoch} came back as {other:?}"
-                ),
-            }
-        }
-        for (&epoch, &phase) in &phases {
-            if phase == EpochPhase::Open {
-                verify_whole_or_absent(&store, epoch, seed);
-            }
-        }
-        eprintln!(
-            "round {round}: {} epochs promised, {checked} verified, {} open after recovery, truncated {:?}",
-            promised.len(),
-            phases.values().filter(|p| **p == EpochPhase::Open).count(),
-            store.stats().recovery.truncated
-        );
+        check_recovered(&store, &crash, seed, round);
         store.close().unwrap();
     }
+}
+
+/// Writer threads working on one store until told to stop, and what they reported.
+struct Writers {
+    /// Epochs whose `commit` returned, in order.
+    committed: Arc<Mutex<Vec<u64>>>,
+    /// Epochs asked to be drained.
+    drained: Arc<Mutex<Vec<u64>>>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+/// Scenario step 1: two writer threads write and commit every other epoch, draining old ones.
+fn start_writers(store: &Arc<Store>) -> Writers {
+    let committed = Arc::new(Mutex::new(Vec::<u64>::new()));
+    let drained = Arc::new(Mutex::new(Vec::<u64>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut threads = Vec::new();
+    for thread in 0..2u64 {
+        let (store, committed, drained, stop) =
+            (store.clone(), committed.clone(), drained.clone(), stop.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut epoch = 1 + thread;
+            while !stop.load(Ordering::Relaxed) {
+                write_epoch(&store, epoch);
+                store.commit(EpochId(epoch), Durability::Ssd).unwrap();
+                committed.lock().push(epoch);
+                if epoch > 6 {
+                    // Drain old epochs so GC deletes and compacts segments mid-run.
+                    drained.lock().push(epoch - 6);
+                    store.mark_drained(EpochId(epoch - 6)).unwrap();
+                }
+                epoch += 2;
+            }
+        }));
+    }
+    Writers { committed, drained, stop, threads }
+}
+
+/// A power-loss image and what was promised when it was taken.
+struct Crash {
+    /// Epochs whose commit returned before the crash instant.
+    promised: Vec<u64>,
+    /// Epochs asked to be drained by then (or just after).
+    drained: Vec<u64>,
+    image: Arc<SimStorage>,
+}
+
+/// Scenario step 2: after a random while, takes a power-loss image under the writers' feet,
+/// then stops them.
+fn crash_while_writing(rng: &mut ChaCha8Rng, storage: &Arc<SimStorage>, writers: Writers) -> Crash {
+    std::thread::sleep(Duration::from_millis(rng.gen_range(5..60)));
+    let plan = CrashPlan {
+        torn_write_bytes: rng.gen_bool(0.7).then(|| rng.gen_range(1..RECORD_BYTES as u64 * 2)),
+        keep_older_unsynced: rng.gen_bool(0.3),
+    };
+    // Epochs whose commit returned before the crash instant are promised.
+    let (promised, image) = {
+        let list = writers.committed.lock();
+        (list.clone(), storage.crash_image(plan))
+    };
+    let drained = writers.drained.lock().clone();
+    writers.stop.store(true, Ordering::Relaxed);
+    for writer in writers.threads {
+        writer.join().unwrap();
+    }
+    Crash { promised, drained, image }
+}
+
+/// Scenario step 3, on the store reopened from the image: every promised epoch is committed
+/// and reads back exactly (unless drained around the crash), every open one is whole or absent.
+fn check_recovered(store: &Store, crash: &Crash, seed: u64, round: u32) {
+    store.check_invariants();
+    let phases: std::collections::BTreeMap<u64, EpochPhase> =
+        store.epochs().into_iter().map(|e| (e.epoch.0, e.phase)).collect();
+    let mut checked = 0;
+    for &epoch in &crash.promised {
+        match phases.get(&epoch) {
+            Some(EpochPhase::Committed) => {
+                verify_committed(store, epoch, seed);
+                checked += 1;
+            }
+            // Drained around the crash (its tombstone may or may not be durable).
+            Some(EpochPhase::Drained) | None if crash.drained.contains(&epoch) => {}
+            other => {
+                panic!("seed {seed} round {round}: committed epoch {epoch} came back as {other:?}")
+            }
+        }
+    }
+    for (&epoch, &phase) in &phases {
+        if phase == EpochPhase::Open {
+            verify_whole_or_absent(store, epoch, seed);
+        }
+    }
+    eprintln!(
+        "round {round}: {} epochs promised, {checked} verified, {} open after recovery, truncated {:?}",
+        crash.promised.len(),
+        phases.values().filter(|p| **p == EpochPhase::Open).count(),
+        store.stats().recovery.truncated
+    );
 }
 
 #[test]

@@ -124,77 +124,114 @@ fn committed_epochs_survive_sigkill() {
     let executable = std::env::current_exe().unwrap();
     let mut verified_total = 0;
     for round in 0..20 {
-        let mut child = std::process::Command::new(&executable)
-            .args(["kill_child_entry", "--exact", "--nocapture", "--test-threads=1"])
-            .env(CHILD_ENV, directory)
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(rng.gen_range(30..250)));
-        // SIGKILL; the child is not reaped yet, so its pid is still ours.
-        child.kill().expect("kill failed");
-        let status = child.wait().unwrap();
-        assert!(!status.success(), "round {round}: child exited on its own: {status:?}");
-
+        run_child_until_killed(&executable, directory, &mut rng, round);
         let side = std::fs::read_to_string(directory.join("side.log")).unwrap_or_default();
-        let mut committed = BTreeMap::new();
-        let mut drained = BTreeSet::new();
-        for line in complete_lines(&side) {
-            let parts: Vec<&str> = line.split(' ').collect();
-            match parts.as_slice() {
-                ["commit", epoch, crc] => {
-                    committed.insert(epoch.parse::<u64>().unwrap(), crc.parse::<u32>().unwrap());
-                }
-                ["drain", epoch] => {
-                    drained.insert(epoch.parse::<u64>().unwrap());
-                }
-                other => panic!("round {round}: malformed side file line {other:?}"),
-            }
-        }
+        let reports = parse_side_file(&side, round);
         let store = Store::open(&knobs(&directory.join("ssd")))
             .unwrap_or_else(|e| panic!("seed {seed} round {round}: reopen failed: {e}"));
         store.check_invariants();
-        let phases: BTreeMap<u64, EpochPhase> =
-            store.epochs().into_iter().map(|e| (e.epoch.0, e.phase)).collect();
-        let mut verified = 0;
-        for (&epoch, &crc) in &committed {
-            if drained.contains(&epoch) {
-                continue;
-            }
-            if phases.get(&epoch) != Some(&EpochPhase::Committed) {
-                let context: Vec<&str> =
-                    side.lines().filter(|l| l.contains(&epoch.to_string())).collect();
-                panic!(
-                    "seed {seed} round {round}: committed epoch {epoch} came back as {:?}; side file lines naming it: {context:?}; epochs: {:?}",
-                    phases.get(&epoch),
-                    store.epochs()
-                );
-            }
-            let mut check = 0;
-            for file in 0..FILES {
-                let stat =
-                    store.stat(EpochId(epoch), FileId(file)).expect("committed file missing");
-                assert_eq!(stat.name.as_deref(), Some(format!("out/{epoch}/{file}").as_str()));
-                let mut back = vec![0u8; stat.size_bytes as usize];
-                store.read(EpochId(epoch), FileId(file), 0, &mut back).unwrap();
-                check = crc32c::crc32c_append(check, &back);
-            }
-            assert_eq!(
-                check, crc,
-                "seed {seed} round {round}: epoch {epoch} reads back different bytes"
-            );
-            verified += 1;
-        }
+        let verified = verify_committed_epochs(&store, &side, &reports, seed, round);
         verified_total += verified;
         eprintln!(
             "round {round}: {} committed so far, {verified} verified live, recovery {:?}",
-            committed.len(),
+            reports.committed.len(),
             store.stats().recovery
         );
         // Closed cleanly so the next child starts from a tidy state; the kill is the crash.
         store.close().unwrap();
     }
     assert!(verified_total > 0, "the child never committed anything: the test tested nothing");
+}
+
+/// Scenario step 1: runs a child on `directory` and SIGKILLs it after a random while.
+fn run_child_until_killed(executable: &Path, directory: &Path, rng: &mut ChaCha8Rng, round: u32) {
+    let mut child = std::process::Command::new(executable)
+        .args(["kill_child_entry", "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, directory)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(rng.gen_range(30..250)));
+    // SIGKILL; the child is not reaped yet, so its pid is still ours.
+    child.kill().expect("kill failed");
+    let status = child.wait().unwrap();
+    assert!(!status.success(), "round {round}: child exited on its own: {status:?}");
+}
+
+/// What the children reported in the side file so far.
+struct SideReports {
+    /// Committed epochs and the CRC of their files' bytes.
+    committed: BTreeMap<u64, u32>,
+    /// Epochs a child asked to drain.
+    drained: BTreeSet<u64>,
+}
+
+/// Scenario step 2: parses the complete lines of the side file (a malformed one fails the test).
+fn parse_side_file(side: &str, round: u32) -> SideReports {
+    let mut committed = BTreeMap::new();
+    let mut drained = BTreeSet::new();
+    for line in complete_lines(side) {
+        let parts: Vec<&str> = line.split(' ').collect();
+        match parts.as_slice() {
+            ["commit", epoch, crc] => {
+                committed.insert(epoch.parse::<u64>().unwrap(), crc.parse::<u32>().unwrap());
+            }
+            ["drain", epoch] => {
+                drained.insert(epoch.parse::<u64>().unwrap());
+            }
+            other => panic!("round {round}: malformed side file line {other:?}"),
+        }
+    }
+    SideReports { committed, drained }
+}
+
+/// Scenario step 3, on the reopened store: every reported committed epoch not drained is
+/// committed and reads back with its reported CRC. Returns how many were verified.
+fn verify_committed_epochs(
+    store: &Store,
+    side: &str,
+    reports: &SideReports,
+    seed: u64,
+    round: u32,
+) -> u64 {
+    let phases: BTreeMap<u64, EpochPhase> =
+        store.epochs().into_iter().map(|e| (e.epoch.0, e.phase)).collect();
+    let mut verified = 0;
+    for (&epoch, &crc) in &reports.committed {
+        if reports.drained.contains(&epoch) {
+            continue;
+        }
+        if phases.get(&epoch) != Some(&EpochPhase::Committed) {
+            let context: Vec<&str> =
+                side.lines().filter(|l| l.contains(&epoch.to_string())).collect();
+            panic!(
+                "seed {seed} round {round}: committed epoch {epoch} came back as {:?}; side file lines naming it: {context:?}; epochs: {:?}",
+                phases.get(&epoch),
+                store.epochs()
+            );
+        }
+        assert_eq!(
+            read_back_checksum(store, epoch),
+            crc,
+            "seed {seed} round {round}: epoch {epoch} reads back different bytes"
+        );
+        verified += 1;
+    }
+    verified
+}
+
+/// The CRC of the bytes the store reads back for every file of `epoch` (each file must exist
+/// with the name the child gave it).
+fn read_back_checksum(store: &Store, epoch: u64) -> u32 {
+    let mut check = 0;
+    for file in 0..FILES {
+        let stat = store.stat(EpochId(epoch), FileId(file)).expect("committed file missing");
+        assert_eq!(stat.name.as_deref(), Some(format!("out/{epoch}/{file}").as_str()));
+        let mut back = vec![0u8; stat.size_bytes as usize];
+        store.read(EpochId(epoch), FileId(file), 0, &mut back).unwrap();
+        check = crc32c::crc32c_append(check, &back);
+    }
+    check
 }
 
 /// A disk-backed scratch directory (not tmpfs) so fsync means something.

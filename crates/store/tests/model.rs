@@ -7,6 +7,7 @@ mod common;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use spillway_config::StoreKnobs;
 use spillway_store::{CrashPlan, Durability, EpochPhase, SimStorage, Storage, Store, WriteError};
 use spillway_types::{EpochId, FileId, StreamKey};
 use std::collections::BTreeMap;
@@ -67,198 +68,38 @@ fn verify_epoch(store: &Store, epoch: EpochId, model: &ModelEpoch, seed: u64) {
 }
 
 fn run_sequence(seed: u64, steps: usize, ssd_bytes_max: u64) {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut sequence = Sequence::new(seed);
     let knobs = spillway_config::StoreKnobs { ssd_bytes_max, ..common::small_knobs() };
     let mut storage = SimStorage::new();
     let mut store = Store::open_with(&knobs, storage.clone() as Arc<dyn Storage>).unwrap();
-    let mut model: BTreeMap<EpochId, ModelEpoch> = BTreeMap::new();
-    let mut next_epoch = 1u64;
-    let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
-    let mut totals = [0u64; 4];
     for step in 0..steps {
-        let choice = rng.gen_range(0..100);
+        let choice = sequence.rng.gen_range(0..100);
         let stats = store.stats();
-        totals[0] = totals[0].max(stats.ssd_used_bytes);
-        let live: Vec<EpochId> = model.keys().copied().collect();
-        let open: Vec<EpochId> =
-            model.iter().filter(|(_, m)| m.phase == Phase::Open).map(|(&e, _)| e).collect();
+        sequence.totals[0] = sequence.totals[0].max(stats.ssd_used_bytes);
+        let live: Vec<EpochId> = sequence.model.keys().copied().collect();
+        let open: Vec<EpochId> = sequence
+            .model
+            .iter()
+            .filter(|(_, m)| m.phase == Phase::Open)
+            .map(|(&e, _)| e)
+            .collect();
         match choice {
-            0..=44 => {
-                // Write (to an open epoch, or a new one).
-                let epoch = if open.is_empty() || rng.gen_bool(0.1) {
-                    next_epoch += 1;
-                    EpochId(next_epoch)
-                } else {
-                    open[rng.gen_range(0..open.len())]
-                };
-                let file = FileId(rng.gen_range(0..4));
-                let offset = rng.gen_range(0..40_000usize);
-                let length = if rng.gen_bool(0.3) {
-                    rng.gen_range(20_000..120_000)
-                } else {
-                    rng.gen_range(1..5_000)
-                };
-                let data = common::payload(seed ^ (step as u64) << 8, length);
-                let stream = StreamKey(rng.gen_range(1..4));
-                match store.write(stream, epoch, file, offset as u64, &data) {
-                    Ok(()) => {
-                        *counts.entry("write").or_default() += 1;
-                        let entry = model.entry(epoch).or_insert_with(|| ModelEpoch {
-                            phase: Phase::Open,
-                            files: BTreeMap::new(),
-                            names: BTreeMap::new(),
-                        });
-                        write_into(entry.files.entry(file).or_default(), offset, &data);
-                    }
-                    Err(WriteError::OutOfSpace { .. }) => {
-                        *counts.entry("out_of_space").or_default() += 1;
-                        // Nothing half-written: the model is unchanged and later reads check it.
-                    }
-                    Err(error) => panic!("seed {seed} step {step}: write failed: {error}"),
-                }
-            }
-            45..=49 => {
-                if let Some(&epoch) = open.first() {
-                    let file = FileId(rng.gen_range(0..4));
-                    let name = format!("ckpt/{epoch}/file-{file}.dat");
-                    store.name_file(epoch, file, &name).unwrap();
-                    model.get_mut(&epoch).unwrap().names.insert(file, name);
-                }
-            }
-            50..=59 => {
-                if !open.is_empty() {
-                    let epoch = open[rng.gen_range(0..open.len())];
-                    let durability =
-                        if rng.gen_bool(0.3) { Durability::Memory } else { Durability::Ssd };
-                    store.commit(epoch, durability).unwrap();
-                    *counts.entry("commit").or_default() += 1;
-                    model.get_mut(&epoch).unwrap().phase = if durability == Durability::Ssd {
-                        Phase::Committed
-                    } else {
-                        Phase::CommittedMemory
-                    };
-                }
-            }
-            60..=74 => {
-                if !live.is_empty() {
-                    let epoch = live[rng.gen_range(0..live.len())];
-                    let entry = &model[&epoch];
-                    if let Some((&file, content)) =
-                        entry.files.iter().nth(rng.gen_range(0..entry.files.len().max(1)))
-                    {
-                        let offset = rng.gen_range(0..content.len() + 10);
-                        let length = rng.gen_range(1..30_000);
-                        let mut back = vec![0x55u8; length];
-                        store.read(epoch, file, offset as u64, &mut back).unwrap();
-                        for (i, &byte) in back.iter().enumerate() {
-                            let expected = content.get(offset + i).copied().unwrap_or(0);
-                            assert_eq!(
-                                byte,
-                                expected,
-                                "seed {seed} step {step}: epoch {epoch} file {file} byte {}",
-                                offset + i
-                            );
-                        }
-                    }
-                }
-            }
-            75..=82 => {
-                let committed: Vec<EpochId> =
-                    model.iter().filter(|(_, m)| m.phase != Phase::Open).map(|(&e, _)| e).collect();
-                if !committed.is_empty() {
-                    let epoch = committed[rng.gen_range(0..committed.len())];
-                    store.mark_drained(epoch).unwrap();
-                    *counts.entry("drain").or_default() += 1;
-                    model.remove(&epoch);
-                    assert_eq!(
-                        store.epochs().iter().find(|e| e.epoch == epoch).unwrap().phase,
-                        EpochPhase::Drained
-                    );
-                }
-            }
-            83..=86 => {
-                if !live.is_empty() {
-                    let epoch = live[rng.gen_range(0..live.len())];
-                    store.delete_epoch(epoch).unwrap();
-                    model.remove(&epoch);
-                }
-            }
-            87..=90 => {
-                let report = if rng.gen_bool(0.5) {
-                    store.gc().unwrap()
-                } else {
-                    store.compact_now().unwrap()
-                };
-                totals[1] += report.segments_deleted;
-                totals[2] += report.bytes_copied;
-            }
-            91..=94 => {
-                // Clean restart: everything survives, memory commits become durable.
-                *counts.entry("restart").or_default() += 1;
-                store.close().unwrap();
-                store = Store::open_with(&knobs, storage.clone() as Arc<dyn Storage>).unwrap();
-                for entry in model.values_mut() {
-                    if entry.phase == Phase::CommittedMemory {
-                        entry.phase = Phase::Committed;
-                    }
-                }
-            }
-            95..=96 => {
-                // Power loss: only SSD-committed epochs are promised.
-                *counts.entry("power_loss").or_default() += 1;
-                let plan = CrashPlan {
-                    torn_write_bytes: rng.gen_bool(0.5).then(|| rng.gen_range(0..2000)),
-                    keep_older_unsynced: rng.gen_bool(0.5),
-                };
-                let image = storage.crash_image(plan);
-                drop(store);
-                storage = image;
-                store = Store::open_with(&knobs, storage.clone() as Arc<dyn Storage>)
-                    .unwrap_or_else(|e| {
-                        panic!("seed {seed} step {step}: reopen after power loss failed: {e}")
-                    });
-                let recovered: BTreeMap<EpochId, EpochPhase> =
-                    store.epochs().into_iter().map(|e| (e.epoch, e.phase)).collect();
-                let mut survivors = BTreeMap::new();
-                for (epoch, entry) in std::mem::take(&mut model) {
-                    match (entry.phase, recovered.get(&epoch)) {
-                        (Phase::Committed, Some(EpochPhase::Committed)) => {
-                            survivors.insert(epoch, entry);
-                        }
-                        (Phase::Committed, other) => {
-                            panic!("seed {seed} step {step}: committed epoch {epoch} came back as {other:?}")
-                        }
-                        (Phase::CommittedMemory, Some(EpochPhase::Committed)) => {
-                            // The flusher made it durable in time: then it must be complete.
-                            survivors
-                                .insert(epoch, ModelEpoch { phase: Phase::Committed, ..entry });
-                        }
-                        _ => {}
-                    }
-                }
-                model = survivors;
-                // Uncertain epochs (open, memory-only, drained/deleted whose tombstone was not
-                // durable) are removed so the model stays exact.
-                for (epoch, phase) in recovered {
-                    if !model.contains_key(&epoch)
-                        && matches!(phase, EpochPhase::Open | EpochPhase::Committed)
-                    {
-                        store.delete_epoch(epoch).unwrap();
-                    }
-                }
-            }
-            _ => {
-                for (&epoch, entry) in &model {
-                    verify_epoch(&store, epoch, entry, seed);
-                }
-            }
+            0..=44 => sequence.write(&store, &open, step),
+            45..=49 => sequence.name_file(&store, &open),
+            50..=59 => sequence.commit(&store, &open),
+            60..=74 => sequence.check_read(&store, &live, step),
+            75..=82 => sequence.drain(&store),
+            83..=86 => sequence.delete(&store, &live),
+            87..=90 => sequence.collect_garbage(&store),
+            91..=94 => store = sequence.restart(store, &knobs, &storage),
+            95..=96 => (store, storage) = sequence.power_loss(store, &knobs, &storage, step),
+            _ => sequence.verify_all(&store),
         }
         store.check_invariants();
     }
-    for (&epoch, entry) in &model {
-        verify_epoch(&store, epoch, entry, seed);
-    }
+    sequence.verify_all(&store);
     let stats = store.stats();
+    let Sequence { counts, totals, model, .. } = &sequence;
     eprintln!(
         "seed {seed}: {counts:?}; peak SSD use {} B; explicit GC deleted {} segments, copied {} B; {} live epochs at the end",
         totals[0], totals[1], totals[2], model.len()
@@ -269,6 +110,238 @@ fn run_sequence(seed: u64, steps: usize, ssd_bytes_max: u64) {
         stats.host_write_amplification
     );
     store.close().unwrap();
+}
+
+/// One random sequence of operations: its random source, the model the store must match,
+/// and what it counted.
+struct Sequence {
+    seed: u64,
+    rng: ChaCha8Rng,
+    model: BTreeMap<EpochId, ModelEpoch>,
+    next_epoch: u64,
+    /// Operations done, by name.
+    counts: BTreeMap<&'static str, u64>,
+    /// Peak SSD use, then segments deleted and bytes copied by explicit GC.
+    totals: [u64; 4],
+}
+
+impl Sequence {
+    /// A sequence replaying `seed`, with an empty model.
+    fn new(seed: u64) -> Sequence {
+        Sequence {
+            seed,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            model: BTreeMap::new(),
+            next_epoch: 1,
+            counts: BTreeMap::new(),
+            totals: [0; 4],
+        }
+    }
+
+    /// Operation: a write (to an open epoch, or a new one); running out of space changes
+    /// nothing.
+    fn write(&mut self, store: &Store, open: &[EpochId], step: usize) {
+        let (seed, rng) = (self.seed, &mut self.rng);
+        let epoch = if open.is_empty() || rng.gen_bool(0.1) {
+            self.next_epoch += 1;
+            EpochId(self.next_epoch)
+        } else {
+            open[rng.gen_range(0..open.len())]
+        };
+        let file = FileId(rng.gen_range(0..4));
+        let offset = rng.gen_range(0..40_000usize);
+        let length = if rng.gen_bool(0.3) {
+            rng.gen_range(20_000..120_000)
+        } else {
+            rng.gen_range(1..5_000)
+        };
+        let data = common::payload(seed ^ (step as u64) << 8, length);
+        let stream = StreamKey(rng.gen_range(1..4));
+        match store.write(stream, epoch, file, offset as u64, &data) {
+            Ok(()) => {
+                *self.counts.entry("write").or_default() += 1;
+                let entry = self.model.entry(epoch).or_insert_with(|| ModelEpoch {
+                    phase: Phase::Open,
+                    files: BTreeMap::new(),
+                    names: BTreeMap::new(),
+                });
+                write_into(entry.files.entry(file).or_default(), offset, &data);
+            }
+            Err(WriteError::OutOfSpace { .. }) => {
+                *self.counts.entry("out_of_space").or_default() += 1;
+                // Nothing half-written: the model is unchanged and later reads check it.
+            }
+            Err(error) => panic!("seed {seed} step {step}: write failed: {error}"),
+        }
+    }
+
+    /// Operation: names a file of the first open epoch.
+    fn name_file(&mut self, store: &Store, open: &[EpochId]) {
+        if let Some(&epoch) = open.first() {
+            let file = FileId(self.rng.gen_range(0..4));
+            let name = format!("ckpt/{epoch}/file-{file}.dat");
+            store.name_file(epoch, file, &name).unwrap();
+            self.model.get_mut(&epoch).unwrap().names.insert(file, name);
+        }
+    }
+
+    /// Operation: commits an open epoch, to SSD or (less often) to memory.
+    fn commit(&mut self, store: &Store, open: &[EpochId]) {
+        if !open.is_empty() {
+            let epoch = open[self.rng.gen_range(0..open.len())];
+            let durability =
+                if self.rng.gen_bool(0.3) { Durability::Memory } else { Durability::Ssd };
+            store.commit(epoch, durability).unwrap();
+            *self.counts.entry("commit").or_default() += 1;
+            self.model.get_mut(&epoch).unwrap().phase = if durability == Durability::Ssd {
+                Phase::Committed
+            } else {
+                Phase::CommittedMemory
+            };
+        }
+    }
+
+    /// Operation: reads a random range of a file of a live epoch and checks it byte by byte
+    /// (zeros past the end).
+    fn check_read(&mut self, store: &Store, live: &[EpochId], step: usize) {
+        if live.is_empty() {
+            return;
+        }
+        let (seed, rng) = (self.seed, &mut self.rng);
+        let epoch = live[rng.gen_range(0..live.len())];
+        let entry = &self.model[&epoch];
+        if let Some((&file, content)) =
+            entry.files.iter().nth(rng.gen_range(0..entry.files.len().max(1)))
+        {
+            let offset = rng.gen_range(0..content.len() + 10);
+            let length = rng.gen_range(1..30_000);
+            let mut back = vec![0x55u8; length];
+            store.read(epoch, file, offset as u64, &mut back).unwrap();
+            for (i, &byte) in back.iter().enumerate() {
+                let expected = content.get(offset + i).copied().unwrap_or(0);
+                assert_eq!(
+                    byte,
+                    expected,
+                    "seed {seed} step {step}: epoch {epoch} file {file} byte {}",
+                    offset + i
+                );
+            }
+        }
+    }
+
+    /// Operation: drains a committed epoch (it leaves the model).
+    fn drain(&mut self, store: &Store) {
+        let committed: Vec<EpochId> =
+            self.model.iter().filter(|(_, m)| m.phase != Phase::Open).map(|(&e, _)| e).collect();
+        if !committed.is_empty() {
+            let epoch = committed[self.rng.gen_range(0..committed.len())];
+            store.mark_drained(epoch).unwrap();
+            *self.counts.entry("drain").or_default() += 1;
+            self.model.remove(&epoch);
+            assert_eq!(
+                store.epochs().iter().find(|e| e.epoch == epoch).unwrap().phase,
+                EpochPhase::Drained
+            );
+        }
+    }
+
+    /// Operation: deletes a live epoch (it leaves the model).
+    fn delete(&mut self, store: &Store, live: &[EpochId]) {
+        if !live.is_empty() {
+            let epoch = live[self.rng.gen_range(0..live.len())];
+            store.delete_epoch(epoch).unwrap();
+            self.model.remove(&epoch);
+        }
+    }
+
+    /// Operation: one GC round, or a forced compaction.
+    fn collect_garbage(&mut self, store: &Store) {
+        let report =
+            if self.rng.gen_bool(0.5) { store.gc().unwrap() } else { store.compact_now().unwrap() };
+        self.totals[1] += report.segments_deleted;
+        self.totals[2] += report.bytes_copied;
+    }
+
+    /// Operation: a clean restart; everything survives, memory commits become durable.
+    fn restart(&mut self, store: Store, knobs: &StoreKnobs, storage: &Arc<SimStorage>) -> Store {
+        *self.counts.entry("restart").or_default() += 1;
+        store.close().unwrap();
+        let store = Store::open_with(knobs, storage.clone() as Arc<dyn Storage>).unwrap();
+        for entry in self.model.values_mut() {
+            if entry.phase == Phase::CommittedMemory {
+                entry.phase = Phase::Committed;
+            }
+        }
+        store
+    }
+
+    /// Operation: a power loss; only SSD-committed epochs are promised. Returns the store
+    /// reopened on the crash image, and the image.
+    fn power_loss(
+        &mut self,
+        store: Store,
+        knobs: &StoreKnobs,
+        storage: &Arc<SimStorage>,
+        step: usize,
+    ) -> (Store, Arc<SimStorage>) {
+        let seed = self.seed;
+        *self.counts.entry("power_loss").or_default() += 1;
+        let plan = CrashPlan {
+            torn_write_bytes: self.rng.gen_bool(0.5).then(|| self.rng.gen_range(0..2000)),
+            keep_older_unsynced: self.rng.gen_bool(0.5),
+        };
+        let image = storage.crash_image(plan);
+        drop(store);
+        let store =
+            Store::open_with(knobs, image.clone() as Arc<dyn Storage>).unwrap_or_else(|e| {
+                panic!("seed {seed} step {step}: reopen after power loss failed: {e}")
+            });
+        let recovered: BTreeMap<EpochId, EpochPhase> =
+            store.epochs().into_iter().map(|e| (e.epoch, e.phase)).collect();
+        self.keep_promised_epochs(&recovered, step);
+        // Uncertain epochs (open, memory-only, drained/deleted whose tombstone was not
+        // durable) are removed so the model stays exact.
+        for (epoch, phase) in recovered {
+            if !self.model.contains_key(&epoch)
+                && matches!(phase, EpochPhase::Open | EpochPhase::Committed)
+            {
+                store.delete_epoch(epoch).unwrap();
+            }
+        }
+        (store, image)
+    }
+
+    /// After a power loss: the model keeps the epochs that came back committed, and every
+    /// epoch committed to SSD must have.
+    fn keep_promised_epochs(&mut self, recovered: &BTreeMap<EpochId, EpochPhase>, step: usize) {
+        let seed = self.seed;
+        let mut survivors = BTreeMap::new();
+        for (epoch, entry) in std::mem::take(&mut self.model) {
+            match (entry.phase, recovered.get(&epoch)) {
+                (Phase::Committed, Some(EpochPhase::Committed)) => {
+                    survivors.insert(epoch, entry);
+                }
+                (Phase::Committed, other) => {
+                    panic!(
+                        "seed {seed} step {step}: committed epoch {epoch} came back as {other:?}"
+                    )
+                }
+                (Phase::CommittedMemory, Some(EpochPhase::Committed)) => {
+                    // The flusher made it durable in time: then it must be complete.
+                    survivors.insert(epoch, ModelEpoch { phase: Phase::Committed, ..entry });
+                }
+                _ => {}
+            }
+        }
+        self.model = survivors;
+    }
+
+    /// Checks every epoch of the model against the store.
+    fn verify_all(&self, store: &Store) {
+        for (&epoch, entry) in &self.model {
+            verify_epoch(store, epoch, entry, self.seed);
+        }
+    }
 }
 
 #[test]
