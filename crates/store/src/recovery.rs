@@ -74,10 +74,19 @@ pub(crate) fn recover(
     install_segments(state, &scan.segments);
     let promised = replay(state, scan.records);
     check_committed_epochs(state, &promised, &scan.damages)?;
-    state.next_segment = scan.max_segment + 1;
+    state.next_segment = next_segment_id(scan.max_segment, &synced);
     state.recovery.duration_ms = started.elapsed().as_millis() as u64;
     crate::store::check_invariants(state);
     Ok(())
+}
+
+/// The id of the next segment: above every segment on disk *and* every segment a surviving
+/// commit record names. GC deletes whole segments, the newest among them; an id reused after a
+/// restart would make an old commit's sync point apply to a new segment of the same id, and
+/// the next recovery would read that segment's torn tail as corruption below its sync point.
+fn next_segment_id(max_on_disk: u64, synced: &HashMap<SegmentId, u64>) -> u64 {
+    let max_named = synced.keys().map(|segment| segment.0).max().unwrap_or(0);
+    max_on_disk.max(max_named) + 1
 }
 
 /// Step 1 of `recover`: the segment files in the directory, by id.

@@ -16,7 +16,11 @@ use std::path::{Path, PathBuf};
 
 /// The repository root (two levels above this crate's manifest).
 pub fn repository_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).expect("crates/tidy is two deep").into()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("crates/tidy is two deep")
+        .into()
 }
 
 /// A file of the repository as text, naming it when it cannot be read.

@@ -21,8 +21,14 @@ fn every_crate_uses_the_workspace_lints_and_rust_version() {
     assert!(manifests.len() >= 20, "found only {} crates", manifests.len());
     let workspace = read_repository_file("Cargo.toml");
     for (path, text) in &manifests {
-        assert!(text.contains("[lints]\nworkspace = true"), "{path}: no `[lints] workspace = true`");
-        assert!(text.contains("rust-version.workspace = true"), "{path}: no workspace rust-version");
+        assert!(
+            text.contains("[lints]\nworkspace = true"),
+            "{path}: no `[lints] workspace = true`"
+        );
+        assert!(
+            text.contains("rust-version.workspace = true"),
+            "{path}: no workspace rust-version"
+        );
         let member = path.rsplit_once("/crates/").unwrap().1.trim_end_matches("/Cargo.toml");
         assert!(
             workspace.contains(&format!("\"crates/{member}\"")),
