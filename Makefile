@@ -1,26 +1,43 @@
-# Spillway: `make demo` shows it working, `make test` runs every test. Both set up what they need.
+# Spillway: `make demo` shows it working, `make test` runs every check and test. Both set up
+# what they need.
 
 CARGO ?= cargo
 SPILLWAY := target/release/spillway
+# The crates whose expensive invariant checks (`strict_assertions`) run in `make test`: the
+# store (with its index) and the drain.
+STRICT_FEATURES := spillway-store/strict_assertions,spillway-drain/strict_assertions
 
-.PHONY: demo test deps build release test-rust test-python bench clean config-doc
+.PHONY: demo test deps build release lint test-rust test-strict test-python bench clean config-doc
 
 demo: release
 	$(SPILLWAY) demo
 
-test: deps release
-	$(CARGO) test --workspace --no-fail-fast
-	SPILLWAY_BIN=$(CURDIR)/$(SPILLWAY) python/run-tests.sh
+# Guardrails first (formatting, clippy with every warning an error, the repository checks of
+# spillway-tidy run with the other tests), then every test, then the strict-assertion builds.
+test: deps lint release test-rust test-strict test-python
 
-# System packages the tests need (Debian), installed only when missing.
+# System packages and toolchain components the tests need, installed only when missing.
 deps:
 	scripts/install-deps.sh
+
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 release:
 	$(CARGO) build --release -p spillway
 
 build:
 	$(CARGO) build --workspace
+
+test-rust:
+	$(CARGO) test --workspace --no-fail-fast
+
+test-strict:
+	$(CARGO) test -p spillway-store -p spillway-drain --features $(STRICT_FEATURES) --no-fail-fast
+
+test-python: release
+	SPILLWAY_BIN=$(CURDIR)/$(SPILLWAY) python/run-tests.sh
 
 # Every benchmark, each with its own baselines; see README.
 bench: release

@@ -26,6 +26,15 @@ if ! command -v cargo >/dev/null; then
     exit 1
 fi
 
+# rustfmt and clippy run in `make test` (make lint); rustup's default profile has them, a minimal
+# one does not.
+for component in rustfmt clippy; do
+    if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
+        echo "install-deps: adding the Rust component $component"
+        rustup component add "$component"
+    fi
+done
+
 if [ ${#missing[@]} -eq 0 ]; then
     echo "install-deps: all ${#packages[@]} Debian packages present"
     exit 0
