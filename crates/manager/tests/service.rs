@@ -322,8 +322,13 @@ fn pools_by_algorithm_2_and_streams_by_algorithm_1() {
     assert_eq!(d.stream, a.stream);
     // Epochs and namespace ids are unique.
     let mut epochs = vec![a.epoch, b.epoch, c.epoch, d.epoch];
+    epochs.sort();
     epochs.dedup();
-    assert_eq!(epochs.len(), 4);
+    assert_eq!(epochs.len(), 4, "every reservation has its own epoch");
+    let mut namespaces = vec![a.namespace_id, b.namespace_id, c.namespace_id, d.namespace_id];
+    namespaces.sort();
+    namespaces.dedup();
+    assert_eq!(namespaces.len(), 4, "every reservation has its own namespace id");
     let pools = manager.list_pools().unwrap();
     assert_eq!(pools[0].keys_per_stream, vec![1, 1]);
     // Keyed by job, every reservation is its own key: with 2 streams the third shares.
