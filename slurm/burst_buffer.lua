@@ -10,7 +10,7 @@ spillway-bb.env beside it naming the spillway binary and its settings:
     SPILLWAY_BB_STATE_DIR=/var/lib/spillway/bb
 
 (scripts/slurm/start.sh writes it for the test cluster.) Every hook is a thin call of
-`spillway bb <hook>`, where the logic and its tests live (crates/cli/src/bb.rs).
+`spillway bb <hook>`, where the logic and its tests live (crates/slurm).
 
 Where the hooks run (22.05): slurm_bb_job_process, slurm_bb_pools and slurm_bb_paths run inside
 slurmctld with its locks held and cannot be killed, so they only do local work: job_process
