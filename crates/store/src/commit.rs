@@ -157,22 +157,30 @@ impl Inner {
     fn wait_until_batch_written(&self, batch: &BTreeSet<EpochId>) -> Result<(), String> {
         // Every record of the batch is placed; some may still be written by a concurrent
         // spill, and records of other epochs written through below them may be in flight.
-        // Wait until each segment is written up to where it was placed now, so the fsync
-        // that follows covers the batch with no hole beneath it (a hole would make recovery
-        // cut committed records off as a torn tail).
+        let targets: Vec<(SegmentId, u64)> = {
+            let state = self.state.lock();
+            batch
+                .iter()
+                .filter_map(|e| state.epochs.get(e))
+                .flat_map(|e| e.segments.iter().copied())
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .filter_map(|id| state.segments.get(&id).map(|s| (id, s.length)))
+                .collect()
+        };
+        self.wait_until_written(&targets)
+    }
+
+    /// Waits until each `(segment, end)` is written up to `end`: no placement below it is still
+    /// in flight. Then the fsync that follows covers those bytes with no hole beneath them; a
+    /// hole would make recovery cut everything above it off as a torn tail (committed records
+    /// of a commit, or the copies of a compaction whose victim is already gone).
+    pub(crate) fn wait_until_written(&self, targets: &[(SegmentId, u64)]) -> Result<(), String> {
         let mut state = self.state.lock();
-        let targets: Vec<(SegmentId, u64)> = batch
-            .iter()
-            .filter_map(|e| state.epochs.get(e))
-            .flat_map(|e| e.segments.iter().copied())
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .filter_map(|id| state.segments.get(&id).map(|s| (id, s.length)))
-            .collect();
         loop {
             Self::failed(&state)?;
-            let behind = targets.iter().any(|(id, length)| {
-                state.segments.get(id).is_some_and(|s| s.written_frontier() < *length)
+            let behind = targets.iter().any(|(id, end)| {
+                state.segments.get(id).is_some_and(|s| s.written_frontier() < *end)
             });
             if !behind {
                 return Ok(());

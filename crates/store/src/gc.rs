@@ -129,7 +129,14 @@ impl Inner {
         let found = scan_segment_image(victim, &image)?;
         let copies = self.place_live_records(victim, found)?;
         let result = self.write_copies(&copies, &image);
-        self.finish_copies(victim, &copies, result)
+        let copied = self.finish_copies(victim, &copies, result)?;
+        // The victim is deleted once the copies are fsync'd; a write of another record still in
+        // flight below a copy would leave a hole there at a crash, and recovery would cut the
+        // copies off with it.
+        let ends: Vec<(SegmentId, u64)> =
+            copies.iter().map(|copy| (copy.target, copy.offset + copy.total)).collect();
+        self.wait_until_written(&ends)?;
+        Ok(copied)
     }
 
     /// Step 1 of `compact`: reads the whole victim segment.
