@@ -227,6 +227,44 @@ fn job_reservation_name(job: u64) -> String {
     format!("job-{job}")
 }
 
+/// What setup refuses before asking the manager: root as the job's user, and a pool that
+/// differs from the one Slurm accounted the job against.
+fn check_setup_request(
+    job: u64,
+    uid: u32,
+    slurm_pool: Option<&str>,
+    directive: &Directive,
+) -> anyhow::Result<()> {
+    if uid == 0 {
+        bail!("job {job}: root may not use a burst buffer reservation");
+    }
+    if let (Some(slurm_pool), Some(pool)) = (slurm_pool, directive.pool.as_deref()) {
+        if slurm_pool != pool && slurm_pool != "(null)" && !slurm_pool.is_empty() {
+            bail!("job {job}: Slurm accounted pool {slurm_pool} but the directive asks for pool={pool}");
+        }
+    }
+    Ok(())
+}
+
+/// May the job's user use the existing persistent reservation?
+fn check_persistent_access(record: &JobRecord, existing: &Reservation) -> anyhow::Result<()> {
+    let JobRecord { job, uid, gid, reservation: name, .. } = record;
+    // The hooks run as root and see every reservation: apply the manager's rule for
+    // persistent reservations here (owner, allowed uids, allowed groups).
+    let groups = spillway_sys::user::groups_of(*uid, *gid)
+        .with_context(|| format!("groups of uid {uid}"))?;
+    let allowed = existing.owner.is_none_or(|owner| owner == *uid)
+        || existing.allowed_uids.contains(uid)
+        || existing.allowed_gids.iter().any(|g| groups.contains(g));
+    if !allowed {
+        bail!(
+            "job {job}: persistent reservation {name} belongs to uid {} and does not allow uid {uid}",
+            existing.owner.unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
 impl Hooks {
     fn read_directive(&self, script: &Path) -> anyhow::Result<Option<Directive>> {
         let text = std::fs::read_to_string(script)
@@ -340,78 +378,62 @@ impl Hooks {
         script: &Path,
     ) -> anyhow::Result<()> {
         let directive = self.require_directive(script)?;
-        if uid == 0 {
-            bail!("job {job}: root may not use a burst buffer reservation");
-        }
-        if let (Some(slurm_pool), Some(pool)) = (slurm_pool, directive.pool.as_deref()) {
-            if slurm_pool != pool && slurm_pool != "(null)" && !slurm_pool.is_empty() {
-                bail!("job {job}: Slurm accounted pool {slurm_pool} but the directive asks for pool={pool}");
-            }
-        }
-        let uid_text = uid.to_string();
-        let gid_text = gid.to_string();
-        let job_text = job.to_string();
-        let (name, persistent) = match &directive.persistent {
+        check_setup_request(job, uid, slurm_pool, &directive)?;
+        let (reservation, persistent) = match &directive.persistent {
             Some(name) => (name.clone(), true),
             None => (job_reservation_name(job), false),
         };
-        match self.show_reservation(&name)? {
-            Some(existing) if persistent => {
-                // The hooks run as root and see every reservation: apply the manager's rule for
-                // persistent reservations here (owner, allowed uids, allowed groups).
-                let groups = spillway_sys::user::groups_of(uid, gid)
-                    .with_context(|| format!("groups of uid {uid}"))?;
-                let allowed = existing.owner.is_none_or(|owner| owner == uid)
-                    || existing.allowed_uids.contains(&uid)
-                    || existing.allowed_gids.iter().any(|g| groups.contains(g));
-                if !allowed {
-                    bail!(
-                        "job {job}: persistent reservation {name} belongs to uid {} and does not allow uid {uid}",
-                        existing.owner.unwrap_or_default()
-                    );
-                }
-            }
+        let record = JobRecord { job, uid, gid, reservation, persistent };
+        match self.show_reservation(&record.reservation)? {
+            Some(existing) if persistent => check_persistent_access(&record, &existing)?,
             Some(_) => {} // setup re-run after a slurmctld restart: the job's reservation exists
-            None => {
-                let capacity = directive.capacity_bytes.ok_or_else(|| {
-                    anyhow!("job {job}: persistent reservation {name} does not exist; add capacity=SIZE to create it")
-                })?;
-                let capacity_text = capacity.to_string();
-                let mut create = vec![
-                    "reservation",
-                    "create",
-                    "--capacity",
-                    &capacity_text,
-                    "--access",
-                    directive.access.as_str(),
-                    "--owner",
-                    &uid_text,
-                    "--group",
-                    &gid_text,
-                    "--json",
-                ];
-                if let Some(pool) = directive.pool.as_deref() {
-                    create.extend(["--pool", pool]);
-                }
-                if persistent {
-                    create.extend(["--persistent", &name]);
-                } else {
-                    create.extend(["--job", &job_text]);
-                }
-                let created = self.manager(&create)?;
-                let reservation: Reservation =
-                    serde_json::from_str(created.trim()).with_context(|| {
-                        format!("parsing `reservation create --json` output {created:?}")
-                    })?;
-                if reservation.name != name {
-                    bail!(
-                        "job {job}: the manager named the reservation {} instead of {name}",
-                        reservation.name
-                    );
-                }
-            }
+            None => self.create_reservation(&record, &directive)?,
         }
-        self.write_record(&JobRecord { job, uid, gid, reservation: name, persistent })
+        self.write_record(&record)
+    }
+
+    /// `reservation create` for the job's user: the job's own reservation, or the persistent
+    /// one the directive names (which then needs `capacity=`).
+    fn create_reservation(&self, record: &JobRecord, directive: &Directive) -> anyhow::Result<()> {
+        let JobRecord { job, uid, gid, reservation: name, persistent } = record;
+        let uid_text = uid.to_string();
+        let gid_text = gid.to_string();
+        let job_text = job.to_string();
+        let capacity = directive.capacity_bytes.ok_or_else(|| {
+            anyhow!("job {job}: persistent reservation {name} does not exist; add capacity=SIZE to create it")
+        })?;
+        let capacity_text = capacity.to_string();
+        let mut create = vec![
+            "reservation",
+            "create",
+            "--capacity",
+            &capacity_text,
+            "--access",
+            directive.access.as_str(),
+            "--owner",
+            &uid_text,
+            "--group",
+            &gid_text,
+            "--json",
+        ];
+        if let Some(pool) = directive.pool.as_deref() {
+            create.extend(["--pool", pool]);
+        }
+        if *persistent {
+            create.extend(["--persistent", name]);
+        } else {
+            create.extend(["--job", &job_text]);
+        }
+        let created = self.manager(&create)?;
+        let reservation: Reservation = serde_json::from_str(created.trim())
+            .with_context(|| format!("parsing `reservation create --json` output {created:?}"))?;
+        if reservation.name != *name {
+            bail!(
+                "job {job}: the manager named the reservation {} instead of {name}",
+                reservation.name
+            );
+        }
+        Ok(())
     }
 
     fn stage(&self, job: u64, script: &Path, direction: StageDirection) -> anyhow::Result<()> {
