@@ -21,6 +21,7 @@
 //! mount point — so a job cancelled during stage-in or while running leaves nothing behind.
 
 pub mod directive;
+mod job;
 mod processes;
 
 use std::io::Write;
@@ -31,8 +32,9 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context};
 use clap::{Parser, Subcommand};
 use directive::Directive;
+use job::{job_reservation_name, JobRecord};
 use processes::{find_processes, is_mount_of, is_mounted, is_stage_of, kill_all};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 /// Where job reservations are mounted on the node unless `--mount-root` says otherwise.
 const MOUNT_ROOT_DEFAULT: &str = "/mnt/spillway";
@@ -141,16 +143,6 @@ enum Hook {
     },
 }
 
-/// What `setup` learned that later hooks need (only setup receives the uid/gid).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-struct JobRecord {
-    job: u64,
-    uid: u32,
-    gid: u32,
-    reservation: String,
-    persistent: bool,
-}
-
 /// The manager's view of a reservation (`reservation show --json`); unknown fields are ignored.
 #[derive(Debug, Clone, Deserialize)]
 struct Reservation {
@@ -220,11 +212,6 @@ struct Hooks {
     mount_root: PathBuf,
 }
 
-/// The reservation name of a job-scoped reservation (the manager's naming, see the contract).
-fn job_reservation_name(job: u64) -> String {
-    format!("job-{job}")
-}
-
 /// What setup refuses before asking the manager: root as the job's user, and a pool that
 /// differs from the one Slurm accounted the job against.
 fn check_setup_request(
@@ -286,47 +273,6 @@ impl Hooks {
         directive::parse_script(&text, &self.directive)
             .map_err(|e| anyhow!("invalid #{} directive: {e}", self.directive))?;
         Ok(())
-    }
-
-    fn record_path(&self, job: u64) -> PathBuf {
-        self.state_dir.join(format!("job-{job}.json"))
-    }
-
-    fn mountpoint(&self, job: u64) -> PathBuf {
-        self.mount_root.join(format!("job-{job}"))
-    }
-
-    fn write_record(&self, record: &JobRecord) -> anyhow::Result<()> {
-        std::fs::create_dir_all(&self.state_dir)
-            .with_context(|| format!("creating state directory {}", self.state_dir.display()))?;
-        let path = self.record_path(record.job);
-        let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec(record)?)
-            .with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, &path)
-            .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
-        Ok(())
-    }
-
-    fn read_record(&self, job: u64) -> anyhow::Result<Option<JobRecord>> {
-        let path = self.record_path(job);
-        match std::fs::read(&path) {
-            Ok(bytes) => Ok(Some(
-                serde_json::from_slice(&bytes)
-                    .with_context(|| format!("parsing {}", path.display()))?,
-            )),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
-        }
-    }
-
-    fn require_record(&self, job: u64) -> anyhow::Result<JobRecord> {
-        self.read_record(job)?.ok_or_else(|| {
-            anyhow!(
-                "job {job}: no record {} (setup did not run or failed)",
-                self.record_path(job).display()
-            )
-        })
     }
 
     /// A `spillway …` manager command, with the manager socket in its environment.
@@ -528,7 +474,7 @@ impl Hooks {
             reservation.group.unwrap_or(record.gid)
         );
         let mode = if reservation.persistent { "1777" } else { "0700" };
-        let log = self.state_dir.join(format!("job-{job}.mount.log"));
+        let log = self.mount_log_path(job);
         // The serving process stays behind: it must not inherit a pipe of ours (or the Lua's
         // popen), or whoever reads that pipe waits for it until the hook times out. Its output
         // goes to the log file instead.
@@ -679,15 +625,7 @@ impl Hooks {
     /// still to run. Teardown is idempotent, so racing a slow regular one does no harm.
     /// Failures are logged to stderr; the refresh goes on.
     fn reap_orphans(&self) {
-        let Ok(entries) = std::fs::read_dir(&self.state_dir) else { return };
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let Some(job) = name
-                .to_str()
-                .and_then(|n| n.strip_prefix("job-")?.strip_suffix(".json")?.parse::<u64>().ok())
-            else {
-                continue;
-            };
+        for job in self.recorded_jobs() {
             let orphaned = match Command::new("scontrol")
                 .args(["-o", "show", "job", &job.to_string()])
                 .output()
