@@ -20,6 +20,7 @@
 //! by its exact arguments), destroy the job's reservation (never a persistent one), remove the
 //! mount point — so a job cancelled during stage-in or while running leaves nothing behind.
 
+mod commands;
 pub mod directive;
 mod job;
 mod orphans;
@@ -27,15 +28,15 @@ mod processes;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Stdio;
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
 use clap::{Parser, Subcommand};
+use commands::{output_of, Reservation};
 use directive::Directive;
 use job::{job_reservation_name, JobRecord};
 use processes::{find_processes, is_mount_of, is_mounted, is_stage_of, kill_all};
-use serde::Deserialize;
 
 /// Where job reservations are mounted on the node unless `--mount-root` says otherwise.
 const MOUNT_ROOT_DEFAULT: &str = "/mnt/spillway";
@@ -138,32 +139,6 @@ enum Hook {
         /// Extra words after `bbstat`, passed to `spillway status`.
         words: Vec<String>,
     },
-}
-
-/// The manager's view of a reservation (`reservation show --json`); unknown fields are ignored.
-#[derive(Debug, Clone, Deserialize)]
-struct Reservation {
-    name: String,
-    #[serde(default)]
-    owner: Option<u32>,
-    #[serde(default)]
-    group: Option<u32>,
-    #[serde(default)]
-    persistent: bool,
-    #[serde(default)]
-    capacity_bytes: Option<u64>,
-    #[serde(default)]
-    allowed_uids: Vec<u32>,
-    #[serde(default)]
-    allowed_gids: Vec<u32>,
-    #[serde(default)]
-    servers: Vec<String>,
-    #[serde(default)]
-    access: Option<String>,
-    #[serde(default)]
-    epoch: Option<u64>,
-    #[serde(default)]
-    namespace_id: Option<u64>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -270,44 +245,6 @@ impl Hooks {
         directive::parse_script(&text, &self.directive)
             .map_err(|e| anyhow!("invalid #{} directive: {e}", self.directive))?;
         Ok(())
-    }
-
-    /// A `spillway …` manager command, with the manager socket in its environment.
-    fn spillway(&self) -> anyhow::Result<Command> {
-        let exe = std::env::current_exe().context("locating the spillway binary")?;
-        let mut command = Command::new(exe);
-        if let Some(manager) = &self.manager {
-            command.env("SPILLWAY_MANAGER", manager);
-        }
-        command.stdin(Stdio::null());
-        Ok(command)
-    }
-
-    /// Run a manager command as root (the hooks' own identity) and return its stdout.
-    fn manager(&self, args: &[&str]) -> anyhow::Result<String> {
-        let mut command = self.spillway()?;
-        command.args(args);
-        output_of(&mut command, &args.join(" "))
-    }
-
-    /// `reservation show NAME --json`; `Ok(None)` when the manager says it does not exist.
-    fn show_reservation(&self, name: &str) -> anyhow::Result<Option<Reservation>> {
-        let mut command = self.spillway()?;
-        command.args(["reservation", "show", name, "--json"]);
-        let output = command.output().context("running spillway reservation show")?;
-        if output.status.success() {
-            let text = String::from_utf8_lossy(&output.stdout);
-            let reservation: Reservation =
-                serde_json::from_str(text.trim()).with_context(|| {
-                    format!("parsing `reservation show {name} --json` output {text:?}")
-                })?;
-            return Ok(Some(reservation));
-        }
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        if is_not_found(&stderr) {
-            return Ok(None);
-        }
-        bail!("spillway reservation show {name}: {}", stderr.trim())
     }
 
     fn setup(
@@ -617,41 +554,13 @@ impl Hooks {
     /// Slurm's pool JSON from the manager's pools and reservations.
     fn slurm_pools_json(&self) -> anyhow::Result<String> {
         let pools: serde_json::Value =
-            serde_json::from_str(&self.manager_timed(&["pool", "list", "--json"])?)
+            serde_json::from_str(&self.manager_timed(&["pool", "list", "--json"], POOLS_TIMEOUT)?)
                 .context("parsing `pool list --json`")?;
-        let reservations: serde_json::Value = serde_json::from_str(&self.manager_timed(&[
-            "reservation",
-            "list",
-            "--all",
-            "--json",
-        ])?)
+        let reservations: serde_json::Value = serde_json::from_str(
+            &self.manager_timed(&["reservation", "list", "--all", "--json"], POOLS_TIMEOUT)?,
+        )
         .context("parsing `reservation list --all --json`")?;
         Ok(slurm_pools(&pools, &reservations)?.to_string())
-    }
-
-    /// A manager call bounded by [`POOLS_TIMEOUT`] (the pools refresh must never hang).
-    fn manager_timed(&self, args: &[&str]) -> anyhow::Result<String> {
-        let mut command = self.spillway()?;
-        command.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
-        let mut child =
-            command.spawn().with_context(|| format!("running spillway {}", args.join(" ")))?;
-        let deadline = Instant::now() + POOLS_TIMEOUT;
-        loop {
-            if child.try_wait()?.is_some() {
-                break;
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!(
-                    "spillway {}: no answer from the manager within {POOLS_TIMEOUT:?}",
-                    args.join(" ")
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let output = child.wait_with_output()?;
-        checked(output, &format!("spillway {}", args.join(" ")))
     }
 
     fn status(&self, words: &[String]) -> anyhow::Result<()> {
@@ -707,27 +616,6 @@ fn slurm_pools(
     Ok(serde_json::json!({ "pools": out }))
 }
 
-/// The manager's "no such reservation" error (exit 1, one line naming it).
-fn is_not_found(stderr: &str) -> bool {
-    let lower = stderr.to_ascii_lowercase();
-    lower.contains("no reservation") || lower.contains("not found") || lower.contains("no such")
-}
-
-/// Run `command`, fail with its stderr (naming `what`) unless it exits 0; return its stdout.
-fn output_of(command: &mut Command, what: &str) -> anyhow::Result<String> {
-    let output = command.output().with_context(|| format!("running {what}"))?;
-    checked(output, what)
-}
-
-fn checked(output: Output, what: &str) -> anyhow::Result<String> {
-    if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let stderr = stderr.trim();
-        bail!("{what}: {} ({})", if stderr.is_empty() { "failed" } else { stderr }, output.status);
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -758,11 +646,5 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("pool x"));
-    }
-
-    #[test]
-    fn not_found_messages() {
-        assert!(is_not_found("spillway: no reservation \"job-9\" visible to uid 0"));
-        assert!(!is_not_found("spillway: permission denied"));
     }
 }
