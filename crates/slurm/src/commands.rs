@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde::Deserialize;
 
-use crate::Hooks;
+use crate::hooks::Hooks;
 
 /// The manager's view of a reservation (`reservation show --json`); unknown fields are ignored.
 #[derive(Debug, Clone, Deserialize)]

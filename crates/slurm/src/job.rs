@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::{anyhow, Context};
 use serde::{Deserialize, Serialize};
 
-use crate::Hooks;
+use crate::hooks::Hooks;
 
 /// What `setup` learned that later hooks need (only setup receives the uid/gid).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use crate::Hooks;
+use crate::hooks::Hooks;
 
 /// How long after a job ended its record may stay before the pools refresh tears it down (a
 /// normal teardown takes seconds; Slurm calls slurm_bb_pools about every 30 s).

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 
-use crate::Hooks;
+use crate::hooks::Hooks;
 
 /// How long `pools` waits for the manager when refreshing the cache.
 const POOLS_TIMEOUT: Duration = Duration::from_secs(5);
