@@ -167,123 +167,122 @@ pub fn parse_script(script: &str, directive: &str) -> Result<Option<Directive>, 
     if lines.is_empty() {
         return Ok(None);
     }
-    let mut capacity_bytes = None;
-    let mut pool = None;
-    let mut access = None;
-    let mut persistent = None;
-    let mut stage_in = Vec::new();
-    let mut stage_out = Vec::new();
+    let mut fields = DirectiveFields::default();
     for (line, body) in &lines {
-        let line = *line;
         for token in body.split_whitespace() {
-            let Some((key, value)) = token.split_once('=') else {
-                return Err(DirectiveError::NotKeyValue { line, token: token.to_string() });
-            };
-            let duplicate = |key: &'static str| DirectiveError::Duplicate {
-                line,
-                token: token.to_string(),
-                key,
-            };
-            match key {
-                "capacity" => {
-                    if capacity_bytes.is_some() {
-                        return Err(duplicate("capacity"));
-                    }
-                    let bytes = parse_size(value).map_err(|problem| DirectiveError::BadSize {
-                        line,
-                        token: token.to_string(),
-                        problem,
-                    })?;
-                    capacity_bytes = Some(bytes);
-                }
-                "pool" => {
-                    if pool.is_some() {
-                        return Err(duplicate("pool"));
-                    }
-                    check_name(value).map_err(|problem| DirectiveError::BadName {
-                        line,
-                        token: token.to_string(),
-                        problem,
-                    })?;
-                    pool = Some(value.to_string());
-                }
-                "access" => {
-                    if access.is_some() {
-                        return Err(duplicate("access"));
-                    }
-                    access = Some(match value {
-                        "striped" => Access::Striped,
-                        "private" => Access::Private,
-                        _ => {
-                            return Err(DirectiveError::BadAccess {
-                                line,
-                                token: token.to_string(),
-                            })
-                        }
-                    });
-                }
-                "persistent" => {
-                    if persistent.is_some() {
-                        return Err(duplicate("persistent"));
-                    }
-                    check_name(value).map_err(|problem| DirectiveError::BadName {
-                        line,
-                        token: token.to_string(),
-                        problem,
-                    })?;
-                    if value.starts_with("job-") {
-                        return Err(DirectiveError::BadName {
-                            line,
-                            token: token.to_string(),
-                            problem: "names starting with job- are reserved for job reservations",
-                        });
-                    }
-                    persistent = Some(value.to_string());
-                }
-                "stage_in" => {
-                    let (pfs, reservation) = split_stage(value)
-                        .and_then(|(src, dst)| {
-                            check_pfs_path(&src)?;
-                            check_reservation_path(&dst)?;
-                            Ok((src, dst))
-                        })
-                        .map_err(|problem| DirectiveError::BadStage {
-                            line,
-                            token: token.to_string(),
-                            problem,
-                        })?;
-                    stage_in.push(Stage { pfs_path: pfs, reservation_path: reservation });
-                }
-                "stage_out" => {
-                    // For stage_out the reservation side comes first.
-                    let (reservation, pfs) = split_stage(value)
-                        .and_then(|(src, dst)| {
-                            check_reservation_path(&src)?;
-                            check_pfs_path(&dst)?;
-                            Ok((src, dst))
-                        })
-                        .map_err(|problem| DirectiveError::BadStage {
-                            line,
-                            token: token.to_string(),
-                            problem,
-                        })?;
-                    stage_out.push(Stage { pfs_path: pfs, reservation_path: reservation });
-                }
-                _ => return Err(DirectiveError::UnknownKey { line, token: token.to_string() }),
-            }
+            fields.add_token(*line, token)?;
         }
     }
-    if capacity_bytes.is_none() && persistent.is_none() {
-        return Err(DirectiveError::NoCapacity { directive: directive.to_string() });
+    fields.finish(directive).map(Some)
+}
+
+/// What the directive's tokens have set so far, one field per key.
+#[derive(Default)]
+struct DirectiveFields {
+    capacity_bytes: Option<u64>,
+    pool: Option<String>,
+    access: Option<Access>,
+    persistent: Option<String>,
+    stage_in: Vec<Stage>,
+    stage_out: Vec<Stage>,
+}
+
+impl DirectiveFields {
+    /// Parse one `key=value` token of directive line `line` into its field.
+    fn add_token(&mut self, line: usize, token: &str) -> Result<(), DirectiveError> {
+        let Some((key, value)) = token.split_once('=') else {
+            return Err(DirectiveError::NotKeyValue { line, token: token.to_string() });
+        };
+        let given_once = |already_given: bool, key: &'static str| {
+            if already_given {
+                return Err(DirectiveError::Duplicate { line, token: token.to_string(), key });
+            }
+            Ok(())
+        };
+        let bad_name =
+            |problem| DirectiveError::BadName { line, token: token.to_string(), problem };
+        let bad_stage =
+            |problem| DirectiveError::BadStage { line, token: token.to_string(), problem };
+        match key {
+            "capacity" => {
+                given_once(self.capacity_bytes.is_some(), "capacity")?;
+                let bytes = parse_size(value).map_err(|problem| DirectiveError::BadSize {
+                    line,
+                    token: token.to_string(),
+                    problem,
+                })?;
+                self.capacity_bytes = Some(bytes);
+            }
+            "pool" => {
+                given_once(self.pool.is_some(), "pool")?;
+                check_name(value).map_err(bad_name)?;
+                self.pool = Some(value.to_string());
+            }
+            "access" => {
+                given_once(self.access.is_some(), "access")?;
+                let access = parse_access(value)
+                    .ok_or_else(|| DirectiveError::BadAccess { line, token: token.to_string() })?;
+                self.access = Some(access);
+            }
+            "persistent" => {
+                given_once(self.persistent.is_some(), "persistent")?;
+                check_persistent_name(value).map_err(bad_name)?;
+                self.persistent = Some(value.to_string());
+            }
+            "stage_in" => self.stage_in.push(parse_stage_in(value).map_err(bad_stage)?),
+            "stage_out" => self.stage_out.push(parse_stage_out(value).map_err(bad_stage)?),
+            _ => return Err(DirectiveError::UnknownKey { line, token: token.to_string() }),
+        }
+        Ok(())
     }
-    Ok(Some(Directive {
-        capacity_bytes,
-        pool,
-        access: access.unwrap_or(Access::Striped),
-        persistent,
-        stage_in,
-        stage_out,
-    }))
+
+    /// Check the directive as a whole (it must ask for some capacity) and fill in defaults.
+    fn finish(self, directive: &str) -> Result<Directive, DirectiveError> {
+        if self.capacity_bytes.is_none() && self.persistent.is_none() {
+            return Err(DirectiveError::NoCapacity { directive: directive.to_string() });
+        }
+        Ok(Directive {
+            capacity_bytes: self.capacity_bytes,
+            pool: self.pool,
+            access: self.access.unwrap_or(Access::Striped),
+            persistent: self.persistent,
+            stage_in: self.stage_in,
+            stage_out: self.stage_out,
+        })
+    }
+}
+
+fn parse_access(value: &str) -> Option<Access> {
+    match value {
+        "striped" => Some(Access::Striped),
+        "private" => Some(Access::Private),
+        _ => None,
+    }
+}
+
+/// A persistent reservation's name: a valid name that does not look like a job reservation's.
+fn check_persistent_name(name: &str) -> Result<(), &'static str> {
+    check_name(name)?;
+    if name.starts_with("job-") {
+        return Err("names starting with job- are reserved for job reservations");
+    }
+    Ok(())
+}
+
+/// `stage_in=PFS_SRC:RES_DST`.
+fn parse_stage_in(value: &str) -> Result<Stage, &'static str> {
+    let (pfs, reservation) = split_stage(value)?;
+    check_pfs_path(&pfs)?;
+    check_reservation_path(&reservation)?;
+    Ok(Stage { pfs_path: pfs, reservation_path: reservation })
+}
+
+/// `stage_out=RES_SRC:PFS_DST`: for stage_out the reservation side comes first.
+fn parse_stage_out(value: &str) -> Result<Stage, &'static str> {
+    let (reservation, pfs) = split_stage(value)?;
+    check_reservation_path(&reservation)?;
+    check_pfs_path(&pfs)?;
+    Ok(Stage { pfs_path: pfs, reservation_path: reservation })
 }
 
 fn check_name(name: &str) -> Result<(), &'static str> {

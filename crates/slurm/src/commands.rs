@@ -1,0 +1,132 @@
+//! Running `spillway …` children (the contract CLI, with the manager socket in their
+//! environment) and checking their exit status and output, and the manager's answer to
+//! `reservation show` read from it.
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde::Deserialize;
+
+use crate::hooks::Hooks;
+
+/// The manager's view of a reservation (`reservation show --json`); unknown fields are ignored.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct Reservation {
+    pub(crate) name: String,
+    #[serde(default)]
+    pub(crate) owner: Option<u32>,
+    #[serde(default)]
+    pub(crate) group: Option<u32>,
+    #[serde(default)]
+    pub(crate) persistent: bool,
+    #[serde(default)]
+    pub(crate) capacity_bytes: Option<u64>,
+    #[serde(default)]
+    pub(crate) allowed_uids: Vec<u32>,
+    #[serde(default)]
+    pub(crate) allowed_gids: Vec<u32>,
+    #[serde(default)]
+    pub(crate) servers: Vec<String>,
+    #[serde(default)]
+    pub(crate) access: Option<String>,
+    #[serde(default)]
+    pub(crate) epoch: Option<u64>,
+    #[serde(default)]
+    pub(crate) namespace_id: Option<u64>,
+}
+
+impl Hooks {
+    /// A `spillway …` manager command, with the manager socket in its environment.
+    pub(crate) fn spillway(&self) -> anyhow::Result<Command> {
+        let exe = std::env::current_exe().context("locating the spillway binary")?;
+        let mut command = Command::new(exe);
+        if let Some(manager) = &self.manager {
+            command.env("SPILLWAY_MANAGER", manager);
+        }
+        command.stdin(Stdio::null());
+        Ok(command)
+    }
+
+    /// Run a manager command as root (the hooks' own identity) and return its stdout.
+    pub(crate) fn manager(&self, args: &[&str]) -> anyhow::Result<String> {
+        let mut command = self.spillway()?;
+        command.args(args);
+        output_of(&mut command, &args.join(" "))
+    }
+
+    /// `reservation show NAME --json`; `Ok(None)` when the manager says it does not exist.
+    pub(crate) fn show_reservation(&self, name: &str) -> anyhow::Result<Option<Reservation>> {
+        let mut command = self.spillway()?;
+        command.args(["reservation", "show", name, "--json"]);
+        let output = command.output().context("running spillway reservation show")?;
+        if output.status.success() {
+            let text = String::from_utf8_lossy(&output.stdout);
+            let reservation: Reservation =
+                serde_json::from_str(text.trim()).with_context(|| {
+                    format!("parsing `reservation show {name} --json` output {text:?}")
+                })?;
+            return Ok(Some(reservation));
+        }
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if is_not_found(&stderr) {
+            return Ok(None);
+        }
+        bail!("spillway reservation show {name}: {}", stderr.trim())
+    }
+
+    /// A manager call bounded by `timeout`, for callers that must never hang (the pools refresh).
+    pub(crate) fn manager_timed(&self, args: &[&str], timeout: Duration) -> anyhow::Result<String> {
+        let mut command = self.spillway()?;
+        command.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child =
+            command.spawn().with_context(|| format!("running spillway {}", args.join(" ")))?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if child.try_wait()?.is_some() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("spillway {}: no answer from the manager within {timeout:?}", args.join(" "));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let output = child.wait_with_output()?;
+        checked(output, &format!("spillway {}", args.join(" ")))
+    }
+}
+
+/// The manager's "no such reservation" error (exit 1, one line naming it).
+fn is_not_found(stderr: &str) -> bool {
+    let lower = stderr.to_ascii_lowercase();
+    lower.contains("no reservation") || lower.contains("not found") || lower.contains("no such")
+}
+
+/// Run `command`, fail with its stderr (naming `what`) unless it exits 0; return its stdout.
+pub(crate) fn output_of(command: &mut Command, what: &str) -> anyhow::Result<String> {
+    let output = command.output().with_context(|| format!("running {what}"))?;
+    checked(output, what)
+}
+
+/// The stdout of a finished child; an error naming `what`, with its stderr, unless it exited 0.
+fn checked(output: Output, what: &str) -> anyhow::Result<String> {
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let stderr = stderr.trim();
+        bail!("{what}: {} ({})", if stderr.is_empty() { "failed" } else { stderr }, output.status);
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_found_messages() {
+        assert!(is_not_found("spillway: no reservation \"job-9\" visible to uid 0"));
+        assert!(!is_not_found("spillway: permission denied"));
+    }
+}

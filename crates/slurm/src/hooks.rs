@@ -1,0 +1,427 @@
+//! The hooks: the settings every hook shares ([`Hooks`]) and one method per `spillway bb`
+//! subcommand, each doing its hook's steps in order (the helpers they use live in the sibling
+//! modules: the job record, processes, commands, pools, orphans).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use anyhow::{anyhow, bail, Context};
+
+use crate::commands::{output_of, Reservation};
+use crate::directive::{self, Directive};
+use crate::job::{job_reservation_name, JobRecord};
+use crate::pools;
+use crate::processes::{find_processes, is_mount_of, is_mounted, is_stage_of, kill_all};
+
+/// Which way `stage` copies: PFS to reservation (data_in) or back (data_out).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StageDirection {
+    In,
+    Out,
+}
+
+/// Settings shared by every hook.
+pub(crate) struct Hooks {
+    pub(crate) manager: Option<PathBuf>,
+    pub(crate) directive: String,
+    pub(crate) state_dir: PathBuf,
+    pub(crate) mount_root: PathBuf,
+}
+
+impl Hooks {
+    /// The script's directive; `Ok(None)` when it has no directive line.
+    fn read_directive(&self, script: &Path) -> anyhow::Result<Option<Directive>> {
+        let text = std::fs::read_to_string(script)
+            .with_context(|| format!("reading job script {}", script.display()))?;
+        directive::parse_script(&text, &self.directive)
+            .map_err(|e| anyhow!("{}: {e}", script.display()))
+    }
+
+    /// The script's directive, which every hook but teardown needs.
+    fn require_directive(&self, script: &Path) -> anyhow::Result<Directive> {
+        self.read_directive(script)?.ok_or_else(|| {
+            anyhow!("{}: no #{} line in the job script", script.display(), self.directive)
+        })
+    }
+
+    /// slurm_bb_job_process: check the script's directive lines (local parsing only).
+    pub(crate) fn validate(&self, script: &Path) -> anyhow::Result<()> {
+        let text = std::fs::read_to_string(script)
+            .with_context(|| format!("reading job script {}", script.display()))?;
+        // The message goes to the submitting user through sbatch: name the line and token, not
+        // the copy of the script in slurmctld's state directory. No directive line at all is odd
+        // (Slurm calls job_process only when it saw one) but harmless: no burst buffer.
+        directive::parse_script(&text, &self.directive)
+            .map_err(|e| anyhow!("invalid #{} directive: {e}", self.directive))?;
+        Ok(())
+    }
+
+    /// slurm_bb_setup: create (or reuse) the job's reservation for uid/gid, then write the job's
+    /// record.
+    pub(crate) fn setup(
+        &self,
+        job: u64,
+        uid: u32,
+        gid: u32,
+        slurm_pool: Option<&str>,
+        script: &Path,
+    ) -> anyhow::Result<()> {
+        let directive = self.require_directive(script)?;
+        check_setup_request(job, uid, slurm_pool, &directive)?;
+        let (reservation, persistent) = match &directive.persistent {
+            Some(name) => (name.clone(), true),
+            None => (job_reservation_name(job), false),
+        };
+        let record = JobRecord { job, uid, gid, reservation, persistent };
+        match self.show_reservation(&record.reservation)? {
+            Some(existing) if persistent => check_persistent_access(&record, &existing)?,
+            Some(_) => {} // setup re-run after a slurmctld restart: the job's reservation exists
+            None => self.create_reservation(&record, &directive)?,
+        }
+        self.write_record(&record)
+    }
+
+    /// `reservation create` for the job's user: the job's own reservation, or the persistent
+    /// one the directive names (which then needs `capacity=`).
+    fn create_reservation(&self, record: &JobRecord, directive: &Directive) -> anyhow::Result<()> {
+        let JobRecord { job, uid, gid, reservation: name, persistent } = record;
+        let uid_text = uid.to_string();
+        let gid_text = gid.to_string();
+        let job_text = job.to_string();
+        let capacity = directive.capacity_bytes.ok_or_else(|| {
+            anyhow!("job {job}: persistent reservation {name} does not exist; add capacity=SIZE to create it")
+        })?;
+        let capacity_text = capacity.to_string();
+        let mut create = vec![
+            "reservation",
+            "create",
+            "--capacity",
+            &capacity_text,
+            "--access",
+            directive.access.as_str(),
+            "--owner",
+            &uid_text,
+            "--group",
+            &gid_text,
+            "--json",
+        ];
+        if let Some(pool) = directive.pool.as_deref() {
+            create.extend(["--pool", pool]);
+        }
+        if *persistent {
+            create.extend(["--persistent", name]);
+        } else {
+            create.extend(["--job", &job_text]);
+        }
+        let created = self.manager(&create)?;
+        let reservation: Reservation = serde_json::from_str(created.trim())
+            .with_context(|| format!("parsing `reservation create --json` output {created:?}"))?;
+        if reservation.name != *name {
+            bail!(
+                "job {job}: the manager named the reservation {} instead of {name}",
+                reservation.name
+            );
+        }
+        Ok(())
+    }
+
+    /// slurm_bb_data_in and slurm_bb_data_out: one `spillway stage-in`/`stage-out` per pair, run
+    /// as the job's user.
+    pub(crate) fn stage(
+        &self,
+        job: u64,
+        script: &Path,
+        direction: StageDirection,
+    ) -> anyhow::Result<()> {
+        let directive = self.require_directive(script)?;
+        let stages = match direction {
+            StageDirection::In => &directive.stage_in,
+            StageDirection::Out => &directive.stage_out,
+        };
+        if stages.is_empty() {
+            return Ok(());
+        }
+        let record = self.require_record(job)?;
+        for stage in stages {
+            let mut command = self.spillway()?;
+            let (verb, src, dst) = match direction {
+                StageDirection::In => ("stage-in", &stage.pfs_path, &stage.reservation_path),
+                StageDirection::Out => ("stage-out", &stage.reservation_path, &stage.pfs_path),
+            };
+            command.args([verb, "--reservation", &record.reservation, src.as_str(), dst.as_str()]);
+            let groups = spillway_sys::user::groups_of(record.uid, record.gid)
+                .with_context(|| format!("groups of uid {}", record.uid))?;
+            spillway_sys::process::run_as(&mut command, record.uid, record.gid, &groups);
+            let what = format!("job {job}: {verb} {src} -> {dst} (as uid {})", record.uid);
+            let output = output_of(&mut command, &what)?;
+            // Progress lines go to the slurmctld log through the Lua (slurm.log_info).
+            if !output.trim().is_empty() {
+                println!("{}", output.trim());
+            }
+        }
+        Ok(())
+    }
+
+    /// slurm_bb_real_size: print the bytes the manager granted.
+    pub(crate) fn real_size(&self, job: u64) -> anyhow::Result<()> {
+        let record = self.require_record(job)?;
+        let reservation = self
+            .show_reservation(&record.reservation)?
+            .ok_or_else(|| anyhow!("job {job}: reservation {} is gone", record.reservation))?;
+        if let Some(bytes) = reservation.capacity_bytes {
+            println!("{bytes}");
+        }
+        Ok(())
+    }
+
+    /// slurm_bb_paths: append SPILLWAY_BB and SPILLWAY_BB_RESERVATION to Slurm's path file (local
+    /// only).
+    pub(crate) fn paths(&self, job: u64, script: &Path, path_file: &Path) -> anyhow::Result<()> {
+        let directive = self.require_directive(script)?;
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(path_file)
+            .with_context(|| format!("opening Slurm's path file {}", path_file.display()))?;
+        let mut lines = format!("SPILLWAY_BB={}\n", self.mountpoint(job).display());
+        let name = directive.persistent.clone().unwrap_or_else(|| job_reservation_name(job));
+        lines.push_str(&format!("SPILLWAY_BB_RESERVATION={name}\n"));
+        file.write_all(lines.as_bytes())
+            .with_context(|| format!("writing {}", path_file.display()))?;
+        Ok(())
+    }
+
+    /// slurm_bb_pre_run: mount the reservation on this node and check it is mounted.
+    pub(crate) fn pre_run(&self, job: u64, script: &Path) -> anyhow::Result<()> {
+        let directive = self.require_directive(script)?;
+        let record = self.require_record(job)?;
+        let reservation = self
+            .show_reservation(&record.reservation)?
+            .ok_or_else(|| anyhow!("job {job}: reservation {} is gone", record.reservation))?;
+        let mut help = self.spillway()?;
+        help.args(["mount", "--help"]).stdout(Stdio::null()).stderr(Stdio::null());
+        if !help.status().map(|s| s.success()).unwrap_or(false) {
+            bail!(
+                "job {job}: cannot mount reservation {}: this spillway has no `mount` subcommand",
+                record.reservation
+            );
+        }
+        let mountpoint = self.mountpoint(job);
+        if is_mounted(&mountpoint)? {
+            return Ok(()); // pre_run re-run: already mounted
+        }
+        std::fs::create_dir_all(&mountpoint)
+            .with_context(|| format!("creating mount point {}", mountpoint.display()))?;
+        let namespace_id = reservation.namespace_id.ok_or_else(|| {
+            anyhow!("job {job}: reservation {} has no namespace_id", record.reservation)
+        })?;
+        let epoch = reservation.epoch.unwrap_or(1);
+        if reservation.servers.is_empty() {
+            bail!("job {job}: reservation {} has no servers", record.reservation);
+        }
+        let access =
+            reservation.access.clone().unwrap_or_else(|| directive.access.as_str().to_string());
+        // The namespace root belongs to the reservation's owner: private (0700) for a job
+        // reservation, sticky and shared (1777, like /tmp) for a persistent one, whose allowed
+        // users and groups the manager decides.
+        let owner = format!(
+            "{}:{}",
+            reservation.owner.unwrap_or(record.uid),
+            reservation.group.unwrap_or(record.gid)
+        );
+        let mode = if reservation.persistent { "1777" } else { "0700" };
+        let log = self.mount_log_path(job);
+        // The serving process stays behind: it must not inherit a pipe of ours (or the Lua's
+        // popen), or whoever reads that pipe waits for it until the hook times out. Its output
+        // goes to the log file instead.
+        let out =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let mut mount = self.spillway()?;
+        mount
+            .args(["mount", "--servers", &reservation.servers.join(","), "--access", &access])
+            .args(["--namespace-id", &namespace_id.to_string(), "--epoch", &epoch.to_string()])
+            .args(["--root-owner", &owner, "--root-mode", mode])
+            .arg("--log")
+            .arg(&log)
+            .arg("--background")
+            .arg(&mountpoint)
+            .stdout(out.try_clone()?)
+            .stderr(out);
+        let status = mount.status().context("running spillway mount")?;
+        if !status.success() {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(5).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            bail!(
+                "job {job}: mounting {} on {} failed ({status}): {}",
+                record.reservation,
+                mountpoint.display(),
+                tail.join(" / ")
+            );
+        }
+        if !is_mounted(&mountpoint)? {
+            bail!(
+                "job {job}: `spillway mount` succeeded but {} is not a mount point",
+                mountpoint.display()
+            );
+        }
+        Ok(())
+    }
+
+    /// slurm_bb_post_run: unmount it.
+    pub(crate) fn post_run(&self, job: u64, script: &Path) -> anyhow::Result<()> {
+        let _ = self.require_directive(script)?;
+        self.unmount(job)
+    }
+
+    /// Unmount the job's mount point if mounted (idempotent), then kill a mount process that
+    /// outlived its mount.
+    fn unmount(&self, job: u64) -> anyhow::Result<()> {
+        let mountpoint = self.mountpoint(job);
+        if is_mounted(&mountpoint)? {
+            let mut umount = self.spillway()?;
+            umount.arg("umount").arg(&mountpoint);
+            let result =
+                output_of(&mut umount, &format!("job {job}: unmounting {}", mountpoint.display()));
+            if is_mounted(&mountpoint)? {
+                // The mount process is wedged: detach so the node is usable, then report.
+                spillway_sys::mount::unmount(&mountpoint, true)
+                    .with_context(|| format!("detaching {}", mountpoint.display()))?;
+                result?;
+            }
+        }
+        let leftovers = find_processes(|args| is_mount_of(args, &mountpoint))?;
+        kill_all(&leftovers);
+        Ok(())
+    }
+
+    /// slurm_bb_job_teardown: unmount, kill leftovers, destroy the job reservation (never a
+    /// persistent one), remove the mount point and, once all that succeeded, the record. A failed
+    /// step does not stop the next.
+    pub(crate) fn teardown(
+        &self,
+        job: u64,
+        _hurry: bool,
+        script: Option<&Path>,
+    ) -> anyhow::Result<()> {
+        let record = self.read_record(job)?;
+        let directive = match script {
+            Some(script) if script.exists() => self.read_directive(script).unwrap_or(None),
+            _ => None,
+        };
+        let (name, persistent) = match (&record, &directive) {
+            (Some(record), _) => (record.reservation.clone(), record.persistent),
+            (None, Some(Directive { persistent: Some(name), .. })) => (name.clone(), true),
+            (None, _) => (job_reservation_name(job), false),
+        };
+        let mut problems = Vec::new();
+        if let Err(e) = self.unmount(job) {
+            problems.push(format!("{e:#}"));
+        }
+        // Copies of this job still running (a cancelled stage-in): Slurm killed the hook, not
+        // necessarily its children.
+        match find_processes(|args| is_stage_of(args, &name)) {
+            Ok(pids) => kill_all(&pids),
+            Err(e) => problems.push(format!("{e:#}")),
+        }
+        if !persistent {
+            match self.show_reservation(&name) {
+                Ok(Some(_)) => {
+                    if let Err(e) =
+                        self.manager(&["reservation", "destroy", &name, "--job", &job.to_string()])
+                    {
+                        problems.push(format!("{e:#}"));
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => problems.push(format!("{e:#}")),
+            }
+        }
+        let mountpoint = self.mountpoint(job);
+        if mountpoint.exists() && !is_mounted(&mountpoint).unwrap_or(true) {
+            if let Err(e) = std::fs::remove_dir(&mountpoint) {
+                problems.push(format!("removing {}: {e}", mountpoint.display()));
+            }
+        }
+        if problems.is_empty() {
+            match std::fs::remove_file(self.record_path(job)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    problems.push(format!("removing {}: {e}", self.record_path(job).display()))
+                }
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            // Slurm retries a failed teardown; every step above is idempotent.
+            bail!("job {job}: teardown incomplete: {}", problems.join("; "))
+        }
+    }
+
+    /// slurm_bb_pools: print the cached answer, or (`--refresh`) reap lost teardowns, ask the
+    /// manager and rewrite the cache.
+    pub(crate) fn pools(&self, cache: Option<&Path>, refresh: bool) -> anyhow::Result<()> {
+        if !refresh {
+            let cache =
+                cache.ok_or_else(|| anyhow!("bb pools: give --refresh, --cache FILE or both"))?;
+            print!("{}", pools::read_cache(cache)?);
+            return Ok(());
+        }
+        self.reap_orphans();
+        let json = self.slurm_pools_json()?;
+        if let Some(cache) = cache {
+            pools::write_cache(cache, &json)?;
+        }
+        println!("{json}");
+        Ok(())
+    }
+
+    /// slurm_bb_get_status (`scontrol show bbstat`): `spillway status`.
+    pub(crate) fn status(&self, words: &[String]) -> anyhow::Result<()> {
+        let mut command = self.spillway()?;
+        command.arg("status").args(words);
+        print!("{}", output_of(&mut command, "spillway status")?);
+        Ok(())
+    }
+}
+
+/// What setup refuses before asking the manager: root as the job's user, and a pool that
+/// differs from the one Slurm accounted the job against.
+fn check_setup_request(
+    job: u64,
+    uid: u32,
+    slurm_pool: Option<&str>,
+    directive: &Directive,
+) -> anyhow::Result<()> {
+    if uid == 0 {
+        bail!("job {job}: root may not use a burst buffer reservation");
+    }
+    if let (Some(slurm_pool), Some(pool)) = (slurm_pool, directive.pool.as_deref()) {
+        if slurm_pool != pool && slurm_pool != "(null)" && !slurm_pool.is_empty() {
+            bail!("job {job}: Slurm accounted pool {slurm_pool} but the directive asks for pool={pool}");
+        }
+    }
+    Ok(())
+}
+
+/// May the job's user use the existing persistent reservation?
+fn check_persistent_access(record: &JobRecord, existing: &Reservation) -> anyhow::Result<()> {
+    let JobRecord { job, uid, gid, reservation: name, .. } = record;
+    // The hooks run as root and see every reservation: apply the manager's rule for
+    // persistent reservations here (owner, allowed uids, allowed groups).
+    let groups = spillway_sys::user::groups_of(*uid, *gid)
+        .with_context(|| format!("groups of uid {uid}"))?;
+    let allowed = existing.owner.is_none_or(|owner| owner == *uid)
+        || existing.allowed_uids.contains(uid)
+        || existing.allowed_gids.iter().any(|g| groups.contains(g));
+    if !allowed {
+        bail!(
+            "job {job}: persistent reservation {name} belongs to uid {} and does not allow uid {uid}",
+            existing.owner.unwrap_or_default()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,88 @@
+//! The per-job state in the state directory, and the names derived from a job id: the JSON
+//! record `setup` writes (the only hook Slurm gives the uid/gid) and every later hook reads,
+//! the job's mount point, its mount log, and the name of its job reservation.
+
+use std::path::PathBuf;
+
+use anyhow::{anyhow, Context};
+use serde::{Deserialize, Serialize};
+
+use crate::hooks::Hooks;
+
+/// What `setup` learned that later hooks need (only setup receives the uid/gid).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct JobRecord {
+    pub(crate) job: u64,
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+    pub(crate) reservation: String,
+    pub(crate) persistent: bool,
+}
+
+/// The reservation name of a job-scoped reservation (the manager's naming, see the contract).
+pub(crate) fn job_reservation_name(job: u64) -> String {
+    format!("job-{job}")
+}
+
+impl Hooks {
+    /// The job's record: `<state dir>/job-<id>.json`.
+    pub(crate) fn record_path(&self, job: u64) -> PathBuf {
+        self.state_dir.join(format!("job-{job}.json"))
+    }
+
+    /// Write the record atomically (a temporary file renamed over it).
+    pub(crate) fn write_record(&self, record: &JobRecord) -> anyhow::Result<()> {
+        std::fs::create_dir_all(&self.state_dir)
+            .with_context(|| format!("creating state directory {}", self.state_dir.display()))?;
+        let path = self.record_path(record.job);
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec(record)?)
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, &path)
+            .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+        Ok(())
+    }
+
+    /// The job's record; `Ok(None)` when it has none.
+    pub(crate) fn read_record(&self, job: u64) -> anyhow::Result<Option<JobRecord>> {
+        let path = self.record_path(job);
+        match std::fs::read(&path) {
+            Ok(bytes) => Ok(Some(
+                serde_json::from_slice(&bytes)
+                    .with_context(|| format!("parsing {}", path.display()))?,
+            )),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+        }
+    }
+
+    /// The job's record, which every hook after setup needs.
+    pub(crate) fn require_record(&self, job: u64) -> anyhow::Result<JobRecord> {
+        self.read_record(job)?.ok_or_else(|| {
+            anyhow!(
+                "job {job}: no record {} (setup did not run or failed)",
+                self.record_path(job).display()
+            )
+        })
+    }
+
+    /// The jobs that have a record in the state directory (none when it cannot be listed).
+    pub(crate) fn recorded_jobs(&self) -> impl Iterator<Item = u64> {
+        let entries = std::fs::read_dir(&self.state_dir).into_iter().flatten();
+        entries.flatten().filter_map(|entry| {
+            let name = entry.file_name();
+            name.to_str()
+                .and_then(|n| n.strip_prefix("job-")?.strip_suffix(".json")?.parse::<u64>().ok())
+        })
+    }
+
+    /// Where the job's reservation is mounted: `<mount root>/job-<id>`.
+    pub(crate) fn mountpoint(&self, job: u64) -> PathBuf {
+        self.mount_root.join(format!("job-{job}"))
+    }
+
+    /// Where the job's `spillway mount` writes its output: `<state dir>/job-<id>.mount.log`.
+    pub(crate) fn mount_log_path(&self, job: u64) -> PathBuf {
+        self.state_dir.join(format!("job-{job}.mount.log"))
+    }
+}
