@@ -2,7 +2,7 @@
 # Creates or refreshes python/.venv, installs spillway_tools with its test extras (darshan,
 # pytest, hypothesis) and runs the Python tests. Extra arguments go to pytest.
 # The end-to-end tests use the spillway binary: $SPILLWAY_BIN, else target/release/spillway,
-# else they build it with cargo (set SPILLWAY_BUILD=0 to skip them instead).
+# else they build it with cargo (SPILLWAY_BUILD=0: they fail, naming the missing binary).
 set -euo pipefail
 cd "$(dirname "$0")"
 if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import sys' >/dev/null 2>&1; then
