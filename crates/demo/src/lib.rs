@@ -29,25 +29,26 @@
 //!    burst buffer is deleted and the space it held is shown coming back;
 //! 7. both servers get SIGTERM and must exit 0.
 //!
-//! Server processes are owned by [`ServerProcess`] guards that SIGKILL and reap them on drop,
-//! so no path out of [`run`] (error or panic) leaves a server behind; and they are started with
-//! `PR_SET_PDEATHSIG = SIGKILL`, so even a demo killed by a signal takes its servers with it. Any
-//! byte that does not verify, on the PFS or read back, makes [`run`] fail, hence a non-zero exit.
+//! Server processes are owned by `spillway-harness`'s [`ServerProcess`] guards that SIGKILL and
+//! reap them on drop, so no path out of [`run`] (error or panic) leaves a server behind; and they
+//! are started with `PR_SET_PDEATHSIG = SIGKILL`, so even a demo killed by a signal takes its
+//! servers with it. Any byte that does not verify, on the PFS or read back, makes [`run`] fail,
+//! hence a non-zero exit.
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
-use std::sync::{mpsc, Barrier};
+use std::process::Command;
+use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 use spillway_client::{Client, ClientOptions, EpochSummary, Placement};
 use spillway_drain::{chunk_writes, partition_domains, DrainMode};
+use spillway_harness::{ServerBuilder, ServerProcess};
 use spillway_proto::{DrainInfo, DrainState, Durability, Endpoint, EpochState, ServerStatus};
-use spillway_sys::signal::Signal;
 use spillway_types::{format_bytes, EpochId, MIB};
 
 /// `spillway demo`'s flags.
@@ -81,8 +82,6 @@ pub struct Args {
 fn ssd_bytes(args: &Args) -> u64 {
     (3 * args.ranks as u64 * args.rank_bytes).max(1024 * MIB)
 }
-/// How long a server may take to print its `listening` line (recovery included).
-const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a server may take to exit after SIGTERM.
 const STOP_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long background work (memory → SSD catch-up, segment GC) may take to become visible.
@@ -98,172 +97,42 @@ const DRAIN_WRITE_BYTES_MAX: u64 = 8 * MIB;
 /// The server killed and restarted.
 const VICTIM: usize = 1;
 
-/// One `spillway serve` child. Dropping it SIGKILLs and reaps the process if it still runs.
-struct ServerProcess {
-    name: String,
-    child: Child,
-    endpoint: Endpoint,
-    log: PathBuf,
-    /// Kept open so that the server never writes into a closed pipe.
-    _stdout: BufReader<ChildStdout>,
-    /// From spawn to the `listening` line (includes store recovery).
-    startup: Duration,
+/// One demo server: `--ssd-bytes`, the DRAM tier, the segment and drain knobs, a Unix socket
+/// among the drain peers (their paths are known before any server starts, unlike the TCP ports),
+/// draining to `pfs`.
+fn demo_server(
+    bin: &Path,
+    root: &Path,
+    index: usize,
+    peers: &[Endpoint],
+    pfs: &Path,
+    args: &Args,
+) -> ServerBuilder {
+    let name = SERVER_NAMES[index];
+    ServerBuilder::new(bin, root, name)
+        .ssd_dir(ssd_dir(root, name))
+        .dram_bytes(&args.dram_bytes.to_string())
+        .args(["--ssd-bytes".to_string(), ssd_bytes(args).to_string()])
+        .unix_socket(socket_path(root, name))
+        .pfs_dir(pfs)
+        .drain_peers(peers, index)
+        .env("SPILLWAY_STORE_SEGMENT_BYTES_MAX", args.segment_bytes.to_string())
+        .env("SPILLWAY_DRAIN_STRIPE_BYTES", DRAIN_STRIPE_BYTES.to_string())
+        .env("SPILLWAY_DRAIN_WRITE_BYTES_MAX", DRAIN_WRITE_BYTES_MAX.to_string())
+        .rust_log("info")
 }
 
-impl ServerProcess {
-    fn start(
-        bin: &Path,
-        name: &str,
-        listen: &str,
-        ssd_dir: &Path,
-        log: &Path,
-        drain: &DrainSetup,
-        args: &Args,
-    ) -> anyhow::Result<ServerProcess> {
-        // A socket left by a killed predecessor would make the bind fail.
-        let _ = std::fs::remove_file(&drain.socket);
-        let log_file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .with_context(|| format!("opening server log {}", log.display()))?;
-        let started = Instant::now();
-        let mut command = Command::new(bin);
-        // If the demo itself is killed (no destructor runs), no server outlives it.
-        spillway_sys::process::die_with_parent(&mut command);
-        let mut child = command
-            .args(["serve", "--listen", listen, "--name", name])
-            .arg("--ssd-dir")
-            .arg(ssd_dir)
-            .args([
-                "--dram-bytes",
-                &args.dram_bytes.to_string(),
-                "--ssd-bytes",
-                &ssd_bytes(args).to_string(),
-            ])
-            .arg("--unix-socket")
-            .arg(&drain.socket)
-            .arg("--pfs-dir")
-            .arg(&drain.pfs_dir)
-            .args([
-                "--drain-peers",
-                &drain.peers,
-                "--drain-self-index",
-                &drain.self_index.to_string(),
-            ])
-            .env("SPILLWAY_STORE_SEGMENT_BYTES_MAX", args.segment_bytes.to_string())
-            .env("SPILLWAY_DRAIN_STRIPE_BYTES", DRAIN_STRIPE_BYTES.to_string())
-            .env("SPILLWAY_DRAIN_WRITE_BYTES_MAX", DRAIN_WRITE_BYTES_MAX.to_string())
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log_file)
-            .spawn()
-            .with_context(|| format!("starting server {name} ({} serve)", bin.display()))?;
-        let stdout = child.stdout.take().expect("stdout is piped");
-        // Construct the guard before waiting, so that a timeout below still kills the child.
-        let (sender, receiver) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut reader = BufReader::new(stdout);
-            let mut line = String::new();
-            let result = reader.read_line(&mut line).map(|_| line);
-            let _ = sender.send((result, reader));
-        });
-        let mut guard = PendingChild(Some(child));
-        let (line, reader) = match receiver.recv_timeout(START_TIMEOUT) {
-            Ok((Ok(line), reader)) => (line, reader),
-            Ok((Err(error), _)) => {
-                bail!("server {name}: reading its stdout: {error}{}", log_tail(log))
-            }
-            Err(_) => bail!(
-                "server {name} printed no `listening` line within {START_TIMEOUT:?}{}",
-                log_tail(log)
-            ),
-        };
-        let Some(rest) = line.trim().strip_prefix("listening ") else {
-            bail!("server {name} did not start (stdout: {line:?}){}", log_tail(log));
-        };
-        let endpoint: Endpoint = rest
-            .split_whitespace()
-            .next()
-            .ok_or_else(|| anyhow!("server {name} listens on nothing: {line:?}"))?
-            .parse()
-            .map_err(|e| anyhow!("server {name}: {e}"))?;
-        let child = guard.0.take().expect("child still owned");
-        Ok(ServerProcess {
-            name: name.to_string(),
-            child,
-            endpoint,
-            log: log.to_path_buf(),
-            _stdout: reader,
-            startup: started.elapsed(),
-        })
-    }
+/// The servers of the demo, in drain order.
+const SERVER_NAMES: [&str; 2] = ["bb0", "bb1"];
 
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn signal(&self, signal: Signal) -> anyhow::Result<()> {
-        // The child is not reaped yet, so its pid is still ours.
-        spillway_sys::signal::send(self.pid(), signal).with_context(|| {
-            format!("signal {signal} to server {} (pid {})", self.name, self.pid())
-        })
-    }
-
-    fn kill9(mut self) -> anyhow::Result<ExitStatus> {
-        self.signal(Signal::SIGKILL)?;
-        Ok(self.child.wait()?)
-    }
-
-    /// SIGTERM, then wait for the exit (graceful shutdown syncs the store).
-    fn terminate(mut self) -> anyhow::Result<(ExitStatus, Duration)> {
-        let started = Instant::now();
-        self.signal(Signal::SIGTERM)?;
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                return Ok((status, started.elapsed()));
-            }
-            if started.elapsed() > STOP_TIMEOUT {
-                bail!(
-                    "server {} ignored SIGTERM for {STOP_TIMEOUT:?}{}",
-                    self.name,
-                    log_tail(&self.log)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
+/// The SSD log directory of server `name`.
+fn ssd_dir(root: &Path, name: &str) -> PathBuf {
+    root.join(format!("{name}-ssd"))
 }
 
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// How a demo server drains: the PFS directory, the reservation's servers (Unix sockets, whose
-/// paths are known before any server starts, unlike the TCP ports) and its position among them.
-struct DrainSetup {
-    pfs_dir: PathBuf,
-    socket: PathBuf,
-    peers: String,
-    self_index: usize,
-}
-
-/// A child not yet handed to a [`ServerProcess`]: killed and reaped if startup fails.
-struct PendingChild(Option<Child>);
-
-impl Drop for PendingChild {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
+/// The Unix socket of server `name`, through which its drain peers reach it.
+fn socket_path(root: &Path, name: &str) -> PathBuf {
+    root.join(format!("{name}.sock"))
 }
 
 /// The last lines of a server's log, for error messages (the log dies with the temp dir).
@@ -895,23 +764,12 @@ fn run_demo(args: Args) -> anyhow::Result<DemoSummary> {
         .with_context(|| format!("creating a temporary directory in {}", args.dir.display()))?;
     let root = temp.path().to_path_buf();
     let direct_dir = root.join("direct-to-disk");
-    let names = ["bb0", "bb1"];
-    let ssd_dirs: Vec<PathBuf> = names.iter().map(|n| root.join(format!("{n}-ssd"))).collect();
-    let logs: Vec<PathBuf> = names.iter().map(|n| root.join(format!("{n}.log"))).collect();
+    let names = SERVER_NAMES;
     let pfs = root.join("pfs");
     std::fs::create_dir(&pfs)
         .with_context(|| format!("creating the PFS stand-in {}", pfs.display()))?;
-    let sockets: Vec<PathBuf> = names.iter().map(|n| root.join(format!("{n}.sock"))).collect();
-    let peers =
-        sockets.iter().map(|s| format!("unix://{}", s.display())).collect::<Vec<_>>().join(",");
-    let drain_setups: Vec<DrainSetup> = (0..names.len())
-        .map(|i| DrainSetup {
-            pfs_dir: pfs.clone(),
-            socket: sockets[i].clone(),
-            peers: peers.clone(),
-            self_index: i,
-        })
-        .collect();
+    let peers: Vec<Endpoint> =
+        names.iter().map(|n| Endpoint::Unix(socket_path(&root, n))).collect();
     let ranks = args.ranks;
     let epoch_bytes = ranks as u64 * args.rank_bytes;
 
@@ -935,27 +793,21 @@ fn run_demo(args: Args) -> anyhow::Result<DemoSummary> {
 
     println!("1. Start two `spillway serve` processes on loopback, draining to a PFS directory");
     println!("   (a directory on the local disk stands in for Lustre: {}; stripe {}; drain peers over Unix sockets)", pfs.display(), format_bytes(DRAIN_STRIPE_BYTES));
-    let mut servers: Vec<Option<ServerProcess>> = Vec::new();
+    let mut servers: Vec<ServerProcess> = Vec::new();
     for (i, name) in names.iter().enumerate() {
-        let server = ServerProcess::start(
-            &bin,
-            name,
-            "127.0.0.1:0",
-            &ssd_dirs[i],
-            &logs[i],
-            &drain_setups[i],
-            &args,
-        )?;
+        let server = demo_server(&bin, &root, i, &peers, &pfs, &args)
+            .spawn()
+            .with_context(|| format!("starting server {name} ({} serve)", bin.display()))?;
         println!(
             "   {name}: pid {}, {} (ready in {} ms), SSD log {}",
             server.pid(),
-            server.endpoint,
-            server.startup.as_millis(),
-            ssd_dirs[i].display()
+            server.endpoint(),
+            server.startup().as_millis(),
+            ssd_dir(&root, name).display()
         );
-        servers.push(Some(server));
+        servers.push(server);
     }
-    let endpoints: Vec<Endpoint> = servers.iter().flatten().map(|s| s.endpoint.clone()).collect();
+    let endpoints: Vec<Endpoint> = servers.iter().map(|s| s.endpoint().clone()).collect();
     println!();
 
     println!(
@@ -1244,33 +1096,24 @@ fn run_demo(args: Args) -> anyhow::Result<DemoSummary> {
     let victim_name = names[VICTIM];
     println!("5. Crash while epoch 4 is open: SIGKILL {victim_name}, restart it on the same SSD directory and port");
     let before = server_epochs(&endpoints[VICTIM])?;
-    let server = servers[VICTIM].take().expect("victim running");
+    let server = &mut servers[VICTIM];
     let pid = server.pid();
-    let listen = match &server.endpoint {
-        Endpoint::Tcp(address) => address.to_string(),
-        other => bail!("server {victim_name} listens on {other}, expected TCP"),
-    };
-    let status = server.kill9()?;
+    if !matches!(server.endpoint(), Endpoint::Tcp(_)) {
+        bail!("server {victim_name} listens on {}, expected TCP", server.endpoint());
+    }
+    let status = server.sigkill()?;
     println!("   {victim_name} (pid {pid}) killed: {status}");
-    let restarted = ServerProcess::start(
-        &bin,
-        victim_name,
-        &listen,
-        &ssd_dirs[VICTIM],
-        &logs[VICTIM],
-        &drain_setups[VICTIM],
-        &args,
-    )?;
-    if restarted.endpoint != endpoints[VICTIM] {
-        bail!("{victim_name} came back on {} instead of {}", restarted.endpoint, endpoints[VICTIM]);
+    // The harness restarts it with the same flags, directories and TCP port.
+    server.restart().with_context(|| format!("restarting server {victim_name}"))?;
+    if server.endpoint() != &endpoints[VICTIM] {
+        bail!("{victim_name} came back on {} instead of {}", server.endpoint(), endpoints[VICTIM]);
     }
     println!(
         "   {victim_name} restarted: pid {}, {} (recovery + ready in {} ms)",
-        restarted.pid(),
-        restarted.endpoint,
-        restarted.startup.as_millis()
+        server.pid(),
+        server.endpoint(),
+        server.startup().as_millis()
     );
-    servers[VICTIM] = Some(restarted);
     let after = server_epochs(&endpoints[VICTIM])?;
     println!("   what recovery found on {victim_name} (before the kill -> after the restart):");
     for epoch in before.keys().chain(after.keys()).collect::<std::collections::BTreeSet<_>>() {
@@ -1285,7 +1128,7 @@ fn run_demo(args: Args) -> anyhow::Result<DemoSummary> {
             show(after.get(epoch))
         );
     }
-    let log_text = std::fs::read_to_string(&logs[VICTIM]).unwrap_or_default();
+    let log_text = servers[VICTIM].log_text();
     let torn = log_text.lines().filter(|l| l.contains("torn tail")).count();
     println!("   (epoch 4 was acknowledged in {victim_name}'s DRAM but never committed: what had not spilled to SSD is gone, as documented)");
     println!("   torn record tails cut by recovery (from {victim_name}'s log): {torn}");
@@ -1391,14 +1234,13 @@ fn run_demo(args: Args) -> anyhow::Result<DemoSummary> {
 
     println!("8. Clean shutdown: SIGTERM to both servers");
     let mut failures = Vec::new();
-    for server in servers.iter_mut() {
-        let server = server.take().expect("server running");
-        let name = server.name.clone();
-        let log = server.log.clone();
-        let (status, took) = server.terminate()?;
-        println!("   {name}: exited with {status} after {} ms", took.as_millis());
+    for server in &mut servers {
+        let started = Instant::now();
+        let status = server.sigterm_and_wait(STOP_TIMEOUT)?;
+        let name = server.name();
+        println!("   {name}: exited with {status} after {} ms", started.elapsed().as_millis());
         if !status.success() {
-            failures.push(format!("{name} exited with {status}{}", log_tail(&log)));
+            failures.push(format!("{name} exited with {status}{}", log_tail(server.log_path())));
         }
     }
     if !failures.is_empty() {
