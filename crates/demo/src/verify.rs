@@ -1,13 +1,16 @@
 //! The demo's checks of what it wrote: every rank's part read back through the client (or from
-//! the PFS copy of a drained epoch), and the PFS copies themselves.
+//! the PFS copy of a drained epoch), the PFS copies themselves, and the PFS writes of a shuffled
+//! drain against the plan of each server's domain.
 
 use std::path::Path;
 
 use anyhow::{bail, Context};
 use spillway_client::{Client, ClientOptions, Placement};
-use spillway_proto::Endpoint;
+use spillway_drain::{chunk_writes, partition_domains};
+use spillway_proto::{DrainInfo, Endpoint};
 use spillway_types::format_bytes;
 
+use crate::cluster::{DRAIN_STRIPE_BYTES, DRAIN_WRITE_BYTES_MAX, SERVER_NAMES};
 use crate::workload::{rank_data, EpochPlan, Layout};
 
 /// Reads every rank's part of a committed epoch back through the client and checks it; with
@@ -129,6 +132,60 @@ pub(crate) fn verify_pfs_copy(pfs: &Path, plan: &EpochPlan, crcs: &[u32]) -> any
         }
     }
     Ok(verified)
+}
+
+/// Each server's stripe-aligned domain of a shuffled N-1 file of `file_bytes`, shown with the
+/// PFS writes the drain plan makes of it; a server that drained without a failed attempt must
+/// have written exactly its domain in exactly the planned writes.
+pub(crate) fn check_domain_writes(
+    infos: &[(usize, DrainInfo)],
+    file_bytes: u64,
+) -> anyhow::Result<()> {
+    let domains = partition_domains(file_bytes, infos.len(), DRAIN_STRIPE_BYTES);
+    println!(
+        "   domains of the {} shared file ({} participants, boundaries on {} stripes):",
+        format_bytes(file_bytes),
+        domains.len(),
+        format_bytes(DRAIN_STRIPE_BYTES)
+    );
+    for ((server, info), domain) in infos.iter().zip(&domains) {
+        // The writes the plan makes of this domain: at most DRAIN_WRITE_BYTES_MAX, ending on
+        // stripe boundaries; the server's own counts must match it.
+        let planned = chunk_writes(domain.clone(), DRAIN_WRITE_BYTES_MAX, DRAIN_STRIPE_BYTES);
+        let aligned = planned
+            .iter()
+            .filter(|w| {
+                w.start % DRAIN_STRIPE_BYTES == 0
+                    && ((w.end - w.start) % DRAIN_STRIPE_BYTES == 0 || w.end == file_bytes)
+            })
+            .count();
+        println!(
+            "     {:<4} bytes [{}, {}) = {}: wrote {} in {} calls (plan: {} writes of <= {}, {} of them stripe-aligned)",
+            SERVER_NAMES[*server],
+            domain.start,
+            domain.end,
+            format_bytes(domain.end - domain.start),
+            format_bytes(info.pfs_bytes_written),
+            info.pfs_write_calls,
+            planned.len(),
+            format_bytes(DRAIN_WRITE_BYTES_MAX),
+            aligned
+        );
+        if info.failed_attempts == 0
+            && (info.pfs_bytes_written != domain.end - domain.start
+                || info.pfs_write_calls != planned.len() as u64)
+        {
+            bail!(
+                "{} wrote {} bytes in {} calls to the PFS; its domain is {} bytes in {} planned writes",
+                SERVER_NAMES[*server],
+                info.pfs_bytes_written,
+                info.pfs_write_calls,
+                domain.end - domain.start,
+                planned.len()
+            );
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

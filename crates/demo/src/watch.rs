@@ -1,13 +1,13 @@
 //! Watching the servers do background work: a drain from request to every server reporting it
-//! drained (with the PFS and the space in use polled alongside), space settling, a memory commit
-//! reaching SSD.
+//! drained (with the PFS and the space in use polled alongside), space settling, GC reclaiming
+//! segments, a memory commit reaching SSD.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use spillway_client::Client;
-use spillway_proto::{DrainInfo, DrainState, Endpoint};
+use spillway_proto::{DrainInfo, DrainState, Endpoint, ServerStatus};
 use spillway_types::{format_bytes, EpochId};
 
 use crate::cluster::admin;
@@ -16,7 +16,7 @@ use crate::workload::EpochPlan;
 /// How long background work (memory → SSD catch-up, segment GC) may take to become visible.
 const BACKGROUND_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long the demo watches GC reclaim the segments of a drained or deleted epoch.
-pub(crate) const GC_WAIT: Duration = Duration::from_secs(3);
+const GC_WAIT: Duration = Duration::from_secs(3);
 /// How long a drain may take (it yields to ingest while the next epoch is written).
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -177,4 +177,45 @@ pub(crate) fn wait_for(
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// After `drained`, polls until some server's space in use is `threshold` below `used_before`
+/// (GC freed part of the drained epoch), for at most [`GC_WAIT`]; returns when that was seen.
+pub(crate) fn first_freed(
+    client: &mut Client,
+    drained: Instant,
+    used_before: &[u64],
+    threshold: u64,
+) -> anyhow::Result<Option<Instant>> {
+    while drained.elapsed() < GC_WAIT {
+        std::thread::sleep(Duration::from_millis(5));
+        let used = space_used(client)?;
+        if used.iter().zip(used_before).any(|(&u, &b)| u.saturating_add(threshold) <= b) {
+            return Ok(Some(Instant::now()));
+        }
+    }
+    Ok(None)
+}
+
+/// After an epoch's deletion, waits (at most [`GC_WAIT`]) for the servers' SSD use to drop
+/// below `ssd_before`; returns the settled statuses and when the first segments went.
+pub(crate) fn wait_for_gc(
+    client: &mut Client,
+    ssd_before: u64,
+) -> anyhow::Result<(Vec<ServerStatus>, Duration)> {
+    let started = Instant::now();
+    let mut statuses = client.status()?;
+    while statuses.iter().map(|s| s.ssd_bytes_used).sum::<u64>() >= ssd_before
+        && started.elapsed() < GC_WAIT
+    {
+        std::thread::sleep(Duration::from_millis(10));
+        statuses = client.status()?;
+    }
+    let first_freed = started.elapsed();
+    if first_freed < GC_WAIT {
+        // Let the GC round that started finish, then take the settled figure.
+        std::thread::sleep(Duration::from_millis(200));
+        statuses = client.status()?;
+    }
+    Ok((statuses, first_freed))
 }

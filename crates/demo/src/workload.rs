@@ -91,6 +91,50 @@ pub(crate) fn rank_data(epoch: EpochId, rank: u32, length: u64) -> Vec<u8> {
     out
 }
 
+/// Epochs 1 to 3, checkpointed and committed in step 2: N-N at `memory` and at `ssd`
+/// durability, then N-1 at `ssd` durability.
+pub(crate) fn checkpoint_plans(rank_bytes: u64) -> [EpochPlan; 3] {
+    [
+        EpochPlan {
+            epoch: EpochId(1),
+            layout: Layout::FilePerRank,
+            durability: Durability::Memory,
+            rank_bytes,
+            commit: true,
+        },
+        EpochPlan {
+            epoch: EpochId(2),
+            layout: Layout::FilePerRank,
+            durability: Durability::Ssd,
+            rank_bytes,
+            commit: true,
+        },
+        EpochPlan {
+            epoch: EpochId(3),
+            layout: Layout::SharedStriped,
+            durability: Durability::Ssd,
+            rank_bytes,
+            commit: true,
+        },
+    ]
+}
+
+/// Epoch 4: written while epoch 3 drains, never committed (step 5 crashes a server under it).
+pub(crate) fn open_plan(rank_bytes: u64) -> EpochPlan {
+    EpochPlan {
+        epoch: EpochId(4),
+        layout: Layout::FilePerRank,
+        durability: Durability::Ssd,
+        rank_bytes,
+        commit: false,
+    }
+}
+
+/// Every rank's bytes of one epoch, rank 0 first.
+pub(crate) fn plan_data(plan: &EpochPlan, ranks: u32) -> Vec<Vec<u8>> {
+    (0..ranks).map(|rank| rank_data(plan.epoch, rank, plan.rank_bytes)).collect()
+}
+
 /// What the application saw while checkpointing one epoch.
 pub(crate) struct CheckpointTiming {
     /// When the first rank started writing.
