@@ -17,7 +17,7 @@
 //! those paired ratios.
 
 use crate::start_server;
-use crate::stats::median;
+use crate::stats::{gigabytes_per_second, median};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -68,8 +68,6 @@ pub struct Args {
     #[arg(long, hide = true, default_value = "memory")]
     worker_durability: String,
 }
-
-const GB: f64 = 1e9;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Shape {
@@ -273,7 +271,7 @@ fn spillway_gbps(
     for s in 0..shape.servers {
         let _ = std::fs::remove_dir_all(work.join(format!("ssd-{pattern}-{durability}-{s}")));
     }
-    Ok(shape.total_bytes() as f64 / seconds / GB)
+    Ok(gigabytes_per_second(shape.total_bytes(), seconds))
 }
 
 /// DRAM log per server of a Spillway measurement whose servers each receive `per_server` bytes.
@@ -548,7 +546,7 @@ fn memcached_gbps(shape: &Shape, work: &Path) -> anyhow::Result<f64> {
         .and_then(|n| n.trim().parse().ok())
         .context("memcaslap printed no cmd_set count")?;
     drop(servers);
-    Ok((sets * shape.transfer_bytes) as f64 / seconds / GB)
+    Ok(gigabytes_per_second(sets * shape.transfer_bytes, seconds))
 }
 
 fn which(program: &str) -> Option<PathBuf> {
@@ -630,7 +628,7 @@ fn loopback_gbps(shape: &Shape) -> anyhow::Result<f64> {
     for s in sinks {
         s.join().expect("sink")?;
     }
-    Ok(shape.total_bytes() as f64 / seconds / GB)
+    Ok(gigabytes_per_second(shape.total_bytes(), seconds))
 }
 
 /// C threads write the bytes to files on the same disk as the SSD log, then fsync.
@@ -660,5 +658,5 @@ fn direct_pfs_gbps(shape: &Shape, work: &Path) -> anyhow::Result<f64> {
     }
     let seconds = start.elapsed().as_secs_f64();
     std::fs::remove_dir_all(&dir)?;
-    Ok(shape.total_bytes() as f64 / seconds / GB)
+    Ok(gigabytes_per_second(shape.total_bytes(), seconds))
 }

@@ -8,7 +8,7 @@
 //! write + fdatasync. Every pair is repeated; the table shows the best of each figure and the
 //! median and spread of the paired ratios.
 
-use crate::stats::{median, spread};
+use crate::stats::{gigabytes_per_second, median, spread};
 use anyhow::{bail, Context};
 use spillway_config::StoreKnobs;
 use spillway_store::{Durability, Store};
@@ -105,10 +105,6 @@ struct Row {
     commit: f64,
 }
 
-fn gbps(bytes: u64, seconds: f64) -> f64 {
-    bytes as f64 / seconds / 1e9
-}
-
 fn pattern(length: usize) -> Vec<u8> {
     (0..length).map(|i| (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15).to_le_bytes()[7]).collect()
 }
@@ -143,7 +139,7 @@ fn measure_memcpy(bytes: u64, source: &[u8]) -> f64 {
             });
         }
     });
-    gbps(bytes, started.elapsed().as_secs_f64())
+    gigabytes_per_second(bytes, started.elapsed().as_secs_f64())
 }
 
 fn knobs(
@@ -210,7 +206,7 @@ fn measure_dram_ingest(
     if spilled > 0 {
         bail!("the DRAM-only run spilled {spilled} bytes; its figure would be wrong");
     }
-    Ok(gbps(bytes, seconds))
+    Ok(gigabytes_per_second(bytes, seconds))
 }
 
 /// Sequential 1 MiB writes to a new file, then fdatasync: the disk's plain speed now.
@@ -225,7 +221,7 @@ fn measure_plain_file(root: &Path, bytes: u64, source: &[u8]) -> anyhow::Result<
     let seconds = started.elapsed().as_secs_f64();
     drop(file);
     std::fs::remove_file(&path)?;
-    Ok(gbps(bytes, seconds))
+    Ok(gigabytes_per_second(bytes, seconds))
 }
 
 /// Ingest into a 256 MiB DRAM tier (the flusher spills as it goes), then `sync`.
@@ -247,7 +243,7 @@ fn measure_spill(
     if spilled < bytes {
         bail!("the spill run moved only {spilled} of {bytes} bytes to SSD");
     }
-    Ok(gbps(bytes, seconds))
+    Ok(gigabytes_per_second(bytes, seconds))
 }
 
 /// An epoch of `bytes` held in DRAM, then timed `commit` (spill + fsync + commit record),
@@ -268,7 +264,7 @@ fn measure_commit(
     let after = measure_plain_file(root, bytes, source)?;
     store.close()?;
     std::fs::remove_dir_all(root.join("commit"))?;
-    Ok((gbps(bytes, seconds), (before + after) / 2.0))
+    Ok((gigabytes_per_second(bytes, seconds), (before + after) / 2.0))
 }
 
 /// The paired ratio of each subject to the baseline measured next to it, one per repeat.
