@@ -156,7 +156,7 @@ fn dram_bytes(args: &Args) -> u64 {
     args.dram_bytes.unwrap_or_else(|| {
         let share = args.total_bytes.div_ceil(args.servers as u64);
         let records = share + share / args.transfer_bytes.max(1) * 64;
-        (records * 10 / 7 + (64 << 20)).next_multiple_of(1 << 20)
+        crate::dram_bytes_holding(records, 64 << 20)
     })
 }
 

@@ -281,7 +281,7 @@ fn server_dram_bytes(per_server: u64, durability: &str) -> u64 {
     // At ssd durability the DRAM log is a staging buffer: a small one makes the flusher write
     // to the SSD while data still arrives, as a loaded server's would.
     if durability == "memory" {
-        (per_server * 10 / 7 + (64 << 20)).next_multiple_of(1 << 20)
+        crate::dram_bytes_holding(per_server, 64 << 20)
     } else {
         std::env::var("SPILLWAY_BENCH_SSD_DRAM")
             .ok()

@@ -265,7 +265,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Every byte of both variants stays in DRAM (mount files are never deleted from the
     // store during the run): no spilling inside a measurement.
     let per_server = (total * (args.repeat as u64 + 1) * 2).div_ceil(args.servers as u64);
-    let dram = (per_server * 10 / 7 + (128 << 20)).next_multiple_of(1 << 20);
+    let dram = crate::dram_bytes_holding(per_server, 128 << 20);
     let (servers, endpoints) = start_servers(&work, args.servers, dram)?;
     let writes = measure_sequential_writes(&args, &work, &endpoints)?;
     let rows = measure_metadata(&args, &work, &endpoints)?;
