@@ -156,7 +156,7 @@ fn dram_bytes(args: &Args) -> u64 {
     args.dram_bytes.unwrap_or_else(|| {
         let share = args.total_bytes.div_ceil(args.servers as u64);
         let records = share + share / args.transfer_bytes.max(1) * 64;
-        (records * 10 / 7 + (64 << 20)).next_multiple_of(1 << 20)
+        crate::dram_bytes_holding(records, 64 << 20)
     })
 }
 
@@ -427,6 +427,20 @@ fn measure_repeat(
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    check_args(&args)?;
+    let (dir, _temporary) = work_directory(&args)?;
+    let repeats = measure_repeats(&args, &dir)?;
+    let ratios = paired_ratios(&args, &repeats);
+    if args.json {
+        print_json(&args, &repeats, &ratios);
+        return Ok(());
+    }
+    print_tables(&args, &repeats, &ratios);
+    Ok(())
+}
+
+/// Refuses sizes that cannot describe a checkpoint or a shuffled drain.
+fn check_args(args: &Args) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.servers > 0 && args.clients > 0 && args.transfer_bytes > 0 && args.total_bytes > 0,
         "servers, clients and sizes must be positive"
@@ -435,27 +449,36 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.write_bytes.is_multiple_of(args.stripe_bytes),
         "--write-bytes must be a multiple of --stripe-bytes"
     );
-    let temp;
-    let dir = match &args.dir {
-        Some(d) => d.clone(),
+    Ok(())
+}
+
+/// `--dir`, or a fresh directory under /var/tmp and the guard that removes it when dropped.
+fn work_directory(args: &Args) -> anyhow::Result<(PathBuf, Option<tempfile::TempDir>)> {
+    match &args.dir {
+        Some(dir) => Ok((dir.clone(), None)),
         None => {
-            temp = tempfile::Builder::new().prefix("spillway-egress-").tempdir_in("/var/tmp")?;
-            temp.path().to_path_buf()
+            let temporary =
+                tempfile::Builder::new().prefix("spillway-egress-").tempdir_in("/var/tmp")?;
+            Ok((temporary.path().to_path_buf(), Some(temporary)))
         }
-    };
+    }
+}
+
+/// Starts the cluster, measures `--repeat` paired repeats (alternating drain order), stops it.
+fn measure_repeats(args: &Args, dir: &Path) -> anyhow::Result<Vec<Repeat>> {
     let pfs = dir.join("pfs");
     std::fs::create_dir_all(&pfs)?;
     let log = Arc::new(WriteLog::new(
         ((args.total_bytes / args.transfer_bytes.min(args.stripe_bytes)) as usize + 1024)
             .min(64 << 20),
     ));
-    let cluster = Cluster::start(&args, &dir, &pfs, &log)?;
+    let cluster = Cluster::start(args, dir, &pfs, &log)?;
     anyhow::ensure!(args.repeat > 0, "--repeat must be at least 1");
     let mut repeats = Vec::new();
     for r in 0..args.repeat as u64 {
         let shuffled_first = args.shuffled_first ^ (r % 2 == 1);
         repeats.push(measure_repeat(
-            &args,
+            args,
             &cluster,
             &log,
             &pfs,
@@ -464,66 +487,102 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )?);
     }
     cluster.stop();
+    Ok(repeats)
+}
 
-    let gib = args.total_bytes as f64;
-    let mib = |bytes_per_s: f64| bytes_per_s / (1u64 << 20) as f64;
-    let rate = |d: &DrainResult| gib / d.seconds;
+/// Bytes per second in MiB per second.
+fn mebibytes_per_second(bytes_per_second: f64) -> f64 {
+    bytes_per_second / (1u64 << 20) as f64
+}
+
+impl DrainResult {
+    /// Checkpoint bytes drained per second.
+    fn bytes_per_second(&self, args: &Args) -> f64 {
+        args.total_bytes as f64 / self.seconds
+    }
+
+    /// The drain's figures as JSON, its rate over the sequential baseline measured before it.
+    fn to_json(&self, args: &Args, sequential_bytes_per_second: f64) -> serde_json::Value {
+        let rate = self.bytes_per_second(args);
+        serde_json::json!({
+            "drain_s": self.seconds,
+            "drain_mib_per_s": mebibytes_per_second(rate),
+            "ratio_to_sequential": rate / sequential_bytes_per_second,
+            "pfs_write_calls": self.write_calls,
+            "stripe_aligned_fraction": self.aligned_fraction,
+            "shuffle_s_max_per_server": self.shuffle_s_max,
+            "flush_s_max_per_server": self.flush_s_max,
+            "lock_switches": self.lock_switches,
+        })
+    }
+}
+
+impl Repeat {
+    /// The shuffled drain's rate over its own sequential baseline.
+    fn shuffled_vs_sequential(&self, args: &Args) -> f64 {
+        self.shuffled.bytes_per_second(args) / self.sequential_before_shuffled
+    }
+
+    /// The repeat's figures as JSON, as `repeats` lists them.
+    fn to_json(&self, args: &Args) -> serde_json::Value {
+        serde_json::json!({
+            "sequential_before_naive_mib_per_s": mebibytes_per_second(self.sequential_before_naive),
+            "sequential_before_shuffled_mib_per_s": mebibytes_per_second(self.sequential_before_shuffled),
+            "naive": self.naive.to_json(args, self.sequential_before_naive),
+            "shuffled": self.shuffled.to_json(args, self.sequential_before_shuffled),
+            "checkpoint_s": { "direct_fsync": self.direct_s, "spillway_memory": self.memory_s, "spillway_ssd": self.ssd_s },
+        })
+    }
+}
+
+/// The medians over the repeats of each paired ratio, by name.
+fn paired_ratios(args: &Args, repeats: &[Repeat]) -> serde_json::Value {
+    let rate = |d: &DrainResult| d.bytes_per_second(args);
     let median_of = |f: &dyn Fn(&Repeat) -> f64| median(repeats.iter().map(f));
-    let ratios = serde_json::json!({
-        "shuffled_vs_sequential": median_of(&|r| rate(&r.shuffled) / r.sequential_before_shuffled),
+    serde_json::json!({
+        "shuffled_vs_sequential": median_of(&|r| r.shuffled_vs_sequential(args)),
         "naive_vs_sequential": median_of(&|r| rate(&r.naive) / r.sequential_before_naive),
         "shuffled_over_naive_throughput": median_of(&|r| rate(&r.shuffled) / rate(&r.naive)),
         "naive_over_shuffled_write_calls": median_of(&|r| r.naive.write_calls as f64 / r.shuffled.write_calls.max(1) as f64),
         "direct_over_spillway_checkpoint_time_memory": median_of(&|r| r.direct_s / r.memory_s),
         "direct_over_spillway_checkpoint_time_ssd": median_of(&|r| r.direct_s / r.ssd_s),
-    });
-    // The figures of the repeat whose shuffled ratio is the median (tables show every repeat).
+    })
+}
+
+/// The repeat whose shuffled ratio is the median.
+fn typical_repeat<'a>(args: &Args, repeats: &'a [Repeat]) -> &'a Repeat {
     let mut order: Vec<usize> = (0..repeats.len()).collect();
     order.sort_by(|&a, &b| {
-        let ratio = |r: &Repeat| rate(&r.shuffled) / r.sequential_before_shuffled;
-        ratio(&repeats[a]).total_cmp(&ratio(&repeats[b]))
+        repeats[a].shuffled_vs_sequential(args).total_cmp(&repeats[b].shuffled_vs_sequential(args))
     });
-    let typical = &repeats[order[order.len() / 2]];
-    let (naive, shuffled) = (&typical.naive, &typical.shuffled);
-    let sequential_bytes_per_s = typical.sequential_before_shuffled;
+    &repeats[order[order.len() / 2]]
+}
+
+/// The whole run as one JSON object on stdout.
+fn print_json(args: &Args, repeats: &[Repeat], ratios: &serde_json::Value) {
+    // The figures of the repeat whose shuffled ratio is the median (tables show every repeat).
+    let typical = typical_repeat(args, repeats);
     let lock_switches_max = |f: &dyn Fn(&Repeat) -> u64| repeats.iter().map(f).max().unwrap_or(0);
-    let mode_json = |d: &DrainResult, sequential_bytes_per_s: f64| {
-        serde_json::json!({
-            "drain_s": d.seconds,
-            "drain_mib_per_s": mib(rate(d)),
-            "ratio_to_sequential": rate(d) / sequential_bytes_per_s,
-            "pfs_write_calls": d.write_calls,
-            "stripe_aligned_fraction": d.aligned_fraction,
-            "shuffle_s_max_per_server": d.shuffle_s_max,
-            "flush_s_max_per_server": d.flush_s_max,
-            "lock_switches": d.lock_switches,
-        })
-    };
-    if args.json {
-        let out = serde_json::json!({
-            "config": {
-                "servers": args.servers, "clients": args.clients, "total_bytes": args.total_bytes,
-                "transfer_bytes": args.transfer_bytes, "stripe_bytes": args.stripe_bytes, "write_bytes": args.write_bytes,
-                "dram_bytes_per_server": dram_bytes(&args), "in_flight_requests_max": args.in_flight_requests,
-            },
-            "repeats": repeats.iter().map(|r| serde_json::json!({
-                "sequential_before_naive_mib_per_s": mib(r.sequential_before_naive),
-                "sequential_before_shuffled_mib_per_s": mib(r.sequential_before_shuffled),
-                "naive": mode_json(&r.naive, r.sequential_before_naive),
-                "shuffled": mode_json(&r.shuffled, r.sequential_before_shuffled),
-                "checkpoint_s": { "direct_fsync": r.direct_s, "spillway_memory": r.memory_s, "spillway_ssd": r.ssd_s },
-            })).collect::<Vec<_>>(),
-            "sequential_baseline_mib_per_s": mib(sequential_bytes_per_s),
-            "naive": mode_json(naive, typical.sequential_before_naive),
-            "shuffled": mode_json(shuffled, typical.sequential_before_shuffled),
-            "checkpoint_s": { "direct_fsync": typical.direct_s, "spillway_memory": typical.memory_s, "spillway_ssd": typical.ssd_s },
-            // The worst repeat: zero for shuffled means zero in every repeat.
-            "lock_switches": { "naive": lock_switches_max(&|r| r.naive.lock_switches), "shuffled": lock_switches_max(&|r| r.shuffled.lock_switches) },
-            "ratios": ratios,
-        });
-        println!("{out}");
-        return Ok(());
-    }
+    let out = serde_json::json!({
+        "config": {
+            "servers": args.servers, "clients": args.clients, "total_bytes": args.total_bytes,
+            "transfer_bytes": args.transfer_bytes, "stripe_bytes": args.stripe_bytes, "write_bytes": args.write_bytes,
+            "dram_bytes_per_server": dram_bytes(args), "in_flight_requests_max": args.in_flight_requests,
+        },
+        "repeats": repeats.iter().map(|r| r.to_json(args)).collect::<Vec<_>>(),
+        "sequential_baseline_mib_per_s": mebibytes_per_second(typical.sequential_before_shuffled),
+        "naive": typical.naive.to_json(args, typical.sequential_before_naive),
+        "shuffled": typical.shuffled.to_json(args, typical.sequential_before_shuffled),
+        "checkpoint_s": { "direct_fsync": typical.direct_s, "spillway_memory": typical.memory_s, "spillway_ssd": typical.ssd_s },
+        // The worst repeat: zero for shuffled means zero in every repeat.
+        "lock_switches": { "naive": lock_switches_max(&|r| r.naive.lock_switches), "shuffled": lock_switches_max(&|r| r.shuffled.lock_switches) },
+        "ratios": ratios,
+    });
+    println!("{out}");
+}
+
+/// The configuration, a table of every drain, one of every checkpoint, and the median ratios.
+fn print_tables(args: &Args, repeats: &[Repeat], ratios: &serde_json::Value) {
     println!(
         "egress: S={} C={} file {} MiB, {} KiB interleaved transfers, stripe {} KiB, shuffled writes ≤ {} MiB, DRAM {} MiB/server",
         args.servers,
@@ -532,10 +591,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.transfer_bytes >> 10,
         args.stripe_bytes >> 10,
         args.write_bytes >> 20,
-        dram_bytes(&args) >> 20
+        dram_bytes(args) >> 20
     );
     println!("{} paired repeats; each drain is compared with a sequential write+fsync of the same bytes measured just before it", repeats.len());
     println!();
+    print_drain_table(args, repeats);
+    println!();
+    print_checkpoint_table(repeats);
+    println!();
+    println!("medians of the paired ratios:");
+    for (name, value) in ratios.as_object().expect("an object") {
+        println!("  {name}: {:.2}", value.as_f64().unwrap_or(f64::NAN));
+    }
+}
+
+/// One row per drain of every repeat, next to the sequential baseline measured before it.
+fn print_drain_table(args: &Args, repeats: &[Repeat]) {
     println!("| repeat | mode | sequential MiB/s | drain s | MiB/s | × sequential | PFS writes | stripe-aligned | shuffle s (max/server) | flush s (max/server) | lock switches |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for (index, r) in repeats.iter().enumerate() {
@@ -543,13 +614,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ("naive", &r.naive, r.sequential_before_naive),
             ("shuffled", &r.shuffled, r.sequential_before_shuffled),
         ] {
+            let rate = d.bytes_per_second(args);
             println!(
                 "| {} | {name} | {:.0} | {:.2} | {:.0} | {:.2} | {} | {:.3} | {:.2} | {:.2} | {} |",
                 index + 1,
-                mib(sequential),
+                mebibytes_per_second(sequential),
                 d.seconds,
-                mib(rate(d)),
-                rate(d) / sequential,
+                mebibytes_per_second(rate),
+                rate / sequential,
                 d.write_calls,
                 d.aligned_fraction,
                 d.shuffle_s_max,
@@ -558,7 +630,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
         }
     }
-    println!();
+}
+
+/// One row per repeat: the direct checkpoint's time against Spillway's at each durability.
+fn print_checkpoint_table(repeats: &[Repeat]) {
     println!("| repeat | direct to disk + fsync s | spillway memory s | direct ÷ memory | spillway ssd s | direct ÷ ssd |");
     println!("|---|---|---|---|---|---|");
     for (index, r) in repeats.iter().enumerate() {
@@ -572,10 +647,4 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             r.direct_s / r.ssd_s
         );
     }
-    println!();
-    println!("medians of the paired ratios:");
-    for (name, value) in ratios.as_object().expect("an object") {
-        println!("  {name}: {:.2}", value.as_f64().unwrap_or(f64::NAN));
-    }
-    Ok(())
 }

@@ -17,14 +17,14 @@
 //! those paired ratios.
 
 use crate::start_server;
-use crate::stats::median;
+use crate::stats::{gigabytes_per_second, median};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use spillway_harness::Reaped;
+use spillway_harness::{Reaped, ServerProcess};
 
 use anyhow::{bail, Context};
 use spillway_client::{Client, ClientOptions, Placement};
@@ -69,8 +69,6 @@ pub struct Args {
     worker_durability: String,
 }
 
-const GB: f64 = 1e9;
-
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Shape {
     servers: u32,
@@ -107,15 +105,34 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(rank) = args.worker_rank {
         return worker(rank, &args);
     }
+    check_args(&args)?;
+    let base = args.dir.clone().unwrap_or_else(|| PathBuf::from("/var/tmp"));
+    let work = base.join(format!("spillway-bench-ingress-{}", std::process::id()));
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let result = measure_shapes(&args, &shapes(&args), &work);
+    let _ = std::fs::remove_dir_all(&work);
+    let rows = result?;
+    if args.json {
+        print_json(&args, &rows)?;
+    } else {
+        print_table(&args, &rows);
+    }
+    Ok(())
+}
+
+/// Refuses counts of zero and clients that write less than one transfer.
+fn check_args(args: &Args) -> anyhow::Result<()> {
     if args.servers == 0 || args.clients == 0 || args.transfer_bytes == 0 {
         bail!("--servers, --clients and --transfer-bytes must be at least 1");
     }
     if args.bytes_per_client < args.transfer_bytes {
         bail!("--bytes-per-client must be at least --transfer-bytes");
     }
-    let base = args.dir.clone().unwrap_or_else(|| PathBuf::from("/var/tmp"));
-    let work = base.join(format!("spillway-bench-ingress-{}", std::process::id()));
-    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    Ok(())
+}
+
+/// The flags' configuration, then (without `--single`) S=2 and 16 KiB transfers, each once.
+fn shapes(args: &Args) -> Vec<Shape> {
     let primary = Shape {
         servers: args.servers,
         clients: args.clients,
@@ -132,67 +149,73 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         }
     }
+    shapes
+}
+
+/// One row per configuration, each measured `--repeat` times in `work`.
+fn measure_shapes(args: &Args, shapes: &[Shape], work: &Path) -> anyhow::Result<Vec<Row>> {
     let mut rows = Vec::new();
-    let result = (|| -> anyhow::Result<()> {
-        for shape in &shapes {
-            if !args.json {
-                eprintln!(
-                    "measuring S={} C={} transfer={} bytes/client={} …",
-                    shape.servers, shape.clients, shape.transfer_bytes, shape.bytes_per_client
-                );
-            }
-            rows.push(measure(shape, &work, args.repeat.max(1))?);
-        }
-        Ok(())
-    })();
-    let _ = std::fs::remove_dir_all(&work);
-    result?;
-    let first = &rows[0];
-    if args.json {
-        let out = serde_json::json!({
-            "benchmark": "ingress",
-            "repeat": args.repeat.max(1),
-            "rows": rows,
-            "ratios": {
-                "vs_memcached": first.vs_memcached,
-                "vs_loopback": first.vs_loopback,
-                "ssd_vs_direct_pfs": first.ssd_vs_direct_pfs,
-            },
-            "ratio_basis": format!(
-                "row 0: S={} C={} transfer={} bytes, N-N; memory durability for vs_memcached/vs_loopback, ssd for ssd_vs_direct_pfs",
-                first.servers, first.clients, first.transfer_bytes
-            ),
-        });
-        println!("{}", serde_json::to_string_pretty(&out)?);
-    } else {
-        println!(
-            "ingress GB/s (1 GB = 1e9 bytes), median of {} runs; ratios are medians of the per-run ratios; Spillway timed until every commit returned",
-            args.repeat.max(1)
-        );
-        println!("| S | C | transfer | total | NN mem | N1 mem | NN ssd | N1 ssd | memcached | loopback | direct+fsync | vs_memcached | vs_loopback | ssd_vs_direct_pfs |");
-        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-        for r in &rows {
-            println!(
-                "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
-                r.servers,
-                r.clients,
-                spillway_types::format_bytes(r.transfer_bytes),
-                spillway_types::format_bytes(r.bytes_total),
-                r.spillway_nn_memory_gbps,
-                r.spillway_n1_memory_gbps,
-                r.spillway_nn_ssd_gbps,
-                r.spillway_n1_ssd_gbps,
-                r.memcached_gbps,
-                r.loopback_gbps,
-                r.direct_pfs_gbps,
-                r.vs_memcached,
-                r.vs_loopback,
-                r.ssd_vs_direct_pfs
+    for shape in shapes {
+        if !args.json {
+            eprintln!(
+                "measuring S={} C={} transfer={} bytes/client={} …",
+                shape.servers, shape.clients, shape.transfer_bytes, shape.bytes_per_client
             );
         }
-        println!("ratios use N-N: vs_memcached and vs_loopback at memory durability, ssd_vs_direct_pfs at ssd durability");
+        rows.push(measure(shape, work, args.repeat.max(1))?);
     }
+    Ok(rows)
+}
+
+/// The rows and the first row's ratios as one JSON object on stdout.
+fn print_json(args: &Args, rows: &[Row]) -> anyhow::Result<()> {
+    let first = &rows[0];
+    let out = serde_json::json!({
+        "benchmark": "ingress",
+        "repeat": args.repeat.max(1),
+        "rows": rows,
+        "ratios": {
+            "vs_memcached": first.vs_memcached,
+            "vs_loopback": first.vs_loopback,
+            "ssd_vs_direct_pfs": first.ssd_vs_direct_pfs,
+        },
+        "ratio_basis": format!(
+            "row 0: S={} C={} transfer={} bytes, N-N; memory durability for vs_memcached/vs_loopback, ssd for ssd_vs_direct_pfs",
+            first.servers, first.clients, first.transfer_bytes
+        ),
+    });
+    println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())
+}
+
+/// The rows as a table, one line per configuration.
+fn print_table(args: &Args, rows: &[Row]) {
+    println!(
+        "ingress GB/s (1 GB = 1e9 bytes), median of {} runs; ratios are medians of the per-run ratios; Spillway timed until every commit returned",
+        args.repeat.max(1)
+    );
+    println!("| S | C | transfer | total | NN mem | N1 mem | NN ssd | N1 ssd | memcached | loopback | direct+fsync | vs_memcached | vs_loopback | ssd_vs_direct_pfs |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        println!(
+            "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            r.servers,
+            r.clients,
+            spillway_types::format_bytes(r.transfer_bytes),
+            spillway_types::format_bytes(r.bytes_total),
+            r.spillway_nn_memory_gbps,
+            r.spillway_n1_memory_gbps,
+            r.spillway_nn_ssd_gbps,
+            r.spillway_n1_ssd_gbps,
+            r.memcached_gbps,
+            r.loopback_gbps,
+            r.direct_pfs_gbps,
+            r.vs_memcached,
+            r.vs_loopback,
+            r.ssd_vs_direct_pfs
+        );
+    }
+    println!("ratios use N-N: vs_memcached and vs_loopback at memory durability, ssd_vs_direct_pfs at ssd durability");
 }
 
 fn measure(shape: &Shape, work: &Path, repeat: u32) -> anyhow::Result<Row> {
@@ -230,29 +253,54 @@ fn measure(shape: &Shape, work: &Path, repeat: u32) -> anyhow::Result<Row> {
     })
 }
 
+/// GB/s of S servers and C client workers at `durability`, from "go" to the last commit.
 fn spillway_gbps(
     shape: &Shape,
     work: &Path,
     pattern: &str,
     durability: &str,
 ) -> anyhow::Result<f64> {
-    let exe = std::env::current_exe()?;
-    let per_server = shape.total_bytes().div_ceil(shape.servers as u64);
+    let executable = std::env::current_exe()?;
+    let servers = start_servers(shape, work, pattern, durability)?;
+    let list =
+        servers.iter().map(|server| server.endpoint().to_string()).collect::<Vec<_>>().join(",");
+    let mut workers = Workers::spawn(&executable, shape, &list, pattern, durability)?;
+    let seconds = workers.time_writes_and_commits()?;
+    workers.wait()?;
+    drop(servers);
+    for s in 0..shape.servers {
+        let _ = std::fs::remove_dir_all(work.join(format!("ssd-{pattern}-{durability}-{s}")));
+    }
+    Ok(gigabytes_per_second(shape.total_bytes(), seconds))
+}
+
+/// DRAM log per server of a Spillway measurement whose servers each receive `per_server` bytes.
+fn server_dram_bytes(per_server: u64, durability: &str) -> u64 {
     // Above the flusher's high watermark (75 %) the store starts spilling; leave room so the
     // memory runs measure DRAM ingest.
     // At ssd durability the DRAM log is a staging buffer: a small one makes the flusher write
     // to the SSD while data still arrives, as a loaded server's would.
-    let dram = if durability == "memory" {
-        (per_server * 10 / 7 + (64 << 20)).next_multiple_of(1 << 20)
+    if durability == "memory" {
+        crate::dram_bytes_holding(per_server, 64 << 20)
     } else {
         std::env::var("SPILLWAY_BENCH_SSD_DRAM")
             .ok()
             .and_then(|v| spillway_types::parse_size(&v).ok())
             .unwrap_or(128 << 20)
-    };
+    }
+}
+
+/// S `spillway serve` processes at `durability`, each with its own SSD directory in `work`.
+fn start_servers(
+    shape: &Shape,
+    work: &Path,
+    pattern: &str,
+    durability: &str,
+) -> anyhow::Result<Vec<ServerProcess>> {
+    let per_server = shape.total_bytes().div_ceil(shape.servers as u64);
+    let dram = server_dram_bytes(per_server, durability);
     let ssd = per_server * 2 + (1 << 30);
     let mut servers = Vec::new();
-    let mut endpoints = Vec::new();
     for s in 0..shape.servers {
         let ssd_dir = work.join(format!("ssd-{pattern}-{durability}-{s}"));
         let server_args = [
@@ -261,83 +309,116 @@ fn spillway_gbps(
             "--ssd-bytes".into(),
             ssd.to_string(),
         ];
-        let server = start_server(work, &s.to_string(), &ssd_dir, dram, &server_args)?;
-        endpoints.push(server.endpoint().to_string());
-        servers.push(server);
+        servers.push(start_server(work, &s.to_string(), &ssd_dir, dram, &server_args)?);
     }
-    let list = endpoints.join(",");
-    let mut workers: Vec<(Reaped, ChildStdin, BufReader<ChildStdout>)> = Vec::new();
-    for rank in 0..shape.clients {
-        let mut child = Command::new(&exe)
-            .args([
-                "bench",
-                "ingress",
-                "--worker-rank",
-                &rank.to_string(),
-                "--worker-servers",
-                &list,
-            ])
-            .args(["--worker-pattern", pattern, "--worker-durability", durability])
-            .args([
-                "--transfer-bytes",
-                &shape.transfer_bytes.to_string(),
-                "--bytes-per-client",
-                &shape.bytes_per_client.to_string(),
-            ])
-            .args([
-                "--servers",
-                &shape.servers.to_string(),
-                "--clients",
-                &shape.clients.to_string(),
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .context("starting a client worker")?;
-        let stdin = child.stdin.take().expect("piped");
-        let stdout = BufReader::new(child.stdout.take().expect("piped"));
-        workers.push((Reaped(child), stdin, stdout));
+    Ok(servers)
+}
+
+/// One client worker process and its pipes.
+struct Worker {
+    process: Reaped,
+    input: ChildStdin,
+    output: BufReader<ChildStdout>,
+}
+
+/// The client workers of one Spillway measurement, in rank order, spoken to in lines.
+struct Workers<'a> {
+    workers: Vec<Worker>,
+    pattern: &'a str,
+    durability: &'a str,
+}
+
+impl<'a> Workers<'a> {
+    /// Starts C workers (`executable` in its hidden worker mode), each connected to `servers`.
+    fn spawn(
+        executable: &Path,
+        shape: &Shape,
+        servers: &str,
+        pattern: &'a str,
+        durability: &'a str,
+    ) -> anyhow::Result<Workers<'a>> {
+        let mut workers = Vec::new();
+        for rank in 0..shape.clients {
+            let mut child = Command::new(executable)
+                .args([
+                    "bench",
+                    "ingress",
+                    "--worker-rank",
+                    &rank.to_string(),
+                    "--worker-servers",
+                    servers,
+                ])
+                .args(["--worker-pattern", pattern, "--worker-durability", durability])
+                .args([
+                    "--transfer-bytes",
+                    &shape.transfer_bytes.to_string(),
+                    "--bytes-per-client",
+                    &shape.bytes_per_client.to_string(),
+                ])
+                .args([
+                    "--servers",
+                    &shape.servers.to_string(),
+                    "--clients",
+                    &shape.clients.to_string(),
+                ])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .context("starting a client worker")?;
+            let input = child.stdin.take().expect("piped");
+            let output = BufReader::new(child.stdout.take().expect("piped"));
+            workers.push(Worker { process: Reaped(child), input, output });
+        }
+        Ok(Workers { workers, pattern, durability })
     }
-    let expect = |workers: &mut Vec<(Reaped, ChildStdin, BufReader<ChildStdout>)>,
-                  word: &str|
-     -> anyhow::Result<()> {
-        for (rank, (_, _, out)) in workers.iter_mut().enumerate() {
+
+    /// Reads a line from every worker; each must say `word`.
+    fn expect(&mut self, word: &str) -> anyhow::Result<()> {
+        for (rank, worker) in self.workers.iter_mut().enumerate() {
             let mut line = String::new();
-            out.read_line(&mut line)?;
+            worker.output.read_line(&mut line)?;
             if line.trim() != word {
-                bail!("client worker {rank} said {line:?}, expected {word:?} (pattern {pattern}, durability {durability})");
+                bail!(
+                    "client worker {rank} said {line:?}, expected {word:?} (pattern {}, durability {})",
+                    self.pattern,
+                    self.durability
+                );
             }
         }
         Ok(())
-    };
-    let say = |workers: &mut Vec<(Reaped, ChildStdin, BufReader<ChildStdout>)>,
-               word: &str|
-     -> anyhow::Result<()> {
-        for (_, input, _) in workers.iter_mut() {
-            writeln!(input, "{word}")?;
-            input.flush()?;
+    }
+
+    /// Tells every worker `word`.
+    fn say(&mut self, word: &str) -> anyhow::Result<()> {
+        for worker in &mut self.workers {
+            writeln!(worker.input, "{word}")?;
+            worker.input.flush()?;
         }
         Ok(())
-    };
-    expect(&mut workers, "ready")?;
-    let start = Instant::now();
-    say(&mut workers, "go")?;
-    expect(&mut workers, "written")?;
-    say(&mut workers, "commit")?;
-    expect(&mut workers, "done")?;
-    let seconds = start.elapsed().as_secs_f64();
-    for (mut child, input, _) in workers {
-        drop(input);
-        let status = child.0.wait()?;
-        if !status.success() {
-            bail!("a client worker exited with {status}");
+    }
+
+    /// Releases the ready workers together; seconds from "go" to the last commit's return.
+    fn time_writes_and_commits(&mut self) -> anyhow::Result<f64> {
+        self.expect("ready")?;
+        let start = Instant::now();
+        self.say("go")?;
+        self.expect("written")?;
+        self.say("commit")?;
+        self.expect("done")?;
+        Ok(start.elapsed().as_secs_f64())
+    }
+
+    /// Closes every worker's input and waits for it; each must exit successfully.
+    fn wait(self) -> anyhow::Result<()> {
+        for Worker { mut process, input, .. } in self.workers {
+            drop(input);
+            let status = process.0.wait()?;
+            if !status.success() {
+                bail!("a client worker exited with {status}");
+            }
         }
+        Ok(())
     }
-    drop(servers);
-    for s in 0..shape.servers {
-        let _ = std::fs::remove_dir_all(work.join(format!("ssd-{pattern}-{durability}-{s}")));
-    }
-    Ok(shape.total_bytes() as f64 / seconds / GB)
 }
 
 /// One client process of the Spillway measurement.
@@ -465,7 +546,7 @@ fn memcached_gbps(shape: &Shape, work: &Path) -> anyhow::Result<f64> {
         .and_then(|n| n.trim().parse().ok())
         .context("memcaslap printed no cmd_set count")?;
     drop(servers);
-    Ok((sets * shape.transfer_bytes) as f64 / seconds / GB)
+    Ok(gigabytes_per_second(sets * shape.transfer_bytes, seconds))
 }
 
 fn which(program: &str) -> Option<PathBuf> {
@@ -547,7 +628,7 @@ fn loopback_gbps(shape: &Shape) -> anyhow::Result<f64> {
     for s in sinks {
         s.join().expect("sink")?;
     }
-    Ok(shape.total_bytes() as f64 / seconds / GB)
+    Ok(gigabytes_per_second(shape.total_bytes(), seconds))
 }
 
 /// C threads write the bytes to files on the same disk as the SSD log, then fsync.
@@ -577,5 +658,5 @@ fn direct_pfs_gbps(shape: &Shape, work: &Path) -> anyhow::Result<f64> {
     }
     let seconds = start.elapsed().as_secs_f64();
     std::fs::remove_dir_all(&dir)?;
-    Ok(shape.total_bytes() as f64 / seconds / GB)
+    Ok(gigabytes_per_second(shape.total_bytes(), seconds))
 }

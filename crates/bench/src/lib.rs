@@ -44,6 +44,11 @@ pub fn run(command: Command) -> anyhow::Result<()> {
     }
 }
 
+/// DRAM log that holds `bytes` below the flusher's 75 % high watermark, plus `headroom_bytes`.
+pub(crate) fn dram_bytes_holding(bytes: u64, headroom_bytes: u64) -> u64 {
+    (bytes * 10 / 7 + headroom_bytes).next_multiple_of(1 << 20)
+}
+
 /// Starts `spillway serve` (this binary) on a loopback port with its SSD log in `ssd_dir`, its
 /// log in `<work>/server-<name>.log` and the extra `args`. Dropping it SIGTERMs the server and
 /// waits for its graceful exit, so a failed measurement leaves nothing half-done behind.

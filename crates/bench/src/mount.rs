@@ -261,38 +261,70 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if total == 0 || args.repeat == 0 || args.files == 0 || args.servers == 0 || args.threads == 0 {
         bail!("--write-bytes, --repeat, --files, --servers and --threads must be positive");
     }
-    let temp;
-    let work = match &args.work_dir {
-        Some(dir) => {
-            std::fs::create_dir_all(dir)?;
-            dir.clone()
-        }
-        None => {
-            temp = tempfile::tempdir()?;
-            temp.path().to_path_buf()
-        }
-    };
+    let (work, _temporary) = work_directory(&args)?;
     // Every byte of both variants stays in DRAM (mount files are never deleted from the
     // store during the run): no spilling inside a measurement.
     let per_server = (total * (args.repeat as u64 + 1) * 2).div_ceil(args.servers as u64);
-    let dram = (per_server * 10 / 7 + (128 << 20)).next_multiple_of(1 << 20);
+    let dram = crate::dram_bytes_holding(per_server, 128 << 20);
     let (servers, endpoints) = start_servers(&work, args.servers, dram)?;
+    let writes = measure_sequential_writes(&args, &work, &endpoints)?;
+    let rows = measure_metadata(&args, &work, &endpoints)?;
+    drop(servers);
+    if args.json {
+        return print_json(&args, &writes, &rows);
+    }
+    print_text(&args, &writes, &rows);
+    Ok(())
+}
 
-    // (1) sequential writes
+/// `--work-dir` (created if missing), or a fresh temporary directory and its guard.
+fn work_directory(args: &Args) -> anyhow::Result<(PathBuf, Option<tempfile::TempDir>)> {
+    match &args.work_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)?;
+            Ok((dir.clone(), None))
+        }
+        None => {
+            let temporary = tempfile::tempdir()?;
+            Ok((temporary.path().to_path_buf(), Some(temporary)))
+        }
+    }
+}
+
+/// MiB/s of every measured sequential-write run, native client and mount in pairs.
+struct SequentialWrites {
+    native: Vec<f64>,
+    mounted: Vec<f64>,
+}
+
+impl SequentialWrites {
+    /// Each run's mount over native figure.
+    fn pair_ratios(&self) -> Vec<f64> {
+        self.native.iter().zip(&self.mounted).map(|(n, m)| m / n).collect()
+    }
+}
+
+/// (1) Native client and mount writes of `--write-bytes`, paired, after an unmeasured round.
+fn measure_sequential_writes(
+    args: &Args,
+    work: &Path,
+    endpoints: &[Endpoint],
+) -> anyhow::Result<SequentialWrites> {
+    let total = args.write_bytes;
     let data: Vec<u8> = (0..TRANSFER_BYTES).map(|i| (i * 131 % 251) as u8).collect();
     let write_ns =
         connect_namespace(&endpoints[0], 10, open_root(EpochId(1_000_010)), args.threads)?;
-    let write_mount = mount(&work.join("mnt-write"), write_ns, &endpoints, args.threads)?;
+    let write_mount = mount(&work.join("mnt-write"), write_ns, endpoints, args.threads)?;
     // One unmeasured round first (connections, first files), then alternating measured runs;
     // the ratio is the median of each run's mount/native pair, which cancels slow phases of a
     // shared machine better than a ratio of medians.
     let warmup = (total / 8).max(TRANSFER_BYTES as u64);
-    native_write(&endpoints, EpochId(NATIVE_EPOCH_BASE - 1), &data, warmup)?;
+    native_write(endpoints, EpochId(NATIVE_EPOCH_BASE - 1), &data, warmup)?;
     mount_write(&write_mount.path.join("warmup"), &data, warmup)?;
     let (mut native, mut mounted) = (Vec::new(), Vec::new());
     for run in 0..args.repeat {
         native.push(native_write(
-            &endpoints,
+            endpoints,
             EpochId(NATIVE_EPOCH_BASE + run as u64),
             &data,
             total,
@@ -300,10 +332,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         mounted.push(mount_write(&write_mount.path.join(format!("seq-{run}")), &data, total)?);
     }
     drop(write_mount);
-    let (native_mib_s, mount_mib_s) = (median(native.clone()), median(mounted.clone()));
-    let pair_ratios: Vec<f64> = native.iter().zip(&mounted).map(|(n, m)| m / n).collect();
+    Ok(SequentialWrites { native, mounted })
+}
 
-    // (2) metadata on striped and private namespaces, (3) on a plain directory
+/// (2) Metadata on striped and private namespaces, (3) on a plain directory; 1 and 2 workers.
+fn measure_metadata(
+    args: &Args,
+    work: &Path,
+    endpoints: &[Endpoint],
+) -> anyhow::Result<Vec<MetaRow>> {
     let mut rows = Vec::new();
     for workers in [1, 2] {
         let dirs: Vec<PathBuf> =
@@ -315,111 +352,137 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         });
     }
     for workers in [1, 2] {
-        let id = 20 + workers as u64;
-        let mounts: Vec<BenchMount> = (0..workers)
-            .map(|w| {
-                let ns = connect_namespace(
-                    &endpoints[0],
-                    id,
-                    open_root(EpochId(1_000_000 + id)),
-                    args.threads,
-                )?;
-                mount(
-                    &work.join(format!("mnt-striped-{workers}-{w}")),
-                    ns,
-                    &endpoints,
-                    args.threads,
-                )
-            })
-            .collect::<anyhow::Result<_>>()?;
-        let dirs: Vec<PathBuf> =
-            mounts.iter().enumerate().map(|(w, m)| m.path.join(format!("w{w}"))).collect();
+        let mounts = striped_mounts(args, work, endpoints, workers)?;
         rows.push(MetaRow {
             target: "mount, striped",
             workers,
-            rates: metadata_run(&dirs, args.files)?,
+            rates: metadata_run(&worker_directories(&mounts), args.files)?,
         });
     }
-    let (node_a, node_b) = nodes_on_different_servers(args.servers);
+    let nodes = nodes_on_different_servers(args.servers);
     for workers in [1, 2] {
-        let mounts: Vec<BenchMount> = [&node_a, &node_b][..workers]
-            .iter()
-            .enumerate()
-            .map(|(w, node)| {
-                // A fresh namespace per run, on the server the node's name picks.
-                let (id, server) = namespace_placement(
-                    NamespaceAccess::Private,
-                    node,
-                    Some(100 + 10 * workers as u64 + w as u64),
-                    args.servers,
-                );
-                let ns = connect_namespace(
-                    &endpoints[server],
-                    id,
-                    open_root(EpochId(1_000_100)),
-                    args.threads,
-                )?;
-                mount(
-                    &work.join(format!("mnt-private-{workers}-{w}")),
-                    ns,
-                    &endpoints,
-                    args.threads,
-                )
-            })
-            .collect::<anyhow::Result<_>>()?;
-        let dirs: Vec<PathBuf> =
-            mounts.iter().enumerate().map(|(w, m)| m.path.join(format!("w{w}"))).collect();
+        let mounts = private_mounts(args, work, endpoints, &nodes, workers)?;
         rows.push(MetaRow {
             target: "mount, private",
             workers,
-            rates: metadata_run(&dirs, args.files)?,
+            rates: metadata_run(&worker_directories(&mounts), args.files)?,
         });
     }
-    drop(servers);
+    Ok(rows)
+}
 
-    let find = |target: &str, workers: usize| {
-        rows.iter().find(|r| r.target == target && r.workers == workers).expect("measured").rates
-    };
-    let mount_vs_native = median(pair_ratios.clone());
-    let private_over_striped =
-        find("mount, private", 2).create_ops_s / find("mount, striped", 2).create_ops_s;
-    if args.json {
-        let out = serde_json::json!({
-            "write": {
-                "bytes": total,
-                "transfer_bytes": TRANSFER_BYTES,
-                "repeat": args.repeat,
-                "native_mib_s": native_mib_s,
-                "mount_mib_s": mount_mib_s,
-                "native_mib_s_runs": native,
-                "mount_mib_s_runs": mounted,
-                "mount_over_native_runs": pair_ratios,
-            },
-            "metadata": { "files_per_worker": args.files, "rows": rows },
-            "servers": args.servers,
-            "threads_per_mount": args.threads,
-            "ratios": {
-                "mount_vs_native": mount_vs_native,
-                "private_over_striped_creates_2proc": private_over_striped,
-                "striped_2_over_1_creates": find("mount, striped", 2).create_ops_s / find("mount, striped", 1).create_ops_s,
-                "private_2_over_1_creates": find("mount, private", 2).create_ops_s / find("mount, private", 1).create_ops_s,
-                "mount_over_plain_creates_1proc": find("mount, striped", 1).create_ops_s / find("plain directory", 1).create_ops_s,
-            },
-        });
-        println!("{}", serde_json::to_string_pretty(&out)?);
-        return Ok(());
-    }
+/// Directory `w<i>` of each worker `i`, on its own mount.
+fn worker_directories(mounts: &[BenchMount]) -> Vec<PathBuf> {
+    mounts.iter().enumerate().map(|(w, m)| m.path.join(format!("w{w}"))).collect()
+}
+
+/// One mount per worker of one striped namespace on the first server, as two nodes would.
+fn striped_mounts(
+    args: &Args,
+    work: &Path,
+    endpoints: &[Endpoint],
+    workers: usize,
+) -> anyhow::Result<Vec<BenchMount>> {
+    let id = 20 + workers as u64;
+    (0..workers)
+        .map(|w| {
+            let ns = connect_namespace(
+                &endpoints[0],
+                id,
+                open_root(EpochId(1_000_000 + id)),
+                args.threads,
+            )?;
+            mount(&work.join(format!("mnt-striped-{workers}-{w}")), ns, endpoints, args.threads)
+        })
+        .collect()
+}
+
+/// One mount per worker, each of its node's private namespace (`nodes`: on different servers).
+fn private_mounts(
+    args: &Args,
+    work: &Path,
+    endpoints: &[Endpoint],
+    nodes: &(String, String),
+    workers: usize,
+) -> anyhow::Result<Vec<BenchMount>> {
+    [&nodes.0, &nodes.1][..workers]
+        .iter()
+        .enumerate()
+        .map(|(w, node)| {
+            // A fresh namespace per run, on the server the node's name picks.
+            let (id, server) = namespace_placement(
+                NamespaceAccess::Private,
+                node,
+                Some(100 + 10 * workers as u64 + w as u64),
+                args.servers,
+            );
+            let ns = connect_namespace(
+                &endpoints[server],
+                id,
+                open_root(EpochId(1_000_100)),
+                args.threads,
+            )?;
+            mount(&work.join(format!("mnt-private-{workers}-{w}")), ns, endpoints, args.threads)
+        })
+        .collect()
+}
+
+/// The rates of the metadata row of `target` with `workers` workers.
+fn find_rates(rows: &[MetaRow], target: &str, workers: usize) -> MetaRates {
+    rows.iter().find(|r| r.target == target && r.workers == workers).expect("measured").rates
+}
+
+/// Creates per second with 2 workers, private namespaces over one striped namespace.
+fn private_over_striped_creates(rows: &[MetaRow]) -> f64 {
+    find_rates(rows, "mount, private", 2).create_ops_s
+        / find_rates(rows, "mount, striped", 2).create_ops_s
+}
+
+/// Every figure and ratio as one JSON object on stdout.
+fn print_json(args: &Args, writes: &SequentialWrites, rows: &[MetaRow]) -> anyhow::Result<()> {
+    let find = |target: &str, workers: usize| find_rates(rows, target, workers);
+    let pair_ratios = writes.pair_ratios();
+    let out = serde_json::json!({
+        "write": {
+            "bytes": args.write_bytes,
+            "transfer_bytes": TRANSFER_BYTES,
+            "repeat": args.repeat,
+            "native_mib_s": median(writes.native.clone()),
+            "mount_mib_s": median(writes.mounted.clone()),
+            "native_mib_s_runs": writes.native,
+            "mount_mib_s_runs": writes.mounted,
+            "mount_over_native_runs": pair_ratios,
+        },
+        "metadata": { "files_per_worker": args.files, "rows": rows },
+        "servers": args.servers,
+        "threads_per_mount": args.threads,
+        "ratios": {
+            "mount_vs_native": median(pair_ratios.clone()),
+            "private_over_striped_creates_2proc": private_over_striped_creates(rows),
+            "striped_2_over_1_creates": find("mount, striped", 2).create_ops_s / find("mount, striped", 1).create_ops_s,
+            "private_2_over_1_creates": find("mount, private", 2).create_ops_s / find("mount, private", 1).create_ops_s,
+            "mount_over_plain_creates_1proc": find("mount, striped", 1).create_ops_s / find("plain directory", 1).create_ops_s,
+        },
+    });
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(())
+}
+
+/// The sequential-write figures, then the metadata table.
+fn print_text(args: &Args, writes: &SequentialWrites, rows: &[MetaRow]) {
     println!(
         "Sequential 1 MiB writes, {:.0} MiB per run, median of {} ({} servers, {} FUSE threads)",
-        total as f64 / MIB,
+        args.write_bytes as f64 / MIB,
         args.repeat,
         args.servers,
         args.threads
     );
-    println!("  {:<16} {:>10.1} MiB/s", "native client", native_mib_s);
+    println!("  {:<16} {:>10.1} MiB/s", "native client", median(writes.native.clone()));
     println!(
         "  {:<16} {:>10.1} MiB/s   {:.2}x native, median of per-run ratios (target >= 0.6)",
-        "mount", mount_mib_s, mount_vs_native
+        "mount",
+        median(writes.mounted.clone()),
+        median(writes.pair_ratios())
     );
     println!();
     println!("Metadata: {} files per worker, ops/s", args.files);
@@ -427,7 +490,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "  {:<18} {:>7} {:>10} {:>10} {:>10}",
         "target", "workers", "create", "stat", "unlink"
     );
-    for row in &rows {
+    for row in rows {
         println!(
             "  {:<18} {:>7} {:>10.0} {:>10.0} {:>10.0}",
             row.target,
@@ -438,6 +501,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     println!();
-    println!("private / striped creates with 2 workers: {private_over_striped:.2}x");
-    Ok(())
+    println!(
+        "private / striped creates with 2 workers: {:.2}x",
+        private_over_striped_creates(rows)
+    );
 }

@@ -16,6 +16,11 @@ pub fn median(values: impl IntoIterator<Item = f64>) -> f64 {
     }
 }
 
+/// `bytes` moved in `seconds`, in GB/s (1 GB = 1e9 bytes).
+pub fn gigabytes_per_second(bytes: u64, seconds: f64) -> f64 {
+    bytes as f64 / seconds / 1e9
+}
+
 /// The smallest and largest of `values`.
 pub fn spread(values: &[f64]) -> (f64, f64) {
     values.iter().fold((f64::MAX, f64::MIN), |(low, high), &v| (low.min(v), high.max(v)))
@@ -31,6 +36,7 @@ mod tests {
         assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
         assert_eq!(median([7.0]), 7.0);
         assert_eq!(spread(&[2.0, -1.0, 5.0]), (-1.0, 5.0));
+        assert_eq!(gigabytes_per_second(3_000_000_000, 2.0), 1.5);
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! write + fdatasync. Every pair is repeated; the table shows the best of each figure and the
 //! median and spread of the paired ratios.
 
-use crate::stats::{median, spread};
+use crate::stats::{gigabytes_per_second, median, spread};
 use anyhow::{bail, Context};
 use spillway_config::StoreKnobs;
 use spillway_store::{Durability, Store};
@@ -105,10 +105,6 @@ struct Row {
     commit: f64,
 }
 
-fn gbps(bytes: u64, seconds: f64) -> f64 {
-    bytes as f64 / seconds / 1e9
-}
-
 fn pattern(length: usize) -> Vec<u8> {
     (0..length).map(|i| (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15).to_le_bytes()[7]).collect()
 }
@@ -143,7 +139,7 @@ fn measure_memcpy(bytes: u64, source: &[u8]) -> f64 {
             });
         }
     });
-    gbps(bytes, started.elapsed().as_secs_f64())
+    gigabytes_per_second(bytes, started.elapsed().as_secs_f64())
 }
 
 fn knobs(
@@ -210,7 +206,7 @@ fn measure_dram_ingest(
     if spilled > 0 {
         bail!("the DRAM-only run spilled {spilled} bytes; its figure would be wrong");
     }
-    Ok(gbps(bytes, seconds))
+    Ok(gigabytes_per_second(bytes, seconds))
 }
 
 /// Sequential 1 MiB writes to a new file, then fdatasync: the disk's plain speed now.
@@ -225,7 +221,7 @@ fn measure_plain_file(root: &Path, bytes: u64, source: &[u8]) -> anyhow::Result<
     let seconds = started.elapsed().as_secs_f64();
     drop(file);
     std::fs::remove_file(&path)?;
-    Ok(gbps(bytes, seconds))
+    Ok(gigabytes_per_second(bytes, seconds))
 }
 
 /// Ingest into a 256 MiB DRAM tier (the flusher spills as it goes), then `sync`.
@@ -247,7 +243,7 @@ fn measure_spill(
     if spilled < bytes {
         bail!("the spill run moved only {spilled} of {bytes} bytes to SSD");
     }
-    Ok(gbps(bytes, seconds))
+    Ok(gigabytes_per_second(bytes, seconds))
 }
 
 /// An epoch of `bytes` held in DRAM, then timed `commit` (spill + fsync + commit record),
@@ -268,47 +264,81 @@ fn measure_commit(
     let after = measure_plain_file(root, bytes, source)?;
     store.close()?;
     std::fs::remove_dir_all(root.join("commit"))?;
-    Ok((gbps(bytes, seconds), (before + after) / 2.0))
+    Ok((gigabytes_per_second(bytes, seconds), (before + after) / 2.0))
 }
 
+/// The paired ratio of each subject to the baseline measured next to it, one per repeat.
+struct PairedRatios {
+    dram_vs_memcpy: Vec<f64>,
+    spill_vs_file: Vec<f64>,
+    commit_vs_fdatasync: Vec<f64>,
+}
+
+impl PairedRatios {
+    /// The ratios of every repeat in `rows`.
+    fn of(rows: &[Row]) -> PairedRatios {
+        let ratios = |f: fn(&Row) -> f64| rows.iter().map(f).collect::<Vec<_>>();
+        PairedRatios {
+            dram_vs_memcpy: ratios(|r| r.dram / r.memcpy),
+            spill_vs_file: ratios(|r| r.spill / r.file_for_spill),
+            commit_vs_fdatasync: ratios(|r| r.commit / r.file_for_commit),
+        }
+    }
+}
+
+/// The best value of `figure` over the repeats.
+fn best_of(rows: &[Row], figure: fn(&Row) -> f64) -> f64 {
+    rows.iter().map(figure).fold(0.0, f64::max)
+}
+
+/// Prints the results: one JSON object with `--json`, else the table.
 fn report(args: &Args, root: &Path, segment_bytes: u64, rows: &[Row]) -> anyhow::Result<()> {
-    let best = |f: fn(&Row) -> f64| rows.iter().map(f).fold(0.0, f64::max);
-    let ratios = |f: fn(&Row) -> f64| rows.iter().map(f).collect::<Vec<_>>();
-    let dram_ratio = ratios(|r| r.dram / r.memcpy);
-    let spill_ratio = ratios(|r| r.spill / r.file_for_spill);
-    let commit_ratio = ratios(|r| r.commit / r.file_for_commit);
+    let ratios = PairedRatios::of(rows);
     if args.json {
-        let value = serde_json::json!({
-            "benchmark": "store",
-            "bytes_per_measurement": args.bytes,
-            "record_bytes": RECORD_BYTES,
-            "threads": THREADS,
-            "repeats": args.repeats,
-            "segment_bytes": segment_bytes,
-            "directory": root.display().to_string(),
-            "ratios": {
-                "dram_vs_memcpy": median(dram_ratio.clone()),
-                "spill_vs_file": median(spill_ratio.clone()),
-                "commit_vs_fdatasync": median(commit_ratio.clone()),
-            },
-            "ratio_spread": {
-                "dram_vs_memcpy": spread(&dram_ratio),
-                "spill_vs_file": spread(&spill_ratio),
-                "commit_vs_fdatasync": spread(&commit_ratio),
-            },
-            "best_gbps": {
-                "memcpy": best(|r| r.memcpy),
-                "dram_ingest": best(|r| r.dram),
-                "plain_file_write_fdatasync": best(|r| r.file_for_spill).max(best(|r| r.file_for_commit)),
-                "ssd_spill": best(|r| r.spill),
-                "commit": best(|r| r.commit),
-            },
-            "targets": { "dram_vs_memcpy": 0.6, "spill_vs_file": 0.8, "commit_vs_fdatasync": 0.8 },
-            "repeat_gbps": rows,
-        });
-        println!("{value}");
+        print_json(args, root, segment_bytes, rows, &ratios);
         return Ok(());
     }
+    print_table(args, root, segment_bytes, rows, &ratios);
+    Ok(())
+}
+
+/// The results as one JSON object on stdout.
+fn print_json(args: &Args, root: &Path, segment_bytes: u64, rows: &[Row], ratios: &PairedRatios) {
+    let best = |figure: fn(&Row) -> f64| best_of(rows, figure);
+    let value = serde_json::json!({
+        "benchmark": "store",
+        "bytes_per_measurement": args.bytes,
+        "record_bytes": RECORD_BYTES,
+        "threads": THREADS,
+        "repeats": args.repeats,
+        "segment_bytes": segment_bytes,
+        "directory": root.display().to_string(),
+        "ratios": {
+            "dram_vs_memcpy": median(ratios.dram_vs_memcpy.clone()),
+            "spill_vs_file": median(ratios.spill_vs_file.clone()),
+            "commit_vs_fdatasync": median(ratios.commit_vs_fdatasync.clone()),
+        },
+        "ratio_spread": {
+            "dram_vs_memcpy": spread(&ratios.dram_vs_memcpy),
+            "spill_vs_file": spread(&ratios.spill_vs_file),
+            "commit_vs_fdatasync": spread(&ratios.commit_vs_fdatasync),
+        },
+        "best_gbps": {
+            "memcpy": best(|r| r.memcpy),
+            "dram_ingest": best(|r| r.dram),
+            "plain_file_write_fdatasync": best(|r| r.file_for_spill).max(best(|r| r.file_for_commit)),
+            "ssd_spill": best(|r| r.spill),
+            "commit": best(|r| r.commit),
+        },
+        "targets": { "dram_vs_memcpy": 0.6, "spill_vs_file": 0.8, "commit_vs_fdatasync": 0.8 },
+        "repeat_gbps": rows,
+    });
+    println!("{value}");
+}
+
+/// The results as a table of best figures and one of paired ratios against their targets.
+fn print_table(args: &Args, root: &Path, segment_bytes: u64, rows: &[Row], ratios: &PairedRatios) {
+    let best = |figure: fn(&Row) -> f64| best_of(rows, figure);
     println!(
         "store ingest, {} per measurement, 1 MiB records, {} segments, {THREADS} writer threads, {} repeats, dir {}",
         spillway_types::format_bytes(args.bytes),
@@ -332,9 +362,9 @@ fn report(args: &Args, root: &Path, segment_bytes: u64, rows: &[Row]) -> anyhow:
         "ratio (paired)", "median", "spread", "target", "met"
     );
     for (name, values, target) in [
-        ("dram_vs_memcpy", &dram_ratio, 0.6),
-        ("spill_vs_file", &spill_ratio, 0.8),
-        ("commit_vs_fdatasync", &commit_ratio, 0.8),
+        ("dram_vs_memcpy", &ratios.dram_vs_memcpy, 0.6),
+        ("spill_vs_file", &ratios.spill_vs_file, 0.8),
+        ("commit_vs_fdatasync", &ratios.commit_vs_fdatasync, 0.8),
     ] {
         let (lo, hi) = spread(values);
         let m = median(values.clone());
@@ -344,5 +374,4 @@ fn report(args: &Args, root: &Path, segment_bytes: u64, rows: &[Row]) -> anyhow:
             if m >= target { "yes" } else { "no" }
         );
     }
-    Ok(())
 }
