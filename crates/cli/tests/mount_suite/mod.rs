@@ -179,8 +179,34 @@ type Case = (&'static str, fn(&Path) -> CaseResult);
 
 /// Every conformance case: name and body (run in its own empty directory).
 pub fn cases() -> Vec<Case> {
+    [
+        create_cases(),
+        open_flag_cases(),
+        read_write_cases(),
+        write_pattern_cases(),
+        truncate_cases(),
+        truncate_path_cases(),
+        directory_cases(),
+        unlink_cases(),
+        readdir_cases(),
+        rename_cases(),
+        rename_special_cases(),
+        symlink_cases(),
+        hard_link_cases(),
+        attribute_cases(),
+        attribute_update_cases(),
+        special_file_cases(),
+        statfs_fsync_access_cases(),
+        user_file_permission_cases(),
+        user_directory_permission_cases(),
+        user_privilege_cases(),
+    ]
+    .concat()
+}
+
+/// Creating and opening files, and the errors of create and open.
+fn create_cases() -> Vec<Case> {
     vec![
-        // --- create / open
         ("create_empty_file", |d| {
             let p = d.join("f");
             ok("create", File::create(&p))?;
@@ -228,6 +254,12 @@ pub fn cases() -> Vec<Case> {
                 libc::ENAMETOOLONG,
             )
         }),
+    ]
+}
+
+/// `O_TRUNC`, `O_APPEND` and the mode a file is created with.
+fn open_flag_cases() -> Vec<Case> {
+    vec![
         ("open_trunc_empties", |d| {
             let p = d.join("f");
             write_file(&p, b"hello world")?;
@@ -279,7 +311,12 @@ pub fn cases() -> Vec<Case> {
             drop(f);
             check(read_file(&p)? == b"data", "creator writes through its handle")
         }),
-        // --- read / write
+    ]
+}
+
+/// Writes read back: whole files, a sparse hole, reads at and past the end.
+fn read_write_cases() -> Vec<Case> {
+    vec![
         ("write_read_back", |d| {
             let p = d.join("f");
             let data = bytes(2, 12345);
@@ -315,6 +352,12 @@ pub fn cases() -> Vec<Case> {
             let n = ok("pread across EOF", f.read_at(&mut buf, 1))?;
             check(n == 2 && &buf[..2] == b"bc", "read across EOF is short")
         }),
+    ]
+}
+
+/// Overwrites in place, unaligned chunks, and reads and fstat through the writing handle.
+fn write_pattern_cases() -> Vec<Case> {
+    vec![
         ("overwrite_middle", |d| {
             let p = d.join("f");
             write_file(&p, b"0123456789")?;
@@ -351,7 +394,12 @@ pub fn cases() -> Vec<Case> {
             ok("pwrite", f.write_all_at(b"x", 999))?;
             check(ok("fstat", f.metadata())?.len() == 1000, "fstat size after pwrite")
         }),
-        // --- truncate
+    ]
+}
+
+/// Truncation through a handle: shrink, grow, and writes after either.
+fn truncate_cases() -> Vec<Case> {
+    vec![
         ("truncate_shrink", |d| {
             let p = d.join("f");
             write_file(&p, b"0123456789")?;
@@ -404,6 +452,12 @@ pub fn cases() -> Vec<Case> {
             drop(f);
             check(read_file(&p)? == b"\0\0\0\0\0\0\0\0\0\0Z", "old bytes gone after truncate to 0")
         }),
+    ]
+}
+
+/// `truncate(2)` by path, of a directory and of a file.
+fn truncate_path_cases() -> Vec<Case> {
+    vec![
         ("truncate_path_dir_eisdir", |d| {
             ok("mkdir", fs::create_dir(d.join("sub")))?;
             let p = cstr(&d.join("sub"));
@@ -420,7 +474,12 @@ pub fn cases() -> Vec<Case> {
             ok("truncate(path)", last_error(rc, ()))?;
             check(read_file(&p)? == b"012", "truncate(2) by path")
         }),
-        // --- mkdir / rmdir
+    ]
+}
+
+/// `mkdir` and `rmdir`, their errors, and the link count of a directory.
+fn directory_cases() -> Vec<Case> {
+    vec![
         ("mkdir_stat", |d| {
             ok("mkdir", fs::create_dir(d.join("sub")))?;
             check(ok("stat", fs::metadata(d.join("sub")))?.is_dir(), "is a directory")
@@ -461,7 +520,12 @@ pub fn cases() -> Vec<Case> {
             let n = ok("stat", fs::metadata(d.join("a")))?.nlink();
             check(n == 5, format!("nlink {n}, expected 5"))
         }),
-        // --- unlink
+    ]
+}
+
+/// `unlink`, its errors, and a file that is open or re-created after it.
+fn unlink_cases() -> Vec<Case> {
+    vec![
         ("unlink_removes", |d| {
             let p = d.join("f");
             write_file(&p, b"x")?;
@@ -496,7 +560,12 @@ pub fn cases() -> Vec<Case> {
             write_file(&p, b"new")?;
             check(read_file(&p)? == b"new", "re-created file has only new bytes")
         }),
-        // --- readdir
+    ]
+}
+
+/// `readdir`: many entries, none, after an unlink, entry kinds, and not a directory.
+fn readdir_cases() -> Vec<Case> {
+    vec![
         ("readdir_many_entries", |d| {
             let dir = d.join("many");
             ok("mkdir", fs::create_dir(&dir))?;
@@ -555,7 +624,12 @@ pub fn cases() -> Vec<Case> {
             write_file(&d.join("f"), b"")?;
             expect_errno("opendir file", fs::read_dir(d.join("f")), libc::ENOTDIR)
         }),
-        // --- rename
+    ]
+}
+
+/// `rename` within and across directories, over files and directories.
+fn rename_cases() -> Vec<Case> {
+    vec![
         ("rename_same_dir", |d| {
             write_file(&d.join("a"), b"x")?;
             ok("rename", fs::rename(d.join("a"), d.join("b")))?;
@@ -611,6 +685,12 @@ pub fn cases() -> Vec<Case> {
                 libc::ENOTDIR,
             )
         }),
+    ]
+}
+
+/// `rename` into itself or of a missing name, the `renameat2` flags, hard links, open files.
+fn rename_special_cases() -> Vec<Case> {
+    vec![
         ("rename_into_own_subdir_einval", |d| {
             ok("mkdir", fs::create_dir_all(d.join("a/b")))?;
             expect_errno(
@@ -668,7 +748,12 @@ pub fn cases() -> Vec<Case> {
             drop(f);
             check(read_file(&d.join("b"))? == b"via handle", "writes follow the inode")
         }),
-        // --- symlinks
+    ]
+}
+
+/// Symbolic links: targets, following, dangling links and loops.
+fn symlink_cases() -> Vec<Case> {
+    vec![
         ("symlink_readlink", |d| {
             ok("symlink", std::os::unix::fs::symlink("some/target", d.join("l")))?;
             check(
@@ -710,7 +795,12 @@ pub fn cases() -> Vec<Case> {
             ok("symlink", std::os::unix::fs::symlink("0123456789", d.join("l")))?;
             check(ok("lstat", fs::symlink_metadata(d.join("l")))?.len() == 10, "lstat size")
         }),
-        // --- hard links
+    ]
+}
+
+/// Hard links: a shared inode, the errors of `link`, and unlinking one name.
+fn hard_link_cases() -> Vec<Case> {
+    vec![
         ("link_shares_inode", |d| {
             write_file(&d.join("a"), b"shared")?;
             ok("link", fs::hard_link(d.join("a"), d.join("b")))?;
@@ -744,7 +834,12 @@ pub fn cases() -> Vec<Case> {
         ("link_missing_enoent", |d| {
             expect_errno("link", fs::hard_link(d.join("no"), d.join("l")), libc::ENOENT)
         }),
-        // --- attributes
+    ]
+}
+
+/// `chmod`, `chown` and `utimensat` set what they are given.
+fn attribute_cases() -> Vec<Case> {
+    vec![
         ("chmod_sets_mode", |d| {
             let p = d.join("f");
             write_file(&p, b"")?;
@@ -791,6 +886,12 @@ pub fn cases() -> Vec<Case> {
             let m = ok("stat", fs::metadata(&p))?;
             check((m.mtime() - now).abs() < 60, "mtime is now")
         }),
+    ]
+}
+
+/// The times that writes and `chmod` move, and `chmod` of a missing file.
+fn attribute_update_cases() -> Vec<Case> {
+    vec![
         ("write_updates_mtime", |d| {
             let p = d.join("f");
             write_file(&p, b"a")?;
@@ -819,7 +920,12 @@ pub fn cases() -> Vec<Case> {
                 libc::ENOENT,
             )
         }),
-        // --- special files
+    ]
+}
+
+/// FIFOs, sockets and character devices made with `mkfifo` and `mknod`.
+fn special_file_cases() -> Vec<Case> {
+    vec![
         ("mkfifo", |d| {
             let p = d.join("fifo");
             let c = cstr(&p);
@@ -849,7 +955,12 @@ pub fn cases() -> Vec<Case> {
             write_file(&d.join("f"), b"")?;
             expect_errno("mknod", mknod(&d.join("f"), libc::S_IFIFO | 0o600, 0), libc::EEXIST)
         }),
-        // --- statfs, fsync, access
+    ]
+}
+
+/// `statvfs`, `fsync` and `fdatasync`, `access`, and a path near `PATH_MAX`.
+fn statfs_fsync_access_cases() -> Vec<Case> {
+    vec![
         ("statfs_reports_capacity", |d| {
             let s = ok("statvfs", statvfs(d))?;
             check(
@@ -885,7 +996,12 @@ pub fn cases() -> Vec<Case> {
             write_file(&p, b"deep")?;
             check(read_file(&p)? == b"deep", "deep file")
         }),
-        // --- permissions, as uid 1000
+    ]
+}
+
+/// Permissions on files, checked as uid 1000.
+fn user_file_permission_cases() -> Vec<Case> {
+    vec![
         ("user_create_in_root_dir_eacces", |d| {
             ok("chmod", fs::set_permissions(d, fs::Permissions::from_mode(0o755)))?;
             user_expect(&d.join("f"), "open(p, 'w')", libc::EACCES)
@@ -935,6 +1051,12 @@ pub fn cases() -> Vec<Case> {
             let m = ok("stat", fs::metadata(d.join("mine")))?;
             check(m.uid() == USER_UID && m.gid() == USER_GID, "file owned by the creating user")
         }),
+    ]
+}
+
+/// Sticky, search and read permissions on directories, checked as uid 1000.
+fn user_directory_permission_cases() -> Vec<Case> {
+    vec![
         ("user_sticky_unlink_others_eperm", |d| {
             ok("chmod", fs::set_permissions(d, fs::Permissions::from_mode(0o1777)))?;
             write_file(&d.join("roots"), b"")?;
@@ -965,6 +1087,12 @@ pub fn cases() -> Vec<Case> {
             ok("chmod", fs::set_permissions(d.join("noread"), fs::Permissions::from_mode(0o711)))?;
             user_expect(&d.join("noread"), "os.listdir(p)", libc::EACCES)
         }),
+    ]
+}
+
+/// What only owners, group members or root may do, checked as uid 1000.
+fn user_privilege_cases() -> Vec<Case> {
+    vec![
         ("user_write_clears_suid", |d| {
             let p = d.join("f");
             write_file(&p, b"abc")?;
