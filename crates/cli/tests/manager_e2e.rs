@@ -187,32 +187,50 @@ fn manager_reservations_staging_restart_and_heartbeat() {
             other => panic!("expected a TCP endpoint, got {other}"),
         })
         .collect();
-    let mut manager = ManagerProcess::start(dir.path());
+    let manager = ManagerProcess::start(dir.path());
 
-    // Root: a pool and two servers. A user may not.
-    json(&manager, None, &["pool", "create", "fast", "--granularity", "8MiB"]);
+    pools_and_servers_added_by_root_only(&manager, &addresses);
+    let reservation = user_reservation_over_both_servers(&manager, &addresses);
+    let id = reservation["id"].as_u64().unwrap().to_string();
+    let epoch = EpochId(reservation["epoch"].as_u64().unwrap());
+    hidden_from_other_users_and_quota_enforced(&manager, &id);
+
+    // Stage in a tree as the user, read it back through the client as root.
+    let staged = StagedTree::stage_in(&manager, dir.path());
+    read_back_through_namespace_and_client(&reservation, epoch, &staged.files);
+    stage_in_resumes(&manager, &staged);
+    stage_out_as_user(&manager, &id, &staged);
+
+    let mut manager = restart_keeps_reservation_pool_and_servers(manager, dir.path());
+    killed_server_marked_down_and_avoided(&manager, &mut servers, &addresses);
+    user_destroys_job_reservation(&manager, &addresses, epoch);
+    manager.stop();
+}
+
+/// Root: a pool and two servers. A user may not.
+fn pools_and_servers_added_by_root_only(manager: &ManagerProcess, addresses: &[String]) {
+    json(manager, None, &["pool", "create", "fast", "--granularity", "8MiB"]);
     fails(
-        &manager,
+        manager,
         Some(USER),
         &["pool", "create", "mine", "--granularity", "8MiB"],
         "may not manage pools",
     );
-    for address in &addresses {
-        json(&manager, None, &["server", "add", address, "--pool", "fast", "--capacity", "64MiB"]);
+    for address in addresses {
+        json(manager, None, &["server", "add", address, "--pool", "fast", "--capacity", "64MiB"]);
     }
     fails(
-        &manager,
+        manager,
         Some(USER),
         &["server", "add", "127.0.0.1:1", "--pool", "fast", "--capacity", "1G"],
         "may not manage servers",
     );
+}
 
-    // The user's reservation: 20 MiB in 8 MiB fragments over both servers.
-    let reservation = json(
-        &manager,
-        Some(USER),
-        &["reservation", "create", "--capacity", "20MiB", "--job", "77"],
-    );
+/// The user's reservation: 20 MiB in 8 MiB fragments over both servers.
+fn user_reservation_over_both_servers(manager: &ManagerProcess, addresses: &[String]) -> Value {
+    let reservation =
+        json(manager, Some(USER), &["reservation", "create", "--capacity", "20MiB", "--job", "77"]);
     assert_eq!(reservation["name"], "job-77");
     assert_eq!(reservation["owner"], USER);
     assert_eq!(reservation["fragments"], 3);
@@ -226,49 +244,76 @@ fn manager_reservations_staging_restart_and_heartbeat() {
         .map(|s| s.as_str().unwrap().to_string())
         .collect();
     striped.sort();
-    let mut expected = addresses.clone();
+    let mut expected = addresses.to_vec();
     expected.sort();
     assert_eq!(striped, expected);
-    let id = reservation["id"].as_u64().unwrap().to_string();
-    let epoch = EpochId(reservation["epoch"].as_u64().unwrap());
+    reservation
+}
 
+/// Another uid can neither see nor destroy the reservation; a quota refuses a request above it.
+fn hidden_from_other_users_and_quota_enforced(manager: &ManagerProcess, id: &str) {
     // Another uid can neither see nor destroy it.
-    fails(&manager, Some(OTHER), &["reservation", "show", &id], "no reservation");
-    fails(&manager, Some(OTHER), &["reservation", "show", "job-77"], "no reservation");
-    fails(&manager, Some(OTHER), &["reservation", "destroy", "job-77"], "no active reservation");
-    assert_eq!(json(&manager, Some(OTHER), &["reservation", "list"]), Value::Array(vec![]));
-    assert_eq!(json(&manager, Some(USER), &["reservation", "list"]).as_array().unwrap().len(), 1);
+    fails(manager, Some(OTHER), &["reservation", "show", id], "no reservation");
+    fails(manager, Some(OTHER), &["reservation", "show", "job-77"], "no reservation");
+    fails(manager, Some(OTHER), &["reservation", "destroy", "job-77"], "no active reservation");
+    assert_eq!(json(manager, Some(OTHER), &["reservation", "list"]), Value::Array(vec![]));
+    assert_eq!(json(manager, Some(USER), &["reservation", "list"]).as_array().unwrap().len(), 1);
     // Quota: root sets 16 MiB for the other user, whose 24 MiB request is refused clearly.
-    json(&manager, None, &["quota", "set", &OTHER.to_string(), "16MiB"]);
+    json(manager, None, &["quota", "set", &OTHER.to_string(), "16MiB"]);
     fails(
-        &manager,
+        manager,
         Some(OTHER),
         &["reservation", "create", "--capacity", "24MiB"],
         "quota exceeded for uid 1001",
     );
+}
 
-    // Stage in a tree as the user, read it back through the client as root.
-    let source = dir.path().join("pfs-src");
-    let files = make_tree(&source);
-    let user_dir = dir.path().join("user");
-    std::fs::create_dir(&user_dir).unwrap();
-    chown(&user_dir, USER);
-    let record_in = user_dir.join("in.jsonl");
-    let record_in_text = record_in.to_str().unwrap();
-    let stage_in_args = [
-        "stage-in",
-        "--reservation",
-        "job-77",
-        source.to_str().unwrap(),
-        "/input",
-        "--record",
-        record_in_text,
-        "--progress",
-        "lines",
-    ];
-    let report = json(&manager, Some(USER), &stage_in_args);
-    assert_eq!(report["files_total"], files.len());
-    assert_eq!(report["files_copied"], files.len());
+/// The tree staged into job-77 as the user, and the user's directory for records and copies.
+struct StagedTree {
+    source: PathBuf,
+    files: Vec<(String, Vec<u8>)>,
+    user_dir: PathBuf,
+    record_in: PathBuf,
+}
+
+impl StagedTree {
+    /// Stages a tree in as the user; every file is copied.
+    fn stage_in(manager: &ManagerProcess, dir: &Path) -> StagedTree {
+        let source = dir.join("pfs-src");
+        let files = make_tree(&source);
+        let user_dir = dir.join("user");
+        std::fs::create_dir(&user_dir).unwrap();
+        chown(&user_dir, USER);
+        let record_in = user_dir.join("in.jsonl");
+        let staged = StagedTree { source, files, user_dir, record_in };
+        let report = json(manager, Some(USER), &staged.stage_in_args());
+        assert_eq!(report["files_total"], staged.files.len());
+        assert_eq!(report["files_copied"], staged.files.len());
+        staged
+    }
+
+    /// The user's stage-in command, recorded in `record_in`.
+    fn stage_in_args(&self) -> [&str; 9] {
+        [
+            "stage-in",
+            "--reservation",
+            "job-77",
+            self.source.to_str().unwrap(),
+            "/input",
+            "--record",
+            self.record_in.to_str().unwrap(),
+            "--progress",
+            "lines",
+        ]
+    }
+}
+
+/// Every staged file through the namespace the job's mount shows, and its bytes through the client.
+fn read_back_through_namespace_and_client(
+    reservation: &Value,
+    epoch: EpochId,
+    files: &[(String, Vec<u8>)],
+) {
     // In the reservation's stripe order (placement depends on it).
     let endpoints_in_order: Vec<Endpoint> = reservation["servers"]
         .as_array()
@@ -290,7 +335,7 @@ fn manager_reservations_staging_restart_and_heartbeat() {
     )
     .unwrap();
     assert_eq!(namespace.data_epoch(), epoch);
-    for (name, data) in &files {
+    for (name, data) in files {
         let mut attr = namespace.getattr(ROOT_INO).unwrap();
         for part in format!("input/{name}").split('/') {
             attr = namespace
@@ -309,31 +354,37 @@ fn manager_reservations_staging_restart_and_heartbeat() {
         client.read(&handle, 0, &mut back).unwrap();
         assert!(back == *data, "input/{name}: bytes differ");
     }
-    // Resume: a rerun copies nothing; with the record cut to its first line, the rest again.
-    let report = json(&manager, Some(USER), &stage_in_args);
+}
+
+/// Resume: a rerun copies nothing; with the record cut to its first line, the rest again.
+fn stage_in_resumes(manager: &ManagerProcess, staged: &StagedTree) {
+    let files = &staged.files;
+    let report = json(manager, Some(USER), &staged.stage_in_args());
     assert_eq!(
         (report["files_copied"].as_u64(), report["files_skipped"].as_u64()),
         (Some(0), Some(files.len() as u64))
     );
     let first_line =
-        std::fs::read_to_string(&record_in).unwrap().lines().next().unwrap().to_string();
-    std::fs::write(&record_in, format!("{first_line}\n")).unwrap();
-    let report = json(&manager, Some(USER), &stage_in_args);
+        std::fs::read_to_string(&staged.record_in).unwrap().lines().next().unwrap().to_string();
+    std::fs::write(&staged.record_in, format!("{first_line}\n")).unwrap();
+    let report = json(manager, Some(USER), &staged.stage_in_args());
     assert_eq!(
         (report["files_copied"].as_u64(), report["files_skipped"].as_u64()),
         (Some(files.len() as u64 - 1), Some(1))
     );
+}
 
-    // Stage out as the user: the same bytes on the PFS.
-    let out = user_dir.join("out");
-    let record_out = user_dir.join("out.jsonl");
+/// Stage out as the user: the same bytes on the PFS.
+fn stage_out_as_user(manager: &ManagerProcess, id: &str, staged: &StagedTree) {
+    let out = staged.user_dir.join("out");
+    let record_out = staged.user_dir.join("out.jsonl");
     let report = json(
-        &manager,
+        manager,
         Some(USER),
         &[
             "stage-out",
             "--reservation",
-            &id,
+            id,
             "/input",
             out.to_str().unwrap(),
             "--record",
@@ -342,8 +393,8 @@ fn manager_reservations_staging_restart_and_heartbeat() {
             "3",
         ],
     );
-    assert_eq!(report["files_copied"], files.len());
-    for (name, data) in &files {
+    assert_eq!(report["files_copied"], staged.files.len());
+    for (name, data) in &staged.files {
         let path = out.join(name);
         assert!(std::fs::read(&path).unwrap() == *data, "{}: bytes differ", path.display());
         use std::os::unix::fs::MetadataExt;
@@ -354,27 +405,39 @@ fn manager_reservations_staging_restart_and_heartbeat() {
         );
     }
     fails(
-        &manager,
+        manager,
         Some(USER),
-        &["stage-out", "--reservation", &id, "/nothing", out.to_str().unwrap()],
+        &["stage-out", "--reservation", id, "/nothing", out.to_str().unwrap()],
         "nothing under",
     );
+}
 
-    // Restart: the reservation, pool and servers are still there.
+/// Restart: the reservation, pool and servers are still there. Returns the new manager.
+fn restart_keeps_reservation_pool_and_servers(
+    mut manager: ManagerProcess,
+    dir: &Path,
+) -> ManagerProcess {
     let before = json(&manager, Some(USER), &["reservation", "show", "job-77"]);
     manager.stop();
     assert!(manager.db.exists());
-    let mut manager = ManagerProcess::start(dir.path());
+    let manager = ManagerProcess::start(dir);
     assert_eq!(json(&manager, Some(USER), &["reservation", "show", "job-77"]), before);
     let status = json(&manager, None, &["status"]);
     assert_eq!(status["used_bytes"], 24 * MIB);
     assert_eq!(status["pools"][0]["servers"], 2);
+    manager
+}
 
-    // A killed server is marked down by the heartbeat.
+/// A killed server is marked down by the heartbeat, and new reservations avoid it.
+fn killed_server_marked_down_and_avoided(
+    manager: &ManagerProcess,
+    servers: &mut [ServerProcess],
+    addresses: &[String],
+) {
     servers[1].sigkill().unwrap();
     let down = addresses[1].clone();
     wait_for("the heartbeat to mark the killed server down", Duration::from_secs(30), || {
-        let list = json(&manager, None, &["server", "list"]);
+        let list = json(manager, None, &["server", "list"]);
         list.as_array()
             .unwrap()
             .iter()
@@ -382,24 +445,24 @@ fn manager_reservations_staging_restart_and_heartbeat() {
     });
     // New reservations avoid it.
     let next = json(
-        &manager,
+        manager,
         Some(USER),
         &["reservation", "create", "--capacity", "16MiB", "--persistent", "keep"],
     );
     assert_eq!(next["servers"], serde_json::json!([addresses[0]]));
+}
 
-    // The user destroys their job reservation; its data is deleted on the live server.
-    let destroyed =
-        json(&manager, Some(USER), &["reservation", "destroy", "job-77", "--job", "77"]);
+/// The user destroys their job reservation; its data is deleted on the live server.
+fn user_destroys_job_reservation(manager: &ManagerProcess, addresses: &[String], epoch: EpochId) {
+    let destroyed = json(manager, Some(USER), &["reservation", "destroy", "job-77", "--job", "77"]);
     assert_eq!(destroyed["state"], "destroyed");
-    fails(&manager, Some(USER), &["reservation", "show", "job-77"], "no reservation");
+    fails(manager, Some(USER), &["reservation", "show", "job-77"], "no reservation");
     let live_endpoint: Endpoint = addresses[0].parse().unwrap();
     let mut live = Client::connect(&[live_endpoint], ClientOptions::default()).unwrap();
     assert!(
         live.list_epochs().unwrap().iter().all(|e| e.epoch != epoch),
         "epoch deleted at destroy"
     );
-    manager.stop();
 }
 
 /// Stage-out with `--drain`: the reservation's epoch is committed and drained to the PFS by the
@@ -412,38 +475,9 @@ fn stage_out_through_the_drain_path() {
     chmod(dir.path(), 0o755);
     let pfs = dir.path().join("pfs");
     std::fs::create_dir(&pfs).unwrap();
-    let sockets: Vec<PathBuf> = (0..2).map(|i| dir.path().join(format!("d{i}.sock"))).collect();
-    let endpoints: Vec<Endpoint> = sockets.iter().map(|s| Endpoint::Unix(s.clone())).collect();
-    let _servers: Vec<ServerProcess> = (0..2)
-        .map(|i| {
-            ServerProcess::builder(BIN, dir.path(), &format!("d{i}"))
-                .no_tcp()
-                .unix_socket(&sockets[i])
-                .pfs_dir(&pfs)
-                .drain_peers(&endpoints, i)
-                .rust_log("info")
-                .start()
-        })
-        .collect();
+    let (_servers, endpoints) = draining_servers(dir.path(), &pfs);
     let manager = ManagerProcess::start(dir.path());
-    json(&manager, None, &["pool", "create", "drained", "--granularity", "8MiB"]);
-    for endpoint in &endpoints {
-        json(
-            &manager,
-            None,
-            &[
-                "server",
-                "add",
-                &endpoint.to_string(),
-                "--pool",
-                "drained",
-                "--capacity",
-                "64MiB",
-                "--pfs",
-                pfs.to_str().unwrap(),
-            ],
-        );
-    }
+    add_drained_pool(&manager, &endpoints, &pfs);
     let reservation =
         json(&manager, None, &["reservation", "create", "--capacity", "16MiB", "--job", "9"]);
     assert_eq!(reservation["servers"].as_array().unwrap().len(), 2);
@@ -489,18 +523,63 @@ fn stage_out_through_the_drain_path() {
     for (name, data) in &files {
         assert!(std::fs::read(out.join(name)).unwrap() == *data, "{name}: bytes differ");
     }
-    let mut client = Client::connect(&endpoints, ClientOptions::default()).unwrap();
+    assert_epoch_drained(&endpoints, &reservation);
+    // Already staged out: nothing is copied twice.
+    let report = json(&manager, None, &args);
+    assert_eq!(
+        (report["files_copied"].as_u64(), report["files_skipped"].as_u64()),
+        (Some(0), Some(files.len() as u64))
+    );
+}
+
+/// Two servers on Unix sockets draining to `pfs`, each with both as its drain peers.
+fn draining_servers(dir: &Path, pfs: &Path) -> (Vec<ServerProcess>, Vec<Endpoint>) {
+    let sockets: Vec<PathBuf> = (0..2).map(|i| dir.join(format!("d{i}.sock"))).collect();
+    let endpoints: Vec<Endpoint> = sockets.iter().map(|s| Endpoint::Unix(s.clone())).collect();
+    let servers: Vec<ServerProcess> = (0..2)
+        .map(|i| {
+            ServerProcess::builder(BIN, dir, &format!("d{i}"))
+                .no_tcp()
+                .unix_socket(&sockets[i])
+                .pfs_dir(pfs)
+                .drain_peers(&endpoints, i)
+                .rust_log("info")
+                .start()
+        })
+        .collect();
+    (servers, endpoints)
+}
+
+/// The pool `drained` with the servers added to it, their PFS `pfs`.
+fn add_drained_pool(manager: &ManagerProcess, endpoints: &[Endpoint], pfs: &Path) {
+    json(manager, None, &["pool", "create", "drained", "--granularity", "8MiB"]);
+    for endpoint in endpoints {
+        json(
+            manager,
+            None,
+            &[
+                "server",
+                "add",
+                &endpoint.to_string(),
+                "--pool",
+                "drained",
+                "--capacity",
+                "64MiB",
+                "--pfs",
+                pfs.to_str().unwrap(),
+            ],
+        );
+    }
+}
+
+/// The reservation's epoch is drained (or already gone) on the servers.
+fn assert_epoch_drained(endpoints: &[Endpoint], reservation: &Value) {
+    let mut client = Client::connect(endpoints, ClientOptions::default()).unwrap();
     let epoch = EpochId(reservation["epoch"].as_u64().unwrap());
     let state =
         client.list_epochs().unwrap().into_iter().find(|e| e.epoch == epoch).map(|e| e.state);
     assert!(
         matches!(state, None | Some(spillway_proto::EpochState::Drained)),
         "epoch drained: {state:?}"
-    );
-    // Already staged out: nothing is copied twice.
-    let report = json(&manager, None, &args);
-    assert_eq!(
-        (report["files_copied"].as_u64(), report["files_skipped"].as_u64()),
-        (Some(0), Some(files.len() as u64))
     );
 }

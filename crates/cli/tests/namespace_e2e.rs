@@ -8,12 +8,13 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use spillway_client::meta::{RemoteNamespace, RemoteOptions};
-use spillway_harness::ServerProcess;
-use spillway_namespace::{Caller, FileKind, Namespace, SetAttr, ROOT_INO};
-use spillway_proto::Endpoint;
+use spillway_client::{Client, ClientOptions, Placement};
+use spillway_harness::{pattern, same_bytes, ServerProcess};
+use spillway_namespace::{data_file_name, Caller, FileKind, Namespace, SetAttr, ROOT_INO};
+use spillway_proto::{DrainState, Endpoint};
 use spillway_types::EpochId;
 
 const BIN: &str = env!("CARGO_BIN_EXE_spillway");
@@ -61,7 +62,40 @@ fn two_clients_share_a_tree_that_survives_sigkill() {
     assert_eq!(a.data_epoch(), EpochId(900));
     let b = RemoteNamespace::open(&endpoint, NAMESPACE, &options(false)).unwrap();
 
-    // A builds, B sees and changes, A sees B's changes.
+    let project = build_and_change_from_both_clients(&a, &b);
+    many_entries_page_through_readdir(&a, &b, project);
+
+    // Durable point, then one more operation that is only written (not synced).
+    a.sync().unwrap();
+    a.unlink(&root(), project, b"f0000").unwrap();
+    let before = tree(&a);
+
+    server.sigkill().unwrap();
+    let broken = a.getattr(ROOT_INO);
+    assert_eq!(broken.unwrap_err().errno, libc::EIO, "a dead server is EIO");
+    server.restart().unwrap();
+
+    // The old clients reconnect on their own; a new client opens the existing namespace.
+    assert_eq!(tree(&a), before);
+    assert_eq!(tree(&b), before);
+    let c = RemoteNamespace::open(&endpoint, NAMESPACE, &options(false)).unwrap();
+    assert_eq!(c.data_epoch(), EpochId(900), "the data epoch is the namespace's, not the opener's");
+    assert_eq!(tree(&c), before);
+    assert!(!server.log_text().contains("panicked"));
+
+    // A namespace that does not exist is ENOENT without create.
+    assert_eq!(
+        RemoteNamespace::open(&endpoint, 999, &options(false)).err().unwrap().errno,
+        libc::ENOENT
+    );
+
+    unprivileged_peer_cannot_act_as_root(&a, &endpoint, dir.path());
+    let status = server.sigterm_and_wait(Duration::from_secs(20)).unwrap();
+    assert!(status.success(), "graceful shutdown (namespaces synced): {status:?}");
+}
+
+/// A builds, B sees and changes, A sees B's changes. Returns the inode of `/project`.
+fn build_and_change_from_both_clients(a: &RemoteNamespace, b: &RemoteNamespace) -> u64 {
     let project = a.mkdir(&root(), ROOT_INO, b"project", 0o755, 0o022).unwrap();
     let data =
         a.create(&root(), project.ino, b"data.bin", FileKind::Regular, 0o644, 0, 0, true).unwrap();
@@ -85,11 +119,16 @@ fn two_clients_share_a_tree_that_survives_sigkill() {
     );
     let public = a.mkdir(&root(), ROOT_INO, b"public", 0o1777, 0).unwrap();
     assert_eq!(public.mode, 0o1777);
+    project.ino
+}
+
+/// 300 files in `project` page through readdir; statfs and the manifest see them.
+fn many_entries_page_through_readdir(a: &RemoteNamespace, b: &RemoteNamespace, project: u64) {
     // Many entries page through readdir.
     for i in 0..300 {
         a.create(
             &root(),
-            project.ino,
+            project,
             format!("f{i:04}").as_bytes(),
             FileKind::Regular,
             0o600,
@@ -99,40 +138,18 @@ fn two_clients_share_a_tree_that_survives_sigkill() {
         )
         .unwrap();
     }
-    assert_eq!(tree(&b).len(), 3 + 2 + 300);
+    assert_eq!(tree(b).len(), 3 + 2 + 300);
     let statfs = b.statfs().unwrap();
     assert!(statfs.blocks > 0 && statfs.name_bytes_max == 255);
     let manifest = b.manifest().unwrap();
     assert_eq!(manifest.len(), 301, "one line per regular file, hard links once");
     assert!(manifest.iter().any(|m| m.path == b"hard" || m.path == b"project/step-1.bin"));
+}
 
-    // Durable point, then one more operation that is only written (not synced).
-    a.sync().unwrap();
-    a.unlink(&root(), project.ino, b"f0000").unwrap();
-    let before = tree(&a);
-
-    server.sigkill().unwrap();
-    let broken = a.getattr(ROOT_INO);
-    assert_eq!(broken.unwrap_err().errno, libc::EIO, "a dead server is EIO");
-    server.restart().unwrap();
-
-    // The old clients reconnect on their own; a new client opens the existing namespace.
-    assert_eq!(tree(&a), before);
-    assert_eq!(tree(&b), before);
-    let c = RemoteNamespace::open(&endpoint, NAMESPACE, &options(false)).unwrap();
-    assert_eq!(c.data_epoch(), EpochId(900), "the data epoch is the namespace's, not the opener's");
-    assert_eq!(tree(&c), before);
-    assert!(!server.log_text().contains("panicked"));
-
-    // A namespace that does not exist is ENOENT without create.
-    assert_eq!(
-        RemoteNamespace::open(&endpoint, 999, &options(false)).err().unwrap().errno,
-        libc::ENOENT
-    );
-
-    // The unprivileged peer (a separate process as uid 4242) cannot act as root.
-    run_unprivileged_child(&endpoint, dir.path());
-    let public_tree = tree(&a);
+/// The unprivileged peer (a separate process as uid 4242) cannot act as root.
+fn unprivileged_peer_cannot_act_as_root(a: &RemoteNamespace, endpoint: &Endpoint, dir: &Path) {
+    run_unprivileged_child(endpoint, dir);
+    let public_tree = tree(a);
     let made: Vec<_> =
         public_tree.iter().filter(|(path, ..)| path.starts_with("/public/")).collect();
     assert_eq!(made.len(), 1, "{made:?}");
@@ -141,8 +158,6 @@ fn two_clients_share_a_tree_that_survives_sigkill() {
         a.lookup(&root(), ROOT_INO, b"by-root").is_err(),
         "the claimed root could not write the root directory"
     );
-    let status = server.sigterm_and_wait(Duration::from_secs(20)).unwrap();
-    assert!(status.success(), "graceful shutdown (namespaces synced): {status:?}");
 }
 
 /// Runs `child_unprivileged_peer` as uid/gid 4242 (so the test must run as root).
@@ -213,30 +228,10 @@ fn child_unprivileged_peer() {
 /// bytes; dead generations and unlinked files are not published.
 #[test]
 fn drained_mount_files_land_under_their_paths() {
-    use spillway_client::{Client, ClientOptions, Placement};
-    use spillway_harness::{pattern, same_bytes};
-    use spillway_namespace::data_file_name;
-    use spillway_proto::DrainState;
-    use std::time::Instant;
-
     let dir = tempfile::tempdir().unwrap();
     let pfs = dir.path().join("pfs");
     std::fs::create_dir_all(&pfs).unwrap();
-    let sockets: Vec<Endpoint> =
-        (0..2).map(|i| Endpoint::Unix(dir.path().join(format!("s{i}.sock")))).collect();
-    let _servers: Vec<ServerProcess> = (0..2)
-        .map(|i| {
-            ServerProcess::builder(BIN, dir.path(), &format!("s{i}"))
-                .no_tcp()
-                .unix_socket(dir.path().join(format!("s{i}.sock")))
-                .pfs_dir(&pfs)
-                .drain_peers(&sockets, i)
-                .rust_log("info")
-                .env("SPILLWAY_DRAIN_RETRY_BACKOFF_MS_MIN", "20")
-                .env("SPILLWAY_DRAIN_RETRY_BACKOFF_MS_MAX", "200")
-                .start()
-        })
-        .collect();
+    let (_servers, sockets) = draining_servers(dir.path(), &pfs);
     let epoch = EpochId(5);
     let ns = RemoteNamespace::open(
         &sockets[0],
@@ -253,6 +248,65 @@ fn drained_mount_files_land_under_their_paths() {
     )
     .unwrap();
     client.begin_epoch(epoch);
+    let written = write_live_dead_and_unlinked_files(&ns, &mut client, epoch);
+    client.flush().unwrap();
+    ns.sync().unwrap();
+    client.commit_epoch(epoch).unwrap();
+    client.request_drain(epoch, 1).unwrap();
+    wait_until_drained(&mut client, epoch);
+
+    let got = std::fs::read(pfs.join("results/run-1/field-final.dat")).unwrap();
+    assert!(
+        got.len() == written.deep.len() && same_bytes(&got, &written.deep),
+        "results/run-1/field-final.dat differs"
+    );
+    let got = std::fs::read(pfs.join("summary.txt")).unwrap();
+    assert!(
+        got.len() == written.top.len() && same_bytes(&got, &written.top),
+        "summary.txt differs"
+    );
+    assert_eq!(
+        published_files(&pfs),
+        ["results/empty.flag", "results/run-1/field-final.dat", "summary.txt"],
+        "only live files, only under their paths"
+    );
+    assert_eq!(std::fs::metadata(pfs.join("results/empty.flag")).unwrap().len(), 0);
+}
+
+/// Two servers on Unix sockets draining to `pfs`, each with both as its drain peers.
+fn draining_servers(dir: &Path, pfs: &Path) -> (Vec<ServerProcess>, Vec<Endpoint>) {
+    let sockets: Vec<Endpoint> =
+        (0..2).map(|i| Endpoint::Unix(dir.join(format!("s{i}.sock")))).collect();
+    let servers: Vec<ServerProcess> = (0..2)
+        .map(|i| {
+            ServerProcess::builder(BIN, dir, &format!("s{i}"))
+                .no_tcp()
+                .unix_socket(dir.join(format!("s{i}.sock")))
+                .pfs_dir(pfs)
+                .drain_peers(&sockets, i)
+                .rust_log("info")
+                .env("SPILLWAY_DRAIN_RETRY_BACKOFF_MS_MIN", "20")
+                .env("SPILLWAY_DRAIN_RETRY_BACKOFF_MS_MAX", "200")
+                .start()
+        })
+        .collect();
+    (servers, sockets)
+}
+
+/// The bytes of the two files that must be published.
+struct LiveBytes {
+    /// `results/run-1/field-final.dat`.
+    deep: Vec<u8>,
+    /// `summary.txt`, second generation.
+    top: Vec<u8>,
+}
+
+/// Writes files that are renamed, rewritten after `O_TRUNC`, unlinked, or never written.
+fn write_live_dead_and_unlinked_files(
+    ns: &RemoteNamespace,
+    client: &mut Client,
+    epoch: EpochId,
+) -> LiveBytes {
     // Writes `bytes` as the current generation of `ino`, then records the write.
     let mut write = |ino: u64, bytes: &[u8]| {
         let attr = ns.getattr(ino).unwrap();
@@ -285,11 +339,11 @@ fn drained_mount_files_land_under_their_paths() {
     client.create_file(epoch, &data_file_name(77, empty.ino, empty.generation)).unwrap();
     // Renamed after its data was written: published under the new name.
     ns.rename(&root(), b.ino, b"field.dat", b.ino, b"field-final.dat", 0).unwrap();
-    client.flush().unwrap();
-    ns.sync().unwrap();
-    client.commit_epoch(epoch).unwrap();
-    client.request_drain(epoch, 1).unwrap();
+    LiveBytes { deep: deep_bytes, top: top_bytes }
+}
 
+/// Waits (at most 30 s) until every server reports `epoch` drained.
+fn wait_until_drained(client: &mut Client, epoch: EpochId) {
     let started = Instant::now();
     loop {
         let status = client.drain_status().unwrap();
@@ -302,15 +356,12 @@ fn drained_mount_files_land_under_their_paths() {
         assert!(started.elapsed() < Duration::from_secs(30), "not drained: {status:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let got = std::fs::read(pfs.join("results/run-1/field-final.dat")).unwrap();
-    assert!(
-        got.len() == deep_bytes.len() && same_bytes(&got, &deep_bytes),
-        "results/run-1/field-final.dat differs"
-    );
-    let got = std::fs::read(pfs.join("summary.txt")).unwrap();
-    assert!(got.len() == top_bytes.len() && same_bytes(&got, &top_bytes), "summary.txt differs");
+}
+
+/// Every file under `pfs`, as a path relative to it, sorted.
+fn published_files(pfs: &Path) -> Vec<String> {
     let mut published = Vec::new();
-    let mut stack = vec![pfs.clone()];
+    let mut stack = vec![pfs.to_path_buf()];
     while let Some(d) = stack.pop() {
         for entry in std::fs::read_dir(&d).unwrap() {
             let entry = entry.unwrap();
@@ -318,15 +369,10 @@ fn drained_mount_files_land_under_their_paths() {
                 stack.push(entry.path());
             } else {
                 published
-                    .push(entry.path().strip_prefix(&pfs).unwrap().to_string_lossy().into_owned());
+                    .push(entry.path().strip_prefix(pfs).unwrap().to_string_lossy().into_owned());
             }
         }
     }
     published.sort();
-    assert_eq!(
-        published,
-        ["results/empty.flag", "results/run-1/field-final.dat", "summary.txt"],
-        "only live files, only under their paths"
-    );
-    assert_eq!(std::fs::metadata(pfs.join("results/empty.flag")).unwrap().len(), 0);
+    published
 }

@@ -388,8 +388,56 @@ fn slurm_burst_buffer_end_to_end() {
         .map(|i| ServerProcess::builder(BIN, &dir, &format!("bb{i}")).pfs_dir(&pfs).start())
         .collect();
     let manager = Manager::start(&dir);
+    add_pool_with_servers(&manager, &servers, &pfs);
+
+    let cluster = Cluster::start(&dir.join("slurm"), &manager.socket);
+    let testbed = Testbed::prepare(&cluster, &manager, &dir, &pfs);
+    let cluster_ready = started.elapsed();
+    let mut passed = Passed::new();
+
+    // 1. A malformed directive is rejected at submission, naming the bad token.
+    malformed_directive_rejected_at_sbatch(&testbed, &mut passed);
+    // 2. `scontrol show bbstat` runs `spillway status`, which names the pool.
+    bbstat_shows_spillway_status(&testbed, &mut passed);
+
+    let mount = mount_available();
+    if !mount {
+        println!("NOTE: `spillway mount --help` failed: the mount-dependent scenarios are not run");
+    }
+
+    // 3. Stage-in visible in the job, checkpoint written through the mount, staged out.
+    let input = write_stage_in_input(&testbed);
+    if mount {
+        stage_in_checkpoint_and_stage_out(&testbed, &input, &mut passed);
+    }
+    // 4. A persistent reservation shared by two consecutive jobs.
+    if mount {
+        persistent_reservation_shared_by_two_jobs(&testbed, &mut passed);
+    }
+    // 5. Cancelled during stage-in.
+    cancelled_during_stage_in(&testbed, &mut passed);
+    // 7. A stage-in that fails (missing source) holds the job and releases the reservation.
+    failed_stage_in_holds_job_and_releases_reservation(&testbed, &mut passed);
+    // 6. Cancelled while running with its reservation mounted.
+    if mount {
+        cancelled_while_running(&testbed, &mut passed);
+    }
+    // 7. A job whose teardown never ran.
+    lost_teardown_done_by_pools_refresh(&testbed, &mut passed);
+
+    passed.print(started.elapsed(), cluster_ready);
+    if let Some(copy) = std::env::var_os("SPILLWAY_SLURM_LOG_COPY") {
+        let _ = std::fs::copy(cluster.dir.join("log/slurmctld.log"), copy);
+    }
+    drop(cluster);
+    drop(manager);
+    drop(servers);
+}
+
+/// The pool `fast` with every server added to it, draining to `pfs`.
+fn add_pool_with_servers(manager: &Manager, servers: &[ServerProcess], pfs: &Path) {
     spillway_ok(&manager.socket, &["pool", "create", "fast", "--granularity", &MIB.to_string()]);
-    for server in &servers {
+    for server in servers {
         let address = server.endpoint().to_string();
         let pfs_text = pfs.to_string_lossy().into_owned();
         spillway_ok(
@@ -407,30 +455,105 @@ fn slurm_burst_buffer_end_to_end() {
             ],
         );
     }
+}
 
-    let cluster = Cluster::start(&dir.join("slurm"), &manager.socket);
-    let (uid, gid) = user_ids();
-    let work = dir.join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    std::os::unix::fs::chown(&work, Some(uid), Some(gid)).unwrap();
-    let pfs_in = pfs.join("in");
-    let pfs_out = pfs.join("out");
-    for d in [&pfs_in, &pfs_out] {
-        std::fs::create_dir_all(d).unwrap();
-        std::os::unix::fs::chown(d, Some(uid), Some(gid)).unwrap();
+/// What the scenarios share: the cluster, the manager, the test user and its directories.
+struct Testbed<'a> {
+    cluster: &'a Cluster,
+    manager: &'a Manager,
+    uid: u32,
+    gid: u32,
+    /// The user's job scripts and their output.
+    work: PathBuf,
+    /// Stage-in sources on the PFS.
+    pfs_in: PathBuf,
+    /// Stage-out targets on the PFS.
+    pfs_out: PathBuf,
+}
+
+impl<'a> Testbed<'a> {
+    /// Makes the user's work directory and the PFS directories `in` and `out`, owned by the user.
+    fn prepare(cluster: &'a Cluster, manager: &'a Manager, dir: &Path, pfs: &Path) -> Self {
+        let (uid, gid) = user_ids();
+        let work = dir.join("work");
+        std::fs::create_dir_all(&work).unwrap();
+        std::os::unix::fs::chown(&work, Some(uid), Some(gid)).unwrap();
+        let pfs_in = pfs.join("in");
+        let pfs_out = pfs.join("out");
+        for d in [&pfs_in, &pfs_out] {
+            std::fs::create_dir_all(d).unwrap();
+            std::os::unix::fs::chown(d, Some(uid), Some(gid)).unwrap();
+        }
+        Testbed { cluster, manager, uid, gid, work, pfs_in, pfs_out }
     }
-    let cluster_ready = started.elapsed();
-    let mut passed: Vec<(&str, f64)> = Vec::new();
-    let mut mark = Instant::now();
-    let mut pass = |passed: &mut Vec<(&'static str, f64)>, scenario: &'static str| {
-        passed.push((scenario, mark.elapsed().as_secs_f64()));
-        mark = Instant::now();
-    };
 
-    // 1. A malformed directive is rejected at submission, naming the bad token.
+    /// Submits `script` as the test user; the job id.
+    fn submit(&self, name: &str, script: &str) -> u64 {
+        submit(self.cluster, &self.work, name, script)
+    }
+
+    /// `scancel` of `job` as the test user, which must succeed.
+    fn cancel(&self, job: u64) {
+        let cancel = self
+            .cluster
+            .command("scancel")
+            .arg(job.to_string())
+            .uid(self.uid)
+            .gid(self.gid)
+            .status()
+            .unwrap();
+        assert!(cancel.success());
+    }
+
+    /// After the job ended: teardown left nothing behind (see `assert_cleaned_up`).
+    fn assert_cleaned_up(&self, job: u64, reservation: &str, persistent: bool) {
+        assert_cleaned_up(self.cluster, self.manager, job, reservation, persistent);
+    }
+
+    /// The job's output file `<prefix>-<job>.out` in the work directory, empty if missing.
+    fn job_output(&self, prefix: &str, job: u64) -> String {
+        std::fs::read_to_string(self.work.join(format!("{prefix}-{job}.out"))).unwrap_or_default()
+    }
+}
+
+/// The scenarios passed so far, each with the seconds it took.
+struct Passed {
+    scenarios: Vec<(&'static str, f64)>,
+    mark: Instant,
+}
+
+impl Passed {
+    /// None passed yet; the first scenario is timed from now.
+    fn new() -> Passed {
+        Passed { scenarios: Vec::new(), mark: Instant::now() }
+    }
+
+    /// Records `scenario` as passed, timed from the previous one.
+    fn pass(&mut self, scenario: &'static str) {
+        self.scenarios.push((scenario, self.mark.elapsed().as_secs_f64()));
+        self.mark = Instant::now();
+    }
+
+    /// Prints the scenarios passed and the times taken.
+    fn print(&self, total: Duration, cluster_ready: Duration) {
+        println!("Slurm scenarios passed ({}):", self.scenarios.len());
+        for (scenario, seconds) in &self.scenarios {
+            println!("  - {scenario} ({seconds:.1} s)");
+        }
+        println!(
+            "Slurm end-to-end time: {:.1} s total ({:.1} s to start manager, servers and cluster)",
+            total.as_secs_f64(),
+            cluster_ready.as_secs_f64()
+        );
+    }
+}
+
+/// A malformed directive is rejected at submission, naming the bad token.
+fn malformed_directive_rejected_at_sbatch(testbed: &Testbed<'_>, passed: &mut Passed) {
+    let (cluster, work) = (testbed.cluster, &testbed.work);
     let bad = sbatch(
-        &cluster,
-        &work,
+        cluster,
+        work,
         "bad",
         "#!/bin/sh\n#BB_LUA capacity=8M pool=fast colour=blue\ntrue\n",
         &[],
@@ -446,113 +569,114 @@ fn slurm_burst_buffer_end_to_end() {
         "sbatch's message does not name the bad token: {stderr}"
     );
     let bad_size = sbatch(
-        &cluster,
-        &work,
+        cluster,
+        work,
         "bad-size",
         "#!/bin/sh\n#BB_LUA capacity=8M pool=fast access=sideways\ntrue\n",
         &[],
     );
     assert!(!bad_size.status.success());
     assert!(String::from_utf8_lossy(&bad_size.stderr).contains("access=sideways"));
-    pass(&mut passed, "malformed directive rejected at sbatch");
+    passed.pass("malformed directive rejected at sbatch");
+}
 
-    // 2. `scontrol show bbstat` runs `spillway status`, which names the pool.
-    let bbstat = cluster.command("scontrol").args(["show", "bbstat"]).output().unwrap();
+/// `scontrol show bbstat` runs `spillway status`, which names the pool.
+fn bbstat_shows_spillway_status(testbed: &Testbed<'_>, passed: &mut Passed) {
+    let bbstat = testbed.cluster.command("scontrol").args(["show", "bbstat"]).output().unwrap();
     let bbstat_text = String::from_utf8_lossy(&bbstat.stdout);
     assert!(
         bbstat.status.success() && bbstat_text.contains("fast"),
         "bbstat: {bbstat_text}{}",
         String::from_utf8_lossy(&bbstat.stderr)
     );
-    pass(&mut passed, "scontrol show bbstat shows spillway status");
+    passed.pass("scontrol show bbstat shows spillway status");
+}
 
-    let mount = mount_available();
-    if !mount {
-        println!("NOTE: `spillway mount --help` failed: the mount-dependent scenarios are not run");
-    }
-
-    // 3. Stage-in visible in the job, checkpoint written through the mount, staged out.
+/// Writes the stage-in source `data.bin` on the PFS, owned by the user; returns its bytes.
+fn write_stage_in_input(testbed: &Testbed<'_>) -> Vec<u8> {
     let input = pattern(7, (3 * MIB + 12_345) as usize);
-    std::fs::write(pfs_in.join("data.bin"), &input).unwrap();
-    std::os::unix::fs::chown(pfs_in.join("data.bin"), Some(uid), Some(gid)).unwrap();
+    std::fs::write(testbed.pfs_in.join("data.bin"), &input).unwrap();
+    std::os::unix::fs::chown(testbed.pfs_in.join("data.bin"), Some(testbed.uid), Some(testbed.gid))
+        .unwrap();
+    input
+}
+
+/// Stage-in visible in the job, checkpoint written through the mount, staged out.
+fn stage_in_checkpoint_and_stage_out(testbed: &Testbed<'_>, input: &[u8], passed: &mut Passed) {
+    let cluster = testbed.cluster;
     let checkpoint_bytes = 2 * MIB + 777;
-    if mount {
-        let script = format!(
-            "#!/bin/sh\n#SBATCH -o {work}/stage-%j.out\n\
-             #BB_LUA capacity=24MiB pool=fast access=striped\n\
-             #BB_LUA stage_in={pfs_in}/data.bin:input/data.bin\n\
-             #BB_LUA stage_out=ckpt/state.bin:{pfs_out}/state.bin\n\
-             set -e\necho \"bb=$SPILLWAY_BB\"\n\
-             cmp \"$SPILLWAY_BB/input/data.bin\" {pfs_in}/data.bin && echo STAGE_IN_OK\n\
-             mkdir -p \"$SPILLWAY_BB/ckpt\"\n\
-             head -c {checkpoint_bytes} {pfs_in}/data.bin > \"$SPILLWAY_BB/ckpt/state.bin\"\n\
-             sync\necho CHECKPOINT_OK\n",
-            work = work.display(),
-            pfs_in = pfs_in.display(),
-            pfs_out = pfs_out.display(),
-        );
-        let job = submit(&cluster, &work, "stage", &script);
-        let state = wait_job_end(&cluster, job);
-        let out =
-            std::fs::read_to_string(work.join(format!("stage-{job}.out"))).unwrap_or_default();
-        assert_eq!(state, "COMPLETED", "job {job}: {out}\n{:?}", job_fields(&cluster, job));
-        assert!(
-            out.contains(&format!("bb={}/mnt/job-{job}", cluster.dir.display())),
-            "SPILLWAY_BB not set: {out}"
-        );
-        assert!(out.contains("STAGE_IN_OK"), "stage-in data not visible in the job: {out}");
-        assert!(out.contains("CHECKPOINT_OK"), "checkpoint through the mount failed: {out}");
-        pass(&mut passed, "stage-in data visible in the job");
-        pass(&mut passed, "checkpoint written through the mount");
-        assert_cleaned_up(&cluster, &manager, job, &format!("job-{job}"), false);
-        let staged =
-            std::fs::read(pfs_out.join("state.bin")).expect("stage-out wrote nothing to the PFS");
-        assert_eq!(staged.len() as u64, checkpoint_bytes);
-        assert!(
-            staged == input[..checkpoint_bytes as usize],
-            "stage-out bytes differ from the checkpoint"
-        );
-        pass(&mut passed, "stage-out data on the PFS with the right bytes");
-        pass(&mut passed, "job reservation gone after teardown");
-    }
+    let script = format!(
+        "#!/bin/sh\n#SBATCH -o {work}/stage-%j.out\n\
+         #BB_LUA capacity=24MiB pool=fast access=striped\n\
+         #BB_LUA stage_in={pfs_in}/data.bin:input/data.bin\n\
+         #BB_LUA stage_out=ckpt/state.bin:{pfs_out}/state.bin\n\
+         set -e\necho \"bb=$SPILLWAY_BB\"\n\
+         cmp \"$SPILLWAY_BB/input/data.bin\" {pfs_in}/data.bin && echo STAGE_IN_OK\n\
+         mkdir -p \"$SPILLWAY_BB/ckpt\"\n\
+         head -c {checkpoint_bytes} {pfs_in}/data.bin > \"$SPILLWAY_BB/ckpt/state.bin\"\n\
+         sync\necho CHECKPOINT_OK\n",
+        work = testbed.work.display(),
+        pfs_in = testbed.pfs_in.display(),
+        pfs_out = testbed.pfs_out.display(),
+    );
+    let job = testbed.submit("stage", &script);
+    let state = wait_job_end(cluster, job);
+    let out = testbed.job_output("stage", job);
+    assert_eq!(state, "COMPLETED", "job {job}: {out}\n{:?}", job_fields(cluster, job));
+    assert!(
+        out.contains(&format!("bb={}/mnt/job-{job}", cluster.dir.display())),
+        "SPILLWAY_BB not set: {out}"
+    );
+    assert!(out.contains("STAGE_IN_OK"), "stage-in data not visible in the job: {out}");
+    assert!(out.contains("CHECKPOINT_OK"), "checkpoint through the mount failed: {out}");
+    passed.pass("stage-in data visible in the job");
+    passed.pass("checkpoint written through the mount");
+    testbed.assert_cleaned_up(job, &format!("job-{job}"), false);
+    let staged = std::fs::read(testbed.pfs_out.join("state.bin"))
+        .expect("stage-out wrote nothing to the PFS");
+    assert_eq!(staged.len() as u64, checkpoint_bytes);
+    assert!(
+        staged == input[..checkpoint_bytes as usize],
+        "stage-out bytes differ from the checkpoint"
+    );
+    passed.pass("stage-out data on the PFS with the right bytes");
+    passed.pass("job reservation gone after teardown");
+}
 
-    // 4. A persistent reservation shared by two consecutive jobs.
-    if mount {
-        let writer = format!(
-            "#!/bin/sh\n#SBATCH -o {work}/pw-%j.out\n#BB_LUA capacity=16M pool=fast persistent=shared1\n\
-             set -e\necho persisted-by-first-job > \"$SPILLWAY_BB/note.txt\"\nsync\necho WROTE\n",
-            work = work.display()
-        );
-        let first = submit(&cluster, &work, "persistent-writer", &writer);
-        assert_eq!(wait_job_end(&cluster, first), "COMPLETED", "{:?}", job_fields(&cluster, first));
-        assert_cleaned_up(&cluster, &manager, first, "shared1", true);
-        let reader = format!(
-            "#!/bin/sh\n#SBATCH -o {work}/pr-%j.out\n#BB_LUA persistent=shared1\n\
-             cat \"$SPILLWAY_BB/note.txt\"\n",
-            work = work.display()
-        );
-        let second = submit(&cluster, &work, "persistent-reader", &reader);
-        assert_eq!(
-            wait_job_end(&cluster, second),
-            "COMPLETED",
-            "{:?}",
-            job_fields(&cluster, second)
-        );
-        let out =
-            std::fs::read_to_string(work.join(format!("pr-{second}.out"))).unwrap_or_default();
-        assert!(
-            out.contains("persisted-by-first-job"),
-            "second job did not see the first job's file: {out}"
-        );
-        assert_cleaned_up(&cluster, &manager, second, "shared1", true);
-        spillway_ok(&manager.socket, &["reservation", "destroy", "shared1"]);
-        pass(&mut passed, "persistent reservation shared by two consecutive jobs");
-    }
+/// A persistent reservation shared by two consecutive jobs.
+fn persistent_reservation_shared_by_two_jobs(testbed: &Testbed<'_>, passed: &mut Passed) {
+    let cluster = testbed.cluster;
+    let writer = format!(
+        "#!/bin/sh\n#SBATCH -o {work}/pw-%j.out\n#BB_LUA capacity=16M pool=fast persistent=shared1\n\
+         set -e\necho persisted-by-first-job > \"$SPILLWAY_BB/note.txt\"\nsync\necho WROTE\n",
+        work = testbed.work.display()
+    );
+    let first = testbed.submit("persistent-writer", &writer);
+    assert_eq!(wait_job_end(cluster, first), "COMPLETED", "{:?}", job_fields(cluster, first));
+    testbed.assert_cleaned_up(first, "shared1", true);
+    let reader = format!(
+        "#!/bin/sh\n#SBATCH -o {work}/pr-%j.out\n#BB_LUA persistent=shared1\n\
+         cat \"$SPILLWAY_BB/note.txt\"\n",
+        work = testbed.work.display()
+    );
+    let second = testbed.submit("persistent-reader", &reader);
+    assert_eq!(wait_job_end(cluster, second), "COMPLETED", "{:?}", job_fields(cluster, second));
+    let out = testbed.job_output("pr", second);
+    assert!(
+        out.contains("persisted-by-first-job"),
+        "second job did not see the first job's file: {out}"
+    );
+    testbed.assert_cleaned_up(second, "shared1", true);
+    spillway_ok(&testbed.manager.socket, &["reservation", "destroy", "shared1"]);
+    passed.pass("persistent reservation shared by two consecutive jobs");
+}
 
-    // 5. Cancelled during stage-in. The stage copies a tree of many files; as soon as its
-    //    `spillway stage-in` process appears it is frozen (SIGSTOP), so the cancel always lands
-    //    while the copy is in flight, however fast the machine.
-    let many = pfs_in.join("many");
+/// Cancelled during stage-in. The stage copies a tree of many files; as soon as its
+/// `spillway stage-in` process appears it is frozen (SIGSTOP), so the cancel always lands
+/// while the copy is in flight, however fast the machine.
+fn cancelled_during_stage_in(testbed: &Testbed<'_>, passed: &mut Passed) {
+    let (cluster, uid, gid) = (testbed.cluster, testbed.uid, testbed.gid);
+    let many = testbed.pfs_in.join("many");
     std::fs::create_dir_all(&many).unwrap();
     for i in 0..STUCK_FILES {
         let file = many.join(format!("part-{i:03}"));
@@ -562,10 +686,10 @@ fn slurm_burst_buffer_end_to_end() {
     std::os::unix::fs::chown(&many, Some(uid), Some(gid)).unwrap();
     let stuck = format!(
         "#!/bin/sh\n#SBATCH -o {work}/stuck-%j.out\n#BB_LUA capacity=96M pool=fast stage_in={many}:many\ntrue\n",
-        work = work.display(),
+        work = testbed.work.display(),
         many = many.display()
     );
-    let job = submit(&cluster, &work, "stuck", &stuck);
+    let job = testbed.submit("stuck", &stuck);
     let reservation = format!("job-{job}");
     let mountpoint = cluster.dir.join(format!("mnt/job-{job}"));
     let deadline = Instant::now() + WAIT_MAX;
@@ -575,7 +699,7 @@ fn slurm_burst_buffer_end_to_end() {
             spillway_sys::signal::send(pid, spillway_sys::signal::Signal::SIGSTOP).unwrap();
             break pid;
         }
-        let state = job_state(&cluster, job);
+        let state = job_state(cluster, job);
         assert!(
             state == "PENDING" || state.is_empty(),
             "job {job} reached {state} before its stage-in process was seen: raise STUCK_FILES"
@@ -584,69 +708,70 @@ fn slurm_burst_buffer_end_to_end() {
         std::thread::sleep(Duration::from_millis(10));
     };
     println!("stage-in of job {job} frozen mid-copy (pid {frozen}); cancelling");
-    let cancel =
-        cluster.command("scancel").arg(job.to_string()).uid(uid).gid(gid).status().unwrap();
-    assert!(cancel.success());
-    wait_job_end(&cluster, job);
-    assert_cleaned_up(&cluster, &manager, job, &reservation, false);
-    pass(&mut passed, "job cancelled during stage-in cleaned up");
+    testbed.cancel(job);
+    wait_job_end(cluster, job);
+    testbed.assert_cleaned_up(job, &reservation, false);
+    passed.pass("job cancelled during stage-in cleaned up");
+}
 
-    // 7. A stage-in that fails (missing source) holds the job with the error as its reason and
-    //    releases the reservation at once (Flags=TeardownFailure); cancelling it leaves nothing.
+/// A stage-in that fails (missing source) holds the job with the error as its reason and
+/// releases the reservation at once (Flags=TeardownFailure); cancelling it leaves nothing.
+fn failed_stage_in_holds_job_and_releases_reservation(testbed: &Testbed<'_>, passed: &mut Passed) {
+    let cluster = testbed.cluster;
     let missing = format!(
         "#!/bin/sh\n#SBATCH -o {work}/missing-%j.out\n#BB_LUA capacity=8M pool=fast stage_in={pfs_in}/missing.bin:x\ntrue\n",
-        work = work.display(),
-        pfs_in = pfs_in.display()
+        work = testbed.work.display(),
+        pfs_in = testbed.pfs_in.display()
     );
-    let job = submit(&cluster, &work, "missing", &missing);
+    let job = testbed.submit("missing", &missing);
     let reservation = format!("job-{job}");
     let mut reason = String::new();
-    wait_for(&format!("job {job} held for its failed stage-in"), &cluster, || {
-        reason = job_fields(&cluster, job).get("Reason").cloned().unwrap_or_default();
+    wait_for(&format!("job {job} held for its failed stage-in"), cluster, || {
+        reason = job_fields(cluster, job).get("Reason").cloned().unwrap_or_default();
         reason.contains("missing.bin")
     });
-    assert_eq!(job_state(&cluster, job), "PENDING", "reason {reason}");
-    wait_for(&format!("job {job}'s reservation released"), &cluster, || {
-        !reservation_exists(&manager.socket, &reservation)
+    assert_eq!(job_state(cluster, job), "PENDING", "reason {reason}");
+    wait_for(&format!("job {job}'s reservation released"), cluster, || {
+        !reservation_exists(&testbed.manager.socket, &reservation)
     });
-    let cancel =
-        cluster.command("scancel").arg(job.to_string()).uid(uid).gid(gid).status().unwrap();
-    assert!(cancel.success());
-    wait_job_end(&cluster, job);
-    assert_cleaned_up(&cluster, &manager, job, &reservation, false);
-    pass(&mut passed, "failed stage-in holds the job with the error and releases the reservation");
+    testbed.cancel(job);
+    wait_job_end(cluster, job);
+    testbed.assert_cleaned_up(job, &reservation, false);
+    passed.pass("failed stage-in holds the job with the error and releases the reservation");
+}
 
-    // 6. Cancelled while running with its reservation mounted.
-    if mount {
-        let long = format!(
-            "#!/bin/sh\n#SBATCH -o {work}/long-%j.out\n#BB_LUA capacity=8M pool=fast\n\
-             echo started > \"$SPILLWAY_BB/started\"\nsleep 300\n",
-            work = work.display()
-        );
-        let job = submit(&cluster, &work, "long", &long);
-        let mountpoint = cluster.dir.join(format!("mnt/job-{job}"));
-        wait_for(&format!("job {job} running with its mount"), &cluster, || {
-            job_state(&cluster, job) == "RUNNING"
-                && is_mounted(&mountpoint)
-                && mountpoint.join("started").exists()
-        });
-        let cancel =
-            cluster.command("scancel").arg(job.to_string()).uid(uid).gid(gid).status().unwrap();
-        assert!(cancel.success());
-        assert_eq!(wait_job_end(&cluster, job), "CANCELLED");
-        assert_cleaned_up(&cluster, &manager, job, &format!("job-{job}"), false);
-        pass(&mut passed, "job cancelled while running cleaned up");
-    }
+/// Cancelled while running with its reservation mounted.
+fn cancelled_while_running(testbed: &Testbed<'_>, passed: &mut Passed) {
+    let cluster = testbed.cluster;
+    let long = format!(
+        "#!/bin/sh\n#SBATCH -o {work}/long-%j.out\n#BB_LUA capacity=8M pool=fast\n\
+         echo started > \"$SPILLWAY_BB/started\"\nsleep 300\n",
+        work = testbed.work.display()
+    );
+    let job = testbed.submit("long", &long);
+    let mountpoint = cluster.dir.join(format!("mnt/job-{job}"));
+    wait_for(&format!("job {job} running with its mount"), cluster, || {
+        job_state(cluster, job) == "RUNNING"
+            && is_mounted(&mountpoint)
+            && mountpoint.join("started").exists()
+    });
+    testbed.cancel(job);
+    assert_eq!(wait_job_end(cluster, job), "CANCELLED");
+    testbed.assert_cleaned_up(job, &format!("job-{job}"), false);
+    passed.pass("job cancelled while running cleaned up");
+}
 
-    // 7. A job whose teardown never ran. Slurm 22.05 may kill the teardown it queued for a
-    //    cancel before the hook detaches (scenario 5 then fails now and then); nothing retries
-    //    it. Here the lost teardown is made certain: a job record and reservation for a job
-    //    Slurm never had. The periodic pools refresh must tear them down.
+/// A job whose teardown never ran. Slurm 22.05 may kill the teardown it queued for a cancel
+/// before the hook detaches (scenario 5 then fails now and then); nothing retries it. Here the
+/// lost teardown is made certain: a job record and reservation for a job Slurm never had. The
+/// periodic pools refresh must tear them down.
+fn lost_teardown_done_by_pools_refresh(testbed: &Testbed<'_>, passed: &mut Passed) {
+    let (uid, gid) = (testbed.uid, testbed.gid);
     let ghost = 4_000_000u64;
     let ghost_reservation = format!("job-{ghost}");
     let (ghost_id, uid_text, gid_text) = (ghost.to_string(), uid.to_string(), gid.to_string());
     spillway_ok(
-        &manager.socket,
+        &testbed.manager.socket,
         &[
             "reservation",
             "create",
@@ -665,24 +790,7 @@ fn slurm_burst_buffer_end_to_end() {
     let record = format!(
         r#"{{"job":{ghost},"uid":{uid},"gid":{gid},"reservation":"{ghost_reservation}","persistent":false}}"#
     );
-    std::fs::write(cluster.dir.join(format!("bb-state/job-{ghost}.json")), record).unwrap();
-    assert_cleaned_up(&cluster, &manager, ghost, &ghost_reservation, false);
-    pass(&mut passed, "job whose teardown was lost torn down by the pools refresh");
-
-    let total = started.elapsed();
-    println!("Slurm scenarios passed ({}):", passed.len());
-    for (scenario, seconds) in &passed {
-        println!("  - {scenario} ({seconds:.1} s)");
-    }
-    println!(
-        "Slurm end-to-end time: {:.1} s total ({:.1} s to start manager, servers and cluster)",
-        total.as_secs_f64(),
-        cluster_ready.as_secs_f64()
-    );
-    if let Some(copy) = std::env::var_os("SPILLWAY_SLURM_LOG_COPY") {
-        let _ = std::fs::copy(cluster.dir.join("log/slurmctld.log"), copy);
-    }
-    drop(cluster);
-    drop(manager);
-    drop(servers);
+    std::fs::write(testbed.cluster.dir.join(format!("bb-state/job-{ghost}.json")), record).unwrap();
+    testbed.assert_cleaned_up(ghost, &ghost_reservation, false);
+    passed.pass("job whose teardown was lost torn down by the pools refresh");
 }

@@ -16,7 +16,7 @@ use anyhow::Context;
 use spillway_config::server::CommitDurability;
 use spillway_config::Config;
 use spillway_proto::Endpoint;
-use spillway_server::{Server, ServerOptions, StoreBackend};
+use spillway_server::{Server, ServerOptions, ShutdownHandle, StoreBackend};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -85,60 +85,9 @@ fn init_logging(json: bool) {
 pub fn run(args: Args) -> anyhow::Result<()> {
     init_logging(args.log_json);
     let mut config = Config::load(args.config.as_deref(), std::env::vars())?;
-    if let Some(listen) = args.listen {
-        config.server.listen_address = listen;
-    }
-    if let Some(path) = args.unix_socket {
-        config.server.unix_socket_path = path;
-    }
-    if args.insecure_tcp {
-        config.server.insecure_tcp = true;
-    }
-    if let Some(dir) = args.ssd_dir {
-        config.store.ssd_directory = dir;
-    }
-    if let Some(bytes) = args.dram_bytes {
-        config.store.dram_bytes_max = bytes;
-    }
-    if let Some(bytes) = args.ssd_bytes {
-        config.store.ssd_bytes_max = bytes;
-    }
-    if let Some(durability) = args.durability {
-        config.server.commit_durability = durability;
-    }
-    if let Some(name) = args.name {
-        config.server.server_name = name;
-    }
-    if let Some(dir) = args.pfs_dir {
-        config.drain.pfs_directory = dir;
-    }
-    if let Some(peers) = args.drain_peers {
-        config.drain.peers = peers;
-    }
-    if let Some(index) = args.drain_self_index {
-        config.drain.self_index = index;
-    }
-    if args.drain_after_commit {
-        config.drain.drain_after_commit = true;
-    }
-    if let Some(mode) = args.drain_mode {
-        config.drain.mode = mode;
-    }
+    args.apply_to(&mut config);
     config.validate()?;
-
-    let mut endpoints = Vec::new();
-    if !config.server.listen_address.is_empty() {
-        endpoints.push(
-            config
-                .server
-                .listen_address
-                .parse::<Endpoint>()
-                .map_err(|e| anyhow::anyhow!("server.listen_address: {e}"))?,
-        );
-    }
-    if !config.server.unix_socket_path.is_empty() {
-        endpoints.push(Endpoint::Unix(config.server.unix_socket_path.clone().into()));
-    }
+    let endpoints = listen_endpoints(&config)?;
 
     let store = spillway_store::Store::open(&config.store)
         .with_context(|| format!("opening the store in {}", config.store.ssd_directory))?;
@@ -154,24 +103,106 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     server.attach_namespaces(std::path::Path::new(&config.store.ssd_directory).join("namespaces"));
     let stop = Arc::new(AtomicBool::new(false));
     spillway_sys::signal::stop_on_termination(&stop).context("installing signal handlers")?;
-    let handle = server.shutdown_handle();
-    let watcher_stop = Arc::clone(&stop);
-    let watcher = std::thread::spawn(move || {
-        while !watcher_stop.load(Ordering::SeqCst) {
+    let watcher = spawn_signal_watcher(Arc::clone(&stop), server.shutdown_handle());
+    print_listening(&server)?;
+    let result = server.run();
+    stop.store(true, Ordering::SeqCst);
+    let _ = watcher.join();
+    shut_down(result, drainer, backend)
+}
+
+impl Args {
+    /// Overrides the loaded configuration with the flags that were given.
+    fn apply_to(self, config: &mut Config) {
+        if let Some(listen) = self.listen {
+            config.server.listen_address = listen;
+        }
+        if let Some(path) = self.unix_socket {
+            config.server.unix_socket_path = path;
+        }
+        if self.insecure_tcp {
+            config.server.insecure_tcp = true;
+        }
+        if let Some(dir) = self.ssd_dir {
+            config.store.ssd_directory = dir;
+        }
+        if let Some(bytes) = self.dram_bytes {
+            config.store.dram_bytes_max = bytes;
+        }
+        if let Some(bytes) = self.ssd_bytes {
+            config.store.ssd_bytes_max = bytes;
+        }
+        if let Some(durability) = self.durability {
+            config.server.commit_durability = durability;
+        }
+        if let Some(name) = self.name {
+            config.server.server_name = name;
+        }
+        if let Some(dir) = self.pfs_dir {
+            config.drain.pfs_directory = dir;
+        }
+        if let Some(peers) = self.drain_peers {
+            config.drain.peers = peers;
+        }
+        if let Some(index) = self.drain_self_index {
+            config.drain.self_index = index;
+        }
+        if self.drain_after_commit {
+            config.drain.drain_after_commit = true;
+        }
+        if let Some(mode) = self.drain_mode {
+            config.drain.mode = mode;
+        }
+    }
+}
+
+/// The endpoints to listen on: the TCP address and the Unix socket, each if configured.
+fn listen_endpoints(config: &Config) -> anyhow::Result<Vec<Endpoint>> {
+    let mut endpoints = Vec::new();
+    if !config.server.listen_address.is_empty() {
+        endpoints.push(
+            config
+                .server
+                .listen_address
+                .parse::<Endpoint>()
+                .map_err(|e| anyhow::anyhow!("server.listen_address: {e}"))?,
+        );
+    }
+    if !config.server.unix_socket_path.is_empty() {
+        endpoints.push(Endpoint::Unix(config.server.unix_socket_path.clone().into()));
+    }
+    Ok(endpoints)
+}
+
+/// Starts the thread that shuts the server down once `stop` is set (by SIGTERM or SIGINT).
+fn spawn_signal_watcher(
+    stop: Arc<AtomicBool>,
+    handle: ShutdownHandle,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        while !stop.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(20));
         }
         tracing::info!("signal received: shutting down gracefully");
         handle.shutdown();
-    });
+    })
+}
+
+/// Prints the `listening <endpoint>…` line that scripts and tests read the real port from.
+fn print_listening(server: &Server) -> anyhow::Result<()> {
     let listening: Vec<String> = server.endpoints().iter().map(|e| e.to_string()).collect();
-    {
-        let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "listening {}", listening.join(" "))?;
-        stdout.flush()?;
-    }
-    let result = server.run();
-    stop.store(true, Ordering::SeqCst);
-    let _ = watcher.join();
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "listening {}", listening.join(" "))?;
+    stdout.flush()?;
+    Ok(())
+}
+
+/// After the server stopped: stops the drain, then closes the store unless the run failed.
+fn shut_down(
+    result: Result<(), spillway_server::ServeError>,
+    drainer: Option<Arc<spillway_drain::Drainer>>,
+    backend: Arc<StoreBackend>,
+) -> anyhow::Result<()> {
     if let Some(drainer) = drainer {
         drainer.stop(); // an unfinished drain resumes from the journal at the next start
         drop(drainer);

@@ -232,6 +232,37 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 fn run_workload(args: RunArgs) -> anyhow::Result<()> {
     let (knobs, ssd) = args.device.ssd()?;
+    let events = load_events(&args)?;
+    let mut reports: Vec<RunReport> = Vec::new();
+    for &mapping in &args.mapping {
+        let report = match args.workload {
+            WorkloadKind::Uniform | WorkloadKind::HotCold => run_synthetic(&args, &ssd, mapping)?,
+            WorkloadKind::Bios => run_bios(&args, &knobs, &ssd, mapping)?,
+            WorkloadKind::Replay | WorkloadKind::Trace => {
+                let params = ReplayParams {
+                    ssd: ssd.clone(),
+                    ssds: knobs.ssds,
+                    stripe_unit_bytes: knobs.stripe_unit_bytes,
+                    samples: 60,
+                };
+                replay::replay(&params, events.as_deref().unwrap_or(&[]), mapping)?
+            }
+        };
+        reports.push(report);
+    }
+    if let Some(dir) = &args.out {
+        write_run_outputs(dir, &reports)?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&serde_json::json!({ "runs": reports }))?);
+    } else {
+        print_run_table(&reports);
+    }
+    Ok(())
+}
+
+/// The events of a replay (the store's write log) or trace workload; None for the others.
+fn load_events(args: &RunArgs) -> anyhow::Result<Option<Vec<replay::LogEvent>>> {
     let events = match args.workload {
         WorkloadKind::Replay => {
             let path = args.log.as_ref().context("--workload replay needs --log FILE")?;
@@ -247,97 +278,89 @@ fn run_workload(args: RunArgs) -> anyhow::Result<()> {
         }
         _ => None,
     };
-    let mut reports: Vec<RunReport> = Vec::new();
-    for &mapping in &args.mapping {
-        let report = match args.workload {
-            WorkloadKind::Uniform | WorkloadKind::HotCold => {
-                let skew = match args.workload {
-                    WorkloadKind::Uniform => Skew::Uniform,
-                    _ => Skew::HotCold {
-                        hot_space_fraction: args.hot_space_fraction,
-                        hot_write_fraction: args.hot_write_fraction,
-                    },
-                };
-                let params = SyntheticParams {
-                    ssd: ssd.clone(),
-                    skew,
-                    warmup_device_writes: args.device_writes / 2.0,
-                    measure_device_writes: args.device_writes / 2.0,
-                    samples: 60,
-                    seed: args.seed,
-                };
-                synthetic::run(&params, mapping)?
-            }
-            WorkloadKind::Bios => {
-                let mut params = ExperimentParams::bios(
-                    ssd.clone(),
-                    knobs.stripe_unit_bytes,
-                    args.device_writes,
-                    args.seed,
-                )
-                .base;
-                params.nodes = knobs.ssds;
-                params.configuration = args.configuration;
-                params.stripe_count = args.stripe_count;
-                params.lifetime_estimate_noise = args.lifetime_estimate_noise;
-                params.fs = knobs.file_system();
-                if args.configuration == 4 {
-                    params.quota_classes = bios::distinct_quota_classes(params.users());
-                }
-                bios::run(&params, mapping)?
-            }
-            WorkloadKind::Replay | WorkloadKind::Trace => {
-                let params = ReplayParams {
-                    ssd: ssd.clone(),
-                    ssds: knobs.ssds,
-                    stripe_unit_bytes: knobs.stripe_unit_bytes,
-                    samples: 60,
-                };
-                replay::replay(&params, events.as_deref().unwrap_or(&[]), mapping)?
-            }
-        };
-        reports.push(report);
+    Ok(events)
+}
+
+/// One uniform or hot/cold run under `mapping`: half the device writes warm up, half measure.
+fn run_synthetic(args: &RunArgs, ssd: &SsdConfig, mapping: Mapping) -> anyhow::Result<RunReport> {
+    let skew = match args.workload {
+        WorkloadKind::Uniform => Skew::Uniform,
+        _ => Skew::HotCold {
+            hot_space_fraction: args.hot_space_fraction,
+            hot_write_fraction: args.hot_write_fraction,
+        },
+    };
+    let params = SyntheticParams {
+        ssd: ssd.clone(),
+        skew,
+        warmup_device_writes: args.device_writes / 2.0,
+        measure_device_writes: args.device_writes / 2.0,
+        samples: 60,
+        seed: args.seed,
+    };
+    Ok(synthetic::run(&params, mapping)?)
+}
+
+/// One BIOS run under `mapping`, in the configuration and stripe count the flags give.
+fn run_bios(
+    args: &RunArgs,
+    knobs: &FtlKnobs,
+    ssd: &SsdConfig,
+    mapping: Mapping,
+) -> anyhow::Result<RunReport> {
+    let mut params =
+        ExperimentParams::bios(ssd.clone(), knobs.stripe_unit_bytes, args.device_writes, args.seed)
+            .base;
+    params.nodes = knobs.ssds;
+    params.configuration = args.configuration;
+    params.stripe_count = args.stripe_count;
+    params.lifetime_estimate_noise = args.lifetime_estimate_noise;
+    params.fs = knobs.file_system();
+    if args.configuration == 4 {
+        params.quota_classes = bios::distinct_quota_classes(params.users());
     }
-    if let Some(dir) = &args.out {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        let series: Vec<spillway_plot::Series> = reports
-            .iter()
-            .map(|r| spillway_plot::Series {
-                name: r.label.clone(),
-                points: r.samples.iter().map(|s| (s.device_writes, s.waf_window)).collect(),
-            })
-            .collect();
-        let svg = spillway_plot::line_chart_svg(
-            "WAF over time",
-            "host writes ÷ logical capacity",
-            "WAF (per interval)",
-            &series,
+    Ok(bios::run(&params, mapping)?)
+}
+
+/// Writes waf.svg (WAF over time, one line per run) and report.json into `dir`.
+fn write_run_outputs(dir: &std::path::Path, reports: &[RunReport]) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let series: Vec<spillway_plot::Series> = reports
+        .iter()
+        .map(|r| spillway_plot::Series {
+            name: r.label.clone(),
+            points: r.samples.iter().map(|s| (s.device_writes, s.waf_window)).collect(),
+        })
+        .collect();
+    let svg = spillway_plot::line_chart_svg(
+        "WAF over time",
+        "host writes ÷ logical capacity",
+        "WAF (per interval)",
+        &series,
+    );
+    write_file(&dir.join("waf.svg"), &svg)?;
+    write_file(&dir.join("report.json"), &serde_json::to_string_pretty(reports)?)
+}
+
+/// Prints the runs as a markdown table, one row per run.
+fn print_run_table(reports: &[RunReport]) {
+    println!("| run | WAF steady | WAF cumulative | GC copies | erases | MiB/s | p99 ms | host Mpages/s |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for r in reports {
+        println!(
+            "| {} | {:.3} | {:.3} | {} | {} | {} | {} | {:.2} |",
+            r.label,
+            r.waf_steady,
+            r.waf_cumulative,
+            r.gc_copied_pages,
+            r.erases,
+            r.throughput_mib_per_s.map_or("-".into(), |t| format!("{t:.0}")),
+            r.file_write_latency
+                .as_ref()
+                .map_or("-".into(), |l| format!("{:.0}", l.latency_ms_p99)),
+            r.wall.as_ref().map_or(0.0, |w| w.host_page_writes_per_second / 1e6),
         );
-        write_file(&dir.join("waf.svg"), &svg)?;
-        write_file(&dir.join("report.json"), &serde_json::to_string_pretty(&reports)?)?;
     }
-    if args.json {
-        println!("{}", serde_json::to_string(&serde_json::json!({ "runs": reports }))?);
-    } else {
-        println!("| run | WAF steady | WAF cumulative | GC copies | erases | MiB/s | p99 ms | host Mpages/s |");
-        println!("|---|---|---|---|---|---|---|---|");
-        for r in &reports {
-            println!(
-                "| {} | {:.3} | {:.3} | {} | {} | {} | {} | {:.2} |",
-                r.label,
-                r.waf_steady,
-                r.waf_cumulative,
-                r.gc_copied_pages,
-                r.erases,
-                r.throughput_mib_per_s.map_or("-".into(), |t| format!("{t:.0}")),
-                r.file_write_latency
-                    .as_ref()
-                    .map_or("-".into(), |l| format!("{:.0}", l.latency_ms_p99)),
-                r.wall.as_ref().map_or(0.0, |w| w.host_page_writes_per_second / 1e6),
-            );
-        }
-    }
-    Ok(())
 }
 
 fn write_file(path: &std::path::Path, text: &str) -> anyhow::Result<()> {

@@ -11,12 +11,13 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use serde_json::json;
 use spillway_sim::model::{
-    access_space, simulate, smallest_sufficient, sweep, time_ordered, Level, SimConfig, WriteBack,
+    access_space, simulate, smallest_sufficient, sweep, time_ordered, AccessSpace, Level,
+    SimConfig, SimReport, SweepPoint, WriteBack,
 };
 use spillway_sim::policy::PolicyKind;
 use spillway_sim::report::{sweep_svg, sweep_table};
 use spillway_sim::synth::{workflow, WorkflowShape};
-use spillway_trace::Trace;
+use spillway_trace::{Trace, TraceOp};
 use spillway_types::format_bytes;
 
 #[derive(clap::Args)]
@@ -154,11 +155,7 @@ fn load(args: &Args) -> anyhow::Result<(Trace, String, f64)> {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let policies = parse_policies(&args.policy)?;
-    let write_back = match args.write_back.as_str() {
-        "async" => WriteBack::Async,
-        "sync" => WriteBack::Sync,
-        other => bail!("--write-back: {other:?} is neither async nor sync"),
-    };
+    let write_back = parse_write_back(&args.write_back)?;
     let (trace, name, decode_ops_per_second) = load(&args)?;
     if let Some(path) = &args.write_trace {
         trace.write_path(path).with_context(|| format!("writing trace {}", path.display()))?;
@@ -167,8 +164,33 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("--chunk-kib must be at least 1");
     }
     let ops = time_ordered(&trace.ops);
+    let base = base_config(&args, policies[0], write_back);
+    base.validate().context("simulator configuration")?;
+    let space = access_space(&ops, base.chunk_bytes).with_context(|| format!("trace {name}"))?;
+    if space.chunks == 0 {
+        bail!("trace {name} has no read or write with a length: nothing to simulate");
+    }
+    let simulation =
+        Simulation { trace: &trace, name, decode_ops_per_second, ops: &ops, base, space, policies };
+    match single_capacity(&args, &space, simulation.base.chunk_bytes)? {
+        Some(capacity_bytes) => run_single(&args, &simulation, capacity_bytes),
+        None => run_sweep(&args, &simulation),
+    }
+}
+
+/// `--write-back`: async or sync.
+fn parse_write_back(text: &str) -> anyhow::Result<WriteBack> {
+    match text {
+        "async" => Ok(WriteBack::Async),
+        "sync" => Ok(WriteBack::Sync),
+        other => bail!("--write-back: {other:?} is neither async nor sync"),
+    }
+}
+
+/// The two levels and the caching unit from the flags; capacity one chunk until a run sets it.
+fn base_config(args: &Args, policy: PolicyKind, write_back: WriteBack) -> SimConfig {
     let chunk_bytes = args.chunk_kib << 10;
-    let base = SimConfig {
+    SimConfig {
         burst_buffer: Level {
             bandwidth_bytes_per_second: args.bb_bandwidth_gb_per_s * 1e9,
             latency_seconds: args.bb_latency_us * 1e-6,
@@ -179,24 +201,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         },
         capacity_bytes: chunk_bytes,
         chunk_bytes,
-        policy: policies[0],
+        policy,
         write_back,
         honor_timestamps: args.honor_timestamps,
-    };
-    base.validate().context("simulator configuration")?;
-    let space = access_space(&ops, chunk_bytes).with_context(|| format!("trace {name}"))?;
-    if space.chunks == 0 {
-        bail!("trace {name} has no read or write with a length: nothing to simulate");
     }
-    let trace_info = json!({
-        "name": name,
-        "source": trace.meta.source,
-        "executable": trace.meta.executable,
-        "synthesized": trace.meta.synthesized,
-        "ops": trace.ops.len(),
-        "files": trace.files.len(),
-    });
-    let single_capacity = match (args.capacity_mib, args.bb_fraction) {
+}
+
+/// The capacity of a single run (`--capacity-mib` or `--bb-fraction`); None for a sweep.
+fn single_capacity(
+    args: &Args,
+    space: &AccessSpace,
+    chunk_bytes: u64,
+) -> anyhow::Result<Option<u64>> {
+    let capacity = match (args.capacity_mib, args.bb_fraction) {
         (Some(mib), _) => Some(mib << 20),
         (None, Some(fraction)) => {
             if !(fraction > 0.0 && fraction <= 1.0) {
@@ -206,144 +223,237 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         (None, None) => None,
     };
+    Ok(capacity)
+}
 
-    if let Some(capacity_bytes) = single_capacity {
-        let mut results = Vec::new();
-        let started = Instant::now();
-        for &policy in &policies {
-            let config = SimConfig { capacity_bytes, policy, ..base.clone() };
-            let report = simulate(&ops, &config).context("simulator configuration")?;
-            results.push((policy, report));
-        }
-        let seconds = started.elapsed().as_secs_f64();
-        let ops_per_second = (ops.len() * policies.len()) as f64 / seconds.max(1e-9);
-        if args.json {
-            let runs: Vec<_> = results
-                .iter()
-                .map(|(policy, report)| json!({"policy": policy, "write_back": write_back, "capacity_bytes": capacity_bytes, "result": report}))
-                .collect();
-            let output = json!({
-                "trace": trace_info,
-                "access_space_bytes": space.bytes,
-                "access_space_file_bytes": space.file_bytes,
-                "chunk_bytes": chunk_bytes,
-                "burst_buffer": base.burst_buffer,
-                "pfs": base.pfs,
-                "ops_per_second": ops_per_second,
-                "decode_ops_per_second": decode_ops_per_second,
-                "result": results[0].1,
-                "runs": runs,
-            });
-            println!("{}", serde_json::to_string_pretty(&output)?);
-        } else {
-            println!(
-                "trace {name}: {} ops, {} files, access space {} ({} by file extents)",
-                trace.ops.len(),
-                trace.files.len(),
-                format_bytes(space.bytes),
-                format_bytes(space.file_bytes)
-            );
-            for (policy, report) in &results {
-                println!(
-                    "{} {}: capacity {}  io_time {:.6} s  throughput {}/s  hit ratio {:.4} (reads {:.4})  PFS→BB {}  BB→PFS {}  evictions {} (dirty {})  write-back wait {:.6} s  drained at {:.6} s",
-                    policy.name(),
-                    write_back.name(),
-                    format_bytes(capacity_bytes),
-                    report.io_time_seconds,
-                    format_bytes(report.throughput_bytes_per_second as u64),
-                    report.hit_ratio,
-                    report.read_hit_ratio,
-                    format_bytes(report.bytes_pfs_to_bb),
-                    format_bytes(report.bytes_bb_to_pfs),
-                    report.evictions,
-                    report.dirty_evictions,
-                    report.write_back_wait_seconds,
-                    report.drain_complete_seconds
-                );
-            }
-            println!("simulated {:.2} million trace ops/s", ops_per_second / 1e6);
-        }
-        return Ok(());
+/// What every run simulates: the time-ordered trace, the base configuration and the policies.
+struct Simulation<'a> {
+    trace: &'a Trace,
+    name: String,
+    decode_ops_per_second: f64,
+    ops: &'a [TraceOp],
+    base: SimConfig,
+    space: AccessSpace,
+    policies: Vec<PolicyKind>,
+}
+
+impl Simulation<'_> {
+    /// The trace's description in the JSON output.
+    fn trace_info(&self) -> serde_json::Value {
+        json!({
+            "name": self.name,
+            "source": self.trace.meta.source,
+            "executable": self.trace.meta.executable,
+            "synthesized": self.trace.meta.synthesized,
+            "ops": self.trace.ops.len(),
+            "files": self.trace.files.len(),
+        })
     }
 
+    /// Trace ops simulated per second when `runs` runs took `seconds`.
+    fn ops_per_second(&self, runs: usize, seconds: f64) -> f64 {
+        (self.ops.len() * runs) as f64 / seconds.max(1e-9)
+    }
+}
+
+/// One run per policy with `capacity_bytes` of burst buffer, printed as JSON or one line each.
+fn run_single(args: &Args, simulation: &Simulation<'_>, capacity_bytes: u64) -> anyhow::Result<()> {
+    let mut results = Vec::new();
+    let started = Instant::now();
+    for &policy in &simulation.policies {
+        let config = SimConfig { capacity_bytes, policy, ..simulation.base.clone() };
+        let report = simulate(simulation.ops, &config).context("simulator configuration")?;
+        results.push((policy, report));
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let ops_per_second = simulation.ops_per_second(simulation.policies.len(), seconds);
+    if args.json {
+        print_single_json(simulation, capacity_bytes, &results, ops_per_second)
+    } else {
+        print_single_text(simulation, capacity_bytes, &results, ops_per_second);
+        Ok(())
+    }
+}
+
+/// A single run's results as one JSON object (the first policy's also as `result`).
+fn print_single_json(
+    simulation: &Simulation<'_>,
+    capacity_bytes: u64,
+    results: &[(PolicyKind, SimReport)],
+    ops_per_second: f64,
+) -> anyhow::Result<()> {
+    let write_back = simulation.base.write_back;
+    let runs: Vec<_> = results
+        .iter()
+        .map(|(policy, report)| json!({"policy": policy, "write_back": write_back, "capacity_bytes": capacity_bytes, "result": report}))
+        .collect();
+    let output = json!({
+        "trace": simulation.trace_info(),
+        "access_space_bytes": simulation.space.bytes,
+        "access_space_file_bytes": simulation.space.file_bytes,
+        "chunk_bytes": simulation.base.chunk_bytes,
+        "burst_buffer": simulation.base.burst_buffer,
+        "pfs": simulation.base.pfs,
+        "ops_per_second": ops_per_second,
+        "decode_ops_per_second": simulation.decode_ops_per_second,
+        "result": results[0].1,
+        "runs": runs,
+    });
+    println!("{}", serde_json::to_string_pretty(&output)?);
+    Ok(())
+}
+
+/// A single run's results as text: the trace, then one line per policy.
+fn print_single_text(
+    simulation: &Simulation<'_>,
+    capacity_bytes: u64,
+    results: &[(PolicyKind, SimReport)],
+    ops_per_second: f64,
+) {
+    let (trace, space) = (simulation.trace, &simulation.space);
+    println!(
+        "trace {}: {} ops, {} files, access space {} ({} by file extents)",
+        simulation.name,
+        trace.ops.len(),
+        trace.files.len(),
+        format_bytes(space.bytes),
+        format_bytes(space.file_bytes)
+    );
+    for (policy, report) in results {
+        println!(
+            "{} {}: capacity {}  io_time {:.6} s  throughput {}/s  hit ratio {:.4} (reads {:.4})  PFS→BB {}  BB→PFS {}  evictions {} (dirty {})  write-back wait {:.6} s  drained at {:.6} s",
+            policy.name(),
+            simulation.base.write_back.name(),
+            format_bytes(capacity_bytes),
+            report.io_time_seconds,
+            format_bytes(report.throughput_bytes_per_second as u64),
+            report.hit_ratio,
+            report.read_hit_ratio,
+            format_bytes(report.bytes_pfs_to_bb),
+            format_bytes(report.bytes_bb_to_pfs),
+            report.evictions,
+            report.dirty_evictions,
+            report.write_back_wait_seconds,
+            report.drain_complete_seconds
+        );
+    }
+    println!("simulated {:.2} million trace ops/s", ops_per_second / 1e6);
+}
+
+/// A sweep of buffer sizes and what running it took.
+struct SweepOutcome {
+    points: Vec<SweepPoint>,
+    /// Simulator runs behind the points.
+    runs: usize,
+    ops_per_second: f64,
+}
+
+/// Sweeps the buffer size over `--fractions` of the access space, then writes and prints it.
+fn run_sweep(args: &Args, simulation: &Simulation<'_>) -> anyhow::Result<()> {
     let fractions = parse_fractions(&args.fractions)?;
     let started = Instant::now();
-    let (_, points) =
-        sweep(&ops, &base, &policies, &fractions).context("simulator configuration")?;
+    let (_, points) = sweep(simulation.ops, &simulation.base, &simulation.policies, &fractions)
+        .context("simulator configuration")?;
     let seconds = started.elapsed().as_secs_f64();
     // One ideal run per policy plus one per fraction below the ideal.
-    let runs =
-        policies.len() + points.iter().filter(|point| point.capacity_bytes < space.bytes).count();
-    let ops_per_second = (ops.len() * runs) as f64 / seconds.max(1e-9);
+    let runs = simulation.policies.len()
+        + points.iter().filter(|point| point.capacity_bytes < simulation.space.bytes).count();
+    let ops_per_second = simulation.ops_per_second(runs, seconds);
+    let outcome = SweepOutcome { points, runs, ops_per_second };
     if !(args.target_relative > 0.0 && args.target_relative <= 1.0) {
         bail!("--target-relative {} is outside (0, 1]", args.target_relative);
     }
-    let sufficient = smallest_sufficient(&points, args.target_relative);
+    let sufficient = smallest_sufficient(&outcome.points, args.target_relative);
     if let Some(path) = &args.svg {
-        let title = format!("Burst buffer size sweep: {}", trace.meta.executable);
-        std::fs::write(path, sweep_svg(&points, &title))
+        let title = format!("Burst buffer size sweep: {}", simulation.trace.meta.executable);
+        std::fs::write(path, sweep_svg(&outcome.points, &title))
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if args.json {
-        let sweep: Vec<_> = points
-            .iter()
-            .map(|point| {
-                json!({
-                    "policy": point.policy,
-                    "write_back": point.write_back,
-                    "bb_fraction": point.bb_fraction,
-                    "capacity_bytes": point.capacity_bytes,
-                    "relative_throughput": point.relative_throughput,
-                    "result": point.report,
-                })
-            })
-            .collect();
-        let output = json!({
-            "trace": trace_info,
-            "access_space_bytes": space.bytes,
-            "access_space_file_bytes": space.file_bytes,
-            "chunk_bytes": chunk_bytes,
-            "burst_buffer": base.burst_buffer,
-            "pfs": base.pfs,
-            "write_back": write_back,
-            "ops_per_second": ops_per_second,
-            "decode_ops_per_second": decode_ops_per_second,
-            "simulated_runs": runs,
-            "sweep": sweep,
-            "target_relative": args.target_relative,
-            "smallest_sufficient": sufficient.iter().map(|point| json!({
+        print_sweep_json(args, simulation, &outcome, &sufficient)
+    } else {
+        print_sweep_text(args, simulation, &outcome, &sufficient);
+        Ok(())
+    }
+}
+
+/// A sweep as one JSON object: every point and the smallest sufficient buffer per policy.
+fn print_sweep_json(
+    args: &Args,
+    simulation: &Simulation<'_>,
+    outcome: &SweepOutcome,
+    sufficient: &[&SweepPoint],
+) -> anyhow::Result<()> {
+    let sweep: Vec<_> = outcome
+        .points
+        .iter()
+        .map(|point| {
+            json!({
                 "policy": point.policy,
+                "write_back": point.write_back,
                 "bb_fraction": point.bb_fraction,
                 "capacity_bytes": point.capacity_bytes,
                 "relative_throughput": point.relative_throughput,
-            })).collect::<Vec<_>>(),
-        });
-        println!("{}", serde_json::to_string_pretty(&output)?);
-    } else {
+                "result": point.report,
+            })
+        })
+        .collect();
+    let output = json!({
+        "trace": simulation.trace_info(),
+        "access_space_bytes": simulation.space.bytes,
+        "access_space_file_bytes": simulation.space.file_bytes,
+        "chunk_bytes": simulation.base.chunk_bytes,
+        "burst_buffer": simulation.base.burst_buffer,
+        "pfs": simulation.base.pfs,
+        "write_back": simulation.base.write_back,
+        "ops_per_second": outcome.ops_per_second,
+        "decode_ops_per_second": simulation.decode_ops_per_second,
+        "simulated_runs": outcome.runs,
+        "sweep": sweep,
+        "target_relative": args.target_relative,
+        "smallest_sufficient": sufficient.iter().map(|point| json!({
+            "policy": point.policy,
+            "bb_fraction": point.bb_fraction,
+            "capacity_bytes": point.capacity_bytes,
+            "relative_throughput": point.relative_throughput,
+        })).collect::<Vec<_>>(),
+    });
+    println!("{}", serde_json::to_string_pretty(&output)?);
+    Ok(())
+}
+
+/// A sweep as text: the trace, the sweep table and the smallest sufficient buffer per policy.
+fn print_sweep_text(
+    args: &Args,
+    simulation: &Simulation<'_>,
+    outcome: &SweepOutcome,
+    sufficient: &[&SweepPoint],
+) {
+    let (trace, space) = (simulation.trace, &simulation.space);
+    println!(
+        "trace {}: {} ops, {} files, access space {} ({} by file extents); write-back {}",
+        simulation.name,
+        trace.ops.len(),
+        trace.files.len(),
+        format_bytes(space.bytes),
+        format_bytes(space.file_bytes),
+        simulation.base.write_back.name()
+    );
+    print!("{}", sweep_table(&outcome.points));
+    for point in sufficient {
         println!(
-            "trace {name}: {} ops, {} files, access space {} ({} by file extents); write-back {}",
-            trace.ops.len(),
-            trace.files.len(),
-            format_bytes(space.bytes),
-            format_bytes(space.file_bytes),
-            write_back.name()
-        );
-        print!("{}", sweep_table(&points));
-        for point in &sufficient {
-            println!(
-                "{}: {} ({:.0}% of the access space) reaches {:.0}% of the ideal throughput",
-                point.policy.name(),
-                format_bytes(point.capacity_bytes),
-                100.0 * point.bb_fraction,
-                100.0 * args.target_relative
-            );
-        }
-        println!(
-            "simulated {runs} configurations at {:.2} million trace ops/s",
-            ops_per_second / 1e6
+            "{}: {} ({:.0}% of the access space) reaches {:.0}% of the ideal throughput",
+            point.policy.name(),
+            format_bytes(point.capacity_bytes),
+            100.0 * point.bb_fraction,
+            100.0 * args.target_relative
         );
     }
-    Ok(())
+    println!(
+        "simulated {} configurations at {:.2} million trace ops/s",
+        outcome.runs,
+        outcome.ops_per_second / 1e6
+    );
 }
 
 #[cfg(test)]

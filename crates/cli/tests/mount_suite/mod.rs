@@ -179,8 +179,34 @@ type Case = (&'static str, fn(&Path) -> CaseResult);
 
 /// Every conformance case: name and body (run in its own empty directory).
 pub fn cases() -> Vec<Case> {
+    [
+        create_cases(),
+        open_flag_cases(),
+        read_write_cases(),
+        write_pattern_cases(),
+        truncate_cases(),
+        truncate_path_cases(),
+        directory_cases(),
+        unlink_cases(),
+        readdir_cases(),
+        rename_cases(),
+        rename_special_cases(),
+        symlink_cases(),
+        hard_link_cases(),
+        attribute_cases(),
+        attribute_update_cases(),
+        special_file_cases(),
+        statfs_fsync_access_cases(),
+        user_file_permission_cases(),
+        user_directory_permission_cases(),
+        user_privilege_cases(),
+    ]
+    .concat()
+}
+
+/// Creating and opening files, and the errors of create and open.
+fn create_cases() -> Vec<Case> {
     vec![
-        // --- create / open
         ("create_empty_file", |d| {
             let p = d.join("f");
             ok("create", File::create(&p))?;
@@ -228,6 +254,12 @@ pub fn cases() -> Vec<Case> {
                 libc::ENAMETOOLONG,
             )
         }),
+    ]
+}
+
+/// `O_TRUNC`, `O_APPEND` and the mode a file is created with.
+fn open_flag_cases() -> Vec<Case> {
+    vec![
         ("open_trunc_empties", |d| {
             let p = d.join("f");
             write_file(&p, b"hello world")?;
@@ -279,7 +311,12 @@ pub fn cases() -> Vec<Case> {
             drop(f);
             check(read_file(&p)? == b"data", "creator writes through its handle")
         }),
-        // --- read / write
+    ]
+}
+
+/// Writes read back: whole files, a sparse hole, reads at and past the end.
+fn read_write_cases() -> Vec<Case> {
+    vec![
         ("write_read_back", |d| {
             let p = d.join("f");
             let data = bytes(2, 12345);
@@ -315,6 +352,12 @@ pub fn cases() -> Vec<Case> {
             let n = ok("pread across EOF", f.read_at(&mut buf, 1))?;
             check(n == 2 && &buf[..2] == b"bc", "read across EOF is short")
         }),
+    ]
+}
+
+/// Overwrites in place, unaligned chunks, and reads and fstat through the writing handle.
+fn write_pattern_cases() -> Vec<Case> {
+    vec![
         ("overwrite_middle", |d| {
             let p = d.join("f");
             write_file(&p, b"0123456789")?;
@@ -351,7 +394,12 @@ pub fn cases() -> Vec<Case> {
             ok("pwrite", f.write_all_at(b"x", 999))?;
             check(ok("fstat", f.metadata())?.len() == 1000, "fstat size after pwrite")
         }),
-        // --- truncate
+    ]
+}
+
+/// Truncation through a handle: shrink, grow, and writes after either.
+fn truncate_cases() -> Vec<Case> {
+    vec![
         ("truncate_shrink", |d| {
             let p = d.join("f");
             write_file(&p, b"0123456789")?;
@@ -404,6 +452,12 @@ pub fn cases() -> Vec<Case> {
             drop(f);
             check(read_file(&p)? == b"\0\0\0\0\0\0\0\0\0\0Z", "old bytes gone after truncate to 0")
         }),
+    ]
+}
+
+/// `truncate(2)` by path, of a directory and of a file.
+fn truncate_path_cases() -> Vec<Case> {
+    vec![
         ("truncate_path_dir_eisdir", |d| {
             ok("mkdir", fs::create_dir(d.join("sub")))?;
             let p = cstr(&d.join("sub"));
@@ -420,7 +474,12 @@ pub fn cases() -> Vec<Case> {
             ok("truncate(path)", last_error(rc, ()))?;
             check(read_file(&p)? == b"012", "truncate(2) by path")
         }),
-        // --- mkdir / rmdir
+    ]
+}
+
+/// `mkdir` and `rmdir`, their errors, and the link count of a directory.
+fn directory_cases() -> Vec<Case> {
+    vec![
         ("mkdir_stat", |d| {
             ok("mkdir", fs::create_dir(d.join("sub")))?;
             check(ok("stat", fs::metadata(d.join("sub")))?.is_dir(), "is a directory")
@@ -461,7 +520,12 @@ pub fn cases() -> Vec<Case> {
             let n = ok("stat", fs::metadata(d.join("a")))?.nlink();
             check(n == 5, format!("nlink {n}, expected 5"))
         }),
-        // --- unlink
+    ]
+}
+
+/// `unlink`, its errors, and a file that is open or re-created after it.
+fn unlink_cases() -> Vec<Case> {
+    vec![
         ("unlink_removes", |d| {
             let p = d.join("f");
             write_file(&p, b"x")?;
@@ -496,7 +560,12 @@ pub fn cases() -> Vec<Case> {
             write_file(&p, b"new")?;
             check(read_file(&p)? == b"new", "re-created file has only new bytes")
         }),
-        // --- readdir
+    ]
+}
+
+/// `readdir`: many entries, none, after an unlink, entry kinds, and not a directory.
+fn readdir_cases() -> Vec<Case> {
+    vec![
         ("readdir_many_entries", |d| {
             let dir = d.join("many");
             ok("mkdir", fs::create_dir(&dir))?;
@@ -555,7 +624,12 @@ pub fn cases() -> Vec<Case> {
             write_file(&d.join("f"), b"")?;
             expect_errno("opendir file", fs::read_dir(d.join("f")), libc::ENOTDIR)
         }),
-        // --- rename
+    ]
+}
+
+/// `rename` within and across directories, over files and directories.
+fn rename_cases() -> Vec<Case> {
+    vec![
         ("rename_same_dir", |d| {
             write_file(&d.join("a"), b"x")?;
             ok("rename", fs::rename(d.join("a"), d.join("b")))?;
@@ -611,6 +685,12 @@ pub fn cases() -> Vec<Case> {
                 libc::ENOTDIR,
             )
         }),
+    ]
+}
+
+/// `rename` into itself or of a missing name, the `renameat2` flags, hard links, open files.
+fn rename_special_cases() -> Vec<Case> {
+    vec![
         ("rename_into_own_subdir_einval", |d| {
             ok("mkdir", fs::create_dir_all(d.join("a/b")))?;
             expect_errno(
@@ -668,7 +748,12 @@ pub fn cases() -> Vec<Case> {
             drop(f);
             check(read_file(&d.join("b"))? == b"via handle", "writes follow the inode")
         }),
-        // --- symlinks
+    ]
+}
+
+/// Symbolic links: targets, following, dangling links and loops.
+fn symlink_cases() -> Vec<Case> {
+    vec![
         ("symlink_readlink", |d| {
             ok("symlink", std::os::unix::fs::symlink("some/target", d.join("l")))?;
             check(
@@ -710,7 +795,12 @@ pub fn cases() -> Vec<Case> {
             ok("symlink", std::os::unix::fs::symlink("0123456789", d.join("l")))?;
             check(ok("lstat", fs::symlink_metadata(d.join("l")))?.len() == 10, "lstat size")
         }),
-        // --- hard links
+    ]
+}
+
+/// Hard links: a shared inode, the errors of `link`, and unlinking one name.
+fn hard_link_cases() -> Vec<Case> {
+    vec![
         ("link_shares_inode", |d| {
             write_file(&d.join("a"), b"shared")?;
             ok("link", fs::hard_link(d.join("a"), d.join("b")))?;
@@ -744,7 +834,12 @@ pub fn cases() -> Vec<Case> {
         ("link_missing_enoent", |d| {
             expect_errno("link", fs::hard_link(d.join("no"), d.join("l")), libc::ENOENT)
         }),
-        // --- attributes
+    ]
+}
+
+/// `chmod`, `chown` and `utimensat` set what they are given.
+fn attribute_cases() -> Vec<Case> {
+    vec![
         ("chmod_sets_mode", |d| {
             let p = d.join("f");
             write_file(&p, b"")?;
@@ -791,6 +886,12 @@ pub fn cases() -> Vec<Case> {
             let m = ok("stat", fs::metadata(&p))?;
             check((m.mtime() - now).abs() < 60, "mtime is now")
         }),
+    ]
+}
+
+/// The times that writes and `chmod` move, and `chmod` of a missing file.
+fn attribute_update_cases() -> Vec<Case> {
+    vec![
         ("write_updates_mtime", |d| {
             let p = d.join("f");
             write_file(&p, b"a")?;
@@ -819,7 +920,12 @@ pub fn cases() -> Vec<Case> {
                 libc::ENOENT,
             )
         }),
-        // --- special files
+    ]
+}
+
+/// FIFOs, sockets and character devices made with `mkfifo` and `mknod`.
+fn special_file_cases() -> Vec<Case> {
+    vec![
         ("mkfifo", |d| {
             let p = d.join("fifo");
             let c = cstr(&p);
@@ -849,7 +955,12 @@ pub fn cases() -> Vec<Case> {
             write_file(&d.join("f"), b"")?;
             expect_errno("mknod", mknod(&d.join("f"), libc::S_IFIFO | 0o600, 0), libc::EEXIST)
         }),
-        // --- statfs, fsync, access
+    ]
+}
+
+/// `statvfs`, `fsync` and `fdatasync`, `access`, and a path near `PATH_MAX`.
+fn statfs_fsync_access_cases() -> Vec<Case> {
+    vec![
         ("statfs_reports_capacity", |d| {
             let s = ok("statvfs", statvfs(d))?;
             check(
@@ -885,7 +996,12 @@ pub fn cases() -> Vec<Case> {
             write_file(&p, b"deep")?;
             check(read_file(&p)? == b"deep", "deep file")
         }),
-        // --- permissions, as uid 1000
+    ]
+}
+
+/// Permissions on files, checked as uid 1000.
+fn user_file_permission_cases() -> Vec<Case> {
+    vec![
         ("user_create_in_root_dir_eacces", |d| {
             ok("chmod", fs::set_permissions(d, fs::Permissions::from_mode(0o755)))?;
             user_expect(&d.join("f"), "open(p, 'w')", libc::EACCES)
@@ -935,6 +1051,12 @@ pub fn cases() -> Vec<Case> {
             let m = ok("stat", fs::metadata(d.join("mine")))?;
             check(m.uid() == USER_UID && m.gid() == USER_GID, "file owned by the creating user")
         }),
+    ]
+}
+
+/// Sticky, search and read permissions on directories, checked as uid 1000.
+fn user_directory_permission_cases() -> Vec<Case> {
+    vec![
         ("user_sticky_unlink_others_eperm", |d| {
             ok("chmod", fs::set_permissions(d, fs::Permissions::from_mode(0o1777)))?;
             write_file(&d.join("roots"), b"")?;
@@ -965,6 +1087,12 @@ pub fn cases() -> Vec<Case> {
             ok("chmod", fs::set_permissions(d.join("noread"), fs::Permissions::from_mode(0o711)))?;
             user_expect(&d.join("noread"), "os.listdir(p)", libc::EACCES)
         }),
+    ]
+}
+
+/// What only owners, group members or root may do, checked as uid 1000.
+fn user_privilege_cases() -> Vec<Case> {
+    vec![
         ("user_write_clears_suid", |d| {
             let p = d.join("f");
             write_file(&p, b"abc")?;
@@ -1026,10 +1154,173 @@ struct Side {
     handles: Vec<(String, File)>,
 }
 
+/// The names the random operations work on.
+const RANDOM_NAMES: [&str; 6] = ["f0", "f1", "f2", "f3", "sub/f4", "sub/f5"];
+
+/// One operation's result on one side: what it read (empty for the others), or the errno.
+type Outcome = Result<String, i32>;
+
+/// One random step, drawn once and applied to both sides.
+struct Step {
+    /// Which operation, 0..100 (the ranges in `apply_to_path` and `apply_to_handle`).
+    op: i32,
+    name: &'static str,
+    other: &'static str,
+    offset: u64,
+    length: usize,
+    data: Vec<u8>,
+    size: u64,
+    handle_index: usize,
+}
+
+impl Step {
+    /// Draws the next step from `rng`.
+    fn draw(rng: &mut ChaCha8Rng) -> Step {
+        let op = rng.gen_range(0..100);
+        let name = RANDOM_NAMES[rng.gen_range(0..RANDOM_NAMES.len())];
+        let other = RANDOM_NAMES[rng.gen_range(0..RANDOM_NAMES.len())];
+        let offset: u64 =
+            if rng.gen_bool(0.1) { rng.gen_range(0..3 << 20) } else { rng.gen_range(0..200_000) };
+        let length: usize =
+            if rng.gen_bool(0.05) { rng.gen_range(0..2 << 20) } else { rng.gen_range(0..70_000) };
+        let data = bytes(rng.gen(), length);
+        let size: u64 = rng.gen_range(0..250_000);
+        let handle_index: usize = rng.gen();
+        Step { op, name, other, offset, length, data, size, handle_index }
+    }
+
+    /// Applies the step to one side; returns its description and outcome.
+    fn apply(&self, side: &mut Side) -> (String, Outcome) {
+        match self.op {
+            0..=76 => self.apply_to_path(side),
+            _ => self.apply_to_handle(side),
+        }
+    }
+
+    /// The operations on a path: pwrite, truncate, read, rename, unlink, rewrite, append.
+    fn apply_to_path(&self, side: &Side) -> (String, Outcome) {
+        let Step { name, other, offset, length, size, .. } = *self;
+        let path = side.root.join(name);
+        match self.op {
+            0..=24 => (
+                format!("pwrite {name} @{offset} +{length}"),
+                (|| {
+                    let f =
+                        OpenOptions::new().write(true).create(true).truncate(false).open(&path)?;
+                    f.write_all_at(&self.data, offset)
+                })()
+                .map(|_| String::new())
+                .map_err(|e| errno_of(&e)),
+            ),
+            25..=34 => (
+                format!("truncate {name} to {size}"),
+                OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .and_then(|f| f.set_len(size))
+                    .map(|_| String::new())
+                    .map_err(|e| errno_of(&e)),
+            ),
+            35..=44 => (
+                format!("read {name} @{offset} +{length}"),
+                read_range(&path, offset, length).map_err(|e: std::io::Error| errno_of(&e)),
+            ),
+            45..=54 => (
+                format!("rename {name} -> {other}"),
+                fs::rename(&path, side.root.join(other))
+                    .map(|_| String::new())
+                    .map_err(|e| errno_of(&e)),
+            ),
+            55..=62 => (
+                format!("unlink {name}"),
+                fs::remove_file(&path).map(|_| String::new()).map_err(|e| errno_of(&e)),
+            ),
+            63..=69 => (
+                format!("O_TRUNC write {name} +{length}"),
+                fs::write(&path, &self.data).map(|_| String::new()).map_err(|e| errno_of(&e)),
+            ),
+            _ => (
+                format!("append {name} +{length}"),
+                OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .open(&path)
+                    .and_then(|mut f| f.write_all(&self.data))
+                    .map(|_| String::new())
+                    .map_err(|e| errno_of(&e)),
+            ),
+        }
+    }
+
+    /// The operations on open handles: open one (keeping the last four), pwrite, ftruncate.
+    fn apply_to_handle(&self, side: &mut Side) -> (String, Outcome) {
+        let Step { name, offset, length, size, handle_index, .. } = *self;
+        match self.op {
+            77..=84 => (
+                format!("open handle on {name}"),
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(side.root.join(name))
+                    .map(|f| {
+                        side.handles.push((name.to_string(), f));
+                        if side.handles.len() > 4 {
+                            side.handles.remove(0);
+                        }
+                        String::new()
+                    })
+                    .map_err(|e| errno_of(&e)),
+            ),
+            85..=94 => {
+                if side.handles.is_empty() {
+                    ("no handle".to_string(), Ok(String::new()))
+                } else {
+                    let i = handle_index % side.handles.len();
+                    let (hname, f) = &side.handles[i];
+                    (
+                        format!("pwrite via handle {i} ({hname}) @{offset} +{length}"),
+                        f.write_all_at(&self.data, offset)
+                            .map(|_| String::new())
+                            .map_err(|e| errno_of(&e)),
+                    )
+                }
+            }
+            _ => {
+                if side.handles.is_empty() {
+                    ("no handle".to_string(), Ok(String::new()))
+                } else {
+                    let i = handle_index % side.handles.len();
+                    let (hname, f) = &side.handles[i];
+                    (
+                        format!("ftruncate handle {i} ({hname}) to {size}"),
+                        f.set_len(size).map(|_| String::new()).map_err(|e| errno_of(&e)),
+                    )
+                }
+            }
+        }
+    }
+}
+
+/// Reads `length` bytes at `offset` (fewer at the end of the file); describes them by size and CRC.
+fn read_range(path: &Path, offset: u64, length: usize) -> std::io::Result<String> {
+    let f = File::open(path)?;
+    let mut buf = vec![0u8; length];
+    let mut done = 0;
+    loop {
+        let n = f.read_at(&mut buf[done..], offset + done as u64)?;
+        if n == 0 || done + n == length {
+            done += n;
+            break;
+        }
+        done += n;
+    }
+    buf.truncate(done);
+    Ok(format!("{} bytes crc {:08x}", done, crc(&buf)))
+}
+
 /// Random operations on `a` and `b` side by side; after every step the touched files and the
 /// directory listing must agree. Returns the number of steps run.
 pub fn random_ops(a: &Path, b: &Path, seed: u64, steps: usize) -> Result<usize, String> {
-    const NAMES: [&str; 6] = ["f0", "f1", "f2", "f3", "sub/f4", "sub/f5"];
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut sides = [
         Side { root: a.to_path_buf(), handles: Vec::new() },
@@ -1039,128 +1330,11 @@ pub fn random_ops(a: &Path, b: &Path, seed: u64, steps: usize) -> Result<usize, 
         fs::create_dir_all(side.root.join("sub")).map_err(|e| e.to_string())?;
     }
     for step in 0..steps {
-        let op = rng.gen_range(0..100);
-        let name = NAMES[rng.gen_range(0..NAMES.len())];
-        let other = NAMES[rng.gen_range(0..NAMES.len())];
-        let offset: u64 =
-            if rng.gen_bool(0.1) { rng.gen_range(0..3 << 20) } else { rng.gen_range(0..200_000) };
-        let length: usize =
-            if rng.gen_bool(0.05) { rng.gen_range(0..2 << 20) } else { rng.gen_range(0..70_000) };
-        let data = bytes(rng.gen(), length);
-        let size: u64 = rng.gen_range(0..250_000);
-        let handle_index: usize = rng.gen();
+        let drawn = Step::draw(&mut rng);
         let mut description = String::new();
         let mut outcomes = Vec::new();
         for side in &mut sides {
-            let path = side.root.join(name);
-            let (text, outcome): (String, Result<String, i32>) = match op {
-                0..=24 => (
-                    format!("pwrite {name} @{offset} +{length}"),
-                    (|| {
-                        let f = OpenOptions::new()
-                            .write(true)
-                            .create(true)
-                            .truncate(false)
-                            .open(&path)?;
-                        f.write_all_at(&data, offset)
-                    })()
-                    .map(|_| String::new())
-                    .map_err(|e| errno_of(&e)),
-                ),
-                25..=34 => (
-                    format!("truncate {name} to {size}"),
-                    OpenOptions::new()
-                        .write(true)
-                        .open(&path)
-                        .and_then(|f| f.set_len(size))
-                        .map(|_| String::new())
-                        .map_err(|e| errno_of(&e)),
-                ),
-                35..=44 => (
-                    format!("read {name} @{offset} +{length}"),
-                    (|| {
-                        let f = File::open(&path)?;
-                        let mut buf = vec![0u8; length];
-                        let mut done = 0;
-                        loop {
-                            let n = f.read_at(&mut buf[done..], offset + done as u64)?;
-                            if n == 0 || done + n == length {
-                                done += n;
-                                break;
-                            }
-                            done += n;
-                        }
-                        buf.truncate(done);
-                        Ok(format!("{} bytes crc {:08x}", done, crc(&buf)))
-                    })()
-                    .map_err(|e: std::io::Error| errno_of(&e)),
-                ),
-                45..=54 => (
-                    format!("rename {name} -> {other}"),
-                    fs::rename(&path, side.root.join(other))
-                        .map(|_| String::new())
-                        .map_err(|e| errno_of(&e)),
-                ),
-                55..=62 => (
-                    format!("unlink {name}"),
-                    fs::remove_file(&path).map(|_| String::new()).map_err(|e| errno_of(&e)),
-                ),
-                63..=69 => (
-                    format!("O_TRUNC write {name} +{length}"),
-                    fs::write(&path, &data).map(|_| String::new()).map_err(|e| errno_of(&e)),
-                ),
-                70..=76 => (
-                    format!("append {name} +{length}"),
-                    OpenOptions::new()
-                        .append(true)
-                        .create(true)
-                        .open(&path)
-                        .and_then(|mut f| f.write_all(&data))
-                        .map(|_| String::new())
-                        .map_err(|e| errno_of(&e)),
-                ),
-                77..=84 => (
-                    format!("open handle on {name}"),
-                    OpenOptions::new()
-                        .read(true)
-                        .write(true)
-                        .open(&path)
-                        .map(|f| {
-                            side.handles.push((name.to_string(), f));
-                            if side.handles.len() > 4 {
-                                side.handles.remove(0);
-                            }
-                            String::new()
-                        })
-                        .map_err(|e| errno_of(&e)),
-                ),
-                85..=94 => {
-                    if side.handles.is_empty() {
-                        ("no handle".to_string(), Ok(String::new()))
-                    } else {
-                        let i = handle_index % side.handles.len();
-                        let (hname, f) = &side.handles[i];
-                        (
-                            format!("pwrite via handle {i} ({hname}) @{offset} +{length}"),
-                            f.write_all_at(&data, offset)
-                                .map(|_| String::new())
-                                .map_err(|e| errno_of(&e)),
-                        )
-                    }
-                }
-                _ => {
-                    if side.handles.is_empty() {
-                        ("no handle".to_string(), Ok(String::new()))
-                    } else {
-                        let i = handle_index % side.handles.len();
-                        let (hname, f) = &side.handles[i];
-                        (
-                            format!("ftruncate handle {i} ({hname}) to {size}"),
-                            f.set_len(size).map(|_| String::new()).map_err(|e| errno_of(&e)),
-                        )
-                    }
-                }
-            };
+            let (text, outcome) = drawn.apply(side);
             description = text;
             outcomes.push(outcome);
         }
@@ -1171,52 +1345,62 @@ pub fn random_ops(a: &Path, b: &Path, seed: u64, steps: usize) -> Result<usize, 
             ));
         }
         // Compare the touched names and the listing after every step; everything every 50.
-        let compare: Vec<&str> = if step % 50 == 49 { NAMES.to_vec() } else { vec![name, other] };
-        for n in compare {
-            let x = fs::read(sides[0].root.join(n)).map_err(|e| errno_of(&e));
-            let y = fs::read(sides[1].root.join(n)).map_err(|e| errno_of(&e));
-            if x != y {
-                let describe = |r: &Result<Vec<u8>, i32>| match r {
-                    Ok(v) => format!("{} bytes crc {:08x}", v.len(), crc(v)),
-                    Err(e) => format!("errno {e}"),
-                };
-                let first_diff = match (&x, &y) {
-                    (Ok(x), Ok(y)) => x
-                        .iter()
-                        .zip(y.iter())
-                        .position(|(p, q)| p != q)
-                        .map(|p| format!(", first difference at byte {p}"))
-                        .unwrap_or_default(),
-                    _ => String::new(),
-                };
-                return Err(format!(
-                    "seed {seed} step {step} ({description}): {n} differs: {} vs {}{first_diff}",
-                    describe(&x),
-                    describe(&y)
-                ));
-            }
-        }
-        let list = |root: &Path| -> Vec<String> {
-            let mut names: Vec<String> = ["", "sub"]
-                .iter()
-                .flat_map(|d| {
-                    fs::read_dir(root.join(d))
-                        .into_iter()
-                        .flatten()
-                        .map(move |e| format!("{d}/{}", e.unwrap().file_name().to_string_lossy()))
-                })
-                .collect();
-            names.sort();
-            names
-        };
-        let (la, lb) = (list(&sides[0].root), list(&sides[1].root));
-        if la != lb {
-            return Err(format!(
-                "seed {seed} step {step} ({description}): listings differ: {la:?} vs {lb:?}"
-            ));
-        }
+        let compare: Vec<&str> =
+            if step % 50 == 49 { RANDOM_NAMES.to_vec() } else { vec![drawn.name, drawn.other] };
+        compare_files(&sides[0].root, &sides[1].root, &compare)
+            .and_then(|()| compare_listings(&sides[0].root, &sides[1].root))
+            .map_err(|difference| {
+                format!("seed {seed} step {step} ({description}): {difference}")
+            })?;
     }
     Ok(steps)
+}
+
+/// Checks that the files `names` read the same (or fail with the same errno) under `a` and `b`.
+fn compare_files(a: &Path, b: &Path, names: &[&str]) -> Result<(), String> {
+    for n in names {
+        let x = fs::read(a.join(n)).map_err(|e| errno_of(&e));
+        let y = fs::read(b.join(n)).map_err(|e| errno_of(&e));
+        if x != y {
+            let describe = |r: &Result<Vec<u8>, i32>| match r {
+                Ok(v) => format!("{} bytes crc {:08x}", v.len(), crc(v)),
+                Err(e) => format!("errno {e}"),
+            };
+            let first_diff = match (&x, &y) {
+                (Ok(x), Ok(y)) => x
+                    .iter()
+                    .zip(y.iter())
+                    .position(|(p, q)| p != q)
+                    .map(|p| format!(", first difference at byte {p}"))
+                    .unwrap_or_default(),
+                _ => String::new(),
+            };
+            return Err(format!("{n} differs: {} vs {}{first_diff}", describe(&x), describe(&y)));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that `a` and `b` list the same names in their root and `sub` directories.
+fn compare_listings(a: &Path, b: &Path) -> Result<(), String> {
+    let list = |root: &Path| -> Vec<String> {
+        let mut names: Vec<String> = ["", "sub"]
+            .iter()
+            .flat_map(|d| {
+                fs::read_dir(root.join(d))
+                    .into_iter()
+                    .flatten()
+                    .map(move |e| format!("{d}/{}", e.unwrap().file_name().to_string_lossy()))
+            })
+            .collect();
+        names.sort();
+        names
+    };
+    let (la, lb) = (list(a), list(b));
+    if la != lb {
+        return Err(format!("listings differ: {la:?} vs {lb:?}"));
+    }
+    Ok(())
 }
 
 fn crc(data: &[u8]) -> u32 {
@@ -1256,9 +1440,17 @@ pub fn make_tree(dir: &Path) -> Result<(), String> {
 pub fn tools(root: &Path, scratch: &Path) -> Result<(), String> {
     let source = scratch.join("tree");
     make_tree(&source)?;
+    copy_and_tar(root, &source)?;
+    dd_round_trip_and_patch(root, scratch)?;
+    sqlite_with_rollback_journal(root)?;
+    git_commit_and_fsck(root, scratch, &source)
+}
+
+/// `cp -r`, `tar` create and extract on the file system under test, each compared with `diff -r`.
+fn copy_and_tar(root: &Path, source: &Path) -> Result<(), String> {
     // cp -r and diff -r
-    run(Command::new("cp").arg("-r").arg(&source).arg(root.join("copy")))?;
-    run(Command::new("diff").arg("-r").arg(&source).arg(root.join("copy")))?;
+    run(Command::new("cp").arg("-r").arg(source).arg(root.join("copy")))?;
+    run(Command::new("diff").arg("-r").arg(source).arg(root.join("copy")))?;
     // tar create on the mount, extract on the mount, compare
     run(Command::new("tar").arg("-C").arg(root).arg("-cf").arg(root.join("tree.tar")).arg("copy"))?;
     fs::create_dir(root.join("untar")).map_err(|e| e.to_string())?;
@@ -1267,7 +1459,12 @@ pub fn tools(root: &Path, scratch: &Path) -> Result<(), String> {
         .arg(root.join("untar"))
         .arg("-xf")
         .arg(root.join("tree.tar")))?;
-    run(Command::new("diff").arg("-r").arg(&source).arg(root.join("untar/copy")))?;
+    run(Command::new("diff").arg("-r").arg(source).arg(root.join("untar/copy")))?;
+    Ok(())
+}
+
+/// `dd` in and out in different block sizes, then a patch in the middle without truncating.
+fn dd_round_trip_and_patch(root: &Path, scratch: &Path) -> Result<(), String> {
     // dd: 8 MiB in 1 MiB blocks with fsync, then read back with dd into the scratch dir
     fs::write(scratch.join("dd.in"), bytes(5, 8 << 20)).map_err(|e| e.to_string())?;
     run(Command::new("dd")
@@ -1287,8 +1484,11 @@ pub fn tools(root: &Path, scratch: &Path) -> Result<(), String> {
     let patched = fs::read(root.join("dd.out")).map_err(|e| e.to_string())?;
     let mut want = bytes(5, 8 << 20);
     want[400 * 1024..404 * 1024].fill(0);
-    check(patched == want, "dd conv=notrunc patch")?;
-    // Python sqlite3 with its rollback journal
+    check(patched == want, "dd conv=notrunc patch")
+}
+
+/// Python's sqlite3 with its rollback journal: inserts, deletes, a rolled-back transaction.
+fn sqlite_with_rollback_journal(root: &Path) -> Result<(), String> {
     let program = r#"
 import sqlite3, sys, os
 path = sys.argv[1]
@@ -1315,10 +1515,13 @@ assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 print(count)
 "#;
     let out = run(Command::new("python3").arg("-c").arg(program).arg(root.join("test.db")))?;
-    check(out.trim() == "1334", format!("sqlite printed {out:?}"))?;
-    // git init, add, commit, then verify with fsck and a clean status
+    check(out.trim() == "1334", format!("sqlite printed {out:?}"))
+}
+
+/// git init, add, commit, then verify with fsck, a clean status and the log of both commits.
+fn git_commit_and_fsck(root: &Path, scratch: &Path, source: &Path) -> Result<(), String> {
     let repo = root.join("repo");
-    run(Command::new("cp").arg("-r").arg(&source).arg(&repo))?;
+    run(Command::new("cp").arg("-r").arg(source).arg(&repo))?;
     let git = |args: &[&str]| {
         let mut c = Command::new("git");
         c.arg("-C")
