@@ -8,6 +8,7 @@ mod common;
 use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use spillway_config::StoreKnobs;
 use spillway_store::{CrashPlan, Durability, EpochPhase, SimStorage, Storage, Store};
 use spillway_types::{EpochId, FileId, StreamKey};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,6 +21,11 @@ const RECORD_BYTES: usize = 6_000;
 /// Record `r` of file `f` of epoch `e` has its own seed and its own range of the file.
 fn record_seed(epoch: u64, file: u64, record: u64) -> u64 {
     (epoch << 32) ^ (file << 16) ^ record
+}
+
+/// The store over `storage` (a fresh directory or a crash image), recovered.
+fn open(knobs: &StoreKnobs, storage: &Arc<SimStorage>) -> Store {
+    Store::open_with(knobs, storage.clone() as Arc<dyn Storage>).unwrap()
 }
 
 fn records_per_epoch(epoch: u64) -> u64 {
@@ -199,7 +205,7 @@ fn check_recovered(store: &Store, crash: &Crash, seed: u64, round: u32) {
 fn torn_tail_is_cut_and_reported() {
     let knobs = common::small_knobs();
     let storage = SimStorage::new();
-    let store = Store::open_with(&knobs, storage.clone() as Arc<dyn Storage>).unwrap();
+    let store = open(&knobs, &storage);
     write_epoch(&store, 1);
     store.commit(EpochId(1), Durability::Ssd).unwrap();
     // An uncommitted epoch spilled but never synced, torn in the middle of its last write.
@@ -211,7 +217,7 @@ fn torn_tail_is_cut_and_reported() {
     let image =
         storage.crash_image(CrashPlan { torn_write_bytes: Some(100), keep_older_unsynced: true });
     drop(store);
-    let store = Store::open_with(&knobs, image as Arc<dyn Storage>).unwrap();
+    let store = open(&knobs, &image);
     verify_committed(&store, 1, 0);
     verify_committed(&store, 2, 0);
     let phases: Vec<_> =
@@ -244,7 +250,7 @@ fn segment_ids(storage: &Arc<SimStorage>) -> Vec<u64> {
 fn segment_ids_named_by_commit_records_are_not_reused_after_a_restart() {
     let knobs = common::small_knobs();
     let storage = SimStorage::new();
-    let store = Store::open_with(&knobs, storage.clone() as Arc<dyn Storage>).unwrap();
+    let store = open(&knobs, &storage);
     write_epoch(&store, 1);
     store.commit(EpochId(1), Durability::Ssd).unwrap();
     write_epoch(&store, 2);
@@ -263,7 +269,7 @@ fn segment_ids_named_by_commit_records_are_not_reused_after_a_restart() {
         storage.crash_image(CrashPlan { torn_write_bytes: None, keep_older_unsynced: true });
     drop(store);
 
-    let store = Store::open_with(&knobs, image.clone() as Arc<dyn Storage>).unwrap();
+    let store = open(&knobs, &image);
     write_epoch(&store, 3);
     store.sync().unwrap();
     let created: Vec<u64> =
@@ -278,7 +284,7 @@ fn segment_ids_named_by_commit_records_are_not_reused_after_a_restart() {
     let torn =
         image.crash_image(CrashPlan { torn_write_bytes: Some(100), keep_older_unsynced: true });
     drop(store);
-    let store = Store::open_with(&knobs, torn as Arc<dyn Storage>).unwrap();
+    let store = open(&knobs, &torn);
     verify_committed(&store, 1, 0);
     store.check_invariants();
 }
