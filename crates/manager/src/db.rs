@@ -6,8 +6,13 @@
 //! foreign keys are enforced. The schema is versioned with `PRAGMA user_version`; [`Db::open`]
 //! creates or migrates it and refuses a database newer than this binary. Only this module writes
 //! SQL; the schema is documented in docs/design/manager.md.
+//!
+//! The database holds every user's reservations, so it is private to the manager: the file (and
+//! SQLite's `-wal` and `-shm` beside it, which SQLite creates with the database file's mode) is
+//! created `0600`, and an existing one with broader bits is narrowed when opened.
 
-use std::path::Path;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
@@ -15,6 +20,12 @@ use crate::model::{Access, Reservation, ReservationState};
 
 /// The schema this binary writes.
 pub const SCHEMA_VERSION: i64 = 1;
+
+/// Permission bits of the database file and its `-wal`/`-shm` companions.
+pub const DATABASE_FILE_MODE: u32 = 0o600;
+
+/// Permission bits of a database directory the manager creates.
+const DATABASE_DIRECTORY_MODE: u32 = 0o700;
 
 const SCHEMA_V1: &str = "
 CREATE TABLE pools (
@@ -85,6 +96,8 @@ pub enum OpenError {
     Sqlite { path: String, source: rusqlite::Error },
     #[error("database {path} has schema version {found}, newer than this binary's {supported}")]
     TooNew { path: String, found: i64, supported: i64 },
+    #[error("cannot make database file {path} private (mode {mode:o}): {source}")]
+    Mode { path: String, mode: u32, source: std::io::Error },
 }
 
 /// The open database.
@@ -93,13 +106,20 @@ pub struct Db {
 }
 
 impl Db {
-    /// Opens (creating or migrating) the database at `path`; `:memory:` for tests.
+    /// Opens (creating or migrating) the database at `path`; `:memory:` for tests. The file and
+    /// its `-wal`/`-shm` are made [`DATABASE_FILE_MODE`] before SQLite opens them.
     pub fn open(path: &Path) -> Result<Db, OpenError> {
         let name = path.display().to_string();
         let sqlite = |source| OpenError::Sqlite { path: name.clone(), source };
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent)
-                .map_err(|source| OpenError::Directory { path: name.clone(), source })?;
+        if path != Path::new(":memory:") {
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(DATABASE_DIRECTORY_MODE)
+                    .create(parent)
+                    .map_err(|source| OpenError::Directory { path: name.clone(), source })?;
+            }
+            make_private(path)?;
         }
         let mut conn = Connection::open(path).map_err(sqlite)?;
         conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(sqlite)?;
@@ -123,6 +143,36 @@ impl Db {
         }
         Ok(Db { conn })
     }
+}
+
+/// Creates the database file with [`DATABASE_FILE_MODE`] if missing, and narrows the mode of an
+/// existing one and of its `-wal`/`-shm` (SQLite gives those the database file's mode when it
+/// creates them, so a private database file keeps them private too).
+fn make_private(path: &Path) -> Result<(), OpenError> {
+    let mode_error = |path: &Path, source| OpenError::Mode {
+        path: path.display().to_string(),
+        mode: DATABASE_FILE_MODE,
+        source,
+    };
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(DATABASE_FILE_MODE)
+        .open(path)
+        .map_err(|source| mode_error(path, source))?;
+    for suffix in ["", "-wal", "-shm"] {
+        let file = PathBuf::from(format!("{}{suffix}", path.display()));
+        let metadata = match std::fs::metadata(&file) {
+            Ok(metadata) => metadata,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(source) => return Err(mode_error(&file, source)),
+        };
+        if metadata.permissions().mode() & 0o777 != DATABASE_FILE_MODE {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(DATABASE_FILE_MODE))
+                .map_err(|source| mode_error(&file, source))?;
+        }
+    }
+    Ok(())
 }
 
 /// A pool row.
@@ -468,4 +518,33 @@ pub fn set_quota(tx: &Transaction<'_>, uid: u32, bytes: u64) -> rusqlite::Result
         params![uid as i64, bytes as i64],
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn the_database_and_its_wal_and_shm_are_private() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state/manager.db");
+        let mut db = Db::open(&path).unwrap();
+        let tx = db.conn.transaction().unwrap();
+        set_quota(&tx, 1000, 1).unwrap();
+        tx.commit().unwrap();
+        for suffix in ["", "-wal", "-shm"] {
+            let file = PathBuf::from(format!("{}{suffix}", path.display()));
+            assert_eq!(mode(&file), DATABASE_FILE_MODE, "{}", file.display());
+        }
+        assert_eq!(mode(path.parent().unwrap()), DATABASE_DIRECTORY_MODE);
+        drop(db);
+        // An existing database with broader bits is narrowed when opened.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        Db::open(&path).unwrap();
+        assert_eq!(mode(&path), DATABASE_FILE_MODE);
+    }
 }

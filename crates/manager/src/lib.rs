@@ -30,6 +30,11 @@ pub use identity::Caller;
 pub use model::*;
 pub use service::{Clock, Manager, SystemClock};
 
+/// Permission bits of a socket directory the manager creates: anyone may reach the socket
+/// (whose own mode is `manager.socket_mode`, `0666` by default: identity comes from
+/// `SO_PEERCRED`, not from who may connect).
+const SOCKET_DIRECTORY_MODE: u32 = 0o755;
+
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -66,10 +71,24 @@ pub fn run_daemon(
     if !knobs.socket_path.is_empty() {
         let path = PathBuf::from(&knobs.socket_path);
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|source| DaemonError::SocketDirectory {
-                path: parent.to_path_buf(),
-                source,
-            })?;
+            // A directory the manager creates lets everyone reach the socket, whatever the
+            // umask (DirBuilder's mode is narrowed by it, so the bits are set afterwards).
+            let created = !parent.exists();
+            use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+            let directory_error =
+                |source| DaemonError::SocketDirectory { path: parent.to_path_buf(), source };
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(SOCKET_DIRECTORY_MODE)
+                .create(parent)
+                .map_err(directory_error)?;
+            if created {
+                std::fs::set_permissions(
+                    parent,
+                    std::fs::Permissions::from_mode(SOCKET_DIRECTORY_MODE),
+                )
+                .map_err(directory_error)?;
+            }
         }
         let listener = spillway_proto::transport::bind(&Endpoint::Unix(path.clone()), false)?;
         use std::os::unix::fs::PermissionsExt;
