@@ -8,16 +8,19 @@
 //! the binary is a parameter (tests pass `env!("CARGO_BIN_EXE_spillway")`, the demo and the
 //! benchmarks `std::env::current_exe()`). [`Reaped`] owns any other child (a load generator,
 //! memcached). [`pattern`] and [`same_bytes`] are the shared data generator and comparison.
+//! [`TestUser`] is an unprivileged account the security tests create and act as.
 
 #![forbid(unsafe_code)]
 
 mod child;
 mod data;
 mod server;
+mod users;
 
 pub use child::Reaped;
 pub use data::{pattern, same_bytes};
 pub use server::{ServerBuilder, ServerError, ServerProcess, READY_TIMEOUT_DEFAULT};
+pub use users::{TestUser, UserError};
 
 use spillway_proto::Endpoint;
 
