@@ -222,6 +222,9 @@ function slurm_bb_job_teardown(job_id, job_script, hurry, ...)
 	return hook("teardown", job_id, words, true)
 end
 
+-- `scontrol show bbstat WORDS`: 22.05 passes the words; 23.02 and later pass the asking user's
+-- uid and gid first. `spillway bb status` tells them apart by Slurm's version (never by the
+-- words, which the user types) and asks the manager as that user, or for capacity only.
 function slurm_bb_get_status(...)
 	local words = { "status" }
 	for _, word in ipairs({ ... }) do

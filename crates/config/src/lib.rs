@@ -14,7 +14,7 @@ pub mod server;
 pub mod store;
 
 pub use drain::DrainKnobs;
-pub use manager::{ManagerKnobs, StreamKeyKind};
+pub use manager::{JobOwnerCheck, ManagerKnobs, StreamKeyKind};
 pub use server::ServerKnobs;
 pub use store::StoreKnobs;
 

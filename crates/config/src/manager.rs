@@ -16,6 +16,18 @@ pub enum StreamKeyKind {
     Job,
 }
 
+/// How the manager checks that a non-root caller reserving for a Slurm job owns that job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobOwnerCheck {
+    /// Ask Slurm (`scontrol -o show job N`) who owns the job; refuse when Slurm cannot say.
+    Slurm,
+    /// Do not check (sites without Slurm); the Slurm setup hook still refuses a `job-N`
+    /// reservation that another user holds.
+    #[serde(rename = "none")]
+    Unchecked,
+}
+
 knobs! {
     /// The manager: pools, servers, reservations.
     section "manager";
@@ -54,8 +66,14 @@ knobs! {
         connections_max: u32 = 64, unit = "connections";
         /// Largest API request (headers plus body).
         request_bytes_max: u64 = 64 * 1024, unit = "bytes";
-        /// How long the API waits for a request to arrive in full.
+        /// API connections one non-root uid may hold at once; more get 503 (busy), so no user can take them all.
+        connections_per_uid_max: u32 = 16, unit = "connections";
+        /// How long one API connection may take to send its whole request (slower: 408), and again to take the reply.
         request_timeout_ms: u64 = 10_000, unit = "milliseconds";
+        /// How a caller other than root and the admin group reserving for a Slurm job is checked to own it: "slurm" asks scontrol (needs it on the manager's PATH; without an answer the request is refused), "none" trusts it (sites without Slurm).
+        job_owner_check: JobOwnerCheck = JobOwnerCheck::Slurm, unit = "slurm|none";
+        /// How long the manager waits for `scontrol -o show job` to say who owns a job; no answer refuses the request.
+        job_owner_timeout_ms: u64 = 5_000, unit = "milliseconds";
     }
 }
 
@@ -110,7 +128,9 @@ impl ManagerKnobs {
             ("heartbeat_misses_max", self.heartbeat_misses_max as u64),
             ("streams_max", self.streams_max as u64),
             ("connections_max", self.connections_max as u64),
+            ("connections_per_uid_max", self.connections_per_uid_max as u64),
             ("request_timeout_ms", self.request_timeout_ms),
+            ("job_owner_timeout_ms", self.job_owner_timeout_ms),
         ];
         for (name, value) in positive {
             if value == 0 {

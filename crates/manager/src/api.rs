@@ -4,9 +4,16 @@
 //! in and out. The manager identifies the caller from the socket, so nothing about identity is
 //! sent. Error replies become [`ApiClientError::Api`] carrying the manager's message, which
 //! already names the problem (and is what the CLI prints).
+//!
+//! A busy manager answers `503` with `Retry-After` (kind `busy`) before reading the request, so
+//! any request is safe to send again: the client waits as asked and retries, for at most
+//! [`BUSY_RETRY_BUDGET`] in all. The reply is read up to its `Content-Length`, and a reply that
+//! arrived in full counts even if sending the request failed (a refused connection may be shut
+//! before the request was written).
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -19,6 +26,13 @@ pub const DEFAULT_MANAGER_SOCKET: &str = "/run/spillway/manager.sock";
 
 /// Largest reply the client accepts.
 const REPLY_BYTES_MAX: usize = 64 << 20;
+
+/// How long in all a call keeps retrying while the manager answers busy (503, `busy`).
+pub const BUSY_RETRY_BUDGET: Duration = Duration::from_secs(60);
+
+/// The shortest and the longest wait between two tries, whatever `Retry-After` says.
+const BUSY_RETRY_WAIT_MIN: Duration = Duration::from_millis(100);
+const BUSY_RETRY_WAIT_MAX: Duration = Duration::from_secs(5);
 
 /// Why an API call failed.
 #[derive(Debug, thiserror::Error)]
@@ -102,66 +116,150 @@ impl ApiClient {
         self.call("PUT", path, Some(serde_json::to_vec(body).expect("API types serialize")))
     }
 
+    /// One call, retried while the manager answers busy, for at most [`BUSY_RETRY_BUDGET`].
     fn call<T: DeserializeOwned>(
         &self,
         method: &str,
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<T, ApiClientError> {
+        let body = body.unwrap_or_default();
+        let give_up = Instant::now() + BUSY_RETRY_BUDGET;
+        loop {
+            let reply = self.exchange(method, path, &body)?;
+            if reply.status == 503 && Instant::now() < give_up {
+                if let Ok(error) = serde_json::from_slice::<ErrorBody>(&reply.body) {
+                    if error.kind == "busy" {
+                        let wait = reply.retry_after.unwrap_or(BUSY_RETRY_WAIT_MAX);
+                        let left = give_up.saturating_duration_since(Instant::now());
+                        let wait = wait.clamp(BUSY_RETRY_WAIT_MIN, BUSY_RETRY_WAIT_MAX);
+                        std::thread::sleep(wait.min(left));
+                        continue;
+                    }
+                }
+            }
+            return self.decode(method, path, reply);
+        }
+    }
+
+    /// Sends one request on a new connection and reads its reply.
+    fn exchange(&self, method: &str, path: &str, body: &[u8]) -> Result<Reply, ApiClientError> {
         let endpoint = &self.endpoint;
         let io = |source| ApiClientError::Io { endpoint: endpoint.clone(), source };
-        let bad = |reason: String| ApiClientError::BadReply { endpoint: endpoint.clone(), reason };
         let mut connection = spillway_proto::transport::connect(endpoint)
             .map_err(|source| ApiClientError::Connect { endpoint: endpoint.clone(), source })?;
-        let body = body.unwrap_or_default();
         let head = format!(
             "{method} {path} HTTP/1.1\r\nHost: spillway-manager\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
             body.len()
         );
-        connection.write_all(head.as_bytes()).map_err(io)?;
-        connection.write_all(&body).map_err(io)?;
-        connection.flush().map_err(io)?;
-        let mut reply = Vec::new();
-        let mut chunk = [0u8; 16 * 1024];
-        loop {
-            match connection.read(&mut chunk) {
-                Ok(0) => break,
-                Ok(n) => {
-                    reply.extend_from_slice(&chunk[..n]);
-                    if reply.len() > REPLY_BYTES_MAX {
-                        return Err(bad(format!("reply larger than {REPLY_BYTES_MAX} bytes")));
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(io(e)),
+        let sent = connection
+            .write_all(head.as_bytes())
+            .and_then(|()| connection.write_all(body))
+            .and_then(|()| connection.flush());
+        // A refused connection may be shut before the request is written: its reply still counts.
+        match (read_reply(connection.as_mut()), sent) {
+            (Ok(ReplyRead::Complete(reply)), _) => Ok(reply),
+            (_, Err(error)) => Err(io(error)),
+            (Ok(ReplyRead::Partial(bytes)), Ok(())) => self.parse_partial(bytes),
+            (Err(error), Ok(())) => Err(io(error)),
+        }
+    }
+
+    /// A reply that ended without `Content-Length` bytes of body: malformed.
+    fn parse_partial(&self, bytes: Vec<u8>) -> Result<Reply, ApiClientError> {
+        let reason = if bytes.len() > REPLY_BYTES_MAX {
+            format!("reply larger than {REPLY_BYTES_MAX} bytes")
+        } else if parse_head(&bytes).is_some() {
+            "the connection closed before the end of the reply".to_string()
+        } else {
+            format!("no complete reply head (with Content-Length) in {} bytes", bytes.len())
+        };
+        Err(ApiClientError::BadReply { endpoint: self.endpoint.clone(), reason })
+    }
+
+    /// The value of a 2xx reply, or the manager's error.
+    fn decode<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        reply: Reply,
+    ) -> Result<T, ApiClientError> {
+        let Reply { status, body, .. } = reply;
+        if (200..300).contains(&status) {
+            return serde_json::from_slice(&body).map_err(|e| ApiClientError::BadReply {
+                endpoint: self.endpoint.clone(),
+                reason: format!("{method} {path}: {e}"),
+            });
+        }
+        match serde_json::from_slice::<ErrorBody>(&body) {
+            Ok(error) => {
+                Err(ApiClientError::Api { status, kind: error.kind, message: error.error })
+            }
+            Err(_) => Err(ApiClientError::Api {
+                status,
+                kind: "http".into(),
+                message: format!(
+                    "manager answered HTTP {status}: {}",
+                    String::from_utf8_lossy(&body)
+                ),
+            }),
+        }
+    }
+}
+
+/// A reply: status, `Retry-After` and body.
+struct Reply {
+    status: u16,
+    retry_after: Option<Duration>,
+    body: Vec<u8>,
+}
+
+/// What reading a reply gave: all of it, or the bytes before the connection ended.
+enum ReplyRead {
+    Complete(Reply),
+    Partial(Vec<u8>),
+}
+
+/// The head's status, `Retry-After` (seconds) and `Content-Length`, and where the body starts;
+/// `None` until the head is complete and valid.
+fn parse_head(bytes: &[u8]) -> Option<(u16, Option<Duration>, usize, usize)> {
+    let end = bytes.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = std::str::from_utf8(&bytes[..end]).ok()?;
+    let mut lines = head.split("\r\n");
+    let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
+    let (mut retry_after, mut length) = (None, None);
+    for line in lines {
+        let (name, value) = line.split_once(':')?;
+        let (name, value) = (name.trim(), value.trim());
+        if name.eq_ignore_ascii_case("content-length") {
+            length = Some(value.parse().ok()?);
+        } else if name.eq_ignore_ascii_case("retry-after") {
+            retry_after = value.parse().ok().map(Duration::from_secs);
+        }
+    }
+    Some((status, retry_after, length?, end + 4))
+}
+
+/// Reads a reply up to its `Content-Length`; what follows, or an error after it, is ignored.
+fn read_reply(connection: &mut dyn spillway_proto::Connection) -> std::io::Result<ReplyRead> {
+    let mut bytes = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        if let Some((status, retry_after, length, start)) = parse_head(&bytes) {
+            if bytes.len() >= start + length {
+                let body = bytes[start..start + length].to_vec();
+                return Ok(ReplyRead::Complete(Reply { status, retry_after, body }));
             }
         }
-        let split = reply
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .ok_or_else(|| bad("no end of headers".into()))?;
-        let head =
-            std::str::from_utf8(&reply[..split]).map_err(|_| bad("head is not UTF-8".into()))?;
-        let status: u16 = head.split(' ').nth(1).and_then(|s| s.parse().ok()).ok_or_else(|| {
-            bad(format!("status line {:?}", head.lines().next().unwrap_or_default()))
-        })?;
-        let payload = &reply[split + 4..];
-        if (200..300).contains(&status) {
-            serde_json::from_slice(payload).map_err(|e| bad(format!("{method} {path}: {e}")))
-        } else {
-            match serde_json::from_slice::<ErrorBody>(payload) {
-                Ok(error) => {
-                    Err(ApiClientError::Api { status, kind: error.kind, message: error.error })
-                }
-                Err(_) => Err(ApiClientError::Api {
-                    status,
-                    kind: "http".into(),
-                    message: format!(
-                        "manager answered HTTP {status}: {}",
-                        String::from_utf8_lossy(payload)
-                    ),
-                }),
-            }
+        if bytes.len() > REPLY_BYTES_MAX {
+            return Ok(ReplyRead::Partial(bytes));
+        }
+        match connection.read(&mut chunk) {
+            Ok(0) => return Ok(ReplyRead::Partial(bytes)),
+            Ok(n) => bytes.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if bytes.is_empty() => return Err(e),
+            Err(_) => return Ok(ReplyRead::Partial(bytes)),
         }
     }
 }

@@ -19,7 +19,7 @@ use rusqlite::{params, Connection, OptionalExtension, Transaction};
 use crate::model::{Access, Reservation, ReservationState};
 
 /// The schema this binary writes.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Permission bits of the database file and its `-wal`/`-shm` companions.
 pub const DATABASE_FILE_MODE: u32 = 0o600;
@@ -86,6 +86,17 @@ CREATE TABLE counters (
 INSERT INTO counters (name, value) VALUES ('next_epoch', 1), ('next_namespace_id', 1);
 ";
 
+/// Version 2: the Slurm jobs using each persistent reservation (registered by the setup hook,
+/// removed by teardown), so a reservation in use is not destroyed under a running job.
+const SCHEMA_V2: &str = "
+CREATE TABLE reservation_jobs (
+    reservation_id INTEGER NOT NULL REFERENCES reservations(id),
+    job_id TEXT NOT NULL,
+    registered_unix_s INTEGER NOT NULL,
+    PRIMARY KEY (reservation_id, job_id)
+);
+";
+
 /// Why the database could not be opened.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -135,12 +146,15 @@ impl Db {
                 supported: SCHEMA_VERSION,
             });
         }
+        let tx = conn.transaction().map_err(sqlite)?;
         if version < 1 {
-            let tx = conn.transaction().map_err(sqlite)?;
             tx.execute_batch(SCHEMA_V1).map_err(sqlite)?;
-            tx.pragma_update(None, "user_version", 1).map_err(sqlite)?;
-            tx.commit().map_err(sqlite)?;
         }
+        if version < 2 {
+            tx.execute_batch(SCHEMA_V2).map_err(sqlite)?;
+        }
+        tx.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(sqlite)?;
+        tx.commit().map_err(sqlite)?;
         Ok(Db { conn })
     }
 }
@@ -219,6 +233,8 @@ pub struct ReservationRow {
     pub allowed_gids: Vec<u32>,
     /// `(server id, fragments)` in stripe order.
     pub placement: Vec<(u64, u64)>,
+    /// The Slurm jobs registered as using this (persistent) reservation, in job id order.
+    pub jobs: Vec<String>,
 }
 
 impl ReservationRow {
@@ -266,6 +282,7 @@ impl ReservationRow {
             created_unix_s: self.created_unix_s,
             allowed_uids: self.allowed_uids.clone(),
             allowed_gids: self.allowed_gids.clone(),
+            jobs: self.jobs.clone(),
         }
     }
 }
@@ -381,18 +398,26 @@ fn reservation_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ReservationRo
         allowed_gids: serde_json::from_str(&allowed_gids)
             .map_err(|_| text_error(17, "allowed_gids", allowed_gids.clone()))?,
         placement: Vec::new(),
+        jobs: Vec::new(),
     })
 }
 
+/// Fills each row's placement (from `fragments`) and the jobs using it (`reservation_jobs`).
 fn attach_placement(tx: &Transaction<'_>, rows: &mut [ReservationRow]) -> rusqlite::Result<()> {
-    let mut statement = tx.prepare_cached(
+    let mut placement = tx.prepare_cached(
         "SELECT server_id, fragments FROM fragments WHERE reservation_id = ?1 ORDER BY stripe_index",
     )?;
+    let mut jobs = tx.prepare_cached(
+        "SELECT job_id FROM reservation_jobs WHERE reservation_id = ?1 ORDER BY job_id",
+    )?;
     for row in rows {
-        row.placement = statement
+        row.placement = placement
             .query_map(params![row.id as i64], |r| {
                 Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64))
             })?
+            .collect::<rusqlite::Result<_>>()?;
+        row.jobs = jobs
+            .query_map(params![row.id as i64], |r| r.get(0))?
             .collect::<rusqlite::Result<_>>()?;
     }
     Ok(())
@@ -496,13 +521,42 @@ pub fn rename_reservation(tx: &Transaction<'_>, id: u64, name: &str) -> rusqlite
     Ok(())
 }
 
+/// Marks a reservation destroyed; the jobs registered with it are forgotten.
 pub fn mark_destroyed(tx: &Transaction<'_>, id: u64, now_unix_s: u64) -> rusqlite::Result<()> {
     let changed = tx.execute(
         "UPDATE reservations SET state = 'destroyed', destroyed_unix_s = ?2 WHERE id = ?1 AND state = 'active'",
         params![id as i64, now_unix_s as i64],
     )?;
     assert_eq!(changed, 1, "reservation {id} was active when destroyed");
+    tx.execute("DELETE FROM reservation_jobs WHERE reservation_id = ?1", params![id as i64])?;
     Ok(())
+}
+
+/// Registers `job` as using the reservation (again: no change).
+pub fn register_job(
+    tx: &Transaction<'_>,
+    reservation_id: u64,
+    job: &str,
+    now_unix_s: u64,
+) -> rusqlite::Result<()> {
+    tx.execute(
+        "INSERT OR IGNORE INTO reservation_jobs (reservation_id, job_id, registered_unix_s) VALUES (?1, ?2, ?3)",
+        params![reservation_id as i64, job, now_unix_s as i64],
+    )?;
+    Ok(())
+}
+
+/// Forgets that `job` uses the reservation; whether it was registered.
+pub fn unregister_job(
+    tx: &Transaction<'_>,
+    reservation_id: u64,
+    job: &str,
+) -> rusqlite::Result<bool> {
+    let changed = tx.execute(
+        "DELETE FROM reservation_jobs WHERE reservation_id = ?1 AND job_id = ?2",
+        params![reservation_id as i64, job],
+    )?;
+    Ok(changed > 0)
 }
 
 pub fn quotas(tx: &Transaction<'_>) -> rusqlite::Result<Vec<(u32, u64)>> {
@@ -546,5 +600,23 @@ mod tests {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         Db::open(&path).unwrap();
         assert_eq!(mode(&path), DATABASE_FILE_MODE);
+    }
+
+    #[test]
+    fn a_version_1_database_gains_the_job_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("manager.db");
+        {
+            let mut conn = Connection::open(&path).unwrap();
+            let tx = conn.transaction().unwrap();
+            tx.execute_batch(SCHEMA_V1).unwrap();
+            tx.pragma_update(None, "user_version", 1).unwrap();
+            tx.commit().unwrap();
+        }
+        let mut db = Db::open(&path).unwrap();
+        let version: i64 = db.conn.pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+        let tx = db.conn.transaction().unwrap();
+        assert!(!unregister_job(&tx, 1, "7").unwrap(), "the table exists and is empty");
     }
 }

@@ -4,27 +4,32 @@
 //! socket itself (`SO_PEERCRED`, or the loopback TCP owner), which the transports of
 //! `spillway-proto` already provide, and because the API is a dozen control-plane requests a
 //! minute, not a data path. One request per connection (`Connection: close`), so there is no
-//! keep-alive state. Bounded: connections served at once (`connections_max`; more get a 503
-//! at once), request size (`request_bytes_max`; 413), time to receive a request
-//! (`request_timeout_ms`; 408). Malformed requests get a 4xx naming the problem; nothing a
-//! client sends can panic the server.
+//! keep-alive state. Bounded: connections served at once, in total and per uid
+//! (`connections_max`, `connections_per_uid_max`; more get a 503 with `Retry-After` at once,
+//! see [`crate::admission`]), request size (`request_bytes_max`; 413), and the time one
+//! connection may take to send its whole request (`request_timeout_ms`, a deadline over every
+//! read, not per read, so a client trickling bytes is cut off too; 408) and again to take its
+//! reply. Malformed requests get a 4xx naming the problem; nothing a client sends can panic the
+//! server.
 //!
 //! Endpoints (docs/design/manager.md): `GET /v1/whoami`, `GET|POST /v1/pools`,
 //! `GET|POST /v1/servers`, `GET|POST /v1/reservations[?all=1]`,
-//! `GET|DELETE /v1/reservations/<id|name>[?job=J]`, `GET /v1/quotas`, `PUT /v1/quotas/<uid>`,
-//! `GET /v1/status`.
+//! `GET|DELETE /v1/reservations/<id|name>[?job=J&force=1]`,
+//! `POST /v1/reservations/<id|name>/jobs`, `DELETE /v1/reservations/<id|name>/jobs/<job>`,
+//! `GET /v1/quotas`, `PUT /v1/quotas/<uid>`, `GET /v1/status[?aggregate=1]`.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use spillway_proto::{Connection, Listener};
+use spillway_proto::{Connection, Identity, Listener};
 
+use crate::admission::{reply_and_linger, ConnectionSlots, Refuser, BUSY_RETRY_AFTER_S};
 use crate::model::ErrorBody;
-use crate::service::{ApiError, Manager};
+use crate::service::{ApiError, Manager, StatusView};
 
 /// A parsed request.
 #[derive(Debug)]
@@ -65,14 +70,19 @@ fn find_header_end(buffer: &[u8]) -> Option<usize> {
     buffer.windows(4).position(|w| w == b"\r\n\r\n")
 }
 
-fn read_request(connection: &mut dyn Connection, limit: usize) -> Result<Request, RequestError> {
+/// The connection's request, read in full by `deadline` (else [`RequestError::Timeout`]).
+fn read_request(
+    connection: &mut dyn Connection,
+    limit: usize,
+    deadline: Instant,
+) -> Result<Request, RequestError> {
+    let mut reader = RequestReader { connection, chunk: [0u8; 4096], deadline };
     let mut buffer = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 4096];
-    let header_end = read_head(connection, &mut buffer, &mut chunk, limit)?;
+    let header_end = reader.read_head(&mut buffer, limit)?;
     let head = std::str::from_utf8(&buffer[..header_end])
         .map_err(|_| RequestError::Malformed("request head is not UTF-8".into()))?;
     let (method, target, content_length) = parse_head(head)?;
-    let body = read_body(connection, &mut chunk, &buffer, header_end, content_length, limit)?;
+    let body = reader.read_body(&buffer, header_end, content_length, limit)?;
     let (path, query_text) = target.split_once('?').unwrap_or((target, ""));
     Ok(Request {
         method: method.to_string(),
@@ -82,23 +92,78 @@ fn read_request(connection: &mut dyn Connection, limit: usize) -> Result<Request
     })
 }
 
-/// Reads into `buffer` until it holds the whole head (within `limit`); returns where it ends.
-fn read_head(
-    connection: &mut dyn Connection,
-    buffer: &mut Vec<u8>,
-    chunk: &mut [u8],
-    limit: usize,
-) -> Result<usize, RequestError> {
-    loop {
-        if let Some(end) = find_header_end(buffer) {
-            return Ok(end);
+/// Reads a request's bytes from a connection, all of them by one deadline.
+struct RequestReader<'a> {
+    connection: &'a mut dyn Connection,
+    chunk: [u8; 4096],
+    deadline: Instant,
+}
+
+impl RequestReader<'_> {
+    /// Reads into `buffer` until it holds the whole head (within `limit`); returns where it
+    /// ends.
+    fn read_head(&mut self, buffer: &mut Vec<u8>, limit: usize) -> Result<usize, RequestError> {
+        loop {
+            if let Some(end) = find_header_end(buffer) {
+                return Ok(end);
+            }
+            if buffer.len() >= limit {
+                return Err(RequestError::TooLarge { limit });
+            }
+            let want = self.chunk.len().min(limit - buffer.len());
+            let n = self.read_some(want)?;
+            buffer.extend_from_slice(&self.chunk[..n]);
         }
-        if buffer.len() >= limit {
+    }
+
+    /// The body: the bytes after the head in `buffer`, then the rest up to `content_length`.
+    fn read_body(
+        &mut self,
+        buffer: &[u8],
+        header_end: usize,
+        content_length: usize,
+        limit: usize,
+    ) -> Result<Vec<u8>, RequestError> {
+        let body_start = header_end + 4;
+        if body_start.saturating_add(content_length) > limit {
             return Err(RequestError::TooLarge { limit });
         }
-        let want = chunk.len().min(limit - buffer.len());
-        let n = read_some(connection, &mut chunk[..want])?;
-        buffer.extend_from_slice(&chunk[..n]);
+        let mut body = buffer[body_start..].to_vec();
+        if body.len() > content_length {
+            return Err(RequestError::Malformed("more bytes than Content-Length".into()));
+        }
+        while body.len() < content_length {
+            let want = self.chunk.len().min(content_length - body.len());
+            let n = self.read_some(want)?;
+            body.extend_from_slice(&self.chunk[..n]);
+        }
+        Ok(body)
+    }
+
+    /// One read of up to `want` bytes into `chunk` (again if interrupted), blocking no later
+    /// than the deadline; never returns 0 bytes.
+    fn read_some(&mut self, want: usize) -> Result<usize, RequestError> {
+        loop {
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(RequestError::Timeout);
+            }
+            self.connection.set_read_timeout(Some(left)).map_err(RequestError::Io)?;
+            match self.connection.read(&mut self.chunk[..want]) {
+                Ok(0) => return Err(RequestError::Truncated),
+                Ok(n) => return Ok(n),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(RequestError::Timeout)
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(RequestError::Io(e)),
+            }
+        }
     }
 }
 
@@ -133,51 +198,6 @@ fn parse_head(head: &str) -> Result<(&str, &str, usize), RequestError> {
     Ok((method, target, content_length))
 }
 
-/// The body: the bytes after the head in `buffer`, then the rest up to `content_length`.
-fn read_body(
-    connection: &mut dyn Connection,
-    chunk: &mut [u8],
-    buffer: &[u8],
-    header_end: usize,
-    content_length: usize,
-    limit: usize,
-) -> Result<Vec<u8>, RequestError> {
-    let body_start = header_end + 4;
-    if body_start.saturating_add(content_length) > limit {
-        return Err(RequestError::TooLarge { limit });
-    }
-    let mut body = buffer[body_start..].to_vec();
-    if body.len() > content_length {
-        return Err(RequestError::Malformed("more bytes than Content-Length".into()));
-    }
-    while body.len() < content_length {
-        let want = chunk.len().min(content_length - body.len());
-        let n = read_some(connection, &mut chunk[..want])?;
-        body.extend_from_slice(&chunk[..n]);
-    }
-    Ok(body)
-}
-
-/// One read of request bytes into `chunk` (again if interrupted); never returns 0 bytes.
-fn read_some(connection: &mut dyn Connection, chunk: &mut [u8]) -> Result<usize, RequestError> {
-    loop {
-        match connection.read(chunk) {
-            Ok(0) => return Err(RequestError::Truncated),
-            Ok(n) => return Ok(n),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Err(RequestError::Timeout)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(RequestError::Io(e)),
-        }
-    }
-}
-
 /// The query's `key=value` pairs (a key without `=` has an empty value).
 fn parse_query(query_text: &str) -> BTreeMap<String, String> {
     query_text
@@ -208,18 +228,47 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
+/// The head of a reply with `body_length` bytes of JSON; `Retry-After` when given.
+fn response_head(status: u16, body_length: usize, retry_after_s: Option<u64>) -> String {
+    let retry_after =
+        retry_after_s.map(|seconds| format!("Retry-After: {seconds}\r\n")).unwrap_or_default();
+    format!(
+        "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {body_length}\r\n{retry_after}Connection: close\r\n\r\n",
+        reason(status),
+    )
+}
+
+/// Writes `bytes`, each write blocking no later than `deadline`.
+fn write_all_by(
+    connection: &mut dyn Connection,
+    mut bytes: &[u8],
+    deadline: Instant,
+) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        connection.set_write_timeout(Some(left))?;
+        match connection.write(bytes) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Sends a reply, all of it by `deadline`.
 fn write_response(
     connection: &mut dyn Connection,
     status: u16,
     body: &[u8],
+    deadline: Instant,
 ) -> std::io::Result<()> {
-    let head = format!(
-        "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        reason(status),
-        body.len()
-    );
-    connection.write_all(head.as_bytes())?;
-    connection.write_all(body)?;
+    write_all_by(connection, response_head(status, body.len(), None).as_bytes(), deadline)?;
+    write_all_by(connection, body, deadline)?;
     connection.flush()
 }
 
@@ -257,14 +306,25 @@ fn body<T: DeserializeOwned>(request: &Request) -> Result<T, Reply> {
     })
 }
 
+impl Request {
+    /// Whether the query sets `name` (`name=1` or `name=true`).
+    fn flag(&self, name: &str) -> bool {
+        self.query.get(name).is_some_and(|v| v == "1" || v == "true")
+    }
+}
+
 /// Answers one request as `caller`.
 fn route(manager: &Manager, caller: &crate::Caller, request: &Request) -> Reply {
     let segments: Vec<&str> = request.path.trim_start_matches('/').split('/').collect();
     let method = request.method.as_str();
     match (method, segments.as_slice()) {
         ("GET", ["v1", "whoami"]) => json(200, &manager.whoami(caller)),
-        ("GET", ["v1", "status"]) => result(200, manager.status(caller)),
-        ("GET", ["v1", "pools"]) => result(200, manager.list_pools()),
+        ("GET", ["v1", "status"]) => {
+            let view =
+                if request.flag("aggregate") { StatusView::Aggregate } else { StatusView::Caller };
+            result(200, manager.status(caller, view))
+        }
+        ("GET", ["v1", "pools"]) => result(200, manager.list_pools(caller)),
         ("POST", ["v1", "pools"]) => match body(request) {
             Ok(create) => result(201, manager.create_pool(caller, &create)),
             Err(reply) => reply,
@@ -274,42 +334,7 @@ fn route(manager: &Manager, caller: &crate::Caller, request: &Request) -> Reply 
             Ok(add) => result(201, manager.add_server(caller, &add)),
             Err(reply) => reply,
         },
-        ("GET", ["v1", "reservations"]) => {
-            let all = request.query.get("all").is_some_and(|v| v == "1" || v == "true");
-            result(200, manager.list_reservations(caller, all))
-        }
-        ("POST", ["v1", "reservations"]) => match body::<crate::CreateReservation>(request) {
-            Ok(create) => match manager.create_reservation(caller, &create) {
-                Ok(reservation) => {
-                    // Best effort: without it, stage-in as a user fails naming the namespace,
-                    // and the job's mount (root) creates it at pre_run.
-                    if let Err(error) = crate::create_reservation_namespace(&reservation) {
-                        tracing::warn!(reservation = reservation.id, %error, "could not create the reservation's namespace");
-                    }
-                    // Best effort too: the heartbeat asserts it again.
-                    if let Err(error) = crate::assign_reservation_stream(&reservation) {
-                        tracing::warn!(reservation = reservation.id, %error, "could not assign the reservation's SSD stream");
-                    }
-                    json(201, &reservation)
-                }
-                Err(error) => api_error(error),
-            },
-            Err(reply) => reply,
-        },
-        ("GET", ["v1", "reservations", key]) => result(200, manager.show_reservation(caller, key)),
-        ("DELETE", ["v1", "reservations", key]) => {
-            match manager.destroy_reservation(
-                caller,
-                key,
-                request.query.get("job").map(String::as_str),
-            ) {
-                Ok(destroyed) => {
-                    crate::delete_reservation_data(&destroyed.reservation);
-                    json(200, &destroyed.reservation)
-                }
-                Err(error) => api_error(error),
-            }
-        }
+        (_, ["v1", "reservations", ..]) => route_reservations(manager, caller, request, &segments),
         ("GET", ["v1", "quotas"]) => result(200, manager.quotas(caller)),
         ("PUT", ["v1", "quotas", uid]) => match uid.parse::<u32>() {
             Ok(uid) => match body(request) {
@@ -318,44 +343,106 @@ fn route(manager: &Manager, caller: &crate::Caller, request: &Request) -> Reply 
             },
             Err(_) => error_reply(400, "invalid", format!("uid {uid:?} is not a number")),
         },
-        (_, ["v1", "whoami" | "status" | "pools" | "servers" | "reservations" | "quotas", ..]) => {
-            error_reply(
-                405,
-                "method_not_allowed",
-                format!("{method} is not allowed on {}", request.path),
-            )
+        (_, ["v1", "whoami" | "status" | "pools" | "servers" | "quotas", ..]) => {
+            method_not_allowed(request)
         }
         _ => error_reply(404, "no_such_endpoint", format!("no endpoint {method} {}", request.path)),
     }
 }
 
-fn handle(manager: &Manager, mut connection: Box<dyn Connection>) {
+fn method_not_allowed(request: &Request) -> Reply {
+    error_reply(
+        405,
+        "method_not_allowed",
+        format!("{} is not allowed on {}", request.method, request.path),
+    )
+}
+
+/// `/v1/reservations…`: list, create, show, destroy, and the jobs using one.
+fn route_reservations(
+    manager: &Manager,
+    caller: &crate::Caller,
+    request: &Request,
+    segments: &[&str],
+) -> Reply {
+    match (request.method.as_str(), segments) {
+        ("GET", ["v1", "reservations"]) => {
+            result(200, manager.list_reservations(caller, request.flag("all")))
+        }
+        ("POST", ["v1", "reservations"]) => match body::<crate::CreateReservation>(request) {
+            Ok(create) => create_reservation(manager, caller, &create),
+            Err(reply) => reply,
+        },
+        ("GET", ["v1", "reservations", key]) => result(200, manager.show_reservation(caller, key)),
+        ("DELETE", ["v1", "reservations", key]) => {
+            let job = request.query.get("job").map(String::as_str);
+            match manager.destroy_reservation(caller, key, job, request.flag("force")) {
+                Ok(destroyed) => {
+                    crate::delete_reservation_data(&destroyed.reservation);
+                    json(200, &destroyed.reservation)
+                }
+                Err(error) => api_error(error),
+            }
+        }
+        ("POST", ["v1", "reservations", key, "jobs"]) => {
+            match body::<crate::RegisterJob>(request) {
+                Ok(register) => result(200, manager.register_job(caller, key, &register.job)),
+                Err(reply) => reply,
+            }
+        }
+        ("DELETE", ["v1", "reservations", key, "jobs", job]) => {
+            result(200, manager.unregister_job(caller, key, job))
+        }
+        _ => method_not_allowed(request),
+    }
+}
+
+/// Creates the reservation, then (best effort) its namespace and its stream on the servers.
+fn create_reservation(
+    manager: &Manager,
+    caller: &crate::Caller,
+    create: &crate::CreateReservation,
+) -> Reply {
+    match manager.create_reservation(caller, create) {
+        Ok(reservation) => {
+            // Best effort: without it, stage-in as a user fails naming the namespace, and the
+            // job's mount (root) creates it at pre_run.
+            if let Err(error) = crate::create_reservation_namespace(&reservation) {
+                tracing::warn!(reservation = reservation.id, %error, "could not create the reservation's namespace");
+            }
+            // Best effort too: the heartbeat asserts it again.
+            if let Err(error) = crate::assign_reservation_stream(&reservation) {
+                tracing::warn!(reservation = reservation.id, %error, "could not assign the reservation's SSD stream");
+            }
+            json(201, &reservation)
+        }
+        Err(error) => api_error(error),
+    }
+}
+
+/// Serves one admitted connection: reads its request by the deadline, answers it as the
+/// caller the kernel vouched for, and sends the reply by a second deadline.
+fn handle(manager: &Manager, mut connection: Box<dyn Connection>, identity: Identity) {
     let peer = connection.peer();
     let knobs = manager.knobs();
-    let _ = connection.set_read_timeout(Some(Duration::from_millis(knobs.request_timeout_ms)));
-    let identity = match connection.identity() {
-        Ok(identity) => identity,
+    let time_limit = Duration::from_millis(knobs.request_timeout_ms);
+    let limit = knobs.request_bytes_max as usize;
+    let request = match read_request(connection.as_mut(), limit, Instant::now() + time_limit) {
+        Ok(request) => request,
         Err(error) => {
-            tracing::warn!(%peer, %error, "cannot establish the caller's identity");
-            let (status, body) =
-                error_reply(403, "no_identity", format!("cannot establish your identity: {error}"));
-            let _ = write_response(connection.as_mut(), status, &body);
+            tracing::warn!(%peer, uid = identity.uid, %error, "bad API request");
+            let (status, body) = error_reply(error.status(), "bad_request", error.to_string());
+            // Part of the request may be unread: close lingering, so the client gets the reply.
+            reply_and_linger(connection, response_head(status, body.len(), None).as_bytes(), &body);
             return;
         }
     };
-    let (status, body) = match read_request(connection.as_mut(), knobs.request_bytes_max as usize) {
-        Ok(request) => {
-            let caller = manager.caller(identity.uid, identity.gid);
-            let reply = route(manager, &caller, &request);
-            tracing::debug!(%peer, uid = caller.uid, method = %request.method, path = %request.path, status = reply.0, "request");
-            reply
-        }
-        Err(error) => {
-            tracing::warn!(%peer, %error, "bad API request");
-            error_reply(error.status(), "bad_request", error.to_string())
-        }
-    };
-    if let Err(error) = write_response(connection.as_mut(), status, &body) {
+    let caller = manager.caller(identity.uid, identity.gid);
+    let (status, body) = route(manager, &caller, &request);
+    tracing::debug!(%peer, uid = caller.uid, method = %request.method, path = %request.path, status, "request");
+    if let Err(error) =
+        write_response(connection.as_mut(), status, &body, Instant::now() + time_limit)
+    {
         tracing::debug!(%peer, %error, "could not send the reply");
     }
     connection.shutdown();
@@ -363,36 +450,19 @@ fn handle(manager: &Manager, mut connection: Box<dyn Connection>) {
 
 /// Serves the API on `listeners` until `stop` is set; returns after in-flight requests finish.
 pub fn serve(manager: Arc<Manager>, listeners: Vec<Box<dyn Listener>>, stop: Arc<AtomicBool>) {
-    let active = Arc::new(AtomicUsize::new(0));
-    let connections_max = manager.knobs().connections_max as usize;
+    let knobs = manager.knobs();
+    let slots = ConnectionSlots::new(
+        knobs.connections_max as usize,
+        knobs.connections_per_uid_max as usize,
+    );
+    let refuser = Refuser::new(knobs.connections_max as usize);
     while !stop.load(Ordering::Relaxed) {
         let mut accepted_any = false;
         for listener in &listeners {
             match listener.accept() {
-                Ok(Some(mut connection)) => {
+                Ok(Some(connection)) => {
                     accepted_any = true;
-                    if active.load(Ordering::Acquire) >= connections_max {
-                        let (status, body) = error_reply(
-                            503,
-                            "busy",
-                            format!("{connections_max} API connections in use (knob manager.connections_max); retry"),
-                        );
-                        let _ = write_response(connection.as_mut(), status, &body);
-                        connection.shutdown();
-                        continue;
-                    }
-                    active.fetch_add(1, Ordering::AcqRel);
-                    let manager = Arc::clone(&manager);
-                    let active_for_thread = Arc::clone(&active);
-                    let spawned =
-                        std::thread::Builder::new().name("manager-api".into()).spawn(move || {
-                            handle(&manager, connection);
-                            active_for_thread.fetch_sub(1, Ordering::AcqRel);
-                        });
-                    if let Err(error) = spawned {
-                        active.fetch_sub(1, Ordering::AcqRel);
-                        tracing::error!(%error, "cannot start an API thread");
-                    }
+                    admit(&manager, &slots, &refuser, connection);
                 }
                 Ok(None) => {}
                 Err(error) => {
@@ -404,11 +474,51 @@ pub fn serve(manager: Arc<Manager>, listeners: Vec<Box<dyn Listener>>, stop: Arc
             std::thread::sleep(Duration::from_millis(10));
         }
     }
-    // Let in-flight requests finish (bounded by the request timeout plus the work itself).
-    let deadline =
-        std::time::Instant::now() + Duration::from_millis(manager.knobs().request_timeout_ms) * 2;
-    while active.load(Ordering::Acquire) > 0 && std::time::Instant::now() < deadline {
+    // Let in-flight requests finish (bounded by the request and reply deadlines plus the work).
+    let deadline = Instant::now() + Duration::from_millis(manager.knobs().request_timeout_ms) * 2;
+    while slots.in_use() > 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Serves `connection` on its own thread if its uid has a free slot; refuses it otherwise
+/// (403 without an identity, 503 with `Retry-After` when busy).
+fn admit(
+    manager: &Arc<Manager>,
+    slots: &Arc<ConnectionSlots>,
+    refuser: &Refuser,
+    connection: Box<dyn Connection>,
+) {
+    let identity = match connection.identity() {
+        Ok(identity) => identity,
+        Err(error) => {
+            tracing::warn!(peer = %connection.peer(), %error, "cannot establish the caller's identity");
+            let (status, body) =
+                error_reply(403, "no_identity", format!("cannot establish your identity: {error}"));
+            refuser.refuse(connection, response_head(status, body.len(), None), body);
+            return;
+        }
+    };
+    match slots.try_take(identity.uid) {
+        Ok(slot) => {
+            let manager = Arc::clone(manager);
+            let spawned = std::thread::Builder::new().name("manager-api".into()).spawn(move || {
+                handle(&manager, connection, identity);
+                drop(slot);
+            });
+            if let Err(error) = spawned {
+                tracing::error!(%error, "cannot start an API thread");
+            }
+        }
+        Err(busy) => {
+            tracing::debug!(peer = %connection.peer(), uid = identity.uid, %busy, "API busy");
+            let (status, body) = error_reply(503, "busy", busy.to_string());
+            refuser.refuse(
+                connection,
+                response_head(status, body.len(), Some(BUSY_RETRY_AFTER_S)),
+                body,
+            );
+        }
     }
 }
 
@@ -447,11 +557,16 @@ mod tests {
         fn set_read_timeout(&self, _: Option<Duration>) -> std::io::Result<()> {
             Ok(())
         }
+        fn set_write_timeout(&self, _: Option<Duration>) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn shutdown_write(&self) {}
         fn shutdown(&self) {}
     }
 
     fn parse(bytes: &[u8], limit: usize) -> Result<Request, RequestError> {
-        read_request(&mut Fake { input: std::io::Cursor::new(bytes.to_vec()) }, limit)
+        let deadline = Instant::now() + Duration::from_secs(60);
+        read_request(&mut Fake { input: std::io::Cursor::new(bytes.to_vec()) }, limit, deadline)
     }
 
     #[test]

@@ -9,11 +9,14 @@
 //! reservation runs in the CLI process ([`stage`]), so bulk data never passes through the
 //! manager and PFS files are read and written with the caller's own permissions.
 
+pub mod admission;
 pub mod api;
 pub mod db;
 pub mod heartbeat;
 pub mod http;
 pub mod identity;
+pub mod job_owner;
+pub mod job_use;
 pub mod model;
 pub mod service;
 pub mod stage;
@@ -27,8 +30,9 @@ use spillway_proto::Endpoint;
 
 pub use api::{ApiClient, ApiClientError};
 pub use identity::Caller;
+pub use job_owner::{JobOwnerError, JobOwners};
 pub use model::*;
-pub use service::{Clock, Manager, SystemClock};
+pub use service::{Clock, Manager, StatusView, SystemClock};
 
 /// Permission bits of a socket directory the manager creates: anyone may reach the socket
 /// (whose own mode is `manager.socket_mode`, `0666` by default: identity comes from
@@ -65,6 +69,14 @@ pub fn run_daemon(
     on_listening: &dyn Fn(&Endpoint),
 ) -> Result<(), DaemonError> {
     let admin_gid = identity::resolve_group(&knobs.admin_group).map_err(DaemonError::AdminGroup)?;
+    if knobs.job_owner_check == spillway_config::JobOwnerCheck::Slurm
+        && !job_owner::scontrol_on_path()
+    {
+        tracing::warn!(
+            "manager.job_owner_check = \"slurm\" but no scontrol on PATH: users' reservations for \
+             Slurm jobs (--job) will be refused; set it to \"none\" on a site without Slurm"
+        );
+    }
     let db = db::Db::open(Path::new(&knobs.database_path))?;
     let manager = Arc::new(Manager::new(db, knobs.clone(), admin_gid, Arc::new(SystemClock))?);
     let mut listeners = Vec::new();

@@ -46,8 +46,11 @@ pub struct Pool {
     pub capacity_bytes: u64,
     pub used_bytes: u64,
     pub free_bytes: u64,
+    /// Active reservations in this pool: all of them for root and admins, those the caller may
+    /// see for anyone else.
     pub reservations: u64,
-    /// Keys (users or jobs) holding each stream id of this pool's devices (index = stream id).
+    /// Keys (users or jobs) holding each stream id of this pool's devices (index = stream id);
+    /// empty for callers other than root and admins (it describes other users' activity).
     pub keys_per_stream: Vec<u32>,
 }
 
@@ -108,6 +111,17 @@ pub struct Reservation {
     pub allowed_uids: Vec<u32>,
     /// Groups whose members may use a persistent reservation.
     pub allowed_gids: Vec<u32>,
+    /// Slurm jobs using this persistent reservation (registered by the setup hook, removed by
+    /// teardown); while any is registered, only root with `force` destroys it.
+    #[serde(default)]
+    pub jobs: Vec<String>,
+}
+
+/// `POST /v1/reservations/<id or name>/jobs`: a Slurm job now uses this persistent reservation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterJob {
+    pub job: String,
 }
 
 /// `POST /v1/reservations`.
@@ -179,7 +193,8 @@ pub struct Whoami {
 pub struct Status {
     pub pools: Vec<Pool>,
     pub servers: Vec<Server>,
-    /// The caller's reservations (all of them for root and admins).
+    /// The reservations the caller may see (all of them for root and admins); none in the
+    /// aggregate view.
     pub reservations: Vec<Reservation>,
     pub capacity_bytes: u64,
     pub used_bytes: u64,

@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use spillway_config::{ManagerKnobs, StreamKeyKind};
+use spillway_config::{JobOwnerCheck, ManagerKnobs, StreamKeyKind};
 use spillway_policy::fragments::{
     allocate, FragmentError, FragmentPlan, FragmentRequest, ServerSpace,
 };
@@ -28,6 +28,7 @@ use spillway_types::StreamKey;
 
 use crate::db::{self, Db, PoolRow, ReservationRow, ServerRow};
 use crate::identity::Caller;
+use crate::job_owner::{JobOwnerError, JobOwners, Scontrol};
 use crate::model::*;
 
 /// The clock, behind a seam so tests control stream reclaim and timestamps.
@@ -65,6 +66,7 @@ macro_rules! api_error {
         }
     };
 }
+pub(crate) use api_error;
 
 /// Why a database read failed (list and status operations).
 #[derive(Debug, thiserror::Error)]
@@ -156,6 +158,14 @@ pub enum CreateReservationError {
     NameTaken { name: String },
     #[error("job {job} already has reservation {id}")]
     JobHasReservation { job: String, id: u64 },
+    #[error("job {job} belongs to uid {owner}; only its owner or root can reserve for it")]
+    NotJobOwner { job: String, owner: u32 },
+    #[error(
+        "Slurm does not know job {job}; only an existing job's owner or root can reserve for it"
+    )]
+    UnknownJob { job: String },
+    #[error("cannot ask Slurm who owns job {job}: {reason} (knob manager.job_owner_check = \"none\" turns this check off)")]
+    JobOwnerUnavailable { job: String, reason: String },
     #[error("quota exceeded for uid {uid}: {used_bytes} bytes in use + {asked_bytes} bytes asked > quota {quota_bytes} bytes")]
     QuotaExceeded { uid: u32, quota_bytes: u64, used_bytes: u64, asked_bytes: u64 },
     #[error(
@@ -176,6 +186,9 @@ api_error!(CreateReservationError {
     NoSuchPool => (404, "no_such_pool"),
     NameTaken => (409, "name_taken"),
     JobHasReservation => (409, "job_has_reservation"),
+    NotJobOwner => (403, "not_job_owner"),
+    UnknownJob => (404, "unknown_job"),
+    JobOwnerUnavailable => (503, "job_owner_unavailable"),
     QuotaExceeded => (403, "quota_exceeded"),
     TooManyReservations => (403, "too_many_reservations"),
     NoCapacity => (507, "no_capacity"),
@@ -206,6 +219,10 @@ pub enum DestroyError {
     NotAuthorized { uid: u32, name: String, owner: u32 },
     #[error("reservation {name:?} belongs to job {actual:?}, not job {given:?}")]
     JobMismatch { name: String, given: String, actual: Option<String> },
+    #[error("reservation {name} is used by {jobs} (root may destroy it anyway with --force)")]
+    InUse { name: String, jobs: String },
+    #[error("uid {uid} may not force the destruction of reservation {name:?} (root only)")]
+    ForceNotAuthorized { uid: u32, name: String },
     #[error("manager database: {source}")]
     Database {
         #[from]
@@ -216,6 +233,8 @@ api_error!(DestroyError {
     NotFound => (404, "not_found"),
     NotAuthorized => (403, "not_authorized"),
     JobMismatch => (409, "job_mismatch"),
+    InUse => (409, "in_use"),
+    ForceNotAuthorized => (403, "not_authorized"),
     Database => (500, "database"),
 });
 
@@ -245,12 +264,25 @@ pub struct Destroyed {
     pub reservation: Reservation,
 }
 
+/// How much of the state a status answer shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatusView {
+    /// What the caller may see: every reservation for root and admins, their own and permitted
+    /// ones for anyone else.
+    Caller,
+    /// Capacity only, whoever asks: pools and servers with capacity, used and free, and no
+    /// reservation (what `scontrol show bbstat` shows when Slurm does not say who asks).
+    Aggregate,
+}
+
 /// The control plane's state and operations.
 pub struct Manager {
-    db: Mutex<Db>,
+    pub(crate) db: Mutex<Db>,
     knobs: ManagerKnobs,
     admin_gid: Option<u32>,
-    clock: Arc<dyn Clock>,
+    pub(crate) clock: Arc<dyn Clock>,
+    /// Who owns a Slurm job; `None` when `manager.job_owner_check = "none"`.
+    job_owners: Option<Arc<dyn JobOwners>>,
     /// Per pool id: BIOS Algorithm 1's table. Locked only while `db` is held.
     streams: Mutex<BTreeMap<u64, StreamTable>>,
     /// Per server id: what the last heartbeat saw.
@@ -274,7 +306,7 @@ fn check_name(what: &str, name: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock is a bug; the state behind it is the database, which the
     // aborted transaction left consistent, so going on is safe.
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -288,16 +320,30 @@ impl Manager {
         admin_gid: Option<u32>,
         clock: Arc<dyn Clock>,
     ) -> Result<Manager, ReadError> {
+        let job_owners: Option<Arc<dyn JobOwners>> = match knobs.job_owner_check {
+            JobOwnerCheck::Slurm => Some(Arc::new(Scontrol {
+                timeout: std::time::Duration::from_millis(knobs.job_owner_timeout_ms),
+            })),
+            JobOwnerCheck::Unchecked => None,
+        };
         let manager = Manager {
             db: Mutex::new(db),
             knobs,
             admin_gid,
             clock,
+            job_owners,
             streams: Mutex::new(BTreeMap::new()),
             live: Mutex::new(BTreeMap::new()),
         };
         manager.rebuild_streams()?;
         Ok(manager)
+    }
+
+    /// The same manager asking `job_owners` who owns a Slurm job (`None`: no check), instead of
+    /// what `manager.job_owner_check` says; for tests that answer without Slurm.
+    pub fn with_job_owners(mut self, job_owners: Option<Arc<dyn JobOwners>>) -> Manager {
+        self.job_owners = job_owners;
+        self
     }
 
     pub fn knobs(&self) -> &ManagerKnobs {
@@ -382,7 +428,7 @@ impl Manager {
         drop(db);
         tracing::info!(pool = %request.name, granularity_bytes = request.granularity_bytes, uid = caller.uid, "pool created");
         Ok(self
-            .list_pools()?
+            .list_pools(caller)?
             .into_iter()
             .find(|p| p.name == request.name)
             .expect("pool just committed"))
@@ -463,35 +509,38 @@ impl Manager {
         used
     }
 
-    pub fn list_pools(&self) -> Result<Vec<Pool>, ReadError> {
+    /// Every pool with its capacity, used and free bytes. Root and admins also see how many
+    /// reservations it holds and the keys per stream; anyone else sees only the reservations it
+    /// may see counted, and no stream keys (they describe other users' activity).
+    pub fn list_pools(&self, caller: &Caller) -> Result<Vec<Pool>, ReadError> {
         let (pools, servers, active) = self.snapshot(&mut lock(&self.db))?;
         let used = Self::used_per_server(&active);
         let streams = lock(&self.streams);
-        Ok(pools
-            .iter()
-            .map(|pool| {
-                let members: Vec<&ServerRow> =
-                    servers.iter().filter(|s| s.pool_id == pool.id).collect();
-                let capacity: u64 = members.iter().map(|s| s.capacity_bytes).sum();
-                let used_bytes: u64 =
-                    members.iter().map(|s| used.get(&s.id).copied().unwrap_or(0)).sum();
-                Pool {
-                    id: pool.id,
-                    name: pool.name.clone(),
-                    granularity_bytes: pool.granularity_bytes,
-                    servers: members.len() as u64,
-                    servers_healthy: members.iter().filter(|s| s.healthy).count() as u64,
-                    capacity_bytes: capacity,
-                    used_bytes,
-                    free_bytes: capacity.saturating_sub(used_bytes),
-                    reservations: active.iter().filter(|r| r.pool_id == pool.id).count() as u64,
-                    keys_per_stream: streams
-                        .get(&pool.id)
-                        .map(|t| t.keys_per_stream())
-                        .unwrap_or_else(|| vec![0; self.knobs.streams_max as usize]),
-                }
-            })
-            .collect())
+        let visible: Vec<&ReservationRow> =
+            active.iter().filter(|r| Self::can_see(caller, r)).collect();
+        let pools = pools.iter().map(|pool| {
+            let members: Vec<&ServerRow> =
+                servers.iter().filter(|s| s.pool_id == pool.id).collect();
+            let capacity: u64 = members.iter().map(|s| s.capacity_bytes).sum();
+            let used_bytes: u64 =
+                members.iter().map(|s| used.get(&s.id).copied().unwrap_or(0)).sum();
+            Pool {
+                id: pool.id,
+                name: pool.name.clone(),
+                granularity_bytes: pool.granularity_bytes,
+                servers: members.len() as u64,
+                servers_healthy: members.iter().filter(|s| s.healthy).count() as u64,
+                capacity_bytes: capacity,
+                used_bytes,
+                free_bytes: capacity.saturating_sub(used_bytes),
+                reservations: visible.iter().filter(|r| r.pool_id == pool.id).count() as u64,
+                keys_per_stream: streams
+                    .get(&pool.id)
+                    .map(|t| t.keys_per_stream())
+                    .unwrap_or_else(|| vec![0; self.knobs.streams_max as usize]),
+            }
+        });
+        Ok(pools.map(|pool| Self::pool_as_seen_by(caller, pool)).collect())
     }
 
     pub fn list_servers(&self) -> Result<Vec<Server>, ReadError> {
@@ -521,7 +570,7 @@ impl Manager {
 
     // ---- reservations ----
 
-    fn can_see(caller: &Caller, row: &ReservationRow) -> bool {
+    pub(crate) fn can_see(caller: &Caller, row: &ReservationRow) -> bool {
         caller.admin
             || row.owner_uid == caller.uid
             || (row.persistent
@@ -542,6 +591,8 @@ impl Manager {
         request: &CreateReservation,
     ) -> Result<Reservation, CreateReservationError> {
         let (owner_uid, owner_gid) = Self::validate_reservation_request(caller, request)?;
+        // Asked before the database lock is taken: Slurm may take up to its timeout.
+        self.check_job_owner(caller, request, owner_uid)?;
         let access = request.access.unwrap_or(Access::Striped);
         let now = self.clock.now_unix_s();
 
@@ -585,6 +636,7 @@ impl Manager {
             allowed_uids: request.allowed_uids.clone(),
             allowed_gids: request.allowed_gids.clone(),
             placement: plan.per_server.clone(),
+            jobs: Vec::new(),
         };
         Self::persist_reservation(&tx, &mut row, name.is_none())?;
         tx.commit()?;
@@ -629,6 +681,42 @@ impl Manager {
             return Err(invalid("more than 256 allowed uids or gids".into()));
         }
         Ok(owner)
+    }
+
+    /// A reservation for Slurm job N is for N's owner: unless root or the admin group asks (the
+    /// Slurm hooks run as root, or as a SlurmUser that must be in the admin group to reserve for
+    /// the job's user), Slurm is asked who owns the job, and anyone else's job is refused. When
+    /// Slurm cannot be asked, the request is refused too (`manager.job_owner_check = "none"`
+    /// turns this off).
+    fn check_job_owner(
+        &self,
+        caller: &Caller,
+        request: &CreateReservation,
+        owner_uid: u32,
+    ) -> Result<(), CreateReservationError> {
+        let (Some(job), Some(job_owners)) = (&request.job, &self.job_owners) else {
+            return Ok(());
+        };
+        if caller.admin {
+            return Ok(());
+        }
+        if !job.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(CreateReservationError::Invalid {
+                reason: format!(
+                    "job id {job:?} is not a Slurm job id (digits only; Slurm is asked who owns it)"
+                ),
+            });
+        }
+        match job_owners.owner_of(job) {
+            Ok(owner) if owner == owner_uid => Ok(()),
+            Ok(owner) => Err(CreateReservationError::NotJobOwner { job: job.clone(), owner }),
+            Err(JobOwnerError::UnknownJob { .. }) => {
+                Err(CreateReservationError::UnknownJob { job: job.clone() })
+            }
+            Err(JobOwnerError::Unavailable { reason }) => {
+                Err(CreateReservationError::JobOwnerUnavailable { job: job.clone(), reason })
+            }
+        }
     }
 
     /// The owner's uid and gid: the caller's unless given (another uid by root or admins only).
@@ -834,18 +922,40 @@ impl Manager {
     }
 
     /// Marks the reservation destroyed (its capacity is free at once). The caller then deletes
-    /// its data on the servers ([`crate::delete_reservation_data`]).
+    /// its data on the servers ([`crate::delete_reservation_data`]). A persistent reservation
+    /// that Slurm jobs use is refused unless root passes `force`.
     pub fn destroy_reservation(
         &self,
         caller: &Caller,
         key: &str,
         job: Option<&str>,
+        force: bool,
     ) -> Result<Destroyed, DestroyError> {
         let mut db = lock(&self.db);
         let tx = db.conn.transaction()?;
         let row = db::find_reservation(&tx, key)?
             .filter(|r| r.state == ReservationState::Active && Self::can_see(caller, r))
             .ok_or_else(|| DestroyError::NotFound { key: key.to_string(), uid: caller.uid })?;
+        Self::check_destroy(caller, &row, job, force)?;
+        db::mark_destroyed(&tx, row.id, self.clock.now_unix_s())?;
+        let (pools, servers) = (db::pools(&tx)?, db::servers(&tx)?);
+        tx.commit()?;
+        let mut reservation = row.to_model(&pools, &servers);
+        reservation.state = ReservationState::Destroyed;
+        reservation.jobs.clear();
+        tracing::info!(reservation = row.id, name = %row.name, uid = caller.uid, force, jobs = ?row.jobs, "reservation destroyed");
+        Ok(Destroyed { reservation })
+    }
+
+    /// May `caller` destroy `row` now: its owner or an admin, the right job (teardown's check),
+    /// and no job using it unless root forces (only root: forcing pulls a reservation from
+    /// under running jobs, which the admin group's delegated management should not do).
+    fn check_destroy(
+        caller: &Caller,
+        row: &ReservationRow,
+        job: Option<&str>,
+        force: bool,
+    ) -> Result<(), DestroyError> {
         if !caller.admin && row.owner_uid != caller.uid {
             return Err(DestroyError::NotAuthorized {
                 uid: caller.uid,
@@ -862,13 +972,20 @@ impl Manager {
                 });
             }
         }
-        db::mark_destroyed(&tx, row.id, self.clock.now_unix_s())?;
-        let (pools, servers) = (db::pools(&tx)?, db::servers(&tx)?);
-        tx.commit()?;
-        let mut reservation = row.to_model(&pools, &servers);
-        reservation.state = ReservationState::Destroyed;
-        tracing::info!(reservation = row.id, name = %row.name, uid = caller.uid, "reservation destroyed");
-        Ok(Destroyed { reservation })
+        if force && caller.uid != 0 {
+            return Err(DestroyError::ForceNotAuthorized {
+                uid: caller.uid,
+                name: row.name.clone(),
+            });
+        }
+        if !row.jobs.is_empty() && !force {
+            let jobs = match row.jobs.as_slice() {
+                [one] => format!("job {one}"),
+                many => format!("jobs {}", many.join(", ")),
+            };
+            return Err(DestroyError::InUse { name: row.name.clone(), jobs });
+        }
+        Ok(())
     }
 
     // ---- quotas ----
@@ -961,10 +1078,18 @@ impl Manager {
         Ok(())
     }
 
-    pub fn status(&self, caller: &Caller) -> Result<Status, ReadError> {
-        let pools = self.list_pools()?;
+    /// Pools, servers, totals and, in the caller's view, the reservations it may see.
+    pub fn status(&self, caller: &Caller, view: StatusView) -> Result<Status, ReadError> {
+        let pools = self.list_pools(caller)?;
         let servers = self.list_servers()?;
-        let reservations = self.list_reservations(caller, true)?;
+        let reservations = match view {
+            StatusView::Caller => self.list_reservations(caller, true)?,
+            StatusView::Aggregate => Vec::new(),
+        };
+        let pools = match view {
+            StatusView::Caller => pools,
+            StatusView::Aggregate => pools.into_iter().map(Self::aggregate_pool).collect(),
+        };
         let capacity_bytes = servers.iter().map(|s| s.capacity_bytes).sum();
         let used_bytes = servers.iter().map(|s| s.used_bytes).sum();
         let drains_in_flight = servers.iter().map(|s| s.drains_in_flight as u64).sum();
@@ -977,5 +1102,19 @@ impl Manager {
             free_bytes: capacity_bytes.saturating_sub(used_bytes),
             drains_in_flight,
         })
+    }
+
+    /// The pool as `caller` may see it: without stream keys unless root or admin.
+    fn pool_as_seen_by(caller: &Caller, pool: Pool) -> Pool {
+        if caller.admin {
+            pool
+        } else {
+            Pool { keys_per_stream: Vec::new(), ..pool }
+        }
+    }
+
+    /// A pool's capacity only: no reservation count, no stream keys.
+    fn aggregate_pool(pool: Pool) -> Pool {
+        Pool { reservations: 0, keys_per_stream: Vec::new(), ..pool }
     }
 }

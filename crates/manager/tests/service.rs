@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use spillway_config::{ManagerKnobs, StreamKeyKind};
+use spillway_config::{JobOwnerCheck, ManagerKnobs, StreamKeyKind};
 use spillway_manager::db::Db;
 use spillway_manager::heartbeat::{heartbeat_round, Prober};
 use spillway_manager::service::{
@@ -22,11 +22,13 @@ impl Clock for TestClock {
     }
 }
 
+/// Test knobs: small fragments; job ownership unchecked unless a test gives a fake Slurm.
 fn knobs() -> ManagerKnobs {
     ManagerKnobs {
         fragment_bytes: 8 * MIB,
         stripe_servers_max: 2,
         streams_max: 2,
+        job_owner_check: JobOwnerCheck::Unchecked,
         ..Default::default()
     }
 }
@@ -148,9 +150,9 @@ fn users_see_and_destroy_only_their_own() {
     assert_eq!((for_user.owner, for_user.group), (1001, 1001));
     assert_eq!(manager.show_reservation(&other, "job-43").unwrap().id, for_user.id);
     // Wrong job at teardown is refused; the right one destroys.
-    let error = manager.destroy_reservation(&root(), "job-42", Some("99")).unwrap_err();
+    let error = manager.destroy_reservation(&root(), "job-42", Some("99"), false).unwrap_err();
     assert!(matches!(error, DestroyError::JobMismatch { .. }), "{error}");
-    let destroyed = manager.destroy_reservation(&user(1000), "job-42", Some("42")).unwrap();
+    let destroyed = manager.destroy_reservation(&user(1000), "job-42", Some("42"), false).unwrap();
     assert_eq!(destroyed.reservation.state, ReservationState::Destroyed);
     assert!(
         manager.show_reservation(&user(1000), "job-42").is_err(),
@@ -196,7 +198,7 @@ fn assert_hidden_from_another_user(manager: &Manager, mine: &Reservation) {
         manager.show_reservation(&other, &mine.id.to_string()),
         Err(LookupError::NotFound { .. })
     ));
-    let error = manager.destroy_reservation(&other, "job-42", None).unwrap_err();
+    let error = manager.destroy_reservation(&other, "job-42", None, false).unwrap_err();
     assert!(matches!(error, DestroyError::NotFound { .. }));
     assert_eq!(error.status(), 404);
     assert!(manager.list_reservations(&other, true).unwrap().is_empty());
@@ -234,7 +236,7 @@ fn persistent_reservations_are_shared_with_allowed_users_only() {
     assert_eq!(manager.show_reservation(&in_group, "dataset").unwrap().id, shared.id);
     assert!(manager.show_reservation(&user(1004), "dataset").is_err());
     // Allowed users use it but do not destroy it.
-    let error = manager.destroy_reservation(&user(1002), "dataset", None).unwrap_err();
+    let error = manager.destroy_reservation(&user(1002), "dataset", None, false).unwrap_err();
     assert!(matches!(error, DestroyError::NotAuthorized { .. }), "{error}");
     let error = manager
         .create_reservation(
@@ -329,7 +331,7 @@ fn pools_by_algorithm_2_and_streams_by_algorithm_1() {
     namespaces.sort();
     namespaces.dedup();
     assert_eq!(namespaces.len(), 4, "every reservation has its own namespace id");
-    let pools = manager.list_pools().unwrap();
+    let pools = manager.list_pools(&root()).unwrap();
     assert_eq!(pools[0].keys_per_stream, vec![1, 1]);
     // Keyed by job, every reservation is its own key: with 2 streams the third shares.
     let dir = tempfile::tempdir().unwrap();
@@ -365,11 +367,11 @@ fn state_survives_a_restart() {
             )
             .unwrap();
         let gone = manager.create_reservation(&user(8), &request(MIB)).unwrap();
-        manager.destroy_reservation(&user(8), &gone.id.to_string(), None).unwrap();
+        manager.destroy_reservation(&user(8), &gone.id.to_string(), None, false).unwrap();
         (kept.clone(), kept.stream)
     };
     let manager = open(&path, knobs());
-    assert_eq!(manager.list_pools().unwrap().len(), 2);
+    assert_eq!(manager.list_pools(&root()).unwrap().len(), 2);
     assert_eq!(manager.list_servers().unwrap().len(), 4);
     let shown = manager.show_reservation(&user(7), "keep").unwrap();
     assert_eq!(shown, kept);
@@ -429,9 +431,170 @@ fn a_server_missing_heartbeats_is_marked_down_and_avoided() {
         vec!["127.0.0.1:7002".to_string()],
         "the down server gets no fragment"
     );
-    assert_eq!(manager.status(&root()).unwrap().drains_in_flight, 3, "from the three live servers");
+    assert_eq!(
+        manager.status(&root(), StatusView::Caller).unwrap().drains_in_flight,
+        3,
+        "from the three live servers"
+    );
     prober.down.lock().unwrap().clear();
     heartbeat_round(&manager, &prober);
     assert!(server(&manager).healthy);
     assert!(server(&manager).last_seen_unix_s.is_some());
+}
+
+/// Slurm as the unit tests see it: job 42 belongs to uid 1000, job 43 to uid 1001, any other
+/// job is unknown; or Slurm cannot be asked at all. Counts the questions.
+struct FakeSlurm {
+    reachable: bool,
+    asked: AtomicU64,
+}
+
+impl JobOwners for FakeSlurm {
+    fn owner_of(&self, job: &str) -> Result<u32, JobOwnerError> {
+        self.asked.fetch_add(1, Ordering::Relaxed);
+        if !self.reachable {
+            return Err(JobOwnerError::Unavailable {
+                reason: "scontrol -o show job: no answer within 5000 ms".into(),
+            });
+        }
+        match job {
+            "42" => Ok(1000),
+            "43" => Ok(1001),
+            _ => Err(JobOwnerError::UnknownJob { job: job.into() }),
+        }
+    }
+}
+
+fn with_fake_slurm(manager: Manager, reachable: bool) -> (Manager, Arc<FakeSlurm>) {
+    let slurm = Arc::new(FakeSlurm { reachable, asked: AtomicU64::new(0) });
+    (manager.with_job_owners(Some(slurm.clone())), slurm)
+}
+
+fn for_job(job: &str) -> CreateReservation {
+    CreateReservation { job: Some(job.into()), ..request(MIB) }
+}
+
+#[test]
+fn a_user_cannot_reserve_for_another_users_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let (manager, slurm) = with_fake_slurm(open(&dir.path().join("m.db"), knobs()), true);
+    setup(&manager);
+    // Uid 1001 squatting job 42 (uid 1000's) is refused, naming the job's owner.
+    let error = manager.create_reservation(&user(1001), &for_job("42")).unwrap_err();
+    assert!(matches!(error, CreateReservationError::NotJobOwner { owner: 1000, .. }), "{error}");
+    assert_eq!((error.status(), error.kind()), (403, "not_job_owner"));
+    assert_eq!(
+        error.to_string(),
+        "job 42 belongs to uid 1000; only its owner or root can reserve for it"
+    );
+    // Nor may an admin give job 42's reservation to someone other than its owner.
+    let admin = Caller::new(1005, 1005, vec![1005], true);
+    let error = manager
+        .create_reservation(
+            &admin,
+            &CreateReservation { owner: Some(1001), group: Some(1001), ..for_job("42") },
+        )
+        .unwrap_err();
+    assert!(matches!(error, CreateReservationError::NotJobOwner { .. }), "{error}");
+    // A job Slurm does not know, and a job id Slurm cannot be asked about.
+    let error = manager.create_reservation(&user(1000), &for_job("77")).unwrap_err();
+    assert_eq!((error.status(), error.kind()), (404, "unknown_job"), "{error}");
+    let error = manager.create_reservation(&user(1000), &for_job("x-1")).unwrap_err();
+    assert!(error.to_string().contains("is not a Slurm job id"), "{error}");
+    // The owner may; root may for anyone without Slurm being asked.
+    let asked = slurm.asked.load(Ordering::Relaxed);
+    assert_eq!(manager.create_reservation(&user(1000), &for_job("42")).unwrap().owner, 1000);
+    assert_eq!(slurm.asked.load(Ordering::Relaxed), asked + 1);
+    let mine = manager.create_reservation(&root(), &job_43_for_uid_1001()).unwrap();
+    assert_eq!(mine.owner, 1001);
+    assert_eq!(slurm.asked.load(Ordering::Relaxed), asked + 1, "root's request asks no one");
+    // A reservation without a job asks no one either.
+    manager.create_reservation(&user(1001), &request(MIB)).unwrap();
+    assert_eq!(slurm.asked.load(Ordering::Relaxed), asked + 1);
+}
+
+#[test]
+fn without_slurm_job_reservations_are_refused_unless_the_check_is_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let (manager, _) = with_fake_slurm(open(&dir.path().join("m.db"), knobs()), false);
+    setup(&manager);
+    let error = manager.create_reservation(&user(1000), &for_job("42")).unwrap_err();
+    assert_eq!((error.status(), error.kind()), (503, "job_owner_unavailable"));
+    let message = error.to_string();
+    assert!(message.contains("cannot ask Slurm who owns job 42"), "{message}");
+    assert!(message.contains("manager.job_owner_check"), "{message}");
+    // The knob's "none": nobody is asked (the setup hook still refuses a squatted job-N).
+    let dir = tempfile::tempdir().unwrap();
+    let unchecked = open(&dir.path().join("m.db"), knobs());
+    setup(&unchecked);
+    unchecked.create_reservation(&user(1001), &for_job("42")).unwrap();
+}
+
+/// Uid 1000's persistent reservation `dataset`, used by Slurm job 7 (registered by root).
+fn dataset_used_by_job_7(manager: &Manager) -> Reservation {
+    manager
+        .create_reservation(
+            &user(1000),
+            &CreateReservation { persistent: Some("dataset".into()), ..request(MIB) },
+        )
+        .unwrap();
+    let error = manager.register_job(&user(1000), "dataset", "7").unwrap_err();
+    assert_eq!((error.status(), error.kind()), (403, "not_authorized"), "{error}");
+    let registered = manager.register_job(&root(), "dataset", "7").unwrap();
+    assert_eq!(registered.jobs, vec!["7".to_string()]);
+    assert_eq!(manager.register_job(&root(), "dataset", "7").unwrap().jobs.len(), 1, "again");
+    registered
+}
+
+#[test]
+fn a_persistent_reservation_in_use_is_destroyed_only_by_root_with_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = open(&dir.path().join("m.db"), knobs());
+    setup(&manager);
+    dataset_used_by_job_7(&manager);
+    // Its owner cannot destroy it under the job, nor can root without force.
+    for caller in [user(1000), root()] {
+        let error = manager.destroy_reservation(&caller, "dataset", None, false).unwrap_err();
+        assert_eq!((error.status(), error.kind()), (409, "in_use"), "{error}");
+        assert!(error.to_string().starts_with("reservation dataset is used by job 7"), "{error}");
+    }
+    let error = manager.destroy_reservation(&user(1000), "dataset", None, true).unwrap_err();
+    assert!(matches!(error, DestroyError::ForceNotAuthorized { uid: 1000, .. }), "{error}");
+    // Once the job is gone (teardown unregisters it, twice is harmless) the owner may.
+    manager.unregister_job(&root(), "dataset", "7").unwrap();
+    assert!(manager.unregister_job(&root(), "dataset", "7").unwrap().jobs.is_empty());
+    manager.destroy_reservation(&user(1000), "dataset", None, false).unwrap();
+    // Root with force destroys one in use; job reservations record no jobs.
+    dataset_used_by_job_7(&manager);
+    let destroyed = manager.destroy_reservation(&root(), "dataset", None, true).unwrap();
+    assert_eq!(destroyed.reservation.state, ReservationState::Destroyed);
+    manager.create_reservation(&user(1000), &for_job("42")).unwrap();
+    let error = manager.register_job(&root(), "job-42", "42").unwrap_err();
+    assert_eq!(error.kind(), "not_persistent", "{error}");
+}
+
+#[test]
+fn status_shows_a_user_only_their_own_reservations() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = open(&dir.path().join("m.db"), knobs());
+    setup(&manager);
+    let mine = create_job_42(&manager);
+    let other = manager.status(&user(1001), StatusView::Caller).unwrap();
+    assert!(other.reservations.is_empty(), "{:?}", other.reservations);
+    assert_eq!(other.used_bytes, mine.capacity_bytes, "aggregate capacity is everyone's");
+    for pool in other.pools.iter().chain(&manager.list_pools(&user(1001)).unwrap()) {
+        assert_eq!(pool.reservations, 0, "pool {}: another user's reservation counted", pool.name);
+        assert!(pool.keys_per_stream.is_empty(), "pool {}: stream keys shown", pool.name);
+    }
+    let json = serde_json::to_string(&other).unwrap();
+    assert!(!json.contains("job-42"), "{json}");
+    // The owner sees theirs; root sees all; the aggregate view shows none, even to root.
+    let own = manager.status(&user(1000), StatusView::Caller).unwrap();
+    assert_eq!(own.reservations.iter().map(|r| r.id).collect::<Vec<_>>(), vec![mine.id]);
+    assert_eq!(own.pools.iter().map(|p| p.reservations).sum::<u64>(), 1);
+    assert_eq!(manager.status(&root(), StatusView::Caller).unwrap().reservations.len(), 1);
+    let aggregate = manager.status(&root(), StatusView::Aggregate).unwrap();
+    assert!(aggregate.reservations.is_empty());
+    assert!(aggregate.pools.iter().all(|p| p.reservations == 0 && p.keys_per_stream.is_empty()));
+    assert_eq!(aggregate.used_bytes, mine.capacity_bytes);
 }

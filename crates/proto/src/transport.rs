@@ -70,6 +70,11 @@ pub trait Connection: Read + Write + Send {
     fn try_clone_connection(&self) -> io::Result<Box<dyn Connection>>;
     /// Bounds how long a read may block (`None`: forever).
     fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
+    /// Bounds how long a write may block (`None`: forever).
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
+    /// Shuts the sending direction down: the peer reads end-of-file after what was sent, and
+    /// this side can still read what the peer sends (a lingering close).
+    fn shutdown_write(&self);
     /// Shuts both directions down; a blocked reader on another handle wakes up.
     fn shutdown(&self);
 }
@@ -227,6 +232,12 @@ impl Connection for TcpConnection {
     fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         self.stream.set_read_timeout(timeout)
     }
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.stream.set_write_timeout(timeout)
+    }
+    fn shutdown_write(&self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Write);
+    }
     fn shutdown(&self) {
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
     }
@@ -291,6 +302,12 @@ impl Connection for UnixConnection {
     }
     fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         self.stream.set_read_timeout(timeout)
+    }
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.stream.set_write_timeout(timeout)
+    }
+    fn shutdown_write(&self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Write);
     }
     fn shutdown(&self) {
         let _ = self.stream.shutdown(std::net::Shutdown::Both);

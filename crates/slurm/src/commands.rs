@@ -13,7 +13,11 @@ use crate::hooks::Hooks;
 /// The manager's view of a reservation (`reservation show --json`); unknown fields are ignored.
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct Reservation {
+    pub(crate) id: u64,
     pub(crate) name: String,
+    /// `active` or `destroyed` (a reservation shown by id may be destroyed).
+    #[serde(default)]
+    pub(crate) state: Option<String>,
     #[serde(default)]
     pub(crate) owner: Option<u32>,
     #[serde(default)]
@@ -78,30 +82,58 @@ impl Hooks {
     /// A manager call bounded by `timeout`, for callers that must never hang (the pools refresh).
     pub(crate) fn manager_timed(&self, args: &[&str], timeout: Duration) -> anyhow::Result<String> {
         let mut command = self.spillway()?;
-        command.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
-        let mut child =
-            command.spawn().with_context(|| format!("running spillway {}", args.join(" ")))?;
-        let deadline = Instant::now() + timeout;
-        loop {
-            if child.try_wait()?.is_some() {
-                break;
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!("spillway {}: no answer from the manager within {timeout:?}", args.join(" "));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let output = child.wait_with_output()?;
-        checked(output, &format!("spillway {}", args.join(" ")))
+        command.args(args);
+        output_within(&mut command, timeout, &format!("spillway {}", args.join(" ")))
     }
+
+    /// A manager call that may find the reservation gone: `Ok(false)` when the manager says it
+    /// does not exist (teardown after it was destroyed), `Ok(true)` when the call succeeded.
+    pub(crate) fn manager_unless_gone(&self, args: &[&str]) -> anyhow::Result<bool> {
+        let mut command = self.spillway()?;
+        command.args(args);
+        let output =
+            command.output().with_context(|| format!("running spillway {}", args.join(" ")))?;
+        if !output.status.success() && is_not_found(&String::from_utf8_lossy(&output.stderr)) {
+            return Ok(false);
+        }
+        checked(output, &format!("spillway {}", args.join(" ")))?;
+        Ok(true)
+    }
+}
+
+/// Runs `command` (named `what` in errors), killed if it has not finished within `timeout`;
+/// its stdout, or an error with its stderr unless it exited 0. Its output must fit the pipes
+/// (a few KiB: a manager answer or a version line).
+pub(crate) fn output_within(
+    command: &mut Command,
+    timeout: Duration,
+    what: &str,
+) -> anyhow::Result<String> {
+    command.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = command.spawn().with_context(|| format!("running {what}"))?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        if child.try_wait()?.is_some() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("{what}: no answer within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = child.wait_with_output()?;
+    checked(output, what)
 }
 
 /// The manager's "no such reservation" error (exit 1, one line naming it).
 fn is_not_found(stderr: &str) -> bool {
     let lower = stderr.to_ascii_lowercase();
-    lower.contains("no reservation") || lower.contains("not found") || lower.contains("no such")
+    lower.contains("no reservation")
+        || lower.contains("no active reservation")
+        || lower.contains("not found")
+        || lower.contains("no such")
 }
 
 /// Run `command`, fail with its stderr (naming `what`) unless it exits 0; return its stdout.
@@ -127,6 +159,7 @@ mod tests {
     #[test]
     fn not_found_messages() {
         assert!(is_not_found("spillway: no reservation \"job-9\" visible to uid 0"));
+        assert!(is_not_found("spillway: no active reservation \"5\" visible to uid 0"));
         assert!(!is_not_found("spillway: permission denied"));
     }
 }

@@ -57,8 +57,10 @@ impl Hooks {
         Ok(())
     }
 
-    /// slurm_bb_setup: create (or reuse) the job's reservation for uid/gid, then write the job's
-    /// record.
+    /// slurm_bb_setup: create (or reuse) the job's reservation for uid/gid, recording in the
+    /// job's record which reservation that is. An existing `job-N` that another user holds is
+    /// refused (its owner squatted the name), an existing persistent one the job's user may not
+    /// use too; the job then gets held with the message.
     pub(crate) fn setup(
         &self,
         job: u64,
@@ -73,19 +75,36 @@ impl Hooks {
             Some(name) => (name.clone(), true),
             None => (job_reservation_name(job), false),
         };
-        let record = JobRecord { job, uid, gid, reservation, persistent };
-        match self.show_reservation(&record.reservation)? {
-            Some(existing) if persistent => check_persistent_access(&record, &existing)?,
-            Some(_) => {} // setup re-run after a slurmctld restart: the job's reservation exists
-            None => self.create_reservation(&record, &directive)?,
+        let mut record = JobRecord { job, uid, gid, reservation, persistent, reservation_id: None };
+        let existing = self.show_reservation(&record.reservation)?;
+        match &existing {
+            Some(existing) if persistent => check_persistent_access(&record, existing)?,
+            Some(existing) => check_job_reservation_owner(&record, existing)?,
+            None => {}
         }
+        // Before anything is created: teardown then knows the job's user whatever happens next.
+        self.write_record(&record)?;
+        let id = match existing {
+            // Setup re-run after a slurmctld restart, or the job's user reserved for it: adopted.
+            Some(existing) => existing.id,
+            None => self.create_reservation(&record, &directive)?.id,
+        };
+        if persistent {
+            let id_text = id.to_string();
+            self.manager(&["reservation", "register-job", &id_text, "--job", &job.to_string()])?;
+        }
+        record.reservation_id = Some(id);
         self.write_record(&record)
     }
 
     /// `reservation create` for the job's user: the job's own reservation, or the persistent
     /// one the directive names (which then needs `capacity=`).
-    fn create_reservation(&self, record: &JobRecord, directive: &Directive) -> anyhow::Result<()> {
-        let JobRecord { job, uid, gid, reservation: name, persistent } = record;
+    fn create_reservation(
+        &self,
+        record: &JobRecord,
+        directive: &Directive,
+    ) -> anyhow::Result<Reservation> {
+        let JobRecord { job, uid, gid, reservation: name, persistent, .. } = record;
         let uid_text = uid.to_string();
         let gid_text = gid.to_string();
         let job_text = job.to_string();
@@ -123,7 +142,7 @@ impl Hooks {
                 reservation.name
             );
         }
-        Ok(())
+        Ok(reservation)
     }
 
     /// slurm_bb_data_in and slurm_bb_data_out: one `spillway stage-in`/`stage-out` per pair, run
@@ -296,9 +315,9 @@ impl Hooks {
         Ok(())
     }
 
-    /// slurm_bb_job_teardown: unmount, kill leftovers, destroy the job reservation (never a
-    /// persistent one), remove the mount point and, once all that succeeded, the record. A failed
-    /// step does not stop the next.
+    /// slurm_bb_job_teardown: unmount, kill leftovers, destroy the job reservation setup made
+    /// (or unregister the job from its persistent one), remove the mount point and, once all
+    /// that succeeded, the record. A failed step does not stop the next.
     pub(crate) fn teardown(
         &self,
         job: u64,
@@ -310,10 +329,10 @@ impl Hooks {
             Some(script) if script.exists() => self.read_directive(script).unwrap_or(None),
             _ => None,
         };
-        let (name, persistent) = match (&record, &directive) {
-            (Some(record), _) => (record.reservation.clone(), record.persistent),
-            (None, Some(Directive { persistent: Some(name), .. })) => (name.clone(), true),
-            (None, _) => (job_reservation_name(job), false),
+        let name = match (&record, &directive) {
+            (Some(record), _) => record.reservation.clone(),
+            (None, Some(Directive { persistent: Some(name), .. })) => name.clone(),
+            (None, _) => job_reservation_name(job),
         };
         let mut problems = Vec::new();
         if let Err(e) = self.unmount(job) {
@@ -325,17 +344,10 @@ impl Hooks {
             Ok(pids) => kill_all(&pids),
             Err(e) => problems.push(format!("{e:#}")),
         }
-        if !persistent {
-            match self.show_reservation(&name) {
-                Ok(Some(_)) => {
-                    if let Err(e) =
-                        self.manager(&["reservation", "destroy", &name, "--job", &job.to_string()])
-                    {
-                        problems.push(format!("{e:#}"));
-                    }
-                }
-                Ok(None) => {}
-                Err(e) => problems.push(format!("{e:#}")),
+        // Without a record setup never asked the manager for anything: nothing of this job's.
+        if let Some(record) = &record {
+            if let Err(e) = self.release_reservation(record) {
+                problems.push(format!("{e:#}"));
             }
         }
         let mountpoint = self.mountpoint(job);
@@ -361,6 +373,35 @@ impl Hooks {
         }
     }
 
+    /// Teardown's part with the manager: unregister the job from its persistent reservation, or
+    /// destroy its job reservation — the one setup recorded, never another (a `job-N` someone
+    /// else holds stays). If setup stopped between asking for the reservation and recording it,
+    /// the `job-N` reservation is the job's when the job's user owns it (only that user or root
+    /// can create one for the job).
+    fn release_reservation(&self, record: &JobRecord) -> anyhow::Result<()> {
+        let JobRecord { job, reservation: name, persistent, reservation_id, .. } = record;
+        let job_text = job.to_string();
+        let key = reservation_id.map_or_else(|| name.clone(), |id| id.to_string());
+        if *persistent {
+            self.manager_unless_gone(&["reservation", "unregister-job", &key, "--job", &job_text])?;
+            return Ok(());
+        }
+        let Some(existing) = self.show_reservation(&key)? else { return Ok(()) };
+        if existing.state.as_deref() == Some("destroyed") {
+            return Ok(());
+        }
+        if !teardown_destroys(record, &existing) {
+            println!(
+                "job {job}: leaving reservation {name} (uid {}) alone: this job's setup did not create it",
+                existing.owner.map_or_else(|| "unknown".into(), |o| o.to_string())
+            );
+            return Ok(());
+        }
+        let id_text = existing.id.to_string();
+        self.manager_unless_gone(&["reservation", "destroy", &id_text, "--job", &job_text])?;
+        Ok(())
+    }
+
     /// slurm_bb_pools: print the cached answer, or (`--refresh`) reap lost teardowns, ask the
     /// manager and rewrite the cache.
     pub(crate) fn pools(&self, cache: Option<&Path>, refresh: bool) -> anyhow::Result<()> {
@@ -376,14 +417,6 @@ impl Hooks {
             pools::write_cache(cache, &json)?;
         }
         println!("{json}");
-        Ok(())
-    }
-
-    /// slurm_bb_get_status (`scontrol show bbstat`): `spillway status`.
-    pub(crate) fn status(&self, words: &[String]) -> anyhow::Result<()> {
-        let mut command = self.spillway()?;
-        command.arg("status").args(words);
-        print!("{}", output_of(&mut command, "spillway status")?);
         Ok(())
     }
 }
@@ -407,6 +440,32 @@ fn check_setup_request(
     Ok(())
 }
 
+/// Whether teardown destroys `existing` (an active reservation found under the record's
+/// reservation id, or its name when setup recorded none): the reservation setup recorded for
+/// the job; without a recorded id (setup stopped between asking the manager and recording) the
+/// job's `job-N` only if the job's user owns it — never a reservation someone else holds.
+fn teardown_destroys(record: &JobRecord, existing: &Reservation) -> bool {
+    match record.reservation_id {
+        Some(id) => existing.id == id,
+        None => existing.owner == Some(record.uid) && existing.name == record.reservation,
+    }
+}
+
+/// Is the existing `job-N` reservation the job's own? Its owner must be the job's user: anyone
+/// else holding that name squatted it (the manager refuses that when it asks Slurm who owns
+/// the job; `manager.job_owner_check = "none"` does not), and using it would mount the
+/// squatter's namespace in the job.
+fn check_job_reservation_owner(record: &JobRecord, existing: &Reservation) -> anyhow::Result<()> {
+    let JobRecord { job, uid, reservation: name, .. } = record;
+    match existing.owner {
+        Some(owner) if owner == *uid => Ok(()),
+        owner => bail!(
+            "job {job}: reservation {name} already exists and belongs to uid {}, not to the job's uid {uid}; refusing to use it (root can destroy it: spillway reservation destroy {name})",
+            owner.map_or_else(|| "unknown".into(), |o| o.to_string())
+        ),
+    }
+}
+
 /// May the job's user use the existing persistent reservation?
 fn check_persistent_access(record: &JobRecord, existing: &Reservation) -> anyhow::Result<()> {
     let JobRecord { job, uid, gid, reservation: name, .. } = record;
@@ -424,4 +483,46 @@ fn check_persistent_access(record: &JobRecord, existing: &Reservation) -> anyhow
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(job: u64, uid: u32) -> JobRecord {
+        JobRecord {
+            job,
+            uid,
+            gid: uid,
+            reservation: job_reservation_name(job),
+            persistent: false,
+            reservation_id: None,
+        }
+    }
+
+    fn reservation(name: &str, owner: u32) -> Reservation {
+        serde_json::from_value(serde_json::json!({"id": 5, "name": name, "owner": owner})).unwrap()
+    }
+
+    #[test]
+    fn setup_refuses_a_job_reservation_another_user_holds() {
+        let error = check_job_reservation_owner(&record(12, 999), &reservation("job-12", 1500))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("job-12 already exists and belongs to uid 1500"), "{error}");
+        assert!(error.contains("not to the job's uid 999"), "{error}");
+        check_job_reservation_owner(&record(12, 999), &reservation("job-12", 999))
+            .expect("the job's own reservation (setup re-run, or its user reserved) is used");
+    }
+
+    #[test]
+    fn teardown_destroys_only_what_setup_recorded() {
+        let recorded = JobRecord { reservation_id: Some(5), ..record(12, 999) };
+        assert!(teardown_destroys(&recorded, &reservation("job-12", 999)));
+        let other_id = JobRecord { reservation_id: Some(6), ..record(12, 999) };
+        assert!(!teardown_destroys(&other_id, &reservation("job-12", 999)));
+        // Setup stopped before recording: the job's own job-N only, never a squatter's.
+        assert!(teardown_destroys(&record(12, 999), &reservation("job-12", 999)));
+        assert!(!teardown_destroys(&record(12, 999), &reservation("job-12", 1500)));
+    }
 }

@@ -9,7 +9,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::hooks::Hooks;
 
-/// What `setup` learned that later hooks need (only setup receives the uid/gid).
+/// What `setup` learned that later hooks need (only setup receives the uid/gid), and what it
+/// made: the record is written before setup asks the manager for anything, and again with the
+/// reservation's id once setup created (or adopted) the job's reservation or registered the job
+/// with a persistent one. Teardown destroys only that reservation.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub(crate) struct JobRecord {
     pub(crate) job: u64,
@@ -17,6 +20,10 @@ pub(crate) struct JobRecord {
     pub(crate) gid: u32,
     pub(crate) reservation: String,
     pub(crate) persistent: bool,
+    /// The manager's id of `reservation`, once setup created or adopted it for this job (job
+    /// reservation) or registered the job with it (persistent); `None` before.
+    #[serde(default)]
+    pub(crate) reservation_id: Option<u64>,
 }
 
 /// The reservation name of a job-scoped reservation (the manager's naming, see the contract).

@@ -24,8 +24,9 @@
 //! per-job record and the names derived from a job id (mount point, reservation); `processes.rs`
 //! mountinfo and finding/killing a job's leftover processes in /proc; `commands.rs` running
 //! `spillway …` children and checking their output; `pools.rs` Slurm's pools answer and its cache;
-//! `orphans.rs` the periodic reaper of lost teardowns; [`directive`] the `#BB_LUA` parser. This
-//! file holds the command line and the dispatch.
+//! `orphans.rs` the periodic reaper of lost teardowns; `status.rs` what `scontrol show bbstat`
+//! shows to whom; [`directive`] the `#BB_LUA` parser. This file holds the command line and the
+//! dispatch.
 
 mod commands;
 pub mod directive;
@@ -34,6 +35,7 @@ mod job;
 mod orphans;
 mod pools;
 mod processes;
+mod status;
 
 use std::path::PathBuf;
 
@@ -135,9 +137,12 @@ enum Hook {
         /// The script may be gone when Slurm tears down a failed submission.
         script: Option<PathBuf>,
     },
-    /// slurm_bb_get_status (`scontrol show bbstat`): `spillway status`.
+    /// slurm_bb_get_status (`scontrol show bbstat`): `spillway status` as the asking user
+    /// (Slurm 23.02+ passes its uid and gid first), else capacity only (22.05).
     Status {
-        /// Extra words after `bbstat`, passed to `spillway status`.
+        /// What Slurm passes: the caller's uid and gid (23.02+), then the words after `bbstat`
+        /// (only `--json` is accepted).
+        #[arg(allow_hyphen_values = true)]
         words: Vec<String>,
     },
 }

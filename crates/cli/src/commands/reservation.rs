@@ -5,7 +5,7 @@
 //! checks ownership from the socket's peer credentials; root (or the admin group) may create for
 //! another uid with `--owner UID --group GID` (the Slurm hooks do).
 
-use spillway_manager::{Access, CreateReservation, Reservation};
+use spillway_manager::{Access, CreateReservation, RegisterJob, Reservation};
 use spillway_types::parse_size;
 
 use super::manager_api::{print_json, print_table, ManagerFlags};
@@ -72,6 +72,26 @@ enum Command {
         /// Refuse unless the reservation belongs to this job (teardown's safety check).
         #[arg(long, value_name = "JOBID")]
         job: Option<String>,
+        /// Destroy a persistent reservation even though Slurm jobs use it (root only).
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        flags: ManagerFlags,
+    },
+    /// Record that a Slurm job uses a persistent reservation (root or admin group; the Slurm
+    /// setup hook does): it is not destroyed under the job.
+    RegisterJob {
+        reservation: String,
+        #[arg(long, value_name = "JOBID")]
+        job: String,
+        #[command(flatten)]
+        flags: ManagerFlags,
+    },
+    /// Record that a Slurm job no longer uses a persistent reservation (the teardown hook does).
+    UnregisterJob {
+        reservation: String,
+        #[arg(long, value_name = "JOBID")]
+        job: String,
         #[command(flatten)]
         flags: ManagerFlags,
     },
@@ -123,19 +143,52 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             print_reservations(&list);
             Ok(())
         }
-        Command::Destroy { reservation, job, flags } => {
-            let mut path = format!("/v1/reservations/{}", path_segment(&reservation)?);
-            if let Some(job) = job {
-                path.push_str(&format!("?job={}", path_segment(&job)?));
-            }
-            let destroyed: Reservation = flags.client()?.delete(&path)?;
-            if flags.json {
-                return print_json(&destroyed);
-            }
-            println!("destroyed reservation {} ({})", destroyed.id, destroyed.name);
-            Ok(())
+        Command::Destroy { reservation, job, force, flags } => {
+            destroy(&reservation, job.as_deref(), force, &flags)
+        }
+        Command::RegisterJob { reservation, job, flags } => {
+            let path = format!("/v1/reservations/{}/jobs", path_segment(&reservation)?);
+            let registered: Reservation =
+                flags.client()?.post(&path, &RegisterJob { job: path_segment(&job)?.into() })?;
+            show(&registered, flags.json)
+        }
+        Command::UnregisterJob { reservation, job, flags } => {
+            let path = format!(
+                "/v1/reservations/{}/jobs/{}",
+                path_segment(&reservation)?,
+                path_segment(&job)?
+            );
+            let unregistered: Reservation = flags.client()?.delete(&path)?;
+            show(&unregistered, flags.json)
         }
     }
+}
+
+/// `reservation destroy`: `?job=` for teardown's check, `force=1` for a reservation in use.
+fn destroy(
+    reservation: &str,
+    job: Option<&str>,
+    force: bool,
+    flags: &ManagerFlags,
+) -> anyhow::Result<()> {
+    let mut query = Vec::new();
+    if let Some(job) = job {
+        query.push(format!("job={}", path_segment(job)?));
+    }
+    if force {
+        query.push("force=1".to_string());
+    }
+    let mut path = format!("/v1/reservations/{}", path_segment(reservation)?);
+    if !query.is_empty() {
+        path.push('?');
+        path.push_str(&query.join("&"));
+    }
+    let destroyed: Reservation = flags.client()?.delete(&path)?;
+    if flags.json {
+        return print_json(&destroyed);
+    }
+    println!("destroyed reservation {} ({})", destroyed.id, destroyed.name);
+    Ok(())
 }
 
 /// Ids, names and job ids are `[A-Za-z0-9._-]`; anything else cannot name a reservation.
@@ -188,6 +241,10 @@ fn show(reservation: &Reservation, json: bool) -> anyhow::Result<()> {
         ("namespace", r.namespace_id.to_string()),
         ("stream", r.stream.to_string()),
         ("state", r.state.as_str().into()),
+        (
+            "used by",
+            if r.jobs.is_empty() { "-".into() } else { format!("jobs {}", r.jobs.join(", ")) },
+        ),
     ];
     for (key, value) in rows {
         println!("{key:<10} {value}");
