@@ -7,6 +7,8 @@
 //! reservation; a killed server is noticed by the heartbeat. Needs root (CI runs tests as root)
 //! and `setpriv` (util-linux).
 
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -38,7 +40,8 @@ impl ManagerProcess {
         let db = dir.join("manager.db");
         let log = dir.join("manager.log");
         let _ = std::fs::remove_file(&log);
-        let child = Command::new(BIN)
+        let mut command = Command::new(BIN);
+        command
             .args(["manager", "--socket"])
             .arg(&socket)
             .arg("--db")
@@ -47,11 +50,21 @@ impl ManagerProcess {
             .env("SPILLWAY_MANAGER_STRIPE_SERVERS_MAX", "2")
             .env("SPILLWAY_MANAGER_HEARTBEAT_MS", "200")
             .env("SPILLWAY_MANAGER_HEARTBEAT_MISSES_MAX", "2")
+            // No Slurm here: who owns a job is not checked (slurm_e2e checks it with Slurm).
+            .env("SPILLWAY_MANAGER_JOB_OWNER_CHECK", "none")
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
+            .stderr(std::fs::File::create(&log).unwrap());
+        // With umask 0 every file would be created world-readable: the modes the manager ends
+        // up with are then the ones it sets itself.
+        // SAFETY: umask is async-signal-safe and touches only the child's own process state.
+        unsafe {
+            command.pre_exec(|| {
+                libc::umask(0);
+                Ok(())
+            });
+        }
+        let child = command.spawn().unwrap();
         let mut manager = ManagerProcess { child, socket, db, log };
         let deadline = Instant::now() + Duration::from_secs(60);
         while !std::fs::read_to_string(&manager.log)
@@ -136,7 +149,6 @@ fn chown(path: &Path, uid: u32) {
 }
 
 fn chmod(path: &Path, mode: u32) {
-    use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
@@ -190,6 +202,7 @@ fn manager_reservations_staging_restart_and_heartbeat() {
     let manager = ManagerProcess::start(dir.path());
 
     pools_and_servers_added_by_root_only(&manager, &addresses);
+    database_private_and_socket_open_to_all(&manager);
     let reservation = user_reservation_over_both_servers(&manager, &addresses);
     let id = reservation["id"].as_u64().unwrap().to_string();
     let epoch = EpochId(reservation["epoch"].as_u64().unwrap());
@@ -227,6 +240,23 @@ fn pools_and_servers_added_by_root_only(manager: &ManagerProcess, addresses: &[S
     );
 }
 
+/// The database (and its -wal and -shm) is 0600 although the manager runs with umask 0; its
+/// socket is 0666: anyone may connect, the socket's peer credentials say who.
+fn database_private_and_socket_open_to_all(manager: &ManagerProcess) {
+    let mode = |path: &Path| {
+        std::fs::metadata(path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    for suffix in ["", "-wal", "-shm"] {
+        let file = PathBuf::from(format!("{}{suffix}", manager.db.display()));
+        assert_eq!(mode(&file), 0o600, "{} must be private to the manager", file.display());
+    }
+    assert_eq!(mode(&manager.socket), 0o666, "the manager's socket");
+}
+
 /// The user's reservation: 20 MiB in 8 MiB fragments over both servers.
 fn user_reservation_over_both_servers(manager: &ManagerProcess, addresses: &[String]) -> Value {
     let reservation =
@@ -258,6 +288,14 @@ fn hidden_from_other_users_and_quota_enforced(manager: &ManagerProcess, id: &str
     fails(manager, Some(OTHER), &["reservation", "destroy", "job-77"], "no active reservation");
     assert_eq!(json(manager, Some(OTHER), &["reservation", "list"]), Value::Array(vec![]));
     assert_eq!(json(manager, Some(USER), &["reservation", "list"]).as_array().unwrap().len(), 1);
+    // Status: another uid sees capacity (used by the user's reservation) but none of it.
+    let other_status = json(manager, Some(OTHER), &["status"]);
+    assert_eq!(other_status["reservations"], Value::Array(vec![]), "{other_status}");
+    assert_eq!(other_status["used_bytes"], 24 * MIB);
+    assert_eq!(other_status["pools"][0]["reservations"], 0, "{other_status}");
+    assert!(!other_status.to_string().contains("job-77"), "{other_status}");
+    let own_status = json(manager, Some(USER), &["status"]);
+    assert_eq!(own_status["reservations"][0]["name"], "job-77", "{own_status}");
     // Quota: root sets 16 MiB for the other user, whose 24 MiB request is refused clearly.
     json(manager, None, &["quota", "set", &OTHER.to_string(), "16MiB"]);
     fails(

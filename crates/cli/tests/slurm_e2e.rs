@@ -9,7 +9,12 @@
 //! writes a checkpoint through the mount and stages it out to the PFS with the right bytes, and
 //! whose reservation is gone after teardown; a persistent reservation shared by two consecutive
 //! jobs; a job cancelled during stage-in and one cancelled while running, both leaving no mount,
-//! no reservation and no leftover spillway process.
+//! no reservation and no leftover spillway process. And a hostile second user squatting a job: its
+//! reservation for the first user's pending job is refused by the manager (which asks this
+//! Slurm who owns the job); a `job-N` reservation squatted anyway (root made it, as a site with
+//! `manager.job_owner_check = "none"` would let the user) makes the job's setup fail with the
+//! squatter named and the job held, and teardown leaves the squatter's reservation alone. The
+//! other attacks on the manager run without Slurm in manager_security.rs.
 //!
 //! Needs root, the Debian packages slurm-wlm and munge (scripts/install-deps.sh) and FUSE. It
 //! FAILS with a message naming what is missing rather than skipping: CI runs as root with those
@@ -25,6 +30,8 @@ use spillway_harness::{pattern, ServerProcess};
 
 const BIN: &str = env!("CARGO_BIN_EXE_spillway");
 const USER: &str = "spillway-test";
+/// The second, hostile, unprivileged user (created if missing).
+const OTHER_USER: &str = "spillway-sec3";
 const MIB: u64 = 1 << 20;
 /// Bound on any one wait (job to finish, teardown to complete); generous for 2 shared cores.
 const WAIT_MAX: Duration = Duration::from_secs(90);
@@ -155,6 +162,8 @@ impl Manager {
         let log = std::fs::File::create(dir.join("manager/manager.log")).unwrap();
         let child = Command::new(BIN)
             .arg("manager")
+            // scontrol (asked who owns a job) finds the test cluster, started after the manager.
+            .env("SLURM_CONF", dir.join("slurm/etc/slurm.conf"))
             .arg("--config")
             .arg(&config)
             .arg("--socket")
@@ -211,12 +220,47 @@ fn reservation_exists(socket: &Path, name: &str) -> bool {
 }
 
 fn user_ids() -> (u32, u32) {
+    ids_of(USER)
+}
+
+/// The uid and gid of `user`, which must exist.
+fn ids_of(user: &str) -> (u32, u32) {
     let id = |flag: &str| -> u32 {
-        let out = Command::new("id").arg(flag).arg(USER).output().unwrap();
-        assert!(out.status.success(), "user {USER} missing after start.sh");
+        let out = Command::new("id").arg(flag).arg(user).output().unwrap();
+        assert!(out.status.success(), "user {user} missing");
         String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
     };
     (id("-u"), id("-g"))
+}
+
+/// The second user's uid and gid, creating the user if missing.
+fn other_user_ids() -> (u32, u32) {
+    let user = spillway_harness::TestUser::create(OTHER_USER)
+        .unwrap_or_else(|e| panic!("the second test user: {e}"));
+    (user.uid, user.gid)
+}
+
+/// `spillway ARGS` as `uid`/`gid` against the manager.
+fn spillway_as(socket: &Path, (uid, gid): (u32, u32), args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("SPILLWAY_MANAGER", socket)
+        .stdin(Stdio::null())
+        .uid(uid)
+        .gid(gid)
+        .output()
+        .unwrap()
+}
+
+/// Asserts that `output` failed with `needle` in its stderr.
+fn assert_refused(output: &Output, needle: &str, what: &str) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success(),
+        "{what} succeeded: {}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    assert!(stderr.contains(needle), "{what}: expected {needle:?} in {stderr:?}");
 }
 
 /// Submit `script` (written to `work/<name>.sh`) as the test user; the sbatch output.
@@ -399,6 +443,8 @@ fn slurm_burst_buffer_end_to_end() {
     malformed_directive_rejected_at_sbatch(&testbed, &mut passed);
     // 2. `scontrol show bbstat` runs `spillway status`, which names the pool.
     bbstat_shows_spillway_status(&testbed, &mut passed);
+    // A second user cannot reserve for the user's job; a squat made anyway fails its setup.
+    job_squatting_refused(&testbed, &mut passed);
 
     let mount = mount_available();
     if !mount {
@@ -490,6 +536,37 @@ impl<'a> Testbed<'a> {
     /// Submits `script` as the test user; the job id.
     fn submit(&self, name: &str, script: &str) -> u64 {
         submit(self.cluster, &self.work, name, script)
+    }
+
+    /// Submits `script` held (`sbatch -H`) as the test user; the job id. Slurm does not set
+    /// up a held job's burst buffer until it is released.
+    fn submit_held(&self, name: &str, script: &str) -> u64 {
+        let output = sbatch(self.cluster, &self.work, name, script, &["-H"]);
+        assert!(
+            output.status.success(),
+            "sbatch -H {name}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let text = String::from_utf8_lossy(&output.stdout);
+        text.trim()
+            .split(';')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap_or_else(|_| panic!("sbatch printed {text:?}"))
+    }
+
+    /// `scontrol release` of `job` as the test user, which must succeed.
+    fn release(&self, job: u64) {
+        let release = self
+            .cluster
+            .command("scontrol")
+            .args(["release", &job.to_string()])
+            .uid(self.uid)
+            .gid(self.gid)
+            .status()
+            .unwrap();
+        assert!(release.success(), "scontrol release {job}");
     }
 
     /// `scancel` of `job` as the test user, which must succeed.
@@ -590,6 +667,96 @@ fn bbstat_shows_spillway_status(testbed: &Testbed<'_>, passed: &mut Passed) {
         String::from_utf8_lossy(&bbstat.stderr)
     );
     passed.pass("scontrol show bbstat shows spillway status");
+}
+
+/// The whole `scontrol -o show job` line of `job` (its Reason may hold spaces).
+fn job_line(cluster: &Cluster, job: u64) -> String {
+    let output =
+        cluster.command("scontrol").args(["-o", "show", "job", &job.to_string()]).output().unwrap();
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The reservation's JSON as root sees it (`reservation show --json`).
+fn reservation_json(manager: &Manager, name: &str) -> serde_json::Value {
+    let text = spillway_ok(&manager.socket, &["reservation", "show", name, "--json"]);
+    serde_json::from_str(text.trim()).unwrap()
+}
+
+/// Job squatting, the one hostile scenario that needs Slurm. A second user asking for a
+/// reservation for the test user's held job is refused: the manager asks Slurm who owns it (a
+/// job id Slurm has not given out is refused too); the job's own user may reserve for it. Then
+/// a `job-N` reservation that the second user holds when the job's setup runs (root creates
+/// it here: the manager refuses the user's own attempt, and this setup check is what protects
+/// a site that turned that off): setup fails naming that uid, Slurm holds the job with the
+/// message, no record is written, and teardown leaves the reservation alone.
+fn job_squatting_refused(testbed: &Testbed<'_>, passed: &mut Passed) {
+    let (cluster, socket) = (testbed.cluster, &testbed.manager.socket);
+    let script = format!(
+        "#!/bin/sh\n#SBATCH -o {work}/squatted-%j.out\n#BB_LUA capacity=8M pool=fast\ntrue\n",
+        work = testbed.work.display()
+    );
+    let job = testbed.submit_held("squatted", &script);
+    let name = format!("job-{job}");
+    let (squatter, squatter_gid) = other_user_ids();
+    let job_text = job.to_string();
+    let create =
+        ["reservation", "create", "--capacity", "8M", "--pool", "fast", "--job", &job_text];
+    assert_refused(
+        &spillway_as(socket, (squatter, squatter_gid), &create),
+        &format!(
+            "job {job} belongs to uid {}; only its owner or root can reserve for it",
+            testbed.uid
+        ),
+        "a second user reserving for the test user's job",
+    );
+    let future = (job + 1000).to_string();
+    let ahead = ["reservation", "create", "--capacity", "8M", "--pool", "fast", "--job", &future];
+    assert_refused(
+        &spillway_as(socket, (squatter, squatter_gid), &ahead),
+        "Slurm does not know job",
+        "a job id not yet given",
+    );
+    assert!(!reservation_exists(socket, &name));
+    let own = spillway_as(socket, (testbed.uid, testbed.gid), &create);
+    assert!(
+        own.status.success(),
+        "the job's user reserving for it: {}",
+        String::from_utf8_lossy(&own.stderr)
+    );
+    spillway_ok(socket, &["reservation", "destroy", &name]);
+
+    let (uid_text, gid_text) = (squatter.to_string(), squatter_gid.to_string());
+    let mut squat = create.to_vec();
+    squat.extend(["--owner", &uid_text, "--group", &gid_text]);
+    spillway_ok(socket, &squat);
+    testbed.release(job);
+    let wanted = format!("belongs to uid {squatter}, not to the job's uid {}", testbed.uid);
+    wait_for(&format!("job {job} held by its failed setup"), cluster, || {
+        job_line(cluster, job).contains(&wanted)
+    });
+    assert_eq!(job_state(cluster, job), "PENDING", "{}", job_line(cluster, job));
+    // Slurm's "Teardown … ran for" line is verbose-level; its job record says it too.
+    wait_for(&format!("job {job}'s teardown (Flags=TeardownFailure)"), cluster, || {
+        job_fields(cluster, job).get("BurstBufferState").map(String::as_str) == Some("complete")
+    });
+    assert_eq!(
+        reservation_json(testbed.manager, &name)["owner"],
+        squatter,
+        "teardown destroyed the squatter's reservation"
+    );
+    testbed.cancel(job);
+    wait_job_end(cluster, job);
+    assert!(
+        !cluster.dir.join(format!("bb-state/job-{job}.json")).exists(),
+        "a record for the refused setup"
+    );
+    assert_eq!(
+        reservation_json(testbed.manager, &name)["owner"],
+        squatter,
+        "the squatter's reservation after the cancel"
+    );
+    spillway_ok(socket, &["reservation", "destroy", &name]);
+    passed.pass("setup refuses a job reservation another user holds; teardown leaves it");
 }
 
 /// Writes the stage-in source `data.bin` on the PFS, owned by the user; returns its bytes.
@@ -770,7 +937,7 @@ fn lost_teardown_done_by_pools_refresh(testbed: &Testbed<'_>, passed: &mut Passe
     let ghost = 4_000_000u64;
     let ghost_reservation = format!("job-{ghost}");
     let (ghost_id, uid_text, gid_text) = (ghost.to_string(), uid.to_string(), gid.to_string());
-    spillway_ok(
+    let created = spillway_ok(
         &testbed.manager.socket,
         &[
             "reservation",
@@ -785,10 +952,13 @@ fn lost_teardown_done_by_pools_refresh(testbed: &Testbed<'_>, passed: &mut Passe
             &uid_text,
             "--group",
             &gid_text,
+            "--json",
         ],
     );
+    let id =
+        serde_json::from_str::<serde_json::Value>(created.trim()).unwrap()["id"].as_u64().unwrap();
     let record = format!(
-        r#"{{"job":{ghost},"uid":{uid},"gid":{gid},"reservation":"{ghost_reservation}","persistent":false}}"#
+        r#"{{"job":{ghost},"uid":{uid},"gid":{gid},"reservation":"{ghost_reservation}","persistent":false,"reservation_id":{id}}}"#
     );
     std::fs::write(testbed.cluster.dir.join(format!("bb-state/job-{ghost}.json")), record).unwrap();
     testbed.assert_cleaned_up(ghost, &ghost_reservation, false);
