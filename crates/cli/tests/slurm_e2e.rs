@@ -756,7 +756,9 @@ fn job_squatting_refused(testbed: &Testbed<'_>, passed: &mut Passed) {
         "the squatter's reservation after the cancel"
     );
     spillway_ok(socket, &["reservation", "destroy", &name]);
-    passed.pass("setup refuses a job reservation another user holds; teardown leaves it");
+    passed.pass(
+        "job squatting: refused by the manager (Slurm asked), then by setup; teardown leaves it",
+    );
 }
 
 /// Writes the stage-in source `data.bin` on the PFS, owned by the user; returns its bytes.
