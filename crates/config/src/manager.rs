@@ -70,7 +70,7 @@ knobs! {
         connections_per_uid_max: u32 = 16, unit = "connections";
         /// How long one API connection may take to send its whole request (slower: 408), and again to take the reply.
         request_timeout_ms: u64 = 10_000, unit = "milliseconds";
-        /// How a caller other than root and the admin group reserving for a Slurm job is checked to own it: "slurm" asks scontrol (needs it on the manager's PATH; without an answer the request is refused), "none" trusts it (sites without Slurm).
+        /// How a caller other than root reserving for a Slurm job is checked to own it: "slurm" asks scontrol (needs it on the manager's PATH; without an answer the request is refused), "none" trusts it (sites without Slurm).
         job_owner_check: JobOwnerCheck = JobOwnerCheck::Slurm, unit = "slurm|none";
         /// How long the manager waits for `scontrol -o show job` to say who owns a job; no answer refuses the request.
         job_owner_timeout_ms: u64 = 5_000, unit = "milliseconds";
