@@ -87,6 +87,8 @@ impl Cluster {
             threads: Vec::new(),
             drainers: Vec::new(),
         };
+        // One process, one key: every drainer computes the same staging names.
+        let staging_key = spillway_drain::StagingKey::random();
         for i in 0..args.servers as usize {
             let ssd = dir.join(format!("s{i}-ssd"));
             let knobs = StoreKnobs {
@@ -122,6 +124,7 @@ impl Cluster {
                 retry_backoff_max: Duration::from_secs(1),
                 queued_epochs_max: 16,
                 server_name: format!("s{i}"),
+                staging_key: staging_key.clone(),
             };
             let pfs = Arc::new(PosixPfs::new(pfs).with_log(log.clone(), i as u32));
             let drainer = Arc::new(Drainer::start(options, backend, pfs, &ssd, None)?);

@@ -38,8 +38,9 @@ use spillway_server::{Backend, BackendError, DrainControl, IngestProbe};
 use spillway_types::EpochId;
 
 use crate::journal::{DrainMode, Journal, JournalError};
-use crate::pfs::{IoBuffer, Pfs, PfsError, PfsFile};
+use crate::pfs::{IoBuffer, Pfs, PfsError, PfsFile, PfsOwner};
 use crate::plan::{chunk_writes, clip_extents, naive_writes, partition_domains};
+use crate::staging_key::StagingKey;
 
 /// Drainer settings (from the `[drain]` knobs).
 #[derive(Clone, Debug)]
@@ -62,6 +63,8 @@ pub struct DrainerOptions {
     pub queued_epochs_max: usize,
     /// Name for logs.
     pub server_name: String,
+    /// The servers' secret behind staging names (the same for every server of a reservation).
+    pub staging_key: StagingKey,
 }
 
 /// Why one drain attempt failed.
@@ -290,40 +293,80 @@ impl DrainControl for Drainer {
     }
 }
 
-/// Final PFS name, staging name and the part marker name of a file.
+/// Final PFS name, staging name and the part marker names of a file, and whose it is.
 struct Names {
     final_path: PathBuf,
     staging: PathBuf,
+    owner: PfsOwner,
 }
 
 impl Names {
-    fn new(epoch: EpochId, name: &str) -> Result<Names, DrainError> {
-        let relative = Path::new(name);
-        if name.is_empty()
-            || relative.is_absolute()
-            || relative.components().any(|c| !matches!(c, Component::Normal(_)))
-        {
-            return Err(DrainError::BadName { epoch, name: name.to_string() });
-        }
+    /// `<pfs>/epoch-<E>/<name>` of a file written through the native API.
+    fn new(
+        epoch: EpochId,
+        name: &str,
+        key: &StagingKey,
+        owner: PfsOwner,
+    ) -> Result<Names, DrainError> {
+        let relative = checked_relative(epoch, name)?;
         let final_path = PathBuf::from(format!("epoch-{}", epoch.0)).join(relative);
-        let base =
-            final_path.file_name().expect("normal components").to_string_lossy().into_owned();
-        let staging = final_path.with_file_name(format!(".{base}.spillway-e{}.staging", epoch.0));
-        Ok(Names { final_path, staging })
+        Ok(Names::with_staging(epoch, final_path, key, owner))
     }
+
     /// A mount file published under its namespace path (`<pfs>/<path>`, no epoch directory).
-    fn published_as(epoch: EpochId, path: &str) -> Result<Names, DrainError> {
-        let mut names = Names::new(epoch, path)?;
-        names.final_path = PathBuf::from(path);
-        names.staging =
-            names.final_path.with_file_name(names.staging.file_name().expect("staging name"));
-        Ok(names)
+    fn published_as(
+        epoch: EpochId,
+        path: &str,
+        key: &StagingKey,
+        owner: PfsOwner,
+    ) -> Result<Names, DrainError> {
+        let final_path = checked_relative(epoch, path)?.to_path_buf();
+        Ok(Names::with_staging(epoch, final_path, key, owner))
     }
+
+    /// The staging name beside `final_path`: hidden, and unpredictable to users (a keyed hash
+    /// every server of the reservation computes alike; see [`StagingKey`]).
+    fn with_staging(
+        epoch: EpochId,
+        final_path: PathBuf,
+        key: &StagingKey,
+        owner: PfsOwner,
+    ) -> Names {
+        let base = final_path.file_name().expect("normal components").to_string_lossy();
+        let token = key.token(epoch, &final_path);
+        let staging = final_path
+            .with_file_name(format!(".{base}.spillway-e{}-{token:016x}.staging", epoch.0));
+        Names { final_path, staging, owner }
+    }
+
     fn marker(&self, server: usize) -> PathBuf {
         let mut s = self.staging.clone().into_os_string();
         s.push(format!(".part-{server}"));
         PathBuf::from(s)
     }
+}
+
+/// Whose a mount file is on the PFS: its POSIX owner (with that user's groups), its permission
+/// bits; directories made for it are open to traverse (the files' modes decide access).
+fn mount_file_owner(uid: u32, gid: u32, mode: u32) -> PfsOwner {
+    let groups = spillway_sys::user::groups_of(uid, gid).unwrap_or_else(|_| vec![gid]);
+    PfsOwner {
+        identity: spillway_sys::identity::FileIdentity { uid, gid, groups },
+        file_mode: mode & 0o777,
+        directory_mode: 0o755,
+    }
+}
+
+/// `name` as a path relative to the PFS root: plain components only.
+fn checked_relative(epoch: EpochId, name: &str) -> Result<&Path, DrainError> {
+    let relative = Path::new(name);
+    if name.is_empty()
+        || relative.is_absolute()
+        || relative.components().any(|c| !matches!(c, Component::Normal(_)))
+    {
+        return Err(DrainError::BadName { epoch, name: name.to_string() });
+    }
+    Ok(relative)
 }
 
 /// Whether clients are writing to this server: the ingest counter moved within `idle_after`
@@ -598,6 +641,11 @@ impl Inner {
         Ok(client.as_mut().expect("connected above"))
     }
 
+    /// Whose the files of `epoch` written through the native API are on the PFS.
+    fn epoch_owner(&self, _epoch: EpochId) -> PfsOwner {
+        PfsOwner::this_process()
+    }
+
     /// Drains each file of the epoch; `Wait` if one waits for its peers or the drainer stops.
     fn drain_files(
         &self,
@@ -612,17 +660,21 @@ impl Inner {
         let mut namespace_names =
             crate::namespace_names::NamespaceNames::new(self.options.peers.clone());
         for file in files {
-            let names = match namespace_names
-                .final_name(&file.name)
-                .map_err(DrainError::Namespace)?
-            {
-                crate::namespace_names::FinalName::Unchanged => Names::new(epoch, &file.name)?,
-                crate::namespace_names::FinalName::Path(path) => Names::published_as(epoch, &path)?,
-                crate::namespace_names::FinalName::Dead => {
-                    done += 1;
-                    continue;
-                }
-            };
+            let key = &self.options.staging_key;
+            let names =
+                match namespace_names.final_name(&file.name).map_err(DrainError::Namespace)? {
+                    crate::namespace_names::FinalName::Unchanged => {
+                        Names::new(epoch, &file.name, key, self.epoch_owner(epoch))?
+                    }
+                    crate::namespace_names::FinalName::Path { path, uid, gid, mode } => {
+                        let owner = mount_file_owner(uid, gid, mode);
+                        Names::published_as(epoch, &path, key, owner)?
+                    }
+                    crate::namespace_names::FinalName::Dead => {
+                        done += 1;
+                        continue;
+                    }
+                };
             match self.drain_file(client, epoch, mode, file.file, &file.name, &names)? {
                 Outcome::Done => done += 1,
                 Outcome::Wait(why) => waiting = Some(why),
@@ -661,12 +713,12 @@ impl Inner {
         name: &str,
         names: &Names,
     ) -> Result<Outcome, DrainError> {
-        if self.pfs.exists(&names.final_path)? {
+        if self.pfs.exists(&names.final_path, &names.owner)? {
             return Ok(Outcome::Done);
         }
         let handle = client.open_file(epoch, name)?;
         let participants = handle.servers();
-        if self.pfs.exists(&names.final_path)? {
+        if self.pfs.exists(&names.final_path, &names.owner)? {
             return Ok(Outcome::Done);
         }
         let me = self.options.self_index;
@@ -674,8 +726,8 @@ impl Inner {
             .iter()
             .position(|&s| s == me)
             .ok_or_else(|| DrainError::NotParticipant { index: me, name: name.to_string() })?;
-        if !self.pfs.exists(&names.marker(me))? {
-            self.pfs.create_parents(&names.staging)?;
+        if !self.pfs.exists(&names.marker(me), &names.owner)? {
+            self.pfs.create_parents(&names.staging, &names.owner)?;
             let stats = self.write_part(
                 client,
                 &handle,
@@ -694,30 +746,30 @@ impl Inner {
                 s.yielded_writes += stats.yielded_writes;
                 s.yielded_us += stats.yielded.as_micros() as u64;
             });
-            self.pfs.create_marker(&names.marker(me))?;
+            self.pfs.create_marker(&names.marker(me), &names.owner)?;
         }
         let mut missing = Vec::new();
         for &server in &participants {
-            if !self.pfs.exists(&names.marker(server))? {
+            if !self.pfs.exists(&names.marker(server), &names.owner)? {
                 missing.push(server);
             }
         }
         if !missing.is_empty() {
-            if self.pfs.exists(&names.final_path)? {
+            if self.pfs.exists(&names.final_path, &names.owner)? {
                 return Ok(Outcome::Done);
             }
             return Ok(Outcome::Wait(format!(
                 "{name:?}: waiting for the parts of servers {missing:?}"
             )));
         }
-        if let Err(error) = self.pfs.publish(&names.staging, &names.final_path) {
+        if let Err(error) = self.pfs.publish(&names.staging, &names.final_path, &names.owner) {
             // A peer published first (both saw every marker).
-            if !self.pfs.exists(&names.final_path)? {
+            if !self.pfs.exists(&names.final_path, &names.owner)? {
                 return Err(error.into());
             }
         }
         for &server in &participants {
-            self.pfs.remove(&names.marker(server))?;
+            self.pfs.remove(&names.marker(server), &names.owner)?;
         }
         Ok(Outcome::Done)
     }
@@ -738,7 +790,7 @@ impl Inner {
         let extents: Vec<(usize, u64, u64)> =
             client.extents(handle)?.into_iter().map(|(s, e)| (s, e.offset, e.length)).collect();
         let source = PartSource { handle, epoch, local_file, extents };
-        let mut file = self.pfs.open_staging(&names.staging)?;
+        let mut file = self.pfs.open_staging(&names.staging, &names.owner)?;
         let mut stats = PartStats::default();
         let mut throttle = Throttle {
             probe: self.ingest.as_ref(),
@@ -766,6 +818,7 @@ impl Inner {
         stats.yielded = throttle.paused;
         let started = Instant::now();
         file.extend_to(size)?;
+        file.set_mode(names.owner.file_mode)?;
         file.sync()?;
         stats.flush += started.elapsed();
         Ok(stats)

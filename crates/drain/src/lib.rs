@@ -8,7 +8,8 @@
 //!
 //! Modules: [`plan`] (pure partitioning and metrics), [`pfs`] (the PFS behind a trait, with a
 //! fault-injecting implementation and the write log), [`journal`] (crash-safe record of drain
-//! requests), [`drainer`] (the asynchronous worker a server runs). Layout and guarantees:
+//! requests), [`staging_key`] (the servers' secret behind staging names), [`drainer`] (the
+//! asynchronous worker a server runs). Layout and guarantees:
 //! docs/design/drain.md and docs/semantics.md ("Drain: when data reaches the PFS").
 
 pub mod drainer;
@@ -16,6 +17,7 @@ pub mod journal;
 pub mod namespace_names;
 pub mod pfs;
 pub mod plan;
+pub mod staging_key;
 
 pub use drainer::{
     yield_pause, DrainError, Drainer, DrainerOptions, IngestActivity, StartError,
@@ -23,6 +25,8 @@ pub use drainer::{
 };
 pub use journal::{DrainMode, Journal, JournalError};
 pub use pfs::{
-    Faults, FaultyPfs, IoBuffer, Pfs, PfsError, PfsFile, PosixPfs, WriteLog, DIRECT_IO_ALIGN,
+    Faults, FaultyPfs, IoBuffer, Pfs, PfsError, PfsFile, PfsOwner, PosixPfs, WriteLog,
+    DIRECT_IO_ALIGN,
 };
 pub use plan::{chunk_writes, lock_switches, partition_domains, stripe_aligned_fraction, PfsWrite};
+pub use staging_key::StagingKey;

@@ -22,8 +22,9 @@ use spillway_proto::Endpoint;
 pub enum FinalName {
     /// Not a mount file (or its namespace is gone): the usual `epoch-<E>/<name>`.
     Unchanged,
-    /// A live mount file: this path relative to the PFS directory.
-    Path(String),
+    /// A live mount file: this path relative to the PFS directory, published as its POSIX
+    /// owner with its permission bits.
+    Path { path: String, uid: u32, gid: u32, mode: u32 },
     /// A dead generation or an unlinked file: publish nothing.
     Dead,
 }
@@ -55,7 +56,12 @@ impl NamespaceNames {
         Ok(match manifest.get(name) {
             None => FinalName::Dead,
             Some(entry) => match String::from_utf8(entry.path.clone()) {
-                Ok(path) => FinalName::Path(path),
+                Ok(path) => FinalName::Path {
+                    path,
+                    uid: entry.uid,
+                    gid: entry.gid,
+                    mode: entry.mode & 0o777,
+                },
                 Err(_) => {
                     tracing::warn!(%name, path = %String::from_utf8_lossy(&entry.path), "drain: path is not UTF-8; publishing under the store name");
                     FinalName::Unchanged

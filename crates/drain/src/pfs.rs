@@ -9,6 +9,13 @@
 //! last marker publishes (see [`crate::drainer`]). All paths given to a [`Pfs`] are relative
 //! to its root; the root itself is never created by the drainer, so a missing or unmounted PFS
 //! is reported as an error instead of silently filling the local disk.
+//!
+//! Safety on a shared PFS (docs/security.md): users can write where the drain writes (often a
+//! mode 1777 directory) and plant symbolic links and files there. Every path is resolved under
+//! the root without following any link (`spillway_sys::beneath`), every operation runs with the
+//! file-system identity of the data's owner ([`PfsOwner`]; `spillway_sys::identity`), so files
+//! are created as theirs and the PFS applies *their* permissions and quotas, and a staging file
+//! or marker that is not a plain file of the owner's (a planted one) is refused.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -19,6 +26,8 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
+use spillway_sys::beneath::Beneath;
+use spillway_sys::identity::{FileIdentity, FsIdentity};
 
 use crate::plan::PfsWrite;
 
@@ -38,6 +47,33 @@ impl PfsError {
     }
 }
 
+/// Whose a drained file is on the PFS: every operation for it runs as `identity`, and the
+/// published file and the directories made for it get these permission bits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PfsOwner {
+    pub identity: FileIdentity,
+    /// Permission bits of the published file (at most `0o777`).
+    pub file_mode: u32,
+    /// Permission bits of the directories the drain creates on the way to it.
+    pub directory_mode: u32,
+}
+
+impl PfsOwner {
+    /// The identity of this process, private modes: for drains whose owner is not known and for
+    /// benchmarks and tests that run as one user.
+    pub fn this_process() -> PfsOwner {
+        PfsOwner {
+            identity: FileIdentity {
+                uid: spillway_sys::user::euid(),
+                gid: spillway_sys::user::egid(),
+                groups: Vec::new(),
+            },
+            file_mode: 0o600,
+            directory_mode: 0o700,
+        }
+    }
+}
+
 /// A file being written on the PFS (a staging file).
 pub trait PfsFile: Send {
     /// Writes all of `data` at `offset`.
@@ -46,6 +82,8 @@ pub trait PfsFile: Send {
     fn extend_to(&mut self, bytes: u64) -> Result<(), PfsError>;
     /// fsync: every byte written through this handle is durable when this returns.
     fn sync(&mut self) -> Result<(), PfsError>;
+    /// Sets the permission bits the file will be published with.
+    fn set_mode(&mut self, mode: u32) -> Result<(), PfsError>;
     /// Hint: start writing back `offset..offset+length` now (so the final fsync has less to
     /// do). No durability promise; a no-op where unsupported.
     fn start_writeback(&mut self, offset: u64, length: u64) {
@@ -53,20 +91,22 @@ pub trait PfsFile: Send {
     }
 }
 
-/// The PFS: a directory tree. Paths are relative to the PFS root.
+/// The PFS: a directory tree. Paths are relative to the PFS root; every operation acts as
+/// `owner`.
 pub trait Pfs: Send + Sync {
     /// Creates the parent directories of `path` (not the root).
-    fn create_parents(&self, path: &Path) -> Result<(), PfsError>;
-    /// Opens `path` for writing, creating it if needed, never truncating.
-    fn open_staging(&self, path: &Path) -> Result<Box<dyn PfsFile>, PfsError>;
+    fn create_parents(&self, path: &Path, owner: &PfsOwner) -> Result<(), PfsError>;
+    /// Opens `path` for writing, creating it (private) if needed, never truncating; an existing
+    /// file must be a plain file of the owner's.
+    fn open_staging(&self, path: &Path, owner: &PfsOwner) -> Result<Box<dyn PfsFile>, PfsError>;
     /// Whether `path` exists.
-    fn exists(&self, path: &Path) -> Result<bool, PfsError>;
+    fn exists(&self, path: &Path, owner: &PfsOwner) -> Result<bool, PfsError>;
     /// Creates an empty marker file and fsyncs its directory (idempotent).
-    fn create_marker(&self, path: &Path) -> Result<(), PfsError>;
+    fn create_marker(&self, path: &Path, owner: &PfsOwner) -> Result<(), PfsError>;
     /// Renames `from` to `to` and fsyncs the directory of `to`.
-    fn publish(&self, from: &Path, to: &Path) -> Result<(), PfsError>;
+    fn publish(&self, from: &Path, to: &Path, owner: &PfsOwner) -> Result<(), PfsError>;
     /// Removes a file; a missing file is not an error.
-    fn remove(&self, path: &Path) -> Result<(), PfsError>;
+    fn remove(&self, path: &Path, owner: &PfsOwner) -> Result<(), PfsError>;
     /// Reads up to `buf.len()` bytes at `offset`; returns how many (short at end of file).
     fn read_at(&self, path: &Path, offset: u64, buf: &mut [u8]) -> Result<usize, PfsError>;
 }
@@ -98,11 +138,78 @@ impl PosixPfs {
     fn full(&self, path: &Path) -> PathBuf {
         self.root.join(path)
     }
+
+    /// The root, opened now (a missing root is the error a PFS that is not mounted gives).
+    fn tree(&self) -> Result<Beneath, PfsError> {
+        if !self.root.is_dir() {
+            return Err(PfsError::new(
+                "find root",
+                &self.root,
+                io::Error::new(
+                    io::ErrorKind::NotFound,
+                    "PFS root directory is missing (not mounted?)",
+                ),
+            ));
+        }
+        Beneath::open(&self.root).map_err(|e| PfsError::new("open root", &self.root, e))
+    }
+
+    /// Runs `operation` on the tree with the owner's file-system identity.
+    fn as_owner<T>(
+        &self,
+        owner: &PfsOwner,
+        path: &Path,
+        operation: impl FnOnce(&Beneath) -> Result<T, PfsError>,
+    ) -> Result<T, PfsError> {
+        let tree = self.tree()?;
+        let _identity =
+            assume(&owner.identity).map_err(|e| PfsError::new("act as owner", path, e))?;
+        operation(&tree)
+    }
 }
 
-fn fsync_dir(dir: &Path) -> Result<(), PfsError> {
-    let d = File::open(dir).map_err(|e| PfsError::new("open directory", dir, e))?;
-    d.sync_all().map_err(|e| PfsError::new("fsync directory", dir, e))
+/// Takes `identity` for file access on this thread, or nothing if this process already is it;
+/// a process that is neither root nor the owner cannot write as the owner.
+fn assume(identity: &FileIdentity) -> io::Result<Option<FsIdentity>> {
+    if spillway_sys::user::euid() != 0 {
+        if identity.uid == spillway_sys::user::euid() {
+            return Ok(None);
+        }
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "the drain runs as uid {} and cannot write as the data's owner uid {}",
+                spillway_sys::user::euid(),
+                identity.uid
+            ),
+        ));
+    }
+    FsIdentity::assume(identity).map(Some)
+}
+
+/// Checks that an opened staging file or marker is what the drain made: a plain file of the
+/// owner's with one name. Anything else was planted (or hard-linked) by someone else.
+fn check_owned_plain_file(file: &File, owner: &PfsOwner, path: &Path) -> Result<(), PfsError> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = file.metadata().map_err(|e| PfsError::new("stat", path, e))?;
+    let owned = meta.uid() == owner.identity.uid;
+    if meta.file_type().is_file() && owned && meta.nlink() == 1 {
+        return Ok(());
+    }
+    Err(PfsError::new(
+        "check ownership of",
+        path,
+        io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "not a plain file of uid {} with one link (uid {}, {} links): refusing a file \
+                 someone else placed there",
+                owner.identity.uid,
+                meta.uid(),
+                meta.nlink()
+            ),
+        ),
+    ))
 }
 
 /// Alignment (memory address, file offset and length) of direct (`O_DIRECT`) PFS writes; 4 KiB
@@ -224,6 +331,13 @@ impl PfsFile for PosixFile {
         self.file.sync_all().map_err(|e| PfsError::new("fsync", &self.path, e))
     }
 
+    fn set_mode(&mut self, mode: u32) -> Result<(), PfsError> {
+        use std::os::unix::fs::PermissionsExt;
+        self.file
+            .set_permissions(std::fs::Permissions::from_mode(mode & 0o777))
+            .map_err(|e| PfsError::new("chmod", &self.path, e))
+    }
+
     fn start_writeback(&mut self, offset: u64, length: u64) {
         use std::os::fd::AsRawFd;
         // SAFETY: plain syscall on an open descriptor; failure only loses the hint.
@@ -239,37 +353,35 @@ impl PfsFile for PosixFile {
 }
 
 impl Pfs for PosixPfs {
-    fn create_parents(&self, path: &Path) -> Result<(), PfsError> {
-        if !self.root.is_dir() {
-            return Err(PfsError::new(
-                "find root",
-                &self.root,
-                io::Error::new(
-                    io::ErrorKind::NotFound,
-                    "PFS root directory is missing (not mounted?)",
-                ),
-            ));
-        }
-        if let Some(parent) = path.parent() {
-            let full = self.full(parent);
-            std::fs::create_dir_all(&full)
-                .map_err(|e| PfsError::new("create directory", &full, e))?;
-        }
-        Ok(())
+    fn create_parents(&self, path: &Path, owner: &PfsOwner) -> Result<(), PfsError> {
+        let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) else {
+            return self.tree().map(|_| ());
+        };
+        self.as_owner(owner, parent, |tree| {
+            tree.create_directories(parent, owner.directory_mode)
+                .map_err(|e| PfsError::new("create directory", &self.full(parent), e))
+        })
     }
 
-    fn open_staging(&self, path: &Path) -> Result<Box<dyn PfsFile>, PfsError> {
+    fn open_staging(&self, path: &Path, owner: &PfsOwner) -> Result<Box<dyn PfsFile>, PfsError> {
         let full = self.full(path);
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&full)
-            .map_err(|e| PfsError::new("open for writing", &full, e))?;
-        let direct = {
-            use std::os::unix::fs::OpenOptionsExt;
-            OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(&full).ok()
-        };
+        let (file, direct) = self.as_owner(owner, path, |tree| {
+            let file = tree
+                .open_or_create(path, 0o600)
+                .map_err(|e| PfsError::new("open for writing", &full, e))?;
+            check_owned_plain_file(&file, owner, &full)?;
+            // The same inode again with O_DIRECT, through our own descriptor (never by name).
+            let direct = {
+                use std::os::fd::AsRawFd;
+                use std::os::unix::fs::OpenOptionsExt;
+                OpenOptions::new()
+                    .write(true)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
+                    .ok()
+            };
+            Ok((file, direct))
+        })?;
         Ok(Box::new(PosixFile {
             file,
             direct,
@@ -279,44 +391,45 @@ impl Pfs for PosixPfs {
         }))
     }
 
-    fn exists(&self, path: &Path) -> Result<bool, PfsError> {
-        let full = self.full(path);
-        match std::fs::symlink_metadata(&full) {
-            Ok(_) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(PfsError::new("stat", &full, e)),
-        }
+    fn exists(&self, path: &Path, owner: &PfsOwner) -> Result<bool, PfsError> {
+        self.as_owner(owner, path, |tree| {
+            tree.stat(path)
+                .map(|s| s.is_some())
+                .map_err(|e| PfsError::new("stat", &self.full(path), e))
+        })
     }
 
-    fn create_marker(&self, path: &Path) -> Result<(), PfsError> {
+    fn create_marker(&self, path: &Path, owner: &PfsOwner) -> Result<(), PfsError> {
         let full = self.full(path);
-        OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&full)
-            .map_err(|e| PfsError::new("create marker", &full, e))?;
-        fsync_dir(full.parent().unwrap_or(&self.root))
+        self.as_owner(owner, path, |tree| {
+            let file = tree
+                .open_or_create(path, 0o600)
+                .map_err(|e| PfsError::new("create marker", &full, e))?;
+            check_owned_plain_file(&file, owner, &full)?;
+            tree.sync_parent(path).map_err(|e| PfsError::new("fsync directory of", &full, e))
+        })
     }
 
-    fn publish(&self, from: &Path, to: &Path) -> Result<(), PfsError> {
-        let (from, to) = (self.full(from), self.full(to));
-        std::fs::rename(&from, &to).map_err(|e| PfsError::new("rename to final name", &to, e))?;
-        fsync_dir(to.parent().unwrap_or(&self.root))
+    fn publish(&self, from: &Path, to: &Path, owner: &PfsOwner) -> Result<(), PfsError> {
+        let full = self.full(to);
+        self.as_owner(owner, to, |tree| {
+            tree.rename(from, to).map_err(|e| PfsError::new("rename to final name", &full, e))?;
+            tree.sync_parent(to).map_err(|e| PfsError::new("fsync directory of", &full, e))
+        })
     }
 
-    fn remove(&self, path: &Path) -> Result<(), PfsError> {
-        let full = self.full(path);
-        match std::fs::remove_file(&full) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(PfsError::new("remove", &full, e)),
-        }
+    fn remove(&self, path: &Path, owner: &PfsOwner) -> Result<(), PfsError> {
+        self.as_owner(owner, path, |tree| {
+            tree.remove_file(path).map_err(|e| PfsError::new("remove", &self.full(path), e))
+        })
     }
 
     fn read_at(&self, path: &Path, offset: u64, buf: &mut [u8]) -> Result<usize, PfsError> {
         let full = self.full(path);
-        let file = File::open(&full).map_err(|e| PfsError::new("open for reading", &full, e))?;
+        let file = self
+            .tree()?
+            .open_read(path)
+            .map_err(|e| PfsError::new("open for reading", &full, e))?;
         let mut done = 0;
         while done < buf.len() {
             match file.read_at(&mut buf[done..], offset + done as u64) {
@@ -464,6 +577,10 @@ impl PfsFile for FaultyFile {
         self.inner.start_writeback(offset, length)
     }
 
+    fn set_mode(&mut self, mode: u32) -> Result<(), PfsError> {
+        self.inner.set_mode(mode)
+    }
+
     fn sync(&mut self) -> Result<(), PfsError> {
         if self.faults.lock().fsync_fails {
             return Err(PfsError::new(
@@ -477,28 +594,28 @@ impl PfsFile for FaultyFile {
 }
 
 impl<P: Pfs> Pfs for FaultyPfs<P> {
-    fn create_parents(&self, path: &Path) -> Result<(), PfsError> {
-        self.inner.create_parents(path)
+    fn create_parents(&self, path: &Path, owner: &PfsOwner) -> Result<(), PfsError> {
+        self.inner.create_parents(path, owner)
     }
-    fn open_staging(&self, path: &Path) -> Result<Box<dyn PfsFile>, PfsError> {
+    fn open_staging(&self, path: &Path, owner: &PfsOwner) -> Result<Box<dyn PfsFile>, PfsError> {
         self.check_mutation("open for writing", path)?;
-        let inner = self.inner.open_staging(path)?;
+        let inner = self.inner.open_staging(path, owner)?;
         Ok(Box::new(FaultyFile { inner, faults: self.faults.clone(), path: path.to_path_buf() }))
     }
-    fn exists(&self, path: &Path) -> Result<bool, PfsError> {
-        self.inner.exists(path)
+    fn exists(&self, path: &Path, owner: &PfsOwner) -> Result<bool, PfsError> {
+        self.inner.exists(path, owner)
     }
-    fn create_marker(&self, path: &Path) -> Result<(), PfsError> {
+    fn create_marker(&self, path: &Path, owner: &PfsOwner) -> Result<(), PfsError> {
         self.check_mutation("create marker", path)?;
-        self.inner.create_marker(path)
+        self.inner.create_marker(path, owner)
     }
-    fn publish(&self, from: &Path, to: &Path) -> Result<(), PfsError> {
+    fn publish(&self, from: &Path, to: &Path, owner: &PfsOwner) -> Result<(), PfsError> {
         self.check_mutation("rename to final name", to)?;
-        self.inner.publish(from, to)
+        self.inner.publish(from, to, owner)
     }
-    fn remove(&self, path: &Path) -> Result<(), PfsError> {
+    fn remove(&self, path: &Path, owner: &PfsOwner) -> Result<(), PfsError> {
         self.check_mutation("remove", path)?;
-        self.inner.remove(path)
+        self.inner.remove(path, owner)
     }
     fn read_at(&self, path: &Path, offset: u64, buf: &mut [u8]) -> Result<usize, PfsError> {
         self.inner.read_at(path, offset, buf)
@@ -508,6 +625,119 @@ impl<P: Pfs> Pfs for FaultyPfs<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    fn me() -> PfsOwner {
+        PfsOwner::this_process()
+    }
+
+    /// A user's identity (the tests run as root, as `make test` does).
+    fn user(uid: u32) -> PfsOwner {
+        assert_eq!(spillway_sys::user::euid(), 0, "this test needs root, as `make test` runs");
+        PfsOwner {
+            identity: FileIdentity { uid, gid: uid, groups: Vec::new() },
+            file_mode: 0o640,
+            directory_mode: 0o750,
+        }
+    }
+
+    /// A PFS root like a center's scratch: mode 1777, every user may create and plant files.
+    fn shared_root() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        dir
+    }
+
+    #[test]
+    fn files_and_directories_are_created_as_the_owner_with_its_modes() {
+        let dir = shared_root();
+        let pfs = PosixPfs::new(dir.path());
+        let owner = user(5101);
+        let (staging, final_name) = (Path::new("run/ckpt/.f.staging"), Path::new("run/ckpt/f"));
+        pfs.create_parents(staging, &owner).unwrap();
+        let mut file = pfs.open_staging(staging, &owner).unwrap();
+        file.write_at(0, b"data").unwrap();
+        file.set_mode(owner.file_mode).unwrap();
+        file.sync().unwrap();
+        pfs.publish(staging, final_name, &owner).unwrap();
+        let meta = std::fs::metadata(dir.path().join(final_name)).unwrap();
+        assert_eq!((meta.uid(), meta.gid(), meta.mode() & 0o7777), (5101, 5101, 0o640));
+        let dir_meta = std::fs::metadata(dir.path().join("run/ckpt")).unwrap();
+        assert_eq!((dir_meta.uid(), dir_meta.mode() & 0o7777), (5101, 0o750));
+    }
+
+    #[test]
+    fn the_owner_s_permissions_apply_on_the_pfs() {
+        let dir = shared_root();
+        std::fs::create_dir(dir.path().join("admins")).unwrap();
+        std::fs::set_permissions(dir.path().join("admins"), std::fs::Permissions::from_mode(0o755))
+            .unwrap();
+        let pfs = PosixPfs::new(dir.path());
+        let error = pfs.open_staging(Path::new("admins/.x.staging"), &user(5102)).err().unwrap();
+        assert_eq!(error.source.kind(), io::ErrorKind::PermissionDenied, "{error}");
+        assert!(!dir.path().join("admins/.x.staging").exists());
+    }
+
+    #[test]
+    fn symlinks_planted_by_a_user_are_never_followed() {
+        let dir = shared_root();
+        let private = tempfile::tempdir().unwrap();
+        let secret = private.path().join("root-file");
+        std::fs::write(&secret, b"root's").unwrap();
+        let pfs = PosixPfs::new(dir.path());
+        let owner = user(5103);
+        // As the staging name, as a directory on the way, and as the final name.
+        std::os::unix::fs::symlink(&secret, dir.path().join(".a.staging")).unwrap();
+        std::os::unix::fs::symlink(private.path(), dir.path().join("sub")).unwrap();
+        assert!(pfs.open_staging(Path::new(".a.staging"), &owner).is_err());
+        assert!(pfs.create_parents(Path::new("sub/x/.b.staging"), &owner).is_err());
+        assert!(pfs.open_staging(Path::new("sub/.c.staging"), &owner).is_err());
+        // A symlink at the final name belongs to whoever planted it: in a sticky directory the
+        // owner may not replace it, so the publish is refused and nothing is written through it.
+        std::os::unix::fs::symlink(&secret, dir.path().join("final")).unwrap();
+        let mut file = pfs.open_staging(Path::new(".d.staging"), &owner).unwrap();
+        file.write_at(0, b"user bytes").unwrap();
+        let error = pfs.publish(Path::new(".d.staging"), Path::new("final"), &owner).unwrap_err();
+        assert_eq!(error.source.kind(), io::ErrorKind::PermissionDenied, "{error}");
+        assert_eq!(std::fs::read(&secret).unwrap(), b"root's");
+        assert!(!private.path().join("x").exists() && !private.path().join(".c.staging").exists());
+        assert!(std::fs::symlink_metadata(dir.path().join("final")).unwrap().is_symlink());
+    }
+
+    #[test]
+    fn a_planted_staging_file_or_marker_is_refused() {
+        let dir = shared_root();
+        let pfs = PosixPfs::new(dir.path());
+        // Another user creates the staging name first (to read the victim's bytes later).
+        {
+            let attacker = user(5104);
+            let mut planted = pfs.open_staging(Path::new(".v.staging"), &attacker).unwrap();
+            planted.set_mode(0o666).unwrap();
+        }
+        let error = pfs.open_staging(Path::new(".v.staging"), &user(5105)).err().unwrap();
+        assert!(error.to_string().contains("someone else placed there"), "{error}");
+        let error = pfs.create_marker(Path::new(".v.staging"), &user(5105)).unwrap_err();
+        assert!(error.to_string().contains("someone else placed there"), "{error}");
+        // A hard link to one of the victim's own files is refused too (two links).
+        let owner = user(5105);
+        drop(pfs.open_staging(Path::new("own"), &owner).unwrap());
+        std::fs::hard_link(dir.path().join("own"), dir.path().join(".w.staging")).unwrap();
+        assert!(pfs.open_staging(Path::new(".w.staging"), &owner).is_err());
+    }
+
+    #[test]
+    fn another_user_s_final_file_in_a_sticky_directory_is_not_replaced() {
+        let dir = shared_root();
+        let pfs = PosixPfs::new(dir.path());
+        let other = user(5106);
+        drop(pfs.open_staging(Path::new(".o.staging"), &other).unwrap());
+        pfs.publish(Path::new(".o.staging"), Path::new("result"), &other).unwrap();
+        let owner = user(5107);
+        drop(pfs.open_staging(Path::new(".n.staging"), &owner).unwrap());
+        let error = pfs.publish(Path::new(".n.staging"), Path::new("result"), &owner).unwrap_err();
+        assert_eq!(error.source.kind(), io::ErrorKind::PermissionDenied, "{error}");
+        assert_eq!(std::fs::metadata(dir.path().join("result")).unwrap().uid(), 5106);
+    }
 
     #[test]
     fn aligned_buffers_take_the_direct_path_and_read_back_exactly() {
@@ -515,7 +745,7 @@ mod tests {
         let log = Arc::new(WriteLog::new(100));
         let pfs = PosixPfs::new(dir.path()).with_log(log.clone(), 0);
         let staging = Path::new("f.staging");
-        let mut f = pfs.open_staging(staging).unwrap();
+        let mut f = pfs.open_staging(staging, &me()).unwrap();
         // 1 MiB + 1000 bytes at a 1 MiB offset: an aligned direct prefix and a buffered tail;
         // then an unaligned buffer (a Vec slice) that must go through the page cache.
         let mut big = IoBuffer::zeroed((1 << 20) + 1000);
@@ -546,15 +776,15 @@ mod tests {
         let pfs = PosixPfs::new(dir.path()).with_log(log.clone(), 3);
         let staging = Path::new("epoch-1/.a.dat.staging");
         let final_name = Path::new("epoch-1/a.dat");
-        pfs.create_parents(staging).unwrap();
-        let mut f = pfs.open_staging(staging).unwrap();
+        pfs.create_parents(staging, &me()).unwrap();
+        let mut f = pfs.open_staging(staging, &me()).unwrap();
         f.write_at(4, b"world").unwrap();
         f.write_at(0, b"hey ").unwrap();
         f.extend_to(12).unwrap();
         f.sync().unwrap();
-        assert!(!pfs.exists(final_name).unwrap());
-        pfs.publish(staging, final_name).unwrap();
-        assert!(!pfs.exists(staging).unwrap());
+        assert!(!pfs.exists(final_name, &me()).unwrap());
+        pfs.publish(staging, final_name, &me()).unwrap();
+        assert!(!pfs.exists(staging, &me()).unwrap());
         let mut buf = [0u8; 20];
         let n = pfs.read_at(final_name, 0, &mut buf).unwrap();
         assert_eq!(&buf[..n], b"hey world\0\0\0");
@@ -568,7 +798,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("not-mounted");
         let pfs = PosixPfs::new(&root);
-        let err = pfs.create_parents(Path::new("epoch-1/x")).unwrap_err();
+        let err = pfs.create_parents(Path::new("epoch-1/x"), &me()).unwrap_err();
         assert!(err.to_string().contains("missing"), "{err}");
         assert!(!root.exists());
     }
@@ -578,11 +808,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (pfs, faults) = FaultyPfs::new(PosixPfs::new(dir.path()));
         faults.lock().read_only = true;
-        let err = pfs.open_staging(Path::new("x")).err().unwrap();
+        let err = pfs.open_staging(Path::new("x"), &me()).err().unwrap();
         assert_eq!(err.source.raw_os_error(), Some(libc::EROFS));
         faults.lock().read_only = false;
         faults.lock().space_left_bytes = Some(3);
-        let mut f = pfs.open_staging(Path::new("x")).unwrap();
+        let mut f = pfs.open_staging(Path::new("x"), &me()).unwrap();
         f.write_at(0, b"ab").unwrap();
         assert_eq!(f.write_at(2, b"cd").unwrap_err().source.raw_os_error(), Some(libc::ENOSPC));
         faults.lock().fsync_fails = true;

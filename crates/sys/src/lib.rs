@@ -1,13 +1,16 @@
 //! The operating-system calls that several Spillway crates make, written once.
 //!
 //! User and group look-ups, signals, what a child process does between fork and exec,
-//! unmounting, and local time: each was once copied into the crates that needed it, as raw `libc` with its own
+//! unmounting, local time, acting on files as another user on one thread, and resolving paths
+//! under a directory without following links: each was once copied into the crates that needed it, as raw `libc` with its own
 //! `unsafe`. They live here, on top of `nix` and `signal-hook`, so that the other crates stay
 //! free of that code (most of them `forbid(unsafe_code)`) and a fix lands in one place.
 //!
 //! Everything here is a thin, named wrapper: no policy (who may do what is decided by the
 //! callers), no caching (the user database may change under a long-running daemon).
 
+pub mod beneath;
+pub mod identity;
 pub mod mount;
 pub mod process;
 pub mod signal;

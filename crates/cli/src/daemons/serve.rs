@@ -257,6 +257,10 @@ fn start_drainer(
         retry_backoff_max: Duration::from_millis(knobs.retry_backoff_ms_max),
         queued_epochs_max: knobs.queued_epochs_max as usize,
         server_name: config.server.server_name.clone(),
+        staging_key: spillway_drain::StagingKey::load_or_create(std::path::Path::new(
+            &knobs.staging_key_file,
+        ))
+        .with_context(|| format!("drain.staging_key_file {}", knobs.staging_key_file))?,
     };
     let pfs = Arc::new(spillway_drain::PosixPfs::new(&knobs.pfs_directory));
     let drainer = Arc::new(
