@@ -119,11 +119,20 @@ pub fn bind(endpoint: &Endpoint, insecure_tcp: bool) -> Result<Box<dyn Listener>
                 }
             }
             let listener = UnixListener::bind(path).map_err(io_error)?;
+            // Every local user may connect (connecting needs write permission on the socket
+            // file, which the umask would take away): who connected comes from SO_PEERCRED and
+            // what they may do is decided per request, not by the file's mode.
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(UNIX_SOCKET_MODE))
+                .map_err(io_error)?;
             listener.set_nonblocking(true).map_err(io_error)?;
             Ok(Box::new(UnixTransportListener { listener, path: path.clone() }))
         }
     }
 }
+
+/// Permission bits of a listening Unix socket: connectable by everyone.
+pub const UNIX_SOCKET_MODE: u32 = 0o666;
 
 /// Connects to a server.
 pub fn connect(endpoint: &Endpoint) -> io::Result<Box<dyn Connection>> {
