@@ -9,6 +9,8 @@
 //!   victim's reservations, except a persistent one that allows the attacker;
 //! - a persistent reservation that a job uses is not destroyed, by its owner or by root, unless
 //!   root forces; neither the owner nor the attacker can force, nor register jobs;
+//! - stage-in and stage-out reach only the caller's own reservations and read and write the PFS
+//!   as the caller;
 //! - 70 slow connections of the attacker (one byte every 2 s of a request that never ends) do
 //!   not keep `spillway status` from working, for the victim at once and for the attacker once
 //!   the request deadline cut the slow ones off; every slow connection reads an HTTP reply (503
@@ -19,7 +21,7 @@
 //! Needs root (it creates users and runs the CLI as them) and /usr/bin/python3 (the slow client); it
 //! fails, never skips, without them.
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -202,6 +204,7 @@ fn a_hostile_user_cannot_squat_read_destroy_or_lock_out() {
     database_private_socket_open(&manager);
     let victims = victim_reservations(&manager, &victim, &attacker);
     reads_show_only_what_the_caller_may_see(&manager, &victim, &attacker);
+    stage_only_into_and_out_of_one_s_own(&manager, dir.path(), &victim, &attacker);
     persistent_reservation_in_use_not_destroyed(&manager, &victim, &attacker);
     slow_connections_do_not_lock_out_status(&manager, &victim, &attacker);
     // The victim's reservations are as they were (the persistent one forced away by root).
@@ -285,6 +288,58 @@ fn victim_reservations(manager: &ManagerProcess, victim: &TestUser, attacker: &T
         &format!("may not create reservations for uid {}", victim.uid),
     );
     mine
+}
+
+/// Stage-in and stage-out: the victim stages a file into `job-101` and back out; the attacker
+/// can neither stage into nor out of it, nor stage a root-only PFS file into its own reservation
+/// (the copy runs as the user); the victim's staged file still reads back unchanged.
+fn stage_only_into_and_out_of_one_s_own(
+    manager: &ManagerProcess,
+    dir: &Path,
+    victim: &TestUser,
+    attacker: &TestUser,
+) {
+    let pfs = dir.join("stage-pfs");
+    std::fs::create_dir(&pfs).unwrap();
+    std::fs::set_permissions(&pfs, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let input = pfs.join("victim-input.dat");
+    let bytes = spillway_harness::pattern(101, 200_000);
+    std::fs::write(&input, &bytes).unwrap();
+    std::os::unix::fs::chown(&input, Some(victim.uid), Some(victim.gid)).unwrap();
+    std::fs::set_permissions(&input, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let input_text = input.display().to_string();
+    let stage = |who, verb: &str, src: &str, dst: &str, reservation: &str| {
+        spillway(
+            manager,
+            who,
+            &[verb, "--reservation", reservation, "--progress", "none", src, dst],
+        )
+    };
+    let staged = stage(As::User(victim), "stage-in", &input_text, "/in/data.dat", "job-101");
+    assert!(staged.status.success(), "{}", String::from_utf8_lossy(&staged.stderr));
+
+    // Into or out of the victim's reservation: the manager does not even name it.
+    let stolen = pfs.join("stolen.dat").display().to_string();
+    for (verb, src, dst) in
+        [("stage-in", input_text.as_str(), "/x.dat"), ("stage-out", "/in/data.dat", &stolen)]
+    {
+        let output = stage(As::User(attacker), verb, src, dst, "job-101");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{verb} into the victim's reservation: {stderr}");
+        assert!(stderr.contains("no reservation \"job-101\" visible"), "{verb}: {stderr}");
+    }
+    assert!(!pfs.join("stolen.dat").exists(), "nothing staged out for the attacker");
+    // The victim's file on the PFS into the attacker's own reservation: read as the attacker.
+    let output = stage(As::User(attacker), "stage-in", &input_text, "/copy.dat", "job-202");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "staging a file the attacker cannot read: {stderr}");
+    assert!(stderr.to_lowercase().contains("permission denied"), "{stderr}");
+
+    let back = pfs.join("victim-back.dat").display().to_string();
+    let output = stage(As::User(victim), "stage-out", "/in/data.dat", &back, "job-101");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(std::fs::read(&back).unwrap(), bytes, "the victim's staged file is unchanged");
+    assert_eq!(std::fs::metadata(&back).unwrap().uid(), victim.uid, "staged out as the victim");
 }
 
 /// Status, list and show: the attacker sees its own reservation and the one shared with it,
