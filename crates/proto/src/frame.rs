@@ -45,6 +45,8 @@ pub enum Kind {
     DrainStatus = 0x0D,
     Sync = 0x0E,
     AssignStream = 0x0F,
+    GrantEpoch = 0x11,
+    RevokeEpoch = 0x12,
     // Namespace (metadata service) requests, see `crate::namespace`.
     NamespaceOpen = 0x20,
     NamespaceSync = 0x21,
@@ -80,6 +82,8 @@ pub enum Kind {
     DrainReport = 0x8D,
     Synced = 0x8E,
     StreamAssigned = 0x8F,
+    EpochGranted = 0x91,
+    EpochRevoked = 0x92,
     // Namespace responses.
     NamespaceOpened = 0xA0,
     NsAttr = 0xA1,
@@ -94,7 +98,7 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in byte order within each family.
-    pub const ALL: [Kind; 58] = [
+    pub const ALL: [Kind; 62] = [
         Kind::Hello,
         Kind::OpenFile,
         Kind::Write,
@@ -110,6 +114,8 @@ impl Kind {
         Kind::DrainStatus,
         Kind::Sync,
         Kind::AssignStream,
+        Kind::GrantEpoch,
+        Kind::RevokeEpoch,
         Kind::HelloReply,
         Kind::FileOpened,
         Kind::Written,
@@ -125,6 +131,8 @@ impl Kind {
         Kind::DrainReport,
         Kind::Synced,
         Kind::StreamAssigned,
+        Kind::EpochGranted,
+        Kind::EpochRevoked,
         Kind::Error,
         Kind::NamespaceOpen,
         Kind::NamespaceSync,

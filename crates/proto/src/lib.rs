@@ -19,8 +19,8 @@ pub mod transport;
 pub use errno::ErrorCode;
 pub use frame::{FrameError, Header, Kind, ReceiveError, HEADER_BYTES};
 pub use message::{
-    DrainInfo, DrainState, Durability, EpochInfo, EpochState, Extent, FileInfo, Request, Response,
-    ServerStatus,
+    DrainInfo, DrainState, Durability, EpochGrant, EpochInfo, EpochState, Extent, FileInfo,
+    Request, Response, ServerStatus,
 };
 pub use namespace::{NamespaceRequest, NamespaceResponse};
 pub use transport::{Connection, Endpoint, Identity, Listener};
