@@ -20,8 +20,8 @@ mod trace_record;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use spillway_proto::{
-    DrainInfo, Durability, Endpoint, EpochInfo, EpochState, ErrorCode, Extent, FileInfo, Request,
-    Response, ServerStatus,
+    DrainInfo, Durability, Endpoint, EpochGrant, EpochInfo, EpochState, ErrorCode, Extent,
+    FileInfo, Request, Response, ServerStatus,
 };
 use spillway_types::{EpochId, FileId};
 
@@ -448,6 +448,25 @@ impl Client {
             "StreamAssigned",
             |r| matches!(r, Response::StreamAssigned { .. }),
         )
+    }
+
+    /// Grants the epoch on every server of this client, as `grant` says (root only: the
+    /// manager). Replaces any earlier grant; repeating it is harmless.
+    pub fn grant_epoch(&mut self, epoch: EpochId, grant: &EpochGrant) -> Result<(), ClientError> {
+        let servers: Vec<usize> = (0..self.servers.len()).collect();
+        let request = Request::GrantEpoch { epoch, grant: grant.clone() };
+        self.call_servers(&servers, &request, "EpochGranted", |r| {
+            matches!(r, Response::EpochGranted { .. })
+        })
+    }
+
+    /// Revokes the epoch's grant on every server of this client (root only: the manager);
+    /// afterwards only root may use the epoch there.
+    pub fn revoke_epoch(&mut self, epoch: EpochId) -> Result<(), ClientError> {
+        let servers: Vec<usize> = (0..self.servers.len()).collect();
+        self.call_servers(&servers, &Request::RevokeEpoch { epoch }, "EpochRevoked", |r| {
+            matches!(r, Response::EpochRevoked { .. })
+        })
     }
 
     /// Flushes the pipeline, then sends `request` to every server this client wrote the epoch to

@@ -42,6 +42,8 @@ knobs! {
         frame_stall_ms_max: u64 = 30_000, unit = "milliseconds";
         /// On SIGTERM, how long to wait for in-flight requests before closing connections.
         shutdown_grace_ms_max: u64 = 10_000, unit = "milliseconds";
+        /// Accept data only for epochs the manager granted (GrantEpoch); false: the first uid to create an epoch claims it.
+        managed: bool = false, unit = "bool";
     }
 }
 

@@ -22,8 +22,9 @@ use spillway_proto::{
     Connection, DrainInfo, Durability, ErrorCode, Extent, FileInfo, FrameError, Header, Identity,
     Request, Response, BODY_BYTES_MAX, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
-use spillway_types::{EpochId, FileId, StreamKey};
+use spillway_types::{EpochId, FileId};
 
+use crate::access::{self, authorize, stream_of, Intent, Peer};
 use crate::backend::{BackendError, PendingWrite};
 use crate::budget::Reservation;
 use crate::Shared;
@@ -153,7 +154,8 @@ pub fn serve(shared: Arc<Shared>, mut connection: Box<dyn Connection>) {
     tracing::info!(%peer, uid = identity.uid, gid = identity.gid, "client connected");
 
     let (sender, receiver) = sync_channel::<Job>(shared.options.in_flight_requests_max as usize);
-    let Some(executor) = start_executor(&shared, receiver, writer, &peer, identity) else {
+    let Some(executor) = start_executor(&shared, receiver, writer, &peer, Peer::new(identity))
+    else {
         return;
     };
     // Buffered only after the handshake: the handshake reads exactly the Hello frame's bytes,
@@ -237,7 +239,7 @@ fn start_executor(
     receiver: Receiver<Job>,
     writer: Box<dyn Connection>,
     peer: &str,
-    identity: Identity,
+    identity: Peer,
 ) -> Option<std::thread::JoinHandle<()>> {
     let executor = {
         let shared = shared.clone();
@@ -509,7 +511,7 @@ fn execute(
     receiver: Receiver<Job>,
     writer: Box<dyn Connection>,
     peer: String,
-    identity: Identity,
+    identity: Peer,
 ) {
     let mut broken = false;
     let mut last_no_space: Option<Instant> = None;
@@ -549,16 +551,16 @@ fn execute(
                     if fail_fast { Duration::ZERO } else { shared.options.backpressure_wait };
                 let (response, read_data) = match payload {
                     Some(Payload::Placed(pending)) => {
-                        handle(&shared, identity, request, WriteData::Placed(pending), wait)
+                        handle(&shared, &identity, request, WriteData::Placed(pending), wait)
                     }
                     Some(Payload::Buffered(buffer, reservation)) => {
                         let reply =
-                            handle(&shared, identity, request, WriteData::Bytes(&buffer), wait);
+                            handle(&shared, &identity, request, WriteData::Bytes(&buffer), wait);
                         drop(reservation);
                         shared.pool.give(buffer);
                         reply
                     }
-                    None => handle(&shared, identity, request, WriteData::Bytes(&[]), wait),
+                    None => handle(&shared, &identity, request, WriteData::Bytes(&[]), wait),
                 };
                 if matches!(response, Response::Error { code: ErrorCode::NoSpace, .. }) {
                     last_no_space = Some(Instant::now());
@@ -582,46 +584,6 @@ fn execute(
     }
 }
 
-/// The store stream of a write: the manager's assignment for the epoch if there is one (keys
-/// with the top bit set, so they never share segments with a uid), else the writer's uid.
-fn stream_of(shared: &Shared, identity: Identity, epoch: EpochId) -> StreamKey {
-    match shared.epoch_streams.read().get(&epoch) {
-        Some(&stream) => stream,
-        None => StreamKey(identity.uid as u64),
-    }
-}
-
-/// The store key of a stream id the manager assigned.
-pub(crate) fn assigned_stream_key(stream: u64) -> StreamKey {
-    StreamKey(ASSIGNED_STREAM_TAG | stream)
-}
-
-const ASSIGNED_STREAM_TAG: u64 = 1 << 63;
-
-/// Checks that this identity may touch the epoch; the first identity to create it owns it for
-/// this server run. Root may touch anything.
-fn authorize(
-    shared: &Shared,
-    identity: Identity,
-    epoch: EpochId,
-    claim: bool,
-) -> Result<(), BackendError> {
-    let mut owners = shared.owners.lock();
-    match owners.get(&epoch) {
-        Some(&owner) if owner != identity.uid && identity.uid != 0 => Err(BackendError::new(
-            ErrorCode::PermissionDenied,
-            format!("epoch {epoch} belongs to uid {owner}, request runs as uid {}", identity.uid),
-        )),
-        Some(_) => Ok(()),
-        None => {
-            if claim {
-                owners.insert(epoch, identity.uid);
-            }
-            Ok(())
-        }
-    }
-}
-
 /// Runs one request. Returns the reply and, for reads, the payload to send with it.
 /// A write request's payload, as the executor hands it to [`run`].
 enum WriteData<'a> {
@@ -631,7 +593,7 @@ enum WriteData<'a> {
 
 fn handle(
     shared: &Shared,
-    identity: Identity,
+    identity: &Peer,
     request: Request,
     data: WriteData<'_>,
     wait: Duration,
@@ -646,7 +608,7 @@ type Reply = (Response, Option<Vec<u8>>);
 
 fn run(
     shared: &Shared,
-    identity: Identity,
+    peer: &Peer,
     request: Request,
     data: WriteData<'_>,
     wait: Duration,
@@ -655,36 +617,30 @@ fn run(
     let plain = |response| Ok((response, None));
     match request {
         Request::Hello { .. } => unreachable!("the reader answers a second Hello itself"),
-        Request::OpenFile { epoch, name, create } => {
-            open_file(shared, identity, epoch, &name, create)
-        }
+        Request::OpenFile { epoch, name, create } => open_file(shared, peer, epoch, &name, create),
         Request::Write { epoch, file, offset } => {
-            write(shared, identity, epoch, file, offset, data, wait)
+            write(shared, peer, epoch, file, offset, data, wait)
         }
         Request::Read { epoch, file, offset, length } => {
-            read(shared, identity, epoch, file, offset, length)
+            read(shared, peer, epoch, file, offset, length)
         }
-        Request::Commit { epoch, durability } => commit(shared, identity, epoch, durability),
+        Request::Commit { epoch, durability } => commit(shared, peer, epoch, durability),
         Request::ListEpochs { from_epoch } => {
-            let mut epochs = backend.epochs()?;
-            epochs.retain(|e| e.epoch >= from_epoch);
-            // 25 bytes per entry after a 4-byte count; the client pages for the rest.
-            epochs.truncate((BODY_BYTES_MAX as usize - 4) / 25);
-            plain(Response::Epochs(epochs))
+            plain(Response::Epochs(list_epochs(shared, peer, from_epoch)?))
         }
         Request::ListFiles { epoch, from_file } => {
-            authorize(shared, identity, epoch, false)?;
+            authorize(shared, peer, epoch, Intent::Use)?;
             let mut files = backend.files(epoch)?;
             files.retain(|f| f.file >= from_file);
             files.sort_by_key(|f| f.file);
             plain(Response::Files(fit_files(files)))
         }
         Request::Stat { epoch, file } => {
-            authorize(shared, identity, epoch, false)?;
+            authorize(shared, peer, epoch, Intent::Use)?;
             plain(Response::FileStat(backend.stat(epoch, file)?))
         }
         Request::Extents { epoch, file, from_offset } => {
-            authorize(shared, identity, epoch, false)?;
+            authorize(shared, peer, epoch, Intent::Use)?;
             let extents: Vec<Extent> = backend
                 .extents(epoch, file)?
                 .into_iter()
@@ -694,39 +650,65 @@ fn run(
             plain(Response::Extents(extents))
         }
         Request::DeleteEpoch { epoch } => {
-            authorize(shared, identity, epoch, false)?;
+            authorize(shared, peer, epoch, Intent::Use)?;
             backend.delete_epoch(epoch)?;
-            shared.owners.lock().remove(&epoch);
-            shared.epoch_streams.write().remove(&epoch);
             plain(Response::Deleted { epoch })
         }
-        Request::AssignStream { epoch, stream } => assign_stream(shared, identity, epoch, stream),
+        Request::AssignStream { epoch, stream } => {
+            plain(access::assign_stream(shared, peer, epoch, stream)?)
+        }
+        Request::GrantEpoch { epoch, grant } => {
+            plain(access::grant_epoch(shared, peer, epoch, grant)?)
+        }
+        Request::RevokeEpoch { epoch } => plain(access::revoke_epoch(shared, peer, epoch)?),
         Request::Sync { epoch } => {
-            // The store syncs every dirty segment at once; the epoch is named so that only its
-            // owner (or root) may ask, and so that the reply says what became durable.
-            authorize(shared, identity, epoch, false)?;
+            // The store syncs every dirty segment at once; the epoch is named so that only those
+            // who may use it ask, and so that the reply says what became durable.
+            authorize(shared, peer, epoch, Intent::Use)?;
             backend.sync()?;
             plain(Response::Synced { epoch })
         }
-        Request::Drain { epoch, mode } => drain(shared, identity, epoch, mode),
-        Request::DrainStatus => plain(Response::DrainStatus(drain_status(shared))),
-        Request::Namespace(request) => {
-            let service = shared.namespaces.get().ok_or_else(|| {
-                BackendError::new(
-                    ErrorCode::InvalidArgument,
-                    "this server has no namespace service (started without a store directory)",
-                )
-            })?;
-            plain(Response::Namespace(service.handle(identity, request)))
-        }
+        Request::Drain { epoch, mode } => drain(shared, peer, epoch, mode),
+        Request::DrainStatus => plain(Response::DrainStatus(drain_status(shared, peer))),
+        Request::Namespace(request) => namespace(shared, peer, request),
         Request::Status => plain(Response::Status(server_status(shared))),
     }
+}
+
+/// `ListEpochs`: the epochs from `from_epoch` this peer may see, as many as fit in one body.
+fn list_epochs(
+    shared: &Shared,
+    peer: &Peer,
+    from_epoch: EpochId,
+) -> Result<Vec<spillway_proto::EpochInfo>, BackendError> {
+    let epochs = shared.backend.epochs()?;
+    Ok(epochs
+        .into_iter()
+        .filter(|e| e.epoch >= from_epoch && access::may_see(shared, peer, e.epoch))
+        // 25 bytes per entry after a 4-byte count; the client pages for the rest.
+        .take((BODY_BYTES_MAX as usize - 4) / 25)
+        .collect())
+}
+
+/// A namespace (metadata service) request, answered by this server's namespace service.
+fn namespace(
+    shared: &Shared,
+    peer: &Peer,
+    request: spillway_proto::NamespaceRequest,
+) -> Result<Reply, BackendError> {
+    let service = shared.namespaces.get().ok_or_else(|| {
+        BackendError::new(
+            ErrorCode::InvalidArgument,
+            "this server has no namespace service (started without a store directory)",
+        )
+    })?;
+    Ok((Response::Namespace(service.handle(peer.identity, request)), None))
 }
 
 /// `OpenFile`: checks the name, authorizes (claiming the epoch if it creates) and opens.
 fn open_file(
     shared: &Shared,
-    identity: Identity,
+    peer: &Peer,
     epoch: EpochId,
     name: &str,
     create: bool,
@@ -737,16 +719,16 @@ fn open_file(
             format!("bad file name {name:?}"),
         ));
     }
-    authorize(shared, identity, epoch, create)?;
-    let (file, created) =
-        shared.backend.open_file(stream_of(shared, identity, epoch), epoch, name, create)?;
+    authorize(shared, peer, epoch, if create { Intent::Create } else { Intent::Use })?;
+    let stream = stream_of(shared, peer.identity, epoch);
+    let (file, created) = shared.backend.open_file(stream, epoch, name, create)?;
     Ok((Response::FileOpened { file, created }, None))
 }
 
 /// `Write`: publishes a placed payload, or writes a buffered one waiting up to `wait` for space.
 fn write(
     shared: &Shared,
-    identity: Identity,
+    peer: &Peer,
     epoch: EpochId,
     file: FileId,
     offset: u64,
@@ -754,7 +736,7 @@ fn write(
     wait: Duration,
 ) -> Result<Reply, BackendError> {
     // A refused placed write is dropped unpublished: nothing of it is stored.
-    authorize(shared, identity, epoch, true)?;
+    authorize(shared, peer, epoch, Intent::Create)?;
     let length = match data {
         WriteData::Placed(pending) => {
             let length = pending.payload_bytes();
@@ -768,7 +750,7 @@ fn write(
                     format!("write at offset {offset} of {} bytes overflows", data.len()),
                 )
             })?;
-            write_with_backpressure(shared, identity, epoch, file, offset, data, wait)?;
+            write_with_backpressure(shared, peer.identity, epoch, file, offset, data, wait)?;
             data.len()
         }
     };
@@ -779,13 +761,13 @@ fn write(
 /// `Read`: checks the length against `payload_bytes_max` and reads into a reply buffer.
 fn read(
     shared: &Shared,
-    identity: Identity,
+    peer: &Peer,
     epoch: EpochId,
     file: FileId,
     offset: u64,
     length: u32,
 ) -> Result<Reply, BackendError> {
-    authorize(shared, identity, epoch, false)?;
+    authorize(shared, peer, epoch, Intent::Use)?;
     if length > shared.options.payload_bytes_max {
         return Err(BackendError::new(
             ErrorCode::TooLarge,
@@ -813,11 +795,11 @@ fn read(
 /// `Commit`: commits at the asked (or the server's default) durability and tells the drainer.
 fn commit(
     shared: &Shared,
-    identity: Identity,
+    peer: &Peer,
     epoch: EpochId,
     durability: Durability,
 ) -> Result<Reply, BackendError> {
-    authorize(shared, identity, epoch, false)?;
+    authorize(shared, peer, epoch, Intent::Create)?;
     let durability = match durability {
         Durability::ServerDefault => shared.options.default_durability,
         other => other,
@@ -829,56 +811,27 @@ fn commit(
     Ok((Response::Committed { epoch, durability }, None))
 }
 
-/// `AssignStream`: root (the manager) sets the SSD stream of an epoch.
-fn assign_stream(
-    shared: &Shared,
-    identity: Identity,
-    epoch: EpochId,
-    stream: u64,
-) -> Result<Reply, BackendError> {
-    if identity.uid != 0 {
-        return Err(BackendError::new(
-            ErrorCode::PermissionDenied,
-            format!(
-                "only root (the manager) assigns SSD streams; request runs as uid {}",
-                identity.uid
-            ),
-        ));
-    }
-    if stream & ASSIGNED_STREAM_TAG != 0 {
-        return Err(BackendError::new(
-            ErrorCode::InvalidArgument,
-            format!("stream id {stream} is out of range (below 2^63)"),
-        ));
-    }
-    shared.epoch_streams.write().insert(epoch, assigned_stream_key(stream));
-    Ok((Response::StreamAssigned { epoch, stream }, None))
-}
-
 /// `Drain`: queues a drain of an epoch this server holds, if it has a PFS to drain to.
-fn drain(
-    shared: &Shared,
-    identity: Identity,
-    epoch: EpochId,
-    mode: u8,
-) -> Result<Reply, BackendError> {
-    authorize(shared, identity, epoch, false)?;
+fn drain(shared: &Shared, peer: &Peer, epoch: EpochId, mode: u8) -> Result<Reply, BackendError> {
+    authorize(shared, peer, epoch, Intent::Use)?;
     let drain = shared.drain.get().ok_or_else(|| {
         BackendError::new(
             ErrorCode::InvalidArgument,
             "this server has no PFS to drain to (drain.pfs_directory is not set)",
         )
     })?;
-    if !shared.backend.epochs()?.iter().any(|e| e.epoch == epoch) {
+    if !shared.backend.has_epoch(epoch) {
         return Err(BackendError::new(ErrorCode::NoSuchEpoch, format!("no epoch {epoch} here")));
     }
     drain.request(epoch, mode)?;
     Ok((Response::DrainQueued { epoch }, None))
 }
 
-/// `DrainStatus`: the drainer's status, the newest epochs that fit in one body.
-fn drain_status(shared: &Shared) -> Vec<DrainInfo> {
+/// `DrainStatus`: the drainer's status of the epochs this peer may see, the newest that fit in
+/// one body.
+fn drain_status(shared: &Shared, peer: &Peer) -> Vec<DrainInfo> {
     let mut list = shared.drain.get().map(|d| d.status()).unwrap_or_default();
+    list.retain(|d| access::may_see(shared, peer, d.epoch));
     // 64 bytes per entry plus the error text after a 4-byte count: keep the newest that fit.
     let mut bytes = 4usize;
     list.reverse();

@@ -24,25 +24,26 @@
 //! at most 256 MiB), the time a write waits for space (`backpressure_wait_ms_max`) and the time a
 //! client may stall mid-frame while its write holds ring space (`frame_stall_ms_max`).
 
+mod access;
 pub mod backend;
 pub mod budget;
 mod connection;
 pub mod namespace_service;
 mod store_backend;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use spillway_config::server::{CommitDurability, ServerKnobs};
 use spillway_proto::transport::{self, BindError};
 use spillway_proto::{Durability, Endpoint, Listener};
-use spillway_types::{EpochId, StreamKey};
+use spillway_types::EpochId;
 
-pub use backend::{Backend, BackendError, PendingWrite, Usage};
+pub use backend::{
+    assigned_stream_key, Backend, BackendError, GrantMode, PendingWrite, Usage, ASSIGNED_STREAM_TAG,
+};
 
 /// The server's view of a drainer (implemented by `spillway_drain::Drainer`): requests and
 /// status travel over the protocol, the drainer does the work on its own threads.
@@ -81,6 +82,9 @@ pub struct ServerOptions {
     pub default_durability: Durability,
     pub shutdown_grace: Duration,
     pub frame_stall: Duration,
+    /// Take data only for epochs the manager granted (`server.managed`); otherwise the first
+    /// uid to create an epoch claims it.
+    pub managed: bool,
 }
 
 impl ServerOptions {
@@ -98,6 +102,7 @@ impl ServerOptions {
             },
             shutdown_grace: Duration::from_millis(knobs.shutdown_grace_ms_max),
             frame_stall: Duration::from_millis(knobs.frame_stall_ms_max),
+            managed: knobs.managed,
         }
     }
 }
@@ -133,12 +138,6 @@ pub(crate) struct Shared {
     pub shutdown: AtomicBool,
     pub connections: AtomicU32,
     pub counters: Counters,
-    /// Epoch → uid of the identity that created it (this server run). Other uids are refused.
-    pub owners: Mutex<HashMap<EpochId, u32>>,
-    /// Epoch → SSD stream assigned by the manager (`AssignStream`); other epochs' writes go to
-    /// the writer's uid. In memory: the manager re-asserts assignments every heartbeat, so a
-    /// restarted server learns them again before a job's next writes matter for wear.
-    pub epoch_streams: parking_lot::RwLock<HashMap<EpochId, StreamKey>>,
     /// The drainer, if this server drains to a PFS (set once, before or while serving).
     pub drain: std::sync::OnceLock<Arc<dyn DrainControl>>,
     /// The namespaces (metadata service) this server holds, if attached.
@@ -194,8 +193,6 @@ impl Server {
             shutdown: AtomicBool::new(false),
             connections: AtomicU32::new(0),
             counters: Counters::default(),
-            owners: Mutex::new(HashMap::new()),
-            epoch_streams: parking_lot::RwLock::new(HashMap::new()),
             drain: std::sync::OnceLock::new(),
             namespaces: std::sync::OnceLock::new(),
         });

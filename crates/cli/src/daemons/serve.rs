@@ -47,6 +47,10 @@ pub struct Args {
     /// Server name for logs and status (server.server_name).
     #[arg(long)]
     name: Option<String>,
+    /// Take data only for epochs the manager granted (server.managed); without it the first
+    /// uid to create an epoch claims it.
+    #[arg(long)]
+    managed: bool,
     /// Log as JSON lines instead of text.
     #[arg(long)]
     log_json: bool,
@@ -137,6 +141,9 @@ impl Args {
         }
         if let Some(name) = self.name {
             config.server.server_name = name;
+        }
+        if self.managed {
+            config.server.managed = true;
         }
         if let Some(dir) = self.pfs_dir {
             config.drain.pfs_directory = dir;
