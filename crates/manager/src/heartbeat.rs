@@ -62,9 +62,10 @@ pub fn heartbeat_round(manager: &Manager, prober: &dyn Prober) {
     }
 }
 
-/// Re-sends every active reservation's stream assignment to its servers: a server keeps them in
-/// memory only, so one that restarted learns them again within a heartbeat.
-fn reassert_streams(manager: &Manager) {
+/// Re-sends every active reservation's grants to its servers, so a server that was down (or
+/// lost its state) when the reservation was created takes the reservation's data within a
+/// heartbeat; an unchanged grant costs a server nothing.
+fn reassert_grants(manager: &Manager) {
     let root = manager.caller(0, 0);
     let reservations = match manager.list_reservations(&root, true) {
         Ok(list) => list,
@@ -76,8 +77,8 @@ fn reassert_streams(manager: &Manager) {
     for reservation in
         reservations.iter().filter(|r| r.state == crate::model::ReservationState::Active)
     {
-        if let Err(error) = crate::assign_reservation_stream(reservation) {
-            tracing::debug!(reservation = reservation.id, %error, "stream assignment not delivered this round");
+        for (server, error) in crate::grant_reservation(reservation) {
+            tracing::debug!(reservation = reservation.id, %server, %error, "grant not delivered this round");
         }
     }
 }
@@ -88,7 +89,7 @@ pub fn run(manager: Arc<Manager>, prober: Arc<dyn Prober>, stop: Arc<AtomicBool>
     while !stop.load(Ordering::Relaxed) {
         let started = Instant::now();
         heartbeat_round(&manager, prober.as_ref());
-        reassert_streams(&manager);
+        reassert_grants(&manager);
         while started.elapsed() < period && !stop.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(20).min(period));
         }

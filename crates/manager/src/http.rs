@@ -286,9 +286,9 @@ fn route(manager: &Manager, caller: &crate::Caller, request: &Request) -> Reply 
                     if let Err(error) = crate::create_reservation_namespace(&reservation) {
                         tracing::warn!(reservation = reservation.id, %error, "could not create the reservation's namespace");
                     }
-                    // Best effort too: the heartbeat asserts it again.
-                    if let Err(error) = crate::assign_reservation_stream(&reservation) {
-                        tracing::warn!(reservation = reservation.id, %error, "could not assign the reservation's SSD stream");
+                    // Best effort too: the heartbeat grants it again until every server has it.
+                    for (server, error) in crate::grant_reservation(&reservation) {
+                        tracing::warn!(reservation = reservation.id, %server, %error, "could not grant the reservation's epoch");
                     }
                     json(201, &reservation)
                 }
@@ -304,7 +304,7 @@ fn route(manager: &Manager, caller: &crate::Caller, request: &Request) -> Reply 
                 request.query.get("job").map(String::as_str),
             ) {
                 Ok(destroyed) => {
-                    crate::delete_reservation_data(&destroyed.reservation);
+                    crate::retire_reservation_data(&destroyed.reservation);
                     json(200, &destroyed.reservation)
                 }
                 Err(error) => api_error(error),

@@ -23,7 +23,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use spillway_config::ManagerKnobs;
-use spillway_proto::Endpoint;
+use spillway_proto::{Endpoint, EpochGrant};
 
 pub use api::{ApiClient, ApiClientError};
 pub use identity::Caller;
@@ -142,51 +142,74 @@ pub fn create_reservation_namespace(reservation: &Reservation) -> Result<(), Str
         })
 }
 
-/// Tells each of the reservation's servers that writes to its epoch go to the SSD stream BIOS
-/// Algorithm 1 chose for it (`reservation.stream`), so the store separates its segments by that
-/// stream. Called when the reservation is created and again every heartbeat (a restarted server
-/// keeps assignments in memory only).
-pub fn assign_reservation_stream(reservation: &Reservation) -> Result<(), String> {
-    let servers: Vec<Endpoint> =
-        reservation.servers.iter().map(|s| s.parse::<Endpoint>()).collect::<Result<_, _>>()?;
-    if servers.is_empty() {
-        return Ok(());
-    }
-    let options = spillway_client::ClientOptions {
-        client_name: "spillway-manager streams".into(),
-        ..Default::default()
+/// The grant of the reservation's epoch on its server at `stripe_index` (in stripe order): the
+/// owner, the allowed uids and groups of a persistent reservation, the capacity of the
+/// fragments placed on that server, the reservation's whole capacity (what `statfs` of its
+/// namespace reports) and the SSD stream BIOS Algorithm 1 chose for it.
+pub fn reservation_grant(reservation: &Reservation, stripe_index: usize) -> EpochGrant {
+    let (allowed_uids, allowed_gids) = if reservation.persistent {
+        (reservation.allowed_uids.clone(), reservation.allowed_gids.clone())
+    } else {
+        (Vec::new(), Vec::new())
     };
-    let mut client =
-        spillway_client::Client::connect(&servers, options).map_err(|e| e.to_string())?;
-    client
-        .assign_stream(spillway_types::EpochId(reservation.epoch), reservation.stream as u64)
-        .map_err(|e| {
-            format!("assigning stream {} to epoch {}: {e}", reservation.stream, reservation.epoch)
-        })
+    let fragments = reservation.server_fragments.get(stripe_index).copied().unwrap_or(0);
+    EpochGrant {
+        owner_uid: reservation.owner,
+        owner_gid: reservation.group,
+        allowed_uids,
+        allowed_gids,
+        capacity_bytes: fragments * reservation.fragment_bytes,
+        reservation_capacity_bytes: reservation.capacity_bytes,
+        stream: Some(reservation.stream as u64),
+    }
 }
 
-/// Deletes a destroyed reservation's data (its epoch) on each of its servers. Best effort: a
-/// server that cannot be reached is logged (its store keeps the epoch until deleted by hand or
-/// drained); the reservation's capacity is already free in the manager.
-pub fn delete_reservation_data(reservation: &Reservation) -> usize {
+/// Sends each of the reservation's servers the grant of its epoch there
+/// ([`reservation_grant`]): from then on a managed server takes the epoch's data only from the
+/// owner, the allowed users and groups, and root, up to its share of the capacity, into the
+/// reservation's stream. Called when the reservation is created and again every heartbeat (a
+/// server that was down catches up; an unchanged grant costs the server nothing). Returns each
+/// server the grant did not reach, with why.
+pub fn grant_reservation(reservation: &Reservation) -> Vec<(String, String)> {
+    let epoch = spillway_types::EpochId(reservation.epoch);
+    let mut failures = Vec::new();
+    for (index, address) in reservation.servers.iter().enumerate() {
+        let grant = reservation_grant(reservation, index);
+        let outcome = connect_one(address, "spillway-manager grants")
+            .and_then(|mut client| client.grant_epoch(epoch, &grant).map_err(|e| e.to_string()));
+        if let Err(error) = outcome {
+            failures.push((address.clone(), format!("granting epoch {epoch}: {error}")));
+        }
+    }
+    failures
+}
+
+/// A client of the one server at `address`.
+fn connect_one(address: &str, client_name: &str) -> Result<spillway_client::Client, String> {
+    let endpoint = address.parse::<Endpoint>()?;
+    let options =
+        spillway_client::ClientOptions { client_name: client_name.into(), ..Default::default() };
+    spillway_client::Client::connect(&[endpoint], options).map_err(|e| e.to_string())
+}
+
+/// Retires a destroyed reservation's data on each of its servers: revokes the grant of its
+/// epoch (so nobody but root may use what is left), then deletes the epoch. Best effort: a
+/// server that cannot be reached is logged (its store keeps the epoch, and the grant, until
+/// deleted by hand or drained); the reservation's capacity is already free in the manager.
+/// Returns the number of servers where the epoch was deleted.
+pub fn retire_reservation_data(reservation: &Reservation) -> usize {
+    let epoch = spillway_types::EpochId(reservation.epoch);
     let mut deleted = 0;
     for address in &reservation.servers {
-        let outcome = address.parse::<Endpoint>().map_err(|e| e.to_string()).and_then(|endpoint| {
-            let options = spillway_client::ClientOptions {
-                client_name: "spillway-manager teardown".into(),
-                ..Default::default()
-            };
-            let mut client = spillway_client::Client::connect(&[endpoint], options)
-                .map_err(|e| e.to_string())?;
-            client
-                .delete_epoch(spillway_types::EpochId(reservation.epoch))
-                .map_err(|e| e.to_string())
+        let outcome = connect_one(address, "spillway-manager teardown").and_then(|mut client| {
+            client.revoke_epoch(epoch).map_err(|e| format!("revoking the grant: {e}"))?;
+            client.delete_epoch(epoch).map_err(|e| format!("deleting the epoch: {e}"))
         });
         match outcome {
             Ok(()) => deleted += 1,
             Err(error) => tracing::warn!(
                 reservation = reservation.id, server = %address, epoch = reservation.epoch, %error,
-                "could not delete the destroyed reservation's data"
+                "could not retire the destroyed reservation's data"
             ),
         }
     }

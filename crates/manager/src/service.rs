@@ -625,8 +625,10 @@ impl Manager {
                 return Err(invalid(format!("job id {job:?} must be 1 to 64 of [A-Za-z0-9._-]")));
             }
         }
-        if request.allowed_uids.len() > 256 || request.allowed_gids.len() > 256 {
-            return Err(invalid("more than 256 allowed uids or gids".into()));
+        let max = spillway_types::GRANT_ALLOWED_IDS_MAX;
+        if request.allowed_uids.len() > max || request.allowed_gids.len() > max {
+            // The servers' grants hold at most this many of each.
+            return Err(invalid(format!("more than {max} allowed uids or gids")));
         }
         Ok(owner)
     }
@@ -834,7 +836,7 @@ impl Manager {
     }
 
     /// Marks the reservation destroyed (its capacity is free at once). The caller then deletes
-    /// its data on the servers ([`crate::delete_reservation_data`]).
+    /// its data on the servers ([`crate::retire_reservation_data`]: grant revoked, epoch deleted).
     pub fn destroy_reservation(
         &self,
         caller: &Caller,
