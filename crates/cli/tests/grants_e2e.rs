@@ -1,0 +1,568 @@
+//! Ownership end to end, tried as hostile local users: real `spillway serve` (and `spillway
+//! manager`) processes, and clients run as real uids from the user database (this test binary
+//! re-executed as `spillway-sec1`, `spillway-sec2` and `spillway-sec3`, created with `useradd`
+//! when absent; `spillway-sec3` is a member of the group `spillway-secg`).
+//!
+//! * a user's epoch survives a server SIGKILL and restart with its owner: another user can
+//!   neither list, read, write, commit, delete nor drain it, and the owner still can;
+//! * `ListEpochs` and `DrainStatus` show another user nothing of it;
+//! * a managed server refuses data for an epoch id no reservation has yet, and after the
+//!   manager's grant takes it from the owner alone;
+//! * a grant allowing a group lets its members in, nobody else;
+//! * the manager's grant reaches a server that was down when the reservation was created (the
+//!   heartbeat), with the server's share of the capacity, past which writes fail with EDQUOT;
+//! * `df` on a mount of the reservation shows its capacity and usage, and a write past the
+//!   capacity fails with EDQUOT.
+//!
+//! Needs root (CI runs tests as root), `useradd`/`groupadd`/`usermod`, `setpriv`, FUSE and `df`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use spillway_client::{Client, ClientOptions, ServerConnection};
+use spillway_harness::{pattern, ServerProcess};
+use spillway_proto::{Durability, Endpoint, EpochGrant, Request, Response};
+use spillway_types::EpochId;
+
+const BIN: &str = env!("CARGO_BIN_EXE_spillway");
+const CHILD_ENV: &str = "SPILLWAY_GRANTS_E2E_CHILD";
+const MIB: u64 = 1 << 20;
+const GROUP: &str = "spillway-secg";
+
+/// A user of the user database: its name, uid and primary gid.
+#[derive(Clone, Debug)]
+struct User {
+    name: &'static str,
+    uid: u32,
+    gid: u32,
+}
+
+/// The output of `id <flag> <name>`, if the user exists.
+fn id_of(flag: &str, name: &str) -> Option<u32> {
+    let out = Command::new("id").arg(flag).arg(name).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().parse().ok())?
+}
+
+fn run_quietly(program: &str, args: &[&str]) {
+    // Another test (or worktree) may create the same name at once: the result is checked below.
+    let _ = Command::new(program).args(args).stdout(Stdio::null()).stderr(Stdio::null()).status();
+}
+
+/// The user `name`, created (system user, no home) if absent; with `group`, a member of it.
+fn ensure_user(name: &'static str, group: Option<&str>) -> User {
+    assert_eq!(
+        spillway_sys::user::euid(),
+        0,
+        "grants_e2e must run as root (it creates users and runs clients as them); run `make test` \
+         as root, as CI does"
+    );
+    if id_of("-u", name).is_none() {
+        run_quietly("useradd", &["--system", "--no-create-home", name]);
+    }
+    if let Some(group) = group {
+        if spillway_sys::user::group_id(group).unwrap().is_none() {
+            run_quietly("groupadd", &["--system", group]);
+        }
+        run_quietly("usermod", &["--append", "--groups", group, name]);
+    }
+    let uid = id_of("-u", name).unwrap_or_else(|| panic!("cannot create user {name} (useradd)"));
+    let gid = id_of("-g", name).unwrap();
+    User { name, uid, gid }
+}
+
+/// The three users: A owns epochs, B attacks them, C is in `spillway-secg`.
+fn users() -> (User, User, User) {
+    (
+        ensure_user("spillway-sec1", None),
+        ensure_user("spillway-sec2", None),
+        ensure_user("spillway-sec3", Some(GROUP)),
+    )
+}
+
+/// What one client operation run as a user did: `Ok(output)` or `Err((errno, message))`.
+type Outcome = Result<String, (i32, String)>;
+
+/// Runs one client operation (see `child_client`) as `user` against `endpoints`.
+fn as_user(user: &User, endpoints: &[Endpoint], op: &[&str]) -> Outcome {
+    let mut spec = vec![spillway_harness::endpoint_list(endpoints)];
+    spec.extend(op.iter().map(|s| s.to_string()));
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
+        .args(["--exact", "child_client", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, spec.join("|"))
+        .current_dir("/");
+    spillway_sys::process::run_as(&mut command, user.uid, user.gid, &[user.gid]);
+    let output = command.output().unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    let line = text
+        .lines()
+        .find_map(|l| l.split_once("outcome: ").map(|(_, outcome)| outcome))
+        .unwrap_or_else(|| panic!("{op:?} as {}: no outcome:\n{text}", user.name));
+    match line.split_once(' ') {
+        Some(("ok", rest)) => Ok(rest.to_string()),
+        Some(("errno", rest)) => {
+            let (errno, message) = rest.split_once(' ').unwrap();
+            Err((errno.parse().unwrap(), message.to_string()))
+        }
+        _ => panic!("{op:?} as {}: bad outcome {line:?}", user.name),
+    }
+}
+
+/// `as_user`, expecting success.
+fn ok(user: &User, endpoints: &[Endpoint], op: &[&str]) -> String {
+    as_user(user, endpoints, op)
+        .unwrap_or_else(|(errno, m)| panic!("{op:?} as {}: errno {errno}: {m}", user.name))
+}
+
+/// `as_user`, expecting `errno` with `needle` in the message.
+fn refused(user: &User, endpoints: &[Endpoint], op: &[&str], errno: i32, needle: &str) {
+    match as_user(user, endpoints, op) {
+        Ok(output) => {
+            panic!("{op:?} as {} succeeded ({output}); expected errno {errno}", user.name)
+        }
+        Err((got, message)) => {
+            assert_eq!(got, errno, "{op:?} as {}: {message}", user.name);
+            assert!(
+                message.contains(needle),
+                "{op:?} as {}: {needle:?} not in {message}",
+                user.name
+            );
+        }
+    }
+}
+
+/// The child: one client operation against the servers in `SPILLWAY_GRANTS_E2E_CHILD`
+/// (`endpoints|op|args…`), its outcome printed as `outcome: ok …` or `outcome: errno N …`.
+#[test]
+fn child_client() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else { return };
+    let fields: Vec<&str> = spec.split('|').collect();
+    let endpoints: Vec<Endpoint> = fields[0].split(',').map(|e| e.parse().unwrap()).collect();
+    let outcome = if fields[1] == "commit" {
+        // Straight to the server: `Client::commit_epoch` commits only where it wrote.
+        commit_on(&endpoints[0], EpochId(fields[2].parse().unwrap()))
+    } else {
+        Client::connect(&endpoints, ClientOptions::default())
+            .and_then(|mut client| run_op(&mut client, &fields[1..]))
+    };
+    match outcome {
+        Ok(output) => println!("outcome: ok {output}"),
+        Err(error) => println!("outcome: errno {} {error}", error.errno()),
+    }
+}
+
+fn run_op(client: &mut Client, op: &[&str]) -> Result<String, spillway_client::ClientError> {
+    let epoch = || EpochId(op[1].parse().unwrap());
+    let number = |i: usize| -> u64 { op[i].parse().unwrap() };
+    Ok(match op[0] {
+        "write" => {
+            let mut file = client.create_file(epoch(), op[2])?;
+            client.write(&mut file, number(3), &pattern(number(4), number(5) as usize))?;
+            client.flush()?;
+            String::new()
+        }
+        "read" => {
+            let file = client.open_file(epoch(), op[2])?;
+            let mut back = vec![0u8; number(4) as usize];
+            client.read(&file, 0, &mut back)?;
+            (back == pattern(number(3), back.len())).to_string()
+        }
+        "delete" => client.delete_epoch(epoch()).map(|()| String::new())?,
+        "drain" => client.request_drain(epoch(), 1).map(|n| n.to_string())?,
+        "files" => format!("{:?}", client.list_files(epoch())?),
+        "list" => {
+            let epochs = client.list_epochs()?;
+            let listed: Vec<String> =
+                epochs.iter().map(|e| format!("{}:{}", e.epoch, e.bytes)).collect();
+            listed.join(",")
+        }
+        "drains" => {
+            let drains = client.drain_status()?;
+            let listed: Vec<String> = drains
+                .iter()
+                .flat_map(|(_, list)| list.iter())
+                .map(|d| format!("{}:{}", d.epoch, d.state))
+                .collect();
+            listed.join(",")
+        }
+        other => panic!("unknown op {other}"),
+    })
+}
+
+/// A `Commit` of `epoch` sent to one server.
+fn commit_on(endpoint: &Endpoint, epoch: EpochId) -> Result<String, spillway_client::ClientError> {
+    let mut connection = ServerConnection::connect(endpoint, "grants_e2e commit", 1)?;
+    let request = Request::Commit { epoch, durability: Durability::Ssd };
+    match connection.call(&request, &[], None)? {
+        (Response::Committed { .. }, ()) => Ok(String::new()),
+        (other, ()) => panic!("Commit answered {other:?}"),
+    }
+}
+
+/// Epoch ids in a `list` output (`epoch:bytes,…`).
+fn listed_epochs(output: &str) -> Vec<u64> {
+    output
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(|s| s.split(':').next().unwrap().parse().unwrap())
+        .collect()
+}
+
+fn wait_for(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn tempdir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .unwrap();
+    dir
+}
+
+/// A root client of `endpoints`.
+fn root_client(endpoints: &[Endpoint]) -> Client {
+    Client::connect(endpoints, ClientOptions::default()).unwrap()
+}
+
+// ---- restart, then steal -------------------------------------------------------------------
+
+/// User A writes and commits epoch 1 on an unmanaged server (the first uid claims it), the
+/// server is SIGKILLed and restarted; user B can do nothing with the epoch, A still can.
+#[test]
+fn a_claimed_epoch_survives_a_server_kill_and_cannot_be_stolen() {
+    let (a, b, _) = users();
+    let dir = tempdir();
+    let pfs = dir.path().join("pfs");
+    std::fs::create_dir_all(&pfs).unwrap();
+    let mut server = ServerProcess::builder(BIN, dir.path(), "s").pfs_dir(&pfs).start();
+    let endpoints = server.endpoints().to_vec();
+    ok(&a, &endpoints, &["write", "1", "ckpt", "0", "11", "300000"]);
+    ok(&a, &endpoints, &["commit", "1"]);
+    refused(
+        &b,
+        &endpoints,
+        &["write", "1", "mine", "0", "12", "100"],
+        libc::EACCES,
+        "another user",
+    );
+
+    server.sigkill().unwrap();
+    server.restart().unwrap();
+    let endpoints = server.endpoints().to_vec();
+    assert!(!listed_epochs(&ok(&b, &endpoints, &["list"])).contains(&1), "B lists A's epoch");
+    let denied = "granted to another user";
+    refused(&b, &endpoints, &["files", "1"], libc::EACCES, denied);
+    refused(&b, &endpoints, &["read", "1", "ckpt", "11", "300000"], libc::EACCES, denied);
+    refused(&b, &endpoints, &["write", "1", "ckpt", "0", "12", "100"], libc::EACCES, denied);
+    refused(&b, &endpoints, &["commit", "1"], libc::EACCES, denied);
+    refused(&b, &endpoints, &["delete", "1"], libc::EACCES, denied);
+    refused(&b, &endpoints, &["drain", "1"], libc::EACCES, denied);
+
+    assert_eq!(listed_epochs(&ok(&a, &endpoints, &["list"])), vec![1]);
+    assert_eq!(ok(&a, &endpoints, &["read", "1", "ckpt", "11", "300000"]), "true");
+    assert!(ok(&a, &endpoints, &["files", "1"]).contains("ckpt"));
+    // B's own epoch is B's, and B claims no more than that.
+    ok(&b, &endpoints, &["write", "2", "mine", "0", "12", "100"]);
+    assert_eq!(listed_epochs(&ok(&b, &endpoints, &["list"])), vec![2]);
+    assert_eq!(listed_epochs(&ok(&a, &endpoints, &["list"])), vec![1]);
+    ok(&a, &endpoints, &["delete", "1"]);
+}
+
+/// `ListEpochs` and `DrainStatus` as another user show nothing of A's drained epoch; A and root
+/// see it.
+#[test]
+fn listings_and_drain_status_show_another_user_nothing() {
+    let (a, b, _) = users();
+    let dir = tempdir();
+    let pfs = dir.path().join("pfs");
+    std::fs::create_dir_all(&pfs).unwrap();
+    let server = ServerProcess::builder(BIN, dir.path(), "s").pfs_dir(&pfs).start();
+    let endpoints = server.endpoints().to_vec();
+    ok(&a, &endpoints, &["write", "3", "ckpt", "0", "13", "200000"]);
+    ok(&a, &endpoints, &["commit", "3"]);
+    ok(&a, &endpoints, &["drain", "3"]);
+    wait_for("A's epoch to drain", Duration::from_secs(60), || {
+        ok(&a, &endpoints, &["drains"]).contains("3:drained")
+    });
+    assert_eq!(ok(&b, &endpoints, &["list"]), "", "B sees no epoch");
+    assert_eq!(ok(&b, &endpoints, &["drains"]), "", "B sees no drain");
+    assert_eq!(listed_epochs(&ok(&a, &endpoints, &["list"])), vec![3]);
+    let mut root = root_client(&endpoints);
+    assert!(root.list_epochs().unwrap().iter().any(|e| e.epoch == EpochId(3)));
+    let drains = root.drain_status().unwrap();
+    assert!(drains.iter().flat_map(|(_, l)| l.iter()).any(|d| d.epoch == EpochId(3)));
+}
+
+/// A grant allowing a group: its member C writes and reads, B (not a member) is refused; on a
+/// managed server nobody but root writes an epoch without a grant.
+#[test]
+fn a_group_grant_admits_its_members_only() {
+    let (a, b, c) = users();
+    let dir = tempdir();
+    let server = ServerProcess::builder(BIN, dir.path(), "s").arg("--managed").start();
+    let endpoints = server.endpoints().to_vec();
+    let group = spillway_sys::user::group_id(GROUP).unwrap().unwrap();
+    let grant = EpochGrant {
+        owner_uid: a.uid,
+        owner_gid: a.gid,
+        allowed_gids: vec![group],
+        ..EpochGrant::default()
+    };
+    root_client(&endpoints).grant_epoch(EpochId(4), &grant).unwrap();
+    ok(&c, &endpoints, &["write", "4", "shared", "0", "14", "5000"]);
+    assert_eq!(ok(&a, &endpoints, &["read", "4", "shared", "14", "5000"]), "true");
+    refused(&b, &endpoints, &["read", "4", "shared", "14", "5000"], libc::EACCES, "another user");
+    assert_eq!(listed_epochs(&ok(&c, &endpoints, &["list"])), vec![4]);
+    refused(&c, &endpoints, &["write", "5", "x", "0", "1", "10"], libc::EACCES, "not granted");
+}
+
+// ---- with the manager ------------------------------------------------------------------------
+
+/// The manager process; killed on drop.
+struct ManagerProcess {
+    child: Child,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+impl ManagerProcess {
+    /// A manager with 8 MiB fragments that never marks a server down (a test stops servers on
+    /// purpose and wants reservations placed on them anyway).
+    fn start(dir: &Path) -> ManagerProcess {
+        let (socket, log) = (dir.join("manager.sock"), dir.join("manager.log"));
+        let child = Command::new(BIN)
+            .args(["manager", "--socket"])
+            .arg(&socket)
+            .arg("--db")
+            .arg(dir.join("manager.db"))
+            .env("SPILLWAY_MANAGER_FRAGMENT_BYTES", (8 * MIB).to_string())
+            .env("SPILLWAY_MANAGER_STRIPE_SERVERS_MAX", "2")
+            .env("SPILLWAY_MANAGER_HEARTBEAT_MS", "200")
+            .env("SPILLWAY_MANAGER_HEARTBEAT_MISSES_MAX", "100000")
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let manager = ManagerProcess { child, socket, log };
+        wait_for("the manager to listen", Duration::from_secs(60), || {
+            std::fs::read_to_string(&manager.log).unwrap_or_default().contains("listening")
+        });
+        manager
+    }
+
+    /// Runs the CLI against this manager as root or as `user` (setpriv), expecting JSON.
+    fn json(&self, user: Option<&User>, args: &[&str]) -> Value {
+        let mut command = match user {
+            None => Command::new(BIN),
+            Some(user) => {
+                let mut c = Command::new("setpriv");
+                c.arg(format!("--reuid={}", user.uid))
+                    .arg(format!("--regid={}", user.gid))
+                    .arg("--init-groups")
+                    .arg(BIN);
+                c
+            }
+        };
+        let output = command
+            .args(args)
+            .arg("--json")
+            .env("SPILLWAY_MANAGER", &self.socket)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "spillway {args:?}: {}\nmanager log:\n{}",
+            String::from_utf8_lossy(&output.stderr),
+            std::fs::read_to_string(&self.log).unwrap_or_default()
+        );
+        serde_json::from_slice(&output.stdout).unwrap()
+    }
+
+    /// A pool of these servers, `capacity` each.
+    fn add_pool(&self, servers: &[&ServerProcess], capacity: &str) {
+        self.json(None, &["pool", "create", "p", "--granularity", "8MiB"]);
+        for server in servers {
+            let address = server.endpoint().to_string();
+            self.json(None, &["server", "add", &address, "--pool", "p", "--capacity", capacity]);
+        }
+    }
+}
+
+impl Drop for ManagerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The reservation's servers (stripe order) and epoch.
+fn placement(reservation: &Value) -> (Vec<Endpoint>, EpochId) {
+    let servers = reservation["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().parse().unwrap())
+        .collect();
+    (servers, EpochId(reservation["epoch"].as_u64().unwrap()))
+}
+
+/// B tries the epoch ids the next reservations will get on a managed server: refused. After A's
+/// reservation is granted, A writes its epoch, B still cannot.
+#[test]
+fn a_managed_server_refuses_a_claim_before_the_grant() {
+    let (a, b, _) = users();
+    let dir = tempdir();
+    let server = ServerProcess::builder(BIN, dir.path(), "s").arg("--managed").start();
+    let endpoints = server.endpoints().to_vec();
+    let manager = ManagerProcess::start(dir.path());
+    manager.add_pool(&[&server], "64MiB");
+    for epoch in ["1", "2", "3"] {
+        refused(
+            &b,
+            &endpoints,
+            &["write", epoch, "squat", "0", "1", "100"],
+            libc::EACCES,
+            "not granted to any reservation",
+        );
+    }
+    assert_eq!(ok(&b, &endpoints, &["list"]), "");
+    let reservation = manager.json(Some(&a), &["reservation", "create", "--capacity", "16MiB"]);
+    let (_, epoch) = placement(&reservation);
+    assert!((1..=3).contains(&epoch.0), "the epoch B tried: {epoch}");
+    let e = epoch.0.to_string();
+    ok(&a, &endpoints, &["write", &e, "ckpt", "0", "21", "100000"]);
+    refused(&b, &endpoints, &["write", &e, "squat", "0", "1", "100"], libc::EACCES, "another user");
+    refused(&b, &endpoints, &["read", &e, "ckpt", "21", "100000"], libc::EACCES, "another user");
+    assert_eq!(ok(&b, &endpoints, &["list"]), "");
+    assert_eq!(listed_epochs(&ok(&a, &endpoints, &["list"])), vec![epoch.0]);
+    // Destroying the reservation revokes the grant and deletes the epoch.
+    manager.json(Some(&a), &["reservation", "destroy", reservation["name"].as_str().unwrap()]);
+    refused(&a, &endpoints, &["write", &e, "again", "0", "1", "100"], libc::EACCES, "not granted");
+}
+
+/// A reservation over two servers, one of them down at creation: the heartbeat's grant reaches
+/// it once it is back, with its share of the capacity (one 8 MiB fragment), past which a write
+/// fails with EDQUOT and stores nothing.
+#[test]
+fn the_heartbeat_grants_a_server_that_was_down() {
+    let (a, _, _) = users();
+    let dir = tempdir();
+    let up = ServerProcess::builder(BIN, dir.path(), "up").arg("--managed").start();
+    let mut down = ServerProcess::builder(BIN, dir.path(), "down").arg("--managed").start();
+    let manager = ManagerProcess::start(dir.path());
+    manager.add_pool(&[&up, &down], "64MiB");
+    down.sigkill().unwrap();
+    let reservation = manager.json(Some(&a), &["reservation", "create", "--capacity", "16MiB"]);
+    let (servers, epoch) = placement(&reservation);
+    assert_eq!(servers.len(), 2, "{reservation}");
+    assert_eq!(reservation["server_fragments"], serde_json::json!([1, 1]));
+    down.restart().unwrap();
+    let down_endpoints = down.endpoints().to_vec();
+    let e = epoch.0.to_string();
+    wait_for("the heartbeat to grant the restarted server", Duration::from_secs(30), || {
+        as_user(&a, &down_endpoints, &["write", &e, "probe", "0", "31", "4096"]).is_ok()
+    });
+    // The server's share is one fragment: 8 MiB of payload (the probe's 4 KiB included).
+    let rest = (8 * MIB - 4096).to_string();
+    ok(&a, &down_endpoints, &["write", &e, "ckpt", "0", "32", &rest]);
+    let end = rest.clone();
+    let past = ["write", &e, "ckpt", &end, "33", "1"];
+    refused(&a, &down_endpoints, &past, libc::EDQUOT, "granted capacity");
+    let bytes = format!("{epoch}:{}", 8 * MIB);
+    assert_eq!(ok(&a, &down_endpoints, &["list"]), bytes, "the refused write stored nothing");
+}
+
+// ---- df on a mount ---------------------------------------------------------------------------
+
+/// A mount served by `spillway mount --background`; unmounted on drop.
+struct CliMount {
+    path: PathBuf,
+}
+
+impl CliMount {
+    fn start(servers: &[Endpoint], reservation: &Value, path: &Path) -> CliMount {
+        std::fs::create_dir_all(path).unwrap();
+        let log = path.with_extension("log");
+        let output = Command::new(BIN)
+            .arg("mount")
+            .arg("--servers")
+            .arg(spillway_harness::endpoint_list(servers))
+            .arg("--namespace-id")
+            .arg(reservation["namespace_id"].as_u64().unwrap().to_string())
+            .arg("--epoch")
+            .arg(reservation["epoch"].as_u64().unwrap().to_string())
+            .arg("--background")
+            .arg("--log")
+            .arg(&log)
+            .arg(path)
+            .output()
+            .unwrap();
+        let guard = CliMount { path: path.to_path_buf() };
+        assert!(
+            output.status.success(),
+            "spillway mount: {}; log: {}",
+            String::from_utf8_lossy(&output.stderr),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        guard
+    }
+}
+
+impl Drop for CliMount {
+    fn drop(&mut self) {
+        let unmounted =
+            Command::new(BIN).arg("umount").arg(&self.path).status().is_ok_and(|s| s.success());
+        if !unmounted {
+            let _ = Command::new("fusermount3").arg("-u").arg("-z").arg(&self.path).status();
+        }
+    }
+}
+
+/// `df -B1` of `path`: (size, used, available) in bytes.
+fn df(path: &Path) -> (u64, u64, u64) {
+    let output =
+        Command::new("df").args(["-B1", "--output=size,used,avail"]).arg(path).output().unwrap();
+    assert!(output.status.success(), "df: {}", String::from_utf8_lossy(&output.stderr));
+    let text = String::from_utf8_lossy(&output.stdout);
+    let numbers: Vec<u64> =
+        text.lines().nth(1).unwrap().split_whitespace().map(|n| n.parse().unwrap()).collect();
+    (numbers[0], numbers[1], numbers[2])
+}
+
+/// `df` on a mount of a 24 MiB reservation shows 24 MiB and the files' bytes as used; a write
+/// past the reservation fails with EDQUOT.
+#[test]
+fn df_on_a_mount_shows_the_reservation_capacity_and_usage() {
+    assert!(Path::new("/dev/fuse").exists(), "grants_e2e needs /dev/fuse (the fuse module)");
+    let (a, _, _) = users();
+    let dir = tempdir();
+    let server = ServerProcess::builder(BIN, dir.path(), "s").arg("--managed").start();
+    let manager = ManagerProcess::start(dir.path());
+    manager.add_pool(&[&server], "64MiB");
+    let reservation = manager.json(Some(&a), &["reservation", "create", "--capacity", "20MiB"]);
+    assert_eq!(reservation["capacity_bytes"], 24 * MIB);
+    let (servers, _) = placement(&reservation);
+    let mountpoint = dir.path().join("mnt");
+    let mount = CliMount::start(&servers, &reservation, &mountpoint);
+    assert_eq!(df(&mountpoint), (24 * MIB, 0, 24 * MIB), "an empty reservation");
+    std::fs::write(mountpoint.join("five"), pattern(41, 5 * MIB as usize)).unwrap();
+    std::fs::write(mountpoint.join("one"), pattern(42, MIB as usize)).unwrap();
+    assert_eq!(df(&mountpoint), (24 * MIB, 6 * MIB, 18 * MIB), "two files");
+    let dd = Command::new("dd")
+        .args(["if=/dev/zero", "bs=1M", "count=30", "conv=fsync"])
+        .arg(format!("of={}", mountpoint.join("big").display()))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&dd.stderr);
+    assert!(!dd.status.success(), "30 MiB more fit in a 24 MiB reservation: {stderr}");
+    assert!(stderr.contains("Disk quota exceeded"), "{stderr}");
+    drop(mount);
+}
