@@ -5,7 +5,8 @@
 //! grants capacity in fragments over a pool's servers, picks the pool by BIOS Algorithm 2 and
 //! the stream id by BIOS Algorithm 1, enforces quotas and ownership ([`service`]), and serves
 //! all of it as HTTP/JSON on a Unix socket whose peer credentials identify the caller
-//! ([`http`]). The CLI talks to it through [`api`]; staging data between the PFS and a
+//! ([`http`]), and optionally on loopback TCP (the socket's owner). Its own connections to servers (heartbeats, streams, namespaces, deletes)
+//! run as root and authenticate with munge when a server asks, through `manager.munge_socket`. The CLI talks to it through [`api`]; staging data between the PFS and a
 //! reservation runs in the CLI process ([`stage`]), so bulk data never passes through the
 //! manager and PFS files are read and written with the caller's own permissions.
 
@@ -93,7 +94,11 @@ pub fn run_daemon(
         let (manager, stop) = (Arc::clone(&manager), Arc::clone(&stop));
         std::thread::Builder::new()
             .name("manager-heartbeat".into())
-            .spawn(move || heartbeat::run(manager, Arc::new(heartbeat::ClientProber), stop))
+            .spawn(move || {
+                let prober =
+                    heartbeat::ClientProber { munge_socket: manager.knobs().munge_socket_path() };
+                heartbeat::run(manager, Arc::new(prober), stop)
+            })
             .expect("spawning the heartbeat thread")
     };
     for listener in &listeners {
@@ -112,7 +117,11 @@ pub fn run_daemon(
 /// reservation's owner, mode 0755. Only root may create namespaces on a server, so the manager
 /// (root) does it when the reservation is created; private reservations get one namespace per
 /// compute node, created by each node's mount. Creating an existing namespace is harmless.
-pub fn create_reservation_namespace(reservation: &Reservation) -> Result<(), String> {
+/// `munge_socket`: where credentials come from if the server requires munge.
+pub fn create_reservation_namespace(
+    reservation: &Reservation,
+    munge_socket: Option<&Path>,
+) -> Result<(), String> {
     if reservation.access != Access::Striped {
         return Ok(());
     }
@@ -134,6 +143,7 @@ pub fn create_reservation_namespace(reservation: &Reservation) -> Result<(), Str
         root_gid: reservation.group,
         root_mode: 0o755,
         connections_max: 1,
+        munge_socket: munge_socket.map(Path::to_path_buf),
     };
     spillway_client::meta::RemoteNamespace::open(&servers[place.server], place.namespace, &options)
         .map(|_| ())
@@ -146,7 +156,10 @@ pub fn create_reservation_namespace(reservation: &Reservation) -> Result<(), Str
 /// Algorithm 1 chose for it (`reservation.stream`), so the store separates its segments by that
 /// stream. Called when the reservation is created and again every heartbeat (a restarted server
 /// keeps assignments in memory only).
-pub fn assign_reservation_stream(reservation: &Reservation) -> Result<(), String> {
+pub fn assign_reservation_stream(
+    reservation: &Reservation,
+    munge_socket: Option<&Path>,
+) -> Result<(), String> {
     let servers: Vec<Endpoint> =
         reservation.servers.iter().map(|s| s.parse::<Endpoint>()).collect::<Result<_, _>>()?;
     if servers.is_empty() {
@@ -154,6 +167,7 @@ pub fn assign_reservation_stream(reservation: &Reservation) -> Result<(), String
     }
     let options = spillway_client::ClientOptions {
         client_name: "spillway-manager streams".into(),
+        munge_socket: munge_socket.map(Path::to_path_buf),
         ..Default::default()
     };
     let mut client =
@@ -168,12 +182,13 @@ pub fn assign_reservation_stream(reservation: &Reservation) -> Result<(), String
 /// Deletes a destroyed reservation's data (its epoch) on each of its servers. Best effort: a
 /// server that cannot be reached is logged (its store keeps the epoch until deleted by hand or
 /// drained); the reservation's capacity is already free in the manager.
-pub fn delete_reservation_data(reservation: &Reservation) -> usize {
+pub fn delete_reservation_data(reservation: &Reservation, munge_socket: Option<&Path>) -> usize {
     let mut deleted = 0;
     for address in &reservation.servers {
         let outcome = address.parse::<Endpoint>().map_err(|e| e.to_string()).and_then(|endpoint| {
             let options = spillway_client::ClientOptions {
                 client_name: "spillway-manager teardown".into(),
+                munge_socket: munge_socket.map(Path::to_path_buf),
                 ..Default::default()
             };
             let mut client = spillway_client::Client::connect(&[endpoint], options)

@@ -45,6 +45,8 @@ pub enum Kind {
     DrainStatus = 0x0D,
     Sync = 0x0E,
     AssignStream = 0x0F,
+    /// Site authentication (0x11, 0x12 are kept for the grant messages).
+    Authenticate = 0x10,
     // Namespace (metadata service) requests, see `crate::namespace`.
     NamespaceOpen = 0x20,
     NamespaceSync = 0x21,
@@ -80,6 +82,7 @@ pub enum Kind {
     DrainReport = 0x8D,
     Synced = 0x8E,
     StreamAssigned = 0x8F,
+    Authenticated = 0x90,
     // Namespace responses.
     NamespaceOpened = 0xA0,
     NsAttr = 0xA1,
@@ -94,7 +97,7 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in byte order within each family.
-    pub const ALL: [Kind; 58] = [
+    pub const ALL: [Kind; 60] = [
         Kind::Hello,
         Kind::OpenFile,
         Kind::Write,
@@ -110,6 +113,7 @@ impl Kind {
         Kind::DrainStatus,
         Kind::Sync,
         Kind::AssignStream,
+        Kind::Authenticate,
         Kind::HelloReply,
         Kind::FileOpened,
         Kind::Written,
@@ -125,6 +129,7 @@ impl Kind {
         Kind::DrainReport,
         Kind::Synced,
         Kind::StreamAssigned,
+        Kind::Authenticated,
         Kind::Error,
         Kind::NamespaceOpen,
         Kind::NamespaceSync,

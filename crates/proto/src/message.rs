@@ -7,6 +7,7 @@
 
 use spillway_types::{EpochId, FileId};
 
+use crate::auth::{AuthMethod, CHALLENGE_BYTES};
 use crate::errno::ErrorCode;
 use crate::frame::{FrameError, Kind};
 use crate::namespace::{NamespaceRequest, NamespaceResponse};
@@ -113,6 +114,8 @@ pub struct ServerStatus {
     pub ssd_bytes_used: u64,
     pub ssd_bytes_max: u64,
     pub epochs: u64,
+    /// How the server authenticates TCP peers (`server.auth`).
+    pub auth: AuthMethod,
 }
 
 /// Where one epoch's drain to the PFS stands on one server.
@@ -270,6 +273,11 @@ pub enum Request {
         epoch: EpochId,
         stream: u64,
     },
+    /// Right after `Hello` when the reply asked for munge: a credential whose payload is
+    /// [`crate::auth::credential_payload`] of the connection's challenge.
+    Authenticate {
+        credential: String,
+    },
     /// A namespace (metadata service) operation; see [`crate::namespace`].
     Namespace(NamespaceRequest),
 }
@@ -277,8 +285,9 @@ pub enum Request {
 /// A response, server → client. `ReadData` carries the bytes as the frame payload.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Response {
-    /// The negotiated version, the limits the client must respect and the identity the server
-    /// established for this connection.
+    /// The negotiated version, the limits the client must respect, the identity the server
+    /// established for this connection (with `auth` None), or the authentication it requires
+    /// next and the connection's challenge (with `auth` Munge; uid/gid are then `nobody`).
     Hello {
         version: u16,
         payload_bytes_max: u32,
@@ -286,6 +295,13 @@ pub enum Response {
         uid: u32,
         gid: u32,
         server_name: String,
+        auth: AuthMethod,
+        challenge: [u8; CHALLENGE_BYTES],
+    },
+    /// The credential was accepted: requests run as this uid/gid.
+    Authenticated {
+        uid: u32,
+        gid: u32,
     },
     FileOpened {
         file: FileId,
@@ -363,6 +379,11 @@ impl Encoder {
         self.0.extend_from_slice(b);
         self
     }
+    /// Fixed-size raw bytes, no length (the challenge).
+    pub(crate) fn fixed(&mut self, b: &[u8]) -> &mut Self {
+        self.0.extend_from_slice(b);
+        self
+    }
     pub(crate) fn file_info(&mut self, f: &FileInfo) -> &mut Self {
         self.u64(f.file.0).string(&f.name).u64(f.size_bytes).u64(f.stored_bytes)
     }
@@ -412,6 +433,21 @@ impl<'a> Decoder<'a> {
     pub(crate) fn bytes(&mut self, field: &'static str) -> Result<Vec<u8>, FrameError> {
         let len = self.u16(field)? as usize;
         Ok(self.take(len, field)?.to_vec())
+    }
+    /// `N` raw bytes written by `Encoder::fixed`.
+    pub(crate) fn fixed<const N: usize>(
+        &mut self,
+        field: &'static str,
+    ) -> Result<[u8; N], FrameError> {
+        Ok(self.take(N, field)?.try_into().expect("take returned N bytes"))
+    }
+    pub(crate) fn auth_method(&mut self) -> Result<AuthMethod, FrameError> {
+        let value = self.u8("auth")?;
+        AuthMethod::from_wire(value).ok_or(FrameError::BadValue {
+            kind: self.kind,
+            field: "auth",
+            value: value as u64,
+        })
     }
     /// Bytes not yet decoded.
     pub(crate) fn remaining(&self) -> usize {
@@ -486,6 +522,7 @@ impl Request {
             Request::DeleteEpoch { .. } => Kind::DeleteEpoch,
             Request::Sync { .. } => Kind::Sync,
             Request::AssignStream { .. } => Kind::AssignStream,
+            Request::Authenticate { .. } => Kind::Authenticate,
             Request::Status => Kind::Status,
             Request::Drain { .. } => Kind::Drain,
             Request::DrainStatus => Kind::DrainStatus,
@@ -499,6 +536,9 @@ impl Request {
         match self {
             Request::Hello { version_min, version_max, client_name } => {
                 e.u16(*version_min).u16(*version_max).string(client_name);
+            }
+            Request::Authenticate { credential } => {
+                e.string(credential);
             }
             Request::OpenFile { epoch, name, create } => {
                 e.u64(epoch.0).string(name).u8(*create as u8);
@@ -588,6 +628,7 @@ impl Request {
             Kind::AssignStream => {
                 Request::AssignStream { epoch: EpochId(d.u64("epoch")?), stream: d.u64("stream")? }
             }
+            Kind::Authenticate => Request::Authenticate { credential: d.string("credential")? },
             Kind::Status => Request::Status,
             Kind::Drain => Request::Drain { epoch: EpochId(d.u64("epoch")?), mode: d.u8("mode")? },
             Kind::DrainStatus => Request::DrainStatus,
@@ -604,6 +645,7 @@ impl Response {
     pub fn kind(&self) -> Kind {
         match self {
             Response::Hello { .. } => Kind::HelloReply,
+            Response::Authenticated { .. } => Kind::Authenticated,
             Response::FileOpened { .. } => Kind::FileOpened,
             Response::Written { .. } => Kind::Written,
             Response::ReadData => Kind::ReadData,
@@ -629,6 +671,7 @@ impl Response {
         let mut e = Encoder(Vec::with_capacity(32));
         match self {
             Response::Hello { .. }
+            | Response::Authenticated { .. }
             | Response::FileOpened { .. }
             | Response::Written { .. }
             | Response::ReadData
@@ -667,6 +710,8 @@ impl Response {
                 uid,
                 gid,
                 server_name,
+                auth,
+                challenge,
             } => {
                 encoder
                     .u16(*version)
@@ -674,7 +719,12 @@ impl Response {
                     .u32(*in_flight_requests_max)
                     .u32(*uid)
                     .u32(*gid)
-                    .string(server_name);
+                    .string(server_name)
+                    .u8(auth.wire())
+                    .fixed(challenge);
+            }
+            Response::Authenticated { uid, gid } => {
+                encoder.u32(*uid).u32(*gid);
             }
             Response::FileOpened { file, created } => {
                 encoder.u64(file.0).u8(*created as u8);
@@ -744,7 +794,8 @@ impl Response {
                     .u64(s.dram_bytes_max)
                     .u64(s.ssd_bytes_used)
                     .u64(s.ssd_bytes_max)
-                    .u64(s.epochs);
+                    .u64(s.epochs)
+                    .u8(s.auth.wire());
             }
             Response::DrainStatus(list) => {
                 encoder.u32(list.len() as u32);
@@ -775,6 +826,7 @@ impl Response {
         let mut d = Decoder { kind, bytes: body };
         let response = match kind {
             Kind::HelloReply
+            | Kind::Authenticated
             | Kind::FileOpened
             | Kind::Written
             | Kind::ReadData
@@ -814,7 +866,12 @@ impl Response {
                 uid: decoder.u32("uid")?,
                 gid: decoder.u32("gid")?,
                 server_name: decoder.string("server_name")?,
+                auth: decoder.auth_method()?,
+                challenge: decoder.fixed("challenge")?,
             },
+            Kind::Authenticated => {
+                Response::Authenticated { uid: decoder.u32("uid")?, gid: decoder.u32("gid")? }
+            }
             Kind::FileOpened => Response::FileOpened {
                 file: FileId(decoder.u64("file")?),
                 created: decoder.boolean("created")?,
@@ -920,6 +977,7 @@ impl Response {
                 ssd_bytes_used: decoder.u64("ssd_bytes_used")?,
                 ssd_bytes_max: decoder.u64("ssd_bytes_max")?,
                 epochs: decoder.u64("epochs")?,
+                auth: decoder.auth_method()?,
             }),
             other => unreachable!("{other:?} is not a drain or administration response"),
         })
@@ -979,6 +1037,7 @@ mod tests {
             any::<u64>().prop_map(|e| Request::Sync { epoch: EpochId(e) }),
             (any::<u64>(), any::<u64>())
                 .prop_map(|(e, s)| Request::AssignStream { epoch: EpochId(e), stream: s }),
+            name().prop_map(|credential| Request::Authenticate { credential }),
             Just(Request::Status),
             (any::<u64>(), any::<u8>())
                 .prop_map(|(e, m)| Request::Drain { epoch: EpochId(e), mode: m }),
@@ -1038,6 +1097,7 @@ mod tests {
                 ssd_bytes_used: 3,
                 ssd_bytes_max: 4,
                 epochs: e,
+                auth: if c % 2 == 0 { AuthMethod::None } else { AuthMethod::Munge },
             })
         })
     }
@@ -1069,14 +1129,19 @@ mod tests {
     fn response() -> impl Strategy<Value = Response> {
         prop_oneof![
             (any::<u16>(), any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>(), name())
-                .prop_map(|(v, p, i, u, g, n)| Response::Hello {
+                .prop_flat_map(|hello| (Just(hello), any::<bool>(), any::<[u8; CHALLENGE_BYTES]>()))
+                .prop_map(|((v, p, i, u, g, n), munge, challenge)| Response::Hello {
                     version: v,
                     payload_bytes_max: p,
                     in_flight_requests_max: i,
                     uid: u,
                     gid: g,
-                    server_name: n
+                    server_name: n,
+                    auth: if munge { AuthMethod::Munge } else { AuthMethod::None },
+                    challenge,
                 }),
+            (any::<u32>(), any::<u32>())
+                .prop_map(|(uid, gid)| Response::Authenticated { uid, gid }),
             (any::<u64>(), any::<bool>())
                 .prop_map(|(f, c)| Response::FileOpened { file: FileId(f), created: c }),
             any::<u32>().prop_map(|b| Response::Written { bytes: b }),
@@ -1178,6 +1243,27 @@ mod tests {
             Response::decode(Kind::Error, &body),
             Err(FrameError::BadValue { field: "code", .. })
         ));
+    }
+
+    #[test]
+    fn an_unknown_auth_method_is_named() {
+        let hello = Response::Hello {
+            version: 2,
+            payload_bytes_max: 1,
+            in_flight_requests_max: 1,
+            uid: 0,
+            gid: 0,
+            server_name: "s".into(),
+            auth: AuthMethod::Munge,
+            challenge: [9; CHALLENGE_BYTES],
+        };
+        let mut body = hello.encode_body();
+        assert_eq!(body.len(), 2 + 4 + 4 + 4 + 4 + 3 + 1 + CHALLENGE_BYTES);
+        body[21] = 7; // the auth byte, after the one-byte server name
+        assert_eq!(
+            Response::decode(Kind::HelloReply, &body),
+            Err(FrameError::BadValue { kind: Kind::HelloReply, field: "auth", value: 7 })
+        );
     }
 
     #[test]

@@ -29,6 +29,8 @@ fn options() -> ServerOptions {
         default_durability: Durability::Ssd,
         shutdown_grace: Duration::from_secs(5),
         frame_stall: Duration::from_secs(30),
+        auth: spillway_proto::AuthMethod::None,
+        munge_socket: None,
     }
 }
 
