@@ -122,6 +122,7 @@ impl Cluster {
                 retry_backoff_max: Duration::from_secs(1),
                 queued_epochs_max: 16,
                 server_name: format!("s{i}"),
+                munge_socket: None,
             };
             let pfs = Arc::new(PosixPfs::new(pfs).with_log(log.clone(), i as u32));
             let drainer = Arc::new(Drainer::start(options, backend, pfs, &ssd, None)?);

@@ -40,6 +40,9 @@ pub enum ClientError {
     Connect { endpoint: Endpoint, source: std::io::Error },
     #[error("handshake with {endpoint} failed: {message}")]
     Handshake { endpoint: Endpoint, message: String },
+    /// The server requires munge authentication and no credential could be made.
+    #[error("server {endpoint} requires munge authentication: {message}")]
+    Authentication { endpoint: Endpoint, message: String },
     #[error("connection to {endpoint}: {source}")]
     Io { endpoint: Endpoint, source: std::io::Error },
     #[error("protocol error from {endpoint}: {message}")]
@@ -61,6 +64,7 @@ impl ClientError {
             ClientError::Server { code, .. } => code.errno(),
             ClientError::NoSuchFile { .. } => ErrorCode::NoSuchFile.errno(),
             ClientError::InvalidArgument(_) => ErrorCode::InvalidArgument.errno(),
+            ClientError::Authentication { .. } => ErrorCode::PermissionDenied.errno(),
             ClientError::Connect { source, .. } | ClientError::Io { source, .. } => {
                 source.raw_os_error().unwrap_or(libc_eio())
             }
@@ -79,6 +83,15 @@ impl ClientError {
 
 fn libc_eio() -> i32 {
     ErrorCode::Io.errno()
+}
+
+/// Environment variable naming the `munged` socket clients get credentials from when a server
+/// requires munge authentication (unset or empty: libmunge's default socket).
+pub const MUNGE_SOCKET_ENV: &str = "SPILLWAY_MUNGE_SOCKET";
+
+/// The munge socket from [`MUNGE_SOCKET_ENV`]; `None`: libmunge's default.
+pub fn munge_socket_from_env() -> Option<std::path::PathBuf> {
+    std::env::var_os(MUNGE_SOCKET_ENV).filter(|v| !v.is_empty()).map(Into::into)
 }
 
 /// Client settings.
@@ -104,6 +117,9 @@ pub struct ClientOptions {
     pub trace_path: Option<std::path::PathBuf>,
     /// Rank recorded in every traced operation.
     pub trace_rank: u32,
+    /// The `munged` socket for credentials when a server requires munge authentication
+    /// (`None`: libmunge's default). Defaults to `SPILLWAY_MUNGE_SOCKET` when set.
+    pub munge_socket: Option<std::path::PathBuf>,
 }
 
 impl Default for ClientOptions {
@@ -117,6 +133,7 @@ impl Default for ClientOptions {
             client_name: format!("spillway-client pid {}", std::process::id()),
             trace_path: None,
             trace_rank: 0,
+            munge_socket: munge_socket_from_env(),
         }
     }
 }
@@ -182,8 +199,13 @@ impl Client {
         let servers = endpoints
             .iter()
             .map(|e| {
-                ServerConnection::connect(e, &options.client_name, options.window)
-                    .map(|c| c.with_window_bytes_max(options.window_bytes_max))
+                ServerConnection::connect_with_munge_socket(
+                    e,
+                    &options.client_name,
+                    options.window,
+                    options.munge_socket.as_deref(),
+                )
+                .map(|c| c.with_window_bytes_max(options.window_bytes_max))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let tracer = match &options.trace_path {

@@ -26,6 +26,8 @@ knobs! {
         socket_mode: String = "0666".to_string(), unit = "octal mode";
         /// Also serve the API on this loopback TCP address ("" for none); never non-loopback.
         listen_address: String = String::new(), unit = "host:port";
+        /// munged's socket for the manager's own connections to servers that require munge ("" = libmunge's default).
+        munge_socket: String = String::new(), unit = "path";
         /// The SQLite database holding every pool, server, reservation and quota.
         database_path: String = "/var/lib/spillway/manager.db".to_string(), unit = "path";
         /// Group (name or numeric gid) whose members may manage pools, servers and quotas like root ("" for none).
@@ -60,6 +62,11 @@ knobs! {
 }
 
 impl ManagerKnobs {
+    /// `munge_socket` as a path; `None`: libmunge's default socket.
+    pub fn munge_socket_path(&self) -> Option<std::path::PathBuf> {
+        crate::munge_socket_path(&self.munge_socket)
+    }
+
     /// `socket_mode` as permission bits (`"0666"`, `"666"` or `"0o666"`).
     pub fn socket_mode_bits(&self) -> Result<u32, ConfigError> {
         let digits = self.socket_mode.trim().trim_start_matches("0o");

@@ -2,7 +2,7 @@
 //!
 //! Every queue and in-flight count of the server has its bound here.
 
-use crate::{knobs, ConfigError};
+use crate::{knobs, Authentication, ConfigError};
 
 /// Commit durability when a request does not say (and for `spillway serve`'s default).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -18,11 +18,15 @@ knobs! {
     /// The burst buffer server process.
     section "server";
     pub struct ServerKnobs {
-        /// TCP address to listen on ("" for none). Non-loopback addresses need `insecure_tcp`.
+        /// TCP address to listen on ("" for none). Non-loopback addresses need `auth = munge` or `insecure_tcp`.
         listen_address: String = "127.0.0.1:7070".to_string(), unit = "host:port";
         /// Unix-domain socket to listen on as well ("" for none); identity comes from SO_PEERCRED.
         unix_socket_path: String = String::new(), unit = "path";
-        /// Allow a non-loopback TCP listener although peers cannot be authenticated yet (logs a warning).
+        /// How TCP peers are authenticated: `none` (loopback: the socket's owner; remote: nobody) or `munge` (a credential right after Hello). Unix sockets always use SO_PEERCRED.
+        auth: Authentication = Authentication::None, unit = "none|munge";
+        /// munged's socket for checking credentials and for this server's own drain connections ("" = libmunge's default, /run/munge/munge.socket.2).
+        munge_socket: String = String::new(), unit = "path";
+        /// With `auth = none`, allow a non-loopback TCP listener anyway: its peers are unauthenticated and run as nobody (logs a warning).
         insecure_tcp: bool = false, unit = "bool";
         /// A name for logs and `status`.
         server_name: String = "spillway".to_string(), unit = "name";
@@ -48,6 +52,17 @@ knobs! {
 }
 
 impl ServerKnobs {
+    /// Whether a non-loopback TCP listener may be bound: its peers are authenticated (munge),
+    /// or the operator accepted unauthenticated ones (`insecure_tcp`).
+    pub fn remote_tcp_allowed(&self) -> bool {
+        self.auth == Authentication::Munge || self.insecure_tcp
+    }
+
+    /// `munge_socket` as a path; `None`: libmunge's default socket.
+    pub fn munge_socket_path(&self) -> Option<std::path::PathBuf> {
+        crate::munge_socket_path(&self.munge_socket)
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |name: &'static str, value: String, reason: &str| {
             ConfigError::invalid(Self::SECTION, name, value, reason)
@@ -60,13 +75,12 @@ impl ServerKnobs {
             ));
         }
         if !self.listen_address.is_empty() {
-            let refusal =
-                "peers cannot be authenticated yet, set insecure_tcp (--insecure-tcp) to allow it";
+            let refusal = "remote peers would not be authenticated: set auth = munge, or insecure_tcp (--insecure-tcp) to accept them unauthenticated";
             crate::check_listen_address(
                 Self::SECTION,
                 "listen_address",
                 &self.listen_address,
-                self.insecure_tcp,
+                self.remote_tcp_allowed(),
                 refusal,
             )?;
         }
@@ -105,9 +119,23 @@ mod tests {
     #[test]
     fn non_loopback_needs_insecure_tcp() {
         let mut knobs = ServerKnobs { listen_address: "0.0.0.0:7070".into(), ..Default::default() };
-        assert!(knobs.validate().unwrap_err().to_string().contains("insecure_tcp"));
+        let refusal = knobs.validate().unwrap_err().to_string();
+        assert!(refusal.contains("insecure_tcp") && refusal.contains("auth = munge"), "{refusal}");
         knobs.insecure_tcp = true;
         knobs.validate().unwrap();
+    }
+
+    #[test]
+    fn munge_authentication_allows_any_address() {
+        let knobs = ServerKnobs {
+            listen_address: "0.0.0.0:7070".into(),
+            auth: Authentication::Munge,
+            ..Default::default()
+        };
+        knobs.validate().unwrap();
+        let parsed: ServerKnobs = toml::from_str("auth = \"munge\"").unwrap();
+        assert_eq!(parsed.auth, Authentication::Munge);
+        assert!(toml::from_str::<ServerKnobs>("auth = \"kerberos\"").is_err());
     }
 
     #[test]

@@ -62,6 +62,10 @@ pub struct DrainerOptions {
     pub queued_epochs_max: usize,
     /// Name for logs.
     pub server_name: String,
+    /// The `munged` socket for the credentials of the drain's peer connections when the
+    /// servers require munge authentication (the server's `server.munge_socket`; `None`:
+    /// libmunge's default). The drain runs as the server's uid (root).
+    pub munge_socket: Option<std::path::PathBuf>,
 }
 
 /// Why one drain attempt failed.
@@ -591,6 +595,7 @@ impl Inner {
                 transfer_bytes_max: 4 << 20,
                 // Deep pipelining: a shuffle is many small reads when extents are small.
                 window: 64,
+                munge_socket: self.options.munge_socket.clone(),
                 ..ClientOptions::default()
             };
             *client = Some(Client::connect(&self.options.peers, options)?);
@@ -609,8 +614,10 @@ impl Inner {
         let mut done = 0u64;
         let mut waiting = None;
         // Mount files (`ns/<id>/<ino>.<gen>`) are published under their namespace paths.
-        let mut namespace_names =
-            crate::namespace_names::NamespaceNames::new(self.options.peers.clone());
+        let mut namespace_names = crate::namespace_names::NamespaceNames::new(
+            self.options.peers.clone(),
+            self.options.munge_socket.clone(),
+        );
         for file in files {
             let names = match namespace_names
                 .final_name(&file.name)

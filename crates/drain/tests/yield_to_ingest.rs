@@ -83,6 +83,7 @@ fn drainer_options(endpoint: &Endpoint) -> DrainerOptions {
         retry_backoff_max: Duration::from_millis(200),
         queued_epochs_max: 4,
         server_name: "s0".into(),
+        munge_socket: None,
     }
 }
 

@@ -23,17 +23,22 @@ pub trait Prober: Send + Sync {
 
 /// The real prober: connect, `Status`, `DrainStatus` (drains in flight; a server without a
 /// drainer simply reports none).
-pub struct ClientProber;
+pub struct ClientProber {
+    /// Where credentials come from when a server requires munge (`None`: libmunge's default).
+    pub munge_socket: Option<std::path::PathBuf>,
+}
 
 impl Prober for ClientProber {
     fn probe(&self, address: &str) -> Result<Probe, String> {
         let endpoint: Endpoint = address.parse()?;
         let options = ClientOptions {
             client_name: "spillway-manager heartbeat".into(),
+            munge_socket: self.munge_socket.clone(),
             ..Default::default()
         };
         let mut client = Client::connect(&[endpoint], options).map_err(|e| e.to_string())?;
-        client.status().map_err(|e| e.to_string())?;
+        let status = client.status().map_err(|e| e.to_string())?;
+        let auth = status.first().map(|s| s.auth.to_string()).unwrap_or_default();
         let drains_in_flight = match client.drain_status() {
             Ok(per_server) => per_server
                 .iter()
@@ -42,7 +47,7 @@ impl Prober for ClientProber {
                 .count() as u32,
             Err(_) => 0,
         };
-        Ok(Probe { drains_in_flight })
+        Ok(Probe { drains_in_flight, auth })
     }
 }
 
@@ -77,7 +82,8 @@ fn reassert_grants(manager: &Manager) {
     for reservation in
         reservations.iter().filter(|r| r.state == crate::model::ReservationState::Active)
     {
-        for (server, error) in crate::grant_reservation(reservation) {
+        let munge_socket = manager.knobs().munge_socket_path();
+        for (server, error) in crate::grant_reservation(reservation, munge_socket.as_deref()) {
             tracing::debug!(reservation = reservation.id, %server, %error, "grant not delivered this round");
         }
     }

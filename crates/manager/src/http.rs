@@ -257,6 +257,29 @@ fn body<T: DeserializeOwned>(request: &Request) -> Result<T, Reply> {
     })
 }
 
+/// Creates a reservation, then (best effort) its namespace and SSD stream on its servers.
+fn create_reservation(
+    manager: &Manager,
+    caller: &crate::Caller,
+    create: &crate::CreateReservation,
+) -> Reply {
+    let reservation = match manager.create_reservation(caller, create) {
+        Ok(reservation) => reservation,
+        Err(error) => return api_error(error),
+    };
+    let munge_socket = manager.knobs().munge_socket_path();
+    // Best effort: without it, stage-in as a user fails naming the namespace, and the job's
+    // mount (root) creates it at pre_run.
+    if let Err(error) = crate::create_reservation_namespace(&reservation, munge_socket.as_deref()) {
+        tracing::warn!(reservation = reservation.id, %error, "could not create the reservation's namespace");
+    }
+    // Best effort too: the heartbeat grants it again until every server has it.
+    for (server, error) in crate::grant_reservation(&reservation, munge_socket.as_deref()) {
+        tracing::warn!(reservation = reservation.id, %server, %error, "could not grant the reservation's epoch");
+    }
+    json(201, &reservation)
+}
+
 /// Answers one request as `caller`.
 fn route(manager: &Manager, caller: &crate::Caller, request: &Request) -> Reply {
     let segments: Vec<&str> = request.path.trim_start_matches('/').split('/').collect();
@@ -279,21 +302,7 @@ fn route(manager: &Manager, caller: &crate::Caller, request: &Request) -> Reply 
             result(200, manager.list_reservations(caller, all))
         }
         ("POST", ["v1", "reservations"]) => match body::<crate::CreateReservation>(request) {
-            Ok(create) => match manager.create_reservation(caller, &create) {
-                Ok(reservation) => {
-                    // Best effort: without it, stage-in as a user fails naming the namespace,
-                    // and the job's mount (root) creates it at pre_run.
-                    if let Err(error) = crate::create_reservation_namespace(&reservation) {
-                        tracing::warn!(reservation = reservation.id, %error, "could not create the reservation's namespace");
-                    }
-                    // Best effort too: the heartbeat grants it again until every server has it.
-                    for (server, error) in crate::grant_reservation(&reservation) {
-                        tracing::warn!(reservation = reservation.id, %server, %error, "could not grant the reservation's epoch");
-                    }
-                    json(201, &reservation)
-                }
-                Err(error) => api_error(error),
-            },
+            Ok(create) => create_reservation(manager, caller, &create),
             Err(reply) => reply,
         },
         ("GET", ["v1", "reservations", key]) => result(200, manager.show_reservation(caller, key)),
@@ -304,7 +313,10 @@ fn route(manager: &Manager, caller: &crate::Caller, request: &Request) -> Reply 
                 request.query.get("job").map(String::as_str),
             ) {
                 Ok(destroyed) => {
-                    crate::retire_reservation_data(&destroyed.reservation);
+                    crate::retire_reservation_data(
+                        &destroyed.reservation,
+                        manager.knobs().munge_socket_path().as_deref(),
+                    );
                     json(200, &destroyed.reservation)
                 }
                 Err(error) => api_error(error),
@@ -415,6 +427,7 @@ pub fn serve(manager: Arc<Manager>, listeners: Vec<Box<dyn Listener>>, stop: Arc
 #[cfg(test)]
 mod tests {
     use super::*;
+    use spillway_proto::Transport;
     use std::io::{Read, Write};
 
     /// An in-memory connection: reads from `input`, collects what is written.
@@ -435,6 +448,9 @@ mod tests {
         }
     }
     impl Connection for Fake {
+        fn transport(&self) -> Transport {
+            Transport::Unix
+        }
         fn peer(&self) -> String {
             "fake".into()
         }

@@ -5,7 +5,8 @@
 //! grants capacity in fragments over a pool's servers, picks the pool by BIOS Algorithm 2 and
 //! the stream id by BIOS Algorithm 1, enforces quotas and ownership ([`service`]), and serves
 //! all of it as HTTP/JSON on a Unix socket whose peer credentials identify the caller
-//! ([`http`]). The CLI talks to it through [`api`]; staging data between the PFS and a
+//! ([`http`]), and optionally on loopback TCP (the socket's owner). Its own connections to servers (heartbeats, streams, namespaces, deletes)
+//! run as root and authenticate with munge when a server asks, through `manager.munge_socket`. The CLI talks to it through [`api`]; staging data between the PFS and a
 //! reservation runs in the CLI process ([`stage`]), so bulk data never passes through the
 //! manager and PFS files are read and written with the caller's own permissions.
 
@@ -93,7 +94,11 @@ pub fn run_daemon(
         let (manager, stop) = (Arc::clone(&manager), Arc::clone(&stop));
         std::thread::Builder::new()
             .name("manager-heartbeat".into())
-            .spawn(move || heartbeat::run(manager, Arc::new(heartbeat::ClientProber), stop))
+            .spawn(move || {
+                let prober =
+                    heartbeat::ClientProber { munge_socket: manager.knobs().munge_socket_path() };
+                heartbeat::run(manager, Arc::new(prober), stop)
+            })
             .expect("spawning the heartbeat thread")
     };
     for listener in &listeners {
@@ -112,7 +117,11 @@ pub fn run_daemon(
 /// reservation's owner, mode 0755. Only root may create namespaces on a server, so the manager
 /// (root) does it when the reservation is created; private reservations get one namespace per
 /// compute node, created by each node's mount. Creating an existing namespace is harmless.
-pub fn create_reservation_namespace(reservation: &Reservation) -> Result<(), String> {
+/// `munge_socket`: where credentials come from if the server requires munge.
+pub fn create_reservation_namespace(
+    reservation: &Reservation,
+    munge_socket: Option<&Path>,
+) -> Result<(), String> {
     if reservation.access != Access::Striped {
         return Ok(());
     }
@@ -134,6 +143,7 @@ pub fn create_reservation_namespace(reservation: &Reservation) -> Result<(), Str
         root_gid: reservation.group,
         root_mode: 0o755,
         connections_max: 1,
+        munge_socket: munge_socket.map(Path::to_path_buf),
     };
     spillway_client::meta::RemoteNamespace::open(&servers[place.server], place.namespace, &options)
         .map(|_| ())
@@ -170,12 +180,15 @@ pub fn reservation_grant(reservation: &Reservation, stripe_index: usize) -> Epoc
 /// reservation's stream. Called when the reservation is created and again every heartbeat (a
 /// server that was down catches up; an unchanged grant costs the server nothing). Returns each
 /// server the grant did not reach, with why.
-pub fn grant_reservation(reservation: &Reservation) -> Vec<(String, String)> {
+pub fn grant_reservation(
+    reservation: &Reservation,
+    munge_socket: Option<&Path>,
+) -> Vec<(String, String)> {
     let epoch = spillway_types::EpochId(reservation.epoch);
     let mut failures = Vec::new();
     for (index, address) in reservation.servers.iter().enumerate() {
         let grant = reservation_grant(reservation, index);
-        let outcome = connect_one(address, "spillway-manager grants")
+        let outcome = connect_one(address, "spillway-manager grants", munge_socket)
             .and_then(|mut client| client.grant_epoch(epoch, &grant).map_err(|e| e.to_string()));
         if let Err(error) = outcome {
             failures.push((address.clone(), format!("granting epoch {epoch}: {error}")));
@@ -184,11 +197,19 @@ pub fn grant_reservation(reservation: &Reservation) -> Vec<(String, String)> {
     failures
 }
 
-/// A client of the one server at `address`.
-fn connect_one(address: &str, client_name: &str) -> Result<spillway_client::Client, String> {
+/// A client of the one server at `address` (credentials from `munge_socket` if the server
+/// requires munge).
+fn connect_one(
+    address: &str,
+    client_name: &str,
+    munge_socket: Option<&Path>,
+) -> Result<spillway_client::Client, String> {
     let endpoint = address.parse::<Endpoint>()?;
-    let options =
-        spillway_client::ClientOptions { client_name: client_name.into(), ..Default::default() };
+    let options = spillway_client::ClientOptions {
+        client_name: client_name.into(),
+        munge_socket: munge_socket.map(Path::to_path_buf),
+        ..Default::default()
+    };
     spillway_client::Client::connect(&[endpoint], options).map_err(|e| e.to_string())
 }
 
@@ -197,14 +218,16 @@ fn connect_one(address: &str, client_name: &str) -> Result<spillway_client::Clie
 /// server that cannot be reached is logged (its store keeps the epoch, and the grant, until
 /// deleted by hand or drained); the reservation's capacity is already free in the manager.
 /// Returns the number of servers where the epoch was deleted.
-pub fn retire_reservation_data(reservation: &Reservation) -> usize {
+pub fn retire_reservation_data(reservation: &Reservation, munge_socket: Option<&Path>) -> usize {
     let epoch = spillway_types::EpochId(reservation.epoch);
     let mut deleted = 0;
     for address in &reservation.servers {
-        let outcome = connect_one(address, "spillway-manager teardown").and_then(|mut client| {
-            client.revoke_epoch(epoch).map_err(|e| format!("revoking the grant: {e}"))?;
-            client.delete_epoch(epoch).map_err(|e| format!("deleting the epoch: {e}"))
-        });
+        let outcome = connect_one(address, "spillway-manager teardown", munge_socket).and_then(
+            |mut client| {
+                client.revoke_epoch(epoch).map_err(|e| format!("revoking the grant: {e}"))?;
+                client.delete_epoch(epoch).map_err(|e| format!("deleting the epoch: {e}"))
+            },
+        );
         match outcome {
             Ok(()) => deleted += 1,
             Err(error) => tracing::warn!(

@@ -237,6 +237,8 @@ api_error!(QuotaError { NotAuthorized => (403, "not_authorized"), Database => (5
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Probe {
     pub drains_in_flight: u32,
+    /// How the server authenticates TCP clients (`none`, `munge`), from its `Status`.
+    pub auth: String,
 }
 
 /// A reservation destroyed by [`Manager::destroy_reservation`]: the caller deletes its data.
@@ -515,6 +517,7 @@ impl Manager {
                 misses: s.misses,
                 last_seen_unix_s: s.last_seen_unix_s,
                 drains_in_flight: live.get(&s.id).map(|p| p.drains_in_flight).unwrap_or(0),
+                auth: live.get(&s.id).map(|p| p.auth.clone()).filter(|a| !a.is_empty()),
             })
             .collect())
     }

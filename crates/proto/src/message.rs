@@ -7,6 +7,7 @@
 
 use spillway_types::{EpochId, FileId, GRANT_ALLOWED_IDS_MAX};
 
+use crate::auth::{AuthMethod, CHALLENGE_BYTES};
 use crate::errno::ErrorCode;
 use crate::frame::{FrameError, Kind};
 use crate::namespace::{NamespaceRequest, NamespaceResponse};
@@ -113,6 +114,8 @@ pub struct ServerStatus {
     pub ssd_bytes_used: u64,
     pub ssd_bytes_max: u64,
     pub epochs: u64,
+    /// How the server authenticates TCP peers (`server.auth`).
+    pub auth: AuthMethod,
 }
 
 /// Where one epoch's drain to the PFS stands on one server.
@@ -303,6 +306,11 @@ pub enum Request {
     RevokeEpoch {
         epoch: EpochId,
     },
+    /// Right after `Hello` when the reply asked for munge: a credential whose payload is
+    /// [`crate::auth::credential_payload`] of the connection's challenge.
+    Authenticate {
+        credential: String,
+    },
     /// A namespace (metadata service) operation; see [`crate::namespace`].
     Namespace(NamespaceRequest),
 }
@@ -310,8 +318,9 @@ pub enum Request {
 /// A response, server → client. `ReadData` carries the bytes as the frame payload.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Response {
-    /// The negotiated version, the limits the client must respect and the identity the server
-    /// established for this connection.
+    /// The negotiated version, the limits the client must respect, the identity the server
+    /// established for this connection (with `auth` None), or the authentication it requires
+    /// next and the connection's challenge (with `auth` Munge; uid/gid are then `nobody`).
     Hello {
         version: u16,
         payload_bytes_max: u32,
@@ -319,6 +328,13 @@ pub enum Response {
         uid: u32,
         gid: u32,
         server_name: String,
+        auth: AuthMethod,
+        challenge: [u8; CHALLENGE_BYTES],
+    },
+    /// The credential was accepted: requests run as this uid/gid.
+    Authenticated {
+        uid: u32,
+        gid: u32,
     },
     FileOpened {
         file: FileId,
@@ -404,6 +420,11 @@ impl Encoder {
         self.0.extend_from_slice(b);
         self
     }
+    /// Fixed-size raw bytes, no length (the challenge).
+    pub(crate) fn fixed(&mut self, b: &[u8]) -> &mut Self {
+        self.0.extend_from_slice(b);
+        self
+    }
     pub(crate) fn file_info(&mut self, f: &FileInfo) -> &mut Self {
         self.u64(f.file.0).string(&f.name).u64(f.size_bytes).u64(f.stored_bytes)
     }
@@ -471,6 +492,21 @@ impl<'a> Decoder<'a> {
     pub(crate) fn bytes(&mut self, field: &'static str) -> Result<Vec<u8>, FrameError> {
         let len = self.u16(field)? as usize;
         Ok(self.take(len, field)?.to_vec())
+    }
+    /// `N` raw bytes written by `Encoder::fixed`.
+    pub(crate) fn fixed<const N: usize>(
+        &mut self,
+        field: &'static str,
+    ) -> Result<[u8; N], FrameError> {
+        Ok(self.take(N, field)?.try_into().expect("take returned N bytes"))
+    }
+    pub(crate) fn auth_method(&mut self) -> Result<AuthMethod, FrameError> {
+        let value = self.u8("auth")?;
+        AuthMethod::from_wire(value).ok_or(FrameError::BadValue {
+            kind: self.kind,
+            field: "auth",
+            value: value as u64,
+        })
     }
     /// Bytes not yet decoded.
     pub(crate) fn remaining(&self) -> usize {
@@ -574,6 +610,7 @@ impl Request {
             Request::AssignStream { .. } => Kind::AssignStream,
             Request::GrantEpoch { .. } => Kind::GrantEpoch,
             Request::RevokeEpoch { .. } => Kind::RevokeEpoch,
+            Request::Authenticate { .. } => Kind::Authenticate,
             Request::Status => Kind::Status,
             Request::Drain { .. } => Kind::Drain,
             Request::DrainStatus => Kind::DrainStatus,
@@ -587,6 +624,9 @@ impl Request {
         match self {
             Request::Hello { version_min, version_max, client_name } => {
                 e.u16(*version_min).u16(*version_max).string(client_name);
+            }
+            Request::Authenticate { credential } => {
+                e.string(credential);
             }
             Request::OpenFile { epoch, name, create } => {
                 e.u64(epoch.0).string(name).u8(*create as u8);
@@ -685,6 +725,7 @@ impl Request {
                 Request::GrantEpoch { epoch: EpochId(d.u64("epoch")?), grant: d.grant()? }
             }
             Kind::RevokeEpoch => Request::RevokeEpoch { epoch: EpochId(d.u64("epoch")?) },
+            Kind::Authenticate => Request::Authenticate { credential: d.string("credential")? },
             Kind::Status => Request::Status,
             Kind::Drain => Request::Drain { epoch: EpochId(d.u64("epoch")?), mode: d.u8("mode")? },
             Kind::DrainStatus => Request::DrainStatus,
@@ -701,6 +742,7 @@ impl Response {
     pub fn kind(&self) -> Kind {
         match self {
             Response::Hello { .. } => Kind::HelloReply,
+            Response::Authenticated { .. } => Kind::Authenticated,
             Response::FileOpened { .. } => Kind::FileOpened,
             Response::Written { .. } => Kind::Written,
             Response::ReadData => Kind::ReadData,
@@ -728,6 +770,7 @@ impl Response {
         let mut e = Encoder(Vec::with_capacity(32));
         match self {
             Response::Hello { .. }
+            | Response::Authenticated { .. }
             | Response::FileOpened { .. }
             | Response::Written { .. }
             | Response::ReadData
@@ -768,6 +811,8 @@ impl Response {
                 uid,
                 gid,
                 server_name,
+                auth,
+                challenge,
             } => {
                 encoder
                     .u16(*version)
@@ -775,7 +820,12 @@ impl Response {
                     .u32(*in_flight_requests_max)
                     .u32(*uid)
                     .u32(*gid)
-                    .string(server_name);
+                    .string(server_name)
+                    .u8(auth.wire())
+                    .fixed(challenge);
+            }
+            Response::Authenticated { uid, gid } => {
+                encoder.u32(*uid).u32(*gid);
             }
             Response::FileOpened { file, created } => {
                 encoder.u64(file.0).u8(*created as u8);
@@ -850,7 +900,8 @@ impl Response {
                     .u64(s.dram_bytes_max)
                     .u64(s.ssd_bytes_used)
                     .u64(s.ssd_bytes_max)
-                    .u64(s.epochs);
+                    .u64(s.epochs)
+                    .u8(s.auth.wire());
             }
             Response::DrainStatus(list) => {
                 encoder.u32(list.len() as u32);
@@ -881,6 +932,7 @@ impl Response {
         let mut d = Decoder { kind, bytes: body };
         let response = match kind {
             Kind::HelloReply
+            | Kind::Authenticated
             | Kind::FileOpened
             | Kind::Written
             | Kind::ReadData
@@ -922,7 +974,12 @@ impl Response {
                 uid: decoder.u32("uid")?,
                 gid: decoder.u32("gid")?,
                 server_name: decoder.string("server_name")?,
+                auth: decoder.auth_method()?,
+                challenge: decoder.fixed("challenge")?,
             },
+            Kind::Authenticated => {
+                Response::Authenticated { uid: decoder.u32("uid")?, gid: decoder.u32("gid")? }
+            }
             Kind::FileOpened => Response::FileOpened {
                 file: FileId(decoder.u64("file")?),
                 created: decoder.boolean("created")?,
@@ -1033,6 +1090,7 @@ impl Response {
                 ssd_bytes_used: decoder.u64("ssd_bytes_used")?,
                 ssd_bytes_max: decoder.u64("ssd_bytes_max")?,
                 epochs: decoder.u64("epochs")?,
+                auth: decoder.auth_method()?,
             }),
             other => unreachable!("{other:?} is not a drain or administration response"),
         })
@@ -1095,6 +1153,7 @@ mod tests {
             (any::<u64>(), grant())
                 .prop_map(|(e, grant)| Request::GrantEpoch { epoch: EpochId(e), grant }),
             any::<u64>().prop_map(|e| Request::RevokeEpoch { epoch: EpochId(e) }),
+            name().prop_map(|credential| Request::Authenticate { credential }),
             Just(Request::Status),
             (any::<u64>(), any::<u8>())
                 .prop_map(|(e, m)| Request::Drain { epoch: EpochId(e), mode: m }),
@@ -1170,6 +1229,7 @@ mod tests {
                 ssd_bytes_used: 3,
                 ssd_bytes_max: 4,
                 epochs: e,
+                auth: if c % 2 == 0 { AuthMethod::None } else { AuthMethod::Munge },
             })
         })
     }
@@ -1201,14 +1261,19 @@ mod tests {
     fn response() -> impl Strategy<Value = Response> {
         prop_oneof![
             (any::<u16>(), any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>(), name())
-                .prop_map(|(v, p, i, u, g, n)| Response::Hello {
+                .prop_flat_map(|hello| (Just(hello), any::<bool>(), any::<[u8; CHALLENGE_BYTES]>()))
+                .prop_map(|((v, p, i, u, g, n), munge, challenge)| Response::Hello {
                     version: v,
                     payload_bytes_max: p,
                     in_flight_requests_max: i,
                     uid: u,
                     gid: g,
-                    server_name: n
+                    server_name: n,
+                    auth: if munge { AuthMethod::Munge } else { AuthMethod::None },
+                    challenge,
                 }),
+            (any::<u32>(), any::<u32>())
+                .prop_map(|(uid, gid)| Response::Authenticated { uid, gid }),
             (any::<u64>(), any::<bool>())
                 .prop_map(|(f, c)| Response::FileOpened { file: FileId(f), created: c }),
             any::<u32>().prop_map(|b| Response::Written { bytes: b }),
@@ -1313,6 +1378,27 @@ mod tests {
             Response::decode(Kind::Error, &body),
             Err(FrameError::BadValue { field: "code", .. })
         ));
+    }
+
+    #[test]
+    fn an_unknown_auth_method_is_named() {
+        let hello = Response::Hello {
+            version: 2,
+            payload_bytes_max: 1,
+            in_flight_requests_max: 1,
+            uid: 0,
+            gid: 0,
+            server_name: "s".into(),
+            auth: AuthMethod::Munge,
+            challenge: [9; CHALLENGE_BYTES],
+        };
+        let mut body = hello.encode_body();
+        assert_eq!(body.len(), 2 + 4 + 4 + 4 + 4 + 3 + 1 + CHALLENGE_BYTES);
+        body[21] = 7; // the auth byte, after the one-byte server name
+        assert_eq!(
+            Response::decode(Kind::HelloReply, &body),
+            Err(FrameError::BadValue { kind: Kind::HelloReply, field: "auth", value: 7 })
+        );
     }
 
     #[test]

@@ -1,11 +1,14 @@
 //! Transports behind two small traits, so RDMA (libfabric) can slot in beside TCP and Unix sockets.
 //!
 //! A [`Listener`] accepts [`Connection`]s; a connection is a byte stream (`Read + Write`) that
-//! also tells the server who the peer is. Identity comes from the kernel, never from the client:
-//! on a Unix-domain socket from `SO_PEERCRED`; on loopback TCP from the owner of the peer's socket
-//! in `/proc/net/tcp{,6}` (the peer is on this host, so the kernel knows it). A non-loopback TCP
-//! peer has no established identity until site authentication (munge) exists: it runs as
-//! `nobody`, and binding such a listener needs the explicit `insecure_tcp` switch.
+//! also tells the server who the peer is, as far as the kernel knows: on a Unix-domain socket
+//! from `SO_PEERCRED`; on loopback TCP from the owner of the peer's socket in `/proc/net/tcp{,6}`
+//! (the peer is on this host, so the kernel knows it). The kernel cannot vouch for a
+//! non-loopback TCP peer: such a peer is `nobody` here. A server with munge authentication
+//! (`server.auth = munge`) does not use this identity on TCP at all: it takes the uid and gid of
+//! the munge credential the client sends in the handshake (`Authenticate`, see
+//! `crate::auth`), which is why it may listen on any address; without it, binding a
+//! non-loopback listener needs the explicit `insecure_tcp` switch.
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -60,8 +63,18 @@ impl std::str::FromStr for Endpoint {
     }
 }
 
+/// The kind of stream a connection is: a server authenticates TCP peers with munge when
+/// configured so, Unix-socket peers always by `SO_PEERCRED`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Transport {
+    Tcp,
+    Unix,
+}
+
 /// A connected byte stream to or from a peer.
 pub trait Connection: Read + Write + Send {
+    /// TCP or Unix socket.
+    fn transport(&self) -> Transport;
     /// A human-readable peer name for logs (`tcp://127.0.0.1:40522`, `unix:uid=1000,pid=77`).
     fn peer(&self) -> String;
     /// The identity the kernel vouches for (server side).
@@ -87,18 +100,19 @@ pub trait Listener: Send + Sync {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum BindError {
-    #[error("refusing to listen on non-loopback address {address} without --insecure-tcp (no authentication yet)")]
+    #[error("refusing to listen on non-loopback address {address}: remote peers are not authenticated without munge (auth = munge); --insecure-tcp accepts them unauthenticated")]
     NotLoopback { address: SocketAddr },
     #[error("cannot listen on {endpoint}: {source}")]
     Io { endpoint: Endpoint, source: io::Error },
 }
 
-/// Binds a listener. Non-loopback TCP needs `insecure_tcp`.
-pub fn bind(endpoint: &Endpoint, insecure_tcp: bool) -> Result<Box<dyn Listener>, BindError> {
+/// Binds a listener. Non-loopback TCP needs `remote_tcp_allowed`: the caller authenticates
+/// remote peers (munge) or was told to accept them unauthenticated (`--insecure-tcp`).
+pub fn bind(endpoint: &Endpoint, remote_tcp_allowed: bool) -> Result<Box<dyn Listener>, BindError> {
     let io_error = |source| BindError::Io { endpoint: endpoint.clone(), source };
     match endpoint {
         Endpoint::Tcp(address) => {
-            if !address.ip().is_loopback() && !insecure_tcp {
+            if !address.ip().is_loopback() && !remote_tcp_allowed {
                 return Err(BindError::NotLoopback { address: *address });
             }
             let listener = TcpListener::bind(address).map_err(io_error)?;
@@ -203,6 +217,9 @@ impl Write for TcpConnection {
 }
 
 impl Connection for TcpConnection {
+    fn transport(&self) -> Transport {
+        Transport::Tcp
+    }
     fn peer(&self) -> String {
         match self.stream.peer_addr() {
             Ok(a) => format!("tcp://{a}"),
@@ -276,6 +293,9 @@ fn peer_credentials(stream: &UnixStream) -> io::Result<(i32, u32, u32)> {
 }
 
 impl Connection for UnixConnection {
+    fn transport(&self) -> Transport {
+        Transport::Unix
+    }
     fn peer(&self) -> String {
         match peer_credentials(&self.stream) {
             Ok((pid, uid, _)) => format!("unix:pid={pid},uid={uid}"),
@@ -373,6 +393,9 @@ mod tests {
     fn refuses_non_loopback_without_insecure_tcp() {
         let e = bind(&"0.0.0.0:0".parse().unwrap(), false).err().expect("must refuse");
         assert!(e.to_string().contains("--insecure-tcp"), "{e}");
+        assert!(e.to_string().contains("munge"), "{e}");
+        let remote = bind(&"0.0.0.0:0".parse().unwrap(), true).unwrap();
+        assert!(matches!(remote.endpoint(), Endpoint::Tcp(a) if a.ip().is_unspecified()));
     }
 
     #[test]

@@ -17,20 +17,26 @@ use spillway_types::{EpochId, StreamKey};
 use crate::backend::{assigned_stream_key, BackendError, GrantMode, ASSIGNED_STREAM_TAG};
 use crate::Shared;
 
-/// The peer of one connection: its kernel-established identity and, looked up once when first
-/// needed, its groups in the user database.
+/// The peer of one connection: its established identity (kernel or munge), whether it is
+/// privileged, and, looked up once when first needed, its groups in the user database.
 pub(crate) struct Peer {
     pub identity: Identity,
+    privileged: bool,
     groups: OnceLock<Vec<u32>>,
 }
 
 impl Peer {
-    pub fn new(identity: Identity) -> Peer {
-        Peer { identity, groups: OnceLock::new() }
+    /// `server_uid`: the uid this server runs as. Root and the server's own uid (the service
+    /// account the manager, the mount and the peer drainers run as when the servers do not run
+    /// as root) are privileged: they may use every epoch and grant and revoke.
+    pub fn new(identity: Identity, server_uid: u32) -> Peer {
+        let privileged = identity.uid == 0 || identity.uid == server_uid;
+        Peer { identity, privileged, groups: OnceLock::new() }
     }
 
+    /// Root or the server's own uid (see [`Peer::new`]).
     pub fn is_root(&self) -> bool {
-        self.identity.uid == 0
+        self.privileged
     }
 
     /// The peer's gid and the groups of its uid in the user database (`getgrouplist`). A failed
@@ -52,7 +58,7 @@ impl Peer {
     /// Whether the grant lets this peer use its epoch (root may use every epoch).
     pub fn may_use(&self, grant: &EpochGrant) -> bool {
         let uid = self.identity.uid;
-        uid == 0
+        self.privileged
             || uid == grant.owner_uid
             || grant.allowed_uids.contains(&uid)
             || (!grant.allowed_gids.is_empty()
@@ -157,14 +163,17 @@ pub(crate) fn stream_of(shared: &Shared, identity: Identity, epoch: EpochId) -> 
     }
 }
 
-/// Refuses a request only root (the manager) may make.
+/// Refuses a request only root or the server's own uid (the manager) may make.
 fn root_only(peer: &Peer, what: &str) -> Result<(), BackendError> {
     if peer.is_root() {
         return Ok(());
     }
     Err(BackendError::new(
         ErrorCode::PermissionDenied,
-        format!("only root (the manager) {what}; request runs as uid {}", peer.identity.uid),
+        format!(
+            "only root or the server's own uid (the manager) {what}; request runs as uid {}",
+            peer.identity.uid
+        ),
     ))
 }
 

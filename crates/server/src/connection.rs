@@ -9,6 +9,12 @@
 //! replies leave in request order. A frame whose *header* is bad means the stream is out of sync:
 //! the reader queues an error reply and closes. A frame whose *body* is bad is answered with an
 //! error reply and the connection goes on. Either way a warning names the peer and the problem.
+//!
+//! On a munge server (`server.auth = munge`) a TCP connection is not served before its
+//! `Authenticate`: the handshake announces munge and a random challenge, and the next frame must
+//! carry a credential that the local `munged` accepts and whose payload carries that challenge;
+//! the connection then runs as the credential's uid/gid. Anything else is answered with
+//! `PermissionDenied` naming the reason, logged with the peer, and the connection is closed.
 
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,12 +22,15 @@ use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use spillway_proto::auth::credential_payload;
 use spillway_proto::frame::{self, ReceiveError};
 use spillway_proto::message::ServerStatus;
 use spillway_proto::{
-    Connection, DrainInfo, Durability, ErrorCode, Extent, FileInfo, FrameError, Header, Identity,
-    Request, Response, BODY_BYTES_MAX, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+    AuthMethod, Connection, DrainInfo, Durability, ErrorCode, Extent, FileInfo, FrameError, Header,
+    Identity, Request, Response, Transport, BODY_BYTES_MAX, CHALLENGE_BYTES, PROTOCOL_VERSION,
+    PROTOCOL_VERSION_MIN,
 };
+use spillway_sys::munge::{MungeContext, MungeError};
 use spillway_types::{EpochId, FileId};
 
 use crate::access::{self, authorize, stream_of, Intent, Peer};
@@ -59,6 +68,8 @@ struct FrameReader<'a> {
     frame_started: bool,
     last_byte_at: Instant,
     stopping_since: Option<Instant>,
+    /// What the peer failed to send in time, for the stall message.
+    stalled_on: &'static str,
 }
 
 impl FrameReader<'_> {
@@ -66,6 +77,14 @@ impl FrameReader<'_> {
     fn begin_frame(&mut self, started: bool) {
         self.frame_started = started;
         self.last_byte_at = Instant::now();
+        self.stalled_on = "in the middle of a frame";
+    }
+
+    /// The next frame is owed now (a credential after the handshake): waiting for its first
+    /// byte is bounded by `stall_max` like a stall inside a frame.
+    fn expect_frame(&mut self, stalled_on: &'static str) {
+        self.begin_frame(true);
+        self.stalled_on = stalled_on;
     }
 }
 
@@ -97,8 +116,9 @@ impl Read for FrameReader<'_> {
                     }
                     if self.frame_started && self.last_byte_at.elapsed() > self.stall_max {
                         let message = format!(
-                            "peer sent nothing for {} ms in the middle of a frame",
-                            self.stall_max.as_millis()
+                            "peer sent nothing for {} ms {} (server.frame_stall_ms_max)",
+                            self.stall_max.as_millis(),
+                            self.stalled_on
                         );
                         return Err(io::Error::new(io::ErrorKind::TimedOut, message));
                     }
@@ -143,19 +163,48 @@ pub fn serve(shared: Arc<Shared>, mut connection: Box<dyn Connection>) {
         refuse_at_connection_limit(&shared, &mut *connection, &peer);
         return;
     }
-    let Some(identity) = establish_identity(&mut *connection, &peer) else { return };
+    // On TCP a munge server takes the identity from the credential, not from the kernel.
+    let munge = shared.munge.as_ref().filter(|_| connection.transport() == Transport::Tcp);
+    let kernel_identity = match munge {
+        Some(_) => Identity::NOBODY,
+        None => match establish_identity(&mut *connection, &peer) {
+            Some(identity) => identity,
+            None => return,
+        },
+    };
     let Some((mut reader, mut writer)) = split_connection(&shared, connection, &peer) else {
         return;
     };
-    if !handshake(&shared, &mut reader, &mut *writer, &peer, identity) {
+    let Some(offer) = handshake_offer(munge.is_some(), kernel_identity, &mut *writer, &peer) else {
+        writer.shutdown();
+        return;
+    };
+    if !handshake(&shared, &mut reader, &mut *writer, &peer, &offer) {
         writer.shutdown();
         return;
     }
-    tracing::info!(%peer, uid = identity.uid, gid = identity.gid, "client connected");
+    let identity = match munge {
+        None => kernel_identity,
+        Some(context) => {
+            match authenticate(context, &mut reader, &mut *writer, &peer, &offer.challenge) {
+                Some(identity) => identity,
+                None => {
+                    writer.shutdown();
+                    return;
+                }
+            }
+        }
+    };
+    tracing::info!(%peer, uid = identity.uid, gid = identity.gid, auth = %offer.auth, "client connected");
 
     let (sender, receiver) = sync_channel::<Job>(shared.options.in_flight_requests_max as usize);
-    let Some(executor) = start_executor(&shared, receiver, writer, &peer, Peer::new(identity))
-    else {
+    let Some(executor) = start_executor(
+        &shared,
+        receiver,
+        writer,
+        &peer,
+        Peer::new(identity, spillway_sys::user::euid()),
+    ) else {
         return;
     };
     // Buffered only after the handshake: the handshake reads exactly the Hello frame's bytes,
@@ -229,6 +278,7 @@ fn split_connection<'a>(
         frame_started: false,
         last_byte_at: Instant::now(),
         stopping_since: None,
+        stalled_on: "in the middle of a frame",
     };
     Some((reader, writer))
 }
@@ -257,13 +307,43 @@ fn start_executor(
     }
 }
 
+/// What the `HelloReply` of a connection says about identity.
+struct HandshakeOffer {
+    /// The kernel's identity (`auth` None), or `nobody` until the credential arrives (Munge).
+    identity: Identity,
+    auth: AuthMethod,
+    /// Random for a munge connection (the credential must carry it), zeros otherwise.
+    challenge: [u8; CHALLENGE_BYTES],
+}
+
+/// The offer of a connection; with munge, a fresh random challenge. None: no randomness could
+/// be had (answered `Internal`, logged); the connection must close.
+fn handshake_offer(
+    munge: bool,
+    identity: Identity,
+    writer: &mut dyn Connection,
+    peer: &str,
+) -> Option<HandshakeOffer> {
+    let mut challenge = [0u8; CHALLENGE_BYTES];
+    if !munge {
+        return Some(HandshakeOffer { identity, auth: AuthMethod::None, challenge });
+    }
+    if let Err(error) = getrandom::getrandom(&mut challenge) {
+        tracing::error!(%peer, %error, "cannot draw a challenge from getrandom; closing");
+        let reply = error_reply(ErrorCode::Internal, format!("server has no randomness: {error}"));
+        let _ = send(writer, 0, &reply, &[]);
+        return None;
+    }
+    Some(HandshakeOffer { identity, auth: AuthMethod::Munge, challenge })
+}
+
 /// Reads the client's `Hello` and answers it. False: the connection must close.
 fn handshake(
     shared: &Shared,
     reader: &mut FrameReader<'_>,
     writer: &mut dyn Connection,
     peer: &str,
-    identity: Identity,
+    offer: &HandshakeOffer,
 ) -> bool {
     let mut body = Vec::new();
     reader.begin_frame(false);
@@ -326,11 +406,77 @@ fn handshake(
         version,
         payload_bytes_max: shared.options.payload_bytes_max,
         in_flight_requests_max: shared.options.in_flight_requests_max,
-        uid: identity.uid,
-        gid: identity.gid,
+        uid: offer.identity.uid,
+        gid: offer.identity.gid,
         server_name: shared.options.server_name.clone(),
+        auth: offer.auth,
+        challenge: offer.challenge,
     };
     send(writer, header.request_id, &reply, &[]).is_ok()
+}
+
+/// Reads the `Authenticate` that must follow the handshake of a munge connection and checks
+/// its credential. The wait is bounded by `frame_stall_ms_max`. None: refused (answered
+/// `PermissionDenied` naming the reason, logged with the peer); the connection must close.
+fn authenticate(
+    context: &MungeContext,
+    reader: &mut FrameReader<'_>,
+    writer: &mut dyn Connection,
+    peer: &str,
+    challenge: &[u8; CHALLENGE_BYTES],
+) -> Option<Identity> {
+    let mut body = Vec::new();
+    reader.expect_frame("after Hello instead of Authenticate");
+    let (request_id, refusal) = match frame::read_header_and_body(reader, &mut body, 0) {
+        Err(ReceiveError::Closed) => return None,
+        Err(error) => (0, format!("no Authenticate frame: {error}")),
+        Ok(header) => match Request::decode(header.kind, &body) {
+            Ok(Request::Authenticate { credential }) => {
+                match check_credential(context, &credential, challenge) {
+                    Ok(identity) => {
+                        let reply = Response::Authenticated { uid: identity.uid, gid: identity.gid };
+                        return send(writer, header.request_id, &reply, &[])
+                            .is_ok()
+                            .then_some(identity);
+                    }
+                    Err(reason) => (header.request_id, reason),
+                }
+            }
+            Ok(other) => (
+                header.request_id,
+                format!(
+                    "this server requires munge authentication (server.auth = munge): expected Authenticate after Hello, got {:?}",
+                    other.kind()
+                ),
+            ),
+            Err(error) => (header.request_id, format!("malformed Authenticate: {error}")),
+        },
+    };
+    tracing::warn!(%peer, reason = %refusal, "refusing connection: munge authentication failed");
+    let _ = send(writer, request_id, &error_reply(ErrorCode::PermissionDenied, refusal), &[]);
+    None
+}
+
+/// The identity a credential vouches for, if `munged` accepts it and it was made for this
+/// connection's challenge; else why not.
+fn check_credential(
+    context: &MungeContext,
+    credential: &str,
+    challenge: &[u8; CHALLENGE_BYTES],
+) -> Result<Identity, String> {
+    let decoded = context.decode(credential).map_err(|error| match error {
+        MungeError::Library { .. } | MungeError::SocketError { .. } | MungeError::Other { .. } => {
+            format!("the server cannot check munge credentials: {error}")
+        }
+        refused => format!("munge credential refused: {refused}"),
+    })?;
+    if decoded.payload != credential_payload(challenge) {
+        return Err(format!(
+            "munge credential of uid {} refused: it was not made for this connection (its payload does not carry this connection's challenge)",
+            decoded.uid
+        ));
+    }
+    Ok(Identity { uid: decoded.uid, gid: decoded.gid })
 }
 
 fn code_of(error: &ReceiveError) -> ErrorCode {
@@ -441,11 +587,12 @@ fn decode_request(
             return Ok(None);
         }
     };
-    if let Request::Hello { .. } = request {
-        tracing::warn!(%peer, request_id = header.request_id, problem = "second Hello", "out-of-order frame; answering with an error");
+    if let Request::Hello { .. } | Request::Authenticate { .. } = request {
+        let problem = format!("{:?} after the handshake", header.kind);
+        tracing::warn!(%peer, request_id = header.request_id, %problem, "out-of-order frame; answering with an error");
         let reply = Job::Reply {
             request_id: header.request_id,
-            response: error_reply(ErrorCode::OutOfOrder, "Hello after the handshake"),
+            response: error_reply(ErrorCode::OutOfOrder, problem),
         };
         if sender.send(reply).is_err() {
             return Err("executor stopped".into());
@@ -616,7 +763,9 @@ fn run(
     let backend = &*shared.backend;
     let plain = |response| Ok((response, None));
     match request {
-        Request::Hello { .. } => unreachable!("the reader answers a second Hello itself"),
+        Request::Hello { .. } | Request::Authenticate { .. } => {
+            unreachable!("the reader answers handshake frames after the handshake itself")
+        }
         Request::OpenFile { epoch, name, create } => open_file(shared, peer, epoch, &name, create),
         Request::Write { epoch, file, offset } => {
             write(shared, peer, epoch, file, offset, data, wait)
@@ -862,6 +1011,7 @@ fn server_status(shared: &Shared) -> ServerStatus {
         ssd_bytes_used: usage.ssd_bytes_used,
         ssd_bytes_max: usage.ssd_bytes_max,
         epochs,
+        auth: shared.options.auth,
     }
 }
 

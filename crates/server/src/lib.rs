@@ -1,8 +1,9 @@
 //! The burst buffer server: protocol handlers over one store.
 //!
-//! One process per burst buffer node. It listens on loopback TCP and/or a Unix-domain socket,
-//! establishes each peer's identity from the kernel, and serves every connection with two
-//! threads: a *reader* that decodes frames and reads write payloads straight into store memory
+//! One process per burst buffer node. It listens on TCP and/or a Unix-domain socket,
+//! establishes each peer's identity (from the kernel, or on TCP with `server.auth = munge` from
+//! the munge credential the client sends right after `Hello`), and serves every connection with
+//! two threads: a *reader* that decodes frames and reads write payloads straight into store memory
 //! reserved for them ([`PendingWrite`]), and an *executor* that runs requests (publishing those
 //! writes) in arrival order and writes replies.
 //! Between them sits a bounded queue (`in_flight_requests_max`), so a client can pipeline that
@@ -22,7 +23,8 @@
 //! (`in_flight_bytes_max`, see [`budget`]), read reply buffers (one per connection, so at most
 //! `connections_max × payload_bytes_max`), recycled buffers (a quarter of the in-flight budget,
 //! at most 256 MiB), the time a write waits for space (`backpressure_wait_ms_max`) and the time a
-//! client may stall mid-frame while its write holds ring space (`frame_stall_ms_max`).
+//! client may stall mid-frame while its write holds ring space (`frame_stall_ms_max`), which also
+//! bounds the wait for a munge client's `Authenticate` after the handshake.
 
 mod access;
 pub mod backend;
@@ -37,8 +39,10 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use spillway_config::server::{CommitDurability, ServerKnobs};
+use spillway_config::Authentication;
 use spillway_proto::transport::{self, BindError};
-use spillway_proto::{Durability, Endpoint, Listener};
+use spillway_proto::{AuthMethod, Durability, Endpoint, Listener};
+use spillway_sys::munge::{MungeContext, MungeError};
 use spillway_types::EpochId;
 
 pub use backend::{
@@ -85,6 +89,10 @@ pub struct ServerOptions {
     /// Take data only for epochs the manager granted (`server.managed`); otherwise the first
     /// uid to create an epoch claims it.
     pub managed: bool,
+    /// How TCP peers are authenticated; Unix-socket peers always by `SO_PEERCRED`.
+    pub auth: AuthMethod,
+    /// `munged`'s socket for checking credentials (`None`: libmunge's default).
+    pub munge_socket: Option<std::path::PathBuf>,
 }
 
 impl ServerOptions {
@@ -103,6 +111,11 @@ impl ServerOptions {
             shutdown_grace: Duration::from_millis(knobs.shutdown_grace_ms_max),
             frame_stall: Duration::from_millis(knobs.frame_stall_ms_max),
             managed: knobs.managed,
+            auth: match knobs.auth {
+                Authentication::None => AuthMethod::None,
+                Authentication::Munge => AuthMethod::Munge,
+            },
+            munge_socket: knobs.munge_socket_path(),
         }
     }
 }
@@ -119,6 +132,8 @@ pub enum ServeError {
     Thread { name: String, source: std::io::Error },
     #[error("final sync of the store at shutdown failed: {0}")]
     FinalSync(BackendError),
+    #[error("server.auth = munge, but {0}")]
+    Munge(MungeError),
 }
 
 /// Counters reported by `status`.
@@ -142,6 +157,27 @@ pub(crate) struct Shared {
     pub drain: std::sync::OnceLock<Arc<dyn DrainControl>>,
     /// The namespaces (metadata service) this server holds, if attached.
     pub namespaces: std::sync::OnceLock<Arc<namespace_service::NamespaceService>>,
+    /// How credentials are checked, when TCP peers must authenticate with munge.
+    pub munge: Option<MungeContext>,
+}
+
+/// The munge context of a server with `auth = munge` (`None` otherwise), after checking that
+/// libmunge loads and asking `munged` for one credential.
+fn munge_context(options: &ServerOptions) -> Result<Option<MungeContext>, ServeError> {
+    if options.auth != AuthMethod::Munge {
+        return Ok(None);
+    }
+    let context = MungeContext::new().with_socket(options.munge_socket.clone());
+    match context.encode(b"spillway server start") {
+        Ok(_) => {
+            tracing::info!(socket = %context.socket_description(), "authenticating TCP clients with munge")
+        }
+        Err(error @ MungeError::Library { .. }) => return Err(ServeError::Munge(error)),
+        Err(error) => {
+            tracing::warn!(%error, "munge authentication is on but munged does not answer: TCP clients are refused until it does")
+        }
+    }
+    Ok(Some(context))
 }
 
 /// A handle that asks a running server to shut down gracefully (what SIGTERM does).
@@ -163,7 +199,9 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds every endpoint. Non-loopback TCP needs `insecure_tcp` (and logs a warning).
+    /// Binds every endpoint. Non-loopback TCP needs munge authentication or `insecure_tcp`
+    /// (which logs a warning). With munge, libmunge must load; an unreachable `munged` is only
+    /// a warning (TCP clients are refused until it answers).
     pub fn bind(
         options: ServerOptions,
         backend: Arc<dyn Backend>,
@@ -175,14 +213,15 @@ impl Server {
         if endpoints.is_empty() {
             return Err(ServeError::NoListener);
         }
+        let munge = munge_context(&options)?;
         let mut listeners = Vec::new();
         for endpoint in endpoints {
             if let Endpoint::Tcp(address) = endpoint {
-                if !address.ip().is_loopback() {
-                    tracing::warn!(%address, "listening on a non-loopback TCP address without authentication (--insecure-tcp): any host that can reach it can read and write every epoch");
+                if !address.ip().is_loopback() && munge.is_none() {
+                    tracing::warn!(%address, "listening on a non-loopback TCP address WITHOUT AUTHENTICATION (server.auth = none, --insecure-tcp): any host that can reach it acts as nobody, and reads and writes every epoch nobody may; set server.auth = munge");
                 }
             }
-            listeners.push(transport::bind(endpoint, insecure_tcp)?);
+            listeners.push(transport::bind(endpoint, insecure_tcp || munge.is_some())?);
         }
         let shared = Arc::new(Shared {
             budget: Arc::new(budget::ByteBudget::new(options.in_flight_bytes_max)),
@@ -195,6 +234,7 @@ impl Server {
             counters: Counters::default(),
             drain: std::sync::OnceLock::new(),
             namespaces: std::sync::OnceLock::new(),
+            munge,
         });
         Ok(Server { shared, listeners })
     }

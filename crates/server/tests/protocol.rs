@@ -30,6 +30,8 @@ fn options() -> ServerOptions {
         shutdown_grace: Duration::from_secs(5),
         frame_stall: Duration::from_secs(30),
         managed: false,
+        auth: spillway_proto::AuthMethod::None,
+        munge_socket: None,
     }
 }
 

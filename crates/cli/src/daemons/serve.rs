@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use spillway_config::server::CommitDurability;
-use spillway_config::Config;
+use spillway_config::{Authentication, Config};
 use spillway_proto::Endpoint;
 use spillway_server::{Server, ServerOptions, ShutdownHandle, StoreBackend};
 
@@ -29,7 +29,14 @@ pub struct Args {
     /// Unix-domain socket to listen on (server.unix_socket_path).
     #[arg(long)]
     unix_socket: Option<String>,
-    /// Allow a non-loopback TCP address although peers are not authenticated (logs a warning).
+    /// How TCP clients are authenticated (server.auth): none or munge.
+    #[arg(long, value_parser = parse_auth)]
+    auth: Option<Authentication>,
+    /// munged's socket (server.munge_socket); default: libmunge's.
+    #[arg(long)]
+    munge_socket: Option<String>,
+    /// With --auth none, allow a non-loopback TCP address anyway: peers are unauthenticated and
+    /// run as nobody (logs a warning).
     #[arg(long)]
     insecure_tcp: bool,
     /// Directory of the SSD log (store.ssd_directory).
@@ -69,6 +76,14 @@ pub struct Args {
     /// shuffled or naive (drain.mode).
     #[arg(long)]
     drain_mode: Option<String>,
+}
+
+fn parse_auth(text: &str) -> Result<Authentication, String> {
+    match text {
+        "none" => Ok(Authentication::None),
+        "munge" => Ok(Authentication::Munge),
+        other => Err(format!("auth {other:?}: expected none or munge")),
+    }
 }
 
 fn parse_durability(text: &str) -> Result<CommitDurability, String> {
@@ -123,6 +138,12 @@ impl Args {
         }
         if let Some(path) = self.unix_socket {
             config.server.unix_socket_path = path;
+        }
+        if let Some(auth) = self.auth {
+            config.server.auth = auth;
+        }
+        if let Some(socket) = self.munge_socket {
+            config.server.munge_socket = socket;
         }
         if self.insecure_tcp {
             config.server.insecure_tcp = true;
@@ -264,6 +285,7 @@ fn start_drainer(
         retry_backoff_max: Duration::from_millis(knobs.retry_backoff_ms_max),
         queued_epochs_max: knobs.queued_epochs_max as usize,
         server_name: config.server.server_name.clone(),
+        munge_socket: config.server.munge_socket_path(),
     };
     let pfs = Arc::new(spillway_drain::PosixPfs::new(&knobs.pfs_directory));
     let drainer = Arc::new(
