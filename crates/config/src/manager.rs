@@ -4,7 +4,7 @@
 //! how servers are watched, how streams are assigned (BIOS Algorithm 1), quotas and the bounds
 //! of the API server.
 
-use crate::{knobs, ConfigError};
+use crate::{knobs, Authentication, ConfigError};
 
 /// What a stream id is assigned to (BIOS Algorithm 1's key).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -24,9 +24,11 @@ knobs! {
         socket_path: String = "/run/spillway/manager.sock".to_string(), unit = "path";
         /// Permission bits of the socket file, octal (world-connectable: authorization is by peer uid).
         socket_mode: String = "0666".to_string(), unit = "octal mode";
-        /// Also serve the API on this loopback TCP address ("" for none); never non-loopback.
+        /// Also serve the API on this TCP address ("" for none); loopback only unless `auth = munge`.
         listen_address: String = String::new(), unit = "host:port";
-        /// munged's socket for the manager's own connections to servers that require munge ("" = libmunge's default).
+        /// How API callers over TCP are authenticated: `none` (the loopback socket's owner) or `munge` (an `Authorization: MUNGE` credential on every request). The Unix socket always uses SO_PEERCRED.
+        auth: Authentication = Authentication::None, unit = "none|munge";
+        /// munged's socket for checking API credentials and for the manager's own connections to servers ("" = libmunge's default).
         munge_socket: String = String::new(), unit = "path";
         /// The SQLite database holding every pool, server, reservation and quota.
         database_path: String = "/var/lib/spillway/manager.db".to_string(), unit = "path";
@@ -93,12 +95,12 @@ impl ManagerKnobs {
             ));
         }
         if !self.listen_address.is_empty() {
-            let refusal = "the manager cannot authenticate remote callers";
+            let refusal = "remote callers are only authenticated with auth = munge";
             crate::check_listen_address(
                 Self::SECTION,
                 "listen_address",
                 &self.listen_address,
-                false,
+                self.auth == Authentication::Munge,
                 refusal,
             )?;
         }

@@ -9,7 +9,8 @@
 //! benchmarks `std::env::current_exe()`). [`Reaped`] owns any other child (a load generator,
 //! memcached). [`Munged`] runs a private `munged` with its own key for munge authentication
 //! (a second one, with another key, forges credentials). [`pattern`] and [`same_bytes`] are the
-//! shared data generator and comparison.
+//! shared data generator and comparison. [`TestUser`] is an unprivileged account the security
+//! tests create and act as.
 
 #![forbid(unsafe_code)]
 
@@ -17,11 +18,13 @@ mod child;
 mod data;
 mod munged;
 mod server;
+mod users;
 
 pub use child::Reaped;
 pub use data::{pattern, same_bytes};
 pub use munged::{Munged, MungedError, MUNGED_KEY_BYTES, MUNGED_READY_TIMEOUT};
 pub use server::{ServerBuilder, ServerError, ServerProcess, READY_TIMEOUT_DEFAULT};
+pub use users::{TestUser, UserError};
 
 use spillway_proto::Endpoint;
 

@@ -3,7 +3,9 @@
 //! Hand-written rather than a framework because the caller's identity must come from the
 //! socket itself (`SO_PEERCRED`, or the loopback TCP owner), which the transports of
 //! `spillway-proto` already provide, and because the API is a dozen control-plane requests a
-//! minute, not a data path. One request per connection (`Connection: close`), so there is no
+//! minute, not a data path. With `manager.auth = munge`, a request over TCP is authenticated by
+//! its `Authorization: MUNGE` header instead (see [`crate::request_auth`]; 401 without a valid
+//! one). One request per connection (`Connection: close`), so there is no
 //! keep-alive state. Bounded: connections served at once (`connections_max`; more get a 503
 //! at once), request size (`request_bytes_max`; 413), time to receive a request
 //! (`request_timeout_ms`; 408). Malformed requests get a 4xx naming the problem; nothing a
@@ -21,18 +23,33 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use spillway_proto::{Connection, Listener};
+use spillway_config::Authentication;
+use spillway_proto::{Connection, Identity, Listener, Transport};
+use spillway_sys::munge::MungeContext;
 
 use crate::model::ErrorBody;
+use crate::request_auth::{check_authorization, RequestAuthError};
 use crate::service::{ApiError, Manager};
 
 /// A parsed request.
 #[derive(Debug)]
 struct Request {
     method: String,
+    /// The request target as sent (path and query), which a munge credential binds.
+    target: String,
     path: String,
     query: BTreeMap<String, String>,
+    /// The `Authorization` header, if any.
+    authorization: Option<String>,
     body: Vec<u8>,
+}
+
+/// What the head of a request says.
+struct Head<'a> {
+    method: &'a str,
+    target: &'a str,
+    content_length: usize,
+    authorization: Option<&'a str>,
 }
 
 /// What went wrong while reading a request (answered with a 4xx).
@@ -71,13 +88,15 @@ fn read_request(connection: &mut dyn Connection, limit: usize) -> Result<Request
     let header_end = read_head(connection, &mut buffer, &mut chunk, limit)?;
     let head = std::str::from_utf8(&buffer[..header_end])
         .map_err(|_| RequestError::Malformed("request head is not UTF-8".into()))?;
-    let (method, target, content_length) = parse_head(head)?;
+    let Head { method, target, content_length, authorization } = parse_head(head)?;
     let body = read_body(connection, &mut chunk, &buffer, header_end, content_length, limit)?;
     let (path, query_text) = target.split_once('?').unwrap_or((target, ""));
     Ok(Request {
         method: method.to_string(),
+        target: target.to_string(),
         path: path.to_string(),
         query: parse_query(query_text),
+        authorization: authorization.map(str::to_string),
         body,
     })
 }
@@ -102,8 +121,9 @@ fn read_head(
     }
 }
 
-/// The request line's method and target, and the `Content-Length` of the head (0 if absent).
-fn parse_head(head: &str) -> Result<(&str, &str, usize), RequestError> {
+/// The request line's method and target, the `Content-Length` of the head (0 if absent) and
+/// its `Authorization`.
+fn parse_head(head: &str) -> Result<Head<'_>, RequestError> {
     let mut lines = head.split("\r\n");
     let request_line = lines.next().unwrap_or_default();
     let mut parts = request_line.split(' ');
@@ -116,6 +136,7 @@ fn parse_head(head: &str) -> Result<(&str, &str, usize), RequestError> {
         return Err(RequestError::Malformed(format!("unsupported version {version:?}")));
     }
     let mut content_length = 0usize;
+    let mut authorization = None;
     for line in lines {
         let Some((name, value)) = line.split_once(':') else {
             return Err(RequestError::Malformed(format!("header line {line:?}")));
@@ -124,13 +145,15 @@ fn parse_head(head: &str) -> Result<(&str, &str, usize), RequestError> {
             content_length = value.trim().parse().map_err(|_| {
                 RequestError::Malformed(format!("Content-Length {:?}", value.trim()))
             })?;
+        } else if name.trim().eq_ignore_ascii_case("authorization") {
+            authorization = Some(value.trim());
         } else if name.trim().eq_ignore_ascii_case("transfer-encoding") {
             return Err(RequestError::Malformed(
                 "Transfer-Encoding is not supported; send Content-Length".into(),
             ));
         }
     }
-    Ok((method, target, content_length))
+    Ok(Head { method, target, content_length, authorization })
 }
 
 /// The body: the bytes after the head in `buffer`, then the rest up to `content_length`.
@@ -195,6 +218,7 @@ fn reason(status: u16) -> &'static str {
         200 => "OK",
         201 => "Created",
         400 => "Bad Request",
+        401 => "Unauthorized",
         403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
@@ -213,8 +237,10 @@ fn write_response(
     status: u16,
     body: &[u8],
 ) -> std::io::Result<()> {
+    // A 401 names the scheme that would have been accepted.
+    let challenge = if status == 401 { "WWW-Authenticate: MUNGE\r\n" } else { "" };
     let head = format!(
-        "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{challenge}Connection: close\r\n\r\n",
         reason(status),
         body.len()
     );
@@ -345,23 +371,46 @@ fn handle(manager: &Manager, mut connection: Box<dyn Connection>) {
     let peer = connection.peer();
     let knobs = manager.knobs();
     let _ = connection.set_read_timeout(Some(Duration::from_millis(knobs.request_timeout_ms)));
-    let identity = match connection.identity() {
-        Ok(identity) => identity,
-        Err(error) => {
-            tracing::warn!(%peer, %error, "cannot establish the caller's identity");
-            let (status, body) =
-                error_reply(403, "no_identity", format!("cannot establish your identity: {error}"));
-            let _ = write_response(connection.as_mut(), status, &body);
-            return;
-        }
+    // Over TCP a munge manager takes the identity from each request's credential instead.
+    let munge = (knobs.auth == Authentication::Munge && connection.transport() == Transport::Tcp)
+        .then(|| MungeContext::new().with_socket(knobs.munge_socket_path()));
+    let kernel_identity = match &munge {
+        Some(_) => Identity::NOBODY,
+        None => match connection.identity() {
+            Ok(identity) => identity,
+            Err(error) => {
+                tracing::warn!(%peer, %error, "cannot establish the caller's identity");
+                let (status, body) = error_reply(
+                    403,
+                    "no_identity",
+                    format!("cannot establish your identity: {error}"),
+                );
+                let _ = write_response(connection.as_mut(), status, &body);
+                return;
+            }
+        },
     };
     let (status, body) = match read_request(connection.as_mut(), knobs.request_bytes_max as usize) {
-        Ok(request) => {
-            let caller = manager.caller(identity.uid, identity.gid);
-            let reply = route(manager, &caller, &request);
-            tracing::debug!(%peer, uid = caller.uid, method = %request.method, path = %request.path, status = reply.0, "request");
-            reply
-        }
+        Ok(request) => match request_identity(munge.as_ref(), kernel_identity, &request) {
+            Ok(identity) => {
+                let caller = manager.caller(identity.uid, identity.gid);
+                let reply = route(manager, &caller, &request);
+                tracing::debug!(%peer, uid = caller.uid, method = %request.method, path = %request.path, status = reply.0, "request");
+                reply
+            }
+            Err(RequestAuthError::Unavailable(error)) => {
+                tracing::error!(%peer, %error, "cannot check an API request's munge credential");
+                error_reply(
+                    503,
+                    "munge_unavailable",
+                    format!("the manager cannot check munge credentials: {error}"),
+                )
+            }
+            Err(refusal) => {
+                tracing::warn!(%peer, method = %request.method, path = %request.path, reason = %refusal, "refusing API request: munge authentication failed");
+                error_reply(401, "munge_required", refusal.to_string())
+            }
+        },
         Err(error) => {
             tracing::warn!(%peer, %error, "bad API request");
             error_reply(error.status(), "bad_request", error.to_string())
@@ -371,6 +420,24 @@ fn handle(manager: &Manager, mut connection: Box<dyn Connection>) {
         tracing::debug!(%peer, %error, "could not send the reply");
     }
     connection.shutdown();
+}
+
+/// The identity a request runs as: the kernel's, or with munge the credential's.
+fn request_identity(
+    munge: Option<&MungeContext>,
+    kernel_identity: Identity,
+    request: &Request,
+) -> Result<Identity, RequestAuthError> {
+    match munge {
+        None => Ok(kernel_identity),
+        Some(context) => check_authorization(
+            context,
+            request.authorization.as_deref(),
+            &request.method,
+            &request.target,
+            &request.body,
+        ),
+    }
 }
 
 /// Serves the API on `listeners` until `stop` is set; returns after in-flight requests finish.
@@ -427,7 +494,6 @@ pub fn serve(manager: Arc<Manager>, listeners: Vec<Box<dyn Listener>>, stop: Arc
 #[cfg(test)]
 mod tests {
     use super::*;
-    use spillway_proto::Transport;
     use std::io::{Read, Write};
 
     /// An in-memory connection: reads from `input`, collects what is written.
@@ -480,7 +546,13 @@ mod tests {
         assert_eq!(request.method, "POST");
         assert_eq!(request.path, "/v1/reservations");
         assert_eq!(request.query.get("job").map(String::as_str), Some("7"));
+        assert_eq!(request.target, "/v1/reservations?all=1&job=7");
         assert_eq!(request.body, b"{}");
+        assert_eq!(request.authorization, None);
+        let signed =
+            parse(b"GET /v1/whoami HTTP/1.1\r\nauthorization:  MUNGE MUNGE:abc: \r\n\r\n", 4096)
+                .unwrap();
+        assert_eq!(signed.authorization.as_deref(), Some("MUNGE MUNGE:abc:"));
     }
 
     #[test]

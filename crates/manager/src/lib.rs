@@ -5,9 +5,11 @@
 //! grants capacity in fragments over a pool's servers, picks the pool by BIOS Algorithm 2 and
 //! the stream id by BIOS Algorithm 1, enforces quotas and ownership ([`service`]), and serves
 //! all of it as HTTP/JSON on a Unix socket whose peer credentials identify the caller
-//! ([`http`]), and optionally on loopback TCP (the socket's owner). Its own connections to servers (heartbeats, streams, namespaces, deletes)
-//! run as root and authenticate with munge when a server asks, through `manager.munge_socket`. The CLI talks to it through [`api`]; staging data between the PFS and a
-//! reservation runs in the CLI process ([`stage`]), so bulk data never passes through the
+//! ([`http`]), and optionally on TCP (the loopback owner, or a munge credential per request:
+//! [`request_auth`]). Its own connections to servers (heartbeats, streams, namespaces, deletes)
+//! run as root and authenticate with munge when a server asks, through `manager.munge_socket`.
+//! The CLI talks to it through [`api`]; staging data between the PFS and a reservation runs in
+//! the CLI process ([`stage`]), so bulk data never passes through the
 //! manager and PFS files are read and written with the caller's own permissions.
 
 pub mod api;
@@ -16,6 +18,7 @@ pub mod heartbeat;
 pub mod http;
 pub mod identity;
 pub mod model;
+pub mod request_auth;
 pub mod service;
 pub mod stage;
 
@@ -87,8 +90,9 @@ pub fn run_daemon(
                     reason: e.to_string(),
                 }
             })?;
-        // Never insecure: the manager has no way to authenticate a remote caller.
-        listeners.push(spillway_proto::transport::bind(&Endpoint::Tcp(address), false)?);
+        // Remote callers only when each request is authenticated with munge.
+        let remote_allowed = knobs.auth == spillway_config::Authentication::Munge;
+        listeners.push(spillway_proto::transport::bind(&Endpoint::Tcp(address), remote_allowed)?);
     }
     let heartbeat = {
         let (manager, stop) = (Arc::clone(&manager), Arc::clone(&stop));
