@@ -334,7 +334,9 @@ fn proc_net_address(address: SocketAddr) -> String {
 }
 
 /// The uid owning the peer end of a loopback TCP connection: the `/proc/net/tcp{,6}` row whose
-/// local address is our peer and whose remote address is us.
+/// local address is our peer and whose remote address is us, in state ESTABLISHED with a socket
+/// inode. A TIME_WAIT row of an earlier connection over the same four-tuple (Linux reuses them
+/// on loopback, `tcp_tw_reuse`) shows uid 0 and no inode: matching it would make any user root.
 fn loopback_peer_uid(peer: SocketAddr, local: SocketAddr) -> io::Result<u32> {
     let table = match peer {
         SocketAddr::V4(_) => "/proc/net/tcp",
@@ -354,7 +356,9 @@ fn loopback_peer_uid(peer: SocketAddr, local: SocketAddr) -> io::Result<u32> {
 fn find_uid_in_proc_net(text: &str, peer: &str, local: &str) -> Option<u32> {
     text.lines().skip(1).find_map(|line| {
         let fields: Vec<&str> = line.split_whitespace().collect();
-        if fields.len() > 7 && fields[1] == peer && fields[2] == local {
+        // `st` 01 is TCP_ESTABLISHED; `inode` 0 is a socket no process owns (TIME_WAIT).
+        let established = fields.len() > 9 && fields[3] == "01" && fields[9] != "0";
+        if established && fields[1] == peer && fields[2] == local {
             fields[7].parse().ok()
         } else {
             None
@@ -438,8 +442,8 @@ mod tests {
     }
 
     #[test]
-    fn proc_net_rows_match_by_both_ends() {
-        let text = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: 0100007F:9C4A 0100007F:1B9E 01 00000000:00000000 00:00000000 00000000  1234        0 1\n";
+    fn proc_net_rows_match_by_both_ends_and_only_established() {
+        let text = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: 0100007F:9C4A 0100007F:1B9E 06 00000000:00000000 03:00000DF1 00000000     0        0 0 3 0000000000000000\n   1: 0100007F:9C4A 0100007F:1B9E 01 00000000:00000000 00:00000000 00000000  1234        0 1\n";
         let peer: SocketAddr = "127.0.0.1:40010".parse().unwrap();
         let local: SocketAddr = "127.0.0.1:7070".parse().unwrap();
         assert_eq!(proc_net_address(peer), "0100007F:9C4A");
@@ -449,6 +453,12 @@ mod tests {
         );
         assert_eq!(
             find_uid_in_proc_net(text, &proc_net_address(local), &proc_net_address(peer)),
+            None
+        );
+        // The TIME_WAIT row alone (uid 0, no inode) names nobody.
+        let time_wait: String = text.lines().take(2).map(|l| format!("{l}\n")).collect();
+        assert_eq!(
+            find_uid_in_proc_net(&time_wait, &proc_net_address(peer), &proc_net_address(local)),
             None
         );
     }
