@@ -1,7 +1,7 @@
 //! Ownership end to end, tried as hostile local users: real `spillway serve` (and `spillway
 //! manager`) processes, and clients run as real uids from the user database (this test binary
-//! re-executed as `spillway-sec1`, `spillway-sec2` and `spillway-sec3`, created with `useradd`
-//! when absent; `spillway-sec3` is a member of the group `spillway-secg`).
+//! re-executed as `spw-grants-a`, `spw-grants-b` and `spw-grants-c`, created with
+//! `spillway_harness::TestUser`; `spw-grants-c` is a member of the group `spillway-secg`).
 //!
 //! * a user's epoch survives a server SIGKILL and restart with its owner: another user can
 //!   neither list, read, write, commit, delete nor drain it, and the owner still can;
@@ -22,7 +22,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use spillway_client::{Client, ClientOptions, ServerConnection};
-use spillway_harness::{pattern, ServerProcess};
+use spillway_harness::{pattern, ServerProcess, TestUser};
+
+/// A user the tests create and act as.
+type User = TestUser;
 use spillway_proto::{Durability, Endpoint, EpochGrant, Request, Response};
 use spillway_types::EpochId;
 
@@ -31,53 +34,36 @@ const CHILD_ENV: &str = "SPILLWAY_GRANTS_E2E_CHILD";
 const MIB: u64 = 1 << 20;
 const GROUP: &str = "spillway-secg";
 
-/// A user of the user database: its name, uid and primary gid.
-#[derive(Clone, Debug)]
-struct User {
-    name: &'static str,
-    uid: u32,
-    gid: u32,
-}
-
-/// The output of `id <flag> <name>`, if the user exists.
-fn id_of(flag: &str, name: &str) -> Option<u32> {
-    let out = Command::new("id").arg(flag).arg(name).output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().parse().ok())?
-}
-
-fn run_quietly(program: &str, args: &[&str]) {
-    // Another test (or worktree) may create the same name at once: the result is checked below.
-    let _ = Command::new(program).args(args).stdout(Stdio::null()).stderr(Stdio::null()).status();
-}
-
-/// The user `name`, created (system user, no home) if absent; with `group`, a member of it.
-fn ensure_user(name: &'static str, group: Option<&str>) -> User {
-    assert_eq!(
-        spillway_sys::user::euid(),
-        0,
-        "grants_e2e must run as root (it creates users and runs clients as them); run `make test` \
-         as root, as CI does"
-    );
-    if id_of("-u", name).is_none() {
-        run_quietly("useradd", &["--system", "--no-create-home", name]);
-    }
+/// The user `name` (created with `useradd` if absent, see `TestUser`); with `group`, also a
+/// member of that group (created with `groupadd` if absent).
+fn ensure_user(name: &str, group: Option<&str>) -> User {
+    let user = TestUser::create(name).unwrap_or_else(|e| {
+        panic!(
+            "grants_e2e runs clients as users it creates: {e} (run the tests as root, as CI does)"
+        )
+    });
     if let Some(group) = group {
         if spillway_sys::user::group_id(group).unwrap().is_none() {
-            run_quietly("groupadd", &["--system", group]);
+            // A parallel test may create it at the same time: the look-up below decides.
+            let _ = Command::new("groupadd").args(["--system", group]).output();
         }
-        run_quietly("usermod", &["--append", "--groups", group, name]);
+        assert!(
+            spillway_sys::user::group_id(group).unwrap().is_some(),
+            "cannot create group {group} (groupadd)"
+        );
+        let output = Command::new("usermod").args(["--append", "--groups", group, name]).output();
+        let output = output.expect("usermod");
+        assert!(output.status.success(), "usermod: {}", String::from_utf8_lossy(&output.stderr));
     }
-    let uid = id_of("-u", name).unwrap_or_else(|| panic!("cannot create user {name} (useradd)"));
-    let gid = id_of("-g", name).unwrap();
-    User { name, uid, gid }
+    user
 }
 
 /// The three users: A owns epochs, B attacks them, C is in `spillway-secg`.
 fn users() -> (User, User, User) {
     (
-        ensure_user("spillway-sec1", None),
-        ensure_user("spillway-sec2", None),
-        ensure_user("spillway-sec3", Some(GROUP)),
+        ensure_user("spw-grants-a", None),
+        ensure_user("spw-grants-b", None),
+        ensure_user("spw-grants-c", Some(GROUP)),
     )
 }
 
@@ -88,12 +74,11 @@ type Outcome = Result<String, (i32, String)>;
 fn as_user(user: &User, endpoints: &[Endpoint], op: &[&str]) -> Outcome {
     let mut spec = vec![spillway_harness::endpoint_list(endpoints)];
     spec.extend(op.iter().map(|s| s.to_string()));
-    let mut command = Command::new(std::env::current_exe().unwrap());
+    let mut command = user.command(std::env::current_exe().unwrap());
     command
         .args(["--exact", "child_client", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, spec.join("|"))
         .current_dir("/");
-    spillway_sys::process::run_as(&mut command, user.uid, user.gid, &[user.gid]);
     let output = command.output().unwrap();
     let text = String::from_utf8_lossy(&output.stdout).into_owned()
         + &String::from_utf8_lossy(&output.stderr);
@@ -301,12 +286,13 @@ fn listings_and_drain_status_show_another_user_nothing() {
 }
 
 /// A grant allowing a group: its member C writes and reads, B (not a member) is refused; on a
-/// managed server nobody but root writes an epoch without a grant.
+/// managed server nobody but root writes an epoch without a grant. The grant is in the server's
+/// SSD log: after a SIGKILL and restart (no manager to grant again) it holds just the same.
 #[test]
-fn a_group_grant_admits_its_members_only() {
+fn a_group_grant_admits_its_members_only_and_survives_a_restart() {
     let (a, b, c) = users();
     let dir = tempdir();
-    let server = ServerProcess::builder(BIN, dir.path(), "s").arg("--managed").start();
+    let mut server = ServerProcess::builder(BIN, dir.path(), "s").arg("--managed").start();
     let endpoints = server.endpoints().to_vec();
     let group = spillway_sys::user::group_id(GROUP).unwrap().unwrap();
     let grant = EpochGrant {
@@ -321,6 +307,22 @@ fn a_group_grant_admits_its_members_only() {
     refused(&b, &endpoints, &["read", "4", "shared", "14", "5000"], libc::EACCES, "another user");
     assert_eq!(listed_epochs(&ok(&c, &endpoints, &["list"])), vec![4]);
     refused(&c, &endpoints, &["write", "5", "x", "0", "1", "10"], libc::EACCES, "not granted");
+    ok(&a, &endpoints, &["commit", "4"]);
+
+    server.sigkill().unwrap();
+    server.restart().unwrap();
+    let endpoints = server.endpoints().to_vec();
+    let denied = "granted to another user";
+    assert_eq!(ok(&b, &endpoints, &["list"]), "", "B lists nothing after the restart");
+    refused(&b, &endpoints, &["files", "4"], libc::EACCES, denied);
+    refused(&b, &endpoints, &["read", "4", "shared", "14", "5000"], libc::EACCES, denied);
+    refused(&b, &endpoints, &["write", "4", "shared", "0", "15", "5000"], libc::EACCES, denied);
+    refused(&b, &endpoints, &["delete", "4"], libc::EACCES, denied);
+    refused(&b, &endpoints, &["write", "6", "x", "0", "1", "10"], libc::EACCES, "not granted");
+    // The victim's bytes are unchanged, and its owner and group still use them.
+    assert_eq!(ok(&a, &endpoints, &["read", "4", "shared", "14", "5000"]), "true");
+    assert_eq!(ok(&c, &endpoints, &["read", "4", "shared", "14", "5000"]), "true");
+    assert_eq!(listed_epochs(&ok(&a, &endpoints, &["list"])), vec![4]);
 }
 
 // ---- with the manager ------------------------------------------------------------------------
@@ -362,14 +364,7 @@ impl ManagerProcess {
     fn json(&self, user: Option<&User>, args: &[&str]) -> Value {
         let mut command = match user {
             None => Command::new(BIN),
-            Some(user) => {
-                let mut c = Command::new("setpriv");
-                c.arg(format!("--reuid={}", user.uid))
-                    .arg(format!("--regid={}", user.gid))
-                    .arg("--init-groups")
-                    .arg(BIN);
-                c
-            }
+            Some(user) => user.command(BIN),
         };
         let output = command
             .args(args)
@@ -441,8 +436,11 @@ fn a_managed_server_refuses_a_claim_before_the_grant() {
     ok(&a, &endpoints, &["write", &e, "ckpt", "0", "21", "100000"]);
     refused(&b, &endpoints, &["write", &e, "squat", "0", "1", "100"], libc::EACCES, "another user");
     refused(&b, &endpoints, &["read", &e, "ckpt", "21", "100000"], libc::EACCES, "another user");
+    refused(&b, &endpoints, &["delete", &e], libc::EACCES, "another user");
     assert_eq!(ok(&b, &endpoints, &["list"]), "");
     assert_eq!(listed_epochs(&ok(&a, &endpoints, &["list"])), vec![epoch.0]);
+    assert_eq!(ok(&a, &endpoints, &["read", &e, "ckpt", "21", "100000"]), "true", "A's bytes");
+    assert!(!ok(&a, &endpoints, &["files", &e]).contains("squat"), "no squatter's file");
     // Destroying the reservation revokes the grant and deletes the epoch.
     manager.json(Some(&a), &["reservation", "destroy", reservation["name"].as_str().unwrap()]);
     refused(&a, &endpoints, &["write", &e, "again", "0", "1", "100"], libc::EACCES, "not granted");
