@@ -156,6 +156,13 @@ fn run_op(client: &mut Client, op: &[&str]) -> Result<String, spillway_client::C
             (back == pattern(number(3), back.len())).to_string()
         }
         "delete" => client.delete_epoch(epoch()).map(|()| String::new())?,
+        "grant-self" => {
+            // The caller grants the epoch to itself, as only the manager may.
+            let (uid, gid) = client.identity();
+            let grant = EpochGrant { owner_uid: uid, owner_gid: gid, ..EpochGrant::default() };
+            client.grant_epoch(epoch(), &grant).map(|()| String::new())?
+        }
+        "revoke" => client.revoke_epoch(epoch()).map(|()| String::new())?,
         "drain" => client.request_drain(epoch(), 1).map(|n| n.to_string())?,
         "files" => format!("{:?}", client.list_files(epoch())?),
         "list" => {
@@ -249,6 +256,8 @@ fn a_claimed_epoch_survives_a_server_kill_and_cannot_be_stolen() {
     refused(&b, &endpoints, &["commit", "1"], libc::EACCES, denied);
     refused(&b, &endpoints, &["delete", "1"], libc::EACCES, denied);
     refused(&b, &endpoints, &["drain", "1"], libc::EACCES, denied);
+    refused(&b, &endpoints, &["grant-self", "1"], libc::EACCES, "only root");
+    refused(&b, &endpoints, &["revoke", "1"], libc::EACCES, "only root");
 
     assert_eq!(listed_epochs(&ok(&a, &endpoints, &["list"])), vec![1]);
     assert_eq!(ok(&a, &endpoints, &["read", "1", "ckpt", "11", "300000"]), "true");
@@ -428,6 +437,8 @@ fn a_managed_server_refuses_a_claim_before_the_grant() {
             "not granted to any reservation",
         );
     }
+    // Nor can B grant itself the next epoch id, as the manager would.
+    refused(&b, &endpoints, &["grant-self", "1"], libc::EACCES, "only root");
     assert_eq!(ok(&b, &endpoints, &["list"]), "");
     let reservation = manager.json(Some(&a), &["reservation", "create", "--capacity", "16MiB"]);
     let (_, epoch) = placement(&reservation);
