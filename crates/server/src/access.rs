@@ -229,3 +229,42 @@ pub(crate) fn assign_stream(
     shared.backend.grant_epoch(epoch, grant, GrantMode::Replace)?;
     Ok(Response::StreamAssigned { epoch, stream })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(uid: u32, gid: u32, server_uid: u32) -> Peer {
+        Peer::new(Identity { uid, gid }, server_uid)
+    }
+
+    #[test]
+    fn the_owner_allowed_uids_allowed_groups_and_privileged_peers_may_use_a_grant() {
+        let grant = EpochGrant {
+            owner_uid: 1000,
+            owner_gid: 1000,
+            allowed_uids: vec![1001],
+            allowed_gids: vec![4242],
+            ..EpochGrant::default()
+        };
+        assert!(peer(1000, 1000, 0).may_use(&grant), "the owner");
+        assert!(peer(1001, 1001, 0).may_use(&grant), "an allowed uid");
+        // The peer's own gid always counts among its groups (whatever the user database says).
+        assert!(peer(1002, 4242, 0).may_use(&grant), "a member of an allowed group");
+        assert!(!peer(1002, 1002, 0).may_use(&grant), "anyone else");
+        assert!(!peer(1000, 1000, 0).may_use(&EpochGrant::default()), "a grant to root only");
+        assert!(peer(0, 0, 1234).may_use(&grant), "root");
+        let service = peer(1234, 1234, 1234);
+        assert!(service.is_root() && service.may_use(&grant), "the server's own uid");
+        assert!(!peer(1002, 1002, 1234).is_root());
+    }
+
+    #[test]
+    fn only_privileged_peers_pass_root_only() {
+        assert!(root_only(&peer(0, 0, 0), "grants epochs").is_ok());
+        assert!(root_only(&peer(77, 77, 77), "grants epochs").is_ok());
+        let error = root_only(&peer(1000, 1000, 0), "grants epochs").unwrap_err();
+        assert_eq!(error.code, ErrorCode::PermissionDenied);
+        assert!(error.message.contains("uid 1000"), "{}", error.message);
+    }
+}
