@@ -487,6 +487,8 @@ fn the_heartbeat_grants_a_server_that_was_down() {
     refused(&a, &down_endpoints, &past, libc::EDQUOT, "granted capacity");
     let bytes = format!("{epoch}:{}", 8 * MIB);
     assert_eq!(ok(&a, &down_endpoints, &["list"]), bytes, "the refused write stored nothing");
+    let ckpt = ok(&a, &down_endpoints, &["read", &e, "ckpt", "32", &rest]);
+    assert_eq!(ckpt, "true", "the bytes before the refused write are unchanged");
 }
 
 // ---- df on a mount ---------------------------------------------------------------------------
@@ -573,5 +575,8 @@ fn df_on_a_mount_shows_the_reservation_capacity_and_usage() {
     let stderr = String::from_utf8_lossy(&dd.stderr);
     assert!(!dd.status.success(), "30 MiB more fit in a 24 MiB reservation: {stderr}");
     assert!(stderr.contains("Disk quota exceeded"), "{stderr}");
+    // The files written before are unchanged.
+    assert!(std::fs::read(mountpoint.join("five")).unwrap() == pattern(41, 5 * MIB as usize));
+    assert!(std::fs::read(mountpoint.join("one")).unwrap() == pattern(42, MIB as usize));
     drop(mount);
 }
