@@ -116,6 +116,7 @@ fn a_munge_server_serves_tcp_clients_as_their_credentials_uid_on_any_address() {
     let line = wait_for_log(&server, &format!("uid={uid} "));
     assert!(line.contains("client connected") && line.contains("auth=munge"), "{line}");
     forged_credentials_are_refused_and_logged(&server, &tcp);
+    the_manager_heartbeat_authenticates(&tcp, munged.socket());
     the_mount_works_over_munge(&tcp, munged.socket(), dir.path());
 }
 
@@ -157,6 +158,20 @@ fn forged_credentials_are_refused_and_logged(server: &ServerProcess, tcp: &Endpo
     let line = wait_for_log(server, "refusing connection: munge authentication failed");
     assert!(line.contains("WARN") && line.contains("peer=tcp://127.0.0.1:"), "{line}");
     assert!(line.contains("invalid credential"), "{line}");
+}
+
+/// The manager's heartbeat (its real prober) authenticates to a munge server with
+/// `manager.munge_socket` and records the server's `auth`; with a munged of another key it is
+/// refused and the server counts a miss.
+fn the_manager_heartbeat_authenticates(tcp: &Endpoint, munge_socket: &Path) {
+    use spillway_manager::heartbeat::{ClientProber, Prober};
+    let prober = ClientProber { munge_socket: Some(munge_socket.to_path_buf()) };
+    let probe = prober.probe(&tcp.to_string()).unwrap();
+    assert_eq!(probe.auth, "munge");
+    let forger = Munged::started();
+    let forged = ClientProber { munge_socket: Some(forger.socket().to_path_buf()) };
+    let error = forged.probe(&tcp.to_string()).expect_err("a forged heartbeat is refused");
+    assert!(error.contains("invalid credential"), "{error}");
 }
 
 /// `spillway mount` (its namespace and data clients) against the munge server.
