@@ -166,7 +166,20 @@ pub fn reservation_grant(reservation: &Reservation, stripe_index: usize) -> Epoc
     } else {
         (Vec::new(), Vec::new())
     };
-    let fragments = reservation.server_fragments.get(stripe_index).copied().unwrap_or(0);
+    // Placement puts whole fragments on every server it picks, and a grant's capacity 0 would
+    // mean "no limit": a reservation without fragments on a server is a bug, not a grant.
+    assert_eq!(
+        reservation.servers.len(),
+        reservation.server_fragments.len(),
+        "reservation {}: servers and server_fragments are parallel",
+        reservation.id
+    );
+    let fragments = reservation.server_fragments[stripe_index];
+    assert!(
+        fragments > 0 && reservation.fragment_bytes > 0,
+        "reservation {}: no capacity on server {stripe_index}",
+        reservation.id
+    );
     EpochGrant {
         owner_uid: reservation.owner,
         owner_gid: reservation.group,
@@ -241,4 +254,51 @@ pub fn retire_reservation_data(reservation: &Reservation, munge_socket: Option<&
         }
     }
     deleted
+}
+
+#[cfg(test)]
+mod grant_tests {
+    use super::*;
+
+    fn reservation(persistent: bool) -> Reservation {
+        Reservation {
+            id: 7,
+            name: "r".into(),
+            owner: 1000,
+            group: 100,
+            job: None,
+            persistent,
+            capacity_bytes: 24 << 20,
+            requested_bytes: 20 << 20,
+            fragments: 3,
+            fragment_bytes: 8 << 20,
+            servers: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()],
+            server_fragments: vec![2, 1],
+            server_pfs_dirs: vec![None, None],
+            pool: "p".into(),
+            access: Access::Striped,
+            epoch: 9,
+            namespace_id: 3,
+            stream: 5,
+            state: ReservationState::Active,
+            created_unix_s: 0,
+            allowed_uids: vec![1001],
+            allowed_gids: vec![4242],
+        }
+    }
+
+    #[test]
+    fn each_server_is_granted_its_share_and_the_reservation_its_whole() {
+        let persistent = reservation(true);
+        let first = reservation_grant(&persistent, 0);
+        assert_eq!((first.owner_uid, first.owner_gid), (1000, 100));
+        assert_eq!(first.capacity_bytes, 16 << 20, "two 8 MiB fragments on the first server");
+        assert_eq!(reservation_grant(&persistent, 1).capacity_bytes, 8 << 20);
+        assert_eq!(first.reservation_capacity_bytes, 24 << 20);
+        assert_eq!(first.stream, Some(5));
+        assert_eq!((first.allowed_uids, first.allowed_gids), (vec![1001], vec![4242]));
+        // A job-scoped reservation is its owner's alone, whatever was stored with it.
+        let job = reservation_grant(&reservation(false), 0);
+        assert!(job.allowed_uids.is_empty() && job.allowed_gids.is_empty());
+    }
 }
