@@ -4,11 +4,13 @@
 //! `spillway_harness::TestUser`; `spw-grants-c` is a member of the group `spillway-secg`).
 //!
 //! * a user's epoch survives a server SIGKILL and restart with its owner: another user can
-//!   neither list, read, write, commit, delete nor drain it, and the owner still can;
+//!   neither list, read, stat, write, commit, sync, delete, drain, grant nor revoke it, and the
+//!   owner still can, its bytes unchanged;
 //! * `ListEpochs` and `DrainStatus` show another user nothing of it;
-//! * a managed server refuses data for an epoch id no reservation has yet, and after the
-//!   manager's grant takes it from the owner alone;
-//! * a grant allowing a group lets its members in, nobody else;
+//! * a managed server refuses data for an epoch id no reservation has yet (and a user cannot
+//!   grant it to itself), and after the manager's grant takes it from the owner alone;
+//! * a grant allowing a group lets its members in, nobody else, and holds across a restart
+//!   without the manager (it is in the server's SSD log);
 //! * the manager's grant reaches a server that was down when the reservation was created (the
 //!   heartbeat), with the server's share of the capacity, past which writes fail with EDQUOT;
 //! * `df` on a mount of the reservation shows its capacity and usage, and a write past the
@@ -27,7 +29,7 @@ use spillway_harness::{pattern, ServerProcess, TestUser};
 /// A user the tests create and act as.
 type User = TestUser;
 use spillway_proto::{Durability, Endpoint, EpochGrant, Request, Response};
-use spillway_types::EpochId;
+use spillway_types::{EpochId, FileId};
 
 const BIN: &str = env!("CARGO_BIN_EXE_spillway");
 const CHILD_ENV: &str = "SPILLWAY_GRANTS_E2E_CHILD";
@@ -126,9 +128,10 @@ fn child_client() {
     let Ok(spec) = std::env::var(CHILD_ENV) else { return };
     let fields: Vec<&str> = spec.split('|').collect();
     let endpoints: Vec<Endpoint> = fields[0].split(',').map(|e| e.parse().unwrap()).collect();
-    let outcome = if fields[1] == "commit" {
-        // Straight to the server: `Client::commit_epoch` commits only where it wrote.
-        commit_on(&endpoints[0], EpochId(fields[2].parse().unwrap()))
+    let outcome = if ["commit", "stat", "extents", "sync"].contains(&fields[1]) {
+        // Straight to the server: `Client::commit_epoch` commits only where it wrote, and an
+        // attacker asks for file ids it never opened.
+        raw_on(&endpoints[0], fields[1], EpochId(fields[2].parse().unwrap()))
     } else {
         Client::connect(&endpoints, ClientOptions::default())
             .and_then(|mut client| run_op(&mut client, &fields[1..]))
@@ -184,13 +187,27 @@ fn run_op(client: &mut Client, op: &[&str]) -> Result<String, spillway_client::C
     })
 }
 
-/// A `Commit` of `epoch` sent to one server.
-fn commit_on(endpoint: &Endpoint, epoch: EpochId) -> Result<String, spillway_client::ClientError> {
-    let mut connection = ServerConnection::connect(endpoint, "grants_e2e commit", 1)?;
-    let request = Request::Commit { epoch, durability: Durability::Ssd };
+/// One request about `epoch` sent to one server: `commit`, or `stat`/`extents` of file id 1
+/// (the epoch's first file) or `sync`.
+fn raw_on(
+    endpoint: &Endpoint,
+    op: &str,
+    epoch: EpochId,
+) -> Result<String, spillway_client::ClientError> {
+    let mut connection = ServerConnection::connect(endpoint, "grants_e2e raw", 1)?;
+    let file = FileId(1);
+    let request = match op {
+        "commit" => Request::Commit { epoch, durability: Durability::Ssd },
+        "stat" => Request::Stat { epoch, file },
+        "extents" => Request::Extents { epoch, file, from_offset: 0 },
+        "sync" => Request::Sync { epoch },
+        other => panic!("unknown raw op {other}"),
+    };
     match connection.call(&request, &[], None)? {
-        (Response::Committed { .. }, ()) => Ok(String::new()),
-        (other, ()) => panic!("Commit answered {other:?}"),
+        (Response::FileStat(info), ()) => Ok(format!("{}:{}", info.name, info.size_bytes)),
+        (Response::Extents(extents), ()) => Ok(format!("{} extents", extents.len())),
+        (Response::Committed { .. } | Response::Synced { .. }, ()) => Ok(String::new()),
+        (other, ()) => panic!("{op} answered {other:?}"),
     }
 }
 
@@ -258,6 +275,10 @@ fn a_claimed_epoch_survives_a_server_kill_and_cannot_be_stolen() {
     refused(&b, &endpoints, &["drain", "1"], libc::EACCES, denied);
     refused(&b, &endpoints, &["grant-self", "1"], libc::EACCES, "only root");
     refused(&b, &endpoints, &["revoke", "1"], libc::EACCES, "only root");
+    refused(&b, &endpoints, &["stat", "1"], libc::EACCES, denied);
+    refused(&b, &endpoints, &["extents", "1"], libc::EACCES, denied);
+    refused(&b, &endpoints, &["sync", "1"], libc::EACCES, denied);
+    assert_eq!(ok(&a, &endpoints, &["stat", "1"]), "ckpt:300000", "A stats its file");
 
     assert_eq!(listed_epochs(&ok(&a, &endpoints, &["list"])), vec![1]);
     assert_eq!(ok(&a, &endpoints, &["read", "1", "ckpt", "11", "300000"]), "true");
