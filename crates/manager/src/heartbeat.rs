@@ -72,20 +72,18 @@ pub fn heartbeat_round(manager: &Manager, prober: &dyn Prober) {
 /// heartbeat; an unchanged grant costs a server nothing.
 fn reassert_grants(manager: &Manager) {
     let root = manager.caller(0, 0);
-    let reservations = match manager.list_reservations(&root, true) {
+    let mut reservations = match manager.list_reservations(&root, true) {
         Ok(list) => list,
         Err(error) => {
             tracing::error!(%error, "heartbeat cannot list reservations");
             return;
         }
     };
-    for reservation in
-        reservations.iter().filter(|r| r.state == crate::model::ReservationState::Active)
-    {
-        let munge_socket = manager.knobs().munge_socket_path();
-        for (server, error) in crate::grant_reservation(reservation, munge_socket.as_deref()) {
-            tracing::debug!(reservation = reservation.id, %server, %error, "grant not delivered this round");
-        }
+    reservations.retain(|r| r.state == crate::model::ReservationState::Active);
+    let munge_socket = manager.knobs().munge_socket_path();
+    for failure in crate::grant_reservations(&reservations, munge_socket.as_deref()) {
+        let crate::GrantFailure { reservation, server, error } = failure;
+        tracing::debug!(reservation, %server, %error, "grant not delivered this round");
     }
 }
 

@@ -194,21 +194,65 @@ pub fn reservation_grant(reservation: &Reservation, stripe_index: usize) -> Epoc
 /// Sends each of the reservation's servers the grant of its epoch there
 /// ([`reservation_grant`]): from then on a managed server takes the epoch's data only from the
 /// owner, the allowed users and groups, and root, up to its share of the capacity, into the
-/// reservation's stream. Called when the reservation is created and again every heartbeat (a
-/// server that was down catches up; an unchanged grant costs the server nothing). Returns each
-/// server the grant did not reach, with why.
+/// reservation's stream. Called when the reservation is created (and, through
+/// [`grant_reservations`], every heartbeat). Returns each server the grant did not reach, with
+/// why.
 pub fn grant_reservation(
     reservation: &Reservation,
     munge_socket: Option<&Path>,
 ) -> Vec<(String, String)> {
-    let epoch = spillway_types::EpochId(reservation.epoch);
+    grant_reservations(std::slice::from_ref(reservation), munge_socket)
+        .into_iter()
+        .map(|failure| (failure.server, failure.error))
+        .collect()
+}
+
+/// A grant that did not reach a server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GrantFailure {
+    pub reservation: u64,
+    pub server: String,
+    pub error: String,
+}
+
+/// Sends every grant of `reservations` ([`reservation_grant`]) to its server, over one
+/// connection per server (one authentication each, however many reservations it holds). The
+/// heartbeat calls it with every active reservation, so a server that was down, or lost its
+/// disk, catches up; an unchanged grant costs a server nothing.
+pub fn grant_reservations(
+    reservations: &[Reservation],
+    munge_socket: Option<&Path>,
+) -> Vec<GrantFailure> {
+    let mut by_server: std::collections::BTreeMap<&str, Vec<(&Reservation, EpochGrant)>> =
+        std::collections::BTreeMap::new();
+    for reservation in reservations {
+        for (index, address) in reservation.servers.iter().enumerate() {
+            let grant = reservation_grant(reservation, index);
+            by_server.entry(address.as_str()).or_default().push((reservation, grant));
+        }
+    }
     let mut failures = Vec::new();
-    for (index, address) in reservation.servers.iter().enumerate() {
-        let grant = reservation_grant(reservation, index);
-        let outcome = connect_one(address, "spillway-manager grants", munge_socket)
-            .and_then(|mut client| client.grant_epoch(epoch, &grant).map_err(|e| e.to_string()));
-        if let Err(error) = outcome {
-            failures.push((address.clone(), format!("granting epoch {epoch}: {error}")));
+    for (address, grants) in by_server {
+        let mut client = match connect_one(address, "spillway-manager grants", munge_socket) {
+            Ok(client) => client,
+            Err(error) => {
+                failures.extend(grants.iter().map(|(reservation, _)| GrantFailure {
+                    reservation: reservation.id,
+                    server: address.to_string(),
+                    error: format!("granting epoch {}: {error}", reservation.epoch),
+                }));
+                continue;
+            }
+        };
+        for (reservation, grant) in grants {
+            let epoch = spillway_types::EpochId(reservation.epoch);
+            if let Err(error) = client.grant_epoch(epoch, &grant) {
+                failures.push(GrantFailure {
+                    reservation: reservation.id,
+                    server: address.to_string(),
+                    error: format!("granting epoch {epoch}: {error}"),
+                });
+            }
         }
     }
     failures
