@@ -23,6 +23,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use spillway_client::meta::{RemoteNamespace, RemoteOptions};
 use spillway_client::{Client, ClientOptions, ServerConnection};
 use spillway_harness::{pattern, ServerProcess, TestUser};
 
@@ -128,7 +129,9 @@ fn child_client() {
     let Ok(spec) = std::env::var(CHILD_ENV) else { return };
     let fields: Vec<&str> = spec.split('|').collect();
     let endpoints: Vec<Endpoint> = fields[0].split(',').map(|e| e.parse().unwrap()).collect();
-    let outcome = if ["commit", "stat", "extents", "sync"].contains(&fields[1]) {
+    let outcome = if fields[1] == "ns-readdir" {
+        Ok(String::new()) // below: a namespace client, not a data client
+    } else if ["commit", "stat", "extents", "sync"].contains(&fields[1]) {
         // Straight to the server: `Client::commit_epoch` commits only where it wrote, and an
         // attacker asks for file ids it never opened.
         raw_on(&endpoints[0], fields[1], EpochId(fields[2].parse().unwrap()))
@@ -136,9 +139,32 @@ fn child_client() {
         Client::connect(&endpoints, ClientOptions::default())
             .and_then(|mut client| run_op(&mut client, &fields[1..]))
     };
+    let outcome = if fields[1] == "ns-readdir" {
+        ns_readdir(&endpoints[0], fields[2].parse().unwrap())
+    } else {
+        outcome.map_err(|error| (error.errno(), error.to_string()))
+    };
     match outcome {
         Ok(output) => println!("outcome: ok {output}"),
-        Err(error) => println!("outcome: errno {} {error}", error.errno()),
+        Err((errno, message)) => println!("outcome: errno {errno} {message}"),
+    }
+}
+
+/// The names in the root directory of namespace `id` (opened as the caller, never created).
+fn ns_readdir(endpoint: &Endpoint, id: u64) -> Result<String, (i32, String)> {
+    use spillway_namespace::{Caller, Namespace, ROOT_INO};
+    let options = RemoteOptions { create: false, ..RemoteOptions::default() };
+    let listed = RemoteNamespace::open(endpoint, id, &options).and_then(|ns| {
+        let caller = Caller { uid: 0, gid: 0, groups: Vec::new(), pid: 0 };
+        ns.readdir(&caller, ROOT_INO, 0, 64)
+    });
+    match listed {
+        Ok(entries) => {
+            let names: Vec<String> =
+                entries.iter().map(|e| String::from_utf8_lossy(&e.name).into_owned()).collect();
+            Ok(names.join(","))
+        }
+        Err(error) => Err((error.errno, error.message)),
     }
 }
 
@@ -588,6 +614,12 @@ fn df_on_a_mount_shows_the_reservation_capacity_and_usage() {
     std::fs::write(mountpoint.join("five"), pattern(41, 5 * MIB as usize)).unwrap();
     std::fs::write(mountpoint.join("one"), pattern(42, MIB as usize)).unwrap();
     assert_eq!(df(&mountpoint), (24 * MIB, 6 * MIB, 18 * MIB), "two files");
+    // The reservation's namespace is as private as its data: B cannot list it, A can.
+    let (_, b, _) = users();
+    let namespace = reservation["namespace_id"].as_u64().unwrap().to_string();
+    let denied = "granted to another user";
+    refused(&b, &servers, &["ns-readdir", &namespace], libc::EACCES, denied);
+    assert_eq!(ok(&a, &servers, &["ns-readdir", &namespace]), ".,..,five,one");
     let dd = Command::new("dd")
         .args(["if=/dev/zero", "bs=1M", "count=30", "conv=fsync"])
         .arg(format!("of={}", mountpoint.join("big").display()))

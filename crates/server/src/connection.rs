@@ -851,6 +851,20 @@ fn namespace(
             "this server has no namespace service (started without a store directory)",
         )
     })?;
+    // A namespace is as private as its data epoch: only those who may use the epoch (and root)
+    // see its tree or change it. A namespace that does not exist yet is the service's to answer.
+    if !peer.is_root() {
+        if let Ok(existing) = service.get(request.namespace()) {
+            let data_epoch = spillway_namespace::Namespace::data_epoch(&*existing);
+            if let Err(refused) = authorize(shared, peer, data_epoch, Intent::Use) {
+                let response = spillway_proto::NamespaceResponse::Error {
+                    errno: refused.code.errno(),
+                    message: format!("namespace {}: {}", request.namespace(), refused.message),
+                };
+                return Ok((Response::Namespace(response), None));
+            }
+        }
+    }
     Ok((Response::Namespace(service.handle(peer.identity, request)), None))
 }
 
