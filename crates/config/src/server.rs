@@ -48,6 +48,20 @@ knobs! {
         shutdown_grace_ms_max: u64 = 10_000, unit = "milliseconds";
         /// Accept data only for epochs the manager granted (GrantEpoch); false: the first uid to create an epoch claims it.
         managed: bool = false, unit = "bool";
+        /// A connection that has not completed Hello (and, with munge, Authenticate) this long after it was accepted is closed.
+        handshake_timeout_ms: u64 = 5_000, unit = "milliseconds";
+        /// Unauthenticated connections (TCP with `auth = munge`, before their credential) at once, counted apart from `connections_max` so that a flood of silent connects cannot take the places of identified clients; more are refused with `Busy`.
+        handshakes_max: u32 = 128, unit = "connections";
+        /// A connection with no request in flight and no frame arriving for this long is closed.
+        idle_timeout_ms: u64 = 600_000, unit = "milliseconds";
+        /// Slowest accepted arrival of a write's payload: measured over windows of `frame_rate_window_ms` (the first is the grace), a slower sender is disconnected and the budget its write held released.
+        frame_bytes_per_second_min: u64 = 1024 * 1024, unit = "bytes/second";
+        /// Grace and measuring window of `frame_bytes_per_second_min`.
+        frame_rate_window_ms: u64 = 2_000, unit = "milliseconds";
+        /// Identified connections one uid may hold at once (root exempt); more are refused with `Busy`.
+        connections_per_user_max: u32 = 64, unit = "connections";
+        /// Write payload bytes in flight (received, not yet in the store) per uid over all its connections (root exempt); a uid at its bound waits, others do not.
+        in_flight_bytes_per_user_max: u64 = 128 * 1024 * 1024, unit = "bytes";
     }
 }
 
@@ -101,6 +115,24 @@ impl ServerKnobs {
                 "must be within 1..=4096",
             ));
         }
+        for (name, value) in [
+            ("handshake_timeout_ms", self.handshake_timeout_ms),
+            ("idle_timeout_ms", self.idle_timeout_ms),
+            ("frame_rate_window_ms", self.frame_rate_window_ms),
+            ("handshakes_max", self.handshakes_max as u64),
+            ("connections_per_user_max", self.connections_per_user_max as u64),
+        ] {
+            if value == 0 {
+                return Err(invalid(name, "0".into(), "must be at least 1"));
+            }
+        }
+        if self.in_flight_bytes_per_user_max < self.payload_bytes_max as u64 {
+            return Err(invalid(
+                "in_flight_bytes_per_user_max",
+                self.in_flight_bytes_per_user_max.to_string(),
+                "must hold at least one payload (payload_bytes_max)",
+            ));
+        }
         if self.in_flight_bytes_max < self.payload_bytes_max as u64 {
             return Err(invalid(
                 "in_flight_bytes_max",
@@ -115,6 +147,18 @@ impl ServerKnobs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fairness_bounds_are_checked() {
+        ServerKnobs::default().validate().unwrap();
+        let zero = ServerKnobs { handshake_timeout_ms: 0, ..Default::default() };
+        assert!(zero.validate().unwrap_err().to_string().contains("handshake_timeout_ms"));
+        let zero = ServerKnobs { connections_per_user_max: 0, ..Default::default() };
+        assert!(zero.validate().unwrap_err().to_string().contains("connections_per_user_max"));
+        let small = ServerKnobs { in_flight_bytes_per_user_max: 4096, ..Default::default() };
+        let refusal = small.validate().unwrap_err().to_string();
+        assert!(refusal.contains("in_flight_bytes_per_user_max"), "{refusal}");
+    }
 
     #[test]
     fn non_loopback_needs_insecure_tcp() {

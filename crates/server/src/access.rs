@@ -19,22 +19,22 @@ use crate::Shared;
 
 /// The peer of one connection: its established identity (kernel or munge), whether it is
 /// privileged, and, looked up once when first needed, its groups in the user database.
-pub(crate) struct Peer {
+pub(crate) struct Requester {
     pub identity: Identity,
     privileged: bool,
     groups: OnceLock<Vec<u32>>,
 }
 
-impl Peer {
+impl Requester {
     /// `server_uid`: the uid this server runs as. Root and the server's own uid (the service
     /// account the manager, the mount and the peer drainers run as when the servers do not run
     /// as root) are privileged: they may use every epoch and grant and revoke.
-    pub fn new(identity: Identity, server_uid: u32) -> Peer {
+    pub fn new(identity: Identity, server_uid: u32) -> Requester {
         let privileged = identity.uid == 0 || identity.uid == server_uid;
-        Peer { identity, privileged, groups: OnceLock::new() }
+        Requester { identity, privileged, groups: OnceLock::new() }
     }
 
-    /// Root or the server's own uid (see [`Peer::new`]).
+    /// Root or the server's own uid (see [`Requester::new`]).
     pub fn is_root(&self) -> bool {
         self.privileged
     }
@@ -80,7 +80,7 @@ pub(crate) enum Intent {
 /// server hands out epochs).
 pub(crate) fn authorize(
     shared: &Shared,
-    peer: &Peer,
+    peer: &Requester,
     epoch: EpochId,
     intent: Intent,
 ) -> Result<(), BackendError> {
@@ -97,7 +97,7 @@ pub(crate) fn authorize(
 /// [`authorize`] for an epoch without a grant.
 fn authorize_ungranted(
     shared: &Shared,
-    peer: &Peer,
+    peer: &Requester,
     epoch: EpochId,
     intent: Intent,
 ) -> Result<(), BackendError> {
@@ -138,7 +138,7 @@ fn authorize_ungranted(
     }
 }
 
-fn not_yours(peer: &Peer, epoch: EpochId) -> BackendError {
+fn not_yours(peer: &Requester, epoch: EpochId) -> BackendError {
     BackendError::new(
         ErrorCode::PermissionDenied,
         format!(
@@ -150,7 +150,7 @@ fn not_yours(peer: &Peer, epoch: EpochId) -> BackendError {
 
 /// Whether `peer` may see `epoch` in listings (`ListEpochs`, `DrainStatus`): root sees all,
 /// others only epochs granted to them.
-pub(crate) fn may_see(shared: &Shared, peer: &Peer, epoch: EpochId) -> bool {
+pub(crate) fn may_see(shared: &Shared, peer: &Requester, epoch: EpochId) -> bool {
     peer.is_root() || shared.backend.grant(epoch).is_some_and(|grant| peer.may_use(&grant))
 }
 
@@ -164,7 +164,7 @@ pub(crate) fn stream_of(shared: &Shared, identity: Identity, epoch: EpochId) -> 
 }
 
 /// Refuses a request only root or the server's own uid (the manager) may make.
-fn root_only(peer: &Peer, what: &str) -> Result<(), BackendError> {
+fn root_only(peer: &Requester, what: &str) -> Result<(), BackendError> {
     if peer.is_root() {
         return Ok(());
     }
@@ -181,7 +181,7 @@ fn root_only(peer: &Peer, what: &str) -> Result<(), BackendError> {
 /// claim; an unchanged grant writes nothing, so the heartbeat may repeat it).
 pub(crate) fn grant_epoch(
     shared: &Shared,
-    peer: &Peer,
+    peer: &Requester,
     epoch: EpochId,
     grant: EpochGrant,
 ) -> Result<Response, BackendError> {
@@ -193,7 +193,7 @@ pub(crate) fn grant_epoch(
 /// `RevokeEpoch`: root revokes the epoch's grant; afterwards only root may use the epoch.
 pub(crate) fn revoke_epoch(
     shared: &Shared,
-    peer: &Peer,
+    peer: &Requester,
     epoch: EpochId,
 ) -> Result<Response, BackendError> {
     root_only(peer, "revokes epoch grants")?;
@@ -205,7 +205,7 @@ pub(crate) fn revoke_epoch(
 /// granted epoch, durably, as part of its grant.
 pub(crate) fn assign_stream(
     shared: &Shared,
-    peer: &Peer,
+    peer: &Requester,
     epoch: EpochId,
     stream: u64,
 ) -> Result<Response, BackendError> {
@@ -234,8 +234,8 @@ pub(crate) fn assign_stream(
 mod tests {
     use super::*;
 
-    fn peer(uid: u32, gid: u32, server_uid: u32) -> Peer {
-        Peer::new(Identity { uid, gid }, server_uid)
+    fn peer(uid: u32, gid: u32, server_uid: u32) -> Requester {
+        Requester::new(Identity { uid, gid }, server_uid)
     }
 
     #[test]

@@ -15,6 +15,15 @@
 //! carry a credential that the local `munged` accepts and whose payload carries that challenge;
 //! the connection then runs as the credential's uid/gid. Anything else is answered with
 //! `PermissionDenied` naming the reason, logged with the peer, and the connection is closed.
+//!
+//! Fairness: a connection must finish its handshake within `handshake_timeout_ms`; until a
+//! munge connection's credential is checked it counts against `handshakes_max` only. Once
+//! identified (at accept from the kernel, or by its credential) it is admitted against `connections_max` and its uid's
+//! `connections_per_user_max` (root exempt), or refused with `Busy`. The reader closes it after
+//! `idle_timeout_ms` with nothing in flight ([`Activity`]), and drops a write whose payload
+//! arrives slower than `frame_bytes_per_second_min` (measured per `frame_rate_window_ms`, the
+//! first window being the grace); each write's payload is also charged to its uid's budget
+//! (`in_flight_bytes_per_user_max`) until the store has it.
 
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,20 +42,130 @@ use spillway_proto::{
 use spillway_sys::munge::{MungeContext, MungeError};
 use spillway_types::{EpochId, FileId};
 
-use crate::access::{self, authorize, stream_of, Intent, Peer};
+use crate::access::{self, authorize, stream_of, Intent, Requester};
 use crate::backend::{BackendError, PendingWrite};
-use crate::budget::Reservation;
+use crate::budget::{ByteBudget, Reservation};
 use crate::Shared;
 
 /// How often a blocked read wakes to look at the shutdown flag.
 const READ_POLL: Duration = Duration::from_millis(100);
 
-/// A write's payload as the reader received it.
+/// A write's payload as the reader received it, with its charge to the writer's uid (`None`
+/// for root), released once the store has it.
 enum Payload {
     /// In store memory, to be published.
-    Placed(Box<dyn PendingWrite>),
+    Placed(Box<dyn PendingWrite>, Option<Reservation>),
     /// In a pooled buffer charged to the in-flight budget, for `Backend::write`.
-    Buffered(Vec<u8>, Reservation),
+    Buffered(Vec<u8>, Reservation, Option<Reservation>),
+}
+
+/// What the executor tells the reader for the idle timeout: requests queued or running, and
+/// when the last one finished.
+pub(crate) struct Activity {
+    in_flight: std::sync::atomic::AtomicU32,
+    last_done: parking_lot::Mutex<Instant>,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            in_flight: std::sync::atomic::AtomicU32::new(0),
+            last_done: parking_lot::Mutex::new(Instant::now()),
+        }
+    }
+
+    fn started(&self) {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn done(&self) {
+        *self.last_done.lock() = Instant::now();
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// How long nothing has happened, given when the reader last received a byte.
+    fn idle_for(&self, last_byte_at: Instant) -> Duration {
+        if self.in_flight.load(Ordering::SeqCst) > 0 {
+            return Duration::ZERO;
+        }
+        last_byte_at.elapsed().min(self.last_done.lock().elapsed())
+    }
+}
+
+/// A non-root uid's share of the server: its identified connections and its write budget.
+pub(crate) struct UserEntry {
+    connections: u32,
+    budget: Arc<ByteBudget>,
+}
+
+/// An admitted connection's place in `connections_max` and in its uid's cap; given back on drop.
+struct Admission<'a> {
+    shared: &'a Shared,
+    uid: u32,
+    /// The uid's in-flight write budget; `None` for root.
+    user_budget: Option<Arc<ByteBudget>>,
+}
+
+impl Drop for Admission<'_> {
+    fn drop(&mut self) {
+        self.shared.connections.fetch_sub(1, Ordering::SeqCst);
+        if self.user_budget.is_some() {
+            let mut users = self.shared.users.lock();
+            if let Some(entry) = users.get_mut(&self.uid) {
+                entry.connections -= 1;
+                if entry.connections == 0 {
+                    users.remove(&self.uid);
+                }
+            }
+        }
+    }
+}
+
+/// Admits an identified connection against `connections_max` and, unless root, its uid's
+/// `connections_per_user_max`; else why not (answered `Busy`).
+fn admit(shared: &Shared, uid: u32) -> Result<Admission<'_>, String> {
+    let count = shared.connections.fetch_add(1, Ordering::SeqCst) + 1;
+    let mut admission = Admission { shared, uid, user_budget: None };
+    if count > shared.options.connections_max {
+        return Err(format!(
+            "server at its limit of {} connections (server.connections_max)",
+            shared.options.connections_max
+        ));
+    }
+    if uid == 0 {
+        return Ok(admission);
+    }
+    let fairness = &shared.options.fairness;
+    let mut users = shared.users.lock();
+    let entry = users.entry(uid).or_insert_with(|| UserEntry {
+        connections: 0,
+        budget: Arc::new(ByteBudget::new(fairness.in_flight_bytes_per_user_max)),
+    });
+    if entry.connections >= fairness.connections_per_user_max {
+        if entry.connections == 0 {
+            users.remove(&uid);
+        }
+        return Err(format!(
+            "uid {uid} already has {} connections to this server (server.connections_per_user_max)",
+            fairness.connections_per_user_max
+        ));
+    }
+    entry.connections += 1;
+    admission.user_budget = Some(entry.budget.clone());
+    Ok(admission)
+}
+
+/// A connection's place in `handshakes_max`, given back on drop (when identified or closed).
+struct Handshaking<'a>(&'a Shared);
+
+impl Drop for Handshaking<'_> {
+    fn drop(&mut self) {
+        self.0.handshakes.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn timed_out(message: String) -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, message)
 }
 
 /// Work for the executor.
@@ -70,6 +189,16 @@ struct FrameReader<'a> {
     stopping_since: Option<Instant>,
     /// What the peer failed to send in time, for the stall message.
     stalled_on: &'static str,
+    /// Until the handshake is done: when it must be done by.
+    handshake_deadline: Option<Instant>,
+    handshake_timeout: Duration,
+    idle_timeout: Duration,
+    activity: Arc<Activity>,
+    /// While a write's payload arrives: when the current measuring window began and the bytes
+    /// received in it.
+    rate: Option<(Instant, u64)>,
+    rate_min: u64,
+    rate_window: Duration,
 }
 
 impl FrameReader<'_> {
@@ -86,6 +215,51 @@ impl FrameReader<'_> {
         self.begin_frame(true);
         self.stalled_on = stalled_on;
     }
+
+    /// A write's payload starts arriving: its pace is measured from now.
+    fn begin_payload(&mut self) {
+        self.rate = Some((Instant::now(), 0));
+    }
+
+    fn end_payload(&mut self) {
+        self.rate = None;
+    }
+
+    /// The handshake deadline, the payload's minimum pace and the idle timeout.
+    fn check_pace(&mut self) -> io::Result<()> {
+        let now = Instant::now();
+        if self.handshake_deadline.is_some_and(|deadline| now > deadline) {
+            return Err(timed_out(format!(
+                "handshake not completed within {} ms (server.handshake_timeout_ms)",
+                self.handshake_timeout.as_millis()
+            )));
+        }
+        if let Some((since, bytes)) = &mut self.rate {
+            let elapsed = now.duration_since(*since);
+            if elapsed >= self.rate_window {
+                let per_second = (*bytes as f64 / elapsed.as_secs_f64()) as u64;
+                if per_second < self.rate_min {
+                    return Err(timed_out(format!(
+                        "write payload arriving at {per_second} bytes/s over {} ms, below {} bytes/s (server.frame_bytes_per_second_min)",
+                        elapsed.as_millis(),
+                        self.rate_min
+                    )));
+                }
+                *since = now;
+                *bytes = 0;
+            }
+        }
+        if !self.frame_started
+            && self.handshake_deadline.is_none()
+            && self.activity.idle_for(self.last_byte_at) > self.idle_timeout
+        {
+            return Err(timed_out(format!(
+                "idle for {} ms with no request in flight (server.idle_timeout_ms)",
+                self.idle_timeout.as_millis()
+            )));
+        }
+        Ok(())
+    }
 }
 
 impl Read for FrameReader<'_> {
@@ -96,6 +270,10 @@ impl Read for FrameReader<'_> {
                     if n > 0 {
                         self.frame_started = true;
                         self.last_byte_at = Instant::now();
+                        if let Some((_, bytes)) = &mut self.rate {
+                            *bytes += n as u64;
+                        }
+                        self.check_pace()?;
                     }
                     return Ok(n);
                 }
@@ -122,19 +300,12 @@ impl Read for FrameReader<'_> {
                         );
                         return Err(io::Error::new(io::ErrorKind::TimedOut, message));
                     }
+                    self.check_pace()?;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
         }
-    }
-}
-
-struct ConnectionCount<'a>(&'a Shared);
-
-impl Drop for ConnectionCount<'_> {
-    fn drop(&mut self) {
-        self.0.connections.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -157,20 +328,12 @@ fn error_reply(code: ErrorCode, message: impl Into<String>) -> Response {
 /// Serves one connection to the end.
 pub fn serve(shared: Arc<Shared>, mut connection: Box<dyn Connection>) {
     let peer = connection.peer();
-    let count = shared.connections.fetch_add(1, Ordering::SeqCst) + 1;
-    let _count = ConnectionCount(&shared);
-    if count > shared.options.connections_max {
-        refuse_at_connection_limit(&shared, &mut *connection, &peer);
-        return;
-    }
     // On TCP a munge server takes the identity from the credential, not from the kernel.
     let munge = shared.munge.as_ref().filter(|_| connection.transport() == Transport::Tcp);
-    let kernel_identity = match munge {
-        Some(_) => Identity::NOBODY,
-        None => match establish_identity(&mut *connection, &peer) {
-            Some(identity) => identity,
-            None => return,
-        },
+    let Some(Arrival { kernel_identity, mut admission, handshaking }) =
+        arrive(&shared, &mut *connection, &peer, munge.is_some())
+    else {
+        return;
     };
     let Some((mut reader, mut writer)) = split_connection(&shared, connection, &peer) else {
         return;
@@ -186,8 +349,12 @@ pub fn serve(shared: Arc<Shared>, mut connection: Box<dyn Connection>) {
     let identity = match munge {
         None => kernel_identity,
         Some(context) => {
-            match authenticate(context, &mut reader, &mut *writer, &peer, &offer.challenge) {
-                Some(identity) => identity,
+            match authenticate(&shared, context, &mut reader, &mut *writer, &peer, &offer.challenge)
+            {
+                Some((identity, admitted)) => {
+                    admission = Some(admitted);
+                    identity
+                }
                 None => {
                     writer.shutdown();
                     return;
@@ -195,41 +362,92 @@ pub fn serve(shared: Arc<Shared>, mut connection: Box<dyn Connection>) {
             }
         }
     };
+    reader.handshake_deadline = None;
+    drop(handshaking);
+    let Some(admission) = admission else { return };
     tracing::info!(%peer, uid = identity.uid, gid = identity.gid, auth = %offer.auth, "client connected");
 
+    let activity = reader.activity.clone();
     let (sender, receiver) = sync_channel::<Job>(shared.options.in_flight_requests_max as usize);
     let Some(executor) = start_executor(
         &shared,
         receiver,
         writer,
         &peer,
-        Peer::new(identity, spillway_sys::user::euid()),
+        Requester::new(identity, spillway_sys::user::euid()),
+        activity,
     ) else {
         return;
     };
     // Buffered only after the handshake: the handshake reads exactly the Hello frame's bytes,
     // so whatever a client pipelined behind it is still in the socket for this buffer.
     let mut reader = BufReader::with_capacity(STREAM_BUFFER_BYTES, reader);
-    let reason = read_loop(&shared, &mut reader, &sender, &peer, identity);
+    let user_budget = admission.user_budget.clone();
+    let connection = Peer { name: &peer, identity, user_budget: user_budget.as_ref() };
+    let reason = read_loop(&shared, &mut reader, &sender, &connection);
     drop(sender);
     let _ = executor.join();
     reader.get_ref().connection.shutdown();
     tracing::info!(%peer, %reason, "client disconnected");
 }
 
-/// Refuses a connection beyond `connections_max`: answers `Busy` and closes it.
-fn refuse_at_connection_limit(shared: &Shared, connection: &mut dyn Connection, peer: &str) {
-    tracing::warn!(%peer, connections_max = shared.options.connections_max, "refusing connection: at the connection limit");
-    let _ = send(
-        &mut *connection,
-        0,
-        &error_reply(
-            ErrorCode::Busy,
-            format!("server at its limit of {} connections", shared.options.connections_max),
-        ),
-        &[],
-    );
+/// A connection just accepted: the kernel's identity and its admission, or (munge over TCP)
+/// nobody yet and its place among the unauthenticated handshakes.
+struct Arrival<'a> {
+    kernel_identity: Identity,
+    admission: Option<Admission<'a>>,
+    handshaking: Option<Handshaking<'a>>,
+}
+
+/// Counts a new connection where it belongs; None: refused (answered, logged) or no identity.
+fn arrive<'a>(
+    shared: &'a Shared,
+    connection: &mut dyn Connection,
+    peer: &str,
+    munge: bool,
+) -> Option<Arrival<'a>> {
+    if munge {
+        // Nobody yet: counted apart, so unauthenticated connects cannot take the places of
+        // identified clients.
+        let handshaking = Handshaking(shared);
+        let handshakes = shared.handshakes.fetch_add(1, Ordering::SeqCst) + 1;
+        let handshakes_max = shared.options.fairness.handshakes_max;
+        if handshakes > handshakes_max {
+            let reason = format!(
+                "server has {handshakes_max} unauthenticated connections in their handshake (server.handshakes_max); retry"
+            );
+            refuse_busy(connection, peer, 0, &reason);
+            return None;
+        }
+        let kernel_identity = Identity::NOBODY;
+        return Some(Arrival { kernel_identity, admission: None, handshaking: Some(handshaking) });
+    }
+    let kernel_identity = establish_identity(connection, peer)?;
+    // Known from the kernel: admitted (or refused) before the handshake.
+    match admit(shared, kernel_identity.uid) {
+        Ok(admission) => {
+            Some(Arrival { kernel_identity, admission: Some(admission), handshaking: None })
+        }
+        Err(reason) => {
+            refuse_busy(connection, peer, 0, &reason);
+            None
+        }
+    }
+}
+
+/// Refuses a connection over a limit: answers `Busy` naming it, logs it, closes.
+fn refuse_busy(connection: &mut dyn Connection, peer: &str, request_id: u64, reason: &str) {
+    tracing::warn!(%peer, %reason, "refusing connection: over a limit");
+    let _ = send(&mut *connection, request_id, &error_reply(ErrorCode::Busy, reason), &[]);
     connection.shutdown();
+}
+
+/// Who is on the other end of a connection, for the reader.
+struct Peer<'a> {
+    name: &'a str,
+    identity: Identity,
+    /// The uid's in-flight write budget (`None`: root).
+    user_budget: Option<&'a Arc<ByteBudget>>,
 }
 
 /// The peer's identity; if it cannot be established, answers `PermissionDenied` and closes.
@@ -279,6 +497,13 @@ fn split_connection<'a>(
         last_byte_at: Instant::now(),
         stopping_since: None,
         stalled_on: "in the middle of a frame",
+        handshake_deadline: Some(Instant::now() + shared.options.fairness.handshake_timeout),
+        handshake_timeout: shared.options.fairness.handshake_timeout,
+        idle_timeout: shared.options.fairness.idle_timeout,
+        activity: Arc::new(Activity::new()),
+        rate: None,
+        rate_min: shared.options.fairness.frame_bytes_per_second_min,
+        rate_window: shared.options.fairness.frame_rate_window,
     };
     Some((reader, writer))
 }
@@ -289,14 +514,15 @@ fn start_executor(
     receiver: Receiver<Job>,
     writer: Box<dyn Connection>,
     peer: &str,
-    identity: Peer,
+    identity: Requester,
+    activity: Arc<Activity>,
 ) -> Option<std::thread::JoinHandle<()>> {
     let executor = {
         let shared = shared.clone();
         let peer = peer.to_string();
         std::thread::Builder::new()
             .name("executor".into())
-            .spawn(move || execute(shared, receiver, writer, peer, identity))
+            .spawn(move || execute(shared, receiver, writer, peer, identity, activity))
     };
     match executor {
         Ok(executor) => Some(executor),
@@ -351,13 +577,7 @@ fn handshake(
         Ok(header) => header,
         Err(ReceiveError::Closed) => return false,
         Err(error) => {
-            tracing::warn!(%peer, problem = %error, "malformed handshake; closing");
-            let _ = send(
-                writer,
-                0,
-                &error_reply(code_of(&error), format!("malformed handshake: {error}")),
-                &[],
-            );
+            no_hello(writer, peer, &error);
             return false;
         }
     };
@@ -415,16 +635,32 @@ fn handshake(
     send(writer, header.request_id, &reply, &[]).is_ok()
 }
 
-/// Reads the `Authenticate` that must follow the handshake of a munge connection and checks
-/// its credential. The wait is bounded by `frame_stall_ms_max`. None: refused (answered
-/// `PermissionDenied` naming the reason, logged with the peer); the connection must close.
-fn authenticate(
+/// Logs why no Hello arrived: too late (closed silently) or malformed (answered).
+fn no_hello(writer: &mut dyn Connection, peer: &str, error: &ReceiveError) {
+    if let ReceiveError::Io(error) = error {
+        if error.kind() == io::ErrorKind::TimedOut {
+            tracing::warn!(%peer, reason = %error, "closing connection: no Hello in time");
+            return;
+        }
+    }
+    tracing::warn!(%peer, problem = %error, "malformed handshake; closing");
+    let reply = error_reply(code_of(error), format!("malformed handshake: {error}"));
+    let _ = send(writer, 0, &reply, &[]);
+}
+
+/// Reads the `Authenticate` that must follow the handshake of a munge connection, checks its
+/// credential and admits the uid (`connections_max`, `connections_per_user_max`). The wait is
+/// bounded by `frame_stall_ms_max` and the handshake timeout. None: refused (answered
+/// `PermissionDenied` naming the reason, or `Busy` over a limit, logged with the peer); the
+/// connection must close.
+fn authenticate<'s>(
+    shared: &'s Shared,
     context: &MungeContext,
     reader: &mut FrameReader<'_>,
     writer: &mut dyn Connection,
     peer: &str,
     challenge: &[u8; CHALLENGE_BYTES],
-) -> Option<Identity> {
+) -> Option<(Identity, Admission<'s>)> {
     let mut body = Vec::new();
     reader.expect_frame("after Hello instead of Authenticate");
     let (request_id, refusal) = match frame::read_header_and_body(reader, &mut body, 0) {
@@ -434,10 +670,17 @@ fn authenticate(
             Ok(Request::Authenticate { credential }) => {
                 match check_credential(context, &credential, challenge) {
                     Ok(identity) => {
+                        let admission = match admit(shared, identity.uid) {
+                            Ok(admission) => admission,
+                            Err(reason) => {
+                                refuse_busy(writer, peer, header.request_id, &reason);
+                                return None;
+                            }
+                        };
                         let reply = Response::Authenticated { uid: identity.uid, gid: identity.gid };
                         return send(writer, header.request_id, &reply, &[])
                             .is_ok()
-                            .then_some(identity);
+                            .then_some((identity, admission));
                     }
                     Err(reason) => (header.request_id, reason),
                 }
@@ -493,9 +736,9 @@ fn read_loop(
     shared: &Arc<Shared>,
     reader: &mut BufReader<FrameReader<'_>>,
     sender: &std::sync::mpsc::SyncSender<Job>,
-    peer: &str,
-    identity: Identity,
+    connection: &Peer<'_>,
 ) -> String {
+    let peer = connection.name;
     let mut body = Vec::with_capacity(256);
     loop {
         let header = match read_frame(shared, reader, &mut body, sender, peer) {
@@ -507,11 +750,12 @@ fn read_loop(
             Ok(None) => continue,
             Err(reason) => return reason,
         };
-        let payload = match receive_payload(shared, reader, &header, &request, peer, identity) {
+        let payload = match receive_payload(shared, reader, &header, &request, connection) {
             Ok(payload) => payload,
             Err(reason) => return reason,
         };
         let received = Instant::now();
+        reader.get_ref().activity.started();
         if sender
             .send(Job::Request { request_id: header.request_id, request, payload, received })
             .is_err()
@@ -608,12 +852,14 @@ fn receive_payload(
     reader: &mut BufReader<FrameReader<'_>>,
     header: &Header,
     request: &Request,
-    peer: &str,
-    identity: Identity,
+    connection: &Peer<'_>,
 ) -> Result<Option<Payload>, String> {
     let Request::Write { epoch, file, offset } = *request else { return Ok(None) };
+    let peer = connection.name;
     let length = header.payload_bytes as usize;
-    let stream = stream_of(shared, identity, epoch);
+    let stream = stream_of(shared, connection.identity, epoch);
+    // The uid's share first (it may wait for the uid's earlier writes), then store or budget.
+    let user_reservation = connection.user_budget.map(|budget| budget.reserve(length as u64));
     let placed = if length > 0 {
         shared.backend.reserve_write(stream, epoch, file, offset, length)
     } else {
@@ -621,19 +867,22 @@ fn receive_payload(
     };
     let (payload, received) = match placed {
         Some(mut pending) => {
+            reader.get_mut().begin_payload();
             let received = pending
                 .buffers()
                 .into_iter()
                 .try_for_each(|buffer| frame::read_payload(reader, buffer));
-            (Payload::Placed(pending), received)
+            (Payload::Placed(pending, user_reservation), received)
         }
         None => {
             let reservation = shared.budget.reserve(length as u64);
             let mut buffer = shared.pool.take(length);
+            reader.get_mut().begin_payload();
             let received = frame::read_payload(reader, &mut buffer);
-            (Payload::Buffered(buffer, reservation), received)
+            (Payload::Buffered(buffer, reservation, user_reservation), received)
         }
     };
+    reader.get_mut().end_payload();
     if let Err(error) = received {
         // Dropping the payload abandons a placed write: nothing of it is stored.
         tracing::warn!(%peer, request_id = header.request_id, problem = %error, "write payload cut short");
@@ -658,7 +907,8 @@ fn execute(
     receiver: Receiver<Job>,
     writer: Box<dyn Connection>,
     peer: String,
-    identity: Peer,
+    identity: Requester,
+    activity: Arc<Activity>,
 ) {
     let mut broken = false;
     let mut last_no_space: Option<Instant> = None;
@@ -683,8 +933,14 @@ fn execute(
             }
             Err(std::sync::mpsc::TryRecvError::Disconnected) => break,
         };
+        let is_request = matches!(job, Job::Request { .. });
         if broken {
-            continue; // drain the queue so the reader's budget reservations are released
+            // Drain the queue so the reader's budget reservations are released.
+            drop(job);
+            if is_request {
+                activity.done();
+            }
+            continue;
         }
         let result = match job {
             Job::Reply { request_id, response } => send(&mut writer, request_id, &response, &[]),
@@ -696,19 +952,8 @@ fn execute(
                 let fail_fast = last_no_space.is_some_and(|at| received <= at);
                 let wait =
                     if fail_fast { Duration::ZERO } else { shared.options.backpressure_wait };
-                let (response, read_data) = match payload {
-                    Some(Payload::Placed(pending)) => {
-                        handle(&shared, &identity, request, WriteData::Placed(pending), wait)
-                    }
-                    Some(Payload::Buffered(buffer, reservation)) => {
-                        let reply =
-                            handle(&shared, &identity, request, WriteData::Bytes(&buffer), wait);
-                        drop(reservation);
-                        shared.pool.give(buffer);
-                        reply
-                    }
-                    None => handle(&shared, &identity, request, WriteData::Bytes(&[]), wait),
-                };
+                let (response, read_data) =
+                    run_with_payload(&shared, &identity, request, payload, wait);
                 if matches!(response, Response::Error { code: ErrorCode::NoSpace, .. }) {
                     last_no_space = Some(Instant::now());
                 }
@@ -720,6 +965,9 @@ fn execute(
                 send(&mut writer, request_id, &response, payload)
             }
         };
+        if is_request {
+            activity.done();
+        }
         if let Err(error) = result {
             tracing::warn!(%peer, %error, "cannot send a reply; closing");
             writer.get_ref().shutdown();
@@ -728,6 +976,31 @@ fn execute(
     }
     if !broken {
         let _ = writer.flush();
+    }
+}
+
+/// Runs one request with its payload; the payload's budget is released once the store has it.
+fn run_with_payload(
+    shared: &Shared,
+    identity: &Requester,
+    request: Request,
+    payload: Option<Payload>,
+    wait: Duration,
+) -> (Response, Option<Vec<u8>>) {
+    match payload {
+        Some(Payload::Placed(pending, user_reservation)) => {
+            let reply = handle(shared, identity, request, WriteData::Placed(pending), wait);
+            drop(user_reservation);
+            reply
+        }
+        Some(Payload::Buffered(buffer, reservation, user_reservation)) => {
+            let reply = handle(shared, identity, request, WriteData::Bytes(&buffer), wait);
+            drop(reservation);
+            drop(user_reservation);
+            shared.pool.give(buffer);
+            reply
+        }
+        None => handle(shared, identity, request, WriteData::Bytes(&[]), wait),
     }
 }
 
@@ -740,7 +1013,7 @@ enum WriteData<'a> {
 
 fn handle(
     shared: &Shared,
-    identity: &Peer,
+    identity: &Requester,
     request: Request,
     data: WriteData<'_>,
     wait: Duration,
@@ -755,7 +1028,7 @@ type Reply = (Response, Option<Vec<u8>>);
 
 fn run(
     shared: &Shared,
-    peer: &Peer,
+    peer: &Requester,
     request: Request,
     data: WriteData<'_>,
     wait: Duration,
@@ -827,7 +1100,7 @@ fn run(
 /// `ListEpochs`: the epochs from `from_epoch` this peer may see, as many as fit in one body.
 fn list_epochs(
     shared: &Shared,
-    peer: &Peer,
+    peer: &Requester,
     from_epoch: EpochId,
 ) -> Result<Vec<spillway_proto::EpochInfo>, BackendError> {
     let epochs = shared.backend.epochs()?;
@@ -842,7 +1115,7 @@ fn list_epochs(
 /// A namespace (metadata service) request, answered by this server's namespace service.
 fn namespace(
     shared: &Shared,
-    peer: &Peer,
+    peer: &Requester,
     request: spillway_proto::NamespaceRequest,
 ) -> Result<Reply, BackendError> {
     let service = shared.namespaces.get().ok_or_else(|| {
@@ -871,7 +1144,7 @@ fn namespace(
 /// `OpenFile`: checks the name, authorizes (claiming the epoch if it creates) and opens.
 fn open_file(
     shared: &Shared,
-    peer: &Peer,
+    peer: &Requester,
     epoch: EpochId,
     name: &str,
     create: bool,
@@ -891,7 +1164,7 @@ fn open_file(
 /// `Write`: publishes a placed payload, or writes a buffered one waiting up to `wait` for space.
 fn write(
     shared: &Shared,
-    peer: &Peer,
+    peer: &Requester,
     epoch: EpochId,
     file: FileId,
     offset: u64,
@@ -924,7 +1197,7 @@ fn write(
 /// `Read`: checks the length against `payload_bytes_max` and reads into a reply buffer.
 fn read(
     shared: &Shared,
-    peer: &Peer,
+    peer: &Requester,
     epoch: EpochId,
     file: FileId,
     offset: u64,
@@ -958,7 +1231,7 @@ fn read(
 /// `Commit`: commits at the asked (or the server's default) durability and tells the drainer.
 fn commit(
     shared: &Shared,
-    peer: &Peer,
+    peer: &Requester,
     epoch: EpochId,
     durability: Durability,
 ) -> Result<Reply, BackendError> {
@@ -975,7 +1248,12 @@ fn commit(
 }
 
 /// `Drain`: queues a drain of an epoch this server holds, if it has a PFS to drain to.
-fn drain(shared: &Shared, peer: &Peer, epoch: EpochId, mode: u8) -> Result<Reply, BackendError> {
+fn drain(
+    shared: &Shared,
+    peer: &Requester,
+    epoch: EpochId,
+    mode: u8,
+) -> Result<Reply, BackendError> {
     authorize(shared, peer, epoch, Intent::Use)?;
     let drain = shared.drain.get().ok_or_else(|| {
         BackendError::new(
@@ -992,7 +1270,7 @@ fn drain(shared: &Shared, peer: &Peer, epoch: EpochId, mode: u8) -> Result<Reply
 
 /// `DrainStatus`: the drainer's status of the epochs this peer may see, the newest that fit in
 /// one body.
-fn drain_status(shared: &Shared, peer: &Peer) -> Vec<DrainInfo> {
+fn drain_status(shared: &Shared, peer: &Requester) -> Vec<DrainInfo> {
     let mut list = shared.drain.get().map(|d| d.status()).unwrap_or_default();
     list.retain(|d| access::may_see(shared, peer, d.epoch));
     // 64 bytes per entry plus the error text after a 4-byte count: keep the newest that fit.

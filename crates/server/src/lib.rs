@@ -25,6 +25,15 @@
 //! at most 256 MiB), the time a write waits for space (`backpressure_wait_ms_max`) and the time a
 //! client may stall mid-frame while its write holds ring space (`frame_stall_ms_max`), which also
 //! bounds the wait for a munge client's `Authenticate` after the handshake.
+//!
+//! Fairness under hostile load ([`Fairness`]): every connection must finish Hello (+
+//! Authenticate) within `handshake_timeout_ms`. One whose identity is not known yet (TCP on a
+//! munge server, before its credential) counts against `handshakes_max` only; once identified
+//! (at accept from the kernel, or by its credential) it counts against `connections_max` and,
+//! unless it is root, against its uid's `connections_per_user_max`, and its writes against the
+//! uid's `in_flight_bytes_per_user_max`. A connection with nothing in flight for `idle_timeout_ms` is
+//! closed; a payload arriving slower than `frame_bytes_per_second_min` (after a grace window) is
+//! dropped with its connection, releasing the budget it held.
 
 mod access;
 pub mod backend;
@@ -33,11 +42,13 @@ mod connection;
 pub mod namespace_service;
 mod store_backend;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use spillway_config::server::{CommitDurability, ServerKnobs};
 use spillway_config::Authentication;
 use spillway_proto::transport::{self, BindError};
@@ -93,6 +104,48 @@ pub struct ServerOptions {
     pub auth: AuthMethod,
     /// `munged`'s socket for checking credentials (`None`: libmunge's default).
     pub munge_socket: Option<std::path::PathBuf>,
+    /// Timeouts and per-uid caps against hostile clients.
+    pub fairness: Fairness,
+}
+
+/// What keeps one client, or a flood of connections, from starving the others.
+#[derive(Clone, Debug)]
+pub struct Fairness {
+    /// From accept to a completed Hello (+ Authenticate); then the connection is closed.
+    pub handshake_timeout: Duration,
+    /// Unauthenticated connections in their handshake at once (apart from `connections_max`).
+    pub handshakes_max: u32,
+    /// Nothing in flight and no frame arriving for this long: the connection is closed.
+    pub idle_timeout: Duration,
+    /// Slowest accepted arrival of a payload, in bytes per second.
+    pub frame_bytes_per_second_min: u64,
+    /// Grace and measuring window of `frame_bytes_per_second_min`.
+    pub frame_rate_window: Duration,
+    /// Identified connections per uid (root exempt).
+    pub connections_per_user_max: u32,
+    /// Write payload bytes in flight per uid (root exempt).
+    pub in_flight_bytes_per_user_max: u64,
+}
+
+impl Fairness {
+    pub fn from_knobs(knobs: &ServerKnobs) -> Self {
+        Fairness {
+            handshake_timeout: Duration::from_millis(knobs.handshake_timeout_ms),
+            handshakes_max: knobs.handshakes_max,
+            idle_timeout: Duration::from_millis(knobs.idle_timeout_ms),
+            frame_bytes_per_second_min: knobs.frame_bytes_per_second_min,
+            frame_rate_window: Duration::from_millis(knobs.frame_rate_window_ms),
+            connections_per_user_max: knobs.connections_per_user_max,
+            in_flight_bytes_per_user_max: knobs.in_flight_bytes_per_user_max,
+        }
+    }
+}
+
+impl Default for Fairness {
+    /// The knobs' defaults.
+    fn default() -> Self {
+        Fairness::from_knobs(&ServerKnobs::default())
+    }
 }
 
 impl ServerOptions {
@@ -116,6 +169,7 @@ impl ServerOptions {
                 Authentication::Munge => AuthMethod::Munge,
             },
             munge_socket: knobs.munge_socket_path(),
+            fairness: Fairness::from_knobs(knobs),
         }
     }
 }
@@ -151,7 +205,12 @@ pub(crate) struct Shared {
     pub budget: Arc<budget::ByteBudget>,
     pub pool: budget::BufferPool,
     pub shutdown: AtomicBool,
+    /// Identified connections (against `connections_max`).
     pub connections: AtomicU32,
+    /// Connections in their handshake (against `handshakes_max`).
+    pub handshakes: AtomicU32,
+    /// Per non-root uid: identified connections and its in-flight write budget.
+    pub users: Mutex<HashMap<u32, connection::UserEntry>>,
     pub counters: Counters,
     /// The drainer, if this server drains to a PFS (set once, before or while serving).
     pub drain: std::sync::OnceLock<Arc<dyn DrainControl>>,
@@ -210,6 +269,10 @@ impl Server {
     ) -> Result<Server, ServeError> {
         assert!(options.in_flight_bytes_max >= options.payload_bytes_max as u64);
         assert!(options.in_flight_requests_max > 0 && options.connections_max > 0);
+        assert!(options.fairness.in_flight_bytes_per_user_max >= options.payload_bytes_max as u64);
+        assert!(
+            options.fairness.handshakes_max > 0 && options.fairness.connections_per_user_max > 0
+        );
         if endpoints.is_empty() {
             return Err(ServeError::NoListener);
         }
@@ -231,6 +294,8 @@ impl Server {
             options,
             shutdown: AtomicBool::new(false),
             connections: AtomicU32::new(0),
+            handshakes: AtomicU32::new(0),
+            users: Mutex::new(HashMap::new()),
             counters: Counters::default(),
             drain: std::sync::OnceLock::new(),
             namespaces: std::sync::OnceLock::new(),

@@ -21,7 +21,7 @@ use spillway_proto::{
     AuthMethod, Durability, Endpoint, ErrorCode, Identity, Request, Response, CHALLENGE_BYTES,
     PROTOCOL_VERSION,
 };
-use spillway_server::{Server, ServerOptions, ShutdownHandle};
+use spillway_server::{Fairness, Server, ServerOptions, ShutdownHandle};
 use spillway_types::EpochId;
 use support::ModelBackend;
 
@@ -80,6 +80,7 @@ fn options(munged: &Munged) -> ServerOptions {
         managed: false,
         auth: AuthMethod::Munge,
         munge_socket: Some(munged.socket().to_path_buf()),
+        fairness: Fairness::default(),
     }
 }
 

@@ -14,7 +14,7 @@ use spillway_proto::frame::{self, Kind};
 use spillway_proto::{
     Durability, Endpoint, EpochGrant, EpochState, ErrorCode, Request, Response, PROTOCOL_VERSION,
 };
-use spillway_server::{Backend, Server, ServerOptions, ShutdownHandle, StoreBackend};
+use spillway_server::{Backend, Fairness, Server, ServerOptions, ShutdownHandle, StoreBackend};
 use spillway_types::{EpochId, StreamKey};
 use support::ModelBackend;
 
@@ -32,6 +32,7 @@ fn options() -> ServerOptions {
         managed: false,
         auth: spillway_proto::AuthMethod::None,
         munge_socket: None,
+        fairness: Fairness::default(),
     }
 }
 
