@@ -13,7 +13,8 @@ packages=(
     libmemcached-tools  # memcaslap, the baseline's load generator
     fuse3               # fusermount3 and /etc/fuse.conf for `spillway mount` and its tests
     slurm-wlm           # slurmctld + slurmd + clients 22.05, with burst_buffer_lua.so, for the Slurm tests
-    munge               # Slurm's authentication daemon
+    munge               # the authentication daemon (Slurm's, and spillway's server.auth = munge; tests run private ones)
+    libmunge2           # libmunge.so.2, which spillway-sys opens with dlopen to encode and decode credentials
 )
 
 missing=()

@@ -125,6 +125,7 @@ impl Cluster {
                 queued_epochs_max: 16,
                 server_name: format!("s{i}"),
                 staging_key: staging_key.clone(),
+                munge_socket: None,
             };
             let pfs = Arc::new(PosixPfs::new(pfs).with_log(log.clone(), i as u32));
             let drainer = Arc::new(Drainer::start(options, backend, pfs, &ssd, None)?);

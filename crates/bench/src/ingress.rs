@@ -12,6 +12,14 @@
 //! 4. Direct to PFS: C threads write the same bytes to files in a directory on the same disk as
 //!    the SSD log, then fsync.
 //!
+//! 5. With `--auth munge`: Spillway N-N at memory durability again, its servers started with
+//!    `server.auth = munge` and a private `munged` (`spillway_harness::Munged`, its own key), so
+//!    every worker's connections authenticate with a credential; `ratios.munge_vs_none` is it over
+//!    the same workload without authentication.
+//!
+//! Workers connect after "go": the handshake (and with munge the credential, made by one
+//! `munged` and checked by another round trip to it) is inside the timed region.
+//!
 //! Ratios are Spillway over each baseline of the same configuration: within each repeat the
 //! subject runs right after its baseline, and the reported ratio is the median over repeats of
 //! those paired ratios.
@@ -24,7 +32,7 @@ use std::path::{Path, PathBuf};
 use std::process::{ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use spillway_harness::{Reaped, ServerProcess};
+use spillway_harness::{Munged, Reaped, ServerProcess};
 
 use anyhow::{bail, Context};
 use spillway_client::{Client, ClientOptions, Placement};
@@ -59,6 +67,10 @@ pub struct Args {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// `munge`: also measure N-N at memory durability with munge-authenticated connections
+    /// (servers with server.auth = munge, a private munged) and report `ratios.munge_vs_none`.
+    #[arg(long, default_value = "none", value_parser = ["none", "munge"])]
+    auth: String,
     #[arg(long, hide = true)]
     worker_rank: Option<u32>,
     #[arg(long, hide = true, default_value = "")]
@@ -67,6 +79,16 @@ pub struct Args {
     worker_pattern: String,
     #[arg(long, hide = true, default_value = "memory")]
     worker_durability: String,
+    #[arg(long, hide = true)]
+    worker_munge_socket: Option<PathBuf>,
+}
+
+/// How the servers of one Spillway subject authenticate TCP clients: not at all, or with munge
+/// through this `munged`.
+#[derive(Clone, Copy)]
+enum Auth<'a> {
+    None,
+    Munge(&'a Munged),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -96,9 +118,15 @@ struct Row {
     memcached_gbps: f64,
     loopback_gbps: f64,
     direct_pfs_gbps: f64,
+    /// N-N at memory durability with munge-authenticated connections (`--auth munge`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spillway_nn_memory_munge_gbps: Option<f64>,
     vs_memcached: f64,
     vs_loopback: f64,
     ssd_vs_direct_pfs: f64,
+    /// Median of the paired munge / none ratios (`--auth munge`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    munge_vs_none: Option<f64>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -109,7 +137,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let base = args.dir.clone().unwrap_or_else(|| PathBuf::from("/var/tmp"));
     let work = base.join(format!("spillway-bench-ingress-{}", std::process::id()));
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
-    let result = measure_shapes(&args, &shapes(&args), &work);
+    let munged = match args.auth.as_str() {
+        "munge" => Some(Munged::start().context(
+            "--auth munge runs a private munged: install the Debian packages munge and libmunge2",
+        )?),
+        _ => None,
+    };
+    let result = measure_shapes(&args, &shapes(&args), &work, munged.as_ref());
+    drop(munged);
     let _ = std::fs::remove_dir_all(&work);
     let rows = result?;
     if args.json {
@@ -153,7 +188,12 @@ fn shapes(args: &Args) -> Vec<Shape> {
 }
 
 /// One row per configuration, each measured `--repeat` times in `work`.
-fn measure_shapes(args: &Args, shapes: &[Shape], work: &Path) -> anyhow::Result<Vec<Row>> {
+fn measure_shapes(
+    args: &Args,
+    shapes: &[Shape],
+    work: &Path,
+    munged: Option<&Munged>,
+) -> anyhow::Result<Vec<Row>> {
     let mut rows = Vec::new();
     for shape in shapes {
         if !args.json {
@@ -162,7 +202,7 @@ fn measure_shapes(args: &Args, shapes: &[Shape], work: &Path) -> anyhow::Result<
                 shape.servers, shape.clients, shape.transfer_bytes, shape.bytes_per_client
             );
         }
-        rows.push(measure(shape, work, args.repeat.max(1))?);
+        rows.push(measure(shape, work, args.repeat.max(1), munged)?);
     }
     Ok(rows)
 }
@@ -170,17 +210,22 @@ fn measure_shapes(args: &Args, shapes: &[Shape], work: &Path) -> anyhow::Result<
 /// The rows and the first row's ratios as one JSON object on stdout.
 fn print_json(args: &Args, rows: &[Row]) -> anyhow::Result<()> {
     let first = &rows[0];
+    let mut ratios = serde_json::json!({
+        "vs_memcached": first.vs_memcached,
+        "vs_loopback": first.vs_loopback,
+        "ssd_vs_direct_pfs": first.ssd_vs_direct_pfs,
+    });
+    if let Some(munge_vs_none) = first.munge_vs_none {
+        ratios["munge_vs_none"] = serde_json::json!(munge_vs_none);
+    }
     let out = serde_json::json!({
         "benchmark": "ingress",
         "repeat": args.repeat.max(1),
+        "auth": args.auth,
         "rows": rows,
-        "ratios": {
-            "vs_memcached": first.vs_memcached,
-            "vs_loopback": first.vs_loopback,
-            "ssd_vs_direct_pfs": first.ssd_vs_direct_pfs,
-        },
+        "ratios": ratios,
         "ratio_basis": format!(
-            "row 0: S={} C={} transfer={} bytes, N-N; memory durability for vs_memcached/vs_loopback, ssd for ssd_vs_direct_pfs",
+            "row 0: S={} C={} transfer={} bytes, N-N; memory durability for vs_memcached/vs_loopback/munge_vs_none, ssd for ssd_vs_direct_pfs",
             first.servers, first.clients, first.transfer_bytes
         ),
     });
@@ -216,25 +261,52 @@ fn print_table(args: &Args, rows: &[Row]) {
         );
     }
     println!("ratios use N-N: vs_memcached and vs_loopback at memory durability, ssd_vs_direct_pfs at ssd durability");
+    for r in rows.iter().filter(|r| r.munge_vs_none.is_some()) {
+        println!(
+            "munge (S={} C={} transfer={}): NN mem {:.2} GB/s authenticated, munge_vs_none {:.3}",
+            r.servers,
+            r.clients,
+            spillway_types::format_bytes(r.transfer_bytes),
+            r.spillway_nn_memory_munge_gbps.unwrap_or_default(),
+            r.munge_vs_none.unwrap_or_default()
+        );
+    }
 }
 
-fn measure(shape: &Shape, work: &Path, repeat: u32) -> anyhow::Result<Row> {
-    let mut samples: [Vec<f64>; 7] = Default::default();
-    for _ in 0..repeat {
+fn measure(
+    shape: &Shape,
+    work: &Path,
+    repeat: u32,
+    munged: Option<&Munged>,
+) -> anyhow::Result<Row> {
+    let mut samples: [Vec<f64>; 8] = Default::default();
+    let none = Auth::None;
+    for run in 0..repeat {
         // Each Spillway subject sits next to the baseline it is judged against.
         samples[0].push(loopback_gbps(shape)?);
-        samples[1].push(spillway_gbps(shape, work, "nn", "memory")?);
+        // The munge subject runs next to the same workload without authentication, first on
+        // every other repeat so that neither always inherits the other's warm caches.
+        if let (Some(munged), 1) = (munged, run % 2) {
+            samples[7].push(spillway_gbps(shape, work, "nn", "memory", Auth::Munge(munged))?);
+        }
+        samples[1].push(spillway_gbps(shape, work, "nn", "memory", none)?);
+        if let (Some(munged), 0) = (munged, run % 2) {
+            samples[7].push(spillway_gbps(shape, work, "nn", "memory", Auth::Munge(munged))?);
+        }
         samples[2].push(memcached_gbps(shape, work)?);
-        samples[3].push(spillway_gbps(shape, work, "n1", "memory")?);
+        samples[3].push(spillway_gbps(shape, work, "n1", "memory", none)?);
         samples[4].push(direct_pfs_gbps(shape, work)?);
-        samples[5].push(spillway_gbps(shape, work, "nn", "ssd")?);
-        samples[6].push(spillway_gbps(shape, work, "n1", "ssd")?);
+        samples[5].push(spillway_gbps(shape, work, "nn", "ssd", none)?);
+        samples[6].push(spillway_gbps(shape, work, "n1", "ssd", none)?);
     }
     let paired = |subject: usize, baseline: usize| {
         median(samples[subject].iter().zip(&samples[baseline]).map(|(s, b)| s / b))
     };
     let (vs_memcached, vs_loopback, ssd_vs_direct_pfs) = (paired(1, 2), paired(1, 0), paired(5, 4));
-    let [loopback, nn_memory, memcached, n1_memory, direct, nn_ssd, n1_ssd] = samples.map(median);
+    let munge_vs_none = munged.map(|_| paired(7, 1));
+    let nn_memory_munge = munged.map(|_| median(samples[7].iter().copied()));
+    let [loopback, nn_memory, memcached, n1_memory, direct, nn_ssd, n1_ssd, _] =
+        samples.map(median);
     Ok(Row {
         servers: shape.servers,
         clients: shape.clients,
@@ -247,24 +319,28 @@ fn measure(shape: &Shape, work: &Path, repeat: u32) -> anyhow::Result<Row> {
         memcached_gbps: memcached,
         loopback_gbps: loopback,
         direct_pfs_gbps: direct,
+        spillway_nn_memory_munge_gbps: nn_memory_munge,
         vs_memcached,
         vs_loopback,
         ssd_vs_direct_pfs,
+        munge_vs_none,
     })
 }
 
-/// GB/s of S servers and C client workers at `durability`, from "go" to the last commit.
+/// GB/s of S servers and C client workers at `durability`, from "go" (before the workers
+/// connect) to the last commit.
 fn spillway_gbps(
     shape: &Shape,
     work: &Path,
     pattern: &str,
     durability: &str,
+    auth: Auth<'_>,
 ) -> anyhow::Result<f64> {
     let executable = std::env::current_exe()?;
-    let servers = start_servers(shape, work, pattern, durability)?;
+    let servers = start_servers(shape, work, pattern, durability, auth)?;
     let list =
         servers.iter().map(|server| server.endpoint().to_string()).collect::<Vec<_>>().join(",");
-    let mut workers = Workers::spawn(&executable, shape, &list, pattern, durability)?;
+    let mut workers = Workers::spawn(&executable, shape, &list, pattern, durability, auth)?;
     let seconds = workers.time_writes_and_commits()?;
     workers.wait()?;
     drop(servers);
@@ -296,6 +372,7 @@ fn start_servers(
     work: &Path,
     pattern: &str,
     durability: &str,
+    auth: Auth<'_>,
 ) -> anyhow::Result<Vec<ServerProcess>> {
     let per_server = shape.total_bytes().div_ceil(shape.servers as u64);
     let dram = server_dram_bytes(per_server, durability);
@@ -303,12 +380,17 @@ fn start_servers(
     let mut servers = Vec::new();
     for s in 0..shape.servers {
         let ssd_dir = work.join(format!("ssd-{pattern}-{durability}-{s}"));
-        let server_args = [
+        let mut server_args = vec![
             "--durability".to_string(),
             durability.to_string(),
             "--ssd-bytes".into(),
             ssd.to_string(),
         ];
+        if let Auth::Munge(munged) = auth {
+            server_args.extend(["--auth".to_string(), "munge".to_string()]);
+            server_args
+                .extend(["--munge-socket".to_string(), munged.socket().display().to_string()]);
+        }
         servers.push(start_server(work, &s.to_string(), &ssd_dir, dram, &server_args)?);
     }
     Ok(servers)
@@ -336,18 +418,17 @@ impl<'a> Workers<'a> {
         servers: &str,
         pattern: &'a str,
         durability: &'a str,
+        auth: Auth<'_>,
     ) -> anyhow::Result<Workers<'a>> {
         let mut workers = Vec::new();
         for rank in 0..shape.clients {
-            let mut child = Command::new(executable)
-                .args([
-                    "bench",
-                    "ingress",
-                    "--worker-rank",
-                    &rank.to_string(),
-                    "--worker-servers",
-                    servers,
-                ])
+            let mut command = Command::new(executable);
+            command.args(["bench", "ingress"]);
+            if let Auth::Munge(munged) = auth {
+                command.arg("--worker-munge-socket").arg(munged.socket());
+            }
+            let mut child = command
+                .args(["--worker-rank", &rank.to_string(), "--worker-servers", servers])
                 .args(["--worker-pattern", pattern, "--worker-durability", durability])
                 .args([
                     "--transfer-bytes",
@@ -444,16 +525,13 @@ fn worker(rank: u32, args: &Args) -> anyhow::Result<()> {
         window: 128,
         transfer_bytes_max: transfer,
         client_name: format!("bench worker {rank}"),
+        munge_socket: args.worker_munge_socket.clone(),
         ..ClientOptions::default()
     };
-    let mut client = Client::connect(&endpoints, options)?;
-    let epoch = EpochId(1);
-    client.begin_epoch(epoch);
     let (name, base) = match args.worker_pattern.as_str() {
         "n1" => ("shared".to_string(), rank as u64 * args.bytes_per_client),
         _ => (format!("rank{rank}"), 0),
     };
-    let mut file = client.create_file(epoch, &name)?;
     let buffer: Vec<u8> =
         (0..transfer).map(|i| (i as u8) ^ (rank as u8).wrapping_mul(31)).collect();
     let mut stdin = std::io::stdin().lock();
@@ -463,6 +541,11 @@ fn worker(rank: u32, args: &Args) -> anyhow::Result<()> {
     stdout.flush()?;
     stdin.read_line(&mut line)?;
     let started = Instant::now();
+    // Connected inside the timed region: authentication is part of what is measured.
+    let mut client = Client::connect(&endpoints, options)?;
+    let epoch = EpochId(1);
+    client.begin_epoch(epoch);
+    let mut file = client.create_file(epoch, &name)?;
     let mut offset = 0;
     while offset < args.bytes_per_client {
         let length = transfer.min(args.bytes_per_client - offset) as usize;

@@ -156,6 +156,7 @@ mod tests {
         };
         assert_eq!(server(ErrorCode::NoSpace).errno(), libc::ENOSPC);
         assert_eq!(server(ErrorCode::EpochReadOnly).errno(), libc::EROFS);
+        assert_eq!(server(ErrorCode::QuotaExceeded).errno(), libc::EDQUOT);
         assert_eq!(
             CapiError::Client(ClientError::NoSuchFile { epoch: EpochId(1), name: "f".into() })
                 .errno(),

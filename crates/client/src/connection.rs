@@ -5,15 +5,24 @@
 //! `in_flight_requests_max`), and pipelined writes carry at most `window_bytes_max` payload
 //! bytes not yet acknowledged (so small writes pipeline deeply and large ones do not pile up). Write acknowledgements are collected lazily; the first failure is
 //! kept and reported by the next [`ServerConnection::flush`].
+//!
+//! When the server's `HelloReply` asks for munge (a TCP connection to a server with
+//! `server.auth = munge`), the handshake goes on with `Authenticate`: a munge credential, made by
+//! the local `munged`, whose payload carries the connection's challenge. The connection then
+//! runs as the credential's uid/gid, which the server confirms in `Authenticated`.
 
 use std::collections::VecDeque;
 use std::io::BufReader;
+use std::path::Path;
 
+use spillway_proto::auth::credential_payload;
 use spillway_proto::frame::{self, ReceiveError};
 use spillway_proto::transport;
 use spillway_proto::{
-    Connection, Endpoint, Kind, Request, Response, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+    AuthMethod, Connection, Endpoint, Kind, Request, Response, CHALLENGE_BYTES, PROTOCOL_VERSION,
+    PROTOCOL_VERSION_MIN,
 };
+use spillway_sys::munge::MungeContext;
 
 use crate::ClientError;
 
@@ -44,10 +53,29 @@ pub struct ServerConnection {
 }
 
 impl ServerConnection {
+    /// Connects and shakes hands; a munge server gets a credential from the `munged` named by
+    /// `SPILLWAY_MUNGE_SOCKET` (else libmunge's default socket).
     pub fn connect(
         endpoint: &Endpoint,
         client_name: &str,
         window_wanted: u32,
+    ) -> Result<ServerConnection, ClientError> {
+        let munge_socket = crate::munge_socket_from_env();
+        Self::connect_with_munge_socket(
+            endpoint,
+            client_name,
+            window_wanted,
+            munge_socket.as_deref(),
+        )
+    }
+
+    /// Connects and shakes hands; a munge server gets a credential from the `munged` listening
+    /// on `munge_socket` (`None`: libmunge's default socket).
+    pub fn connect_with_munge_socket(
+        endpoint: &Endpoint,
+        client_name: &str,
+        window_wanted: u32,
+        munge_socket: Option<&Path>,
     ) -> Result<ServerConnection, ClientError> {
         let connection = transport::connect(endpoint)
             .map_err(|source| ClientError::Connect { endpoint: endpoint.clone(), source })?;
@@ -84,6 +112,8 @@ impl ServerConnection {
                     uid,
                     gid,
                     server_name,
+                    auth,
+                    challenge,
                 },
                 _,
             ) => {
@@ -95,12 +125,34 @@ impl ServerConnection {
                 }
                 this.payload_bytes_max = payload_bytes_max;
                 this.window = window_wanted.clamp(1, in_flight_requests_max.max(1)) as usize;
-                this.uid = uid;
-                this.gid = gid;
+                (this.uid, this.gid) = match auth {
+                    AuthMethod::None => (uid, gid),
+                    AuthMethod::Munge => this.authenticate(&challenge, munge_socket)?,
+                };
                 this.server_name = server_name;
                 Ok(this)
             }
             (other, _) => Err(this.unexpected("HelloReply", &other)),
+        }
+    }
+
+    /// Sends `Authenticate` with a credential for `challenge` from the `munged` at
+    /// `munge_socket`; the uid/gid the server established from it.
+    fn authenticate(
+        &mut self,
+        challenge: &[u8; CHALLENGE_BYTES],
+        munge_socket: Option<&Path>,
+    ) -> Result<(u32, u32), ClientError> {
+        let context = MungeContext::new().with_socket(munge_socket.map(Path::to_path_buf));
+        let credential = context.encode(&credential_payload(challenge)).map_err(|error| {
+            ClientError::Authentication {
+                endpoint: self.endpoint.clone(),
+                message: error.to_string(),
+            }
+        })?;
+        match self.call(&Request::Authenticate { credential }, &[], None)? {
+            (Response::Authenticated { uid, gid }, ()) => Ok((uid, gid)),
+            (other, ()) => Err(self.unexpected("Authenticated", &other)),
         }
     }
 
@@ -460,6 +512,8 @@ mod tests {
                 uid: 0,
                 gid: 0,
                 server_name: "fake".into(),
+                auth: AuthMethod::None,
+                challenge: [0; CHALLENGE_BYTES],
             };
             frame::write_frame(
                 &mut stream,

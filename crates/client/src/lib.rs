@@ -20,8 +20,8 @@ mod trace_record;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use spillway_proto::{
-    DrainInfo, Durability, Endpoint, EpochInfo, EpochState, ErrorCode, Extent, FileInfo, Request,
-    Response, ServerStatus,
+    DrainInfo, Durability, Endpoint, EpochGrant, EpochInfo, EpochState, ErrorCode, Extent,
+    FileInfo, Request, Response, ServerStatus,
 };
 use spillway_types::{EpochId, FileId};
 
@@ -40,6 +40,9 @@ pub enum ClientError {
     Connect { endpoint: Endpoint, source: std::io::Error },
     #[error("handshake with {endpoint} failed: {message}")]
     Handshake { endpoint: Endpoint, message: String },
+    /// The server requires munge authentication and no credential could be made.
+    #[error("server {endpoint} requires munge authentication: {message}")]
+    Authentication { endpoint: Endpoint, message: String },
     #[error("connection to {endpoint}: {source}")]
     Io { endpoint: Endpoint, source: std::io::Error },
     #[error("protocol error from {endpoint}: {message}")]
@@ -61,6 +64,7 @@ impl ClientError {
             ClientError::Server { code, .. } => code.errno(),
             ClientError::NoSuchFile { .. } => ErrorCode::NoSuchFile.errno(),
             ClientError::InvalidArgument(_) => ErrorCode::InvalidArgument.errno(),
+            ClientError::Authentication { .. } => ErrorCode::PermissionDenied.errno(),
             ClientError::Connect { source, .. } | ClientError::Io { source, .. } => {
                 source.raw_os_error().unwrap_or(libc_eio())
             }
@@ -79,6 +83,15 @@ impl ClientError {
 
 fn libc_eio() -> i32 {
     ErrorCode::Io.errno()
+}
+
+/// Environment variable naming the `munged` socket clients get credentials from when a server
+/// requires munge authentication (unset or empty: libmunge's default socket).
+pub const MUNGE_SOCKET_ENV: &str = "SPILLWAY_MUNGE_SOCKET";
+
+/// The munge socket from [`MUNGE_SOCKET_ENV`]; `None`: libmunge's default.
+pub fn munge_socket_from_env() -> Option<std::path::PathBuf> {
+    std::env::var_os(MUNGE_SOCKET_ENV).filter(|v| !v.is_empty()).map(Into::into)
 }
 
 /// Client settings.
@@ -104,6 +117,9 @@ pub struct ClientOptions {
     pub trace_path: Option<std::path::PathBuf>,
     /// Rank recorded in every traced operation.
     pub trace_rank: u32,
+    /// The `munged` socket for credentials when a server requires munge authentication
+    /// (`None`: libmunge's default). Defaults to `SPILLWAY_MUNGE_SOCKET` when set.
+    pub munge_socket: Option<std::path::PathBuf>,
 }
 
 impl Default for ClientOptions {
@@ -117,6 +133,7 @@ impl Default for ClientOptions {
             client_name: format!("spillway-client pid {}", std::process::id()),
             trace_path: None,
             trace_rank: 0,
+            munge_socket: munge_socket_from_env(),
         }
     }
 }
@@ -182,8 +199,13 @@ impl Client {
         let servers = endpoints
             .iter()
             .map(|e| {
-                ServerConnection::connect(e, &options.client_name, options.window)
-                    .map(|c| c.with_window_bytes_max(options.window_bytes_max))
+                ServerConnection::connect_with_munge_socket(
+                    e,
+                    &options.client_name,
+                    options.window,
+                    options.munge_socket.as_deref(),
+                )
+                .map(|c| c.with_window_bytes_max(options.window_bytes_max))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let tracer = match &options.trace_path {
@@ -448,6 +470,25 @@ impl Client {
             "StreamAssigned",
             |r| matches!(r, Response::StreamAssigned { .. }),
         )
+    }
+
+    /// Grants the epoch on every server of this client, as `grant` says (root only: the
+    /// manager). Replaces any earlier grant; repeating it is harmless.
+    pub fn grant_epoch(&mut self, epoch: EpochId, grant: &EpochGrant) -> Result<(), ClientError> {
+        let servers: Vec<usize> = (0..self.servers.len()).collect();
+        let request = Request::GrantEpoch { epoch, grant: grant.clone() };
+        self.call_servers(&servers, &request, "EpochGranted", |r| {
+            matches!(r, Response::EpochGranted { .. })
+        })
+    }
+
+    /// Revokes the epoch's grant on every server of this client (root only: the manager);
+    /// afterwards only root may use the epoch there.
+    pub fn revoke_epoch(&mut self, epoch: EpochId) -> Result<(), ClientError> {
+        let servers: Vec<usize> = (0..self.servers.len()).collect();
+        self.call_servers(&servers, &Request::RevokeEpoch { epoch }, "EpochRevoked", |r| {
+            matches!(r, Response::EpochRevoked { .. })
+        })
     }
 
     /// Flushes the pipeline, then sends `request` to every server this client wrote the epoch to

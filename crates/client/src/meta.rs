@@ -36,6 +36,9 @@ pub struct RemoteOptions {
     pub root_mode: u32,
     /// Most connections to the server at once (one per concurrent operation).
     pub connections_max: usize,
+    /// The `munged` socket for credentials when the server requires munge authentication
+    /// (`None`: libmunge's default). Defaults to `SPILLWAY_MUNGE_SOCKET` when set.
+    pub munge_socket: Option<std::path::PathBuf>,
 }
 
 impl Default for RemoteOptions {
@@ -47,6 +50,7 @@ impl Default for RemoteOptions {
             root_gid: 0,
             root_mode: 0o755,
             connections_max: 8,
+            munge_socket: crate::munge_socket_from_env(),
         }
     }
 }
@@ -63,6 +67,7 @@ pub struct RemoteNamespace {
     id: NamespaceId,
     data_epoch: EpochId,
     connections_max: usize,
+    munge_socket: Option<std::path::PathBuf>,
     pool: Mutex<Pool>,
     returned: Condvar,
 }
@@ -91,6 +96,7 @@ impl RemoteNamespace {
             id,
             data_epoch: options.data_epoch,
             connections_max: options.connections_max,
+            munge_socket: options.munge_socket.clone(),
             pool: Mutex::new(Pool { idle: Vec::new(), open: 0 }),
             returned: Condvar::new(),
         };
@@ -136,12 +142,16 @@ impl RemoteNamespace {
             if pool.open < self.connections_max {
                 pool.open += 1;
                 drop(pool);
-                return ServerConnection::connect(&self.endpoint, "spillway-meta", 1).map_err(
-                    |failure| {
-                        self.give(None);
-                        transport(&self.endpoint, failure)
-                    },
-                );
+                return ServerConnection::connect_with_munge_socket(
+                    &self.endpoint,
+                    "spillway-meta",
+                    1,
+                    self.munge_socket.as_deref(),
+                )
+                .map_err(|failure| {
+                    self.give(None);
+                    transport(&self.endpoint, failure)
+                });
             }
             pool = self.returned.wait(pool).expect("namespace connection pool poisoned");
         }

@@ -18,6 +18,25 @@ pub use manager::{JobOwnerCheck, ManagerKnobs, StreamKeyKind};
 pub use server::ServerKnobs;
 pub use store::StoreKnobs;
 
+/// How a daemon authenticates peers that reach it over TCP (`server.auth`, `manager.auth`).
+/// Peers on a Unix socket are always identified by `SO_PEERCRED`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Authentication {
+    /// Only what the kernel knows: the owner of a loopback peer's socket; remote peers are
+    /// `nobody`, and listening on a non-loopback address needs an explicit switch.
+    #[default]
+    None,
+    /// MUNGE credentials checked by the local `munged`: the peer's uid and gid are the
+    /// credential's, on any address.
+    Munge,
+}
+
+/// A `munge_socket` knob as a path: `None` for "" (libmunge's default socket).
+pub(crate) fn munge_socket_path(knob: &str) -> Option<std::path::PathBuf> {
+    (!knob.is_empty()).then(|| std::path::PathBuf::from(knob))
+}
+
 /// One row of the knob reference.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KnobInfo {

@@ -4,7 +4,7 @@
 //! how servers are watched, how streams are assigned (BIOS Algorithm 1), quotas and the bounds
 //! of the API server.
 
-use crate::{knobs, ConfigError};
+use crate::{knobs, Authentication, ConfigError};
 
 /// What a stream id is assigned to (BIOS Algorithm 1's key).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -36,8 +36,12 @@ knobs! {
         socket_path: String = "/run/spillway/manager.sock".to_string(), unit = "path";
         /// Permission bits of the socket file, octal (world-connectable: authorization is by peer uid).
         socket_mode: String = "0666".to_string(), unit = "octal mode";
-        /// Also serve the API on this loopback TCP address ("" for none); never non-loopback.
+        /// Also serve the API on this TCP address ("" for none); loopback only unless `auth = munge`.
         listen_address: String = String::new(), unit = "host:port";
+        /// How API callers over TCP are authenticated: `none` (the loopback socket's owner) or `munge` (an `Authorization: MUNGE` credential on every request). The Unix socket always uses SO_PEERCRED.
+        auth: Authentication = Authentication::None, unit = "none|munge";
+        /// munged's socket for checking API credentials and for the manager's own connections to servers ("" = libmunge's default).
+        munge_socket: String = String::new(), unit = "path";
         /// The SQLite database holding every pool, server, reservation and quota.
         database_path: String = "/var/lib/spillway/manager.db".to_string(), unit = "path";
         /// Group (name or numeric gid) whose members may manage pools, servers and quotas like root ("" for none).
@@ -78,6 +82,11 @@ knobs! {
 }
 
 impl ManagerKnobs {
+    /// `munge_socket` as a path; `None`: libmunge's default socket.
+    pub fn munge_socket_path(&self) -> Option<std::path::PathBuf> {
+        crate::munge_socket_path(&self.munge_socket)
+    }
+
     /// `socket_mode` as permission bits (`"0666"`, `"666"` or `"0o666"`).
     pub fn socket_mode_bits(&self) -> Result<u32, ConfigError> {
         let digits = self.socket_mode.trim().trim_start_matches("0o");
@@ -104,12 +113,12 @@ impl ManagerKnobs {
             ));
         }
         if !self.listen_address.is_empty() {
-            let refusal = "the manager cannot authenticate remote callers";
+            let refusal = "remote callers are only authenticated with auth = munge";
             crate::check_listen_address(
                 Self::SECTION,
                 "listen_address",
                 &self.listen_address,
-                false,
+                self.auth == Authentication::Munge,
                 refusal,
             )?;
         }

@@ -2,7 +2,7 @@
 //!
 //! Every queue and in-flight count of the server has its bound here.
 
-use crate::{knobs, ConfigError};
+use crate::{knobs, Authentication, ConfigError};
 
 /// Commit durability when a request does not say (and for `spillway serve`'s default).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -18,11 +18,15 @@ knobs! {
     /// The burst buffer server process.
     section "server";
     pub struct ServerKnobs {
-        /// TCP address to listen on ("" for none). Non-loopback addresses need `insecure_tcp`.
+        /// TCP address to listen on ("" for none). Non-loopback addresses need `auth = munge` or `insecure_tcp`.
         listen_address: String = "127.0.0.1:7070".to_string(), unit = "host:port";
         /// Unix-domain socket to listen on as well ("" for none); identity comes from SO_PEERCRED.
         unix_socket_path: String = String::new(), unit = "path";
-        /// Allow a non-loopback TCP listener although peers cannot be authenticated yet (logs a warning).
+        /// How TCP peers are authenticated: `none` (loopback: the socket's owner; remote: nobody) or `munge` (a credential right after Hello). Unix sockets always use SO_PEERCRED.
+        auth: Authentication = Authentication::None, unit = "none|munge";
+        /// munged's socket for checking credentials and for this server's own drain connections ("" = libmunge's default, /run/munge/munge.socket.2).
+        munge_socket: String = String::new(), unit = "path";
+        /// With `auth = none`, allow a non-loopback TCP listener anyway: its peers are unauthenticated and run as nobody (logs a warning).
         insecure_tcp: bool = false, unit = "bool";
         /// A name for logs and `status`.
         server_name: String = "spillway".to_string(), unit = "name";
@@ -42,10 +46,37 @@ knobs! {
         frame_stall_ms_max: u64 = 30_000, unit = "milliseconds";
         /// On SIGTERM, how long to wait for in-flight requests before closing connections.
         shutdown_grace_ms_max: u64 = 10_000, unit = "milliseconds";
+        /// Accept data only for epochs the manager granted (GrantEpoch); false: the first uid to create an epoch claims it.
+        managed: bool = false, unit = "bool";
+        /// A connection that has not completed Hello (and, with munge, Authenticate) this long after it was accepted is closed.
+        handshake_timeout_ms: u64 = 5_000, unit = "milliseconds";
+        /// Unauthenticated connections (TCP with `auth = munge`, before their credential) at once, counted apart from `connections_max` so that a flood of silent connects cannot take the places of identified clients; more are refused with `Busy`.
+        handshakes_max: u32 = 128, unit = "connections";
+        /// A connection with no request in flight and no frame arriving for this long is closed.
+        idle_timeout_ms: u64 = 600_000, unit = "milliseconds";
+        /// Slowest accepted arrival of a write's payload: measured over windows of `frame_rate_window_ms` (the first is the grace), a slower sender is disconnected and the budget its write held released.
+        frame_bytes_per_second_min: u64 = 1024 * 1024, unit = "bytes/second";
+        /// Grace and measuring window of `frame_bytes_per_second_min`.
+        frame_rate_window_ms: u64 = 2_000, unit = "milliseconds";
+        /// Identified connections one uid may hold at once (root exempt); more are refused with `Busy`.
+        connections_per_user_max: u32 = 64, unit = "connections";
+        /// Write payload bytes in flight (received, not yet in the store) per uid over all its connections (root exempt); a uid at its bound waits, others do not.
+        in_flight_bytes_per_user_max: u64 = 128 * 1024 * 1024, unit = "bytes";
     }
 }
 
 impl ServerKnobs {
+    /// Whether a non-loopback TCP listener may be bound: its peers are authenticated (munge),
+    /// or the operator accepted unauthenticated ones (`insecure_tcp`).
+    pub fn remote_tcp_allowed(&self) -> bool {
+        self.auth == Authentication::Munge || self.insecure_tcp
+    }
+
+    /// `munge_socket` as a path; `None`: libmunge's default socket.
+    pub fn munge_socket_path(&self) -> Option<std::path::PathBuf> {
+        crate::munge_socket_path(&self.munge_socket)
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |name: &'static str, value: String, reason: &str| {
             ConfigError::invalid(Self::SECTION, name, value, reason)
@@ -58,13 +89,12 @@ impl ServerKnobs {
             ));
         }
         if !self.listen_address.is_empty() {
-            let refusal =
-                "peers cannot be authenticated yet, set insecure_tcp (--insecure-tcp) to allow it";
+            let refusal = "remote peers would not be authenticated: set auth = munge, or insecure_tcp (--insecure-tcp) to accept them unauthenticated";
             crate::check_listen_address(
                 Self::SECTION,
                 "listen_address",
                 &self.listen_address,
-                self.insecure_tcp,
+                self.remote_tcp_allowed(),
                 refusal,
             )?;
         }
@@ -85,6 +115,24 @@ impl ServerKnobs {
                 "must be within 1..=4096",
             ));
         }
+        for (name, value) in [
+            ("handshake_timeout_ms", self.handshake_timeout_ms),
+            ("idle_timeout_ms", self.idle_timeout_ms),
+            ("frame_rate_window_ms", self.frame_rate_window_ms),
+            ("handshakes_max", self.handshakes_max as u64),
+            ("connections_per_user_max", self.connections_per_user_max as u64),
+        ] {
+            if value == 0 {
+                return Err(invalid(name, "0".into(), "must be at least 1"));
+            }
+        }
+        if self.in_flight_bytes_per_user_max < self.payload_bytes_max as u64 {
+            return Err(invalid(
+                "in_flight_bytes_per_user_max",
+                self.in_flight_bytes_per_user_max.to_string(),
+                "must hold at least one payload (payload_bytes_max)",
+            ));
+        }
         if self.in_flight_bytes_max < self.payload_bytes_max as u64 {
             return Err(invalid(
                 "in_flight_bytes_max",
@@ -101,11 +149,37 @@ mod tests {
     use super::*;
 
     #[test]
+    fn fairness_bounds_are_checked() {
+        ServerKnobs::default().validate().unwrap();
+        let zero = ServerKnobs { handshake_timeout_ms: 0, ..Default::default() };
+        assert!(zero.validate().unwrap_err().to_string().contains("handshake_timeout_ms"));
+        let zero = ServerKnobs { connections_per_user_max: 0, ..Default::default() };
+        assert!(zero.validate().unwrap_err().to_string().contains("connections_per_user_max"));
+        let small = ServerKnobs { in_flight_bytes_per_user_max: 4096, ..Default::default() };
+        let refusal = small.validate().unwrap_err().to_string();
+        assert!(refusal.contains("in_flight_bytes_per_user_max"), "{refusal}");
+    }
+
+    #[test]
     fn non_loopback_needs_insecure_tcp() {
         let mut knobs = ServerKnobs { listen_address: "0.0.0.0:7070".into(), ..Default::default() };
-        assert!(knobs.validate().unwrap_err().to_string().contains("insecure_tcp"));
+        let refusal = knobs.validate().unwrap_err().to_string();
+        assert!(refusal.contains("insecure_tcp") && refusal.contains("auth = munge"), "{refusal}");
         knobs.insecure_tcp = true;
         knobs.validate().unwrap();
+    }
+
+    #[test]
+    fn munge_authentication_allows_any_address() {
+        let knobs = ServerKnobs {
+            listen_address: "0.0.0.0:7070".into(),
+            auth: Authentication::Munge,
+            ..Default::default()
+        };
+        knobs.validate().unwrap();
+        let parsed: ServerKnobs = toml::from_str("auth = \"munge\"").unwrap();
+        assert_eq!(parsed.auth, Authentication::Munge);
+        assert!(toml::from_str::<ServerKnobs>("auth = \"kerberos\"").is_err());
     }
 
     #[test]

@@ -65,6 +65,10 @@ pub struct DrainerOptions {
     pub server_name: String,
     /// The servers' secret behind staging names (the same for every server of a reservation).
     pub staging_key: StagingKey,
+    /// The `munged` socket for the credentials of the drain's peer connections when the
+    /// servers require munge authentication (the server's `server.munge_socket`; `None`:
+    /// libmunge's default). The drain runs as the server's uid (root).
+    pub munge_socket: Option<std::path::PathBuf>,
 }
 
 /// Why one drain attempt failed.
@@ -349,12 +353,14 @@ impl Names {
 /// Whose a mount file is on the PFS: its POSIX owner (with that user's groups), its permission
 /// bits; directories made for it are open to traverse (the files' modes decide access).
 fn mount_file_owner(uid: u32, gid: u32, mode: u32) -> PfsOwner {
+    PfsOwner { identity: owner_identity(uid, gid), file_mode: mode & 0o777, directory_mode: 0o755 }
+}
+
+/// `uid` with primary group `gid` and its supplementary groups from the user database (only
+/// `gid` if they cannot be read), so the PFS grants the owner exactly what it would grant them.
+fn owner_identity(uid: u32, gid: u32) -> spillway_sys::identity::FileIdentity {
     let groups = spillway_sys::user::groups_of(uid, gid).unwrap_or_else(|_| vec![gid]);
-    PfsOwner {
-        identity: spillway_sys::identity::FileIdentity { uid, gid, groups },
-        file_mode: mode & 0o777,
-        directory_mode: 0o755,
-    }
+    spillway_sys::identity::FileIdentity { uid, gid, groups }
 }
 
 /// `name` as a path relative to the PFS root: plain components only.
@@ -634,6 +640,7 @@ impl Inner {
                 transfer_bytes_max: 4 << 20,
                 // Deep pipelining: a shuffle is many small reads when extents are small.
                 window: 64,
+                munge_socket: self.options.munge_socket.clone(),
                 ..ClientOptions::default()
             };
             *client = Some(Client::connect(&self.options.peers, options)?);
@@ -641,9 +648,18 @@ impl Inner {
         Ok(client.as_mut().expect("connected above"))
     }
 
-    /// Whose the files of `epoch` written through the native API are on the PFS.
-    fn epoch_owner(&self, _epoch: EpochId) -> PfsOwner {
-        PfsOwner::this_process()
+    /// Whose the files of `epoch` written through the native API are on the PFS: the owner of
+    /// the epoch's grant (every server of a reservation holds the same grant), private modes;
+    /// an epoch without a grant is the server's (root's).
+    fn epoch_owner(&self, epoch: EpochId) -> PfsOwner {
+        match self.backend.grant(epoch) {
+            Some(grant) => PfsOwner {
+                identity: owner_identity(grant.owner_uid, grant.owner_gid),
+                file_mode: 0o600,
+                directory_mode: 0o700,
+            },
+            None => PfsOwner::this_process(),
+        }
     }
 
     /// Drains each file of the epoch; `Wait` if one waits for its peers or the drainer stops.
@@ -657,8 +673,10 @@ impl Inner {
         let mut done = 0u64;
         let mut waiting = None;
         // Mount files (`ns/<id>/<ino>.<gen>`) are published under their namespace paths.
-        let mut namespace_names =
-            crate::namespace_names::NamespaceNames::new(self.options.peers.clone());
+        let mut namespace_names = crate::namespace_names::NamespaceNames::new(
+            self.options.peers.clone(),
+            self.options.munge_socket.clone(),
+        );
         for file in files {
             let key = &self.options.staging_key;
             let names =

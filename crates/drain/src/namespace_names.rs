@@ -32,12 +32,14 @@ pub enum FinalName {
 /// The manifests of the namespaces met during one drain pass.
 pub struct NamespaceNames {
     peers: Vec<Endpoint>,
+    /// Where credentials come from when the peers require munge (`None`: libmunge's default).
+    munge_socket: Option<std::path::PathBuf>,
     manifests: HashMap<NamespaceId, Option<HashMap<String, ManifestEntry>>>,
 }
 
 impl NamespaceNames {
-    pub fn new(peers: Vec<Endpoint>) -> NamespaceNames {
-        NamespaceNames { peers, manifests: HashMap::new() }
+    pub fn new(peers: Vec<Endpoint>, munge_socket: Option<std::path::PathBuf>) -> NamespaceNames {
+        NamespaceNames { peers, munge_socket, manifests: HashMap::new() }
     }
 
     /// The final name of store file `name` (see the module doc).
@@ -46,7 +48,7 @@ impl NamespaceNames {
             return Ok(FinalName::Unchanged);
         };
         if !self.manifests.contains_key(&namespace) {
-            let manifest = fetch(&self.peers, namespace)?;
+            let manifest = fetch(&self.peers, namespace, &self.munge_socket)?;
             self.manifests.insert(namespace, manifest);
         }
         let Some(manifest) = &self.manifests[&namespace] else {
@@ -75,8 +77,14 @@ impl NamespaceNames {
 fn fetch(
     peers: &[Endpoint],
     namespace: NamespaceId,
+    munge_socket: &Option<std::path::PathBuf>,
 ) -> Result<Option<HashMap<String, ManifestEntry>>, MetaError> {
-    let options = RemoteOptions { create: false, connections_max: 1, ..RemoteOptions::default() };
+    let options = RemoteOptions {
+        create: false,
+        connections_max: 1,
+        munge_socket: munge_socket.clone(),
+        ..RemoteOptions::default()
+    };
     for endpoint in peers {
         match RemoteNamespace::open(endpoint, namespace, &options) {
             Ok(remote) => {

@@ -84,6 +84,7 @@ fn drainer_options(endpoint: &Endpoint) -> DrainerOptions {
         queued_epochs_max: 4,
         server_name: "s0".into(),
         staging_key: spillway_drain::StagingKey::random(),
+        munge_socket: None,
     }
 }
 

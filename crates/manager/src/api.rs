@@ -1,9 +1,15 @@
 //! The client side of the manager's API, used by the `spillway` CLI and the Slurm hooks.
 //!
-//! One HTTP/1.1 request per connection over the manager's Unix socket (or loopback TCP), JSON
-//! in and out. The manager identifies the caller from the socket, so nothing about identity is
-//! sent. Error replies become [`ApiClientError::Api`] carrying the manager's message, which
-//! already names the problem (and is what the CLI prints).
+//! One HTTP/1.1 request per connection over the manager's Unix socket (or TCP), JSON in and
+//! out. On the Unix socket (and loopback TCP without munge) the manager identifies the caller
+//! from the socket, so nothing about identity is sent. A manager with `manager.auth = munge`
+//! wants every request over TCP to carry `Authorization: MUNGE <credential>`
+//! ([`crate::request_auth`]); the client sends it when `SPILLWAY_MANAGER_AUTH=munge`, and
+//! otherwise learns it from the manager: a 401 naming munge is retried once with the header
+//! (nothing was done for the refused request). `SPILLWAY_MANAGER_AUTH=none` never sends it.
+//! Credentials come from the `munged` at `SPILLWAY_MUNGE_SOCKET` (else libmunge's default).
+//! Error replies become [`ApiClientError::Api`] carrying the manager's message, which already
+//! names the problem (and is what the CLI prints).
 //!
 //! A busy manager answers `503` with `Retry-After` (kind `busy`) before reading the request, so
 //! any request is safe to send again: the client waits as asked and retries, for at most
@@ -18,8 +24,39 @@ use std::time::{Duration, Instant};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use spillway_proto::Endpoint;
+use spillway_sys::munge::MungeContext;
 
 use crate::model::ErrorBody;
+
+/// Environment variable saying whether API requests over TCP carry a munge credential:
+/// `munge` (always), `none` (never); unset: after the manager asked for it with a 401.
+pub const MANAGER_AUTH_ENV: &str = "SPILLWAY_MANAGER_AUTH";
+
+/// When the client signs requests over TCP with a munge credential.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestSigning {
+    /// Every request over TCP (`SPILLWAY_MANAGER_AUTH=munge`).
+    Always,
+    /// Never (`SPILLWAY_MANAGER_AUTH=none`).
+    Never,
+    /// When a request was refused with a 401 naming munge, once more with a credential.
+    WhenAsked,
+}
+
+impl RequestSigning {
+    /// From [`MANAGER_AUTH_ENV`].
+    pub fn from_env() -> Result<RequestSigning, ApiClientError> {
+        match std::env::var(MANAGER_AUTH_ENV).unwrap_or_default().as_str() {
+            "" => Ok(RequestSigning::WhenAsked),
+            "munge" => Ok(RequestSigning::Always),
+            "none" => Ok(RequestSigning::Never),
+            other => Err(ApiClientError::Address {
+                address: format!("{MANAGER_AUTH_ENV}={other}"),
+                reason: "expected munge or none".into(),
+            }),
+        }
+    }
+}
 
 /// Where the CLI finds the manager when `--manager` is not given and `SPILLWAY_MANAGER` unset.
 pub const DEFAULT_MANAGER_SOCKET: &str = "/run/spillway/manager.sock";
@@ -46,6 +83,8 @@ pub enum ApiClientError {
     Io { endpoint: Endpoint, source: std::io::Error },
     #[error("the manager at {endpoint} sent a malformed reply: {reason}")]
     BadReply { endpoint: Endpoint, reason: String },
+    #[error("the manager at {endpoint} requires munge authentication: {source}")]
+    Credential { endpoint: Endpoint, source: spillway_sys::munge::MungeError },
     /// The manager refused: its message names the problem.
     #[error("{message}")]
     Api { status: u16, kind: String, message: String },
@@ -65,6 +104,8 @@ impl ApiClientError {
 #[derive(Clone, Debug)]
 pub struct ApiClient {
     endpoint: Endpoint,
+    signing: RequestSigning,
+    munge: MungeContext,
 }
 
 impl ApiClient {
@@ -79,7 +120,20 @@ impl ApiClient {
                 reason,
             })?
         };
-        Ok(ApiClient { endpoint })
+        let munge = MungeContext::new().with_socket(spillway_client::munge_socket_from_env());
+        Ok(ApiClient { endpoint, signing: RequestSigning::from_env()?, munge })
+    }
+
+    /// Overrides when requests over TCP are signed with a munge credential, and by which
+    /// `munged` (`None`: libmunge's default socket).
+    pub fn with_signing(
+        mut self,
+        signing: RequestSigning,
+        munge_socket: Option<PathBuf>,
+    ) -> ApiClient {
+        self.signing = signing;
+        self.munge = MungeContext::new().with_socket(munge_socket);
+        self
     }
 
     /// The address from `--manager`, else `SPILLWAY_MANAGER`, else the default socket.
@@ -116,7 +170,8 @@ impl ApiClient {
         self.call("PUT", path, Some(serde_json::to_vec(body).expect("API types serialize")))
     }
 
-    /// One call, retried while the manager answers busy, for at most [`BUSY_RETRY_BUDGET`].
+    /// One call, retried while the manager answers busy, for at most [`BUSY_RETRY_BUDGET`],
+    /// and once with a credential if the manager asks for munge.
     fn call<T: DeserializeOwned>(
         &self,
         method: &str,
@@ -124,12 +179,24 @@ impl ApiClient {
         body: Option<Vec<u8>>,
     ) -> Result<T, ApiClientError> {
         let body = body.unwrap_or_default();
+        let tcp = matches!(self.endpoint, Endpoint::Tcp(_));
+        let mut sign = tcp && self.signing == RequestSigning::Always;
         let give_up = Instant::now() + BUSY_RETRY_BUDGET;
         loop {
-            let reply = self.exchange(method, path, &body)?;
+            let reply = self.exchange(method, path, &body, sign)?;
+            if reply.status == 401
+                && tcp
+                && !sign
+                && self.signing == RequestSigning::WhenAsked
+                && error_kind(&reply).as_deref() == Some("munge_required")
+            {
+                // Nothing was done for the refused request: send it again, signed.
+                sign = true;
+                continue;
+            }
             if reply.status == 503 && Instant::now() < give_up {
-                if let Ok(error) = serde_json::from_slice::<ErrorBody>(&reply.body) {
-                    if error.kind == "busy" {
+                if let Some(kind) = error_kind(&reply) {
+                    if kind == "busy" {
                         let wait = reply.retry_after.unwrap_or(BUSY_RETRY_WAIT_MAX);
                         let left = give_up.saturating_duration_since(Instant::now());
                         let wait = wait.clamp(BUSY_RETRY_WAIT_MIN, BUSY_RETRY_WAIT_MAX);
@@ -142,14 +209,30 @@ impl ApiClient {
         }
     }
 
-    /// Sends one request on a new connection and reads its reply.
-    fn exchange(&self, method: &str, path: &str, body: &[u8]) -> Result<Reply, ApiClientError> {
+    /// Sends one request on a new connection, with a munge credential if `sign`, and reads
+    /// its reply.
+    fn exchange(
+        &self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+        sign: bool,
+    ) -> Result<Reply, ApiClientError> {
         let endpoint = &self.endpoint;
         let io = |source| ApiClientError::Io { endpoint: endpoint.clone(), source };
+        let authorization = if sign {
+            let value =
+                crate::request_auth::authorization(&self.munge, method, path, body).map_err(
+                    |source| ApiClientError::Credential { endpoint: endpoint.clone(), source },
+                )?;
+            format!("Authorization: {value}\r\n")
+        } else {
+            String::new()
+        };
         let mut connection = spillway_proto::transport::connect(endpoint)
             .map_err(|source| ApiClientError::Connect { endpoint: endpoint.clone(), source })?;
         let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: spillway-manager\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            "{method} {path} HTTP/1.1\r\nHost: spillway-manager\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{authorization}Connection: close\r\n\r\n",
             body.len()
         );
         let sent = connection
@@ -262,4 +345,9 @@ fn read_reply(connection: &mut dyn spillway_proto::Connection) -> std::io::Resul
             Err(_) => return Ok(ReplyRead::Partial(bytes)),
         }
     }
+}
+
+/// The `kind` of an error reply's JSON body, if it has one.
+fn error_kind(reply: &Reply) -> Option<String> {
+    serde_json::from_slice::<ErrorBody>(&reply.body).ok().map(|error| error.kind)
 }

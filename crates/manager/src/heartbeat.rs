@@ -23,17 +23,22 @@ pub trait Prober: Send + Sync {
 
 /// The real prober: connect, `Status`, `DrainStatus` (drains in flight; a server without a
 /// drainer simply reports none).
-pub struct ClientProber;
+pub struct ClientProber {
+    /// Where credentials come from when a server requires munge (`None`: libmunge's default).
+    pub munge_socket: Option<std::path::PathBuf>,
+}
 
 impl Prober for ClientProber {
     fn probe(&self, address: &str) -> Result<Probe, String> {
         let endpoint: Endpoint = address.parse()?;
         let options = ClientOptions {
             client_name: "spillway-manager heartbeat".into(),
+            munge_socket: self.munge_socket.clone(),
             ..Default::default()
         };
         let mut client = Client::connect(&[endpoint], options).map_err(|e| e.to_string())?;
-        client.status().map_err(|e| e.to_string())?;
+        let status = client.status().map_err(|e| e.to_string())?;
+        let auth = status.first().map(|s| s.auth.to_string()).unwrap_or_default();
         let drains_in_flight = match client.drain_status() {
             Ok(per_server) => per_server
                 .iter()
@@ -42,7 +47,7 @@ impl Prober for ClientProber {
                 .count() as u32,
             Err(_) => 0,
         };
-        Ok(Probe { drains_in_flight })
+        Ok(Probe { drains_in_flight, auth })
     }
 }
 
@@ -62,23 +67,23 @@ pub fn heartbeat_round(manager: &Manager, prober: &dyn Prober) {
     }
 }
 
-/// Re-sends every active reservation's stream assignment to its servers: a server keeps them in
-/// memory only, so one that restarted learns them again within a heartbeat.
-fn reassert_streams(manager: &Manager) {
+/// Re-sends every active reservation's grants to its servers, so a server that was down (or
+/// lost its state) when the reservation was created takes the reservation's data within a
+/// heartbeat; an unchanged grant costs a server nothing.
+fn reassert_grants(manager: &Manager) {
     let root = manager.caller(0, 0);
-    let reservations = match manager.list_reservations(&root, true) {
+    let mut reservations = match manager.list_reservations(&root, true) {
         Ok(list) => list,
         Err(error) => {
             tracing::error!(%error, "heartbeat cannot list reservations");
             return;
         }
     };
-    for reservation in
-        reservations.iter().filter(|r| r.state == crate::model::ReservationState::Active)
-    {
-        if let Err(error) = crate::assign_reservation_stream(reservation) {
-            tracing::debug!(reservation = reservation.id, %error, "stream assignment not delivered this round");
-        }
+    reservations.retain(|r| r.state == crate::model::ReservationState::Active);
+    let munge_socket = manager.knobs().munge_socket_path();
+    for failure in crate::grant_reservations(&reservations, munge_socket.as_deref()) {
+        let crate::GrantFailure { reservation, server, error } = failure;
+        tracing::debug!(reservation, %server, %error, "grant not delivered this round");
     }
 }
 
@@ -88,7 +93,7 @@ pub fn run(manager: Arc<Manager>, prober: Arc<dyn Prober>, stop: Arc<AtomicBool>
     while !stop.load(Ordering::Relaxed) {
         let started = Instant::now();
         heartbeat_round(&manager, prober.as_ref());
-        reassert_streams(&manager);
+        reassert_grants(&manager);
         while started.elapsed() < period && !stop.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(20).min(period));
         }

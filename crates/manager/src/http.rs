@@ -3,7 +3,9 @@
 //! Hand-written rather than a framework because the caller's identity must come from the
 //! socket itself (`SO_PEERCRED`, or the loopback TCP owner), which the transports of
 //! `spillway-proto` already provide, and because the API is a dozen control-plane requests a
-//! minute, not a data path. One request per connection (`Connection: close`), so there is no
+//! minute, not a data path. With `manager.auth = munge`, a request over TCP is authenticated by
+//! its `Authorization: MUNGE` header instead (see [`crate::request_auth`]; 401 without a valid
+//! one). One request per connection (`Connection: close`), so there is no
 //! keep-alive state. Bounded: connections served at once, in total and per uid
 //! (`connections_max`, `connections_per_uid_max`; more get a 503 with `Retry-After` at once,
 //! see [`crate::admission`]), request size (`request_bytes_max`; 413), and the time one
@@ -25,19 +27,34 @@ use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use spillway_proto::{Connection, Identity, Listener};
+use spillway_config::Authentication;
+use spillway_proto::{Connection, Identity, Listener, Transport};
+use spillway_sys::munge::MungeContext;
 
 use crate::admission::{reply_and_linger, ConnectionSlots, Refuser, BUSY_RETRY_AFTER_S};
 use crate::model::ErrorBody;
+use crate::request_auth::{check_authorization, RequestAuthError};
 use crate::service::{ApiError, Manager, StatusView};
 
 /// A parsed request.
 #[derive(Debug)]
 struct Request {
     method: String,
+    /// The request target as sent (path and query), which a munge credential binds.
+    target: String,
     path: String,
     query: BTreeMap<String, String>,
+    /// The `Authorization` header, if any.
+    authorization: Option<String>,
     body: Vec<u8>,
+}
+
+/// What the head of a request says.
+struct Head<'a> {
+    method: &'a str,
+    target: &'a str,
+    content_length: usize,
+    authorization: Option<&'a str>,
 }
 
 /// What went wrong while reading a request (answered with a 4xx).
@@ -81,13 +98,15 @@ fn read_request(
     let header_end = reader.read_head(&mut buffer, limit)?;
     let head = std::str::from_utf8(&buffer[..header_end])
         .map_err(|_| RequestError::Malformed("request head is not UTF-8".into()))?;
-    let (method, target, content_length) = parse_head(head)?;
+    let Head { method, target, content_length, authorization } = parse_head(head)?;
     let body = reader.read_body(&buffer, header_end, content_length, limit)?;
     let (path, query_text) = target.split_once('?').unwrap_or((target, ""));
     Ok(Request {
         method: method.to_string(),
+        target: target.to_string(),
         path: path.to_string(),
         query: parse_query(query_text),
+        authorization: authorization.map(str::to_string),
         body,
     })
 }
@@ -167,8 +186,9 @@ impl RequestReader<'_> {
     }
 }
 
-/// The request line's method and target, and the `Content-Length` of the head (0 if absent).
-fn parse_head(head: &str) -> Result<(&str, &str, usize), RequestError> {
+/// The request line's method and target, the `Content-Length` of the head (0 if absent) and
+/// its `Authorization`.
+fn parse_head(head: &str) -> Result<Head<'_>, RequestError> {
     let mut lines = head.split("\r\n");
     let request_line = lines.next().unwrap_or_default();
     let mut parts = request_line.split(' ');
@@ -181,6 +201,7 @@ fn parse_head(head: &str) -> Result<(&str, &str, usize), RequestError> {
         return Err(RequestError::Malformed(format!("unsupported version {version:?}")));
     }
     let mut content_length = 0usize;
+    let mut authorization = None;
     for line in lines {
         let Some((name, value)) = line.split_once(':') else {
             return Err(RequestError::Malformed(format!("header line {line:?}")));
@@ -189,13 +210,15 @@ fn parse_head(head: &str) -> Result<(&str, &str, usize), RequestError> {
             content_length = value.trim().parse().map_err(|_| {
                 RequestError::Malformed(format!("Content-Length {:?}", value.trim()))
             })?;
+        } else if name.trim().eq_ignore_ascii_case("authorization") {
+            authorization = Some(value.trim());
         } else if name.trim().eq_ignore_ascii_case("transfer-encoding") {
             return Err(RequestError::Malformed(
                 "Transfer-Encoding is not supported; send Content-Length".into(),
             ));
         }
     }
-    Ok((method, target, content_length))
+    Ok(Head { method, target, content_length, authorization })
 }
 
 /// The query's `key=value` pairs (a key without `=` has an empty value).
@@ -215,6 +238,7 @@ fn reason(status: u16) -> &'static str {
         200 => "OK",
         201 => "Created",
         400 => "Bad Request",
+        401 => "Unauthorized",
         403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
@@ -232,8 +256,10 @@ fn reason(status: u16) -> &'static str {
 fn response_head(status: u16, body_length: usize, retry_after_s: Option<u64>) -> String {
     let retry_after =
         retry_after_s.map(|seconds| format!("Retry-After: {seconds}\r\n")).unwrap_or_default();
+    // A 401 names the scheme that would have been accepted.
+    let challenge = if status == 401 { "WWW-Authenticate: MUNGE\r\n" } else { "" };
     format!(
-        "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {body_length}\r\n{retry_after}Connection: close\r\n\r\n",
+        "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {body_length}\r\n{retry_after}{challenge}Connection: close\r\n\r\n",
         reason(status),
     )
 }
@@ -378,7 +404,10 @@ fn route_reservations(
             let job = request.query.get("job").map(String::as_str);
             match manager.destroy_reservation(caller, key, job, request.flag("force")) {
                 Ok(destroyed) => {
-                    crate::delete_reservation_data(&destroyed.reservation);
+                    crate::retire_reservation_data(
+                        &destroyed.reservation,
+                        manager.knobs().munge_socket_path().as_deref(),
+                    );
                     json(200, &destroyed.reservation)
                 }
                 Err(error) => api_error(error),
@@ -397,32 +426,38 @@ fn route_reservations(
     }
 }
 
-/// Creates the reservation, then (best effort) its namespace and its stream on the servers.
+/// Creates the reservation, then (best effort) its namespace and its grants on the servers.
 fn create_reservation(
     manager: &Manager,
     caller: &crate::Caller,
     create: &crate::CreateReservation,
 ) -> Reply {
-    match manager.create_reservation(caller, create) {
-        Ok(reservation) => {
-            // Best effort: without it, stage-in as a user fails naming the namespace, and the
-            // job's mount (root) creates it at pre_run.
-            if let Err(error) = crate::create_reservation_namespace(&reservation) {
-                tracing::warn!(reservation = reservation.id, %error, "could not create the reservation's namespace");
-            }
-            // Best effort too: the heartbeat asserts it again.
-            if let Err(error) = crate::assign_reservation_stream(&reservation) {
-                tracing::warn!(reservation = reservation.id, %error, "could not assign the reservation's SSD stream");
-            }
-            json(201, &reservation)
-        }
-        Err(error) => api_error(error),
+    let reservation = match manager.create_reservation(caller, create) {
+        Ok(reservation) => reservation,
+        Err(error) => return api_error(error),
+    };
+    let munge_socket = manager.knobs().munge_socket_path();
+    // Best effort: without it, stage-in as a user fails naming the namespace, and the job's
+    // mount (root) creates it at pre_run.
+    if let Err(error) = crate::create_reservation_namespace(&reservation, munge_socket.as_deref()) {
+        tracing::warn!(reservation = reservation.id, %error, "could not create the reservation's namespace");
     }
+    // Best effort too: the heartbeat grants it again until every server has it.
+    for (server, error) in crate::grant_reservation(&reservation, munge_socket.as_deref()) {
+        tracing::warn!(reservation = reservation.id, %server, %error, "could not grant the reservation's epoch");
+    }
+    json(201, &reservation)
 }
 
 /// Serves one admitted connection: reads its request by the deadline, answers it as the
-/// caller the kernel vouched for, and sends the reply by a second deadline.
-fn handle(manager: &Manager, mut connection: Box<dyn Connection>, identity: Identity) {
+/// caller the kernel vouched for (or, with `munge`, the request's credential), and sends the
+/// reply by a second deadline.
+fn handle(
+    manager: &Manager,
+    mut connection: Box<dyn Connection>,
+    identity: Identity,
+    munge: Option<MungeContext>,
+) {
     let peer = connection.peer();
     let knobs = manager.knobs();
     let time_limit = Duration::from_millis(knobs.request_timeout_ms);
@@ -437,15 +472,47 @@ fn handle(manager: &Manager, mut connection: Box<dyn Connection>, identity: Iden
             return;
         }
     };
-    let caller = manager.caller(identity.uid, identity.gid);
-    let (status, body) = route(manager, &caller, &request);
-    tracing::debug!(%peer, uid = caller.uid, method = %request.method, path = %request.path, status, "request");
+    let (status, body) = match request_identity(munge.as_ref(), identity, &request) {
+        Ok(identity) => {
+            let caller = manager.caller(identity.uid, identity.gid);
+            let reply = route(manager, &caller, &request);
+            tracing::debug!(%peer, uid = caller.uid, method = %request.method, path = %request.path, status = reply.0, "request");
+            reply
+        }
+        Err(RequestAuthError::Unavailable(error)) => {
+            tracing::error!(%peer, %error, "cannot check an API request's munge credential");
+            let message = format!("the manager cannot check munge credentials: {error}");
+            error_reply(503, "munge_unavailable", message)
+        }
+        Err(refusal) => {
+            tracing::warn!(%peer, method = %request.method, path = %request.path, reason = %refusal, "refusing API request: munge authentication failed");
+            error_reply(401, "munge_required", refusal.to_string())
+        }
+    };
     if let Err(error) =
         write_response(connection.as_mut(), status, &body, Instant::now() + time_limit)
     {
         tracing::debug!(%peer, %error, "could not send the reply");
     }
     connection.shutdown();
+}
+
+/// The identity a request runs as: the kernel's, or with munge the credential's.
+fn request_identity(
+    munge: Option<&MungeContext>,
+    kernel_identity: Identity,
+    request: &Request,
+) -> Result<Identity, RequestAuthError> {
+    match munge {
+        None => Ok(kernel_identity),
+        Some(context) => check_authorization(
+            context,
+            request.authorization.as_deref(),
+            &request.method,
+            &request.target,
+            &request.body,
+        ),
+    }
 }
 
 /// Serves the API on `listeners` until `stop` is set; returns after in-flight requests finish.
@@ -489,7 +556,13 @@ fn admit(
     refuser: &Refuser,
     connection: Box<dyn Connection>,
 ) {
+    // Over TCP a munge manager takes the identity from each request's credential, known only
+    // once the request is read: until then such connections count as `nobody`'s.
+    let knobs = manager.knobs();
+    let munge = (knobs.auth == Authentication::Munge && connection.transport() == Transport::Tcp)
+        .then(|| MungeContext::new().with_socket(knobs.munge_socket_path()));
     let identity = match connection.identity() {
+        _ if munge.is_some() => Identity::NOBODY,
         Ok(identity) => identity,
         Err(error) => {
             tracing::warn!(peer = %connection.peer(), %error, "cannot establish the caller's identity");
@@ -503,7 +576,7 @@ fn admit(
         Ok(slot) => {
             let manager = Arc::clone(manager);
             let spawned = std::thread::Builder::new().name("manager-api".into()).spawn(move || {
-                handle(&manager, connection, identity);
+                handle(&manager, connection, identity, munge);
                 drop(slot);
             });
             if let Err(error) = spawned {
@@ -545,6 +618,9 @@ mod tests {
         }
     }
     impl Connection for Fake {
+        fn transport(&self) -> Transport {
+            Transport::Unix
+        }
         fn peer(&self) -> String {
             "fake".into()
         }
@@ -579,7 +655,13 @@ mod tests {
         assert_eq!(request.method, "POST");
         assert_eq!(request.path, "/v1/reservations");
         assert_eq!(request.query.get("job").map(String::as_str), Some("7"));
+        assert_eq!(request.target, "/v1/reservations?all=1&job=7");
         assert_eq!(request.body, b"{}");
+        assert_eq!(request.authorization, None);
+        let signed =
+            parse(b"GET /v1/whoami HTTP/1.1\r\nauthorization:  MUNGE MUNGE:abc: \r\n\r\n", 4096)
+                .unwrap();
+        assert_eq!(signed.authorization.as_deref(), Some("MUNGE MUNGE:abc:"));
     }
 
     #[test]

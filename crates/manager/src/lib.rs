@@ -5,8 +5,11 @@
 //! grants capacity in fragments over a pool's servers, picks the pool by BIOS Algorithm 2 and
 //! the stream id by BIOS Algorithm 1, enforces quotas and ownership ([`service`]), and serves
 //! all of it as HTTP/JSON on a Unix socket whose peer credentials identify the caller
-//! ([`http`]). The CLI talks to it through [`api`]; staging data between the PFS and a
-//! reservation runs in the CLI process ([`stage`]), so bulk data never passes through the
+//! ([`http`]), and optionally on TCP (the loopback owner, or a munge credential per request:
+//! [`request_auth`]). Its own connections to servers (heartbeats, streams, namespaces, deletes)
+//! run as root and authenticate with munge when a server asks, through `manager.munge_socket`.
+//! The CLI talks to it through [`api`]; staging data between the PFS and a reservation runs in
+//! the CLI process ([`stage`]), so bulk data never passes through the
 //! manager and PFS files are read and written with the caller's own permissions.
 
 pub mod admission;
@@ -18,6 +21,7 @@ pub mod identity;
 pub mod job_owner;
 pub mod job_use;
 pub mod model;
+pub mod request_auth;
 pub mod service;
 pub mod stage;
 
@@ -26,7 +30,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use spillway_config::ManagerKnobs;
-use spillway_proto::Endpoint;
+use spillway_proto::{Endpoint, EpochGrant};
 
 pub use api::{ApiClient, ApiClientError};
 pub use identity::Caller;
@@ -117,14 +121,19 @@ pub fn run_daemon(
                     reason: e.to_string(),
                 }
             })?;
-        // Never insecure: the manager has no way to authenticate a remote caller.
-        listeners.push(spillway_proto::transport::bind(&Endpoint::Tcp(address), false)?);
+        // Remote callers only when each request is authenticated with munge.
+        let remote_allowed = knobs.auth == spillway_config::Authentication::Munge;
+        listeners.push(spillway_proto::transport::bind(&Endpoint::Tcp(address), remote_allowed)?);
     }
     let heartbeat = {
         let (manager, stop) = (Arc::clone(&manager), Arc::clone(&stop));
         std::thread::Builder::new()
             .name("manager-heartbeat".into())
-            .spawn(move || heartbeat::run(manager, Arc::new(heartbeat::ClientProber), stop))
+            .spawn(move || {
+                let prober =
+                    heartbeat::ClientProber { munge_socket: manager.knobs().munge_socket_path() };
+                heartbeat::run(manager, Arc::new(prober), stop)
+            })
             .expect("spawning the heartbeat thread")
     };
     for listener in &listeners {
@@ -143,7 +152,11 @@ pub fn run_daemon(
 /// reservation's owner, mode 0755. Only root may create namespaces on a server, so the manager
 /// (root) does it when the reservation is created; private reservations get one namespace per
 /// compute node, created by each node's mount. Creating an existing namespace is harmless.
-pub fn create_reservation_namespace(reservation: &Reservation) -> Result<(), String> {
+/// `munge_socket`: where credentials come from if the server requires munge.
+pub fn create_reservation_namespace(
+    reservation: &Reservation,
+    munge_socket: Option<&Path>,
+) -> Result<(), String> {
     if reservation.access != Access::Striped {
         return Ok(());
     }
@@ -165,6 +178,7 @@ pub fn create_reservation_namespace(reservation: &Reservation) -> Result<(), Str
         root_gid: reservation.group,
         root_mode: 0o755,
         connections_max: 1,
+        munge_socket: munge_socket.map(Path::to_path_buf),
     };
     spillway_client::meta::RemoteNamespace::open(&servers[place.server], place.namespace, &options)
         .map(|_| ())
@@ -173,53 +187,194 @@ pub fn create_reservation_namespace(reservation: &Reservation) -> Result<(), Str
         })
 }
 
-/// Tells each of the reservation's servers that writes to its epoch go to the SSD stream BIOS
-/// Algorithm 1 chose for it (`reservation.stream`), so the store separates its segments by that
-/// stream. Called when the reservation is created and again every heartbeat (a restarted server
-/// keeps assignments in memory only).
-pub fn assign_reservation_stream(reservation: &Reservation) -> Result<(), String> {
-    let servers: Vec<Endpoint> =
-        reservation.servers.iter().map(|s| s.parse::<Endpoint>()).collect::<Result<_, _>>()?;
-    if servers.is_empty() {
-        return Ok(());
-    }
-    let options = spillway_client::ClientOptions {
-        client_name: "spillway-manager streams".into(),
-        ..Default::default()
+/// The grant of the reservation's epoch on its server at `stripe_index` (in stripe order): the
+/// owner, the allowed uids and groups of a persistent reservation, the capacity of the
+/// fragments placed on that server, the reservation's whole capacity (what `statfs` of its
+/// namespace reports) and the SSD stream BIOS Algorithm 1 chose for it.
+pub fn reservation_grant(reservation: &Reservation, stripe_index: usize) -> EpochGrant {
+    let (allowed_uids, allowed_gids) = if reservation.persistent {
+        (reservation.allowed_uids.clone(), reservation.allowed_gids.clone())
+    } else {
+        (Vec::new(), Vec::new())
     };
-    let mut client =
-        spillway_client::Client::connect(&servers, options).map_err(|e| e.to_string())?;
-    client
-        .assign_stream(spillway_types::EpochId(reservation.epoch), reservation.stream as u64)
-        .map_err(|e| {
-            format!("assigning stream {} to epoch {}: {e}", reservation.stream, reservation.epoch)
-        })
+    // Placement puts whole fragments on every server it picks, and a grant's capacity 0 would
+    // mean "no limit": a reservation without fragments on a server is a bug, not a grant.
+    assert_eq!(
+        reservation.servers.len(),
+        reservation.server_fragments.len(),
+        "reservation {}: servers and server_fragments are parallel",
+        reservation.id
+    );
+    let fragments = reservation.server_fragments[stripe_index];
+    assert!(
+        fragments > 0 && reservation.fragment_bytes > 0,
+        "reservation {}: no capacity on server {stripe_index}",
+        reservation.id
+    );
+    EpochGrant {
+        owner_uid: reservation.owner,
+        owner_gid: reservation.group,
+        allowed_uids,
+        allowed_gids,
+        capacity_bytes: fragments * reservation.fragment_bytes,
+        reservation_capacity_bytes: reservation.capacity_bytes,
+        stream: Some(reservation.stream as u64),
+    }
 }
 
-/// Deletes a destroyed reservation's data (its epoch) on each of its servers. Best effort: a
-/// server that cannot be reached is logged (its store keeps the epoch until deleted by hand or
-/// drained); the reservation's capacity is already free in the manager.
-pub fn delete_reservation_data(reservation: &Reservation) -> usize {
+/// Sends each of the reservation's servers the grant of its epoch there
+/// ([`reservation_grant`]): from then on a managed server takes the epoch's data only from the
+/// owner, the allowed users and groups, and root, up to its share of the capacity, into the
+/// reservation's stream. Called when the reservation is created (and, through
+/// [`grant_reservations`], every heartbeat). Returns each server the grant did not reach, with
+/// why.
+pub fn grant_reservation(
+    reservation: &Reservation,
+    munge_socket: Option<&Path>,
+) -> Vec<(String, String)> {
+    grant_reservations(std::slice::from_ref(reservation), munge_socket)
+        .into_iter()
+        .map(|failure| (failure.server, failure.error))
+        .collect()
+}
+
+/// A grant that did not reach a server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GrantFailure {
+    pub reservation: u64,
+    pub server: String,
+    pub error: String,
+}
+
+/// Sends every grant of `reservations` ([`reservation_grant`]) to its server, over one
+/// connection per server (one authentication each, however many reservations it holds). The
+/// heartbeat calls it with every active reservation, so a server that was down, or lost its
+/// disk, catches up; an unchanged grant costs a server nothing.
+pub fn grant_reservations(
+    reservations: &[Reservation],
+    munge_socket: Option<&Path>,
+) -> Vec<GrantFailure> {
+    let mut by_server: std::collections::BTreeMap<&str, Vec<(&Reservation, EpochGrant)>> =
+        std::collections::BTreeMap::new();
+    for reservation in reservations {
+        for (index, address) in reservation.servers.iter().enumerate() {
+            let grant = reservation_grant(reservation, index);
+            by_server.entry(address.as_str()).or_default().push((reservation, grant));
+        }
+    }
+    let mut failures = Vec::new();
+    for (address, grants) in by_server {
+        let mut client = match connect_one(address, "spillway-manager grants", munge_socket) {
+            Ok(client) => client,
+            Err(error) => {
+                failures.extend(grants.iter().map(|(reservation, _)| GrantFailure {
+                    reservation: reservation.id,
+                    server: address.to_string(),
+                    error: format!("granting epoch {}: {error}", reservation.epoch),
+                }));
+                continue;
+            }
+        };
+        for (reservation, grant) in grants {
+            let epoch = spillway_types::EpochId(reservation.epoch);
+            if let Err(error) = client.grant_epoch(epoch, &grant) {
+                failures.push(GrantFailure {
+                    reservation: reservation.id,
+                    server: address.to_string(),
+                    error: format!("granting epoch {epoch}: {error}"),
+                });
+            }
+        }
+    }
+    failures
+}
+
+/// A client of the one server at `address` (credentials from `munge_socket` if the server
+/// requires munge).
+fn connect_one(
+    address: &str,
+    client_name: &str,
+    munge_socket: Option<&Path>,
+) -> Result<spillway_client::Client, String> {
+    let endpoint = address.parse::<Endpoint>()?;
+    let options = spillway_client::ClientOptions {
+        client_name: client_name.into(),
+        munge_socket: munge_socket.map(Path::to_path_buf),
+        ..Default::default()
+    };
+    spillway_client::Client::connect(&[endpoint], options).map_err(|e| e.to_string())
+}
+
+/// Retires a destroyed reservation's data on each of its servers: revokes the grant of its
+/// epoch (so nobody but root may use what is left), then deletes the epoch. Best effort: a
+/// server that cannot be reached is logged (its store keeps the epoch, and the grant, until
+/// deleted by hand or drained); the reservation's capacity is already free in the manager.
+/// Returns the number of servers where the epoch was deleted.
+pub fn retire_reservation_data(reservation: &Reservation, munge_socket: Option<&Path>) -> usize {
+    let epoch = spillway_types::EpochId(reservation.epoch);
     let mut deleted = 0;
     for address in &reservation.servers {
-        let outcome = address.parse::<Endpoint>().map_err(|e| e.to_string()).and_then(|endpoint| {
-            let options = spillway_client::ClientOptions {
-                client_name: "spillway-manager teardown".into(),
-                ..Default::default()
-            };
-            let mut client = spillway_client::Client::connect(&[endpoint], options)
-                .map_err(|e| e.to_string())?;
-            client
-                .delete_epoch(spillway_types::EpochId(reservation.epoch))
-                .map_err(|e| e.to_string())
-        });
+        let outcome = connect_one(address, "spillway-manager teardown", munge_socket).and_then(
+            |mut client| {
+                client.revoke_epoch(epoch).map_err(|e| format!("revoking the grant: {e}"))?;
+                client.delete_epoch(epoch).map_err(|e| format!("deleting the epoch: {e}"))
+            },
+        );
         match outcome {
             Ok(()) => deleted += 1,
             Err(error) => tracing::warn!(
                 reservation = reservation.id, server = %address, epoch = reservation.epoch, %error,
-                "could not delete the destroyed reservation's data"
+                "could not retire the destroyed reservation's data"
             ),
         }
     }
     deleted
+}
+
+#[cfg(test)]
+mod grant_tests {
+    use super::*;
+
+    fn reservation(persistent: bool) -> Reservation {
+        Reservation {
+            id: 7,
+            name: "r".into(),
+            owner: 1000,
+            group: 100,
+            job: None,
+            persistent,
+            capacity_bytes: 24 << 20,
+            requested_bytes: 20 << 20,
+            fragments: 3,
+            fragment_bytes: 8 << 20,
+            servers: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()],
+            server_fragments: vec![2, 1],
+            server_pfs_dirs: vec![None, None],
+            pool: "p".into(),
+            access: Access::Striped,
+            epoch: 9,
+            namespace_id: 3,
+            stream: 5,
+            state: ReservationState::Active,
+            created_unix_s: 0,
+            allowed_uids: vec![1001],
+            allowed_gids: vec![4242],
+            jobs: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn each_server_is_granted_its_share_and_the_reservation_its_whole() {
+        let persistent = reservation(true);
+        let first = reservation_grant(&persistent, 0);
+        assert_eq!((first.owner_uid, first.owner_gid), (1000, 100));
+        assert_eq!(first.capacity_bytes, 16 << 20, "two 8 MiB fragments on the first server");
+        assert_eq!(reservation_grant(&persistent, 1).capacity_bytes, 8 << 20);
+        assert_eq!(first.reservation_capacity_bytes, 24 << 20);
+        assert_eq!(first.stream, Some(5));
+        assert_eq!((first.allowed_uids, first.allowed_gids), (vec![1001], vec![4242]));
+        // A job-scoped reservation is its owner's alone, whatever was stored with it.
+        let job = reservation_grant(&reservation(false), 0);
+        assert!(job.allowed_uids.is_empty() && job.allowed_gids.is_empty());
+    }
 }

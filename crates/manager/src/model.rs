@@ -71,6 +71,10 @@ pub struct Server {
     pub last_seen_unix_s: Option<u64>,
     /// Drains in flight on this server at the last heartbeat.
     pub drains_in_flight: u32,
+    /// How the server authenticates TCP clients (`none`: unauthenticated beyond loopback,
+    /// `munge`), from its last heartbeat; absent until one answered.
+    #[serde(default)]
+    pub auth: Option<String>,
 }
 
 /// A reservation (job-scoped or persistent).

@@ -256,6 +256,8 @@ api_error!(QuotaError { NotAuthorized => (403, "not_authorized"), Database => (5
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Probe {
     pub drains_in_flight: u32,
+    /// How the server authenticates TCP clients (`none`, `munge`), from its `Status`.
+    pub auth: String,
 }
 
 /// A reservation destroyed by [`Manager::destroy_reservation`]: the caller deletes its data.
@@ -564,6 +566,7 @@ impl Manager {
                 misses: s.misses,
                 last_seen_unix_s: s.last_seen_unix_s,
                 drains_in_flight: live.get(&s.id).map(|p| p.drains_in_flight).unwrap_or(0),
+                auth: live.get(&s.id).map(|p| p.auth.clone()).filter(|a| !a.is_empty()),
             })
             .collect())
     }
@@ -677,8 +680,10 @@ impl Manager {
                 return Err(invalid(format!("job id {job:?} must be 1 to 64 of [A-Za-z0-9._-]")));
             }
         }
-        if request.allowed_uids.len() > 256 || request.allowed_gids.len() > 256 {
-            return Err(invalid("more than 256 allowed uids or gids".into()));
+        let max = spillway_types::GRANT_ALLOWED_IDS_MAX;
+        if request.allowed_uids.len() > max || request.allowed_gids.len() > max {
+            // The servers' grants hold at most this many of each.
+            return Err(invalid(format!("more than {max} allowed uids or gids")));
         }
         Ok(owner)
     }
@@ -922,8 +927,9 @@ impl Manager {
     }
 
     /// Marks the reservation destroyed (its capacity is free at once). The caller then deletes
-    /// its data on the servers ([`crate::delete_reservation_data`]). A persistent reservation
-    /// that Slurm jobs use is refused unless root passes `force`.
+    /// its data on the servers ([`crate::retire_reservation_data`]: grant revoked, epoch
+    /// deleted). A persistent reservation that Slurm jobs use is refused unless root passes
+    /// `force`.
     pub fn destroy_reservation(
         &self,
         caller: &Caller,

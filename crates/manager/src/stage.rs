@@ -498,6 +498,8 @@ impl Tree {
             root_gid: reservation.group,
             root_mode: 0o755,
             connections_max: connections_max.max(1),
+            // SPILLWAY_MUNGE_SOCKET of the staging process, like its data clients.
+            ..RemoteOptions::default()
         };
         let what = format!("opening namespace {} on {}", place.namespace, servers[place.server]);
         let ns = RemoteNamespace::open(&servers[place.server], place.namespace, &options)

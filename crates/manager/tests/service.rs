@@ -399,7 +399,7 @@ impl Prober for FlakyProber {
         if self.down.lock().unwrap().iter().any(|a| a == address) {
             Err(format!("{address}: connection refused"))
         } else {
-            Ok(Probe { drains_in_flight: 1 })
+            Ok(Probe { drains_in_flight: 1, auth: "munge".into() })
         }
     }
 }
@@ -440,6 +440,7 @@ fn a_server_missing_heartbeats_is_marked_down_and_avoided() {
     heartbeat_round(&manager, &prober);
     assert!(server(&manager).healthy);
     assert!(server(&manager).last_seen_unix_s.is_some());
+    assert_eq!(server(&manager).auth.as_deref(), Some("munge"), "what the heartbeat saw");
 }
 
 /// Slurm as the unit tests see it: job 42 belongs to uid 1000, job 43 to uid 1001, any other

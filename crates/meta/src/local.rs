@@ -20,17 +20,21 @@ use crate::permission::{self, MAY_EXECUTE, MAY_READ, MAY_WRITE};
 use crate::state::{Inode, Mutation, State};
 use spillway_namespace::*;
 
-/// Total and free bytes of the store that holds the namespace's data (for `statfs`).
+/// Total and free bytes of the store that holds the namespace's data, and the capacity of the
+/// reservation it belongs to if known (for `statfs`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StoreCapacity {
     pub total_bytes: u64,
     pub free_bytes: u64,
+    /// The reservation's capacity when the namespace's data epoch is granted one: `statfs` then
+    /// reports it as the size and the sum of the namespace's file sizes as the usage.
+    pub reservation_bytes: Option<u64>,
 }
 
-/// Where `statfs` gets the store's real capacity from (the server passes its store; tests a
-/// fixed figure).
+/// Where `statfs` gets the capacity from (the server passes its store and the grant of the
+/// namespace's data epoch; tests a fixed figure).
 pub trait Capacity: Send + Sync {
-    fn capacity(&self) -> StoreCapacity;
+    fn capacity(&self, data_epoch: EpochId) -> StoreCapacity;
 }
 
 /// A capacity that never changes.
@@ -38,7 +42,7 @@ pub trait Capacity: Send + Sync {
 pub struct FixedCapacity(pub StoreCapacity);
 
 impl Capacity for FixedCapacity {
-    fn capacity(&self) -> StoreCapacity {
+    fn capacity(&self, _data_epoch: EpochId) -> StoreCapacity {
         self.0
     }
 }
@@ -1385,15 +1389,32 @@ impl Namespace for LocalNamespace {
         )
     }
 
+    /// The store's size and free space; for a namespace whose data epoch is granted a
+    /// reservation capacity, that capacity as the size and the sum of its regular files' sizes
+    /// as the space used (free: the rest, at most what the store has free).
     fn statfs(&self) -> Result<FsStat, MetaError> {
         const BLOCK_BYTES: u64 = 4096;
-        let capacity = self.capacity.capacity();
+        let capacity = self.capacity.capacity(self.data_epoch);
+        let (total, free) = match capacity.reservation_bytes {
+            Some(reservation) => {
+                let used = self.read(|state| {
+                    Ok(state
+                        .inodes
+                        .values()
+                        .filter(|inode| inode.attr.kind == FileKind::Regular)
+                        .map(|inode| inode.attr.size)
+                        .sum::<u64>())
+                })?;
+                (reservation, reservation.saturating_sub(used).min(capacity.free_bytes))
+            }
+            None => (capacity.total_bytes, capacity.free_bytes.min(capacity.total_bytes)),
+        };
         let inodes = self.inode_count();
         Ok(FsStat {
             block_bytes: BLOCK_BYTES as u32,
-            blocks: capacity.total_bytes / BLOCK_BYTES,
-            blocks_free: capacity.free_bytes.min(capacity.total_bytes) / BLOCK_BYTES,
-            blocks_avail: capacity.free_bytes.min(capacity.total_bytes) / BLOCK_BYTES,
+            blocks: total / BLOCK_BYTES,
+            blocks_free: free / BLOCK_BYTES,
+            blocks_avail: free / BLOCK_BYTES,
             files: self.options.inodes_max,
             files_free: self.options.inodes_max.saturating_sub(inodes),
             name_bytes_max: NAME_BYTES_MAX as u32,

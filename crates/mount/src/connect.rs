@@ -72,6 +72,8 @@ pub fn connect_namespace(
         root_gid: root.gid,
         root_mode: root.mode,
         connections_max: connections.max(1) * 2,
+        // The mount's process environment names the munged (SPILLWAY_MUNGE_SOCKET).
+        ..RemoteOptions::default()
     };
     let namespace = RemoteNamespace::open(endpoint, id, &options)
         .map_err(|source| ConnectError::Namespace { id, endpoint: endpoint.clone(), source })?;

@@ -38,6 +38,9 @@ pub enum ErrorCode {
     Internal,
     /// The server is at its connection limit; try again later.
     Busy,
+    /// The write would take the epoch past the capacity its grant gives it on this server
+    /// (the reservation's share there); nothing of it was written.
+    QuotaExceeded,
 }
 
 /// Code, wire value, errno, description — the single table.
@@ -57,6 +60,7 @@ const TABLE: &[(ErrorCode, u16, i32, &str)] = &[
     (ErrorCode::Corrupt, 13, libc::EBADMSG, "stored data corrupt"),
     (ErrorCode::Internal, 14, libc::ENOTRECOVERABLE, "internal server error"),
     (ErrorCode::Busy, 15, libc::EAGAIN, "server busy"),
+    (ErrorCode::QuotaExceeded, 16, libc::EDQUOT, "reservation capacity exceeded"),
 ];
 
 impl ErrorCode {
@@ -109,7 +113,7 @@ mod tests {
             assert_eq!(ErrorCode::from_wire(code.wire()), Some(code));
             assert!(code.errno() > 0);
         }
-        assert_eq!(seen.len(), 15);
+        assert_eq!(seen.len(), 16);
         assert_eq!(ErrorCode::from_wire(0), None);
         assert_eq!(ErrorCode::from_wire(999), None);
     }
@@ -120,5 +124,6 @@ mod tests {
         assert_eq!(ErrorCode::NoSuchFile.errno(), libc::ENOENT);
         assert_eq!(ErrorCode::EpochReadOnly.errno(), libc::EROFS);
         assert_eq!(ErrorCode::BadFrame.errno(), libc::EPROTO);
+        assert_eq!(ErrorCode::QuotaExceeded.errno(), libc::EDQUOT);
     }
 }

@@ -45,6 +45,11 @@ pub enum Kind {
     DrainStatus = 0x0D,
     Sync = 0x0E,
     AssignStream = 0x0F,
+    /// Site authentication.
+    Authenticate = 0x10,
+    /// Grants (root only: the manager).
+    GrantEpoch = 0x11,
+    RevokeEpoch = 0x12,
     // Namespace (metadata service) requests, see `crate::namespace`.
     NamespaceOpen = 0x20,
     NamespaceSync = 0x21,
@@ -80,6 +85,9 @@ pub enum Kind {
     DrainReport = 0x8D,
     Synced = 0x8E,
     StreamAssigned = 0x8F,
+    Authenticated = 0x90,
+    EpochGranted = 0x91,
+    EpochRevoked = 0x92,
     // Namespace responses.
     NamespaceOpened = 0xA0,
     NsAttr = 0xA1,
@@ -94,7 +102,7 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in byte order within each family.
-    pub const ALL: [Kind; 58] = [
+    pub const ALL: [Kind; 64] = [
         Kind::Hello,
         Kind::OpenFile,
         Kind::Write,
@@ -110,6 +118,9 @@ impl Kind {
         Kind::DrainStatus,
         Kind::Sync,
         Kind::AssignStream,
+        Kind::Authenticate,
+        Kind::GrantEpoch,
+        Kind::RevokeEpoch,
         Kind::HelloReply,
         Kind::FileOpened,
         Kind::Written,
@@ -125,6 +136,9 @@ impl Kind {
         Kind::DrainReport,
         Kind::Synced,
         Kind::StreamAssigned,
+        Kind::Authenticated,
+        Kind::EpochGranted,
+        Kind::EpochRevoked,
         Kind::Error,
         Kind::NamespaceOpen,
         Kind::NamespaceSync,

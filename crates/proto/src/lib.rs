@@ -10,26 +10,31 @@
 //! The transport (TCP, Unix-domain sockets; RDMA later) sits behind the traits in [`transport`];
 //! the codec ([`frame`], [`message`]) is pure and does no I/O beyond `Read`/`Write`.
 
+pub mod auth;
 pub mod errno;
 pub mod frame;
 pub mod message;
 pub mod namespace;
 pub mod transport;
 
+pub use auth::{AuthMethod, CHALLENGE_BYTES};
 pub use errno::ErrorCode;
 pub use frame::{FrameError, Header, Kind, ReceiveError, HEADER_BYTES};
 pub use message::{
-    DrainInfo, DrainState, Durability, EpochInfo, EpochState, Extent, FileInfo, Request, Response,
-    ServerStatus,
+    DrainInfo, DrainState, Durability, EpochGrant, EpochInfo, EpochState, Extent, FileInfo,
+    Request, Response, ServerStatus,
 };
 pub use namespace::{NamespaceRequest, NamespaceResponse};
-pub use transport::{Connection, Endpoint, Identity, Listener};
+pub use transport::{Connection, Endpoint, Identity, Listener, Transport};
 
 /// The protocol version this build speaks. The handshake picks the highest version both sides
-/// support; the frame header layout is the same in every version.
-pub const PROTOCOL_VERSION: u16 = 1;
-/// The oldest protocol version this build still speaks.
-pub const PROTOCOL_VERSION_MIN: u16 = 1;
+/// support; the frame header layout is the same in every version. Version 2 added site
+/// authentication (`auth` and `challenge` in `HelloReply`, `Authenticate`/`Authenticated`,
+/// `auth` in `StatusReply`).
+pub const PROTOCOL_VERSION: u16 = 2;
+/// The oldest protocol version this build still speaks. Servers and clients of this repository
+/// move together, so version 1 (a `HelloReply` without `auth`) is no longer spoken.
+pub const PROTOCOL_VERSION_MIN: u16 = 2;
 /// Largest typed body of any frame. Bodies are metadata only (names, lists), never bulk data.
 pub const BODY_BYTES_MAX: u32 = 64 * 1024;
 /// Hard upper bound on any payload, whatever a server advertises: 256 MiB.

@@ -5,8 +5,9 @@
 //! trailing bytes, invalid UTF-8 and out-of-range enum values are all named errors.
 //! Bulk data never lives in a body: `Write` data and `ReadData` bytes are the frame payload.
 
-use spillway_types::{EpochId, FileId};
+use spillway_types::{EpochId, FileId, GRANT_ALLOWED_IDS_MAX};
 
+use crate::auth::{AuthMethod, CHALLENGE_BYTES};
 use crate::errno::ErrorCode;
 use crate::frame::{FrameError, Kind};
 use crate::namespace::{NamespaceRequest, NamespaceResponse};
@@ -113,6 +114,8 @@ pub struct ServerStatus {
     pub ssd_bytes_used: u64,
     pub ssd_bytes_max: u64,
     pub epochs: u64,
+    /// How the server authenticates TCP peers (`server.auth`).
+    pub auth: AuthMethod,
 }
 
 /// Where one epoch's drain to the PFS stands on one server.
@@ -194,6 +197,29 @@ pub struct DrainInfo {
     pub last_error: String,
 }
 
+/// Who may use an epoch on a server, how many bytes it may hold there and its SSD stream: the
+/// body of `GrantEpoch` (the manager's grant of a reservation's epoch to one of its servers).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EpochGrant {
+    pub owner_uid: u32,
+    pub owner_gid: u32,
+    /// Other uids allowed to use the epoch (at most [`GRANT_ALLOWED_IDS_MAX`]).
+    pub allowed_uids: Vec<u32>,
+    /// Groups whose members may use the epoch (at most [`GRANT_ALLOWED_IDS_MAX`]).
+    pub allowed_gids: Vec<u32>,
+    /// Payload bytes the epoch may take on this server; 0 = no limit.
+    pub capacity_bytes: u64,
+    /// The reservation's capacity over all its servers (what `statfs` of its namespace
+    /// reports); 0 = not known.
+    pub reservation_capacity_bytes: u64,
+    /// The SSD stream id (BIOS Algorithm 1) the epoch's writes go to, below 2^63; `None`: each
+    /// writer's own.
+    pub stream: Option<u64>,
+}
+
+/// `stream` on the wire when a grant assigns none.
+pub const GRANT_NO_STREAM: u64 = u64::MAX;
+
 /// A request, client → server.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
@@ -270,6 +296,21 @@ pub enum Request {
         epoch: EpochId,
         stream: u64,
     },
+    /// From the manager (root only): the epoch is granted, on this server, as `grant` says.
+    /// Replaces any earlier grant or claim; idempotent.
+    GrantEpoch {
+        epoch: EpochId,
+        grant: EpochGrant,
+    },
+    /// From the manager (root only): the epoch's grant is revoked; only root may use it now.
+    RevokeEpoch {
+        epoch: EpochId,
+    },
+    /// Right after `Hello` when the reply asked for munge: a credential whose payload is
+    /// [`crate::auth::credential_payload`] of the connection's challenge.
+    Authenticate {
+        credential: String,
+    },
     /// A namespace (metadata service) operation; see [`crate::namespace`].
     Namespace(NamespaceRequest),
 }
@@ -277,8 +318,9 @@ pub enum Request {
 /// A response, server → client. `ReadData` carries the bytes as the frame payload.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Response {
-    /// The negotiated version, the limits the client must respect and the identity the server
-    /// established for this connection.
+    /// The negotiated version, the limits the client must respect, the identity the server
+    /// established for this connection (with `auth` None), or the authentication it requires
+    /// next and the connection's challenge (with `auth` Munge; uid/gid are then `nobody`).
     Hello {
         version: u16,
         payload_bytes_max: u32,
@@ -286,6 +328,13 @@ pub enum Response {
         uid: u32,
         gid: u32,
         server_name: String,
+        auth: AuthMethod,
+        challenge: [u8; CHALLENGE_BYTES],
+    },
+    /// The credential was accepted: requests run as this uid/gid.
+    Authenticated {
+        uid: u32,
+        gid: u32,
     },
     FileOpened {
         file: FileId,
@@ -317,6 +366,14 @@ pub enum Response {
     StreamAssigned {
         epoch: EpochId,
         stream: u64,
+    },
+    EpochGranted {
+        epoch: EpochId,
+    },
+    /// `revoked`: the epoch had a grant, now gone.
+    EpochRevoked {
+        epoch: EpochId,
+        revoked: bool,
     },
     Error {
         code: ErrorCode,
@@ -363,8 +420,31 @@ impl Encoder {
         self.0.extend_from_slice(b);
         self
     }
+    /// Fixed-size raw bytes, no length (the challenge).
+    pub(crate) fn fixed(&mut self, b: &[u8]) -> &mut Self {
+        self.0.extend_from_slice(b);
+        self
+    }
     pub(crate) fn file_info(&mut self, f: &FileInfo) -> &mut Self {
         self.u64(f.file.0).string(&f.name).u64(f.size_bytes).u64(f.stored_bytes)
+    }
+    /// `owner_uid u32, owner_gid u32, capacity_bytes u64, reservation_capacity_bytes u64,
+    /// stream u64, uid count u32, uids, gid count u32, gids`.
+    pub(crate) fn grant(&mut self, g: &EpochGrant) -> &mut Self {
+        assert!(g.allowed_uids.len() <= GRANT_ALLOWED_IDS_MAX, "grant of too many uids");
+        assert!(g.allowed_gids.len() <= GRANT_ALLOWED_IDS_MAX, "grant of too many gids");
+        self.u32(g.owner_uid)
+            .u32(g.owner_gid)
+            .u64(g.capacity_bytes)
+            .u64(g.reservation_capacity_bytes)
+            .u64(g.stream.unwrap_or(GRANT_NO_STREAM));
+        for ids in [&g.allowed_uids, &g.allowed_gids] {
+            self.u32(ids.len() as u32);
+            for &id in ids {
+                self.u32(id);
+            }
+        }
+        self
     }
 }
 
@@ -412,6 +492,21 @@ impl<'a> Decoder<'a> {
     pub(crate) fn bytes(&mut self, field: &'static str) -> Result<Vec<u8>, FrameError> {
         let len = self.u16(field)? as usize;
         Ok(self.take(len, field)?.to_vec())
+    }
+    /// `N` raw bytes written by `Encoder::fixed`.
+    pub(crate) fn fixed<const N: usize>(
+        &mut self,
+        field: &'static str,
+    ) -> Result<[u8; N], FrameError> {
+        Ok(self.take(N, field)?.try_into().expect("take returned N bytes"))
+    }
+    pub(crate) fn auth_method(&mut self) -> Result<AuthMethod, FrameError> {
+        let value = self.u8("auth")?;
+        AuthMethod::from_wire(value).ok_or(FrameError::BadValue {
+            kind: self.kind,
+            field: "auth",
+            value: value as u64,
+        })
     }
     /// Bytes not yet decoded.
     pub(crate) fn remaining(&self) -> usize {
@@ -461,6 +556,33 @@ impl<'a> Decoder<'a> {
             stored_bytes: self.u64("stored_bytes")?,
         })
     }
+    /// A list of ids written by `Encoder::grant`, bounded by [`GRANT_ALLOWED_IDS_MAX`].
+    fn grant_ids(&mut self, field: &'static str) -> Result<Vec<u32>, FrameError> {
+        let count = self.count(4, field)?;
+        if count > GRANT_ALLOWED_IDS_MAX {
+            return Err(FrameError::BadValue { kind: self.kind, field, value: count as u64 });
+        }
+        (0..count).map(|_| self.u32(field)).collect()
+    }
+    pub(crate) fn grant(&mut self) -> Result<EpochGrant, FrameError> {
+        let owner_uid = self.u32("owner_uid")?;
+        let owner_gid = self.u32("owner_gid")?;
+        let capacity_bytes = self.u64("capacity_bytes")?;
+        let reservation_capacity_bytes = self.u64("reservation_capacity_bytes")?;
+        let stream = self.u64("stream")?;
+        if stream != GRANT_NO_STREAM && stream >= 1 << 63 {
+            return Err(FrameError::BadValue { kind: self.kind, field: "stream", value: stream });
+        }
+        Ok(EpochGrant {
+            owner_uid,
+            owner_gid,
+            capacity_bytes,
+            reservation_capacity_bytes,
+            stream: (stream != GRANT_NO_STREAM).then_some(stream),
+            allowed_uids: self.grant_ids("allowed_uids")?,
+            allowed_gids: self.grant_ids("allowed_gids")?,
+        })
+    }
     pub(crate) fn finish(self) -> Result<(), FrameError> {
         if self.bytes.is_empty() {
             Ok(())
@@ -486,6 +608,9 @@ impl Request {
             Request::DeleteEpoch { .. } => Kind::DeleteEpoch,
             Request::Sync { .. } => Kind::Sync,
             Request::AssignStream { .. } => Kind::AssignStream,
+            Request::GrantEpoch { .. } => Kind::GrantEpoch,
+            Request::RevokeEpoch { .. } => Kind::RevokeEpoch,
+            Request::Authenticate { .. } => Kind::Authenticate,
             Request::Status => Kind::Status,
             Request::Drain { .. } => Kind::Drain,
             Request::DrainStatus => Kind::DrainStatus,
@@ -499,6 +624,9 @@ impl Request {
         match self {
             Request::Hello { version_min, version_max, client_name } => {
                 e.u16(*version_min).u16(*version_max).string(client_name);
+            }
+            Request::Authenticate { credential } => {
+                e.string(credential);
             }
             Request::OpenFile { epoch, name, create } => {
                 e.u64(epoch.0).string(name).u8(*create as u8);
@@ -522,8 +650,13 @@ impl Request {
             Request::ListFiles { epoch, from_file } => {
                 e.u64(epoch.0).u64(from_file.0);
             }
-            Request::DeleteEpoch { epoch } | Request::Sync { epoch } => {
+            Request::DeleteEpoch { epoch }
+            | Request::Sync { epoch }
+            | Request::RevokeEpoch { epoch } => {
                 e.u64(epoch.0);
+            }
+            Request::GrantEpoch { epoch, grant } => {
+                e.u64(epoch.0).grant(grant);
             }
             Request::AssignStream { epoch, stream } => {
                 e.u64(epoch.0).u64(*stream);
@@ -588,6 +721,11 @@ impl Request {
             Kind::AssignStream => {
                 Request::AssignStream { epoch: EpochId(d.u64("epoch")?), stream: d.u64("stream")? }
             }
+            Kind::GrantEpoch => {
+                Request::GrantEpoch { epoch: EpochId(d.u64("epoch")?), grant: d.grant()? }
+            }
+            Kind::RevokeEpoch => Request::RevokeEpoch { epoch: EpochId(d.u64("epoch")?) },
+            Kind::Authenticate => Request::Authenticate { credential: d.string("credential")? },
             Kind::Status => Request::Status,
             Kind::Drain => Request::Drain { epoch: EpochId(d.u64("epoch")?), mode: d.u8("mode")? },
             Kind::DrainStatus => Request::DrainStatus,
@@ -604,6 +742,7 @@ impl Response {
     pub fn kind(&self) -> Kind {
         match self {
             Response::Hello { .. } => Kind::HelloReply,
+            Response::Authenticated { .. } => Kind::Authenticated,
             Response::FileOpened { .. } => Kind::FileOpened,
             Response::Written { .. } => Kind::Written,
             Response::ReadData => Kind::ReadData,
@@ -615,6 +754,8 @@ impl Response {
             Response::Deleted { .. } => Kind::Deleted,
             Response::Synced { .. } => Kind::Synced,
             Response::StreamAssigned { .. } => Kind::StreamAssigned,
+            Response::EpochGranted { .. } => Kind::EpochGranted,
+            Response::EpochRevoked { .. } => Kind::EpochRevoked,
             Response::Status(_) => Kind::StatusReply,
             Response::DrainQueued { .. } => Kind::DrainQueued,
             Response::DrainStatus(_) => Kind::DrainReport,
@@ -629,6 +770,7 @@ impl Response {
         let mut e = Encoder(Vec::with_capacity(32));
         match self {
             Response::Hello { .. }
+            | Response::Authenticated { .. }
             | Response::FileOpened { .. }
             | Response::Written { .. }
             | Response::ReadData
@@ -640,6 +782,8 @@ impl Response {
             | Response::Extents(_) => self.encode_listing(&mut e),
             Response::Deleted { .. }
             | Response::StreamAssigned { .. }
+            | Response::EpochGranted { .. }
+            | Response::EpochRevoked { .. }
             | Response::Status(_)
             | Response::DrainQueued { .. }
             | Response::DrainStatus(_) => self.encode_drain_and_administration(&mut e),
@@ -667,6 +811,8 @@ impl Response {
                 uid,
                 gid,
                 server_name,
+                auth,
+                challenge,
             } => {
                 encoder
                     .u16(*version)
@@ -674,7 +820,12 @@ impl Response {
                     .u32(*in_flight_requests_max)
                     .u32(*uid)
                     .u32(*gid)
-                    .string(server_name);
+                    .string(server_name)
+                    .u8(auth.wire())
+                    .fixed(challenge);
+            }
+            Response::Authenticated { uid, gid } => {
+                encoder.u32(*uid).u32(*gid);
             }
             Response::FileOpened { file, created } => {
                 encoder.u64(file.0).u8(*created as u8);
@@ -724,8 +875,13 @@ impl Response {
     /// Encodes the body of a drain or administration response (delete, stream, status, drain).
     fn encode_drain_and_administration(&self, encoder: &mut Encoder) {
         match self {
-            Response::Deleted { epoch } | Response::DrainQueued { epoch } => {
+            Response::Deleted { epoch }
+            | Response::DrainQueued { epoch }
+            | Response::EpochGranted { epoch } => {
                 encoder.u64(epoch.0);
+            }
+            Response::EpochRevoked { epoch, revoked } => {
+                encoder.u64(epoch.0).u8(*revoked as u8);
             }
             Response::StreamAssigned { epoch, stream } => {
                 encoder.u64(epoch.0).u64(*stream);
@@ -744,7 +900,8 @@ impl Response {
                     .u64(s.dram_bytes_max)
                     .u64(s.ssd_bytes_used)
                     .u64(s.ssd_bytes_max)
-                    .u64(s.epochs);
+                    .u64(s.epochs)
+                    .u8(s.auth.wire());
             }
             Response::DrainStatus(list) => {
                 encoder.u32(list.len() as u32);
@@ -775,6 +932,7 @@ impl Response {
         let mut d = Decoder { kind, bytes: body };
         let response = match kind {
             Kind::HelloReply
+            | Kind::Authenticated
             | Kind::FileOpened
             | Kind::Written
             | Kind::ReadData
@@ -785,6 +943,8 @@ impl Response {
             }
             Kind::Deleted
             | Kind::StreamAssigned
+            | Kind::EpochGranted
+            | Kind::EpochRevoked
             | Kind::DrainQueued
             | Kind::DrainReport
             | Kind::StatusReply => Response::decode_drain_and_administration(kind, &mut d)?,
@@ -814,7 +974,12 @@ impl Response {
                 uid: decoder.u32("uid")?,
                 gid: decoder.u32("gid")?,
                 server_name: decoder.string("server_name")?,
+                auth: decoder.auth_method()?,
+                challenge: decoder.fixed("challenge")?,
             },
+            Kind::Authenticated => {
+                Response::Authenticated { uid: decoder.u32("uid")?, gid: decoder.u32("gid")? }
+            }
             Kind::FileOpened => Response::FileOpened {
                 file: FileId(decoder.u64("file")?),
                 created: decoder.boolean("created")?,
@@ -884,6 +1049,11 @@ impl Response {
                 stream: decoder.u64("stream")?,
             },
             Kind::DrainQueued => Response::DrainQueued { epoch: EpochId(decoder.u64("epoch")?) },
+            Kind::EpochGranted => Response::EpochGranted { epoch: EpochId(decoder.u64("epoch")?) },
+            Kind::EpochRevoked => Response::EpochRevoked {
+                epoch: EpochId(decoder.u64("epoch")?),
+                revoked: decoder.boolean("revoked")?,
+            },
             Kind::DrainReport => {
                 let n = decoder.count(64, "drain count")?;
                 let mut list = Vec::with_capacity(n);
@@ -920,6 +1090,7 @@ impl Response {
                 ssd_bytes_used: decoder.u64("ssd_bytes_used")?,
                 ssd_bytes_max: decoder.u64("ssd_bytes_max")?,
                 epochs: decoder.u64("epochs")?,
+                auth: decoder.auth_method()?,
             }),
             other => unreachable!("{other:?} is not a drain or administration response"),
         })
@@ -979,11 +1150,31 @@ mod tests {
             any::<u64>().prop_map(|e| Request::Sync { epoch: EpochId(e) }),
             (any::<u64>(), any::<u64>())
                 .prop_map(|(e, s)| Request::AssignStream { epoch: EpochId(e), stream: s }),
+            (any::<u64>(), grant())
+                .prop_map(|(e, grant)| Request::GrantEpoch { epoch: EpochId(e), grant }),
+            any::<u64>().prop_map(|e| Request::RevokeEpoch { epoch: EpochId(e) }),
+            name().prop_map(|credential| Request::Authenticate { credential }),
             Just(Request::Status),
             (any::<u64>(), any::<u8>())
                 .prop_map(|(e, m)| Request::Drain { epoch: EpochId(e), mode: m }),
             Just(Request::DrainStatus),
         ]
+    }
+
+    fn grant() -> impl Strategy<Value = EpochGrant> {
+        let ids = || proptest::collection::vec(any::<u32>(), 0..8);
+        let stream = prop_oneof![Just(None), (0u64..1 << 63).prop_map(Some)];
+        (any::<u32>(), any::<u32>(), ids(), ids(), any::<u64>(), any::<u64>(), stream).prop_map(
+            |(u, g, allowed_uids, allowed_gids, c, r, stream)| EpochGrant {
+                owner_uid: u,
+                owner_gid: g,
+                allowed_uids,
+                allowed_gids,
+                capacity_bytes: c,
+                reservation_capacity_bytes: r,
+                stream,
+            },
+        )
     }
 
     fn file_info() -> impl Strategy<Value = FileInfo> {
@@ -1038,6 +1229,7 @@ mod tests {
                 ssd_bytes_used: 3,
                 ssd_bytes_max: 4,
                 epochs: e,
+                auth: if c % 2 == 0 { AuthMethod::None } else { AuthMethod::Munge },
             })
         })
     }
@@ -1069,14 +1261,19 @@ mod tests {
     fn response() -> impl Strategy<Value = Response> {
         prop_oneof![
             (any::<u16>(), any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>(), name())
-                .prop_map(|(v, p, i, u, g, n)| Response::Hello {
+                .prop_flat_map(|hello| (Just(hello), any::<bool>(), any::<[u8; CHALLENGE_BYTES]>()))
+                .prop_map(|((v, p, i, u, g, n), munge, challenge)| Response::Hello {
                     version: v,
                     payload_bytes_max: p,
                     in_flight_requests_max: i,
                     uid: u,
                     gid: g,
-                    server_name: n
+                    server_name: n,
+                    auth: if munge { AuthMethod::Munge } else { AuthMethod::None },
+                    challenge,
                 }),
+            (any::<u32>(), any::<u32>())
+                .prop_map(|(uid, gid)| Response::Authenticated { uid, gid }),
             (any::<u64>(), any::<bool>())
                 .prop_map(|(f, c)| Response::FileOpened { file: FileId(f), created: c }),
             any::<u32>().prop_map(|b| Response::Written { bytes: b }),
@@ -1095,10 +1292,13 @@ mod tests {
             any::<u64>().prop_map(|e| Response::Synced { epoch: EpochId(e) }),
             (any::<u64>(), any::<u64>())
                 .prop_map(|(e, s)| Response::StreamAssigned { epoch: EpochId(e), stream: s }),
+            any::<u64>().prop_map(|e| Response::EpochGranted { epoch: EpochId(e) }),
+            (any::<u64>(), any::<bool>())
+                .prop_map(|(e, r)| Response::EpochRevoked { epoch: EpochId(e), revoked: r }),
             status_response(),
             any::<u64>().prop_map(|e| Response::DrainQueued { epoch: EpochId(e) }),
             drain_status_response(),
-            (0usize..15, name()).prop_map(|(i, m)| Response::Error {
+            (0usize..16, name()).prop_map(|(i, m)| Response::Error {
                 code: ErrorCode::all().nth(i).unwrap(),
                 message: m
             }),
@@ -1181,6 +1381,27 @@ mod tests {
     }
 
     #[test]
+    fn an_unknown_auth_method_is_named() {
+        let hello = Response::Hello {
+            version: 2,
+            payload_bytes_max: 1,
+            in_flight_requests_max: 1,
+            uid: 0,
+            gid: 0,
+            server_name: "s".into(),
+            auth: AuthMethod::Munge,
+            challenge: [9; CHALLENGE_BYTES],
+        };
+        let mut body = hello.encode_body();
+        assert_eq!(body.len(), 2 + 4 + 4 + 4 + 4 + 3 + 1 + CHALLENGE_BYTES);
+        body[21] = 7; // the auth byte, after the one-byte server name
+        assert_eq!(
+            Response::decode(Kind::HelloReply, &body),
+            Err(FrameError::BadValue { kind: Kind::HelloReply, field: "auth", value: 7 })
+        );
+    }
+
+    #[test]
     fn direction_is_checked() {
         assert!(matches!(
             Request::decode(Kind::Written, &[0; 4]),
@@ -1189,6 +1410,31 @@ mod tests {
         assert!(matches!(
             Response::decode(Kind::Write, &[0; 24]),
             Err(FrameError::WrongDirection { .. })
+        ));
+    }
+
+    #[test]
+    fn grant_lists_and_streams_out_of_range_are_named() {
+        let grant = EpochGrant {
+            allowed_uids: (0..=GRANT_ALLOWED_IDS_MAX as u32).collect(),
+            ..EpochGrant::default()
+        };
+        let mut e = Encoder(Vec::new());
+        e.u64(1).u32(0).u32(0).u64(0).u64(0).u64(GRANT_NO_STREAM);
+        e.u32(grant.allowed_uids.len() as u32);
+        for &uid in &grant.allowed_uids {
+            e.u32(uid);
+        }
+        e.u32(0);
+        assert!(matches!(
+            Request::decode(Kind::GrantEpoch, &e.0),
+            Err(FrameError::BadValue { field: "allowed_uids", .. })
+        ));
+        let mut e = Encoder(Vec::new());
+        e.u64(1).u32(0).u32(0).u64(0).u64(0).u64(1 << 63).u32(0).u32(0);
+        assert!(matches!(
+            Request::decode(Kind::GrantEpoch, &e.0),
+            Err(FrameError::BadValue { field: "stream", .. })
         ));
     }
 

@@ -1,11 +1,14 @@
 //! Transports behind two small traits, so RDMA (libfabric) can slot in beside TCP and Unix sockets.
 //!
 //! A [`Listener`] accepts [`Connection`]s; a connection is a byte stream (`Read + Write`) that
-//! also tells the server who the peer is. Identity comes from the kernel, never from the client:
-//! on a Unix-domain socket from `SO_PEERCRED`; on loopback TCP from the owner of the peer's socket
-//! in `/proc/net/tcp{,6}` (the peer is on this host, so the kernel knows it). A non-loopback TCP
-//! peer has no established identity until site authentication (munge) exists: it runs as
-//! `nobody`, and binding such a listener needs the explicit `insecure_tcp` switch.
+//! also tells the server who the peer is, as far as the kernel knows: on a Unix-domain socket
+//! from `SO_PEERCRED`; on loopback TCP from the owner of the peer's socket in `/proc/net/tcp{,6}`
+//! (the peer is on this host, so the kernel knows it). The kernel cannot vouch for a
+//! non-loopback TCP peer: such a peer is `nobody` here. A server with munge authentication
+//! (`server.auth = munge`) does not use this identity on TCP at all: it takes the uid and gid of
+//! the munge credential the client sends in the handshake (`Authenticate`, see
+//! `crate::auth`), which is why it may listen on any address; without it, binding a
+//! non-loopback listener needs the explicit `insecure_tcp` switch.
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -60,8 +63,18 @@ impl std::str::FromStr for Endpoint {
     }
 }
 
+/// The kind of stream a connection is: a server authenticates TCP peers with munge when
+/// configured so, Unix-socket peers always by `SO_PEERCRED`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Transport {
+    Tcp,
+    Unix,
+}
+
 /// A connected byte stream to or from a peer.
 pub trait Connection: Read + Write + Send {
+    /// TCP or Unix socket.
+    fn transport(&self) -> Transport;
     /// A human-readable peer name for logs (`tcp://127.0.0.1:40522`, `unix:uid=1000,pid=77`).
     fn peer(&self) -> String;
     /// The identity the kernel vouches for (server side).
@@ -92,18 +105,19 @@ pub trait Listener: Send + Sync {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum BindError {
-    #[error("refusing to listen on non-loopback address {address} without --insecure-tcp (no authentication yet)")]
+    #[error("refusing to listen on non-loopback address {address}: remote peers are not authenticated without munge (auth = munge); --insecure-tcp accepts them unauthenticated")]
     NotLoopback { address: SocketAddr },
     #[error("cannot listen on {endpoint}: {source}")]
     Io { endpoint: Endpoint, source: io::Error },
 }
 
-/// Binds a listener. Non-loopback TCP needs `insecure_tcp`.
-pub fn bind(endpoint: &Endpoint, insecure_tcp: bool) -> Result<Box<dyn Listener>, BindError> {
+/// Binds a listener. Non-loopback TCP needs `remote_tcp_allowed`: the caller authenticates
+/// remote peers (munge) or was told to accept them unauthenticated (`--insecure-tcp`).
+pub fn bind(endpoint: &Endpoint, remote_tcp_allowed: bool) -> Result<Box<dyn Listener>, BindError> {
     let io_error = |source| BindError::Io { endpoint: endpoint.clone(), source };
     match endpoint {
         Endpoint::Tcp(address) => {
-            if !address.ip().is_loopback() && !insecure_tcp {
+            if !address.ip().is_loopback() && !remote_tcp_allowed {
                 return Err(BindError::NotLoopback { address: *address });
             }
             let listener = TcpListener::bind(address).map_err(io_error)?;
@@ -217,6 +231,9 @@ impl Write for TcpConnection {
 }
 
 impl Connection for TcpConnection {
+    fn transport(&self) -> Transport {
+        Transport::Tcp
+    }
     fn peer(&self) -> String {
         match self.stream.peer_addr() {
             Ok(a) => format!("tcp://{a}"),
@@ -296,6 +313,9 @@ fn peer_credentials(stream: &UnixStream) -> io::Result<(i32, u32, u32)> {
 }
 
 impl Connection for UnixConnection {
+    fn transport(&self) -> Transport {
+        Transport::Unix
+    }
     fn peer(&self) -> String {
         match peer_credentials(&self.stream) {
             Ok((pid, uid, _)) => format!("unix:pid={pid},uid={uid}"),
@@ -340,7 +360,9 @@ fn proc_net_address(address: SocketAddr) -> String {
 }
 
 /// The uid owning the peer end of a loopback TCP connection: the `/proc/net/tcp{,6}` row whose
-/// local address is our peer and whose remote address is us.
+/// local address is our peer and whose remote address is us, in state ESTABLISHED with a socket
+/// inode. A TIME_WAIT row of an earlier connection over the same four-tuple (Linux reuses them
+/// on loopback, `tcp_tw_reuse`) shows uid 0 and no inode: matching it would make any user root.
 fn loopback_peer_uid(peer: SocketAddr, local: SocketAddr) -> io::Result<u32> {
     let table = match peer {
         SocketAddr::V4(_) => "/proc/net/tcp",
@@ -360,7 +382,9 @@ fn loopback_peer_uid(peer: SocketAddr, local: SocketAddr) -> io::Result<u32> {
 fn find_uid_in_proc_net(text: &str, peer: &str, local: &str) -> Option<u32> {
     text.lines().skip(1).find_map(|line| {
         let fields: Vec<&str> = line.split_whitespace().collect();
-        if fields.len() > 7 && fields[1] == peer && fields[2] == local {
+        // `st` 01 is TCP_ESTABLISHED; `inode` 0 is a socket no process owns (TIME_WAIT).
+        let established = fields.len() > 9 && fields[3] == "01" && fields[9] != "0";
+        if established && fields[1] == peer && fields[2] == local {
             fields[7].parse().ok()
         } else {
             None
@@ -399,6 +423,9 @@ mod tests {
     fn refuses_non_loopback_without_insecure_tcp() {
         let e = bind(&"0.0.0.0:0".parse().unwrap(), false).err().expect("must refuse");
         assert!(e.to_string().contains("--insecure-tcp"), "{e}");
+        assert!(e.to_string().contains("munge"), "{e}");
+        let remote = bind(&"0.0.0.0:0".parse().unwrap(), true).unwrap();
+        assert!(matches!(remote.endpoint(), Endpoint::Tcp(a) if a.ip().is_unspecified()));
     }
 
     #[test]
@@ -441,8 +468,8 @@ mod tests {
     }
 
     #[test]
-    fn proc_net_rows_match_by_both_ends() {
-        let text = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: 0100007F:9C4A 0100007F:1B9E 01 00000000:00000000 00:00000000 00000000  1234        0 1\n";
+    fn proc_net_rows_match_by_both_ends_and_only_established() {
+        let text = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: 0100007F:9C4A 0100007F:1B9E 06 00000000:00000000 03:00000DF1 00000000     0        0 0 3 0000000000000000\n   1: 0100007F:9C4A 0100007F:1B9E 01 00000000:00000000 00:00000000 00000000  1234        0 1\n";
         let peer: SocketAddr = "127.0.0.1:40010".parse().unwrap();
         let local: SocketAddr = "127.0.0.1:7070".parse().unwrap();
         assert_eq!(proc_net_address(peer), "0100007F:9C4A");
@@ -452,6 +479,12 @@ mod tests {
         );
         assert_eq!(
             find_uid_in_proc_net(text, &proc_net_address(local), &proc_net_address(peer)),
+            None
+        );
+        // The TIME_WAIT row alone (uid 0, no inode) names nobody.
+        let time_wait: String = text.lines().take(2).map(|l| format!("{l}\n")).collect();
+        assert_eq!(
+            find_uid_in_proc_net(&time_wait, &proc_net_address(peer), &proc_net_address(local)),
             None
         );
     }

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use spillway_proto::{Durability, EpochInfo, ErrorCode, Extent, FileInfo};
+use spillway_proto::{Durability, EpochGrant, EpochInfo, ErrorCode, Extent, FileInfo};
 use spillway_types::{EpochId, FileId, StreamKey};
 
 /// A failed backend operation: the protocol code plus a message naming what failed.
@@ -22,6 +22,24 @@ impl BackendError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         BackendError { code, message: message.into() }
     }
+}
+
+/// The store stream key of a stream id the manager assigned: the top bit set, so an assigned
+/// stream never shares segments with a writer's uid stream.
+pub fn assigned_stream_key(stream: u64) -> StreamKey {
+    StreamKey(ASSIGNED_STREAM_TAG | stream)
+}
+
+/// The tag bit of [`assigned_stream_key`]; stream ids must stay below it.
+pub const ASSIGNED_STREAM_TAG: u64 = 1 << 63;
+
+/// What [`Backend::grant_epoch`] does when the epoch already has a grant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GrantMode {
+    /// The new grant replaces it (the manager's `GrantEpoch`).
+    Replace,
+    /// The existing grant stays (the first writer's claim on an unmanaged server).
+    IfAbsent,
 }
 
 /// Capacity figures for `status`.
@@ -122,6 +140,21 @@ pub trait Backend: Send + Sync + 'static {
             format!("this backend cannot mark epoch {epoch} drained"),
         ))
     }
+    /// Whether the store holds the epoch (open, committed or drained; not deleted).
+    fn has_epoch(&self, epoch: EpochId) -> bool;
+    /// The grant in force for the epoch, if any: who may use it, its capacity here, its stream.
+    fn grant(&self, epoch: EpochId) -> Option<EpochGrant>;
+    /// Records a grant durably (creating the epoch, empty, if new) and returns the grant in
+    /// force afterwards: `grant`, or with `IfAbsent` an existing one. Writes past the grant's
+    /// `capacity_bytes` then fail with `QuotaExceeded`, writing nothing.
+    fn grant_epoch(
+        &self,
+        epoch: EpochId,
+        grant: EpochGrant,
+        mode: GrantMode,
+    ) -> Result<EpochGrant, BackendError>;
+    /// Revokes the epoch's grant durably; returns whether it had one.
+    fn revoke_grant(&self, epoch: EpochId) -> Result<bool, BackendError>;
     /// Frees the space of dead (drained or deleted) data now; returns the bytes freed.
     fn collect_garbage(&self) -> Result<u64, BackendError> {
         Ok(0)

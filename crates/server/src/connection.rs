@@ -9,6 +9,21 @@
 //! replies leave in request order. A frame whose *header* is bad means the stream is out of sync:
 //! the reader queues an error reply and closes. A frame whose *body* is bad is answered with an
 //! error reply and the connection goes on. Either way a warning names the peer and the problem.
+//!
+//! On a munge server (`server.auth = munge`) a TCP connection is not served before its
+//! `Authenticate`: the handshake announces munge and a random challenge, and the next frame must
+//! carry a credential that the local `munged` accepts and whose payload carries that challenge;
+//! the connection then runs as the credential's uid/gid. Anything else is answered with
+//! `PermissionDenied` naming the reason, logged with the peer, and the connection is closed.
+//!
+//! Fairness: a connection must finish its handshake within `handshake_timeout_ms`; until a
+//! munge connection's credential is checked it counts against `handshakes_max` only. Once
+//! identified (at accept from the kernel, or by its credential) it is admitted against `connections_max` and its uid's
+//! `connections_per_user_max` (root exempt), or refused with `Busy`. The reader closes it after
+//! `idle_timeout_ms` with nothing in flight ([`Activity`]), and drops a write whose payload
+//! arrives slower than `frame_bytes_per_second_min` (measured per `frame_rate_window_ms`, the
+//! first window being the grace); each write's payload is also charged to its uid's budget
+//! (`in_flight_bytes_per_user_max`) until the store has it.
 
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,27 +31,141 @@ use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use spillway_proto::auth::credential_payload;
 use spillway_proto::frame::{self, ReceiveError};
 use spillway_proto::message::ServerStatus;
 use spillway_proto::{
-    Connection, DrainInfo, Durability, ErrorCode, Extent, FileInfo, FrameError, Header, Identity,
-    Request, Response, BODY_BYTES_MAX, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+    AuthMethod, Connection, DrainInfo, Durability, ErrorCode, Extent, FileInfo, FrameError, Header,
+    Identity, Request, Response, Transport, BODY_BYTES_MAX, CHALLENGE_BYTES, PROTOCOL_VERSION,
+    PROTOCOL_VERSION_MIN,
 };
-use spillway_types::{EpochId, FileId, StreamKey};
+use spillway_sys::munge::{MungeContext, MungeError};
+use spillway_types::{EpochId, FileId};
 
+use crate::access::{self, authorize, stream_of, Intent, Requester};
 use crate::backend::{BackendError, PendingWrite};
-use crate::budget::Reservation;
+use crate::budget::{ByteBudget, Reservation};
 use crate::Shared;
 
 /// How often a blocked read wakes to look at the shutdown flag.
 const READ_POLL: Duration = Duration::from_millis(100);
 
-/// A write's payload as the reader received it.
+/// A write's payload as the reader received it, with its charge to the writer's uid (`None`
+/// for root), released once the store has it.
 enum Payload {
     /// In store memory, to be published.
-    Placed(Box<dyn PendingWrite>),
+    Placed(Box<dyn PendingWrite>, Option<Reservation>),
     /// In a pooled buffer charged to the in-flight budget, for `Backend::write`.
-    Buffered(Vec<u8>, Reservation),
+    Buffered(Vec<u8>, Reservation, Option<Reservation>),
+}
+
+/// What the executor tells the reader for the idle timeout: requests queued or running, and
+/// when the last one finished.
+pub(crate) struct Activity {
+    in_flight: std::sync::atomic::AtomicU32,
+    last_done: parking_lot::Mutex<Instant>,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            in_flight: std::sync::atomic::AtomicU32::new(0),
+            last_done: parking_lot::Mutex::new(Instant::now()),
+        }
+    }
+
+    fn started(&self) {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn done(&self) {
+        *self.last_done.lock() = Instant::now();
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// How long nothing has happened, given when the reader last received a byte.
+    fn idle_for(&self, last_byte_at: Instant) -> Duration {
+        if self.in_flight.load(Ordering::SeqCst) > 0 {
+            return Duration::ZERO;
+        }
+        last_byte_at.elapsed().min(self.last_done.lock().elapsed())
+    }
+}
+
+/// A non-root uid's share of the server: its identified connections and its write budget.
+pub(crate) struct UserEntry {
+    connections: u32,
+    budget: Arc<ByteBudget>,
+}
+
+/// An admitted connection's place in `connections_max` and in its uid's cap; given back on drop.
+struct Admission<'a> {
+    shared: &'a Shared,
+    uid: u32,
+    /// The uid's in-flight write budget; `None` for root.
+    user_budget: Option<Arc<ByteBudget>>,
+}
+
+impl Drop for Admission<'_> {
+    fn drop(&mut self) {
+        self.shared.connections.fetch_sub(1, Ordering::SeqCst);
+        if self.user_budget.is_some() {
+            let mut users = self.shared.users.lock();
+            if let Some(entry) = users.get_mut(&self.uid) {
+                entry.connections -= 1;
+                if entry.connections == 0 {
+                    users.remove(&self.uid);
+                }
+            }
+        }
+    }
+}
+
+/// Admits an identified connection against `connections_max` and, unless root, its uid's
+/// `connections_per_user_max`; else why not (answered `Busy`).
+fn admit(shared: &Shared, uid: u32) -> Result<Admission<'_>, String> {
+    let count = shared.connections.fetch_add(1, Ordering::SeqCst) + 1;
+    let mut admission = Admission { shared, uid, user_budget: None };
+    if count > shared.options.connections_max {
+        return Err(format!(
+            "server at its limit of {} connections (server.connections_max)",
+            shared.options.connections_max
+        ));
+    }
+    if uid == 0 {
+        return Ok(admission);
+    }
+    let fairness = &shared.options.fairness;
+    let mut users = shared.users.lock();
+    let entry = users.entry(uid).or_insert_with(|| UserEntry {
+        connections: 0,
+        budget: Arc::new(ByteBudget::new(fairness.in_flight_bytes_per_user_max)),
+    });
+    if entry.connections >= fairness.connections_per_user_max {
+        if entry.connections == 0 {
+            users.remove(&uid);
+        }
+        return Err(format!(
+            "uid {uid} already has {} connections to this server (server.connections_per_user_max)",
+            fairness.connections_per_user_max
+        ));
+    }
+    entry.connections += 1;
+    admission.user_budget = Some(entry.budget.clone());
+    Ok(admission)
+}
+
+/// A connection's place in `handshakes_max`, given back on drop (when identified or closed).
+struct Handshaking<'a>(&'a Shared);
+
+impl Drop for Handshaking<'_> {
+    fn drop(&mut self) {
+        self.0.handshakes.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn timed_out(message: String) -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, message)
 }
 
 /// Work for the executor.
@@ -58,6 +187,18 @@ struct FrameReader<'a> {
     frame_started: bool,
     last_byte_at: Instant,
     stopping_since: Option<Instant>,
+    /// What the peer failed to send in time, for the stall message.
+    stalled_on: &'static str,
+    /// Until the handshake is done: when it must be done by.
+    handshake_deadline: Option<Instant>,
+    handshake_timeout: Duration,
+    idle_timeout: Duration,
+    activity: Arc<Activity>,
+    /// While a write's payload arrives: when the current measuring window began and the bytes
+    /// received in it.
+    rate: Option<(Instant, u64)>,
+    rate_min: u64,
+    rate_window: Duration,
 }
 
 impl FrameReader<'_> {
@@ -65,6 +206,59 @@ impl FrameReader<'_> {
     fn begin_frame(&mut self, started: bool) {
         self.frame_started = started;
         self.last_byte_at = Instant::now();
+        self.stalled_on = "in the middle of a frame";
+    }
+
+    /// The next frame is owed now (a credential after the handshake): waiting for its first
+    /// byte is bounded by `stall_max` like a stall inside a frame.
+    fn expect_frame(&mut self, stalled_on: &'static str) {
+        self.begin_frame(true);
+        self.stalled_on = stalled_on;
+    }
+
+    /// A write's payload starts arriving: its pace is measured from now.
+    fn begin_payload(&mut self) {
+        self.rate = Some((Instant::now(), 0));
+    }
+
+    fn end_payload(&mut self) {
+        self.rate = None;
+    }
+
+    /// The handshake deadline, the payload's minimum pace and the idle timeout.
+    fn check_pace(&mut self) -> io::Result<()> {
+        let now = Instant::now();
+        if self.handshake_deadline.is_some_and(|deadline| now > deadline) {
+            return Err(timed_out(format!(
+                "handshake not completed within {} ms (server.handshake_timeout_ms)",
+                self.handshake_timeout.as_millis()
+            )));
+        }
+        if let Some((since, bytes)) = &mut self.rate {
+            let elapsed = now.duration_since(*since);
+            if elapsed >= self.rate_window {
+                let per_second = (*bytes as f64 / elapsed.as_secs_f64()) as u64;
+                if per_second < self.rate_min {
+                    return Err(timed_out(format!(
+                        "write payload arriving at {per_second} bytes/s over {} ms, below {} bytes/s (server.frame_bytes_per_second_min)",
+                        elapsed.as_millis(),
+                        self.rate_min
+                    )));
+                }
+                *since = now;
+                *bytes = 0;
+            }
+        }
+        if !self.frame_started
+            && self.handshake_deadline.is_none()
+            && self.activity.idle_for(self.last_byte_at) > self.idle_timeout
+        {
+            return Err(timed_out(format!(
+                "idle for {} ms with no request in flight (server.idle_timeout_ms)",
+                self.idle_timeout.as_millis()
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -76,6 +270,10 @@ impl Read for FrameReader<'_> {
                     if n > 0 {
                         self.frame_started = true;
                         self.last_byte_at = Instant::now();
+                        if let Some((_, bytes)) = &mut self.rate {
+                            *bytes += n as u64;
+                        }
+                        self.check_pace()?;
                     }
                     return Ok(n);
                 }
@@ -96,24 +294,18 @@ impl Read for FrameReader<'_> {
                     }
                     if self.frame_started && self.last_byte_at.elapsed() > self.stall_max {
                         let message = format!(
-                            "peer sent nothing for {} ms in the middle of a frame",
-                            self.stall_max.as_millis()
+                            "peer sent nothing for {} ms {} (server.frame_stall_ms_max)",
+                            self.stall_max.as_millis(),
+                            self.stalled_on
                         );
                         return Err(io::Error::new(io::ErrorKind::TimedOut, message));
                     }
+                    self.check_pace()?;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
         }
-    }
-}
-
-struct ConnectionCount<'a>(&'a Shared);
-
-impl Drop for ConnectionCount<'_> {
-    fn drop(&mut self) {
-        self.0.connections.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -136,49 +328,126 @@ fn error_reply(code: ErrorCode, message: impl Into<String>) -> Response {
 /// Serves one connection to the end.
 pub fn serve(shared: Arc<Shared>, mut connection: Box<dyn Connection>) {
     let peer = connection.peer();
-    let count = shared.connections.fetch_add(1, Ordering::SeqCst) + 1;
-    let _count = ConnectionCount(&shared);
-    if count > shared.options.connections_max {
-        refuse_at_connection_limit(&shared, &mut *connection, &peer);
+    // On TCP a munge server takes the identity from the credential, not from the kernel.
+    let munge = shared.munge.as_ref().filter(|_| connection.transport() == Transport::Tcp);
+    let Some(Arrival { kernel_identity, mut admission, handshaking }) =
+        arrive(&shared, &mut *connection, &peer, munge.is_some())
+    else {
         return;
-    }
-    let Some(identity) = establish_identity(&mut *connection, &peer) else { return };
+    };
     let Some((mut reader, mut writer)) = split_connection(&shared, connection, &peer) else {
         return;
     };
-    if !handshake(&shared, &mut reader, &mut *writer, &peer, identity) {
+    let Some(offer) = handshake_offer(munge.is_some(), kernel_identity, &mut *writer, &peer) else {
+        writer.shutdown();
+        return;
+    };
+    if !handshake(&shared, &mut reader, &mut *writer, &peer, &offer) {
         writer.shutdown();
         return;
     }
-    tracing::info!(%peer, uid = identity.uid, gid = identity.gid, "client connected");
+    let identity = match munge {
+        None => kernel_identity,
+        Some(context) => {
+            match authenticate(&shared, context, &mut reader, &mut *writer, &peer, &offer.challenge)
+            {
+                Some((identity, admitted)) => {
+                    admission = Some(admitted);
+                    identity
+                }
+                None => {
+                    writer.shutdown();
+                    return;
+                }
+            }
+        }
+    };
+    reader.handshake_deadline = None;
+    drop(handshaking);
+    let Some(admission) = admission else { return };
+    tracing::info!(%peer, uid = identity.uid, gid = identity.gid, auth = %offer.auth, "client connected");
 
+    let activity = reader.activity.clone();
     let (sender, receiver) = sync_channel::<Job>(shared.options.in_flight_requests_max as usize);
-    let Some(executor) = start_executor(&shared, receiver, writer, &peer, identity) else {
+    let Some(executor) = start_executor(
+        &shared,
+        receiver,
+        writer,
+        &peer,
+        Requester::new(identity, spillway_sys::user::euid()),
+        activity,
+    ) else {
         return;
     };
     // Buffered only after the handshake: the handshake reads exactly the Hello frame's bytes,
     // so whatever a client pipelined behind it is still in the socket for this buffer.
     let mut reader = BufReader::with_capacity(STREAM_BUFFER_BYTES, reader);
-    let reason = read_loop(&shared, &mut reader, &sender, &peer, identity);
+    let user_budget = admission.user_budget.clone();
+    let connection = Peer { name: &peer, identity, user_budget: user_budget.as_ref() };
+    let reason = read_loop(&shared, &mut reader, &sender, &connection);
     drop(sender);
     let _ = executor.join();
     reader.get_ref().connection.shutdown();
     tracing::info!(%peer, %reason, "client disconnected");
 }
 
-/// Refuses a connection beyond `connections_max`: answers `Busy` and closes it.
-fn refuse_at_connection_limit(shared: &Shared, connection: &mut dyn Connection, peer: &str) {
-    tracing::warn!(%peer, connections_max = shared.options.connections_max, "refusing connection: at the connection limit");
-    let _ = send(
-        &mut *connection,
-        0,
-        &error_reply(
-            ErrorCode::Busy,
-            format!("server at its limit of {} connections", shared.options.connections_max),
-        ),
-        &[],
-    );
+/// A connection just accepted: the kernel's identity and its admission, or (munge over TCP)
+/// nobody yet and its place among the unauthenticated handshakes.
+struct Arrival<'a> {
+    kernel_identity: Identity,
+    admission: Option<Admission<'a>>,
+    handshaking: Option<Handshaking<'a>>,
+}
+
+/// Counts a new connection where it belongs; None: refused (answered, logged) or no identity.
+fn arrive<'a>(
+    shared: &'a Shared,
+    connection: &mut dyn Connection,
+    peer: &str,
+    munge: bool,
+) -> Option<Arrival<'a>> {
+    if munge {
+        // Nobody yet: counted apart, so unauthenticated connects cannot take the places of
+        // identified clients.
+        let handshaking = Handshaking(shared);
+        let handshakes = shared.handshakes.fetch_add(1, Ordering::SeqCst) + 1;
+        let handshakes_max = shared.options.fairness.handshakes_max;
+        if handshakes > handshakes_max {
+            let reason = format!(
+                "server has {handshakes_max} unauthenticated connections in their handshake (server.handshakes_max); retry"
+            );
+            refuse_busy(connection, peer, 0, &reason);
+            return None;
+        }
+        let kernel_identity = Identity::NOBODY;
+        return Some(Arrival { kernel_identity, admission: None, handshaking: Some(handshaking) });
+    }
+    let kernel_identity = establish_identity(connection, peer)?;
+    // Known from the kernel: admitted (or refused) before the handshake.
+    match admit(shared, kernel_identity.uid) {
+        Ok(admission) => {
+            Some(Arrival { kernel_identity, admission: Some(admission), handshaking: None })
+        }
+        Err(reason) => {
+            refuse_busy(connection, peer, 0, &reason);
+            None
+        }
+    }
+}
+
+/// Refuses a connection over a limit: answers `Busy` naming it, logs it, closes.
+fn refuse_busy(connection: &mut dyn Connection, peer: &str, request_id: u64, reason: &str) {
+    tracing::warn!(%peer, %reason, "refusing connection: over a limit");
+    let _ = send(&mut *connection, request_id, &error_reply(ErrorCode::Busy, reason), &[]);
     connection.shutdown();
+}
+
+/// Who is on the other end of a connection, for the reader.
+struct Peer<'a> {
+    name: &'a str,
+    identity: Identity,
+    /// The uid's in-flight write budget (`None`: root).
+    user_budget: Option<&'a Arc<ByteBudget>>,
 }
 
 /// The peer's identity; if it cannot be established, answers `PermissionDenied` and closes.
@@ -227,6 +496,14 @@ fn split_connection<'a>(
         frame_started: false,
         last_byte_at: Instant::now(),
         stopping_since: None,
+        stalled_on: "in the middle of a frame",
+        handshake_deadline: Some(Instant::now() + shared.options.fairness.handshake_timeout),
+        handshake_timeout: shared.options.fairness.handshake_timeout,
+        idle_timeout: shared.options.fairness.idle_timeout,
+        activity: Arc::new(Activity::new()),
+        rate: None,
+        rate_min: shared.options.fairness.frame_bytes_per_second_min,
+        rate_window: shared.options.fairness.frame_rate_window,
     };
     Some((reader, writer))
 }
@@ -237,14 +514,15 @@ fn start_executor(
     receiver: Receiver<Job>,
     writer: Box<dyn Connection>,
     peer: &str,
-    identity: Identity,
+    identity: Requester,
+    activity: Arc<Activity>,
 ) -> Option<std::thread::JoinHandle<()>> {
     let executor = {
         let shared = shared.clone();
         let peer = peer.to_string();
         std::thread::Builder::new()
             .name("executor".into())
-            .spawn(move || execute(shared, receiver, writer, peer, identity))
+            .spawn(move || execute(shared, receiver, writer, peer, identity, activity))
     };
     match executor {
         Ok(executor) => Some(executor),
@@ -255,13 +533,43 @@ fn start_executor(
     }
 }
 
+/// What the `HelloReply` of a connection says about identity.
+struct HandshakeOffer {
+    /// The kernel's identity (`auth` None), or `nobody` until the credential arrives (Munge).
+    identity: Identity,
+    auth: AuthMethod,
+    /// Random for a munge connection (the credential must carry it), zeros otherwise.
+    challenge: [u8; CHALLENGE_BYTES],
+}
+
+/// The offer of a connection; with munge, a fresh random challenge. None: no randomness could
+/// be had (answered `Internal`, logged); the connection must close.
+fn handshake_offer(
+    munge: bool,
+    identity: Identity,
+    writer: &mut dyn Connection,
+    peer: &str,
+) -> Option<HandshakeOffer> {
+    let mut challenge = [0u8; CHALLENGE_BYTES];
+    if !munge {
+        return Some(HandshakeOffer { identity, auth: AuthMethod::None, challenge });
+    }
+    if let Err(error) = getrandom::getrandom(&mut challenge) {
+        tracing::error!(%peer, %error, "cannot draw a challenge from getrandom; closing");
+        let reply = error_reply(ErrorCode::Internal, format!("server has no randomness: {error}"));
+        let _ = send(writer, 0, &reply, &[]);
+        return None;
+    }
+    Some(HandshakeOffer { identity, auth: AuthMethod::Munge, challenge })
+}
+
 /// Reads the client's `Hello` and answers it. False: the connection must close.
 fn handshake(
     shared: &Shared,
     reader: &mut FrameReader<'_>,
     writer: &mut dyn Connection,
     peer: &str,
-    identity: Identity,
+    offer: &HandshakeOffer,
 ) -> bool {
     let mut body = Vec::new();
     reader.begin_frame(false);
@@ -269,13 +577,7 @@ fn handshake(
         Ok(header) => header,
         Err(ReceiveError::Closed) => return false,
         Err(error) => {
-            tracing::warn!(%peer, problem = %error, "malformed handshake; closing");
-            let _ = send(
-                writer,
-                0,
-                &error_reply(code_of(&error), format!("malformed handshake: {error}")),
-                &[],
-            );
+            no_hello(writer, peer, &error);
             return false;
         }
     };
@@ -324,11 +626,100 @@ fn handshake(
         version,
         payload_bytes_max: shared.options.payload_bytes_max,
         in_flight_requests_max: shared.options.in_flight_requests_max,
-        uid: identity.uid,
-        gid: identity.gid,
+        uid: offer.identity.uid,
+        gid: offer.identity.gid,
         server_name: shared.options.server_name.clone(),
+        auth: offer.auth,
+        challenge: offer.challenge,
     };
     send(writer, header.request_id, &reply, &[]).is_ok()
+}
+
+/// Logs why no Hello arrived: too late (closed silently) or malformed (answered).
+fn no_hello(writer: &mut dyn Connection, peer: &str, error: &ReceiveError) {
+    if let ReceiveError::Io(error) = error {
+        if error.kind() == io::ErrorKind::TimedOut {
+            tracing::warn!(%peer, reason = %error, "closing connection: no Hello in time");
+            return;
+        }
+    }
+    tracing::warn!(%peer, problem = %error, "malformed handshake; closing");
+    let reply = error_reply(code_of(error), format!("malformed handshake: {error}"));
+    let _ = send(writer, 0, &reply, &[]);
+}
+
+/// Reads the `Authenticate` that must follow the handshake of a munge connection, checks its
+/// credential and admits the uid (`connections_max`, `connections_per_user_max`). The wait is
+/// bounded by `frame_stall_ms_max` and the handshake timeout. None: refused (answered
+/// `PermissionDenied` naming the reason, or `Busy` over a limit, logged with the peer); the
+/// connection must close.
+fn authenticate<'s>(
+    shared: &'s Shared,
+    context: &MungeContext,
+    reader: &mut FrameReader<'_>,
+    writer: &mut dyn Connection,
+    peer: &str,
+    challenge: &[u8; CHALLENGE_BYTES],
+) -> Option<(Identity, Admission<'s>)> {
+    let mut body = Vec::new();
+    reader.expect_frame("after Hello instead of Authenticate");
+    let (request_id, refusal) = match frame::read_header_and_body(reader, &mut body, 0) {
+        Err(ReceiveError::Closed) => return None,
+        Err(error) => (0, format!("no Authenticate frame: {error}")),
+        Ok(header) => match Request::decode(header.kind, &body) {
+            Ok(Request::Authenticate { credential }) => {
+                match check_credential(context, &credential, challenge) {
+                    Ok(identity) => {
+                        let admission = match admit(shared, identity.uid) {
+                            Ok(admission) => admission,
+                            Err(reason) => {
+                                refuse_busy(writer, peer, header.request_id, &reason);
+                                return None;
+                            }
+                        };
+                        let reply = Response::Authenticated { uid: identity.uid, gid: identity.gid };
+                        return send(writer, header.request_id, &reply, &[])
+                            .is_ok()
+                            .then_some((identity, admission));
+                    }
+                    Err(reason) => (header.request_id, reason),
+                }
+            }
+            Ok(other) => (
+                header.request_id,
+                format!(
+                    "this server requires munge authentication (server.auth = munge): expected Authenticate after Hello, got {:?}",
+                    other.kind()
+                ),
+            ),
+            Err(error) => (header.request_id, format!("malformed Authenticate: {error}")),
+        },
+    };
+    tracing::warn!(%peer, reason = %refusal, "refusing connection: munge authentication failed");
+    let _ = send(writer, request_id, &error_reply(ErrorCode::PermissionDenied, refusal), &[]);
+    None
+}
+
+/// The identity a credential vouches for, if `munged` accepts it and it was made for this
+/// connection's challenge; else why not.
+fn check_credential(
+    context: &MungeContext,
+    credential: &str,
+    challenge: &[u8; CHALLENGE_BYTES],
+) -> Result<Identity, String> {
+    let decoded = context.decode(credential).map_err(|error| match error {
+        MungeError::Library { .. } | MungeError::SocketError { .. } | MungeError::Other { .. } => {
+            format!("the server cannot check munge credentials: {error}")
+        }
+        refused => format!("munge credential refused: {refused}"),
+    })?;
+    if decoded.payload != credential_payload(challenge) {
+        return Err(format!(
+            "munge credential of uid {} refused: it was not made for this connection (its payload does not carry this connection's challenge)",
+            decoded.uid
+        ));
+    }
+    Ok(Identity { uid: decoded.uid, gid: decoded.gid })
 }
 
 fn code_of(error: &ReceiveError) -> ErrorCode {
@@ -345,9 +736,9 @@ fn read_loop(
     shared: &Arc<Shared>,
     reader: &mut BufReader<FrameReader<'_>>,
     sender: &std::sync::mpsc::SyncSender<Job>,
-    peer: &str,
-    identity: Identity,
+    connection: &Peer<'_>,
 ) -> String {
+    let peer = connection.name;
     let mut body = Vec::with_capacity(256);
     loop {
         let header = match read_frame(shared, reader, &mut body, sender, peer) {
@@ -359,11 +750,12 @@ fn read_loop(
             Ok(None) => continue,
             Err(reason) => return reason,
         };
-        let payload = match receive_payload(shared, reader, &header, &request, peer, identity) {
+        let payload = match receive_payload(shared, reader, &header, &request, connection) {
             Ok(payload) => payload,
             Err(reason) => return reason,
         };
         let received = Instant::now();
+        reader.get_ref().activity.started();
         if sender
             .send(Job::Request { request_id: header.request_id, request, payload, received })
             .is_err()
@@ -439,11 +831,12 @@ fn decode_request(
             return Ok(None);
         }
     };
-    if let Request::Hello { .. } = request {
-        tracing::warn!(%peer, request_id = header.request_id, problem = "second Hello", "out-of-order frame; answering with an error");
+    if let Request::Hello { .. } | Request::Authenticate { .. } = request {
+        let problem = format!("{:?} after the handshake", header.kind);
+        tracing::warn!(%peer, request_id = header.request_id, %problem, "out-of-order frame; answering with an error");
         let reply = Job::Reply {
             request_id: header.request_id,
-            response: error_reply(ErrorCode::OutOfOrder, "Hello after the handshake"),
+            response: error_reply(ErrorCode::OutOfOrder, problem),
         };
         if sender.send(reply).is_err() {
             return Err("executor stopped".into());
@@ -459,12 +852,14 @@ fn receive_payload(
     reader: &mut BufReader<FrameReader<'_>>,
     header: &Header,
     request: &Request,
-    peer: &str,
-    identity: Identity,
+    connection: &Peer<'_>,
 ) -> Result<Option<Payload>, String> {
     let Request::Write { epoch, file, offset } = *request else { return Ok(None) };
+    let peer = connection.name;
     let length = header.payload_bytes as usize;
-    let stream = stream_of(shared, identity, epoch);
+    let stream = stream_of(shared, connection.identity, epoch);
+    // The uid's share first (it may wait for the uid's earlier writes), then store or budget.
+    let user_reservation = connection.user_budget.map(|budget| budget.reserve(length as u64));
     let placed = if length > 0 {
         shared.backend.reserve_write(stream, epoch, file, offset, length)
     } else {
@@ -472,19 +867,22 @@ fn receive_payload(
     };
     let (payload, received) = match placed {
         Some(mut pending) => {
+            reader.get_mut().begin_payload();
             let received = pending
                 .buffers()
                 .into_iter()
                 .try_for_each(|buffer| frame::read_payload(reader, buffer));
-            (Payload::Placed(pending), received)
+            (Payload::Placed(pending, user_reservation), received)
         }
         None => {
             let reservation = shared.budget.reserve(length as u64);
             let mut buffer = shared.pool.take(length);
+            reader.get_mut().begin_payload();
             let received = frame::read_payload(reader, &mut buffer);
-            (Payload::Buffered(buffer, reservation), received)
+            (Payload::Buffered(buffer, reservation, user_reservation), received)
         }
     };
+    reader.get_mut().end_payload();
     if let Err(error) = received {
         // Dropping the payload abandons a placed write: nothing of it is stored.
         tracing::warn!(%peer, request_id = header.request_id, problem = %error, "write payload cut short");
@@ -509,7 +907,8 @@ fn execute(
     receiver: Receiver<Job>,
     writer: Box<dyn Connection>,
     peer: String,
-    identity: Identity,
+    identity: Requester,
+    activity: Arc<Activity>,
 ) {
     let mut broken = false;
     let mut last_no_space: Option<Instant> = None;
@@ -534,8 +933,14 @@ fn execute(
             }
             Err(std::sync::mpsc::TryRecvError::Disconnected) => break,
         };
+        let is_request = matches!(job, Job::Request { .. });
         if broken {
-            continue; // drain the queue so the reader's budget reservations are released
+            // Drain the queue so the reader's budget reservations are released.
+            drop(job);
+            if is_request {
+                activity.done();
+            }
+            continue;
         }
         let result = match job {
             Job::Reply { request_id, response } => send(&mut writer, request_id, &response, &[]),
@@ -547,19 +952,8 @@ fn execute(
                 let fail_fast = last_no_space.is_some_and(|at| received <= at);
                 let wait =
                     if fail_fast { Duration::ZERO } else { shared.options.backpressure_wait };
-                let (response, read_data) = match payload {
-                    Some(Payload::Placed(pending)) => {
-                        handle(&shared, identity, request, WriteData::Placed(pending), wait)
-                    }
-                    Some(Payload::Buffered(buffer, reservation)) => {
-                        let reply =
-                            handle(&shared, identity, request, WriteData::Bytes(&buffer), wait);
-                        drop(reservation);
-                        shared.pool.give(buffer);
-                        reply
-                    }
-                    None => handle(&shared, identity, request, WriteData::Bytes(&[]), wait),
-                };
+                let (response, read_data) =
+                    run_with_payload(&shared, &identity, request, payload, wait);
                 if matches!(response, Response::Error { code: ErrorCode::NoSpace, .. }) {
                     last_no_space = Some(Instant::now());
                 }
@@ -571,6 +965,9 @@ fn execute(
                 send(&mut writer, request_id, &response, payload)
             }
         };
+        if is_request {
+            activity.done();
+        }
         if let Err(error) = result {
             tracing::warn!(%peer, %error, "cannot send a reply; closing");
             writer.get_ref().shutdown();
@@ -582,43 +979,28 @@ fn execute(
     }
 }
 
-/// The store stream of a write: the manager's assignment for the epoch if there is one (keys
-/// with the top bit set, so they never share segments with a uid), else the writer's uid.
-fn stream_of(shared: &Shared, identity: Identity, epoch: EpochId) -> StreamKey {
-    match shared.epoch_streams.read().get(&epoch) {
-        Some(&stream) => stream,
-        None => StreamKey(identity.uid as u64),
-    }
-}
-
-/// The store key of a stream id the manager assigned.
-pub(crate) fn assigned_stream_key(stream: u64) -> StreamKey {
-    StreamKey(ASSIGNED_STREAM_TAG | stream)
-}
-
-const ASSIGNED_STREAM_TAG: u64 = 1 << 63;
-
-/// Checks that this identity may touch the epoch; the first identity to create it owns it for
-/// this server run. Root may touch anything.
-fn authorize(
+/// Runs one request with its payload; the payload's budget is released once the store has it.
+fn run_with_payload(
     shared: &Shared,
-    identity: Identity,
-    epoch: EpochId,
-    claim: bool,
-) -> Result<(), BackendError> {
-    let mut owners = shared.owners.lock();
-    match owners.get(&epoch) {
-        Some(&owner) if owner != identity.uid && identity.uid != 0 => Err(BackendError::new(
-            ErrorCode::PermissionDenied,
-            format!("epoch {epoch} belongs to uid {owner}, request runs as uid {}", identity.uid),
-        )),
-        Some(_) => Ok(()),
-        None => {
-            if claim {
-                owners.insert(epoch, identity.uid);
-            }
-            Ok(())
+    identity: &Requester,
+    request: Request,
+    payload: Option<Payload>,
+    wait: Duration,
+) -> (Response, Option<Vec<u8>>) {
+    match payload {
+        Some(Payload::Placed(pending, user_reservation)) => {
+            let reply = handle(shared, identity, request, WriteData::Placed(pending), wait);
+            drop(user_reservation);
+            reply
         }
+        Some(Payload::Buffered(buffer, reservation, user_reservation)) => {
+            let reply = handle(shared, identity, request, WriteData::Bytes(&buffer), wait);
+            drop(reservation);
+            drop(user_reservation);
+            shared.pool.give(buffer);
+            reply
+        }
+        None => handle(shared, identity, request, WriteData::Bytes(&[]), wait),
     }
 }
 
@@ -631,7 +1013,7 @@ enum WriteData<'a> {
 
 fn handle(
     shared: &Shared,
-    identity: Identity,
+    identity: &Requester,
     request: Request,
     data: WriteData<'_>,
     wait: Duration,
@@ -646,7 +1028,7 @@ type Reply = (Response, Option<Vec<u8>>);
 
 fn run(
     shared: &Shared,
-    identity: Identity,
+    peer: &Requester,
     request: Request,
     data: WriteData<'_>,
     wait: Duration,
@@ -654,37 +1036,33 @@ fn run(
     let backend = &*shared.backend;
     let plain = |response| Ok((response, None));
     match request {
-        Request::Hello { .. } => unreachable!("the reader answers a second Hello itself"),
-        Request::OpenFile { epoch, name, create } => {
-            open_file(shared, identity, epoch, &name, create)
+        Request::Hello { .. } | Request::Authenticate { .. } => {
+            unreachable!("the reader answers handshake frames after the handshake itself")
         }
+        Request::OpenFile { epoch, name, create } => open_file(shared, peer, epoch, &name, create),
         Request::Write { epoch, file, offset } => {
-            write(shared, identity, epoch, file, offset, data, wait)
+            write(shared, peer, epoch, file, offset, data, wait)
         }
         Request::Read { epoch, file, offset, length } => {
-            read(shared, identity, epoch, file, offset, length)
+            read(shared, peer, epoch, file, offset, length)
         }
-        Request::Commit { epoch, durability } => commit(shared, identity, epoch, durability),
+        Request::Commit { epoch, durability } => commit(shared, peer, epoch, durability),
         Request::ListEpochs { from_epoch } => {
-            let mut epochs = backend.epochs()?;
-            epochs.retain(|e| e.epoch >= from_epoch);
-            // 25 bytes per entry after a 4-byte count; the client pages for the rest.
-            epochs.truncate((BODY_BYTES_MAX as usize - 4) / 25);
-            plain(Response::Epochs(epochs))
+            plain(Response::Epochs(list_epochs(shared, peer, from_epoch)?))
         }
         Request::ListFiles { epoch, from_file } => {
-            authorize(shared, identity, epoch, false)?;
+            authorize(shared, peer, epoch, Intent::Use)?;
             let mut files = backend.files(epoch)?;
             files.retain(|f| f.file >= from_file);
             files.sort_by_key(|f| f.file);
             plain(Response::Files(fit_files(files)))
         }
         Request::Stat { epoch, file } => {
-            authorize(shared, identity, epoch, false)?;
+            authorize(shared, peer, epoch, Intent::Use)?;
             plain(Response::FileStat(backend.stat(epoch, file)?))
         }
         Request::Extents { epoch, file, from_offset } => {
-            authorize(shared, identity, epoch, false)?;
+            authorize(shared, peer, epoch, Intent::Use)?;
             let extents: Vec<Extent> = backend
                 .extents(epoch, file)?
                 .into_iter()
@@ -694,39 +1072,79 @@ fn run(
             plain(Response::Extents(extents))
         }
         Request::DeleteEpoch { epoch } => {
-            authorize(shared, identity, epoch, false)?;
+            authorize(shared, peer, epoch, Intent::Use)?;
             backend.delete_epoch(epoch)?;
-            shared.owners.lock().remove(&epoch);
-            shared.epoch_streams.write().remove(&epoch);
             plain(Response::Deleted { epoch })
         }
-        Request::AssignStream { epoch, stream } => assign_stream(shared, identity, epoch, stream),
+        Request::AssignStream { epoch, stream } => {
+            plain(access::assign_stream(shared, peer, epoch, stream)?)
+        }
+        Request::GrantEpoch { epoch, grant } => {
+            plain(access::grant_epoch(shared, peer, epoch, grant)?)
+        }
+        Request::RevokeEpoch { epoch } => plain(access::revoke_epoch(shared, peer, epoch)?),
         Request::Sync { epoch } => {
-            // The store syncs every dirty segment at once; the epoch is named so that only its
-            // owner (or root) may ask, and so that the reply says what became durable.
-            authorize(shared, identity, epoch, false)?;
+            // The store syncs every dirty segment at once; the epoch is named so that only those
+            // who may use it ask, and so that the reply says what became durable.
+            authorize(shared, peer, epoch, Intent::Use)?;
             backend.sync()?;
             plain(Response::Synced { epoch })
         }
-        Request::Drain { epoch, mode } => drain(shared, identity, epoch, mode),
-        Request::DrainStatus => plain(Response::DrainStatus(drain_status(shared))),
-        Request::Namespace(request) => {
-            let service = shared.namespaces.get().ok_or_else(|| {
-                BackendError::new(
-                    ErrorCode::InvalidArgument,
-                    "this server has no namespace service (started without a store directory)",
-                )
-            })?;
-            plain(Response::Namespace(service.handle(identity, request)))
-        }
+        Request::Drain { epoch, mode } => drain(shared, peer, epoch, mode),
+        Request::DrainStatus => plain(Response::DrainStatus(drain_status(shared, peer))),
+        Request::Namespace(request) => namespace(shared, peer, request),
         Request::Status => plain(Response::Status(server_status(shared))),
     }
+}
+
+/// `ListEpochs`: the epochs from `from_epoch` this peer may see, as many as fit in one body.
+fn list_epochs(
+    shared: &Shared,
+    peer: &Requester,
+    from_epoch: EpochId,
+) -> Result<Vec<spillway_proto::EpochInfo>, BackendError> {
+    let epochs = shared.backend.epochs()?;
+    Ok(epochs
+        .into_iter()
+        .filter(|e| e.epoch >= from_epoch && access::may_see(shared, peer, e.epoch))
+        // 25 bytes per entry after a 4-byte count; the client pages for the rest.
+        .take((BODY_BYTES_MAX as usize - 4) / 25)
+        .collect())
+}
+
+/// A namespace (metadata service) request, answered by this server's namespace service.
+fn namespace(
+    shared: &Shared,
+    peer: &Requester,
+    request: spillway_proto::NamespaceRequest,
+) -> Result<Reply, BackendError> {
+    let service = shared.namespaces.get().ok_or_else(|| {
+        BackendError::new(
+            ErrorCode::InvalidArgument,
+            "this server has no namespace service (started without a store directory)",
+        )
+    })?;
+    // A namespace is as private as its data epoch: only those who may use the epoch (and root)
+    // see its tree or change it. A namespace that does not exist yet is the service's to answer.
+    if !peer.is_root() {
+        if let Ok(existing) = service.get(request.namespace()) {
+            let data_epoch = spillway_namespace::Namespace::data_epoch(&*existing);
+            if let Err(refused) = authorize(shared, peer, data_epoch, Intent::Use) {
+                let response = spillway_proto::NamespaceResponse::Error {
+                    errno: refused.code.errno(),
+                    message: format!("namespace {}: {}", request.namespace(), refused.message),
+                };
+                return Ok((Response::Namespace(response), None));
+            }
+        }
+    }
+    Ok((Response::Namespace(service.handle(peer.identity, request)), None))
 }
 
 /// `OpenFile`: checks the name, authorizes (claiming the epoch if it creates) and opens.
 fn open_file(
     shared: &Shared,
-    identity: Identity,
+    peer: &Requester,
     epoch: EpochId,
     name: &str,
     create: bool,
@@ -737,16 +1155,16 @@ fn open_file(
             format!("bad file name {name:?}"),
         ));
     }
-    authorize(shared, identity, epoch, create)?;
-    let (file, created) =
-        shared.backend.open_file(stream_of(shared, identity, epoch), epoch, name, create)?;
+    authorize(shared, peer, epoch, if create { Intent::Create } else { Intent::Use })?;
+    let stream = stream_of(shared, peer.identity, epoch);
+    let (file, created) = shared.backend.open_file(stream, epoch, name, create)?;
     Ok((Response::FileOpened { file, created }, None))
 }
 
 /// `Write`: publishes a placed payload, or writes a buffered one waiting up to `wait` for space.
 fn write(
     shared: &Shared,
-    identity: Identity,
+    peer: &Requester,
     epoch: EpochId,
     file: FileId,
     offset: u64,
@@ -754,7 +1172,7 @@ fn write(
     wait: Duration,
 ) -> Result<Reply, BackendError> {
     // A refused placed write is dropped unpublished: nothing of it is stored.
-    authorize(shared, identity, epoch, true)?;
+    authorize(shared, peer, epoch, Intent::Create)?;
     let length = match data {
         WriteData::Placed(pending) => {
             let length = pending.payload_bytes();
@@ -768,7 +1186,7 @@ fn write(
                     format!("write at offset {offset} of {} bytes overflows", data.len()),
                 )
             })?;
-            write_with_backpressure(shared, identity, epoch, file, offset, data, wait)?;
+            write_with_backpressure(shared, peer.identity, epoch, file, offset, data, wait)?;
             data.len()
         }
     };
@@ -779,13 +1197,13 @@ fn write(
 /// `Read`: checks the length against `payload_bytes_max` and reads into a reply buffer.
 fn read(
     shared: &Shared,
-    identity: Identity,
+    peer: &Requester,
     epoch: EpochId,
     file: FileId,
     offset: u64,
     length: u32,
 ) -> Result<Reply, BackendError> {
-    authorize(shared, identity, epoch, false)?;
+    authorize(shared, peer, epoch, Intent::Use)?;
     if length > shared.options.payload_bytes_max {
         return Err(BackendError::new(
             ErrorCode::TooLarge,
@@ -813,11 +1231,11 @@ fn read(
 /// `Commit`: commits at the asked (or the server's default) durability and tells the drainer.
 fn commit(
     shared: &Shared,
-    identity: Identity,
+    peer: &Requester,
     epoch: EpochId,
     durability: Durability,
 ) -> Result<Reply, BackendError> {
-    authorize(shared, identity, epoch, false)?;
+    authorize(shared, peer, epoch, Intent::Create)?;
     let durability = match durability {
         Durability::ServerDefault => shared.options.default_durability,
         other => other,
@@ -829,56 +1247,32 @@ fn commit(
     Ok((Response::Committed { epoch, durability }, None))
 }
 
-/// `AssignStream`: root (the manager) sets the SSD stream of an epoch.
-fn assign_stream(
-    shared: &Shared,
-    identity: Identity,
-    epoch: EpochId,
-    stream: u64,
-) -> Result<Reply, BackendError> {
-    if identity.uid != 0 {
-        return Err(BackendError::new(
-            ErrorCode::PermissionDenied,
-            format!(
-                "only root (the manager) assigns SSD streams; request runs as uid {}",
-                identity.uid
-            ),
-        ));
-    }
-    if stream & ASSIGNED_STREAM_TAG != 0 {
-        return Err(BackendError::new(
-            ErrorCode::InvalidArgument,
-            format!("stream id {stream} is out of range (below 2^63)"),
-        ));
-    }
-    shared.epoch_streams.write().insert(epoch, assigned_stream_key(stream));
-    Ok((Response::StreamAssigned { epoch, stream }, None))
-}
-
 /// `Drain`: queues a drain of an epoch this server holds, if it has a PFS to drain to.
 fn drain(
     shared: &Shared,
-    identity: Identity,
+    peer: &Requester,
     epoch: EpochId,
     mode: u8,
 ) -> Result<Reply, BackendError> {
-    authorize(shared, identity, epoch, false)?;
+    authorize(shared, peer, epoch, Intent::Use)?;
     let drain = shared.drain.get().ok_or_else(|| {
         BackendError::new(
             ErrorCode::InvalidArgument,
             "this server has no PFS to drain to (drain.pfs_directory is not set)",
         )
     })?;
-    if !shared.backend.epochs()?.iter().any(|e| e.epoch == epoch) {
+    if !shared.backend.has_epoch(epoch) {
         return Err(BackendError::new(ErrorCode::NoSuchEpoch, format!("no epoch {epoch} here")));
     }
     drain.request(epoch, mode)?;
     Ok((Response::DrainQueued { epoch }, None))
 }
 
-/// `DrainStatus`: the drainer's status, the newest epochs that fit in one body.
-fn drain_status(shared: &Shared) -> Vec<DrainInfo> {
+/// `DrainStatus`: the drainer's status of the epochs this peer may see, the newest that fit in
+/// one body.
+fn drain_status(shared: &Shared, peer: &Requester) -> Vec<DrainInfo> {
     let mut list = shared.drain.get().map(|d| d.status()).unwrap_or_default();
+    list.retain(|d| access::may_see(shared, peer, d.epoch));
     // 64 bytes per entry plus the error text after a 4-byte count: keep the newest that fit.
     let mut bytes = 4usize;
     list.reverse();
@@ -909,6 +1303,7 @@ fn server_status(shared: &Shared) -> ServerStatus {
         ssd_bytes_used: usage.ssd_bytes_used,
         ssd_bytes_max: usage.ssd_bytes_max,
         epochs,
+        auth: shared.options.auth,
     }
 }
 

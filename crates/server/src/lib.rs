@@ -1,8 +1,9 @@
 //! The burst buffer server: protocol handlers over one store.
 //!
-//! One process per burst buffer node. It listens on loopback TCP and/or a Unix-domain socket,
-//! establishes each peer's identity from the kernel, and serves every connection with two
-//! threads: a *reader* that decodes frames and reads write payloads straight into store memory
+//! One process per burst buffer node. It listens on TCP and/or a Unix-domain socket,
+//! establishes each peer's identity (from the kernel, or on TCP with `server.auth = munge` from
+//! the munge credential the client sends right after `Hello`), and serves every connection with
+//! two threads: a *reader* that decodes frames and reads write payloads straight into store memory
 //! reserved for them ([`PendingWrite`]), and an *executor* that runs requests (publishing those
 //! writes) in arrival order and writes replies.
 //! Between them sits a bounded queue (`in_flight_requests_max`), so a client can pipeline that
@@ -22,8 +23,19 @@
 //! (`in_flight_bytes_max`, see [`budget`]), read reply buffers (one per connection, so at most
 //! `connections_max × payload_bytes_max`), recycled buffers (a quarter of the in-flight budget,
 //! at most 256 MiB), the time a write waits for space (`backpressure_wait_ms_max`) and the time a
-//! client may stall mid-frame while its write holds ring space (`frame_stall_ms_max`).
+//! client may stall mid-frame while its write holds ring space (`frame_stall_ms_max`), which also
+//! bounds the wait for a munge client's `Authenticate` after the handshake.
+//!
+//! Fairness under hostile load ([`Fairness`]): every connection must finish Hello (+
+//! Authenticate) within `handshake_timeout_ms`. One whose identity is not known yet (TCP on a
+//! munge server, before its credential) counts against `handshakes_max` only; once identified
+//! (at accept from the kernel, or by its credential) it counts against `connections_max` and,
+//! unless it is root, against its uid's `connections_per_user_max`, and its writes against the
+//! uid's `in_flight_bytes_per_user_max`. A connection with nothing in flight for `idle_timeout_ms` is
+//! closed; a payload arriving slower than `frame_bytes_per_second_min` (after a grace window) is
+//! dropped with its connection, releasing the budget it held.
 
+mod access;
 pub mod backend;
 pub mod budget;
 mod connection;
@@ -38,11 +50,15 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use spillway_config::server::{CommitDurability, ServerKnobs};
+use spillway_config::Authentication;
 use spillway_proto::transport::{self, BindError};
-use spillway_proto::{Durability, Endpoint, Listener};
-use spillway_types::{EpochId, StreamKey};
+use spillway_proto::{AuthMethod, Durability, Endpoint, Listener};
+use spillway_sys::munge::{MungeContext, MungeError};
+use spillway_types::EpochId;
 
-pub use backend::{Backend, BackendError, PendingWrite, Usage};
+pub use backend::{
+    assigned_stream_key, Backend, BackendError, GrantMode, PendingWrite, Usage, ASSIGNED_STREAM_TAG,
+};
 
 /// The server's view of a drainer (implemented by `spillway_drain::Drainer`): requests and
 /// status travel over the protocol, the drainer does the work on its own threads.
@@ -81,6 +97,55 @@ pub struct ServerOptions {
     pub default_durability: Durability,
     pub shutdown_grace: Duration,
     pub frame_stall: Duration,
+    /// Take data only for epochs the manager granted (`server.managed`); otherwise the first
+    /// uid to create an epoch claims it.
+    pub managed: bool,
+    /// How TCP peers are authenticated; Unix-socket peers always by `SO_PEERCRED`.
+    pub auth: AuthMethod,
+    /// `munged`'s socket for checking credentials (`None`: libmunge's default).
+    pub munge_socket: Option<std::path::PathBuf>,
+    /// Timeouts and per-uid caps against hostile clients.
+    pub fairness: Fairness,
+}
+
+/// What keeps one client, or a flood of connections, from starving the others.
+#[derive(Clone, Debug)]
+pub struct Fairness {
+    /// From accept to a completed Hello (+ Authenticate); then the connection is closed.
+    pub handshake_timeout: Duration,
+    /// Unauthenticated connections in their handshake at once (apart from `connections_max`).
+    pub handshakes_max: u32,
+    /// Nothing in flight and no frame arriving for this long: the connection is closed.
+    pub idle_timeout: Duration,
+    /// Slowest accepted arrival of a payload, in bytes per second.
+    pub frame_bytes_per_second_min: u64,
+    /// Grace and measuring window of `frame_bytes_per_second_min`.
+    pub frame_rate_window: Duration,
+    /// Identified connections per uid (root exempt).
+    pub connections_per_user_max: u32,
+    /// Write payload bytes in flight per uid (root exempt).
+    pub in_flight_bytes_per_user_max: u64,
+}
+
+impl Fairness {
+    pub fn from_knobs(knobs: &ServerKnobs) -> Self {
+        Fairness {
+            handshake_timeout: Duration::from_millis(knobs.handshake_timeout_ms),
+            handshakes_max: knobs.handshakes_max,
+            idle_timeout: Duration::from_millis(knobs.idle_timeout_ms),
+            frame_bytes_per_second_min: knobs.frame_bytes_per_second_min,
+            frame_rate_window: Duration::from_millis(knobs.frame_rate_window_ms),
+            connections_per_user_max: knobs.connections_per_user_max,
+            in_flight_bytes_per_user_max: knobs.in_flight_bytes_per_user_max,
+        }
+    }
+}
+
+impl Default for Fairness {
+    /// The knobs' defaults.
+    fn default() -> Self {
+        Fairness::from_knobs(&ServerKnobs::default())
+    }
 }
 
 impl ServerOptions {
@@ -98,6 +163,13 @@ impl ServerOptions {
             },
             shutdown_grace: Duration::from_millis(knobs.shutdown_grace_ms_max),
             frame_stall: Duration::from_millis(knobs.frame_stall_ms_max),
+            managed: knobs.managed,
+            auth: match knobs.auth {
+                Authentication::None => AuthMethod::None,
+                Authentication::Munge => AuthMethod::Munge,
+            },
+            munge_socket: knobs.munge_socket_path(),
+            fairness: Fairness::from_knobs(knobs),
         }
     }
 }
@@ -114,6 +186,8 @@ pub enum ServeError {
     Thread { name: String, source: std::io::Error },
     #[error("final sync of the store at shutdown failed: {0}")]
     FinalSync(BackendError),
+    #[error("server.auth = munge, but {0}")]
+    Munge(MungeError),
 }
 
 /// Counters reported by `status`.
@@ -131,18 +205,38 @@ pub(crate) struct Shared {
     pub budget: Arc<budget::ByteBudget>,
     pub pool: budget::BufferPool,
     pub shutdown: AtomicBool,
+    /// Identified connections (against `connections_max`).
     pub connections: AtomicU32,
+    /// Connections in their handshake (against `handshakes_max`).
+    pub handshakes: AtomicU32,
+    /// Per non-root uid: identified connections and its in-flight write budget.
+    pub users: Mutex<HashMap<u32, connection::UserEntry>>,
     pub counters: Counters,
-    /// Epoch → uid of the identity that created it (this server run). Other uids are refused.
-    pub owners: Mutex<HashMap<EpochId, u32>>,
-    /// Epoch → SSD stream assigned by the manager (`AssignStream`); other epochs' writes go to
-    /// the writer's uid. In memory: the manager re-asserts assignments every heartbeat, so a
-    /// restarted server learns them again before a job's next writes matter for wear.
-    pub epoch_streams: parking_lot::RwLock<HashMap<EpochId, StreamKey>>,
     /// The drainer, if this server drains to a PFS (set once, before or while serving).
     pub drain: std::sync::OnceLock<Arc<dyn DrainControl>>,
     /// The namespaces (metadata service) this server holds, if attached.
     pub namespaces: std::sync::OnceLock<Arc<namespace_service::NamespaceService>>,
+    /// How credentials are checked, when TCP peers must authenticate with munge.
+    pub munge: Option<MungeContext>,
+}
+
+/// The munge context of a server with `auth = munge` (`None` otherwise), after checking that
+/// libmunge loads and asking `munged` for one credential.
+fn munge_context(options: &ServerOptions) -> Result<Option<MungeContext>, ServeError> {
+    if options.auth != AuthMethod::Munge {
+        return Ok(None);
+    }
+    let context = MungeContext::new().with_socket(options.munge_socket.clone());
+    match context.encode(b"spillway server start") {
+        Ok(_) => {
+            tracing::info!(socket = %context.socket_description(), "authenticating TCP clients with munge")
+        }
+        Err(error @ MungeError::Library { .. }) => return Err(ServeError::Munge(error)),
+        Err(error) => {
+            tracing::warn!(%error, "munge authentication is on but munged does not answer: TCP clients are refused until it does")
+        }
+    }
+    Ok(Some(context))
 }
 
 /// A handle that asks a running server to shut down gracefully (what SIGTERM does).
@@ -164,7 +258,9 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds every endpoint. Non-loopback TCP needs `insecure_tcp` (and logs a warning).
+    /// Binds every endpoint. Non-loopback TCP needs munge authentication or `insecure_tcp`
+    /// (which logs a warning). With munge, libmunge must load; an unreachable `munged` is only
+    /// a warning (TCP clients are refused until it answers).
     pub fn bind(
         options: ServerOptions,
         backend: Arc<dyn Backend>,
@@ -173,17 +269,22 @@ impl Server {
     ) -> Result<Server, ServeError> {
         assert!(options.in_flight_bytes_max >= options.payload_bytes_max as u64);
         assert!(options.in_flight_requests_max > 0 && options.connections_max > 0);
+        assert!(options.fairness.in_flight_bytes_per_user_max >= options.payload_bytes_max as u64);
+        assert!(
+            options.fairness.handshakes_max > 0 && options.fairness.connections_per_user_max > 0
+        );
         if endpoints.is_empty() {
             return Err(ServeError::NoListener);
         }
+        let munge = munge_context(&options)?;
         let mut listeners = Vec::new();
         for endpoint in endpoints {
             if let Endpoint::Tcp(address) = endpoint {
-                if !address.ip().is_loopback() {
-                    tracing::warn!(%address, "listening on a non-loopback TCP address without authentication (--insecure-tcp): any host that can reach it can read and write every epoch");
+                if !address.ip().is_loopback() && munge.is_none() {
+                    tracing::warn!(%address, "listening on a non-loopback TCP address WITHOUT AUTHENTICATION (server.auth = none, --insecure-tcp): any host that can reach it acts as nobody, and reads and writes every epoch nobody may; set server.auth = munge");
                 }
             }
-            listeners.push(transport::bind(endpoint, insecure_tcp)?);
+            listeners.push(transport::bind(endpoint, insecure_tcp || munge.is_some())?);
         }
         let shared = Arc::new(Shared {
             budget: Arc::new(budget::ByteBudget::new(options.in_flight_bytes_max)),
@@ -193,11 +294,12 @@ impl Server {
             options,
             shutdown: AtomicBool::new(false),
             connections: AtomicU32::new(0),
+            handshakes: AtomicU32::new(0),
+            users: Mutex::new(HashMap::new()),
             counters: Counters::default(),
-            owners: Mutex::new(HashMap::new()),
-            epoch_streams: parking_lot::RwLock::new(HashMap::new()),
             drain: std::sync::OnceLock::new(),
             namespaces: std::sync::OnceLock::new(),
+            munge,
         });
         Ok(Server { shared, listeners })
     }

@@ -4,8 +4,9 @@
 //! A namespace lives on exactly one server. Namespaces are opened on demand (by a
 //! `NamespaceOpen`, or by any request naming a namespace whose journal is on disk) and kept
 //! open until the server stops; each persists as a journal under
-//! `<store directory>/namespaces/` (see docs/design/namespace.md). `statfs` reports this
-//! server's store capacity.
+//! `<store directory>/namespaces/` (see docs/design/namespace.md). `statfs` reports the
+//! capacity of the reservation whose grant covers the namespace's data epoch (and the sum of its
+//! file sizes as used), or this server's store capacity when there is none.
 //!
 //! Caller trust: a request states the `Caller` it acts for. Only a root peer (the mount, whose
 //! identity the kernel vouched for) is believed; a non-root peer's requests run as its own
@@ -23,21 +24,29 @@ use spillway_meta::{
 };
 use spillway_namespace::{Caller, DirEntry, Ino, MetaError, Namespace, NamespaceId, ROOT_INO};
 use spillway_proto::{Identity, NamespaceRequest, NamespaceResponse, BODY_BYTES_MAX};
+use spillway_types::EpochId;
 
 use crate::backend::Backend;
 
 /// Most namespaces one server holds open (each costs a file descriptor and its tree in memory).
 pub const NAMESPACES_MAX: usize = 4096;
 
-/// `statfs` figures from the store this server runs.
+/// `statfs` figures from the store this server runs, and the reservation capacity the grant of
+/// the namespace's data epoch carries (the manager puts the reservation's total there).
 struct StoreCapacityProbe(Arc<dyn Backend>);
 
 impl Capacity for StoreCapacityProbe {
-    fn capacity(&self) -> StoreCapacity {
+    fn capacity(&self, data_epoch: EpochId) -> StoreCapacity {
         let usage = self.0.usage();
+        let reservation_bytes = self
+            .0
+            .grant(data_epoch)
+            .map(|grant| grant.reservation_capacity_bytes)
+            .filter(|&bytes| bytes > 0);
         StoreCapacity {
             total_bytes: usage.ssd_bytes_max,
             free_bytes: usage.ssd_bytes_max.saturating_sub(usage.ssd_bytes_used),
+            reservation_bytes,
         }
     }
 }

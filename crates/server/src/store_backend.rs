@@ -10,13 +10,16 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use spillway_proto::{Durability, EpochInfo, EpochState, ErrorCode, Extent, FileInfo};
+use spillway_proto::{Durability, EpochGrant, EpochInfo, EpochState, ErrorCode, Extent, FileInfo};
 use spillway_store::{
-    CommitError, EpochPhase, LifecycleError, ReadError, Store, WriteError, WriteSlot,
+    CommitError, EpochPhase, GrantError, GrantOutcome, LifecycleError, ReadError, RevokeError,
+    Store, WriteError, WriteSlot,
 };
 use spillway_types::{EpochId, FileId, StreamKey};
 
-use crate::backend::{Backend, BackendError, PendingWrite, Usage};
+use crate::backend::{
+    assigned_stream_key, Backend, BackendError, GrantMode, PendingWrite, Usage, ASSIGNED_STREAM_TAG,
+};
 
 /// Name → id of the files of one epoch, plus the next free id.
 #[derive(Default)]
@@ -70,6 +73,7 @@ fn write_error(error: WriteError) -> BackendError {
             ErrorCode::NoSuchEpoch
         }
         WriteError::EpochNotOpen { .. } => ErrorCode::EpochReadOnly,
+        WriteError::GrantCapacityExceeded { .. } => ErrorCode::QuotaExceeded,
         WriteError::ReservedStream(_)
         | WriteError::OffsetOverflow { .. }
         | WriteError::BadFileName { .. } => ErrorCode::InvalidArgument,
@@ -111,6 +115,52 @@ fn lifecycle_error(error: LifecycleError) -> BackendError {
         _ => ErrorCode::Internal,
     };
     BackendError::new(code, error.to_string())
+}
+
+fn grant_error(error: GrantError) -> BackendError {
+    let code = match &error {
+        GrantError::TooManyAllowedIds { .. } | GrantError::ReservedStream { .. } => {
+            ErrorCode::InvalidArgument
+        }
+        GrantError::EpochDeleted { .. } => ErrorCode::NoSuchEpoch,
+        GrantError::Failed(_) | GrantError::Io { .. } => ErrorCode::Io,
+        _ => ErrorCode::Internal,
+    };
+    BackendError::new(code, error.to_string())
+}
+
+fn revoke_error(error: RevokeError) -> BackendError {
+    let code = match &error {
+        RevokeError::Failed(_) | RevokeError::Io { .. } => ErrorCode::Io,
+        _ => ErrorCode::Internal,
+    };
+    BackendError::new(code, error.to_string())
+}
+
+/// The protocol's grant (stream as the manager's id) as the store keeps it (a store stream key).
+fn store_grant(grant: EpochGrant) -> spillway_store::EpochGrant {
+    spillway_store::EpochGrant {
+        owner_uid: grant.owner_uid,
+        owner_gid: grant.owner_gid,
+        allowed_uids: grant.allowed_uids,
+        allowed_gids: grant.allowed_gids,
+        capacity_bytes: grant.capacity_bytes,
+        reservation_capacity_bytes: grant.reservation_capacity_bytes,
+        stream: grant.stream.map(assigned_stream_key),
+    }
+}
+
+/// The inverse of [`store_grant`].
+fn protocol_grant(grant: spillway_store::EpochGrant) -> EpochGrant {
+    EpochGrant {
+        owner_uid: grant.owner_uid,
+        owner_gid: grant.owner_gid,
+        allowed_uids: grant.allowed_uids,
+        allowed_gids: grant.allowed_gids,
+        capacity_bytes: grant.capacity_bytes,
+        reservation_capacity_bytes: grant.reservation_capacity_bytes,
+        stream: grant.stream.map(|key| key.0 & !ASSIGNED_STREAM_TAG),
+    }
 }
 
 fn state_of(phase: EpochPhase) -> Option<EpochState> {
@@ -288,6 +338,41 @@ impl Backend for StoreBackend {
         self.store.delete_epoch(epoch).map_err(lifecycle_error)?;
         self.names.lock().remove(&epoch);
         Ok(())
+    }
+
+    fn has_epoch(&self, epoch: EpochId) -> bool {
+        self.store.epoch(epoch).is_some_and(|info| info.phase != EpochPhase::Deleted)
+    }
+
+    fn grant(&self, epoch: EpochId) -> Option<EpochGrant> {
+        self.store.grant(epoch).map(protocol_grant)
+    }
+
+    fn grant_epoch(
+        &self,
+        epoch: EpochId,
+        grant: EpochGrant,
+        mode: GrantMode,
+    ) -> Result<EpochGrant, BackendError> {
+        if grant.stream.is_some_and(|stream| stream & ASSIGNED_STREAM_TAG != 0) {
+            return Err(BackendError::new(
+                ErrorCode::InvalidArgument,
+                format!("grant of epoch {epoch}: stream ids must be below 2^63"),
+            ));
+        }
+        let mode = match mode {
+            GrantMode::Replace => spillway_store::GrantMode::Replace,
+            GrantMode::IfAbsent => spillway_store::GrantMode::IfAbsent,
+        };
+        match self.store.grant_epoch(epoch, store_grant(grant.clone()), mode) {
+            Ok(GrantOutcome::Kept(existing)) => Ok(protocol_grant(existing)),
+            Ok(GrantOutcome::Recorded | GrantOutcome::Unchanged) => Ok(grant),
+            Err(error) => Err(grant_error(error)),
+        }
+    }
+
+    fn revoke_grant(&self, epoch: EpochId) -> Result<bool, BackendError> {
+        self.store.revoke_grant(epoch).map_err(revoke_error)
     }
 
     fn mark_drained(&self, epoch: EpochId) -> Result<(), BackendError> {

@@ -12,9 +12,9 @@ use std::time::Duration;
 use spillway_client::{Client, ClientOptions, Placement};
 use spillway_proto::frame::{self, Kind};
 use spillway_proto::{
-    Durability, Endpoint, EpochState, ErrorCode, Request, Response, PROTOCOL_VERSION,
+    Durability, Endpoint, EpochGrant, EpochState, ErrorCode, Request, Response, PROTOCOL_VERSION,
 };
-use spillway_server::{Backend, Server, ServerOptions, ShutdownHandle, StoreBackend};
+use spillway_server::{Backend, Fairness, Server, ServerOptions, ShutdownHandle, StoreBackend};
 use spillway_types::{EpochId, StreamKey};
 use support::ModelBackend;
 
@@ -29,6 +29,10 @@ fn options() -> ServerOptions {
         default_durability: Durability::Ssd,
         shutdown_grace: Duration::from_secs(5),
         frame_stall: Duration::from_secs(30),
+        managed: false,
+        auth: spillway_proto::AuthMethod::None,
+        munge_socket: None,
+        fairness: Fairness::default(),
     }
 }
 
@@ -433,7 +437,13 @@ fn assigned_streams_reach_the_backend_and_other_epochs_keep_the_uid_stream() {
         assert_eq!(error.errno(), libc::EACCES, "{error}");
         return;
     }
+    // AssignStream changes the stream of a granted epoch only.
+    let error = c.assign_stream(EpochId(7), 3).unwrap_err();
+    assert_eq!(error.errno(), libc::ENOENT, "{error}");
+    c.grant_epoch(EpochId(7), &EpochGrant { owner_uid: uid, owner_gid: uid, ..Default::default() })
+        .unwrap();
     c.assign_stream(EpochId(7), 3).unwrap();
+    assert_eq!(backend.grant(EpochId(7)).unwrap().stream, Some(3), "kept in the grant");
     assert!(
         c.assign_stream(EpochId(7), 1 << 63).is_err(),
         "a stream id with the tag bit is refused"
@@ -559,4 +569,81 @@ fn a_client_that_stalls_or_dies_mid_payload_leaves_nothing_behind() {
     }
     assert!(backend.store().stat(EpochId(1), file).is_some_and(|info| info.size_bytes == 0));
     backend.store().check_invariants();
+}
+
+/// A grant from root (the manager) sets who owns the epoch, its capacity here and its stream;
+/// a write that would take the epoch past that capacity fails with EDQUOT and writes nothing,
+/// on the placed path (straight into DRAM) and the buffered one alike.
+#[test]
+fn a_write_past_the_granted_capacity_fails_with_edquot_and_writes_nothing() {
+    let (running, backend) = start_store(options());
+    // Each write below is one request (a request is refused whole; a larger client write is
+    // several requests, and those before the limit are stored).
+    let options = ClientOptions {
+        placement: Placement::Striped { stripe_unit_bytes: 4 << 20, stripe_count: 1 },
+        transfer_bytes_max: 1 << 20,
+        ..Default::default()
+    };
+    let mut c = Client::connect(&running.endpoints, options).unwrap();
+    assert_eq!(c.identity().0, 0, "the protocol tests run as root (they grant epochs)");
+    let epoch = EpochId(5);
+    let grant = EpochGrant {
+        owner_uid: 1000,
+        owner_gid: 1000,
+        capacity_bytes: 1 << 20,
+        reservation_capacity_bytes: 4 << 20,
+        stream: Some(2),
+        ..EpochGrant::default()
+    };
+    c.grant_epoch(epoch, &grant).unwrap();
+    assert_eq!(backend.grant(epoch), Some(grant.clone()));
+    let first = pattern(7, 768 << 10);
+    let mut file = c.create_file(epoch, "ckpt").unwrap();
+    c.write(&mut file, 0, &first).unwrap();
+    c.flush().unwrap();
+    c.write(&mut file, 768 << 10, &pattern(8, 512 << 10)).unwrap();
+    let error = c.flush().unwrap_err();
+    assert_eq!(error.errno(), libc::EDQUOT, "{error}");
+    assert!(error.to_string().contains("granted capacity"), "{error}");
+    let listed = c.list_epochs().unwrap();
+    assert_eq!(listed.iter().find(|e| e.epoch == epoch).unwrap().bytes, 768 << 10);
+    let mut back = vec![0u8; 1 << 20];
+    c.read(&file, 0, &mut back).unwrap();
+    assert!(back[..768 << 10] == first[..] && back[768 << 10..].iter().all(|&b| b == 0));
+    // The grant's stream took the writes; a revoked grant leaves the epoch to root alone.
+    let written = backend.store().stream_usage_bytes(spillway_server::assigned_stream_key(2));
+    assert!(written >= 768 << 10, "{written}");
+    c.revoke_epoch(epoch).unwrap();
+    assert_eq!(backend.grant(epoch), None);
+    drop(c);
+    running.stop().unwrap();
+}
+
+/// An unmanaged server records the first creator's claim as a grant; a managed one takes root's
+/// data in an ungranted epoch without claiming it (only the manager's grant says whose it is).
+#[test]
+fn claims_are_grants_on_an_unmanaged_server_and_absent_on_a_managed_one() {
+    for managed in [false, true] {
+        let (running, backend) = start_store(ServerOptions { managed, ..options() });
+        let mut c = client(&running, Placement::striped_default());
+        let mut file = c.create_file(EpochId(9), "f").unwrap();
+        c.write(&mut file, 0, b"root's bytes").unwrap();
+        c.commit_epoch(EpochId(9)).unwrap();
+        let claimed = backend.grant(EpochId(9));
+        if managed {
+            assert_eq!(claimed, None, "a managed server never claims");
+        } else {
+            let root_claim = EpochGrant { owner_uid: 0, owner_gid: 0, ..EpochGrant::default() };
+            assert_eq!(claimed, Some(root_claim));
+        }
+        // The manager's grant replaces a claim; repeating it writes nothing more.
+        let grant = EpochGrant { owner_uid: 1000, owner_gid: 1000, ..EpochGrant::default() };
+        c.grant_epoch(EpochId(9), &grant).unwrap();
+        let metadata = backend.store().stats().metadata_bytes;
+        c.grant_epoch(EpochId(9), &grant).unwrap();
+        assert_eq!(backend.store().stats().metadata_bytes, metadata, "idempotent");
+        assert_eq!(backend.grant(EpochId(9)), Some(grant));
+        drop(c);
+        running.stop().unwrap();
+    }
 }

@@ -71,6 +71,13 @@ pub enum WriteError {
     },
     #[error("epoch {epoch} is {phase} and accepts no writes")]
     EpochNotOpen { epoch: EpochId, phase: EpochPhase },
+    #[error("write of {needed_bytes} bytes would take epoch {epoch} past its granted capacity of {capacity_bytes} bytes on this server ({used_bytes} bytes written already)")]
+    GrantCapacityExceeded {
+        epoch: EpochId,
+        capacity_bytes: u64,
+        used_bytes: u64,
+        needed_bytes: u64,
+    },
     #[error("stream {0} is reserved for the store's metadata")]
     ReservedStream(StreamKey),
     #[error("write to epoch {epoch} file {file} at offset {offset} with {length} bytes overflows the file offset range")]
@@ -131,6 +138,32 @@ pub enum SyncError {
     Failed(String),
 }
 
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GrantError {
+    #[error("grant of epoch {epoch} allows {count} {what}, more than the {max} a grant may hold")]
+    TooManyAllowedIds { epoch: EpochId, what: &'static str, count: usize, max: usize },
+    #[error(
+        "grant of epoch {epoch} names stream {stream}, which is reserved for the store's metadata"
+    )]
+    ReservedStream { epoch: EpochId, stream: StreamKey },
+    #[error("epoch {epoch} is deleted and cannot be granted")]
+    EpochDeleted { epoch: EpochId },
+    #[error("store has failed earlier and refuses work: {0}")]
+    Failed(String),
+    #[error("I/O error writing the grant of epoch {epoch} to segment {segment}: {source}")]
+    Io { epoch: EpochId, segment: SegmentId, source: std::io::Error },
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RevokeError {
+    #[error("store has failed earlier and refuses work: {0}")]
+    Failed(String),
+    #[error("I/O error writing the revocation of epoch {epoch} to segment {segment}: {source}")]
+    Io { epoch: EpochId, segment: SegmentId, source: std::io::Error },
+}
+
 /// Any store error.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -147,4 +180,8 @@ pub enum Error {
     Lifecycle(#[from] LifecycleError),
     #[error(transparent)]
     Sync(#[from] SyncError),
+    #[error(transparent)]
+    Grant(#[from] GrantError),
+    #[error(transparent)]
+    Revoke(#[from] RevokeError),
 }

@@ -5,7 +5,8 @@
 //! DRAM ring, so spilling is a verbatim copy and compaction is a verbatim copy again. Encoding
 //! and decoding are the only places that know the layout; both check it (pair assertions).
 
-use spillway_types::{EpochId, FileId, SegmentId, StreamKey};
+use crate::grant::EpochGrant;
+use spillway_types::{EpochId, FileId, SegmentId, StreamKey, GRANT_ALLOWED_IDS_MAX};
 
 /// "SPWR" read as a little-endian u32.
 pub const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"SPWR");
@@ -36,6 +37,11 @@ pub enum RecordKind {
     Commit = 4,
     /// Epoch `epoch` changed lifecycle state; `offset` holds the [`EpochStateCode`].
     EpochState = 5,
+    /// Epoch `epoch` is granted: who may use it, its capacity and its stream; payload is a
+    /// grant payload ([`encode_grant`]). A later grant of the same epoch replaces it.
+    Grant = 6,
+    /// Epoch `epoch`'s grant is revoked (no payload): nobody but root may use it any more.
+    GrantRevoked = 7,
 }
 
 impl RecordKind {
@@ -46,6 +52,8 @@ impl RecordKind {
             3 => RecordKind::FileName,
             4 => RecordKind::Commit,
             5 => RecordKind::EpochState,
+            6 => RecordKind::Grant,
+            7 => RecordKind::GrantRevoked,
             _ => return None,
         })
     }
@@ -212,6 +220,85 @@ impl CommitPayload {
     }
 }
 
+/// Largest payload recovery accepts for a metadata record (name, commit, grant), whatever
+/// `store.record_payload_bytes_max` says about data records.
+pub const METADATA_PAYLOAD_BYTES_MAX: u64 = 1 << 20;
+
+/// Fixed part of a `Grant` payload; the allowed uids, then the allowed gids (u32 each) follow.
+pub const GRANT_FIXED_BYTES: usize = 40;
+/// Largest `Grant` payload: both allowed lists at their bound.
+pub const GRANT_PAYLOAD_BYTES_MAX: usize = GRANT_FIXED_BYTES + 4 * 2 * GRANT_ALLOWED_IDS_MAX;
+/// The `stream` field of a grant that assigns no stream (the writers' own streams are used).
+/// It is the metadata stream's key, which no data record may use.
+pub const GRANT_NO_STREAM: u64 = u64::MAX;
+
+const _: () = assert!(GRANT_FIXED_BYTES.is_multiple_of(RECORD_ALIGN_BYTES));
+const _: () = assert!(GRANT_PAYLOAD_BYTES_MAX as u64 <= METADATA_PAYLOAD_BYTES_MAX);
+const _: () = assert!(GRANT_ALLOWED_IDS_MAX <= u16::MAX as usize);
+const _: () = assert!(GRANT_NO_STREAM == META_STREAM.0);
+
+/// Encodes a grant as the payload of a `Grant` record (docs/design/log-format.md): owner uid
+/// and gid, capacity, reservation capacity, stream, the two list counts, then the lists. The
+/// lists must be sorted without duplicates and within [`GRANT_ALLOWED_IDS_MAX`].
+pub fn encode_grant(grant: &EpochGrant) -> Vec<u8> {
+    assert!(grant.allowed_uids.len() <= GRANT_ALLOWED_IDS_MAX);
+    assert!(grant.allowed_gids.len() <= GRANT_ALLOWED_IDS_MAX);
+    let ids = grant.allowed_uids.len() + grant.allowed_gids.len();
+    let mut out = Vec::with_capacity(GRANT_FIXED_BYTES + 4 * ids);
+    out.extend_from_slice(&grant.owner_uid.to_le_bytes());
+    out.extend_from_slice(&grant.owner_gid.to_le_bytes());
+    out.extend_from_slice(&grant.capacity_bytes.to_le_bytes());
+    out.extend_from_slice(&grant.reservation_capacity_bytes.to_le_bytes());
+    out.extend_from_slice(&grant.stream.map_or(GRANT_NO_STREAM, |s| s.0).to_le_bytes());
+    out.extend_from_slice(&(grant.allowed_uids.len() as u16).to_le_bytes());
+    out.extend_from_slice(&(grant.allowed_gids.len() as u16).to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    debug_assert_eq!(out.len(), GRANT_FIXED_BYTES);
+    for id in grant.allowed_uids.iter().chain(&grant.allowed_gids) {
+        out.extend_from_slice(&id.to_le_bytes());
+    }
+    out
+}
+
+/// Decodes a `Grant` payload, checking its length, reserved bytes, list bounds and that each
+/// list is strictly increasing (the form `encode_grant` writes).
+pub fn decode_grant(bytes: &[u8]) -> Result<EpochGrant, &'static str> {
+    if bytes.len() < GRANT_FIXED_BYTES {
+        return Err("grant payload shorter than its fixed part");
+    }
+    let u16_at = |at: usize| u16::from_le_bytes([bytes[at], bytes[at + 1]]) as usize;
+    let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+    let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+    let (uids, gids) = (u16_at(32), u16_at(34));
+    if uids > GRANT_ALLOWED_IDS_MAX || gids > GRANT_ALLOWED_IDS_MAX {
+        return Err("grant allows more ids than GRANT_ALLOWED_IDS_MAX");
+    }
+    if u32_at(36) != 0 {
+        return Err("grant payload reserved bytes are not zero");
+    }
+    if bytes.len() != GRANT_FIXED_BYTES + 4 * (uids + gids) {
+        return Err("grant payload length does not match its id counts");
+    }
+    let list = |from: usize, count: usize| -> Vec<u32> {
+        (0..count).map(|i| u32_at(GRANT_FIXED_BYTES + 4 * (from + i))).collect()
+    };
+    let (allowed_uids, allowed_gids) = (list(0, uids), list(uids, gids));
+    let increasing = |ids: &[u32]| ids.windows(2).all(|pair| pair[0] < pair[1]);
+    if !increasing(&allowed_uids) || !increasing(&allowed_gids) {
+        return Err("grant id lists are not strictly increasing");
+    }
+    let stream = u64_at(24);
+    Ok(EpochGrant {
+        owner_uid: u32_at(0),
+        owner_gid: u32_at(4),
+        capacity_bytes: u64_at(8),
+        reservation_capacity_bytes: u64_at(16),
+        stream: (stream != GRANT_NO_STREAM).then_some(StreamKey(stream)),
+        allowed_uids,
+        allowed_gids,
+    })
+}
+
 /// File name of a segment in the SSD directory.
 pub fn segment_file_name(segment: SegmentId) -> String {
     format!("segment-{:016x}.log", segment.0)
@@ -265,6 +352,34 @@ mod tests {
         };
         assert_eq!(CommitPayload::decode(&payload.encode()).unwrap(), payload);
         assert!(CommitPayload::decode(&payload.encode()[..30]).is_err());
+    }
+
+    #[test]
+    fn grant_payload_round_trips_and_refuses_malformed_lists() {
+        let grant = EpochGrant {
+            owner_uid: 1000,
+            owner_gid: 100,
+            allowed_uids: vec![1001, 1002],
+            allowed_gids: vec![50],
+            capacity_bytes: 64 << 20,
+            reservation_capacity_bytes: 128 << 20,
+            stream: Some(StreamKey((1 << 63) | 3)),
+        };
+        let bytes = encode_grant(&grant);
+        assert_eq!(bytes.len(), GRANT_FIXED_BYTES + 12);
+        assert_eq!(decode_grant(&bytes).unwrap(), grant);
+        let plain = EpochGrant { owner_uid: 7, owner_gid: 7, ..EpochGrant::default() };
+        assert_eq!(decode_grant(&encode_grant(&plain)).unwrap(), plain);
+        assert!(decode_grant(&bytes[..bytes.len() - 4]).is_err());
+        let mut unsorted = bytes.clone();
+        unsorted[GRANT_FIXED_BYTES..GRANT_FIXED_BYTES + 4].copy_from_slice(&2000u32.to_le_bytes());
+        assert_eq!(decode_grant(&unsorted), Err("grant id lists are not strictly increasing"));
+        let mut too_many = bytes.clone();
+        too_many[32..34].copy_from_slice(&(GRANT_ALLOWED_IDS_MAX as u16 + 1).to_le_bytes());
+        assert!(decode_grant(&too_many).is_err());
+        let mut reserved = bytes;
+        reserved[37] = 1;
+        assert!(decode_grant(&reserved).is_err());
     }
 
     #[test]

@@ -281,7 +281,10 @@ fn is_live_in(
             state.records.get(&header.sequence).map(|r| r.location)
                 == Some(Location::Ssd { segment: victim, offset: at as u64 })
         }
-        RecordKind::FileName | RecordKind::Commit => {
+        RecordKind::FileName
+        | RecordKind::Commit
+        | RecordKind::Grant
+        | RecordKind::GrantRevoked => {
             state.epochs.get(&epoch).is_some_and(|e| phase_is_live(e.phase))
                 && state.segments[&victim].epoch_bytes.get(&epoch).copied().unwrap_or(0) >= total
         }

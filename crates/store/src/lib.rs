@@ -34,6 +34,7 @@ mod error;
 mod flusher;
 pub mod format;
 mod gc;
+mod grant;
 pub mod index;
 mod recovery;
 mod slot;
@@ -42,10 +43,11 @@ mod store;
 mod write_log;
 
 pub use error::{
-    CommitError, EpochPhase, Error, LifecycleError, OpenError, ReadError, SpaceLimit, SyncError,
-    WriteError,
+    CommitError, EpochPhase, Error, GrantError, LifecycleError, OpenError, ReadError, RevokeError,
+    SpaceLimit, SyncError, WriteError,
 };
 pub use format::META_STREAM;
+pub use grant::{EpochGrant, GrantMode, GrantOutcome};
 pub use slot::WriteSlot;
 pub use storage::{CrashPlan, PosixStorage, SegmentFile, SimStorage, Storage};
 pub use store::{

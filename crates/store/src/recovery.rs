@@ -64,6 +64,7 @@ pub(crate) fn recover(
     let names = list_segment_files(storage, &io)?;
     let mut scan = scan_segment_files(knobs, storage, state, &names, &io)?;
     let synced = sync_points(&scan.records)?;
+    check_grant_payloads(&scan.records)?;
     check_damage_above_sync_points(&scan.damages, &synced)?;
     cut_torn_tails(storage, state, &scan.damages, &mut scan.segments, &io)?;
     let headerless = remove_headerless_segments(storage, state, &mut scan.segments, &io)?;
@@ -150,6 +151,19 @@ fn sync_points(records: &[ScannedRecord]) -> Result<HashMap<SegmentId, u64>, Ope
         }
     }
     Ok(synced)
+}
+
+/// Step 3b of `recover`: every grant record's payload decodes (its CRC held, so a payload that
+/// does not is corruption, not a torn write), so that replay can apply it.
+fn check_grant_payloads(records: &[ScannedRecord]) -> Result<(), OpenError> {
+    for record in records.iter().filter(|r| r.header.kind == RecordKind::Grant) {
+        decode_grant(&record.payload).map_err(|detail| OpenError::Corrupt {
+            segment: record.segment,
+            offset: record.offset,
+            detail: format!("grant of epoch {}: {detail}", record.header.epoch),
+        })?;
+    }
+    Ok(())
 }
 
 /// Step 4 of `recover`: damage below a segment's sync point is corruption, and open fails.
@@ -353,7 +367,8 @@ fn scan_segment(
 
 fn check_record(bytes: &[u8], knobs: &StoreKnobs) -> Result<RecordHeader, String> {
     let header = RecordHeader::decode(bytes).map_err(str::to_string)?;
-    if header.payload_bytes as u64 > knobs.record_payload_bytes_max.max(1 << 20) {
+    if header.payload_bytes as u64 > knobs.record_payload_bytes_max.max(METADATA_PAYLOAD_BYTES_MAX)
+    {
         return Err(format!("payload length {} exceeds the maximum", header.payload_bytes));
     }
     if header.offset.checked_add(header.payload_bytes as u64).is_none() {
@@ -434,6 +449,13 @@ fn replay_record(state: &mut State, record: &ScannedRecord, promised: &mut HashM
             }
         }
         RecordKind::EpochState => replay_epoch_state(state, epoch, header.offset),
+        RecordKind::Grant => {
+            if entry.phase != EpochPhase::Deleted {
+                entry.grant =
+                    Some(decode_grant(&record.payload).expect("grant payload checked earlier"));
+            }
+        }
+        RecordKind::GrantRevoked => entry.grant = None,
     }
     let segment = state.segments.get_mut(&record.segment).expect("replayed segment missing");
     if header.kind == RecordKind::EpochState {
@@ -489,6 +511,9 @@ fn replay_epoch_state(state: &mut State, epoch: EpochId, code: u64) {
         }
         entry.stream_bytes.clear();
         entry.names.clear();
+        if code != epoch_state_code::DRAINED {
+            entry.grant = None;
+        }
         state.index.remove_epoch(epoch);
     }
 }

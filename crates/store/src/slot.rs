@@ -60,7 +60,7 @@ impl Store {
         if state.ring.used() + needed > inner.high_watermark_bytes(&state) {
             return Ok(None);
         }
-        inner.admit_locked(&mut state, stream, epoch, needed)?;
+        inner.admit_locked(&mut state, stream, epoch, needed, length as u64)?;
         let mut slot = WriteSlot {
             inner: inner.clone(),
             stream,
@@ -77,11 +77,13 @@ impl Store {
                 None => {
                     // The ring's free space is split by its wrap point. Return what was
                     // admitted but not placed; dropping the slot abandons the rest.
-                    let unplaced: u64 =
-                        pieces[slot.records.len()..].iter().map(|&p| record_bytes(p as u64)).sum();
-                    state.reserved_bytes -= unplaced;
+                    let unplaced = &pieces[slot.records.len()..];
+                    let unplaced_bytes: u64 =
+                        unplaced.iter().map(|&p| record_bytes(p as u64)).sum();
+                    state.reserved_bytes -= unplaced_bytes;
                     *state.stream_usage.get_mut(&stream).expect("admitted stream usage missing") -=
-                        unplaced;
+                        unplaced_bytes;
+                    unadmit_payload(&mut state, epoch, unplaced.iter().sum::<usize>() as u64);
                     drop(state);
                     drop(slot);
                     return Ok(None);
@@ -158,8 +160,8 @@ impl Drop for WriteSlot {
             return;
         }
         let mut state = self.inner.state.lock();
-        for &(position, _) in &self.records {
-            abandon_dram_record(&mut state, position, self.stream);
+        for &(position, payload) in &self.records {
+            abandon_dram_record(&mut state, position, self.stream, self.epoch, payload);
         }
         advance_tail(&mut state);
         #[cfg(feature = "strict_assertions")]

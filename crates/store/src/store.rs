@@ -9,6 +9,7 @@
 use crate::arena::{Arena, Ring};
 use crate::error::*;
 use crate::format::*;
+use crate::grant::EpochGrant;
 use crate::index::{Extent, Index};
 use crate::storage::{PosixStorage, SegmentFile, Storage};
 use crate::write_log::WriteLog;
@@ -190,6 +191,12 @@ pub(crate) struct EpochEntry {
     pub stream_bytes: BTreeMap<StreamKey, u64>,
     pub names: BTreeMap<FileId, String>,
     pub recovered_uncommitted: bool,
+    /// Who may use the epoch, its capacity on this store and its stream (`Store::grant_epoch`);
+    /// kept while the epoch is live or drained, gone once it is deleted or the grant revoked.
+    pub grant: Option<EpochGrant>,
+    /// Payload bytes of writes admitted but not yet published (counted against the grant's
+    /// capacity with `payload_bytes`, so concurrent writers cannot overshoot it together).
+    pub admitted_payload_bytes: u64,
 }
 
 impl EpochEntry {
@@ -205,6 +212,8 @@ impl EpochEntry {
             stream_bytes: BTreeMap::new(),
             names: BTreeMap::new(),
             recovered_uncommitted: false,
+            grant: None,
+            admitted_payload_bytes: 0,
         }
     }
 }
@@ -357,6 +366,26 @@ pub fn write_hint_for(stream: StreamKey) -> u64 {
     }
 }
 
+/// Refuses a write of `payload_bytes` that would take the epoch past the capacity its grant
+/// gives it on this store (bytes written so far, overwrites included, plus writes admitted).
+fn check_granted_capacity(
+    epoch: EpochId,
+    entry: &EpochEntry,
+    payload_bytes: u64,
+) -> Result<(), WriteError> {
+    let Some(grant) = &entry.grant else { return Ok(()) };
+    let used = entry.payload_bytes + entry.admitted_payload_bytes;
+    if grant.capacity_bytes > 0 && used + payload_bytes > grant.capacity_bytes {
+        return Err(WriteError::GrantCapacityExceeded {
+            epoch,
+            capacity_bytes: grant.capacity_bytes,
+            used_bytes: used,
+            needed_bytes: payload_bytes,
+        });
+    }
+    Ok(())
+}
+
 /// Refuses writes no store accepts: to the metadata stream, or past the end of the offset space.
 pub(crate) fn check_write_target(
     stream: StreamKey,
@@ -417,6 +446,11 @@ fn publish_data_record(
         );
     }
     let entry = state.epochs.get_mut(&epoch).expect("admitted epoch vanished");
+    assert!(
+        entry.admitted_payload_bytes >= payload_bytes as u64,
+        "epoch {epoch} publishes {payload_bytes} payload bytes it was not admitted for"
+    );
+    entry.admitted_payload_bytes -= payload_bytes as u64;
     entry.data_records += 1;
     entry.payload_bytes += payload_bytes as u64;
     entry.record_sequences.push(sequence);
@@ -495,9 +529,15 @@ pub(crate) fn publish_dram_record(
     state.epochs.get_mut(&epoch).expect("published epoch vanished").dram_pending += 1;
 }
 
-/// Turns an unpublished ring record dead and returns its capacity (the caller advances the
-/// tail and wakes waiters).
-pub(crate) fn abandon_dram_record(state: &mut State, position: u64, stream: StreamKey) {
+/// Turns an unpublished ring record (of `payload_bytes` for `epoch`) dead and returns its
+/// capacity (the caller advances the tail and wakes waiters).
+pub(crate) fn abandon_dram_record(
+    state: &mut State,
+    position: u64,
+    stream: StreamKey,
+    epoch: EpochId,
+    payload_bytes: usize,
+) {
     let at = dram_index(state, position);
     let record = &mut state.dram[at];
     assert_eq!(
@@ -512,6 +552,17 @@ pub(crate) fn abandon_dram_record(state: &mut State, position: u64, stream: Stre
         state.stream_usage.get_mut(&stream).expect("stream usage of a reserved record missing");
     assert!(*usage >= bytes, "stream {stream} usage underflow");
     *usage -= bytes;
+    unadmit_payload(state, epoch, payload_bytes as u64);
+}
+
+/// Returns `payload_bytes` admitted for `epoch` but never published to the grant's capacity.
+pub(crate) fn unadmit_payload(state: &mut State, epoch: EpochId, payload_bytes: u64) {
+    let entry = state.epochs.get_mut(&epoch).expect("epoch of an admitted write vanished");
+    assert!(
+        entry.admitted_payload_bytes >= payload_bytes,
+        "epoch {epoch} admitted payload underflow"
+    );
+    entry.admitted_payload_bytes -= payload_bytes;
 }
 
 /// Step 2 of `Inner::write_through`, outside the lock: writes the payload of the record of
@@ -623,13 +674,17 @@ impl Store {
         check_write_target(stream, epoch, file, offset, data.len())?;
         let piece_max = self.inner.knobs.record_payload_bytes_max as usize;
         let needed: u64 = data.chunks(piece_max).map(|p| record_bytes(p.len() as u64)).sum();
-        self.inner.admit_write(stream, epoch, needed)?;
+        self.inner.admit_write(stream, epoch, needed, data.len() as u64)?;
         let mut consumed = 0u64;
+        let mut published_payload = 0u64;
         let mut result = Ok(());
         for (i, piece) in data.chunks(piece_max).enumerate() {
             let piece_offset = offset + (i * piece_max) as u64;
             match self.inner.write_piece(stream, epoch, file, piece_offset, piece) {
-                Ok(()) => consumed += record_bytes(piece.len() as u64),
+                Ok(()) => {
+                    consumed += record_bytes(piece.len() as u64);
+                    published_payload += piece.len() as u64;
+                }
                 Err(error) => {
                     result = Err(error);
                     break;
@@ -640,6 +695,7 @@ impl Store {
         let unused = needed - consumed;
         state.reserved_bytes -= unused;
         *state.stream_usage.entry(stream).or_default() -= unused;
+        unadmit_payload(&mut state, epoch, data.len() as u64 - published_payload);
         let entry = state.epochs.get_mut(&epoch).expect("epoch of an admitted write vanished");
         assert!(entry.inflight_writes > 0);
         entry.inflight_writes -= 1;
@@ -825,18 +881,13 @@ impl Store {
     /// Every epoch the store knows, in order.
     pub fn epochs(&self) -> Vec<EpochInfo> {
         let state = self.inner.state.lock();
-        state
-            .epochs
-            .iter()
-            .map(|(&epoch, entry)| EpochInfo {
-                epoch,
-                phase: entry.phase,
-                files: state.index.epoch(epoch).map_or(0, |files| files.len()),
-                data_records: entry.data_records,
-                payload_bytes: entry.payload_bytes,
-                recovered_uncommitted: entry.recovered_uncommitted,
-            })
-            .collect()
+        state.epochs.iter().map(|(&epoch, entry)| epoch_info(&state, epoch, entry)).collect()
+    }
+
+    /// One epoch, if the store knows it (in any phase).
+    pub fn epoch(&self, epoch: EpochId) -> Option<EpochInfo> {
+        let state = self.inner.state.lock();
+        state.epochs.get(&epoch).map(|entry| epoch_info(&state, epoch, entry))
     }
 
     /// The files of an epoch in file-id order (files with data, and named files).
@@ -1041,6 +1092,17 @@ impl Drop for Store {
     }
 }
 
+fn epoch_info(state: &State, epoch: EpochId, entry: &EpochEntry) -> EpochInfo {
+    EpochInfo {
+        epoch,
+        phase: entry.phase,
+        files: state.index.epoch(epoch).map_or(0, |files| files.len()),
+        data_records: entry.data_records,
+        payload_bytes: entry.payload_bytes,
+        recovered_uncommitted: entry.recovered_uncommitted,
+    }
+}
+
 fn file_exists(state: &State, epoch: EpochId, file: FileId) -> bool {
     state.epochs.get(&epoch).is_some_and(|entry| {
         phase_is_live(entry.phase)
@@ -1183,7 +1245,18 @@ pub(crate) fn check_invariants(state: &State) {
             }
         }
     }
+    let mut reserved_records: BTreeMap<EpochId, u64> = BTreeMap::new();
+    for record in state.dram.iter().filter(|r| r.status == DramStatus::Reserved) {
+        *reserved_records.entry(record.epoch).or_default() += 1;
+    }
     for (&epoch, entry) in &state.epochs {
+        check_grant_invariants(epoch, entry);
+        if entry.inflight_writes == 0 && !reserved_records.contains_key(&epoch) {
+            assert_eq!(
+                entry.admitted_payload_bytes, 0,
+                "epoch {epoch} holds admitted payload bytes without a write in flight"
+            );
+        }
         for segment in &entry.segments {
             assert!(
                 state.segments.contains_key(segment),
@@ -1201,6 +1274,18 @@ pub(crate) fn check_invariants(state: &State) {
             }
         }
     }
+}
+
+/// A grant is kept only for live or drained epochs, in the canonical form `grant_epoch` gives
+/// it (id lists sorted, unique, bounded) and never names the metadata stream.
+fn check_grant_invariants(epoch: EpochId, entry: &EpochEntry) {
+    let Some(grant) = &entry.grant else { return };
+    assert_ne!(entry.phase, EpochPhase::Deleted, "deleted epoch {epoch} keeps a grant");
+    for ids in [&grant.allowed_uids, &grant.allowed_gids] {
+        assert!(ids.len() <= spillway_types::GRANT_ALLOWED_IDS_MAX, "epoch {epoch}: grant ids");
+        assert!(ids.windows(2).all(|p| p[0] < p[1]), "epoch {epoch}: grant ids not canonical");
+    }
+    assert_ne!(grant.stream, Some(META_STREAM), "epoch {epoch} granted the metadata stream");
 }
 
 impl Inner {
@@ -1234,11 +1319,12 @@ impl Inner {
         stream: StreamKey,
         epoch: EpochId,
         needed: u64,
+        payload_bytes: u64,
     ) -> Result<(), WriteError> {
         let mut tried_gc = false;
         loop {
             let mut state = self.state.lock();
-            match self.admit_locked(&mut state, stream, epoch, needed) {
+            match self.admit_locked(&mut state, stream, epoch, needed, payload_bytes) {
                 Ok(()) => {
                     state
                         .epochs
@@ -1259,22 +1345,25 @@ impl Inner {
         }
     }
 
-    /// Checks the store, the epoch (created if new, must be open), the SSD capacity and the
-    /// stream quota, then reserves `needed` bytes of capacity for the caller's records.
+    /// Checks the store, the epoch (created if new, must be open), its granted capacity, the
+    /// SSD capacity and the stream quota, then reserves `needed` record bytes of capacity for
+    /// the caller's records and admits its `payload_bytes` against the grant.
     pub(crate) fn admit_locked(
         &self,
         state: &mut State,
         stream: StreamKey,
         epoch: EpochId,
         needed: u64,
+        payload_bytes: u64,
     ) -> Result<(), WriteError> {
         if let Some(reason) = &state.failed {
             return Err(WriteError::Failed(reason.clone()));
         }
-        let phase = state.epochs.entry(epoch).or_insert_with(EpochEntry::new).phase;
-        if phase != EpochPhase::Open {
-            return Err(WriteError::EpochNotOpen { epoch, phase });
+        let entry = state.epochs.entry(epoch).or_insert_with(EpochEntry::new);
+        if entry.phase != EpochPhase::Open {
+            return Err(WriteError::EpochNotOpen { epoch, phase: entry.phase });
         }
+        check_granted_capacity(epoch, entry, payload_bytes)?;
         let free = self.free_bytes(state);
         if needed > free {
             return Err(WriteError::OutOfSpace {
@@ -1299,6 +1388,8 @@ impl Inner {
         }
         state.reserved_bytes += needed;
         *state.stream_usage.entry(stream).or_default() += needed;
+        state.epochs.get_mut(&epoch).expect("admitted epoch vanished").admitted_payload_bytes +=
+            payload_bytes;
         Ok(())
     }
 
@@ -1825,28 +1916,8 @@ impl Inner {
     /// its DRAM records dead and its segment bytes dead.
     pub(crate) fn retire(&self, epoch: EpochId, target: EpochPhase) -> Result<(), LifecycleError> {
         let mut state = self.state.lock();
-        loop {
-            if let Some(reason) = &state.failed {
-                return Err(LifecycleError::Failed(reason.clone()));
-            }
-            let entry = state.epochs.get_mut(&epoch).ok_or(LifecycleError::UnknownEpoch(epoch))?;
-            let allowed = match (entry.phase, target) {
-                (phase, target) if phase == target => return Ok(()),
-                (EpochPhase::Committed | EpochPhase::CommittedInMemory, _) => true,
-                (EpochPhase::Open, EpochPhase::Deleted) => true,
-                _ => false,
-            };
-            if !allowed {
-                return Err(LifecycleError::WrongPhase {
-                    epoch,
-                    phase: entry.phase,
-                    wanted: target,
-                });
-            }
-            if entry.inflight_writes == 0 {
-                break;
-            }
-            self.space.wait(&mut state);
+        if self.wait_until_retirable(&mut state, epoch, target)? {
+            return Ok(());
         }
         let code = if target == EpochPhase::Drained {
             epoch_state_code::DRAINED
@@ -1867,6 +1938,9 @@ impl Inner {
         let state = &mut *state;
         let entry = state.epochs.get_mut(&epoch).expect("retired epoch vanished");
         entry.phase = target;
+        if target == EpochPhase::Deleted {
+            entry.grant = None;
+        }
         for sequence in std::mem::take(&mut entry.record_sequences) {
             state.records.remove(&sequence);
         }
@@ -1892,6 +1966,41 @@ impl Inner {
         self.flusher.notify_one();
         self.space.notify_all();
         Ok(())
+    }
+}
+
+impl Inner {
+    /// Step 1 of `retire`: checks that `epoch` may move to `target` and waits until no write to
+    /// it is in flight. `Ok(true)`: it is in `target` already.
+    fn wait_until_retirable(
+        &self,
+        state: &mut parking_lot::MutexGuard<'_, State>,
+        epoch: EpochId,
+        target: EpochPhase,
+    ) -> Result<bool, LifecycleError> {
+        loop {
+            if let Some(reason) = &state.failed {
+                return Err(LifecycleError::Failed(reason.clone()));
+            }
+            let entry = state.epochs.get_mut(&epoch).ok_or(LifecycleError::UnknownEpoch(epoch))?;
+            let allowed = match (entry.phase, target) {
+                (phase, target) if phase == target => return Ok(true),
+                (EpochPhase::Committed | EpochPhase::CommittedInMemory, _) => true,
+                (EpochPhase::Open, EpochPhase::Deleted) => true,
+                _ => false,
+            };
+            if !allowed {
+                return Err(LifecycleError::WrongPhase {
+                    epoch,
+                    phase: entry.phase,
+                    wanted: target,
+                });
+            }
+            if entry.inflight_writes == 0 {
+                return Ok(false);
+            }
+            self.space.wait(state);
+        }
     }
 }
 

@@ -39,6 +39,11 @@ id_type!(
     SegmentId(u64)
 );
 
+/// Most uids, and separately most gids, an epoch grant allows besides its owner: the bound of a
+/// persistent reservation's `allowed_uids`/`allowed_gids` at the manager, of a `GrantEpoch`
+/// request on the wire and of a grant record in the store's log.
+pub const GRANT_ALLOWED_IDS_MAX: usize = 256;
+
 /// Byte-count helpers; knobs are declared in bytes and these keep literals readable.
 pub const KIB: u64 = 1024;
 pub const MIB: u64 = 1024 * KIB;

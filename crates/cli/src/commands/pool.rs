@@ -147,11 +147,13 @@ pub fn print_servers(servers: &[Server]) {
                 bytes(s.capacity_bytes),
                 bytes(s.used_bytes),
                 s.drains_in_flight.to_string(),
+                s.auth.clone().unwrap_or_else(|| "-".into()),
                 s.pfs_dir.clone().unwrap_or_else(|| "-".into()),
             ]
         })
         .collect();
-    print_table(&["SERVER", "POOL", "HEALTH", "CAPACITY", "USED", "DRAINS", "PFS"], &rows);
+    // AUTH: how the server authenticates TCP clients (none: only loopback peers are known).
+    print_table(&["SERVER", "POOL", "HEALTH", "CAPACITY", "USED", "DRAINS", "AUTH", "PFS"], &rows);
 }
 
 #[derive(clap::Args)]

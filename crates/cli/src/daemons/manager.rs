@@ -21,7 +21,8 @@ pub struct Args {
     /// SQLite database (manager.database_path).
     #[arg(long)]
     db: Option<String>,
-    /// Also serve the API on this loopback TCP address (manager.listen_address).
+    /// Also serve the API on this TCP address (manager.listen_address; loopback only unless
+    /// manager.auth = munge).
     #[arg(long)]
     listen: Option<String>,
     /// Log as JSON lines.

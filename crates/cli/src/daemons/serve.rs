@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use spillway_config::server::CommitDurability;
-use spillway_config::Config;
+use spillway_config::{Authentication, Config};
 use spillway_proto::Endpoint;
 use spillway_server::{Server, ServerOptions, ShutdownHandle, StoreBackend};
 
@@ -29,7 +29,14 @@ pub struct Args {
     /// Unix-domain socket to listen on (server.unix_socket_path).
     #[arg(long)]
     unix_socket: Option<String>,
-    /// Allow a non-loopback TCP address although peers are not authenticated (logs a warning).
+    /// How TCP clients are authenticated (server.auth): none or munge.
+    #[arg(long, value_parser = parse_auth)]
+    auth: Option<Authentication>,
+    /// munged's socket (server.munge_socket); default: libmunge's.
+    #[arg(long)]
+    munge_socket: Option<String>,
+    /// With --auth none, allow a non-loopback TCP address anyway: peers are unauthenticated and
+    /// run as nobody (logs a warning).
     #[arg(long)]
     insecure_tcp: bool,
     /// Directory of the SSD log (store.ssd_directory).
@@ -47,6 +54,10 @@ pub struct Args {
     /// Server name for logs and status (server.server_name).
     #[arg(long)]
     name: Option<String>,
+    /// Take data only for epochs the manager granted (server.managed); without it the first
+    /// uid to create an epoch claims it.
+    #[arg(long)]
+    managed: bool,
     /// Log as JSON lines instead of text.
     #[arg(long)]
     log_json: bool,
@@ -65,6 +76,14 @@ pub struct Args {
     /// shuffled or naive (drain.mode).
     #[arg(long)]
     drain_mode: Option<String>,
+}
+
+fn parse_auth(text: &str) -> Result<Authentication, String> {
+    match text {
+        "none" => Ok(Authentication::None),
+        "munge" => Ok(Authentication::Munge),
+        other => Err(format!("auth {other:?}: expected none or munge")),
+    }
 }
 
 fn parse_durability(text: &str) -> Result<CommitDurability, String> {
@@ -120,6 +139,12 @@ impl Args {
         if let Some(path) = self.unix_socket {
             config.server.unix_socket_path = path;
         }
+        if let Some(auth) = self.auth {
+            config.server.auth = auth;
+        }
+        if let Some(socket) = self.munge_socket {
+            config.server.munge_socket = socket;
+        }
         if self.insecure_tcp {
             config.server.insecure_tcp = true;
         }
@@ -137,6 +162,9 @@ impl Args {
         }
         if let Some(name) = self.name {
             config.server.server_name = name;
+        }
+        if self.managed {
+            config.server.managed = true;
         }
         if let Some(dir) = self.pfs_dir {
             config.drain.pfs_directory = dir;
@@ -261,6 +289,7 @@ fn start_drainer(
             &knobs.staging_key_file,
         ))
         .with_context(|| format!("drain.staging_key_file {}", knobs.staging_key_file))?,
+        munge_socket: config.server.munge_socket_path(),
     };
     let pfs = Arc::new(spillway_drain::PosixPfs::new(&knobs.pfs_directory));
     let drainer = Arc::new(

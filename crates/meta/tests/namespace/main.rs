@@ -27,7 +27,11 @@ pub fn clock() -> Arc<ManualClock> {
 }
 
 pub fn capacity() -> Arc<FixedCapacity> {
-    Arc::new(FixedCapacity(StoreCapacity { total_bytes: 8 * GIB, free_bytes: 3 * GIB }))
+    Arc::new(FixedCapacity(StoreCapacity {
+        total_bytes: 8 * GIB,
+        free_bytes: 3 * GIB,
+        reservation_bytes: None,
+    }))
 }
 
 /// An in-memory namespace whose root is mode 0o777 (so users can create in it).

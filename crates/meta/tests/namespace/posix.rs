@@ -787,6 +787,27 @@ fn statfs_reports_the_store_capacity() {
 }
 
 #[test]
+fn statfs_reports_the_reservation_capacity_and_the_file_sizes_as_used() {
+    let capacity = std::sync::Arc::new(FixedCapacity(StoreCapacity {
+        total_bytes: 8 * crate::GIB,
+        free_bytes: 3 * crate::GIB,
+        reservation_bytes: Some(64 << 20),
+    }));
+    let ns =
+        LocalNamespace::in_memory(&crate::config(1), crate::clock(), capacity, crate::options());
+    let f = file(&ns, &root(), ROOT_INO, "f", 0o644);
+    ns.wrote(&root(), f.ino, 3 << 20).unwrap();
+    let g = file(&ns, &root(), ROOT_INO, "g", 0o644);
+    ns.wrote(&root(), g.ino, 1 << 20).unwrap();
+    ns.link(&root(), g.ino, ROOT_INO, b"g-again").unwrap();
+    ns.mkdir(&root(), ROOT_INO, b"d", 0o755, 0).unwrap();
+    let s = ns.statfs().unwrap();
+    assert_eq!(s.blocks, (64 << 20) / 4096);
+    assert_eq!(s.blocks_free, (60 << 20) / 4096, "hard links and directories count no bytes");
+    assert_eq!(s.blocks_avail, s.blocks_free);
+}
+
+#[test]
 fn manifest_maps_data_files_to_paths() {
     let ns = namespace();
     let a = dir(&ns, &root(), ROOT_INO, "a", 0o755);

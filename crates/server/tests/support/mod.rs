@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use parking_lot::Mutex;
-use spillway_proto::{EpochInfo, EpochState, ErrorCode, Extent, FileInfo};
-use spillway_server::{Backend, BackendError, Usage};
+use spillway_proto::{EpochGrant, EpochInfo, EpochState, ErrorCode, Extent, FileInfo};
+use spillway_server::{Backend, BackendError, GrantMode, Usage};
 use spillway_types::{EpochId, FileId, StreamKey};
 
 #[derive(Default)]
@@ -31,6 +31,8 @@ struct State {
     syncs: u64,
     /// The streams each epoch's writes were given.
     write_streams: BTreeMap<EpochId, std::collections::BTreeSet<StreamKey>>,
+    /// Grants in force (kept in memory: the model has no restart).
+    grants: BTreeMap<EpochId, EpochGrant>,
 }
 
 pub struct ModelBackend {
@@ -222,10 +224,39 @@ impl Backend for ModelBackend {
     fn delete_epoch(&self, epoch: EpochId) -> Result<(), BackendError> {
         let mut state = self.state.lock();
         let e = state.epochs.remove(&epoch).ok_or_else(|| no_epoch(epoch))?;
+        state.grants.remove(&epoch);
         let freed: u64 =
             e.files.values().flat_map(|f| f.writes.iter()).map(|w| w.1.len() as u64).sum();
         state.used -= freed;
         Ok(())
+    }
+
+    fn has_epoch(&self, epoch: EpochId) -> bool {
+        self.state.lock().epochs.contains_key(&epoch)
+    }
+
+    fn grant(&self, epoch: EpochId) -> Option<EpochGrant> {
+        self.state.lock().grants.get(&epoch).cloned()
+    }
+
+    fn grant_epoch(
+        &self,
+        epoch: EpochId,
+        grant: EpochGrant,
+        mode: GrantMode,
+    ) -> Result<EpochGrant, BackendError> {
+        let mut state = self.state.lock();
+        state.epochs.entry(epoch).or_default();
+        let in_force = match (state.grants.get(&epoch), mode) {
+            (Some(existing), GrantMode::IfAbsent) => existing.clone(),
+            _ => grant,
+        };
+        state.grants.insert(epoch, in_force.clone());
+        Ok(in_force)
+    }
+
+    fn revoke_grant(&self, epoch: EpochId) -> Result<bool, BackendError> {
+        Ok(self.state.lock().grants.remove(&epoch).is_some())
     }
 
     fn usage(&self) -> Usage {

@@ -1,0 +1,635 @@
+//! Ownership end to end, tried as hostile local users: real `spillway serve` (and `spillway
+//! manager`) processes, and clients run as real uids from the user database (this test binary
+//! re-executed as `spw-grants-a`, `spw-grants-b` and `spw-grants-c`, created with
+//! `spillway_harness::TestUser`; `spw-grants-c` is a member of the group `spillway-secg`).
+//!
+//! * a user's epoch survives a server SIGKILL and restart with its owner: another user can
+//!   neither list, read, stat, write, commit, sync, delete, drain, grant nor revoke it, and the
+//!   owner still can, its bytes unchanged;
+//! * `ListEpochs` and `DrainStatus` show another user nothing of it;
+//! * a managed server refuses data for an epoch id no reservation has yet (and a user cannot
+//!   grant it to itself), and after the manager's grant takes it from the owner alone;
+//! * a grant allowing a group lets its members in, nobody else, and holds across a restart
+//!   without the manager (it is in the server's SSD log);
+//! * the manager's grant reaches a server that was down when the reservation was created (the
+//!   heartbeat), with the server's share of the capacity, past which writes fail with EDQUOT;
+//! * `df` on a mount of the reservation shows its capacity and usage, and a write past the
+//!   capacity fails with EDQUOT.
+//!
+//! Needs root (CI runs tests as root), `useradd`/`groupadd`/`usermod`, `setpriv`, FUSE and `df`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use spillway_client::meta::{RemoteNamespace, RemoteOptions};
+use spillway_client::{Client, ClientOptions, ServerConnection};
+use spillway_harness::{pattern, ServerProcess, TestUser};
+
+/// A user the tests create and act as.
+type User = TestUser;
+use spillway_proto::{Durability, Endpoint, EpochGrant, Request, Response};
+use spillway_types::{EpochId, FileId};
+
+const BIN: &str = env!("CARGO_BIN_EXE_spillway");
+const CHILD_ENV: &str = "SPILLWAY_GRANTS_E2E_CHILD";
+const MIB: u64 = 1 << 20;
+const GROUP: &str = "spillway-secg";
+
+/// The user `name` (created with `useradd` if absent, see `TestUser`); with `group`, also a
+/// member of that group (created with `groupadd` if absent).
+fn ensure_user(name: &str, group: Option<&str>) -> User {
+    let user = TestUser::create(name).unwrap_or_else(|e| {
+        panic!(
+            "grants_e2e runs clients as users it creates: {e} (run the tests as root, as CI does)"
+        )
+    });
+    if let Some(group) = group {
+        if spillway_sys::user::group_id(group).unwrap().is_none() {
+            // A parallel test may create it at the same time: the look-up below decides.
+            let _ = Command::new("groupadd").args(["--system", group]).output();
+        }
+        assert!(
+            spillway_sys::user::group_id(group).unwrap().is_some(),
+            "cannot create group {group} (groupadd)"
+        );
+        let output = Command::new("usermod").args(["--append", "--groups", group, name]).output();
+        let output = output.expect("usermod");
+        assert!(output.status.success(), "usermod: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    user
+}
+
+/// The three users: A owns epochs, B attacks them, C is in `spillway-secg`.
+fn users() -> (User, User, User) {
+    (
+        ensure_user("spw-grants-a", None),
+        ensure_user("spw-grants-b", None),
+        ensure_user("spw-grants-c", Some(GROUP)),
+    )
+}
+
+/// What one client operation run as a user did: `Ok(output)` or `Err((errno, message))`.
+type Outcome = Result<String, (i32, String)>;
+
+/// Runs one client operation (see `child_client`) as `user` against `endpoints`.
+fn as_user(user: &User, endpoints: &[Endpoint], op: &[&str]) -> Outcome {
+    let mut spec = vec![spillway_harness::endpoint_list(endpoints)];
+    spec.extend(op.iter().map(|s| s.to_string()));
+    let mut command = user.command(std::env::current_exe().unwrap());
+    command
+        .args(["--exact", "child_client", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, spec.join("|"))
+        .current_dir("/");
+    let output = command.output().unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    let line = text
+        .lines()
+        .find_map(|l| l.split_once("outcome: ").map(|(_, outcome)| outcome))
+        .unwrap_or_else(|| panic!("{op:?} as {}: no outcome:\n{text}", user.name));
+    match line.split_once(' ') {
+        Some(("ok", rest)) => Ok(rest.to_string()),
+        Some(("errno", rest)) => {
+            let (errno, message) = rest.split_once(' ').unwrap();
+            Err((errno.parse().unwrap(), message.to_string()))
+        }
+        _ => panic!("{op:?} as {}: bad outcome {line:?}", user.name),
+    }
+}
+
+/// `as_user`, expecting success.
+fn ok(user: &User, endpoints: &[Endpoint], op: &[&str]) -> String {
+    as_user(user, endpoints, op)
+        .unwrap_or_else(|(errno, m)| panic!("{op:?} as {}: errno {errno}: {m}", user.name))
+}
+
+/// `as_user`, expecting `errno` with `needle` in the message.
+fn refused(user: &User, endpoints: &[Endpoint], op: &[&str], errno: i32, needle: &str) {
+    match as_user(user, endpoints, op) {
+        Ok(output) => {
+            panic!("{op:?} as {} succeeded ({output}); expected errno {errno}", user.name)
+        }
+        Err((got, message)) => {
+            assert_eq!(got, errno, "{op:?} as {}: {message}", user.name);
+            assert!(
+                message.contains(needle),
+                "{op:?} as {}: {needle:?} not in {message}",
+                user.name
+            );
+        }
+    }
+}
+
+/// The child: one client operation against the servers in `SPILLWAY_GRANTS_E2E_CHILD`
+/// (`endpoints|op|args…`), its outcome printed as `outcome: ok …` or `outcome: errno N …`.
+#[test]
+fn child_client() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else { return };
+    let fields: Vec<&str> = spec.split('|').collect();
+    let endpoints: Vec<Endpoint> = fields[0].split(',').map(|e| e.parse().unwrap()).collect();
+    let outcome = if fields[1] == "ns-readdir" {
+        Ok(String::new()) // below: a namespace client, not a data client
+    } else if ["commit", "stat", "extents", "sync"].contains(&fields[1]) {
+        // Straight to the server: `Client::commit_epoch` commits only where it wrote, and an
+        // attacker asks for file ids it never opened.
+        raw_on(&endpoints[0], fields[1], EpochId(fields[2].parse().unwrap()))
+    } else {
+        Client::connect(&endpoints, ClientOptions::default())
+            .and_then(|mut client| run_op(&mut client, &fields[1..]))
+    };
+    let outcome = if fields[1] == "ns-readdir" {
+        ns_readdir(&endpoints[0], fields[2].parse().unwrap())
+    } else {
+        outcome.map_err(|error| (error.errno(), error.to_string()))
+    };
+    match outcome {
+        Ok(output) => println!("outcome: ok {output}"),
+        Err((errno, message)) => println!("outcome: errno {errno} {message}"),
+    }
+}
+
+/// The names in the root directory of namespace `id` (opened as the caller, never created).
+fn ns_readdir(endpoint: &Endpoint, id: u64) -> Result<String, (i32, String)> {
+    use spillway_namespace::{Caller, Namespace, ROOT_INO};
+    let options = RemoteOptions { create: false, ..RemoteOptions::default() };
+    let listed = RemoteNamespace::open(endpoint, id, &options).and_then(|ns| {
+        let caller = Caller { uid: 0, gid: 0, groups: Vec::new(), pid: 0 };
+        ns.readdir(&caller, ROOT_INO, 0, 64)
+    });
+    match listed {
+        Ok(entries) => {
+            let names: Vec<String> =
+                entries.iter().map(|e| String::from_utf8_lossy(&e.name).into_owned()).collect();
+            Ok(names.join(","))
+        }
+        Err(error) => Err((error.errno, error.message)),
+    }
+}
+
+fn run_op(client: &mut Client, op: &[&str]) -> Result<String, spillway_client::ClientError> {
+    let epoch = || EpochId(op[1].parse().unwrap());
+    let number = |i: usize| -> u64 { op[i].parse().unwrap() };
+    Ok(match op[0] {
+        "write" => {
+            let mut file = client.create_file(epoch(), op[2])?;
+            client.write(&mut file, number(3), &pattern(number(4), number(5) as usize))?;
+            client.flush()?;
+            String::new()
+        }
+        "read" => {
+            let file = client.open_file(epoch(), op[2])?;
+            let mut back = vec![0u8; number(4) as usize];
+            client.read(&file, 0, &mut back)?;
+            (back == pattern(number(3), back.len())).to_string()
+        }
+        "delete" => client.delete_epoch(epoch()).map(|()| String::new())?,
+        "grant-self" => {
+            // The caller grants the epoch to itself, as only the manager may.
+            let (uid, gid) = client.identity();
+            let grant = EpochGrant { owner_uid: uid, owner_gid: gid, ..EpochGrant::default() };
+            client.grant_epoch(epoch(), &grant).map(|()| String::new())?
+        }
+        "revoke" => client.revoke_epoch(epoch()).map(|()| String::new())?,
+        "drain" => client.request_drain(epoch(), 1).map(|n| n.to_string())?,
+        "files" => format!("{:?}", client.list_files(epoch())?),
+        "list" => {
+            let epochs = client.list_epochs()?;
+            let listed: Vec<String> =
+                epochs.iter().map(|e| format!("{}:{}", e.epoch, e.bytes)).collect();
+            listed.join(",")
+        }
+        "drains" => {
+            let drains = client.drain_status()?;
+            let listed: Vec<String> = drains
+                .iter()
+                .flat_map(|(_, list)| list.iter())
+                .map(|d| format!("{}:{}", d.epoch, d.state))
+                .collect();
+            listed.join(",")
+        }
+        other => panic!("unknown op {other}"),
+    })
+}
+
+/// One request about `epoch` sent to one server: `commit`, or `stat`/`extents` of file id 1
+/// (the epoch's first file) or `sync`.
+fn raw_on(
+    endpoint: &Endpoint,
+    op: &str,
+    epoch: EpochId,
+) -> Result<String, spillway_client::ClientError> {
+    let mut connection = ServerConnection::connect(endpoint, "grants_e2e raw", 1)?;
+    let file = FileId(1);
+    let request = match op {
+        "commit" => Request::Commit { epoch, durability: Durability::Ssd },
+        "stat" => Request::Stat { epoch, file },
+        "extents" => Request::Extents { epoch, file, from_offset: 0 },
+        "sync" => Request::Sync { epoch },
+        other => panic!("unknown raw op {other}"),
+    };
+    match connection.call(&request, &[], None)? {
+        (Response::FileStat(info), ()) => Ok(format!("{}:{}", info.name, info.size_bytes)),
+        (Response::Extents(extents), ()) => Ok(format!("{} extents", extents.len())),
+        (Response::Committed { .. } | Response::Synced { .. }, ()) => Ok(String::new()),
+        (other, ()) => panic!("{op} answered {other:?}"),
+    }
+}
+
+/// Epoch ids in a `list` output (`epoch:bytes,…`).
+fn listed_epochs(output: &str) -> Vec<u64> {
+    output
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(|s| s.split(':').next().unwrap().parse().unwrap())
+        .collect()
+}
+
+fn wait_for(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn tempdir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .unwrap();
+    dir
+}
+
+/// A root client of `endpoints`.
+fn root_client(endpoints: &[Endpoint]) -> Client {
+    Client::connect(endpoints, ClientOptions::default()).unwrap()
+}
+
+// ---- restart, then steal -------------------------------------------------------------------
+
+/// User A writes and commits epoch 1 on an unmanaged server (the first uid claims it), the
+/// server is SIGKILLed and restarted; user B can do nothing with the epoch, A still can.
+#[test]
+fn a_claimed_epoch_survives_a_server_kill_and_cannot_be_stolen() {
+    let (a, b, _) = users();
+    let dir = tempdir();
+    let pfs = dir.path().join("pfs");
+    std::fs::create_dir_all(&pfs).unwrap();
+    let mut server = ServerProcess::builder(BIN, dir.path(), "s").pfs_dir(&pfs).start();
+    let endpoints = server.endpoints().to_vec();
+    ok(&a, &endpoints, &["write", "1", "ckpt", "0", "11", "300000"]);
+    ok(&a, &endpoints, &["commit", "1"]);
+    refused(
+        &b,
+        &endpoints,
+        &["write", "1", "mine", "0", "12", "100"],
+        libc::EACCES,
+        "another user",
+    );
+
+    server.sigkill().unwrap();
+    server.restart().unwrap();
+    let endpoints = server.endpoints().to_vec();
+    assert!(!listed_epochs(&ok(&b, &endpoints, &["list"])).contains(&1), "B lists A's epoch");
+    let denied = "granted to another user";
+    refused(&b, &endpoints, &["files", "1"], libc::EACCES, denied);
+    refused(&b, &endpoints, &["read", "1", "ckpt", "11", "300000"], libc::EACCES, denied);
+    refused(&b, &endpoints, &["write", "1", "ckpt", "0", "12", "100"], libc::EACCES, denied);
+    refused(&b, &endpoints, &["commit", "1"], libc::EACCES, denied);
+    refused(&b, &endpoints, &["delete", "1"], libc::EACCES, denied);
+    refused(&b, &endpoints, &["drain", "1"], libc::EACCES, denied);
+    refused(&b, &endpoints, &["grant-self", "1"], libc::EACCES, "only root");
+    refused(&b, &endpoints, &["revoke", "1"], libc::EACCES, "only root");
+    refused(&b, &endpoints, &["stat", "1"], libc::EACCES, denied);
+    refused(&b, &endpoints, &["extents", "1"], libc::EACCES, denied);
+    refused(&b, &endpoints, &["sync", "1"], libc::EACCES, denied);
+    assert_eq!(ok(&a, &endpoints, &["stat", "1"]), "ckpt:300000", "A stats its file");
+
+    assert_eq!(listed_epochs(&ok(&a, &endpoints, &["list"])), vec![1]);
+    assert_eq!(ok(&a, &endpoints, &["read", "1", "ckpt", "11", "300000"]), "true");
+    assert!(ok(&a, &endpoints, &["files", "1"]).contains("ckpt"));
+    // B's own epoch is B's, and B claims no more than that.
+    ok(&b, &endpoints, &["write", "2", "mine", "0", "12", "100"]);
+    assert_eq!(listed_epochs(&ok(&b, &endpoints, &["list"])), vec![2]);
+    assert_eq!(listed_epochs(&ok(&a, &endpoints, &["list"])), vec![1]);
+    ok(&a, &endpoints, &["delete", "1"]);
+}
+
+/// `ListEpochs` and `DrainStatus` as another user show nothing of A's drained epoch; A and root
+/// see it.
+#[test]
+fn listings_and_drain_status_show_another_user_nothing() {
+    let (a, b, _) = users();
+    let dir = tempdir();
+    let pfs = dir.path().join("pfs");
+    std::fs::create_dir_all(&pfs).unwrap();
+    let server = ServerProcess::builder(BIN, dir.path(), "s").pfs_dir(&pfs).start();
+    let endpoints = server.endpoints().to_vec();
+    ok(&a, &endpoints, &["write", "3", "ckpt", "0", "13", "200000"]);
+    ok(&a, &endpoints, &["commit", "3"]);
+    ok(&a, &endpoints, &["drain", "3"]);
+    wait_for("A's epoch to drain", Duration::from_secs(60), || {
+        ok(&a, &endpoints, &["drains"]).contains("3:drained")
+    });
+    assert_eq!(ok(&b, &endpoints, &["list"]), "", "B sees no epoch");
+    assert_eq!(ok(&b, &endpoints, &["drains"]), "", "B sees no drain");
+    assert_eq!(listed_epochs(&ok(&a, &endpoints, &["list"])), vec![3]);
+    let mut root = root_client(&endpoints);
+    assert!(root.list_epochs().unwrap().iter().any(|e| e.epoch == EpochId(3)));
+    let drains = root.drain_status().unwrap();
+    assert!(drains.iter().flat_map(|(_, l)| l.iter()).any(|d| d.epoch == EpochId(3)));
+}
+
+/// A grant allowing a group: its member C writes and reads, B (not a member) is refused; on a
+/// managed server nobody but root writes an epoch without a grant. The grant is in the server's
+/// SSD log: after a SIGKILL and restart (no manager to grant again) it holds just the same.
+#[test]
+fn a_group_grant_admits_its_members_only_and_survives_a_restart() {
+    let (a, b, c) = users();
+    let dir = tempdir();
+    let mut server = ServerProcess::builder(BIN, dir.path(), "s").arg("--managed").start();
+    let endpoints = server.endpoints().to_vec();
+    let group = spillway_sys::user::group_id(GROUP).unwrap().unwrap();
+    let grant = EpochGrant {
+        owner_uid: a.uid,
+        owner_gid: a.gid,
+        allowed_gids: vec![group],
+        ..EpochGrant::default()
+    };
+    root_client(&endpoints).grant_epoch(EpochId(4), &grant).unwrap();
+    ok(&c, &endpoints, &["write", "4", "shared", "0", "14", "5000"]);
+    assert_eq!(ok(&a, &endpoints, &["read", "4", "shared", "14", "5000"]), "true");
+    refused(&b, &endpoints, &["read", "4", "shared", "14", "5000"], libc::EACCES, "another user");
+    assert_eq!(listed_epochs(&ok(&c, &endpoints, &["list"])), vec![4]);
+    refused(&c, &endpoints, &["write", "5", "x", "0", "1", "10"], libc::EACCES, "not granted");
+    ok(&a, &endpoints, &["commit", "4"]);
+
+    server.sigkill().unwrap();
+    server.restart().unwrap();
+    let endpoints = server.endpoints().to_vec();
+    let denied = "granted to another user";
+    assert_eq!(ok(&b, &endpoints, &["list"]), "", "B lists nothing after the restart");
+    refused(&b, &endpoints, &["files", "4"], libc::EACCES, denied);
+    refused(&b, &endpoints, &["read", "4", "shared", "14", "5000"], libc::EACCES, denied);
+    refused(&b, &endpoints, &["write", "4", "shared", "0", "15", "5000"], libc::EACCES, denied);
+    refused(&b, &endpoints, &["delete", "4"], libc::EACCES, denied);
+    refused(&b, &endpoints, &["write", "6", "x", "0", "1", "10"], libc::EACCES, "not granted");
+    // The victim's bytes are unchanged, and its owner and group still use them.
+    assert_eq!(ok(&a, &endpoints, &["read", "4", "shared", "14", "5000"]), "true");
+    assert_eq!(ok(&c, &endpoints, &["read", "4", "shared", "14", "5000"]), "true");
+    assert_eq!(listed_epochs(&ok(&a, &endpoints, &["list"])), vec![4]);
+}
+
+// ---- with the manager ------------------------------------------------------------------------
+
+/// The manager process; killed on drop.
+struct ManagerProcess {
+    child: Child,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+impl ManagerProcess {
+    /// A manager with 8 MiB fragments that never marks a server down (a test stops servers on
+    /// purpose and wants reservations placed on them anyway).
+    fn start(dir: &Path) -> ManagerProcess {
+        let (socket, log) = (dir.join("manager.sock"), dir.join("manager.log"));
+        let child = Command::new(BIN)
+            .args(["manager", "--socket"])
+            .arg(&socket)
+            .arg("--db")
+            .arg(dir.join("manager.db"))
+            .env("SPILLWAY_MANAGER_FRAGMENT_BYTES", (8 * MIB).to_string())
+            .env("SPILLWAY_MANAGER_STRIPE_SERVERS_MAX", "2")
+            .env("SPILLWAY_MANAGER_HEARTBEAT_MS", "200")
+            .env("SPILLWAY_MANAGER_HEARTBEAT_MISSES_MAX", "100000")
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let manager = ManagerProcess { child, socket, log };
+        wait_for("the manager to listen", Duration::from_secs(60), || {
+            std::fs::read_to_string(&manager.log).unwrap_or_default().contains("listening")
+        });
+        manager
+    }
+
+    /// Runs the CLI against this manager as root or as `user` (setpriv), expecting JSON.
+    fn json(&self, user: Option<&User>, args: &[&str]) -> Value {
+        let mut command = match user {
+            None => Command::new(BIN),
+            Some(user) => user.command(BIN),
+        };
+        let output = command
+            .args(args)
+            .arg("--json")
+            .env("SPILLWAY_MANAGER", &self.socket)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "spillway {args:?}: {}\nmanager log:\n{}",
+            String::from_utf8_lossy(&output.stderr),
+            std::fs::read_to_string(&self.log).unwrap_or_default()
+        );
+        serde_json::from_slice(&output.stdout).unwrap()
+    }
+
+    /// A pool of these servers, `capacity` each.
+    fn add_pool(&self, servers: &[&ServerProcess], capacity: &str) {
+        self.json(None, &["pool", "create", "p", "--granularity", "8MiB"]);
+        for server in servers {
+            let address = server.endpoint().to_string();
+            self.json(None, &["server", "add", &address, "--pool", "p", "--capacity", capacity]);
+        }
+    }
+}
+
+impl Drop for ManagerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The reservation's servers (stripe order) and epoch.
+fn placement(reservation: &Value) -> (Vec<Endpoint>, EpochId) {
+    let servers = reservation["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().parse().unwrap())
+        .collect();
+    (servers, EpochId(reservation["epoch"].as_u64().unwrap()))
+}
+
+/// B tries the epoch ids the next reservations will get on a managed server: refused. After A's
+/// reservation is granted, A writes its epoch, B still cannot.
+#[test]
+fn a_managed_server_refuses_a_claim_before_the_grant() {
+    let (a, b, _) = users();
+    let dir = tempdir();
+    let server = ServerProcess::builder(BIN, dir.path(), "s").arg("--managed").start();
+    let endpoints = server.endpoints().to_vec();
+    let manager = ManagerProcess::start(dir.path());
+    manager.add_pool(&[&server], "64MiB");
+    for epoch in ["1", "2", "3"] {
+        refused(
+            &b,
+            &endpoints,
+            &["write", epoch, "squat", "0", "1", "100"],
+            libc::EACCES,
+            "not granted to any reservation",
+        );
+    }
+    // Nor can B grant itself the next epoch id, as the manager would.
+    refused(&b, &endpoints, &["grant-self", "1"], libc::EACCES, "only root");
+    assert_eq!(ok(&b, &endpoints, &["list"]), "");
+    let reservation = manager.json(Some(&a), &["reservation", "create", "--capacity", "16MiB"]);
+    let (_, epoch) = placement(&reservation);
+    assert!((1..=3).contains(&epoch.0), "the epoch B tried: {epoch}");
+    let e = epoch.0.to_string();
+    ok(&a, &endpoints, &["write", &e, "ckpt", "0", "21", "100000"]);
+    refused(&b, &endpoints, &["write", &e, "squat", "0", "1", "100"], libc::EACCES, "another user");
+    refused(&b, &endpoints, &["read", &e, "ckpt", "21", "100000"], libc::EACCES, "another user");
+    refused(&b, &endpoints, &["delete", &e], libc::EACCES, "another user");
+    assert_eq!(ok(&b, &endpoints, &["list"]), "");
+    assert_eq!(listed_epochs(&ok(&a, &endpoints, &["list"])), vec![epoch.0]);
+    assert_eq!(ok(&a, &endpoints, &["read", &e, "ckpt", "21", "100000"]), "true", "A's bytes");
+    assert!(!ok(&a, &endpoints, &["files", &e]).contains("squat"), "no squatter's file");
+    // Destroying the reservation revokes the grant and deletes the epoch.
+    manager.json(Some(&a), &["reservation", "destroy", reservation["name"].as_str().unwrap()]);
+    refused(&a, &endpoints, &["write", &e, "again", "0", "1", "100"], libc::EACCES, "not granted");
+}
+
+/// A reservation over two servers, one of them down at creation: the heartbeat's grant reaches
+/// it once it is back, with its share of the capacity (one 8 MiB fragment), past which a write
+/// fails with EDQUOT and stores nothing.
+#[test]
+fn the_heartbeat_grants_a_server_that_was_down() {
+    let (a, _, _) = users();
+    let dir = tempdir();
+    let up = ServerProcess::builder(BIN, dir.path(), "up").arg("--managed").start();
+    let mut down = ServerProcess::builder(BIN, dir.path(), "down").arg("--managed").start();
+    let manager = ManagerProcess::start(dir.path());
+    manager.add_pool(&[&up, &down], "64MiB");
+    down.sigkill().unwrap();
+    let reservation = manager.json(Some(&a), &["reservation", "create", "--capacity", "16MiB"]);
+    let (servers, epoch) = placement(&reservation);
+    assert_eq!(servers.len(), 2, "{reservation}");
+    assert_eq!(reservation["server_fragments"], serde_json::json!([1, 1]));
+    down.restart().unwrap();
+    let down_endpoints = down.endpoints().to_vec();
+    let e = epoch.0.to_string();
+    wait_for("the heartbeat to grant the restarted server", Duration::from_secs(30), || {
+        as_user(&a, &down_endpoints, &["write", &e, "probe", "0", "31", "4096"]).is_ok()
+    });
+    // The server's share is one fragment: 8 MiB of payload (the probe's 4 KiB included).
+    let rest = (8 * MIB - 4096).to_string();
+    ok(&a, &down_endpoints, &["write", &e, "ckpt", "0", "32", &rest]);
+    let end = rest.clone();
+    let past = ["write", &e, "ckpt", &end, "33", "1"];
+    refused(&a, &down_endpoints, &past, libc::EDQUOT, "granted capacity");
+    let bytes = format!("{epoch}:{}", 8 * MIB);
+    assert_eq!(ok(&a, &down_endpoints, &["list"]), bytes, "the refused write stored nothing");
+    let ckpt = ok(&a, &down_endpoints, &["read", &e, "ckpt", "32", &rest]);
+    assert_eq!(ckpt, "true", "the bytes before the refused write are unchanged");
+}
+
+// ---- df on a mount ---------------------------------------------------------------------------
+
+/// A mount served by `spillway mount --background`; unmounted on drop.
+struct CliMount {
+    path: PathBuf,
+}
+
+impl CliMount {
+    fn start(servers: &[Endpoint], reservation: &Value, path: &Path) -> CliMount {
+        std::fs::create_dir_all(path).unwrap();
+        let log = path.with_extension("log");
+        let output = Command::new(BIN)
+            .arg("mount")
+            .arg("--servers")
+            .arg(spillway_harness::endpoint_list(servers))
+            .arg("--namespace-id")
+            .arg(reservation["namespace_id"].as_u64().unwrap().to_string())
+            .arg("--epoch")
+            .arg(reservation["epoch"].as_u64().unwrap().to_string())
+            .arg("--background")
+            .arg("--log")
+            .arg(&log)
+            .arg(path)
+            .output()
+            .unwrap();
+        let guard = CliMount { path: path.to_path_buf() };
+        assert!(
+            output.status.success(),
+            "spillway mount: {}; log: {}",
+            String::from_utf8_lossy(&output.stderr),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        guard
+    }
+}
+
+impl Drop for CliMount {
+    fn drop(&mut self) {
+        let unmounted =
+            Command::new(BIN).arg("umount").arg(&self.path).status().is_ok_and(|s| s.success());
+        if !unmounted {
+            let _ = Command::new("fusermount3").arg("-u").arg("-z").arg(&self.path).status();
+        }
+    }
+}
+
+/// `df -B1` of `path`: (size, used, available) in bytes.
+fn df(path: &Path) -> (u64, u64, u64) {
+    let output =
+        Command::new("df").args(["-B1", "--output=size,used,avail"]).arg(path).output().unwrap();
+    assert!(output.status.success(), "df: {}", String::from_utf8_lossy(&output.stderr));
+    let text = String::from_utf8_lossy(&output.stdout);
+    let numbers: Vec<u64> =
+        text.lines().nth(1).unwrap().split_whitespace().map(|n| n.parse().unwrap()).collect();
+    (numbers[0], numbers[1], numbers[2])
+}
+
+/// `df` on a mount of a 24 MiB reservation shows 24 MiB and the files' bytes as used; a write
+/// past the reservation fails with EDQUOT.
+#[test]
+fn df_on_a_mount_shows_the_reservation_capacity_and_usage() {
+    assert!(Path::new("/dev/fuse").exists(), "grants_e2e needs /dev/fuse (the fuse module)");
+    let (a, _, _) = users();
+    let dir = tempdir();
+    let server = ServerProcess::builder(BIN, dir.path(), "s").arg("--managed").start();
+    let manager = ManagerProcess::start(dir.path());
+    manager.add_pool(&[&server], "64MiB");
+    let reservation = manager.json(Some(&a), &["reservation", "create", "--capacity", "20MiB"]);
+    assert_eq!(reservation["capacity_bytes"], 24 * MIB);
+    let (servers, _) = placement(&reservation);
+    let mountpoint = dir.path().join("mnt");
+    let mount = CliMount::start(&servers, &reservation, &mountpoint);
+    assert_eq!(df(&mountpoint), (24 * MIB, 0, 24 * MIB), "an empty reservation");
+    std::fs::write(mountpoint.join("five"), pattern(41, 5 * MIB as usize)).unwrap();
+    std::fs::write(mountpoint.join("one"), pattern(42, MIB as usize)).unwrap();
+    assert_eq!(df(&mountpoint), (24 * MIB, 6 * MIB, 18 * MIB), "two files");
+    // The reservation's namespace is as private as its data: B cannot list it, A can.
+    let (_, b, _) = users();
+    let namespace = reservation["namespace_id"].as_u64().unwrap().to_string();
+    let denied = "granted to another user";
+    refused(&b, &servers, &["ns-readdir", &namespace], libc::EACCES, denied);
+    assert_eq!(ok(&a, &servers, &["ns-readdir", &namespace]), ".,..,five,one");
+    let dd = Command::new("dd")
+        .args(["if=/dev/zero", "bs=1M", "count=30", "conv=fsync"])
+        .arg(format!("of={}", mountpoint.join("big").display()))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&dd.stderr);
+    assert!(!dd.status.success(), "30 MiB more fit in a 24 MiB reservation: {stderr}");
+    assert!(stderr.contains("Disk quota exceeded"), "{stderr}");
+    // The files written before are unchanged.
+    assert!(std::fs::read(mountpoint.join("five")).unwrap() == pattern(41, 5 * MIB as usize));
+    assert!(std::fs::read(mountpoint.join("one")).unwrap() == pattern(42, MIB as usize));
+    drop(mount);
+}
