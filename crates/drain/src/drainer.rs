@@ -4,7 +4,8 @@
 //! commit; each is journaled (fsync) before it is acknowledged, so a crash loses none. The worker
 //! takes epochs oldest first. For each file of the epoch this server holds it:
 //!
-//! 1. skips it if the final PFS name exists (published earlier, maybe by a peer);
+//! 1. skips it if the final PFS name holds the owner's file (published earlier, maybe by a
+//!    peer; anything else there, planted or not, is replaced by the publish);
 //! 2. asks every server of the reservation which of them have the file (the *participants*),
 //!    then re-checks the final name (a participant only drops the file after it is published,
 //!    so from here on the participant set is complete);
@@ -731,12 +732,12 @@ impl Inner {
         name: &str,
         names: &Names,
     ) -> Result<Outcome, DrainError> {
-        if self.pfs.exists(&names.final_path, &names.owner)? {
+        if self.pfs.holds_owned_file(&names.final_path, &names.owner)? {
             return Ok(Outcome::Done);
         }
         let handle = client.open_file(epoch, name)?;
         let participants = handle.servers();
-        if self.pfs.exists(&names.final_path, &names.owner)? {
+        if self.pfs.holds_owned_file(&names.final_path, &names.owner)? {
             return Ok(Outcome::Done);
         }
         let me = self.options.self_index;
@@ -744,7 +745,7 @@ impl Inner {
             .iter()
             .position(|&s| s == me)
             .ok_or_else(|| DrainError::NotParticipant { index: me, name: name.to_string() })?;
-        if !self.pfs.exists(&names.marker(me), &names.owner)? {
+        if !self.pfs.holds_owned_file(&names.marker(me), &names.owner)? {
             self.pfs.create_parents(&names.staging, &names.owner)?;
             let stats = self.write_part(
                 client,
@@ -768,12 +769,12 @@ impl Inner {
         }
         let mut missing = Vec::new();
         for &server in &participants {
-            if !self.pfs.exists(&names.marker(server), &names.owner)? {
+            if !self.pfs.holds_owned_file(&names.marker(server), &names.owner)? {
                 missing.push(server);
             }
         }
         if !missing.is_empty() {
-            if self.pfs.exists(&names.final_path, &names.owner)? {
+            if self.pfs.holds_owned_file(&names.final_path, &names.owner)? {
                 return Ok(Outcome::Done);
             }
             return Ok(Outcome::Wait(format!(
@@ -782,7 +783,7 @@ impl Inner {
         }
         if let Err(error) = self.pfs.publish(&names.staging, &names.final_path, &names.owner) {
             // A peer published first (both saw every marker).
-            if !self.pfs.exists(&names.final_path, &names.owner)? {
+            if !self.pfs.holds_owned_file(&names.final_path, &names.owner)? {
                 return Err(error.into());
             }
         }

@@ -99,8 +99,10 @@ pub trait Pfs: Send + Sync {
     /// Opens `path` for writing, creating it (private) if needed, never truncating; an existing
     /// file must be a plain file of the owner's.
     fn open_staging(&self, path: &Path, owner: &PfsOwner) -> Result<Box<dyn PfsFile>, PfsError>;
-    /// Whether `path` exists.
-    fn exists(&self, path: &Path, owner: &PfsOwner) -> Result<bool, PfsError>;
+    /// Whether `path` is a plain file of the owner's (a published file, a part marker). Anything
+    /// else there — nothing, a symbolic link, a directory, another user's file — is not: a
+    /// file someone planted under a final name or a marker's name never counts as the drain's.
+    fn holds_owned_file(&self, path: &Path, owner: &PfsOwner) -> Result<bool, PfsError>;
     /// Creates an empty marker file and fsyncs its directory (idempotent).
     fn create_marker(&self, path: &Path, owner: &PfsOwner) -> Result<(), PfsError>;
     /// Renames `from` to `to` and fsyncs the directory of `to`.
@@ -391,11 +393,13 @@ impl Pfs for PosixPfs {
         }))
     }
 
-    fn exists(&self, path: &Path, owner: &PfsOwner) -> Result<bool, PfsError> {
+    fn holds_owned_file(&self, path: &Path, owner: &PfsOwner) -> Result<bool, PfsError> {
         self.as_owner(owner, path, |tree| {
-            tree.stat(path)
-                .map(|s| s.is_some())
-                .map_err(|e| PfsError::new("stat", &self.full(path), e))
+            let stat =
+                tree.stat(path).map_err(|e| PfsError::new("stat", &self.full(path), e))?;
+            Ok(stat.is_some_and(|s| {
+                s.st_mode & libc::S_IFMT == libc::S_IFREG && s.st_uid == owner.identity.uid
+            }))
         })
     }
 
@@ -602,8 +606,8 @@ impl<P: Pfs> Pfs for FaultyPfs<P> {
         let inner = self.inner.open_staging(path, owner)?;
         Ok(Box::new(FaultyFile { inner, faults: self.faults.clone(), path: path.to_path_buf() }))
     }
-    fn exists(&self, path: &Path, owner: &PfsOwner) -> Result<bool, PfsError> {
-        self.inner.exists(path, owner)
+    fn holds_owned_file(&self, path: &Path, owner: &PfsOwner) -> Result<bool, PfsError> {
+        self.inner.holds_owned_file(path, owner)
     }
     fn create_marker(&self, path: &Path, owner: &PfsOwner) -> Result<(), PfsError> {
         self.check_mutation("create marker", path)?;
@@ -726,6 +730,22 @@ mod tests {
     }
 
     #[test]
+    fn only_the_owner_s_plain_file_counts_as_published() {
+        let dir = shared_root();
+        let pfs = PosixPfs::new(dir.path());
+        let (owner, planter) = (user(5108), user(5109));
+        // The planter's file, a link and a directory under names the drain checks.
+        drop(pfs.open_staging(Path::new("planted"), &planter).unwrap());
+        std::os::unix::fs::symlink("planted", dir.path().join("link")).unwrap();
+        std::fs::create_dir(dir.path().join("dir")).unwrap();
+        for name in ["planted", "link", "dir", "absent"] {
+            assert!(!pfs.holds_owned_file(Path::new(name), &owner).unwrap(), "{name}");
+        }
+        drop(pfs.open_staging(Path::new("mine"), &owner).unwrap());
+        assert!(pfs.holds_owned_file(Path::new("mine"), &owner).unwrap());
+    }
+
+    #[test]
     fn another_user_s_final_file_in_a_sticky_directory_is_not_replaced() {
         let dir = shared_root();
         let pfs = PosixPfs::new(dir.path());
@@ -782,9 +802,9 @@ mod tests {
         f.write_at(0, b"hey ").unwrap();
         f.extend_to(12).unwrap();
         f.sync().unwrap();
-        assert!(!pfs.exists(final_name, &me()).unwrap());
+        assert!(!pfs.holds_owned_file(final_name, &me()).unwrap());
         pfs.publish(staging, final_name, &me()).unwrap();
-        assert!(!pfs.exists(staging, &me()).unwrap());
+        assert!(!pfs.holds_owned_file(staging, &me()).unwrap());
         let mut buf = [0u8; 20];
         let n = pfs.read_at(final_name, 0, &mut buf).unwrap();
         assert_eq!(&buf[..n], b"hey world\0\0\0");
