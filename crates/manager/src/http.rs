@@ -530,6 +530,9 @@ mod tests {
             Ok(())
         }
         fn shutdown(&self) {}
+        fn peer_closed(&self) -> std::io::Result<bool> {
+            Ok(false)
+        }
     }
 
     fn parse(bytes: &[u8], limit: usize) -> Result<Request, RequestError> {

@@ -1,7 +1,7 @@
 //! The operating-system calls that several Spillway crates make, written once.
 //!
 //! User and group look-ups, signals, what a child process does between fork and exec,
-//! unmounting, and local time: each was once copied into the crates that needed it, as raw `libc` with its own
+//! unmounting, local time, and whether a socket's peer has closed it: each was once copied into the crates that needed it, as raw `libc` with its own
 //! `unsafe`. They live here, on top of `nix` and `signal-hook`, so that the other crates stay
 //! free of that code (most of them `forbid(unsafe_code)`) and a fix lands in one place.
 //!
@@ -15,5 +15,6 @@ pub mod mount;
 pub mod munge;
 pub mod process;
 pub mod signal;
+pub mod socket;
 pub mod time;
 pub mod user;
