@@ -127,6 +127,9 @@ struct Row {
     /// Median of the paired munge / none ratios (`--auth munge`).
     #[serde(skip_serializing_if = "Option::is_none")]
     munge_vs_none: Option<f64>,
+    /// Each repeat's munge / none ratio, in order (`--auth munge`): the spread behind the median.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    munge_vs_none_per_repeat: Vec<f64>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -304,6 +307,8 @@ fn measure(
     };
     let (vs_memcached, vs_loopback, ssd_vs_direct_pfs) = (paired(1, 2), paired(1, 0), paired(5, 4));
     let munge_vs_none = munged.map(|_| paired(7, 1));
+    let munge_vs_none_per_repeat: Vec<f64> =
+        samples[7].iter().zip(&samples[1]).map(|(munge, none)| munge / none).collect();
     let nn_memory_munge = munged.map(|_| median(samples[7].iter().copied()));
     let [loopback, nn_memory, memcached, n1_memory, direct, nn_ssd, n1_ssd, _] =
         samples.map(median);
@@ -324,6 +329,7 @@ fn measure(
         vs_loopback,
         ssd_vs_direct_pfs,
         munge_vs_none,
+        munge_vs_none_per_repeat,
     })
 }
 

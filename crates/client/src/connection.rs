@@ -50,6 +50,12 @@ pub struct ServerConnection {
     pub gid: u32,
     pub server_name: String,
     body: Vec<u8>,
+    /// Requests sent whose reply has not been received: 0 means the connection is quiet.
+    unanswered: u64,
+    /// How it was opened, to open it again when the server closed it while it was quiet.
+    client_name: String,
+    window_wanted: u32,
+    munge_socket: Option<std::path::PathBuf>,
 }
 
 impl ServerConnection {
@@ -97,6 +103,10 @@ impl ServerConnection {
             gid: 0,
             server_name: String::new(),
             body: Vec::new(),
+            unanswered: 0,
+            client_name: client_name.to_string(),
+            window_wanted,
+            munge_socket: munge_socket.map(Path::to_path_buf),
         };
         let hello = Request::Hello {
             version_min: PROTOCOL_VERSION_MIN,
@@ -182,9 +192,35 @@ impl ServerConnection {
         ClientError::Io { endpoint: self.endpoint.clone(), source }
     }
 
+    /// Opens the connection again (handshake and, if asked, authentication included) if the
+    /// server closed it while nothing was outstanding: servers close connections idle for
+    /// `server.idle_timeout_ms`, and a checkpointing application or a mount may well be quiet
+    /// that long. Nothing is lost: no request was in flight.
+    fn reopen_if_closed(&mut self) -> Result<(), ClientError> {
+        if self.next_request_id == 1
+            || self.unanswered > 0
+            || !self.reader.buffer().is_empty()
+            || !self.connection.peer_closed().unwrap_or(false)
+        {
+            return Ok(());
+        }
+        let mut fresh = ServerConnection::connect_with_munge_socket(
+            &self.endpoint,
+            &self.client_name,
+            self.window_wanted,
+            self.munge_socket.as_deref(),
+        )?;
+        fresh.window_bytes_max = self.window_bytes_max;
+        fresh.deferred = self.deferred.take();
+        *self = fresh;
+        Ok(())
+    }
+
     fn send(&mut self, request: &Request, payload: &[u8]) -> Result<u64, ClientError> {
+        self.reopen_if_closed()?;
         let id = self.next_request_id;
         self.next_request_id += 1;
+        self.unanswered += 1;
         frame::write_frame(
             &mut *self.connection,
             request.kind(),
@@ -201,7 +237,10 @@ impl ServerConnection {
     fn receive(&mut self, read_into: Option<&mut [u8]>) -> Result<(u64, Response), ClientError> {
         let max = self.payload_bytes_max.max(1);
         let header = match frame::read_header_and_body(&mut self.reader, &mut self.body, max) {
-            Ok(header) => header,
+            Ok(header) => {
+                self.unanswered = self.unanswered.saturating_sub(1);
+                header
+            }
             Err(ReceiveError::Io(e)) => return Err(self.io(e)),
             Err(error) => {
                 return Err(ClientError::Protocol {
@@ -433,10 +472,14 @@ impl ServerConnection {
         batch: &mut Vec<u8>,
     ) -> Result<(), ClientError> {
         use std::io::Write;
+        if sent.is_empty() {
+            self.reopen_if_closed()?;
+        }
         batch.clear();
         while *next < requests.len() && sent.len() < self.window {
             let id = self.next_request_id;
             self.next_request_id += 1;
+            self.unanswered += 1;
             let request = &requests[*next].0;
             frame::write_frame(&mut *batch, request.kind(), id, &request.encode_body(), &[])
                 .expect("encoding into a Vec cannot fail");

@@ -638,6 +638,9 @@ mod tests {
         }
         fn shutdown_write(&self) {}
         fn shutdown(&self) {}
+        fn peer_closed(&self) -> std::io::Result<bool> {
+            Ok(false)
+        }
     }
 
     fn parse(bytes: &[u8], limit: usize) -> Result<Request, RequestError> {

@@ -90,6 +90,9 @@ pub trait Connection: Read + Write + Send {
     fn shutdown_write(&self);
     /// Shuts both directions down; a blocked reader on another handle wakes up.
     fn shutdown(&self);
+    /// Whether the peer has closed the connection and nothing is left to read (without
+    /// waiting or consuming anything): a client checks before it reuses a quiet connection.
+    fn peer_closed(&self) -> io::Result<bool>;
 }
 
 /// Accepts connections.
@@ -267,6 +270,9 @@ impl Connection for TcpConnection {
     fn shutdown(&self) {
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
     }
+    fn peer_closed(&self) -> io::Result<bool> {
+        spillway_sys::socket::peer_closed(&self.stream)
+    }
 }
 
 struct UnixConnection {
@@ -340,6 +346,9 @@ impl Connection for UnixConnection {
     }
     fn shutdown(&self) {
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+    fn peer_closed(&self) -> io::Result<bool> {
+        spillway_sys::socket::peer_closed(&self.stream)
     }
 }
 

@@ -247,6 +247,26 @@ fn an_idle_connection_is_closed_at_the_idle_timeout() {
     let after = closed_within(&mut idle, Duration::from_secs(10));
     assert!(after >= Duration::from_millis(500), "closed after {after:?}, before the timeout");
     logged(&[&peer, "idle for 700 ms with no request in flight"]);
+    // The client library opens a connection the server closed while quiet again, for writes,
+    // calls and reads alike: an application checkpointing every hour keeps working.
+    let mut client = Client::connect(
+        &[running.tcp_endpoint()],
+        ClientOptions { placement: Placement::striped_default(), ..ClientOptions::default() },
+    )
+    .unwrap();
+    checkpoint(&mut client, EpochId(3), 4 * MIB);
+    std::thread::sleep(Duration::from_millis(1500));
+    let reopened = client.open_file(EpochId(3), "checkpoint").unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut back = vec![0u8; MIB as usize];
+    client.read(&reopened, MIB, &mut back).unwrap();
+    assert!(same_bytes(&back, &pattern(3, 4 * MIB as usize)[MIB as usize..2 * MIB as usize]));
+    std::thread::sleep(Duration::from_millis(1500));
+    checkpoint(&mut client, EpochId(4), 4 * MIB);
+    let closures = String::from_utf8_lossy(&log().lock().unwrap())
+        .matches("idle for 700 ms with no request in flight")
+        .count();
+    assert!(closures >= 4, "the server closed the quiet client only {} times", closures - 1);
     // A client that keeps asking is not idle.
     let mut busy = raw(&running);
     handshake(&mut busy, None);
