@@ -395,8 +395,7 @@ impl Pfs for PosixPfs {
 
     fn holds_owned_file(&self, path: &Path, owner: &PfsOwner) -> Result<bool, PfsError> {
         self.as_owner(owner, path, |tree| {
-            let stat =
-                tree.stat(path).map_err(|e| PfsError::new("stat", &self.full(path), e))?;
+            let stat = tree.stat(path).map_err(|e| PfsError::new("stat", &self.full(path), e))?;
             Ok(stat.is_some_and(|s| {
                 s.st_mode & libc::S_IFMT == libc::S_IFREG && s.st_uid == owner.identity.uid
             }))
