@@ -8,9 +8,11 @@
 #[allow(dead_code)]
 mod support;
 
-use std::io::{Read, Write};
+mod log_capture;
+
+use std::io::Read;
 use std::net::TcpStream;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use spillway_client::{Client, ClientOptions, Placement};
@@ -25,45 +27,9 @@ use spillway_server::{Fairness, Server, ServerOptions, ShutdownHandle};
 use spillway_types::EpochId;
 use support::ModelBackend;
 
-/// Everything the servers of this test binary log, for the "and logged" checks.
-fn log() -> &'static Arc<Mutex<Vec<u8>>> {
-    static LOG: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
-    LOG.get_or_init(|| {
-        let buffer = Arc::new(Mutex::new(Vec::new()));
-        let writer = Arc::clone(&buffer);
-        let subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_max_level(tracing::Level::INFO)
-            .with_writer(move || LogWriter(Arc::clone(&writer)))
-            .finish();
-        tracing::subscriber::set_global_default(subscriber)
-            .expect("one subscriber per test binary");
-        buffer
-    })
-}
-
-struct LogWriter(Arc<Mutex<Vec<u8>>>);
-
-impl Write for LogWriter {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// The log line that refused `peer`, waited for briefly (the server logs as it closes).
+/// The log line that refused `peer` (the server logs as it closes).
 fn refusal_logged(peer: &str) -> String {
-    for _ in 0..200 {
-        let text = String::from_utf8_lossy(&log().lock().unwrap()).into_owned();
-        if let Some(line) = text.lines().find(|l| l.contains(peer) && l.contains("refusing")) {
-            return line.to_string();
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    panic!("no refusal of {peer} was logged");
+    log_capture::logged_within(&[peer, "refusing"], Duration::from_secs(2))
 }
 
 fn options(munged: &Munged) -> ServerOptions {
@@ -100,7 +66,7 @@ impl Drop for Running {
 }
 
 fn start(options: ServerOptions, endpoints: &[Endpoint]) -> Running {
-    log();
+    log_capture::captured();
     let backend = Arc::new(ModelBackend::new(1 << 30));
     let server = Server::bind(options, backend, endpoints, false).unwrap();
     let endpoints = server.endpoints();

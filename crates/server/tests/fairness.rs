@@ -11,7 +11,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use spillway_client::{Client, ClientOptions, Placement};
@@ -25,50 +25,15 @@ use spillway_proto::{
 use spillway_server::{Fairness, Server, ServerOptions, ShutdownHandle, StoreBackend};
 use spillway_types::EpochId;
 
+mod log_capture;
+
 const MIB: u64 = 1 << 20;
 /// Set in a re-executed child: `<unix socket> <connections to open>`.
 const CHILD_ENV: &str = "SPILLWAY_FAIRNESS_CHILD";
 
-/// Everything the servers of this test binary log.
-fn log() -> &'static Arc<Mutex<Vec<u8>>> {
-    static LOG: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
-    LOG.get_or_init(|| {
-        let buffer = Arc::new(Mutex::new(Vec::new()));
-        let writer = Arc::clone(&buffer);
-        let subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_max_level(tracing::Level::INFO)
-            .with_writer(move || LogWriter(Arc::clone(&writer)))
-            .finish();
-        tracing::subscriber::set_global_default(subscriber)
-            .expect("one subscriber per test binary");
-        buffer
-    })
-}
-
-struct LogWriter(Arc<Mutex<Vec<u8>>>);
-
-impl Write for LogWriter {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// The first log line containing every needle, waited for up to 20 s.
 fn logged(needles: &[&str]) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let text = String::from_utf8_lossy(&log().lock().unwrap()).into_owned();
-        if let Some(line) = text.lines().find(|l| needles.iter().all(|n| l.contains(n))) {
-            return line.to_string();
-        }
-        assert!(Instant::now() < deadline, "no log line with {needles:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    log_capture::logged_within(needles, Duration::from_secs(20))
 }
 
 fn must_be_root() {
@@ -125,7 +90,7 @@ impl Running {
 
 fn start(dir: &Path, options: ServerOptions) -> Running {
     use std::os::unix::fs::PermissionsExt;
-    log();
+    log_capture::captured();
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let knobs = spillway_config::StoreKnobs {
         ssd_directory: dir.join("ssd").display().to_string(),
@@ -263,7 +228,7 @@ fn an_idle_connection_is_closed_at_the_idle_timeout() {
     assert!(same_bytes(&back, &pattern(3, 4 * MIB as usize)[MIB as usize..2 * MIB as usize]));
     std::thread::sleep(Duration::from_millis(1500));
     checkpoint(&mut client, EpochId(4), 4 * MIB);
-    let closures = String::from_utf8_lossy(&log().lock().unwrap())
+    let closures = String::from_utf8_lossy(&log_capture::captured().lock().unwrap())
         .matches("idle for 700 ms with no request in flight")
         .count();
     assert!(closures >= 4, "the server closed the quiet client only {} times", closures - 1);
