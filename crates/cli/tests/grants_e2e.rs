@@ -19,7 +19,7 @@
 //! Needs root (CI runs tests as root), `useradd`/`groupadd`/`usermod`, `setpriv`, FUSE and `df`.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -254,6 +254,15 @@ fn wait_for(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) 
     }
 }
 
+/// `<dir>/pfs`, a scratch directory like a center's (mode 1777): the drain creates each epoch's
+/// directory there as the epoch's owner.
+fn scratch(dir: &Path) -> PathBuf {
+    let pfs = dir.join("pfs");
+    std::fs::create_dir_all(&pfs).unwrap();
+    std::fs::set_permissions(&pfs, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+    pfs
+}
+
 fn tempdir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))
@@ -274,8 +283,7 @@ fn root_client(endpoints: &[Endpoint]) -> Client {
 fn a_claimed_epoch_survives_a_server_kill_and_cannot_be_stolen() {
     let (a, b, _) = users();
     let dir = tempdir();
-    let pfs = dir.path().join("pfs");
-    std::fs::create_dir_all(&pfs).unwrap();
+    let pfs = scratch(dir.path());
     let mut server = ServerProcess::builder(BIN, dir.path(), "s").pfs_dir(&pfs).start();
     let endpoints = server.endpoints().to_vec();
     ok(&a, &endpoints, &["write", "1", "ckpt", "0", "11", "300000"]);
@@ -322,8 +330,7 @@ fn a_claimed_epoch_survives_a_server_kill_and_cannot_be_stolen() {
 fn listings_and_drain_status_show_another_user_nothing() {
     let (a, b, _) = users();
     let dir = tempdir();
-    let pfs = dir.path().join("pfs");
-    std::fs::create_dir_all(&pfs).unwrap();
+    let pfs = scratch(dir.path());
     let server = ServerProcess::builder(BIN, dir.path(), "s").pfs_dir(&pfs).start();
     let endpoints = server.endpoints().to_vec();
     ok(&a, &endpoints, &["write", "3", "ckpt", "0", "13", "200000"]);
@@ -383,37 +390,24 @@ fn a_group_grant_admits_its_members_only_and_survives_a_restart() {
 
 // ---- with the manager ------------------------------------------------------------------------
 
-/// The manager process; killed on drop.
-struct ManagerProcess {
-    child: Child,
-    socket: PathBuf,
-    log: PathBuf,
-}
+/// The manager process (killed on drop) and what the tests do with it.
+struct ManagerProcess(spillway_harness::ManagerProcess);
 
 impl ManagerProcess {
     /// A manager with 8 MiB fragments that never marks a server down (a test stops servers on
     /// purpose and wants reservations placed on them anyway).
     fn start(dir: &Path) -> ManagerProcess {
-        let (socket, log) = (dir.join("manager.sock"), dir.join("manager.log"));
-        let child = Command::new(BIN)
-            .args(["manager", "--socket"])
-            .arg(&socket)
-            .arg("--db")
-            .arg(dir.join("manager.db"))
-            .env("SPILLWAY_MANAGER_FRAGMENT_BYTES", (8 * MIB).to_string())
-            .env("SPILLWAY_MANAGER_STRIPE_SERVERS_MAX", "2")
-            .env("SPILLWAY_MANAGER_HEARTBEAT_MS", "200")
-            .env("SPILLWAY_MANAGER_HEARTBEAT_MISSES_MAX", "100000")
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let manager = ManagerProcess { child, socket, log };
-        wait_for("the manager to listen", Duration::from_secs(60), || {
-            std::fs::read_to_string(&manager.log).unwrap_or_default().contains("listening")
-        });
-        manager
+        let fragment_bytes = (8 * MIB).to_string();
+        ManagerProcess(spillway_harness::ManagerProcess::start(
+            Path::new(BIN),
+            &dir.join("manager"),
+            &[
+                ("SPILLWAY_MANAGER_FRAGMENT_BYTES", &fragment_bytes),
+                ("SPILLWAY_MANAGER_STRIPE_SERVERS_MAX", "2"),
+                ("SPILLWAY_MANAGER_HEARTBEAT_MS", "200"),
+                ("SPILLWAY_MANAGER_HEARTBEAT_MISSES_MAX", "100000"),
+            ],
+        ))
     }
 
     /// Runs the CLI against this manager as root or as `user` (setpriv), expecting JSON.
@@ -425,14 +419,14 @@ impl ManagerProcess {
         let output = command
             .args(args)
             .arg("--json")
-            .env("SPILLWAY_MANAGER", &self.socket)
+            .env("SPILLWAY_MANAGER", &self.0.socket)
             .output()
             .unwrap();
         assert!(
             output.status.success(),
             "spillway {args:?}: {}\nmanager log:\n{}",
             String::from_utf8_lossy(&output.stderr),
-            std::fs::read_to_string(&self.log).unwrap_or_default()
+            self.0.log_text()
         );
         serde_json::from_slice(&output.stdout).unwrap()
     }
@@ -444,13 +438,6 @@ impl ManagerProcess {
             let address = server.endpoint().to_string();
             self.json(None, &["server", "add", &address, "--pool", "p", "--capacity", capacity]);
         }
-    }
-}
-
-impl Drop for ManagerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

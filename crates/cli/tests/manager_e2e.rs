@@ -8,15 +8,14 @@
 //! and `setpriv` (util-linux).
 
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use spillway_client::meta::{RemoteNamespace, RemoteOptions};
 use spillway_client::{Client, ClientOptions, Placement};
-use spillway_harness::{pattern, ServerProcess};
+use spillway_harness::{pattern, ManagerProcess, ServerProcess};
 use spillway_namespace::{data_file_name, Caller as MetaCaller, FileKind, Namespace, ROOT_INO};
 use spillway_proto::Endpoint;
 use spillway_types::EpochId;
@@ -26,76 +25,21 @@ const USER: u32 = 1000;
 const OTHER: u32 = 1001;
 const MIB: u64 = 1 << 20;
 
-/// The manager process; killed on drop so a failing assertion leaks nothing.
-struct ManagerProcess {
-    child: Child,
-    socket: PathBuf,
-    db: PathBuf,
-    log: PathBuf,
-}
-
-impl ManagerProcess {
-    fn start(dir: &Path) -> ManagerProcess {
-        let socket = dir.join("manager.sock");
-        let db = dir.join("manager.db");
-        let log = dir.join("manager.log");
-        let _ = std::fs::remove_file(&log);
-        let mut command = Command::new(BIN);
-        command
-            .args(["manager", "--socket"])
-            .arg(&socket)
-            .arg("--db")
-            .arg(&db)
-            .env("SPILLWAY_MANAGER_FRAGMENT_BYTES", (8 * MIB).to_string())
-            .env("SPILLWAY_MANAGER_STRIPE_SERVERS_MAX", "2")
-            .env("SPILLWAY_MANAGER_HEARTBEAT_MS", "200")
-            .env("SPILLWAY_MANAGER_HEARTBEAT_MISSES_MAX", "2")
+/// The manager of these tests, its files in `dir` (a restart on the same `dir` finds them).
+fn start_manager(dir: &Path) -> ManagerProcess {
+    let fragment_bytes = (8 * MIB).to_string();
+    ManagerProcess::start(
+        Path::new(BIN),
+        dir,
+        &[
+            ("SPILLWAY_MANAGER_FRAGMENT_BYTES", &fragment_bytes),
+            ("SPILLWAY_MANAGER_STRIPE_SERVERS_MAX", "2"),
+            ("SPILLWAY_MANAGER_HEARTBEAT_MS", "200"),
+            ("SPILLWAY_MANAGER_HEARTBEAT_MISSES_MAX", "2"),
             // No Slurm here: who owns a job is not checked (slurm_e2e checks it with Slurm).
-            .env("SPILLWAY_MANAGER_JOB_OWNER_CHECK", "none")
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap());
-        // With umask 0 every file would be created world-readable: the modes the manager ends
-        // up with are then the ones it sets itself.
-        // SAFETY: umask is async-signal-safe and touches only the child's own process state.
-        unsafe {
-            command.pre_exec(|| {
-                libc::umask(0);
-                Ok(())
-            });
-        }
-        let child = command.spawn().unwrap();
-        let mut manager = ManagerProcess { child, socket, db, log };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !std::fs::read_to_string(&manager.log)
-            .unwrap_or_default()
-            .contains("spillway manager listening")
-        {
-            if let Some(status) = manager.child.try_wait().unwrap() {
-                panic!("manager exited with {status}: {}", manager.log_text());
-            }
-            assert!(Instant::now() < deadline, "manager did not start: {}", manager.log_text());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        manager
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn stop(&mut self) {
-        spillway_sys::signal::send(self.child.id(), spillway_sys::signal::Signal::SIGTERM).unwrap();
-        let status = self.child.wait().unwrap();
-        assert!(status.success(), "manager exit {status}: {}", self.log_text());
-    }
-}
-
-impl Drop for ManagerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+            ("SPILLWAY_MANAGER_JOB_OWNER_CHECK", "none"),
+        ],
+    )
 }
 
 /// Runs the CLI as root (`uid` None) or as an unprivileged uid through setpriv.
@@ -199,7 +143,7 @@ fn manager_reservations_staging_restart_and_heartbeat() {
             other => panic!("expected a TCP endpoint, got {other}"),
         })
         .collect();
-    let manager = ManagerProcess::start(dir.path());
+    let manager = start_manager(dir.path());
 
     pools_and_servers_added_by_root_only(&manager, &addresses);
     database_private_and_socket_open_to_all(&manager);
@@ -458,7 +402,7 @@ fn restart_keeps_reservation_pool_and_servers(
     let before = json(&manager, Some(USER), &["reservation", "show", "job-77"]);
     manager.stop();
     assert!(manager.db.exists());
-    let manager = ManagerProcess::start(dir);
+    let manager = start_manager(dir);
     assert_eq!(json(&manager, Some(USER), &["reservation", "show", "job-77"]), before);
     let status = json(&manager, None, &["status"]);
     assert_eq!(status["used_bytes"], 24 * MIB);
@@ -514,7 +458,7 @@ fn stage_out_through_the_drain_path() {
     let pfs = dir.path().join("pfs");
     std::fs::create_dir(&pfs).unwrap();
     let (_servers, endpoints) = draining_servers(dir.path(), &pfs);
-    let manager = ManagerProcess::start(dir.path());
+    let manager = start_manager(dir.path());
     add_drained_pool(&manager, &endpoints, &pfs);
     let reservation =
         json(&manager, None, &["reservation", "create", "--capacity", "16MiB", "--job", "9"]);

@@ -22,13 +22,11 @@
 //! fails, never skips, without them.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
-use spillway_harness::{ServerProcess, TestUser};
+use spillway_harness::{ManagerProcess, ServerProcess, TestUser};
 use spillway_proto::Endpoint;
 
 const BIN: &str = env!("CARGO_BIN_EXE_spillway");
@@ -38,64 +36,17 @@ const REQUEST_TIMEOUT_MS: u64 = 4_000;
 /// The interpreter of the slow client.
 const PYTHON: &str = "/usr/bin/python3";
 
-/// The manager process; killed on drop so a failing assertion leaks nothing.
-struct ManagerProcess {
-    child: Child,
-    socket: PathBuf,
-    db: PathBuf,
-    log: PathBuf,
-}
-
-impl ManagerProcess {
-    /// A manager in `dir` with `env` knobs on top of the test's, started with umask 0 so the
-    /// modes of its files are the ones it sets itself.
-    fn start(dir: &Path, env: &[(&str, &str)]) -> ManagerProcess {
-        std::fs::create_dir_all(dir).unwrap();
-        let socket = dir.join("manager.sock");
-        let db = dir.join("state/manager.db");
-        let log = dir.join("manager.log");
-        let mut command = Command::new(BIN);
-        command
-            .args(["manager", "--socket"])
-            .arg(&socket)
-            .arg("--db")
-            .arg(&db)
-            .env("SPILLWAY_MANAGER_FRAGMENT_BYTES", (8 * MIB).to_string())
-            .env("SPILLWAY_MANAGER_REQUEST_TIMEOUT_MS", REQUEST_TIMEOUT_MS.to_string())
-            .env("RUST_LOG", "info")
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap());
-        // SAFETY: umask is async-signal-safe and changes only the child's own state.
-        unsafe {
-            command.pre_exec(|| {
-                libc::umask(0);
-                Ok(())
-            });
-        }
-        let child = command.spawn().unwrap();
-        let mut manager = ManagerProcess { child, socket, db, log };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !manager.log_text().contains("spillway manager listening") {
-            if let Some(status) = manager.child.try_wait().unwrap() {
-                panic!("manager exited with {status}: {}", manager.log_text());
-            }
-            assert!(Instant::now() < deadline, "manager did not start: {}", manager.log_text());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        manager
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for ManagerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A manager in `dir` with `env` knobs on top of the test's (8 MiB fragments, the request
+/// deadline), started with umask 0 so the modes of its files are the ones it sets itself.
+fn start_manager(dir: &Path, env: &[(&str, &str)]) -> ManagerProcess {
+    let fragment_bytes = (8 * MIB).to_string();
+    let request_timeout_ms = REQUEST_TIMEOUT_MS.to_string();
+    let mut all = vec![
+        ("SPILLWAY_MANAGER_FRAGMENT_BYTES", fragment_bytes.as_str()),
+        ("SPILLWAY_MANAGER_REQUEST_TIMEOUT_MS", request_timeout_ms.as_str()),
+    ];
+    all.extend_from_slice(env);
+    ManagerProcess::start(Path::new(BIN), dir, &all)
 }
 
 /// Who runs a CLI command.
@@ -190,10 +141,8 @@ fn a_hostile_user_cannot_squat_read_destroy_or_lock_out() {
         Endpoint::Tcp(address) => address.to_string(),
         other => panic!("expected a TCP endpoint, got {other}"),
     };
-    let manager = ManagerProcess::start(
-        &dir.path().join("m"),
-        &[("SPILLWAY_MANAGER_JOB_OWNER_CHECK", "none")],
-    );
+    let manager =
+        start_manager(&dir.path().join("m"), &[("SPILLWAY_MANAGER_JOB_OWNER_CHECK", "none")]);
     json(&manager, As::Root, &["pool", "create", "fast", "--granularity", "8MiB"]);
     json(
         &manager,
@@ -536,7 +485,7 @@ fn slow_connections_do_not_lock_out_status(
 /// a user's reservation for a job is refused, naming the knob; without `--job` it is not asked.
 fn job_owner_check_fails_closed_without_slurm(dir: &Path, attacker: &TestUser) {
     let missing = dir.join("no-slurm.conf");
-    let manager = ManagerProcess::start(
+    let manager = start_manager(
         &dir.join("m-slurm"),
         &[
             ("SPILLWAY_MANAGER_JOB_OWNER_CHECK", "slurm"),

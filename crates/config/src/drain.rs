@@ -9,7 +9,7 @@ knobs! {
     /// Draining committed epochs to the PFS.
     section "drain";
     pub struct DrainKnobs {
-        /// PFS directory epochs are drained to (`<dir>/epoch-<E>/<file name>`); "" disables the drain. Must exist.
+        /// PFS directory epochs are drained to (`<dir>/epoch-<E>/<file name>`); "" disables the drain. Must exist, and let the epochs' owners create there (a scratch directory, mode 1777): files are written as their owners, never as root.
         pfs_directory: String = String::new(), unit = "path";
         /// The reservation's servers in client order, comma-separated endpoints; "" = this server alone.
         peers: String = String::new(), unit = "endpoints";

@@ -9,19 +9,22 @@
 //! benchmarks `std::env::current_exe()`). [`Reaped`] owns any other child (a load generator,
 //! memcached). [`Munged`] runs a private `munged` with its own key for munge authentication
 //! (a second one, with another key, forges credentials). [`pattern`] and [`same_bytes`] are the
-//! shared data generator and comparison. [`TestUser`] is an unprivileged account the security
+//! shared data generator and comparison. [`ManagerProcess`] is a `spillway manager` for the
+//! end-to-end tests. [`TestUser`] is an unprivileged account the security
 //! tests create and act as.
 
 #![forbid(unsafe_code)]
 
 mod child;
 mod data;
+mod manager;
 mod munged;
 mod server;
 mod users;
 
 pub use child::Reaped;
 pub use data::{pattern, same_bytes};
+pub use manager::ManagerProcess;
 pub use munged::{Munged, MungedError, MUNGED_KEY_BYTES, MUNGED_READY_TIMEOUT};
 pub use server::{ServerBuilder, ServerError, ServerProcess, READY_TIMEOUT_DEFAULT};
 pub use users::{TestUser, UserError};

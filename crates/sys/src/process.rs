@@ -37,6 +37,19 @@ pub fn die_with_parent(command: &mut Command) {
     }
 }
 
+/// The child starts with file-creation mask `mask` (tests give 0, so that the modes of what
+/// the child creates are the ones it sets itself).
+pub fn with_umask(command: &mut Command, mask: u32) {
+    let mask = nix::sys::stat::Mode::from_bits_truncate(mask as nix::libc::mode_t);
+    // SAFETY: the hook makes one umask system call (async-signal-safe) and allocates nothing.
+    unsafe {
+        command.pre_exec(move || {
+            nix::sys::stat::umask(mask);
+            Ok(())
+        });
+    }
+}
+
 /// The child starts a new session (so the caller's terminal or job step does not take it down)
 /// and keeps none of the caller's descriptors above stderr across its exec.
 pub fn detach(command: &mut Command) {

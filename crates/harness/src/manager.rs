@@ -1,0 +1,76 @@
+//! A `spillway manager` child for the end-to-end tests: its socket, database and log in one
+//! directory, started with umask 0 (the modes of its files are then the ones it sets itself),
+//! waited for until it listens, killed on drop.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a manager may take to listen.
+const MANAGER_READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A running manager.
+pub struct ManagerProcess {
+    child: Child,
+    /// Its API's Unix socket (`<dir>/manager.sock`).
+    pub socket: PathBuf,
+    /// Its database (`<dir>/state/manager.db`).
+    pub db: PathBuf,
+    /// Its stderr (`<dir>/manager.log`).
+    pub log: PathBuf,
+}
+
+impl ManagerProcess {
+    /// `binary manager` with its files in `dir` (created), `RUST_LOG=info` and the `env`
+    /// variables (knobs: `SPILLWAY_MANAGER_…`). Panics, with the log, if it exits or does not
+    /// listen within a minute: a test cannot go on without it.
+    pub fn start(binary: &Path, dir: &Path, env: &[(&str, &str)]) -> ManagerProcess {
+        std::fs::create_dir_all(dir).unwrap();
+        let socket = dir.join("manager.sock");
+        let db = dir.join("state/manager.db");
+        let log = dir.join("manager.log");
+        let mut command = Command::new(binary);
+        command
+            .args(["manager", "--socket"])
+            .arg(&socket)
+            .arg("--db")
+            .arg(&db)
+            .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        spillway_sys::process::with_umask(&mut command, 0);
+        spillway_sys::process::die_with_parent(&mut command);
+        let child = command.spawn().unwrap_or_else(|e| panic!("{}: {e}", binary.display()));
+        let mut manager = ManagerProcess { child, socket, db, log };
+        let deadline = Instant::now() + MANAGER_READY_TIMEOUT;
+        while !manager.log_text().contains("spillway manager listening") {
+            if let Some(status) = manager.child.try_wait().unwrap() {
+                panic!("manager exited with {status}: {}", manager.log_text());
+            }
+            assert!(Instant::now() < deadline, "manager did not start: {}", manager.log_text());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        manager
+    }
+
+    /// Stops it as an operator would (SIGTERM) and waits; panics unless it exits 0.
+    pub fn stop(&mut self) {
+        let pid = self.child.id();
+        spillway_sys::signal::send(pid, spillway_sys::signal::Signal::SIGTERM).unwrap();
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "manager exit {status}: {}", self.log_text());
+    }
+
+    /// Everything it logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for ManagerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
