@@ -225,12 +225,15 @@ fn child_unprivileged_peer() {
 
 /// Two servers draining to one PFS; the namespace on server 0, file data striped over both.
 /// After commit and drain, every live file is on the PFS under its namespace path with its
-/// bytes; dead generations and unlinked files are not published.
+/// bytes, as their POSIX owners with their modes; dead generations and unlinked files are not
+/// published.
 #[test]
 fn drained_mount_files_land_under_their_paths() {
     let dir = tempfile::tempdir().unwrap();
     let pfs = dir.path().join("pfs");
     std::fs::create_dir_all(&pfs).unwrap();
+    // A scratch directory: the drain creates there as each file's owner.
+    std::fs::set_permissions(&pfs, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
     let (_servers, sockets) = draining_servers(dir.path(), &pfs);
     let epoch = EpochId(5);
     let ns = RemoteNamespace::open(
@@ -271,7 +274,18 @@ fn drained_mount_files_land_under_their_paths() {
         "only live files, only under their paths"
     );
     assert_eq!(std::fs::metadata(pfs.join("results/empty.flag")).unwrap().len(), 0);
+    // Each published file belongs to its POSIX owner, with its mode, not to the root drainer.
+    use std::os::unix::fs::MetadataExt;
+    let owner_and_mode = |path: &str| {
+        let meta = std::fs::metadata(pfs.join(path)).unwrap();
+        (meta.uid(), meta.gid(), meta.mode() & 0o7777)
+    };
+    assert_eq!(owner_and_mode("summary.txt"), (SUMMARY_OWNER, SUMMARY_OWNER, 0o640));
+    assert_eq!(owner_and_mode("results/run-1/field-final.dat"), (0, 0, 0o644));
 }
+
+/// The owner (uid and gid) `summary.txt` is given through the namespace before the drain.
+const SUMMARY_OWNER: u32 = 4243;
 
 /// Two servers on Unix sockets draining to `pfs`, each with both as its drain peers.
 fn draining_servers(dir: &Path, pfs: &Path) -> (Vec<ServerProcess>, Vec<Endpoint>) {
@@ -333,6 +347,14 @@ fn write_live_dead_and_unlinked_files(
         ns.create(&root(), ROOT_INO, b"scratch.tmp", FileKind::Regular, 0o644, 0, 0, true).unwrap();
     write(gone.ino, &pattern(4, 5000));
     ns.unlink(&root(), ROOT_INO, b"scratch.tmp").unwrap();
+    // Given away (chown, chmod): published as its new owner with its new mode.
+    let given = SetAttr {
+        uid: Some(SUMMARY_OWNER),
+        gid: Some(SUMMARY_OWNER),
+        mode: Some(0o640),
+        ..SetAttr::default()
+    };
+    ns.setattr(&root(), top.ino, &given).unwrap();
     // Created but never written: the mount creates its (empty) store file at create time.
     let empty =
         ns.create(&root(), a.ino, b"empty.flag", FileKind::Regular, 0o644, 0, 0, true).unwrap();
