@@ -20,7 +20,7 @@ pub enum StreamKeyKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum JobOwnerCheck {
-    /// Ask Slurm (`scontrol -o show job N`) who owns the job; refuse when Slurm cannot say.
+    /// Ask Slurm (`squeue --jobs=N --format=%U`) who owns the job; refuse when Slurm cannot say.
     Slurm,
     /// Do not check (sites without Slurm); the Slurm setup hook still refuses a `job-N`
     /// reservation that another user holds.
@@ -76,7 +76,7 @@ knobs! {
         request_timeout_ms: u64 = 10_000, unit = "milliseconds";
         /// How a caller other than root reserving for a Slurm job is checked to own it: "slurm" asks scontrol (needs it on the manager's PATH; without an answer the request is refused), "none" trusts it (sites without Slurm).
         job_owner_check: JobOwnerCheck = JobOwnerCheck::Slurm, unit = "slurm|none";
-        /// How long the manager waits for `scontrol -o show job` to say who owns a job; no answer refuses the request.
+        /// How long the manager waits for `squeue` to say who owns a job; no answer refuses the request.
         job_owner_timeout_ms: u64 = 5_000, unit = "milliseconds";
     }
 }

@@ -4,17 +4,19 @@
 //! what its teardown destroys, so a user may reserve only for a job they own: before creating
 //! one for a non-root caller, the manager asks Slurm who owns job N (knob
 //! `manager.job_owner_check`). The question sits behind [`JobOwners`] so unit tests answer it
-//! without Slurm; [`Scontrol`] is the real one: `scontrol -o show job N`, bounded by
-//! `manager.job_owner_timeout_ms`, reading `UserId=name(uid)`. `scontrol` is found on the
-//! manager's `PATH` and finds the cluster through the manager's environment (`SLURM_CONF`) as
-//! any Slurm client does.
+//! without Slurm; [`Squeue`] is the real one: `squeue --noheader --states=all --jobs=N
+//! --format=%U`, bounded by `manager.job_owner_timeout_ms`, which prints the numeric uid and
+//! nothing else. Not `scontrol show job`: its one-line form prints the job name, which the job's
+//! owner chooses, before `UserId=`, so a name holding `UserId=other(uid)` would name another
+//! owner. `squeue` is found on the manager's `PATH` and finds the cluster through the manager's
+//! environment (`SLURM_CONF`) as any Slurm client does.
 
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-/// Most bytes of `scontrol` output read (one job, or an array's tasks, fits easily).
+/// Most bytes of `squeue` output read (one job, or an array's tasks, fits easily).
 const SCONTROL_OUTPUT_BYTES_MAX: u64 = 1 << 20;
 
 /// Answers who owns a Slurm job.
@@ -35,27 +37,26 @@ pub enum JobOwnerError {
     Unavailable { reason: String },
 }
 
-/// The real question: `scontrol -o show job N`, killed after `timeout`.
-pub struct Scontrol {
+/// The real question: `squeue … --jobs=N --format=%U`, killed after `timeout`.
+pub struct Squeue {
     pub timeout: Duration,
 }
 
-/// What a finished `scontrol` printed.
-struct ScontrolOutput {
+/// What a finished command printed.
+struct CommandOutput {
     success: bool,
     status: String,
     stdout: String,
     stderr: String,
 }
 
-impl JobOwners for Scontrol {
+impl JobOwners for Squeue {
     fn owner_of(&self, job: &str) -> Result<u32, JobOwnerError> {
-        let what = format!("scontrol -o show job {job}");
-        let output =
-            run_bounded(Command::new("scontrol").args(["-o", "show", "job", job]), self.timeout)
-                .map_err(|reason| JobOwnerError::Unavailable {
-                    reason: format!("{what}: {reason}"),
-                })?;
+        let what = format!("squeue --jobs={job} --format=%U");
+        let mut command = Command::new("squeue");
+        command.args(["--noheader", "--states=all", &format!("--jobs={job}"), "--format=%U"]);
+        let output = run_bounded(&mut command, self.timeout)
+            .map_err(|reason| JobOwnerError::Unavailable { reason: format!("{what}: {reason}") })?;
         if !output.success {
             if output.stderr.contains("Invalid job id") {
                 return Err(JobOwnerError::UnknownJob { job: job.to_string() });
@@ -66,34 +67,35 @@ impl JobOwners for Scontrol {
         }
         owner_uid_of(&output.stdout).ok_or_else(|| JobOwnerError::Unavailable {
             reason: format!(
-                "{what} printed no UserId=NAME(UID): {:?}",
+                "{what} printed no single numeric uid: {:?}",
                 output.stdout.chars().take(200).collect::<String>()
             ),
         })
     }
 }
 
-/// Whether an executable `scontrol` is on `PATH` (checked at start, to warn when the job owner
+/// Whether an executable `squeue` is on `PATH` (checked at start, to warn when the job owner
 /// check cannot work).
-pub fn scontrol_on_path() -> bool {
+pub fn squeue_on_path() -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::env::var_os("PATH").is_some_and(|path| {
         std::env::split_paths(&path).any(|dir| {
-            std::fs::metadata(dir.join("scontrol"))
+            std::fs::metadata(dir.join("squeue"))
                 .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         })
     })
 }
 
-/// The uid in the first `UserId=name(uid)` field of `scontrol -o show job` output.
+/// The uid `squeue --format=%U` printed: one line per job (an array prints one per task), every
+/// line the same number; anything else is no answer.
 pub fn owner_uid_of(text: &str) -> Option<u32> {
-    let value = text.split_whitespace().find_map(|word| word.strip_prefix("UserId="))?;
-    let (_, after) = value.rsplit_once('(')?;
-    after.strip_suffix(')')?.parse().ok()
+    let mut uids = text.lines().map(str::trim).filter(|line| !line.is_empty());
+    let first: u32 = uids.next()?.parse().ok()?;
+    uids.all(|line| line.parse() == Ok(first)).then_some(first)
 }
 
 /// Runs `command` with its output captured, killing it after `timeout`.
-fn run_bounded(command: &mut Command, timeout: Duration) -> Result<ScontrolOutput, String> {
+fn run_bounded(command: &mut Command, timeout: Duration) -> Result<CommandOutput, String> {
     command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = command.spawn().map_err(|e| format!("cannot run it: {e}"))?;
     let pid = child.id();
@@ -112,7 +114,7 @@ fn run_bounded(command: &mut Command, timeout: Duration) -> Result<ScontrolOutpu
         let stderr_reader = std::thread::spawn(move || read(stderr.map(|p| Box::new(p) as _)));
         let stdout = read(stdout.map(|p| Box::new(p) as _));
         let stderr = stderr_reader.join().unwrap_or_default();
-        let _ = sender.send(child.wait().map(|status| ScontrolOutput {
+        let _ = sender.send(child.wait().map(|status| CommandOutput {
             success: status.success(),
             status: status.to_string(),
             stdout,
@@ -136,14 +138,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn user_id_is_read_from_scontrol_output() {
-        let line = "JobId=12 JobName=run UserId=spillway-test(999) GroupId=spillway-test(995) \
-                    MCS_label=N/A Priority=0 JobState=PENDING";
-        assert_eq!(owner_uid_of(line), Some(999));
-        assert_eq!(owner_uid_of("JobId=3 UserId=a(b)(1000) GroupId=x(1)"), Some(1000));
-        assert_eq!(owner_uid_of("JobId=3 GroupId=x(1)"), None);
-        assert_eq!(owner_uid_of("JobId=3 UserId=nobody"), None);
-        assert_eq!(owner_uid_of("JobId=3 UserId=x(-1)"), None);
+    fn the_uid_is_read_from_squeue_output() {
+        assert_eq!(owner_uid_of("999\n"), Some(999));
+        assert_eq!(owner_uid_of("1000\n1000\n1000\n"), Some(1000), "an array's tasks");
+        assert_eq!(owner_uid_of(""), None);
+        assert_eq!(owner_uid_of("1000\n1001\n"), None, "two owners is no answer");
+        assert_eq!(owner_uid_of("alice\n"), None);
+        assert_eq!(owner_uid_of("-1\n"), None);
+        // What a job name could smuggle into `scontrol -o show job` is not a uid here.
+        assert_eq!(owner_uid_of("x UserId=root(0)\n"), None);
     }
 
     #[test]

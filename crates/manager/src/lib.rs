@@ -74,10 +74,10 @@ pub fn run_daemon(
 ) -> Result<(), DaemonError> {
     let admin_gid = identity::resolve_group(&knobs.admin_group).map_err(DaemonError::AdminGroup)?;
     if knobs.job_owner_check == spillway_config::JobOwnerCheck::Slurm
-        && !job_owner::scontrol_on_path()
+        && !job_owner::squeue_on_path()
     {
         tracing::warn!(
-            "manager.job_owner_check = \"slurm\" but no scontrol on PATH: users' reservations for \
+            "manager.job_owner_check = \"slurm\" but no squeue on PATH: users' reservations for \
              Slurm jobs (--job) will be refused; set it to \"none\" on a site without Slurm"
         );
     }

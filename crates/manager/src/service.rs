@@ -28,7 +28,7 @@ use spillway_types::StreamKey;
 
 use crate::db::{self, Db, PoolRow, ReservationRow, ServerRow};
 use crate::identity::Caller;
-use crate::job_owner::{JobOwnerError, JobOwners, Scontrol};
+use crate::job_owner::{JobOwnerError, JobOwners, Squeue};
 use crate::model::*;
 
 /// The clock, behind a seam so tests control stream reclaim and timestamps.
@@ -323,7 +323,7 @@ impl Manager {
         clock: Arc<dyn Clock>,
     ) -> Result<Manager, ReadError> {
         let job_owners: Option<Arc<dyn JobOwners>> = match knobs.job_owner_check {
-            JobOwnerCheck::Slurm => Some(Arc::new(Scontrol {
+            JobOwnerCheck::Slurm => Some(Arc::new(Squeue {
                 timeout: std::time::Duration::from_millis(knobs.job_owner_timeout_ms),
             })),
             JobOwnerCheck::Unchecked => None,

@@ -455,7 +455,7 @@ impl JobOwners for FakeSlurm {
         self.asked.fetch_add(1, Ordering::Relaxed);
         if !self.reachable {
             return Err(JobOwnerError::Unavailable {
-                reason: "scontrol -o show job: no answer within 5000 ms".into(),
+                reason: "squeue --jobs=5 --format=%U: no answer within 5000 ms".into(),
             });
         }
         match job {
