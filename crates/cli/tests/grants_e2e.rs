@@ -348,6 +348,31 @@ fn listings_and_drain_status_show_another_user_nothing() {
     assert!(drains.iter().flat_map(|(_, l)| l.iter()).any(|d| d.epoch == EpochId(3)));
 }
 
+/// An epoch the store holds without a grant (root's data: here its grant was revoked and the
+/// epoch not deleted) is root's on an unmanaged server too: B's write does not claim it, B reads
+/// nothing of it, and root's bytes stay.
+#[test]
+fn held_data_without_a_grant_is_not_claimed_by_a_write() {
+    let (_, b, _) = users();
+    let dir = tempdir();
+    let server = ServerProcess::builder(BIN, dir.path(), "s").start();
+    let endpoints = server.endpoints().to_vec();
+    let mut root = root_client(&endpoints);
+    let epoch = EpochId(6);
+    root.begin_epoch(epoch);
+    let mut file = root.create_file(epoch, "roots").unwrap();
+    root.write(&mut file, 0, &pattern(31, 50_000)).unwrap();
+    root.flush().unwrap();
+    root.commit_epoch(epoch).unwrap();
+    root.revoke_epoch(epoch).unwrap();
+    let held = "holds data and no grant";
+    refused(&b, &endpoints, &["write", "6", "mine", "0", "1", "100"], libc::EACCES, held);
+    refused(&b, &endpoints, &["read", "6", "roots", "31", "50000"], libc::EACCES, "only root");
+    refused(&b, &endpoints, &["files", "6"], libc::EACCES, "only root");
+    let files = root.list_files(epoch).unwrap();
+    assert_eq!(files, vec![("roots".to_string(), 50_000)], "root's epoch as it was");
+}
+
 /// A grant allowing a group: its member C writes and reads, B (not a member) is refused; on a
 /// managed server nobody but root writes an epoch without a grant. The grant is in the server's
 /// SSD log: after a SIGKILL and restart (no manager to grant again) it holds just the same.

@@ -4,10 +4,12 @@
 //! (docs/semantics.md, "Ownership and grants"): the owner, the allowed uids and the members of
 //! the allowed groups (the caller's groups from the user database) may use the epoch; root (the
 //! manager, the mount, the drainers of peer servers) may use any. An epoch without a grant is
-//! refused to everyone but root, except that creating data in it either claims it for the
-//! caller (an unmanaged server: the first uid wins, and the claim is a grant record, so it
-//! survives restarts) or is refused (a managed server, `server.managed`: only epochs the manager
-//! granted take data).
+//! refused to everyone but root, except that creating data in an epoch the store does not hold
+//! yet either claims it for the caller (an unmanaged server: the first uid wins, and the claim
+//! is a grant record, so it survives restarts) or is refused (a managed server,
+//! `server.managed`: only epochs the manager granted take data). Data the store holds without a
+//! grant (revoked, from before grants, a drained epoch whose grant GC collected) is root's and
+//! is never claimed.
 
 use std::sync::OnceLock;
 
@@ -122,6 +124,17 @@ fn authorize_ungranted(
                 peer.identity.uid
             ),
         )),
+        // Data the store holds without a grant is root's: writing to it claims nothing.
+        Intent::Create if !peer.is_root() && shared.backend.has_epoch(epoch) => {
+            Err(BackendError::new(
+                ErrorCode::PermissionDenied,
+                format!(
+                    "epoch {epoch} holds data and no grant on this server; only root may use it \
+                     (request runs as uid {})",
+                    peer.identity.uid
+                ),
+            ))
+        }
         Intent::Create => {
             let claim = EpochGrant {
                 owner_uid: peer.identity.uid,
