@@ -38,24 +38,33 @@ impl StagingKey {
     }
 
     /// Reads the key at `path`, creating it (random, mode 0600, its directory 0700) if there
-    /// is none. A key file others may read, or that is not this process's, is refused.
+    /// is none. A key file others may read, or that is not this process's, is refused. A new
+    /// key is written and fsync'd under a temporary name and then linked into place, so a crash
+    /// never leaves a short key under `path` (which would keep every server from starting) and
+    /// two servers starting at once end with the same key.
     pub fn load_or_create(path: &Path) -> io::Result<StagingKey> {
         if let Some(directory) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::DirBuilder::new().recursive(true).mode(0o700).create(directory)?;
         }
+        if std::fs::symlink_metadata(path).is_ok() {
+            return read_key(path);
+        }
         let fresh = StagingKey::random();
-        let created = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path);
-        match created {
-            Ok(mut file) => {
-                file.write_all(&fresh.0)?;
-                file.sync_all()?;
+        let mut temporary = path.as_os_str().to_owned();
+        temporary.push(format!(".new-{}-{:016x}", std::process::id(), rand::random::<u64>()));
+        let temporary = std::path::PathBuf::from(temporary);
+        let _ = std::fs::remove_file(&temporary);
+        let written =
+            write_new_key(&temporary, &fresh).and_then(|()| std::fs::hard_link(&temporary, path));
+        let _ = std::fs::remove_file(&temporary);
+        match written {
+            Ok(()) => {
+                if let Some(directory) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::File::open(directory)?.sync_all()?;
+                }
                 Ok(fresh)
             }
+            // Another server linked its key first: use that one.
             Err(error) if error.kind() == io::ErrorKind::AlreadyExists => read_key(path),
             Err(error) => Err(error),
         }
@@ -75,6 +84,18 @@ impl StagingKey {
     }
 }
 
+/// Writes `key` to a new file at `path` (mode 0600) and fsyncs it.
+fn write_new_key(path: &Path, key: &StagingKey) -> io::Result<()> {
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    file.write_all(&key.0)?;
+    file.sync_all()
+}
+
 /// An existing key file: exactly the key's bytes, a plain file of this process's user that
 /// nobody else may read.
 fn read_key(path: &Path) -> io::Result<StagingKey> {
@@ -84,8 +105,13 @@ fn read_key(path: &Path) -> io::Result<StagingKey> {
     let refuse = |why: String| {
         Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("{}: {why}", path.display())))
     };
-    if !meta.file_type().is_file() || meta.uid() != spillway_sys::user::euid() {
-        return refuse(format!("the drain staging key must be a plain file of uid {}", meta.uid()));
+    let euid = spillway_sys::user::euid();
+    if !meta.file_type().is_file() || meta.uid() != euid {
+        return refuse(format!(
+            "the drain staging key must be a plain file of uid {euid} (this server's); it is \
+             uid {}'s",
+            meta.uid()
+        ));
     }
     if meta.permissions().mode() & 0o077 != 0 {
         return refuse(format!(
@@ -95,11 +121,15 @@ fn read_key(path: &Path) -> io::Result<StagingKey> {
     }
     let mut key = [0u8; STAGING_KEY_BYTES];
     let mut rest = Vec::new();
-    file.read_exact(&mut key)?;
-    file.read_to_end(&mut rest)?;
-    if !rest.is_empty() {
-        return refuse(format!("longer than the {STAGING_KEY_BYTES} bytes of a key"));
+    (&mut file).take(STAGING_KEY_BYTES as u64 + 1).read_to_end(&mut rest)?;
+    if rest.len() != STAGING_KEY_BYTES {
+        return refuse(format!(
+            "{} bytes, not the {STAGING_KEY_BYTES} of a drain staging key; replace it with the \
+             key the other burst buffer nodes use",
+            rest.len()
+        ));
     }
+    key.copy_from_slice(&rest);
     Ok(StagingKey(key))
 }
 
@@ -132,5 +162,29 @@ mod tests {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         std::fs::OpenOptions::new().append(true).open(&path).unwrap().write_all(b"x").unwrap();
         assert!(StagingKey::load_or_create(&path).is_err());
+        // A short key (a crash of an older version mid-write) is named, not an EOF.
+        std::fs::write(&path, b"short").unwrap();
+        let error = StagingKey::load_or_create(&path).unwrap_err();
+        assert!(error.to_string().contains("5 bytes, not the 32"), "{error}");
+        // A link is not followed.
+        let link = dir.path().join("link.key");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        assert!(StagingKey::load_or_create(&link).is_err());
+    }
+
+    #[test]
+    fn servers_starting_at_once_end_with_one_key_and_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("drain.key");
+        let keys: Vec<StagingKey> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..4)
+                .map(|_| scope.spawn(|| StagingKey::load_or_create(&path).unwrap()))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let name = Path::new("f");
+        assert!(keys.iter().all(|k| k.token(EpochId(1), name) == keys[0].token(EpochId(1), name)));
+        let entries: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(entries.len(), 1, "only the key is left: {entries:?}");
     }
 }
