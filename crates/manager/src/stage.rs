@@ -248,26 +248,57 @@ struct Record {
 }
 
 impl Record {
+    /// Opens (creating) the record at `path`. The record decides which files a rerun skips, and
+    /// its default place is under the shared temporary directory, so nobody else may have put
+    /// it, or the directory it is in, there: the directory must be this user's (created 0700)
+    /// or root's, not writable by others unless sticky; the record a plain file of this user's,
+    /// opened without following a link.
     fn open(path: &Path) -> Result<Record, StageError> {
         let error = |source| StageError::Record { path: path.to_path_buf(), source };
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(error)?;
-        }
-        let mut done = BTreeMap::new();
-        match std::fs::read_to_string(path) {
-            Ok(text) => {
-                for line in text.lines() {
-                    // A torn last line (interrupted mid-append) is ignored: that file is redone.
-                    if let Ok(entry) = serde_json::from_str::<RecordEntry>(line) {
-                        done.insert(entry.name.clone(), entry);
-                    }
-                }
+        let refuse =
+            |why: String| error(std::io::Error::new(std::io::ErrorKind::PermissionDenied, why));
+        let uid = spillway_sys::user::euid();
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(parent).map_err(error)?;
+            let meta = std::fs::symlink_metadata(parent).map_err(error)?;
+            let others_write = meta.mode() & 0o022 != 0 && meta.mode() & 0o1000 == 0;
+            if !meta.is_dir() || (meta.uid() != uid && meta.uid() != 0) || others_write {
+                return Err(refuse(format!(
+                    "its directory {} is not a private directory of uid {uid} (owner uid {}, \
+                     mode {:o}): someone else could plant or change the record; remove it or \
+                     pass --record",
+                    parent.display(),
+                    meta.uid(),
+                    meta.mode() & 0o7777
+                )));
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(error(e)),
         }
-        let file =
-            std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(error)?;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(error)?;
+        let meta = file.metadata().map_err(error)?;
+        if !meta.is_file() || meta.uid() != uid {
+            return Err(refuse(format!(
+                "not a plain file of uid {uid} (owner uid {})",
+                meta.uid()
+            )));
+        }
+        let mut text = String::new();
+        file.read_to_string(&mut text).map_err(error)?;
+        let mut done = BTreeMap::new();
+        for line in text.lines() {
+            // A torn last line (interrupted mid-append) is ignored: that file is redone.
+            if let Ok(entry) = serde_json::from_str::<RecordEntry>(line) {
+                done.insert(entry.name.clone(), entry);
+            }
+        }
         Ok(Record { path: path.to_path_buf(), done, file: Mutex::new(file) })
     }
 
@@ -1320,5 +1351,38 @@ mod tests {
         let record = Record::open(&path).unwrap();
         assert_eq!(record.done.len(), 1);
         assert_eq!(record.done["a"].crc32c, 9);
+    }
+
+    /// What another local user could plant where the default record goes (a directory of theirs
+    /// under /tmp, a link, a record of theirs claiming files are done) is refused, and nothing
+    /// is written through it.
+    #[test]
+    fn a_record_or_directory_someone_else_planted_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let stranger = 54_321;
+        let planted_dir = dir.path().join("spillway-stage-0");
+        std::fs::create_dir(&planted_dir).unwrap();
+        std::os::unix::fs::chown(&planted_dir, Some(stranger), Some(stranger)).unwrap();
+        let error = Record::open(&planted_dir.join("r.jsonl")).err().unwrap();
+        assert!(error.to_string().contains("not a private directory"), "{error}");
+        let open_dir = dir.path().join("open");
+        std::fs::create_dir(&open_dir).unwrap();
+        std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(Record::open(&open_dir.join("r.jsonl")).is_err(), "others may write there");
+
+        let victim_file = dir.path().join("victim-file");
+        std::fs::write(&victim_file, b"mine").unwrap();
+        let link = dir.path().join("link.jsonl");
+        std::os::unix::fs::symlink(&victim_file, &link).unwrap();
+        assert!(Record::open(&link).is_err(), "a link is not followed");
+        assert_eq!(std::fs::read(&victim_file).unwrap(), b"mine");
+
+        let forged = dir.path().join("forged.jsonl");
+        std::fs::write(&forged, b"{\"name\":\"a\",\"size\":3,\"mtime_ns\":7,\"crc32c\":9}\n")
+            .unwrap();
+        std::os::unix::fs::chown(&forged, Some(stranger), Some(stranger)).unwrap();
+        let error = Record::open(&forged).err().unwrap();
+        assert!(error.to_string().contains("not a plain file of uid"), "{error}");
     }
 }

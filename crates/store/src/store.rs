@@ -375,7 +375,7 @@ fn check_granted_capacity(
 ) -> Result<(), WriteError> {
     let Some(grant) = &entry.grant else { return Ok(()) };
     let used = entry.payload_bytes + entry.admitted_payload_bytes;
-    if grant.capacity_bytes > 0 && used + payload_bytes > grant.capacity_bytes {
+    if grant.capacity_bytes > 0 && used.saturating_add(payload_bytes) > grant.capacity_bytes {
         return Err(WriteError::GrantCapacityExceeded {
             epoch,
             capacity_bytes: grant.capacity_bytes,
