@@ -42,8 +42,13 @@ knobs! {
         ssd_write_log_path: String = String::new(), unit = "path";
         /// Smallest DRAM log accepted (guards against configurations that cannot hold a record).
         dram_bytes_min: u64 = 64 * KIB, unit = "bytes";
+        /// Largest file: a write whose end (offset + length) passes it is refused whole with EFBIG; at most 2^62.
+        file_bytes_max: u64 = 1 << 44, unit = "bytes";
     }
 }
+
+/// Largest `file_bytes_max` accepted: file ends stay far from u64 overflow in every offset sum.
+pub const FILE_BYTES_MAX_LIMIT: u64 = 1 << 62;
 
 impl StoreKnobs {
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -91,6 +96,13 @@ impl StoreKnobs {
                 "segment_bytes_max",
                 self.segment_bytes_max,
                 "must hold at least one record of record_payload_bytes_max plus headers".into(),
+            ));
+        }
+        if self.file_bytes_max == 0 || self.file_bytes_max > FILE_BYTES_MAX_LIMIT {
+            return Err(Self::invalid(
+                "file_bytes_max",
+                self.file_bytes_max,
+                format!("must be between 1 and 2^62 = {FILE_BYTES_MAX_LIMIT} bytes"),
             ));
         }
         if self.ssd_bytes_max < 4 * self.segment_bytes_max {

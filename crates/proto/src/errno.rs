@@ -41,6 +41,9 @@ pub enum ErrorCode {
     /// The write would take the epoch past the capacity its grant gives it on this server
     /// (the reservation's share there); nothing of it was written.
     QuotaExceeded,
+    /// The write would end past the server's largest file size (`store.file_bytes_max`);
+    /// nothing of it was written.
+    FileTooLarge,
 }
 
 /// Code, wire value, errno, description — the single table.
@@ -61,6 +64,7 @@ const TABLE: &[(ErrorCode, u16, i32, &str)] = &[
     (ErrorCode::Internal, 14, libc::ENOTRECOVERABLE, "internal server error"),
     (ErrorCode::Busy, 15, libc::EAGAIN, "server busy"),
     (ErrorCode::QuotaExceeded, 16, libc::EDQUOT, "reservation capacity exceeded"),
+    (ErrorCode::FileTooLarge, 17, libc::EFBIG, "file too large"),
 ];
 
 impl ErrorCode {
@@ -113,7 +117,7 @@ mod tests {
             assert_eq!(ErrorCode::from_wire(code.wire()), Some(code));
             assert!(code.errno() > 0);
         }
-        assert_eq!(seen.len(), 16);
+        assert_eq!(seen.len(), 17);
         assert_eq!(ErrorCode::from_wire(0), None);
         assert_eq!(ErrorCode::from_wire(999), None);
     }
@@ -121,6 +125,7 @@ mod tests {
     #[test]
     fn errno_mapping_is_the_documented_one() {
         assert_eq!(ErrorCode::NoSpace.errno(), libc::ENOSPC);
+        assert_eq!(ErrorCode::FileTooLarge.errno(), libc::EFBIG);
         assert_eq!(ErrorCode::NoSuchFile.errno(), libc::ENOENT);
         assert_eq!(ErrorCode::EpochReadOnly.errno(), libc::EROFS);
         assert_eq!(ErrorCode::BadFrame.errno(), libc::EPROTO);

@@ -74,6 +74,7 @@ fn write_error(error: WriteError) -> BackendError {
         }
         WriteError::EpochNotOpen { .. } => ErrorCode::EpochReadOnly,
         WriteError::GrantCapacityExceeded { .. } => ErrorCode::QuotaExceeded,
+        WriteError::FileTooLarge { .. } => ErrorCode::FileTooLarge,
         WriteError::ReservedStream(_)
         | WriteError::OffsetOverflow { .. }
         | WriteError::BadFileName { .. } => ErrorCode::InvalidArgument,

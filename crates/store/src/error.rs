@@ -82,6 +82,8 @@ pub enum WriteError {
     ReservedStream(StreamKey),
     #[error("write to epoch {epoch} file {file} at offset {offset} with {length} bytes overflows the file offset range")]
     OffsetOverflow { epoch: EpochId, file: FileId, offset: u64, length: u64 },
+    #[error("write to epoch {epoch} file {file} at offset {offset} with {length} bytes would end past the largest file size, store.file_bytes_max = {file_bytes_max} bytes; nothing was written")]
+    FileTooLarge { epoch: EpochId, file: FileId, offset: u64, length: u64, file_bytes_max: u64 },
     #[error("file name for epoch {epoch} file {file} is empty or longer than {max_bytes} bytes")]
     BadFileName { epoch: EpochId, file: FileId, max_bytes: usize },
     #[error("DRAM log stayed full for {waited_ms} ms (flusher cannot keep up or SSD stalled)")]

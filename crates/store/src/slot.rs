@@ -48,7 +48,7 @@ impl Store {
         offset: u64,
         length: usize,
     ) -> Result<Option<WriteSlot>, WriteError> {
-        check_write_target(stream, epoch, file, offset, length)?;
+        check_write_target(&self.inner.knobs, stream, epoch, file, offset, length)?;
         let inner = &self.inner;
         let piece_max = inner.knobs.record_payload_bytes_max as usize;
         let pieces: Vec<usize> = (0..length.div_ceil(piece_max))

@@ -386,8 +386,10 @@ fn check_granted_capacity(
     Ok(())
 }
 
-/// Refuses writes no store accepts: to the metadata stream, or past the end of the offset space.
+/// Refuses writes no store accepts: to the metadata stream, past the end of the offset space,
+/// or ending past `file_bytes_max` (checked before anything is reserved or written).
 pub(crate) fn check_write_target(
+    knobs: &StoreKnobs,
     stream: StreamKey,
     epoch: EpochId,
     file: FileId,
@@ -397,8 +399,18 @@ pub(crate) fn check_write_target(
     if stream == META_STREAM {
         return Err(WriteError::ReservedStream(stream));
     }
-    if offset.checked_add(length as u64).is_none() {
-        return Err(WriteError::OffsetOverflow { epoch, file, offset, length: length as u64 });
+    let length = length as u64;
+    let Some(end) = offset.checked_add(length) else {
+        return Err(WriteError::OffsetOverflow { epoch, file, offset, length });
+    };
+    if end > knobs.file_bytes_max {
+        return Err(WriteError::FileTooLarge {
+            epoch,
+            file,
+            offset,
+            length,
+            file_bytes_max: knobs.file_bytes_max,
+        });
     }
     Ok(())
 }
@@ -671,7 +683,7 @@ impl Store {
         offset: u64,
         data: &[u8],
     ) -> Result<(), WriteError> {
-        check_write_target(stream, epoch, file, offset, data.len())?;
+        check_write_target(&self.inner.knobs, stream, epoch, file, offset, data.len())?;
         let piece_max = self.inner.knobs.record_payload_bytes_max as usize;
         let needed: u64 = data.chunks(piece_max).map(|p| record_bytes(p.len() as u64)).sum();
         self.inner.admit_write(stream, epoch, needed, data.len() as u64)?;
