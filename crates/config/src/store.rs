@@ -42,6 +42,8 @@ knobs! {
         ssd_write_log_path: String = String::new(), unit = "path";
         /// Smallest DRAM log accepted (guards against configurations that cannot hold a record).
         dram_bytes_min: u64 = 64 * KIB, unit = "bytes";
+        /// Space kept in a preallocated RESERVE file in the SSD directory and released when its file system fills, so tombstones, commit records and compaction still get a segment; 0 = none.
+        ssd_reserve_bytes: u64 = 64 * MIB, unit = "bytes";
         /// Largest file: a write whose end (offset + length) passes it is refused whole with EFBIG; at most 2^62.
         file_bytes_max: u64 = 1 << 44, unit = "bytes";
     }

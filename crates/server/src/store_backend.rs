@@ -98,6 +98,7 @@ fn read_error(error: ReadError) -> BackendError {
 fn commit_error(error: CommitError) -> BackendError {
     let code = match &error {
         CommitError::EpochGone { .. } => ErrorCode::NoSuchEpoch,
+        CommitError::NoSpace(_) => ErrorCode::NoSpace,
         CommitError::Failed(_) => ErrorCode::Io,
         _ => ErrorCode::Internal,
     };
@@ -107,6 +108,7 @@ fn commit_error(error: CommitError) -> BackendError {
 fn lifecycle_error(error: LifecycleError) -> BackendError {
     let code = match &error {
         LifecycleError::UnknownEpoch(_) => ErrorCode::NoSuchEpoch,
+        LifecycleError::NoSpace { .. } => ErrorCode::NoSpace,
         LifecycleError::WrongPhase { phase: EpochPhase::Committing, .. } => ErrorCode::Busy,
         LifecycleError::WrongPhase { phase: EpochPhase::Drained | EpochPhase::Deleted, .. } => {
             ErrorCode::NoSuchEpoch
@@ -124,6 +126,7 @@ fn grant_error(error: GrantError) -> BackendError {
             ErrorCode::InvalidArgument
         }
         GrantError::EpochDeleted { .. } => ErrorCode::NoSuchEpoch,
+        GrantError::NoSpace { .. } => ErrorCode::NoSpace,
         GrantError::Failed(_) | GrantError::Io { .. } => ErrorCode::Io,
         _ => ErrorCode::Internal,
     };
@@ -132,6 +135,7 @@ fn grant_error(error: GrantError) -> BackendError {
 
 fn revoke_error(error: RevokeError) -> BackendError {
     let code = match &error {
+        RevokeError::NoSpace { .. } => ErrorCode::NoSpace,
         RevokeError::Failed(_) | RevokeError::Io { .. } => ErrorCode::Io,
         _ => ErrorCode::Internal,
     };
@@ -274,7 +278,13 @@ impl Backend for StoreBackend {
     }
 
     fn sync(&self) -> Result<(), BackendError> {
-        self.store.sync().map_err(|e| BackendError::new(ErrorCode::Io, e.to_string()))
+        self.store.sync().map_err(|e| {
+            let code = match &e {
+                spillway_store::SyncError::NoSpace(_) => ErrorCode::NoSpace,
+                _ => ErrorCode::Io,
+            };
+            BackendError::new(code, e.to_string())
+        })
     }
 
     fn epochs(&self) -> Result<Vec<EpochInfo>, BackendError> {

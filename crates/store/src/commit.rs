@@ -105,15 +105,34 @@ impl Inner {
             }
             if !state.commit_leader {
                 state.commit_leader = true;
-                let batch = std::mem::take(&mut state.commit_queue);
+                let mut batch = std::mem::take(&mut state.commit_queue);
+                // Ours too: a round that ran out of space took them from the queue undone.
+                batch.extend(epochs.iter().copied());
                 drop(state);
                 let result = self.commit_round(&batch);
                 state = self.state.lock();
                 state.commit_leader = false;
+                self.commit.notify_all();
                 if let Err(reason) = result {
+                    if state.failed.is_none() {
+                        // Out of space (never a reason to fail the store): nothing of the round
+                        // is committed; its epochs stay sealed and may be committed again or
+                        // deleted. Memory-level ones stay pending for the flusher.
+                        for epoch in &batch {
+                            if let Some(entry) = state.epochs.get_mut(epoch) {
+                                match entry.phase {
+                                    EpochPhase::Committing => entry.commit_stalled = true,
+                                    EpochPhase::CommittedInMemory => {
+                                        state.durable_pending.insert(*epoch);
+                                    }
+                                    _ => {}
+                                }
+                            }
+                        }
+                        return Err(CommitError::NoSpace(reason));
+                    }
                     self.fail(&mut state, reason);
                 }
-                self.commit.notify_all();
                 continue;
             }
             self.commit.wait(&mut state);

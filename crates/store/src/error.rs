@@ -11,6 +11,8 @@ pub enum SpaceLimit {
     Ssd,
     /// The stream's quota (`stream_quota_bytes` or a per-stream override).
     StreamQuota,
+    /// The SSD directory's file system is full (ENOSPC) before `ssd_bytes_max` was reached.
+    FileSystem,
 }
 
 impl std::fmt::Display for SpaceLimit {
@@ -18,6 +20,7 @@ impl std::fmt::Display for SpaceLimit {
         f.write_str(match self {
             SpaceLimit::Ssd => "store.ssd_bytes_max",
             SpaceLimit::StreamQuota => "stream quota",
+            SpaceLimit::FileSystem => "the SSD directory's file system",
         })
     }
 }
@@ -99,6 +102,8 @@ pub enum WriteError {
 pub enum CommitError {
     #[error("epoch {epoch} is {phase} and cannot be committed")]
     EpochGone { epoch: EpochId, phase: EpochPhase },
+    #[error("out of space committing (the SSD directory's file system is full; the epoch stays sealed, commit it again once space is freed, or delete it): {0}")]
+    NoSpace(String),
     #[error("store has failed earlier and refuses work: {0}")]
     Failed(String),
 }
@@ -127,6 +132,8 @@ pub enum LifecycleError {
     UnknownEpoch(EpochId),
     #[error("epoch {epoch} is {phase}; cannot mark it {wanted}")]
     WrongPhase { epoch: EpochId, phase: EpochPhase, wanted: EpochPhase },
+    #[error("out of space writing the tombstone of epoch {epoch} (the SSD directory's file system is full even after releasing the reserve): {source}")]
+    NoSpace { epoch: EpochId, source: std::io::Error },
     #[error("store has failed earlier and refuses work: {0}")]
     Failed(String),
     #[error("I/O error writing metadata to segment {segment}: {source}")]
@@ -136,6 +143,8 @@ pub enum LifecycleError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SyncError {
+    #[error("out of space (the SSD directory's file system is full): {0}")]
+    NoSpace(String),
     #[error("store has failed earlier and refuses work: {0}")]
     Failed(String),
 }
@@ -151,6 +160,8 @@ pub enum GrantError {
     ReservedStream { epoch: EpochId, stream: StreamKey },
     #[error("epoch {epoch} is deleted and cannot be granted")]
     EpochDeleted { epoch: EpochId },
+    #[error("out of space writing the grant of epoch {epoch} (the SSD directory's file system is full): {source}")]
+    NoSpace { epoch: EpochId, source: std::io::Error },
     #[error("store has failed earlier and refuses work: {0}")]
     Failed(String),
     #[error("I/O error writing the grant of epoch {epoch} to segment {segment}: {source}")]
@@ -160,6 +171,8 @@ pub enum GrantError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RevokeError {
+    #[error("out of space writing the revocation of epoch {epoch} (the SSD directory's file system is full): {source}")]
+    NoSpace { epoch: EpochId, source: std::io::Error },
     #[error("store has failed earlier and refuses work: {0}")]
     Failed(String),
     #[error("I/O error writing the revocation of epoch {epoch} to segment {segment}: {source}")]

@@ -2,6 +2,7 @@
 //! watermarks by appending the oldest records to SSD, and runs GC when segments died or space is
 //! low. One thread per store; it sleeps `flusher_interval_ms` when nobody signals it.
 
+use crate::error::CommitError;
 use crate::store::*;
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,37 +41,57 @@ impl Inner {
                     < self.knobs.gc_free_percent_min * self.knobs.ssd_bytes_max;
                 (pending, over, std::mem::take(&mut state.gc_wanted) || low_space)
             };
+            let mut no_space = false;
             if !pending.is_empty() {
-                let _ = self.group_commit(pending);
+                // Out of space, the epochs go back to `durable_pending` (see `group_commit`).
+                no_space |= matches!(self.group_commit(pending), Err(CommitError::NoSpace(_)));
             }
             if over {
-                loop {
-                    let low = {
-                        let state = self.state.lock();
-                        if state.shutdown {
-                            return;
-                        }
-                        state.ring.used()
-                            <= state.ring.capacity() / 100 * self.knobs.dram_low_watermark_percent
-                    };
-                    if low {
-                        break;
-                    }
-                    match self.spill(SpillScope::Oldest, self.knobs.flusher_batch_bytes) {
-                        Ok(0) => {
-                            // Only records still being written are left; let writers finish.
-                            std::thread::sleep(Duration::from_millis(1));
-                            break;
-                        }
-                        Ok(_) => {}
-                        Err(_) => break,
-                    }
+                match self.spill_to_low_watermark() {
+                    None => return,
+                    Some(full) => no_space |= full,
                 }
             }
-            if gc_wanted {
+            if gc_wanted || no_space {
                 if let Err(reason) = self.gc(false) {
                     tracing::error!(%reason, "GC failed");
                 }
+            }
+            self.restore_reserve();
+            if no_space {
+                // The file system is full: retry at the flusher's pace, not in a busy loop.
+                let mut state = self.state.lock();
+                if !state.shutdown {
+                    self.flusher.wait_for(&mut state, interval);
+                }
+            }
+        }
+    }
+
+    /// Spills the oldest DRAM records until the ring is at its low watermark. `None`: the store
+    /// is shutting down; `Some(true)`: a spill failed (the file system is full, or the store
+    /// failed).
+    fn spill_to_low_watermark(&self) -> Option<bool> {
+        loop {
+            let low = {
+                let state = self.state.lock();
+                if state.shutdown {
+                    return None;
+                }
+                state.ring.used()
+                    <= state.ring.capacity() / 100 * self.knobs.dram_low_watermark_percent
+            };
+            if low {
+                return Some(false);
+            }
+            match self.spill(SpillScope::Oldest, self.knobs.flusher_batch_bytes) {
+                Ok(0) => {
+                    // Only records still being written are left; let writers finish.
+                    std::thread::sleep(Duration::from_millis(1));
+                    return Some(false);
+                }
+                Ok(_) => {}
+                Err(_) => return Some(true),
             }
         }
     }

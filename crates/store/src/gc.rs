@@ -22,7 +22,13 @@ impl Inner {
                 self.choose_victim(&state, force)
             };
             let Some(victim) = victim else { break };
-            report.bytes_copied += self.compact(victim)?;
+            let copied = self.compact(victim)?;
+            if copied == 0 {
+                // Nothing could be copied (the file system is full): another round would
+                // choose the same victim.
+                break;
+            }
+            report.bytes_copied += copied;
             report.segments_compacted += 1;
             self.delete_dead_segments(&mut report)?;
         }
@@ -169,7 +175,10 @@ impl Inner {
             let (target, offset, target_file) =
                 match self.place(&mut state, stream, total, header.sequence) {
                     Ok(p) => p,
-                    Err(reason) => {
+                    // No room for a new segment: copy what was placed; the victim keeps the
+                    // rest and stays until a later round empties it.
+                    Err(PlaceError::NoSpace(_)) => break,
+                    Err(PlaceError::Io(reason)) => {
                         self.fail(&mut state, reason.clone());
                         return Err(reason);
                     }

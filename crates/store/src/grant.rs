@@ -109,9 +109,13 @@ impl Store {
         }
         let payload = encode_grant(&grant);
         let header = meta_header(RecordKind::Grant, epoch, payload.len());
-        self.inner
-            .append_meta(&mut state, header, &payload)
-            .map_err(|(segment, source)| GrantError::Io { epoch, segment, source })?;
+        self.inner.append_meta(&mut state, header, &payload).map_err(|(segment, source)| {
+            if crate::storage::is_no_space(&source) {
+                GrantError::NoSpace { epoch, source }
+            } else {
+                GrantError::Io { epoch, segment, source }
+            }
+        })?;
         state.epochs.get_mut(&epoch).expect("granted epoch vanished").grant = Some(grant);
         #[cfg(feature = "strict_assertions")]
         crate::store::check_invariants(&state);
@@ -132,9 +136,13 @@ impl Store {
             return Ok(false);
         }
         let header = meta_header(RecordKind::GrantRevoked, epoch, 0);
-        self.inner
-            .append_meta(&mut state, header, &[])
-            .map_err(|(segment, source)| RevokeError::Io { epoch, segment, source })?;
+        self.inner.append_meta(&mut state, header, &[]).map_err(|(segment, source)| {
+            if crate::storage::is_no_space(&source) {
+                RevokeError::NoSpace { epoch, source }
+            } else {
+                RevokeError::Io { epoch, segment, source }
+            }
+        })?;
         state.epochs.get_mut(&epoch).expect("revoked epoch vanished").grant = None;
         #[cfg(feature = "strict_assertions")]
         crate::store::check_invariants(&state);

@@ -39,6 +39,18 @@ pub trait SegmentFile: Send + Sync {
     /// Sets the Linux write-lifetime hint (`RWH_WRITE_LIFE_*`). `Ok(false)` when the kernel or
     /// file system does not support hints; that is not an error.
     fn set_write_hint(&self, hint: u64) -> io::Result<bool>;
+    /// Reserves disk blocks for bytes `0..length` without changing the file's length
+    /// (`fallocate(FALLOC_FL_KEEP_SIZE)`), so appends below `length` cannot run out of space.
+    /// `Ok(false)` when the file system cannot; ENOSPC when the space is not there.
+    fn preallocate(&self, _length: u64) -> io::Result<bool> {
+        Ok(false)
+    }
+}
+
+/// Whether an I/O error means the file system (or the user's disk quota) is full: the store
+/// reports it as out of space and carries on, unlike other I/O errors.
+pub fn is_no_space(error: &io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
 }
 
 /// A directory of segment files.
@@ -53,6 +65,11 @@ pub trait Storage: Send + Sync {
     fn sync_directory(&self) -> io::Result<()>;
     /// Where the files live, for error messages.
     fn describe(&self) -> String;
+    /// Bytes an unprivileged writer can still allocate in the directory's file system
+    /// (`statvfs` f_bavail × f_frsize); `None` when unknown.
+    fn available_bytes(&self) -> io::Result<Option<u64>> {
+        Ok(None)
+    }
 }
 
 /// The real thing: files in a directory, `pwrite`/`pread`/`fdatasync`.
@@ -174,6 +191,26 @@ impl SegmentFile for PosixFile {
             _ => Err(error),
         }
     }
+    fn preallocate(&self, length: u64) -> io::Result<bool> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: plain syscall on our own descriptor.
+        let result = unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                libc::FALLOC_FL_KEEP_SIZE,
+                0,
+                length as libc::off_t,
+            )
+        };
+        if result == 0 {
+            return Ok(true);
+        }
+        let error = io::Error::last_os_error();
+        match error.raw_os_error() {
+            Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => Ok(false),
+            _ => Err(error),
+        }
+    }
 }
 
 impl Storage for PosixStorage {
@@ -208,6 +245,18 @@ impl Storage for PosixStorage {
     fn describe(&self) -> String {
         self.directory.display().to_string()
     }
+    fn available_bytes(&self) -> io::Result<Option<u64>> {
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::ffi::CString::new(self.directory.as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in directory name"))?;
+        // SAFETY: statvfs is plain old data, for which all-zero bytes are a valid value.
+        let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: the path is a valid C string and `stats` a live, exclusively borrowed struct.
+        if unsafe { libc::statvfs(path.as_ptr(), &mut stats) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Some((stats.f_bavail as u64).saturating_mul(stats.f_frsize as u64)))
+    }
 }
 
 /// In-memory storage that knows what a power loss would keep.
@@ -220,6 +269,75 @@ pub struct SimStorage {
     state: Mutex<SimState>,
     /// Global write counter, so the crash image can find the most recent write.
     clock: Arc<AtomicU64>,
+    /// The simulated file system's size and the faults queued for injection.
+    limits: Arc<Mutex<SimLimits>>,
+}
+
+/// An operation a fault can be injected into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultOp {
+    /// `write_at` of any file.
+    Write,
+    /// `sync` (fdatasync) of any file.
+    Sync,
+    /// `create` of a file.
+    Create,
+}
+
+/// A fault queued with [`SimStorage::inject`]: the `skip + 1`-th next `op` fails with `errno`.
+#[derive(Clone, Copy, Debug)]
+pub struct Fault {
+    pub op: FaultOp,
+    pub skip: u64,
+    pub errno: i32,
+    /// For a `Write`: how many of its bytes land before it fails (a short, torn write).
+    pub written_bytes: u64,
+}
+
+#[derive(Default)]
+struct SimLimits {
+    /// Bytes the file system holds; `None`: unlimited.
+    capacity_bytes: Option<u64>,
+    /// Bytes allocated over all files (each file's max of its length and its preallocation).
+    allocated_bytes: u64,
+    faults: Vec<Fault>,
+}
+
+impl SimLimits {
+    /// The fault that fires for this `op` now, if any (counting down the others of that op).
+    fn take_fault(&mut self, op: FaultOp) -> Option<Fault> {
+        let mut fired = None;
+        self.faults.retain_mut(|fault| {
+            if fault.op != op || fired.is_some() {
+                return true;
+            }
+            if fault.skip == 0 {
+                fired = Some(*fault);
+                false
+            } else {
+                fault.skip -= 1;
+                true
+            }
+        });
+        fired
+    }
+
+    /// Grows the allocation by `bytes`, or says how many fit (ENOSPC for the rest).
+    fn allocate(&mut self, bytes: u64) -> Result<(), u64> {
+        match self.capacity_bytes {
+            Some(capacity) if self.allocated_bytes + bytes > capacity => {
+                Err(capacity.saturating_sub(self.allocated_bytes))
+            }
+            _ => {
+                self.allocated_bytes += bytes;
+                Ok(())
+            }
+        }
+    }
+}
+
+fn errno_error(errno: i32) -> io::Error {
+    io::Error::from_raw_os_error(errno)
 }
 
 #[derive(Default)]
@@ -234,12 +352,16 @@ struct SimState {
 pub struct SimFile {
     inner: Mutex<SimFileState>,
     clock: Arc<AtomicU64>,
+    limits: Arc<Mutex<SimLimits>>,
 }
 
 #[derive(Clone, Default)]
 struct SimFileState {
     current: Vec<u8>,
     durable: Vec<u8>,
+    /// Bytes reserved by `preallocate` (the file's allocation is the larger of this and its
+    /// length).
+    preallocated: u64,
     /// Writes since the last sync: (clock, offset, data).
     unsynced: Vec<(u64, u64, Vec<u8>)>,
 }
@@ -308,6 +430,27 @@ impl SimStorage {
         }
     }
 
+    /// Sets the simulated file system's size (`None`: unlimited). Files already there keep
+    /// their bytes even when they exceed it.
+    pub fn set_capacity(&self, capacity_bytes: Option<u64>) {
+        self.limits.lock().capacity_bytes = capacity_bytes;
+    }
+
+    /// Bytes allocated on the simulated file system now (`set_capacity` to this fills it).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.limits.lock().allocated_bytes
+    }
+
+    /// Queues a fault: the `fault.skip + 1`-th next `fault.op` fails with `fault.errno`.
+    pub fn inject(&self, fault: Fault) {
+        self.limits.lock().faults.push(fault);
+    }
+
+    /// Faults queued and not fired yet.
+    pub fn pending_faults(&self) -> usize {
+        self.limits.lock().faults.len()
+    }
+
     /// Names and current lengths of all files, for tests.
     pub fn files(&self) -> Vec<(String, u64)> {
         let state = self.state.lock();
@@ -315,13 +458,16 @@ impl SimStorage {
     }
 
     fn new_file(&self, bytes: Vec<u8>) -> Arc<SimFile> {
+        self.limits.lock().allocated_bytes += bytes.len() as u64;
         Arc::new(SimFile {
             inner: Mutex::new(SimFileState {
                 current: bytes.clone(),
                 durable: bytes,
                 unsynced: Vec::new(),
+                preallocated: 0,
             }),
             clock: self.clock.clone(),
+            limits: self.limits.clone(),
         })
     }
 }
@@ -330,13 +476,36 @@ impl SegmentFile for SimFile {
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
         let clock = self.clock.fetch_add(1, Ordering::SeqCst) + 1;
         let mut inner = self.inner.lock();
+        let mut limits = self.limits.lock();
+        // A fault, or a write past the file system's size, lands a prefix and then fails, the
+        // way a short pwrite followed by an error does.
+        let mut failure = limits.take_fault(FaultOp::Write).map(|fault| {
+            (fault.written_bytes.min(data.len() as u64) as usize, errno_error(fault.errno))
+        });
+        let allocated = (inner.current.len() as u64).max(inner.preallocated);
+        let end = offset + data.len() as u64;
+        if failure.is_none() && end > allocated {
+            if let Err(fits) = limits.allocate(end - allocated) {
+                let landed = (allocated + fits).saturating_sub(offset).min(data.len() as u64);
+                limits.allocate(fits).expect("the bytes that fit are free");
+                failure = Some((landed as usize, errno_error(libc::ENOSPC)));
+            }
+        }
+        drop(limits);
+        let (data, failure) = match failure {
+            Some((landed, error)) => (&data[..landed], Some(error)),
+            None => (data, None),
+        };
         let end = offset as usize + data.len();
         if inner.current.len() < end {
             inner.current.resize(end, 0);
         }
         inner.current[offset as usize..end].copy_from_slice(data);
         inner.unsynced.push((clock, offset, data.to_vec()));
-        Ok(())
+        match failure {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         let inner = self.inner.lock();
@@ -349,6 +518,12 @@ impl SegmentFile for SimFile {
     }
     fn sync(&self) -> io::Result<()> {
         let mut inner = self.inner.lock();
+        if let Some(fault) = self.limits.lock().take_fault(FaultOp::Sync) {
+            // Like Linux after a failed writeback: the dirty pages are marked clean and the
+            // error is reported once, so a later fsync succeeds without making them durable.
+            inner.unsynced.clear();
+            return Err(errno_error(fault.errno));
+        }
         inner.durable = inner.current.clone();
         inner.unsynced.clear();
         Ok(())
@@ -357,8 +532,19 @@ impl SegmentFile for SimFile {
         Ok(self.inner.lock().current.len() as u64)
     }
     fn set_len(&self, length: u64) -> io::Result<()> {
-        // The store only truncates during recovery and syncs right after; model it as durable.
+        // The store truncates during recovery and when it cuts a failed append, and syncs
+        // right after; model it as durable.
         let mut inner = self.inner.lock();
+        let before = (inner.current.len() as u64).max(inner.preallocated);
+        let after = length.max(inner.preallocated);
+        {
+            let mut limits = self.limits.lock();
+            if after > before {
+                limits.allocate(after - before).map_err(|_| errno_error(libc::ENOSPC))?;
+            } else {
+                limits.allocated_bytes -= before - after;
+            }
+        }
         inner.current.resize(length as usize, 0);
         inner.durable.resize(length as usize, 0);
         inner.unsynced.retain(|(_, offset, _)| *offset < length);
@@ -366,6 +552,26 @@ impl SegmentFile for SimFile {
     }
     fn set_write_hint(&self, _hint: u64) -> io::Result<bool> {
         Ok(false)
+    }
+    fn preallocate(&self, length: u64) -> io::Result<bool> {
+        let mut inner = self.inner.lock();
+        let allocated = (inner.current.len() as u64).max(inner.preallocated);
+        if length > allocated {
+            self.limits
+                .lock()
+                .allocate(length - allocated)
+                .map_err(|_| errno_error(libc::ENOSPC))?;
+            inner.preallocated = length;
+        }
+        Ok(true)
+    }
+}
+
+impl SimFile {
+    /// Bytes this file holds on the simulated file system.
+    fn allocated_bytes(&self) -> u64 {
+        let inner = self.inner.lock();
+        (inner.current.len() as u64).max(inner.preallocated)
     }
 }
 
@@ -377,6 +583,16 @@ impl Storage for SimStorage {
         let mut state = self.state.lock();
         if state.files.contains_key(name) {
             return Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("{name} exists")));
+        }
+        {
+            let mut limits = self.limits.lock();
+            if let Some(fault) = limits.take_fault(FaultOp::Create) {
+                return Err(errno_error(fault.errno));
+            }
+            // A new file needs an inode; a full file system has none to give.
+            if limits.capacity_bytes.is_some_and(|c| limits.allocated_bytes >= c) {
+                return Err(errno_error(libc::ENOSPC));
+            }
         }
         let file = self.new_file(Vec::new());
         state.files.insert(name.to_string(), file.clone());
@@ -392,11 +608,15 @@ impl Storage for SimStorage {
     }
     fn remove(&self, name: &str) -> io::Result<()> {
         let mut state = self.state.lock();
-        state
+        let file = state
             .files
             .remove(name)
-            .map(|_| ())
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("{name} not found")))
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("{name} not found")))?;
+        // Its blocks are free once no name holds it (the durable name is only the crash image).
+        let freed = file.allocated_bytes();
+        let mut limits = self.limits.lock();
+        limits.allocated_bytes = limits.allocated_bytes.saturating_sub(freed);
+        Ok(())
     }
     fn sync_directory(&self) -> io::Result<()> {
         let mut state = self.state.lock();
@@ -405,6 +625,10 @@ impl Storage for SimStorage {
     }
     fn describe(&self) -> String {
         "simulated storage".to_string()
+    }
+    fn available_bytes(&self) -> io::Result<Option<u64>> {
+        let limits = self.limits.lock();
+        Ok(limits.capacity_bytes.map(|c| c.saturating_sub(limits.allocated_bytes)))
     }
 }
 

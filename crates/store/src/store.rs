@@ -11,7 +11,7 @@ use crate::error::*;
 use crate::format::*;
 use crate::grant::EpochGrant;
 use crate::index::{Extent, Index};
-use crate::storage::{PosixStorage, SegmentFile, Storage};
+use crate::storage::{is_no_space, PosixStorage, SegmentFile, Storage};
 use crate::write_log::WriteLog;
 use parking_lot::{Condvar, Mutex};
 use spillway_config::StoreKnobs;
@@ -197,6 +197,9 @@ pub(crate) struct EpochEntry {
     /// Payload bytes of writes admitted but not yet published (counted against the grant's
     /// capacity with `payload_bytes`, so concurrent writers cannot overshoot it together).
     pub admitted_payload_bytes: u64,
+    /// Its last `Ssd` commit ran out of space: it is sealed (`Committing`) with no commit
+    /// running, so it may be deleted to free space, or committed again.
+    pub commit_stalled: bool,
 }
 
 impl EpochEntry {
@@ -214,6 +217,7 @@ impl EpochEntry {
             recovered_uncommitted: false,
             grant: None,
             admitted_payload_bytes: 0,
+            commit_stalled: false,
         }
     }
 }
@@ -302,6 +306,11 @@ pub(crate) struct State {
     /// so the flusher spills down to the low watermark even from below the high one.
     pub write_through_seen: bool,
     pub failed: Option<String>,
+    /// The SSD directory's file system said ENOSPC: writes are admitted only once it has room
+    /// again (`Inner::disk_has_room`), and the flusher backs off between spill attempts.
+    pub disk_full: bool,
+    /// The reserve file (`RESERVE_FILE_NAME`) exists and holds `ssd_reserve_bytes`.
+    pub reserve_held: bool,
     pub shutdown: bool,
     pub hints: WriteHints,
     pub recovery: RecoveryReport,
@@ -334,6 +343,52 @@ pub(crate) enum SpillScope<'a> {
     /// Oldest first, any epoch.
     Oldest,
     Epochs(&'a BTreeSet<EpochId>),
+}
+
+/// Why a record could not be placed in a segment.
+#[derive(Debug)]
+pub(crate) enum PlaceError {
+    /// The file system is full: a new segment could not be created. Nothing changed; the store
+    /// carries on.
+    NoSpace(String),
+    /// Any other I/O error; the caller fails the store.
+    Io(String),
+}
+
+/// Name of the reserve file in the SSD directory: `ssd_reserve_bytes` preallocated while there
+/// is room, deleted when the file system fills so tombstones, commit records and compaction can
+/// still get a segment. Not a segment; recovery ignores it.
+pub const RESERVE_FILE_NAME: &str = "RESERVE";
+
+/// Creates the reserve file (removing any old one first) and preallocates it. `false` when
+/// there is no room or reserve (`ssd_reserve_bytes` = 0); a failure is not an error.
+pub(crate) fn take_reserve(knobs: &StoreKnobs, storage: &dyn Storage) -> bool {
+    if knobs.ssd_reserve_bytes == 0 {
+        return false;
+    }
+    let _ = storage.remove(RESERVE_FILE_NAME);
+    let result = storage.create(RESERVE_FILE_NAME).and_then(|file| {
+        if file.preallocate(knobs.ssd_reserve_bytes)? {
+            return Ok(());
+        }
+        // No fallocate: write zeros instead.
+        let zeros = vec![0u8; (1 << 20).min(knobs.ssd_reserve_bytes) as usize];
+        let mut at = 0;
+        while at < knobs.ssd_reserve_bytes {
+            let n = zeros.len().min((knobs.ssd_reserve_bytes - at) as usize);
+            file.write_at(at, &zeros[..n])?;
+            at += n as u64;
+        }
+        Ok(())
+    });
+    match result {
+        Ok(()) => true,
+        Err(error) => {
+            tracing::warn!(%error, "could not take the SSD reserve file; retrying when space returns");
+            let _ = storage.remove(RESERVE_FILE_NAME);
+            false
+        }
+    }
 }
 
 /// One placed record range waiting for its pwrite.
@@ -642,11 +697,14 @@ impl Store {
             gc_wanted: true,
             write_through_seen: false,
             failed: None,
+            disk_full: false,
+            reserve_held: false,
             shutdown: false,
             hints: WriteHints::NotTried,
             recovery: RecoveryReport::default(),
         };
         crate::recovery::recover(knobs, storage.as_ref(), &mut state)?;
+        state.reserve_held = take_reserve(knobs, storage.as_ref());
         let inner = Arc::new(Inner {
             knobs: knobs.clone(),
             storage,
@@ -740,9 +798,21 @@ impl Store {
             offset: 0,
             payload_bytes: name.len() as u32,
         };
-        self.inner
-            .append_meta(&mut state, header, name.as_bytes())
-            .map_err(|(segment, source)| WriteError::Io { segment, source })?;
+        self.inner.append_meta(&mut state, header, name.as_bytes()).map_err(
+            |(segment, source)| {
+                if is_no_space(&source) {
+                    WriteError::OutOfSpace {
+                        stream: META_STREAM,
+                        limit: SpaceLimit::FileSystem,
+                        needed_bytes: name.len() as u64,
+                        free_bytes: 0,
+                        limit_bytes: self.inner.knobs.ssd_bytes_max,
+                    }
+                } else {
+                    WriteError::Io { segment, source }
+                }
+            },
+        )?;
         state.epochs.get_mut(&epoch).expect("epoch vanished").names.insert(file, name.to_string());
         Ok(())
     }
@@ -765,7 +835,7 @@ impl Store {
             let entry = state.epochs.entry(epoch).or_insert_with(EpochEntry::new);
             match entry.phase {
                 EpochPhase::Open => entry.phase = EpochPhase::Committing,
-                EpochPhase::Committing => {}
+                EpochPhase::Committing => entry.commit_stalled = false,
                 EpochPhase::CommittedInMemory if durability == Durability::Memory => return Ok(()),
                 EpochPhase::CommittedInMemory => {}
                 EpochPhase::Committed => return Ok(()),
@@ -993,14 +1063,23 @@ impl Store {
     pub fn wait_for_space(&self, bytes: u64, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut state = self.inner.state.lock();
+        let has_room = |state: &mut State| {
+            self.inner.free_bytes(state) >= bytes
+                && (!state.disk_full || self.inner.disk_has_room(state, bytes))
+        };
         loop {
-            if self.inner.free_bytes(&state) >= bytes {
+            if has_room(&mut state) {
                 return true;
             }
             state.gc_wanted = true;
             self.inner.flusher.notify_one();
-            if self.inner.space.wait_until(&mut state, deadline).timed_out() {
-                return self.inner.free_bytes(&state) >= bytes;
+            // A full file system can get space back from outside the store: look again at the
+            // flusher's pace.
+            let poll = Instant::now() + Duration::from_millis(self.inner.knobs.flusher_interval_ms);
+            if self.inner.space.wait_until(&mut state, deadline.min(poll)).timed_out()
+                && Instant::now() >= deadline
+            {
+                return has_room(&mut state);
             }
         }
     }
@@ -1065,10 +1144,20 @@ impl Store {
                 .map(|(&epoch, _)| epoch)
                 .collect()
         };
+        let sync_error = |reason: String| {
+            if self.inner.state.lock().failed.is_some() {
+                SyncError::Failed(reason)
+            } else {
+                SyncError::NoSpace(reason)
+            }
+        };
         if !in_memory.is_empty() {
-            self.inner.group_commit(in_memory).map_err(|e| SyncError::Failed(e.to_string()))?;
+            self.inner.group_commit(in_memory).map_err(|e| match e {
+                CommitError::NoSpace(reason) => SyncError::NoSpace(reason),
+                other => SyncError::Failed(other.to_string()),
+            })?;
         }
-        self.inner.spill_all().map_err(SyncError::Failed)?;
+        self.inner.spill_all().map_err(sync_error)?;
         self.inner.sync_dirty().map_err(SyncError::Failed)?;
         self.inner.write_log.flush();
         Ok(())
@@ -1307,6 +1396,63 @@ impl Inner {
             .saturating_sub(state.ssd_used_bytes + state.dram_unplaced_bytes + state.reserved_bytes)
     }
 
+    /// After an ENOSPC: whether the file system has room again for `needed` bytes plus a new
+    /// segment and the reserve; clears `disk_full` if so. Unknown free space counts as room
+    /// (the next append finds out).
+    pub(crate) fn disk_has_room(&self, state: &mut State, needed: u64) -> bool {
+        let wanted = needed
+            .saturating_add(self.knobs.segment_bytes_max)
+            .saturating_add(if state.reserve_held { 0 } else { self.knobs.ssd_reserve_bytes });
+        let room = match self.storage.available_bytes() {
+            Ok(Some(available)) => available >= wanted,
+            Ok(None) | Err(_) => true,
+        };
+        if room {
+            state.disk_full = false;
+        }
+        room
+    }
+
+    /// Frees the reserve file so metadata can still be written on a full file system. `true`
+    /// if there was one to free.
+    pub(crate) fn release_reserve(&self, state: &mut State) -> bool {
+        if !state.reserve_held {
+            return false;
+        }
+        state.reserve_held = false;
+        match self.storage.remove(RESERVE_FILE_NAME) {
+            Ok(()) => {
+                tracing::warn!(
+                    "the SSD directory's file system is full; released the reserve file for metadata"
+                );
+                true
+            }
+            Err(error) => {
+                tracing::warn!(%error, "removing the SSD reserve file failed");
+                false
+            }
+        }
+    }
+
+    /// Re-creates the reserve file once the file system has room for it again (the flusher
+    /// calls this).
+    pub(crate) fn restore_reserve(&self) {
+        let mut state = self.state.lock();
+        if state.reserve_held || self.knobs.ssd_reserve_bytes == 0 || state.failed.is_some() {
+            return;
+        }
+        if state.disk_full && !self.disk_has_room(&mut state, 0) {
+            return;
+        }
+        let wanted = self.knobs.ssd_reserve_bytes.saturating_add(self.knobs.segment_bytes_max);
+        if let Ok(Some(available)) = self.storage.available_bytes() {
+            if available < wanted {
+                return;
+            }
+        }
+        state.reserve_held = take_reserve(&self.knobs, self.storage.as_ref());
+    }
+
     pub(crate) fn failed(state: &State) -> Result<(), String> {
         match &state.failed {
             Some(reason) => Err(reason.clone()),
@@ -1350,7 +1496,11 @@ impl Inner {
                 {
                     drop(state);
                     tried_gc = true;
-                    self.gc(false).map_err(WriteError::Failed)?;
+                    if let Err(reason) = self.gc(false) {
+                        if self.state.lock().failed.is_some() {
+                            return Err(WriteError::Failed(reason));
+                        }
+                    }
                 }
                 Err(error) => return Err(error),
             }
@@ -1376,6 +1526,15 @@ impl Inner {
             return Err(WriteError::EpochNotOpen { epoch, phase: entry.phase });
         }
         check_granted_capacity(epoch, entry, payload_bytes)?;
+        if state.disk_full && !self.disk_has_room(state, needed) {
+            return Err(WriteError::OutOfSpace {
+                stream,
+                limit: SpaceLimit::FileSystem,
+                needed_bytes: needed,
+                free_bytes: self.storage.available_bytes().ok().flatten().unwrap_or(0),
+                limit_bytes: self.knobs.ssd_bytes_max,
+            });
+        }
         let free = self.free_bytes(state);
         if needed > free {
             return Err(WriteError::OutOfSpace {
@@ -1520,13 +1679,30 @@ impl Inner {
                 range
             });
         if let Err(error) = result {
+            // `Store::write` returns the capacity of pieces that failed to the reservation pool.
+            state.reserved_bytes += bytes;
+            if is_no_space(&error) {
+                match self.roll_back_append(&mut state, segment_id, at, bytes, Some(epoch)) {
+                    Ok(()) => {
+                        return Err(WriteError::OutOfSpace {
+                            stream,
+                            limit: SpaceLimit::FileSystem,
+                            needed_bytes: bytes,
+                            free_bytes: 0,
+                            limit_bytes: self.knobs.ssd_bytes_max,
+                        })
+                    }
+                    Err(reason) => {
+                        self.fail(&mut state, reason);
+                        return Err(WriteError::Io { segment: segment_id, source: error });
+                    }
+                }
+            }
             let reason = format!(
                 "writing a {bytes}-byte record to segment {segment_id} at offset {at} in {}: {error}",
                 self.storage.describe()
             );
             self.fail(&mut state, reason);
-            // `Store::write` returns the capacity of pieces that failed to the reservation pool.
-            state.reserved_bytes += bytes;
             return Err(WriteError::Io { segment: segment_id, source: error });
         }
         publish_data_record(
@@ -1559,7 +1735,16 @@ impl Inner {
         let hint = state.next_sequence;
         let (segment_id, at, segment_file) = match self.place(state, stream, bytes, hint) {
             Ok(placed) => placed,
-            Err(reason) => {
+            Err(PlaceError::NoSpace(_)) => {
+                return Err(WriteError::OutOfSpace {
+                    stream,
+                    limit: SpaceLimit::FileSystem,
+                    needed_bytes: bytes,
+                    free_bytes: 0,
+                    limit_bytes: self.knobs.ssd_bytes_max,
+                })
+            }
+            Err(PlaceError::Io(reason)) => {
                 self.fail(state, reason.clone());
                 return Err(WriteError::Failed(reason));
             }
@@ -1578,6 +1763,43 @@ impl Inner {
         Ok((segment_id, at, segment_file))
     }
 
+    /// Undoes the placement of a failed append of `bytes` at `at` (ENOSPC): if it is the
+    /// segment's last, the logical end moves back to `at` and whatever part of it landed is cut
+    /// off the file, so neither a later append nor recovery ever sees it. `Err` (the caller
+    /// fails the store) when a later placement sits above it or the cut fails.
+    pub(crate) fn roll_back_append(
+        &self,
+        state: &mut State,
+        segment_id: SegmentId,
+        at: u64,
+        bytes: u64,
+        epoch: Option<EpochId>,
+    ) -> Result<(), String> {
+        let segment = state.segments.get_mut(&segment_id).expect("rolled-back segment missing");
+        if segment.length != at + bytes {
+            return Err(format!(
+                "out of space appending {bytes} bytes at offset {at} of segment {segment_id}, \
+                 with later appends above it (a hole recovery would cut them at)"
+            ));
+        }
+        segment.file.set_len(at).map_err(|error| {
+            format!("cutting the failed append off segment {segment_id} at offset {at}: {error}")
+        })?;
+        segment.length = at;
+        if let Some(epoch) = epoch {
+            if let Some(count) = segment.epoch_bytes.get_mut(&epoch) {
+                *count -= bytes;
+                if *count == 0 {
+                    segment.epoch_bytes.remove(&epoch);
+                }
+            }
+        }
+        state.ssd_used_bytes -= bytes;
+        state.disk_full = true;
+        tracing::warn!(segment = %segment_id, offset = at, bytes, "append ran out of space; rolled back");
+        Ok(())
+    }
+
     /// Places `bytes` at the end of `stream`'s open segment (rolling to a new one when full).
     pub(crate) fn place(
         &self,
@@ -1585,7 +1807,7 @@ impl Inner {
         stream: StreamKey,
         bytes: u64,
         sequence: u64,
-    ) -> Result<(SegmentId, u64, Arc<dyn SegmentFile>), String> {
+    ) -> Result<(SegmentId, u64, Arc<dyn SegmentFile>), PlaceError> {
         let current = state.open_segments.get(&stream).copied();
         let segment_id = match current {
             Some(id) if state.segments[&id].length + bytes <= self.knobs.segment_bytes_max => id,
@@ -1607,19 +1829,17 @@ impl Inner {
         Ok((segment_id, offset, file))
     }
 
-    /// Creates a segment file for `stream`, writes its header record and sets its hint.
+    /// Creates a segment file for `stream`, preallocates it, writes its header record and sets
+    /// its hint. On a full file system (ENOSPC) the half-made file is removed and, for the
+    /// metadata stream, the reserve file is released and the creation tried once more.
     pub(crate) fn create_segment(
         &self,
         state: &mut State,
         stream: StreamKey,
-    ) -> Result<SegmentId, String> {
+    ) -> Result<SegmentId, PlaceError> {
         let id = SegmentId(state.next_segment);
         state.next_segment += 1;
         let name = segment_file_name(id);
-        let io = |what: &str, error: std::io::Error| {
-            format!("{what} segment {id} ({name}) in {}: {error}", self.storage.describe())
-        };
-        let file = self.storage.create(&name).map_err(|e| io("creating", e))?;
         let sequence = state.next_sequence;
         state.next_sequence += 1;
         let header = RecordHeader {
@@ -1632,7 +1852,25 @@ impl Inner {
             payload_bytes: 0,
         };
         let bytes = encode_record(&header, &[]);
-        file.write_at(0, &bytes).map_err(|e| io("writing the header of", e))?;
+        let mut made = self.make_segment_file(&name, stream, &bytes);
+        if matches!(&made, Err((_, error)) if is_no_space(error))
+            && stream == META_STREAM
+            && self.release_reserve(state)
+        {
+            made = self.make_segment_file(&name, stream, &bytes);
+        }
+        let file = match made {
+            Ok(file) => file,
+            Err((what, error)) => {
+                let reason =
+                    format!("{what} segment {id} ({name}) in {}: {error}", self.storage.describe());
+                if is_no_space(&error) {
+                    state.disk_full = true;
+                    return Err(PlaceError::NoSpace(reason));
+                }
+                return Err(PlaceError::Io(reason));
+            }
+        };
         match file.set_write_hint(write_hint_for(stream)) {
             Ok(true) => state.hints = WriteHints::Supported,
             Ok(false) => {
@@ -1671,8 +1909,42 @@ impl Inner {
         Ok(id)
     }
 
+    /// Step 1 of `create_segment`: creates the file, reserves `segment_bytes_max` for it (so
+    /// appends below that cannot run out of space) and writes its header. On failure the file
+    /// is removed again; the error says which step failed.
+    fn make_segment_file(
+        &self,
+        name: &str,
+        stream: StreamKey,
+        header: &[u8],
+    ) -> Result<Arc<dyn SegmentFile>, (&'static str, std::io::Error)> {
+        let file = self.storage.create(name).map_err(|e| ("creating", e))?;
+        let result = (|| {
+            match file.preallocate(self.knobs.segment_bytes_max) {
+                Ok(_) => {}
+                // Metadata records are appended under the lock, so a failed one can always be
+                // rolled back: a metadata segment may go without its preallocation.
+                Err(error) if is_no_space(&error) && stream == META_STREAM => {}
+                Err(error) => return Err(("preallocating", error)),
+            }
+            file.write_at(0, header).map_err(|e| ("writing the header of", e))
+        })();
+        match result {
+            Ok(()) => Ok(file),
+            Err(failure) => {
+                drop(file);
+                if let Err(error) = self.storage.remove(name) {
+                    tracing::warn!(%error, name, "removing a half-created segment failed");
+                }
+                Err(failure)
+            }
+        }
+    }
+
     /// Appends a metadata record (name, commit, epoch state) to the metadata stream, under the
-    /// lock (they are small). Not durable until the next `sync_dirty`.
+    /// lock (they are small). Not durable until the next `sync_dirty`. Out of space (even after
+    /// releasing the reserve), the record is rolled back and the error is ENOSPC with the store
+    /// still working.
     pub(crate) fn append_meta(
         &self,
         state: &mut State,
@@ -1686,16 +1958,32 @@ impl Inner {
         let (segment_id, offset, file) =
             match self.place(state, META_STREAM, length, header.sequence) {
                 Ok(placed) => placed,
-                Err(reason) => {
+                Err(PlaceError::NoSpace(reason)) => {
+                    tracing::warn!(%reason, "no space for a metadata record");
+                    return Err((SegmentId(0), std::io::Error::from_raw_os_error(libc::ENOSPC)));
+                }
+                Err(PlaceError::Io(reason)) => {
                     self.fail(state, reason.clone());
                     return Err((SegmentId(0), std::io::Error::other(reason)));
                 }
             };
-        let result = file.write_at(offset, &bytes);
+        let mut result = file.write_at(offset, &bytes);
+        if matches!(&result, Err(error) if is_no_space(error)) && self.release_reserve(state) {
+            result = file.write_at(offset, &bytes);
+        }
         let segment = state.segments.get_mut(&segment_id).expect("meta segment missing");
         segment.finish_placement(offset);
         segment.dirty = true;
         if let Err(error) = result {
+            if is_no_space(&error) {
+                match self.roll_back_append(state, segment_id, offset, length, None) {
+                    Ok(()) => return Err((segment_id, error)),
+                    Err(reason) => {
+                        self.fail(state, reason.clone());
+                        return Err((segment_id, std::io::Error::other(reason)));
+                    }
+                }
+            }
             let reason =
                 format!("writing metadata to segment {segment_id} at offset {offset}: {error}");
             self.fail(state, reason);
@@ -1720,22 +2008,30 @@ impl Inner {
 
     /// Moves Ready DRAM records in `scope` to their streams' segments (up to `bytes_max`).
     /// Returns the bytes moved.
+    /// Out of space for a new segment, it moves what it could and returns `Err` with the store
+    /// not failed (the rest stays in DRAM).
     pub(crate) fn spill(&self, scope: SpillScope<'_>, bytes_max: u64) -> Result<u64, String> {
-        let placed = self.place_ready_records(scope, bytes_max)?;
-        if placed.is_empty() {
-            return Ok(0);
+        let (placed, no_space) = self.place_ready_records(scope, bytes_max)?;
+        let moved = if placed.is_empty() {
+            0
+        } else {
+            let result = self.write_placed(&placed);
+            self.finish_spill(&placed, result)?
+        };
+        match no_space {
+            Some(reason) => Err(reason),
+            None => Ok(moved),
         }
-        let result = self.write_placed(&placed);
-        self.finish_spill(&placed, result)
     }
 
     /// Step 1 of `spill`: under the lock, chooses the Ready records in `scope` (oldest first, up
     /// to `bytes_max`), places each in its stream's segment and marks it Spilling.
+    /// Out of space for a new segment, it stops there and also returns the reason.
     fn place_ready_records(
         &self,
         scope: SpillScope<'_>,
         bytes_max: u64,
-    ) -> Result<Vec<Placed>, String> {
+    ) -> Result<(Vec<Placed>, Option<String>), String> {
         let mut placed: Vec<Placed> = Vec::new();
         let mut state = self.state.lock();
         Self::failed(&state)?;
@@ -1762,10 +2058,15 @@ impl Inner {
             ));
             total += record.bytes;
         }
+        let mut no_space = None;
         for (position, bytes, stream, epoch, sequence) in chosen {
             let (segment, offset, file) = match self.place(&mut state, stream, bytes, sequence) {
                 Ok(p) => p,
-                Err(reason) => {
+                Err(PlaceError::NoSpace(reason)) => {
+                    no_space = Some(reason);
+                    break;
+                }
+                Err(PlaceError::Io(reason)) => {
                     self.fail(&mut state, reason.clone());
                     return Err(reason);
                 }
@@ -1783,7 +2084,7 @@ impl Inner {
             state.dram[at].status = DramStatus::Spilling;
             placed.push(Placed { segment, offset, file, position, bytes, sequence, stream });
         }
-        Ok(placed)
+        Ok((placed, no_space))
     }
 
     /// Step 2 of `spill` (after the pwrites, whose `result` it takes): ends the placements,
@@ -1945,8 +2246,13 @@ impl Inner {
             offset: code,
             payload_bytes: 0,
         };
-        self.append_meta(&mut state, header, &[])
-            .map_err(|(segment, source)| LifecycleError::Io { segment, source })?;
+        self.append_meta(&mut state, header, &[]).map_err(|(segment, source)| {
+            if is_no_space(&source) {
+                LifecycleError::NoSpace { epoch, source }
+            } else {
+                LifecycleError::Io { segment, source }
+            }
+        })?;
         let state = &mut *state;
         let entry = state.epochs.get_mut(&epoch).expect("retired epoch vanished");
         entry.phase = target;
@@ -1999,6 +2305,8 @@ impl Inner {
                 (phase, target) if phase == target => return Ok(true),
                 (EpochPhase::Committed | EpochPhase::CommittedInMemory, _) => true,
                 (EpochPhase::Open, EpochPhase::Deleted) => true,
+                // A commit that ran out of space left it sealed with no commit running.
+                (EpochPhase::Committing, EpochPhase::Deleted) => entry.commit_stalled,
                 _ => false,
             };
             if !allowed {

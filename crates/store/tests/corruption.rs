@@ -25,6 +25,9 @@ fn committed_store() -> (Arc<SimStorage>, String, u64) {
     // Find a data segment (stream 5) that is not the last one.
     let mut data_segments = Vec::new();
     for (name, length) in storage.files() {
+        if format::parse_segment_file_name(&name).is_none() {
+            continue;
+        }
         let file = (storage.clone() as Arc<dyn Storage>).open(&name).unwrap();
         let mut header = vec![0u8; format::HEADER_BYTES];
         file.read_at(0, &mut header).unwrap();
