@@ -8,9 +8,12 @@
 //! fails its checksum (a torn tail). The byte format is in docs/design/namespace.md.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use spillway_types::EpochId;
 
@@ -42,6 +45,9 @@ const TAG_NEXT_INO: u8 = 5;
 pub enum JournalError {
     #[error("namespace journal {path}: {action}: {source}")]
     Io { path: PathBuf, action: &'static str, source: io::Error },
+    /// The file system is full (ENOSPC or EDQUOT): nothing of the failed write stays behind.
+    #[error("namespace journal {path}: {action}: out of space: {source}")]
+    NoSpace { path: PathBuf, action: &'static str, source: io::Error },
     #[error("namespace journal {path}: bad header: {reason}")]
     BadHeader { path: PathBuf, reason: String },
     #[error("namespace journal {path}: record at offset {offset} cannot be replayed: {reason}")]
@@ -63,9 +69,114 @@ pub struct Recovery {
     pub torn_bytes_cut: u64,
 }
 
+/// The journal's writes and syncs: the seam where tests inject faults (like the store's
+/// `Storage`). [`PosixJournalIo`] is the real one; [`FaultyJournalIo`] fails chosen calls.
+pub trait JournalIo: Send + Sync + std::fmt::Debug {
+    /// Writes all of `bytes` at `offset` (an append, or a new file's contents at 0).
+    fn write_at(&self, file: &File, offset: u64, bytes: &[u8]) -> io::Result<()>;
+    /// `fdatasync` (or `fsync` when `all`).
+    fn sync(&self, file: &File, all: bool) -> io::Result<()>;
+}
+
+/// The real journal I/O: `pwrite` and `fdatasync`/`fsync`.
+#[derive(Debug, Default)]
+pub struct PosixJournalIo;
+
+impl JournalIo for PosixJournalIo {
+    fn write_at(&self, file: &File, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        file.write_all_at(bytes, offset)
+    }
+    fn sync(&self, file: &File, all: bool) -> io::Result<()> {
+        if all {
+            file.sync_all()
+        } else {
+            file.sync_data()
+        }
+    }
+}
+
+/// Which journal call a [`JournalFault`] fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JournalFaultOp {
+    Write,
+    Sync,
+}
+
+/// A queued fault: the `skip + 1`-th next `op` fails with `errno`; a failed write lands its
+/// first `written_bytes` first (a short write).
+#[derive(Clone, Copy, Debug)]
+pub struct JournalFault {
+    pub op: JournalFaultOp,
+    pub skip: u64,
+    pub errno: i32,
+    pub written_bytes: u64,
+}
+
+/// Real journal I/O that fails the calls queued with [`FaultyJournalIo::inject`] (tests).
+#[derive(Debug, Default)]
+pub struct FaultyJournalIo {
+    faults: Mutex<Vec<JournalFault>>,
+}
+
+impl FaultyJournalIo {
+    pub fn new() -> Arc<FaultyJournalIo> {
+        Arc::new(FaultyJournalIo::default())
+    }
+
+    pub fn inject(&self, fault: JournalFault) {
+        self.faults.lock().push(fault);
+    }
+
+    /// Faults queued and not fired yet.
+    pub fn pending(&self) -> usize {
+        self.faults.lock().len()
+    }
+
+    fn take(&self, op: JournalFaultOp) -> Option<JournalFault> {
+        let mut faults = self.faults.lock();
+        let index = faults.iter().position(|f| f.op == op)?;
+        if faults[index].skip > 0 {
+            faults[index].skip -= 1;
+            return None;
+        }
+        Some(faults.remove(index))
+    }
+}
+
+impl JournalIo for FaultyJournalIo {
+    fn write_at(&self, file: &File, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        match self.take(JournalFaultOp::Write) {
+            Some(fault) => {
+                let landed = (fault.written_bytes as usize).min(bytes.len());
+                file.write_all_at(&bytes[..landed], offset)?;
+                Err(io::Error::from_raw_os_error(fault.errno))
+            }
+            None => file.write_all_at(bytes, offset),
+        }
+    }
+    fn sync(&self, file: &File, all: bool) -> io::Result<()> {
+        if let Some(fault) = self.take(JournalFaultOp::Sync) {
+            return Err(io::Error::from_raw_os_error(fault.errno));
+        }
+        PosixJournalIo.sync(file, all)
+    }
+}
+
+fn is_no_space(error: &io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
+
+impl JournalError {
+    /// Whether this is a full file system (the namespace carries on; ENOSPC to the caller).
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, JournalError::NoSpace { .. })
+    }
+}
+
 /// An open journal file, positioned for appending.
 #[derive(Debug)]
 pub struct Journal {
+    io: Arc<dyn JournalIo>,
     file: File,
     path: PathBuf,
     header: JournalHeader,
@@ -80,7 +191,13 @@ fn io_error<'a>(
     path: &'a Path,
     action: &'static str,
 ) -> impl FnOnce(io::Error) -> JournalError + 'a {
-    move |source| JournalError::Io { path: path.to_path_buf(), action, source }
+    move |source| {
+        if is_no_space(&source) {
+            JournalError::NoSpace { path: path.to_path_buf(), action, source }
+        } else {
+            JournalError::Io { path: path.to_path_buf(), action, source }
+        }
+    }
 }
 
 fn sync_directory_of(path: &Path) -> Result<(), JournalError> {
@@ -90,16 +207,24 @@ fn sync_directory_of(path: &Path) -> Result<(), JournalError> {
 
 /// Writes `bytes` as the whole of a new (or truncated) file at `path` and fsyncs it; returns it
 /// open for reading and appending, before it is put in place.
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<File, JournalError> {
-    let mut file = OpenOptions::new()
+/// On failure the file is removed again (a full file system gets its space back).
+fn write_synced(io: &dyn JournalIo, path: &Path, bytes: &[u8]) -> Result<File, JournalError> {
+    let file = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(true)
         .open(path)
         .map_err(io_error(path, "create"))?;
-    file.write_all(bytes).map_err(io_error(path, "write"))?;
-    file.sync_all().map_err(io_error(path, "fsync"))?;
+    let written = io
+        .write_at(&file, 0, bytes)
+        .map_err(io_error(path, "write"))
+        .and_then(|()| io.sync(&file, true).map_err(io_error(path, "fsync")));
+    if let Err(error) = written {
+        drop(file);
+        let _ = std::fs::remove_file(path);
+        return Err(error);
+    }
     Ok(file)
 }
 
@@ -107,6 +232,7 @@ impl Journal {
     /// Creates a new journal holding `initial` as its first record (the root directory), fsyncs
     /// it and its directory. Fails if the file exists.
     pub fn create(
+        io: Arc<dyn JournalIo>,
         path: &Path,
         header: JournalHeader,
         initial: &[Mutation],
@@ -114,12 +240,13 @@ impl Journal {
         let tmp = path.with_extension("creating");
         let mut bytes = encode_header(header).to_vec();
         bytes.extend_from_slice(&encode_record(1, initial));
-        let file = write_synced(&tmp, &bytes)?;
+        let file = write_synced(io.as_ref(), &tmp, &bytes)?;
         // Link, not rename: fails if another creator won the race.
         std::fs::hard_link(&tmp, path).map_err(io_error(path, "link into place"))?;
         std::fs::remove_file(&tmp).map_err(io_error(&tmp, "remove"))?;
         sync_directory_of(path)?;
         Ok(Journal {
+            io,
             file,
             path: path.to_path_buf(),
             header,
@@ -130,7 +257,10 @@ impl Journal {
     }
 
     /// Opens an existing journal, replays it into a state and cuts a torn tail.
-    pub fn open(path: &Path) -> Result<(Journal, State, Recovery), JournalError> {
+    pub fn open(
+        io: Arc<dyn JournalIo>,
+        path: &Path,
+    ) -> Result<(Journal, State, Recovery), JournalError> {
         let mut file =
             OpenOptions::new().read(true).write(true).open(path).map_err(io_error(path, "open"))?;
         let mut contents = Vec::new();
@@ -175,6 +305,7 @@ impl Journal {
             file.sync_all().map_err(io_error(path, "fsync after cutting the torn tail"))?;
         }
         let journal = Journal {
+            io,
             file,
             path: path.to_path_buf(),
             header,
@@ -206,7 +337,12 @@ impl Journal {
             "record of {} bytes",
             record.len()
         );
-        self.file.write_all_at(&record, self.bytes).map_err(io_error(&self.path, "append"))?;
+        if let Err(failure) = self.io.write_at(&self.file, self.bytes, &record) {
+            // Whatever part of the record landed is cut off, so neither the next append nor
+            // recovery ever sees it; the journal stays as it was before this operation.
+            self.file.set_len(self.bytes).map_err(io_error(&self.path, "cut a failed append"))?;
+            return Err(io_error(&self.path, "append")(failure));
+        }
         self.bytes += record.len() as u64;
         self.unsynced_bytes += record.len() as u64;
         self.next_sequence += 1;
@@ -216,7 +352,13 @@ impl Journal {
     /// Makes every appended record durable (fdatasync).
     pub fn sync(&mut self) -> Result<(), JournalError> {
         if self.unsynced_bytes > 0 {
-            self.file.sync_data().map_err(io_error(&self.path, "fdatasync"))?;
+            // Any failure, ENOSPC included, is reported as an I/O error: after a failed fsync
+            // the kernel may have dropped the pages, and a retry would report them durable.
+            self.io.sync(&self.file, false).map_err(|source| JournalError::Io {
+                path: self.path.clone(),
+                action: "fdatasync",
+                source,
+            })?;
             self.unsynced_bytes = 0;
         }
         Ok(())
@@ -232,7 +374,7 @@ impl Journal {
             bytes.extend_from_slice(&encode_record(sequence, chunk));
             sequence += 1;
         }
-        let file = write_synced(&tmp, &bytes)?;
+        let file = write_synced(self.io.as_ref(), &tmp, &bytes)?;
         std::fs::rename(&tmp, &self.path)
             .map_err(io_error(&self.path, "rename the snapshot into place"))?;
         sync_directory_of(&self.path)?;

@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use spillway_types::EpochId;
 
 use crate::clock::Clock;
-use crate::journal::{Journal, JournalError, JournalHeader, Recovery};
+use crate::journal::{Journal, JournalError, JournalHeader, JournalIo, PosixJournalIo, Recovery};
 use crate::permission::{self, MAY_EXECUTE, MAY_READ, MAY_WRITE};
 use crate::state::{Inode, Mutation, State};
 use spillway_namespace::*;
@@ -59,6 +59,8 @@ pub struct LocalOptions {
     pub compact_journal_bytes_min: u64,
     /// Most entries one `readdir` returns, whatever the caller asks.
     pub readdir_entries_max: u32,
+    /// The journal's writes and syncs (tests inject faults with `FaultyJournalIo`).
+    pub journal_io: Arc<dyn JournalIo>,
 }
 
 impl Default for LocalOptions {
@@ -68,6 +70,7 @@ impl Default for LocalOptions {
             check_invariants: false,
             compact_journal_bytes_min: 16 << 20,
             readdir_entries_max: 4096,
+            journal_io: Arc::new(PosixJournalIo),
         }
     }
 }
@@ -589,7 +592,7 @@ impl LocalNamespace {
     ) -> Result<(LocalNamespace, bool, Recovery), OpenError> {
         let path = journal_path(directory, config.id);
         if path.exists() {
-            let (journal, state, recovery) = Journal::open(&path)?;
+            let (journal, state, recovery) = Journal::open(options.journal_io.clone(), &path)?;
             let header = journal.header();
             if header.namespace != config.id {
                 return Err(OpenError::WrongNamespace {
@@ -619,7 +622,7 @@ impl LocalNamespace {
             .map_err(|source| OpenError::Directory { path: directory.to_path_buf(), source })?;
         let initial = root_mutations(config, clock.now());
         let header = JournalHeader { namespace: config.id, data_epoch: config.data_epoch };
-        let journal = Journal::create(&path, header, &initial)?;
+        let journal = Journal::create(options.journal_io.clone(), &path, header, &initial)?;
         let mut state = State::empty();
         for mutation in initial {
             state.apply(mutation).expect("root");
@@ -694,6 +697,10 @@ impl LocalNamespace {
             if let Some(journal) = inner.journal.as_mut() {
                 if let Err(failure) = journal.append(&mutations) {
                     let reason = failure.to_string();
+                    if failure.is_no_space() {
+                        // Cut back: nothing of the operation is journaled or applied.
+                        return Err(error(libc::ENOSPC, reason));
+                    }
                     inner.broken = Some(reason.clone());
                     return Err(error(libc::EIO, reason));
                 }
@@ -929,12 +936,16 @@ impl LocalNamespace {
         let grown = journal.bytes() >= self.options.compact_journal_bytes_min
             && journal.bytes() >= 4 * inner.journal_bytes_at_snapshot;
         if grown {
-            if let Err(failure) = journal.compact(&inner.state) {
-                let reason = failure.to_string();
-                inner.broken = Some(reason.clone());
-                return Err(error(libc::EIO, reason));
+            match journal.compact(&inner.state) {
+                Ok(()) => inner.journal_bytes_at_snapshot = journal.bytes(),
+                // The journal is intact (the snapshot file was removed): compact later.
+                Err(failure) if failure.is_no_space() => {}
+                Err(failure) => {
+                    let reason = failure.to_string();
+                    inner.broken = Some(reason.clone());
+                    return Err(error(libc::EIO, reason));
+                }
             }
-            inner.journal_bytes_at_snapshot = journal.bytes();
         }
         Ok(())
     }
@@ -944,7 +955,9 @@ impl LocalNamespace {
         let mut inner = self.inner.lock();
         let inner = &mut *inner;
         if let Some(journal) = inner.journal.as_mut() {
-            journal.compact(&inner.state).map_err(|e| error(libc::EIO, e.to_string()))?;
+            journal.compact(&inner.state).map_err(|e| {
+                error(if e.is_no_space() { libc::ENOSPC } else { libc::EIO }, e.to_string())
+            })?;
             inner.journal_bytes_at_snapshot = journal.bytes();
         }
         Ok(())

@@ -105,6 +105,9 @@ impl NamespaceService {
         );
         let (namespace, created, recovery) = opened.map_err(|failure| match failure {
             OpenError::NotFound { .. } => error(libc::ENOENT, failure.to_string()),
+            OpenError::Journal(ref journal) if journal.is_no_space() => {
+                error(libc::ENOSPC, failure.to_string())
+            }
             other => error(libc::EIO, other.to_string()),
         })?;
         if recovery.torn_bytes_cut > 0 {

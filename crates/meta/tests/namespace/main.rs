@@ -1,7 +1,8 @@
 //! Tests of `LocalNamespace` through the `Namespace` trait: POSIX cases one errno at a time
 //! (`posix`), a seeded comparison with a path-based reference model (`model`), and journal
-//! recovery (`recovery`). One test binary so the crate links once.
+//! recovery (`recovery`), and journal faults (`faults`). One test binary so the crate links once.
 
+mod faults;
 mod model;
 mod posix;
 mod recovery;
