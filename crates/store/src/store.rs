@@ -391,6 +391,14 @@ pub(crate) fn take_reserve(knobs: &StoreKnobs, storage: &dyn Storage) -> bool {
     }
 }
 
+/// A spill's pwrite that failed: the records from `first_unwritten` on were not (fully)
+/// written.
+pub(crate) struct SpillWriteError {
+    first_unwritten: usize,
+    no_space: bool,
+    reason: String,
+}
+
 /// One placed record range waiting for its pwrite.
 pub(crate) struct Placed {
     segment: SegmentId,
@@ -2090,10 +2098,18 @@ impl Inner {
     /// Step 2 of `spill` (after the pwrites, whose `result` it takes): ends the placements,
     /// marks the records Spilled and repoints them to SSD, counts the bytes moved and releases
     /// ring space (failing the store if a write failed).
-    fn finish_spill(&self, placed: &[Placed], result: Result<(), String>) -> Result<u64, String> {
+    fn finish_spill(
+        &self,
+        placed: &[Placed],
+        result: Result<(), SpillWriteError>,
+    ) -> Result<u64, String> {
         let mut state = self.state.lock();
         let mut moved = 0;
-        for item in placed {
+        let written = match &result {
+            Ok(()) => placed.len(),
+            Err(failure) => failure.first_unwritten,
+        };
+        for item in &placed[..written] {
             let segment =
                 state.segments.get_mut(&item.segment).expect("segment vanished during spill");
             segment.finish_placement(item.offset);
@@ -2112,15 +2128,85 @@ impl Inner {
             state.counters.ssd_bytes_written += item.bytes;
             moved += item.bytes;
         }
-        if let Err(reason) = &result {
-            self.fail(&mut state, reason.clone());
-        }
+        let result = match result {
+            Ok(()) => Ok(moved),
+            Err(failure) => {
+                let unwritten = &placed[written..];
+                for item in unwritten {
+                    let segment = state.segments.get_mut(&item.segment).expect("segment vanished");
+                    segment.finish_placement(item.offset);
+                }
+                let rolled_back = failure.no_space
+                    && self.roll_back_spill(&mut state, unwritten).map_err(|reason| {
+                        tracing::error!(%reason, "cannot roll back a spill that ran out of space")
+                    }).is_ok();
+                if !rolled_back {
+                    self.fail(&mut state, failure.reason.clone());
+                }
+                Err(failure.reason)
+            }
+        };
         advance_tail(&mut state);
         #[cfg(feature = "strict_assertions")]
         check_invariants(&state);
         drop(state);
         self.space.notify_all();
-        result.map(|_| moved)
+        result
+    }
+
+    /// After a spill's pwrite ran out of space: gives the `unwritten` records' places back
+    /// (each segment's logical end moves back to the first of them and the file is cut there,
+    /// so no part of them is ever replayed) and makes the records Ready in DRAM again. `Err`
+    /// when another placement sits above them in a segment (then the store must fail).
+    fn roll_back_spill(&self, state: &mut State, unwritten: &[Placed]) -> Result<(), String> {
+        // Per segment: first offset, end, bytes.
+        let mut spans: BTreeMap<SegmentId, (u64, u64, u64)> = BTreeMap::new();
+        for item in unwritten {
+            let span = spans.entry(item.segment).or_insert((item.offset, item.offset, 0));
+            span.0 = span.0.min(item.offset);
+            span.1 = span.1.max(item.offset + item.bytes);
+            span.2 += item.bytes;
+        }
+        for (&id, &(start, end, bytes)) in &spans {
+            let segment = &state.segments[&id];
+            if segment.length != end
+                || segment.inflight_at.range(start..).next().is_some()
+                || end - start != bytes
+            {
+                return Err(format!("segment {id} has other appends above offset {start}"));
+            }
+        }
+        for (&id, &(start, _, bytes)) in &spans {
+            let segment = state.segments.get_mut(&id).expect("segment vanished");
+            segment.file.set_len(start).map_err(|error| {
+                format!("cutting the failed spill off segment {id} at offset {start}: {error}")
+            })?;
+            segment.length = start;
+            state.ssd_used_bytes -= bytes;
+        }
+        for item in unwritten {
+            let at = dram_index(state, item.position);
+            let epoch = state.dram[at].epoch;
+            let segment = state.segments.get_mut(&item.segment).expect("segment vanished");
+            if let Some(count) = segment.epoch_bytes.get_mut(&epoch) {
+                *count -= item.bytes;
+                if *count == 0 {
+                    segment.epoch_bytes.remove(&epoch);
+                }
+            }
+            let entry = state.epochs.get_mut(&epoch).expect("epoch of a DRAM record missing");
+            if phase_is_live(entry.phase) {
+                state.dram[at].status = DramStatus::Ready;
+                state.dram_unplaced_bytes += item.bytes;
+            } else {
+                // Deleted while it was being written: as `retire` does with Ready records.
+                entry.dram_pending -= 1;
+                state.dram[at].status = DramStatus::Dead;
+            }
+        }
+        state.disk_full = true;
+        tracing::warn!(records = unwritten.len(), "spill ran out of space; rolled back");
+        Ok(())
     }
 
     /// Computes the record CRC of each placed data record (payload, then header bytes 0..60)
@@ -2152,7 +2238,7 @@ impl Inner {
     }
 
     /// Issues the pwrites of placed records, coalescing neighbours in both ring and segment.
-    pub(crate) fn write_placed(&self, placed: &[Placed]) -> Result<(), String> {
+    pub(crate) fn write_placed(&self, placed: &[Placed]) -> Result<(), SpillWriteError> {
         self.seal_records(placed);
         // Per segment: the range written but not yet handed to writeback.
         let mut unkicked: BTreeMap<SegmentId, (Arc<dyn SegmentFile>, u64, u64)> = BTreeMap::new();
@@ -2177,13 +2263,15 @@ impl Inner {
             // SAFETY: every record in the range is Spilling: published, so nobody writes it,
             // and the ring tail cannot pass it until we mark it Spilled.
             let bytes = unsafe { self.arena.slice(first.position, length) };
-            first.file.write_at(first.offset, bytes).map_err(|error| {
-                format!(
+            first.file.write_at(first.offset, bytes).map_err(|error| SpillWriteError {
+                first_unwritten: i,
+                no_space: is_no_space(&error),
+                reason: format!(
                     "writing {length} bytes to segment {} at offset {} in {}: {error}",
                     first.segment,
                     first.offset,
                     self.storage.describe()
-                )
+                ),
             })?;
             // Start writeback in large chunks as we go, so the commit's fsync finds most of the
             // data on disk already (a hint; errors surface at fsync).

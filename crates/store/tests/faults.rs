@@ -282,3 +282,42 @@ fn a_failed_fsync_is_never_reported_as_success_later() {
     let store = reopen(&storage, &knobs);
     assert_ne!(store.epoch(EpochId(1)).map(|e| e.phase), Some(EpochPhase::Committed));
 }
+
+#[test]
+fn enospc_on_a_spill_rolls_it_back_and_the_records_stay_in_dram() {
+    let knobs = knobs();
+    let (storage, store) = open_sim_with(&knobs);
+    // Three 16 KiB records: they fit in one 64 KiB segment.
+    for i in 0..3u64 {
+        let data = common::payload(10_000 + i, 16 * KIB as usize);
+        store.write(StreamKey(1), EpochId(1), FileId(1), i * 16 * KIB, &data).unwrap();
+    }
+    // The commit creates the stream's segment (its header is write 1), then spills the three
+    // records in one pwrite (write 2), which lands 20 000 bytes and runs out of space.
+    storage.inject(Fault {
+        op: FaultOp::Write,
+        skip: 1,
+        errno: libc::ENOSPC,
+        written_bytes: 20_000,
+    });
+    let first = store.commit(EpochId(1), Durability::Ssd);
+    assert!(matches!(first, Err(CommitError::NoSpace(_))), "{first:?}");
+    assert_eq!(storage.pending_faults(), 0);
+    // The segment holds its header only: the landed part was cut.
+    let data_segment = storage
+        .files()
+        .into_iter()
+        .filter(|(name, _)| spillway_store::format::parse_segment_file_name(name).is_some())
+        .map(|(_, length)| length)
+        .max()
+        .unwrap();
+    assert_eq!(data_segment, spillway_store::format::HEADER_BYTES as u64);
+    // Still readable from DRAM, and the retried commit succeeds.
+    assert_file_is(&store, EpochId(1), 10_000, 48 * KIB);
+    store.commit(EpochId(1), Durability::Ssd).unwrap();
+    store.check_invariants();
+    drop(store);
+    let store = reopen(&storage, &knobs);
+    assert_eq!(store.epoch(EpochId(1)).unwrap().phase, EpochPhase::Committed);
+    assert_file_is(&store, EpochId(1), 10_000, 48 * KIB);
+}
