@@ -46,6 +46,7 @@ pub use error::{
     CommitError, EpochPhase, Error, GrantError, LifecycleError, OpenError, ReadError, RevokeError,
     SpaceLimit, SyncError, WriteError,
 };
+pub use flusher::FlusherMode;
 pub use format::META_STREAM;
 pub use grant::{EpochGrant, GrantMode, GrantOutcome};
 pub use slot::WriteSlot;

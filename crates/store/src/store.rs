@@ -8,6 +8,7 @@
 
 use crate::arena::{Arena, Ring};
 use crate::error::*;
+use crate::flusher::{FlusherMode, Round};
 use crate::format::*;
 use crate::grant::EpochGrant;
 use crate::index::{Extent, Index};
@@ -318,6 +319,8 @@ pub(crate) struct State {
 
 pub(crate) struct Inner {
     pub knobs: StoreKnobs,
+    /// Whether a background thread runs the flusher or only the caller does.
+    pub flusher_mode: FlusherMode,
     pub storage: Arc<dyn Storage>,
     pub arena: Arena,
     pub state: Mutex<State>,
@@ -673,6 +676,17 @@ impl Store {
 
     /// Opens the store on any [`Storage`] (tests pass a `SimStorage`).
     pub fn open_with(knobs: &StoreKnobs, storage: Arc<dyn Storage>) -> Result<Store, OpenError> {
+        Store::open_with_flusher(knobs, storage, FlusherMode::Background)
+    }
+
+    /// [`Store::open_with`], choosing who runs the flusher: with [`FlusherMode::Manual`] no
+    /// thread is started and nothing moves to SSD in the background, so a single-threaded
+    /// test driven by a seed does exactly the same I/O on every run.
+    pub fn open_with_flusher(
+        knobs: &StoreKnobs,
+        storage: Arc<dyn Storage>,
+        flusher_mode: FlusherMode,
+    ) -> Result<Store, OpenError> {
         knobs.validate()?;
         let write_log =
             WriteLog::open(&knobs.ssd_write_log_path).map_err(|source| OpenError::Io {
@@ -715,6 +729,7 @@ impl Store {
         state.reserve_held = take_reserve(knobs, storage.as_ref());
         let inner = Arc::new(Inner {
             knobs: knobs.clone(),
+            flusher_mode,
             storage,
             arena,
             state: Mutex::new(state),
@@ -725,6 +740,9 @@ impl Store {
             gc_lock: Mutex::new(()),
             sync_lock: Mutex::new(()),
         });
+        if flusher_mode == FlusherMode::Manual {
+            return Ok(Store { inner, flusher: None });
+        }
         let flusher_inner = inner.clone();
         let flusher = std::thread::Builder::new()
             .name("spillway-flusher".into())
@@ -1138,6 +1156,12 @@ impl Store {
             write_hints: state.hints,
             recovery: state.recovery.clone(),
         }
+    }
+
+    /// Runs one flusher round in the caller's thread (what the background flusher does when it
+    /// wakes). For stores opened with [`FlusherMode::Manual`]; harmless otherwise.
+    pub fn step_flusher(&self) {
+        let _ = self.inner.flusher_round();
     }
 
     /// Makes memory-level commits durable, spills everything in DRAM (open epochs too) and
@@ -1604,6 +1628,17 @@ impl Inner {
                     reserve_dram_record(&mut state, bytes, stream, epoch, DramStatus::Writing)
                 {
                     break position;
+                }
+                if self.flusher_mode == FlusherMode::Manual {
+                    // No flusher thread: run its round here, deterministically.
+                    let used = state.ring.used();
+                    drop(state);
+                    let round = self.flusher_round();
+                    state = self.state.lock();
+                    if matches!(round, Round::Shutdown) || state.ring.used() >= used {
+                        return Err(WriteError::DramStalled { waited_ms: 0 });
+                    }
+                    continue;
                 }
                 self.flusher.notify_one();
                 if self.space.wait_until(&mut state, deadline).timed_out() {
