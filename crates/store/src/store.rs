@@ -1834,6 +1834,7 @@ impl Inner {
                 *count -= bytes;
                 if *count == 0 {
                     segment.epoch_bytes.remove(&epoch);
+                    forget_segment_of_epoch(state, epoch, segment_id);
                 }
             }
         }
@@ -2227,6 +2228,7 @@ impl Inner {
                 *count -= item.bytes;
                 if *count == 0 {
                     segment.epoch_bytes.remove(&epoch);
+                    forget_segment_of_epoch(state, epoch, item.segment);
                 }
             }
             let entry = state.epochs.get_mut(&epoch).expect("epoch of a DRAM record missing");
@@ -2444,6 +2446,14 @@ impl Inner {
             }
             self.space.wait(state);
         }
+    }
+}
+
+/// After a rolled-back append left `epoch` without bytes in `segment`: the epoch no longer
+/// names it (GC may delete the segment without knowing the epoch).
+fn forget_segment_of_epoch(state: &mut State, epoch: EpochId, segment: SegmentId) {
+    if let Some(entry) = state.epochs.get_mut(&epoch) {
+        entry.segments.remove(&segment);
     }
 }
 
