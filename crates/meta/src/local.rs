@@ -61,6 +61,9 @@ pub struct LocalOptions {
     pub readdir_entries_max: u32,
     /// The journal's writes and syncs (tests inject faults with `FaultyJournalIo`).
     pub journal_io: Arc<dyn JournalIo>,
+    /// Largest file size: a truncate or a recorded write past it is EFBIG. The server passes
+    /// the store's `store.file_bytes_max`, so a namespace never names a size its store refuses.
+    pub file_bytes_max: u64,
 }
 
 impl Default for LocalOptions {
@@ -71,6 +74,7 @@ impl Default for LocalOptions {
             compact_journal_bytes_min: 16 << 20,
             readdir_entries_max: 4096,
             journal_io: Arc::new(PosixJournalIo),
+            file_bytes_max: 1 << 44,
         }
     }
 }
@@ -849,6 +853,18 @@ impl LocalNamespace {
         Ok(plan.into_mutations())
     }
 
+    /// EFBIG when a file would end past `file_bytes_max` (and never past i64::MAX).
+    fn check_file_size(&self, end: u64, what: &str) -> Result<(), MetaError> {
+        let largest = self.options.file_bytes_max.min(i64::MAX as u64);
+        if end > largest {
+            return Err(error(
+                libc::EFBIG,
+                format!("{what} {end} is beyond the largest file ({largest} bytes)"),
+            ));
+        }
+        Ok(())
+    }
+
     fn plan_setattr(
         &self,
         state: &State,
@@ -892,9 +908,7 @@ impl LocalNamespace {
                     return Err(error(libc::EINVAL, format!("truncate of {other:?} inode {ino}")))
                 }
             }
-            if size > i64::MAX as u64 {
-                return Err(error(libc::EFBIG, format!("size {size} is beyond the largest file")));
-            }
+            self.check_file_size(size, "size")?;
             if !set.via_writable_handle {
                 permission::require(c, &original, MAY_WRITE, "truncate")?;
             }
@@ -1384,12 +1398,7 @@ impl Namespace for LocalNamespace {
                         format!("data write recorded on {:?} inode {ino}", attr.kind),
                     ));
                 }
-                if end_offset > i64::MAX as u64 {
-                    return Err(error(
-                        libc::EFBIG,
-                        format!("write ending at {end_offset} is beyond the largest file"),
-                    ));
-                }
+                self.check_file_size(end_offset, "write ending at")?;
                 let mut plan = Plan::new(state, now);
                 let inode = plan.inode(ino);
                 inode.attr.size = inode.attr.size.max(end_offset);

@@ -316,12 +316,17 @@ impl Server {
     }
 
     /// Serves namespace (metadata) requests, keeping namespace journals in `directory`
-    /// (normally `<store directory>/namespaces`). Returns false if already attached.
-    pub fn attach_namespaces(&self, directory: std::path::PathBuf) -> bool {
+    /// (normally `<store directory>/namespaces`); `file_bytes_max` is the store's
+    /// `store.file_bytes_max` (no namespace file may be larger than its store accepts).
+    /// Returns false if already attached.
+    pub fn attach_namespaces(&self, directory: std::path::PathBuf, file_bytes_max: u64) -> bool {
         let service = namespace_service::NamespaceService::new(
             directory,
             self.shared.backend.clone(),
-            spillway_meta::LocalOptions::default(),
+            spillway_meta::LocalOptions {
+                file_bytes_max,
+                ..spillway_meta::LocalOptions::default()
+            },
         );
         self.shared.namespaces.set(Arc::new(service)).is_ok()
     }

@@ -119,7 +119,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     )?;
     let drainer = start_drainer(&config, &server, backend.clone())?;
     // The metadata service of the mount: namespace journals live beside the store's segments.
-    server.attach_namespaces(std::path::Path::new(&config.store.ssd_directory).join("namespaces"));
+    server.attach_namespaces(
+        std::path::Path::new(&config.store.ssd_directory).join("namespaces"),
+        config.store.file_bytes_max,
+    );
     let stop = Arc::new(AtomicBool::new(false));
     spillway_sys::signal::stop_on_termination(&stop).context("installing signal handlers")?;
     let watcher = spawn_signal_watcher(Arc::clone(&stop), server.shutdown_handle());

@@ -684,6 +684,15 @@ fn truncate_rules() {
         errno(ns.setattr(&root(), f.ino, &SetAttr { size: Some(u64::MAX), ..SetAttr::default() })),
         EFBIG
     );
+    // The largest file is the store's (`file_bytes_max`, 2^44 by default), not just i64::MAX:
+    // a namespace never names a size its store would refuse to hold.
+    let largest = LocalOptions::default().file_bytes_max;
+    assert_eq!(largest, 1 << 44);
+    let set = |size| SetAttr { size: Some(size), ..SetAttr::default() };
+    assert_eq!(ns.setattr(&root(), f.ino, &set(largest)).unwrap().size, largest);
+    assert_eq!(errno(ns.setattr(&root(), f.ino, &set(largest + 1))), EFBIG);
+    assert_eq!(errno(ns.setattr(&root(), f.ino, &set(1 << 63))), EFBIG);
+    assert_eq!(errno(ns.wrote(&root(), f.ino, (1 << 63) + 10)), EFBIG);
 }
 
 #[test]
