@@ -239,6 +239,7 @@ fn install_segments(state: &mut State, segments: &BTreeMap<SegmentId, ScannedSeg
                 stream: scanned.stream.expect("kept segments have a header"),
                 file: scanned.file.clone(),
                 length: scanned.length,
+                preallocated: None,
                 inflight: 0,
                 inflight_at: BTreeSet::new(),
                 kicked: scanned.length,

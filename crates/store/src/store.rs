@@ -232,6 +232,9 @@ pub(crate) struct Segment {
     pub file: Arc<dyn SegmentFile>,
     /// Bytes placed (written or being written).
     pub length: u64,
+    /// Bytes reserved on disk with `preallocate` (placements below never run out of space);
+    /// `None`: the file system cannot preallocate, or the segment is sealed.
+    pub preallocated: Option<u64>,
     pub inflight: u32,
     /// Start offsets of the placements still being written (one per `inflight`): every byte
     /// below the lowest is written, so that is how far an fsync makes the segment durable.
@@ -416,6 +419,13 @@ pub(crate) struct Placed {
 /// Smallest payload a writer writes through to SSD when DRAM is above its high watermark;
 /// smaller ones wait for the flusher (two extra syscalls would cost more than the copy).
 const WRITE_THROUGH_PAYLOAD_BYTES_MIN: u64 = 4096;
+
+/// Which step of making a segment file failed, and how.
+type SegmentFileFailure = (&'static str, std::io::Error);
+
+/// Segments are preallocated in chunks of this size as placements reach the end of what is
+/// reserved (at most `segment_bytes_max`), so a segment never holds much unused disk.
+const PREALLOCATE_CHUNK_BYTES: u64 = 16 << 20;
 
 /// Writeback is started (`sync_file_range`) in chunks of this size as segments fill.
 const WRITEBACK_CHUNK_BYTES: u64 = 16 << 20;
@@ -1862,8 +1872,9 @@ impl Inner {
             }
             None => self.create_segment(state, stream)?,
         };
+        let offset = state.segments[&segment_id].length;
+        self.reserve_blocks(state, segment_id, offset + bytes)?;
         let segment = state.segments.get_mut(&segment_id).expect("placed segment missing");
-        let offset = segment.length;
         segment.length += bytes;
         segment.inflight += 1;
         segment.inflight_at.insert(offset);
@@ -1903,8 +1914,8 @@ impl Inner {
         {
             made = self.make_segment_file(&name, stream, &bytes);
         }
-        let file = match made {
-            Ok(file) => file,
+        let (file, preallocated) = match made {
+            Ok(made) => made,
             Err((what, error)) => {
                 let reason =
                     format!("{what} segment {id} ({name}) in {}: {error}", self.storage.describe());
@@ -1915,17 +1926,7 @@ impl Inner {
                 return Err(PlaceError::Io(reason));
             }
         };
-        match file.set_write_hint(write_hint_for(stream)) {
-            Ok(true) => state.hints = WriteHints::Supported,
-            Ok(false) => {
-                if state.hints == WriteHints::NotTried {
-                    state.hints = WriteHints::Unsupported;
-                }
-            }
-            Err(error) => {
-                tracing::warn!(%error, segment = %id, "setting the write-lifetime hint failed")
-            }
-        }
+        set_write_hint(state, file.as_ref(), stream, id);
         self.write_log.write(stream, id, 0, bytes.len() as u64);
         state.segments.insert(
             id,
@@ -1933,6 +1934,7 @@ impl Inner {
                 stream,
                 file,
                 length: bytes.len() as u64,
+                preallocated,
                 inflight: 0,
                 inflight_at: BTreeSet::new(),
                 kicked: 0,
@@ -1961,20 +1963,23 @@ impl Inner {
         name: &str,
         stream: StreamKey,
         header: &[u8],
-    ) -> Result<Arc<dyn SegmentFile>, (&'static str, std::io::Error)> {
+    ) -> Result<(Arc<dyn SegmentFile>, Option<u64>), SegmentFileFailure> {
         let file = self.storage.create(name).map_err(|e| ("creating", e))?;
+        let first_chunk = PREALLOCATE_CHUNK_BYTES.min(self.knobs.segment_bytes_max);
         let result = (|| {
-            match file.preallocate(self.knobs.segment_bytes_max) {
-                Ok(_) => {}
+            let preallocated = match file.preallocate(first_chunk) {
+                Ok(true) => Some(first_chunk),
+                Ok(false) => None,
                 // Metadata records are appended under the lock, so a failed one can always be
                 // rolled back: a metadata segment may go without its preallocation.
-                Err(error) if is_no_space(&error) && stream == META_STREAM => {}
+                Err(error) if is_no_space(&error) && stream == META_STREAM => None,
                 Err(error) => return Err(("preallocating", error)),
-            }
-            file.write_at(0, header).map_err(|e| ("writing the header of", e))
+            };
+            file.write_at(0, header).map_err(|e| ("writing the header of", e))?;
+            Ok(preallocated)
         })();
         match result {
-            Ok(()) => Ok(file),
+            Ok(preallocated) => Ok((file, preallocated)),
             Err(failure) => {
                 drop(file);
                 if let Err(error) = self.storage.remove(name) {
@@ -1983,6 +1988,53 @@ impl Inner {
                 Err(failure)
             }
         }
+    }
+
+    /// Step 2 of `place`: makes sure the disk blocks of `segment` are reserved up to `end`,
+    /// preallocating the next chunk if not (releasing the reserve file once for the metadata
+    /// stream). Out of space, nothing is placed and the store carries on.
+    fn reserve_blocks(
+        &self,
+        state: &mut State,
+        segment_id: SegmentId,
+        end: u64,
+    ) -> Result<(), PlaceError> {
+        let segment = &state.segments[&segment_id];
+        let Some(reserved) = segment.preallocated else { return Ok(()) };
+        if end <= reserved {
+            return Ok(());
+        }
+        let target =
+            (reserved + PREALLOCATE_CHUNK_BYTES).min(self.knobs.segment_bytes_max).max(end);
+        let (file, stream) = (segment.file.clone(), segment.stream);
+        let mut result = file.preallocate(target);
+        if matches!(&result, Err(error) if is_no_space(error))
+            && stream == META_STREAM
+            && self.release_reserve(state)
+        {
+            result = file.preallocate(target);
+        }
+        let segment = state.segments.get_mut(&segment_id).expect("placed segment missing");
+        match result {
+            Ok(true) => segment.preallocated = Some(target),
+            Ok(false) => segment.preallocated = None,
+            // A metadata record can always be rolled back: append without the reservation.
+            Err(error) if is_no_space(&error) && stream == META_STREAM => {
+                segment.preallocated = None;
+            }
+            Err(error) => {
+                let reason = format!(
+                    "preallocating segment {segment_id} to {target} bytes in {}: {error}",
+                    self.storage.describe()
+                );
+                if is_no_space(&error) {
+                    state.disk_full = true;
+                    return Err(PlaceError::NoSpace(reason));
+                }
+                return Err(PlaceError::Io(reason));
+            }
+        }
+        Ok(())
     }
 
     /// Appends a metadata record (name, commit, epoch state) to the metadata stream, under the
@@ -2454,6 +2506,21 @@ impl Inner {
 fn forget_segment_of_epoch(state: &mut State, epoch: EpochId, segment: SegmentId) {
     if let Some(entry) = state.epochs.get_mut(&epoch) {
         entry.segments.remove(&segment);
+    }
+}
+
+/// Sets a new segment's write-lifetime hint and records whether the kernel supports hints.
+fn set_write_hint(state: &mut State, file: &dyn SegmentFile, stream: StreamKey, id: SegmentId) {
+    match file.set_write_hint(write_hint_for(stream)) {
+        Ok(true) => state.hints = WriteHints::Supported,
+        Ok(false) => {
+            if state.hints == WriteHints::NotTried {
+                state.hints = WriteHints::Unsupported;
+            }
+        }
+        Err(error) => {
+            tracing::warn!(%error, segment = %id, "setting the write-lifetime hint failed")
+        }
     }
 }
 

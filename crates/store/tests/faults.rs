@@ -518,3 +518,51 @@ fn random_faults_never_lose_committed_data_and_enospc_is_never_sticky() {
         run_with_faults(base.wrapping_add(round), round % 2 == 1);
     }
 }
+
+#[test]
+fn a_segment_reserves_its_blocks_chunk_by_chunk_and_a_refused_chunk_places_nothing() {
+    let knobs = spillway_config::StoreKnobs {
+        segment_bytes_max: 48 << 20,
+        ssd_bytes_max: 256 << 20,
+        ssd_reserve_bytes: 0,
+        ..common::small_knobs()
+    };
+    let storage = SimStorage::new();
+    let store =
+        Store::open_with_flusher(&knobs, storage.clone() as Arc<dyn Storage>, FlusherMode::Manual)
+            .unwrap();
+    // Room for the first 16 MiB chunk of a data segment and a little more, not a second chunk.
+    storage.set_capacity(Some(storage.allocated_bytes() + (20 << 20)));
+    let (written, refusal) = {
+        let mut written = 0u64;
+        loop {
+            let data = common::payload(written, 16 * KIB as usize);
+            match store.write(StreamKey(1), EpochId(1), FileId(1), written, &data) {
+                Ok(()) => written += data.len() as u64,
+                Err(error) => break (written, error),
+            }
+            store.step_flusher();
+            assert!(written < 32 << 20, "a 20 MiB file system took {written} bytes");
+        }
+    };
+    assert!(
+        matches!(refusal, WriteError::OutOfSpace { limit: SpaceLimit::FileSystem, .. }),
+        "{refusal:?}"
+    );
+    // Nothing was placed past the reserved first chunk.
+    for (name, length) in storage.files() {
+        assert!(length <= 16 << 20, "{name} is {length} bytes, past its reserved chunk");
+    }
+    // Space returns: the segment takes its next chunk and everything commits.
+    storage.set_capacity(None);
+    let data = common::payload(written, 16 * KIB as usize);
+    store.write(StreamKey(1), EpochId(1), FileId(1), written, &data).unwrap();
+    store.commit(EpochId(1), Durability::Ssd).unwrap();
+    store.check_invariants();
+    drop(store);
+    let store = reopen(&storage, &knobs);
+    let mut back = vec![0u8; 16 * KIB as usize];
+    store.read(EpochId(1), FileId(1), written, &mut back).unwrap();
+    assert!(back == data);
+    assert_eq!(store.stat(EpochId(1), FileId(1)).unwrap().size_bytes, written + 16 * KIB);
+}
