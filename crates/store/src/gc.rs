@@ -172,17 +172,21 @@ impl Inner {
             if !is_live_in(&state, victim, at, total, &header) {
                 continue;
             }
-            let (target, offset, target_file) =
-                match self.place(&mut state, stream, total, header.sequence) {
-                    Ok(p) => p,
-                    // No room for a new segment: copy what was placed; the victim keeps the
-                    // rest and stays until a later round empties it.
-                    Err(PlaceError::NoSpace(_)) => break,
-                    Err(PlaceError::Io(reason)) => {
-                        self.fail(&mut state, reason.clone());
-                        return Err(reason);
-                    }
-                };
+            let mut placed = self.place(&mut state, stream, total, header.sequence);
+            if matches!(placed, Err(PlaceError::NoSpace(_))) && self.release_reserve(&mut state) {
+                // Compaction is how a full disk gets space back: it may use the reserve.
+                placed = self.place(&mut state, stream, total, header.sequence);
+            }
+            let (target, offset, target_file) = match placed {
+                Ok(p) => p,
+                // No room for a new segment: copy what was placed; the victim keeps the
+                // rest and stays until a later round empties it.
+                Err(PlaceError::NoSpace(_)) => break,
+                Err(PlaceError::Io(reason)) => {
+                    self.fail(&mut state, reason.clone());
+                    return Err(reason);
+                }
+            };
             let epoch = header.epoch;
             let tombstone = header.kind == RecordKind::EpochState;
             move_bytes(&mut state, victim, target, epoch, total, tombstone);
