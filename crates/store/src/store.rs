@@ -1439,11 +1439,11 @@ impl Inner {
     }
 
     /// After an ENOSPC: whether the file system has room again for `needed` bytes plus a new
-    /// segment and the reserve; clears `disk_full` if so. Unknown free space counts as room
+    /// segment's first chunk and the reserve; clears `disk_full` if so. Unknown free space counts as room
     /// (the next append finds out).
     pub(crate) fn disk_has_room(&self, state: &mut State, needed: u64) -> bool {
         let wanted = needed
-            .saturating_add(self.knobs.segment_bytes_max)
+            .saturating_add(self.first_chunk_bytes())
             .saturating_add(if state.reserve_held { 0 } else { self.knobs.ssd_reserve_bytes });
         let room = match self.storage.available_bytes() {
             Ok(Some(available)) => available >= wanted,
@@ -1453,6 +1453,11 @@ impl Inner {
             state.disk_full = false;
         }
         room
+    }
+
+    /// What a new segment reserves on disk at creation.
+    pub(crate) fn first_chunk_bytes(&self) -> u64 {
+        PREALLOCATE_CHUNK_BYTES.min(self.knobs.segment_bytes_max)
     }
 
     /// Frees the reserve file so metadata can still be written on a full file system. `true`
@@ -1486,7 +1491,7 @@ impl Inner {
         if state.disk_full && !self.disk_has_room(&mut state, 0) {
             return;
         }
-        let wanted = self.knobs.ssd_reserve_bytes.saturating_add(self.knobs.segment_bytes_max);
+        let wanted = self.knobs.ssd_reserve_bytes.saturating_add(self.first_chunk_bytes());
         if let Ok(Some(available)) = self.storage.available_bytes() {
             if available < wanted {
                 return;
@@ -1965,7 +1970,7 @@ impl Inner {
         header: &[u8],
     ) -> Result<(Arc<dyn SegmentFile>, Option<u64>), SegmentFileFailure> {
         let file = self.storage.create(name).map_err(|e| ("creating", e))?;
-        let first_chunk = PREALLOCATE_CHUNK_BYTES.min(self.knobs.segment_bytes_max);
+        let first_chunk = self.first_chunk_bytes();
         let result = (|| {
             let preallocated = match file.preallocate(first_chunk) {
                 Ok(true) => Some(first_chunk),
