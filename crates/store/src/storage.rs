@@ -65,8 +65,8 @@ pub trait Storage: Send + Sync {
     fn sync_directory(&self) -> io::Result<()>;
     /// Where the files live, for error messages.
     fn describe(&self) -> String;
-    /// Bytes an unprivileged writer can still allocate in the directory's file system
-    /// (`statvfs` f_bavail × f_frsize); `None` when unknown.
+    /// Bytes this process can still allocate in the directory's file system (`statvfs`
+    /// f_bavail, or f_bfree for root, × f_frsize); `None` when unknown.
     fn available_bytes(&self) -> io::Result<Option<u64>> {
         Ok(None)
     }
@@ -255,7 +255,12 @@ impl Storage for PosixStorage {
         if unsafe { libc::statvfs(path.as_ptr(), &mut stats) } != 0 {
             return Err(io::Error::last_os_error());
         }
-        Ok(Some((stats.f_bavail as u64).saturating_mul(stats.f_frsize as u64)))
+        // Root may also use the blocks the file system keeps back for it (ext4's reserved
+        // blocks): counting only f_bavail would keep a root server refusing writes long after
+        // a delete freed space it can use.
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let blocks = if unsafe { libc::geteuid() } == 0 { stats.f_bfree } else { stats.f_bavail };
+        Ok(Some((blocks as u64).saturating_mul(stats.f_frsize as u64)))
     }
 }
 
@@ -635,6 +640,37 @@ impl Storage for SimStorage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn posix_preallocation_keeps_the_length_and_free_space_is_known() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = PosixStorage::new(dir.path()).unwrap();
+        let before = storage.available_bytes().unwrap().expect("statvfs works on a tempdir");
+        let file = storage.create("a").unwrap();
+        file.write_at(0, b"header").unwrap();
+        if file.preallocate(4 << 20).unwrap() {
+            // Reserved, not written: the length is still the logical end.
+            assert_eq!(file.len().unwrap(), 6);
+            let after = storage.available_bytes().unwrap().unwrap();
+            assert!(after < before, "4 MiB preallocated but free space did not shrink");
+        }
+    }
+
+    #[test]
+    fn sim_storage_runs_out_of_space_with_a_short_write_and_frees_on_remove() {
+        let storage = SimStorage::new();
+        storage.set_capacity(Some(100));
+        let dir: Arc<dyn Storage> = storage.clone();
+        let file = dir.create("a").unwrap();
+        let error = file.write_at(0, &[1u8; 150]).unwrap_err();
+        assert!(is_no_space(&error));
+        // The first 100 bytes landed (a short write), the rest did not.
+        assert_eq!(file.len().unwrap(), 100);
+        assert_eq!(dir.available_bytes().unwrap(), Some(0));
+        assert!(is_no_space(&dir.create("b").err().unwrap()));
+        dir.remove("a").unwrap();
+        assert_eq!(dir.available_bytes().unwrap(), Some(100));
+    }
 
     #[test]
     fn crash_image_drops_unsynced_and_tears_last_write() {
