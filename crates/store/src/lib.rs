@@ -51,6 +51,7 @@ pub use format::META_STREAM;
 pub use grant::{EpochGrant, GrantMode, GrantOutcome};
 pub use slot::WriteSlot;
 pub use storage::{CrashPlan, PosixStorage, SegmentFile, SimStorage, Storage};
+pub use store::RESERVE_FILE_NAME;
 pub use store::{
     write_hint_for, Durability, EpochInfo, ExtentInfo, FileInfo, GcReport, RecoveryReport, Store,
     StoreStats, Tier, WriteHints,

@@ -233,7 +233,7 @@ pub(crate) struct Segment {
     /// Bytes placed (written or being written).
     pub length: u64,
     /// Bytes reserved on disk with `preallocate` (placements below never run out of space);
-    /// `None`: the file system cannot preallocate, or the segment is sealed.
+    /// `None`: the file system cannot preallocate, or the segment was recovered (sealed).
     pub preallocated: Option<u64>,
     pub inflight: u32,
     /// Start offsets of the placements still being written (one per `inflight`): every byte
