@@ -233,6 +233,8 @@ fn server_killed_mid_drain_resumes_from_its_journal() {
     // writes its domain but cannot finish: it needs server 1's bytes and part.
     servers[1].sigkill().unwrap();
     std::fs::create_dir(&pfs).unwrap();
+    let marked = std::process::Command::new(BIN).args(["drain", "mark-pfs"]).arg(&pfs).status();
+    assert!(marked.unwrap().success(), "spillway drain mark-pfs");
     std::thread::sleep(Duration::from_millis(300));
     assert!(!pfs.join("epoch-3/ckpt/shared.dat").exists(), "published without server 1's part");
     // Restart: the journal re-queues the drain, nobody asks again.

@@ -39,8 +39,8 @@ use spillway_server::{Backend, BackendError, DrainControl, IngestProbe};
 use spillway_types::EpochId;
 
 use crate::journal::{DrainMode, Journal, JournalError};
-use crate::pfs::{IoBuffer, Pfs, PfsError, PfsFile, PfsOwner};
-use crate::plan::{chunk_writes, clip_extents, naive_writes, partition_domains};
+use crate::pfs::{AtFinalName, IoBuffer, Pfs, PfsError, PfsFile, PfsOwner, PublishedIdentity};
+use crate::plan::{chunk_writes, clip_extents, held_chunks, naive_writes, partition_domains};
 use crate::staging_key::StagingKey;
 
 /// Drainer settings (from the `[drain]` knobs).
@@ -62,6 +62,8 @@ pub struct DrainerOptions {
     pub retry_backoff_max: Duration,
     /// Epochs queued at once; more requests are refused with `Busy`.
     pub queued_epochs_max: usize,
+    /// Failed attempts after which an epoch's drain is quarantined (0: never).
+    pub quarantine_after_failures: u32,
     /// Name for logs.
     pub server_name: String,
     /// The servers' secret behind staging names (the same for every server of a reservation).
@@ -90,6 +92,12 @@ pub enum DrainError {
     NotParticipant { index: usize, name: String },
     #[error("mount file names: {0}")]
     Namespace(spillway_namespace::MetaError),
+    #[error("PFS final name {path} holds {what}: not replaced and not taken as drained; move it aside and the drain's next attempt publishes")]
+    FinalNameTaken { path: PathBuf, what: String },
+    #[error("namespace {namespace} found on the servers belongs to epoch {found} (its data epoch), not to epoch {epoch} being drained (a reused namespace id): its paths are not this epoch's; refusing to publish")]
+    NamespaceIncarnation { namespace: u64, found: EpochId, epoch: EpochId },
+    #[error("drain attempt panicked: {0}")]
+    Panicked(String),
 }
 
 /// Why starting the drainer failed.
@@ -119,6 +127,12 @@ struct EpochStatus {
     yielded_us: u64,
     failed_attempts: u32,
     last_error: String,
+    /// Files of this epoch a later epoch's file replaced on the PFS (same path).
+    superseded: Vec<String>,
+    /// The earliest time of the next attempt (backoff after a failure, poll while waiting).
+    next_attempt: Option<Instant>,
+    backoff: Duration,
+    wait_poll: Duration,
 }
 
 impl EpochStatus {
@@ -136,6 +150,10 @@ impl EpochStatus {
             yielded_us: 0,
             failed_attempts: 0,
             last_error: String::new(),
+            superseded: Vec::new(),
+            next_attempt: None,
+            backoff: Duration::ZERO,
+            wait_poll: Duration::ZERO,
         }
     }
 }
@@ -203,6 +221,15 @@ impl Drainer {
             tracing::info!(%epoch, %mode, "drain: resuming a journaled drain");
             state.epochs.insert(epoch, EpochStatus::new(mode, DrainState::Queued));
             state.queue.push_back(epoch);
+        }
+        for (epoch, mode, failed_attempts) in journal.quarantined_epochs() {
+            let mut status = EpochStatus::new(mode, DrainState::Quarantined);
+            status.failed_attempts = failed_attempts;
+            status.last_error = format!(
+                "quarantined after {failed_attempts} failed attempt(s) before this server \
+                 started (the error is in its log); request the drain again to retry"
+            );
+            state.epochs.insert(epoch, status);
         }
         for epoch in journal.drained_epochs() {
             // Crash between the journal's Drained record and the store's mark: finish it.
@@ -376,6 +403,61 @@ fn checked_relative(epoch: EpochId, name: &str) -> Result<&Path, DrainError> {
     Ok(relative)
 }
 
+/// What the final name means for the file being drained (see [`judge_final_name`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Verdict {
+    /// This drain published it (this epoch, this store file): done.
+    Ours,
+    /// Nothing there: publish without replacing.
+    Free,
+    /// An earlier epoch's drained file: the later commit (this one) replaces it.
+    Supersedes(PublishedIdentity),
+    /// A symbolic link (no data; someone planted it): the publish replaces it where the PFS
+    /// lets the owner (not in a sticky directory of another user's: `EPERM`, retried).
+    ReplaceLink(String),
+    /// A later epoch's drained file: this one is superseded, not published.
+    SupersededBy(PublishedIdentity),
+    /// Something the drain did not publish (a user's own file, another user's, a link, a
+    /// directory), or another file of this very epoch: never replaced, never taken as done.
+    Taken(String),
+}
+
+/// The same-path rule (docs/semantics.md, "Drain"): only this epoch's own identity proves the
+/// file is published; between drained files of different epochs the later commit (the higher
+/// epoch id) wins.
+fn judge_final_name(found: AtFinalName, epoch: EpochId, file: &str) -> Verdict {
+    match found {
+        AtFinalName::Absent => Verdict::Free,
+        AtFinalName::Other(what) => Verdict::Taken(what),
+        AtFinalName::Link(what) => Verdict::ReplaceLink(what),
+        AtFinalName::Published(identity) => {
+            if identity.epoch == epoch.0 && identity.file == file {
+                Verdict::Ours
+            } else if identity.epoch < epoch.0 {
+                Verdict::Supersedes(identity)
+            } else if identity.epoch > epoch.0 {
+                Verdict::SupersededBy(identity)
+            } else {
+                Verdict::Taken(format!(
+                    "file {:?} of the same epoch {} (two files of one epoch with one PFS path)",
+                    identity.file, identity.epoch
+                ))
+            }
+        }
+    }
+}
+
+/// The text of a caught panic.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = panic.downcast_ref::<&str>() {
+        text.to_string()
+    } else if let Some(text) = panic.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "(no message)".to_string()
+    }
+}
+
 /// Whether clients are writing to this server: the ingest counter moved within `idle_after`
 /// of the time of an observation. Time is passed in (no clock inside), so tests drive it.
 #[derive(Clone, Debug)]
@@ -462,11 +544,12 @@ impl Inner {
     fn request(&self, epoch: EpochId, mode: DrainMode) -> Result<(), BackendError> {
         let mut state = self.state.lock();
         if let Some(s) = state.epochs.get(&epoch) {
-            if s.state == DrainState::Drained
-                || state.queue.contains(&epoch)
-                || s.state != DrainState::Queued
+            // A quarantined epoch is released by a new request; any other known one is
+            // drained, queued or in progress.
+            if s.state != DrainState::Quarantined
+                && (s.state != DrainState::Queued || state.queue.contains(&epoch))
             {
-                return Ok(()); // drained, queued or in progress
+                return Ok(());
             }
         }
         let pending = state.queue.len();
@@ -502,7 +585,16 @@ impl Inner {
                 shuffle_us: s.shuffle_us,
                 flush_us: s.flush_us,
                 failed_attempts: s.failed_attempts,
-                last_error: s.last_error.clone(),
+                last_error: if s.superseded.is_empty() {
+                    s.last_error.clone()
+                } else {
+                    let superseded = format!("superseded: {}", s.superseded.join("; "));
+                    [s.last_error.as_str(), &superseded]
+                        .into_iter()
+                        .filter(|t| !t.is_empty())
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                },
             })
             .collect()
     }
@@ -513,63 +605,129 @@ impl Inner {
         }
     }
 
-    /// Sleeps up to `d`, waking early on stop or a new request.
-    fn pause(&self, d: Duration) {
-        let mut state = self.state.lock();
-        if !self.stop.load(Ordering::SeqCst) {
-            self.wake.wait_for(&mut state, d);
-        }
-    }
-
     fn run(self: Arc<Self>) {
         let mut client: Option<Client> = None;
-        let mut backoff = self.options.retry_backoff_min;
-        let mut wait_poll = Duration::from_millis(20);
+        let mut last_owner: Option<u32> = None;
         while !self.stop.load(Ordering::SeqCst) {
             if let Some(probe) = &self.ingest {
                 self.activity.lock().observe(probe.bytes_written(), Instant::now());
             }
-            let next = {
-                let mut state = self.state.lock();
-                match state.queue.front().copied() {
-                    Some(epoch) => Some((epoch, state.epochs[&epoch].mode)),
-                    None => {
-                        self.wake.wait_for(&mut state, Duration::from_millis(200));
-                        None
-                    }
-                }
-            };
-            let Some((epoch, mode)) = next else { continue };
+            let Some((epoch, mode)) = self.next_epoch(&mut last_owner) else { continue };
             self.set(epoch, |s| s.state = DrainState::Running);
-            match self.drain_epoch(&mut client, epoch, mode) {
+            // One epoch's panicking attempt must not kill the worker (every other epoch's
+            // drain) nor crash-loop the server at restart: it is caught and quarantined.
+            let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.drain_epoch(&mut client, epoch, mode)
+            }));
+            let result = attempt.unwrap_or_else(|panic| {
+                client = None;
+                Err(DrainError::Panicked(panic_message(panic.as_ref())))
+            });
+            match result {
                 Ok(Outcome::Done) => {
-                    backoff = self.options.retry_backoff_min;
-                    wait_poll = Duration::from_millis(20);
-                    let mut state = self.state.lock();
-                    state.queue.retain(|e| *e != epoch);
+                    self.state.lock().queue.retain(|e| *e != epoch);
                 }
-                Ok(Outcome::Wait(why)) => {
-                    self.set(epoch, |s| {
-                        s.state = DrainState::Waiting;
-                        s.last_error = why;
-                    });
-                    self.pause(wait_poll);
-                    wait_poll = (wait_poll * 2).min(Duration::from_millis(500));
-                }
-                Err(error) => {
-                    if matches!(error, DrainError::Peer(_)) {
-                        client = None; // reconnect next time
-                    }
-                    tracing::warn!(server = %self.options.server_name, %epoch, %error, retry_in_ms = backoff.as_millis() as u64, "drain attempt failed; data stays in the burst buffer");
-                    self.set(epoch, |s| {
-                        s.state = DrainState::Retrying;
-                        s.failed_attempts += 1;
-                        s.last_error = error.to_string();
-                    });
-                    self.pause(backoff);
-                    backoff = (backoff * 2).min(self.options.retry_backoff_max);
-                }
+                Ok(Outcome::Wait(why)) => self.set(epoch, |s| {
+                    s.state = DrainState::Waiting;
+                    s.last_error = why;
+                    s.wait_poll = if s.wait_poll.is_zero() {
+                        Duration::from_millis(20)
+                    } else {
+                        (s.wait_poll * 2).min(Duration::from_millis(500))
+                    };
+                    s.next_attempt = Some(Instant::now() + s.wait_poll);
+                }),
+                Err(error) => self.failed(&mut client, epoch, error),
             }
+        }
+    }
+
+    /// The next epoch to attempt: among queued epochs whose backoff or poll delay is over,
+    /// owners take turns (round robin by uid after `last_owner`), oldest epoch first within an
+    /// owner. `None` after sleeping (until the earliest next attempt, at most 200 ms) when no
+    /// epoch is ready, so one epoch's backoff never delays another's drain.
+    fn next_epoch(&self, last_owner: &mut Option<u32>) -> Option<(EpochId, DrainMode)> {
+        let now = Instant::now();
+        let mut state = self.state.lock();
+        let mut earliest: Option<Instant> = None;
+        let mut ready: Vec<(u32, EpochId)> = Vec::new();
+        for epoch in &state.queue {
+            let Some(status) = state.epochs.get(epoch) else { continue };
+            match status.next_attempt {
+                Some(at) if at > now => earliest = Some(earliest.map_or(at, |e| e.min(at))),
+                _ => ready.push((self.owner_uid(*epoch), *epoch)),
+            }
+        }
+        let Some(&(first_owner, _)) = ready.iter().min_by_key(|(owner, _)| *owner) else {
+            let idle = Duration::from_millis(200);
+            let sleep = earliest.map_or(idle, |at| at.saturating_duration_since(now).min(idle));
+            self.wake.wait_for(&mut state, sleep);
+            return None;
+        };
+        let owner = ready
+            .iter()
+            .map(|(owner, _)| *owner)
+            .filter(|owner| last_owner.is_none_or(|last| *owner > last))
+            .min()
+            .unwrap_or(first_owner);
+        *last_owner = Some(owner);
+        let epoch = ready.iter().filter(|(o, _)| *o == owner).map(|(_, e)| *e).min()?;
+        Some((epoch, state.epochs[&epoch].mode))
+    }
+
+    /// The uid an epoch's drain is queued under (its grant's owner; the server's own epochs
+    /// are this process's).
+    fn owner_uid(&self, epoch: EpochId) -> u32 {
+        self.backend.grant(epoch).map_or(spillway_sys::user::euid(), |grant| grant.owner_uid)
+    }
+
+    /// A failed attempt: backs off this epoch only, or quarantines it after too many failures
+    /// or a panic.
+    fn failed(&self, client: &mut Option<Client>, epoch: EpochId, error: DrainError) {
+        if matches!(error, DrainError::Peer(_)) {
+            *client = None; // reconnect next time
+        }
+        let attempts_max = self.options.quarantine_after_failures;
+        let mut quarantine = None;
+        self.set(epoch, |s| {
+            s.failed_attempts = s.failed_attempts.saturating_add(1);
+            s.last_error = error.to_string();
+            if matches!(error, DrainError::Panicked(_))
+                || (attempts_max > 0 && s.failed_attempts >= attempts_max)
+            {
+                quarantine = Some(s.failed_attempts);
+                return;
+            }
+            s.state = DrainState::Retrying;
+            s.backoff = if s.backoff.is_zero() {
+                self.options.retry_backoff_min
+            } else {
+                (s.backoff * 2).min(self.options.retry_backoff_max)
+            };
+            s.next_attempt = Some(Instant::now() + s.backoff);
+            tracing::warn!(server = %self.options.server_name, %epoch, %error, failed_attempts = s.failed_attempts, retry_in_ms = s.backoff.as_millis() as u64, "drain attempt failed; data stays in the burst buffer");
+        });
+        if let Some(failed_attempts) = quarantine {
+            self.quarantine(epoch, failed_attempts, &error);
+        }
+    }
+
+    /// Gives `epoch` up: journaled (not resumed at restart), out of the queue, shown in status
+    /// with its error; the data stays in the burst buffer until a new request releases it.
+    fn quarantine(&self, epoch: EpochId, failed_attempts: u32, error: &DrainError) {
+        tracing::error!(server = %self.options.server_name, %epoch, %error, failed_attempts, "drain quarantined: not retried until the drain is requested again; the data stays in the burst buffer");
+        if let Err(journal_error) = self.journal.lock().quarantined(epoch, failed_attempts) {
+            tracing::error!(%epoch, error = %journal_error, "drain: cannot journal the quarantine (it holds until this server restarts)");
+        }
+        let mut state = self.state.lock();
+        state.queue.retain(|e| *e != epoch);
+        if let Some(s) = state.epochs.get_mut(&epoch) {
+            s.state = DrainState::Quarantined;
+            s.next_attempt = None;
+            s.last_error = format!(
+                "quarantined after {failed_attempts} failed attempt(s): {error}; request the \
+                 drain again to retry"
+            );
         }
     }
 
@@ -589,10 +747,8 @@ impl Inner {
             }
         }
         let files = self.backend.files(epoch).map_err(DrainError::Store)?;
-        self.set(epoch, |s| {
-            s.files_total = files.len() as u64;
-            s.last_error.clear();
-        });
+        // The last error stays shown until the drain succeeds.
+        self.set(epoch, |s| s.files_total = files.len() as u64);
         if let Outcome::Wait(why) = self.drain_files(client, epoch, mode, &files)? {
             return Ok(Outcome::Wait(why));
         }
@@ -675,25 +831,25 @@ impl Inner {
         let mut waiting = None;
         // Mount files (`ns/<id>/<ino>.<gen>`) are published under their namespace paths.
         let mut namespace_names = crate::namespace_names::NamespaceNames::new(
+            epoch,
             self.options.peers.clone(),
             self.options.munge_socket.clone(),
         );
         for file in files {
             let key = &self.options.staging_key;
-            let names =
-                match namespace_names.final_name(&file.name).map_err(DrainError::Namespace)? {
-                    crate::namespace_names::FinalName::Unchanged => {
-                        Names::new(epoch, &file.name, key, self.epoch_owner(epoch))?
-                    }
-                    crate::namespace_names::FinalName::Path { path, uid, gid, mode } => {
-                        let owner = mount_file_owner(uid, gid, mode);
-                        Names::published_as(epoch, &path, key, owner)?
-                    }
-                    crate::namespace_names::FinalName::Dead => {
-                        done += 1;
-                        continue;
-                    }
-                };
+            let names = match namespace_names.final_name(&file.name)? {
+                crate::namespace_names::FinalName::Unchanged => {
+                    Names::new(epoch, &file.name, key, self.epoch_owner(epoch))?
+                }
+                crate::namespace_names::FinalName::Path { path, uid, gid, mode } => {
+                    let owner = mount_file_owner(uid, gid, mode);
+                    Names::published_as(epoch, &path, key, owner)?
+                }
+                crate::namespace_names::FinalName::Dead => {
+                    done += 1;
+                    continue;
+                }
+            };
             match self.drain_file(client, epoch, mode, file.file, &file.name, &names)? {
                 Outcome::Done => done += 1,
                 Outcome::Wait(why) => waiting = Some(why),
@@ -732,13 +888,13 @@ impl Inner {
         name: &str,
         names: &Names,
     ) -> Result<Outcome, DrainError> {
-        if self.pfs.holds_owned_file(&names.final_path, &names.owner)? {
-            return Ok(Outcome::Done);
+        if let Some(outcome) = self.settled_by_final_name(epoch, name, names)? {
+            return Ok(outcome);
         }
         let handle = client.open_file(epoch, name)?;
         let participants = handle.servers();
-        if self.pfs.holds_owned_file(&names.final_path, &names.owner)? {
-            return Ok(Outcome::Done);
+        if let Some(outcome) = self.settled_by_final_name(epoch, name, names)? {
+            return Ok(outcome);
         }
         let me = self.options.self_index;
         let position = participants
@@ -756,6 +912,7 @@ impl Inner {
                 position,
                 participants.len(),
                 names,
+                name,
             )?;
             self.set(epoch, |s| {
                 s.pfs_bytes_written += stats.bytes;
@@ -774,23 +931,99 @@ impl Inner {
             }
         }
         if !missing.is_empty() {
-            if self.pfs.holds_owned_file(&names.final_path, &names.owner)? {
-                return Ok(Outcome::Done);
+            if let Some(outcome) = self.settled_by_final_name(epoch, name, names)? {
+                return Ok(outcome);
             }
             return Ok(Outcome::Wait(format!(
                 "{name:?}: waiting for the parts of servers {missing:?}"
             )));
         }
-        if let Err(error) = self.pfs.publish(&names.staging, &names.final_path, &names.owner) {
-            // A peer published first (both saw every marker).
-            if !self.pfs.holds_owned_file(&names.final_path, &names.owner)? {
-                return Err(error.into());
-            }
-        }
+        self.publish(epoch, name, names)?;
         for &server in &participants {
             self.pfs.remove(&names.marker(server), &names.owner)?;
         }
         Ok(Outcome::Done)
+    }
+
+    /// `Some` when the final name settles the file without writing: it is this drain's
+    /// (published earlier, maybe by a peer), or a later epoch's (this file is superseded). A
+    /// final name holding anything the drain did not publish is an error (retried, data kept).
+    fn settled_by_final_name(
+        &self,
+        epoch: EpochId,
+        name: &str,
+        names: &Names,
+    ) -> Result<Option<Outcome>, DrainError> {
+        let found = self.pfs.final_name_state(&names.final_path, &names.owner)?;
+        match judge_final_name(found, epoch, name) {
+            Verdict::Ours => Ok(Some(Outcome::Done)),
+            Verdict::SupersededBy(newer) => {
+                self.superseded(epoch, names, &newer)?;
+                Ok(Some(Outcome::Done))
+            }
+            Verdict::Taken(what) => {
+                Err(DrainError::FinalNameTaken { path: names.final_path.clone(), what })
+            }
+            Verdict::Free | Verdict::Supersedes(_) | Verdict::ReplaceLink(_) => Ok(None),
+        }
+    }
+
+    /// Every part is written: renames the staging file to the final name, unless the final
+    /// name changed meanwhile (see [`judge_final_name`]).
+    fn publish(&self, epoch: EpochId, name: &str, names: &Names) -> Result<(), DrainError> {
+        let found = self.pfs.final_name_state(&names.final_path, &names.owner)?;
+        let replace = match judge_final_name(found, epoch, name) {
+            Verdict::Ours => return Ok(()), // a peer published first
+            Verdict::SupersededBy(newer) => return self.superseded(epoch, names, &newer),
+            Verdict::Taken(what) => {
+                return Err(DrainError::FinalNameTaken { path: names.final_path.clone(), what })
+            }
+            Verdict::Free => false,
+            Verdict::ReplaceLink(what) => {
+                tracing::warn!(server = %self.options.server_name, %epoch, %what, "drain: replacing a symbolic link at a final name (not followed)");
+                true
+            }
+            Verdict::Supersedes(older) => {
+                tracing::warn!(server = %self.options.server_name, %epoch, path = %names.final_path.display(), older_epoch = older.epoch, older_file = %older.file, "drain: a later commit replaces an earlier epoch's file on the PFS (the earlier one is superseded)");
+                true
+            }
+        };
+        if let Err(error) =
+            self.pfs.publish(&names.staging, &names.final_path, &names.owner, replace)
+        {
+            // Something appeared under the final name since it was judged: a peer of this
+            // drain (fine) or anything else (judged again at the next attempt).
+            let found = self.pfs.final_name_state(&names.final_path, &names.owner)?;
+            if judge_final_name(found, epoch, name) != Verdict::Ours {
+                return Err(error.into());
+            }
+        }
+        Ok(())
+    }
+
+    /// A later epoch's file holds the final name: this file is superseded. Reported (status,
+    /// log); its staging file and this server's marker are removed; nothing else is touched.
+    fn superseded(
+        &self,
+        epoch: EpochId,
+        names: &Names,
+        newer: &PublishedIdentity,
+    ) -> Result<(), DrainError> {
+        let note = format!(
+            "{} superseded by epoch {} (file {})",
+            names.final_path.display(),
+            newer.epoch,
+            newer.file
+        );
+        tracing::warn!(server = %self.options.server_name, %epoch, %note, "drain: a later commit holds this file's PFS name; this epoch's copy is not published");
+        self.set(epoch, |s| {
+            if !s.superseded.contains(&note) {
+                s.superseded.push(note);
+            }
+        });
+        self.pfs.remove(&names.staging, &names.owner)?;
+        self.pfs.remove(&names.marker(self.options.self_index), &names.owner)?;
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -804,6 +1037,7 @@ impl Inner {
         position: usize,
         participants: usize,
         names: &Names,
+        name: &str,
     ) -> Result<PartStats, DrainError> {
         let size = client.file_size(handle)?;
         let extents: Vec<(usize, u64, u64)> =
@@ -836,7 +1070,9 @@ impl Inner {
         stats.yielded_writes = throttle.yielded;
         stats.yielded = throttle.paused;
         let started = Instant::now();
+        // Holes stay holes: only held bytes were written; the size is set here (ftruncate).
         file.extend_to(size)?;
+        file.set_identity(&PublishedIdentity { epoch: epoch.0, size, file: name.to_string() })?;
         file.set_mode(names.owner.file_mode)?;
         file.sync()?;
         stats.flush += started.elapsed();
@@ -853,7 +1089,14 @@ impl Inner {
         throttle: &mut Throttle<'_>,
         stats: &mut PartStats,
     ) -> Result<(), DrainError> {
-        let chunks = chunk_writes(domain, self.options.write_bytes_max, self.options.stripe_bytes);
+        let held: Vec<(u64, u64)> = source.extents.iter().map(|&(_, o, l)| (o, l)).collect();
+        let chunks = held_chunks(
+            &held,
+            &domain,
+            crate::pfs::DIRECT_IO_ALIGN as u64,
+            self.options.write_bytes_max,
+            self.options.stripe_bytes,
+        );
         // Gather (shuffle) on this thread, write on another: two chunks in flight at most.
         let (tx, rx) = std::sync::mpsc::sync_channel::<(u64, IoBuffer)>(1);
         std::thread::scope(|scope| {
@@ -997,6 +1240,37 @@ fn write_chunks(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_our_identity_settles_a_file_and_the_later_epoch_wins_a_shared_path() {
+        let id = |epoch, file: &str| PublishedIdentity { epoch, size: 10, file: file.into() };
+        let published = |epoch, file| AtFinalName::Published(id(epoch, file));
+        let e = EpochId(5);
+        assert_eq!(judge_final_name(AtFinalName::Absent, e, "ns/1/2.0"), Verdict::Free);
+        assert_eq!(judge_final_name(published(5, "ns/1/2.0"), e, "ns/1/2.0"), Verdict::Ours);
+        // Another reservation's epoch with the same POSIX path: never "done" by existing.
+        assert_eq!(
+            judge_final_name(published(4, "ns/1/2.0"), e, "ns/1/2.0"),
+            Verdict::Supersedes(id(4, "ns/1/2.0"))
+        );
+        assert_eq!(
+            judge_final_name(published(6, "ns/3/2.0"), e, "ns/1/2.0"),
+            Verdict::SupersededBy(id(6, "ns/3/2.0"))
+        );
+        // Two files of one epoch on one path, and a file the drain did not publish: refused.
+        assert!(matches!(
+            judge_final_name(published(5, "ns/1/9.0"), e, "ns/1/2.0"),
+            Verdict::Taken(_)
+        ));
+        assert!(matches!(
+            judge_final_name(AtFinalName::Other("a user's file".into()), e, "x"),
+            Verdict::Taken(_)
+        ));
+        assert!(matches!(
+            judge_final_name(AtFinalName::Link("a planted link".into()), e, "x"),
+            Verdict::ReplaceLink(_)
+        ));
+    }
 
     #[test]
     fn ingest_is_active_only_within_the_idle_window_after_the_counter_moved() {

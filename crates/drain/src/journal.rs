@@ -72,6 +72,8 @@ impl std::str::FromStr for DrainMode {
 enum Kind {
     Requested = 1,
     Drained = 2,
+    /// Given up after repeated failures or a panic; not resumed at start until requested again.
+    Quarantined = 3,
 }
 
 /// One epoch's journal state.
@@ -79,6 +81,9 @@ enum Kind {
 pub struct JournalEntry {
     pub mode: DrainMode,
     pub drained: bool,
+    /// Quarantined after this many failed attempts (0: not quarantined). A later `Requested`
+    /// record releases it.
+    pub quarantined_after: u32,
 }
 
 /// Why the journal could not be opened or appended to.
@@ -101,6 +106,17 @@ pub struct Journal {
 }
 
 fn encode(kind: Kind, mode: DrainMode, epoch: EpochId, time_us: u64) -> [u8; RECORD_BYTES] {
+    encode_with(kind, mode, epoch, time_us, 0)
+}
+
+/// `detail`: bytes 24..28; the failed attempts of a `Quarantined` record, 0 otherwise.
+fn encode_with(
+    kind: Kind,
+    mode: DrainMode,
+    epoch: EpochId,
+    time_us: u64,
+    detail: u32,
+) -> [u8; RECORD_BYTES] {
     let mut r = [0u8; RECORD_BYTES];
     r[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
     r[4] = kind as u8;
@@ -108,13 +124,13 @@ fn encode(kind: Kind, mode: DrainMode, epoch: EpochId, time_us: u64) -> [u8; REC
     // 6..8 reserved, zero.
     r[8..16].copy_from_slice(&epoch.0.to_le_bytes());
     r[16..24].copy_from_slice(&time_us.to_le_bytes());
-    // 24..28 reserved, zero.
+    r[24..28].copy_from_slice(&detail.to_le_bytes());
     let crc = crc32c::crc32c(&r[0..28]);
     r[28..32].copy_from_slice(&crc.to_le_bytes());
     r
 }
 
-fn decode(r: &[u8]) -> Result<(Kind, DrainMode, EpochId), String> {
+fn decode(r: &[u8]) -> Result<(Kind, DrainMode, EpochId, u32), String> {
     let magic = u32::from_le_bytes(r[0..4].try_into().unwrap());
     if magic != RECORD_MAGIC {
         return Err(format!("bad magic {magic:#010x}"));
@@ -126,10 +142,12 @@ fn decode(r: &[u8]) -> Result<(Kind, DrainMode, EpochId), String> {
     let kind = match r[4] {
         1 => Kind::Requested,
         2 => Kind::Drained,
+        3 => Kind::Quarantined,
         k => return Err(format!("unknown record kind {k}")),
     };
     let mode = DrainMode::from_code(r[5]).ok_or_else(|| format!("unknown drain mode {}", r[5]))?;
-    Ok((kind, mode, EpochId(u64::from_le_bytes(r[8..16].try_into().unwrap()))))
+    let epoch = EpochId(u64::from_le_bytes(r[8..16].try_into().unwrap()));
+    Ok((kind, mode, epoch, u32::from_le_bytes(r[24..28].try_into().unwrap())))
 }
 
 /// What a journal's bytes say: the state of every epoch, how many whole records hold it, and
@@ -149,11 +167,19 @@ fn replay(bytes: &[u8]) -> Result<Replay, (u64, String)> {
     let mut at = 0;
     while at < whole {
         match decode(&bytes[at..at + RECORD_BYTES]) {
-            Ok((kind, mode, epoch)) => {
-                let entry = entries.entry(epoch).or_insert(JournalEntry { mode, drained: false });
+            Ok((kind, mode, epoch, detail)) => {
+                let entry = entries.entry(epoch).or_insert(JournalEntry {
+                    mode,
+                    drained: false,
+                    quarantined_after: 0,
+                });
                 match kind {
-                    Kind::Requested => entry.mode = mode,
+                    Kind::Requested => {
+                        entry.mode = mode;
+                        entry.quarantined_after = 0;
+                    }
                     Kind::Drained => entry.drained = true,
+                    Kind::Quarantined => entry.quarantined_after = detail.max(1),
                 }
                 records += 1;
                 at += RECORD_BYTES;
@@ -230,11 +256,11 @@ impl Journal {
     /// in the same mode; a drained epoch stays drained.
     pub fn request(&mut self, epoch: EpochId, mode: DrainMode) -> Result<(), JournalError> {
         match self.entries.get(&epoch) {
-            Some(e) if e.drained || e.mode == mode => return Ok(()),
+            Some(e) if e.drained || (e.mode == mode && e.quarantined_after == 0) => return Ok(()),
             _ => {}
         }
         self.append(encode(Kind::Requested, mode, epoch, crate::pfs::now_us()))?;
-        self.entries.insert(epoch, JournalEntry { mode, drained: false });
+        self.entries.insert(epoch, JournalEntry { mode, drained: false, quarantined_after: 0 });
         self.check_against_file();
         Ok(())
     }
@@ -246,7 +272,7 @@ impl Journal {
             return Ok(());
         }
         self.append(encode(Kind::Drained, mode, epoch, crate::pfs::now_us()))?;
-        self.entries.insert(epoch, JournalEntry { mode, drained: true });
+        self.entries.insert(epoch, JournalEntry { mode, drained: true, quarantined_after: 0 });
         if self.records > self.records_max {
             self.compact()?;
         }
@@ -255,8 +281,46 @@ impl Journal {
     }
 
     /// Epochs requested and not yet drained, oldest first.
+    /// Records that `epoch` is given up after `failed_attempts` (kept in the burst buffer, not
+    /// resumed at start; a new request releases it).
+    pub fn quarantined(
+        &mut self,
+        epoch: EpochId,
+        failed_attempts: u32,
+    ) -> Result<(), JournalError> {
+        let Some(entry) = self.entries.get(&epoch).copied() else { return Ok(()) };
+        if entry.drained {
+            return Ok(());
+        }
+        let failed_attempts = failed_attempts.max(1);
+        self.append(encode_with(
+            Kind::Quarantined,
+            entry.mode,
+            epoch,
+            crate::pfs::now_us(),
+            failed_attempts,
+        ))?;
+        self.entries.insert(epoch, JournalEntry { quarantined_after: failed_attempts, ..entry });
+        self.check_against_file();
+        Ok(())
+    }
+
+    /// Epochs requested and neither drained nor quarantined: resumed at start.
     pub fn pending(&self) -> Vec<(EpochId, DrainMode)> {
-        self.entries.iter().filter(|(_, e)| !e.drained).map(|(&epoch, e)| (epoch, e.mode)).collect()
+        self.entries
+            .iter()
+            .filter(|(_, e)| !e.drained && e.quarantined_after == 0)
+            .map(|(&epoch, e)| (epoch, e.mode))
+            .collect()
+    }
+
+    /// Quarantined epochs, with their mode and the failed attempts that quarantined them.
+    pub fn quarantined_epochs(&self) -> Vec<(EpochId, DrainMode, u32)> {
+        self.entries
+            .iter()
+            .filter(|(_, e)| !e.drained && e.quarantined_after > 0)
+            .map(|(&epoch, e)| (epoch, e.mode, e.quarantined_after))
+            .collect()
     }
 
     /// Epochs journaled as drained (kept after compaction: the newest ones).
@@ -285,6 +349,14 @@ impl Journal {
             bytes.extend_from_slice(&encode(Kind::Requested, e.mode, epoch, 0));
             if e.drained {
                 bytes.extend_from_slice(&encode(Kind::Drained, e.mode, epoch, 0));
+            } else if e.quarantined_after > 0 {
+                bytes.extend_from_slice(&encode_with(
+                    Kind::Quarantined,
+                    e.mode,
+                    epoch,
+                    0,
+                    e.quarantined_after,
+                ));
             }
         }
         let mut f = File::create(&staging).map_err(|e| io(&staging, e))?;
@@ -321,7 +393,7 @@ mod tests {
         assert_eq!(j.pending(), vec![(EpochId(2), DrainMode::Naive)]);
         assert_eq!(
             j.get(EpochId(1)),
-            Some(JournalEntry { mode: DrainMode::Shuffled, drained: true })
+            Some(JournalEntry { mode: DrainMode::Shuffled, drained: true, quarantined_after: 0 })
         );
     }
 
@@ -371,5 +443,36 @@ mod tests {
                 <= 40 * RECORD_BYTES as u64
         );
         assert!(j.get(EpochId(40)).unwrap().drained);
+    }
+
+    #[test]
+    fn a_quarantined_epoch_is_not_resumed_until_requested_again_and_survives_compaction() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut j = Journal::open(dir.path(), 16).unwrap();
+            j.request(EpochId(7), DrainMode::Shuffled).unwrap();
+            j.request(EpochId(8), DrainMode::Naive).unwrap();
+            j.quarantined(EpochId(7), 12).unwrap();
+        }
+        let mut j = Journal::open(dir.path(), 16).unwrap();
+        assert_eq!(j.pending(), vec![(EpochId(8), DrainMode::Naive)]);
+        assert_eq!(j.quarantined_epochs(), vec![(EpochId(7), DrainMode::Shuffled, 12)]);
+        // Enough drained epochs to force a compaction: the quarantine is kept.
+        for e in 100..140 {
+            j.request(EpochId(e), DrainMode::Shuffled).unwrap();
+            j.drained(EpochId(e)).unwrap();
+        }
+        drop(j);
+        let mut j = Journal::open(dir.path(), 16).unwrap();
+        assert_eq!(j.quarantined_epochs(), vec![(EpochId(7), DrainMode::Shuffled, 12)]);
+        // An explicit request releases it, also across a restart.
+        j.request(EpochId(7), DrainMode::Shuffled).unwrap();
+        drop(j);
+        let j = Journal::open(dir.path(), 16).unwrap();
+        assert!(j.quarantined_epochs().is_empty());
+        assert_eq!(
+            j.pending(),
+            vec![(EpochId(7), DrainMode::Shuffled), (EpochId(8), DrainMode::Naive)]
+        );
     }
 }

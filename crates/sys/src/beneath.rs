@@ -120,6 +120,32 @@ impl Beneath {
             .map_err(|e| self.describe(e, "renaming to", to))
     }
 
+    /// Renames `from` to `to` only if nothing is at `to` (`AlreadyExists` otherwise): a
+    /// publish that must not replace what another writer put there in the meantime.
+    pub fn rename_noreplace(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let (from_parent, from_name) = self.parent_of(from)?;
+        let (to_parent, to_name) = self.parent_of(to)?;
+        nix::fcntl::renameat2(
+            &from_parent,
+            from_name,
+            &to_parent,
+            to_name,
+            nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+        )
+        .map_err(|e| self.describe(e, "renaming (not replacing) to", to))
+    }
+
+    /// Opens `relative` as a path descriptor (`O_PATH`, following no link): for `fstat` and
+    /// extended attributes, without opening the file itself (a FIFO or device planted there
+    /// is not opened).
+    pub fn open_path(&self, relative: &Path) -> io::Result<OwnedFd> {
+        let (parent, name) = self.parent_of(relative)?;
+        let how = OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+            .resolve(resolve_flags());
+        openat2(&parent, name, how).map_err(|e| self.describe(e, "opening", relative))
+    }
+
     /// Removes the file `relative`; a missing one is not an error.
     pub fn remove_file(&self, relative: &Path) -> io::Result<()> {
         let (parent, name) = self.parent_of(relative)?;
