@@ -200,6 +200,18 @@ impl Drainer {
         journal_directory: &Path,
         ingest: Option<IngestProbe>,
     ) -> Result<Drainer, StartError> {
+        let journal = Journal::open(journal_directory, 4096)?;
+        Drainer::start_with_journal(options, backend, pfs, journal, ingest)
+    }
+
+    /// [`Drainer::start`] with a journal opened by the caller (tests inject journal faults).
+    pub fn start_with_journal(
+        options: DrainerOptions,
+        backend: Arc<dyn Backend>,
+        pfs: Arc<dyn Pfs>,
+        journal: Journal,
+        ingest: Option<IngestProbe>,
+    ) -> Result<Drainer, StartError> {
         if options.self_index >= options.peers.len() {
             return Err(StartError::SelfIndex {
                 index: options.self_index,
@@ -211,7 +223,6 @@ impl Drainer {
                 && options.write_bytes_max > 0
                 && options.queued_epochs_max > 0
         );
-        let journal = Journal::open(journal_directory, 4096)?;
         let mut state = State { epochs: BTreeMap::new(), queue: VecDeque::new() };
         let held: BTreeMap<EpochId, EpochState> = backend
             .epochs()

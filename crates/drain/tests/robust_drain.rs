@@ -61,7 +61,12 @@ impl Node {
     }
 
     fn drainer(&self, dir: &Path, pfs: Arc<dyn Pfs>, quarantine_after_failures: u32) -> Drainer {
-        let options = DrainerOptions {
+        let options = self.drainer_options(quarantine_after_failures);
+        Drainer::start(options, self.backend.clone(), pfs, &dir.join("ssd"), None).unwrap()
+    }
+
+    fn drainer_options(&self, quarantine_after_failures: u32) -> DrainerOptions {
+        DrainerOptions {
             peers: vec![self.endpoint.clone()],
             self_index: 0,
             stripe_bytes: 64 << 10,
@@ -77,8 +82,7 @@ impl Node {
             server_name: "s0".into(),
             staging_key: spillway_drain::StagingKey::random(),
             munge_socket: None,
-        };
-        Drainer::start(options, self.backend.clone(), pfs, &dir.join("ssd"), None).unwrap()
+        }
     }
 
     fn epoch_state(&self, epoch: EpochId) -> EpochState {
@@ -265,4 +269,57 @@ fn an_epoch_that_cannot_drain_never_delays_another_owner_s_epoch() {
     assert_ne!(stuck.state, DrainState::Drained);
     assert!(stuck.last_error.contains("ermission denied"), "{}", stuck.last_error);
     assert_eq!(node.epoch_state(EpochId(1)), EpochState::Committed, "nothing freed");
+}
+
+#[test]
+fn a_journal_that_fails_to_sync_frees_nothing_and_refuses_requests_until_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path());
+    let pfs = dir.path().join("pfs");
+    std::fs::create_dir(&pfs).unwrap();
+    spillway_drain::pfs::mark_pfs(&pfs).unwrap();
+    let mut app = node.client();
+    write_committed(&mut app, EpochId(1), "a.dat", 0, &[5u8; 30_000]);
+    write_committed(&mut app, EpochId(2), "b.dat", 0, &[6u8; 30_000]);
+    let faults = Arc::new(parking_lot::Mutex::new(spillway_drain::JournalFaults::default()));
+    let journal =
+        spillway_drain::Journal::open_with_faults(&dir.path().join("ssd"), 4096, faults.clone())
+            .unwrap();
+    let options = node.drainer_options(0);
+    let drainer = Drainer::start_with_journal(
+        options,
+        node.backend.clone(),
+        Arc::new(PosixPfs::new(&pfs)),
+        journal,
+        None,
+    )
+    .unwrap();
+    // ENOSPC on the journal: the request is refused (not acknowledged), nothing queued.
+    faults.lock().space_left_bytes = Some(0);
+    let refused = drainer.request(EpochId(2), DrainMode::Shuffled).unwrap_err();
+    assert!(refused.to_string().contains("No space left"), "{refused}");
+    assert!(status_of(&drainer, EpochId(2)).is_none());
+    faults.lock().space_left_bytes = None;
+    drainer.request(EpochId(1), DrainMode::Shuffled).unwrap();
+    // The PFS copy is published but the `Drained` record's fdatasync fails: not freed.
+    faults.lock().sync_fails = true;
+    let info = wait_status(&drainer, EpochId(1), "failing on the journal", |i| {
+        i.failed_attempts >= 2 && i.last_error.contains("drain journal")
+    });
+    assert_ne!(info.state, DrainState::Drained);
+    assert_eq!(node.epoch_state(EpochId(1)), EpochState::Committed, "nothing freed");
+    assert_eq!(std::fs::read(pfs.join("epoch-1/a.dat")).unwrap(), vec![5u8; 30_000]);
+    // After a failed fdatasync the journal takes nothing more until the server restarts.
+    faults.lock().sync_fails = false;
+    let refused = drainer.request(EpochId(2), DrainMode::Shuffled).unwrap_err();
+    assert!(refused.to_string().contains("restart"), "{refused}");
+    drainer.stop();
+    drop(drainer);
+    // Restart with a healthy journal: the drain resumes (or finds its record) and frees.
+    let drainer = node.drainer(dir.path(), Arc::new(PosixPfs::new(&pfs)), 0);
+    drainer.request(EpochId(1), DrainMode::Shuffled).unwrap();
+    wait_status(&drainer, EpochId(1), "drained", |i| i.state == DrainState::Drained);
+    assert_eq!(node.epoch_state(EpochId(1)), EpochState::Drained);
+    drainer.request(EpochId(2), DrainMode::Shuffled).unwrap();
+    wait_status(&drainer, EpochId(2), "drained", |i| i.state == DrainState::Drained);
 }
