@@ -85,7 +85,7 @@ pub trait PfsFile: Send {
     /// Sets the permission bits the file will be published with.
     fn set_mode(&mut self, mode: u32) -> Result<(), PfsError>;
     /// Records which drain this file is ([`PublishedIdentity`], the extended attribute
-    /// [`IDENTITY_XATTR`]); made durable by the next [`PfsFile::sync`]. A PFS without user
+    /// [`identity_xattr`]); made durable by the next [`PfsFile::sync`]. A PFS without these
     /// extended attributes refuses (`ENOTSUP`): the drain then fails, visibly, and publishes
     /// nothing.
     fn set_identity(&mut self, identity: &PublishedIdentity) -> Result<(), PfsError>;
@@ -109,7 +109,7 @@ pub trait Pfs: Send + Sync {
     /// file someone planted under a final name or a marker's name never counts as the drain's.
     fn holds_owned_file(&self, path: &Path, owner: &PfsOwner) -> Result<bool, PfsError>;
     /// What is under the final name `path`: nothing, a file this drain's identity says it
-    /// published (of the owner's, plain, with [`IDENTITY_XATTR`]), or something else.
+    /// published (of the owner's, plain, with [`identity_xattr`]), or something else.
     fn final_name_state(&self, path: &Path, owner: &PfsOwner) -> Result<AtFinalName, PfsError>;
     /// Creates an empty marker file and fsyncs its directory (idempotent).
     fn create_marker(&self, path: &Path, owner: &PfsOwner) -> Result<(), PfsError>;
@@ -128,8 +128,25 @@ pub trait Pfs: Send + Sync {
     fn read_at(&self, path: &Path, offset: u64, buf: &mut [u8]) -> Result<usize, PfsError>;
 }
 
-/// The extended attribute every file the drain publishes carries: its [`PublishedIdentity`].
-pub const IDENTITY_XATTR: &str = "user.spillway.drain";
+/// The extended attribute every file the drain publishes carries (its [`PublishedIdentity`])
+/// when the drain runs as root: in the `trusted` namespace, which only root can set or read, so
+/// no user can forge it on a file of theirs (setting it needs `CAP_SYS_ADMIN`, which the
+/// drainer keeps while it acts with the owner's file-system identity).
+pub const IDENTITY_XATTR: &str = "trusted.spillway.drain";
+
+/// The identity attribute of a drain that does not run as root (servers running as the
+/// application's uid): in the `user` namespace, which the owner can also set.
+pub const IDENTITY_XATTR_UNPRIVILEGED: &str = "user.spillway.drain";
+
+/// The identity attribute this process uses: [`IDENTITY_XATTR`] as root, else
+/// [`IDENTITY_XATTR_UNPRIVILEGED`].
+pub fn identity_xattr() -> &'static str {
+    if spillway_sys::user::euid() == 0 {
+        IDENTITY_XATTR
+    } else {
+        IDENTITY_XATTR_UNPRIVILEGED
+    }
+}
 
 /// Which drain published a file: the epoch, the store file (for a mount file
 /// `ns/<namespace>/<ino>.<generation>`, so the namespace incarnation too) and the size. Only a
@@ -260,7 +277,7 @@ pub fn read_marker(dir: &Path) -> io::Result<PfsMarker> {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
             format!(
-                "{}/{PFS_MARKER_FILE} is not a plain file of root's that only root may write                  (uid {}, mode {:o}): not a marker spillway wrote",
+                "{}/{PFS_MARKER_FILE} is not a plain file of root's that only root may write (uid {}, mode {:o}): not a marker spillway wrote",
                 dir.display(),
                 meta.uid(),
                 meta.mode() & 0o7777
@@ -353,7 +370,7 @@ impl PosixPfs {
             std::fs::metadata(&self.root).map_err(|e| PfsError::new("stat", &self.root, e))?.dev();
         let marker = read_marker(&self.root).map_err(|e| {
             refuse(format!(
-                "{e} (directory on device {device}; is the PFS mounted? an administrator marks                  it with `spillway drain mark-pfs {}`)",
+                "{e} (directory on device {device}; is the PFS mounted? an administrator marks it with `spillway drain mark-pfs {}`)",
                 self.root.display()
             ))
         })?;
@@ -366,7 +383,7 @@ impl PosixPfs {
         let mut verified = self.verified_marker.lock();
         match &*verified {
             Some(first) if *first != marker => Err(refuse(format!(
-                "marker id {} on device {} differs from {} on device {} that this server                  verified first: a different file system is mounted there",
+                "marker id {} on device {} differs from {} on device {} that this server verified first: a different file system is mounted there",
                 marker.id, marker.device, first.id, first.device
             ))),
             Some(_) => Ok(()),
@@ -564,7 +581,7 @@ impl PfsFile for PosixFile {
     fn set_identity(&mut self, identity: &PublishedIdentity) -> Result<(), PfsError> {
         use std::os::fd::AsRawFd;
         let value = identity.encode();
-        let name = std::ffi::CString::new(IDENTITY_XATTR).expect("no NUL in the name");
+        let name = std::ffi::CString::new(identity_xattr()).expect("no NUL in the name");
         // SAFETY: valid descriptor, NUL-terminated name, value pointer and length of a live
         // buffer.
         let result = unsafe {
@@ -584,7 +601,7 @@ impl PfsFile for PosixFile {
             io::Error::new(
                 io::ErrorKind::Unsupported,
                 format!(
-                    "the PFS refuses user extended attributes ({error}): the drain cannot mark                      what it publishes, so it publishes nothing here"
+                    "the PFS refuses extended attributes ({error}): the drain cannot mark what it publishes, so it publishes nothing here"
                 ),
             )
         } else {
@@ -693,7 +710,7 @@ impl Pfs for PosixPfs {
         use std::os::fd::AsRawFd;
         let proc_path = std::ffi::CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd()))
             .expect("no NUL in a number");
-        let name = std::ffi::CString::new(IDENTITY_XATTR).expect("no NUL in the name");
+        let name = std::ffi::CString::new(identity_xattr()).expect("no NUL in the name");
         let mut value = [0u8; 8192];
         // SAFETY: NUL-terminated strings and a live buffer of the given length.
         let read = unsafe {
@@ -708,9 +725,10 @@ impl Pfs for PosixPfs {
             let error = io::Error::last_os_error();
             return match error.raw_os_error() {
                 Some(libc::ENODATA) | Some(libc::ENOTSUP) => Ok(AtFinalName::Other(format!(
-                    "{}, a file of uid {} the drain did not publish (no {IDENTITY_XATTR})",
+                    "{}, a file of uid {} the drain did not publish (no {})",
                     full.display(),
-                    owner.identity.uid
+                    owner.identity.uid,
+                    identity_xattr()
                 ))),
                 _ => Err(PfsError::new("read drain identity of", &full, error)),
             };
@@ -719,8 +737,9 @@ impl Pfs for PosixPfs {
         Ok(match PublishedIdentity::parse(&text) {
             Some(identity) => AtFinalName::Published(identity),
             None => AtFinalName::Other(format!(
-                "{} with an unreadable {IDENTITY_XATTR} {text:?}",
-                full.display()
+                "{} with an unreadable {} {text:?}",
+                full.display(),
+                identity_xattr()
             )),
         })
     }
@@ -1255,8 +1274,19 @@ mod tests {
         let owner = user(5110);
         let final_name = Path::new("out.dat");
         assert_eq!(pfs.final_name_state(final_name, &owner).unwrap(), AtFinalName::Absent);
-        // The owner's own file (not drained): not proof of anything.
+        // The owner's own file (not drained): not proof of anything, even with an identity the
+        // owner forged in the attribute namespace users may set.
         drop(pfs.open_staging(final_name, &owner).unwrap());
+        assert!(matches!(pfs.final_name_state(final_name, &owner).unwrap(), AtFinalName::Other(_)));
+        let forged = PublishedIdentity { epoch: 9, size: 3, file: "ns/4/7.1 x".into() };
+        let path = std::ffi::CString::new(dir.path().join(final_name).to_str().unwrap()).unwrap();
+        let name = std::ffi::CString::new(IDENTITY_XATTR_UNPRIVILEGED).unwrap();
+        let value = forged.encode();
+        // SAFETY: NUL-terminated strings and a live buffer.
+        let set = unsafe {
+            libc::setxattr(path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0)
+        };
+        assert_eq!(set, 0, "{}", io::Error::last_os_error());
         assert!(matches!(pfs.final_name_state(final_name, &owner).unwrap(), AtFinalName::Other(_)));
         // A drained file carries its identity through the rename.
         let identity = PublishedIdentity { epoch: 9, size: 3, file: "ns/4/7.1 x".into() };
