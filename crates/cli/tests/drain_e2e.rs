@@ -95,12 +95,20 @@ fn wait_drained(c: &mut Client, epoch: EpochId, timeout: Duration) {
     }
 }
 
-fn check_pfs(pfs: &Path, epoch: EpochId, expected: &[(String, Vec<u8>)]) {
+fn check_pfs(pfs: &Path, epoch: EpochId, expected: &[(String, Vec<u8>)], shuffled: bool) {
     let dir = pfs.join(format!("epoch-{}", epoch.0));
     for (name, bytes) in expected {
         let got = std::fs::read(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(got.len(), bytes.len(), "{name}: size");
         assert!(same_bytes(&got, bytes), "{name}: content differs");
+        // Each file proves itself: this epoch, this size, and (shuffled: combined from every
+        // participant's domain) the CRC32C of its bytes.
+        let identity = spillway_drain::pfs::published_identity(&dir.join(name)).unwrap();
+        let identity = identity.unwrap_or_else(|| panic!("{name}: no drain identity"));
+        assert_eq!((identity.epoch, identity.size), (epoch.0, bytes.len() as u64), "{name}");
+        if shuffled {
+            assert_eq!(identity.crc32c, Some(crc32c::crc32c(bytes)), "{name}: checksum");
+        }
     }
     // Nothing but final names: no staging file, no part marker left.
     let mut stack = vec![dir];
@@ -130,8 +138,8 @@ fn n1_and_nn_drain_in_both_modes_and_reads_fall_back_to_the_pfs() {
     assert_eq!(c.request_drain(EpochId(2), 0).unwrap(), 3);
     wait_drained(&mut c, EpochId(1), Duration::from_secs(30));
     wait_drained(&mut c, EpochId(2), Duration::from_secs(30));
-    check_pfs(&pfs, EpochId(1), &shuffled);
-    check_pfs(&pfs, EpochId(2), &naive);
+    check_pfs(&pfs, EpochId(1), &shuffled, true);
+    check_pfs(&pfs, EpochId(2), &naive, false);
     // Shuffled: each server wrote only stripe-aligned chunks of its domain.
     let status = c.drain_status().unwrap();
     let calls = |epoch: u64| -> u64 {
@@ -203,7 +211,7 @@ fn unwritable_pfs_is_retried_and_reported_and_space_is_freed_only_after_the_drai
     // Fix the PFS: the drain finishes by itself.
     std::fs::remove_file(pfs.join("epoch-5")).unwrap();
     wait_drained(&mut c, EpochId(5), Duration::from_secs(30));
-    check_pfs(&pfs, EpochId(5), &expected);
+    check_pfs(&pfs, EpochId(5), &expected, true);
     let used_after: u64 =
         c.status().unwrap().iter().map(|s| s.ssd_bytes_used + s.dram_bytes_used).sum();
     assert!(used_after < used_before, "space not freed after drain: {used_before} -> {used_after}");
@@ -241,7 +249,7 @@ fn server_killed_mid_drain_resumes_from_its_journal() {
     servers[1].restart().unwrap();
     let mut c = client(dir.path(), 2, 0);
     wait_drained(&mut c, EpochId(3), Duration::from_secs(30));
-    check_pfs(&pfs, EpochId(3), &expected);
+    check_pfs(&pfs, EpochId(3), &expected, true);
     let log = servers[1].log_text();
     assert!(log.contains("resuming a journaled drain"), "{log}");
 }

@@ -549,6 +549,23 @@ struct PartStats {
     flush: Duration,
     yielded_writes: u64,
     yielded: Duration,
+    /// Shuffled parts: CRC32C of this server's whole domain (holes as zeros) and its length.
+    domain_crc32c: Option<(u32, u64)>,
+}
+
+/// A shuffled part marker's content: the CRC32C and length of the participant's domain, which
+/// the publisher combines into the file's checksum.
+fn part_marker(domain_crc32c: Option<(u32, u64)>) -> String {
+    domain_crc32c
+        .map(|(crc, bytes)| format!("spillway-part/1 crc32c={crc:08x} bytes={bytes}\n"))
+        .unwrap_or_default()
+}
+
+fn parse_part_marker(content: &[u8]) -> Option<(u32, u64)> {
+    let text = std::str::from_utf8(content).ok()?.trim_end();
+    let rest = text.strip_prefix("spillway-part/1 crc32c=")?;
+    let (crc, bytes) = rest.split_once(" bytes=")?;
+    Some((u32::from_str_radix(crc, 16).ok()?, bytes.parse().ok()?))
 }
 
 impl Inner {
@@ -933,7 +950,8 @@ impl Inner {
                 s.yielded_writes += stats.yielded_writes;
                 s.yielded_us += stats.yielded.as_micros() as u64;
             });
-            self.pfs.create_marker(&names.marker(me), &names.owner)?;
+            let marker = part_marker(stats.domain_crc32c);
+            self.pfs.create_marker(&names.marker(me), &names.owner, marker.as_bytes())?;
         }
         let mut missing = Vec::new();
         for &server in &participants {
@@ -949,7 +967,10 @@ impl Inner {
                 "{name:?}: waiting for the parts of servers {missing:?}"
             )));
         }
-        self.publish(epoch, name, names)?;
+        let size = client.file_size(&handle)?;
+        let crc32c = self.file_crc32c(names, &participants, size)?;
+        let identity = PublishedIdentity { epoch: epoch.0, size, crc32c, file: name.to_string() };
+        self.publish(epoch, name, names, &identity)?;
         for &server in &participants {
             self.pfs.remove(&names.marker(server), &names.owner)?;
         }
@@ -979,9 +1000,39 @@ impl Inner {
         }
     }
 
-    /// Every part is written: renames the staging file to the final name, unless the final
-    /// name changed meanwhile (see [`judge_final_name`]).
-    fn publish(&self, epoch: EpochId, name: &str, names: &Names) -> Result<(), DrainError> {
+    /// The file's CRC32C from the participants' markers, in domain order; `None` unless every
+    /// marker holds a domain checksum and together they cover the file (naive drains, parts
+    /// written before checksums).
+    fn file_crc32c(
+        &self,
+        names: &Names,
+        participants: &[usize],
+        size: u64,
+    ) -> Result<Option<u32>, DrainError> {
+        let mut crc = 0u32;
+        let mut bytes = 0u64;
+        for &server in participants {
+            let content = self.pfs.read_marker(&names.marker(server), &names.owner, 256)?;
+            let Some((part_crc, part_bytes)) = content.as_deref().and_then(parse_part_marker)
+            else {
+                return Ok(None);
+            };
+            crc = crc32c::crc32c_combine(crc, part_crc, part_bytes as usize);
+            bytes = bytes.saturating_add(part_bytes);
+        }
+        Ok((bytes == size).then_some(crc))
+    }
+
+    /// Every part is written: records the file's identity (with its checksum) on the staging
+    /// file and renames it to the final name, unless the final name changed meanwhile (see
+    /// [`judge_final_name`]).
+    fn publish(
+        &self,
+        epoch: EpochId,
+        name: &str,
+        names: &Names,
+        identity: &PublishedIdentity,
+    ) -> Result<(), DrainError> {
         let found = self.pfs.final_name_state(&names.final_path, &names.owner)?;
         let replace = match judge_final_name(found, epoch, name) {
             Verdict::Ours => return Ok(()), // a peer published first
@@ -999,6 +1050,10 @@ impl Inner {
                 true
             }
         };
+        let mut staging = self.pfs.open_staging(&names.staging, &names.owner)?;
+        staging.set_identity(identity)?;
+        staging.sync()?;
+        drop(staging);
         if let Err(error) =
             self.pfs.publish(&names.staging, &names.final_path, &names.owner, replace)
         {
@@ -1083,7 +1138,10 @@ impl Inner {
         let started = Instant::now();
         // Holes stay holes: only held bytes were written; the size is set here (ftruncate).
         file.extend_to(size)?;
-        file.set_identity(&PublishedIdentity { epoch: epoch.0, size, file: name.to_string() })?;
+        // The identity without the checksum, which the publisher adds from every part.
+        let identity =
+            PublishedIdentity { epoch: epoch.0, size, crc32c: None, file: name.to_string() };
+        file.set_identity(&identity)?;
         file.set_mode(names.owner.file_mode)?;
         file.sync()?;
         stats.flush += started.elapsed();
@@ -1112,7 +1170,7 @@ impl Inner {
         let (tx, rx) = std::sync::mpsc::sync_channel::<(u64, IoBuffer)>(1);
         std::thread::scope(|scope| {
             let writer = scope.spawn(move || write_chunks(file, throttle, rx));
-            let gathered = self.gather_chunks(client, source, chunks, tx, stats);
+            let gathered = self.gather_chunks(client, source, &domain, chunks, tx, stats);
             let written = writer.join().expect("drain writer thread panicked");
             gathered?;
             let local = written?;
@@ -1128,22 +1186,33 @@ impl Inner {
         &self,
         client: &mut Client,
         source: &PartSource<'_>,
+        domain: &Range<u64>,
         chunks: Vec<Range<u64>>,
         gathered: SyncSender<(u64, IoBuffer)>,
         stats: &mut PartStats,
     ) -> Result<(), DrainError> {
+        // The domain's checksum, holes (between chunks) as zeros.
+        let mut crc = 0u32;
+        let mut at = domain.start;
         // `gathered` is dropped on return, which ends the writer thread's loop.
         for chunk in chunks {
             if self.stop.load(Ordering::SeqCst) {
-                break;
+                return Ok(());
             }
             let started = Instant::now();
             let buffer = self.gather_chunk(client, source, &chunk)?;
             stats.shuffle += started.elapsed();
+            crc = crc32c::crc32c_append(
+                crate::plan::crc32c_append_zeros(crc, chunk.start - at),
+                &buffer,
+            );
+            at = chunk.end;
             if gathered.send((chunk.start, buffer)).is_err() {
-                break; // the writer failed; write_shuffled reports its error
+                return Ok(()); // the writer failed; write_shuffled reports its error
             }
         }
+        crc = crate::plan::crc32c_append_zeros(crc, domain.end - at);
+        stats.domain_crc32c = Some((crc, domain.end - domain.start));
         Ok(())
     }
 
@@ -1254,7 +1323,12 @@ mod tests {
 
     #[test]
     fn only_our_identity_settles_a_file_and_the_later_epoch_wins_a_shared_path() {
-        let id = |epoch, file: &str| PublishedIdentity { epoch, size: 10, file: file.into() };
+        let id = |epoch, file: &str| PublishedIdentity {
+            epoch,
+            size: 10,
+            crc32c: Some(1),
+            file: file.into(),
+        };
         let published = |epoch, file| AtFinalName::Published(id(epoch, file));
         let e = EpochId(5);
         assert_eq!(judge_final_name(AtFinalName::Absent, e, "ns/1/2.0"), Verdict::Free);

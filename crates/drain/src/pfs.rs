@@ -111,8 +111,17 @@ pub trait Pfs: Send + Sync {
     /// What is under the final name `path`: nothing, a file this drain's identity says it
     /// published (of the owner's, plain, with [`identity_xattr`]), or something else.
     fn final_name_state(&self, path: &Path, owner: &PfsOwner) -> Result<AtFinalName, PfsError>;
-    /// Creates an empty marker file and fsyncs its directory (idempotent).
-    fn create_marker(&self, path: &Path, owner: &PfsOwner) -> Result<(), PfsError>;
+    /// Creates a marker file holding `content` (fsync'd) and fsyncs its directory
+    /// (idempotent).
+    fn create_marker(&self, path: &Path, owner: &PfsOwner, content: &[u8]) -> Result<(), PfsError>;
+    /// The content of a marker (at most `bytes_max`) if `path` is a plain file of the owner's;
+    /// `None` otherwise. The file is only opened once it is known to be a plain file.
+    fn read_marker(
+        &self,
+        path: &Path,
+        owner: &PfsOwner,
+        bytes_max: usize,
+    ) -> Result<Option<Vec<u8>>, PfsError>;
     /// Renames `from` to `to` and fsyncs the directory of `to`. With `replace` false the
     /// rename fails (`AlreadyExists`) if anything is at `to`.
     fn publish(
@@ -155,28 +164,61 @@ pub fn identity_xattr() -> &'static str {
 pub struct PublishedIdentity {
     pub epoch: u64,
     pub size: u64,
+    /// CRC32C of the whole file (holes as zeros), combined from the participants' domain
+    /// checksums; `None` where it is not known (naive drains, parts written before checksums).
+    pub crc32c: Option<u32>,
     pub file: String,
 }
 
 impl PublishedIdentity {
     const PREFIX: &'static str = "spillway-drain/1 ";
 
-    /// `spillway-drain/1 epoch=<E> size=<S> file=<store name>` (the name last: it may hold
-    /// spaces).
+    /// `spillway-drain/1 epoch=<E> size=<S> [crc32c=<8 hex> ]file=<store name>` (the name
+    /// last: it may hold spaces).
     pub fn encode(&self) -> String {
-        format!("{}epoch={} size={} file={}", Self::PREFIX, self.epoch, self.size, self.file)
+        let crc = self.crc32c.map(|c| format!("crc32c={c:08x} ")).unwrap_or_default();
+        format!("{}epoch={} size={} {crc}file={}", Self::PREFIX, self.epoch, self.size, self.file)
     }
 
     pub fn parse(text: &str) -> Option<PublishedIdentity> {
         let rest = text.strip_prefix(Self::PREFIX)?;
         let (epoch, rest) = rest.strip_prefix("epoch=")?.split_once(' ')?;
-        let (size, file) = rest.strip_prefix("size=")?.split_once(' ')?;
+        let (size, mut rest) = rest.strip_prefix("size=")?.split_once(' ')?;
+        let mut crc32c = None;
+        if let Some(with_crc) = rest.strip_prefix("crc32c=") {
+            let (crc, after) = with_crc.split_once(' ')?;
+            crc32c = Some(u32::from_str_radix(crc, 16).ok()?);
+            rest = after;
+        }
         Some(PublishedIdentity {
             epoch: epoch.parse().ok()?,
             size: size.parse().ok()?,
-            file: file.strip_prefix("file=")?.to_string(),
+            crc32c,
+            file: rest.strip_prefix("file=")?.to_string(),
         })
     }
+}
+
+/// The drain identity recorded on the file at `path` (any path, not resolved beneath a PFS
+/// root: for administrators and tests checking a published file); `None` without one.
+pub fn published_identity(path: &Path) -> io::Result<Option<PublishedIdentity>> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path holds a NUL byte"))?;
+    let name = std::ffi::CString::new(identity_xattr()).expect("no NUL in the name");
+    let mut value = [0u8; 8192];
+    // SAFETY: NUL-terminated strings and a live buffer of the given length.
+    let read = unsafe {
+        libc::lgetxattr(path.as_ptr(), name.as_ptr(), value.as_mut_ptr().cast(), value.len())
+    };
+    if read < 0 {
+        let error = io::Error::last_os_error();
+        return match error.raw_os_error() {
+            Some(libc::ENODATA) => Ok(None),
+            _ => Err(error),
+        };
+    }
+    Ok(PublishedIdentity::parse(&String::from_utf8_lossy(&value[..read as usize])))
 }
 
 /// What a final name holds (see [`Pfs::final_name_state`]).
@@ -744,14 +786,49 @@ impl Pfs for PosixPfs {
         })
     }
 
-    fn create_marker(&self, path: &Path, owner: &PfsOwner) -> Result<(), PfsError> {
+    fn create_marker(&self, path: &Path, owner: &PfsOwner, content: &[u8]) -> Result<(), PfsError> {
         let full = self.full(path);
         self.as_owner(owner, path, |tree| {
             let file = tree
                 .open_or_create(path, 0o600)
                 .map_err(|e| PfsError::new("create marker", &full, e))?;
             check_owned_plain_file(&file, owner, &full)?;
+            file.write_all_at(content, 0)
+                .and_then(|()| file.set_len(content.len() as u64))
+                .and_then(|()| file.sync_all())
+                .map_err(|e| PfsError::new("write marker", &full, e))?;
             tree.sync_parent(path).map_err(|e| PfsError::new("fsync directory of", &full, e))
+        })
+    }
+
+    fn read_marker(
+        &self,
+        path: &Path,
+        owner: &PfsOwner,
+        bytes_max: usize,
+    ) -> Result<Option<Vec<u8>>, PfsError> {
+        use std::io::Read;
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::MetadataExt;
+        let full = self.full(path);
+        self.as_owner(owner, path, |tree| {
+            let fd = match tree.open_path(path) {
+                Ok(fd) => File::from(fd),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(PfsError::new("open", &full, e)),
+            };
+            let meta = fd.metadata().map_err(|e| PfsError::new("stat", &full, e))?;
+            if !meta.file_type().is_file() || meta.uid() != owner.identity.uid {
+                return Ok(None);
+            }
+            // Reopened through the path descriptor: the same plain file, never a FIFO swapped in.
+            let file = File::open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+                .map_err(|e| PfsError::new("open for reading", &full, e))?;
+            let mut content = Vec::new();
+            file.take(bytes_max as u64)
+                .read_to_end(&mut content)
+                .map_err(|e| PfsError::new("read", &full, e))?;
+            Ok(Some(content))
         })
     }
 
@@ -968,9 +1045,17 @@ impl<P: Pfs> Pfs for FaultyPfs<P> {
     fn holds_owned_file(&self, path: &Path, owner: &PfsOwner) -> Result<bool, PfsError> {
         self.inner.holds_owned_file(path, owner)
     }
-    fn create_marker(&self, path: &Path, owner: &PfsOwner) -> Result<(), PfsError> {
+    fn create_marker(&self, path: &Path, owner: &PfsOwner, content: &[u8]) -> Result<(), PfsError> {
         self.check_mutation("create marker", path)?;
-        self.inner.create_marker(path, owner)
+        self.inner.create_marker(path, owner, content)
+    }
+    fn read_marker(
+        &self,
+        path: &Path,
+        owner: &PfsOwner,
+        bytes_max: usize,
+    ) -> Result<Option<Vec<u8>>, PfsError> {
+        self.inner.read_marker(path, owner, bytes_max)
     }
     fn final_name_state(&self, path: &Path, owner: &PfsOwner) -> Result<AtFinalName, PfsError> {
         self.inner.final_name_state(path, owner)
@@ -1097,7 +1182,7 @@ mod tests {
         }
         let error = pfs.open_staging(Path::new(".v.staging"), &user(5105)).err().unwrap();
         assert!(error.to_string().contains("someone else placed there"), "{error}");
-        let error = pfs.create_marker(Path::new(".v.staging"), &user(5105)).unwrap_err();
+        let error = pfs.create_marker(Path::new(".v.staging"), &user(5105), b"").unwrap_err();
         assert!(error.to_string().contains("someone else placed there"), "{error}");
         // A hard link to one of the victim's own files is refused too (two links).
         let owner = user(5105);
@@ -1278,7 +1363,8 @@ mod tests {
         // owner forged in the attribute namespace users may set.
         drop(pfs.open_staging(final_name, &owner).unwrap());
         assert!(matches!(pfs.final_name_state(final_name, &owner).unwrap(), AtFinalName::Other(_)));
-        let forged = PublishedIdentity { epoch: 9, size: 3, file: "ns/4/7.1 x".into() };
+        let forged =
+            PublishedIdentity { epoch: 9, size: 3, crc32c: Some(0xabc), file: "ns/4/7.1 x".into() };
         let path = std::ffi::CString::new(dir.path().join(final_name).to_str().unwrap()).unwrap();
         let name = std::ffi::CString::new(IDENTITY_XATTR_UNPRIVILEGED).unwrap();
         let value = forged.encode();
@@ -1289,7 +1375,8 @@ mod tests {
         assert_eq!(set, 0, "{}", io::Error::last_os_error());
         assert!(matches!(pfs.final_name_state(final_name, &owner).unwrap(), AtFinalName::Other(_)));
         // A drained file carries its identity through the rename.
-        let identity = PublishedIdentity { epoch: 9, size: 3, file: "ns/4/7.1 x".into() };
+        let identity =
+            PublishedIdentity { epoch: 9, size: 3, crc32c: Some(0xabc), file: "ns/4/7.1 x".into() };
         let mut staging = pfs.open_staging(Path::new(".s.staging"), &owner).unwrap();
         staging.write_at(0, b"abc").unwrap();
         staging.set_identity(&identity).unwrap();
@@ -1307,7 +1394,9 @@ mod tests {
             pfs.final_name_state(final_name, &user(5111)).unwrap(),
             AtFinalName::Other(_)
         ));
-        assert_eq!(PublishedIdentity::parse(&identity.encode()), Some(identity));
+        assert_eq!(PublishedIdentity::parse(&identity.encode()), Some(identity.clone()));
+        let unknown = PublishedIdentity { crc32c: None, ..identity };
+        assert_eq!(PublishedIdentity::parse(&unknown.encode()), Some(unknown));
         assert_eq!(PublishedIdentity::parse("spillway-drain/1 epoch=x size=1 file=a"), None);
     }
 }

@@ -129,6 +129,27 @@ pub fn held_chunks(
     merged.into_iter().flat_map(|r| chunk_writes(r, write_bytes_max, stripe_bytes)).collect()
 }
 
+/// CRC32C of `crc`'s bytes followed by `zeros` zero bytes, in O(log zeros) steps (a hole of
+/// 2^63 bytes costs 63 combinations, never a buffer).
+pub fn crc32c_append_zeros(crc: u32, zeros: u64) -> u32 {
+    let mut crc = crc;
+    // CRC32C of 2^k zero bytes, k = 0, 1, ...: each the previous appended to itself.
+    let mut power = crc32c::crc32c(&[0u8]);
+    let mut power_len = 1u64;
+    let mut left = zeros;
+    while left > 0 {
+        if left & 1 == 1 {
+            crc = crc32c::crc32c_combine(crc, power, power_len as usize);
+        }
+        left >>= 1;
+        if left > 0 {
+            power = crc32c::crc32c_combine(power, power, power_len as usize);
+            power_len <<= 1;
+        }
+    }
+    crc
+}
+
 /// Intersects sorted, disjoint extents (`(offset, length)`) with `range`.
 pub fn clip_extents(extents: &[(u64, u64)], range: &Range<u64>) -> Vec<Range<u64>> {
     extents
@@ -273,6 +294,19 @@ mod tests {
         let d = 4096u64..(64 * 1024);
         let got = held_chunks(&[(9000, 10), (5000, 100), (40_000, 5)], &d, 4096, 16 * 1024, 4096);
         assert_eq!(got, vec![4096..12_288, 36_864..40_960]);
+    }
+
+    #[test]
+    fn zeros_append_like_real_zero_bytes() {
+        for (prefix, zeros) in
+            [(&b""[..], 0u64), (b"abc", 1), (b"x", 4096), (b"", 1000), (b"hi", 77_777)]
+        {
+            let mut real = prefix.to_vec();
+            real.resize(prefix.len() + zeros as usize, 0);
+            assert_eq!(crc32c_append_zeros(crc32c::crc32c(prefix), zeros), crc32c::crc32c(&real));
+        }
+        // A hole at 2^63 is arithmetic, not a buffer.
+        let _ = crc32c_append_zeros(0, 1 << 63);
     }
 
     #[test]

@@ -176,6 +176,11 @@ fn ten_bytes_at_one_gib_drain_as_a_sparse_file() {
     std::os::unix::fs::FileExt::read_exact_at(&file, &mut tail, gib - 4).unwrap();
     assert_eq!(&tail[..4], &[0u8; 4]);
     assert_eq!(&tail[4..], b"0123456789");
+    // Its identity holds the checksum of the whole file, the hole as zeros.
+    let identity = spillway_drain::pfs::published_identity(&path).unwrap().unwrap();
+    let expected =
+        crc32c::crc32c_append(spillway_drain::plan::crc32c_append_zeros(0, gib), b"0123456789");
+    assert_eq!((identity.epoch, identity.size, identity.crc32c), (1, gib + 10, Some(expected)));
 }
 
 #[test]
