@@ -96,6 +96,8 @@ pub enum DrainError {
     FinalNameTaken { path: PathBuf, what: String },
     #[error("namespace {namespace} found on the servers belongs to epoch {found} (its data epoch), not to epoch {epoch} being drained (a reused namespace id): its paths are not this epoch's; refusing to publish")]
     NamespaceIncarnation { namespace: u64, found: EpochId, epoch: EpochId },
+    #[error("staging file {path} vanished before its publish, and the final name holds {found}; the next attempt writes it again")]
+    StagingVanished { path: PathBuf, found: String },
     #[error("drain attempt panicked: {0}")]
     Panicked(String),
 }
@@ -970,7 +972,7 @@ impl Inner {
         let size = client.file_size(&handle)?;
         let crc32c = self.file_crc32c(names, &participants, size)?;
         let identity = PublishedIdentity { epoch: epoch.0, size, crc32c, file: name.to_string() };
-        self.publish(epoch, name, names, &identity)?;
+        self.publish(epoch, name, names, &identity, &participants)?;
         for &server in &participants {
             self.pfs.remove(&names.marker(server), &names.owner)?;
         }
@@ -1032,6 +1034,7 @@ impl Inner {
         name: &str,
         names: &Names,
         identity: &PublishedIdentity,
+        participants: &[usize],
     ) -> Result<(), DrainError> {
         let found = self.pfs.final_name_state(&names.final_path, &names.owner)?;
         let replace = match judge_final_name(found, epoch, name) {
@@ -1050,10 +1053,23 @@ impl Inner {
                 true
             }
         };
-        let mut staging = self.pfs.open_staging(&names.staging, &names.owner)?;
-        staging.set_identity(identity)?;
-        staging.sync()?;
-        drop(staging);
+        if !self.pfs.set_staging_identity(&names.staging, &names.owner, identity)? {
+            // No staging file: a peer published it since the final name was judged.
+            let found = self.pfs.final_name_state(&names.final_path, &names.owner)?;
+            let verdict = judge_final_name(found, epoch, name);
+            if verdict == Verdict::Ours {
+                return Ok(());
+            }
+            // Someone removed it: the parts are gone with it, so their markers go too and
+            // every participant writes its part again.
+            for &server in participants {
+                self.pfs.remove(&names.marker(server), &names.owner)?;
+            }
+            return Err(DrainError::StagingVanished {
+                path: names.staging.clone(),
+                found: format!("{verdict:?}"),
+            });
+        }
         if let Err(error) =
             self.pfs.publish(&names.staging, &names.final_path, &names.owner, replace)
         {

@@ -111,6 +111,15 @@ pub trait Pfs: Send + Sync {
     /// What is under the final name `path`: nothing, a file this drain's identity says it
     /// published (of the owner's, plain, with [`identity_xattr`]), or something else.
     fn final_name_state(&self, path: &Path, owner: &PfsOwner) -> Result<AtFinalName, PfsError>;
+    /// Sets `identity` on the existing staging file `path` (a plain file of the owner's) and
+    /// fsyncs it; `false` if there is no file there (a peer published it meanwhile): never
+    /// creates one.
+    fn set_staging_identity(
+        &self,
+        path: &Path,
+        owner: &PfsOwner,
+        identity: &PublishedIdentity,
+    ) -> Result<bool, PfsError>;
     /// Creates a marker file holding `content` (fsync'd) and fsyncs its directory
     /// (idempotent).
     fn create_marker(&self, path: &Path, owner: &PfsOwner, content: &[u8]) -> Result<(), PfsError>;
@@ -494,6 +503,33 @@ fn check_owned_plain_file(file: &File, owner: &PfsOwner, path: &Path) -> Result<
     ))
 }
 
+/// Sets the drain identity attribute on an open file (`ENOTSUP` explained).
+fn set_identity_on(file: &File, path: &Path, identity: &PublishedIdentity) -> Result<(), PfsError> {
+    use std::os::fd::AsRawFd;
+    let value = identity.encode();
+    let name = std::ffi::CString::new(identity_xattr()).expect("no NUL in the name");
+    // SAFETY: valid descriptor, NUL-terminated name, value pointer and length of a live
+    // buffer.
+    let result = unsafe {
+        libc::fsetxattr(file.as_raw_fd(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0)
+    };
+    if result == 0 {
+        return Ok(());
+    }
+    let error = io::Error::last_os_error();
+    let error = if error.raw_os_error() == Some(libc::ENOTSUP) {
+        io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!(
+                "the PFS refuses extended attributes ({error}): the drain cannot mark what it publishes, so it publishes nothing here"
+            ),
+        )
+    } else {
+        error
+    };
+    Err(PfsError::new("set drain identity on", path, error))
+}
+
 /// Alignment (memory address, file offset and length) of direct (`O_DIRECT`) PFS writes; 4 KiB
 /// satisfies every common logical block size.
 pub const DIRECT_IO_ALIGN: usize = 4096;
@@ -621,35 +657,7 @@ impl PfsFile for PosixFile {
     }
 
     fn set_identity(&mut self, identity: &PublishedIdentity) -> Result<(), PfsError> {
-        use std::os::fd::AsRawFd;
-        let value = identity.encode();
-        let name = std::ffi::CString::new(identity_xattr()).expect("no NUL in the name");
-        // SAFETY: valid descriptor, NUL-terminated name, value pointer and length of a live
-        // buffer.
-        let result = unsafe {
-            libc::fsetxattr(
-                self.file.as_raw_fd(),
-                name.as_ptr(),
-                value.as_ptr().cast(),
-                value.len(),
-                0,
-            )
-        };
-        if result == 0 {
-            return Ok(());
-        }
-        let error = io::Error::last_os_error();
-        let error = if error.raw_os_error() == Some(libc::ENOTSUP) {
-            io::Error::new(
-                io::ErrorKind::Unsupported,
-                format!(
-                    "the PFS refuses extended attributes ({error}): the drain cannot mark what it publishes, so it publishes nothing here"
-                ),
-            )
-        } else {
-            error
-        };
-        Err(PfsError::new("set drain identity on", &self.path, error))
+        set_identity_on(&self.file, &self.path, identity)
     }
 
     fn start_writeback(&mut self, offset: u64, length: u64) {
@@ -798,6 +806,26 @@ impl Pfs for PosixPfs {
                 .and_then(|()| file.sync_all())
                 .map_err(|e| PfsError::new("write marker", &full, e))?;
             tree.sync_parent(path).map_err(|e| PfsError::new("fsync directory of", &full, e))
+        })
+    }
+
+    fn set_staging_identity(
+        &self,
+        path: &Path,
+        owner: &PfsOwner,
+        identity: &PublishedIdentity,
+    ) -> Result<bool, PfsError> {
+        let full = self.full(path);
+        self.as_owner(owner, path, |tree| {
+            let file = match tree.open_existing_for_write(path) {
+                Ok(file) => file,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+                Err(e) => return Err(PfsError::new("open for writing", &full, e)),
+            };
+            check_owned_plain_file(&file, owner, &full)?;
+            set_identity_on(&file, &full, identity)?;
+            file.sync_all().map_err(|e| PfsError::new("fsync", &full, e))?;
+            Ok(true)
         })
     }
 
@@ -1056,6 +1084,18 @@ impl<P: Pfs> Pfs for FaultyPfs<P> {
         bytes_max: usize,
     ) -> Result<Option<Vec<u8>>, PfsError> {
         self.inner.read_marker(path, owner, bytes_max)
+    }
+    fn set_staging_identity(
+        &self,
+        path: &Path,
+        owner: &PfsOwner,
+        identity: &PublishedIdentity,
+    ) -> Result<bool, PfsError> {
+        self.check_mutation("set drain identity on", path)?;
+        if self.faults.lock().fsync_fails {
+            return Err(PfsError::new("fsync", path, io::Error::from_raw_os_error(libc::EIO)));
+        }
+        self.inner.set_staging_identity(path, owner, identity)
     }
     fn final_name_state(&self, path: &Path, owner: &PfsOwner) -> Result<AtFinalName, PfsError> {
         self.inner.final_name_state(path, owner)
@@ -1395,6 +1435,12 @@ mod tests {
             AtFinalName::Other(_)
         ));
         assert_eq!(PublishedIdentity::parse(&identity.encode()), Some(identity.clone()));
+        // The publisher's identity goes on an existing staging file only, never a new one.
+        let gone = Path::new(".gone.staging");
+        assert!(!pfs.set_staging_identity(gone, &owner, &identity).unwrap());
+        assert!(!dir.path().join(gone).exists());
+        drop(pfs.open_staging(gone, &owner).unwrap());
+        assert!(pfs.set_staging_identity(gone, &owner, &identity).unwrap());
         let unknown = PublishedIdentity { crc32c: None, ..identity };
         assert_eq!(PublishedIdentity::parse(&unknown.encode()), Some(unknown));
         assert_eq!(PublishedIdentity::parse("spillway-drain/1 epoch=x size=1 file=a"), None);

@@ -58,6 +58,11 @@ impl Beneath {
         self.open_file(relative, OFlag::O_WRONLY | OFlag::O_CREAT, mode)
     }
 
+    /// Opens the existing file `relative` for writing (never creating it), following no link.
+    pub fn open_existing_for_write(&self, relative: &Path) -> io::Result<File> {
+        self.open_file(relative, OFlag::O_WRONLY, 0)
+    }
+
     /// Creates `relative` with `mode` for writing; it must not exist yet.
     pub fn create_new(&self, relative: &Path, mode: u32) -> io::Result<File> {
         self.open_file(relative, OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL, mode)
