@@ -253,3 +253,55 @@ fn server_killed_mid_drain_resumes_from_its_journal() {
     let log = servers[1].log_text();
     assert!(log.contains("resuming a journaled drain"), "{log}");
 }
+
+#[test]
+fn a_quarantined_drain_fails_drain_wait_survives_a_restart_and_drain_start_releases_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let pfs = dir.path().join("pfs");
+    std::fs::create_dir(&pfs).unwrap();
+    // A plain file where the epoch's directory goes: every attempt fails.
+    std::fs::write(pfs.join("epoch-6"), b"in the way").unwrap();
+    let mut server = ServerProcess::builder(BIN, dir.path(), "s0")
+        .no_tcp()
+        .unix_socket(socket(dir.path(), 0))
+        .pfs_dir(&pfs)
+        .drain_peers(&endpoints(dir.path(), 1), 0)
+        .env("SPILLWAY_DRAIN_RETRY_BACKOFF_MS_MIN", "10")
+        .env("SPILLWAY_DRAIN_RETRY_BACKOFF_MS_MAX", "50")
+        .env("SPILLWAY_DRAIN_QUARANTINE_AFTER_FAILURES", "3")
+        .start();
+    let expected = write_checkpoint(dir.path(), 1, EpochId(6), 200_000, 64 * 1024);
+    let servers = format!("unix://{}", socket(dir.path(), 0).display());
+    let drain = |args: &[&str]| {
+        std::process::Command::new(BIN)
+            .arg("drain")
+            .args(args)
+            .args(["--servers", &servers])
+            .output()
+            .unwrap()
+    };
+    // `drain start --wait` fails once the drain is quarantined, naming why and what to do.
+    let out = drain(&["start", "6", "--wait", "--timeout-s", "60"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "drain wait must fail on a quarantined drain");
+    assert!(
+        stderr.contains("quarantined")
+            && stderr.contains("epoch-6")
+            && stderr.contains("drain start 6"),
+        "{stderr}"
+    );
+    // After a crash and restart it is still quarantined (not replayed), shown in `drain status`.
+    server.sigkill().unwrap();
+    server.restart().unwrap();
+    let out = drain(&["status"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains("quarantined"), "{stdout}");
+    let mut c = client(dir.path(), 1, 0);
+    let held = c.list_epochs().unwrap().into_iter().find(|e| e.epoch == EpochId(6)).unwrap();
+    assert_ne!(held.state, EpochState::Drained, "the data is kept");
+    // The obstacle is gone; an explicit request releases the epoch and it drains.
+    std::fs::remove_file(pfs.join("epoch-6")).unwrap();
+    let out = drain(&["start", "6", "--wait", "--timeout-s", "60"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    check_pfs(&pfs, EpochId(6), &expected, true);
+}
