@@ -140,9 +140,15 @@ fn the_later_commit_wins_a_shared_path_and_the_older_one_is_reported_superseded(
         info.last_error
     );
     assert_pfs_file(&pfs, "out.dat", &bytes(11));
-    // A later epoch drained after it replaces it.
+    // A later epoch drained after it replaces it; the replaced epoch's status says so.
     drain(&mut c, EpochId(12));
     assert_pfs_file(&pfs, "out.dat", &bytes(12));
+    let replaced = status(&mut c, EpochId(11)).unwrap();
+    assert!(
+        replaced.state == DrainState::Drained
+            && replaced.last_error.contains("superseded by epoch 12"),
+        "{replaced:?}"
+    );
 }
 
 #[test]

@@ -1050,6 +1050,18 @@ impl Inner {
             }
             Verdict::Supersedes(older) => {
                 tracing::warn!(server = %self.options.server_name, %epoch, path = %names.final_path.display(), older_epoch = older.epoch, older_file = %older.file, "drain: a later commit replaces an earlier epoch's file on the PFS (the earlier one is superseded)");
+                // The earlier epoch's status says so too when this server drained it.
+                let note = format!(
+                    "{} superseded by epoch {} (file {})",
+                    names.final_path.display(),
+                    epoch,
+                    name
+                );
+                if let Some(s) = self.state.lock().epochs.get_mut(&EpochId(older.epoch)) {
+                    if !s.superseded.contains(&note) {
+                        s.superseded.push(note);
+                    }
+                }
                 true
             }
         };
