@@ -2,26 +2,32 @@
 //!
 //! Requests come from clients (`Drain` frames) or, if `drain_after_commit` is set, from every
 //! commit; each is journaled (fsync) before it is acknowledged, so a crash loses none. The worker
-//! takes epochs oldest first. For each file of the epoch this server holds it:
+//! takes ready epochs round robin across owners, oldest first within an owner; each epoch backs
+//! off (or polls its peers) on its own, so none delays another. For each file of the epoch this
+//! server holds it:
 //!
-//! 1. skips it if the final PFS name holds the owner's file (published earlier, maybe by a
-//!    peer; anything else there, planted or not, is replaced by the publish);
+//! 1. judges the final PFS name ([`judge_final_name`]): done if it carries this drain's identity
+//!    (this epoch, this store file: published earlier, maybe by a peer); superseded if a later
+//!    epoch's drained file is there; an error if something the drain did not publish is there;
 //! 2. asks every server of the reservation which of them have the file (the *participants*),
-//!    then re-checks the final name (a participant only drops the file after it is published,
-//!    so from here on the participant set is complete);
+//!    then judges the final name again (a participant only drops the file after it is
+//!    published, so from here on the participant set is complete);
 //! 3. unless its part marker exists, writes its part into the shared staging file:
-//!    *shuffled* — its stripe-aligned domain ([`crate::plan::partition_domains`]), gathered from
-//!    every participant with pipelined `Read`s and written in large sequential writes, gathering
-//!    the next chunk while the previous one is written; *naive* — the extents it holds, where
-//!    they fall; then fsyncs the staging file and creates its part marker (fsync'd directory);
-//! 4. if every participant's marker exists, publishes: rename to the final name, fsync the
-//!    directory, remove the markers. Otherwise it waits for the peers (state `waiting`).
+//!    *shuffled* — the held bytes of its stripe-aligned domain ([`crate::plan::held_chunks`];
+//!    holes are not written), gathered from every participant with pipelined `Read`s and
+//!    written in large sequential writes, gathering the next chunk while the previous one is
+//!    written; *naive* — the extents it holds, where they fall; then sets the size, the
+//!    identity attribute, fsyncs, and creates its part marker (with its domain's CRC32C);
+//! 4. if every participant's marker exists, publishes: sets the identity with the combined
+//!    checksum, renames to the final name (never replacing anything but a lower epoch's file or
+//!    a link), fsyncs the directory, removes the markers. Otherwise it waits for the peers.
 //!
 //! When every file is published the epoch is journaled as drained, marked drained in the store
 //! and GC runs. Failures (PFS or peers) are retried with exponential backoff capped at
-//! `retry_backoff_ms_max`, shown in status; nothing is freed meanwhile. While clients are
-//! writing to this server, each PFS write is followed by a pause that caps drain bandwidth at
-//! `ingest_bandwidth_share` of the bandwidth measured when idle.
+//! `retry_backoff_ms_max`, shown in status; nothing is freed meanwhile. After
+//! `quarantine_after_failures` failures, or a panic (caught), the epoch is quarantined. While
+//! clients are writing to this server, each PFS write is followed by a pause that caps drain
+//! bandwidth at `ingest_bandwidth_share` of the bandwidth measured when idle.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Range;
