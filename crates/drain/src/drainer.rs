@@ -6,7 +6,7 @@
 //! off (or polls its peers) on its own, so none delays another. For each file of the epoch this
 //! server holds it:
 //!
-//! 1. judges the final PFS name ([`judge_final_name`]): done if it carries this drain's identity
+//! 1. judges the final PFS name (`judge_final_name`): done if it carries this drain's identity
 //!    (this epoch, this store file: published earlier, maybe by a peer); superseded if a later
 //!    epoch's drained file is there; an error if something the drain did not publish is there;
 //! 2. asks every server of the reservation which of them have the file (the *participants*),
