@@ -466,6 +466,20 @@ fn judge_final_name(found: AtFinalName, epoch: EpochId, file: &str) -> Verdict {
     }
 }
 
+/// Whose turn it is among `ready` (owner uid, epoch) drains: the next owner after
+/// `last_owner` in uid order (wrapping round), and that owner's oldest (lowest) epoch.
+fn next_in_turn(ready: &[(u32, EpochId)], last_owner: Option<u32>) -> Option<(u32, EpochId)> {
+    let first_owner = ready.iter().map(|(owner, _)| *owner).min()?;
+    let owner = ready
+        .iter()
+        .map(|(owner, _)| *owner)
+        .filter(|owner| last_owner.is_none_or(|last| *owner > last))
+        .min()
+        .unwrap_or(first_owner);
+    let epoch = ready.iter().filter(|(o, _)| *o == owner).map(|(_, e)| *e).min()?;
+    Some((owner, epoch))
+}
+
 /// The text of a caught panic.
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     if let Some(text) = panic.downcast_ref::<&str>() {
@@ -694,20 +708,13 @@ impl Inner {
                 _ => ready.push((self.owner_uid(*epoch), *epoch)),
             }
         }
-        let Some(&(first_owner, _)) = ready.iter().min_by_key(|(owner, _)| *owner) else {
+        let Some((owner, epoch)) = next_in_turn(&ready, *last_owner) else {
             let idle = Duration::from_millis(200);
             let sleep = earliest.map_or(idle, |at| at.saturating_duration_since(now).min(idle));
             self.wake.wait_for(&mut state, sleep);
             return None;
         };
-        let owner = ready
-            .iter()
-            .map(|(owner, _)| *owner)
-            .filter(|owner| last_owner.is_none_or(|last| *owner > last))
-            .min()
-            .unwrap_or(first_owner);
         *last_owner = Some(owner);
-        let epoch = ready.iter().filter(|(o, _)| *o == owner).map(|(_, e)| *e).min()?;
         Some((epoch, state.epochs[&epoch].mode))
     }
 
@@ -1354,6 +1361,22 @@ fn write_chunks(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn owners_take_turns_and_each_owner_s_oldest_epoch_goes_first() {
+        let e = EpochId;
+        // uid 7 has three epochs queued, uid 3 one, uid 9 one (in request order).
+        let mut ready = vec![(7, e(12)), (7, e(10)), (3, e(40)), (7, e(11)), (9, e(5))];
+        let mut last = None;
+        let mut order = Vec::new();
+        while let Some((owner, epoch)) = next_in_turn(&ready, last) {
+            order.push(epoch.0);
+            last = Some(owner);
+            ready.retain(|&(_, r)| r != epoch);
+        }
+        assert_eq!(order, vec![40, 10, 5, 11, 12]);
+        assert_eq!(next_in_turn(&[], Some(3)), None);
+    }
 
     #[test]
     fn only_our_identity_settles_a_file_and_the_later_epoch_wins_a_shared_path() {
