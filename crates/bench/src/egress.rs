@@ -87,6 +87,8 @@ impl Cluster {
             threads: Vec::new(),
             drainers: Vec::new(),
         };
+        // The PFS stand-in is marked as an administrator marks a PFS (drains check it).
+        spillway_drain::pfs::mark_pfs(pfs)?;
         // One process, one key: every drainer computes the same staging names.
         let staging_key = spillway_drain::StagingKey::random();
         for i in 0..args.servers as usize {
@@ -123,6 +125,7 @@ impl Cluster {
                 retry_backoff_min: Duration::from_millis(50),
                 retry_backoff_max: Duration::from_secs(1),
                 queued_epochs_max: 16,
+                quarantine_after_failures: 0,
                 server_name: format!("s{i}"),
                 staging_key: staging_key.clone(),
                 munge_socket: None,

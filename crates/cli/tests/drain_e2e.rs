@@ -95,12 +95,20 @@ fn wait_drained(c: &mut Client, epoch: EpochId, timeout: Duration) {
     }
 }
 
-fn check_pfs(pfs: &Path, epoch: EpochId, expected: &[(String, Vec<u8>)]) {
+fn check_pfs(pfs: &Path, epoch: EpochId, expected: &[(String, Vec<u8>)], shuffled: bool) {
     let dir = pfs.join(format!("epoch-{}", epoch.0));
     for (name, bytes) in expected {
         let got = std::fs::read(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(got.len(), bytes.len(), "{name}: size");
         assert!(same_bytes(&got, bytes), "{name}: content differs");
+        // Each file proves itself: this epoch, this size, and (shuffled: combined from every
+        // participant's domain) the CRC32C of its bytes.
+        let identity = spillway_drain::pfs::published_identity(&dir.join(name)).unwrap();
+        let identity = identity.unwrap_or_else(|| panic!("{name}: no drain identity"));
+        assert_eq!((identity.epoch, identity.size), (epoch.0, bytes.len() as u64), "{name}");
+        if shuffled {
+            assert_eq!(identity.crc32c, Some(crc32c::crc32c(bytes)), "{name}: checksum");
+        }
     }
     // Nothing but final names: no staging file, no part marker left.
     let mut stack = vec![dir];
@@ -130,8 +138,8 @@ fn n1_and_nn_drain_in_both_modes_and_reads_fall_back_to_the_pfs() {
     assert_eq!(c.request_drain(EpochId(2), 0).unwrap(), 3);
     wait_drained(&mut c, EpochId(1), Duration::from_secs(30));
     wait_drained(&mut c, EpochId(2), Duration::from_secs(30));
-    check_pfs(&pfs, EpochId(1), &shuffled);
-    check_pfs(&pfs, EpochId(2), &naive);
+    check_pfs(&pfs, EpochId(1), &shuffled, true);
+    check_pfs(&pfs, EpochId(2), &naive, false);
     // Shuffled: each server wrote only stripe-aligned chunks of its domain.
     let status = c.drain_status().unwrap();
     let calls = |epoch: u64| -> u64 {
@@ -203,7 +211,7 @@ fn unwritable_pfs_is_retried_and_reported_and_space_is_freed_only_after_the_drai
     // Fix the PFS: the drain finishes by itself.
     std::fs::remove_file(pfs.join("epoch-5")).unwrap();
     wait_drained(&mut c, EpochId(5), Duration::from_secs(30));
-    check_pfs(&pfs, EpochId(5), &expected);
+    check_pfs(&pfs, EpochId(5), &expected, true);
     let used_after: u64 =
         c.status().unwrap().iter().map(|s| s.ssd_bytes_used + s.dram_bytes_used).sum();
     assert!(used_after < used_before, "space not freed after drain: {used_before} -> {used_after}");
@@ -233,13 +241,67 @@ fn server_killed_mid_drain_resumes_from_its_journal() {
     // writes its domain but cannot finish: it needs server 1's bytes and part.
     servers[1].sigkill().unwrap();
     std::fs::create_dir(&pfs).unwrap();
+    let marked = std::process::Command::new(BIN).args(["drain", "mark-pfs"]).arg(&pfs).status();
+    assert!(marked.unwrap().success(), "spillway drain mark-pfs");
     std::thread::sleep(Duration::from_millis(300));
     assert!(!pfs.join("epoch-3/ckpt/shared.dat").exists(), "published without server 1's part");
     // Restart: the journal re-queues the drain, nobody asks again.
     servers[1].restart().unwrap();
     let mut c = client(dir.path(), 2, 0);
     wait_drained(&mut c, EpochId(3), Duration::from_secs(30));
-    check_pfs(&pfs, EpochId(3), &expected);
+    check_pfs(&pfs, EpochId(3), &expected, true);
     let log = servers[1].log_text();
     assert!(log.contains("resuming a journaled drain"), "{log}");
+}
+
+#[test]
+fn a_quarantined_drain_fails_drain_wait_survives_a_restart_and_drain_start_releases_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let pfs = dir.path().join("pfs");
+    std::fs::create_dir(&pfs).unwrap();
+    // A plain file where the epoch's directory goes: every attempt fails.
+    std::fs::write(pfs.join("epoch-6"), b"in the way").unwrap();
+    let mut server = ServerProcess::builder(BIN, dir.path(), "s0")
+        .no_tcp()
+        .unix_socket(socket(dir.path(), 0))
+        .pfs_dir(&pfs)
+        .drain_peers(&endpoints(dir.path(), 1), 0)
+        .env("SPILLWAY_DRAIN_RETRY_BACKOFF_MS_MIN", "10")
+        .env("SPILLWAY_DRAIN_RETRY_BACKOFF_MS_MAX", "50")
+        .env("SPILLWAY_DRAIN_QUARANTINE_AFTER_FAILURES", "3")
+        .start();
+    let expected = write_checkpoint(dir.path(), 1, EpochId(6), 200_000, 64 * 1024);
+    let servers = format!("unix://{}", socket(dir.path(), 0).display());
+    let drain = |args: &[&str]| {
+        std::process::Command::new(BIN)
+            .arg("drain")
+            .args(args)
+            .args(["--servers", &servers])
+            .output()
+            .unwrap()
+    };
+    // `drain start --wait` fails once the drain is quarantined, naming why and what to do.
+    let out = drain(&["start", "6", "--wait", "--timeout-s", "60"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "drain wait must fail on a quarantined drain");
+    assert!(
+        stderr.contains("quarantined")
+            && stderr.contains("epoch-6")
+            && stderr.contains("drain start 6"),
+        "{stderr}"
+    );
+    // After a crash and restart it is still quarantined (not replayed), shown in `drain status`.
+    server.sigkill().unwrap();
+    server.restart().unwrap();
+    let out = drain(&["status"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains("quarantined"), "{stdout}");
+    let mut c = client(dir.path(), 1, 0);
+    let held = c.list_epochs().unwrap().into_iter().find(|e| e.epoch == EpochId(6)).unwrap();
+    assert_ne!(held.state, EpochState::Drained, "the data is kept");
+    // The obstacle is gone; an explicit request releases the epoch and it drains.
+    std::fs::remove_file(pfs.join("epoch-6")).unwrap();
+    let out = drain(&["start", "6", "--wait", "--timeout-s", "60"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    check_pfs(&pfs, EpochId(6), &expected, true);
 }

@@ -389,6 +389,8 @@ fn published_files(pfs: &Path) -> Vec<String> {
             let entry = entry.unwrap();
             if entry.file_type().unwrap().is_dir() {
                 stack.push(entry.path());
+            } else if entry.path() == pfs.join(spillway_drain::pfs::PFS_MARKER_FILE) {
+                // The administrator's PFS marker, not a drained file.
             } else {
                 published
                     .push(entry.path().strip_prefix(pfs).unwrap().to_string_lossy().into_owned());

@@ -31,6 +31,8 @@ knobs! {
         retry_backoff_ms_max: u64 = 5_000, unit = "milliseconds";
         /// Epochs queued for draining at once; more requests answer Busy.
         queued_epochs_max: u32 = 1024, unit = "epochs";
+        /// Failed attempts after which an epoch's drain is quarantined: not retried and not resumed at restart (the data stays in the burst buffer, `spillway drain status` shows the error) until the drain is requested again; 0 = retry forever. A panicking attempt quarantines at once.
+        quarantine_after_failures: u32 = 200, unit = "attempts";
         /// Secret that makes staging names on the PFS unpredictable to users; created (32 random bytes, mode 0600) if missing. Every server of a reservation must read the same file.
         staging_key_file: String = "/var/lib/spillway/drain-staging.key".to_string(), unit = "path";
     }

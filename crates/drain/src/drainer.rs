@@ -2,26 +2,32 @@
 //!
 //! Requests come from clients (`Drain` frames) or, if `drain_after_commit` is set, from every
 //! commit; each is journaled (fsync) before it is acknowledged, so a crash loses none. The worker
-//! takes epochs oldest first. For each file of the epoch this server holds it:
+//! takes ready epochs round robin across owners, oldest first within an owner; each epoch backs
+//! off (or polls its peers) on its own, so none delays another. For each file of the epoch this
+//! server holds it:
 //!
-//! 1. skips it if the final PFS name holds the owner's file (published earlier, maybe by a
-//!    peer; anything else there, planted or not, is replaced by the publish);
+//! 1. judges the final PFS name (`judge_final_name`): done if it carries this drain's identity
+//!    (this epoch, this store file: published earlier, maybe by a peer); superseded if a later
+//!    epoch's drained file is there; an error if something the drain did not publish is there;
 //! 2. asks every server of the reservation which of them have the file (the *participants*),
-//!    then re-checks the final name (a participant only drops the file after it is published,
-//!    so from here on the participant set is complete);
+//!    then judges the final name again (a participant only drops the file after it is
+//!    published, so from here on the participant set is complete);
 //! 3. unless its part marker exists, writes its part into the shared staging file:
-//!    *shuffled* — its stripe-aligned domain ([`crate::plan::partition_domains`]), gathered from
-//!    every participant with pipelined `Read`s and written in large sequential writes, gathering
-//!    the next chunk while the previous one is written; *naive* — the extents it holds, where
-//!    they fall; then fsyncs the staging file and creates its part marker (fsync'd directory);
-//! 4. if every participant's marker exists, publishes: rename to the final name, fsync the
-//!    directory, remove the markers. Otherwise it waits for the peers (state `waiting`).
+//!    *shuffled* — the held bytes of its stripe-aligned domain ([`crate::plan::held_chunks`];
+//!    holes are not written), gathered from every participant with pipelined `Read`s and
+//!    written in large sequential writes, gathering the next chunk while the previous one is
+//!    written; *naive* — the extents it holds, where they fall; then sets the size, the
+//!    identity attribute, fsyncs, and creates its part marker (with its domain's CRC32C);
+//! 4. if every participant's marker exists, publishes: sets the identity with the combined
+//!    checksum, renames to the final name (never replacing anything but a lower epoch's file or
+//!    a link), fsyncs the directory, removes the markers. Otherwise it waits for the peers.
 //!
 //! When every file is published the epoch is journaled as drained, marked drained in the store
 //! and GC runs. Failures (PFS or peers) are retried with exponential backoff capped at
-//! `retry_backoff_ms_max`, shown in status; nothing is freed meanwhile. While clients are
-//! writing to this server, each PFS write is followed by a pause that caps drain bandwidth at
-//! `ingest_bandwidth_share` of the bandwidth measured when idle.
+//! `retry_backoff_ms_max`, shown in status; nothing is freed meanwhile. After
+//! `quarantine_after_failures` failures, or a panic (caught), the epoch is quarantined. While
+//! clients are writing to this server, each PFS write is followed by a pause that caps drain
+//! bandwidth at `ingest_bandwidth_share` of the bandwidth measured when idle.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Range;
@@ -39,8 +45,8 @@ use spillway_server::{Backend, BackendError, DrainControl, IngestProbe};
 use spillway_types::EpochId;
 
 use crate::journal::{DrainMode, Journal, JournalError};
-use crate::pfs::{IoBuffer, Pfs, PfsError, PfsFile, PfsOwner};
-use crate::plan::{chunk_writes, clip_extents, naive_writes, partition_domains};
+use crate::pfs::{AtFinalName, IoBuffer, Pfs, PfsError, PfsFile, PfsOwner, PublishedIdentity};
+use crate::plan::{chunk_writes, clip_extents, held_chunks, naive_writes, partition_domains};
 use crate::staging_key::StagingKey;
 
 /// Drainer settings (from the `[drain]` knobs).
@@ -62,6 +68,8 @@ pub struct DrainerOptions {
     pub retry_backoff_max: Duration,
     /// Epochs queued at once; more requests are refused with `Busy`.
     pub queued_epochs_max: usize,
+    /// Failed attempts after which an epoch's drain is quarantined (0: never).
+    pub quarantine_after_failures: u32,
     /// Name for logs.
     pub server_name: String,
     /// The servers' secret behind staging names (the same for every server of a reservation).
@@ -90,6 +98,14 @@ pub enum DrainError {
     NotParticipant { index: usize, name: String },
     #[error("mount file names: {0}")]
     Namespace(spillway_namespace::MetaError),
+    #[error("PFS final name {path} holds {what}: not replaced and not taken as drained; move it aside and the drain's next attempt publishes")]
+    FinalNameTaken { path: PathBuf, what: String },
+    #[error("namespace {namespace} found on the servers belongs to epoch {found} (its data epoch), not to epoch {epoch} being drained (a reused namespace id): its paths are not this epoch's; refusing to publish")]
+    NamespaceIncarnation { namespace: u64, found: EpochId, epoch: EpochId },
+    #[error("staging file {path} vanished before its publish, and the final name holds {found}; the next attempt writes it again")]
+    StagingVanished { path: PathBuf, found: String },
+    #[error("drain attempt panicked: {0}")]
+    Panicked(String),
 }
 
 /// Why starting the drainer failed.
@@ -119,6 +135,12 @@ struct EpochStatus {
     yielded_us: u64,
     failed_attempts: u32,
     last_error: String,
+    /// Files of this epoch a later epoch's file replaced on the PFS (same path).
+    superseded: Vec<String>,
+    /// The earliest time of the next attempt (backoff after a failure, poll while waiting).
+    next_attempt: Option<Instant>,
+    backoff: Duration,
+    wait_poll: Duration,
 }
 
 impl EpochStatus {
@@ -136,6 +158,10 @@ impl EpochStatus {
             yielded_us: 0,
             failed_attempts: 0,
             last_error: String::new(),
+            superseded: Vec::new(),
+            next_attempt: None,
+            backoff: Duration::ZERO,
+            wait_poll: Duration::ZERO,
         }
     }
 }
@@ -182,6 +208,18 @@ impl Drainer {
         journal_directory: &Path,
         ingest: Option<IngestProbe>,
     ) -> Result<Drainer, StartError> {
+        let journal = Journal::open(journal_directory, 4096)?;
+        Drainer::start_with_journal(options, backend, pfs, journal, ingest)
+    }
+
+    /// [`Drainer::start`] with a journal opened by the caller (tests inject journal faults).
+    pub fn start_with_journal(
+        options: DrainerOptions,
+        backend: Arc<dyn Backend>,
+        pfs: Arc<dyn Pfs>,
+        journal: Journal,
+        ingest: Option<IngestProbe>,
+    ) -> Result<Drainer, StartError> {
         if options.self_index >= options.peers.len() {
             return Err(StartError::SelfIndex {
                 index: options.self_index,
@@ -193,7 +231,6 @@ impl Drainer {
                 && options.write_bytes_max > 0
                 && options.queued_epochs_max > 0
         );
-        let journal = Journal::open(journal_directory, 4096)?;
         let mut state = State { epochs: BTreeMap::new(), queue: VecDeque::new() };
         let held: BTreeMap<EpochId, EpochState> = backend
             .epochs()
@@ -203,6 +240,15 @@ impl Drainer {
             tracing::info!(%epoch, %mode, "drain: resuming a journaled drain");
             state.epochs.insert(epoch, EpochStatus::new(mode, DrainState::Queued));
             state.queue.push_back(epoch);
+        }
+        for (epoch, mode, failed_attempts) in journal.quarantined_epochs() {
+            let mut status = EpochStatus::new(mode, DrainState::Quarantined);
+            status.failed_attempts = failed_attempts;
+            status.last_error = format!(
+                "quarantined after {failed_attempts} failed attempt(s) before this server \
+                 started (the error is in its log); request the drain again to retry"
+            );
+            state.epochs.insert(epoch, status);
         }
         for epoch in journal.drained_epochs() {
             // Crash between the journal's Drained record and the store's mark: finish it.
@@ -376,6 +422,75 @@ fn checked_relative(epoch: EpochId, name: &str) -> Result<&Path, DrainError> {
     Ok(relative)
 }
 
+/// What the final name means for the file being drained (see [`judge_final_name`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Verdict {
+    /// This drain published it (this epoch, this store file): done.
+    Ours,
+    /// Nothing there: publish without replacing.
+    Free,
+    /// An earlier epoch's drained file: the later commit (this one) replaces it.
+    Supersedes(PublishedIdentity),
+    /// A symbolic link (no data; someone planted it): the publish replaces it where the PFS
+    /// lets the owner (not in a sticky directory of another user's: `EPERM`, retried).
+    ReplaceLink(String),
+    /// A later epoch's drained file: this one is superseded, not published.
+    SupersededBy(PublishedIdentity),
+    /// Something the drain did not publish (a user's own file, another user's, a link, a
+    /// directory), or another file of this very epoch: never replaced, never taken as done.
+    Taken(String),
+}
+
+/// The same-path rule (docs/semantics.md, "Drain"): only this epoch's own identity proves the
+/// file is published; between drained files of different epochs the later commit (the higher
+/// epoch id) wins.
+fn judge_final_name(found: AtFinalName, epoch: EpochId, file: &str) -> Verdict {
+    match found {
+        AtFinalName::Absent => Verdict::Free,
+        AtFinalName::Other(what) => Verdict::Taken(what),
+        AtFinalName::Link(what) => Verdict::ReplaceLink(what),
+        AtFinalName::Published(identity) => {
+            if identity.epoch == epoch.0 && identity.file == file {
+                Verdict::Ours
+            } else if identity.epoch < epoch.0 {
+                Verdict::Supersedes(identity)
+            } else if identity.epoch > epoch.0 {
+                Verdict::SupersededBy(identity)
+            } else {
+                Verdict::Taken(format!(
+                    "file {:?} of the same epoch {} (two files of one epoch with one PFS path)",
+                    identity.file, identity.epoch
+                ))
+            }
+        }
+    }
+}
+
+/// Whose turn it is among `ready` (owner uid, epoch) drains: the next owner after
+/// `last_owner` in uid order (wrapping round), and that owner's oldest (lowest) epoch.
+fn next_in_turn(ready: &[(u32, EpochId)], last_owner: Option<u32>) -> Option<(u32, EpochId)> {
+    let first_owner = ready.iter().map(|(owner, _)| *owner).min()?;
+    let owner = ready
+        .iter()
+        .map(|(owner, _)| *owner)
+        .filter(|owner| last_owner.is_none_or(|last| *owner > last))
+        .min()
+        .unwrap_or(first_owner);
+    let epoch = ready.iter().filter(|(o, _)| *o == owner).map(|(_, e)| *e).min()?;
+    Some((owner, epoch))
+}
+
+/// The text of a caught panic.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = panic.downcast_ref::<&str>() {
+        text.to_string()
+    } else if let Some(text) = panic.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "(no message)".to_string()
+    }
+}
+
 /// Whether clients are writing to this server: the ingest counter moved within `idle_after`
 /// of the time of an observation. Time is passed in (no clock inside), so tests drive it.
 #[derive(Clone, Debug)]
@@ -456,17 +571,35 @@ struct PartStats {
     flush: Duration,
     yielded_writes: u64,
     yielded: Duration,
+    /// Shuffled parts: CRC32C of this server's whole domain (holes as zeros) and its length.
+    domain_crc32c: Option<(u32, u64)>,
+}
+
+/// A shuffled part marker's content: the CRC32C and length of the participant's domain, which
+/// the publisher combines into the file's checksum.
+fn part_marker(domain_crc32c: Option<(u32, u64)>) -> String {
+    domain_crc32c
+        .map(|(crc, bytes)| format!("spillway-part/1 crc32c={crc:08x} bytes={bytes}\n"))
+        .unwrap_or_default()
+}
+
+fn parse_part_marker(content: &[u8]) -> Option<(u32, u64)> {
+    let text = std::str::from_utf8(content).ok()?.trim_end();
+    let rest = text.strip_prefix("spillway-part/1 crc32c=")?;
+    let (crc, bytes) = rest.split_once(" bytes=")?;
+    Some((u32::from_str_radix(crc, 16).ok()?, bytes.parse().ok()?))
 }
 
 impl Inner {
     fn request(&self, epoch: EpochId, mode: DrainMode) -> Result<(), BackendError> {
         let mut state = self.state.lock();
         if let Some(s) = state.epochs.get(&epoch) {
-            if s.state == DrainState::Drained
-                || state.queue.contains(&epoch)
-                || s.state != DrainState::Queued
+            // A quarantined epoch is released by a new request; any other known one is
+            // drained, queued or in progress.
+            if s.state != DrainState::Quarantined
+                && (s.state != DrainState::Queued || state.queue.contains(&epoch))
             {
-                return Ok(()); // drained, queued or in progress
+                return Ok(());
             }
         }
         let pending = state.queue.len();
@@ -502,7 +635,16 @@ impl Inner {
                 shuffle_us: s.shuffle_us,
                 flush_us: s.flush_us,
                 failed_attempts: s.failed_attempts,
-                last_error: s.last_error.clone(),
+                last_error: if s.superseded.is_empty() {
+                    s.last_error.clone()
+                } else {
+                    let superseded = format!("superseded: {}", s.superseded.join("; "));
+                    [s.last_error.as_str(), &superseded]
+                        .into_iter()
+                        .filter(|t| !t.is_empty())
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                },
             })
             .collect()
     }
@@ -513,63 +655,122 @@ impl Inner {
         }
     }
 
-    /// Sleeps up to `d`, waking early on stop or a new request.
-    fn pause(&self, d: Duration) {
-        let mut state = self.state.lock();
-        if !self.stop.load(Ordering::SeqCst) {
-            self.wake.wait_for(&mut state, d);
-        }
-    }
-
     fn run(self: Arc<Self>) {
         let mut client: Option<Client> = None;
-        let mut backoff = self.options.retry_backoff_min;
-        let mut wait_poll = Duration::from_millis(20);
+        let mut last_owner: Option<u32> = None;
         while !self.stop.load(Ordering::SeqCst) {
             if let Some(probe) = &self.ingest {
                 self.activity.lock().observe(probe.bytes_written(), Instant::now());
             }
-            let next = {
-                let mut state = self.state.lock();
-                match state.queue.front().copied() {
-                    Some(epoch) => Some((epoch, state.epochs[&epoch].mode)),
-                    None => {
-                        self.wake.wait_for(&mut state, Duration::from_millis(200));
-                        None
-                    }
-                }
-            };
-            let Some((epoch, mode)) = next else { continue };
+            let Some((epoch, mode)) = self.next_epoch(&mut last_owner) else { continue };
             self.set(epoch, |s| s.state = DrainState::Running);
-            match self.drain_epoch(&mut client, epoch, mode) {
+            // One epoch's panicking attempt must not kill the worker (every other epoch's
+            // drain) nor crash-loop the server at restart: it is caught and quarantined.
+            let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.drain_epoch(&mut client, epoch, mode)
+            }));
+            let result = attempt.unwrap_or_else(|panic| {
+                client = None;
+                Err(DrainError::Panicked(panic_message(panic.as_ref())))
+            });
+            match result {
                 Ok(Outcome::Done) => {
-                    backoff = self.options.retry_backoff_min;
-                    wait_poll = Duration::from_millis(20);
-                    let mut state = self.state.lock();
-                    state.queue.retain(|e| *e != epoch);
+                    self.state.lock().queue.retain(|e| *e != epoch);
                 }
-                Ok(Outcome::Wait(why)) => {
-                    self.set(epoch, |s| {
-                        s.state = DrainState::Waiting;
-                        s.last_error = why;
-                    });
-                    self.pause(wait_poll);
-                    wait_poll = (wait_poll * 2).min(Duration::from_millis(500));
-                }
-                Err(error) => {
-                    if matches!(error, DrainError::Peer(_)) {
-                        client = None; // reconnect next time
-                    }
-                    tracing::warn!(server = %self.options.server_name, %epoch, %error, retry_in_ms = backoff.as_millis() as u64, "drain attempt failed; data stays in the burst buffer");
-                    self.set(epoch, |s| {
-                        s.state = DrainState::Retrying;
-                        s.failed_attempts += 1;
-                        s.last_error = error.to_string();
-                    });
-                    self.pause(backoff);
-                    backoff = (backoff * 2).min(self.options.retry_backoff_max);
-                }
+                Ok(Outcome::Wait(why)) => self.set(epoch, |s| {
+                    s.state = DrainState::Waiting;
+                    s.last_error = why;
+                    s.wait_poll = if s.wait_poll.is_zero() {
+                        Duration::from_millis(20)
+                    } else {
+                        (s.wait_poll * 2).min(Duration::from_millis(500))
+                    };
+                    s.next_attempt = Some(Instant::now() + s.wait_poll);
+                }),
+                Err(error) => self.failed(&mut client, epoch, error),
             }
+        }
+    }
+
+    /// The next epoch to attempt: among queued epochs whose backoff or poll delay is over,
+    /// owners take turns (round robin by uid after `last_owner`), oldest epoch first within an
+    /// owner. `None` after sleeping (until the earliest next attempt, at most 200 ms) when no
+    /// epoch is ready, so one epoch's backoff never delays another's drain.
+    fn next_epoch(&self, last_owner: &mut Option<u32>) -> Option<(EpochId, DrainMode)> {
+        let now = Instant::now();
+        let mut state = self.state.lock();
+        let mut earliest: Option<Instant> = None;
+        let mut ready: Vec<(u32, EpochId)> = Vec::new();
+        for epoch in &state.queue {
+            let Some(status) = state.epochs.get(epoch) else { continue };
+            match status.next_attempt {
+                Some(at) if at > now => earliest = Some(earliest.map_or(at, |e| e.min(at))),
+                _ => ready.push((self.owner_uid(*epoch), *epoch)),
+            }
+        }
+        let Some((owner, epoch)) = next_in_turn(&ready, *last_owner) else {
+            let idle = Duration::from_millis(200);
+            let sleep = earliest.map_or(idle, |at| at.saturating_duration_since(now).min(idle));
+            self.wake.wait_for(&mut state, sleep);
+            return None;
+        };
+        *last_owner = Some(owner);
+        Some((epoch, state.epochs[&epoch].mode))
+    }
+
+    /// The uid an epoch's drain is queued under (its grant's owner; the server's own epochs
+    /// are this process's).
+    fn owner_uid(&self, epoch: EpochId) -> u32 {
+        self.backend.grant(epoch).map_or(spillway_sys::user::euid(), |grant| grant.owner_uid)
+    }
+
+    /// A failed attempt: backs off this epoch only, or quarantines it after too many failures
+    /// or a panic.
+    fn failed(&self, client: &mut Option<Client>, epoch: EpochId, error: DrainError) {
+        if matches!(error, DrainError::Peer(_)) {
+            *client = None; // reconnect next time
+        }
+        let attempts_max = self.options.quarantine_after_failures;
+        let mut quarantine = None;
+        self.set(epoch, |s| {
+            s.failed_attempts = s.failed_attempts.saturating_add(1);
+            s.last_error = error.to_string();
+            if matches!(error, DrainError::Panicked(_))
+                || (attempts_max > 0 && s.failed_attempts >= attempts_max)
+            {
+                quarantine = Some(s.failed_attempts);
+                return;
+            }
+            s.state = DrainState::Retrying;
+            s.backoff = if s.backoff.is_zero() {
+                self.options.retry_backoff_min
+            } else {
+                (s.backoff * 2).min(self.options.retry_backoff_max)
+            };
+            s.next_attempt = Some(Instant::now() + s.backoff);
+            tracing::warn!(server = %self.options.server_name, %epoch, %error, failed_attempts = s.failed_attempts, retry_in_ms = s.backoff.as_millis() as u64, "drain attempt failed; data stays in the burst buffer");
+        });
+        if let Some(failed_attempts) = quarantine {
+            self.quarantine(epoch, failed_attempts, &error);
+        }
+    }
+
+    /// Gives `epoch` up: journaled (not resumed at restart), out of the queue, shown in status
+    /// with its error; the data stays in the burst buffer until a new request releases it.
+    fn quarantine(&self, epoch: EpochId, failed_attempts: u32, error: &DrainError) {
+        tracing::error!(server = %self.options.server_name, %epoch, %error, failed_attempts, "drain quarantined: not retried until the drain is requested again; the data stays in the burst buffer");
+        if let Err(journal_error) = self.journal.lock().quarantined(epoch, failed_attempts) {
+            tracing::error!(%epoch, error = %journal_error, "drain: cannot journal the quarantine (it holds until this server restarts)");
+        }
+        let mut state = self.state.lock();
+        state.queue.retain(|e| *e != epoch);
+        if let Some(s) = state.epochs.get_mut(&epoch) {
+            s.state = DrainState::Quarantined;
+            s.next_attempt = None;
+            s.last_error = format!(
+                "quarantined after {failed_attempts} failed attempt(s): {error}; request the \
+                 drain again to retry"
+            );
         }
     }
 
@@ -589,10 +790,8 @@ impl Inner {
             }
         }
         let files = self.backend.files(epoch).map_err(DrainError::Store)?;
-        self.set(epoch, |s| {
-            s.files_total = files.len() as u64;
-            s.last_error.clear();
-        });
+        // The last error stays shown until the drain succeeds.
+        self.set(epoch, |s| s.files_total = files.len() as u64);
         if let Outcome::Wait(why) = self.drain_files(client, epoch, mode, &files)? {
             return Ok(Outcome::Wait(why));
         }
@@ -675,25 +874,25 @@ impl Inner {
         let mut waiting = None;
         // Mount files (`ns/<id>/<ino>.<gen>`) are published under their namespace paths.
         let mut namespace_names = crate::namespace_names::NamespaceNames::new(
+            epoch,
             self.options.peers.clone(),
             self.options.munge_socket.clone(),
         );
         for file in files {
             let key = &self.options.staging_key;
-            let names =
-                match namespace_names.final_name(&file.name).map_err(DrainError::Namespace)? {
-                    crate::namespace_names::FinalName::Unchanged => {
-                        Names::new(epoch, &file.name, key, self.epoch_owner(epoch))?
-                    }
-                    crate::namespace_names::FinalName::Path { path, uid, gid, mode } => {
-                        let owner = mount_file_owner(uid, gid, mode);
-                        Names::published_as(epoch, &path, key, owner)?
-                    }
-                    crate::namespace_names::FinalName::Dead => {
-                        done += 1;
-                        continue;
-                    }
-                };
+            let names = match namespace_names.final_name(&file.name)? {
+                crate::namespace_names::FinalName::Unchanged => {
+                    Names::new(epoch, &file.name, key, self.epoch_owner(epoch))?
+                }
+                crate::namespace_names::FinalName::Path { path, uid, gid, mode } => {
+                    let owner = mount_file_owner(uid, gid, mode);
+                    Names::published_as(epoch, &path, key, owner)?
+                }
+                crate::namespace_names::FinalName::Dead => {
+                    done += 1;
+                    continue;
+                }
+            };
             match self.drain_file(client, epoch, mode, file.file, &file.name, &names)? {
                 Outcome::Done => done += 1,
                 Outcome::Wait(why) => waiting = Some(why),
@@ -732,13 +931,13 @@ impl Inner {
         name: &str,
         names: &Names,
     ) -> Result<Outcome, DrainError> {
-        if self.pfs.holds_owned_file(&names.final_path, &names.owner)? {
-            return Ok(Outcome::Done);
+        if let Some(outcome) = self.settled_by_final_name(epoch, name, names)? {
+            return Ok(outcome);
         }
         let handle = client.open_file(epoch, name)?;
         let participants = handle.servers();
-        if self.pfs.holds_owned_file(&names.final_path, &names.owner)? {
-            return Ok(Outcome::Done);
+        if let Some(outcome) = self.settled_by_final_name(epoch, name, names)? {
+            return Ok(outcome);
         }
         let me = self.options.self_index;
         let position = participants
@@ -756,6 +955,7 @@ impl Inner {
                 position,
                 participants.len(),
                 names,
+                name,
             )?;
             self.set(epoch, |s| {
                 s.pfs_bytes_written += stats.bytes;
@@ -765,7 +965,8 @@ impl Inner {
                 s.yielded_writes += stats.yielded_writes;
                 s.yielded_us += stats.yielded.as_micros() as u64;
             });
-            self.pfs.create_marker(&names.marker(me), &names.owner)?;
+            let marker = part_marker(stats.domain_crc32c);
+            self.pfs.create_marker(&names.marker(me), &names.owner, marker.as_bytes())?;
         }
         let mut missing = Vec::new();
         for &server in &participants {
@@ -774,23 +975,162 @@ impl Inner {
             }
         }
         if !missing.is_empty() {
-            if self.pfs.holds_owned_file(&names.final_path, &names.owner)? {
-                return Ok(Outcome::Done);
+            if let Some(outcome) = self.settled_by_final_name(epoch, name, names)? {
+                return Ok(outcome);
             }
             return Ok(Outcome::Wait(format!(
                 "{name:?}: waiting for the parts of servers {missing:?}"
             )));
         }
-        if let Err(error) = self.pfs.publish(&names.staging, &names.final_path, &names.owner) {
-            // A peer published first (both saw every marker).
-            if !self.pfs.holds_owned_file(&names.final_path, &names.owner)? {
-                return Err(error.into());
-            }
-        }
+        let size = client.file_size(&handle)?;
+        let crc32c = self.file_crc32c(names, &participants, size)?;
+        let identity = PublishedIdentity { epoch: epoch.0, size, crc32c, file: name.to_string() };
+        self.publish(epoch, name, names, &identity, &participants)?;
         for &server in &participants {
             self.pfs.remove(&names.marker(server), &names.owner)?;
         }
         Ok(Outcome::Done)
+    }
+
+    /// `Some` when the final name settles the file without writing: it is this drain's
+    /// (published earlier, maybe by a peer), or a later epoch's (this file is superseded). A
+    /// final name holding anything the drain did not publish is an error (retried, data kept).
+    fn settled_by_final_name(
+        &self,
+        epoch: EpochId,
+        name: &str,
+        names: &Names,
+    ) -> Result<Option<Outcome>, DrainError> {
+        let found = self.pfs.final_name_state(&names.final_path, &names.owner)?;
+        match judge_final_name(found, epoch, name) {
+            Verdict::Ours => Ok(Some(Outcome::Done)),
+            Verdict::SupersededBy(newer) => {
+                self.superseded(epoch, names, &newer)?;
+                Ok(Some(Outcome::Done))
+            }
+            Verdict::Taken(what) => {
+                Err(DrainError::FinalNameTaken { path: names.final_path.clone(), what })
+            }
+            Verdict::Free | Verdict::Supersedes(_) | Verdict::ReplaceLink(_) => Ok(None),
+        }
+    }
+
+    /// The file's CRC32C from the participants' markers, in domain order; `None` unless every
+    /// marker holds a domain checksum and together they cover the file (naive drains, parts
+    /// written before checksums).
+    fn file_crc32c(
+        &self,
+        names: &Names,
+        participants: &[usize],
+        size: u64,
+    ) -> Result<Option<u32>, DrainError> {
+        let mut crc = 0u32;
+        let mut bytes = 0u64;
+        for &server in participants {
+            let content = self.pfs.read_marker(&names.marker(server), &names.owner, 256)?;
+            let Some((part_crc, part_bytes)) = content.as_deref().and_then(parse_part_marker)
+            else {
+                return Ok(None);
+            };
+            crc = crc32c::crc32c_combine(crc, part_crc, part_bytes as usize);
+            bytes = bytes.saturating_add(part_bytes);
+        }
+        Ok((bytes == size).then_some(crc))
+    }
+
+    /// Every part is written: records the file's identity (with its checksum) on the staging
+    /// file and renames it to the final name, unless the final name changed meanwhile (see
+    /// [`judge_final_name`]).
+    fn publish(
+        &self,
+        epoch: EpochId,
+        name: &str,
+        names: &Names,
+        identity: &PublishedIdentity,
+        participants: &[usize],
+    ) -> Result<(), DrainError> {
+        let found = self.pfs.final_name_state(&names.final_path, &names.owner)?;
+        let replace = match judge_final_name(found, epoch, name) {
+            Verdict::Ours => return Ok(()), // a peer published first
+            Verdict::SupersededBy(newer) => return self.superseded(epoch, names, &newer),
+            Verdict::Taken(what) => {
+                return Err(DrainError::FinalNameTaken { path: names.final_path.clone(), what })
+            }
+            Verdict::Free => false,
+            Verdict::ReplaceLink(what) => {
+                tracing::warn!(server = %self.options.server_name, %epoch, %what, "drain: replacing a symbolic link at a final name (not followed)");
+                true
+            }
+            Verdict::Supersedes(older) => {
+                tracing::warn!(server = %self.options.server_name, %epoch, path = %names.final_path.display(), older_epoch = older.epoch, older_file = %older.file, "drain: a later commit replaces an earlier epoch's file on the PFS (the earlier one is superseded)");
+                // The earlier epoch's status says so too when this server drained it.
+                let note = format!(
+                    "{} superseded by epoch {} (file {})",
+                    names.final_path.display(),
+                    epoch,
+                    name
+                );
+                if let Some(s) = self.state.lock().epochs.get_mut(&EpochId(older.epoch)) {
+                    if !s.superseded.contains(&note) {
+                        s.superseded.push(note);
+                    }
+                }
+                true
+            }
+        };
+        if !self.pfs.set_staging_identity(&names.staging, &names.owner, identity)? {
+            // No staging file: a peer published it since the final name was judged.
+            let found = self.pfs.final_name_state(&names.final_path, &names.owner)?;
+            let verdict = judge_final_name(found, epoch, name);
+            if verdict == Verdict::Ours {
+                return Ok(());
+            }
+            // Someone removed it: the parts are gone with it, so their markers go too and
+            // every participant writes its part again.
+            for &server in participants {
+                self.pfs.remove(&names.marker(server), &names.owner)?;
+            }
+            return Err(DrainError::StagingVanished {
+                path: names.staging.clone(),
+                found: format!("{verdict:?}"),
+            });
+        }
+        if let Err(error) =
+            self.pfs.publish(&names.staging, &names.final_path, &names.owner, replace)
+        {
+            // Something appeared under the final name since it was judged: a peer of this
+            // drain (fine) or anything else (judged again at the next attempt).
+            let found = self.pfs.final_name_state(&names.final_path, &names.owner)?;
+            if judge_final_name(found, epoch, name) != Verdict::Ours {
+                return Err(error.into());
+            }
+        }
+        Ok(())
+    }
+
+    /// A later epoch's file holds the final name: this file is superseded. Reported (status,
+    /// log); its staging file and this server's marker are removed; nothing else is touched.
+    fn superseded(
+        &self,
+        epoch: EpochId,
+        names: &Names,
+        newer: &PublishedIdentity,
+    ) -> Result<(), DrainError> {
+        let note = format!(
+            "{} superseded by epoch {} (file {})",
+            names.final_path.display(),
+            newer.epoch,
+            newer.file
+        );
+        tracing::warn!(server = %self.options.server_name, %epoch, %note, "drain: a later commit holds this file's PFS name; this epoch's copy is not published");
+        self.set(epoch, |s| {
+            if !s.superseded.contains(&note) {
+                s.superseded.push(note);
+            }
+        });
+        self.pfs.remove(&names.staging, &names.owner)?;
+        self.pfs.remove(&names.marker(self.options.self_index), &names.owner)?;
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -804,6 +1144,7 @@ impl Inner {
         position: usize,
         participants: usize,
         names: &Names,
+        name: &str,
     ) -> Result<PartStats, DrainError> {
         let size = client.file_size(handle)?;
         let extents: Vec<(usize, u64, u64)> =
@@ -836,7 +1177,12 @@ impl Inner {
         stats.yielded_writes = throttle.yielded;
         stats.yielded = throttle.paused;
         let started = Instant::now();
+        // Holes stay holes: only held bytes were written; the size is set here (ftruncate).
         file.extend_to(size)?;
+        // The identity without the checksum, which the publisher adds from every part.
+        let identity =
+            PublishedIdentity { epoch: epoch.0, size, crc32c: None, file: name.to_string() };
+        file.set_identity(&identity)?;
         file.set_mode(names.owner.file_mode)?;
         file.sync()?;
         stats.flush += started.elapsed();
@@ -853,12 +1199,19 @@ impl Inner {
         throttle: &mut Throttle<'_>,
         stats: &mut PartStats,
     ) -> Result<(), DrainError> {
-        let chunks = chunk_writes(domain, self.options.write_bytes_max, self.options.stripe_bytes);
+        let held: Vec<(u64, u64)> = source.extents.iter().map(|&(_, o, l)| (o, l)).collect();
+        let chunks = held_chunks(
+            &held,
+            &domain,
+            crate::pfs::DIRECT_IO_ALIGN as u64,
+            self.options.write_bytes_max,
+            self.options.stripe_bytes,
+        );
         // Gather (shuffle) on this thread, write on another: two chunks in flight at most.
         let (tx, rx) = std::sync::mpsc::sync_channel::<(u64, IoBuffer)>(1);
         std::thread::scope(|scope| {
             let writer = scope.spawn(move || write_chunks(file, throttle, rx));
-            let gathered = self.gather_chunks(client, source, chunks, tx, stats);
+            let gathered = self.gather_chunks(client, source, &domain, chunks, tx, stats);
             let written = writer.join().expect("drain writer thread panicked");
             gathered?;
             let local = written?;
@@ -874,22 +1227,33 @@ impl Inner {
         &self,
         client: &mut Client,
         source: &PartSource<'_>,
+        domain: &Range<u64>,
         chunks: Vec<Range<u64>>,
         gathered: SyncSender<(u64, IoBuffer)>,
         stats: &mut PartStats,
     ) -> Result<(), DrainError> {
+        // The domain's checksum, holes (between chunks) as zeros.
+        let mut crc = 0u32;
+        let mut at = domain.start;
         // `gathered` is dropped on return, which ends the writer thread's loop.
         for chunk in chunks {
             if self.stop.load(Ordering::SeqCst) {
-                break;
+                return Ok(());
             }
             let started = Instant::now();
             let buffer = self.gather_chunk(client, source, &chunk)?;
             stats.shuffle += started.elapsed();
+            crc = crc32c::crc32c_append(
+                crate::plan::crc32c_append_zeros(crc, chunk.start - at),
+                &buffer,
+            );
+            at = chunk.end;
             if gathered.send((chunk.start, buffer)).is_err() {
-                break; // the writer failed; write_shuffled reports its error
+                return Ok(()); // the writer failed; write_shuffled reports its error
             }
         }
+        crc = crate::plan::crc32c_append_zeros(crc, domain.end - at);
+        stats.domain_crc32c = Some((crc, domain.end - domain.start));
         Ok(())
     }
 
@@ -997,6 +1361,58 @@ fn write_chunks(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn owners_take_turns_and_each_owner_s_oldest_epoch_goes_first() {
+        let e = EpochId;
+        // uid 7 has three epochs queued, uid 3 one, uid 9 one (in request order).
+        let mut ready = vec![(7, e(12)), (7, e(10)), (3, e(40)), (7, e(11)), (9, e(5))];
+        let mut last = None;
+        let mut order = Vec::new();
+        while let Some((owner, epoch)) = next_in_turn(&ready, last) {
+            order.push(epoch.0);
+            last = Some(owner);
+            ready.retain(|&(_, r)| r != epoch);
+        }
+        assert_eq!(order, vec![40, 10, 5, 11, 12]);
+        assert_eq!(next_in_turn(&[], Some(3)), None);
+    }
+
+    #[test]
+    fn only_our_identity_settles_a_file_and_the_later_epoch_wins_a_shared_path() {
+        let id = |epoch, file: &str| PublishedIdentity {
+            epoch,
+            size: 10,
+            crc32c: Some(1),
+            file: file.into(),
+        };
+        let published = |epoch, file| AtFinalName::Published(id(epoch, file));
+        let e = EpochId(5);
+        assert_eq!(judge_final_name(AtFinalName::Absent, e, "ns/1/2.0"), Verdict::Free);
+        assert_eq!(judge_final_name(published(5, "ns/1/2.0"), e, "ns/1/2.0"), Verdict::Ours);
+        // Another reservation's epoch with the same POSIX path: never "done" by existing.
+        assert_eq!(
+            judge_final_name(published(4, "ns/1/2.0"), e, "ns/1/2.0"),
+            Verdict::Supersedes(id(4, "ns/1/2.0"))
+        );
+        assert_eq!(
+            judge_final_name(published(6, "ns/3/2.0"), e, "ns/1/2.0"),
+            Verdict::SupersededBy(id(6, "ns/3/2.0"))
+        );
+        // Two files of one epoch on one path, and a file the drain did not publish: refused.
+        assert!(matches!(
+            judge_final_name(published(5, "ns/1/9.0"), e, "ns/1/2.0"),
+            Verdict::Taken(_)
+        ));
+        assert!(matches!(
+            judge_final_name(AtFinalName::Other("a user's file".into()), e, "x"),
+            Verdict::Taken(_)
+        ));
+        assert!(matches!(
+            judge_final_name(AtFinalName::Link("a planted link".into()), e, "x"),
+            Verdict::ReplaceLink(_)
+        ));
+    }
 
     #[test]
     fn ingest_is_active_only_within_the_idle_window_after_the_counter_moved() {

@@ -23,7 +23,9 @@ pub use drainer::{
     yield_pause, DrainError, Drainer, DrainerOptions, IngestActivity, StartError,
     INGEST_IDLE_AFTER, YIELD_PAUSE_MAX,
 };
-pub use journal::{DrainMode, Journal, JournalError};
+pub use journal::{
+    DrainMode, FaultyJournalFile, Journal, JournalError, JournalFaults, JournalFile,
+};
 pub use pfs::{
     Faults, FaultyPfs, IoBuffer, Pfs, PfsError, PfsFile, PfsOwner, PosixPfs, WriteLog,
     DIRECT_IO_ALIGN,

@@ -8,14 +8,20 @@
 //! is published under its new name). A store file the manifest does not list is dead (its inode
 //! was unlinked, or truncated to 0, which starts a new generation) and is not published. If no
 //! server holds the namespace any more, or a path is not UTF-8, the file keeps its store name so
-//! no data is lost. Reading a manifest needs root or the namespace root's owner: servers that
+//! no data is lost. A namespace found on the servers whose data epoch is not the epoch being
+//! drained is another incarnation of that id (ids restart after a manager database reset): its
+//! paths are not this epoch's, and the drain refuses it (an error, retried, the data kept).
+//! Reading a manifest needs root or the namespace root's owner: servers that
 //! drain mount data run as root.
 
 use std::collections::HashMap;
 
 use spillway_client::meta::{RemoteNamespace, RemoteOptions};
-use spillway_namespace::{parse_data_file_name, ManifestEntry, MetaError, Namespace, NamespaceId};
+use spillway_namespace::{parse_data_file_name, ManifestEntry, Namespace, NamespaceId};
 use spillway_proto::Endpoint;
+use spillway_types::EpochId;
+
+use crate::drainer::DrainError;
 
 /// Where one store file goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,6 +37,8 @@ pub enum FinalName {
 
 /// The manifests of the namespaces met during one drain pass.
 pub struct NamespaceNames {
+    /// The epoch being drained: a namespace's data epoch must be this one.
+    epoch: EpochId,
     peers: Vec<Endpoint>,
     /// Where credentials come from when the peers require munge (`None`: libmunge's default).
     munge_socket: Option<std::path::PathBuf>,
@@ -38,17 +46,21 @@ pub struct NamespaceNames {
 }
 
 impl NamespaceNames {
-    pub fn new(peers: Vec<Endpoint>, munge_socket: Option<std::path::PathBuf>) -> NamespaceNames {
-        NamespaceNames { peers, munge_socket, manifests: HashMap::new() }
+    pub fn new(
+        epoch: EpochId,
+        peers: Vec<Endpoint>,
+        munge_socket: Option<std::path::PathBuf>,
+    ) -> NamespaceNames {
+        NamespaceNames { epoch, peers, munge_socket, manifests: HashMap::new() }
     }
 
     /// The final name of store file `name` (see the module doc).
-    pub fn final_name(&mut self, name: &str) -> Result<FinalName, MetaError> {
+    pub fn final_name(&mut self, name: &str) -> Result<FinalName, DrainError> {
         let Some((namespace, _, _)) = parse_data_file_name(name) else {
             return Ok(FinalName::Unchanged);
         };
         if !self.manifests.contains_key(&namespace) {
-            let manifest = fetch(&self.peers, namespace, &self.munge_socket)?;
+            let manifest = fetch(&self.peers, namespace, self.epoch, &self.munge_socket)?;
             self.manifests.insert(namespace, manifest);
         }
         let Some(manifest) = &self.manifests[&namespace] else {
@@ -73,12 +85,14 @@ impl NamespaceNames {
     }
 }
 
-/// The manifest of `namespace` from the first peer that holds it; `None` if none does.
+/// The manifest of `namespace` from the first peer that holds it; `None` if none does. A
+/// namespace whose data epoch is not `epoch` is refused (another incarnation of the id).
 fn fetch(
     peers: &[Endpoint],
     namespace: NamespaceId,
+    epoch: EpochId,
     munge_socket: &Option<std::path::PathBuf>,
-) -> Result<Option<HashMap<String, ManifestEntry>>, MetaError> {
+) -> Result<Option<HashMap<String, ManifestEntry>>, DrainError> {
     let options = RemoteOptions {
         create: false,
         connections_max: 1,
@@ -88,13 +102,20 @@ fn fetch(
     for endpoint in peers {
         match RemoteNamespace::open(endpoint, namespace, &options) {
             Ok(remote) => {
-                let manifest = remote.manifest()?;
+                if remote.data_epoch() != epoch {
+                    return Err(DrainError::NamespaceIncarnation {
+                        namespace,
+                        found: remote.data_epoch(),
+                        epoch,
+                    });
+                }
+                let manifest = remote.manifest().map_err(DrainError::Namespace)?;
                 return Ok(Some(
                     manifest.into_iter().map(|entry| (entry.file_name.clone(), entry)).collect(),
                 ));
             }
             Err(failure) if failure.errno == libc::ENOENT => continue,
-            Err(failure) => return Err(failure),
+            Err(failure) => return Err(DrainError::Namespace(failure)),
         }
     }
     Ok(None)

@@ -38,10 +38,11 @@ pub fn partition_domains(
     let domains: Vec<Range<u64>> = (0..n)
         .map(|k| {
             // Stripes [k*T/n, (k+1)*T/n): sizes differ by at most one stripe.
-            let first = (k as u128 * stripes as u128 / n as u128) as u64;
-            let last = ((k + 1) as u128 * stripes as u128 / n as u128) as u64;
-            let start = (first * stripe_bytes).min(file_bytes);
-            let end = (last * stripe_bytes).min(file_bytes);
+            let first = k as u128 * stripes as u128 / n as u128;
+            let last = (k + 1) as u128 * stripes as u128 / n as u128;
+            // In u128: near 2^64 a stripe multiple can exceed u64 before it is clipped.
+            let start = (first * stripe_bytes as u128).min(file_bytes as u128) as u64;
+            let end = (last * stripe_bytes as u128).min(file_bytes as u128) as u64;
             start..end
         })
         .collect();
@@ -81,7 +82,7 @@ pub fn chunk_writes(range: Range<u64>, write_bytes_max: u64, stripe_bytes: u64) 
     let mut out = Vec::new();
     let mut at = range.start;
     while at < range.end {
-        let mut end = (at + write_bytes_max).min(range.end);
+        let mut end = at.saturating_add(write_bytes_max).min(range.end);
         if end < range.end {
             let aligned = end / stripe_bytes * stripe_bytes;
             if aligned > at {
@@ -95,13 +96,67 @@ pub fn chunk_writes(range: Range<u64>, write_bytes_max: u64, stripe_bytes: u64) 
     out
 }
 
+/// The writes of a shuffled part: the bytes of `domain` some server holds (`extents`, in any
+/// order, may overlap), each range widened to `align` boundaries inside the domain (so large
+/// writes can take direct I/O), merged, and cut by [`chunk_writes`]. Ranges nobody holds are
+/// never written, so holes stay holes on the PFS (the size is set by truncation), and the plan
+/// grows with the data held, never with the file's size or offsets (10 bytes at 2^63 are one
+/// write).
+pub fn held_chunks(
+    extents: &[(u64, u64)],
+    domain: &Range<u64>,
+    align: u64,
+    write_bytes_max: u64,
+    stripe_bytes: u64,
+) -> Vec<Range<u64>> {
+    assert!(align > 0);
+    let mut held: Vec<Range<u64>> = clip_extents(extents, domain)
+        .into_iter()
+        .map(|r| {
+            let start = (r.start / align * align).max(domain.start);
+            let end = r.end.div_ceil(align).saturating_mul(align).clamp(r.end, domain.end);
+            start..end
+        })
+        .collect();
+    held.sort_by_key(|r| r.start);
+    let mut merged: Vec<Range<u64>> = Vec::with_capacity(held.len());
+    for r in held {
+        match merged.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => merged.push(r),
+        }
+    }
+    merged.into_iter().flat_map(|r| chunk_writes(r, write_bytes_max, stripe_bytes)).collect()
+}
+
+/// CRC32C of `crc`'s bytes followed by `zeros` zero bytes, in O(log zeros) steps (a hole of
+/// 2^63 bytes costs 63 combinations, never a buffer).
+pub fn crc32c_append_zeros(crc: u32, zeros: u64) -> u32 {
+    let mut crc = crc;
+    // CRC32C of 2^k zero bytes, k = 0, 1, ...: each the previous appended to itself.
+    let mut power = crc32c::crc32c(&[0u8]);
+    let mut power_len = 1u64;
+    let mut left = zeros;
+    while left > 0 {
+        if left & 1 == 1 {
+            crc = crc32c::crc32c_combine(crc, power, power_len as usize);
+        }
+        left >>= 1;
+        if left > 0 {
+            power = crc32c::crc32c_combine(power, power, power_len as usize);
+            power_len <<= 1;
+        }
+    }
+    crc
+}
+
 /// Intersects sorted, disjoint extents (`(offset, length)`) with `range`.
 pub fn clip_extents(extents: &[(u64, u64)], range: &Range<u64>) -> Vec<Range<u64>> {
     extents
         .iter()
         .filter_map(|&(offset, length)| {
             let start = offset.max(range.start);
-            let end = (offset + length).min(range.end);
+            let end = offset.saturating_add(length).min(range.end);
             (start < end).then_some(start..end)
         })
         .collect()
@@ -112,13 +167,14 @@ pub fn naive_writes(extents: &[(u64, u64)], write_bytes_max: u64) -> Vec<Range<u
     let mut out = Vec::new();
     for &(offset, length) in extents {
         let first = out.len();
+        let extent_end = offset.saturating_add(length);
         let mut at = offset;
-        while at < offset + length {
-            let end = (at + write_bytes_max).min(offset + length);
+        while at < extent_end {
+            let end = at.saturating_add(write_bytes_max).min(extent_end);
             out.push(at..end);
             at = end;
         }
-        strict_check_tiling(&out[first..], &(offset..offset + length), write_bytes_max);
+        strict_check_tiling(&out[first..], &(offset..extent_end), write_bytes_max);
     }
     out
 }
@@ -216,6 +272,41 @@ mod tests {
         assert_eq!(lock_switches(&shuffled, MIB), 0);
         assert_eq!(stripe_aligned_fraction(&shuffled, MIB, 4 * MIB), 1.0);
         assert_eq!(stripe_aligned_fraction(&naive, MIB, 4 * MIB), 0.0);
+    }
+
+    #[test]
+    fn held_chunks_skip_holes_and_never_grow_with_the_offset() {
+        // 10 bytes at 1 GiB: one aligned 4 KiB write, not a GiB of zeros.
+        let gib = 1u64 << 30;
+        let d = partition_domains(gib + 10, 1, MIB)[0].clone();
+        assert_eq!(held_chunks(&[(gib, 10)], &d, 4096, 8 * MIB, MIB), vec![gib..gib + 10]);
+        // 10 bytes at 2^63 (and an extent running to the end of u64): bounded, no overflow.
+        let far = 1u64 << 63;
+        let domains = partition_domains(far + 10, 4, MIB);
+        let last = domains[3].clone();
+        assert_eq!(held_chunks(&[(far, 10)], &last, 4096, 8 * MIB, MIB), vec![far..far + 10]);
+        assert!(held_chunks(&[(far, 10)], &domains[0], 4096, 8 * MIB, MIB).is_empty());
+        let top = partition_domains(u64::MAX, 2, MIB);
+        assert_eq!(top[1].end, u64::MAX);
+        let chunks = held_chunks(&[(u64::MAX - 5, 100)], &top[1], 4096, 8 * MIB, MIB);
+        assert_eq!(chunks, vec![(u64::MAX - 5) / 4096 * 4096..u64::MAX]);
+        // Overlapping and unsorted extents of several servers merge; widening stays inside.
+        let d = 4096u64..(64 * 1024);
+        let got = held_chunks(&[(9000, 10), (5000, 100), (40_000, 5)], &d, 4096, 16 * 1024, 4096);
+        assert_eq!(got, vec![4096..12_288, 36_864..40_960]);
+    }
+
+    #[test]
+    fn zeros_append_like_real_zero_bytes() {
+        for (prefix, zeros) in
+            [(&b""[..], 0u64), (b"abc", 1), (b"x", 4096), (b"", 1000), (b"hi", 77_777)]
+        {
+            let mut real = prefix.to_vec();
+            real.resize(prefix.len() + zeros as usize, 0);
+            assert_eq!(crc32c_append_zeros(crc32c::crc32c(prefix), zeros), crc32c::crc32c(&real));
+        }
+        // A hole at 2^63 is arithmetic, not a buffer.
+        let _ = crc32c_append_zeros(0, 1 << 63);
     }
 
     #[test]

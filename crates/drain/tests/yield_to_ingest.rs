@@ -82,6 +82,7 @@ fn drainer_options(endpoint: &Endpoint) -> DrainerOptions {
         retry_backoff_min: Duration::from_millis(20),
         retry_backoff_max: Duration::from_millis(200),
         queued_epochs_max: 4,
+        quarantine_after_failures: 0,
         server_name: "s0".into(),
         staging_key: spillway_drain::StagingKey::random(),
         munge_socket: None,
@@ -103,6 +104,7 @@ fn drain_yields_while_clients_write_and_runs_unthrottled_when_idle() {
     let ssd = dir.path().join("ssd");
     let pfs = dir.path().join("pfs");
     std::fs::create_dir_all(&pfs).unwrap();
+    spillway_drain::pfs::mark_pfs(&pfs).unwrap();
     let backend = open_backend(&ssd);
     let endpoint = Endpoint::Unix(dir.path().join("s0.sock"));
     let server_knobs = ServerKnobs { server_name: "s0".into(), ..ServerKnobs::default() };

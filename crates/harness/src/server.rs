@@ -39,6 +39,8 @@ pub enum ServerError {
     StillRunning { name: String, pid: u32 },
     #[error("server {name}: waiting for pid {pid}: {source}")]
     Wait { name: String, pid: u32, source: std::io::Error },
+    #[error("server {name}: `spillway drain mark-pfs {dir}` failed: {problem}")]
+    MarkPfs { name: String, dir: PathBuf, problem: String },
 }
 
 /// The flags and environment of one `spillway serve` process; kept by [`ServerProcess`] so that
@@ -213,6 +215,31 @@ impl ServerBuilder {
         }
     }
 
+    /// Marks the PFS directory as a center's administrator does once (`spillway drain
+    /// mark-pfs`): a drain writes only into a marked directory. The one place every
+    /// harness-started server (tests, demo, benchmarks) gets its PFS set up; idempotent.
+    fn mark_pfs(&self, dir: &Path) -> Result<(), ServerError> {
+        let failed = |problem: String| ServerError::MarkPfs {
+            name: self.name.clone(),
+            dir: dir.to_path_buf(),
+            problem,
+        };
+        let output = Command::new(&self.binary)
+            .args(["drain", "mark-pfs"])
+            .arg(dir)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| failed(e.to_string()))?;
+        if !output.status.success() {
+            return Err(failed(format!(
+                "{}: {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            )));
+        }
+        Ok(())
+    }
+
     /// The `spillway serve` command line, environment and standard streams of this server.
     fn command(&self) -> Result<Command, ServerError> {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).map_err(
@@ -235,6 +262,10 @@ impl ServerBuilder {
         }
         command.arg("--ssd-dir").arg(&self.ssd_dir);
         if let Some(pfs) = &self.pfs_dir {
+            // A missing directory stands for a PFS not mounted yet (tests): left unmarked.
+            if pfs.is_dir() {
+                self.mark_pfs(pfs)?;
+            }
             command.arg("--pfs-dir").arg(pfs);
         }
         if let Some((peers, index)) = &self.drain {

@@ -133,6 +133,10 @@ pub enum DrainState {
     /// Every file of the epoch is under its final PFS name and fsync'd; the epoch is marked
     /// drained in the store.
     Drained,
+    /// Given up after `drain.quarantine_after_failures` failed attempts or a panicking
+    /// attempt (see `last_error`): not retried, not resumed at restart, the data kept in the
+    /// burst buffer; a new drain request for the epoch releases it.
+    Quarantined,
 }
 
 impl DrainState {
@@ -143,6 +147,7 @@ impl DrainState {
             DrainState::Running => 2,
             DrainState::Retrying => 3,
             DrainState::Drained => 4,
+            DrainState::Quarantined => 5,
         }
     }
     fn from_wire(kind: Kind, value: u8) -> Result<Self, FrameError> {
@@ -152,6 +157,7 @@ impl DrainState {
             2 => DrainState::Running,
             3 => DrainState::Retrying,
             4 => DrainState::Drained,
+            5 => DrainState::Quarantined,
             other => {
                 return Err(FrameError::BadValue {
                     kind,
@@ -171,6 +177,7 @@ impl std::fmt::Display for DrainState {
             DrainState::Running => "running",
             DrainState::Retrying => "retrying",
             DrainState::Drained => "drained",
+            DrainState::Quarantined => "quarantined",
         })
     }
 }
@@ -1236,7 +1243,7 @@ mod tests {
 
     /// A `DrainStatus` report of up to 8 epochs' drains.
     fn drain_status_response() -> impl Strategy<Value = Response> {
-        proptest::collection::vec((any::<u64>(), 0u8..5, any::<u64>(), any::<u32>(), name()), 0..8)
+        proptest::collection::vec((any::<u64>(), 0u8..6, any::<u64>(), any::<u32>(), name()), 0..8)
             .prop_map(|v| {
                 Response::DrainStatus(
                     v.into_iter()

@@ -58,6 +58,11 @@ impl Beneath {
         self.open_file(relative, OFlag::O_WRONLY | OFlag::O_CREAT, mode)
     }
 
+    /// Opens the existing file `relative` for writing (never creating it), following no link.
+    pub fn open_existing_for_write(&self, relative: &Path) -> io::Result<File> {
+        self.open_file(relative, OFlag::O_WRONLY, 0)
+    }
+
     /// Creates `relative` with `mode` for writing; it must not exist yet.
     pub fn create_new(&self, relative: &Path, mode: u32) -> io::Result<File> {
         self.open_file(relative, OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL, mode)
@@ -118,6 +123,32 @@ impl Beneath {
         let (to_parent, to_name) = self.parent_of(to)?;
         nix::fcntl::renameat(&from_parent, from_name, &to_parent, to_name)
             .map_err(|e| self.describe(e, "renaming to", to))
+    }
+
+    /// Renames `from` to `to` only if nothing is at `to` (`AlreadyExists` otherwise): a
+    /// publish that must not replace what another writer put there in the meantime.
+    pub fn rename_noreplace(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let (from_parent, from_name) = self.parent_of(from)?;
+        let (to_parent, to_name) = self.parent_of(to)?;
+        nix::fcntl::renameat2(
+            &from_parent,
+            from_name,
+            &to_parent,
+            to_name,
+            nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+        )
+        .map_err(|e| self.describe(e, "renaming (not replacing) to", to))
+    }
+
+    /// Opens `relative` as a path descriptor (`O_PATH`, following no link): for `fstat` and
+    /// extended attributes, without opening the file itself (a FIFO or device planted there
+    /// is not opened).
+    pub fn open_path(&self, relative: &Path) -> io::Result<OwnedFd> {
+        let (parent, name) = self.parent_of(relative)?;
+        let how = OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+            .resolve(resolve_flags());
+        openat2(&parent, name, how).map_err(|e| self.describe(e, "opening", relative))
     }
 
     /// Removes the file `relative`; a missing one is not an error.

@@ -44,6 +44,11 @@ enum Action {
     },
     /// Drain state of every epoch on every server.
     Status,
+    /// Mark DIR as the PFS directory drains write to (administrators, once per file system,
+    /// as root, after mounting it): writes DIR/.spillway-pfs with a random id and DIR's device.
+    /// A drain writes nothing where this marker is missing, foreign or on another device (an
+    /// unmounted PFS). Keeps a valid marker of the same device.
+    MarkPfs { dir: std::path::PathBuf },
 }
 
 fn connect(servers: &[String]) -> anyhow::Result<Client> {
@@ -76,6 +81,14 @@ pub fn wait_drained(
                 known += 1;
                 if d.state == DrainState::Drained {
                     done += 1;
+                } else if d.state == DrainState::Quarantined {
+                    anyhow::bail!(
+                        "epoch {epoch} is quarantined on server {server} ({} failed attempts): \
+                         {} (the data stays in the burst buffer; `spillway drain start {epoch}` \
+                         retries)",
+                        d.failed_attempts,
+                        d.last_error
+                    );
                 } else if !d.last_error.is_empty() {
                     report.push_str(&format!(
                         "server {server}: {} ({} failed attempts): {}\n",
@@ -101,6 +114,12 @@ pub fn wait_drained(
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Action::MarkPfs { dir } = &args.action {
+        let marker = spillway_drain::pfs::mark_pfs(dir)
+            .with_context(|| format!("marking {} as the PFS", dir.display()))?;
+        println!("{}: PFS marker {} (device {})", dir.display(), marker.id, marker.device);
+        return Ok(());
+    }
     let mut client = connect(&args.servers)?;
     match args.action {
         Action::Start { epoch, mode, wait, timeout_s } => {
@@ -124,6 +143,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 wait_drained(&mut client, EpochId(epoch), Duration::from_secs(timeout_s), true)?;
             println!("epoch {epoch}: drained on every server ({seconds:.2} s waited)");
         }
+        Action::MarkPfs { .. } => {} // done above, without servers
         Action::Status => {
             println!(
                 "{:>6} {:>8} {:>9} {:>8} {:>11} {:>12} {:>8} {:>9} {:>9}  last error",

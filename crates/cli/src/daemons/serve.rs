@@ -287,6 +287,7 @@ fn start_drainer(
         retry_backoff_min: Duration::from_millis(knobs.retry_backoff_ms_min),
         retry_backoff_max: Duration::from_millis(knobs.retry_backoff_ms_max),
         queued_epochs_max: knobs.queued_epochs_max as usize,
+        quarantine_after_failures: knobs.quarantine_after_failures,
         server_name: config.server.server_name.clone(),
         staging_key: spillway_drain::StagingKey::load_or_create(std::path::Path::new(
             &knobs.staging_key_file,
