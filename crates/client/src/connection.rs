@@ -19,8 +19,8 @@ use spillway_proto::auth::credential_payload;
 use spillway_proto::frame::{self, ReceiveError};
 use spillway_proto::transport;
 use spillway_proto::{
-    AuthMethod, Connection, Endpoint, Kind, Request, Response, CHALLENGE_BYTES, PROTOCOL_VERSION,
-    PROTOCOL_VERSION_MIN,
+    AuthMethod, Connection, Endpoint, Kind, Request, Response, ServerId, CHALLENGE_BYTES,
+    PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
 use spillway_sys::munge::MungeContext;
 
@@ -49,6 +49,10 @@ pub struct ServerConnection {
     pub uid: u32,
     pub gid: u32,
     pub server_name: String,
+    /// The server's id and incarnation from the last handshake (a reopened connection may
+    /// reach a restarted server, or another one at the same address).
+    pub server_id: ServerId,
+    pub incarnation: u64,
     body: Vec<u8>,
     /// Requests sent whose reply has not been received: 0 means the connection is quiet.
     unanswered: u64,
@@ -102,6 +106,8 @@ impl ServerConnection {
             uid: 0,
             gid: 0,
             server_name: String::new(),
+            server_id: ServerId::NONE,
+            incarnation: 0,
             body: Vec::new(),
             unanswered: 0,
             client_name: client_name.to_string(),
@@ -124,6 +130,8 @@ impl ServerConnection {
                     server_name,
                     auth,
                     challenge,
+                    server_id,
+                    incarnation,
                 },
                 _,
             ) => {
@@ -140,6 +148,8 @@ impl ServerConnection {
                     AuthMethod::Munge => this.authenticate(&challenge, munge_socket)?,
                 };
                 this.server_name = server_name;
+                this.server_id = server_id;
+                this.incarnation = incarnation;
                 Ok(this)
             }
             (other, _) => Err(this.unexpected("HelloReply", &other)),
@@ -557,6 +567,8 @@ mod tests {
                 server_name: "fake".into(),
                 auth: AuthMethod::None,
                 challenge: [0; CHALLENGE_BYTES],
+                server_id: ServerId([1; 16]),
+                incarnation: 1,
             };
             frame::write_frame(
                 &mut stream,

@@ -21,7 +21,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use spillway_proto::{
     DrainInfo, Durability, Endpoint, EpochGrant, EpochInfo, EpochState, ErrorCode, Extent,
-    FileInfo, Request, Response, ServerStatus,
+    FileInfo, Participant, Request, Response, ServerId, ServerStatus,
+    PARTICIPANT_ADDRESS_BYTES_MAX,
 };
 use spillway_types::{EpochId, FileId};
 
@@ -239,6 +240,38 @@ impl Client {
         self.servers.len()
     }
 
+    /// The id and incarnation of server `index` (from its last handshake).
+    pub fn server_identity(&self, index: usize) -> (ServerId, u64) {
+        (self.servers[index].server_id, self.servers[index].incarnation)
+    }
+
+    /// Where server `index` is reached.
+    pub fn endpoint(&self, index: usize) -> &Endpoint {
+        &self.servers[index].endpoint
+    }
+
+    /// The states of the epochs server `index` holds, from `ListEpochs` on that server alone;
+    /// the server's id and incarnation after the call are those of the server that answered.
+    pub fn epochs_on(&mut self, index: usize) -> Result<Vec<EpochInfo>, ClientError> {
+        let connection = &mut self.servers[index];
+        let mut out = Vec::new();
+        let mut from_epoch = EpochId(0);
+        loop {
+            let list: Vec<EpochInfo> =
+                match connection.call(&Request::ListEpochs { from_epoch }, &[], None)? {
+                    (Response::Epochs(list), ()) => list,
+                    (other, ()) => return Err(unexpected(connection, "Epochs", &other)),
+                };
+            let Some(last) = list.last().map(|e| e.epoch) else { break };
+            out.extend(list);
+            match last.0.checked_add(1) {
+                Some(next) if next > from_epoch.0 => from_epoch = EpochId(next),
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+
     /// The identity the first server established for this client (uid, gid).
     pub fn identity(&self) -> (u32, u32) {
         (self.servers[0].uid, self.servers[0].gid)
@@ -446,7 +479,20 @@ impl Client {
     }
 
     fn commit_epoch_untraced(&mut self, epoch: EpochId) -> Result<(), ClientError> {
-        let request = Request::Commit { epoch, durability: self.options.durability };
+        // Every server this client wrote the epoch to, by id: each records them, and its drain
+        // publishes nothing of the epoch unless all of them are there with these ids.
+        self.flush()?;
+        let participants = self
+            .touched
+            .get(&epoch)
+            .into_iter()
+            .flatten()
+            .map(|&server| Participant {
+                id: self.servers[server].server_id,
+                address: participant_address(&self.servers[server].endpoint),
+            })
+            .collect();
+        let request = Request::Commit { epoch, durability: self.options.durability, participants };
         self.call_touched_servers(epoch, &request, "Committed", |r| {
             matches!(r, Response::Committed { .. })
         })
@@ -874,6 +920,17 @@ impl Client {
         }
         Ok(out)
     }
+}
+
+/// A participant's address as recorded: the endpoint, cut to what a record holds.
+fn participant_address(endpoint: &Endpoint) -> String {
+    let mut address = endpoint.to_string();
+    let mut end = address.len().min(PARTICIPANT_ADDRESS_BYTES_MAX);
+    while !address.is_char_boundary(end) {
+        end -= 1;
+    }
+    address.truncate(end);
+    address
 }
 
 fn read_pfs_copy(

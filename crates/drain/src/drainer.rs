@@ -90,6 +90,8 @@ pub enum DrainError {
     NotParticipant { index: usize, name: String },
     #[error("mount file names: {0}")]
     Namespace(spillway_namespace::MetaError),
+    #[error(transparent)]
+    Participants(#[from] crate::participants::ParticipantError),
 }
 
 /// Why starting the drainer failed.
@@ -589,6 +591,8 @@ impl Inner {
             }
         }
         let files = self.backend.files(epoch).map_err(DrainError::Store)?;
+        let recorded = self.backend.participants(epoch);
+        crate::participants::verify(client, epoch, &recorded, &files)?;
         self.set(epoch, |s| {
             s.files_total = files.len() as u64;
             s.last_error.clear();

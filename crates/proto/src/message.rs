@@ -10,6 +10,9 @@ use spillway_types::{EpochId, FileId, GRANT_ALLOWED_IDS_MAX};
 use crate::auth::{AuthMethod, CHALLENGE_BYTES};
 use crate::errno::ErrorCode;
 use crate::frame::{FrameError, Kind};
+use crate::identity::{
+    Participant, ServerId, COMMIT_PARTICIPANTS_MAX, PARTICIPANT_ADDRESS_BYTES_MAX, SERVER_ID_BYTES,
+};
 use crate::namespace::{NamespaceRequest, NamespaceResponse};
 use crate::NAME_BYTES_MAX;
 
@@ -116,6 +119,9 @@ pub struct ServerStatus {
     pub epochs: u64,
     /// How the server authenticates TCP peers (`server.auth`).
     pub auth: AuthMethod,
+    /// The server's id and incarnation, as in `HelloReply`.
+    pub server_id: ServerId,
+    pub incarnation: u64,
 }
 
 /// Where one epoch's drain to the PFS stands on one server.
@@ -248,9 +254,14 @@ pub enum Request {
         offset: u64,
         length: u32,
     },
+    /// Seals the epoch. `participants`: every server the committer wrote the epoch to (itself
+    /// included if it holds bytes of it); the server records the union of what its committers
+    /// name durably before answering, and its drain publishes nothing of the epoch unless each
+    /// of them answers with its recorded id and holds the epoch committed.
     Commit {
         epoch: EpochId,
         durability: Durability,
+        participants: Vec<Participant>,
     },
     /// Epochs from `from_epoch` upward. A reply holds what fits in one body; ask again from one
     /// past the last epoch until the list comes back empty.
@@ -330,6 +341,12 @@ pub enum Response {
         server_name: String,
         auth: AuthMethod,
         challenge: [u8; CHALLENGE_BYTES],
+        /// The server's id (from its identity file; survives restarts).
+        server_id: ServerId,
+        /// How many times the server with this id has started (1 at the first start; 0: a
+        /// server without an identity file, e.g. one embedded in a test, whose id is new at
+        /// every start).
+        incarnation: u64,
     },
     /// The credential was accepted: requests run as this uid/gid.
     Authenticated {
@@ -583,6 +600,38 @@ impl<'a> Decoder<'a> {
             allowed_gids: self.grant_ids("allowed_gids")?,
         })
     }
+    /// The participants of a `Commit`: `count u32`, then per participant `id [u8; 16],
+    /// address str`; at most [`COMMIT_PARTICIPANTS_MAX`], addresses at most
+    /// [`PARTICIPANT_ADDRESS_BYTES_MAX`] bytes, no id all zeros.
+    pub(crate) fn participants(&mut self) -> Result<Vec<Participant>, FrameError> {
+        let count = self.count(SERVER_ID_BYTES + 2, "participant count")?;
+        if count > COMMIT_PARTICIPANTS_MAX {
+            let kind = self.kind;
+            return Err(FrameError::BadValue {
+                kind,
+                field: "participant count",
+                value: count as u64,
+            });
+        }
+        let mut participants = Vec::with_capacity(count);
+        for _ in 0..count {
+            let id = ServerId(self.fixed("participant id")?);
+            if id.is_none() {
+                return Err(FrameError::BadValue {
+                    kind: self.kind,
+                    field: "participant id",
+                    value: 0,
+                });
+            }
+            let address = self.string("participant address")?;
+            if address.len() > PARTICIPANT_ADDRESS_BYTES_MAX {
+                let (kind, value) = (self.kind, address.len() as u64);
+                return Err(FrameError::BadValue { kind, field: "participant address", value });
+            }
+            participants.push(Participant { id, address });
+        }
+        Ok(participants)
+    }
     pub(crate) fn finish(self) -> Result<(), FrameError> {
         if self.bytes.is_empty() {
             Ok(())
@@ -637,8 +686,13 @@ impl Request {
             Request::Read { epoch, file, offset, length } => {
                 e.u64(epoch.0).u64(file.0).u64(*offset).u32(*length);
             }
-            Request::Commit { epoch, durability } => {
-                e.u64(epoch.0).u8(durability.wire());
+            Request::Commit { epoch, durability, participants } => {
+                assert!(participants.len() <= COMMIT_PARTICIPANTS_MAX, "too many participants");
+                e.u64(epoch.0).u8(durability.wire()).u32(participants.len() as u32);
+                for participant in participants {
+                    assert!(participant.address.len() <= PARTICIPANT_ADDRESS_BYTES_MAX);
+                    e.fixed(&participant.id.0).string(&participant.address);
+                }
             }
             Request::Status | Request::DrainStatus => {}
             Request::Drain { epoch, mode } => {
@@ -700,9 +754,11 @@ impl Request {
                 offset: d.u64("offset")?,
                 length: d.u32("length")?,
             },
-            Kind::Commit => {
-                Request::Commit { epoch: EpochId(d.u64("epoch")?), durability: d.durability()? }
-            }
+            Kind::Commit => Request::Commit {
+                epoch: EpochId(d.u64("epoch")?),
+                durability: d.durability()?,
+                participants: d.participants()?,
+            },
             Kind::ListEpochs => Request::ListEpochs { from_epoch: EpochId(d.u64("from_epoch")?) },
             Kind::ListFiles => Request::ListFiles {
                 epoch: EpochId(d.u64("epoch")?),
@@ -813,6 +869,8 @@ impl Response {
                 server_name,
                 auth,
                 challenge,
+                server_id,
+                incarnation,
             } => {
                 encoder
                     .u16(*version)
@@ -822,7 +880,9 @@ impl Response {
                     .u32(*gid)
                     .string(server_name)
                     .u8(auth.wire())
-                    .fixed(challenge);
+                    .fixed(challenge)
+                    .fixed(&server_id.0)
+                    .u64(*incarnation);
             }
             Response::Authenticated { uid, gid } => {
                 encoder.u32(*uid).u32(*gid);
@@ -901,7 +961,9 @@ impl Response {
                     .u64(s.ssd_bytes_used)
                     .u64(s.ssd_bytes_max)
                     .u64(s.epochs)
-                    .u8(s.auth.wire());
+                    .u8(s.auth.wire())
+                    .fixed(&s.server_id.0)
+                    .u64(s.incarnation);
             }
             Response::DrainStatus(list) => {
                 encoder.u32(list.len() as u32);
@@ -976,6 +1038,8 @@ impl Response {
                 server_name: decoder.string("server_name")?,
                 auth: decoder.auth_method()?,
                 challenge: decoder.fixed("challenge")?,
+                server_id: ServerId(decoder.fixed("server_id")?),
+                incarnation: decoder.u64("incarnation")?,
             },
             Kind::Authenticated => {
                 Response::Authenticated { uid: decoder.u32("uid")?, gid: decoder.u32("gid")? }
@@ -1091,6 +1155,8 @@ impl Response {
                 ssd_bytes_max: decoder.u64("ssd_bytes_max")?,
                 epochs: decoder.u64("epochs")?,
                 auth: decoder.auth_method()?,
+                server_id: ServerId(decoder.fixed("server_id")?),
+                incarnation: decoder.u64("incarnation")?,
             }),
             other => unreachable!("{other:?} is not a drain or administration response"),
         })
@@ -1114,6 +1180,18 @@ mod tests {
         ]
     }
 
+    /// Up to 4 participants with non-zero ids.
+    fn participants() -> impl Strategy<Value = Vec<Participant>> {
+        proptest::collection::vec((any::<[u8; SERVER_ID_BYTES]>(), name()), 0..4).prop_map(|v| {
+            v.into_iter()
+                .map(|(mut id, address)| {
+                    id[0] |= 1;
+                    Participant { id: ServerId(id), address }
+                })
+                .collect()
+        })
+    }
+
     fn request() -> impl Strategy<Value = Request> {
         prop_oneof![
             (any::<u16>(), any::<u16>(), name()).prop_map(|(a, b, n)| Request::Hello {
@@ -1134,8 +1212,11 @@ mod tests {
             (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(e, f, o, l)| {
                 Request::Read { epoch: EpochId(e), file: FileId(f), offset: o, length: l }
             }),
-            (any::<u64>(), durability())
-                .prop_map(|(e, d)| Request::Commit { epoch: EpochId(e), durability: d }),
+            (any::<u64>(), durability(), participants()).prop_map(|(e, d, p)| Request::Commit {
+                epoch: EpochId(e),
+                durability: d,
+                participants: p
+            }),
             any::<u64>().prop_map(|e| Request::ListEpochs { from_epoch: EpochId(e) }),
             (any::<u64>(), any::<u64>())
                 .prop_map(|(e, f)| Request::ListFiles { epoch: EpochId(e), from_file: FileId(f) }),
@@ -1230,6 +1311,8 @@ mod tests {
                 ssd_bytes_max: 4,
                 epochs: e,
                 auth: if c % 2 == 0 { AuthMethod::None } else { AuthMethod::Munge },
+                server_id: ServerId((b as u128 ^ (e as u128) << 64).to_le_bytes()),
+                incarnation: e / 5,
             })
         })
     }
@@ -1261,16 +1344,26 @@ mod tests {
     fn response() -> impl Strategy<Value = Response> {
         prop_oneof![
             (any::<u16>(), any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>(), name())
-                .prop_flat_map(|hello| (Just(hello), any::<bool>(), any::<[u8; CHALLENGE_BYTES]>()))
-                .prop_map(|((v, p, i, u, g, n), munge, challenge)| Response::Hello {
-                    version: v,
-                    payload_bytes_max: p,
-                    in_flight_requests_max: i,
-                    uid: u,
-                    gid: g,
-                    server_name: n,
-                    auth: if munge { AuthMethod::Munge } else { AuthMethod::None },
-                    challenge,
+                .prop_flat_map(|hello| (
+                    Just(hello),
+                    any::<bool>(),
+                    any::<[u8; CHALLENGE_BYTES]>(),
+                    any::<[u8; SERVER_ID_BYTES]>(),
+                    any::<u64>()
+                ))
+                .prop_map(|((v, p, i, u, g, n), munge, challenge, id, incarnation)| {
+                    Response::Hello {
+                        version: v,
+                        payload_bytes_max: p,
+                        in_flight_requests_max: i,
+                        uid: u,
+                        gid: g,
+                        server_name: n,
+                        auth: if munge { AuthMethod::Munge } else { AuthMethod::None },
+                        challenge,
+                        server_id: ServerId(id),
+                        incarnation,
+                    }
                 }),
             (any::<u32>(), any::<u32>())
                 .prop_map(|(uid, gid)| Response::Authenticated { uid, gid }),
@@ -1357,9 +1450,14 @@ mod tests {
 
     #[test]
     fn bad_enum_values_are_named() {
-        let mut body =
-            Request::Commit { epoch: EpochId(1), durability: Durability::Ssd }.encode_body();
-        *body.last_mut().unwrap() = 9;
+        let mut body = Request::Commit {
+            epoch: EpochId(1),
+            durability: Durability::Ssd,
+            participants: Vec::new(),
+        }
+        .encode_body();
+        body[8] = 9; // the durability byte, after the epoch
+
         assert_eq!(
             Request::decode(Kind::Commit, &body),
             Err(FrameError::BadValue { kind: Kind::Commit, field: "durability", value: 9 })
@@ -1391,14 +1489,50 @@ mod tests {
             server_name: "s".into(),
             auth: AuthMethod::Munge,
             challenge: [9; CHALLENGE_BYTES],
+            server_id: ServerId([3; SERVER_ID_BYTES]),
+            incarnation: 2,
         };
         let mut body = hello.encode_body();
-        assert_eq!(body.len(), 2 + 4 + 4 + 4 + 4 + 3 + 1 + CHALLENGE_BYTES);
+        assert_eq!(body.len(), 2 + 4 + 4 + 4 + 4 + 3 + 1 + CHALLENGE_BYTES + SERVER_ID_BYTES + 8);
         body[21] = 7; // the auth byte, after the one-byte server name
         assert_eq!(
             Response::decode(Kind::HelloReply, &body),
             Err(FrameError::BadValue { kind: Kind::HelloReply, field: "auth", value: 7 })
         );
+    }
+
+    #[test]
+    fn commit_participants_out_of_range_are_named() {
+        let participant = Participant { id: ServerId([1; SERVER_ID_BYTES]), address: "a".into() };
+        let commit = |participants: Vec<Participant>| {
+            Request::Commit { epoch: EpochId(1), durability: Durability::Ssd, participants }
+                .encode_body()
+        };
+        let mut body = commit(vec![participant.clone()]);
+        body[13..13 + SERVER_ID_BYTES].fill(0);
+        assert_eq!(
+            Request::decode(Kind::Commit, &body),
+            Err(FrameError::BadValue { kind: Kind::Commit, field: "participant id", value: 0 })
+        );
+        let mut body = commit(Vec::new());
+        body[9..13].copy_from_slice(&(COMMIT_PARTICIPANTS_MAX as u32 + 1).to_le_bytes());
+        body.extend(std::iter::repeat_n(0u8, (COMMIT_PARTICIPANTS_MAX + 1) * 18));
+        assert!(matches!(
+            Request::decode(Kind::Commit, &body),
+            Err(FrameError::BadValue { field: "participant count", .. })
+        ));
+        let long = Participant {
+            address: "x".repeat(PARTICIPANT_ADDRESS_BYTES_MAX + 1),
+            ..participant.clone()
+        };
+        let mut body = commit(vec![participant]);
+        body.truncate(13 + SERVER_ID_BYTES);
+        body.extend_from_slice(&(long.address.len() as u16).to_le_bytes());
+        body.extend_from_slice(long.address.as_bytes());
+        assert!(matches!(
+            Request::decode(Kind::Commit, &body),
+            Err(FrameError::BadValue { field: "participant address", .. })
+        ));
     }
 
     #[test]

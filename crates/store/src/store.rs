@@ -197,6 +197,8 @@ pub(crate) struct EpochEntry {
     /// Payload bytes of writes admitted but not yet published (counted against the grant's
     /// capacity with `payload_bytes`, so concurrent writers cannot overshoot it together).
     pub admitted_payload_bytes: u64,
+    /// The servers committers wrote the epoch to, sorted by id (`Store::record_participants`).
+    pub participants: Vec<crate::participants::EpochParticipant>,
 }
 
 impl EpochEntry {
@@ -213,6 +215,7 @@ impl EpochEntry {
             names: BTreeMap::new(),
             recovered_uncommitted: false,
             grant: None,
+            participants: Vec::new(),
             admitted_payload_bytes: 0,
         }
     }
@@ -1941,6 +1944,8 @@ impl Inner {
         if target == EpochPhase::Deleted {
             entry.grant = None;
         }
+        // Drained or deleted: nothing of it will be published any more.
+        entry.participants.clear();
         for sequence in std::mem::take(&mut entry.record_sequences) {
             state.records.remove(&sequence);
         }
