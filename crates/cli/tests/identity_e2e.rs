@@ -129,3 +129,52 @@ fn a_lost_participant_replaced_by_an_empty_server_stops_the_drain_and_nothing_is
         assert!(same_bytes(&back, &data[start..start + length]), "bytes at {start} differ");
     }
 }
+
+#[test]
+fn a_client_reconnects_after_a_restart_mid_stream_and_reports_what_may_be_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = ServerProcess::builder(BIN, dir.path(), "s0")
+        .no_tcp()
+        .unix_socket(socket(dir.path(), 0))
+        .start();
+    let mut client = striped_client(dir.path(), 1);
+    let (epoch, kept) = (EpochId(3), EpochId(4));
+    let data = pattern(3, 4 << 20);
+    client.begin_epoch(kept);
+    let mut synced = client.create_file(kept, "synced.dat").unwrap();
+    client.write(&mut synced, 0, &data).unwrap();
+    client.sync_epoch(kept).unwrap();
+    client.begin_epoch(epoch);
+    let mut file = client.create_file(epoch, "lost.dat").unwrap();
+    // Pipelined: the acknowledgements are still unread when the server dies.
+    client.write(&mut file, 0, &data).unwrap();
+    server.sigkill().unwrap();
+    server.restart().unwrap();
+
+    let mut errors = Vec::new();
+    for _ in 0..3 {
+        match client.flush() {
+            Ok(()) => break,
+            Err(error) => errors.push(error),
+        }
+    }
+    assert!(!errors.is_empty(), "writes the dead server never acknowledged were reported lost");
+    assert!(
+        errors.iter().all(|e| e.errno() == libc::EIO || e.errno() == libc::ECONNRESET),
+        "{errors:?}"
+    );
+    assert!(client.flush().is_ok(), "the loss is reported once; the connection works again");
+    assert_eq!(client.server_identity(0).1, 2, "the client reached the new incarnation");
+
+    let mut back = vec![0u8; data.len()];
+    let error = client.read(&file, 0, &mut back).expect_err("lost writes never read as zeros");
+    assert_eq!(error.errno(), libc::EIO, "{error}");
+    assert!(error.to_string().contains("lost.dat"), "{error}");
+    let error = client.commit_epoch(epoch).expect_err("an epoch that lost writes is not sealed");
+    assert_eq!(error.errno(), libc::EIO, "{error}");
+    client.read(&synced, 0, &mut back).unwrap();
+    assert!(same_bytes(&back, &data), "synced data is intact after the restart");
+    let mut again = client.create_file(kept, "after.dat").unwrap();
+    client.write(&mut again, 0, &data[..1 << 20]).unwrap();
+    client.commit_epoch(kept).unwrap();
+}

@@ -111,8 +111,11 @@ enum Command {
         reply: Reply<()>,
     },
     /// `durable`: also make the acknowledged bytes durable in the servers' SSD logs (fsync).
+    /// `ino`: the file being closed or fsync'd, whose writes a server restart lost are
+    /// reported (EIO) now; `None`: the slot's own flush (unmount), no file's.
     Flush {
         durable: bool,
+        ino: Option<Ino>,
         reply: Reply<()>,
     },
     Forget {
@@ -146,19 +149,24 @@ impl DataPlane {
     /// The slot serving inode `ino`, locked.
     pub fn slot(&self, ino: Ino) -> SlotGuard<'_> {
         let index = (ino % self.slots.len() as u64) as usize;
+        self.slot_at(index, Some(ino))
+    }
+
+    fn slot_at(&self, index: usize, ino: Option<Ino>) -> SlotGuard<'_> {
         let channel = &self.slots[index];
         SlotGuard {
             _lock: channel.lock.lock(),
             sender: channel.sender.as_ref().expect("open until drop"),
             index,
+            ino,
         }
     }
 
     /// Flushes every slot's pipeline; the first failure.
     pub fn flush_all(&self) -> Result<(), DataError> {
         let mut first = None;
-        for ino in 0..self.slots.len() as u64 {
-            if let Err(e) = self.slot(ino).flush() {
+        for index in 0..self.slots.len() {
+            if let Err(e) = self.slot_at(index, None).flush() {
                 first.get_or_insert(e);
             }
         }
@@ -182,6 +190,8 @@ pub struct SlotGuard<'a> {
     _lock: MutexGuard<'a, ()>,
     sender: &'a SyncSender<Command>,
     index: usize,
+    /// The inode the slot was taken for (its losses are reported by flush and sync).
+    ino: Option<Ino>,
 }
 
 impl SlotGuard<'_> {
@@ -234,13 +244,15 @@ impl SlotGuard<'_> {
 
     /// Waits until every write queued so far is acknowledged by its server; the first failure.
     pub fn flush(&mut self) -> Result<(), DataError> {
-        self.call(|reply| Command::Flush { durable: false, reply })
+        let ino = self.ino;
+        self.call(|reply| Command::Flush { durable: false, ino, reply })
     }
 
     /// [`Self::flush`], then every server this slot wrote to syncs its SSD log: what `fsync`
     /// promises (the data survives a server crash).
     pub fn sync(&mut self) -> Result<(), DataError> {
-        self.call(|reply| Command::Flush { durable: true, reply })
+        let ino = self.ino;
+        self.call(|reply| Command::Flush { durable: true, ino, reply })
     }
 
     /// Forgets cached store handles of `ino` (at open: close-to-open means asking again).
@@ -280,8 +292,9 @@ impl Slot {
                 Command::ZeroFill { ino, generation, from, to, reply } => {
                     let _ = reply.send(self.zero_fill(ino, generation, from, to));
                 }
-                Command::Flush { durable, reply } => {
+                Command::Flush { durable, ino, reply } => {
                     let flushed = if durable { self.sync() } else { self.flush() };
+                    let flushed = flushed.and_then(|()| self.report_lost(ino));
                     let _ = reply.send(match self.deferred.take() {
                         Some(e) => Err(e),
                         None => flushed,
@@ -447,5 +460,16 @@ impl Slot {
     /// Flushes, then syncs the data epoch on every server this slot's client wrote it to.
     pub fn sync(&mut self) -> Result<(), DataError> {
         self.client.sync_epoch(self.epoch).map_err(|e| DataError::Flush(Box::new(e)))
+    }
+
+    /// Fails (EIO, naming the server), once, if a server restart lost writes this slot made
+    /// to `ino` (any generation) that were not fsync'd: the close or fsync of the file says so.
+    fn report_lost(&mut self, ino: Option<Ino>) -> Result<(), DataError> {
+        let Some(ino) = ino else { return Ok(()) };
+        let prefix = format!("ns/{}/{ino}.", self.namespace);
+        debug_assert!(data_file_name(self.namespace, ino, 0).starts_with(&prefix));
+        self.client
+            .report_lost_writes(self.epoch, &prefix)
+            .map_err(|e| DataError::Flush(Box::new(e)))
     }
 }
