@@ -228,7 +228,7 @@ fn raw_on(
         }
         "stat" => Request::Stat { epoch, file },
         "extents" => Request::Extents { epoch, file, from_offset: 0 },
-        "sync" => Request::Sync { epoch },
+        "sync" => Request::Sync { epoch, participants: Vec::new() },
         other => panic!("unknown raw op {other}"),
     };
     match connection.call(&request, &[], None)? {

@@ -5,9 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use spillway_client::{Client, ClientOptions, Placement};
+use spillway_client::{Client, ClientOptions, Placement, ServerConnection};
 use spillway_harness::{pattern, same_bytes, ServerProcess};
-use spillway_proto::{DrainState, Endpoint};
+use spillway_proto::{DrainState, Durability, Endpoint, Request};
 use spillway_types::EpochId;
 
 const BIN: &str = env!("CARGO_BIN_EXE_spillway");
@@ -72,6 +72,17 @@ fn the_id_survives_a_restart_the_incarnation_counts_it_and_a_damaged_file_stops_
 
 #[test]
 fn a_lost_participant_replaced_by_an_empty_server_stops_the_drain_and_nothing_is_published() {
+    lost_participant_stops_the_drain(false);
+}
+
+/// The mount's way: the writer only syncs (fsync), stage-out seals the epoch with a commit that
+/// names no participants; the participants the syncs named still hold the drain.
+#[test]
+fn participants_named_by_syncs_hold_the_drain_of_an_epoch_sealed_without_them() {
+    lost_participant_stops_the_drain(true);
+}
+
+fn lost_participant_stops_the_drain(sealed_by_stage_out: bool) {
     let dir = tempfile::tempdir().unwrap();
     let pfs = dir.path().join("pfs");
     std::fs::create_dir(&pfs).unwrap();
@@ -86,7 +97,15 @@ fn a_lost_participant_replaced_by_an_empty_server_stops_the_drain_and_nothing_is
     client.begin_epoch(epoch);
     let mut file = client.create_file(epoch, name).unwrap();
     client.write(&mut file, 0, &data).unwrap();
-    client.commit_epoch(epoch).unwrap();
+    if sealed_by_stage_out {
+        client.sync_epoch(epoch).unwrap();
+        let survivor_endpoint = Endpoint::Unix(socket(dir.path(), 0));
+        let mut raw = ServerConnection::connect(&survivor_endpoint, "stage-out", 1).unwrap();
+        let seal = Request::Commit { epoch, durability: Durability::Ssd, participants: vec![] };
+        raw.call(&seal, &[], None).unwrap();
+    } else {
+        client.commit_epoch(epoch).unwrap();
+    }
     drop(client);
 
     // Server 1 is lost with its SSD; an empty server takes its address.

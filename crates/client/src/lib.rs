@@ -605,20 +605,22 @@ impl Client {
         Ok(())
     }
 
-    fn commit_epoch_untraced(&mut self, epoch: EpochId) -> Result<(), ClientError> {
-        // Every server this client wrote the epoch to, by id: each records them, and its drain
-        // publishes nothing of the epoch unless all of them are there with these ids.
-        self.flush()?;
-        let participants = self
-            .touched
-            .get(&epoch)
-            .into_iter()
-            .flatten()
+    /// Every server this client wrote the epoch to, by id (what `Commit` and `Sync` name): each
+    /// records them, and its drain publishes nothing of the epoch unless all of them are there
+    /// with these ids.
+    fn participants(&self, epoch: EpochId) -> Vec<Participant> {
+        let touched = self.touched.get(&epoch).into_iter().flatten();
+        touched
             .map(|&server| Participant {
-                id: self.servers[server].server_id,
+                id: self.known[server].0,
                 address: participant_address(&self.servers[server].endpoint),
             })
-            .collect();
+            .collect()
+    }
+
+    fn commit_epoch_untraced(&mut self, epoch: EpochId) -> Result<(), ClientError> {
+        self.flush()?;
+        let participants = self.participants(epoch);
         let request = Request::Commit { epoch, durability: self.options.durability, participants };
         let committed = self.call_touched_servers(epoch, &request, "Committed", |r| {
             matches!(r, Response::Committed { .. })
@@ -638,7 +640,9 @@ impl Client {
     /// reported by [`Client::report_lost_writes`] and `commit_epoch`, and reads of their files
     /// fail.
     pub fn sync_epoch(&mut self, epoch: EpochId) -> Result<(), ClientError> {
-        let synced = self.call_touched_servers(epoch, &Request::Sync { epoch }, "Synced", |r| {
+        self.flush()?;
+        let request = Request::Sync { epoch, participants: self.participants(epoch) };
+        let synced = self.call_touched_servers(epoch, &request, "Synced", |r| {
             matches!(r, Response::Synced { .. })
         });
         self.note_restarts();

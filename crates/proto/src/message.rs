@@ -297,9 +297,12 @@ pub enum Request {
     /// Drain state of every epoch this server knows of.
     DrainStatus,
     /// Make every byte this server acknowledged for the epoch durable in its SSD log without
-    /// sealing the epoch (what `fsync` on the mount needs; a commit seals).
+    /// sealing the epoch (what `fsync` on the mount needs; a commit seals). `participants`
+    /// as in `Commit`: recorded before the sync, so an epoch written only through syncs (the
+    /// mount's) is protected from publishing with a participant missing too.
     Sync {
         epoch: EpochId,
+        participants: Vec<Participant>,
     },
     /// From the manager (root only): the epoch's writes go to SSD stream `stream` (BIOS
     /// Algorithm 1's choice for the reservation's user or job) instead of the writer's uid.
@@ -440,6 +443,16 @@ impl Encoder {
     /// Fixed-size raw bytes, no length (the challenge).
     pub(crate) fn fixed(&mut self, b: &[u8]) -> &mut Self {
         self.0.extend_from_slice(b);
+        self
+    }
+    /// `count u32`, then per participant `id [u8; 16], address str` (`Commit`, `Sync`).
+    pub(crate) fn participants(&mut self, participants: &[Participant]) -> &mut Self {
+        assert!(participants.len() <= COMMIT_PARTICIPANTS_MAX, "too many participants");
+        self.u32(participants.len() as u32);
+        for participant in participants {
+            assert!(participant.address.len() <= PARTICIPANT_ADDRESS_BYTES_MAX);
+            self.fixed(&participant.id.0).string(&participant.address);
+        }
         self
     }
     pub(crate) fn file_info(&mut self, f: &FileInfo) -> &mut Self {
@@ -688,11 +701,7 @@ impl Request {
             }
             Request::Commit { epoch, durability, participants } => {
                 assert!(participants.len() <= COMMIT_PARTICIPANTS_MAX, "too many participants");
-                e.u64(epoch.0).u8(durability.wire()).u32(participants.len() as u32);
-                for participant in participants {
-                    assert!(participant.address.len() <= PARTICIPANT_ADDRESS_BYTES_MAX);
-                    e.fixed(&participant.id.0).string(&participant.address);
-                }
+                e.u64(epoch.0).u8(durability.wire()).participants(participants);
             }
             Request::Status | Request::DrainStatus => {}
             Request::Drain { epoch, mode } => {
@@ -704,10 +713,11 @@ impl Request {
             Request::ListFiles { epoch, from_file } => {
                 e.u64(epoch.0).u64(from_file.0);
             }
-            Request::DeleteEpoch { epoch }
-            | Request::Sync { epoch }
-            | Request::RevokeEpoch { epoch } => {
+            Request::DeleteEpoch { epoch } | Request::RevokeEpoch { epoch } => {
                 e.u64(epoch.0);
+            }
+            Request::Sync { epoch, participants } => {
+                e.u64(epoch.0).participants(participants);
             }
             Request::GrantEpoch { epoch, grant } => {
                 e.u64(epoch.0).grant(grant);
@@ -773,7 +783,9 @@ impl Request {
                 from_offset: d.u64("from_offset")?,
             },
             Kind::DeleteEpoch => Request::DeleteEpoch { epoch: EpochId(d.u64("epoch")?) },
-            Kind::Sync => Request::Sync { epoch: EpochId(d.u64("epoch")?) },
+            Kind::Sync => {
+                Request::Sync { epoch: EpochId(d.u64("epoch")?), participants: d.participants()? }
+            }
             Kind::AssignStream => {
                 Request::AssignStream { epoch: EpochId(d.u64("epoch")?), stream: d.u64("stream")? }
             }
@@ -1228,7 +1240,8 @@ mod tests {
                 from_offset: o
             }),
             any::<u64>().prop_map(|e| Request::DeleteEpoch { epoch: EpochId(e) }),
-            any::<u64>().prop_map(|e| Request::Sync { epoch: EpochId(e) }),
+            (any::<u64>(), participants())
+                .prop_map(|(e, p)| Request::Sync { epoch: EpochId(e), participants: p }),
             (any::<u64>(), any::<u64>())
                 .prop_map(|(e, s)| Request::AssignStream { epoch: EpochId(e), stream: s }),
             (any::<u64>(), grant())

@@ -1087,10 +1087,11 @@ fn run(
             plain(access::grant_epoch(shared, peer, epoch, grant)?)
         }
         Request::RevokeEpoch { epoch } => plain(access::revoke_epoch(shared, peer, epoch)?),
-        Request::Sync { epoch } => {
+        Request::Sync { epoch, participants } => {
             // The store syncs every dirty segment at once; the epoch is named so that only those
             // who may use it ask, and so that the reply says what became durable.
             authorize(shared, peer, epoch, Intent::Use)?;
+            backend.record_participants(epoch, &participants)?;
             backend.sync()?;
             plain(Response::Synced { epoch })
         }
