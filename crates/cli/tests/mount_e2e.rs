@@ -360,3 +360,27 @@ fn a_server_restarted_under_the_mount_loses_only_unsynced_data_and_says_so() {
     assert!(spillway_harness::same_bytes(&got, &later), "a write after the restart");
     mount.unmount();
 }
+
+/// Issue 15: the data epoch deleted on every server under a running mount (a reservation
+/// destroyed under its job): reading a file fails with EIO, never returns NULs.
+#[test]
+fn a_mount_whose_data_epoch_vanished_fails_reads_instead_of_returning_zeros() {
+    let dir = tempdir();
+    let (_servers, endpoints) = servers(dir.path(), 2);
+    let path = dir.path().join("m");
+    let mount = mount_at(&path, remote_namespace(&endpoints, 16), &endpoints);
+    let bytes = spillway_harness::pattern(16, 3 << 20);
+    let mut file = std::fs::File::create(mount.path().join("data.bin")).unwrap();
+    std::io::Write::write_all(&mut file, &bytes).unwrap();
+    file.sync_all().unwrap();
+    drop(file);
+    assert!(spillway_harness::same_bytes(
+        &std::fs::read(mount.path().join("data.bin")).unwrap(),
+        &bytes
+    ));
+    clients(&endpoints, 1).pop().unwrap().delete_epoch(EpochId(1_016)).unwrap();
+    let error = std::fs::read(mount.path().join("data.bin"))
+        .expect_err("a file of a vanished epoch must not read (as NULs or otherwise)");
+    assert_eq!(error.raw_os_error(), Some(libc::EIO), "{error}");
+    drop(mount);
+}

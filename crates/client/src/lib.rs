@@ -54,6 +54,9 @@ pub enum ClientError {
     UnexpectedReply { endpoint: Endpoint, expected: &'static str, got: String },
     #[error("file {name:?} of epoch {epoch} is not on any server")]
     NoSuchFile { epoch: EpochId, name: String },
+    /// No server holds the epoch at all (never written, or deleted: a reservation destroyed).
+    #[error("epoch {epoch} is not on any server (never written, or deleted) looking for {name:?}")]
+    NoSuchEpoch { epoch: EpochId, name: String },
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     /// The connection broke with writes unacknowledged; their bytes are not held by the
@@ -78,6 +81,7 @@ impl ClientError {
         match self {
             ClientError::Server { code, .. } => code.errno(),
             ClientError::NoSuchFile { .. } => ErrorCode::NoSuchFile.errno(),
+            ClientError::NoSuchEpoch { .. } => ErrorCode::NoSuchEpoch.errno(),
             ClientError::InvalidArgument(_) => ErrorCode::InvalidArgument.errno(),
             ClientError::Authentication { .. } => ErrorCode::PermissionDenied.errno(),
             ClientError::Unacknowledged { .. } | ClientError::ServerRestarted { .. } => libc_eio(),
@@ -462,16 +466,22 @@ impl Client {
             }
         }
         let mut ids = vec![None; self.servers.len()];
+        let mut epoch_somewhere = false;
         for (server, connection) in self.servers.iter_mut().enumerate() {
             let request = Request::OpenFile { epoch, name: name.to_string(), create: false };
             match connection.call(&request, &[], None) {
-                Ok((Response::FileOpened { file, .. }, ())) => ids[server] = Some(file),
-                Ok((other, ())) => return Err(unexpected(connection, "FileOpened", &other)),
-                Err(e)
-                    if matches!(e.code(), Some(ErrorCode::NoSuchFile | ErrorCode::NoSuchEpoch)) => {
+                Ok((Response::FileOpened { file, .. }, ())) => {
+                    ids[server] = Some(file);
+                    epoch_somewhere = true;
                 }
+                Ok((other, ())) => return Err(unexpected(connection, "FileOpened", &other)),
+                Err(e) if e.code() == Some(ErrorCode::NoSuchFile) => epoch_somewhere = true,
+                Err(e) if e.code() == Some(ErrorCode::NoSuchEpoch) => {}
                 Err(e) => return Err(e),
             }
+        }
+        if !epoch_somewhere {
+            return Err(ClientError::NoSuchEpoch { epoch, name: name.to_string() });
         }
         if ids.iter().all(Option::is_none) {
             return Err(ClientError::NoSuchFile { epoch, name: name.to_string() });

@@ -26,7 +26,9 @@
 
 use std::collections::HashMap;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use parking_lot::{Mutex, MutexGuard};
@@ -58,6 +60,11 @@ pub enum DataError {
     Flush(Box<ClientError>),
     #[error("the data worker of slot {slot} has stopped")]
     Stopped { slot: usize },
+    /// The data epoch this mount has used is on no server any more: the reservation was
+    /// destroyed (or its data deleted) under the mount. Its files cannot be read, never as
+    /// zeros.
+    #[error("the mount's data epoch {epoch} is gone from every server (reservation destroyed or its data deleted): {file} cannot be read")]
+    EpochVanished { epoch: EpochId, file: String },
 }
 
 impl DataError {
@@ -65,7 +72,7 @@ impl DataError {
     pub fn errno(&self) -> i32 {
         let source = match self {
             DataError::Client { source, .. } | DataError::Flush(source) => &**source,
-            DataError::Stopped { .. } => return libc::EIO,
+            DataError::Stopped { .. } | DataError::EpochVanished { .. } => return libc::EIO,
         };
         match source.code() {
             // A committed (sealed) data epoch cannot take more writes.
@@ -128,13 +135,20 @@ impl DataPlane {
     /// default striped placement (one per slot; at least one).
     pub fn new(clients: Vec<Client>, namespace: NamespaceId, epoch: EpochId) -> DataPlane {
         assert!(!clients.is_empty(), "a data plane needs at least one client");
+        let epoch_seen = Arc::new(AtomicBool::new(false));
         let slots = clients
             .into_iter()
             .enumerate()
             .map(|(index, mut client)| {
                 client.begin_epoch(epoch);
-                let slot =
-                    Slot { client, namespace, epoch, handles: HashMap::new(), deferred: None };
+                let slot = Slot {
+                    client,
+                    namespace,
+                    epoch,
+                    handles: HashMap::new(),
+                    deferred: None,
+                    epoch_seen: epoch_seen.clone(),
+                };
                 let (sender, receiver) = sync_channel(QUEUED_COMMANDS_MAX);
                 let worker = std::thread::Builder::new()
                     .name(format!("mount-data-{index}"))
@@ -271,6 +285,9 @@ pub struct Slot {
     handles: HashMap<(Ino, u64), FileHandle>,
     /// The first failure of a queued write, reported by the next flush.
     deferred: Option<DataError>,
+    /// Some server held the data epoch since the mount started (shared by every slot): from
+    /// then on an epoch on no server has vanished, and its files read as EIO, not zeros.
+    epoch_seen: Arc<AtomicBool>,
 }
 
 impl Slot {
@@ -338,6 +355,7 @@ impl Slot {
                 length: 0,
                 source: Box::new(source),
             })?;
+        self.epoch_seen.store(true, Ordering::Relaxed);
         self.remember(ino, generation, handle.clone());
         Ok(handle)
     }
@@ -350,6 +368,7 @@ impl Slot {
         let name = self.name(ino, generation);
         match self.client.open_file(self.epoch, &name) {
             Ok(handle) => {
+                self.epoch_seen.store(true, Ordering::Relaxed);
                 // Cache only a handle that covers the whole stripe set: another mount may still
                 // create the file on the missing servers.
                 let servers = self.client.server_count();
@@ -363,7 +382,15 @@ impl Slot {
                 }
                 Ok(Some(handle))
             }
-            Err(ClientError::NoSuchFile { .. }) => Ok(None),
+            Err(ClientError::NoSuchFile { .. }) => {
+                self.epoch_seen.store(true, Ordering::Relaxed);
+                Ok(None)
+            }
+            // Before any server held the epoch nothing was written: holes. After, it vanished.
+            Err(ClientError::NoSuchEpoch { .. }) if self.epoch_seen.load(Ordering::Relaxed) => {
+                Err(DataError::EpochVanished { epoch: self.epoch, file: name })
+            }
+            Err(ClientError::NoSuchEpoch { .. }) => Ok(None),
             Err(e) if matches!(e.code(), Some(ErrorCode::NoSuchFile | ErrorCode::NoSuchEpoch)) => {
                 Ok(None)
             }
