@@ -646,6 +646,9 @@ impl Inner {
                 // Deep pipelining: a shuffle is many small reads when extents are small.
                 window: 64,
                 munge_socket: self.options.munge_socket.clone(),
+                // One attempt to open a broken peer connection again: the drain's own retry
+                // backoff paces the next, and a stopping server must not wait on a dead peer.
+                reconnect_wait_max: Duration::ZERO,
                 ..ClientOptions::default()
             };
             *client = Some(Client::connect(&self.options.peers, options)?);
