@@ -1083,9 +1083,11 @@ impl Client {
     }
 }
 
-/// A participant's address as recorded: the endpoint, cut to what a record holds.
+/// A participant's address as recorded: the endpoint, control characters replaced, cut to
+/// what a record holds.
 fn participant_address(endpoint: &Endpoint) -> String {
-    let mut address = endpoint.to_string();
+    let mut address: String =
+        endpoint.to_string().chars().map(|c| if c.is_control() { '?' } else { c }).collect();
     let mut end = address.len().min(PARTICIPANT_ADDRESS_BYTES_MAX);
     while !address.is_char_boundary(end) {
         end -= 1;

@@ -637,7 +637,10 @@ impl<'a> Decoder<'a> {
                 });
             }
             let address = self.string("participant address")?;
-            if address.len() > PARTICIPANT_ADDRESS_BYTES_MAX {
+            // Addresses end up in logs and messages: no control characters (forged lines).
+            if address.len() > PARTICIPANT_ADDRESS_BYTES_MAX
+                || address.chars().any(char::is_control)
+            {
                 let (kind, value) = (self.kind, address.len() as u64);
                 return Err(FrameError::BadValue { kind, field: "participant address", value });
             }
@@ -1538,10 +1541,16 @@ mod tests {
             address: "x".repeat(PARTICIPANT_ADDRESS_BYTES_MAX + 1),
             ..participant.clone()
         };
-        let mut body = commit(vec![participant]);
+        let mut body = commit(vec![participant.clone()]);
         body.truncate(13 + SERVER_ID_BYTES);
         body.extend_from_slice(&(long.address.len() as u16).to_le_bytes());
         body.extend_from_slice(long.address.as_bytes());
+        assert!(matches!(
+            Request::decode(Kind::Commit, &body),
+            Err(FrameError::BadValue { field: "participant address", .. })
+        ));
+        let forged = Participant { address: "a\nERROR forged".into(), ..participant };
+        let body = commit(vec![forged]);
         assert!(matches!(
             Request::decode(Kind::Commit, &body),
             Err(FrameError::BadValue { field: "participant address", .. })

@@ -306,8 +306,9 @@ pub fn decode_grant(bytes: &[u8]) -> Result<EpochGrant, &'static str> {
 
 /// Bytes of a participant's server id.
 pub const PARTICIPANT_ID_BYTES: usize = 16;
-/// Most participants one epoch may record.
-pub const PARTICIPANTS_MAX: usize = 2048;
+/// Most participants one epoch may record (as many as one `Commit` may name: a reservation
+/// never spans more servers). Small, because every commit that adds one rewrites the union.
+pub const PARTICIPANTS_MAX: usize = 256;
 /// Longest participant address, in bytes.
 pub const PARTICIPANT_ADDRESS_BYTES_MAX: usize = 255;
 /// Fixed part of a `Participants` payload: count u32, reserved u32.
