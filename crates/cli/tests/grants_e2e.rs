@@ -223,10 +223,12 @@ fn raw_on(
     let mut connection = ServerConnection::connect(endpoint, "grants_e2e raw", 1)?;
     let file = FileId(1);
     let request = match op {
-        "commit" => Request::Commit { epoch, durability: Durability::Ssd },
+        "commit" => {
+            Request::Commit { epoch, durability: Durability::Ssd, participants: Vec::new() }
+        }
         "stat" => Request::Stat { epoch, file },
         "extents" => Request::Extents { epoch, file, from_offset: 0 },
-        "sync" => Request::Sync { epoch },
+        "sync" => Request::Sync { epoch, participants: Vec::new() },
         other => panic!("unknown raw op {other}"),
     };
     match connection.call(&request, &[], None)? {

@@ -14,17 +14,23 @@
 use std::collections::VecDeque;
 use std::io::BufReader;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use spillway_proto::auth::credential_payload;
 use spillway_proto::frame::{self, ReceiveError};
 use spillway_proto::transport;
 use spillway_proto::{
-    AuthMethod, Connection, Endpoint, Kind, Request, Response, CHALLENGE_BYTES, PROTOCOL_VERSION,
-    PROTOCOL_VERSION_MIN,
+    AuthMethod, Connection, Endpoint, Kind, Request, Response, ServerId, CHALLENGE_BYTES,
+    PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
 use spillway_sys::munge::MungeContext;
 
 use crate::ClientError;
+
+/// How long a request keeps trying to open a closed or broken connection again, unless
+/// [`crate::ClientOptions::reconnect_wait_max`] says otherwise: long enough for a server to
+/// restart, bounded so an application is not stuck on a server that stays away.
+pub const RECONNECT_WAIT_MAX_DEFAULT: Duration = Duration::from_secs(30);
 
 /// What to do with the reply of an outstanding request.
 enum Pending {
@@ -49,13 +55,23 @@ pub struct ServerConnection {
     pub uid: u32,
     pub gid: u32,
     pub server_name: String,
+    /// The server's id and incarnation from the last handshake (a reopened connection may
+    /// reach a restarted server, or another one at the same address).
+    pub server_id: ServerId,
+    pub incarnation: u64,
     body: Vec<u8>,
     /// Requests sent whose reply has not been received: 0 means the connection is quiet.
     unanswered: u64,
+    /// Pipelined writes whose acknowledgement could not be received (the connection broke).
+    lost_in_flight: usize,
     /// How it was opened, to open it again when the server closed it while it was quiet.
     client_name: String,
     window_wanted: u32,
     munge_socket: Option<std::path::PathBuf>,
+    /// A send or receive failed mid-stream: the next request opens the connection again.
+    broken: bool,
+    /// How long to keep trying to open a closed or broken connection again.
+    reconnect_wait_max: Duration,
 }
 
 impl ServerConnection {
@@ -102,11 +118,16 @@ impl ServerConnection {
             uid: 0,
             gid: 0,
             server_name: String::new(),
+            server_id: ServerId::NONE,
+            incarnation: 0,
             body: Vec::new(),
             unanswered: 0,
+            lost_in_flight: 0,
             client_name: client_name.to_string(),
             window_wanted,
             munge_socket: munge_socket.map(Path::to_path_buf),
+            broken: false,
+            reconnect_wait_max: RECONNECT_WAIT_MAX_DEFAULT,
         };
         let hello = Request::Hello {
             version_min: PROTOCOL_VERSION_MIN,
@@ -124,6 +145,8 @@ impl ServerConnection {
                     server_name,
                     auth,
                     challenge,
+                    server_id,
+                    incarnation,
                 },
                 _,
             ) => {
@@ -140,6 +163,8 @@ impl ServerConnection {
                     AuthMethod::Munge => this.authenticate(&challenge, munge_socket)?,
                 };
                 this.server_name = server_name;
+                this.server_id = server_id;
+                this.incarnation = incarnation;
                 Ok(this)
             }
             (other, _) => Err(this.unexpected("HelloReply", &other)),
@@ -164,6 +189,13 @@ impl ServerConnection {
             (Response::Authenticated { uid, gid }, ()) => Ok((uid, gid)),
             (other, ()) => Err(self.unexpected("Authenticated", &other)),
         }
+    }
+
+    /// How long the next request keeps trying (with backoff) to open a connection the server
+    /// closed or that broke, before it fails.
+    pub fn with_reconnect_wait_max(mut self, wait: Duration) -> ServerConnection {
+        self.reconnect_wait_max = wait;
+        self
     }
 
     /// Bounds the payload bytes of pipelined writes awaiting acknowledgement (one write is
@@ -196,22 +228,46 @@ impl ServerConnection {
     /// server closed it while nothing was outstanding: servers close connections idle for
     /// `server.idle_timeout_ms`, and a checkpointing application or a mount may well be quiet
     /// that long. Nothing is lost: no request was in flight.
+    ///
+    /// A connection that broke mid-stream (the server died or restarted) is opened again too,
+    /// with backoff for at most `reconnect_wait_max`; the writes it had not acknowledged are
+    /// lost (their bytes were the caller's and are not held here), which the next `flush`
+    /// reports ([`ClientError::Unacknowledged`], EIO). The new handshake may show another
+    /// incarnation or id: the [`crate::Client`] checks.
     fn reopen_if_closed(&mut self) -> Result<(), ClientError> {
-        if self.next_request_id == 1
-            || self.unanswered > 0
-            || !self.reader.buffer().is_empty()
-            || !self.connection.peer_closed().unwrap_or(false)
-        {
+        let closed_while_quiet = self.next_request_id > 1
+            && self.unanswered == 0
+            && self.reader.buffer().is_empty()
+            && self.connection.peer_closed().unwrap_or(false);
+        if !self.broken && !closed_while_quiet {
             return Ok(());
         }
-        let mut fresh = ServerConnection::connect_with_munge_socket(
-            &self.endpoint,
-            &self.client_name,
-            self.window_wanted,
-            self.munge_socket.as_deref(),
-        )?;
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(10);
+        let mut fresh = loop {
+            match ServerConnection::connect_with_munge_socket(
+                &self.endpoint,
+                &self.client_name,
+                self.window_wanted,
+                self.munge_socket.as_deref(),
+            ) {
+                Ok(fresh) => break fresh,
+                Err(error) if started.elapsed() >= self.reconnect_wait_max => return Err(error),
+                Err(ClientError::Connect { .. } | ClientError::Io { .. }) => {
+                    std::thread::sleep(pause.min(self.reconnect_wait_max));
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                Err(error) => return Err(error),
+            }
+        };
         fresh.window_bytes_max = self.window_bytes_max;
+        fresh.reconnect_wait_max = self.reconnect_wait_max;
         fresh.deferred = self.deferred.take();
+        let lost = self.outstanding.len() + self.lost_in_flight;
+        if lost > 0 && fresh.deferred.is_none() {
+            fresh.deferred =
+                Some(ClientError::Unacknowledged { endpoint: self.endpoint.clone(), writes: lost });
+        }
         *self = fresh;
         Ok(())
     }
@@ -221,20 +277,36 @@ impl ServerConnection {
         let id = self.next_request_id;
         self.next_request_id += 1;
         self.unanswered += 1;
-        frame::write_frame(
+        let sent = frame::write_frame(
             &mut *self.connection,
             request.kind(),
             id,
             &request.encode_body(),
             payload,
-        )
-        .map_err(|e| self.io(e))?;
+        );
+        if let Err(error) = sent {
+            self.broken = true;
+            return Err(self.io(error));
+        }
         Ok(id)
+    }
+
+    /// Receives one reply; a connection whose stream failed is marked broken (opened again by
+    /// the next request).
+    fn receive(&mut self, read_into: Option<&mut [u8]>) -> Result<(u64, Response), ClientError> {
+        let received = self.receive_frame(read_into);
+        if received.is_err() {
+            self.broken = true;
+        }
+        received
     }
 
     /// Receives one reply; a `ReadData` payload is read into `read_into` (which must be exactly
     /// the payload's size).
-    fn receive(&mut self, read_into: Option<&mut [u8]>) -> Result<(u64, Response), ClientError> {
+    fn receive_frame(
+        &mut self,
+        read_into: Option<&mut [u8]>,
+    ) -> Result<(u64, Response), ClientError> {
         let max = self.payload_bytes_max.max(1);
         let header = match frame::read_header_and_body(&mut self.reader, &mut self.body, max) {
             Ok(header) => {
@@ -282,7 +354,7 @@ impl ServerConnection {
             self.outstanding.pop_front().expect("settle_one with nothing outstanding");
         let Pending::WriteAck { bytes } = pending;
         self.outstanding_bytes -= bytes as u64;
-        let (reply_id, response) = self.receive(None)?;
+        let (reply_id, response) = self.receive(None).inspect_err(|_| self.lost_in_flight += 1)?;
         if reply_id != id {
             return Err(ClientError::Protocol {
                 endpoint: self.endpoint.clone(),
@@ -322,6 +394,9 @@ impl ServerConnection {
 
     /// Waits for every outstanding reply; reports the first deferred failure.
     pub fn flush(&mut self) -> Result<(), ClientError> {
+        // A broken connection has nothing more to say: open it again, which turns its
+        // unacknowledged writes into the deferred failure reported below.
+        self.reopen_if_closed()?;
         while !self.outstanding.is_empty() {
             self.settle_one()?;
         }
@@ -486,7 +561,11 @@ impl ServerConnection {
             sent.push_back((id, *next));
             *next += 1;
         }
-        self.connection.write_all(batch).map_err(|e| self.io(e))
+        if let Err(error) = self.connection.write_all(batch) {
+            self.broken = true;
+            return Err(self.io(error));
+        }
+        Ok(())
     }
 
     /// Collects the reply to read request `id` into `buffer`; returns whether the connection broke.
@@ -557,6 +636,8 @@ mod tests {
                 server_name: "fake".into(),
                 auth: AuthMethod::None,
                 challenge: [0; CHALLENGE_BYTES],
+                server_id: ServerId([1; 16]),
+                incarnation: 1,
             };
             frame::write_frame(
                 &mut stream,

@@ -21,7 +21,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use spillway_proto::{
     DrainInfo, Durability, Endpoint, EpochGrant, EpochInfo, EpochState, ErrorCode, Extent,
-    FileInfo, Request, Response, ServerStatus,
+    FileInfo, Participant, Request, Response, ServerId, ServerStatus,
+    PARTICIPANT_ADDRESS_BYTES_MAX,
 };
 use spillway_types::{EpochId, FileId};
 
@@ -53,8 +54,25 @@ pub enum ClientError {
     UnexpectedReply { endpoint: Endpoint, expected: &'static str, got: String },
     #[error("file {name:?} of epoch {epoch} is not on any server")]
     NoSuchFile { epoch: EpochId, name: String },
+    /// No server holds the epoch at all (never written, or deleted: a reservation destroyed).
+    #[error("epoch {epoch} is not on any server (never written, or deleted) looking for {name:?}")]
+    NoSuchEpoch { epoch: EpochId, name: String },
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The connection broke with writes unacknowledged; their bytes are not held by the
+    /// client, so they are lost (EIO at the next flush, fsync or close).
+    #[error("connection to {endpoint} broke with {writes} writes unacknowledged: they may not have reached the server and cannot be sent again")]
+    Unacknowledged { endpoint: Endpoint, writes: usize },
+    /// The server restarted (or another one took its address) after this client wrote bytes
+    /// there that were not yet synced or committed: they may be gone (EIO, never zeros).
+    #[error("server {endpoint} restarted (now id {id}, incarnation {incarnation}) after this client wrote to {files} of epoch {epoch} without a sync or commit since: those writes may be lost")]
+    ServerRestarted {
+        endpoint: Endpoint,
+        id: ServerId,
+        incarnation: u64,
+        epoch: EpochId,
+        files: String,
+    },
 }
 
 impl ClientError {
@@ -63,8 +81,10 @@ impl ClientError {
         match self {
             ClientError::Server { code, .. } => code.errno(),
             ClientError::NoSuchFile { .. } => ErrorCode::NoSuchFile.errno(),
+            ClientError::NoSuchEpoch { .. } => ErrorCode::NoSuchEpoch.errno(),
             ClientError::InvalidArgument(_) => ErrorCode::InvalidArgument.errno(),
             ClientError::Authentication { .. } => ErrorCode::PermissionDenied.errno(),
+            ClientError::Unacknowledged { .. } | ClientError::ServerRestarted { .. } => libc_eio(),
             ClientError::Connect { source, .. } | ClientError::Io { source, .. } => {
                 source.raw_os_error().unwrap_or(libc_eio())
             }
@@ -120,6 +140,10 @@ pub struct ClientOptions {
     /// The `munged` socket for credentials when a server requires munge authentication
     /// (`None`: libmunge's default). Defaults to `SPILLWAY_MUNGE_SOCKET` when set.
     pub munge_socket: Option<std::path::PathBuf>,
+    /// How long a request keeps trying, with backoff (10 ms doubling to 1 s), to open again a
+    /// connection that broke or that the server closed; default
+    /// [`connection::RECONNECT_WAIT_MAX_DEFAULT`] (30 s).
+    pub reconnect_wait_max: std::time::Duration,
 }
 
 impl Default for ClientOptions {
@@ -134,8 +158,17 @@ impl Default for ClientOptions {
             trace_path: None,
             trace_rank: 0,
             munge_socket: munge_socket_from_env(),
+            reconnect_wait_max: connection::RECONNECT_WAIT_MAX_DEFAULT,
         }
     }
+}
+
+/// A file whose writes to a restarted server may be lost: reads of it fail, and the next
+/// flush, sync or commit reports it once.
+#[derive(Clone, Debug)]
+struct LostWrites {
+    server: usize,
+    reported: bool,
 }
 
 /// An open file of an epoch: its id on each server that has it.
@@ -185,6 +218,14 @@ pub struct Client {
     /// Files this client created, per epoch, while tracing (for the Unlink records of
     /// `delete_epoch`).
     traced_creates: HashMap<EpochId, BTreeSet<String>>,
+    /// Each server's id and incarnation when this client last looked (a change means it
+    /// restarted, or another server took its address).
+    known: Vec<(ServerId, u64)>,
+    /// Files written per (epoch, server) since the last sync or commit of the epoch: what a
+    /// restart of that server may have lost.
+    unsynced: HashMap<(EpochId, usize), BTreeSet<String>>,
+    /// Files whose unsynced writes a restart may have lost.
+    lost: BTreeMap<(EpochId, String), LostWrites>,
 }
 
 impl Client {
@@ -205,9 +246,13 @@ impl Client {
                     options.window,
                     options.munge_socket.as_deref(),
                 )
-                .map(|c| c.with_window_bytes_max(options.window_bytes_max))
+                .map(|c| {
+                    c.with_window_bytes_max(options.window_bytes_max)
+                        .with_reconnect_wait_max(options.reconnect_wait_max)
+                })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let known = servers.iter().map(|s| (s.server_id, s.incarnation)).collect();
         let tracer = match &options.trace_path {
             Some(path) => trace_record::Tracer::start(path, options.trace_rank, false),
             None => trace_record::path_from_env(options.trace_rank)
@@ -220,7 +265,77 @@ impl Client {
             pfs_directory: None,
             tracer,
             traced_creates: HashMap::new(),
+            known,
+            unsynced: HashMap::new(),
+            lost: BTreeMap::new(),
         })
+    }
+
+    /// Notices servers whose id or incarnation changed since this client last looked (their
+    /// connection was opened again): the files written there since the last sync or commit
+    /// become lost writes.
+    fn note_restarts(&mut self) {
+        for (server, connection) in self.servers.iter().enumerate() {
+            let now = (connection.server_id, connection.incarnation);
+            if self.known[server] == now {
+                continue;
+            }
+            self.known[server] = now;
+            let affected: Vec<(EpochId, usize)> =
+                self.unsynced.keys().filter(|(_, s)| *s == server).copied().collect();
+            for key in affected {
+                for name in self.unsynced.remove(&key).unwrap_or_default() {
+                    self.lost.insert((key.0, name), LostWrites { server, reported: false });
+                }
+            }
+        }
+    }
+
+    /// The error for lost writes to `names` of `epoch` on `server`.
+    fn lost_error(&self, epoch: EpochId, names: &[String], server: usize) -> ClientError {
+        let (id, incarnation) = self.known[server];
+        ClientError::ServerRestarted {
+            endpoint: self.servers[server].endpoint.clone(),
+            id,
+            incarnation,
+            epoch,
+            files: names.iter().map(|n| format!("{n:?}")).collect::<Vec<_>>().join(", "),
+        }
+    }
+
+    /// Reports the lost writes of `epoch`'s files that `wanted` selects: those not reported
+    /// yet, or with `again` every one.
+    fn report_lost(
+        &mut self,
+        epoch: EpochId,
+        again: bool,
+        wanted: impl Fn(&str) -> bool,
+    ) -> Result<(), ClientError> {
+        self.note_restarts();
+        let mut first: Option<(EpochId, usize, Vec<String>)> = None;
+        for ((e, name), lost) in self.lost.iter_mut() {
+            if (lost.reported && !again) || *e != epoch || !wanted(name) {
+                continue;
+            }
+            match &mut first {
+                None => first = Some((*e, lost.server, vec![name.clone()])),
+                Some((fe, fs, names)) if *fe == *e && *fs == lost.server => {
+                    names.push(name.clone())
+                }
+                Some(_) => continue,
+            }
+            lost.reported = true;
+        }
+        match first {
+            None => Ok(()),
+            Some((e, server, names)) => Err(self.lost_error(e, &names, server)),
+        }
+    }
+
+    /// After a sync or commit of `epoch` succeeded on every server: nothing written so far can
+    /// be lost by a restart any more.
+    fn synced(&mut self, epoch: EpochId) {
+        self.unsynced.retain(|(e, _), _| *e != epoch);
     }
 
     /// Records one traced operation (no-op when tracing is off).
@@ -237,6 +352,38 @@ impl Client {
 
     pub fn server_count(&self) -> usize {
         self.servers.len()
+    }
+
+    /// The id and incarnation of server `index` (from its last handshake).
+    pub fn server_identity(&self, index: usize) -> (ServerId, u64) {
+        (self.servers[index].server_id, self.servers[index].incarnation)
+    }
+
+    /// Where server `index` is reached.
+    pub fn endpoint(&self, index: usize) -> &Endpoint {
+        &self.servers[index].endpoint
+    }
+
+    /// The states of the epochs server `index` holds, from `ListEpochs` on that server alone;
+    /// the server's id and incarnation after the call are those of the server that answered.
+    pub fn epochs_on(&mut self, index: usize) -> Result<Vec<EpochInfo>, ClientError> {
+        let connection = &mut self.servers[index];
+        let mut out = Vec::new();
+        let mut from_epoch = EpochId(0);
+        loop {
+            let list: Vec<EpochInfo> =
+                match connection.call(&Request::ListEpochs { from_epoch }, &[], None)? {
+                    (Response::Epochs(list), ()) => list,
+                    (other, ()) => return Err(unexpected(connection, "Epochs", &other)),
+                };
+            let Some(last) = list.last().map(|e| e.epoch) else { break };
+            out.extend(list);
+            match last.0.checked_add(1) {
+                Some(next) if next > from_epoch.0 => from_epoch = EpochId(next),
+                _ => break,
+            }
+        }
+        Ok(out)
     }
 
     /// The identity the first server established for this client (uid, gid).
@@ -319,16 +466,22 @@ impl Client {
             }
         }
         let mut ids = vec![None; self.servers.len()];
+        let mut epoch_somewhere = false;
         for (server, connection) in self.servers.iter_mut().enumerate() {
             let request = Request::OpenFile { epoch, name: name.to_string(), create: false };
             match connection.call(&request, &[], None) {
-                Ok((Response::FileOpened { file, .. }, ())) => ids[server] = Some(file),
-                Ok((other, ())) => return Err(unexpected(connection, "FileOpened", &other)),
-                Err(e)
-                    if matches!(e.code(), Some(ErrorCode::NoSuchFile | ErrorCode::NoSuchEpoch)) => {
+                Ok((Response::FileOpened { file, .. }, ())) => {
+                    ids[server] = Some(file);
+                    epoch_somewhere = true;
                 }
+                Ok((other, ())) => return Err(unexpected(connection, "FileOpened", &other)),
+                Err(e) if e.code() == Some(ErrorCode::NoSuchFile) => epoch_somewhere = true,
+                Err(e) if e.code() == Some(ErrorCode::NoSuchEpoch) => {}
                 Err(e) => return Err(e),
             }
+        }
+        if !epoch_somewhere {
+            return Err(ClientError::NoSuchEpoch { epoch, name: name.to_string() });
         }
         if ids.iter().all(Option::is_none) {
             return Err(ClientError::NoSuchFile { epoch, name: name.to_string() });
@@ -416,8 +569,13 @@ impl Client {
             let start = (piece.offset - offset) as usize;
             let bytes = &data[start..start + piece.length as usize];
             let request = Request::Write { epoch: file.epoch, file: id, offset: piece.offset };
-            self.servers[piece.server].write_pipelined(&request, bytes)?;
+            let sent = self.servers[piece.server].write_pipelined(&request, bytes);
+            // A reopened connection may reach a restarted server: what was written there
+            // before is lost; this piece went to the new incarnation.
+            self.note_restarts();
+            sent?;
             self.touched.entry(file.epoch).or_default().insert(piece.server);
+            self.unsynced.entry((file.epoch, piece.server)).or_default().insert(file.name.clone());
         }
         Ok(())
     }
@@ -430,7 +588,19 @@ impl Client {
                 first.get_or_insert(e);
             }
         }
+        self.note_restarts();
         first.map_or(Ok(()), Err)
+    }
+
+    /// Fails with [`ClientError::ServerRestarted`] (EIO), once, if a server restart may have
+    /// lost writes this client made to files of `epoch` whose names start with `name_prefix`
+    /// (not synced or committed before the restart). What the mount's close and fsync ask.
+    pub fn report_lost_writes(
+        &mut self,
+        epoch: EpochId,
+        name_prefix: &str,
+    ) -> Result<(), ClientError> {
+        self.report_lost(epoch, false, |name| name.starts_with(name_prefix))
     }
 
     /// Commits the epoch on every server this client wrote it to; returns when all of them hold
@@ -445,19 +615,50 @@ impl Client {
         Ok(())
     }
 
+    /// Every server this client wrote the epoch to, by id (what `Commit` and `Sync` name): each
+    /// records them, and its drain publishes nothing of the epoch unless all of them are there
+    /// with these ids.
+    fn participants(&self, epoch: EpochId) -> Vec<Participant> {
+        let touched = self.touched.get(&epoch).into_iter().flatten();
+        touched
+            .map(|&server| Participant {
+                id: self.known[server].0,
+                address: participant_address(&self.servers[server].endpoint),
+            })
+            .collect()
+    }
+
     fn commit_epoch_untraced(&mut self, epoch: EpochId) -> Result<(), ClientError> {
-        let request = Request::Commit { epoch, durability: self.options.durability };
-        self.call_touched_servers(epoch, &request, "Committed", |r| {
+        self.flush()?;
+        let participants = self.participants(epoch);
+        let request = Request::Commit { epoch, durability: self.options.durability, participants };
+        let committed = self.call_touched_servers(epoch, &request, "Committed", |r| {
             matches!(r, Response::Committed { .. })
-        })
+        });
+        // Sealing an epoch that lost writes would let it drain with holes where they were:
+        // refused as long as this client knows of any (delete the epoch, or write it anew).
+        self.report_lost(epoch, true, |_| true)?;
+        committed?;
+        self.synced(epoch);
+        Ok(())
     }
 
     /// Makes every byte this client wrote to the epoch durable in the SSD log of each server it
     /// wrote to, without sealing the epoch: `fsync` on the mount. Later writes may follow.
+    ///
+    /// Writes a server restart lost before the sync are not made durable by it: they are
+    /// reported by [`Client::report_lost_writes`] and `commit_epoch`, and reads of their files
+    /// fail.
     pub fn sync_epoch(&mut self, epoch: EpochId) -> Result<(), ClientError> {
-        self.call_touched_servers(epoch, &Request::Sync { epoch }, "Synced", |r| {
+        self.flush()?;
+        let request = Request::Sync { epoch, participants: self.participants(epoch) };
+        let synced = self.call_touched_servers(epoch, &request, "Synced", |r| {
             matches!(r, Response::Synced { .. })
-        })
+        });
+        self.note_restarts();
+        synced?;
+        self.synced(epoch);
+        Ok(())
     }
 
     /// Tells every server of this client that the epoch's writes go to SSD stream `stream` (the
@@ -573,7 +774,13 @@ impl Client {
         buffer: &mut [u8],
     ) -> Result<(), ClientError> {
         let started = Instant::now();
-        self.read_untraced(file, offset, buffer)?;
+        let read = self.read_untraced(file, offset, buffer);
+        // Bytes a restart lost read as holes: never hand them out as zeros.
+        self.note_restarts();
+        if let Some(lost) = self.lost.get(&(file.epoch, file.name.clone())) {
+            return Err(self.lost_error(file.epoch, std::slice::from_ref(&file.name), lost.server));
+        }
+        read?;
         if self.tracer.is_some() {
             self.trace(
                 TraceKind::Read,
@@ -874,6 +1081,19 @@ impl Client {
         }
         Ok(out)
     }
+}
+
+/// A participant's address as recorded: the endpoint, control characters replaced, cut to
+/// what a record holds.
+fn participant_address(endpoint: &Endpoint) -> String {
+    let mut address: String =
+        endpoint.to_string().chars().map(|c| if c.is_control() { '?' } else { c }).collect();
+    let mut end = address.len().min(PARTICIPANT_ADDRESS_BYTES_MAX);
+    while !address.is_char_boundary(end) {
+        end -= 1;
+    }
+    address.truncate(end);
+    address
 }
 
 fn read_pfs_copy(

@@ -106,6 +106,8 @@ pub enum DrainError {
     StagingVanished { path: PathBuf, found: String },
     #[error("drain attempt panicked: {0}")]
     Panicked(String),
+    #[error(transparent)]
+    Participants(#[from] crate::participants::ParticipantError),
 }
 
 /// Why starting the drainer failed.
@@ -790,6 +792,8 @@ impl Inner {
             }
         }
         let files = self.backend.files(epoch).map_err(DrainError::Store)?;
+        let recorded = self.backend.participants(epoch);
+        crate::participants::verify(client, epoch, &recorded, &files)?;
         // The last error stays shown until the drain succeeds.
         self.set(epoch, |s| s.files_total = files.len() as u64);
         if let Outcome::Wait(why) = self.drain_files(client, epoch, mode, &files)? {
@@ -841,6 +845,9 @@ impl Inner {
                 // Deep pipelining: a shuffle is many small reads when extents are small.
                 window: 64,
                 munge_socket: self.options.munge_socket.clone(),
+                // One attempt to open a broken peer connection again: the drain's own retry
+                // backoff paces the next, and a stopping server must not wait on a dead peer.
+                reconnect_wait_max: Duration::ZERO,
                 ..ClientOptions::default()
             };
             *client = Some(Client::connect(&self.options.peers, options)?);

@@ -15,6 +15,7 @@
 pub mod drainer;
 pub mod journal;
 pub mod namespace_names;
+pub mod participants;
 pub mod pfs;
 pub mod plan;
 pub mod staging_key;

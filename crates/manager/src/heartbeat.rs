@@ -39,6 +39,10 @@ impl Prober for ClientProber {
         let mut client = Client::connect(&[endpoint], options).map_err(|e| e.to_string())?;
         let status = client.status().map_err(|e| e.to_string())?;
         let auth = status.first().map(|s| s.auth.to_string()).unwrap_or_default();
+        let identity = status
+            .first()
+            .map(|s| format!("{} #{}", s.server_id, s.incarnation))
+            .unwrap_or_default();
         let drains_in_flight = match client.drain_status() {
             Ok(per_server) => per_server
                 .iter()
@@ -47,7 +51,7 @@ impl Prober for ClientProber {
                 .count() as u32,
             Err(_) => 0,
         };
-        Ok(Probe { drains_in_flight, auth })
+        Ok(Probe { drains_in_flight, auth, identity })
     }
 }
 

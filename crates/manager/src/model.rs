@@ -75,6 +75,10 @@ pub struct Server {
     /// `munge`), from its last heartbeat; absent until one answered.
     #[serde(default)]
     pub auth: Option<String>,
+    /// The server's id and incarnation (`<id> #<incarnation>`: a new id is another server, a
+    /// higher incarnation a restart), from its last heartbeat; absent until one answered.
+    #[serde(default)]
+    pub identity: Option<String>,
 }
 
 /// A reservation (job-scoped or persistent).

@@ -258,6 +258,8 @@ pub struct Probe {
     pub drains_in_flight: u32,
     /// How the server authenticates TCP clients (`none`, `munge`), from its `Status`.
     pub auth: String,
+    /// The server's id and incarnation (`<id> #<incarnation>`), from its `Status`.
+    pub identity: String,
 }
 
 /// A reservation destroyed by [`Manager::destroy_reservation`]: the caller deletes its data.
@@ -567,6 +569,7 @@ impl Manager {
                 last_seen_unix_s: s.last_seen_unix_s,
                 drains_in_flight: live.get(&s.id).map(|p| p.drains_in_flight).unwrap_or(0),
                 auth: live.get(&s.id).map(|p| p.auth.clone()).filter(|a| !a.is_empty()),
+                identity: live.get(&s.id).map(|p| p.identity.clone()).filter(|i| !i.is_empty()),
             })
             .collect())
     }

@@ -928,7 +928,9 @@ fn commit_on(endpoint: &Endpoint, epoch: EpochId) -> Result<(), ClientError> {
         (Response::Epochs(list), ()) if list.first().is_some_and(|e| e.epoch == epoch) => {}
         _ => return Ok(()),
     }
-    match connection.call(&Request::Commit { epoch, durability: Durability::Ssd }, &[], None)? {
+    // Names no participants: stage-out only seals what the mount's writers left open.
+    let commit = Request::Commit { epoch, durability: Durability::Ssd, participants: Vec::new() };
+    match connection.call(&commit, &[], None)? {
         (Response::Committed { .. }, ()) => Ok(()),
         (other, ()) => Err(ClientError::UnexpectedReply {
             endpoint: endpoint.clone(),

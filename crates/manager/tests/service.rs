@@ -399,7 +399,11 @@ impl Prober for FlakyProber {
         if self.down.lock().unwrap().iter().any(|a| a == address) {
             Err(format!("{address}: connection refused"))
         } else {
-            Ok(Probe { drains_in_flight: 1, auth: "munge".into() })
+            Ok(Probe {
+                drains_in_flight: 1,
+                auth: "munge".into(),
+                identity: format!("{:032x} #1", address.len()),
+            })
         }
     }
 }
@@ -441,6 +445,8 @@ fn a_server_missing_heartbeats_is_marked_down_and_avoided() {
     assert!(server(&manager).healthy);
     assert!(server(&manager).last_seen_unix_s.is_some());
     assert_eq!(server(&manager).auth.as_deref(), Some("munge"), "what the heartbeat saw");
+    let identity = format!("{:032x} #1", "127.0.0.1:7001".len());
+    assert_eq!(server(&manager).identity, Some(identity), "what the heartbeat saw");
 }
 
 /// Slurm as the unit tests see it: job 42 belongs to uid 1000, job 43 to uid 1001, any other

@@ -26,7 +26,9 @@
 
 use std::collections::HashMap;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use parking_lot::{Mutex, MutexGuard};
@@ -58,6 +60,11 @@ pub enum DataError {
     Flush(Box<ClientError>),
     #[error("the data worker of slot {slot} has stopped")]
     Stopped { slot: usize },
+    /// The data epoch this mount has used is on no server any more: the reservation was
+    /// destroyed (or its data deleted) under the mount. Its files cannot be read, never as
+    /// zeros.
+    #[error("the mount's data epoch {epoch} is gone from every server (reservation destroyed or its data deleted): {file} cannot be read")]
+    EpochVanished { epoch: EpochId, file: String },
 }
 
 impl DataError {
@@ -65,7 +72,7 @@ impl DataError {
     pub fn errno(&self) -> i32 {
         let source = match self {
             DataError::Client { source, .. } | DataError::Flush(source) => &**source,
-            DataError::Stopped { .. } => return libc::EIO,
+            DataError::Stopped { .. } | DataError::EpochVanished { .. } => return libc::EIO,
         };
         match source.code() {
             // A committed (sealed) data epoch cannot take more writes.
@@ -111,8 +118,11 @@ enum Command {
         reply: Reply<()>,
     },
     /// `durable`: also make the acknowledged bytes durable in the servers' SSD logs (fsync).
+    /// `ino`: the file being closed or fsync'd, whose writes a server restart lost are
+    /// reported (EIO) now; `None`: the slot's own flush (unmount), no file's.
     Flush {
         durable: bool,
+        ino: Option<Ino>,
         reply: Reply<()>,
     },
     Forget {
@@ -125,13 +135,20 @@ impl DataPlane {
     /// default striped placement (one per slot; at least one).
     pub fn new(clients: Vec<Client>, namespace: NamespaceId, epoch: EpochId) -> DataPlane {
         assert!(!clients.is_empty(), "a data plane needs at least one client");
+        let epoch_seen = Arc::new(AtomicBool::new(false));
         let slots = clients
             .into_iter()
             .enumerate()
             .map(|(index, mut client)| {
                 client.begin_epoch(epoch);
-                let slot =
-                    Slot { client, namespace, epoch, handles: HashMap::new(), deferred: None };
+                let slot = Slot {
+                    client,
+                    namespace,
+                    epoch,
+                    handles: HashMap::new(),
+                    deferred: None,
+                    epoch_seen: epoch_seen.clone(),
+                };
                 let (sender, receiver) = sync_channel(QUEUED_COMMANDS_MAX);
                 let worker = std::thread::Builder::new()
                     .name(format!("mount-data-{index}"))
@@ -146,19 +163,24 @@ impl DataPlane {
     /// The slot serving inode `ino`, locked.
     pub fn slot(&self, ino: Ino) -> SlotGuard<'_> {
         let index = (ino % self.slots.len() as u64) as usize;
+        self.slot_at(index, Some(ino))
+    }
+
+    fn slot_at(&self, index: usize, ino: Option<Ino>) -> SlotGuard<'_> {
         let channel = &self.slots[index];
         SlotGuard {
             _lock: channel.lock.lock(),
             sender: channel.sender.as_ref().expect("open until drop"),
             index,
+            ino,
         }
     }
 
     /// Flushes every slot's pipeline; the first failure.
     pub fn flush_all(&self) -> Result<(), DataError> {
         let mut first = None;
-        for ino in 0..self.slots.len() as u64 {
-            if let Err(e) = self.slot(ino).flush() {
+        for index in 0..self.slots.len() {
+            if let Err(e) = self.slot_at(index, None).flush() {
                 first.get_or_insert(e);
             }
         }
@@ -182,6 +204,8 @@ pub struct SlotGuard<'a> {
     _lock: MutexGuard<'a, ()>,
     sender: &'a SyncSender<Command>,
     index: usize,
+    /// The inode the slot was taken for (its losses are reported by flush and sync).
+    ino: Option<Ino>,
 }
 
 impl SlotGuard<'_> {
@@ -234,13 +258,15 @@ impl SlotGuard<'_> {
 
     /// Waits until every write queued so far is acknowledged by its server; the first failure.
     pub fn flush(&mut self) -> Result<(), DataError> {
-        self.call(|reply| Command::Flush { durable: false, reply })
+        let ino = self.ino;
+        self.call(|reply| Command::Flush { durable: false, ino, reply })
     }
 
     /// [`Self::flush`], then every server this slot wrote to syncs its SSD log: what `fsync`
     /// promises (the data survives a server crash).
     pub fn sync(&mut self) -> Result<(), DataError> {
-        self.call(|reply| Command::Flush { durable: true, reply })
+        let ino = self.ino;
+        self.call(|reply| Command::Flush { durable: true, ino, reply })
     }
 
     /// Forgets cached store handles of `ino` (at open: close-to-open means asking again).
@@ -259,6 +285,9 @@ pub struct Slot {
     handles: HashMap<(Ino, u64), FileHandle>,
     /// The first failure of a queued write, reported by the next flush.
     deferred: Option<DataError>,
+    /// Some server held the data epoch since the mount started (shared by every slot): from
+    /// then on an epoch on no server has vanished, and its files read as EIO, not zeros.
+    epoch_seen: Arc<AtomicBool>,
 }
 
 impl Slot {
@@ -280,8 +309,9 @@ impl Slot {
                 Command::ZeroFill { ino, generation, from, to, reply } => {
                     let _ = reply.send(self.zero_fill(ino, generation, from, to));
                 }
-                Command::Flush { durable, reply } => {
+                Command::Flush { durable, ino, reply } => {
                     let flushed = if durable { self.sync() } else { self.flush() };
+                    let flushed = flushed.and_then(|()| self.report_lost(ino));
                     let _ = reply.send(match self.deferred.take() {
                         Some(e) => Err(e),
                         None => flushed,
@@ -325,6 +355,7 @@ impl Slot {
                 length: 0,
                 source: Box::new(source),
             })?;
+        self.epoch_seen.store(true, Ordering::Relaxed);
         self.remember(ino, generation, handle.clone());
         Ok(handle)
     }
@@ -337,6 +368,7 @@ impl Slot {
         let name = self.name(ino, generation);
         match self.client.open_file(self.epoch, &name) {
             Ok(handle) => {
+                self.epoch_seen.store(true, Ordering::Relaxed);
                 // Cache only a handle that covers the whole stripe set: another mount may still
                 // create the file on the missing servers.
                 let servers = self.client.server_count();
@@ -350,7 +382,15 @@ impl Slot {
                 }
                 Ok(Some(handle))
             }
-            Err(ClientError::NoSuchFile { .. }) => Ok(None),
+            Err(ClientError::NoSuchFile { .. }) => {
+                self.epoch_seen.store(true, Ordering::Relaxed);
+                Ok(None)
+            }
+            // Before any server held the epoch nothing was written: holes. After, it vanished.
+            Err(ClientError::NoSuchEpoch { .. }) if self.epoch_seen.load(Ordering::Relaxed) => {
+                Err(DataError::EpochVanished { epoch: self.epoch, file: name })
+            }
+            Err(ClientError::NoSuchEpoch { .. }) => Ok(None),
             Err(e) if matches!(e.code(), Some(ErrorCode::NoSuchFile | ErrorCode::NoSuchEpoch)) => {
                 Ok(None)
             }
@@ -447,5 +487,16 @@ impl Slot {
     /// Flushes, then syncs the data epoch on every server this slot's client wrote it to.
     pub fn sync(&mut self) -> Result<(), DataError> {
         self.client.sync_epoch(self.epoch).map_err(|e| DataError::Flush(Box::new(e)))
+    }
+
+    /// Fails (EIO, naming the server), once, if a server restart lost writes this slot made
+    /// to `ino` (any generation) that were not fsync'd: the close or fsync of the file says so.
+    fn report_lost(&mut self, ino: Option<Ino>) -> Result<(), DataError> {
+        let Some(ino) = ino else { return Ok(()) };
+        let prefix = format!("ns/{}/{ino}.", self.namespace);
+        debug_assert!(data_file_name(self.namespace, ino, 0).starts_with(&prefix));
+        self.client
+            .report_lost_writes(self.epoch, &prefix)
+            .map_err(|e| DataError::Flush(Box::new(e)))
     }
 }

@@ -13,6 +13,7 @@
 pub mod auth;
 pub mod errno;
 pub mod frame;
+pub mod identity;
 pub mod message;
 pub mod namespace;
 pub mod transport;
@@ -20,6 +21,9 @@ pub mod transport;
 pub use auth::{AuthMethod, CHALLENGE_BYTES};
 pub use errno::ErrorCode;
 pub use frame::{FrameError, Header, Kind, ReceiveError, HEADER_BYTES};
+pub use identity::{
+    Participant, ServerId, COMMIT_PARTICIPANTS_MAX, PARTICIPANT_ADDRESS_BYTES_MAX, SERVER_ID_BYTES,
+};
 pub use message::{
     DrainInfo, DrainState, Durability, EpochGrant, EpochInfo, EpochState, Extent, FileInfo,
     Request, Response, ServerStatus,
@@ -30,11 +34,13 @@ pub use transport::{Connection, Endpoint, Identity, Listener, Transport};
 /// The protocol version this build speaks. The handshake picks the highest version both sides
 /// support; the frame header layout is the same in every version. Version 2 added site
 /// authentication (`auth` and `challenge` in `HelloReply`, `Authenticate`/`Authenticated`,
-/// `auth` in `StatusReply`).
-pub const PROTOCOL_VERSION: u16 = 2;
+/// `auth` in `StatusReply`). Version 3 added server identity (`server_id` and `incarnation` in
+/// `HelloReply` and `StatusReply`) and the participants of a `Commit`.
+pub const PROTOCOL_VERSION: u16 = 3;
 /// The oldest protocol version this build still speaks. Servers and clients of this repository
-/// move together, so version 1 (a `HelloReply` without `auth`) is no longer spoken.
-pub const PROTOCOL_VERSION_MIN: u16 = 2;
+/// move together, so versions 1 and 2 (no server identity, no commit participants) are no
+/// longer spoken: a version 2 client's commit would name no participants.
+pub const PROTOCOL_VERSION_MIN: u16 = 3;
 /// Largest typed body of any frame. Bodies are metadata only (names, lists), never bulk data.
 pub const BODY_BYTES_MAX: u32 = 64 * 1024;
 /// Hard upper bound on any payload, whatever a server advertises: 256 MiB.

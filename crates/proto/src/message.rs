@@ -10,6 +10,9 @@ use spillway_types::{EpochId, FileId, GRANT_ALLOWED_IDS_MAX};
 use crate::auth::{AuthMethod, CHALLENGE_BYTES};
 use crate::errno::ErrorCode;
 use crate::frame::{FrameError, Kind};
+use crate::identity::{
+    Participant, ServerId, COMMIT_PARTICIPANTS_MAX, PARTICIPANT_ADDRESS_BYTES_MAX, SERVER_ID_BYTES,
+};
 use crate::namespace::{NamespaceRequest, NamespaceResponse};
 use crate::NAME_BYTES_MAX;
 
@@ -116,6 +119,9 @@ pub struct ServerStatus {
     pub epochs: u64,
     /// How the server authenticates TCP peers (`server.auth`).
     pub auth: AuthMethod,
+    /// The server's id and incarnation, as in `HelloReply`.
+    pub server_id: ServerId,
+    pub incarnation: u64,
 }
 
 /// Where one epoch's drain to the PFS stands on one server.
@@ -255,9 +261,14 @@ pub enum Request {
         offset: u64,
         length: u32,
     },
+    /// Seals the epoch. `participants`: every server the committer wrote the epoch to (itself
+    /// included if it holds bytes of it); the server records the union of what its committers
+    /// name durably before answering, and its drain publishes nothing of the epoch unless each
+    /// of them answers with its recorded id and holds the epoch committed.
     Commit {
         epoch: EpochId,
         durability: Durability,
+        participants: Vec<Participant>,
     },
     /// Epochs from `from_epoch` upward. A reply holds what fits in one body; ask again from one
     /// past the last epoch until the list comes back empty.
@@ -293,9 +304,12 @@ pub enum Request {
     /// Drain state of every epoch this server knows of.
     DrainStatus,
     /// Make every byte this server acknowledged for the epoch durable in its SSD log without
-    /// sealing the epoch (what `fsync` on the mount needs; a commit seals).
+    /// sealing the epoch (what `fsync` on the mount needs; a commit seals). `participants`
+    /// as in `Commit`: recorded before the sync, so an epoch written only through syncs (the
+    /// mount's) is protected from publishing with a participant missing too.
     Sync {
         epoch: EpochId,
+        participants: Vec<Participant>,
     },
     /// From the manager (root only): the epoch's writes go to SSD stream `stream` (BIOS
     /// Algorithm 1's choice for the reservation's user or job) instead of the writer's uid.
@@ -337,6 +351,12 @@ pub enum Response {
         server_name: String,
         auth: AuthMethod,
         challenge: [u8; CHALLENGE_BYTES],
+        /// The server's id (from its identity file; survives restarts).
+        server_id: ServerId,
+        /// How many times the server with this id has started (1 at the first start; 0: a
+        /// server without an identity file, e.g. one embedded in a test, whose id is new at
+        /// every start).
+        incarnation: u64,
     },
     /// The credential was accepted: requests run as this uid/gid.
     Authenticated {
@@ -430,6 +450,16 @@ impl Encoder {
     /// Fixed-size raw bytes, no length (the challenge).
     pub(crate) fn fixed(&mut self, b: &[u8]) -> &mut Self {
         self.0.extend_from_slice(b);
+        self
+    }
+    /// `count u32`, then per participant `id [u8; 16], address str` (`Commit`, `Sync`).
+    pub(crate) fn participants(&mut self, participants: &[Participant]) -> &mut Self {
+        assert!(participants.len() <= COMMIT_PARTICIPANTS_MAX, "too many participants");
+        self.u32(participants.len() as u32);
+        for participant in participants {
+            assert!(participant.address.len() <= PARTICIPANT_ADDRESS_BYTES_MAX);
+            self.fixed(&participant.id.0).string(&participant.address);
+        }
         self
     }
     pub(crate) fn file_info(&mut self, f: &FileInfo) -> &mut Self {
@@ -590,6 +620,41 @@ impl<'a> Decoder<'a> {
             allowed_gids: self.grant_ids("allowed_gids")?,
         })
     }
+    /// The participants of a `Commit`: `count u32`, then per participant `id [u8; 16],
+    /// address str`; at most [`COMMIT_PARTICIPANTS_MAX`], addresses at most
+    /// [`PARTICIPANT_ADDRESS_BYTES_MAX`] bytes, no id all zeros.
+    pub(crate) fn participants(&mut self) -> Result<Vec<Participant>, FrameError> {
+        let count = self.count(SERVER_ID_BYTES + 2, "participant count")?;
+        if count > COMMIT_PARTICIPANTS_MAX {
+            let kind = self.kind;
+            return Err(FrameError::BadValue {
+                kind,
+                field: "participant count",
+                value: count as u64,
+            });
+        }
+        let mut participants = Vec::with_capacity(count);
+        for _ in 0..count {
+            let id = ServerId(self.fixed("participant id")?);
+            if id.is_none() {
+                return Err(FrameError::BadValue {
+                    kind: self.kind,
+                    field: "participant id",
+                    value: 0,
+                });
+            }
+            let address = self.string("participant address")?;
+            // Addresses end up in logs and messages: no control characters (forged lines).
+            if address.len() > PARTICIPANT_ADDRESS_BYTES_MAX
+                || address.chars().any(char::is_control)
+            {
+                let (kind, value) = (self.kind, address.len() as u64);
+                return Err(FrameError::BadValue { kind, field: "participant address", value });
+            }
+            participants.push(Participant { id, address });
+        }
+        Ok(participants)
+    }
     pub(crate) fn finish(self) -> Result<(), FrameError> {
         if self.bytes.is_empty() {
             Ok(())
@@ -644,8 +709,9 @@ impl Request {
             Request::Read { epoch, file, offset, length } => {
                 e.u64(epoch.0).u64(file.0).u64(*offset).u32(*length);
             }
-            Request::Commit { epoch, durability } => {
-                e.u64(epoch.0).u8(durability.wire());
+            Request::Commit { epoch, durability, participants } => {
+                assert!(participants.len() <= COMMIT_PARTICIPANTS_MAX, "too many participants");
+                e.u64(epoch.0).u8(durability.wire()).participants(participants);
             }
             Request::Status | Request::DrainStatus => {}
             Request::Drain { epoch, mode } => {
@@ -657,10 +723,11 @@ impl Request {
             Request::ListFiles { epoch, from_file } => {
                 e.u64(epoch.0).u64(from_file.0);
             }
-            Request::DeleteEpoch { epoch }
-            | Request::Sync { epoch }
-            | Request::RevokeEpoch { epoch } => {
+            Request::DeleteEpoch { epoch } | Request::RevokeEpoch { epoch } => {
                 e.u64(epoch.0);
+            }
+            Request::Sync { epoch, participants } => {
+                e.u64(epoch.0).participants(participants);
             }
             Request::GrantEpoch { epoch, grant } => {
                 e.u64(epoch.0).grant(grant);
@@ -707,9 +774,11 @@ impl Request {
                 offset: d.u64("offset")?,
                 length: d.u32("length")?,
             },
-            Kind::Commit => {
-                Request::Commit { epoch: EpochId(d.u64("epoch")?), durability: d.durability()? }
-            }
+            Kind::Commit => Request::Commit {
+                epoch: EpochId(d.u64("epoch")?),
+                durability: d.durability()?,
+                participants: d.participants()?,
+            },
             Kind::ListEpochs => Request::ListEpochs { from_epoch: EpochId(d.u64("from_epoch")?) },
             Kind::ListFiles => Request::ListFiles {
                 epoch: EpochId(d.u64("epoch")?),
@@ -724,7 +793,9 @@ impl Request {
                 from_offset: d.u64("from_offset")?,
             },
             Kind::DeleteEpoch => Request::DeleteEpoch { epoch: EpochId(d.u64("epoch")?) },
-            Kind::Sync => Request::Sync { epoch: EpochId(d.u64("epoch")?) },
+            Kind::Sync => {
+                Request::Sync { epoch: EpochId(d.u64("epoch")?), participants: d.participants()? }
+            }
             Kind::AssignStream => {
                 Request::AssignStream { epoch: EpochId(d.u64("epoch")?), stream: d.u64("stream")? }
             }
@@ -820,6 +891,8 @@ impl Response {
                 server_name,
                 auth,
                 challenge,
+                server_id,
+                incarnation,
             } => {
                 encoder
                     .u16(*version)
@@ -829,7 +902,9 @@ impl Response {
                     .u32(*gid)
                     .string(server_name)
                     .u8(auth.wire())
-                    .fixed(challenge);
+                    .fixed(challenge)
+                    .fixed(&server_id.0)
+                    .u64(*incarnation);
             }
             Response::Authenticated { uid, gid } => {
                 encoder.u32(*uid).u32(*gid);
@@ -908,7 +983,9 @@ impl Response {
                     .u64(s.ssd_bytes_used)
                     .u64(s.ssd_bytes_max)
                     .u64(s.epochs)
-                    .u8(s.auth.wire());
+                    .u8(s.auth.wire())
+                    .fixed(&s.server_id.0)
+                    .u64(s.incarnation);
             }
             Response::DrainStatus(list) => {
                 encoder.u32(list.len() as u32);
@@ -983,6 +1060,8 @@ impl Response {
                 server_name: decoder.string("server_name")?,
                 auth: decoder.auth_method()?,
                 challenge: decoder.fixed("challenge")?,
+                server_id: ServerId(decoder.fixed("server_id")?),
+                incarnation: decoder.u64("incarnation")?,
             },
             Kind::Authenticated => {
                 Response::Authenticated { uid: decoder.u32("uid")?, gid: decoder.u32("gid")? }
@@ -1098,6 +1177,8 @@ impl Response {
                 ssd_bytes_max: decoder.u64("ssd_bytes_max")?,
                 epochs: decoder.u64("epochs")?,
                 auth: decoder.auth_method()?,
+                server_id: ServerId(decoder.fixed("server_id")?),
+                incarnation: decoder.u64("incarnation")?,
             }),
             other => unreachable!("{other:?} is not a drain or administration response"),
         })
@@ -1121,6 +1202,18 @@ mod tests {
         ]
     }
 
+    /// Up to 4 participants with non-zero ids.
+    fn participants() -> impl Strategy<Value = Vec<Participant>> {
+        proptest::collection::vec((any::<[u8; SERVER_ID_BYTES]>(), name()), 0..4).prop_map(|v| {
+            v.into_iter()
+                .map(|(mut id, address)| {
+                    id[0] |= 1;
+                    Participant { id: ServerId(id), address }
+                })
+                .collect()
+        })
+    }
+
     fn request() -> impl Strategy<Value = Request> {
         prop_oneof![
             (any::<u16>(), any::<u16>(), name()).prop_map(|(a, b, n)| Request::Hello {
@@ -1141,8 +1234,11 @@ mod tests {
             (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(e, f, o, l)| {
                 Request::Read { epoch: EpochId(e), file: FileId(f), offset: o, length: l }
             }),
-            (any::<u64>(), durability())
-                .prop_map(|(e, d)| Request::Commit { epoch: EpochId(e), durability: d }),
+            (any::<u64>(), durability(), participants()).prop_map(|(e, d, p)| Request::Commit {
+                epoch: EpochId(e),
+                durability: d,
+                participants: p
+            }),
             any::<u64>().prop_map(|e| Request::ListEpochs { from_epoch: EpochId(e) }),
             (any::<u64>(), any::<u64>())
                 .prop_map(|(e, f)| Request::ListFiles { epoch: EpochId(e), from_file: FileId(f) }),
@@ -1154,7 +1250,8 @@ mod tests {
                 from_offset: o
             }),
             any::<u64>().prop_map(|e| Request::DeleteEpoch { epoch: EpochId(e) }),
-            any::<u64>().prop_map(|e| Request::Sync { epoch: EpochId(e) }),
+            (any::<u64>(), participants())
+                .prop_map(|(e, p)| Request::Sync { epoch: EpochId(e), participants: p }),
             (any::<u64>(), any::<u64>())
                 .prop_map(|(e, s)| Request::AssignStream { epoch: EpochId(e), stream: s }),
             (any::<u64>(), grant())
@@ -1237,6 +1334,8 @@ mod tests {
                 ssd_bytes_max: 4,
                 epochs: e,
                 auth: if c % 2 == 0 { AuthMethod::None } else { AuthMethod::Munge },
+                server_id: ServerId((b as u128 ^ (e as u128) << 64).to_le_bytes()),
+                incarnation: e / 5,
             })
         })
     }
@@ -1268,16 +1367,26 @@ mod tests {
     fn response() -> impl Strategy<Value = Response> {
         prop_oneof![
             (any::<u16>(), any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>(), name())
-                .prop_flat_map(|hello| (Just(hello), any::<bool>(), any::<[u8; CHALLENGE_BYTES]>()))
-                .prop_map(|((v, p, i, u, g, n), munge, challenge)| Response::Hello {
-                    version: v,
-                    payload_bytes_max: p,
-                    in_flight_requests_max: i,
-                    uid: u,
-                    gid: g,
-                    server_name: n,
-                    auth: if munge { AuthMethod::Munge } else { AuthMethod::None },
-                    challenge,
+                .prop_flat_map(|hello| (
+                    Just(hello),
+                    any::<bool>(),
+                    any::<[u8; CHALLENGE_BYTES]>(),
+                    any::<[u8; SERVER_ID_BYTES]>(),
+                    any::<u64>()
+                ))
+                .prop_map(|((v, p, i, u, g, n), munge, challenge, id, incarnation)| {
+                    Response::Hello {
+                        version: v,
+                        payload_bytes_max: p,
+                        in_flight_requests_max: i,
+                        uid: u,
+                        gid: g,
+                        server_name: n,
+                        auth: if munge { AuthMethod::Munge } else { AuthMethod::None },
+                        challenge,
+                        server_id: ServerId(id),
+                        incarnation,
+                    }
                 }),
             (any::<u32>(), any::<u32>())
                 .prop_map(|(uid, gid)| Response::Authenticated { uid, gid }),
@@ -1364,9 +1473,14 @@ mod tests {
 
     #[test]
     fn bad_enum_values_are_named() {
-        let mut body =
-            Request::Commit { epoch: EpochId(1), durability: Durability::Ssd }.encode_body();
-        *body.last_mut().unwrap() = 9;
+        let mut body = Request::Commit {
+            epoch: EpochId(1),
+            durability: Durability::Ssd,
+            participants: Vec::new(),
+        }
+        .encode_body();
+        body[8] = 9; // the durability byte, after the epoch
+
         assert_eq!(
             Request::decode(Kind::Commit, &body),
             Err(FrameError::BadValue { kind: Kind::Commit, field: "durability", value: 9 })
@@ -1398,14 +1512,56 @@ mod tests {
             server_name: "s".into(),
             auth: AuthMethod::Munge,
             challenge: [9; CHALLENGE_BYTES],
+            server_id: ServerId([3; SERVER_ID_BYTES]),
+            incarnation: 2,
         };
         let mut body = hello.encode_body();
-        assert_eq!(body.len(), 2 + 4 + 4 + 4 + 4 + 3 + 1 + CHALLENGE_BYTES);
+        assert_eq!(body.len(), 2 + 4 + 4 + 4 + 4 + 3 + 1 + CHALLENGE_BYTES + SERVER_ID_BYTES + 8);
         body[21] = 7; // the auth byte, after the one-byte server name
         assert_eq!(
             Response::decode(Kind::HelloReply, &body),
             Err(FrameError::BadValue { kind: Kind::HelloReply, field: "auth", value: 7 })
         );
+    }
+
+    #[test]
+    fn commit_participants_out_of_range_are_named() {
+        let participant = Participant { id: ServerId([1; SERVER_ID_BYTES]), address: "a".into() };
+        let commit = |participants: Vec<Participant>| {
+            Request::Commit { epoch: EpochId(1), durability: Durability::Ssd, participants }
+                .encode_body()
+        };
+        let mut body = commit(vec![participant.clone()]);
+        body[13..13 + SERVER_ID_BYTES].fill(0);
+        assert_eq!(
+            Request::decode(Kind::Commit, &body),
+            Err(FrameError::BadValue { kind: Kind::Commit, field: "participant id", value: 0 })
+        );
+        let mut body = commit(Vec::new());
+        body[9..13].copy_from_slice(&(COMMIT_PARTICIPANTS_MAX as u32 + 1).to_le_bytes());
+        body.extend(std::iter::repeat_n(0u8, (COMMIT_PARTICIPANTS_MAX + 1) * 18));
+        assert!(matches!(
+            Request::decode(Kind::Commit, &body),
+            Err(FrameError::BadValue { field: "participant count", .. })
+        ));
+        let long = Participant {
+            address: "x".repeat(PARTICIPANT_ADDRESS_BYTES_MAX + 1),
+            ..participant.clone()
+        };
+        let mut body = commit(vec![participant.clone()]);
+        body.truncate(13 + SERVER_ID_BYTES);
+        body.extend_from_slice(&(long.address.len() as u16).to_le_bytes());
+        body.extend_from_slice(long.address.as_bytes());
+        assert!(matches!(
+            Request::decode(Kind::Commit, &body),
+            Err(FrameError::BadValue { field: "participant address", .. })
+        ));
+        let forged = Participant { address: "a\nERROR forged".into(), ..participant };
+        let body = commit(vec![forged]);
+        assert!(matches!(
+            Request::decode(Kind::Commit, &body),
+            Err(FrameError::BadValue { field: "participant address", .. })
+        ));
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use spillway_proto::{Durability, EpochGrant, EpochInfo, ErrorCode, Extent, FileInfo};
+use spillway_proto::{Durability, EpochGrant, EpochInfo, ErrorCode, Extent, FileInfo, Participant};
 use spillway_types::{EpochId, FileId, StreamKey};
 
 /// A failed backend operation: the protocol code plus a message naming what failed.
@@ -155,6 +155,16 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<EpochGrant, BackendError>;
     /// Revokes the epoch's grant durably; returns whether it had one.
     fn revoke_grant(&self, epoch: EpochId) -> Result<bool, BackendError>;
+    /// Adds the servers a committer names to the epoch's participants (the union is kept),
+    /// durably before returning. An epoch this backend does not hold open or committed is left
+    /// alone.
+    fn record_participants(
+        &self,
+        epoch: EpochId,
+        participants: &[Participant],
+    ) -> Result<(), BackendError>;
+    /// The epoch's recorded participants, sorted by id; empty if none were named.
+    fn participants(&self, epoch: EpochId) -> Vec<Participant>;
     /// Frees the space of dead (drained or deleted) data now; returns the bytes freed.
     fn collect_garbage(&self) -> Result<u64, BackendError> {
         Ok(0)

@@ -36,8 +36,8 @@ use spillway_proto::frame::{self, ReceiveError};
 use spillway_proto::message::ServerStatus;
 use spillway_proto::{
     AuthMethod, Connection, DrainInfo, Durability, ErrorCode, Extent, FileInfo, FrameError, Header,
-    Identity, Request, Response, Transport, BODY_BYTES_MAX, CHALLENGE_BYTES, PROTOCOL_VERSION,
-    PROTOCOL_VERSION_MIN,
+    Identity, Participant, Request, Response, Transport, BODY_BYTES_MAX, CHALLENGE_BYTES,
+    PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
 use spillway_sys::munge::{MungeContext, MungeError};
 use spillway_types::{EpochId, FileId};
@@ -631,6 +631,8 @@ fn handshake(
         server_name: shared.options.server_name.clone(),
         auth: offer.auth,
         challenge: offer.challenge,
+        server_id: shared.identity.id,
+        incarnation: shared.identity.incarnation,
     };
     send(writer, header.request_id, &reply, &[]).is_ok()
 }
@@ -1046,7 +1048,9 @@ fn run(
         Request::Read { epoch, file, offset, length } => {
             read(shared, peer, epoch, file, offset, length)
         }
-        Request::Commit { epoch, durability } => commit(shared, peer, epoch, durability),
+        Request::Commit { epoch, durability, participants } => {
+            commit(shared, peer, epoch, durability, &participants)
+        }
         Request::ListEpochs { from_epoch } => {
             plain(Response::Epochs(list_epochs(shared, peer, from_epoch)?))
         }
@@ -1083,10 +1087,11 @@ fn run(
             plain(access::grant_epoch(shared, peer, epoch, grant)?)
         }
         Request::RevokeEpoch { epoch } => plain(access::revoke_epoch(shared, peer, epoch)?),
-        Request::Sync { epoch } => {
+        Request::Sync { epoch, participants } => {
             // The store syncs every dirty segment at once; the epoch is named so that only those
             // who may use it ask, and so that the reply says what became durable.
             authorize(shared, peer, epoch, Intent::Use)?;
+            backend.record_participants(epoch, &participants)?;
             backend.sync()?;
             plain(Response::Synced { epoch })
         }
@@ -1234,12 +1239,16 @@ fn commit(
     peer: &Requester,
     epoch: EpochId,
     durability: Durability,
+    participants: &[Participant],
 ) -> Result<Reply, BackendError> {
     authorize(shared, peer, epoch, Intent::Create)?;
     let durability = match durability {
         Durability::ServerDefault => shared.options.default_durability,
         other => other,
     };
+    // Before the commit record: a committed epoch always has its participants on record, so a
+    // drain never mistakes a lost participant for one that held nothing.
+    shared.backend.record_participants(epoch, participants)?;
     shared.backend.commit(epoch, durability)?;
     if let Some(drain) = shared.drain.get() {
         drain.committed(epoch);
@@ -1304,6 +1313,8 @@ fn server_status(shared: &Shared) -> ServerStatus {
         ssd_bytes_max: usage.ssd_bytes_max,
         epochs,
         auth: shared.options.auth,
+        server_id: shared.identity.id,
+        incarnation: shared.identity.incarnation,
     }
 }
 

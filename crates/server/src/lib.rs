@@ -39,6 +39,7 @@ mod access;
 pub mod backend;
 pub mod budget;
 mod connection;
+pub mod identity;
 pub mod namespace_service;
 mod store_backend;
 
@@ -83,6 +84,7 @@ impl IngestProbe {
         self.0.upgrade().map(|s| s.counters.bytes_written.load(Ordering::Relaxed)).unwrap_or(0)
     }
 }
+pub use identity::{IdentityError, ServerIdentity};
 pub use store_backend::StoreBackend;
 
 /// The server's limits and defaults, derived from [`ServerKnobs`].
@@ -188,6 +190,8 @@ pub enum ServeError {
     FinalSync(BackendError),
     #[error("server.auth = munge, but {0}")]
     Munge(MungeError),
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
 }
 
 /// Counters reported by `status`.
@@ -218,6 +222,8 @@ pub(crate) struct Shared {
     pub namespaces: std::sync::OnceLock<Arc<namespace_service::NamespaceService>>,
     /// How credentials are checked, when TCP peers must authenticate with munge.
     pub munge: Option<MungeContext>,
+    /// Who this server is (`HelloReply`, `StatusReply`).
+    pub identity: ServerIdentity,
 }
 
 /// The munge context of a server with `auth = munge` (`None` otherwise), after checking that
@@ -258,14 +264,28 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds every endpoint. Non-loopback TCP needs munge authentication or `insecure_tcp`
-    /// (which logs a warning). With munge, libmunge must load; an unreachable `munged` is only
-    /// a warning (TCP clients are refused until it answers).
+    /// Binds every endpoint, as a server without an identity file: a new random id at every
+    /// start, incarnation 0 (servers embedded in tests and benchmarks; `spillway serve` uses
+    /// [`Server::bind_as`] with the identity kept in its SSD directory).
     pub fn bind(
         options: ServerOptions,
         backend: Arc<dyn Backend>,
         endpoints: &[Endpoint],
         insecure_tcp: bool,
+    ) -> Result<Server, ServeError> {
+        let identity = ServerIdentity::ephemeral()?;
+        Server::bind_as(options, backend, endpoints, insecure_tcp, identity)
+    }
+
+    /// Binds every endpoint; the server announces `identity`. Non-loopback TCP needs munge
+    /// authentication or `insecure_tcp` (which logs a warning). With munge, libmunge must load;
+    /// an unreachable `munged` is only a warning (TCP clients are refused until it answers).
+    pub fn bind_as(
+        options: ServerOptions,
+        backend: Arc<dyn Backend>,
+        endpoints: &[Endpoint],
+        insecure_tcp: bool,
+        identity: ServerIdentity,
     ) -> Result<Server, ServeError> {
         assert!(options.in_flight_bytes_max >= options.payload_bytes_max as u64);
         assert!(options.in_flight_requests_max > 0 && options.connections_max > 0);
@@ -300,6 +320,7 @@ impl Server {
             drain: std::sync::OnceLock::new(),
             namespaces: std::sync::OnceLock::new(),
             munge,
+            identity,
         });
         Ok(Server { shared, listeners })
     }
@@ -346,7 +367,7 @@ impl Server {
         let shared = self.shared;
         let endpoints: Vec<String> =
             self.listeners.iter().map(|l| l.endpoint().to_string()).collect();
-        tracing::info!(server = %shared.options.server_name, endpoints = ?endpoints, "serving");
+        tracing::info!(server = %shared.options.server_name, endpoints = ?endpoints, id = %shared.identity.id, incarnation = shared.identity.incarnation, "serving");
         let mut workers: Vec<JoinHandle<()>> = Vec::new();
         let mut next_connection = 0u64;
         while !shared.shutdown.load(Ordering::SeqCst) {

@@ -10,10 +10,13 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use spillway_proto::{Durability, EpochGrant, EpochInfo, EpochState, ErrorCode, Extent, FileInfo};
+use spillway_proto::{
+    Durability, EpochGrant, EpochInfo, EpochState, ErrorCode, Extent, FileInfo, Participant,
+    ServerId,
+};
 use spillway_store::{
-    CommitError, EpochPhase, GrantError, GrantOutcome, LifecycleError, ReadError, RevokeError,
-    Store, WriteError, WriteSlot,
+    CommitError, EpochParticipant, EpochPhase, GrantError, GrantOutcome, LifecycleError,
+    ParticipantsError, ReadError, RevokeError, Store, WriteError, WriteSlot,
 };
 use spillway_types::{EpochId, FileId, StreamKey};
 
@@ -128,6 +131,17 @@ fn grant_error(error: GrantError) -> BackendError {
         GrantError::EpochDeleted { .. } => ErrorCode::NoSuchEpoch,
         GrantError::NoSpace { .. } => ErrorCode::NoSpace,
         GrantError::Failed(_) | GrantError::Io { .. } => ErrorCode::Io,
+        _ => ErrorCode::Internal,
+    };
+    BackendError::new(code, error.to_string())
+}
+
+fn participants_error(error: ParticipantsError) -> BackendError {
+    let code = match &error {
+        ParticipantsError::ZeroId { .. }
+        | ParticipantsError::AddressTooLong { .. }
+        | ParticipantsError::TooMany { .. } => ErrorCode::InvalidArgument,
+        ParticipantsError::Failed(_) | ParticipantsError::Io { .. } => ErrorCode::Io,
         _ => ErrorCode::Internal,
     };
     BackendError::new(code, error.to_string())
@@ -384,6 +398,26 @@ impl Backend for StoreBackend {
 
     fn revoke_grant(&self, epoch: EpochId) -> Result<bool, BackendError> {
         self.store.revoke_grant(epoch).map_err(revoke_error)
+    }
+
+    fn record_participants(
+        &self,
+        epoch: EpochId,
+        participants: &[Participant],
+    ) -> Result<(), BackendError> {
+        let named: Vec<EpochParticipant> = participants
+            .iter()
+            .map(|p| EpochParticipant { id: p.id.0, address: p.address.clone() })
+            .collect();
+        self.store.record_participants(epoch, &named).map(|_| ()).map_err(participants_error)
+    }
+
+    fn participants(&self, epoch: EpochId) -> Vec<Participant> {
+        let recorded = self.store.participants(epoch);
+        recorded
+            .into_iter()
+            .map(|p| Participant { id: ServerId(p.id), address: p.address })
+            .collect()
     }
 
     fn mark_drained(&self, epoch: EpochId) -> Result<(), BackendError> {

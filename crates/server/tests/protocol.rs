@@ -501,7 +501,16 @@ fn placed_writes_keep_request_order_around_a_pipelined_commit() {
     // and the late write is refused as a write after a commit is.
     let first = pattern(1, 512 << 10);
     send(&mut raw, 3, &Request::Write { epoch: EpochId(1), file, offset: 0 }, &first);
-    send(&mut raw, 4, &Request::Commit { epoch: EpochId(1), durability: Durability::Ssd }, &[]);
+    send(
+        &mut raw,
+        4,
+        &Request::Commit {
+            epoch: EpochId(1),
+            durability: Durability::Ssd,
+            participants: Vec::new(),
+        },
+        &[],
+    );
     send(
         &mut raw,
         5,

@@ -179,6 +179,21 @@ pub enum RevokeError {
     Io { epoch: EpochId, segment: SegmentId, source: std::io::Error },
 }
 
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ParticipantsError {
+    #[error("a participant of epoch {epoch} has the all-zero server id, which no server has")]
+    ZeroId { epoch: EpochId },
+    #[error("a participant address of epoch {epoch} is {bytes} bytes, more than a record holds")]
+    AddressTooLong { epoch: EpochId, bytes: usize },
+    #[error("epoch {epoch} would have {count} participants, more than the {max} it may record")]
+    TooMany { epoch: EpochId, count: usize, max: usize },
+    #[error("store has failed earlier and refuses work: {0}")]
+    Failed(String),
+    #[error("I/O error writing the participants of epoch {epoch} to segment {segment}: {source}")]
+    Io { epoch: EpochId, segment: SegmentId, source: std::io::Error },
+}
+
 /// Any store error.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -199,4 +214,6 @@ pub enum Error {
     Grant(#[from] GrantError),
     #[error(transparent)]
     Revoke(#[from] RevokeError),
+    #[error(transparent)]
+    Participants(#[from] ParticipantsError),
 }

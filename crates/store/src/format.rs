@@ -6,6 +6,7 @@
 //! and decoding are the only places that know the layout; both check it (pair assertions).
 
 use crate::grant::EpochGrant;
+use crate::participants::EpochParticipant;
 use spillway_types::{EpochId, FileId, SegmentId, StreamKey, GRANT_ALLOWED_IDS_MAX};
 
 /// "SPWR" read as a little-endian u32.
@@ -42,6 +43,9 @@ pub enum RecordKind {
     Grant = 6,
     /// Epoch `epoch`'s grant is revoked (no payload): nobody but root may use it any more.
     GrantRevoked = 7,
+    /// The servers (ids) committers wrote epoch `epoch` to; payload is a participants payload
+    /// ([`encode_participants`]) holding the whole union. A later one replaces it.
+    Participants = 8,
 }
 
 impl RecordKind {
@@ -54,6 +58,7 @@ impl RecordKind {
             5 => RecordKind::EpochState,
             6 => RecordKind::Grant,
             7 => RecordKind::GrantRevoked,
+            8 => RecordKind::Participants,
             _ => return None,
         })
     }
@@ -297,6 +302,86 @@ pub fn decode_grant(bytes: &[u8]) -> Result<EpochGrant, &'static str> {
         allowed_uids,
         allowed_gids,
     })
+}
+
+/// Bytes of a participant's server id.
+pub const PARTICIPANT_ID_BYTES: usize = 16;
+/// Most participants one epoch may record (as many as one `Commit` may name: a reservation
+/// never spans more servers). Small, because every commit that adds one rewrites the union.
+pub const PARTICIPANTS_MAX: usize = 256;
+/// Longest participant address, in bytes.
+pub const PARTICIPANT_ADDRESS_BYTES_MAX: usize = 255;
+/// Fixed part of a `Participants` payload: count u32, reserved u32.
+pub const PARTICIPANTS_FIXED_BYTES: usize = 8;
+/// Bytes of one entry before its address: id, address length u16.
+pub const PARTICIPANT_ENTRY_FIXED_BYTES: usize = PARTICIPANT_ID_BYTES + 2;
+/// Largest `Participants` payload.
+pub const PARTICIPANTS_PAYLOAD_BYTES_MAX: usize = PARTICIPANTS_FIXED_BYTES
+    + PARTICIPANTS_MAX * (PARTICIPANT_ENTRY_FIXED_BYTES + PARTICIPANT_ADDRESS_BYTES_MAX);
+
+const _: () = assert!(PARTICIPANTS_PAYLOAD_BYTES_MAX as u64 <= METADATA_PAYLOAD_BYTES_MAX);
+const _: () = assert!(PARTICIPANT_ADDRESS_BYTES_MAX <= u16::MAX as usize);
+const _: () = assert!(PARTICIPANTS_MAX <= u32::MAX as usize);
+
+/// Encodes participants as the payload of a `Participants` record (docs/design/log-format.md):
+/// count u32, reserved u32 (0), then per participant its id (16 bytes), the address length
+/// (u16) and the address (UTF-8). The list must be sorted by id without duplicates.
+pub fn encode_participants(participants: &[EpochParticipant]) -> Vec<u8> {
+    assert!(participants.len() <= PARTICIPANTS_MAX);
+    let mut out = Vec::with_capacity(PARTICIPANTS_FIXED_BYTES + 40 * participants.len());
+    out.extend_from_slice(&(participants.len() as u32).to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    for participant in participants {
+        assert!(participant.address.len() <= PARTICIPANT_ADDRESS_BYTES_MAX);
+        out.extend_from_slice(&participant.id);
+        out.extend_from_slice(&(participant.address.len() as u16).to_le_bytes());
+        out.extend_from_slice(participant.address.as_bytes());
+    }
+    out
+}
+
+/// Decodes a `Participants` payload, checking its count, reserved bytes, every length, UTF-8,
+/// that no id is all zeros and that ids strictly increase (the form the store writes).
+pub fn decode_participants(bytes: &[u8]) -> Result<Vec<EpochParticipant>, &'static str> {
+    if bytes.len() < PARTICIPANTS_FIXED_BYTES {
+        return Err("participants payload shorter than its fixed part");
+    }
+    let count = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes")) as usize;
+    if count > PARTICIPANTS_MAX {
+        return Err("more participants than PARTICIPANTS_MAX");
+    }
+    if bytes[4..8] != [0; 4] {
+        return Err("participants payload reserved bytes are not zero");
+    }
+    let mut rest = &bytes[PARTICIPANTS_FIXED_BYTES..];
+    let mut out: Vec<EpochParticipant> = Vec::with_capacity(count);
+    for _ in 0..count {
+        if rest.len() < PARTICIPANT_ENTRY_FIXED_BYTES {
+            return Err("participants payload truncated");
+        }
+        let id: [u8; PARTICIPANT_ID_BYTES] =
+            rest[..PARTICIPANT_ID_BYTES].try_into().expect("16 bytes");
+        let length = u16::from_le_bytes([rest[16], rest[17]]) as usize;
+        rest = &rest[PARTICIPANT_ENTRY_FIXED_BYTES..];
+        if length > PARTICIPANT_ADDRESS_BYTES_MAX || rest.len() < length {
+            return Err("participant address length out of range");
+        }
+        let address = std::str::from_utf8(&rest[..length])
+            .map_err(|_| "participant address is not UTF-8")?
+            .to_string();
+        rest = &rest[length..];
+        if id == [0; PARTICIPANT_ID_BYTES] {
+            return Err("participant id is all zeros");
+        }
+        if out.last().is_some_and(|last| last.id >= id) {
+            return Err("participant ids are not strictly increasing");
+        }
+        out.push(EpochParticipant { id, address });
+    }
+    if !rest.is_empty() {
+        return Err("participants payload has trailing bytes");
+    }
+    Ok(out)
 }
 
 /// File name of a segment in the SSD directory.

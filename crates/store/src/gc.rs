@@ -297,7 +297,8 @@ fn is_live_in(
         RecordKind::FileName
         | RecordKind::Commit
         | RecordKind::Grant
-        | RecordKind::GrantRevoked => {
+        | RecordKind::GrantRevoked
+        | RecordKind::Participants => {
             state.epochs.get(&epoch).is_some_and(|e| phase_is_live(e.phase))
                 && state.segments[&victim].epoch_bytes.get(&epoch).copied().unwrap_or(0) >= total
         }

@@ -36,6 +36,7 @@ pub mod format;
 mod gc;
 mod grant;
 pub mod index;
+mod participants;
 mod recovery;
 mod slot;
 pub mod storage;
@@ -43,12 +44,13 @@ mod store;
 mod write_log;
 
 pub use error::{
-    CommitError, EpochPhase, Error, GrantError, LifecycleError, OpenError, ReadError, RevokeError,
-    SpaceLimit, SyncError, WriteError,
+    CommitError, EpochPhase, Error, GrantError, LifecycleError, OpenError, ParticipantsError,
+    ReadError, RevokeError, SpaceLimit, SyncError, WriteError,
 };
 pub use flusher::FlusherMode;
 pub use format::META_STREAM;
 pub use grant::{EpochGrant, GrantMode, GrantOutcome};
+pub use participants::EpochParticipant;
 pub use slot::WriteSlot;
 pub use storage::{CrashPlan, PosixStorage, SegmentFile, SimStorage, Storage};
 pub use store::RESERVE_FILE_NAME;

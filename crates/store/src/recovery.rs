@@ -163,6 +163,13 @@ fn check_grant_payloads(records: &[ScannedRecord]) -> Result<(), OpenError> {
             detail: format!("grant of epoch {}: {detail}", record.header.epoch),
         })?;
     }
+    for record in records.iter().filter(|r| r.header.kind == RecordKind::Participants) {
+        decode_participants(&record.payload).map_err(|detail| OpenError::Corrupt {
+            segment: record.segment,
+            offset: record.offset,
+            detail: format!("participants of epoch {}: {detail}", record.header.epoch),
+        })?;
+    }
     Ok(())
 }
 
@@ -457,6 +464,12 @@ fn replay_record(state: &mut State, record: &ScannedRecord, promised: &mut HashM
             }
         }
         RecordKind::GrantRevoked => entry.grant = None,
+        RecordKind::Participants => {
+            if phase_is_live(entry.phase) {
+                entry.participants = decode_participants(&record.payload)
+                    .expect("participants payload checked earlier");
+            }
+        }
     }
     let segment = state.segments.get_mut(&record.segment).expect("replayed segment missing");
     if header.kind == RecordKind::EpochState {
@@ -512,6 +525,7 @@ fn replay_epoch_state(state: &mut State, epoch: EpochId, code: u64) {
         }
         entry.stream_bytes.clear();
         entry.names.clear();
+        entry.participants.clear();
         if code != epoch_state_code::DRAINED {
             entry.grant = None;
         }

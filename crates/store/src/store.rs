@@ -201,6 +201,8 @@ pub(crate) struct EpochEntry {
     /// Its last `Ssd` commit ran out of space: it is sealed (`Committing`) with no commit
     /// running, so it may be deleted to free space, or committed again.
     pub commit_stalled: bool,
+    /// The servers committers wrote the epoch to, sorted by id (`Store::record_participants`).
+    pub participants: Vec<crate::participants::EpochParticipant>,
 }
 
 impl EpochEntry {
@@ -217,6 +219,7 @@ impl EpochEntry {
             names: BTreeMap::new(),
             recovered_uncommitted: false,
             grant: None,
+            participants: Vec::new(),
             admitted_payload_bytes: 0,
             commit_stalled: false,
         }
@@ -2441,6 +2444,8 @@ impl Inner {
         if target == EpochPhase::Deleted {
             entry.grant = None;
         }
+        // Drained or deleted: nothing of it will be published any more.
+        entry.participants.clear();
         for sequence in std::mem::take(&mut entry.record_sequences) {
             state.records.remove(&sequence);
         }

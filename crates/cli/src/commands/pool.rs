@@ -148,12 +148,26 @@ pub fn print_servers(servers: &[Server]) {
                 bytes(s.used_bytes),
                 s.drains_in_flight.to_string(),
                 s.auth.clone().unwrap_or_else(|| "-".into()),
+                s.identity.clone().unwrap_or_else(|| "-".into()),
                 s.pfs_dir.clone().unwrap_or_else(|| "-".into()),
             ]
         })
         .collect();
     // AUTH: how the server authenticates TCP clients (none: only loopback peers are known).
-    print_table(&["SERVER", "POOL", "HEALTH", "CAPACITY", "USED", "DRAINS", "AUTH", "PFS"], &rows);
+    // ID #INCARNATION: a new id at an address is another (empty) server, a higher incarnation
+    // the same one restarted.
+    let header = [
+        "SERVER",
+        "POOL",
+        "HEALTH",
+        "CAPACITY",
+        "USED",
+        "DRAINS",
+        "AUTH",
+        "ID #INCARNATION",
+        "PFS",
+    ];
+    print_table(&header, &rows);
 }
 
 #[derive(clap::Args)]

@@ -110,12 +110,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     let store = spillway_store::Store::open(&config.store)
         .with_context(|| format!("opening the store in {}", config.store.ssd_directory))?;
+    // Counted while the store's lock on the directory is held: one start, one incarnation.
+    let identity =
+        spillway_server::ServerIdentity::start(std::path::Path::new(&config.store.ssd_directory))?;
     let backend = Arc::new(StoreBackend::new(store));
-    let server = Server::bind(
+    let server = Server::bind_as(
         ServerOptions::from_knobs(&config.server),
         backend.clone(),
         &endpoints,
         config.server.insecure_tcp,
+        identity,
     )?;
     let drainer = start_drainer(&config, &server, backend.clone())?;
     // The metadata service of the mount: namespace journals live beside the store's segments.

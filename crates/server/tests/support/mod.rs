@@ -33,6 +33,8 @@ struct State {
     write_streams: BTreeMap<EpochId, std::collections::BTreeSet<StreamKey>>,
     /// Grants in force (kept in memory: the model has no restart).
     grants: BTreeMap<EpochId, EpochGrant>,
+    /// Participants recorded per epoch (sorted by id).
+    participants: BTreeMap<EpochId, Vec<spillway_proto::Participant>>,
 }
 
 pub struct ModelBackend {
@@ -257,6 +259,25 @@ impl Backend for ModelBackend {
 
     fn revoke_grant(&self, epoch: EpochId) -> Result<bool, BackendError> {
         Ok(self.state.lock().grants.remove(&epoch).is_some())
+    }
+
+    fn record_participants(
+        &self,
+        epoch: EpochId,
+        participants: &[spillway_proto::Participant],
+    ) -> Result<(), BackendError> {
+        let mut state = self.state.lock();
+        if state.epochs.contains_key(&epoch) {
+            let recorded = state.participants.entry(epoch).or_default();
+            recorded.extend(participants.iter().cloned());
+            recorded.sort_by_key(|p| p.id);
+            recorded.dedup_by_key(|p| p.id);
+        }
+        Ok(())
+    }
+
+    fn participants(&self, epoch: EpochId) -> Vec<spillway_proto::Participant> {
+        self.state.lock().participants.get(&epoch).cloned().unwrap_or_default()
     }
 
     fn usage(&self) -> Usage {
