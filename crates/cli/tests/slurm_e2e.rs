@@ -456,6 +456,14 @@ fn slurm_burst_buffer_end_to_end() {
     if mount {
         stage_in_checkpoint_and_stage_out(&testbed, &input, &mut passed);
     }
+    // 3b. Stage-out without stage-in: the job's writes through the mount reach the PFS.
+    if mount {
+        stage_out_only(&testbed, &mut passed);
+    }
+    // 3c. A failed stage-out keeps the reservation as a rescue; `stage-out --retry` finishes it.
+    if mount {
+        failed_stage_out_kept_as_rescue_then_retried(&testbed, &mut passed);
+    }
     // 4. A persistent reservation shared by two consecutive jobs.
     if mount {
         persistent_reservation_shared_by_two_jobs(&testbed, &mut passed);
@@ -810,6 +818,149 @@ fn stage_in_checkpoint_and_stage_out(testbed: &Testbed<'_>, input: &[u8], passed
     );
     passed.pass("stage-out data on the PFS with the right bytes");
     passed.pass("job reservation gone after teardown");
+}
+
+/// A job with `stage_out` and no `stage_in`: the mount is the first to touch the reservation's
+/// epoch, and what the job writes through it must still be the owner's, so the owner's
+/// stage-out delivers it (a mount that claimed the epoch as root made the stage-out fail, the
+/// job end COMPLETED and teardown destroy the output).
+fn stage_out_only(testbed: &Testbed<'_>, passed: &mut Passed) {
+    let cluster = testbed.cluster;
+    let bytes = MIB + 4321;
+    let script = format!(
+        "#!/bin/sh\n#SBATCH -o {work}/outonly-%j.out\n\
+         #BB_LUA capacity=8MiB pool=fast access=striped\n\
+         #BB_LUA stage_out=result/out.bin:{pfs_out}/only-out.bin\n\
+         set -e\nmkdir -p \"$SPILLWAY_BB/result\"\n\
+         head -c {bytes} {pfs_in}/data.bin > \"$SPILLWAY_BB/result/out.bin\"\nsync\necho WROTE\n",
+        work = testbed.work.display(),
+        pfs_in = testbed.pfs_in.display(),
+        pfs_out = testbed.pfs_out.display(),
+    );
+    let job = testbed.submit("outonly", &script);
+    let state = wait_job_end(cluster, job);
+    let out = testbed.job_output("outonly", job);
+    let fields = job_fields(cluster, job);
+    assert_eq!(state, "COMPLETED", "job {job}: {out}\n{fields:?}");
+    assert!(out.contains("WROTE"), "the job could not write through its mount: {out}");
+    testbed.assert_cleaned_up(job, &format!("job-{job}"), false);
+    let staged = std::fs::read(testbed.pfs_out.join("only-out.bin")).unwrap_or_else(|e| {
+        panic!("job {job}: stage-out without stage-in delivered nothing ({e}); {fields:?}")
+    });
+    let input = std::fs::read(testbed.pfs_in.join("data.bin")).unwrap();
+    assert!(staged == input[..bytes as usize], "stage-out bytes differ from what the job wrote");
+    passed.pass("stage-out without stage-in delivers what the job wrote through its mount");
+}
+
+/// A stage-out that fails (the PFS target directory is not writable by the user): the job is
+/// not a clean success (its reason names the rescue reservation and the error), teardown keeps
+/// the reservation as a rescue reservation listed to its owner with the error, another user
+/// can neither see nor retry it, and once the cause is fixed `stage-out --retry` delivers the
+/// files and releases it.
+fn failed_stage_out_kept_as_rescue_then_retried(testbed: &Testbed<'_>, passed: &mut Passed) {
+    let (cluster, socket) = (testbed.cluster, &testbed.manager.socket);
+    let user = (testbed.uid, testbed.gid);
+    let locked = testbed.pfs_out.parent().unwrap().join("locked");
+    std::fs::create_dir_all(&locked).unwrap();
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(&locked, Some(0), Some(0)).unwrap();
+    let bytes = 2 * MIB + 99;
+    let script = format!(
+        "#!/bin/sh\n#SBATCH -o {work}/rescue-%j.out\n\
+         #BB_LUA capacity=8MiB pool=fast access=striped\n\
+         #BB_LUA stage_out=res/result.bin:{locked}/result.bin\n\
+         set -e\nmkdir -p \"$SPILLWAY_BB/res\"\n\
+         head -c {bytes} {pfs_in}/data.bin > \"$SPILLWAY_BB/res/result.bin\"\nsync\necho WROTE\n",
+        work = testbed.work.display(),
+        pfs_in = testbed.pfs_in.display(),
+        locked = locked.display(),
+    );
+    let job = testbed.submit("rescue", &script);
+    let name = format!("job-{job}");
+    let state = wait_job_end(cluster, job);
+    let out = testbed.job_output("rescue", job);
+    assert!(out.contains("WROTE"), "job {job} did not write its output: {out}");
+    // Teardown ran (record gone, mount gone) and kept the reservation.
+    testbed.assert_cleaned_up(job, &name, true);
+    let fields = job_fields(cluster, job);
+    let said = format!(
+        "{} {} {}",
+        fields.get("Reason").cloned().unwrap_or_default(),
+        fields.get("SystemComment").cloned().unwrap_or_default(),
+        fields.get("Comment").cloned().unwrap_or_default()
+    );
+    println!("job {job} with a failed stage-out ended {state}: {said}");
+    // `scontrol show job -o` splits values at spaces: look for words, not whole sentences.
+    assert!(
+        said.contains("rescue") && said.contains(&name),
+        "job {job} ({state}) does not name its rescue reservation {name}: {fields:?}"
+    );
+    passed.pass("failed stage-out: the job's reason names the rescue reservation");
+
+    assert_rescue_listed_and_guarded(testbed, job, &locked);
+    passed.pass("rescue reservation listed to its owner with the error, invisible to others");
+
+    // The cause fixed, the owner's retry delivers the output and releases the reservation.
+    std::os::unix::fs::chown(&locked, Some(testbed.uid), Some(testbed.gid)).unwrap();
+    let retry = spillway_as(socket, user, &["stage-out", "--retry", &name, "--progress", "none"]);
+    assert!(
+        retry.status.success(),
+        "retry failed: {}{}",
+        String::from_utf8_lossy(&retry.stdout),
+        String::from_utf8_lossy(&retry.stderr)
+    );
+    let staged = std::fs::read(locked.join("result.bin")).expect("retry delivered nothing");
+    let input = std::fs::read(testbed.pfs_in.join("data.bin")).unwrap();
+    assert!(staged == input[..bytes as usize], "retried stage-out bytes differ");
+    assert!(!reservation_exists(socket, &name), "the rescue reservation was not released");
+    passed.pass("stage-out --retry delivers the files and releases the rescue reservation");
+}
+
+/// Job `job`'s kept reservation is a rescue listed to its owner with the error, invisible to
+/// another user, who cannot retry it, and teardown's destroy is refused.
+fn assert_rescue_listed_and_guarded(testbed: &Testbed<'_>, job: u64, locked: &Path) {
+    let socket = &testbed.manager.socket;
+    let user = (testbed.uid, testbed.gid);
+    let name = format!("job-{job}");
+    let shown: serde_json::Value =
+        serde_json::from_str(spillway_ok(socket, &["reservation", "show", &name, "--json"]).trim())
+            .unwrap();
+    let error = shown["rescue"]["error"].as_str().unwrap_or_default().to_string();
+    assert!(
+        error.contains("stage-out failed") && error.contains("ermission denied"),
+        "rescue error: {shown}"
+    );
+    let listed = spillway_as(socket, user, &["reservation", "list"]);
+    let listed_text = String::from_utf8_lossy(&listed.stdout);
+    assert!(listed.status.success(), "{listed:?}");
+    assert!(
+        listed_text.contains(&format!("rescue {name}: stage-out failed"))
+            && listed_text.contains("ermission denied"),
+        "the owner's list does not show the rescue and its error: {listed_text}"
+    );
+    let status = spillway_as(socket, user, &["status"]);
+    assert!(
+        String::from_utf8_lossy(&status.stdout).contains(&format!("rescue {name}")),
+        "the owner's status does not show the rescue: {status:?}"
+    );
+    // Another user neither sees nor finishes it; root's teardown-style destroy is refused.
+    let other = other_user_ids();
+    let other_list = spillway_as(socket, other, &["reservation", "list"]);
+    assert!(
+        !String::from_utf8_lossy(&other_list.stdout).contains(&name),
+        "another user sees the rescue reservation: {other_list:?}"
+    );
+    assert_refused(
+        &spillway_as(socket, other, &["stage-out", "--retry", &name, "--progress", "none"]),
+        "no reservation",
+        "another user's retry",
+    );
+    assert_refused(
+        &spillway(socket, &["reservation", "destroy", &name, "--job", &job.to_string()]),
+        "rescue reservation",
+        "a teardown destroy of the rescue reservation",
+    );
+    assert!(!locked.join("result.bin").exists(), "nothing may be published by the refusals");
 }
 
 /// A persistent reservation shared by two consecutive jobs.

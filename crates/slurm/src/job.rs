@@ -24,6 +24,11 @@ pub(crate) struct JobRecord {
     /// reservation) or registered the job with it (persistent); `None` before.
     #[serde(default)]
     pub(crate) reservation_id: Option<u64>,
+    /// Why the job's stage-out failed (or never ran), written before the manager is told to keep
+    /// the reservation as a rescue reservation: teardown then never destroys it, even if the
+    /// manager did not get the message.
+    #[serde(default)]
+    pub(crate) stage_out_failed: Option<String>,
 }
 
 /// The reservation name of a job-scoped reservation (the manager's naming, see the contract).
