@@ -14,7 +14,12 @@
 //! Slurm who owns the job); a `job-N` reservation squatted anyway (root made it, as a site with
 //! `manager.job_owner_check = "none"` would let the user) makes the job's setup fail with the
 //! squatter named and the job held, and teardown leaves the squatter's reservation alone. The
-//! other attacks on the manager run without Slurm in manager_security.rs.
+//! other attacks on the manager run without Slurm in manager_security.rs. Stage-out: a job with
+//! `stage_out` and no `stage_in` delivers what it wrote through its mount; a stage-out that
+//! fails (target not writable) keeps the reservation as a rescue reservation named in the
+//! job's reason, listed to its owner with the error, refused to everyone else, and `stage-out
+//! --retry` finishes it; a stage-out that never finished (record still says so) is kept by
+//! teardown.
 //!
 //! Needs root, the Debian packages slurm-wlm and munge (scripts/install-deps.sh) and FUSE. It
 //! FAILS with a message naming what is missing rather than skipping: CI runs as root with those
@@ -478,6 +483,8 @@ fn slurm_burst_buffer_end_to_end() {
     }
     // 7. A job whose teardown never ran.
     lost_teardown_done_by_pools_refresh(&testbed, &mut passed);
+    // 8. A job whose stage-out never finished (data_out killed): teardown keeps a rescue.
+    unfinished_stage_out_kept_by_teardown(&testbed, &mut passed);
 
     passed.print(started.elapsed(), cluster_ready);
     if let Some(copy) = std::env::var_os("SPILLWAY_SLURM_LOG_COPY") {
@@ -960,6 +967,12 @@ fn assert_rescue_listed_and_guarded(testbed: &Testbed<'_>, job: u64, locked: &Pa
         "rescue reservation",
         "a teardown destroy of the rescue reservation",
     );
+    // Root sees it but does not copy the owner's files as root.
+    assert_refused(
+        &spillway(socket, &["stage-out", "--retry", &name, "--progress", "none"]),
+        "only its owner may retry",
+        "root's retry",
+    );
     assert!(!locked.join("result.bin").exists(), "nothing may be published by the refusals");
 }
 
@@ -1116,4 +1129,56 @@ fn lost_teardown_done_by_pools_refresh(testbed: &Testbed<'_>, passed: &mut Passe
     std::fs::write(testbed.cluster.dir.join(format!("bb-state/job-{ghost}.json")), record).unwrap();
     testbed.assert_cleaned_up(ghost, &ghost_reservation, false);
     passed.pass("job whose teardown was lost torn down by the pools refresh");
+}
+
+/// A job that ran with a `stage_out=` line but whose stage-out never finished (Slurm killed
+/// data_out on its timeout, or on a cancel, before it could tell the manager): its record still
+/// says so. Made certain here as in scenario 7 (a record and reservation for a job Slurm never
+/// had): the teardown the pools refresh runs keeps the reservation as a rescue reservation
+/// instead of destroying it.
+fn unfinished_stage_out_kept_by_teardown(testbed: &Testbed<'_>, passed: &mut Passed) {
+    let (uid, gid) = (testbed.uid, testbed.gid);
+    let socket = &testbed.manager.socket;
+    let ghost = 4_000_001u64;
+    let name = format!("job-{ghost}");
+    let (ghost_id, uid_text, gid_text) = (ghost.to_string(), uid.to_string(), gid.to_string());
+    let created = spillway_ok(
+        socket,
+        &[
+            "reservation",
+            "create",
+            "--capacity",
+            "8M",
+            "--pool",
+            "fast",
+            "--job",
+            &ghost_id,
+            "--owner",
+            &uid_text,
+            "--group",
+            &gid_text,
+            "--json",
+        ],
+    );
+    let id =
+        serde_json::from_str::<serde_json::Value>(created.trim()).unwrap()["id"].as_u64().unwrap();
+    let record = serde_json::json!({
+        "job": ghost, "uid": uid, "gid": gid, "reservation": name, "persistent": false,
+        "reservation_id": id,
+        "stage_out_unfinished": "the job ran but its stage-out did not finish (post_run or data_out failed, timed out or was killed)",
+    });
+    let path = testbed.cluster.dir.join(format!("bb-state/job-{ghost}.json"));
+    std::fs::write(&path, record.to_string()).unwrap();
+    wait_for(&format!("teardown of job {ghost}"), testbed.cluster, || !path.exists());
+    let shown: serde_json::Value =
+        serde_json::from_str(spillway_ok(socket, &["reservation", "show", &name, "--json"]).trim())
+            .unwrap();
+    assert!(
+        shown["rescue"]["error"].as_str().unwrap_or_default().contains("did not finish"),
+        "teardown did not keep {name} as a rescue: {shown}"
+    );
+    // Its owner gives it up explicitly (nothing else may before the expiry).
+    let destroyed = spillway_as(socket, (uid, gid), &["reservation", "destroy", &name]);
+    assert!(destroyed.status.success(), "{destroyed:?}");
+    passed.pass("unfinished stage-out: teardown keeps the reservation as a rescue");
 }

@@ -82,7 +82,7 @@ impl Hooks {
             reservation,
             persistent,
             reservation_id: None,
-            stage_out_failed: None,
+            stage_out_unfinished: None,
         };
         let existing = self.show_reservation(&record.reservation)?;
         match &existing {
@@ -172,7 +172,12 @@ impl Hooks {
         let record = self.require_record(job)?;
         let result = self.run_stages(&record, stages, direction);
         match (result, direction) {
-            (Ok(()), _) => Ok(()),
+            (Ok(()), StageDirection::In) => Ok(()),
+            (Ok(()), StageDirection::Out) => {
+                let mut record = record;
+                record.stage_out_unfinished = None;
+                self.write_record(&record)
+            }
             (Err(e), StageDirection::In) => Err(e),
             // The job's output is in the reservation only: keep it (never a clean success).
             (Err(e), StageDirection::Out) => {
@@ -255,7 +260,7 @@ impl Hooks {
         }
         let mountpoint = self.mountpoint(job);
         if is_mounted(&mountpoint)? {
-            return Ok(()); // pre_run re-run: already mounted
+            return self.expect_stage_out(record, &directive); // pre_run re-run: already mounted
         }
         std::fs::create_dir_all(&mountpoint)
             .with_context(|| format!("creating mount point {}", mountpoint.display()))?;
@@ -312,6 +317,23 @@ impl Hooks {
                 mountpoint.display()
             );
         }
+        self.expect_stage_out(record, &directive)
+    }
+
+    /// From now on the job writes data only its stage-out takes to the PFS: until that
+    /// succeeds, the record says so (teardown then keeps the reservation whatever happens to
+    /// post_run and data_out).
+    fn expect_stage_out(&self, mut record: JobRecord, directive: &Directive) -> anyhow::Result<()> {
+        if directive.stage_out.is_empty() || record.persistent {
+            return Ok(());
+        }
+        if record.stage_out_unfinished.is_none() {
+            record.stage_out_unfinished = Some(
+                "the job ran but its stage-out did not finish (post_run or data_out failed, timed out or was killed)"
+                    .into(),
+            );
+            self.write_record(&record)?;
+        }
         Ok(())
     }
 
@@ -348,7 +370,7 @@ impl Hooks {
                 "job {job}: {why}; the data stays in persistent reservation {name}: stage it out with `spillway stage-out --reservation {name} SRC DST`"
             );
         }
-        record.stage_out_failed = Some(why.to_string());
+        record.stage_out_unfinished = Some(why.to_string());
         let mut problems = Vec::new();
         if let Err(e) = self.write_record(&record) {
             problems.push(format!("{e:#}"));
@@ -492,7 +514,7 @@ impl Hooks {
         if existing.state.as_deref() == Some("destroyed") {
             return Ok(());
         }
-        if let Some(why) = &record.stage_out_failed {
+        if let Some(why) = &record.stage_out_unfinished {
             // The stage-out failed: the data is only here. Make sure the manager knows (the
             // stage-out hook may not have reached it), never destroy.
             if existing.rescue.is_none() {
@@ -614,7 +636,7 @@ mod tests {
             reservation: job_reservation_name(job),
             persistent: false,
             reservation_id: None,
-            stage_out_failed: None,
+            stage_out_unfinished: None,
         }
     }
 
