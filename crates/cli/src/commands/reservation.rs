@@ -289,7 +289,7 @@ fn show(reservation: &Reservation, json: bool) -> anyhow::Result<()> {
         println!("{key:<10} {value}");
     }
     if let Some(rescue) = &r.rescue {
-        println!("{:<10} stage-out failed: {}", "rescue", rescue.error);
+        println!("{:<10} {}", "rescue", rescue.error);
         println!("{:<10} spillway stage-out --retry {}", "retry", r.name);
         println!(
             "{:<10} reclaimable by root and admins from unix time {}",
@@ -328,7 +328,7 @@ pub fn print_reservations(list: &[Reservation]) {
     for r in list {
         if let Some(rescue) = &r.rescue {
             println!(
-                "rescue {}: stage-out failed: {} (finish it: spillway stage-out --retry {}; root and admins may reclaim it from unix time {})",
+                "rescue {}: {} (finish it: spillway stage-out --retry {}; root and admins may reclaim it from unix time {})",
                 r.name, rescue.error, r.name, rescue.reclaimable_unix_s
             );
         }
