@@ -14,7 +14,12 @@
 //! Slurm who owns the job); a `job-N` reservation squatted anyway (root made it, as a site with
 //! `manager.job_owner_check = "none"` would let the user) makes the job's setup fail with the
 //! squatter named and the job held, and teardown leaves the squatter's reservation alone. The
-//! other attacks on the manager run without Slurm in manager_security.rs.
+//! other attacks on the manager run without Slurm in manager_security.rs. Stage-out: a job with
+//! `stage_out` and no `stage_in` delivers what it wrote through its mount; a stage-out that
+//! fails (target not writable) keeps the reservation as a rescue reservation named in the
+//! job's reason, listed to its owner with the error, refused to everyone else, and `stage-out
+//! --retry` finishes it; a stage-out that never finished (record still says so) is kept by
+//! teardown.
 //!
 //! Needs root, the Debian packages slurm-wlm and munge (scripts/install-deps.sh) and FUSE. It
 //! FAILS with a message naming what is missing rather than skipping: CI runs as root with those
@@ -456,6 +461,14 @@ fn slurm_burst_buffer_end_to_end() {
     if mount {
         stage_in_checkpoint_and_stage_out(&testbed, &input, &mut passed);
     }
+    // 3b. Stage-out without stage-in: the job's writes through the mount reach the PFS.
+    if mount {
+        stage_out_only(&testbed, &mut passed);
+    }
+    // 3c. A failed stage-out keeps the reservation as a rescue; `stage-out --retry` finishes it.
+    if mount {
+        failed_stage_out_kept_as_rescue_then_retried(&testbed, &mut passed);
+    }
     // 4. A persistent reservation shared by two consecutive jobs.
     if mount {
         persistent_reservation_shared_by_two_jobs(&testbed, &mut passed);
@@ -470,6 +483,8 @@ fn slurm_burst_buffer_end_to_end() {
     }
     // 7. A job whose teardown never ran.
     lost_teardown_done_by_pools_refresh(&testbed, &mut passed);
+    // 8. A job whose stage-out never finished (data_out killed): teardown keeps a rescue.
+    unfinished_stage_out_kept_by_teardown(&testbed, &mut passed);
 
     passed.print(started.elapsed(), cluster_ready);
     if let Some(copy) = std::env::var_os("SPILLWAY_SLURM_LOG_COPY") {
@@ -812,6 +827,155 @@ fn stage_in_checkpoint_and_stage_out(testbed: &Testbed<'_>, input: &[u8], passed
     passed.pass("job reservation gone after teardown");
 }
 
+/// A job with `stage_out` and no `stage_in`: the mount is the first to touch the reservation's
+/// epoch, and what the job writes through it must still be the owner's, so the owner's
+/// stage-out delivers it (a mount that claimed the epoch as root made the stage-out fail, the
+/// job end COMPLETED and teardown destroy the output).
+fn stage_out_only(testbed: &Testbed<'_>, passed: &mut Passed) {
+    let cluster = testbed.cluster;
+    let bytes = MIB + 4321;
+    let script = format!(
+        "#!/bin/sh\n#SBATCH -o {work}/outonly-%j.out\n\
+         #BB_LUA capacity=8MiB pool=fast access=striped\n\
+         #BB_LUA stage_out=result/out.bin:{pfs_out}/only-out.bin\n\
+         set -e\nmkdir -p \"$SPILLWAY_BB/result\"\n\
+         head -c {bytes} {pfs_in}/data.bin > \"$SPILLWAY_BB/result/out.bin\"\nsync\necho WROTE\n",
+        work = testbed.work.display(),
+        pfs_in = testbed.pfs_in.display(),
+        pfs_out = testbed.pfs_out.display(),
+    );
+    let job = testbed.submit("outonly", &script);
+    let state = wait_job_end(cluster, job);
+    let out = testbed.job_output("outonly", job);
+    let fields = job_fields(cluster, job);
+    assert_eq!(state, "COMPLETED", "job {job}: {out}\n{fields:?}");
+    assert!(out.contains("WROTE"), "the job could not write through its mount: {out}");
+    testbed.assert_cleaned_up(job, &format!("job-{job}"), false);
+    let staged = std::fs::read(testbed.pfs_out.join("only-out.bin")).unwrap_or_else(|e| {
+        panic!("job {job}: stage-out without stage-in delivered nothing ({e}); {fields:?}")
+    });
+    let input = std::fs::read(testbed.pfs_in.join("data.bin")).unwrap();
+    assert!(staged == input[..bytes as usize], "stage-out bytes differ from what the job wrote");
+    passed.pass("stage-out without stage-in delivers what the job wrote through its mount");
+}
+
+/// A stage-out that fails (the PFS target directory is not writable by the user): the job is
+/// not a clean success (its reason names the rescue reservation and the error), teardown keeps
+/// the reservation as a rescue reservation listed to its owner with the error, another user
+/// can neither see nor retry it, and once the cause is fixed `stage-out --retry` delivers the
+/// files and releases it.
+fn failed_stage_out_kept_as_rescue_then_retried(testbed: &Testbed<'_>, passed: &mut Passed) {
+    let (cluster, socket) = (testbed.cluster, &testbed.manager.socket);
+    let user = (testbed.uid, testbed.gid);
+    let locked = testbed.pfs_out.parent().unwrap().join("locked");
+    std::fs::create_dir_all(&locked).unwrap();
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(&locked, Some(0), Some(0)).unwrap();
+    let bytes = 2 * MIB + 99;
+    let script = format!(
+        "#!/bin/sh\n#SBATCH -o {work}/rescue-%j.out\n\
+         #BB_LUA capacity=8MiB pool=fast access=striped\n\
+         #BB_LUA stage_out=res/result.bin:{locked}/result.bin\n\
+         set -e\nmkdir -p \"$SPILLWAY_BB/res\"\n\
+         head -c {bytes} {pfs_in}/data.bin > \"$SPILLWAY_BB/res/result.bin\"\nsync\necho WROTE\n",
+        work = testbed.work.display(),
+        pfs_in = testbed.pfs_in.display(),
+        locked = locked.display(),
+    );
+    let job = testbed.submit("rescue", &script);
+    let name = format!("job-{job}");
+    let state = wait_job_end(cluster, job);
+    let out = testbed.job_output("rescue", job);
+    assert!(out.contains("WROTE"), "job {job} did not write its output: {out}");
+    // Teardown ran (record gone, mount gone) and kept the reservation.
+    testbed.assert_cleaned_up(job, &name, true);
+    let fields = job_fields(cluster, job);
+    let said = format!(
+        "{} {} {}",
+        fields.get("Reason").cloned().unwrap_or_default(),
+        fields.get("SystemComment").cloned().unwrap_or_default(),
+        fields.get("Comment").cloned().unwrap_or_default()
+    );
+    println!("job {job} with a failed stage-out ended {state}: {said}");
+    // `scontrol show job -o` splits values at spaces: look for words, not whole sentences.
+    assert!(
+        said.contains("rescue") && said.contains(&name),
+        "job {job} ({state}) does not name its rescue reservation {name}: {fields:?}"
+    );
+    passed.pass("failed stage-out: the job's reason names the rescue reservation");
+
+    assert_rescue_listed_and_guarded(testbed, job, &locked);
+    passed.pass("rescue reservation listed to its owner with the error, invisible to others");
+
+    // The cause fixed, the owner's retry delivers the output and releases the reservation.
+    std::os::unix::fs::chown(&locked, Some(testbed.uid), Some(testbed.gid)).unwrap();
+    let retry = spillway_as(socket, user, &["stage-out", "--retry", &name, "--progress", "none"]);
+    assert!(
+        retry.status.success(),
+        "retry failed: {}{}",
+        String::from_utf8_lossy(&retry.stdout),
+        String::from_utf8_lossy(&retry.stderr)
+    );
+    let staged = std::fs::read(locked.join("result.bin")).expect("retry delivered nothing");
+    let input = std::fs::read(testbed.pfs_in.join("data.bin")).unwrap();
+    assert!(staged == input[..bytes as usize], "retried stage-out bytes differ");
+    assert!(!reservation_exists(socket, &name), "the rescue reservation was not released");
+    passed.pass("stage-out --retry delivers the files and releases the rescue reservation");
+}
+
+/// Job `job`'s kept reservation is a rescue listed to its owner with the error, invisible to
+/// another user, who cannot retry it, and teardown's destroy is refused.
+fn assert_rescue_listed_and_guarded(testbed: &Testbed<'_>, job: u64, locked: &Path) {
+    let socket = &testbed.manager.socket;
+    let user = (testbed.uid, testbed.gid);
+    let name = format!("job-{job}");
+    let shown: serde_json::Value =
+        serde_json::from_str(spillway_ok(socket, &["reservation", "show", &name, "--json"]).trim())
+            .unwrap();
+    let error = shown["rescue"]["error"].as_str().unwrap_or_default().to_string();
+    assert!(
+        error.contains("stage-out failed") && error.contains("ermission denied"),
+        "rescue error: {shown}"
+    );
+    let listed = spillway_as(socket, user, &["reservation", "list"]);
+    let listed_text = String::from_utf8_lossy(&listed.stdout);
+    assert!(listed.status.success(), "{listed:?}");
+    assert!(
+        listed_text.contains(&format!("rescue {name}: stage-out failed"))
+            && listed_text.contains("ermission denied"),
+        "the owner's list does not show the rescue and its error: {listed_text}"
+    );
+    let status = spillway_as(socket, user, &["status"]);
+    assert!(
+        String::from_utf8_lossy(&status.stdout).contains(&format!("rescue {name}")),
+        "the owner's status does not show the rescue: {status:?}"
+    );
+    // Another user neither sees nor finishes it; root's teardown-style destroy is refused.
+    let other = other_user_ids();
+    let other_list = spillway_as(socket, other, &["reservation", "list"]);
+    assert!(
+        !String::from_utf8_lossy(&other_list.stdout).contains(&name),
+        "another user sees the rescue reservation: {other_list:?}"
+    );
+    assert_refused(
+        &spillway_as(socket, other, &["stage-out", "--retry", &name, "--progress", "none"]),
+        "no reservation",
+        "another user's retry",
+    );
+    assert_refused(
+        &spillway(socket, &["reservation", "destroy", &name, "--job", &job.to_string()]),
+        "rescue reservation",
+        "a teardown destroy of the rescue reservation",
+    );
+    // Root sees it but does not copy the owner's files as root.
+    assert_refused(
+        &spillway(socket, &["stage-out", "--retry", &name, "--progress", "none"]),
+        "only its owner may retry",
+        "root's retry",
+    );
+    assert!(!locked.join("result.bin").exists(), "nothing may be published by the refusals");
+}
+
 /// A persistent reservation shared by two consecutive jobs.
 fn persistent_reservation_shared_by_two_jobs(testbed: &Testbed<'_>, passed: &mut Passed) {
     let cluster = testbed.cluster;
@@ -965,4 +1129,56 @@ fn lost_teardown_done_by_pools_refresh(testbed: &Testbed<'_>, passed: &mut Passe
     std::fs::write(testbed.cluster.dir.join(format!("bb-state/job-{ghost}.json")), record).unwrap();
     testbed.assert_cleaned_up(ghost, &ghost_reservation, false);
     passed.pass("job whose teardown was lost torn down by the pools refresh");
+}
+
+/// A job that ran with a `stage_out=` line but whose stage-out never finished (Slurm killed
+/// data_out on its timeout, or on a cancel, before it could tell the manager): its record still
+/// says so. Made certain here as in scenario 7 (a record and reservation for a job Slurm never
+/// had): the teardown the pools refresh runs keeps the reservation as a rescue reservation
+/// instead of destroying it.
+fn unfinished_stage_out_kept_by_teardown(testbed: &Testbed<'_>, passed: &mut Passed) {
+    let (uid, gid) = (testbed.uid, testbed.gid);
+    let socket = &testbed.manager.socket;
+    let ghost = 4_000_001u64;
+    let name = format!("job-{ghost}");
+    let (ghost_id, uid_text, gid_text) = (ghost.to_string(), uid.to_string(), gid.to_string());
+    let created = spillway_ok(
+        socket,
+        &[
+            "reservation",
+            "create",
+            "--capacity",
+            "8M",
+            "--pool",
+            "fast",
+            "--job",
+            &ghost_id,
+            "--owner",
+            &uid_text,
+            "--group",
+            &gid_text,
+            "--json",
+        ],
+    );
+    let id =
+        serde_json::from_str::<serde_json::Value>(created.trim()).unwrap()["id"].as_u64().unwrap();
+    let record = serde_json::json!({
+        "job": ghost, "uid": uid, "gid": gid, "reservation": name, "persistent": false,
+        "reservation_id": id,
+        "stage_out_unfinished": "the job ran but its stage-out did not finish (post_run or data_out failed, timed out or was killed)",
+    });
+    let path = testbed.cluster.dir.join(format!("bb-state/job-{ghost}.json"));
+    std::fs::write(&path, record.to_string()).unwrap();
+    wait_for(&format!("teardown of job {ghost}"), testbed.cluster, || !path.exists());
+    let shown: serde_json::Value =
+        serde_json::from_str(spillway_ok(socket, &["reservation", "show", &name, "--json"]).trim())
+            .unwrap();
+    assert!(
+        shown["rescue"]["error"].as_str().unwrap_or_default().contains("did not finish"),
+        "teardown did not keep {name} as a rescue: {shown}"
+    );
+    // Its owner gives it up explicitly (nothing else may before the expiry).
+    let destroyed = spillway_as(socket, (uid, gid), &["reservation", "destroy", &name]);
+    assert!(destroyed.status.success(), "{destroyed:?}");
+    passed.pass("unfinished stage-out: teardown keeps the reservation as a rescue");
 }

@@ -78,6 +78,8 @@ knobs! {
         job_owner_check: JobOwnerCheck = JobOwnerCheck::Slurm, unit = "slurm|none";
         /// How long the manager waits for `squeue` to say who owns a job; no answer refuses the request.
         job_owner_timeout_ms: u64 = 5_000, unit = "milliseconds";
+        /// How long a rescue reservation (kept because its stage-out failed) stays the owner's alone before root or an admin may reclaim it; never reclaimed automatically.
+        rescue_expiry_s: u64 = 1_209_600, unit = "seconds";
     }
 }
 

@@ -16,10 +16,10 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
-use crate::model::{Access, Reservation, ReservationState};
+use crate::model::{Access, Rescue, Reservation, ReservationState, StageOutPair};
 
 /// The schema this binary writes.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Permission bits of the database file and its `-wal`/`-shm` companions.
 pub const DATABASE_FILE_MODE: u32 = 0o600;
@@ -97,6 +97,16 @@ CREATE TABLE reservation_jobs (
 );
 ";
 
+/// Version 3: rescue reservations. A job reservation whose stage-out failed is kept with the
+/// error, when it became a rescue, from when root or an admin may reclaim it, and the job's
+/// stage-outs (JSON `[{"src":…,"dst":…}]`) that `stage-out --retry` redoes.
+const SCHEMA_V3: &str = "
+ALTER TABLE reservations ADD COLUMN rescue_error TEXT;
+ALTER TABLE reservations ADD COLUMN rescue_since_unix_s INTEGER;
+ALTER TABLE reservations ADD COLUMN rescue_reclaimable_unix_s INTEGER;
+ALTER TABLE reservations ADD COLUMN rescue_stage_outs TEXT;
+";
+
 /// Why the database could not be opened.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -152,6 +162,9 @@ impl Db {
         }
         if version < 2 {
             tx.execute_batch(SCHEMA_V2).map_err(sqlite)?;
+        }
+        if version < 3 {
+            tx.execute_batch(SCHEMA_V3).map_err(sqlite)?;
         }
         tx.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(sqlite)?;
         tx.commit().map_err(sqlite)?;
@@ -235,6 +248,8 @@ pub struct ReservationRow {
     pub placement: Vec<(u64, u64)>,
     /// The Slurm jobs registered as using this (persistent) reservation, in job id order.
     pub jobs: Vec<String>,
+    /// Kept because the job's stage-out failed.
+    pub rescue: Option<Rescue>,
 }
 
 impl ReservationRow {
@@ -283,6 +298,7 @@ impl ReservationRow {
             allowed_uids: self.allowed_uids.clone(),
             allowed_gids: self.allowed_gids.clone(),
             jobs: self.jobs.clone(),
+            rescue: self.rescue.clone(),
         }
     }
 }
@@ -361,7 +377,8 @@ pub fn set_server_health(
 }
 
 const RESERVATION_COLUMNS: &str = "id, name, owner_uid, owner_gid, job_id, persistent, requested_bytes, fragment_bytes, \
-     fragments, pool_id, access, epoch, namespace_id, stream, state, created_unix_s, allowed_uids, allowed_gids";
+     fragments, pool_id, access, epoch, namespace_id, stream, state, created_unix_s, allowed_uids, allowed_gids, \
+     rescue_error, rescue_since_unix_s, rescue_reclaimable_unix_s, rescue_stage_outs";
 
 fn reservation_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ReservationRow> {
     let text_error = |column: usize, what: &str, value: String| {
@@ -375,6 +392,19 @@ fn reservation_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ReservationRo
     let state: String = r.get(14)?;
     let allowed_uids: String = r.get(16)?;
     let allowed_gids: String = r.get(17)?;
+    let rescue = match r.get::<_, Option<String>>(18)? {
+        None => None,
+        Some(error) => {
+            let stage_outs: String = r.get::<_, Option<String>>(21)?.unwrap_or_default();
+            Some(Rescue {
+                error,
+                since_unix_s: r.get::<_, Option<i64>>(19)?.unwrap_or(0) as u64,
+                reclaimable_unix_s: r.get::<_, Option<i64>>(20)?.unwrap_or(0) as u64,
+                stage_outs: serde_json::from_str::<Vec<StageOutPair>>(&stage_outs)
+                    .map_err(|_| text_error(21, "rescue_stage_outs", stage_outs.clone()))?,
+            })
+        }
+    };
     Ok(ReservationRow {
         id: r.get::<_, i64>(0)? as u64,
         name: r.get(1)?,
@@ -399,6 +429,7 @@ fn reservation_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ReservationRo
             .map_err(|_| text_error(17, "allowed_gids", allowed_gids.clone()))?,
         placement: Vec::new(),
         jobs: Vec::new(),
+        rescue,
     })
 }
 
@@ -532,6 +563,26 @@ pub fn mark_destroyed(tx: &Transaction<'_>, id: u64, now_unix_s: u64) -> rusqlit
     Ok(())
 }
 
+/// Keeps an active reservation as a rescue reservation (again: the error and stage-outs are
+/// replaced, the times kept, so marking twice never extends the owner's exclusive period).
+pub fn mark_rescue(tx: &Transaction<'_>, id: u64, rescue: &Rescue) -> rusqlite::Result<()> {
+    let changed = tx.execute(
+        "UPDATE reservations SET rescue_error = ?2, \
+         rescue_since_unix_s = COALESCE(rescue_since_unix_s, ?3), \
+         rescue_reclaimable_unix_s = COALESCE(rescue_reclaimable_unix_s, ?4), \
+         rescue_stage_outs = ?5 WHERE id = ?1 AND state = 'active'",
+        params![
+            id as i64,
+            rescue.error,
+            rescue.since_unix_s as i64,
+            rescue.reclaimable_unix_s as i64,
+            serde_json::to_string(&rescue.stage_outs).expect("stage-out pairs serialize"),
+        ],
+    )?;
+    assert_eq!(changed, 1, "reservation {id} was active when marked rescue");
+    Ok(())
+}
+
 /// Registers `job` as using the reservation (again: no change).
 pub fn register_job(
     tx: &Transaction<'_>,
@@ -618,5 +669,13 @@ mod tests {
         assert_eq!(version, SCHEMA_VERSION);
         let tx = db.conn.transaction().unwrap();
         assert!(!unregister_job(&tx, 1, "7").unwrap(), "the table exists and is empty");
+        // Version 3's rescue columns exist (an old reservation reads back without a rescue).
+        assert!(active_reservations(&tx).unwrap().is_empty());
+        tx.query_row(
+            "SELECT count(rescue_error), count(rescue_stage_outs) FROM reservations",
+            [],
+            |_| Ok(()),
+        )
+        .unwrap();
     }
 }

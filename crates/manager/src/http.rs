@@ -18,6 +18,7 @@
 //! `GET|POST /v1/servers`, `GET|POST /v1/reservations[?all=1]`,
 //! `GET|DELETE /v1/reservations/<id|name>[?job=J&force=1]`,
 //! `POST /v1/reservations/<id|name>/jobs`, `DELETE /v1/reservations/<id|name>/jobs/<job>`,
+//! `POST /v1/reservations/<id|name>/rescue`,
 //! `GET /v1/quotas`, `PUT /v1/quotas/<uid>`, `GET /v1/status[?aggregate=1]`.
 
 use std::collections::BTreeMap;
@@ -421,6 +422,12 @@ fn route_reservations(
         }
         ("DELETE", ["v1", "reservations", key, "jobs", job]) => {
             result(200, manager.unregister_job(caller, key, job))
+        }
+        ("POST", ["v1", "reservations", key, "rescue"]) => {
+            match body::<crate::MarkRescue>(request) {
+                Ok(mark) => result(200, manager.mark_rescue(caller, key, &mark)),
+                Err(reply) => reply,
+            }
         }
         _ => method_not_allowed(request),
     }

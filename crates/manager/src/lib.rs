@@ -22,6 +22,7 @@ pub mod job_owner;
 pub mod job_use;
 pub mod model;
 pub mod request_auth;
+pub mod rescue;
 pub mod service;
 pub mod stage;
 
@@ -360,6 +361,7 @@ mod grant_tests {
             allowed_uids: vec![1001],
             allowed_gids: vec![4242],
             jobs: Vec::new(),
+            rescue: None,
         }
     }
 

@@ -123,6 +123,39 @@ pub struct Reservation {
     /// teardown); while any is registered, only root with `force` destroys it.
     #[serde(default)]
     pub jobs: Vec<String>,
+    /// Set when the job's stage-out failed: the reservation is kept, its owner's alone, until
+    /// `spillway stage-out --retry` finishes it (or the owner destroys it); root or an admin may
+    /// reclaim it only from `reclaimable_unix_s` on.
+    #[serde(default)]
+    pub rescue: Option<Rescue>,
+}
+
+/// One stage-out of a job: a path in the reservation and its PFS destination.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageOutPair {
+    pub src: String,
+    pub dst: String,
+}
+
+/// Why a reservation is kept as a rescue reservation, and what `stage-out --retry` redoes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rescue {
+    /// The stage-out error, as the hook saw it.
+    pub error: String,
+    pub since_unix_s: u64,
+    /// From then on root or an admin may destroy it (knob `manager.rescue_expiry_s`).
+    pub reclaimable_unix_s: u64,
+    /// Every stage-out of the job, in directive order (all are redone; verified files are skipped).
+    pub stage_outs: Vec<StageOutPair>,
+}
+
+/// `POST /v1/reservations/<id or name>/rescue`: keep this job reservation, its stage-out failed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MarkRescue {
+    pub error: String,
+    pub stage_outs: Vec<StageOutPair>,
 }
 
 /// `POST /v1/reservations/<id or name>/jobs`: a Slurm job now uses this persistent reservation.

@@ -223,6 +223,10 @@ pub enum DestroyError {
     InUse { name: String, jobs: String },
     #[error("uid {uid} may not force the destruction of reservation {name:?} (root only)")]
     ForceNotAuthorized { uid: u32, name: String },
+    #[error("reservation {name} is a rescue reservation (its stage-out failed: {error}); job teardown keeps it: its owner finishes it with `spillway stage-out --retry {name}`")]
+    RescueKept { name: String, error: String },
+    #[error("reservation {name} is uid {owner}'s rescue reservation (its stage-out failed); only its owner may destroy it before {reclaimable_unix_s} (unix seconds; knob manager.rescue_expiry_s), root and admins from then on")]
+    RescueNotExpired { name: String, owner: u32, reclaimable_unix_s: u64 },
     #[error("manager database: {source}")]
     Database {
         #[from]
@@ -235,6 +239,8 @@ api_error!(DestroyError {
     JobMismatch => (409, "job_mismatch"),
     InUse => (409, "in_use"),
     ForceNotAuthorized => (403, "not_authorized"),
+    RescueKept => (409, "rescue_kept"),
+    RescueNotExpired => (409, "rescue_not_expired"),
     Database => (500, "database"),
 });
 
@@ -643,6 +649,7 @@ impl Manager {
             allowed_gids: request.allowed_gids.clone(),
             placement: plan.per_server.clone(),
             jobs: Vec::new(),
+            rescue: None,
         };
         Self::persist_reservation(&tx, &mut row, name.is_none())?;
         tx.commit()?;
@@ -946,6 +953,7 @@ impl Manager {
             .filter(|r| r.state == ReservationState::Active && Self::can_see(caller, r))
             .ok_or_else(|| DestroyError::NotFound { key: key.to_string(), uid: caller.uid })?;
         Self::check_destroy(caller, &row, job, force)?;
+        Self::check_rescue_destroy(caller, &row, job, self.clock.now_unix_s())?;
         db::mark_destroyed(&tx, row.id, self.clock.now_unix_s())?;
         let (pools, servers) = (db::pools(&tx)?, db::servers(&tx)?);
         tx.commit()?;
@@ -993,6 +1001,33 @@ impl Manager {
                 many => format!("jobs {}", many.join(", ")),
             };
             return Err(DestroyError::InUse { name: row.name.clone(), jobs });
+        }
+        Ok(())
+    }
+
+    /// A rescue reservation (its stage-out failed) survives its job: teardown (a destroy naming
+    /// the job) never destroys it; its owner may (giving the data up, or after `stage-out
+    /// --retry` copied it); anyone else (root and admins, forced or not) only once it is
+    /// reclaimable.
+    fn check_rescue_destroy(
+        caller: &Caller,
+        row: &ReservationRow,
+        job: Option<&str>,
+        now_unix_s: u64,
+    ) -> Result<(), DestroyError> {
+        let Some(rescue) = &row.rescue else { return Ok(()) };
+        if job.is_some() {
+            return Err(DestroyError::RescueKept {
+                name: row.name.clone(),
+                error: rescue.error.clone(),
+            });
+        }
+        if caller.uid != row.owner_uid && now_unix_s < rescue.reclaimable_unix_s {
+            return Err(DestroyError::RescueNotExpired {
+                name: row.name.clone(),
+                owner: row.owner_uid,
+                reclaimable_unix_s: rescue.reclaimable_unix_s,
+            });
         }
         Ok(())
     }

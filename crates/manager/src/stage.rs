@@ -122,6 +122,8 @@ pub struct StageOptions {
     pub drain_first: bool,
     /// How long a `drain_first` drain may take.
     pub drain_timeout: Duration,
+    /// Where the progress record is opened ([`PrivateRecordStore`]; tests inject faults).
+    pub record_store: std::sync::Arc<dyn RecordStore>,
 }
 
 impl StageOptions {
@@ -133,6 +135,7 @@ impl StageOptions {
             progress: ProgressMode::Silent,
             drain_first: false,
             drain_timeout: Duration::from_secs(600),
+            record_store: std::sync::Arc::new(PrivateRecordStore),
         }
     }
 }
@@ -240,20 +243,63 @@ fn burst(reservation: &Reservation, source: ClientError) -> StageError {
     StageError::BurstBuffer { reservation: reservation.name.clone(), source }
 }
 
-/// The progress record: entries of earlier runs, and an append handle.
-struct Record {
-    path: PathBuf,
-    done: BTreeMap<String, RecordEntry>,
-    file: Mutex<File>,
+/// One open progress record file. The seam between the record's logic and its file I/O, so
+/// tests can inject EIO, ENOSPC, short writes and failed fsyncs ([`RecordStore`]).
+pub trait RecordFile: Send {
+    /// The whole record as it is now.
+    fn read_all(&mut self) -> std::io::Result<Vec<u8>>;
+    /// Appends a prefix of `bytes` (possibly shorter: a short write); how many bytes that was.
+    fn append(&mut self, bytes: &[u8]) -> std::io::Result<usize>;
+    /// Makes what was appended durable (fsync of the data).
+    fn sync(&mut self) -> std::io::Result<()>;
+    /// Cuts the record back to `len` bytes (undoes an append that failed).
+    fn truncate(&mut self, len: u64) -> std::io::Result<()>;
 }
 
-impl Record {
-    /// Opens (creating) the record at `path`. The record decides which files a rerun skips, and
-    /// its default place is under the shared temporary directory, so nobody else may have put
-    /// it, or the directory it is in, there: the directory must be this user's (created 0700)
-    /// or root's, not writable by others unless sticky; the record a plain file of this user's,
-    /// opened without following a link.
-    fn open(path: &Path) -> Result<Record, StageError> {
+/// Where progress records are opened; [`PrivateRecordStore`] unless a test injects faults.
+pub trait RecordStore: Send + Sync {
+    /// Opens (creating) the record at `path`.
+    fn open(&self, path: &Path) -> Result<Box<dyn RecordFile>, StageError>;
+}
+
+impl std::fmt::Debug for dyn RecordStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RecordStore")
+    }
+}
+
+/// The real records: a plain file of the caller's in a private directory.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PrivateRecordStore;
+
+impl RecordFile for File {
+    fn read_all(&mut self) -> std::io::Result<Vec<u8>> {
+        use std::io::Seek;
+        self.seek(std::io::SeekFrom::Start(0))?;
+        let mut bytes = Vec::new();
+        self.read_to_end(&mut bytes)?;
+        Ok(bytes)
+    }
+
+    fn append(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.write(bytes)
+    }
+
+    fn sync(&mut self) -> std::io::Result<()> {
+        self.sync_data()
+    }
+
+    fn truncate(&mut self, len: u64) -> std::io::Result<()> {
+        self.set_len(len)
+    }
+}
+
+impl RecordStore for PrivateRecordStore {
+    /// The record decides which files a rerun skips, and its default place is under the shared
+    /// temporary directory, so nobody else may have put it, or the directory it is in, there:
+    /// the directory must be this user's (created 0700) or root's, not writable by others
+    /// unless sticky; the record a plain file of this user's, opened without following a link.
+    fn open(&self, path: &Path) -> Result<Box<dyn RecordFile>, StageError> {
         let error = |source| StageError::Record { path: path.to_path_buf(), source };
         let refuse =
             |why: String| error(std::io::Error::new(std::io::ErrorKind::PermissionDenied, why));
@@ -275,7 +321,7 @@ impl Record {
             }
         }
         use std::os::unix::fs::OpenOptionsExt;
-        let mut file = std::fs::OpenOptions::new()
+        let file = std::fs::OpenOptions::new()
             .read(true)
             .append(true)
             .create(true)
@@ -290,25 +336,99 @@ impl Record {
                 meta.uid()
             )));
         }
-        let mut text = String::new();
-        file.read_to_string(&mut text).map_err(error)?;
+        Ok(Box::new(file))
+    }
+}
+
+/// The progress record: entries of earlier runs, and an append handle.
+struct Record {
+    path: PathBuf,
+    done: BTreeMap<String, RecordEntry>,
+    file: Mutex<RecordHandle>,
+}
+
+/// The open record and its length after the last complete, durable append.
+struct RecordHandle {
+    file: Box<dyn RecordFile>,
+    len: u64,
+}
+
+impl Record {
+    /// Opens (creating) the record at `path` with the private store.
+    #[cfg(test)]
+    fn open(path: &Path) -> Result<Record, StageError> {
+        Record::open_in(&PrivateRecordStore, path)
+    }
+
+    /// Opens (creating) the record at `path` in `store` and reads the entries of earlier runs.
+    fn open_in(store: &dyn RecordStore, path: &Path) -> Result<Record, StageError> {
+        let error = |source| StageError::Record { path: path.to_path_buf(), source };
+        let mut file = store.open(path)?;
+        let bytes = file.read_all().map_err(error)?;
         let mut done = BTreeMap::new();
-        for line in text.lines() {
+        for line in bytes.split(|&b| b == b'\n') {
             // A torn last line (interrupted mid-append) is ignored: that file is redone.
-            if let Ok(entry) = serde_json::from_str::<RecordEntry>(line) {
+            if let Ok(entry) = serde_json::from_slice::<RecordEntry>(line) {
                 done.insert(entry.name.clone(), entry);
             }
         }
-        Ok(Record { path: path.to_path_buf(), done, file: Mutex::new(file) })
+        let mut handle = RecordHandle { file, len: bytes.len() as u64 };
+        // End a torn last line, so the next entry starts a line of its own (else it would be
+        // glued to the fragment and lost to the next rerun).
+        if bytes.last().is_some_and(|&b| b != b'\n') {
+            handle.append_line(b"\n").map_err(error)?;
+        }
+        Ok(Record { path: path.to_path_buf(), done, file: Mutex::new(handle) })
     }
 
+    /// Appends one entry and makes it durable. On any failure (EIO, ENOSPC, a write that stops
+    /// short, a failed fsync) the record is cut back to what it held before, so it never names
+    /// a file whose entry did not fully land: a rerun redoes exactly the files not recorded.
     fn append(&self, entry: &RecordEntry) -> Result<(), StageError> {
         let mut line = serde_json::to_vec(entry).expect("record entries serialize");
         line.push(b'\n');
-        let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        file.write_all(&line)
-            .and_then(|()| file.sync_data())
+        let mut handle = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        handle
+            .append_line(&line)
             .map_err(|source| StageError::Record { path: self.path.clone(), source })
+    }
+}
+
+impl RecordHandle {
+    /// Writes all of `line` (looping over short writes) and syncs; undoes it on failure.
+    fn append_line(&mut self, line: &[u8]) -> std::io::Result<()> {
+        let mut written = 0;
+        let result = loop {
+            if written == line.len() {
+                break self.file.sync();
+            }
+            match self.file.append(&line[written..]) {
+                Ok(0) => {
+                    break Err(std::io::Error::new(
+                        std::io::ErrorKind::WriteZero,
+                        format!(
+                            "appending an entry stopped after {written} of {} bytes",
+                            line.len()
+                        ),
+                    ))
+                }
+                Ok(n) => written += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => break Err(e),
+            }
+        };
+        match result {
+            Ok(()) => {
+                self.len += line.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                // Best effort: if the cut fails too, the partial line is a torn line a rerun
+                // ignores (and ends); an entry whose fsync failed may survive, but it is true.
+                let _ = self.file.truncate(self.len).and_then(|()| self.file.sync());
+                Err(e)
+            }
+        }
     }
 }
 
@@ -650,7 +770,7 @@ pub fn stage_in(
             reason: "a file needs a name inside the reservation".into(),
         });
     }
-    let record = Record::open(&options.record_path)?;
+    let record = Record::open_in(options.record_store.as_ref(), &options.record_path)?;
     let tree = Tree::open(reservation, options.parallel_files + 1)?;
     let remaining = files_to_stage_in(&files, &record, &tree, reservation)?;
     // Directories first, one by one (parents before children), then files in parallel.
@@ -1071,7 +1191,7 @@ pub fn stage_out(
         .next()
         .map(PathBuf::from)
         .filter(|_| options.drain_first);
-    let record = Record::open(&options.record_path)?;
+    let record = Record::open_in(options.record_store.as_ref(), &options.record_path)?;
     let chunk_bytes = options.chunk_bytes.clamp(4096, 16 << 20);
     let remaining = files_to_stage_out(&selected, &record, dst, chunk_bytes);
     let bytes_total: u64 = selected.iter().map(|f| f.size).sum();
@@ -1353,6 +1473,145 @@ mod tests {
         let record = Record::open(&path).unwrap();
         assert_eq!(record.done.len(), 1);
         assert_eq!(record.done["a"].crc32c, 9);
+    }
+
+    /// What the injected record file does at its `n`th append call (0-based) and after.
+    #[derive(Clone, Copy)]
+    enum Fault {
+        /// Fails the call with this errno.
+        Errno(i32),
+        /// Writes at most this many bytes per call, from the `n`th call on (no error).
+        Short(usize),
+        /// Writes this many bytes, then the next call fails with EIO.
+        ShortThenEio(usize),
+        /// Writes nothing (returns 0).
+        Zero,
+        /// The write succeeds, the fsync after it fails with EIO.
+        Fsync,
+    }
+
+    /// A real record file with `fault` injected from the `at`th append call on.
+    struct Faulty {
+        file: File,
+        fault: Fault,
+        at: usize,
+        calls: usize,
+        failed_once: bool,
+        fail_sync: bool,
+    }
+
+    impl RecordFile for Faulty {
+        fn read_all(&mut self) -> std::io::Result<Vec<u8>> {
+            self.file.read_all()
+        }
+        fn append(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            let call = self.calls;
+            self.calls += 1;
+            if call < self.at {
+                return self.file.append(bytes);
+            }
+            match self.fault {
+                Fault::Errno(errno) => Err(std::io::Error::from_raw_os_error(errno)),
+                Fault::Short(most) => self.file.append(&bytes[..bytes.len().min(most)]),
+                Fault::ShortThenEio(most) if !self.failed_once => {
+                    self.failed_once = true;
+                    self.file.append(&bytes[..bytes.len().min(most)])
+                }
+                Fault::ShortThenEio(_) => Err(std::io::Error::from_raw_os_error(libc::EIO)),
+                Fault::Zero => Ok(0),
+                Fault::Fsync => {
+                    self.fail_sync = true;
+                    self.file.append(bytes)
+                }
+            }
+        }
+        fn sync(&mut self) -> std::io::Result<()> {
+            if std::mem::take(&mut self.fail_sync) {
+                return Err(std::io::Error::from_raw_os_error(libc::EIO));
+            }
+            self.file.sync()
+        }
+        fn truncate(&mut self, len: u64) -> std::io::Result<()> {
+            self.file.truncate(len)
+        }
+    }
+
+    struct FaultyStore(Fault, usize);
+
+    impl RecordStore for FaultyStore {
+        fn open(&self, path: &Path) -> Result<Box<dyn RecordFile>, StageError> {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .append(true)
+                .create(true)
+                .open(path)
+                .map_err(|source| StageError::Record { path: path.to_path_buf(), source })?;
+            let (fault, at) = (self.0, self.1);
+            Ok(Box::new(Faulty { file, fault, at, calls: 0, failed_once: false, fail_sync: false }))
+        }
+    }
+
+    fn entry(name: &str) -> RecordEntry {
+        RecordEntry { name: name.into(), size: 3, mtime_ns: 7, crc32c: 9 }
+    }
+
+    /// EIO, ENOSPC, a write stopping short then failing, a zero-byte write and a failed fsync on
+    /// the second append: that append fails naming the record and the cause, and the record
+    /// holds exactly the first entry (cut back, no torn fragment), so a rerun redoes the second
+    /// file and everything after it.
+    #[test]
+    fn a_failed_append_leaves_exactly_the_entries_that_landed() {
+        let cases = [
+            (Fault::Errno(libc::EIO), "Input/output error"),
+            (Fault::Errno(libc::ENOSPC), "No space left on device"),
+            (Fault::ShortThenEio(10), "Input/output error"),
+            (Fault::Zero, "stopped after 0 of"),
+            (Fault::Fsync, "Input/output error"),
+        ];
+        for (fault, cause) in cases {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("r.jsonl");
+            let record = Record::open_in(&FaultyStore(fault, 1), &path).unwrap();
+            record.append(&entry("a")).unwrap();
+            let error = record.append(&entry("b")).unwrap_err().to_string();
+            assert!(error.contains("progress record") && error.contains(cause), "{error}");
+            drop(record);
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert_eq!(text.lines().count(), 1, "{cause}: {text:?}");
+            assert!(text.ends_with('\n'), "{cause}: a fragment was left: {text:?}");
+            let rerun = Record::open(&path).unwrap();
+            assert_eq!(rerun.done.keys().collect::<Vec<_>>(), ["a"], "{cause}");
+            rerun.append(&entry("b")).unwrap();
+            assert_eq!(Record::open(&path).unwrap().done.len(), 2, "{cause}");
+        }
+    }
+
+    /// Writes that stop short (a few bytes per call) are completed, not mistaken for failures.
+    #[test]
+    fn short_writes_are_completed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.jsonl");
+        let record = Record::open_in(&FaultyStore(Fault::Short(5), 0), &path).unwrap();
+        for name in ["a", "b", "c"] {
+            record.append(&entry(name)).unwrap();
+        }
+        drop(record);
+        assert_eq!(Record::open(&path).unwrap().done.len(), 3);
+    }
+
+    /// A torn last line (a crash mid-append, before this code could cut it) is ended when the
+    /// record is opened, so the next entry is not glued to it.
+    #[test]
+    fn a_torn_line_is_ended_before_the_next_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.jsonl");
+        std::fs::write(&path, b"{\"name\":\"a\",\"size\":3,\"mtime_ns\":7,\"crc32c\":9}\n{\"na")
+            .unwrap();
+        let record = Record::open(&path).unwrap();
+        record.append(&entry("b")).unwrap();
+        drop(record);
+        let rerun = Record::open(&path).unwrap();
+        assert_eq!(rerun.done.keys().collect::<Vec<_>>(), ["a", "b"]);
     }
 
     /// What another local user could plant where the default record goes (a directory of theirs

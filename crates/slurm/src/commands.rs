@@ -38,6 +38,9 @@ pub(crate) struct Reservation {
     pub(crate) epoch: Option<u64>,
     #[serde(default)]
     pub(crate) namespace_id: Option<u64>,
+    /// Set when a stage-out failed and the manager keeps the reservation for its owner.
+    #[serde(default)]
+    pub(crate) rescue: Option<serde_json::Value>,
 }
 
 impl Hooks {

@@ -75,7 +75,15 @@ impl Hooks {
             Some(name) => (name.clone(), true),
             None => (job_reservation_name(job), false),
         };
-        let mut record = JobRecord { job, uid, gid, reservation, persistent, reservation_id: None };
+        let mut record = JobRecord {
+            job,
+            uid,
+            gid,
+            reservation,
+            persistent,
+            reservation_id: None,
+            stage_out_unfinished: None,
+        };
         let existing = self.show_reservation(&record.reservation)?;
         match &existing {
             Some(existing) if persistent => check_persistent_access(&record, existing)?,
@@ -162,6 +170,30 @@ impl Hooks {
             return Ok(());
         }
         let record = self.require_record(job)?;
+        let result = self.run_stages(&record, stages, direction);
+        match (result, direction) {
+            (Ok(()), StageDirection::In) => Ok(()),
+            (Ok(()), StageDirection::Out) => {
+                let mut record = record;
+                record.stage_out_unfinished = None;
+                self.write_record(&record)
+            }
+            (Err(e), StageDirection::In) => Err(e),
+            // The job's output is in the reservation only: keep it (never a clean success).
+            (Err(e), StageDirection::Out) => {
+                Err(self.keep_for_rescue(record, &directive, &format!("stage-out failed: {e:#}")))
+            }
+        }
+    }
+
+    /// One `spillway stage-in|stage-out` per pair, as the job's user; the first failure stops.
+    fn run_stages(
+        &self,
+        record: &JobRecord,
+        stages: &[directive::Stage],
+        direction: StageDirection,
+    ) -> anyhow::Result<()> {
+        let job = record.job;
         for stage in stages {
             let mut command = self.spillway()?;
             let (verb, src, dst) = match direction {
@@ -228,7 +260,7 @@ impl Hooks {
         }
         let mountpoint = self.mountpoint(job);
         if is_mounted(&mountpoint)? {
-            return Ok(()); // pre_run re-run: already mounted
+            return self.expect_stage_out(record, &directive); // pre_run re-run: already mounted
         }
         std::fs::create_dir_all(&mountpoint)
             .with_context(|| format!("creating mount point {}", mountpoint.display()))?;
@@ -285,13 +317,100 @@ impl Hooks {
                 mountpoint.display()
             );
         }
+        self.expect_stage_out(record, &directive)
+    }
+
+    /// From now on the job writes data only its stage-out takes to the PFS: until that
+    /// succeeds, the record says so (teardown then keeps the reservation whatever happens to
+    /// post_run and data_out).
+    fn expect_stage_out(&self, mut record: JobRecord, directive: &Directive) -> anyhow::Result<()> {
+        if directive.stage_out.is_empty() || record.persistent {
+            return Ok(());
+        }
+        if record.stage_out_unfinished.is_none() {
+            record.stage_out_unfinished = Some(
+                "the job ran but its stage-out did not finish (post_run or data_out failed, timed out or was killed)"
+                    .into(),
+            );
+            self.write_record(&record)?;
+        }
         Ok(())
     }
 
-    /// slurm_bb_post_run: unmount it.
+    /// slurm_bb_post_run: unmount it. If that fails Slurm skips data_out: a job with stage-outs
+    /// then keeps its reservation as a rescue reservation.
     pub(crate) fn post_run(&self, job: u64, script: &Path) -> anyhow::Result<()> {
-        let _ = self.require_directive(script)?;
-        self.unmount(job)
+        let directive = self.require_directive(script)?;
+        let Err(e) = self.unmount(job) else { return Ok(()) };
+        if directive.stage_out.is_empty() {
+            return Err(e);
+        }
+        let record = self.require_record(job)?;
+        Err(self.keep_for_rescue(
+            record,
+            &directive,
+            &format!("post_run failed, so Slurm does not run the stage-out: {e:#}"),
+        ))
+    }
+
+    /// The job's stage-out failed (`why`): record it in the job's record (teardown then never
+    /// destroys the reservation), ask the manager to keep the job reservation as a rescue
+    /// reservation, and return the error for Slurm (the job's reason and comment), naming the
+    /// reservation and how to finish it.
+    fn keep_for_rescue(
+        &self,
+        mut record: JobRecord,
+        directive: &Directive,
+        why: &str,
+    ) -> anyhow::Error {
+        let job = record.job;
+        let name = record.reservation.clone();
+        if record.persistent {
+            return anyhow!(
+                "job {job}: {why}; the data stays in persistent reservation {name}: stage it out with `spillway stage-out --reservation {name} SRC DST`"
+            );
+        }
+        record.stage_out_unfinished = Some(why.to_string());
+        let mut problems = Vec::new();
+        if let Err(e) = self.write_record(&record) {
+            problems.push(format!("{e:#}"));
+        }
+        if let Err(e) = self.mark_rescue(&record, &directive.stage_out, why) {
+            problems.push(format!("{e:#}"));
+        }
+        let kept = format!(
+            "job {job}: {why}; reservation {name} kept as a rescue reservation (uid {}): finish it with `spillway stage-out --retry {name}`",
+            record.uid
+        );
+        if problems.is_empty() {
+            anyhow!(kept)
+        } else {
+            anyhow!("{kept}; recording the rescue failed too: {}", problems.join("; "))
+        }
+    }
+
+    /// `reservation mark-rescue` for the job's reservation with its stage-outs.
+    fn mark_rescue(
+        &self,
+        record: &JobRecord,
+        stage_outs: &[directive::Stage],
+        why: &str,
+    ) -> anyhow::Result<()> {
+        let key =
+            record.reservation_id.map_or_else(|| record.reservation.clone(), |id| id.to_string());
+        let mut args = vec![
+            "reservation".to_string(),
+            "mark-rescue".into(),
+            key,
+            "--error".into(),
+            why.into(),
+        ];
+        for stage in stage_outs {
+            args.extend(["--from".into(), stage.reservation_path.clone()]);
+            args.extend(["--to".into(), stage.pfs_path.clone()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.manager(&args).map(|_| ())
     }
 
     /// Unmount the job's mount point if mounted (idempotent), then kill a mount process that
@@ -346,7 +465,8 @@ impl Hooks {
         }
         // Without a record setup never asked the manager for anything: nothing of this job's.
         if let Some(record) = &record {
-            if let Err(e) = self.release_reservation(record) {
+            let stage_outs = directive.as_ref().map_or(&[][..], |d| &d.stage_out[..]);
+            if let Err(e) = self.release_reservation(record, stage_outs) {
                 problems.push(format!("{e:#}"));
             }
         }
@@ -378,7 +498,11 @@ impl Hooks {
     /// else holds stays). If setup stopped between asking for the reservation and recording it,
     /// the `job-N` reservation is the job's when the job's user owns it (only that user or root
     /// can create one for the job).
-    fn release_reservation(&self, record: &JobRecord) -> anyhow::Result<()> {
+    fn release_reservation(
+        &self,
+        record: &JobRecord,
+        stage_outs: &[directive::Stage],
+    ) -> anyhow::Result<()> {
         let JobRecord { job, reservation: name, persistent, reservation_id, .. } = record;
         let job_text = job.to_string();
         let key = reservation_id.map_or_else(|| name.clone(), |id| id.to_string());
@@ -388,6 +512,21 @@ impl Hooks {
         }
         let Some(existing) = self.show_reservation(&key)? else { return Ok(()) };
         if existing.state.as_deref() == Some("destroyed") {
+            return Ok(());
+        }
+        if let Some(why) = &record.stage_out_unfinished {
+            // The stage-out failed: the data is only here. Make sure the manager knows (the
+            // stage-out hook may not have reached it), never destroy.
+            if existing.rescue.is_none() {
+                self.mark_rescue(record, stage_outs, why).with_context(|| {
+                    format!("job {job}: keeping reservation {name} as a rescue reservation")
+                })?;
+            }
+            println!("job {job}: keeping rescue reservation {name}: {why}");
+            return Ok(());
+        }
+        if existing.rescue.is_some() {
+            println!("job {job}: keeping rescue reservation {name} (its stage-out failed)");
             return Ok(());
         }
         if !teardown_destroys(record, &existing) {
@@ -497,6 +636,7 @@ mod tests {
             reservation: job_reservation_name(job),
             persistent: false,
             reservation_id: None,
+            stage_out_unfinished: None,
         }
     }
 

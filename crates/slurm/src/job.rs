@@ -24,6 +24,12 @@ pub(crate) struct JobRecord {
     /// reservation) or registered the job with it (persistent); `None` before.
     #[serde(default)]
     pub(crate) reservation_id: Option<u64>,
+    /// Set once the job runs with `stage_out=` lines (end of pre_run), replaced by the error
+    /// if the stage-out fails, cleared only when every stage-out succeeded. While set, teardown
+    /// never destroys the reservation and has the manager keep it as a rescue reservation: a
+    /// post_run or data_out that Slurm killed (timeout, cancel) or that failed before telling
+    /// the manager loses nothing.
+    pub(crate) stage_out_unfinished: Option<String>,
 }
 
 /// The reservation name of a job-scoped reservation (the manager's naming, see the contract).

@@ -5,7 +5,9 @@
 //! checks ownership from the socket's peer credentials; root (or the admin group) may create for
 //! another uid with `--owner UID --group GID` (the Slurm hooks do).
 
-use spillway_manager::{Access, CreateReservation, RegisterJob, Reservation};
+use spillway_manager::{
+    Access, CreateReservation, MarkRescue, RegisterJob, Reservation, StageOutPair,
+};
 use spillway_types::parse_size;
 
 use super::manager_api::{print_json, print_table, ManagerFlags};
@@ -87,6 +89,23 @@ enum Command {
         #[command(flatten)]
         flags: ManagerFlags,
     },
+    /// Keep a job reservation whose stage-out failed as a rescue reservation (root or admin
+    /// group; the Slurm stage-out hook does): teardown leaves it, its owner finishes it with
+    /// `spillway stage-out --retry`.
+    MarkRescue {
+        reservation: String,
+        /// The stage-out error.
+        #[arg(long)]
+        error: String,
+        /// A stage-out's source in the reservation (repeatable; paired in order with --to).
+        #[arg(long = "from", value_name = "PATH")]
+        from: Vec<String>,
+        /// A stage-out's PFS destination (repeatable; paired in order with --from).
+        #[arg(long = "to", value_name = "PATH")]
+        to: Vec<String>,
+        #[command(flatten)]
+        flags: ManagerFlags,
+    },
     /// Record that a Slurm job no longer uses a persistent reservation (the teardown hook does).
     UnregisterJob {
         reservation: String,
@@ -152,6 +171,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 flags.client()?.post(&path, &RegisterJob { job: path_segment(&job)?.into() })?;
             show(&registered, flags.json)
         }
+        Command::MarkRescue { reservation, error, from, to, flags } => {
+            mark_rescue(&reservation, error, from, to, &flags)
+        }
         Command::UnregisterJob { reservation, job, flags } => {
             let path = format!(
                 "/v1/reservations/{}/jobs/{}",
@@ -162,6 +184,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             show(&unregistered, flags.json)
         }
     }
+}
+
+/// `reservation mark-rescue`: the stage-outs are the `--from`/`--to` pairs, in order.
+fn mark_rescue(
+    reservation: &str,
+    error: String,
+    from: Vec<String>,
+    to: Vec<String>,
+    flags: &ManagerFlags,
+) -> anyhow::Result<()> {
+    if from.len() != to.len() {
+        anyhow::bail!("{} --from and {} --to: give one --to per --from", from.len(), to.len());
+    }
+    let stage_outs = from.into_iter().zip(to).map(|(src, dst)| StageOutPair { src, dst }).collect();
+    let path = format!("/v1/reservations/{}/rescue", path_segment(reservation)?);
+    let marked: Reservation = flags.client()?.post(&path, &MarkRescue { error, stage_outs })?;
+    show(&marked, flags.json)
 }
 
 /// `reservation destroy`: `?job=` for teardown's check, `force=1` for a reservation in use.
@@ -249,6 +288,14 @@ fn show(reservation: &Reservation, json: bool) -> anyhow::Result<()> {
     for (key, value) in rows {
         println!("{key:<10} {value}");
     }
+    if let Some(rescue) = &r.rescue {
+        println!("{:<10} {}", "rescue", rescue.error);
+        println!("{:<10} spillway stage-out --retry {}", "retry", r.name);
+        println!(
+            "{:<10} reclaimable by root and admins from unix time {}",
+            "expiry", rescue.reclaimable_unix_s
+        );
+    }
     Ok(())
 }
 
@@ -266,7 +313,7 @@ pub fn print_reservations(list: &[Reservation]) {
                 r.access.as_str().into(),
                 r.stream.to_string(),
                 r.epoch.to_string(),
-                r.state.as_str().into(),
+                if r.rescue.is_some() { "rescue".into() } else { r.state.as_str().into() },
             ]
         })
         .collect();
@@ -277,4 +324,13 @@ pub fn print_reservations(list: &[Reservation]) {
         ],
         &rows,
     );
+    // A rescue reservation's error and how to finish it: the owner must see both.
+    for r in list {
+        if let Some(rescue) = &r.rescue {
+            println!(
+                "rescue {}: {} (finish it: spillway stage-out --retry {}; root and admins may reclaim it from unix time {})",
+                r.name, rescue.error, r.name, rescue.reclaimable_unix_s
+            );
+        }
+    }
 }

@@ -1,6 +1,11 @@
 //! `spillway stage-in` / `spillway stage-out`: copy files and trees between the PFS and a
 //! reservation, in this process (see `spillway_manager::stage` for why), with progress,
 //! checksums and resume.
+//!
+//! `spillway stage-out --retry RESERVATION` finishes a rescue reservation (kept because its
+//! job's stage-out failed): its owner redoes every stage-out the job asked for (files an
+//! earlier run copied and verified are skipped), and only when all of them are copied and
+//! verified is the reservation released.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -15,12 +20,18 @@ use spillway_types::format_bytes as bytes;
 #[derive(clap::Args)]
 pub struct Args {
     /// The reservation (id or name).
-    #[arg(long)]
-    reservation: String,
+    #[arg(long, required_unless_present = "retry", conflicts_with = "retry")]
+    reservation: Option<String>,
     /// Source (stage-in: a PFS path; stage-out: a path in the reservation).
-    src: String,
+    #[arg(required_unless_present = "retry", conflicts_with = "retry")]
+    src: Option<String>,
     /// Destination (stage-in: a path in the reservation; stage-out: a PFS path).
-    dst: String,
+    #[arg(required_unless_present = "retry", conflicts_with = "retry")]
+    dst: Option<String>,
+    /// Stage-out: finish the rescue reservation RESERVATION (its job's stage-out failed): redo
+    /// its stage-outs, verify, then release it. Its owner only.
+    #[arg(long, value_name = "RESERVATION", conflicts_with = "record")]
+    retry: Option<String>,
     /// Files copied at once (1-64).
     #[arg(long, default_value_t = 4)]
     parallel: usize,
@@ -41,11 +52,10 @@ pub struct Args {
     flags: ManagerFlags,
 }
 
-fn prepare(args: &Args, direction: &str) -> anyhow::Result<(Reservation, StageOptions)> {
-    let reservation: Reservation = args
-        .flags
-        .client()?
-        .get(&format!("/v1/reservations/{}", path_segment(&args.reservation)?))?;
+/// The active reservation `key`.
+fn active_reservation(args: &Args, key: &str) -> anyhow::Result<Reservation> {
+    let reservation: Reservation =
+        args.flags.client()?.get(&format!("/v1/reservations/{}", path_segment(key)?))?;
     if reservation.state != spillway_manager::ReservationState::Active {
         anyhow::bail!(
             "reservation {} ({}) is {}",
@@ -54,9 +64,22 @@ fn prepare(args: &Args, direction: &str) -> anyhow::Result<(Reservation, StageOp
             reservation.state.as_str()
         );
     }
-    let record = args.record.clone().unwrap_or_else(|| {
-        stage::default_record_path(direction, &reservation, &args.src, &args.dst)
-    });
+    Ok(reservation)
+}
+
+/// The reservation and the stage's settings, for `src` to `dst` (the progress record: `--record`
+/// or the default one for these paths, which a rerun or `--retry` finds again).
+fn prepare(
+    args: &Args,
+    reservation: Reservation,
+    direction: &str,
+    src: &str,
+    dst: &str,
+) -> anyhow::Result<(Reservation, StageOptions)> {
+    let record = args
+        .record
+        .clone()
+        .unwrap_or_else(|| stage::default_record_path(direction, &reservation, src, dst));
     let mut options = StageOptions::new(record);
     if !(1..=64).contains(&args.parallel) {
         anyhow::bail!("--parallel {}: expected 1 to 64 files at once", args.parallel);
@@ -94,19 +117,107 @@ fn report(direction: &str, report: &StageReport, json: bool) -> anyhow::Result<(
     Ok(())
 }
 
+/// `--reservation`, SRC and DST (clap requires them unless `--retry`).
+fn named_stage(args: &Args) -> anyhow::Result<(&str, &str, &str)> {
+    match (&args.reservation, &args.src, &args.dst) {
+        (Some(reservation), Some(src), Some(dst)) => Ok((reservation, src, dst)),
+        _ => anyhow::bail!(
+            "give --reservation RESERVATION SRC DST (or stage-out --retry RESERVATION)"
+        ),
+    }
+}
+
 pub fn run_in(args: Args) -> anyhow::Result<()> {
     if args.drain {
         anyhow::bail!("--drain applies to stage-out only");
     }
-    let (reservation, options) = prepare(&args, "in")?;
-    let done = stage::stage_in(&reservation, std::path::Path::new(&args.src), &args.dst, &options)
-        .map_err(flat)?;
+    if args.retry.is_some() {
+        anyhow::bail!("--retry applies to stage-out only (a rescue reservation's stage-outs)");
+    }
+    let (key, src, dst) = named_stage(&args)?;
+    let reservation = active_reservation(&args, key)?;
+    let (reservation, options) = prepare(&args, reservation, "in", src, dst)?;
+    let done =
+        stage::stage_in(&reservation, std::path::Path::new(src), dst, &options).map_err(flat)?;
     report("stage-in", &done, args.flags.json)
 }
 
 pub fn run_out(args: Args) -> anyhow::Result<()> {
-    let (reservation, options) = prepare(&args, "out")?;
-    let done = stage::stage_out(&reservation, &args.src, std::path::Path::new(&args.dst), &options)
-        .map_err(flat)?;
+    if let Some(key) = args.retry.clone() {
+        return retry_out(&args, &key);
+    }
+    let (key, src, dst) = named_stage(&args)?;
+    let reservation = active_reservation(&args, key)?;
+    let (reservation, options) = prepare(&args, reservation, "out", src, dst)?;
+    let done =
+        stage::stage_out(&reservation, src, std::path::Path::new(dst), &options).map_err(flat)?;
     report("stage-out", &done, args.flags.json)
+}
+
+/// `stage-out --retry`: every stage-out of the rescue reservation, then its release. The first
+/// failure stops it with the reservation kept (a later retry resumes from the progress records).
+fn retry_out(args: &Args, key: &str) -> anyhow::Result<()> {
+    let reservation = active_reservation(args, key)?;
+    let Some(rescue) = reservation.rescue.clone() else {
+        anyhow::bail!(
+            "reservation {} is not a rescue reservation (no stage-out of it failed); stage out with --reservation {} SRC DST",
+            reservation.name,
+            reservation.name
+        );
+    };
+    // Files land on the PFS as the caller: only the owner may finish it (root and admins see
+    // it, but copying as them would give the owner's output someone else's files).
+    let uid = spillway_sys::user::uid();
+    if uid != reservation.owner {
+        anyhow::bail!(
+            "reservation {} is uid {}'s rescue reservation; only its owner may retry its stage-out (run it as uid {})",
+            reservation.name,
+            reservation.owner,
+            reservation.owner
+        );
+    }
+    if rescue.stage_outs.is_empty() {
+        anyhow::bail!(
+            "rescue reservation {} records no stage-out to redo; copy the data with --reservation {} SRC DST, then destroy it",
+            reservation.name,
+            reservation.name
+        );
+    }
+    let mut total = StageReport::default();
+    for pair in &rescue.stage_outs {
+        let (reservation, options) =
+            prepare(args, reservation.clone(), "out", &pair.src, &pair.dst)?;
+        let done =
+            stage::stage_out(&reservation, &pair.src, std::path::Path::new(&pair.dst), &options)
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "stage-out {} -> {}: {e}; rescue reservation {} kept, retry when the cause is fixed",
+                        pair.src,
+                        pair.dst,
+                        reservation.name
+                    )
+                })?;
+        total.files_total += done.files_total;
+        total.files_copied += done.files_copied;
+        total.files_skipped += done.files_skipped;
+        total.bytes_total += done.bytes_total;
+        total.bytes_copied += done.bytes_copied;
+        total.elapsed_ms += done.elapsed_ms;
+        total.files_from_drained_copy += done.files_from_drained_copy;
+    }
+    let path = format!("/v1/reservations/{}", reservation.id);
+    let released: Reservation = args.flags.client()?.delete(&path).map_err(|e| {
+        anyhow::anyhow!(
+            "every stage-out of {} is copied and verified, but releasing it failed: {e}",
+            reservation.name
+        )
+    })?;
+    report("stage-out --retry", &total, args.flags.json)?;
+    if !args.flags.json {
+        println!(
+            "rescue reservation {} ({}) released: its data is on the PFS",
+            released.id, released.name
+        );
+    }
+    Ok(())
 }
