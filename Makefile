@@ -7,7 +7,7 @@ SPILLWAY := target/release/spillway
 # store (with its index) and the drain.
 STRICT_FEATURES := spillway-store/strict_assertions,spillway-drain/strict_assertions
 
-.PHONY: demo test deps build release lint test-rust test-strict test-python bench clean config-doc
+.PHONY: demo test deps build release lint test-rust test-strict test-python bench chaos clean config-doc
 
 demo: release
 	$(SPILLWAY) demo
@@ -38,6 +38,12 @@ test-strict:
 
 test-python: release
 	SPILLWAY_BIN=$(CURDIR)/$(SPILLWAY) python/run-tests.sh
+
+# The fault-injection runner with a longer budget than `make test` gives it (40 s); prints its
+# seed, and SPILLWAY_CHAOS_SEED=<seed> replays it (crates/cli/tests/chaos.rs).
+CHAOS_BUDGET_S ?= 600
+chaos: deps
+	SPILLWAY_CHAOS_BUDGET_S=$(CHAOS_BUDGET_S) $(CARGO) test -p spillway --test chaos -- --nocapture
 
 # Every benchmark, each with its own baselines; see README.
 bench: release
