@@ -293,9 +293,9 @@ fn kill_later(pid: u32, delay: Duration) -> std::thread::JoinHandle<()> {
 fn request_drain(cluster: &Cluster, epoch: EpochId) {
     let started = Instant::now();
     loop {
-        let asked = cluster.client(0).and_then(|mut c| {
-            c.request_drain(epoch, 1).map_err(|e| e.to_string())
-        });
+        let asked = cluster
+            .client(0)
+            .and_then(|mut c| c.request_drain(epoch, 1).map_err(|e| e.to_string()));
         match asked {
             Ok(_) => return,
             Err(error) if started.elapsed() < Duration::from_secs(10) => {
@@ -320,8 +320,7 @@ fn settle(cluster: &Cluster, epochs: &[Epoch]) -> Vec<EpochId> {
                     .map(|e| e.epoch)
                     .filter(|epoch| {
                         status.iter().all(|(_, list)| {
-                            list.iter()
-                                .any(|d| d.epoch == *epoch && d.state == DrainState::Drained)
+                            list.iter().any(|d| d.epoch == *epoch && d.state == DrainState::Drained)
                         })
                     })
                     .collect(),
@@ -372,7 +371,11 @@ fn check(cluster: &Cluster, epochs: &[Epoch], drained: &[EpochId], label: &str) 
             );
             // Not on the PFS: it must be in the buffer, whole.
             let file = reader.open_file(epoch.epoch, name).unwrap_or_else(|e| {
-                panic!("{label}: committed {name} of {} is lost: {e}\n{}", epoch.epoch, cluster.logs())
+                panic!(
+                    "{label}: committed {name} of {} is lost: {e}\n{}",
+                    epoch.epoch,
+                    cluster.logs()
+                )
             });
             let mut back = vec![0u8; bytes.len()];
             reader.read(&file, 0, &mut back).unwrap_or_else(|e| {
@@ -510,10 +513,8 @@ fn every_committed_byte_survives_kills_full_disks_and_a_lost_pfs() {
             u64::from_str_radix(s, 16).unwrap_or_else(|e| panic!("SPILLWAY_CHAOS_SEED {s}: {e}"))
         })
         .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+                as u64
         });
     let budget = Duration::from_secs(
         std::env::var("SPILLWAY_CHAOS_BUDGET_S")
@@ -521,14 +522,14 @@ fn every_committed_byte_survives_kills_full_disks_and_a_lost_pfs() {
             .map(|s| s.parse().expect("SPILLWAY_CHAOS_BUDGET_S is seconds"))
             .unwrap_or(40),
     );
-    eprintln!("chaos: seed {seed:#x} (replay with SPILLWAY_CHAOS_SEED={seed:x}), budget {budget:?}");
+    eprintln!(
+        "chaos: seed {seed:#x} (replay with SPILLWAY_CHAOS_SEED={seed:x}), budget {budget:?}"
+    );
     let started = Instant::now();
     let mut rng = Rng(seed);
     let mut number = 0;
     // Every fault at least once, then seeded choices until the budget is spent.
-    while number < SCENARIOS_MAX
-        && (number < FAULTS.len() as u64 || started.elapsed() < budget)
-    {
+    while number < SCENARIOS_MAX && (number < FAULTS.len() as u64 || started.elapsed() < budget) {
         let fault = if number < FAULTS.len() as u64 {
             FAULTS[number as usize]
         } else {
