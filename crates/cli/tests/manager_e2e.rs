@@ -514,19 +514,105 @@ fn stage_out_through_the_drain_path() {
     );
 }
 
+/// A stage-out whose drain is quarantined (here: the PFS lost its marker, so every attempt is
+/// refused) fails at once with the drain's error instead of waiting out its timeout; the data
+/// stays in the burst buffer, and once the PFS is repaired a rerun (its drain request releases
+/// the quarantine) stages everything out.
+#[test]
+fn stage_out_reports_a_quarantined_drain_and_a_rerun_finishes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    chmod(dir.path(), 0o755);
+    let pfs = dir.path().join("pfs");
+    std::fs::create_dir(&pfs).unwrap();
+    let (_servers, endpoints) = draining_servers_with(
+        dir.path(),
+        &pfs,
+        &[("SPILLWAY_DRAIN_QUARANTINE_AFTER_FAILURES", "2")],
+    );
+    let manager = start_manager(dir.path());
+    add_drained_pool(&manager, &endpoints, &pfs);
+    let reservation =
+        json(&manager, None, &["reservation", "create", "--capacity", "16MiB", "--job", "10"]);
+    let source = dir.path().join("src");
+    let files = make_tree(&source);
+    let stage_in = [
+        "stage-in",
+        "--reservation",
+        "job-10",
+        source.to_str().unwrap(),
+        "/data",
+        "--progress",
+        "none",
+    ];
+    json(&manager, None, &stage_in);
+
+    // The PFS "lost" its marker (as a PFS mounted elsewhere, or not at all, has none).
+    let marker = pfs.join(".spillway-pfs");
+    let saved = std::fs::read(&marker).expect("the harness marks the PFS");
+    std::fs::remove_file(&marker).unwrap();
+    let out = dir.path().join("out");
+    let record = dir.path().join("out.jsonl");
+    let args = [
+        "stage-out",
+        "--reservation",
+        "job-10",
+        "/data",
+        out.to_str().unwrap(),
+        "--drain",
+        "--drain-timeout-s",
+        "600",
+        "--record",
+        record.to_str().unwrap(),
+        "--progress",
+        "none",
+    ];
+    fails(&manager, None, &args, "quarantined");
+    assert!(
+        !out.exists() || std::fs::read_dir(&out).unwrap().next().is_none(),
+        "nothing staged out while the drain could not run"
+    );
+    let mut client = Client::connect(&endpoints, ClientOptions::default()).unwrap();
+    let epoch = EpochId(reservation["epoch"].as_u64().unwrap());
+    assert!(
+        client.list_epochs().unwrap().iter().any(|e| e.epoch == epoch),
+        "the epoch stays in the burst buffer"
+    );
+
+    std::fs::write(&marker, saved).unwrap();
+    let report = json(&manager, None, &args);
+    assert_eq!(report["files_copied"], files.len(), "{report}");
+    for (name, data) in &files {
+        assert!(std::fs::read(out.join(name)).unwrap() == *data, "{name}: bytes differ");
+    }
+}
+
 /// Two servers on Unix sockets draining to `pfs`, each with both as its drain peers.
 fn draining_servers(dir: &Path, pfs: &Path) -> (Vec<ServerProcess>, Vec<Endpoint>) {
+    draining_servers_with(dir, pfs, &[])
+}
+
+/// [`draining_servers`] with extra environment (knobs) for both servers.
+fn draining_servers_with(
+    dir: &Path,
+    pfs: &Path,
+    env: &[(&str, &str)],
+) -> (Vec<ServerProcess>, Vec<Endpoint>) {
     let sockets: Vec<PathBuf> = (0..2).map(|i| dir.join(format!("d{i}.sock"))).collect();
     let endpoints: Vec<Endpoint> = sockets.iter().map(|s| Endpoint::Unix(s.clone())).collect();
     let servers: Vec<ServerProcess> = (0..2)
         .map(|i| {
-            ServerProcess::builder(BIN, dir, &format!("d{i}"))
+            let mut builder = ServerProcess::builder(BIN, dir, &format!("d{i}"))
                 .no_tcp()
                 .unix_socket(&sockets[i])
                 .pfs_dir(pfs)
                 .drain_peers(&endpoints, i)
                 .rust_log("info")
-                .start()
+                .env("SPILLWAY_DRAIN_RETRY_BACKOFF_MS_MIN", "20")
+                .env("SPILLWAY_DRAIN_RETRY_BACKOFF_MS_MAX", "100");
+            for (name, value) in env {
+                builder = builder.env(name, value);
+            }
+            builder.start()
         })
         .collect();
     (servers, endpoints)

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use spillway_client::{Client, ClientError, ClientOptions, Placement, ServerConnection};
-use spillway_proto::{DrainState, Durability, Endpoint, EpochState, Request, Response};
+use spillway_proto::{DrainInfo, DrainState, Durability, Endpoint, EpochState, Request, Response};
 use spillway_types::EpochId;
 
 use spillway_client::meta::{RemoteNamespace, RemoteOptions};
@@ -81,6 +81,8 @@ pub enum StageError {
     Record { path: PathBuf, source: std::io::Error },
     #[error("drain of epoch {epoch} did not finish in {timeout:?}; last state: {state}")]
     DrainTimeout { epoch: u64, timeout: Duration, state: String },
+    #[error("drain of epoch {epoch} is quarantined on server {server} after repeated failures: {error}; the data stays in the burst buffer (fix the cause, then retry the stage-out)")]
+    DrainQuarantined { epoch: u64, server: usize, error: String },
     #[error("drain of epoch {epoch} requested, but the reservation's servers have no PFS directory (server add --pfs)")]
     NoDrainDirectory { epoch: u64 },
 }
@@ -1023,19 +1025,34 @@ fn drain_epoch(
     let deadline = Instant::now() + timeout;
     loop {
         let status = client.drain_status().map_err(|e| burst(reservation, e))?;
-        let states: Vec<DrainState> = status
+        let infos: Vec<(usize, &DrainInfo)> = status
             .iter()
-            .flat_map(|(_, list)| list.iter().filter(|d| d.epoch == epoch).map(|d| d.state))
+            .flat_map(|(server, list)| {
+                list.iter().filter(|d| d.epoch == epoch).map(|d| (*server, d))
+            })
             .collect();
-        if !states.is_empty() && states.iter().all(|s| *s == DrainState::Drained) {
+        if !infos.is_empty() && infos.iter().all(|(_, d)| d.state == DrainState::Drained) {
             return Ok(());
         }
-        if Instant::now() > deadline {
-            return Err(StageError::DrainTimeout {
+        // A quarantined drain is not retried by itself: waiting out the timeout would only hide
+        // its error from the job.
+        if let Some((server, d)) = infos.iter().find(|(_, d)| d.state == DrainState::Quarantined) {
+            return Err(StageError::DrainQuarantined {
                 epoch: epoch.0,
-                timeout,
-                state: format!("{states:?}"),
+                server: *server,
+                error: d.last_error.clone(),
             });
+        }
+        if Instant::now() > deadline {
+            let state = infos
+                .iter()
+                .map(|(server, d)| match d.last_error.as_str() {
+                    "" => format!("server {server}: {:?}", d.state),
+                    error => format!("server {server}: {:?} ({error})", d.state),
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            return Err(StageError::DrainTimeout { epoch: epoch.0, timeout, state });
         }
         std::thread::sleep(Duration::from_millis(50));
     }
