@@ -12,63 +12,13 @@ use std::process::Command;
 use std::sync::Arc;
 
 use spillway_harness::{pattern, ManagerProcess, ServerProcess};
-use spillway_manager::stage::{
-    self, PrivateRecordStore, RecordFile, RecordStore, StageError, StageOptions,
-};
+use spillway_manager::stage::record_faults::{FaultyRecordStore, RecordFault};
+use spillway_manager::stage::{self, PrivateRecordStore, RecordStore, StageOptions};
 use spillway_manager::Reservation;
 use spillway_proto::Endpoint;
 
 const BIN: &str = env!("CARGO_BIN_EXE_spillway");
 const FILES: usize = 6;
-
-/// The record file's `at`th append call (0-based) fails with `errno`, or (`fsync`) succeeds
-/// and the fsync after it fails with EIO. Calls before and after behave normally.
-struct FaultyStore {
-    at: usize,
-    errno: i32,
-    fsync: bool,
-}
-
-struct Faulty {
-    file: Box<dyn RecordFile>,
-    at: usize,
-    errno: i32,
-    fsync: bool,
-    calls: usize,
-    fail_sync: bool,
-}
-
-impl RecordFile for Faulty {
-    fn read_all(&mut self) -> std::io::Result<Vec<u8>> {
-        self.file.read_all()
-    }
-    fn append(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        let call = self.calls;
-        self.calls += 1;
-        if call == self.at && !self.fsync {
-            return Err(std::io::Error::from_raw_os_error(self.errno));
-        }
-        self.fail_sync = call == self.at;
-        self.file.append(bytes)
-    }
-    fn sync(&mut self) -> std::io::Result<()> {
-        if std::mem::take(&mut self.fail_sync) {
-            return Err(std::io::Error::from_raw_os_error(libc::EIO));
-        }
-        self.file.sync()
-    }
-    fn truncate(&mut self, len: u64) -> std::io::Result<()> {
-        self.file.truncate(len)
-    }
-}
-
-impl RecordStore for FaultyStore {
-    fn open(&self, path: &Path) -> Result<Box<dyn RecordFile>, StageError> {
-        let file = PrivateRecordStore.open(path)?;
-        let (at, errno, fsync) = (self.at, self.errno, self.fsync);
-        Ok(Box::new(Faulty { file, at, errno, fsync, calls: 0, fail_sync: false }))
-    }
-}
 
 fn spillway_json(manager: &ManagerProcess, args: &[&str]) -> String {
     let output = Command::new(BIN)
@@ -93,8 +43,11 @@ fn options(record: &Path, store: Arc<dyn RecordStore>) -> StageOptions {
     options
 }
 
+/// The record file's `at`th append call (0-based) fails with `errno`, or (`fsync`) succeeds
+/// and the fsync after it fails with EIO.
 fn faulty(at: usize, errno: i32, fsync: bool) -> Arc<dyn RecordStore> {
-    Arc::new(FaultyStore { at, errno, fsync })
+    let fault = if fsync { RecordFault::Fsync } else { RecordFault::Errno(errno) };
+    Arc::new(FaultyRecordStore { fault, at })
 }
 
 fn recorded_names(record: &Path) -> Vec<String> {

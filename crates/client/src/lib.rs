@@ -367,23 +367,7 @@ impl Client {
     /// The states of the epochs server `index` holds, from `ListEpochs` on that server alone;
     /// the server's id and incarnation after the call are those of the server that answered.
     pub fn epochs_on(&mut self, index: usize) -> Result<Vec<EpochInfo>, ClientError> {
-        let connection = &mut self.servers[index];
-        let mut out = Vec::new();
-        let mut from_epoch = EpochId(0);
-        loop {
-            let list: Vec<EpochInfo> =
-                match connection.call(&Request::ListEpochs { from_epoch }, &[], None)? {
-                    (Response::Epochs(list), ()) => list,
-                    (other, ()) => return Err(unexpected(connection, "Epochs", &other)),
-                };
-            let Some(last) = list.last().map(|e| e.epoch) else { break };
-            out.extend(list);
-            match last.0.checked_add(1) {
-                Some(next) if next > from_epoch.0 => from_epoch = EpochId(next),
-                _ => break,
-            }
-        }
-        Ok(out)
+        every_epoch_on(&mut self.servers[index])
     }
 
     /// The identity the first server established for this client (uid, gid).
@@ -952,29 +936,16 @@ impl Client {
     fn list_epochs_untraced(&mut self) -> Result<Vec<EpochSummary>, ClientError> {
         let mut merged: BTreeMap<EpochId, EpochSummary> = BTreeMap::new();
         for connection in &mut self.servers {
-            let mut from_epoch = EpochId(0);
-            loop {
-                let list: Vec<EpochInfo> =
-                    match connection.call(&Request::ListEpochs { from_epoch }, &[], None)? {
-                        (Response::Epochs(list), ()) => list,
-                        (other, ()) => return Err(unexpected(connection, "Epochs", &other)),
-                    };
-                let Some(last) = list.last().map(|e| e.epoch) else { break };
-                for info in list {
-                    let entry = merged.entry(info.epoch).or_insert(EpochSummary {
-                        epoch: info.epoch,
-                        state: info.state,
-                        servers: 0,
-                        bytes: 0,
-                    });
-                    entry.servers += 1;
-                    entry.bytes += info.bytes;
-                    entry.state = least_advanced(entry.state, info.state);
-                }
-                match last.0.checked_add(1) {
-                    Some(next) if next > from_epoch.0 => from_epoch = EpochId(next),
-                    _ => break,
-                }
+            for info in every_epoch_on(connection)? {
+                let entry = merged.entry(info.epoch).or_insert(EpochSummary {
+                    epoch: info.epoch,
+                    state: info.state,
+                    servers: 0,
+                    bytes: 0,
+                });
+                entry.servers += 1;
+                entry.bytes += info.bytes;
+                entry.state = least_advanced(entry.state, info.state);
             }
         }
         Ok(merged.into_values().collect())
@@ -1131,6 +1102,26 @@ fn least_advanced(a: EpochState, b: EpochState) -> EpochState {
     } else {
         b
     }
+}
+
+/// Every epoch one server holds, paging through `ListEpochs`.
+fn every_epoch_on(connection: &mut ServerConnection) -> Result<Vec<EpochInfo>, ClientError> {
+    let mut out = Vec::new();
+    let mut from_epoch = EpochId(0);
+    loop {
+        let list: Vec<EpochInfo> =
+            match connection.call(&Request::ListEpochs { from_epoch }, &[], None)? {
+                (Response::Epochs(list), ()) => list,
+                (other, ()) => return Err(unexpected(connection, "Epochs", &other)),
+            };
+        let Some(last) = list.last().map(|e| e.epoch) else { break };
+        out.extend(list);
+        match last.0.checked_add(1) {
+            Some(next) if next > from_epoch.0 => from_epoch = EpochId(next),
+            _ => break,
+        }
+    }
+    Ok(out)
 }
 
 fn unexpected(

@@ -1446,8 +1446,99 @@ fn verify_and_rename(
     Ok(())
 }
 
+/// Storage faults for the progress record (tests, and anyone checking a stage's behaviour):
+/// a real record file (opened as [`PrivateRecordStore`] does) with a fault from one append on.
+pub mod record_faults {
+    use std::path::Path;
+
+    use super::{PrivateRecordStore, RecordFile, RecordStore, StageError};
+
+    /// What the injected record file does at its `at`th append call (0-based) and after.
+    #[derive(Clone, Copy, Debug)]
+    pub enum RecordFault {
+        /// Fails the call with this errno.
+        Errno(i32),
+        /// Writes at most this many bytes per call (no error).
+        Short(usize),
+        /// Writes this many bytes, then the next call fails with EIO.
+        ShortThenEio(usize),
+        /// Writes nothing (returns 0).
+        Zero,
+        /// The write succeeds, the fsync after it fails with EIO.
+        Fsync,
+    }
+
+    /// Opens real records (as [`PrivateRecordStore`]) that inject `fault` from their `at`th
+    /// append call on.
+    #[derive(Clone, Copy, Debug)]
+    pub struct FaultyRecordStore {
+        pub fault: RecordFault,
+        pub at: usize,
+    }
+
+    struct FaultyRecordFile {
+        file: Box<dyn RecordFile>,
+        fault: RecordFault,
+        at: usize,
+        calls: usize,
+        failed_once: bool,
+        fail_sync: bool,
+    }
+
+    impl RecordFile for FaultyRecordFile {
+        fn read_all(&mut self) -> std::io::Result<Vec<u8>> {
+            self.file.read_all()
+        }
+        fn append(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            let call = self.calls;
+            self.calls += 1;
+            if call < self.at {
+                return self.file.append(bytes);
+            }
+            match self.fault {
+                RecordFault::Errno(errno) => Err(std::io::Error::from_raw_os_error(errno)),
+                RecordFault::Short(most) => self.file.append(&bytes[..bytes.len().min(most)]),
+                RecordFault::ShortThenEio(most) if !self.failed_once => {
+                    self.failed_once = true;
+                    self.file.append(&bytes[..bytes.len().min(most)])
+                }
+                RecordFault::ShortThenEio(_) => Err(std::io::Error::from_raw_os_error(libc::EIO)),
+                RecordFault::Zero => Ok(0),
+                RecordFault::Fsync => {
+                    self.fail_sync = true;
+                    self.file.append(bytes)
+                }
+            }
+        }
+        fn sync(&mut self) -> std::io::Result<()> {
+            if std::mem::take(&mut self.fail_sync) {
+                return Err(std::io::Error::from_raw_os_error(libc::EIO));
+            }
+            self.file.sync()
+        }
+        fn truncate(&mut self, len: u64) -> std::io::Result<()> {
+            self.file.truncate(len)
+        }
+    }
+
+    impl RecordStore for FaultyRecordStore {
+        fn open(&self, path: &Path) -> Result<Box<dyn RecordFile>, StageError> {
+            let file = PrivateRecordStore.open(path)?;
+            Ok(Box::new(FaultyRecordFile {
+                file,
+                fault: self.fault,
+                at: self.at,
+                calls: 0,
+                failed_once: false,
+                fail_sync: false,
+            }))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::record_faults::{FaultyRecordStore, RecordFault};
     use super::*;
 
     #[test]
@@ -1492,82 +1583,6 @@ mod tests {
         assert_eq!(record.done["a"].crc32c, 9);
     }
 
-    /// What the injected record file does at its `n`th append call (0-based) and after.
-    #[derive(Clone, Copy)]
-    enum Fault {
-        /// Fails the call with this errno.
-        Errno(i32),
-        /// Writes at most this many bytes per call, from the `n`th call on (no error).
-        Short(usize),
-        /// Writes this many bytes, then the next call fails with EIO.
-        ShortThenEio(usize),
-        /// Writes nothing (returns 0).
-        Zero,
-        /// The write succeeds, the fsync after it fails with EIO.
-        Fsync,
-    }
-
-    /// A real record file with `fault` injected from the `at`th append call on.
-    struct Faulty {
-        file: File,
-        fault: Fault,
-        at: usize,
-        calls: usize,
-        failed_once: bool,
-        fail_sync: bool,
-    }
-
-    impl RecordFile for Faulty {
-        fn read_all(&mut self) -> std::io::Result<Vec<u8>> {
-            self.file.read_all()
-        }
-        fn append(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            let call = self.calls;
-            self.calls += 1;
-            if call < self.at {
-                return self.file.append(bytes);
-            }
-            match self.fault {
-                Fault::Errno(errno) => Err(std::io::Error::from_raw_os_error(errno)),
-                Fault::Short(most) => self.file.append(&bytes[..bytes.len().min(most)]),
-                Fault::ShortThenEio(most) if !self.failed_once => {
-                    self.failed_once = true;
-                    self.file.append(&bytes[..bytes.len().min(most)])
-                }
-                Fault::ShortThenEio(_) => Err(std::io::Error::from_raw_os_error(libc::EIO)),
-                Fault::Zero => Ok(0),
-                Fault::Fsync => {
-                    self.fail_sync = true;
-                    self.file.append(bytes)
-                }
-            }
-        }
-        fn sync(&mut self) -> std::io::Result<()> {
-            if std::mem::take(&mut self.fail_sync) {
-                return Err(std::io::Error::from_raw_os_error(libc::EIO));
-            }
-            self.file.sync()
-        }
-        fn truncate(&mut self, len: u64) -> std::io::Result<()> {
-            self.file.truncate(len)
-        }
-    }
-
-    struct FaultyStore(Fault, usize);
-
-    impl RecordStore for FaultyStore {
-        fn open(&self, path: &Path) -> Result<Box<dyn RecordFile>, StageError> {
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .append(true)
-                .create(true)
-                .open(path)
-                .map_err(|source| StageError::Record { path: path.to_path_buf(), source })?;
-            let (fault, at) = (self.0, self.1);
-            Ok(Box::new(Faulty { file, fault, at, calls: 0, failed_once: false, fail_sync: false }))
-        }
-    }
-
     fn entry(name: &str) -> RecordEntry {
         RecordEntry { name: name.into(), size: 3, mtime_ns: 7, crc32c: 9 }
     }
@@ -1579,16 +1594,16 @@ mod tests {
     #[test]
     fn a_failed_append_leaves_exactly_the_entries_that_landed() {
         let cases = [
-            (Fault::Errno(libc::EIO), "Input/output error"),
-            (Fault::Errno(libc::ENOSPC), "No space left on device"),
-            (Fault::ShortThenEio(10), "Input/output error"),
-            (Fault::Zero, "stopped after 0 of"),
-            (Fault::Fsync, "Input/output error"),
+            (RecordFault::Errno(libc::EIO), "Input/output error"),
+            (RecordFault::Errno(libc::ENOSPC), "No space left on device"),
+            (RecordFault::ShortThenEio(10), "Input/output error"),
+            (RecordFault::Zero, "stopped after 0 of"),
+            (RecordFault::Fsync, "Input/output error"),
         ];
         for (fault, cause) in cases {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("r.jsonl");
-            let record = Record::open_in(&FaultyStore(fault, 1), &path).unwrap();
+            let record = Record::open_in(&FaultyRecordStore { fault, at: 1 }, &path).unwrap();
             record.append(&entry("a")).unwrap();
             let error = record.append(&entry("b")).unwrap_err().to_string();
             assert!(error.contains("progress record") && error.contains(cause), "{error}");
@@ -1608,7 +1623,9 @@ mod tests {
     fn short_writes_are_completed() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("r.jsonl");
-        let record = Record::open_in(&FaultyStore(Fault::Short(5), 0), &path).unwrap();
+        let record =
+            Record::open_in(&FaultyRecordStore { fault: RecordFault::Short(5), at: 0 }, &path)
+                .unwrap();
         for name in ["a", "b", "c"] {
             record.append(&entry(name)).unwrap();
         }
