@@ -1099,9 +1099,22 @@ fn cancelled_while_running(testbed: &Testbed<'_>, passed: &mut Passed) {
 /// lost teardown is made certain: a job record and reservation for a job Slurm never had. The
 /// periodic pools refresh must tear them down.
 fn lost_teardown_done_by_pools_refresh(testbed: &Testbed<'_>, passed: &mut Passed) {
-    let (uid, gid) = (testbed.uid, testbed.gid);
     let ghost = 4_000_000u64;
-    let ghost_reservation = format!("job-{ghost}");
+    let (ghost_reservation, _) = ghost_job(testbed, ghost, serde_json::json!({}));
+    testbed.assert_cleaned_up(ghost, &ghost_reservation, false);
+    passed.pass("job whose teardown was lost torn down by the pools refresh");
+}
+
+/// A reservation for job `ghost` (which Slurm never had) owned by the test user, and the job
+/// record the hooks would have left for it, with `extra` fields; returns the reservation's name
+/// and the path of the record.
+fn ghost_job(
+    testbed: &Testbed<'_>,
+    ghost: u64,
+    extra: serde_json::Value,
+) -> (String, std::path::PathBuf) {
+    let (uid, gid) = (testbed.uid, testbed.gid);
+    let name = format!("job-{ghost}");
     let (ghost_id, uid_text, gid_text) = (ghost.to_string(), uid.to_string(), gid.to_string());
     let created = spillway_ok(
         &testbed.manager.socket,
@@ -1123,12 +1136,16 @@ fn lost_teardown_done_by_pools_refresh(testbed: &Testbed<'_>, passed: &mut Passe
     );
     let id =
         serde_json::from_str::<serde_json::Value>(created.trim()).unwrap()["id"].as_u64().unwrap();
-    let record = format!(
-        r#"{{"job":{ghost},"uid":{uid},"gid":{gid},"reservation":"{ghost_reservation}","persistent":false,"reservation_id":{id}}}"#
-    );
-    std::fs::write(testbed.cluster.dir.join(format!("bb-state/job-{ghost}.json")), record).unwrap();
-    testbed.assert_cleaned_up(ghost, &ghost_reservation, false);
-    passed.pass("job whose teardown was lost torn down by the pools refresh");
+    let mut record = serde_json::json!({
+        "job": ghost, "uid": uid, "gid": gid, "reservation": name, "persistent": false,
+        "reservation_id": id,
+    });
+    for (key, value) in extra.as_object().expect("extra record fields are an object") {
+        record[key] = value.clone();
+    }
+    let path = testbed.cluster.dir.join(format!("bb-state/job-{ghost}.json"));
+    std::fs::write(&path, record.to_string()).unwrap();
+    (name, path)
 }
 
 /// A job that ran with a `stage_out=` line but whose stage-out never finished (Slurm killed
@@ -1140,35 +1157,13 @@ fn unfinished_stage_out_kept_by_teardown(testbed: &Testbed<'_>, passed: &mut Pas
     let (uid, gid) = (testbed.uid, testbed.gid);
     let socket = &testbed.manager.socket;
     let ghost = 4_000_001u64;
-    let name = format!("job-{ghost}");
-    let (ghost_id, uid_text, gid_text) = (ghost.to_string(), uid.to_string(), gid.to_string());
-    let created = spillway_ok(
-        socket,
-        &[
-            "reservation",
-            "create",
-            "--capacity",
-            "8M",
-            "--pool",
-            "fast",
-            "--job",
-            &ghost_id,
-            "--owner",
-            &uid_text,
-            "--group",
-            &gid_text,
-            "--json",
-        ],
+    let (name, path) = ghost_job(
+        testbed,
+        ghost,
+        serde_json::json!({
+            "stage_out_unfinished": "the job ran but its stage-out did not finish (post_run or data_out failed, timed out or was killed)",
+        }),
     );
-    let id =
-        serde_json::from_str::<serde_json::Value>(created.trim()).unwrap()["id"].as_u64().unwrap();
-    let record = serde_json::json!({
-        "job": ghost, "uid": uid, "gid": gid, "reservation": name, "persistent": false,
-        "reservation_id": id,
-        "stage_out_unfinished": "the job ran but its stage-out did not finish (post_run or data_out failed, timed out or was killed)",
-    });
-    let path = testbed.cluster.dir.join(format!("bb-state/job-{ghost}.json"));
-    std::fs::write(&path, record.to_string()).unwrap();
     wait_for(&format!("teardown of job {ghost}"), testbed.cluster, || !path.exists());
     let shown: serde_json::Value =
         serde_json::from_str(spillway_ok(socket, &["reservation", "show", &name, "--json"]).trim())

@@ -840,13 +840,7 @@ impl Store {
         self.inner.append_meta(&mut state, header, name.as_bytes()).map_err(
             |(segment, source)| {
                 if is_no_space(&source) {
-                    WriteError::OutOfSpace {
-                        stream: META_STREAM,
-                        limit: SpaceLimit::FileSystem,
-                        needed_bytes: name.len() as u64,
-                        free_bytes: 0,
-                        limit_bytes: self.inner.knobs.ssd_bytes_max,
-                    }
+                    self.inner.file_system_full(META_STREAM, name.len() as u64, 0)
                 } else {
                     WriteError::Io { segment, source }
                 }
@@ -1577,13 +1571,8 @@ impl Inner {
         }
         check_granted_capacity(epoch, entry, payload_bytes)?;
         if state.disk_full && !self.disk_has_room(state, needed) {
-            return Err(WriteError::OutOfSpace {
-                stream,
-                limit: SpaceLimit::FileSystem,
-                needed_bytes: needed,
-                free_bytes: self.storage.available_bytes().ok().flatten().unwrap_or(0),
-                limit_bytes: self.knobs.ssd_bytes_max,
-            });
+            let free_bytes = self.storage.available_bytes().ok().flatten().unwrap_or(0);
+            return Err(self.file_system_full(stream, needed, free_bytes));
         }
         let free = self.free_bytes(state);
         if needed > free {
@@ -1612,6 +1601,22 @@ impl Inner {
         state.epochs.get_mut(&epoch).expect("admitted epoch vanished").admitted_payload_bytes +=
             payload_bytes;
         Ok(())
+    }
+
+    /// The SSD file system (not `ssd_bytes_max`) refused `needed_bytes` for `stream`.
+    fn file_system_full(
+        &self,
+        stream: StreamKey,
+        needed_bytes: u64,
+        free_bytes: u64,
+    ) -> WriteError {
+        WriteError::OutOfSpace {
+            stream,
+            limit: SpaceLimit::FileSystem,
+            needed_bytes,
+            free_bytes,
+            limit_bytes: self.knobs.ssd_bytes_max,
+        }
     }
 
     /// Reserves ring space (waiting for the flusher if DRAM is full), copies the payload outside
@@ -1744,15 +1749,7 @@ impl Inner {
             state.reserved_bytes += bytes;
             if is_no_space(&error) {
                 match self.roll_back_append(&mut state, segment_id, at, bytes, Some(epoch)) {
-                    Ok(()) => {
-                        return Err(WriteError::OutOfSpace {
-                            stream,
-                            limit: SpaceLimit::FileSystem,
-                            needed_bytes: bytes,
-                            free_bytes: 0,
-                            limit_bytes: self.knobs.ssd_bytes_max,
-                        })
-                    }
+                    Ok(()) => return Err(self.file_system_full(stream, bytes, 0)),
                     Err(reason) => {
                         self.fail(&mut state, reason);
                         return Err(WriteError::Io { segment: segment_id, source: error });
@@ -1796,15 +1793,7 @@ impl Inner {
         let hint = state.next_sequence;
         let (segment_id, at, segment_file) = match self.place(state, stream, bytes, hint) {
             Ok(placed) => placed,
-            Err(PlaceError::NoSpace(_)) => {
-                return Err(WriteError::OutOfSpace {
-                    stream,
-                    limit: SpaceLimit::FileSystem,
-                    needed_bytes: bytes,
-                    free_bytes: 0,
-                    limit_bytes: self.knobs.ssd_bytes_max,
-                })
-            }
+            Err(PlaceError::NoSpace(_)) => return Err(self.file_system_full(stream, bytes, 0)),
             Err(PlaceError::Io(reason)) => {
                 self.fail(state, reason.clone());
                 return Err(WriteError::Failed(reason));
