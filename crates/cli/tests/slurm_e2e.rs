@@ -798,7 +798,7 @@ fn stage_in_checkpoint_and_stage_out(testbed: &Testbed<'_>, input: &[u8], passed
          cmp \"$SPILLWAY_BB/input/data.bin\" {pfs_in}/data.bin && echo STAGE_IN_OK\n\
          mkdir -p \"$SPILLWAY_BB/ckpt\"\n\
          head -c {checkpoint_bytes} {pfs_in}/data.bin > \"$SPILLWAY_BB/ckpt/state.bin\"\n\
-         sync\necho CHECKPOINT_OK\n",
+         sync \"$SPILLWAY_BB/ckpt/state.bin\"\necho CHECKPOINT_OK\n",
         work = testbed.work.display(),
         pfs_in = testbed.pfs_in.display(),
         pfs_out = testbed.pfs_out.display(),
@@ -839,7 +839,7 @@ fn stage_out_only(testbed: &Testbed<'_>, passed: &mut Passed) {
          #BB_LUA capacity=8MiB pool=fast access=striped\n\
          #BB_LUA stage_out=result/out.bin:{pfs_out}/only-out.bin\n\
          set -e\nmkdir -p \"$SPILLWAY_BB/result\"\n\
-         head -c {bytes} {pfs_in}/data.bin > \"$SPILLWAY_BB/result/out.bin\"\nsync\necho WROTE\n",
+         head -c {bytes} {pfs_in}/data.bin > \"$SPILLWAY_BB/result/out.bin\"\nsync \"$SPILLWAY_BB/result/out.bin\"\necho WROTE\n",
         work = testbed.work.display(),
         pfs_in = testbed.pfs_in.display(),
         pfs_out = testbed.pfs_out.display(),
@@ -877,7 +877,7 @@ fn failed_stage_out_kept_as_rescue_then_retried(testbed: &Testbed<'_>, passed: &
          #BB_LUA capacity=8MiB pool=fast access=striped\n\
          #BB_LUA stage_out=res/result.bin:{locked}/result.bin\n\
          set -e\nmkdir -p \"$SPILLWAY_BB/res\"\n\
-         head -c {bytes} {pfs_in}/data.bin > \"$SPILLWAY_BB/res/result.bin\"\nsync\necho WROTE\n",
+         head -c {bytes} {pfs_in}/data.bin > \"$SPILLWAY_BB/res/result.bin\"\nsync \"$SPILLWAY_BB/res/result.bin\"\necho WROTE\n",
         work = testbed.work.display(),
         pfs_in = testbed.pfs_in.display(),
         locked = locked.display(),
@@ -981,7 +981,7 @@ fn persistent_reservation_shared_by_two_jobs(testbed: &Testbed<'_>, passed: &mut
     let cluster = testbed.cluster;
     let writer = format!(
         "#!/bin/sh\n#SBATCH -o {work}/pw-%j.out\n#BB_LUA capacity=16M pool=fast persistent=shared1\n\
-         set -e\necho persisted-by-first-job > \"$SPILLWAY_BB/note.txt\"\nsync\necho WROTE\n",
+         set -e\necho persisted-by-first-job > \"$SPILLWAY_BB/note.txt\"\nsync \"$SPILLWAY_BB/note.txt\"\necho WROTE\n",
         work = testbed.work.display()
     );
     let first = testbed.submit("persistent-writer", &writer);
