@@ -671,8 +671,12 @@ mod tests {
             .with_window_bytes_max(1 << 20);
         let data = vec![7u8; 400 << 10];
         for i in 0..5u64 {
-            let request =
-                Request::Write { epoch: EpochId(1), file: FileId(1), offset: i * (400 << 10) };
+            let request = Request::Write {
+                epoch: EpochId(1),
+                file: FileId(1),
+                offset: i * (400 << 10),
+                payload_crc32c: crc32c::crc32c(&data),
+            };
             connection.write_pipelined(&request, &data).unwrap();
         }
         connection.flush().unwrap();

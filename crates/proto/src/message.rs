@@ -248,11 +248,14 @@ pub enum Request {
         name: String,
         create: bool,
     },
-    /// Writes the frame payload at `offset`.
+    /// Writes the frame payload at `offset`. `payload_crc32c` is the CRC32C the client took of
+    /// the payload when the application handed it over; the server refuses a payload that does
+    /// not match it, and the store keeps it as the record checksum.
     Write {
         epoch: EpochId,
         file: FileId,
         offset: u64,
+        payload_crc32c: u32,
     },
     /// Reads `length` bytes at `offset`; holes read as zeros.
     Read {
@@ -513,6 +516,18 @@ impl<'a> Decoder<'a> {
     pub(crate) fn u32(&mut self, field: &'static str) -> Result<u32, FrameError> {
         Ok(u32::from_le_bytes(self.take(4, field)?.try_into().expect("4")))
     }
+    /// A u32 followed by a reserved u32 that must be 0.
+    pub(crate) fn u32_then_reserved(&mut self, field: &'static str) -> Result<u32, FrameError> {
+        let value = self.u32(field)?;
+        match self.u32("reserved")? {
+            0 => Ok(value),
+            reserved => Err(FrameError::BadValue {
+                kind: self.kind,
+                field: "reserved",
+                value: reserved as u64,
+            }),
+        }
+    }
     pub(crate) fn u64(&mut self, field: &'static str) -> Result<u64, FrameError> {
         Ok(u64::from_le_bytes(self.take(8, field)?.try_into().expect("8")))
     }
@@ -703,8 +718,9 @@ impl Request {
             Request::OpenFile { epoch, name, create } => {
                 e.u64(epoch.0).string(name).u8(*create as u8);
             }
-            Request::Write { epoch, file, offset } => {
-                e.u64(epoch.0).u64(file.0).u64(*offset);
+            Request::Write { epoch, file, offset, payload_crc32c } => {
+                // The u32 after the checksum is reserved (0).
+                e.u64(epoch.0).u64(file.0).u64(*offset).u32(*payload_crc32c).u32(0);
             }
             Request::Read { epoch, file, offset, length } => {
                 e.u64(epoch.0).u64(file.0).u64(*offset).u32(*length);
@@ -767,6 +783,7 @@ impl Request {
                 epoch: EpochId(d.u64("epoch")?),
                 file: FileId(d.u64("file")?),
                 offset: d.u64("offset")?,
+                payload_crc32c: d.u32_then_reserved("payload_crc32c")?,
             },
             Kind::Read => Request::Read {
                 epoch: EpochId(d.u64("epoch")?),
@@ -1226,10 +1243,8 @@ mod tests {
                 name: n,
                 create: c
             }),
-            (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(e, f, o)| Request::Write {
-                epoch: EpochId(e),
-                file: FileId(f),
-                offset: o
+            (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(e, f, o, c)| {
+                Request::Write { epoch: EpochId(e), file: FileId(f), offset: o, payload_crc32c: c }
             }),
             (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(e, f, o, l)| {
                 Request::Read { epoch: EpochId(e), file: FileId(f), offset: o, length: l }
@@ -1561,6 +1576,35 @@ mod tests {
         assert!(matches!(
             Request::decode(Kind::Commit, &body),
             Err(FrameError::BadValue { field: "participant address", .. })
+        ));
+    }
+
+    #[test]
+    fn write_body_layout_is_the_documented_one() {
+        let write = Request::Write {
+            epoch: EpochId(0x0102),
+            file: FileId(0x0304),
+            offset: 0x0506,
+            payload_crc32c: 0xA1B2_C3D4,
+        };
+        let mut expected = Vec::new();
+        expected.extend_from_slice(&0x0102u64.to_le_bytes());
+        expected.extend_from_slice(&0x0304u64.to_le_bytes());
+        expected.extend_from_slice(&0x0506u64.to_le_bytes());
+        expected.extend_from_slice(&0xA1B2_C3D4u32.to_le_bytes());
+        expected.extend_from_slice(&[0; 4]);
+        assert_eq!(write.encode_body(), expected);
+        assert_eq!(Request::decode(Kind::Write, &expected).unwrap(), write);
+        let mut reserved_set = expected.clone();
+        reserved_set[28] = 1;
+        assert!(matches!(
+            Request::decode(Kind::Write, &reserved_set),
+            Err(FrameError::BadValue { kind: Kind::Write, field: "reserved", value: 1 })
+        ));
+        // A version 3 body without the checksum (24 bytes) is cut short, not read as CRC 0.
+        assert!(matches!(
+            Request::decode(Kind::Write, &expected[..24]),
+            Err(FrameError::Truncated { .. })
         ));
     }
 

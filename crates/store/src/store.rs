@@ -601,6 +601,7 @@ pub(crate) fn publish_dram_record(
     file: FileId,
     offset: u64,
     payload_bytes: usize,
+    payload_crc: u32,
 ) {
     let at = dram_index(state, position);
     let bytes = state.dram[at].bytes;
@@ -610,9 +611,10 @@ pub(crate) fn publish_dram_record(
     let slot = unsafe { arena.slice_mut(position, bytes) };
     slot[HEADER_BYTES + payload_bytes..].fill(0);
     let header = next_data_header(state, stream, epoch, file, offset, payload_bytes);
-    // The record CRC is sealed when the record leaves DRAM (`seal_records`), off the ingest
-    // path; until then bytes 60..64 hold a placeholder no reader looks at.
-    header.encode(0, &mut slot[..HEADER_BYTES]);
+    // The record CRC is sealed now from the CRC taken when the data was written (the client's,
+    // checked by the server on receipt), not from the ring's bytes: from here on, every read
+    // and the SSD copy are checked against what the application wrote.
+    header.encode(payload_crc, &mut slot[..HEADER_BYTES]);
     let record = &mut state.dram[at];
     record.status = DramStatus::Ready;
     record.sequence = header.sequence;
@@ -780,8 +782,37 @@ impl Store {
         offset: u64,
         data: &[u8],
     ) -> Result<(), WriteError> {
+        let piece_max = self.inner.knobs.record_payload_bytes_max as usize;
+        let piece_crcs: Vec<u32> = data.chunks(piece_max).map(crc32c::crc32c).collect();
+        self.write_with_crcs(stream, epoch, file, offset, data, &piece_crcs)
+    }
+
+    /// The largest payload of one record (`record_payload_bytes_max`): a write is split into
+    /// pieces of this size, one record each.
+    pub fn record_payload_bytes_max(&self) -> usize {
+        self.inner.knobs.record_payload_bytes_max as usize
+    }
+
+    /// [`Store::write`] with the CRC32C of each piece of [`Store::record_payload_bytes_max`]
+    /// bytes of `data` (the last may be shorter) taken when the data was written (by the
+    /// client, checked on receipt): the records keep them as their checksums, so a read or a
+    /// drain that verifies a record verifies it against what the application wrote.
+    pub fn write_with_crcs(
+        &self,
+        stream: StreamKey,
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+        data: &[u8],
+        piece_crcs: &[u32],
+    ) -> Result<(), WriteError> {
         check_write_target(&self.inner.knobs, stream, epoch, file, offset, data.len())?;
         let piece_max = self.inner.knobs.record_payload_bytes_max as usize;
+        assert_eq!(
+            piece_crcs.len(),
+            data.len().div_ceil(piece_max),
+            "one CRC per record-sized piece of a write"
+        );
         let needed: u64 = data.chunks(piece_max).map(|p| record_bytes(p.len() as u64)).sum();
         self.inner.admit_write(stream, epoch, needed, data.len() as u64)?;
         let mut consumed = 0u64;
@@ -789,7 +820,8 @@ impl Store {
         let mut result = Ok(());
         for (i, piece) in data.chunks(piece_max).enumerate() {
             let piece_offset = offset + (i * piece_max) as u64;
-            match self.inner.write_piece(stream, epoch, file, piece_offset, piece) {
+            let crc = piece_crcs[i];
+            match self.inner.write_piece(stream, epoch, file, piece_offset, piece, crc) {
                 Ok(()) => {
                     consumed += record_bytes(piece.len() as u64);
                     published_payload += piece.len() as u64;
@@ -1615,7 +1647,8 @@ impl Inner {
     }
 
     /// Reserves ring space (waiting for the flusher if DRAM is full), copies the payload outside
-    /// the lock, then publishes the record (sequence, header, index; the CRC is sealed at spill).
+    /// the lock, then publishes the record (sequence, header with the record CRC sealed from
+    /// `piece_crc`, the write-time CRC32C of `piece`, index).
     pub(crate) fn write_piece(
         &self,
         stream: StreamKey,
@@ -1623,6 +1656,7 @@ impl Inner {
         file: FileId,
         offset: u64,
         piece: &[u8],
+        piece_crc: u32,
     ) -> Result<(), WriteError> {
         let bytes = record_bytes(piece.len() as u64);
         let deadline = Instant::now() + Duration::from_millis(self.knobs.dram_wait_ms_max);
@@ -1640,7 +1674,8 @@ impl Inner {
                     // SSD log itself (write-through): one copy fewer, and every writer thread
                     // spills in parallel with the flusher.
                     self.flusher.notify_one();
-                    return self.write_through(state, stream, epoch, file, offset, piece);
+                    let target = (stream, epoch, file, offset);
+                    return self.write_through(state, target, piece, piece_crc);
                 }
                 if let Some(position) =
                     reserve_dram_record(&mut state, bytes, stream, epoch, DramStatus::Writing)
@@ -1679,6 +1714,7 @@ impl Inner {
             file,
             offset,
             piece.len(),
+            piece_crc,
         );
         self.wake_flusher_above_high_watermark(&state);
         Ok(())
@@ -1701,21 +1737,20 @@ impl Inner {
     /// the record in the index. Until the header is written the record is invisible and, after
     /// a crash, a torn tail; the placement holds the segment's written frontier back, so no
     /// fsync claims it durable early (see `commit_round`).
+    /// `target`: stream, epoch, file, offset; `payload_crc`: the write-time CRC32C of `piece`.
     pub(crate) fn write_through(
         &self,
         mut state: parking_lot::MutexGuard<'_, State>,
-        stream: StreamKey,
-        epoch: EpochId,
-        file: FileId,
-        offset: u64,
+        target: (StreamKey, EpochId, FileId, u64),
         piece: &[u8],
+        payload_crc: u32,
     ) -> Result<(), WriteError> {
+        let (stream, epoch, file, offset) = target;
         let bytes = record_bytes(piece.len() as u64);
         let (segment_id, at, segment_file) =
             self.place_write_through(&mut state, stream, epoch, bytes)?;
         drop(state);
 
-        let payload_crc = crc32c::crc32c(piece);
         let mut result = write_payload_and_padding(segment_file.as_ref(), at, piece, bytes);
 
         let mut state = self.state.lock();
@@ -2306,37 +2341,8 @@ impl Inner {
         Ok(())
     }
 
-    /// Computes the record CRC of each placed data record (payload, then header bytes 0..60)
-    /// and writes it into its header in the ring, just before the record goes to SSD.
-    pub(crate) fn seal_records(&self, placed: &[Placed]) {
-        for item in placed {
-            // SAFETY: the record is Spilling: published and held by the ring. Readers only read
-            // payload bytes; the header bytes are touched by nobody but the spiller (us), and
-            // the two views below never overlap in time.
-            let mut header = [0u8; HEADER_BYTES];
-            // SAFETY: see above.
-            header.copy_from_slice(unsafe { self.arena.slice(item.position, HEADER_BYTES as u64) });
-            let decoded = RecordHeader::decode(&header).expect("a DRAM record header is corrupt");
-            assert_eq!(decoded.sequence, item.sequence, "ring position and record disagree");
-            let payload_crc = if decoded.payload_bytes == 0 {
-                0
-            } else {
-                // SAFETY: as above; readers only ever read the payload.
-                crc32c::crc32c(unsafe {
-                    self.arena
-                        .slice(item.position + HEADER_BYTES as u64, decoded.payload_bytes as u64)
-                })
-            };
-            let crc = record_crc(&header, payload_crc);
-            // SAFETY: as above; the CRC bytes of the header are written by the spiller alone.
-            unsafe { self.arena.slice_mut(item.position + 60, 4) }
-                .copy_from_slice(&crc.to_le_bytes());
-        }
-    }
-
     /// Issues the pwrites of placed records, coalescing neighbours in both ring and segment.
     pub(crate) fn write_placed(&self, placed: &[Placed]) -> Result<(), SpillWriteError> {
-        self.seal_records(placed);
         // Per segment: the range written but not yet handed to writeback.
         let mut unkicked: BTreeMap<SegmentId, (Arc<dyn SegmentFile>, u64, u64)> = BTreeMap::new();
         let capacity = self.arena.capacity();

@@ -65,6 +65,9 @@ impl ModelBackend {
     }
 }
 
+/// The model's record size: a write of more than this is checked as several pieces.
+const MODEL_RECORD_PAYLOAD_BYTES: usize = 64 * 1024;
+
 fn no_epoch(epoch: EpochId) -> BackendError {
     BackendError::new(ErrorCode::NoSuchEpoch, format!("epoch {epoch} is not here"))
 }
@@ -115,7 +118,17 @@ impl Backend for ModelBackend {
         file: FileId,
         offset: u64,
         data: &[u8],
+        piece_crcs: &[u32],
     ) -> Result<(), BackendError> {
+        // The server must hand over the CRC of each record-sized piece it received.
+        let received: Vec<u32> =
+            data.chunks(MODEL_RECORD_PAYLOAD_BYTES).map(crc32c::crc32c).collect();
+        if received != piece_crcs {
+            return Err(BackendError::new(
+                ErrorCode::Internal,
+                format!("piece CRCs {piece_crcs:x?} do not match the data's {received:x?}"),
+            ));
+        }
         let mut state = self.state.lock();
         state.write_streams.entry(epoch).or_default().insert(stream);
         if state.used + data.len() as u64 > self.capacity {
@@ -135,6 +148,10 @@ impl Backend for ModelBackend {
         f.writes.push((offset, data.to_vec()));
         state.used += data.len() as u64;
         Ok(())
+    }
+
+    fn record_payload_bytes(&self) -> usize {
+        MODEL_RECORD_PAYLOAD_BYTES
     }
 
     fn read(
