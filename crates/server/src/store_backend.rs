@@ -92,7 +92,7 @@ fn read_error(error: ReadError) -> BackendError {
         ReadError::UnknownEpoch(_) | ReadError::EpochGone { .. } => ErrorCode::NoSuchEpoch,
         ReadError::OffsetOverflow { .. } => ErrorCode::InvalidArgument,
         ReadError::Io { .. } => ErrorCode::Io,
-        ReadError::Corrupt { .. } => ErrorCode::Corrupt,
+        ReadError::ChecksumMismatch { .. } => ErrorCode::ChecksumMismatch,
         _ => ErrorCode::Internal,
     };
     BackendError::new(code, error.to_string())

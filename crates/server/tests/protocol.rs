@@ -736,6 +736,17 @@ fn a_payload_that_differs_from_its_checksum_is_refused_whole_in_the_store_slot()
     backend.store().read(EpochId(1), file, 0, &mut back).unwrap();
     assert!(back == first, "a refused overwrite changed the file");
     backend.store().check_invariants();
+    // Damage after ingest: a read of the damaged record is an error naming it, never bytes.
+    backend.store().inject_corruption(EpochId(1), file, 200_000).unwrap().unwrap();
+    send(&mut raw, 7, &Request::Read { epoch: EpochId(1), file, offset: 196_608, length: 10 }, &[]);
+    match receive(&mut raw) {
+        (7, Response::Error { code: ErrorCode::ChecksumMismatch, message }, payload) => {
+            assert!(payload.is_empty());
+            assert!(message.contains("epoch 1 file 1 bytes 196608..262144"), "{message}");
+        }
+        other => panic!("read of a damaged record: {other:?}"),
+    }
+    assert_eq!(ErrorCode::ChecksumMismatch.errno(), libc::EIO);
 }
 
 #[test]

@@ -947,7 +947,7 @@ impl Store {
         }
         buf.fill(0);
         let (dram_reads, ssd_reads) = self.locate_extents(epoch, file, offset, buf.len() as u64)?;
-        self.copy_dram_extents(&dram_reads, buf);
+        self.copy_dram_extents(&dram_reads, buf)?;
         for read in ssd_reads {
             read_ssd_extent(read, buf)?;
         }
@@ -975,6 +975,16 @@ impl Store {
             let at = (file_offset - offset) as usize;
             let target = at..at + extent.length as usize;
             let info = state.records.get(&extent.record).expect("indexed record has no location");
+            // Every extent is checked against its whole record's write-time CRC, so the record
+            // is read whole even when only part of it is asked for.
+            let record = RecordRef {
+                sequence: extent.record,
+                epoch,
+                file,
+                offset: file_offset - extent.skip,
+                payload_bytes: info.payload_bytes as u64,
+                skip: extent.skip,
+            };
             match info.location {
                 Location::Dram { position } => {
                     let start = position + HEADER_BYTES as u64 + extent.skip;
@@ -984,7 +994,7 @@ impl Store {
                     );
                     let at = dram_index(&state, position);
                     state.dram[at].readers += 1;
-                    dram_reads.push(DramRead { position, start, length: extent.length, target });
+                    dram_reads.push(DramRead { position, record, target });
                 }
                 Location::Ssd { segment, offset: record_offset } => {
                     let file = state
@@ -993,30 +1003,34 @@ impl Store {
                         .expect("record in unknown segment")
                         .file
                         .clone();
-                    // A read of a whole record (what drains do) is checked against its CRC.
-                    let whole = extent.skip == 0 && extent.length == info.payload_bytes as u64;
-                    let verify = whole.then_some((record_offset, extent.record));
-                    ssd_reads.push(SsdRead {
-                        segment,
-                        file,
-                        at: record_offset + HEADER_BYTES as u64 + extent.skip,
-                        target,
-                        verify,
-                    });
+                    ssd_reads.push(SsdRead { segment, file, record_offset, record, target });
                 }
             }
         }
         Ok((dram_reads, ssd_reads))
     }
 
-    /// Step 2 of `read`: copies the pinned DRAM extents into `buf` without the lock, then unpins
-    /// them (the ring tail may pass them again).
-    fn copy_dram_extents(&self, dram_reads: &[DramRead], buf: &mut [u8]) {
-        for DramRead { start, length, target, .. } in dram_reads {
-            // SAFETY: the record is published (its payload is never written again) and pinned
-            // (`readers` > 0), so the ring tail cannot pass it and its range is not reused.
-            let bytes = unsafe { self.inner.arena.slice(*start, *length) };
-            buf[target.clone()].copy_from_slice(bytes);
+    /// Step 2 of `read`: checks each pinned DRAM record against its write-time CRC and copies
+    /// the extent into `buf` without the lock, then unpins them (the ring tail may pass them
+    /// again). A record that fails its CRC fails the read: no wrong bytes are returned.
+    fn copy_dram_extents(&self, dram_reads: &[DramRead], buf: &mut [u8]) -> Result<(), ReadError> {
+        let mut result = Ok(());
+        for DramRead { position, record, target } in dram_reads {
+            // SAFETY: the record is published (its header and payload are never written again)
+            // and pinned (`readers` > 0), so the ring tail cannot pass it and its range is not
+            // reused.
+            let header = unsafe { self.inner.arena.slice(*position, HEADER_BYTES as u64) };
+            // SAFETY: as above.
+            let payload = unsafe {
+                self.inner.arena.slice(position + HEADER_BYTES as u64, record.payload_bytes)
+            };
+            if let Err(error) = record.check(header, payload, || format!("DRAM ring at {position}"))
+            {
+                result = Err(error);
+                break;
+            }
+            let from = record.skip as usize;
+            buf[target.clone()].copy_from_slice(&payload[from..from + target.len()]);
         }
         if !dram_reads.is_empty() {
             let mut state = self.inner.state.lock();
@@ -1029,6 +1043,7 @@ impl Store {
             drop(state);
             self.inner.space.notify_all();
         }
+        result
     }
 
     /// Every epoch the store knows, in order.
@@ -1169,6 +1184,44 @@ impl Store {
         self.inner.state.lock().stream_usage.get(&stream).copied().unwrap_or(0)
     }
 
+    /// Fault-injection seam for tests: flips one bit of the stored byte at `offset` of
+    /// (`epoch`, `file`) where the index says it lives (DRAM ring or SSD segment) and leaves
+    /// its record CRC alone, as a memory or disk fault would. Returns where the byte was, or
+    /// `None` if no record holds it. Call it with no read of the record in flight. Nothing but
+    /// tests calls it.
+    #[doc(hidden)]
+    pub fn inject_corruption(
+        &self,
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+    ) -> std::io::Result<Option<String>> {
+        let state = self.inner.state.lock();
+        let Some((_, extent)) = state.index.range(epoch, file, offset, 1).into_iter().next() else {
+            return Ok(None);
+        };
+        let info = state.records.get(&extent.record).expect("indexed record has no location");
+        let at_in_record = HEADER_BYTES as u64 + extent.skip;
+        match info.location {
+            Location::Dram { position } => {
+                // SAFETY: the record is published and, the state lock being held, the ring
+                // tail cannot pass it; the caller has no read of it in flight.
+                let byte = unsafe { self.inner.arena.slice_mut(position + at_in_record, 1) };
+                byte[0] ^= 0x01;
+                Ok(Some(format!("DRAM ring at {}", position + at_in_record)))
+            }
+            Location::Ssd { segment, offset: record_offset } => {
+                let segment_file =
+                    state.segments.get(&segment).expect("record in unknown segment").file.clone();
+                let mut byte = [0u8; 1];
+                segment_file.read_at(record_offset + at_in_record, &mut byte)?;
+                byte[0] ^= 0x01;
+                segment_file.write_at(record_offset + at_in_record, &byte)?;
+                Ok(Some(format!("segment {segment} at {}", record_offset + at_in_record)))
+            }
+        }
+    }
+
     pub fn stats(&self) -> StoreStats {
         let state = self.inner.state.lock();
         let live: u64 =
@@ -1299,15 +1352,57 @@ fn file_info(state: &State, epoch: EpochId, file: FileId) -> FileInfo {
     }
 }
 
+/// The record an extent of a read comes from: what its check needs and what an error names.
+struct RecordRef {
+    sequence: u64,
+    epoch: EpochId,
+    file: FileId,
+    /// File offset of the record's first payload byte.
+    offset: u64,
+    payload_bytes: u64,
+    /// Where the extent starts in the record's payload.
+    skip: u64,
+}
+
+impl RecordRef {
+    /// Checks a record's header (this record) and its payload against the record CRC, which
+    /// was sealed from the write-time CRC. `location` names where the copy was read.
+    fn check(
+        &self,
+        header: &[u8],
+        payload: &[u8],
+        location: impl Fn() -> String,
+    ) -> Result<(), ReadError> {
+        let mismatch = |detail: String| ReadError::ChecksumMismatch {
+            epoch: self.epoch,
+            file: self.file,
+            offset: self.offset,
+            length: self.payload_bytes,
+            location: location(),
+            detail,
+        };
+        let decoded = RecordHeader::decode(header).map_err(|d| mismatch(d.to_string()))?;
+        if decoded.sequence != self.sequence {
+            return Err(mismatch(format!(
+                "expected record {}, found record {}",
+                self.sequence, decoded.sequence
+            )));
+        }
+        let stored = u32::from_le_bytes(header[60..64].try_into().expect("4 bytes"));
+        if record_crc(header, crc32c::crc32c(payload)) != stored {
+            return Err(mismatch(format!("record {} fails its record CRC", self.sequence)));
+        }
+        Ok(())
+    }
+}
+
 /// One extent of a read that is in the DRAM ring: pinned from `Store::read`'s lookup until
-/// its bytes are copied out.
+/// its bytes are checked and copied out.
 struct DramRead {
     /// Ring position of the record (what pins it).
     position: u64,
-    /// Ring position of the extent's first byte.
-    start: u64,
-    length: u64,
-    /// Where the bytes go in the caller's buffer.
+    record: RecordRef,
+    /// Where the extent's bytes go in the caller's buffer.
     target: std::ops::Range<usize>,
 }
 
@@ -1315,44 +1410,33 @@ struct DramRead {
 struct SsdRead {
     segment: SegmentId,
     file: Arc<dyn SegmentFile>,
-    /// Segment offset of the extent's first byte.
-    at: u64,
-    /// Where the bytes go in the caller's buffer.
+    /// Segment offset of the record's header.
+    record_offset: u64,
+    record: RecordRef,
+    /// Where the extent's bytes go in the caller's buffer.
     target: std::ops::Range<usize>,
-    /// (record offset, sequence) when the extent is a whole record, checked against its CRC.
-    verify: Option<(u64, u64)>,
 }
 
-/// Step 3 of `Store::read`: reads one SSD extent into `buf`; a whole record is read with its
-/// header and checked (sequence and record CRC).
+/// Step 3 of `Store::read`: reads one SSD extent's record whole (header and payload) and
+/// checks it (sequence and record CRC) before its bytes reach `buf`.
 fn read_ssd_extent(read: SsdRead, buf: &mut [u8]) -> Result<(), ReadError> {
-    let SsdRead { segment, file, at, target, verify } = read;
-    if let Some((record_offset, sequence)) = verify {
-        // Header and payload in one read (the payload follows the header on disk).
-        let mut header = [0u8; HEADER_BYTES];
-        file.read_two_at(record_offset, &mut header, &mut buf[target.clone()])
-            .map_err(|source| ReadError::Io { segment, offset: record_offset, source })?;
-        let corrupt =
-            |detail: String| ReadError::Corrupt { segment, offset: record_offset, detail };
-        let decoded = RecordHeader::decode(&header).map_err(|d| corrupt(d.to_string()))?;
-        if decoded.sequence != sequence {
-            return Err(corrupt(format!(
-                "expected record {sequence}, found record {}",
-                decoded.sequence
-            )));
-        }
-        let stored = u32::from_le_bytes(header[60..64].try_into().expect("4 bytes"));
-        if record_crc(&header, crc32c::crc32c(&buf[target])) != stored {
-            return Err(corrupt("record CRC mismatch".into()));
-        }
+    let SsdRead { segment, file, record_offset, record, target } = read;
+    let io = |source| ReadError::Io { segment, offset: record_offset, source };
+    let location = || format!("segment {segment} at offset {record_offset}");
+    let mut header = [0u8; HEADER_BYTES];
+    if record.skip == 0 && target.len() as u64 == record.payload_bytes {
+        // The whole record (what drains read): header and payload in one read, straight into
+        // the caller's buffer, which is checked before the read returns.
+        file.read_two_at(record_offset, &mut header, &mut buf[target.clone()]).map_err(io)?;
+        record.check(&header, &buf[target.clone()], location)
     } else {
-        file.read_at(at, &mut buf[target.clone()]).map_err(|source| ReadError::Io {
-            segment,
-            offset: at,
-            source,
-        })?;
+        let mut payload = vec![0u8; record.payload_bytes as usize];
+        file.read_two_at(record_offset, &mut header, &mut payload).map_err(io)?;
+        record.check(&header, &payload, location)?;
+        let from = record.skip as usize;
+        buf[target.clone()].copy_from_slice(&payload[from..from + target.len()]);
+        Ok(())
     }
-    Ok(())
 }
 
 /// Live bytes of a segment: records of live epochs, plus tombstones still needed (their epoch
