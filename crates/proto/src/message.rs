@@ -373,7 +373,12 @@ pub enum Response {
     Written {
         bytes: u32,
     },
-    ReadData,
+    /// The read's bytes are the frame payload; `payload_crc32c` is their CRC32C, which the
+    /// server derives from the records' write-time checksums as it checks them, and the client
+    /// checks the bytes it received against.
+    ReadData {
+        payload_crc32c: u32,
+    },
     Committed {
         epoch: EpochId,
         durability: Durability,
@@ -840,7 +845,7 @@ impl Response {
             Response::Authenticated { .. } => Kind::Authenticated,
             Response::FileOpened { .. } => Kind::FileOpened,
             Response::Written { .. } => Kind::Written,
-            Response::ReadData => Kind::ReadData,
+            Response::ReadData { .. } => Kind::ReadData,
             Response::Committed { .. } => Kind::Committed,
             Response::Epochs(_) => Kind::Epochs,
             Response::Files(_) => Kind::Files,
@@ -868,7 +873,7 @@ impl Response {
             | Response::Authenticated { .. }
             | Response::FileOpened { .. }
             | Response::Written { .. }
-            | Response::ReadData
+            | Response::ReadData { .. }
             | Response::Committed { .. }
             | Response::Synced { .. } => self.encode_data_path(&mut e),
             Response::Epochs(_)
@@ -932,7 +937,10 @@ impl Response {
             Response::Written { bytes } => {
                 encoder.u32(*bytes);
             }
-            Response::ReadData => {}
+            Response::ReadData { payload_crc32c } => {
+                // The u32 after the checksum is reserved (0).
+                encoder.u32(*payload_crc32c).u32(0);
+            }
             Response::Committed { epoch, durability } => {
                 encoder.u64(epoch.0).u8(durability.wire());
             }
@@ -1088,7 +1096,9 @@ impl Response {
                 created: decoder.boolean("created")?,
             },
             Kind::Written => Response::Written { bytes: decoder.u32("bytes")? },
-            Kind::ReadData => Response::ReadData,
+            Kind::ReadData => {
+                Response::ReadData { payload_crc32c: decoder.u32_then_reserved("payload_crc32c")? }
+            }
             Kind::Committed => Response::Committed {
                 epoch: EpochId(decoder.u64("epoch")?),
                 durability: decoder.durability()?,
@@ -1408,7 +1418,7 @@ mod tests {
             (any::<u64>(), any::<bool>())
                 .prop_map(|(f, c)| Response::FileOpened { file: FileId(f), created: c }),
             any::<u32>().prop_map(|b| Response::Written { bytes: b }),
-            Just(Response::ReadData),
+            any::<u32>().prop_map(|c| Response::ReadData { payload_crc32c: c }),
             (any::<u64>(), durability())
                 .prop_map(|(e, d)| Response::Committed { epoch: EpochId(e), durability: d }),
             epochs_response(),
@@ -1606,6 +1616,23 @@ mod tests {
             Request::decode(Kind::Write, &expected[..24]),
             Err(FrameError::Truncated { .. })
         ));
+    }
+
+    #[test]
+    fn read_data_body_layout_is_the_documented_one() {
+        let reply = Response::ReadData { payload_crc32c: 0x0102_0304 };
+        let expected = [4, 3, 2, 1, 0, 0, 0, 0];
+        assert_eq!(reply.encode_body(), expected);
+        assert_eq!(Response::decode(Kind::ReadData, &expected).unwrap(), reply);
+        assert!(matches!(
+            Response::decode(Kind::ReadData, &[4, 3, 2, 1, 0, 0, 0, 9]),
+            Err(FrameError::BadValue {
+                kind: Kind::ReadData,
+                field: "reserved",
+                value: 0x0900_0000
+            })
+        ));
+        assert!(matches!(Response::decode(Kind::ReadData, &[]), Err(FrameError::Truncated { .. })));
     }
 
     #[test]

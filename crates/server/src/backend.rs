@@ -109,14 +109,16 @@ pub trait Backend: Send + Sync + 'static {
         let _ = (stream, epoch, file, offset, length);
         None
     }
-    /// Fills `out` from `offset`; holes read as zeros.
+    /// Fills `out` from `offset`; holes read as zeros. Returns the CRC32C of `out`, derived
+    /// from the write-time checksums of the data as it is checked (a store that holds none
+    /// computes it from `out`).
     fn read(
         &self,
         epoch: EpochId,
         file: FileId,
         offset: u64,
         out: &mut [u8],
-    ) -> Result<(), BackendError>;
+    ) -> Result<u32, BackendError>;
     /// Seals the epoch (later writes fail with `EpochReadOnly`) and returns when it is durable
     /// at `durability`: `Ssd` — fsync'd in the SSD log (group commit); `Memory` — held in DRAM,
     /// the SSD log catches up in the background. Never called with `ServerDefault`.

@@ -1286,9 +1286,9 @@ fn read(
     // it could deadlock); bounded instead by one reply buffer per connection:
     // connections_max × payload_bytes_max.
     let mut buffer = vec![0u8; length as usize];
-    shared.backend.read(epoch, file, offset, &mut buffer)?;
+    let payload_crc32c = shared.backend.read(epoch, file, offset, &mut buffer)?;
     shared.counters.bytes_read.fetch_add(length as u64, Ordering::Relaxed);
-    Ok((Response::ReadData, Some(buffer)))
+    Ok((Response::ReadData { payload_crc32c }, Some(buffer)))
 }
 
 /// `Commit`: commits at the asked (or the server's default) durability and tells the drainer.

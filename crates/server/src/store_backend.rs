@@ -282,8 +282,8 @@ impl Backend for StoreBackend {
         file: FileId,
         offset: u64,
         out: &mut [u8],
-    ) -> Result<(), BackendError> {
-        self.store.read(epoch, file, offset, out).map_err(read_error)
+    ) -> Result<u32, BackendError> {
+        self.store.read_with_crc(epoch, file, offset, out).map_err(read_error)
     }
 
     fn commit(&self, epoch: EpochId, durability: Durability) -> Result<(), BackendError> {

@@ -942,16 +942,38 @@ impl Store {
         offset: u64,
         buf: &mut [u8],
     ) -> Result<(), ReadError> {
+        self.read_with_crc(epoch, file, offset, buf).map(|_| ())
+    }
+
+    /// [`Store::read`], returning the CRC32C of `buf` as filled, derived while each record is
+    /// checked against its write-time CRC (no extra pass over the data): the CRC of the bytes
+    /// the application wrote, holes as zeros.
+    pub fn read_with_crc(
+        &self,
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<u32, ReadError> {
         if offset.checked_add(buf.len() as u64).is_none() {
             return Err(ReadError::OffsetOverflow { epoch, file, offset });
         }
         buf.fill(0);
         let (dram_reads, ssd_reads) = self.locate_extents(epoch, file, offset, buf.len() as u64)?;
-        self.copy_dram_extents(&dram_reads, buf)?;
+        // (range of `buf`, its CRC32C) of every extent read.
+        let mut pieces = self.copy_dram_extents(&dram_reads, buf)?;
         for read in ssd_reads {
-            read_ssd_extent(read, buf)?;
+            pieces.push(read_ssd_extent(read, buf)?);
         }
-        Ok(())
+        pieces.sort_unstable_by_key(|(range, _)| range.start);
+        let (mut crc, mut at) = (0u32, 0usize);
+        for (range, piece_crc) in pieces {
+            // Holes between extents are zeros in `buf`.
+            crc = crc32c::crc32c_append(crc, &buf[at..range.start]);
+            crc = crc32c::crc32c_combine(crc, piece_crc, range.len());
+            at = range.end;
+        }
+        Ok(crc32c::crc32c_append(crc, &buf[at..]))
     }
 
     /// Step 1 of `read`: under the lock, where each extent of the range is; the DRAM records
@@ -1013,8 +1035,13 @@ impl Store {
     /// Step 2 of `read`: checks each pinned DRAM record against its write-time CRC and copies
     /// the extent into `buf` without the lock, then unpins them (the ring tail may pass them
     /// again). A record that fails its CRC fails the read: no wrong bytes are returned.
-    fn copy_dram_extents(&self, dram_reads: &[DramRead], buf: &mut [u8]) -> Result<(), ReadError> {
-        let mut result = Ok(());
+    #[allow(clippy::type_complexity)]
+    fn copy_dram_extents(
+        &self,
+        dram_reads: &[DramRead],
+        buf: &mut [u8],
+    ) -> Result<Vec<(std::ops::Range<usize>, u32)>, ReadError> {
+        let mut result = Ok(Vec::with_capacity(dram_reads.len()));
         for DramRead { position, record, target } in dram_reads {
             // SAFETY: the record is published (its header and payload are never written again)
             // and pinned (`readers` > 0), so the ring tail cannot pass it and its range is not
@@ -1024,10 +1051,17 @@ impl Store {
             let payload = unsafe {
                 self.inner.arena.slice(position + HEADER_BYTES as u64, record.payload_bytes)
             };
-            if let Err(error) = record.check(header, payload, || format!("DRAM ring at {position}"))
-            {
-                result = Err(error);
-                break;
+            let location = || format!("DRAM ring at {position}");
+            match record.check(header, payload, target.len(), location) {
+                Ok(crc) => {
+                    if let Ok(pieces) = &mut result {
+                        pieces.push((target.clone(), crc));
+                    }
+                }
+                Err(error) => {
+                    result = Err(error);
+                    break;
+                }
             }
             let from = record.skip as usize;
             buf[target.clone()].copy_from_slice(&payload[from..from + target.len()]);
@@ -1366,13 +1400,16 @@ struct RecordRef {
 
 impl RecordRef {
     /// Checks a record's header (this record) and its payload against the record CRC, which
-    /// was sealed from the write-time CRC. `location` names where the copy was read.
+    /// was sealed from the write-time CRC, and returns the CRC32C of the `length` bytes the
+    /// extent reads (from `skip`). The payload is checksummed once, in three parts (before,
+    /// the extent, after) combined for the check. `location` names where the copy was read.
     fn check(
         &self,
         header: &[u8],
         payload: &[u8],
+        length: usize,
         location: impl Fn() -> String,
-    ) -> Result<(), ReadError> {
+    ) -> Result<u32, ReadError> {
         let mismatch = |detail: String| ReadError::ChecksumMismatch {
             epoch: self.epoch,
             file: self.file,
@@ -1388,11 +1425,20 @@ impl RecordRef {
                 self.sequence, decoded.sequence
             )));
         }
+        let (from, to) = (self.skip as usize, self.skip as usize + length);
+        let before = crc32c::crc32c(&payload[..from]);
+        let extent = crc32c::crc32c(&payload[from..to]);
+        let after = crc32c::crc32c(&payload[to..]);
+        let whole = crc32c::crc32c_combine(
+            crc32c::crc32c_combine(before, extent, length),
+            after,
+            payload.len() - to,
+        );
         let stored = u32::from_le_bytes(header[60..64].try_into().expect("4 bytes"));
-        if record_crc(header, crc32c::crc32c(payload)) != stored {
+        if record_crc(header, whole) != stored {
             return Err(mismatch(format!("record {} fails its record CRC", self.sequence)));
         }
-        Ok(())
+        Ok(extent)
     }
 }
 
@@ -1418,8 +1464,12 @@ struct SsdRead {
 }
 
 /// Step 3 of `Store::read`: reads one SSD extent's record whole (header and payload) and
-/// checks it (sequence and record CRC) before its bytes reach `buf`.
-fn read_ssd_extent(read: SsdRead, buf: &mut [u8]) -> Result<(), ReadError> {
+/// checks it (sequence and record CRC) before its bytes reach `buf`; returns the extent's
+/// range in `buf` and its CRC32C.
+fn read_ssd_extent(
+    read: SsdRead,
+    buf: &mut [u8],
+) -> Result<(std::ops::Range<usize>, u32), ReadError> {
     let SsdRead { segment, file, record_offset, record, target } = read;
     let io = |source| ReadError::Io { segment, offset: record_offset, source };
     let location = || format!("segment {segment} at offset {record_offset}");
@@ -1428,14 +1478,15 @@ fn read_ssd_extent(read: SsdRead, buf: &mut [u8]) -> Result<(), ReadError> {
         // The whole record (what drains read): header and payload in one read, straight into
         // the caller's buffer, which is checked before the read returns.
         file.read_two_at(record_offset, &mut header, &mut buf[target.clone()]).map_err(io)?;
-        record.check(&header, &buf[target.clone()], location)
+        let crc = record.check(&header, &buf[target.clone()], target.len(), location)?;
+        Ok((target, crc))
     } else {
         let mut payload = vec![0u8; record.payload_bytes as usize];
         file.read_two_at(record_offset, &mut header, &mut payload).map_err(io)?;
-        record.check(&header, &payload, location)?;
+        let crc = record.check(&header, &payload, target.len(), location)?;
         let from = record.skip as usize;
         buf[target.clone()].copy_from_slice(&payload[from..from + target.len()]);
-        Ok(())
+        Ok((target, crc))
     }
 }
 

@@ -141,3 +141,47 @@ fn write_slots_keep_the_crcs_they_are_published_with() {
     store.read(EpochId(4), FileId(1), 0, &mut first).unwrap();
     assert!(first[..] == data[..RECORD as usize]);
 }
+
+#[test]
+fn reads_return_the_crc_of_their_bytes_derived_from_the_write_time_crcs() {
+    // Records at 1000..41960 and a second write after a hole; ranges cover whole records,
+    // parts of records, holes before, between and after, from DRAM and then from SSD.
+    let store = open_sim();
+    let data = common::payload(5, 40 * KIB as usize);
+    let crcs: Vec<u32> = data.chunks(RECORD as usize).map(crc32c::crc32c).collect();
+    store.write_with_crcs(StreamKey(1), EpochId(5), FileId(1), 1000, &data, &crcs).unwrap();
+    store.write(StreamKey(1), EpochId(5), FileId(1), 60_000, b"after a hole").unwrap();
+    let ranges = [
+        (0u64, 70_000usize),
+        (1000, 40 * KIB as usize),
+        (5000, 20_000),
+        (41_000, 20_000),
+        (17_000, 1),
+    ];
+    for durability in [None, Some(Durability::Ssd)] {
+        if let Some(durability) = durability {
+            store.commit(EpochId(5), durability).unwrap();
+        }
+        for (offset, length) in ranges {
+            let mut back = vec![0xEEu8; length];
+            let crc = store.read_with_crc(EpochId(5), FileId(1), offset, &mut back).unwrap();
+            assert_eq!(crc, crc32c::crc32c(&back), "{offset}+{length} after {durability:?}");
+        }
+    }
+    // A record written with a CRC other than its bytes' shows in the CRC a read returns
+    // (it is the write-time one), and fails the read.
+    let mut changed = data[..100].to_vec();
+    changed[3] ^= 1;
+    store
+        .write_with_crcs(
+            StreamKey(1),
+            EpochId(6),
+            FileId(1),
+            0,
+            &changed,
+            &[crc32c::crc32c(&data[..100])],
+        )
+        .unwrap();
+    let mut back = vec![0u8; 100];
+    assert!(store.read_with_crc(EpochId(6), FileId(1), 0, &mut back).is_err());
+}

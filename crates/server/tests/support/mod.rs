@@ -160,7 +160,7 @@ impl Backend for ModelBackend {
         file: FileId,
         offset: u64,
         out: &mut [u8],
-    ) -> Result<(), BackendError> {
+    ) -> Result<u32, BackendError> {
         let state = self.state.lock();
         let e = state.epochs.get(&epoch).ok_or_else(|| no_epoch(epoch))?;
         let f = e.files.get(&file).ok_or_else(|| no_file(epoch, file))?;
@@ -174,7 +174,7 @@ impl Backend for ModelBackend {
                     .copy_from_slice(&data[(start - at) as usize..(stop - at) as usize]);
             }
         }
-        Ok(())
+        Ok(crc32c::crc32c(out))
     }
 
     fn sync(&self) -> Result<(), BackendError> {
