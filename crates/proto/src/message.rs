@@ -374,8 +374,8 @@ pub enum Response {
         bytes: u32,
     },
     /// The read's bytes are the frame payload; `payload_crc32c` is their CRC32C, which the
-    /// server derives from the records' write-time checksums as it checks them, and the client
-    /// checks the bytes it received against.
+    /// server takes as it checks the records against their write-time checksums, and the
+    /// client checks the bytes it received against.
     ReadData {
         payload_crc32c: u32,
     },

@@ -109,9 +109,9 @@ pub trait Backend: Send + Sync + 'static {
         let _ = (stream, epoch, file, offset, length);
         None
     }
-    /// Fills `out` from `offset`; holes read as zeros. Returns the CRC32C of `out`, derived
-    /// from the write-time checksums of the data as it is checked (a store that holds none
-    /// computes it from `out`).
+    /// Fills `out` from `offset`; holes read as zeros. Returns the CRC32C of `out`, taken as
+    /// the data is checked against its write-time checksums (a store that holds none computes
+    /// it from `out`).
     fn read(
         &self,
         epoch: EpochId,
