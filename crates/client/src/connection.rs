@@ -20,7 +20,7 @@ use spillway_proto::auth::credential_payload;
 use spillway_proto::frame::{self, ReceiveError};
 use spillway_proto::transport;
 use spillway_proto::{
-    AuthMethod, Connection, Endpoint, Kind, Request, Response, ServerId, CHALLENGE_BYTES,
+    AuthMethod, Connection, Endpoint, ErrorCode, Request, Response, ServerId, CHALLENGE_BYTES,
     PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
 use spillway_sys::munge::MungeContext;
@@ -324,7 +324,7 @@ impl ServerConnection {
         let response = Response::decode(header.kind, &self.body).map_err(|e| {
             ClientError::Protocol { endpoint: self.endpoint.clone(), message: e.to_string() }
         })?;
-        if header.kind == Kind::ReadData {
+        if let Response::ReadData { payload_crc32c } = response {
             match read_into {
                 Some(buffer) if buffer.len() == header.payload_bytes as usize => {
                     frame::read_payload(&mut self.reader, buffer).map_err(|e| {
@@ -333,6 +333,21 @@ impl ServerConnection {
                             message: e.to_string(),
                         }
                     })?;
+                    // The server derived the CRC from the data's write-time checksums: bytes
+                    // changed on the way (its buffer, the socket, ours) are never handed out.
+                    let received = crc32c::crc32c(buffer);
+                    if received != payload_crc32c {
+                        let message = format!(
+                            "read reply from {}: the {} bytes received have CRC32C \
+                             {received:#010x}, the server sent {payload_crc32c:#010x}; the \
+                             bytes are not used",
+                            self.endpoint,
+                            buffer.len()
+                        );
+                        let response =
+                            Response::Error { code: ErrorCode::ChecksumMismatch, message };
+                        return Ok((header.request_id, response));
+                    }
                 }
                 _ => {
                     return Err(ClientError::Protocol {
@@ -471,7 +486,7 @@ impl ServerConnection {
                 }
                 return Err(ClientError::Server { endpoint: self.endpoint.clone(), code, message });
             }
-            if reply_id != id || response != Response::ReadData {
+            if reply_id != id || !matches!(response, Response::ReadData { .. }) {
                 return Err(ClientError::Protocol {
                     endpoint: self.endpoint.clone(),
                     message: format!("reply {reply_id} {:?} to read request {id}", response.kind()),
@@ -584,7 +599,9 @@ impl ServerConnection {
                 });
                 false
             }
-            Ok((reply_id, response)) if reply_id != id || response != Response::ReadData => {
+            Ok((reply_id, response))
+                if reply_id != id || !matches!(response, Response::ReadData { .. }) =>
+            {
                 first_error.get_or_insert(ClientError::Protocol {
                     endpoint: self.endpoint.clone(),
                     message: format!("reply {reply_id} {:?} to read request {id}", response.kind()),
@@ -617,6 +634,65 @@ mod tests {
         frame::read_payload(stream, &mut payload)
             .map_err(|e| std::io::Error::other(e.to_string()))?;
         Ok(header)
+    }
+
+    /// Answers the handshake of the one connection `listener` accepts.
+    fn accept_and_greet(listener: &TcpListener) -> std::net::TcpStream {
+        let (mut stream, _) = listener.accept().unwrap();
+        let hello = read_frame(&mut stream).unwrap();
+        let reply = Response::Hello {
+            version: PROTOCOL_VERSION,
+            payload_bytes_max: 1 << 20,
+            in_flight_requests_max: 128,
+            uid: 0,
+            gid: 0,
+            server_name: "fake".into(),
+            auth: AuthMethod::None,
+            challenge: [0; CHALLENGE_BYTES],
+            server_id: ServerId([1; 16]),
+            incarnation: 1,
+        };
+        frame::write_frame(&mut stream, reply.kind(), hello.request_id, &reply.encode_body(), &[])
+            .unwrap();
+        stream
+    }
+
+    #[test]
+    fn read_bytes_that_differ_from_the_servers_checksum_are_refused_and_the_connection_lives_on() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        let data = vec![5u8; 4096];
+        let good = crc32c::crc32c(&data);
+        // Two reads: the first reply's bytes changed after the server took their CRC.
+        let sent = data.clone();
+        let server = std::thread::spawn(move || {
+            let mut stream = accept_and_greet(&listener);
+            for crc in [good ^ 1, good] {
+                let read = read_frame(&mut stream).unwrap();
+                let reply = Response::ReadData { payload_crc32c: crc };
+                frame::write_frame(
+                    &mut stream,
+                    reply.kind(),
+                    read.request_id,
+                    &reply.encode_body(),
+                    &sent,
+                )
+                .unwrap();
+            }
+        });
+        let endpoint = Endpoint::Tcp(address);
+        let mut connection = ServerConnection::connect(&endpoint, "test", 8).unwrap();
+        let read = Request::Read { epoch: EpochId(1), file: FileId(1), offset: 0, length: 4096 };
+        let mut buffer = vec![0u8; 4096];
+        match connection.read_many(&mut [(read.clone(), &mut buffer[..])]) {
+            Err(error @ ClientError::Server { code: ErrorCode::ChecksumMismatch, .. }) => {
+                assert_eq!(error.errno(), libc::EIO);
+            }
+            other => panic!("a damaged read reply was accepted: {other:?}"),
+        }
+        connection.read_many(&mut [(read, &mut buffer[..])]).unwrap();
+        assert!(buffer == data);
+        server.join().unwrap();
     }
 
     #[test]
@@ -671,8 +747,12 @@ mod tests {
             .with_window_bytes_max(1 << 20);
         let data = vec![7u8; 400 << 10];
         for i in 0..5u64 {
-            let request =
-                Request::Write { epoch: EpochId(1), file: FileId(1), offset: i * (400 << 10) };
+            let request = Request::Write {
+                epoch: EpochId(1),
+                file: FileId(1),
+                offset: i * (400 << 10),
+                payload_crc32c: crc32c::crc32c(&data),
+            };
             connection.write_pipelined(&request, &data).unwrap();
         }
         connection.flush().unwrap();

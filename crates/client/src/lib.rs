@@ -552,7 +552,14 @@ impl Client {
             let id = self.file_on(file, piece.server)?;
             let start = (piece.offset - offset) as usize;
             let bytes = &data[start..start + piece.length as usize];
-            let request = Request::Write { epoch: file.epoch, file: id, offset: piece.offset };
+            // Taken from the caller's buffer before the bytes leave it: the server refuses a
+            // payload that arrives different, and the store keeps this as the record checksum.
+            let request = Request::Write {
+                epoch: file.epoch,
+                file: id,
+                offset: piece.offset,
+                payload_crc32c: crc32c::crc32c(bytes),
+            };
             let sent = self.servers[piece.server].write_pipelined(&request, bytes);
             // A reopened connection may reach a restarted server: what was written there
             // before is lost; this piece went to the new incarnation.

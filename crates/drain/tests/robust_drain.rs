@@ -328,3 +328,46 @@ fn a_journal_that_fails_to_sync_frees_nothing_and_refuses_requests_until_restart
     drainer.request(EpochId(2), DrainMode::Shuffled).unwrap();
     wait_status(&drainer, EpochId(2), "drained", |i| i.state == DrainState::Drained);
 }
+
+#[test]
+fn a_record_damaged_after_ingest_fails_the_drain_and_nothing_is_published_or_freed() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path());
+    let pfs_dir = dir.path().join("pfs");
+    std::fs::create_dir(&pfs_dir).unwrap();
+    spillway_drain::pfs::mark_pfs(&pfs_dir).unwrap();
+    let mut app = node.client();
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    write_committed(&mut app, EpochId(1), "a.dat", 0, &data);
+    write_committed(&mut app, EpochId(2), "b.dat", 0, &data);
+    // Bit rot after the write was checked and committed: one byte of each epoch's file, in
+    // whichever tier the record lives now (DRAM or SSD).
+    for epoch in [EpochId(1), EpochId(2)] {
+        let file = node.backend.files(epoch).unwrap()[0].file;
+        let at = node.backend.store().inject_corruption(epoch, file, 1_234_567).unwrap();
+        assert!(at.is_some(), "the byte is held");
+    }
+    let pfs = PosixPfs::new(&pfs_dir);
+    let drainer = node.drainer(dir.path(), Arc::new(pfs), 2);
+    drainer.request(EpochId(1), DrainMode::Shuffled).unwrap();
+    drainer.request(EpochId(2), DrainMode::Naive).unwrap();
+    for epoch in [EpochId(1), EpochId(2)] {
+        let info =
+            wait_status(&drainer, epoch, "quarantined", |i| i.state == DrainState::Quarantined);
+        assert!(
+            info.last_error.contains("write-time checksum")
+                && info.last_error.contains(&format!("epoch {epoch}")),
+            "the failure does not name the damage: {}",
+            info.last_error
+        );
+        assert_eq!(node.epoch_state(epoch), EpochState::Committed, "nothing freed");
+        // Nothing under a final name: at most hidden staging files in the epoch's directory.
+        let published: Vec<_> = std::fs::read_dir(pfs_dir.join(format!("epoch-{epoch}")))
+            .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(
+            published.iter().all(|name| name.to_string_lossy().starts_with('.')),
+            "published despite damage: {published:?}"
+        );
+    }
+}

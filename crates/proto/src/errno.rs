@@ -44,6 +44,10 @@ pub enum ErrorCode {
     /// The write would end past the server's largest file size (`store.file_bytes_max`);
     /// nothing of it was written.
     FileTooLarge,
+    /// Data does not match the CRC32C taken when it was written: a write payload that arrived
+    /// different from what the client checksummed (nothing of it was written), or held data
+    /// that no longer matches its write-time checksum (no bytes are returned).
+    ChecksumMismatch,
 }
 
 /// Code, wire value, errno, description — the single table.
@@ -65,6 +69,7 @@ const TABLE: &[(ErrorCode, u16, i32, &str)] = &[
     (ErrorCode::Busy, 15, libc::EAGAIN, "server busy"),
     (ErrorCode::QuotaExceeded, 16, libc::EDQUOT, "reservation capacity exceeded"),
     (ErrorCode::FileTooLarge, 17, libc::EFBIG, "file too large"),
+    (ErrorCode::ChecksumMismatch, 18, libc::EIO, "data does not match its write-time checksum"),
 ];
 
 impl ErrorCode {
@@ -117,7 +122,7 @@ mod tests {
             assert_eq!(ErrorCode::from_wire(code.wire()), Some(code));
             assert!(code.errno() > 0);
         }
-        assert_eq!(seen.len(), 17);
+        assert_eq!(seen.len(), 18);
         assert_eq!(ErrorCode::from_wire(0), None);
         assert_eq!(ErrorCode::from_wire(999), None);
     }
@@ -130,5 +135,6 @@ mod tests {
         assert_eq!(ErrorCode::EpochReadOnly.errno(), libc::EROFS);
         assert_eq!(ErrorCode::BadFrame.errno(), libc::EPROTO);
         assert_eq!(ErrorCode::QuotaExceeded.errno(), libc::EDQUOT);
+        assert_eq!(ErrorCode::ChecksumMismatch.errno(), libc::EIO);
     }
 }

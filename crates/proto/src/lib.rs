@@ -35,7 +35,8 @@ pub use transport::{Connection, Endpoint, Identity, Listener, Transport};
 /// support; the frame header layout is the same in every version. Version 2 added site
 /// authentication (`auth` and `challenge` in `HelloReply`, `Authenticate`/`Authenticated`,
 /// `auth` in `StatusReply`). Version 3 added server identity (`server_id` and `incarnation` in
-/// `HelloReply` and `StatusReply`) and the participants of a `Commit`.
+/// `HelloReply` and `StatusReply`), the participants of a `Commit` and the `payload_crc32c` of a
+/// `Write`.
 pub const PROTOCOL_VERSION: u16 = 3;
 /// The oldest protocol version this build still speaks. Servers and clients of this repository
 /// move together, so versions 1 and 2 (no server identity, no commit participants) are no

@@ -248,11 +248,14 @@ pub enum Request {
         name: String,
         create: bool,
     },
-    /// Writes the frame payload at `offset`.
+    /// Writes the frame payload at `offset`. `payload_crc32c` is the CRC32C the client took of
+    /// the payload when the application handed it over; the server refuses a payload that does
+    /// not match it, and the store keeps it as the record checksum.
     Write {
         epoch: EpochId,
         file: FileId,
         offset: u64,
+        payload_crc32c: u32,
     },
     /// Reads `length` bytes at `offset`; holes read as zeros.
     Read {
@@ -370,7 +373,12 @@ pub enum Response {
     Written {
         bytes: u32,
     },
-    ReadData,
+    /// The read's bytes are the frame payload; `payload_crc32c` is their CRC32C, which the
+    /// server takes as it checks the records against their write-time checksums, and the
+    /// client checks the bytes it received against.
+    ReadData {
+        payload_crc32c: u32,
+    },
     Committed {
         epoch: EpochId,
         durability: Durability,
@@ -512,6 +520,18 @@ impl<'a> Decoder<'a> {
     }
     pub(crate) fn u32(&mut self, field: &'static str) -> Result<u32, FrameError> {
         Ok(u32::from_le_bytes(self.take(4, field)?.try_into().expect("4")))
+    }
+    /// A u32 followed by a reserved u32 that must be 0.
+    pub(crate) fn u32_then_reserved(&mut self, field: &'static str) -> Result<u32, FrameError> {
+        let value = self.u32(field)?;
+        match self.u32("reserved")? {
+            0 => Ok(value),
+            reserved => Err(FrameError::BadValue {
+                kind: self.kind,
+                field: "reserved",
+                value: reserved as u64,
+            }),
+        }
     }
     pub(crate) fn u64(&mut self, field: &'static str) -> Result<u64, FrameError> {
         Ok(u64::from_le_bytes(self.take(8, field)?.try_into().expect("8")))
@@ -703,8 +723,9 @@ impl Request {
             Request::OpenFile { epoch, name, create } => {
                 e.u64(epoch.0).string(name).u8(*create as u8);
             }
-            Request::Write { epoch, file, offset } => {
-                e.u64(epoch.0).u64(file.0).u64(*offset);
+            Request::Write { epoch, file, offset, payload_crc32c } => {
+                // The u32 after the checksum is reserved (0).
+                e.u64(epoch.0).u64(file.0).u64(*offset).u32(*payload_crc32c).u32(0);
             }
             Request::Read { epoch, file, offset, length } => {
                 e.u64(epoch.0).u64(file.0).u64(*offset).u32(*length);
@@ -767,6 +788,7 @@ impl Request {
                 epoch: EpochId(d.u64("epoch")?),
                 file: FileId(d.u64("file")?),
                 offset: d.u64("offset")?,
+                payload_crc32c: d.u32_then_reserved("payload_crc32c")?,
             },
             Kind::Read => Request::Read {
                 epoch: EpochId(d.u64("epoch")?),
@@ -823,7 +845,7 @@ impl Response {
             Response::Authenticated { .. } => Kind::Authenticated,
             Response::FileOpened { .. } => Kind::FileOpened,
             Response::Written { .. } => Kind::Written,
-            Response::ReadData => Kind::ReadData,
+            Response::ReadData { .. } => Kind::ReadData,
             Response::Committed { .. } => Kind::Committed,
             Response::Epochs(_) => Kind::Epochs,
             Response::Files(_) => Kind::Files,
@@ -851,7 +873,7 @@ impl Response {
             | Response::Authenticated { .. }
             | Response::FileOpened { .. }
             | Response::Written { .. }
-            | Response::ReadData
+            | Response::ReadData { .. }
             | Response::Committed { .. }
             | Response::Synced { .. } => self.encode_data_path(&mut e),
             Response::Epochs(_)
@@ -915,7 +937,10 @@ impl Response {
             Response::Written { bytes } => {
                 encoder.u32(*bytes);
             }
-            Response::ReadData => {}
+            Response::ReadData { payload_crc32c } => {
+                // The u32 after the checksum is reserved (0).
+                encoder.u32(*payload_crc32c).u32(0);
+            }
             Response::Committed { epoch, durability } => {
                 encoder.u64(epoch.0).u8(durability.wire());
             }
@@ -1071,7 +1096,9 @@ impl Response {
                 created: decoder.boolean("created")?,
             },
             Kind::Written => Response::Written { bytes: decoder.u32("bytes")? },
-            Kind::ReadData => Response::ReadData,
+            Kind::ReadData => {
+                Response::ReadData { payload_crc32c: decoder.u32_then_reserved("payload_crc32c")? }
+            }
             Kind::Committed => Response::Committed {
                 epoch: EpochId(decoder.u64("epoch")?),
                 durability: decoder.durability()?,
@@ -1226,10 +1253,8 @@ mod tests {
                 name: n,
                 create: c
             }),
-            (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(e, f, o)| Request::Write {
-                epoch: EpochId(e),
-                file: FileId(f),
-                offset: o
+            (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(e, f, o, c)| {
+                Request::Write { epoch: EpochId(e), file: FileId(f), offset: o, payload_crc32c: c }
             }),
             (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(e, f, o, l)| {
                 Request::Read { epoch: EpochId(e), file: FileId(f), offset: o, length: l }
@@ -1393,7 +1418,7 @@ mod tests {
             (any::<u64>(), any::<bool>())
                 .prop_map(|(f, c)| Response::FileOpened { file: FileId(f), created: c }),
             any::<u32>().prop_map(|b| Response::Written { bytes: b }),
-            Just(Response::ReadData),
+            any::<u32>().prop_map(|c| Response::ReadData { payload_crc32c: c }),
             (any::<u64>(), durability())
                 .prop_map(|(e, d)| Response::Committed { epoch: EpochId(e), durability: d }),
             epochs_response(),
@@ -1562,6 +1587,52 @@ mod tests {
             Request::decode(Kind::Commit, &body),
             Err(FrameError::BadValue { field: "participant address", .. })
         ));
+    }
+
+    #[test]
+    fn write_body_layout_is_the_documented_one() {
+        let write = Request::Write {
+            epoch: EpochId(0x0102),
+            file: FileId(0x0304),
+            offset: 0x0506,
+            payload_crc32c: 0xA1B2_C3D4,
+        };
+        let mut expected = Vec::new();
+        expected.extend_from_slice(&0x0102u64.to_le_bytes());
+        expected.extend_from_slice(&0x0304u64.to_le_bytes());
+        expected.extend_from_slice(&0x0506u64.to_le_bytes());
+        expected.extend_from_slice(&0xA1B2_C3D4u32.to_le_bytes());
+        expected.extend_from_slice(&[0; 4]);
+        assert_eq!(write.encode_body(), expected);
+        assert_eq!(Request::decode(Kind::Write, &expected).unwrap(), write);
+        let mut reserved_set = expected.clone();
+        reserved_set[28] = 1;
+        assert!(matches!(
+            Request::decode(Kind::Write, &reserved_set),
+            Err(FrameError::BadValue { kind: Kind::Write, field: "reserved", value: 1 })
+        ));
+        // A version 3 body without the checksum (24 bytes) is cut short, not read as CRC 0.
+        assert!(matches!(
+            Request::decode(Kind::Write, &expected[..24]),
+            Err(FrameError::Truncated { .. })
+        ));
+    }
+
+    #[test]
+    fn read_data_body_layout_is_the_documented_one() {
+        let reply = Response::ReadData { payload_crc32c: 0x0102_0304 };
+        let expected = [4, 3, 2, 1, 0, 0, 0, 0];
+        assert_eq!(reply.encode_body(), expected);
+        assert_eq!(Response::decode(Kind::ReadData, &expected).unwrap(), reply);
+        assert!(matches!(
+            Response::decode(Kind::ReadData, &[4, 3, 2, 1, 0, 0, 0, 9]),
+            Err(FrameError::BadValue {
+                kind: Kind::ReadData,
+                field: "reserved",
+                value: 0x0900_0000
+            })
+        ));
+        assert!(matches!(Response::decode(Kind::ReadData, &[]), Err(FrameError::Truncated { .. })));
     }
 
     #[test]

@@ -59,9 +59,11 @@ pub trait PendingWrite: Send {
     fn payload_bytes(&self) -> usize;
     /// The ranges to fill, in order; together they hold the write's payload.
     fn buffers(&mut self) -> Vec<&mut [u8]>;
-    /// Makes the write visible, as [`Backend::write`] returning would. Fails, writing nothing,
-    /// if the epoch stopped accepting writes since the reservation.
-    fn publish(self: Box<Self>) -> Result<(), BackendError>;
+    /// Makes the write visible, as [`Backend::write`] returning would. `buffer_crcs`: the
+    /// CRC32C of each buffer, in order, which the caller checked against the client's
+    /// write-time checksum; the store keeps them as its record checksums. Fails, writing
+    /// nothing, if the epoch stopped accepting writes since the reservation.
+    fn publish(self: Box<Self>, buffer_crcs: &[u32]) -> Result<(), BackendError>;
 }
 
 /// What the server needs from the store. All methods take `&self` and may be called from many
@@ -77,6 +79,9 @@ pub trait Backend: Send + Sync + 'static {
         create: bool,
     ) -> Result<(FileId, bool), BackendError>;
     /// Appends `data` at `offset` of the file. Acknowledged when in the store's DRAM log.
+    /// `piece_crcs`: the CRC32C of each consecutive piece of [`Backend::record_payload_bytes`]
+    /// bytes of `data` (the last may be shorter), which the caller checked against the client's
+    /// write-time checksum; the store keeps them as its record checksums.
     /// A full store answers `ErrorCode::NoSpace` (the server retries within its bounded wait).
     fn write(
         &self,
@@ -85,7 +90,11 @@ pub trait Backend: Send + Sync + 'static {
         file: FileId,
         offset: u64,
         data: &[u8],
+        piece_crcs: &[u32],
     ) -> Result<(), BackendError>;
+    /// The largest payload of one store record: [`Backend::write`] takes one CRC per piece of
+    /// this size.
+    fn record_payload_bytes(&self) -> usize;
     /// Reserves store memory for a write of `length` bytes, if it can without waiting and the
     /// write would be admitted now. `None`: the caller buffers the payload and calls
     /// [`Backend::write`], which waits for space and reports errors.
@@ -100,14 +109,16 @@ pub trait Backend: Send + Sync + 'static {
         let _ = (stream, epoch, file, offset, length);
         None
     }
-    /// Fills `out` from `offset`; holes read as zeros.
+    /// Fills `out` from `offset`; holes read as zeros. Returns the CRC32C of `out`, taken as
+    /// the data is checked against its write-time checksums (a store that holds none computes
+    /// it from `out`).
     fn read(
         &self,
         epoch: EpochId,
         file: FileId,
         offset: u64,
         out: &mut [u8],
-    ) -> Result<(), BackendError>;
+    ) -> Result<u32, BackendError>;
     /// Seals the epoch (later writes fail with `EpochReadOnly`) and returns when it is durable
     /// at `durability`: `Ssd` — fsync'd in the SSD log (group commit); `Memory` — held in DRAM,
     /// the SSD log catches up in the background. Never called with `ServerDefault`.

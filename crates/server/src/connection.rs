@@ -53,10 +53,34 @@ const READ_POLL: Duration = Duration::from_millis(100);
 /// A write's payload as the reader received it, with its charge to the writer's uid (`None`
 /// for root), released once the store has it.
 enum Payload {
-    /// In store memory, to be published.
-    Placed(Box<dyn PendingWrite>, Option<Reservation>),
-    /// In a pooled buffer charged to the in-flight budget, for `Backend::write`.
-    Buffered(Vec<u8>, Reservation, Option<Reservation>),
+    /// In store memory, to be published, with the CRC32C of each of its buffers.
+    Placed(Box<dyn PendingWrite>, Option<Reservation>, Vec<u32>),
+    /// In a pooled buffer charged to the in-flight budget, for `Backend::write`, with the
+    /// CRC32C of each of its record-sized pieces.
+    Buffered(Vec<u8>, Reservation, Option<Reservation>, Vec<u32>),
+}
+
+/// What the reader did with a request's payload.
+enum Received {
+    /// Not a write: no payload.
+    Nothing,
+    /// A write's payload, checked against the client's checksum.
+    Payload(Payload),
+    /// A write refused on receipt (its payload did not match its checksum); the reply is
+    /// queued and nothing of the write was kept.
+    Answered,
+}
+
+/// The CRC32C of consecutive pieces combined into the CRC of their concatenation. A write of one
+/// piece (most writes) combines nothing: `crc32c_combine` costs tens of microseconds, which
+/// only pieces of a record's size (MiBs) make negligible.
+fn combined_crc(pieces: &[(u32, usize)]) -> u32 {
+    match pieces {
+        [] => crc32c::crc32c(&[]),
+        [(first, _), rest @ ..] => rest.iter().fold(*first, |crc, &(piece_crc, length)| {
+            crc32c::crc32c_combine(crc, piece_crc, length)
+        }),
+    }
 }
 
 /// What the executor tells the reader for the idle timeout: requests queued or running, and
@@ -752,8 +776,10 @@ fn read_loop(
             Ok(None) => continue,
             Err(reason) => return reason,
         };
-        let payload = match receive_payload(shared, reader, &header, &request, connection) {
-            Ok(payload) => payload,
+        let payload = match receive_payload(shared, reader, &header, &request, connection, sender) {
+            Ok(Received::Nothing) => None,
+            Ok(Received::Payload(payload)) => Some(payload),
+            Ok(Received::Answered) => continue,
             Err(reason) => return reason,
         };
         let received = Instant::now();
@@ -848,15 +874,19 @@ fn decode_request(
     Ok(Some(request))
 }
 
-/// Receives a write's payload into store memory or a pooled buffer; None for other requests.
+/// Receives a write's payload into store memory or a pooled buffer and checks it against the
+/// client's checksum; a mismatch is answered here and nothing of the write is kept.
 fn receive_payload(
     shared: &Shared,
     reader: &mut BufReader<FrameReader<'_>>,
     header: &Header,
     request: &Request,
     connection: &Peer<'_>,
-) -> Result<Option<Payload>, String> {
-    let Request::Write { epoch, file, offset } = *request else { return Ok(None) };
+    sender: &std::sync::mpsc::SyncSender<Job>,
+) -> Result<Received, String> {
+    let Request::Write { epoch, file, offset, payload_crc32c } = *request else {
+        return Ok(Received::Nothing);
+    };
     let peer = connection.name;
     let length = header.payload_bytes as usize;
     let stream = stream_of(shared, connection.identity, epoch);
@@ -867,21 +897,32 @@ fn receive_payload(
     } else {
         None
     };
+    // Each piece's CRC is taken right after the piece arrives, while it is still in cache: the
+    // one pass over the payload that checks the client's checksum and gives the store its
+    // record checksums.
+    let mut pieces: Vec<(u32, usize)> = Vec::new();
     let (payload, received) = match placed {
         Some(mut pending) => {
             reader.get_mut().begin_payload();
-            let received = pending
-                .buffers()
-                .into_iter()
-                .try_for_each(|buffer| frame::read_payload(reader, buffer));
-            (Payload::Placed(pending, user_reservation), received)
+            let received = pending.buffers().into_iter().try_for_each(|buffer| {
+                frame::read_payload(reader, buffer)?;
+                pieces.push((crc32c::crc32c(buffer), buffer.len()));
+                Ok(())
+            });
+            let crcs = pieces.iter().map(|&(crc, _)| crc).collect();
+            (Payload::Placed(pending, user_reservation, crcs), received)
         }
         None => {
             let reservation = shared.budget.reserve(length as u64);
             let mut buffer = shared.pool.take(length);
             reader.get_mut().begin_payload();
             let received = frame::read_payload(reader, &mut buffer);
-            (Payload::Buffered(buffer, reservation, user_reservation), received)
+            if received.is_ok() {
+                let piece_bytes = shared.backend.record_payload_bytes().max(1);
+                pieces = buffer.chunks(piece_bytes).map(|p| (crc32c::crc32c(p), p.len())).collect();
+            }
+            let crcs = pieces.iter().map(|&(crc, _)| crc).collect();
+            (Payload::Buffered(buffer, reservation, user_reservation, crcs), received)
         }
     };
     reader.get_mut().end_payload();
@@ -890,7 +931,27 @@ fn receive_payload(
         tracing::warn!(%peer, request_id = header.request_id, problem = %error, "write payload cut short");
         return Err(format!("write payload cut short: {error}"));
     }
-    Ok(Some(payload))
+    let arrived_crc = combined_crc(&pieces);
+    if arrived_crc != payload_crc32c {
+        // Dropping the payload abandons a placed write (its slot was never published) and
+        // returns a buffered one's budget: nothing of the write is admitted.
+        drop(payload);
+        let problem = format!(
+            "write to epoch {epoch} file {file} at offset {offset} ({length} bytes): payload \
+             CRC32C {arrived_crc:#010x} differs from the client's {payload_crc32c:#010x}; \
+             nothing was written"
+        );
+        tracing::warn!(%peer, request_id = header.request_id, %problem, "write payload corrupt in flight");
+        let reply = Job::Reply {
+            request_id: header.request_id,
+            response: error_reply(ErrorCode::ChecksumMismatch, problem),
+        };
+        if sender.send(reply).is_err() {
+            return Err("executor stopped".into());
+        }
+        return Ok(Received::Answered);
+    }
+    Ok(Received::Payload(payload))
 }
 
 fn discard(reader: &mut impl Read, mut bytes: u64) -> io::Result<()> {
@@ -990,27 +1051,28 @@ fn run_with_payload(
     wait: Duration,
 ) -> (Response, Option<Vec<u8>>) {
     match payload {
-        Some(Payload::Placed(pending, user_reservation)) => {
-            let reply = handle(shared, identity, request, WriteData::Placed(pending), wait);
+        Some(Payload::Placed(pending, user_reservation, crcs)) => {
+            let reply = handle(shared, identity, request, WriteData::Placed(pending, &crcs), wait);
             drop(user_reservation);
             reply
         }
-        Some(Payload::Buffered(buffer, reservation, user_reservation)) => {
-            let reply = handle(shared, identity, request, WriteData::Bytes(&buffer), wait);
+        Some(Payload::Buffered(buffer, reservation, user_reservation, crcs)) => {
+            let reply = handle(shared, identity, request, WriteData::Bytes(&buffer, &crcs), wait);
             drop(reservation);
             drop(user_reservation);
             shared.pool.give(buffer);
             reply
         }
-        None => handle(shared, identity, request, WriteData::Bytes(&[]), wait),
+        None => handle(shared, identity, request, WriteData::Bytes(&[], &[]), wait),
     }
 }
 
 /// Runs one request. Returns the reply and, for reads, the payload to send with it.
 /// A write request's payload, as the executor hands it to [`run`].
+/// Each comes with the checked CRC32C of its buffers or record-sized pieces.
 enum WriteData<'a> {
-    Placed(Box<dyn PendingWrite>),
-    Bytes(&'a [u8]),
+    Placed(Box<dyn PendingWrite>, &'a [u32]),
+    Bytes(&'a [u8], &'a [u32]),
 }
 
 fn handle(
@@ -1042,7 +1104,7 @@ fn run(
             unreachable!("the reader answers handshake frames after the handshake itself")
         }
         Request::OpenFile { epoch, name, create } => open_file(shared, peer, epoch, &name, create),
-        Request::Write { epoch, file, offset } => {
+        Request::Write { epoch, file, offset, .. } => {
             write(shared, peer, epoch, file, offset, data, wait)
         }
         Request::Read { epoch, file, offset, length } => {
@@ -1179,19 +1241,20 @@ fn write(
     // A refused placed write is dropped unpublished: nothing of it is stored.
     authorize(shared, peer, epoch, Intent::Create)?;
     let length = match data {
-        WriteData::Placed(pending) => {
+        WriteData::Placed(pending, crcs) => {
             let length = pending.payload_bytes();
-            pending.publish()?;
+            pending.publish(crcs)?;
             length
         }
-        WriteData::Bytes(data) => {
+        WriteData::Bytes(data, crcs) => {
             offset.checked_add(data.len() as u64).ok_or_else(|| {
                 BackendError::new(
                     ErrorCode::InvalidArgument,
                     format!("write at offset {offset} of {} bytes overflows", data.len()),
                 )
             })?;
-            write_with_backpressure(shared, peer.identity, epoch, file, offset, data, wait)?;
+            let target = WriteTarget { epoch, file, offset };
+            write_with_backpressure(shared, peer.identity, target, data, crcs, wait)?;
             data.len()
         }
     };
@@ -1228,9 +1291,9 @@ fn read(
     // it could deadlock); bounded instead by one reply buffer per connection:
     // connections_max × payload_bytes_max.
     let mut buffer = vec![0u8; length as usize];
-    shared.backend.read(epoch, file, offset, &mut buffer)?;
+    let payload_crc32c = shared.backend.read(epoch, file, offset, &mut buffer)?;
     shared.counters.bytes_read.fetch_add(length as u64, Ordering::Relaxed);
-    Ok((Response::ReadData, Some(buffer)))
+    Ok((Response::ReadData { payload_crc32c }, Some(buffer)))
 }
 
 /// `Commit`: commits at the asked (or the server's default) durability and tells the drainer.
@@ -1332,21 +1395,29 @@ fn fit_files(files: Vec<FileInfo>) -> Vec<FileInfo> {
     out
 }
 
+/// Where a write goes.
+struct WriteTarget {
+    epoch: EpochId,
+    file: spillway_types::FileId,
+    offset: u64,
+}
+
 /// A write that finds the store full waits up to `wait` for space instead of failing at once:
 /// a drain or a delete may free space any moment.
 fn write_with_backpressure(
     shared: &Shared,
     identity: Identity,
-    epoch: EpochId,
-    file: spillway_types::FileId,
-    offset: u64,
+    target: WriteTarget,
     data: &[u8],
+    piece_crcs: &[u32],
     wait: Duration,
 ) -> Result<(), BackendError> {
+    let WriteTarget { epoch, file, offset } = target;
     let deadline = Instant::now() + wait;
     let mut waited = false;
     loop {
-        match shared.backend.write(stream_of(shared, identity, epoch), epoch, file, offset, data) {
+        let stream = stream_of(shared, identity, epoch);
+        match shared.backend.write(stream, epoch, file, offset, data, piece_crcs) {
             Err(error) if error.code == ErrorCode::NoSpace => {
                 let now = Instant::now();
                 if now >= deadline || shared.shutdown.load(Ordering::SeqCst) {

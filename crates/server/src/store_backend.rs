@@ -92,7 +92,7 @@ fn read_error(error: ReadError) -> BackendError {
         ReadError::UnknownEpoch(_) | ReadError::EpochGone { .. } => ErrorCode::NoSuchEpoch,
         ReadError::OffsetOverflow { .. } => ErrorCode::InvalidArgument,
         ReadError::Io { .. } => ErrorCode::Io,
-        ReadError::Corrupt { .. } => ErrorCode::Corrupt,
+        ReadError::ChecksumMismatch { .. } => ErrorCode::ChecksumMismatch,
         _ => ErrorCode::Internal,
     };
     BackendError::new(code, error.to_string())
@@ -201,8 +201,8 @@ impl PendingWrite for WriteSlot {
         WriteSlot::buffers(self)
     }
 
-    fn publish(self: Box<Self>) -> Result<(), BackendError> {
-        WriteSlot::publish(*self).map_err(write_error)
+    fn publish(self: Box<Self>, buffer_crcs: &[u32]) -> Result<(), BackendError> {
+        WriteSlot::publish(*self, buffer_crcs).map_err(write_error)
     }
 }
 
@@ -244,6 +244,7 @@ impl Backend for StoreBackend {
         file: FileId,
         offset: u64,
         data: &[u8],
+        piece_crcs: &[u32],
     ) -> Result<(), BackendError> {
         if !self.store.has_file(epoch, file) {
             return Err(BackendError::new(
@@ -251,7 +252,13 @@ impl Backend for StoreBackend {
                 format!("epoch {epoch} has no file {file}: open it first"),
             ));
         }
-        self.store.write(stream, epoch, file, offset, data).map_err(write_error)
+        self.store
+            .write_with_crcs(stream, epoch, file, offset, data, piece_crcs)
+            .map_err(write_error)
+    }
+
+    fn record_payload_bytes(&self) -> usize {
+        self.store.record_payload_bytes_max()
     }
 
     fn reserve_write(
@@ -275,8 +282,8 @@ impl Backend for StoreBackend {
         file: FileId,
         offset: u64,
         out: &mut [u8],
-    ) -> Result<(), BackendError> {
-        self.store.read(epoch, file, offset, out).map_err(read_error)
+    ) -> Result<u32, BackendError> {
+        self.store.read_with_crc(epoch, file, offset, out).map_err(read_error)
     }
 
     fn commit(&self, epoch: EpochId, durability: Durability) -> Result<(), BackendError> {

@@ -250,7 +250,12 @@ fn a_request_instead_of_authenticate_is_refused() {
     // A write right after Hello is refused the same way, its payload never read as a request.
     let mut stream = tcp(&running);
     hello(&mut stream);
-    let write = Request::Write { epoch: EpochId(1), file: spillway_types::FileId(1), offset: 0 };
+    let write = Request::Write {
+        epoch: EpochId(1),
+        file: spillway_types::FileId(1),
+        offset: 0,
+        payload_crc32c: crc32c::crc32c(&[1; 64]),
+    };
     frame::write_frame(&mut stream, write.kind(), 2, &write.encode_body(), &[1; 64]).unwrap();
     let (_, response) = receive(&mut stream);
     assert!(

@@ -243,14 +243,21 @@ fn an_idle_connection_is_closed_at_the_idle_timeout() {
 }
 
 /// Opens a file of `epoch` on a raw connection, then sends the header and body of a write of
-/// `payload_bytes` and returns; the caller sends (or trickles) the payload.
-fn start_write(stream: &mut TcpStream, epoch: EpochId, name: &str, payload_bytes: u32) {
+/// `payload_bytes` whose CRC32C is `payload_crc32c` and returns; the caller sends (or
+/// trickles) the payload.
+fn start_write(
+    stream: &mut TcpStream,
+    epoch: EpochId,
+    name: &str,
+    payload_bytes: u32,
+    payload_crc32c: u32,
+) {
     send(stream, 3, &Request::OpenFile { epoch, name: name.into(), create: true });
     let file = match receive(stream) {
         (3, Response::FileOpened { file, .. }) => file,
         other => panic!("{other:?}"),
     };
-    let write = Request::Write { epoch, file, offset: 0 };
+    let write = Request::Write { epoch, file, offset: 0, payload_crc32c };
     let body = write.encode_body();
     let header =
         Header { kind: Kind::Write, request_id: 4, body_bytes: body.len() as u32, payload_bytes };
@@ -309,7 +316,8 @@ fn a_trickled_payload_is_cut_off_and_its_budget_released() {
     let mut slow = raw(&running);
     handshake(&mut slow, None);
     let peer = format!("tcp://{}", slow.local_addr().unwrap());
-    start_write(&mut slow, EpochId(7), "slow", 16 << 20);
+    // The payload never arrives whole, so its checksum is never compared.
+    start_write(&mut slow, EpochId(7), "slow", 16 << 20, 0);
     // One byte every 100 ms: well inside frame_stall_ms_max, far below the minimum pace.
     let took = trickle_until_closed(slow, Duration::from_millis(100), Duration::from_secs(20));
     assert!(took < Duration::from_secs(10), "cut off after {took:?}");
@@ -324,8 +332,9 @@ fn a_trickled_payload_is_cut_off_and_its_budget_released() {
     // A sender that keeps up is not cut off by the measurement.
     let mut fast = raw(&running);
     handshake(&mut fast, None);
-    start_write(&mut fast, EpochId(9), "fast", 4 << 20);
-    for chunk in pattern(9, 4 << 20).chunks(256 << 10) {
+    let payload = pattern(9, 4 << 20);
+    start_write(&mut fast, EpochId(9), "fast", 4 << 20, crc32c::crc32c(&payload));
+    for chunk in payload.chunks(256 << 10) {
         fast.write_all(chunk).unwrap();
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -484,7 +493,7 @@ fn a_checkpoint_completes_while_hundreds_of_idle_and_slow_connections_are_attach
         .into_iter()
         .enumerate()
         .map(|(i, mut stream)| {
-            start_write(&mut stream, EpochId(100 + i as u64), "slow", 16 << 20);
+            start_write(&mut stream, EpochId(100 + i as u64), "slow", 16 << 20, 0);
             std::thread::spawn(move || {
                 trickle_until_closed(stream, Duration::from_millis(200), Duration::from_secs(60))
             })

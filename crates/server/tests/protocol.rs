@@ -243,8 +243,13 @@ fn garbage_gets_an_error_and_a_close_and_others_are_still_served() {
     // Truncated frame then hang-up: the server just drops it.
     let mut truncated = tcp(&running);
     hello(&mut truncated);
-    let full = Request::Write { epoch: EpochId(1), file: spillway_types::FileId(1), offset: 0 }
-        .encode_body();
+    let full = Request::Write {
+        epoch: EpochId(1),
+        file: spillway_types::FileId(1),
+        offset: 0,
+        payload_crc32c: 0,
+    }
+    .encode_body();
     let header = frame::Header {
         kind: Kind::Write,
         request_id: 9,
@@ -477,6 +482,11 @@ fn start_store(options: ServerOptions) -> (Running, Arc<StoreBackend>) {
     (start_with(options, backend.clone(), &["127.0.0.1:0".parse().unwrap()]), backend)
 }
 
+/// A write of `data` at `offset` of `file` in epoch 1, with the checksum of `data`.
+fn write(file: spillway_types::FileId, offset: u64, data: &[u8]) -> Request {
+    Request::Write { epoch: EpochId(1), file, offset, payload_crc32c: crc32c::crc32c(data) }
+}
+
 fn open_file(
     stream: &mut TcpStream,
     id: u64,
@@ -500,7 +510,7 @@ fn placed_writes_keep_request_order_around_a_pipelined_commit() {
     // memory before the executor commits, yet the commit neither waits for it nor takes it in,
     // and the late write is refused as a write after a commit is.
     let first = pattern(1, 512 << 10);
-    send(&mut raw, 3, &Request::Write { epoch: EpochId(1), file, offset: 0 }, &first);
+    send(&mut raw, 3, &write(file, 0, &first), &first);
     send(
         &mut raw,
         4,
@@ -511,12 +521,8 @@ fn placed_writes_keep_request_order_around_a_pipelined_commit() {
         },
         &[],
     );
-    send(
-        &mut raw,
-        5,
-        &Request::Write { epoch: EpochId(1), file, offset: 1 << 20 },
-        &pattern(2, 512 << 10),
-    );
+    let late = pattern(2, 512 << 10);
+    send(&mut raw, 5, &write(file, 1 << 20, &late), &late);
     assert!(matches!(receive(&mut raw), (3, Response::Written { bytes }, _) if bytes == 512 << 10));
     assert!(matches!(receive(&mut raw), (4, Response::Committed { .. }, _)));
     match receive(&mut raw) {
@@ -540,7 +546,9 @@ fn a_client_that_stalls_or_dies_mid_payload_leaves_nothing_behind() {
     let (running, backend) =
         start_store(ServerOptions { frame_stall: Duration::from_millis(300), ..options() });
     let header_and_half = |stream: &mut TcpStream, id: u64, file| {
-        let body = Request::Write { epoch: EpochId(1), file, offset: 0 }.encode_body();
+        // Half the payload arrives, so the checksum is never compared.
+        let body =
+            Request::Write { epoch: EpochId(1), file, offset: 0, payload_crc32c: 0 }.encode_body();
         let header = frame::Header {
             kind: Kind::Write,
             request_id: id,
@@ -655,4 +663,115 @@ fn claims_are_grants_on_an_unmanaged_server_and_absent_on_a_managed_one() {
         drop(c);
         running.stop().unwrap();
     }
+}
+
+/// Sends `data` as a write at `offset` whose checksum is that of `data` with one byte flipped:
+/// what a payload corrupted between the client's buffer and the server's memory looks like.
+fn send_corrupted(
+    stream: &mut TcpStream,
+    id: u64,
+    file: spillway_types::FileId,
+    offset: u64,
+    data: &[u8],
+) {
+    let mut checksummed = data.to_vec();
+    checksummed[data.len() / 2] ^= 0x10;
+    send(stream, id, &write(file, offset, &checksummed), data);
+}
+
+fn expect_checksum_mismatch(stream: &mut TcpStream, id: u64, offset: u64) {
+    match receive(stream) {
+        (got, Response::Error { code: ErrorCode::ChecksumMismatch, message }, _) if got == id => {
+            assert!(
+                message.contains("epoch 1")
+                    && message.contains(&format!("offset {offset}"))
+                    && message.contains("nothing was written"),
+                "the error does not name the write: {message}"
+            );
+        }
+        other => panic!("corrupt payload at {offset}: {other:?}"),
+    }
+}
+
+#[test]
+fn a_payload_that_differs_from_its_checksum_is_refused_whole_in_the_store_slot() {
+    // Records of 64 KiB: a 512 KiB write is eight ring records whose CRCs must combine to the
+    // client's.
+    let knobs = spillway_config::StoreKnobs {
+        dram_bytes_max: 64 << 20,
+        dram_prefault: false,
+        ssd_bytes_max: 1 << 30,
+        record_payload_bytes_max: 64 << 10,
+        ..spillway_config::StoreKnobs::default()
+    };
+    let storage = spillway_store::SimStorage::new();
+    let store =
+        spillway_store::Store::open_with(&knobs, storage as Arc<dyn spillway_store::Storage>)
+            .unwrap();
+    let backend = Arc::new(StoreBackend::new(store));
+    let running = start_with(options(), backend.clone(), &["127.0.0.1:0".parse().unwrap()]);
+    let mut raw = tcp(&running);
+    hello(&mut raw);
+    let file = open_file(&mut raw, 2, EpochId(1), "f");
+    let first = pattern(1, 512 << 10);
+    send(&mut raw, 3, &write(file, 0, &first), &first);
+    assert!(matches!(receive(&mut raw), (3, Response::Written { bytes }, _) if bytes == 512 << 10));
+    let stats = backend.store().stats();
+    let free = backend.store().free_bytes();
+    // An overwrite of the same range and a write past it, both corrupted in flight.
+    send_corrupted(&mut raw, 4, file, 0, &pattern(2, 512 << 10));
+    send_corrupted(&mut raw, 5, file, 1 << 20, &pattern(3, 100 << 10));
+    expect_checksum_mismatch(&mut raw, 4, 0);
+    expect_checksum_mismatch(&mut raw, 5, 1 << 20);
+    // The connection stays usable, and nothing of either write was admitted.
+    send(&mut raw, 6, &Request::Status, &[]);
+    assert!(matches!(receive(&mut raw), (6, Response::Status(_), _)));
+    let after = backend.store().stats();
+    assert_eq!(after.user_payload_bytes, stats.user_payload_bytes);
+    // The refused slots' ring space turned dead (it is reclaimed once the tail passes it) and
+    // their capacity returned.
+    assert_eq!(backend.store().free_bytes(), free, "the refused slots kept their capacity");
+    assert_eq!(backend.store().stat(EpochId(1), file).unwrap().size_bytes, 512 << 10);
+    let mut back = vec![0u8; 512 << 10];
+    backend.store().read(EpochId(1), file, 0, &mut back).unwrap();
+    assert!(back == first, "a refused overwrite changed the file");
+    backend.store().check_invariants();
+    // Damage after ingest: a read of the damaged record is an error naming it, never bytes.
+    backend.store().inject_corruption(EpochId(1), file, 200_000).unwrap().unwrap();
+    send(&mut raw, 7, &Request::Read { epoch: EpochId(1), file, offset: 196_608, length: 10 }, &[]);
+    match receive(&mut raw) {
+        (7, Response::Error { code: ErrorCode::ChecksumMismatch, message }, payload) => {
+            assert!(payload.is_empty());
+            assert!(message.contains("epoch 1 file 1 bytes 196608..262144"), "{message}");
+        }
+        other => panic!("read of a damaged record: {other:?}"),
+    }
+    assert_eq!(ErrorCode::ChecksumMismatch.errno(), libc::EIO);
+}
+
+#[test]
+fn a_payload_that_differs_from_its_checksum_is_refused_whole_in_a_pooled_buffer() {
+    // The model backend never offers a slot: every payload goes through a pooled buffer, and
+    // the model checks it gets the CRC of each of its 64 KiB pieces.
+    let backend = Arc::new(ModelBackend::new(1 << 30));
+    let running = start(backend.clone());
+    let mut raw = tcp(&running);
+    hello(&mut raw);
+    send(
+        &mut raw,
+        2,
+        &Request::OpenFile { epoch: EpochId(1), name: "f".into(), create: true },
+        &[],
+    );
+    let file = match receive(&mut raw) {
+        (2, Response::FileOpened { file, .. }, _) => file,
+        other => panic!("{other:?}"),
+    };
+    let data = pattern(4, 300 << 10);
+    send_corrupted(&mut raw, 3, file, 4096, &data);
+    expect_checksum_mismatch(&mut raw, 3, 4096);
+    assert_eq!(backend.used(), 0, "a refused payload reached the backend");
+    send(&mut raw, 4, &write(file, 4096, &data), &data);
+    assert!(matches!(receive(&mut raw), (4, Response::Written { bytes }, _) if bytes == 300 << 10));
+    assert_eq!(backend.used(), 300 << 10);
 }

@@ -121,8 +121,17 @@ pub enum ReadError {
     OffsetOverflow { epoch: EpochId, file: FileId, offset: u64 },
     #[error("I/O error reading segment {segment} at offset {offset}: {source}")]
     Io { segment: SegmentId, offset: u64, source: std::io::Error },
-    #[error("segment {segment} at offset {offset} fails its checksum on read: {detail}")]
-    Corrupt { segment: SegmentId, offset: u64, detail: String },
+    /// A record's bytes no longer match the CRC taken when they were written; nothing of the
+    /// read is returned.
+    #[error("epoch {epoch} file {file} bytes {offset}..{end} ({location}) do not match their write-time checksum: {detail}", end = offset + length)]
+    ChecksumMismatch {
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+        length: u64,
+        location: String,
+        detail: String,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]

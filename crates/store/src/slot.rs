@@ -119,9 +119,12 @@ impl WriteSlot {
     }
 
     /// Makes the write visible (sequence numbers, headers, index), as [`Store::write`] would
-    /// have when it returned. Fails, writing nothing, if the store failed or the epoch is no
-    /// longer open (committed or deleted since the reservation).
-    pub fn publish(mut self) -> Result<(), WriteError> {
+    /// have when it returned. `buffer_crcs`: the write-time CRC32C of each range of
+    /// [`WriteSlot::buffers`], in order (the client's, checked on receipt), kept as the record
+    /// checksums. Fails, writing nothing, if the store failed or the epoch is no longer open
+    /// (committed or deleted since the reservation).
+    pub fn publish(mut self, buffer_crcs: &[u32]) -> Result<(), WriteError> {
+        assert_eq!(buffer_crcs.len(), self.records.len(), "one CRC per buffer of a write slot");
         let inner = self.inner.clone();
         let mut state = inner.state.lock();
         if let Some(reason) = &state.failed {
@@ -145,6 +148,7 @@ impl WriteSlot {
                 self.file,
                 offset,
                 payload,
+                buffer_crcs[i],
             );
         }
         self.published = true;

@@ -601,6 +601,7 @@ pub(crate) fn publish_dram_record(
     file: FileId,
     offset: u64,
     payload_bytes: usize,
+    payload_crc: u32,
 ) {
     let at = dram_index(state, position);
     let bytes = state.dram[at].bytes;
@@ -610,9 +611,10 @@ pub(crate) fn publish_dram_record(
     let slot = unsafe { arena.slice_mut(position, bytes) };
     slot[HEADER_BYTES + payload_bytes..].fill(0);
     let header = next_data_header(state, stream, epoch, file, offset, payload_bytes);
-    // The record CRC is sealed when the record leaves DRAM (`seal_records`), off the ingest
-    // path; until then bytes 60..64 hold a placeholder no reader looks at.
-    header.encode(0, &mut slot[..HEADER_BYTES]);
+    // The record CRC is sealed now from the CRC taken when the data was written (the client's,
+    // checked by the server on receipt), not from the ring's bytes: from here on, every read
+    // and the SSD copy are checked against what the application wrote.
+    header.encode(payload_crc, &mut slot[..HEADER_BYTES]);
     let record = &mut state.dram[at];
     record.status = DramStatus::Ready;
     record.sequence = header.sequence;
@@ -780,8 +782,37 @@ impl Store {
         offset: u64,
         data: &[u8],
     ) -> Result<(), WriteError> {
+        let piece_max = self.inner.knobs.record_payload_bytes_max as usize;
+        let piece_crcs: Vec<u32> = data.chunks(piece_max).map(crc32c::crc32c).collect();
+        self.write_with_crcs(stream, epoch, file, offset, data, &piece_crcs)
+    }
+
+    /// The largest payload of one record (`record_payload_bytes_max`): a write is split into
+    /// pieces of this size, one record each.
+    pub fn record_payload_bytes_max(&self) -> usize {
+        self.inner.knobs.record_payload_bytes_max as usize
+    }
+
+    /// [`Store::write`] with the CRC32C of each piece of [`Store::record_payload_bytes_max`]
+    /// bytes of `data` (the last may be shorter) taken when the data was written (by the
+    /// client, checked on receipt): the records keep them as their checksums, so a read or a
+    /// drain that verifies a record verifies it against what the application wrote.
+    pub fn write_with_crcs(
+        &self,
+        stream: StreamKey,
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+        data: &[u8],
+        piece_crcs: &[u32],
+    ) -> Result<(), WriteError> {
         check_write_target(&self.inner.knobs, stream, epoch, file, offset, data.len())?;
         let piece_max = self.inner.knobs.record_payload_bytes_max as usize;
+        assert_eq!(
+            piece_crcs.len(),
+            data.len().div_ceil(piece_max),
+            "one CRC per record-sized piece of a write"
+        );
         let needed: u64 = data.chunks(piece_max).map(|p| record_bytes(p.len() as u64)).sum();
         self.inner.admit_write(stream, epoch, needed, data.len() as u64)?;
         let mut consumed = 0u64;
@@ -789,7 +820,8 @@ impl Store {
         let mut result = Ok(());
         for (i, piece) in data.chunks(piece_max).enumerate() {
             let piece_offset = offset + (i * piece_max) as u64;
-            match self.inner.write_piece(stream, epoch, file, piece_offset, piece) {
+            let crc = piece_crcs[i];
+            match self.inner.write_piece(stream, epoch, file, piece_offset, piece, crc) {
                 Ok(()) => {
                     consumed += record_bytes(piece.len() as u64);
                     published_payload += piece.len() as u64;
@@ -904,16 +936,39 @@ impl Store {
         offset: u64,
         buf: &mut [u8],
     ) -> Result<(), ReadError> {
+        self.read_with_crc(epoch, file, offset, buf).map(|_| ())
+    }
+
+    /// [`Store::read`], returning the CRC32C of `buf` as filled (holes as zeros), taken as the
+    /// records are checked against their write-time CRCs: a read within one record costs no
+    /// pass beyond the check (a part of a record one pass over the part), a read of several
+    /// records or holes one pass over `buf` after every record in it was checked.
+    pub fn read_with_crc(
+        &self,
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<u32, ReadError> {
         if offset.checked_add(buf.len() as u64).is_none() {
             return Err(ReadError::OffsetOverflow { epoch, file, offset });
         }
         buf.fill(0);
         let (dram_reads, ssd_reads) = self.locate_extents(epoch, file, offset, buf.len() as u64)?;
-        self.copy_dram_extents(&dram_reads, buf);
+        // (range of `buf`, its CRC32C) of every extent read.
+        let mut pieces = self.copy_dram_extents(&dram_reads, buf)?;
         for read in ssd_reads {
-            read_ssd_extent(read, buf)?;
+            pieces.push(read_ssd_extent(read, buf)?);
         }
-        Ok(())
+        match pieces[..] {
+            // One extent filling the buffer (a read of whole records or one record's part):
+            // its CRC is the one derived while checking it.
+            [(ref range, crc)] if range.len() == buf.len() => Ok(crc),
+            // Several extents or holes: `crc32c_combine` costs tens of microseconds per extent
+            // (more than checksumming a small record again), so the buffer, every extent of
+            // which was just checked, is checksummed once more instead.
+            _ => Ok(crc32c::crc32c(buf)),
+        }
     }
 
     /// Step 1 of `read`: under the lock, where each extent of the range is; the DRAM records
@@ -937,6 +992,16 @@ impl Store {
             let at = (file_offset - offset) as usize;
             let target = at..at + extent.length as usize;
             let info = state.records.get(&extent.record).expect("indexed record has no location");
+            // Every extent is checked against its whole record's write-time CRC, so the record
+            // is read whole even when only part of it is asked for.
+            let record = RecordRef {
+                sequence: extent.record,
+                epoch,
+                file,
+                offset: file_offset - extent.skip,
+                payload_bytes: info.payload_bytes as u64,
+                skip: extent.skip,
+            };
             match info.location {
                 Location::Dram { position } => {
                     let start = position + HEADER_BYTES as u64 + extent.skip;
@@ -946,7 +1011,7 @@ impl Store {
                     );
                     let at = dram_index(&state, position);
                     state.dram[at].readers += 1;
-                    dram_reads.push(DramRead { position, start, length: extent.length, target });
+                    dram_reads.push(DramRead { position, record, target });
                 }
                 Location::Ssd { segment, offset: record_offset } => {
                     let file = state
@@ -955,30 +1020,46 @@ impl Store {
                         .expect("record in unknown segment")
                         .file
                         .clone();
-                    // A read of a whole record (what drains do) is checked against its CRC.
-                    let whole = extent.skip == 0 && extent.length == info.payload_bytes as u64;
-                    let verify = whole.then_some((record_offset, extent.record));
-                    ssd_reads.push(SsdRead {
-                        segment,
-                        file,
-                        at: record_offset + HEADER_BYTES as u64 + extent.skip,
-                        target,
-                        verify,
-                    });
+                    ssd_reads.push(SsdRead { segment, file, record_offset, record, target });
                 }
             }
         }
         Ok((dram_reads, ssd_reads))
     }
 
-    /// Step 2 of `read`: copies the pinned DRAM extents into `buf` without the lock, then unpins
-    /// them (the ring tail may pass them again).
-    fn copy_dram_extents(&self, dram_reads: &[DramRead], buf: &mut [u8]) {
-        for DramRead { start, length, target, .. } in dram_reads {
-            // SAFETY: the record is published (its payload is never written again) and pinned
-            // (`readers` > 0), so the ring tail cannot pass it and its range is not reused.
-            let bytes = unsafe { self.inner.arena.slice(*start, *length) };
-            buf[target.clone()].copy_from_slice(bytes);
+    /// Step 2 of `read`: checks each pinned DRAM record against its write-time CRC and copies
+    /// the extent into `buf` without the lock, then unpins them (the ring tail may pass them
+    /// again). A record that fails its CRC fails the read: no wrong bytes are returned.
+    #[allow(clippy::type_complexity)]
+    fn copy_dram_extents(
+        &self,
+        dram_reads: &[DramRead],
+        buf: &mut [u8],
+    ) -> Result<Vec<(std::ops::Range<usize>, u32)>, ReadError> {
+        let mut result = Ok(Vec::with_capacity(dram_reads.len()));
+        for DramRead { position, record, target } in dram_reads {
+            // SAFETY: the record is published (its header and payload are never written again)
+            // and pinned (`readers` > 0), so the ring tail cannot pass it and its range is not
+            // reused.
+            let header = unsafe { self.inner.arena.slice(*position, HEADER_BYTES as u64) };
+            // SAFETY: as above.
+            let payload = unsafe {
+                self.inner.arena.slice(position + HEADER_BYTES as u64, record.payload_bytes)
+            };
+            let location = || format!("DRAM ring at {position}");
+            match record.check(header, payload, target.len(), location) {
+                Ok(crc) => {
+                    if let Ok(pieces) = &mut result {
+                        pieces.push((target.clone(), crc));
+                    }
+                }
+                Err(error) => {
+                    result = Err(error);
+                    break;
+                }
+            }
+            let from = record.skip as usize;
+            buf[target.clone()].copy_from_slice(&payload[from..from + target.len()]);
         }
         if !dram_reads.is_empty() {
             let mut state = self.inner.state.lock();
@@ -991,6 +1072,7 @@ impl Store {
             drop(state);
             self.inner.space.notify_all();
         }
+        result
     }
 
     /// Every epoch the store knows, in order.
@@ -1131,6 +1213,44 @@ impl Store {
         self.inner.state.lock().stream_usage.get(&stream).copied().unwrap_or(0)
     }
 
+    /// Fault-injection seam for tests: flips one bit of the stored byte at `offset` of
+    /// (`epoch`, `file`) where the index says it lives (DRAM ring or SSD segment) and leaves
+    /// its record CRC alone, as a memory or disk fault would. Returns where the byte was, or
+    /// `None` if no record holds it. Call it with no read of the record in flight. Nothing but
+    /// tests calls it.
+    #[doc(hidden)]
+    pub fn inject_corruption(
+        &self,
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+    ) -> std::io::Result<Option<String>> {
+        let state = self.inner.state.lock();
+        let Some((_, extent)) = state.index.range(epoch, file, offset, 1).into_iter().next() else {
+            return Ok(None);
+        };
+        let info = state.records.get(&extent.record).expect("indexed record has no location");
+        let at_in_record = HEADER_BYTES as u64 + extent.skip;
+        match info.location {
+            Location::Dram { position } => {
+                // SAFETY: the record is published and, the state lock being held, the ring
+                // tail cannot pass it; the caller has no read of it in flight.
+                let byte = unsafe { self.inner.arena.slice_mut(position + at_in_record, 1) };
+                byte[0] ^= 0x01;
+                Ok(Some(format!("DRAM ring at {}", position + at_in_record)))
+            }
+            Location::Ssd { segment, offset: record_offset } => {
+                let segment_file =
+                    state.segments.get(&segment).expect("record in unknown segment").file.clone();
+                let mut byte = [0u8; 1];
+                segment_file.read_at(record_offset + at_in_record, &mut byte)?;
+                byte[0] ^= 0x01;
+                segment_file.write_at(record_offset + at_in_record, &byte)?;
+                Ok(Some(format!("segment {segment} at {}", record_offset + at_in_record)))
+            }
+        }
+    }
+
     pub fn stats(&self) -> StoreStats {
         let state = self.inner.state.lock();
         let live: u64 =
@@ -1261,15 +1381,66 @@ fn file_info(state: &State, epoch: EpochId, file: FileId) -> FileInfo {
     }
 }
 
+/// The record an extent of a read comes from: what its check needs and what an error names.
+struct RecordRef {
+    sequence: u64,
+    epoch: EpochId,
+    file: FileId,
+    /// File offset of the record's first payload byte.
+    offset: u64,
+    payload_bytes: u64,
+    /// Where the extent starts in the record's payload.
+    skip: u64,
+}
+
+impl RecordRef {
+    /// Checks a record's header (this record) and its payload against the record CRC, which
+    /// was sealed from the write-time CRC, and returns the CRC32C of the `length` bytes the
+    /// extent reads (from `skip`): the record's own CRC for a whole record, else the CRC of
+    /// the part, taken in a second pass over it (cheaper than `crc32c_combine`).
+    /// `location` names where the copy was read.
+    fn check(
+        &self,
+        header: &[u8],
+        payload: &[u8],
+        length: usize,
+        location: impl Fn() -> String,
+    ) -> Result<u32, ReadError> {
+        let mismatch = |detail: String| ReadError::ChecksumMismatch {
+            epoch: self.epoch,
+            file: self.file,
+            offset: self.offset,
+            length: self.payload_bytes,
+            location: location(),
+            detail,
+        };
+        let decoded = RecordHeader::decode(header).map_err(|d| mismatch(d.to_string()))?;
+        if decoded.sequence != self.sequence {
+            return Err(mismatch(format!(
+                "expected record {}, found record {}",
+                self.sequence, decoded.sequence
+            )));
+        }
+        let whole = crc32c::crc32c(payload);
+        let stored = u32::from_le_bytes(header[60..64].try_into().expect("4 bytes"));
+        if record_crc(header, whole) != stored {
+            return Err(mismatch(format!("record {} fails its record CRC", self.sequence)));
+        }
+        if length == payload.len() {
+            return Ok(whole);
+        }
+        let from = self.skip as usize;
+        Ok(crc32c::crc32c(&payload[from..from + length]))
+    }
+}
+
 /// One extent of a read that is in the DRAM ring: pinned from `Store::read`'s lookup until
-/// its bytes are copied out.
+/// its bytes are checked and copied out.
 struct DramRead {
     /// Ring position of the record (what pins it).
     position: u64,
-    /// Ring position of the extent's first byte.
-    start: u64,
-    length: u64,
-    /// Where the bytes go in the caller's buffer.
+    record: RecordRef,
+    /// Where the extent's bytes go in the caller's buffer.
     target: std::ops::Range<usize>,
 }
 
@@ -1277,44 +1448,38 @@ struct DramRead {
 struct SsdRead {
     segment: SegmentId,
     file: Arc<dyn SegmentFile>,
-    /// Segment offset of the extent's first byte.
-    at: u64,
-    /// Where the bytes go in the caller's buffer.
+    /// Segment offset of the record's header.
+    record_offset: u64,
+    record: RecordRef,
+    /// Where the extent's bytes go in the caller's buffer.
     target: std::ops::Range<usize>,
-    /// (record offset, sequence) when the extent is a whole record, checked against its CRC.
-    verify: Option<(u64, u64)>,
 }
 
-/// Step 3 of `Store::read`: reads one SSD extent into `buf`; a whole record is read with its
-/// header and checked (sequence and record CRC).
-fn read_ssd_extent(read: SsdRead, buf: &mut [u8]) -> Result<(), ReadError> {
-    let SsdRead { segment, file, at, target, verify } = read;
-    if let Some((record_offset, sequence)) = verify {
-        // Header and payload in one read (the payload follows the header on disk).
-        let mut header = [0u8; HEADER_BYTES];
-        file.read_two_at(record_offset, &mut header, &mut buf[target.clone()])
-            .map_err(|source| ReadError::Io { segment, offset: record_offset, source })?;
-        let corrupt =
-            |detail: String| ReadError::Corrupt { segment, offset: record_offset, detail };
-        let decoded = RecordHeader::decode(&header).map_err(|d| corrupt(d.to_string()))?;
-        if decoded.sequence != sequence {
-            return Err(corrupt(format!(
-                "expected record {sequence}, found record {}",
-                decoded.sequence
-            )));
-        }
-        let stored = u32::from_le_bytes(header[60..64].try_into().expect("4 bytes"));
-        if record_crc(&header, crc32c::crc32c(&buf[target])) != stored {
-            return Err(corrupt("record CRC mismatch".into()));
-        }
+/// Step 3 of `Store::read`: reads one SSD extent's record whole (header and payload) and
+/// checks it (sequence and record CRC) before its bytes reach `buf`; returns the extent's
+/// range in `buf` and its CRC32C.
+fn read_ssd_extent(
+    read: SsdRead,
+    buf: &mut [u8],
+) -> Result<(std::ops::Range<usize>, u32), ReadError> {
+    let SsdRead { segment, file, record_offset, record, target } = read;
+    let io = |source| ReadError::Io { segment, offset: record_offset, source };
+    let location = || format!("segment {segment} at offset {record_offset}");
+    let mut header = [0u8; HEADER_BYTES];
+    if record.skip == 0 && target.len() as u64 == record.payload_bytes {
+        // The whole record (what drains read): header and payload in one read, straight into
+        // the caller's buffer, which is checked before the read returns.
+        file.read_two_at(record_offset, &mut header, &mut buf[target.clone()]).map_err(io)?;
+        let crc = record.check(&header, &buf[target.clone()], target.len(), location)?;
+        Ok((target, crc))
     } else {
-        file.read_at(at, &mut buf[target.clone()]).map_err(|source| ReadError::Io {
-            segment,
-            offset: at,
-            source,
-        })?;
+        let mut payload = vec![0u8; record.payload_bytes as usize];
+        file.read_two_at(record_offset, &mut header, &mut payload).map_err(io)?;
+        let crc = record.check(&header, &payload, target.len(), location)?;
+        let from = record.skip as usize;
+        buf[target.clone()].copy_from_slice(&payload[from..from + target.len()]);
+        Ok((target, crc))
     }
-    Ok(())
 }
 
 /// Live bytes of a segment: records of live epochs, plus tombstones still needed (their epoch
@@ -1620,7 +1785,8 @@ impl Inner {
     }
 
     /// Reserves ring space (waiting for the flusher if DRAM is full), copies the payload outside
-    /// the lock, then publishes the record (sequence, header, index; the CRC is sealed at spill).
+    /// the lock, then publishes the record (sequence, header with the record CRC sealed from
+    /// `piece_crc`, the write-time CRC32C of `piece`, index).
     pub(crate) fn write_piece(
         &self,
         stream: StreamKey,
@@ -1628,6 +1794,7 @@ impl Inner {
         file: FileId,
         offset: u64,
         piece: &[u8],
+        piece_crc: u32,
     ) -> Result<(), WriteError> {
         let bytes = record_bytes(piece.len() as u64);
         let deadline = Instant::now() + Duration::from_millis(self.knobs.dram_wait_ms_max);
@@ -1645,7 +1812,8 @@ impl Inner {
                     // SSD log itself (write-through): one copy fewer, and every writer thread
                     // spills in parallel with the flusher.
                     self.flusher.notify_one();
-                    return self.write_through(state, stream, epoch, file, offset, piece);
+                    let target = (stream, epoch, file, offset);
+                    return self.write_through(state, target, piece, piece_crc);
                 }
                 if let Some(position) =
                     reserve_dram_record(&mut state, bytes, stream, epoch, DramStatus::Writing)
@@ -1684,6 +1852,7 @@ impl Inner {
             file,
             offset,
             piece.len(),
+            piece_crc,
         );
         self.wake_flusher_above_high_watermark(&state);
         Ok(())
@@ -1706,21 +1875,20 @@ impl Inner {
     /// the record in the index. Until the header is written the record is invisible and, after
     /// a crash, a torn tail; the placement holds the segment's written frontier back, so no
     /// fsync claims it durable early (see `commit_round`).
+    /// `target`: stream, epoch, file, offset; `payload_crc`: the write-time CRC32C of `piece`.
     pub(crate) fn write_through(
         &self,
         mut state: parking_lot::MutexGuard<'_, State>,
-        stream: StreamKey,
-        epoch: EpochId,
-        file: FileId,
-        offset: u64,
+        target: (StreamKey, EpochId, FileId, u64),
         piece: &[u8],
+        payload_crc: u32,
     ) -> Result<(), WriteError> {
+        let (stream, epoch, file, offset) = target;
         let bytes = record_bytes(piece.len() as u64);
         let (segment_id, at, segment_file) =
             self.place_write_through(&mut state, stream, epoch, bytes)?;
         drop(state);
 
-        let payload_crc = crc32c::crc32c(piece);
         let mut result = write_payload_and_padding(segment_file.as_ref(), at, piece, bytes);
 
         let mut state = self.state.lock();
@@ -2295,37 +2463,8 @@ impl Inner {
         Ok(())
     }
 
-    /// Computes the record CRC of each placed data record (payload, then header bytes 0..60)
-    /// and writes it into its header in the ring, just before the record goes to SSD.
-    pub(crate) fn seal_records(&self, placed: &[Placed]) {
-        for item in placed {
-            // SAFETY: the record is Spilling: published and held by the ring. Readers only read
-            // payload bytes; the header bytes are touched by nobody but the spiller (us), and
-            // the two views below never overlap in time.
-            let mut header = [0u8; HEADER_BYTES];
-            // SAFETY: see above.
-            header.copy_from_slice(unsafe { self.arena.slice(item.position, HEADER_BYTES as u64) });
-            let decoded = RecordHeader::decode(&header).expect("a DRAM record header is corrupt");
-            assert_eq!(decoded.sequence, item.sequence, "ring position and record disagree");
-            let payload_crc = if decoded.payload_bytes == 0 {
-                0
-            } else {
-                // SAFETY: as above; readers only ever read the payload.
-                crc32c::crc32c(unsafe {
-                    self.arena
-                        .slice(item.position + HEADER_BYTES as u64, decoded.payload_bytes as u64)
-                })
-            };
-            let crc = record_crc(&header, payload_crc);
-            // SAFETY: as above; the CRC bytes of the header are written by the spiller alone.
-            unsafe { self.arena.slice_mut(item.position + 60, 4) }
-                .copy_from_slice(&crc.to_le_bytes());
-        }
-    }
-
     /// Issues the pwrites of placed records, coalescing neighbours in both ring and segment.
     pub(crate) fn write_placed(&self, placed: &[Placed]) -> Result<(), SpillWriteError> {
-        self.seal_records(placed);
         // Per segment: the range written but not yet handed to writeback.
         let mut unkicked: BTreeMap<SegmentId, (Arc<dyn SegmentFile>, u64, u64)> = BTreeMap::new();
         let capacity = self.arena.capacity();

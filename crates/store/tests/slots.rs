@@ -25,6 +25,12 @@ fn fill(slot: &mut spillway_store::WriteSlot, data: &[u8]) {
     assert_eq!(at, data.len());
 }
 
+/// Publishes a filled slot with the CRC of each buffer, as the server does after checking them.
+fn publish(mut slot: spillway_store::WriteSlot) -> Result<(), WriteError> {
+    let crcs: Vec<u32> = slot.buffers().iter().map(|buffer| crc32c::crc32c(buffer)).collect();
+    slot.publish(&crcs)
+}
+
 fn reserve(store: &Store, epoch: u64, offset: u64, length: usize) -> spillway_store::WriteSlot {
     store
         .try_reserve_write(StreamKey(1), EpochId(epoch), FileId(0), offset, length)
@@ -44,7 +50,7 @@ fn a_published_slot_reads_back_and_survives_commit_and_crash() {
     let mut back = vec![0xAAu8; data.len()];
     store.read(EpochId(1), FileId(0), 1000, &mut back).unwrap();
     assert!(back.iter().all(|&b| b == 0), "an unpublished slot is visible");
-    slot.publish().unwrap();
+    publish(slot).unwrap();
     store.read(EpochId(1), FileId(0), 1000, &mut back).unwrap();
     assert_eq!(back, data);
     assert_eq!(store.stats().user_payload_bytes, data.len() as u64);
@@ -92,7 +98,7 @@ fn a_commit_or_sync_does_not_wait_for_a_slot_and_a_late_publish_is_refused() {
     // write's slot: neither waits for it, or the two would deadlock.
     store.sync().unwrap();
     store.commit(EpochId(1), Durability::Ssd).unwrap();
-    match slot.publish() {
+    match publish(slot) {
         Err(WriteError::EpochNotOpen { epoch, phase }) => {
             assert_eq!((epoch, phase), (EpochId(1), EpochPhase::Committed));
         }
@@ -112,7 +118,7 @@ fn a_slot_in_a_deleted_epoch_is_refused_and_its_space_returns() {
     store.write(StreamKey(1), EpochId(3), FileId(0), 0, b"x").unwrap();
     store.delete_epoch(EpochId(3)).unwrap();
     assert!(matches!(
-        slot.publish(),
+        publish(slot),
         Err(WriteError::EpochNotOpen { phase: EpochPhase::Deleted, .. })
     ));
     assert_eq!(store.stream_usage_bytes(StreamKey(1)), 0);
@@ -168,7 +174,7 @@ fn no_slot_above_the_high_watermark_and_held_slots_pin_the_ring() {
         .unwrap();
     assert!(store.stats().write_through_records > 0);
     for slot in held {
-        slot.publish().unwrap();
+        publish(slot).unwrap();
     }
     store.commit(EpochId(1), Durability::Ssd).unwrap();
     for i in 0..12u64 {
@@ -196,7 +202,7 @@ fn concurrent_slots_and_writes_from_many_threads_all_land() {
                     {
                         Some(mut slot) => {
                             fill(&mut slot, &data);
-                            slot.publish().unwrap();
+                            publish(slot).unwrap();
                         }
                         None => {
                             store.write(StreamKey(t), EpochId(1), FileId(t), offset, &data).unwrap()

@@ -65,6 +65,9 @@ impl ModelBackend {
     }
 }
 
+/// The model's record size: a write of more than this is checked as several pieces.
+const MODEL_RECORD_PAYLOAD_BYTES: usize = 64 * 1024;
+
 fn no_epoch(epoch: EpochId) -> BackendError {
     BackendError::new(ErrorCode::NoSuchEpoch, format!("epoch {epoch} is not here"))
 }
@@ -115,7 +118,17 @@ impl Backend for ModelBackend {
         file: FileId,
         offset: u64,
         data: &[u8],
+        piece_crcs: &[u32],
     ) -> Result<(), BackendError> {
+        // The server must hand over the CRC of each record-sized piece it received.
+        let received: Vec<u32> =
+            data.chunks(MODEL_RECORD_PAYLOAD_BYTES).map(crc32c::crc32c).collect();
+        if received != piece_crcs {
+            return Err(BackendError::new(
+                ErrorCode::Internal,
+                format!("piece CRCs {piece_crcs:x?} do not match the data's {received:x?}"),
+            ));
+        }
         let mut state = self.state.lock();
         state.write_streams.entry(epoch).or_default().insert(stream);
         if state.used + data.len() as u64 > self.capacity {
@@ -137,13 +150,17 @@ impl Backend for ModelBackend {
         Ok(())
     }
 
+    fn record_payload_bytes(&self) -> usize {
+        MODEL_RECORD_PAYLOAD_BYTES
+    }
+
     fn read(
         &self,
         epoch: EpochId,
         file: FileId,
         offset: u64,
         out: &mut [u8],
-    ) -> Result<(), BackendError> {
+    ) -> Result<u32, BackendError> {
         let state = self.state.lock();
         let e = state.epochs.get(&epoch).ok_or_else(|| no_epoch(epoch))?;
         let f = e.files.get(&file).ok_or_else(|| no_file(epoch, file))?;
@@ -157,7 +174,7 @@ impl Backend for ModelBackend {
                     .copy_from_slice(&data[(start - at) as usize..(stop - at) as usize]);
             }
         }
-        Ok(())
+        Ok(crc32c::crc32c(out))
     }
 
     fn sync(&self) -> Result<(), BackendError> {
