@@ -165,8 +165,11 @@ fn a_client_reconnects_after_a_restart_mid_stream_and_reports_what_may_be_lost()
     client.sync_epoch(kept).unwrap();
     client.begin_epoch(epoch);
     let mut file = client.create_file(epoch, "lost.dat").unwrap();
-    // Pipelined: the acknowledgements are still unread when the server dies.
-    client.write(&mut file, 0, &data).unwrap();
+    // Pipelined into a frozen server (small enough for the socket's buffer), so it dies with
+    // the writes unacknowledged whatever the machine's load.
+    let lost = &data[..64 << 10];
+    spillway_sys::signal::send(server.pid(), spillway_sys::signal::Signal::SIGSTOP).unwrap();
+    client.write(&mut file, 0, lost).unwrap();
     server.sigkill().unwrap();
     server.restart().unwrap();
 
@@ -185,12 +188,13 @@ fn a_client_reconnects_after_a_restart_mid_stream_and_reports_what_may_be_lost()
     assert!(client.flush().is_ok(), "the loss is reported once; the connection works again");
     assert_eq!(client.server_identity(0).1, 2, "the client reached the new incarnation");
 
-    let mut back = vec![0u8; data.len()];
+    let mut back = vec![0u8; lost.len()];
     let error = client.read(&file, 0, &mut back).expect_err("lost writes never read as zeros");
     assert_eq!(error.errno(), libc::EIO, "{error}");
     assert!(error.to_string().contains("lost.dat"), "{error}");
     let error = client.commit_epoch(epoch).expect_err("an epoch that lost writes is not sealed");
     assert_eq!(error.errno(), libc::EIO, "{error}");
+    let mut back = vec![0u8; data.len()];
     client.read(&synced, 0, &mut back).unwrap();
     assert!(same_bytes(&back, &data), "synced data is intact after the restart");
     let mut again = client.create_file(kept, "after.dat").unwrap();
