@@ -39,8 +39,9 @@ test-strict:
 test-python: release
 	SPILLWAY_BIN=$(CURDIR)/$(SPILLWAY) python/run-tests.sh
 
-# The fault-injection runner with a longer budget than `make test` gives it (40 s); prints its
-# seed, and SPILLWAY_CHAOS_SEED=<seed> replays it (crates/cli/tests/chaos.rs).
+# The fault-injection runner (servers, mounts, the manager, drains and stage-out) with a longer
+# budget than `make test` gives it (40 s); prints its seed, and SPILLWAY_CHAOS_SEED=<seed>
+# replays it (SPILLWAY_CHAOS_FAULTS=<Fault,...> runs only those; crates/cli/tests/chaos.rs).
 CHAOS_BUDGET_S ?= 600
 chaos: deps
 	SPILLWAY_CHAOS_BUDGET_S=$(CHAOS_BUDGET_S) $(CARGO) test -p spillway --test chaos -- --nocapture

@@ -62,6 +62,11 @@ impl ManagerProcess {
         assert!(status.success(), "manager exit {status}: {}", self.log_text());
     }
 
+    /// Its process id (a fault injector SIGKILLs it from another thread).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Everything it logged so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
