@@ -546,6 +546,21 @@ fn stage_out_reports_a_quarantined_drain_and_a_rerun_finishes_it() {
     ];
     json(&manager, None, &stage_in);
 
+    // A destination whose parent is missing (an unmounted PFS's tree) is refused, not created.
+    let unmounted = dir.path().join("unmounted-pfs");
+    let nowhere = unmounted.join("project/out");
+    let refused = [
+        "stage-out",
+        "--reservation",
+        "job-10",
+        "/data",
+        nowhere.to_str().unwrap(),
+        "--progress",
+        "none",
+    ];
+    fails(&manager, None, &refused, "does not exist");
+    assert!(!unmounted.exists(), "stage-out created directories above its destination");
+
     // The PFS "lost" its marker (as a PFS mounted elsewhere, or not at all, has none).
     let marker = pfs.join(".spillway-pfs");
     let saved = std::fs::read(&marker).expect("the harness marks the PFS");

@@ -81,6 +81,8 @@ pub enum StageError {
     Record { path: PathBuf, source: std::io::Error },
     #[error("drain of epoch {epoch} did not finish in {timeout:?}; last state: {state}")]
     DrainTimeout { epoch: u64, timeout: Duration, state: String },
+    #[error("stage-out destination {dst}: its parent directory {parent} does not exist (an unmounted PFS looks like this); stage-out creates the destination and the directories below it, never above it")]
+    DestinationParentMissing { dst: PathBuf, parent: PathBuf },
     #[error("drain of epoch {epoch} is quarantined on server {server} after repeated failures: {error}; the data stays in the burst buffer (fix the cause, then retry the stage-out)")]
     DrainQuarantined { epoch: u64, server: usize, error: String },
     #[error("drain of epoch {epoch} requested, but the reservation's servers have no PFS directory (server add --pfs)")]
@@ -1195,6 +1197,16 @@ pub fn stage_out(
 ) -> Result<StageReport, StageError> {
     let started = Instant::now();
     let base = reservation_path(src)?;
+    // Creating missing directories above the destination would write into the bare mount
+    // point of a PFS that is not mounted, and report success.
+    if let Some(parent) = dst.parent().filter(|p| !p.as_os_str().is_empty()) {
+        if !parent.is_dir() {
+            return Err(StageError::DestinationParentMissing {
+                dst: dst.to_path_buf(),
+                parent: parent.to_path_buf(),
+            });
+        }
+    }
     let tree = Tree::open(reservation, options.parallel_files + 1)?;
     if options.drain_first {
         let mut client = connect(reservation)?;
