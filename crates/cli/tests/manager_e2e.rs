@@ -546,20 +546,7 @@ fn stage_out_reports_a_quarantined_drain_and_a_rerun_finishes_it() {
     ];
     json(&manager, None, &stage_in);
 
-    // A destination whose parent is missing (an unmounted PFS's tree) is refused, not created.
-    let unmounted = dir.path().join("unmounted-pfs");
-    let nowhere = unmounted.join("project/out");
-    let refused = [
-        "stage-out",
-        "--reservation",
-        "job-10",
-        "/data",
-        nowhere.to_str().unwrap(),
-        "--progress",
-        "none",
-    ];
-    fails(&manager, None, &refused, "does not exist");
-    assert!(!unmounted.exists(), "stage-out created directories above its destination");
+    destination_under_a_missing_parent_refused(&manager, dir.path(), "job-10");
 
     // The PFS "lost" its marker (as a PFS mounted elsewhere, or not at all, has none).
     let marker = pfs.join(".spillway-pfs");
@@ -599,6 +586,23 @@ fn stage_out_reports_a_quarantined_drain_and_a_rerun_finishes_it() {
     for (name, data) in &files {
         assert!(std::fs::read(out.join(name)).unwrap() == *data, "{name}: bytes differ");
     }
+}
+
+/// A destination whose parent is missing (an unmounted PFS's tree) is refused, not created.
+fn destination_under_a_missing_parent_refused(manager: &ManagerProcess, dir: &Path, id: &str) {
+    let unmounted = dir.join("unmounted-pfs");
+    let nowhere = unmounted.join("project/out");
+    let refused = [
+        "stage-out",
+        "--reservation",
+        id,
+        "/data",
+        nowhere.to_str().unwrap(),
+        "--progress",
+        "none",
+    ];
+    fails(manager, None, &refused, "does not exist");
+    assert!(!unmounted.exists(), "stage-out created directories above its destination");
 }
 
 /// Two servers on Unix sockets draining to `pfs`, each with both as its drain peers.
