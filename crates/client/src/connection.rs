@@ -701,28 +701,7 @@ mod tests {
         let address = listener.local_addr().unwrap();
         // A server that acknowledges nothing until the client has stopped sending.
         let server = std::thread::spawn(move || {
-            let (mut stream, _) = listener.accept().unwrap();
-            let hello = read_frame(&mut stream).unwrap();
-            let reply = Response::Hello {
-                version: PROTOCOL_VERSION,
-                payload_bytes_max: 1 << 20,
-                in_flight_requests_max: 128,
-                uid: 0,
-                gid: 0,
-                server_name: "fake".into(),
-                auth: AuthMethod::None,
-                challenge: [0; CHALLENGE_BYTES],
-                server_id: ServerId([1; 16]),
-                incarnation: 1,
-            };
-            frame::write_frame(
-                &mut stream,
-                reply.kind(),
-                hello.request_id,
-                &reply.encode_body(),
-                &[],
-            )
-            .unwrap();
+            let mut stream = accept_and_greet(&listener);
             stream.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
             let mut ids = Vec::new();
             while let Ok(header) = read_frame(&mut stream) {
