@@ -956,21 +956,9 @@ impl Manager {
 
 /// The CLI as root (`uid` None) or as `uid`; its record files go under `tmp`.
 fn cli(manager: &Manager, uid: Option<u32>, tmp: &Path, args: &[&str]) -> Command {
-    let mut command = match uid {
-        None => Command::new(BIN),
-        Some(uid) => {
-            let mut c = Command::new("setpriv");
-            c.arg(format!("--reuid={uid}"))
-                .arg(format!("--regid={uid}"))
-                .arg("--clear-groups")
-                .arg(BIN);
-            c
-        }
-    };
+    let mut command = manager.process.cli(Path::new(BIN), uid);
     command
         .args(args)
-        .env("SPILLWAY_MANAGER", &manager.process.socket)
-        .env("RUST_LOG", "warn")
         .env("TMPDIR", tmp)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())

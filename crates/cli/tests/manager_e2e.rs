@@ -9,7 +9,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -44,19 +44,7 @@ fn start_manager(dir: &Path) -> ManagerProcess {
 
 /// Runs the CLI as root (`uid` None) or as an unprivileged uid through setpriv.
 fn spillway(manager: &ManagerProcess, uid: Option<u32>, args: &[&str]) -> Output {
-    let mut command = match uid {
-        None => Command::new(BIN),
-        Some(uid) => {
-            let mut c = Command::new("setpriv");
-            c.arg(format!("--reuid={uid}"))
-                .arg(format!("--regid={uid}"))
-                .arg("--clear-groups")
-                .arg(BIN);
-            c
-        }
-    };
-    command.args(args).env("SPILLWAY_MANAGER", &manager.socket).env("RUST_LOG", "warn");
-    command.output().unwrap()
+    manager.cli(Path::new(BIN), uid).args(args).output().unwrap()
 }
 
 /// Runs the CLI, expects success, parses its `--json` output.

@@ -8,7 +8,7 @@
 //! Needs root (runs the CLI as other uids with setpriv).
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use spillway_harness::{ManagerProcess, ServerProcess};
 use spillway_proto::Endpoint;
@@ -19,21 +19,8 @@ const OTHER: u32 = 1001;
 
 /// The CLI as root (`None`) or as `uid` through setpriv.
 fn spillway(manager: &ManagerProcess, uid: Option<u32>, args: &[&str]) -> Output {
-    let mut command = match uid {
-        None => Command::new(BIN),
-        Some(uid) => {
-            let mut c = Command::new("setpriv");
-            c.arg(format!("--reuid={uid}"))
-                .arg(format!("--regid={uid}"))
-                .arg("--clear-groups")
-                .arg(BIN);
-            c
-        }
-    };
-    command.args(args).env("SPILLWAY_MANAGER", &manager.socket).env("RUST_LOG", "warn");
     // The default progress records go under TMPDIR, per uid.
-    command.env("TMPDIR", "/tmp");
-    command.output().unwrap()
+    manager.cli(Path::new(BIN), uid).args(args).env("TMPDIR", "/tmp").output().unwrap()
 }
 
 fn ok(manager: &ManagerProcess, uid: Option<u32>, args: &[&str]) -> String {

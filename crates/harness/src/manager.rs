@@ -54,6 +54,24 @@ impl ManagerProcess {
         manager
     }
 
+    /// `binary` (the CLI) talking to this manager, run as root (`uid` None) or as `uid` (through
+    /// setpriv, with no supplementary groups), `RUST_LOG=warn`; the caller adds arguments.
+    pub fn cli(&self, binary: &Path, uid: Option<u32>) -> Command {
+        let mut command = match uid {
+            None => Command::new(binary),
+            Some(uid) => {
+                let mut c = Command::new("setpriv");
+                c.arg(format!("--reuid={uid}"))
+                    .arg(format!("--regid={uid}"))
+                    .arg("--clear-groups")
+                    .arg(binary);
+                c
+            }
+        };
+        command.env("SPILLWAY_MANAGER", &self.socket).env("RUST_LOG", "warn");
+        command
+    }
+
     /// Stops it as an operator would (SIGTERM) and waits; panics unless it exits 0.
     pub fn stop(&mut self) {
         let pid = self.child.id();
