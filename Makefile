@@ -7,10 +7,15 @@ SPILLWAY := target/release/spillway
 # store (with its index) and the drain.
 STRICT_FEATURES := spillway-store/strict_assertions,spillway-drain/strict_assertions
 
-.PHONY: demo test deps build release lint test-rust test-strict test-python bench chaos clean config-doc
+.PHONY: demo demo-cluster test deps build release lint test-rust test-strict test-python bench chaos clean config-doc
 
 demo: release
 	$(SPILLWAY) demo
+
+# The same story on 4 hosts in Linux namespaces (root): servers on three, a compute node on the
+# fourth, drained to a local directory; the cluster is torn down even on failure.
+demo-cluster: release
+	scripts/cluster/demo.sh $(SPILLWAY)
 
 # Guardrails first (formatting, clippy with every warning an error, the repository checks of
 # spillway-tidy run with the other tests), then every test, then the strict-assertion builds.

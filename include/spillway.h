@@ -33,6 +33,10 @@
 // (survives a client crash, not a server crash).
 #define SPILLWAY_DURABILITY_MEMORY 2
 
+// `spillway_options.durability`: commit returns once every piece is in DRAM on `replicas`
+// (at least 2) servers of distinct failure domains (survives the loss of a host).
+#define SPILLWAY_DURABILITY_REPLICATED 3
+
 // `spillway_epoch_info.state`: still being written.
 #define SPILLWAY_EPOCH_OPEN 0
 
@@ -68,8 +72,10 @@ typedef struct spillway_options {
   uint32_t durability;
   // Pipelined requests per server connection (> 0; capped by the server).
   uint32_t window;
-  // Reserved, must be 0.
-  uint32_t reserved;
+  // Copies of every piece, on servers of distinct failure domains (hosts): 0 or 1 for one
+  // copy, at most 4. Writes succeed once every copy is acknowledged; reads fall back to
+  // another copy when a server is unreachable.
+  uint32_t replicas;
   // Largest single write or read request in bytes (> 0; capped by the server).
   uint64_t transfer_bytes_max;
 } spillway_options;

@@ -15,6 +15,10 @@ packages=(
     slurm-wlm           # slurmctld + slurmd + clients 22.05, with burst_buffer_lua.so, for the Slurm tests
     munge               # the authentication daemon (Slurm's, and spillway's server.auth = munge; tests run private ones)
     libmunge2           # libmunge.so.2, which spillway-sys opens with dlopen to encode and decode credentials
+    iproute2            # ip netns, veth and bridge: the hosts of scripts/cluster/
+    util-linux          # unshare, nsenter, setpriv: the hosts of scripts/cluster/ and acting as test users
+    openmpi-bin         # mpirun for the multi-node Slurm test's MPI checkpoint job
+    libopenmpi-dev      # mpicc and mpi.h: that job's program (examples/mpi/checkpoint.c) is compiled by the test
 )
 
 missing=()

@@ -9,7 +9,10 @@ spillway-bb.env beside it naming the spillway binary and its settings:
     SPILLWAY_BB_MOUNT_ROOT=/mnt/spillway
     SPILLWAY_BB_STATE_DIR=/var/lib/spillway/bb
 
-(scripts/slurm/start.sh writes it for the test cluster.) Every hook is a thin call of
+(optional: SPILLWAY_MANAGER_AUTH=munge and SPILLWAY_MANAGER=tcp://HOST:PORT for a manager on
+another host, SPILLWAY_MUNGE_SOCKET.) scripts/slurm/start.sh writes it for the test cluster. The
+mount on each node is Slurm's Prolog/Epilog (`spillway bb prolog` / `bb epilog`), not a hook of
+this file. Every hook is a thin call of
 `spillway bb <hook>`, where the logic and its tests live (crates/slurm).
 
 Where the hooks run (22.05): slurm_bb_job_process, slurm_bb_pools and slurm_bb_paths run inside
@@ -74,7 +77,14 @@ local function command(words, detach)
 	if detach then
 		parts = { "setsid", "-w", "env" }
 	end
-	for _, key in ipairs({ "SPILLWAY_MANAGER", "SPILLWAY_BB_MOUNT_ROOT", "SPILLWAY_BB_STATE_DIR" }) do
+	local keys = {
+		"SPILLWAY_MANAGER",
+		"SPILLWAY_MANAGER_AUTH",
+		"SPILLWAY_MUNGE_SOCKET",
+		"SPILLWAY_BB_MOUNT_ROOT",
+		"SPILLWAY_BB_STATE_DIR",
+	}
+	for _, key in ipairs(keys) do
 		if settings[key] then
 			table.insert(parts, quote(key .. "=" .. settings[key]))
 		end

@@ -125,6 +125,10 @@ MinJobAge=600
 KillWait=5
 InactiveLimit=0
 BurstBufferType=burst_buffer/lua
+# Every node of a job mounts its reservation before the job starts and unmounts it after.
+PrologFlags=Alloc,DeferBatch
+Prolog=$dir/etc/spillway-prolog.sh
+Epilog=$dir/etc/spillway-epilog.sh
 NodeName=localhost NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$memory State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 CONF
@@ -151,6 +155,14 @@ mkdir -p "$dir/bb-state"
 chmod 0700 "$dir/bb-state"
 cp "$lua_src" "$dir/etc/burst_buffer.lua"
 chmod 0644 "$dir/etc/"*
+# slurmd's Prolog and Epilog (a path each, run as root with the job's SLURM_JOB_* variables).
+for hook in prolog epilog; do
+    cat > "$dir/etc/spillway-$hook.sh" <<SCRIPT
+#!/bin/sh
+exec env SLURM_CONF='$dir/etc/slurm.conf' SPILLWAY_MANAGER='$manager' SPILLWAY_BB_MOUNT_ROOT='$mount_root' SPILLWAY_BB_STATE_DIR='$dir/bb-state' '$spillway' bb $hook
+SCRIPT
+    chmod 0755 "$dir/etc/spillway-$hook.sh"
+done
 
 export SLURM_CONF="$dir/etc/slurm.conf"
 

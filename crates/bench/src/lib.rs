@@ -7,13 +7,15 @@
 //! servers against memcached, loopback TCP and direct writes), [`egress`] (drain: naive against
 //! coordinated shuffling), [`peaks`] (bandwidth, IOPS and metadata peaks of a target, read by
 //! `spillway characterize`) and [`mount`] (the FUSE mount against the native client and a local
-//! directory). Servers run as `spillway serve` children owned by `spillway-harness`, or in
+//! directory), [`replication`] (2 replicas at `replicated` durability against 1 copy at `ssd`
+//! and `memory`). Servers run as `spillway serve` children owned by `spillway-harness`, or in
 //! process; [`stats`] holds the arithmetic every benchmark shares.
 
 pub mod egress;
 pub mod ingress;
 pub mod mount;
 pub mod peaks;
+pub mod replication;
 pub mod stats;
 pub mod store;
 
@@ -31,6 +33,9 @@ pub enum Command {
     /// The FUSE mount: sequential writes against the native client, metadata striped against
     /// private namespaces and a local directory.
     Mount(mount::Args),
+    /// Checkpoint time with 2 replicas at `replicated` durability against 1 copy at `ssd` and
+    /// `memory`, three servers in three failure domains.
+    Replication(replication::Args),
 }
 
 /// Runs one benchmark.
@@ -41,6 +46,7 @@ pub fn run(command: Command) -> anyhow::Result<()> {
         Command::Peaks(args) => peaks::run(args),
         Command::Egress(args) => egress::run(args),
         Command::Mount(args) => mount::run(args),
+        Command::Replication(args) => replication::run(args),
     }
 }
 

@@ -112,7 +112,7 @@ fn mount(
 ) -> anyhow::Result<BenchMount> {
     std::fs::create_dir_all(path)?;
     let config = MountConfig { threads, ..MountConfig::default() };
-    let clients = data_clients(endpoints, threads)?;
+    let clients = data_clients(endpoints, threads, 1)?;
     let mount = spillway_mount::mount(namespace, clients, path, config)?;
     Ok(BenchMount { mount: Some(mount), path: path.to_path_buf() })
 }
@@ -313,7 +313,7 @@ fn measure_sequential_writes(
     let total = args.write_bytes;
     let data: Vec<u8> = (0..TRANSFER_BYTES).map(|i| (i * 131 % 251) as u8).collect();
     let write_ns =
-        connect_namespace(&endpoints[0], 10, open_root(EpochId(1_000_010)), args.threads)?;
+        connect_namespace(&endpoints[0], 10, open_root(EpochId(1_000_010)), args.threads, None)?;
     let write_mount = mount(&work.join("mnt-write"), write_ns, endpoints, args.threads)?;
     // One unmeasured round first (connections, first files), then alternating measured runs;
     // the ratio is the median of each run's mount/native pair, which cancels slow phases of a
@@ -391,6 +391,8 @@ fn striped_mounts(
                 id,
                 open_root(EpochId(1_000_000 + id)),
                 args.threads,
+                // Fresh epochs of its own: nothing to guard.
+                None,
             )?;
             mount(&work.join(format!("mnt-striped-{workers}-{w}")), ns, endpoints, args.threads)
         })
@@ -421,6 +423,8 @@ fn private_mounts(
                 id,
                 open_root(EpochId(1_000_100)),
                 args.threads,
+                // Fresh epochs of its own: nothing to guard.
+                None,
             )?;
             mount(&work.join(format!("mnt-private-{workers}-{w}")), ns, endpoints, args.threads)
         })

@@ -41,10 +41,13 @@ pub struct Args {
     /// serve` endpoints. The benchmark uses fresh epochs and deletes them afterwards.
     #[arg(long, value_delimiter = ',', value_parser = parse_endpoint)]
     pub servers: Vec<Endpoint>,
-    /// Native target: durability of the bandwidth phase's commit (ssd, memory, or server for the
-    /// servers' configured default).
+    /// Native target: durability of the bandwidth phase's commit (ssd, memory, replicated with
+    /// --replicas 2 or more, or server for the servers' configured default).
     #[arg(long, value_enum, default_value_t = CommitDurability::Server)]
     pub commit_durability: CommitDurability,
+    /// Native target: copies of every piece, on servers of distinct failure domains.
+    #[arg(long, default_value_t = 1)]
+    pub replicas: u32,
     /// Highest thread count; the levels are 1, 2, 4, … up to this.
     #[arg(long, default_value_t = 4)]
     pub threads_max: usize,
@@ -97,6 +100,7 @@ pub struct Level {
 pub enum CommitDurability {
     Ssd,
     Memory,
+    Replicated,
     Server,
 }
 
@@ -105,6 +109,7 @@ impl CommitDurability {
         match self {
             CommitDurability::Ssd => spillway_proto::Durability::Ssd,
             CommitDurability::Memory => spillway_proto::Durability::Memory,
+            CommitDurability::Replicated => spillway_proto::Durability::Replicated,
             CommitDurability::Server => spillway_proto::Durability::ServerDefault,
         }
     }
@@ -514,6 +519,7 @@ mod tests {
             target: Some(target),
             servers: Vec::new(),
             commit_durability: CommitDurability::Server,
+            replicas: 1,
             threads_max: 2,
             file_mib_per_thread: 1,
             transfer_kib: 256,

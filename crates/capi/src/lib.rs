@@ -43,6 +43,9 @@ pub const SPILLWAY_DURABILITY_SSD: u32 = 1;
 /// `spillway_options.durability`: commit returns once every server holds the epoch in DRAM
 /// (survives a client crash, not a server crash).
 pub const SPILLWAY_DURABILITY_MEMORY: u32 = 2;
+/// `spillway_options.durability`: commit returns once every piece is in DRAM on `replicas`
+/// (at least 2) servers of distinct failure domains (survives the loss of a host).
+pub const SPILLWAY_DURABILITY_REPLICATED: u32 = 3;
 
 /// `spillway_epoch_info.state`: still being written.
 pub const SPILLWAY_EPOCH_OPEN: u32 = 0;
@@ -72,8 +75,10 @@ pub struct spillway_options {
     pub durability: u32,
     /// Pipelined requests per server connection (> 0; capped by the server).
     pub window: u32,
-    /// Reserved, must be 0.
-    pub reserved: u32,
+    /// Copies of every piece, on servers of distinct failure domains (hosts): 0 or 1 for one
+    /// copy, at most 4. Writes succeed once every copy is acknowledged; reads fall back to
+    /// another copy when a server is unreachable.
+    pub replicas: u32,
     /// Largest single write or read request in bytes (> 0; capped by the server).
     pub transfer_bytes_max: u64,
 }
@@ -206,6 +211,7 @@ fn client_options(options: &spillway_options) -> Result<ClientOptions, CapiError
         SPILLWAY_DURABILITY_SERVER_DEFAULT => Durability::ServerDefault,
         SPILLWAY_DURABILITY_SSD => Durability::Ssd,
         SPILLWAY_DURABILITY_MEMORY => Durability::Memory,
+        SPILLWAY_DURABILITY_REPLICATED => Durability::Replicated,
         other => {
             return Err(CapiError::InvalidArgument(format!(
                 "options.durability {other} is not a SPILLWAY_DURABILITY_* value"
@@ -218,14 +224,10 @@ fn client_options(options: &spillway_options) -> Result<ClientOptions, CapiError
     if options.transfer_bytes_max == 0 {
         return Err(CapiError::InvalidArgument("options.transfer_bytes_max is 0".into()));
     }
-    if options.reserved != 0 {
-        return Err(CapiError::InvalidArgument(
-            "options.reserved is not 0 (initialise with spillway_options_init)".into(),
-        ));
-    }
     Ok(ClientOptions {
         placement,
         durability,
+        replicas: options.replicas.max(1),
         window: options.window,
         transfer_bytes_max: options.transfer_bytes_max,
         ..ClientOptions::default()
@@ -247,7 +249,7 @@ fn default_options() -> spillway_options {
         rank: 0,
         durability: SPILLWAY_DURABILITY_SERVER_DEFAULT,
         window: defaults.window,
-        reserved: 0,
+        replicas: defaults.replicas,
         transfer_bytes_max: defaults.transfer_bytes_max,
     }
 }
@@ -765,6 +767,18 @@ mod tests {
         );
         assert_eq!(guard("ok", || Ok(())), 0);
         assert_eq!(last_error(), "");
+    }
+
+    #[test]
+    fn replicas_and_replicated_durability_reach_the_client_options() {
+        let mut options = default_options();
+        assert_eq!(client_options(&options).unwrap().replicas, 1, "0 is one copy");
+        options.replicas = 2;
+        options.durability = SPILLWAY_DURABILITY_REPLICATED;
+        let converted = client_options(&options).unwrap();
+        assert_eq!((converted.replicas, converted.durability), (2, Durability::Replicated));
+        options.durability = 9;
+        assert!(client_options(&options).is_err());
     }
 
     #[test]

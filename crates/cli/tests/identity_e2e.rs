@@ -71,6 +71,37 @@ fn the_id_survives_a_restart_the_incarnation_counts_it_and_a_damaged_file_stops_
 }
 
 #[test]
+fn servers_announce_their_failure_domain_in_hello_and_status_and_refuse_a_bad_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let named = ServerProcess::builder(BIN, dir.path(), "named")
+        .no_tcp()
+        .unix_socket(socket(dir.path(), 0))
+        .args(["--failure-domain", "rack1.node-7"])
+        .start();
+    let unnamed = ServerProcess::builder(BIN, dir.path(), "unnamed")
+        .no_tcp()
+        .unix_socket(socket(dir.path(), 1))
+        .start();
+    let mut client = striped_client(dir.path(), 2);
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap().trim().to_string();
+    assert_eq!(client.server_failure_domain(0), "rack1.node-7");
+    assert_eq!(client.server_failure_domain(1), host, "the default is the host name");
+    let domains: Vec<String> =
+        client.status().unwrap().into_iter().map(|s| s.failure_domain).collect();
+    assert_eq!(domains, ["rack1.node-7".to_string(), host]);
+    drop((named, unnamed));
+
+    let refused = ServerProcess::builder(BIN, dir.path(), "bad")
+        .no_tcp()
+        .unix_socket(socket(dir.path(), 2))
+        .args(["--failure-domain", "../etc"])
+        .spawn();
+    let Err(error) = refused else { panic!("a bad failure domain must stop the server") };
+    let message = error.to_string();
+    assert!(message.contains("server.failure_domain"), "{message}");
+}
+
+#[test]
 fn a_lost_participant_replaced_by_an_empty_server_stops_the_drain_and_nothing_is_published() {
     lost_participant_stops_the_drain(false);
 }
@@ -165,6 +196,10 @@ fn a_client_reconnects_after_a_restart_mid_stream_and_reports_what_may_be_lost()
     client.sync_epoch(kept).unwrap();
     client.begin_epoch(epoch);
     let mut file = client.create_file(epoch, "lost.dat").unwrap();
+    // The epoch's first write stores the manifest intent synchronously (acknowledged before
+    // any data): done before the freeze, so that the writes below are only pipelined.
+    client.write(&mut file, 64 << 10, &data[..4096]).unwrap();
+    client.flush().unwrap();
     // Pipelined into a frozen server (small enough for the socket's buffer), so it dies with
     // the writes unacknowledged whatever the machine's load.
     let lost = &data[..64 << 10];

@@ -385,6 +385,66 @@ fn a_mount_whose_data_epoch_vanished_fails_reads_instead_of_returning_zeros() {
     drop(mount);
 }
 
+/// Writers of one file on different mounts, each its own range (an N-1 checkpoint from several
+/// nodes): another mount's block sits in the store before its size reaches the namespace, and
+/// a write past EOF here over that range must leave it alone (zeroing the gap clobbered it and
+/// lost checkpoint blocks in the 4-node Slurm test).
+#[test]
+fn a_write_past_eof_keeps_what_another_mount_wrote_beyond_the_size() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let dir = tempdir();
+    let (_servers, endpoints) = servers(dir.path(), 2);
+    let namespace = remote_namespace(&endpoints, 17);
+    let mount = mount_at(&dir.path().join("m"), namespace.clone(), &endpoints);
+    let path = mount.path().join("n1.ckpt");
+    std::fs::write(&path, b"x").unwrap();
+    let ino = std::fs::metadata(&path).unwrap().ino();
+    let generation = namespace.getattr(ino).unwrap().generation;
+    // The other writer's block [1 MiB, 2 MiB): in the store, its size not in the namespace yet.
+    let block = spillway_harness::pattern(17, 1 << 20);
+    let mut other = clients(&endpoints, 1).pop().unwrap();
+    other.begin_epoch(EpochId(1_017));
+    let name = spillway_namespace::data_file_name(17, ino, generation);
+    let mut handle = other.create_file(EpochId(1_017), &name).unwrap();
+    other.write(&mut handle, 1 << 20, &block).unwrap();
+    other.flush().unwrap();
+    // This mount writes its own block at 3 MiB, past EOF (1 byte), leaving a gap over it.
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.write_all_at(&spillway_harness::pattern(18, 1 << 20), 3 << 20).unwrap();
+    file.sync_all().unwrap();
+    drop(file);
+    let got = std::fs::read(&path).unwrap();
+    assert_eq!(got.len(), 4 << 20);
+    assert!(
+        spillway_harness::same_bytes(&got[1 << 20..2 << 20], &block),
+        "a write past EOF on one mount overwrote another writer's block with zeros"
+    );
+    assert!(got[1..1 << 20].iter().all(|&b| b == 0), "the true hole reads as zeros");
+    drop(mount);
+}
+
+/// A file shrunk to a nonzero size and grown again reads zeros where its old bytes were (the
+/// shrink zeroed them in the store; the write past EOF does not).
+#[test]
+fn a_shrunk_file_grown_again_reads_zeros_over_its_old_bytes() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempdir();
+    let (_servers, endpoints) = servers(dir.path(), 2);
+    let mount = mount_at(&dir.path().join("m"), remote_namespace(&endpoints, 19), &endpoints);
+    let path = mount.path().join("f");
+    std::fs::write(&path, spillway_harness::pattern(19, 3 << 20)).unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.set_len(4096).unwrap();
+    file.write_all_at(b"end", (3 << 20) + 5).unwrap();
+    file.sync_all().unwrap();
+    drop(file);
+    let got = std::fs::read(&path).unwrap();
+    assert_eq!(got.len(), (3 << 20) + 8);
+    assert!(got[4096..(3 << 20) + 5].iter().all(|&b| b == 0), "old bytes showed after the shrink");
+    assert_eq!(&got[(3 << 20) + 5..], b"end");
+    drop(mount);
+}
+
 /// Issue 15: the server holding the namespace (and data) restarted under the mount: fsync'd
 /// files are listed and read back intact, and new files can be made.
 #[test]

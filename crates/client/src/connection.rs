@@ -59,6 +59,8 @@ pub struct ServerConnection {
     /// reach a restarted server, or another one at the same address).
     pub server_id: ServerId,
     pub incarnation: u64,
+    /// The server's failure domain from the last handshake (replicas go to distinct ones).
+    pub failure_domain: String,
     body: Vec<u8>,
     /// Requests sent whose reply has not been received: 0 means the connection is quiet.
     unanswered: u64,
@@ -104,31 +106,13 @@ impl ServerConnection {
         let reader = connection
             .try_clone_connection()
             .map_err(|source| ClientError::Connect { endpoint: endpoint.clone(), source })?;
-        let mut this = ServerConnection {
-            endpoint: endpoint.clone(),
-            reader: BufReader::with_capacity(64 * 1024, reader),
-            connection,
-            next_request_id: 1,
-            window: 1,
-            window_bytes_max: u64::MAX,
-            outstanding: VecDeque::new(),
-            outstanding_bytes: 0,
-            deferred: None,
-            payload_bytes_max: 0,
-            uid: 0,
-            gid: 0,
-            server_name: String::new(),
-            server_id: ServerId::NONE,
-            incarnation: 0,
-            body: Vec::new(),
-            unanswered: 0,
-            lost_in_flight: 0,
-            client_name: client_name.to_string(),
+        let mut this = ServerConnection::unconnected(
+            endpoint,
+            (connection, reader),
+            client_name,
             window_wanted,
-            munge_socket: munge_socket.map(Path::to_path_buf),
-            broken: false,
-            reconnect_wait_max: RECONNECT_WAIT_MAX_DEFAULT,
-        };
+            munge_socket,
+        );
         let hello = Request::Hello {
             version_min: PROTOCOL_VERSION_MIN,
             version_max: PROTOCOL_VERSION,
@@ -147,6 +131,7 @@ impl ServerConnection {
                     challenge,
                     server_id,
                     incarnation,
+                    failure_domain,
                 },
                 _,
             ) => {
@@ -165,9 +150,71 @@ impl ServerConnection {
                 this.server_name = server_name;
                 this.server_id = server_id;
                 this.incarnation = incarnation;
+                this.failure_domain = failure_domain;
                 Ok(this)
             }
             (other, _) => Err(this.unexpected("HelloReply", &other)),
+        }
+    }
+
+    /// A connection to a server that could not be reached at connect, in failure domain
+    /// `failure_domain` (known from elsewhere: the reservation, a manifest). It counts as
+    /// broken: every request first tries to open it (for `reconnect_wait_max`), so a server
+    /// that comes back is used again.
+    pub fn unreached(
+        endpoint: &Endpoint,
+        client_name: &str,
+        window_wanted: u32,
+        munge_socket: Option<&Path>,
+        failure_domain: &str,
+    ) -> ServerConnection {
+        let mut this = ServerConnection::unconnected(
+            endpoint,
+            (Box::new(Unreached), Box::new(Unreached)),
+            client_name,
+            window_wanted,
+            munge_socket,
+        );
+        this.broken = true;
+        // Never the smallest: the reachable servers' limits bound the pieces.
+        this.payload_bytes_max = spillway_proto::PAYLOAD_BYTES_LIMIT;
+        this.failure_domain = failure_domain.to_string();
+        this
+    }
+
+    /// A connection before its handshake: nothing learnt from the server yet.
+    fn unconnected(
+        endpoint: &Endpoint,
+        (connection, reader): (Box<dyn Connection>, Box<dyn Connection>),
+        client_name: &str,
+        window_wanted: u32,
+        munge_socket: Option<&Path>,
+    ) -> ServerConnection {
+        ServerConnection {
+            endpoint: endpoint.clone(),
+            reader: BufReader::with_capacity(64 * 1024, reader),
+            connection,
+            next_request_id: 1,
+            window: 1,
+            window_bytes_max: u64::MAX,
+            outstanding: VecDeque::new(),
+            outstanding_bytes: 0,
+            deferred: None,
+            payload_bytes_max: 0,
+            uid: 0,
+            gid: 0,
+            server_name: String::new(),
+            server_id: ServerId::NONE,
+            incarnation: 0,
+            failure_domain: String::new(),
+            body: Vec::new(),
+            unanswered: 0,
+            lost_in_flight: 0,
+            client_name: client_name.to_string(),
+            window_wanted,
+            munge_socket: munge_socket.map(Path::to_path_buf),
+            broken: false,
+            reconnect_wait_max: RECONNECT_WAIT_MAX_DEFAULT,
         }
     }
 
@@ -408,6 +455,12 @@ impl ServerConnection {
     }
 
     /// Waits for every outstanding reply; reports the first deferred failure.
+    /// Whether writes sent on this connection still wait for their acknowledgement or have
+    /// a failure to report (what `flush` would wait for or return).
+    pub fn has_pending_writes(&self) -> bool {
+        !self.outstanding.is_empty() || self.deferred.is_some() || self.lost_in_flight > 0
+    }
+
     pub fn flush(&mut self) -> Result<(), ClientError> {
         // A broken connection has nothing more to say: open it again, which turns its
         // unacknowledged writes into the deferred failure reported below.
@@ -617,6 +670,50 @@ impl ServerConnection {
     }
 }
 
+/// The stand-in stream of a server never reached: every read and write fails.
+struct Unreached;
+
+impl std::io::Read for Unreached {
+    fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+        Err(std::io::ErrorKind::NotConnected.into())
+    }
+}
+
+impl std::io::Write for Unreached {
+    fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+        Err(std::io::ErrorKind::NotConnected.into())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Connection for Unreached {
+    fn transport(&self) -> spillway_proto::Transport {
+        spillway_proto::Transport::Unix
+    }
+    fn peer(&self) -> String {
+        "(never reached)".into()
+    }
+    fn identity(&self) -> std::io::Result<spillway_proto::Identity> {
+        Err(std::io::ErrorKind::NotConnected.into())
+    }
+    fn try_clone_connection(&self) -> std::io::Result<Box<dyn Connection>> {
+        Ok(Box::new(Unreached))
+    }
+    fn set_read_timeout(&self, _: Option<Duration>) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn set_write_timeout(&self, _: Option<Duration>) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn shutdown_write(&self) {}
+    fn shutdown(&self) {}
+    fn peer_closed(&self) -> std::io::Result<bool> {
+        Ok(true)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -651,6 +748,7 @@ mod tests {
             challenge: [0; CHALLENGE_BYTES],
             server_id: ServerId([1; 16]),
             incarnation: 1,
+            failure_domain: "fake-host".into(),
         };
         frame::write_frame(&mut stream, reply.kind(), hello.request_id, &reply.encode_body(), &[])
             .unwrap();

@@ -13,8 +13,11 @@
 //! [`Client::flush`] and [`Client::commit_epoch`], which report the first failure.
 
 mod connection;
+pub mod manifest;
 pub mod meta;
+pub mod ns_snapshot;
 pub mod placement;
+mod replication;
 mod trace_record;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -28,6 +31,7 @@ use spillway_types::{EpochId, FileId};
 
 pub use connection::ServerConnection;
 pub use placement::Placement;
+pub use replication::{merge_extents, RESERVED_PREFIX};
 pub use trace_record::TRACE_ENV;
 
 use spillway_trace::Op as TraceKind;
@@ -73,6 +77,13 @@ pub enum ClientError {
         epoch: EpochId,
         files: String,
     },
+    /// Every server that holds a copy of the bytes is unreachable (EIO, never zeros).
+    #[error("every holder of the bytes is unreachable: {servers}")]
+    NoLiveHolder { servers: String },
+    /// A server holding replicas of the epoch was lost before the commit: fewer than k copies
+    /// are certain, so the commit is not reported as done (EIO).
+    #[error("commit of epoch {epoch} failed: server {endpoint}, holding replicas of it (replicas = {replicas}), is lost: {cause}")]
+    ReplicaLost { endpoint: Endpoint, epoch: EpochId, replicas: u32, cause: String },
 }
 
 impl ClientError {
@@ -84,7 +95,10 @@ impl ClientError {
             ClientError::NoSuchEpoch { .. } => ErrorCode::NoSuchEpoch.errno(),
             ClientError::InvalidArgument(_) => ErrorCode::InvalidArgument.errno(),
             ClientError::Authentication { .. } => ErrorCode::PermissionDenied.errno(),
-            ClientError::Unacknowledged { .. } | ClientError::ServerRestarted { .. } => libc_eio(),
+            ClientError::Unacknowledged { .. }
+            | ClientError::ServerRestarted { .. }
+            | ClientError::NoLiveHolder { .. }
+            | ClientError::ReplicaLost { .. } => libc_eio(),
             ClientError::Connect { source, .. } | ClientError::Io { source, .. } => {
                 source.raw_os_error().unwrap_or(libc_eio())
             }
@@ -144,6 +158,14 @@ pub struct ClientOptions {
     /// connection that broke or that the server closed; default
     /// [`connection::RECONNECT_WAIT_MAX_DEFAULT`] (30 s).
     pub reconnect_wait_max: std::time::Duration,
+    /// Copies of every piece, on servers of distinct failure domains (1..=4; 1: no replicas).
+    /// Writes succeed when all copies are acknowledged; reads fall back to another copy.
+    pub replicas: u32,
+    /// The servers' failure domains in list order, when known from elsewhere (the reservation,
+    /// an epoch manifest); empty: learnt from the handshakes. With replicas > 1 and this
+    /// given, `connect` accepts servers it cannot reach (their copies are read elsewhere), and
+    /// refuses servers announcing another domain than given.
+    pub failure_domains: Vec<String>,
 }
 
 impl Default for ClientOptions {
@@ -159,6 +181,8 @@ impl Default for ClientOptions {
             trace_rank: 0,
             munge_socket: munge_socket_from_env(),
             reconnect_wait_max: connection::RECONNECT_WAIT_MAX_DEFAULT,
+            replicas: 1,
+            failure_domains: Vec::new(),
         }
     }
 }
@@ -226,6 +250,17 @@ pub struct Client {
     unsynced: HashMap<(EpochId, usize), BTreeSet<String>>,
     /// Files whose unsynced writes a restart may have lost.
     lost: BTreeMap<(EpochId, String), LostWrites>,
+    /// Each server's failure domain at connect (replica placement depends on it).
+    domains: Vec<String>,
+    /// Servers found unreachable (replicas > 1): reads use other holders.
+    unreachable: BTreeSet<usize>,
+    /// This client's random id (names its manifests) and its last manifest's sequence number.
+    client_id: u64,
+    manifests_written: u64,
+    /// The sequence number reserved for each epoch's next manifest, by its intent file.
+    manifest_seq: HashMap<EpochId, u64>,
+    /// Byte ranges written per epoch and file since the last manifest (start → end).
+    written: HashMap<EpochId, BTreeMap<String, BTreeMap<u64, u64>>>,
 }
 
 impl Client {
@@ -237,22 +272,10 @@ impl Client {
         if let Placement::Striped { stripe_unit_bytes: 0, .. } = options.placement {
             return Err(ClientError::InvalidArgument("stripe unit of 0 bytes".into()));
         }
-        let servers = endpoints
-            .iter()
-            .map(|e| {
-                ServerConnection::connect_with_munge_socket(
-                    e,
-                    &options.client_name,
-                    options.window,
-                    options.munge_socket.as_deref(),
-                )
-                .map(|c| {
-                    c.with_window_bytes_max(options.window_bytes_max)
-                        .with_reconnect_wait_max(options.reconnect_wait_max)
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let (servers, unreachable) = replication::connect_all(endpoints, &options)?;
         let known = servers.iter().map(|s| (s.server_id, s.incarnation)).collect();
+        let domains: Vec<String> = servers.iter().map(|s| s.failure_domain.clone()).collect();
+        replication::check_options(&options, &domains)?;
         let tracer = match &options.trace_path {
             Some(path) => trace_record::Tracer::start(path, options.trace_rank, false),
             None => trace_record::path_from_env(options.trace_rank)
@@ -268,6 +291,12 @@ impl Client {
             known,
             unsynced: HashMap::new(),
             lost: BTreeMap::new(),
+            domains,
+            unreachable,
+            client_id: replication::random_client_id()?,
+            manifests_written: 0,
+            manifest_seq: HashMap::new(),
+            written: HashMap::new(),
         })
     }
 
@@ -350,6 +379,11 @@ impl Client {
         self.tracer.is_some()
     }
 
+    /// This client's random id, which names its manifests.
+    pub fn client_id(&self) -> u64 {
+        self.client_id
+    }
+
     pub fn server_count(&self) -> usize {
         self.servers.len()
     }
@@ -357,6 +391,11 @@ impl Client {
     /// The id and incarnation of server `index` (from its last handshake).
     pub fn server_identity(&self, index: usize) -> (ServerId, u64) {
         (self.servers[index].server_id, self.servers[index].incarnation)
+    }
+
+    /// The failure domain of server `index` (from its last handshake).
+    pub fn server_failure_domain(&self, index: usize) -> &str {
+        &self.servers[index].failure_domain
     }
 
     /// Where server `index` is reached.
@@ -389,6 +428,7 @@ impl Client {
     /// Creates (or opens, if another process created it) a file on every server of its stripe
     /// set.
     pub fn create_file(&mut self, epoch: EpochId, name: &str) -> Result<FileHandle, ClientError> {
+        replication::check_user_name(name)?;
         let started = Instant::now();
         let handle = self.create_file_untraced(epoch, name)?;
         if self.tracer.is_some() {
@@ -404,7 +444,12 @@ impl Client {
         name: &str,
     ) -> Result<FileHandle, ClientError> {
         let mut ids = vec![None; self.servers.len()];
-        for server in placement::stripe_set(self.options.placement, name, self.servers.len()) {
+        let holders: BTreeSet<usize> =
+            placement::stripe_set(self.options.placement, name, self.servers.len())
+                .into_iter()
+                .flat_map(|primary| self.holders(primary))
+                .collect();
+        for server in holders {
             let request = Request::OpenFile { epoch, name: name.to_string(), create: true };
             match self.servers[server].call(&request, &[], None)? {
                 (Response::FileOpened { file, .. }, ()) => ids[server] = Some(file),
@@ -451,16 +496,22 @@ impl Client {
         }
         let mut ids = vec![None; self.servers.len()];
         let mut epoch_somewhere = false;
-        for (server, connection) in self.servers.iter_mut().enumerate() {
+        for (server, id) in ids.iter_mut().enumerate() {
+            if self.unreachable.contains(&server) {
+                continue;
+            }
             let request = Request::OpenFile { epoch, name: name.to_string(), create: false };
+            let connection = &mut self.servers[server];
             match connection.call(&request, &[], None) {
                 Ok((Response::FileOpened { file, .. }, ())) => {
-                    ids[server] = Some(file);
+                    *id = Some(file);
                     epoch_somewhere = true;
                 }
                 Ok((other, ())) => return Err(unexpected(connection, "FileOpened", &other)),
                 Err(e) if e.code() == Some(ErrorCode::NoSuchFile) => epoch_somewhere = true,
                 Err(e) if e.code() == Some(ErrorCode::NoSuchEpoch) => {}
+                // Another holder has the bytes; reads skip this server from now on.
+                Err(e) if self.note_unreachable(&e) => {}
                 Err(e) => return Err(e),
             }
         }
@@ -548,25 +599,40 @@ impl Client {
             data.len() as u64,
             self.piece_bytes_max(),
         );
+        // With one server nothing survives its loss: no intents or manifests to keep.
+        if self.servers.len() > 1 {
+            if !self.written.contains_key(&file.epoch) {
+                self.write_intent(file.epoch)?;
+            }
+            let ranges = self.written.entry(file.epoch).or_default();
+            manifest::add_range(
+                ranges.entry(file.name.clone()).or_default(),
+                offset,
+                data.len() as u64,
+            );
+        }
         for piece in pieces {
-            let id = self.file_on(file, piece.server)?;
             let start = (piece.offset - offset) as usize;
             let bytes = &data[start..start + piece.length as usize];
             // Taken from the caller's buffer before the bytes leave it: the server refuses a
             // payload that arrives different, and the store keeps this as the record checksum.
-            let request = Request::Write {
-                epoch: file.epoch,
-                file: id,
-                offset: piece.offset,
-                payload_crc32c: crc32c::crc32c(bytes),
-            };
-            let sent = self.servers[piece.server].write_pipelined(&request, bytes);
-            // A reopened connection may reach a restarted server: what was written there
-            // before is lost; this piece went to the new incarnation.
-            self.note_restarts();
-            sent?;
-            self.touched.entry(file.epoch).or_default().insert(piece.server);
-            self.unsynced.entry((file.epoch, piece.server)).or_default().insert(file.name.clone());
+            let payload_crc32c = crc32c::crc32c(bytes);
+            for server in self.holders(piece.server) {
+                let id = self.file_on(file, server)?;
+                let request = Request::Write {
+                    epoch: file.epoch,
+                    file: id,
+                    offset: piece.offset,
+                    payload_crc32c,
+                };
+                let sent = self.servers[server].write_pipelined(&request, bytes);
+                // A reopened connection may reach a restarted server: what was written there
+                // before is lost; this piece went to the new incarnation.
+                self.note_restarts();
+                sent?;
+                self.touched.entry(file.epoch).or_default().insert(server);
+                self.unsynced.entry((file.epoch, server)).or_default().insert(file.name.clone());
+            }
         }
         Ok(())
     }
@@ -574,7 +640,12 @@ impl Client {
     /// Waits until every write sent so far is acknowledged (in the servers' DRAM logs).
     pub fn flush(&mut self) -> Result<(), ClientError> {
         let mut first = None;
-        for server in &mut self.servers {
+        for (index, server) in self.servers.iter_mut().enumerate() {
+            // A server found unreachable with nothing of ours in flight has nothing to settle
+            // (its writes, if any, fail the commit, which asks it).
+            if self.unreachable.contains(&index) && !server.has_pending_writes() {
+                continue;
+            }
             if let Err(e) = server.flush() {
                 first.get_or_insert(e);
             }
@@ -620,7 +691,14 @@ impl Client {
     }
 
     fn commit_epoch_untraced(&mut self, epoch: EpochId) -> Result<(), ClientError> {
+        self.commit_on_holders(epoch).map_err(|error| self.commit_failure(epoch, error))
+    }
+
+    /// Commits on every server this client wrote the epoch to (all holders of its pieces),
+    /// after writing its manifest there.
+    fn commit_on_holders(&mut self, epoch: EpochId) -> Result<(), ClientError> {
         self.flush()?;
+        self.write_manifest_to_participants(epoch, true)?;
         let participants = self.participants(epoch);
         let request = Request::Commit { epoch, durability: self.options.durability, participants };
         let committed = self.call_touched_servers(epoch, &request, "Committed", |r| {
@@ -636,12 +714,16 @@ impl Client {
 
     /// Makes every byte this client wrote to the epoch durable in the SSD log of each server it
     /// wrote to, without sealing the epoch: `fsync` on the mount. Later writes may follow.
+    /// Writes this client's manifest of what it wrote since its last one to every server first.
     ///
     /// Writes a server restart lost before the sync are not made durable by it: they are
     /// reported by [`Client::report_lost_writes`] and `commit_epoch`, and reads of their files
     /// fail.
     pub fn sync_epoch(&mut self, epoch: EpochId) -> Result<(), ClientError> {
         self.flush()?;
+        // What was written since the last manifest, so that an epoch sealed by someone else
+        // (stage-out after the mounts' fsyncs) has every writer's manifest.
+        self.write_manifest_to_participants(epoch, true)?;
         let request = Request::Sync { epoch, participants: self.participants(epoch) };
         let synced = self.call_touched_servers(epoch, &request, "Synced", |r| {
             matches!(r, Response::Synced { .. })
@@ -735,14 +817,20 @@ impl Client {
         let mut out = Vec::new();
         for (server, id) in file.ids.iter().enumerate() {
             let Some(id) = *id else { continue };
+            if self.unreachable.contains(&server) {
+                continue;
+            }
             let mut from_offset = 0;
             loop {
                 let request = Request::Extents { epoch: file.epoch, file: id, from_offset };
-                let list = match self.servers[server].call(&request, &[], None)? {
-                    (Response::Extents(list), ()) => list,
-                    (other, ()) => {
+                let list = match self.servers[server].call(&request, &[], None) {
+                    Ok((Response::Extents(list), ())) => list,
+                    Ok((other, ())) => {
                         return Err(unexpected(&self.servers[server], "Extents", &other))
                     }
+                    // Another holder has the bytes (replicas > 1).
+                    Err(e) if self.note_unreachable(&e) => break,
+                    Err(e) => return Err(e),
                 };
                 let Some(last) = list.last() else { break };
                 let next = last.offset + last.length;
@@ -800,8 +888,27 @@ impl Client {
         if let Some(copy) = &file.pfs_copy {
             return read_pfs_copy(copy, offset, buffer);
         }
+        // A holder found unreachable mid-read is skipped and the read planned again over the
+        // others; each round marks one more server, so this ends.
+        loop {
+            buffer.fill(0);
+            let wanted = self.plan_read(file, offset, end)?;
+            match self.read_ranges(file, offset, buffer, wanted) {
+                Err(e) if self.note_unreachable(&e) => continue,
+                done => return done,
+            }
+        }
+    }
+
+    /// Which server to read each part of `[offset, end)` of the file from: `(server, file
+    /// offset, length)`, each at most the payload limit long; bytes nobody holds are left out.
+    fn plan_read(
+        &mut self,
+        file: &FileHandle,
+        offset: u64,
+        end: u64,
+    ) -> Result<Vec<(usize, u64, u64)>, ClientError> {
         let piece_max = self.piece_bytes_max();
-        // (server, file offset, length) to fetch.
         let mut wanted: Vec<(usize, u64, u64)> = Vec::new();
         match self.options.placement {
             Placement::Striped { .. } => {
@@ -810,20 +917,20 @@ impl Client {
                     &file.name,
                     self.servers.len(),
                     offset,
-                    buffer.len() as u64,
+                    end - offset,
                     piece_max,
                 ) {
-                    if file.ids[piece.server].is_some() {
-                        wanted.push((piece.server, piece.offset, piece.length));
+                    if let Some(server) =
+                        self.live_holder(piece.server, |s| file.ids[s].is_some())?
+                    {
+                        wanted.push((server, piece.offset, piece.length));
                     }
                 }
             }
             Placement::Local { .. } => {
-                buffer.fill(0);
-                let mut extents = self.extents_by_server(file)?;
-                // Later servers do not override earlier ones arbitrarily: disjoint writers are
-                // the contract; on overlap the lowest server index wins.
-                extents.sort_by_key(|(server, e)| (e.offset, *server));
+                // Disjoint writers are the contract; where holders overlap (replicas, or
+                // writers that overlapped) each byte is read once, from the lowest server.
+                let extents = merge_extents(self.extents_by_server(file)?);
                 for (server, extent) in extents {
                     let start = extent.offset.max(offset);
                     let stop = (extent.offset + extent.length).min(end);
@@ -836,10 +943,7 @@ impl Client {
                 }
             }
         }
-        if matches!(self.options.placement, Placement::Striped { .. }) {
-            buffer.fill(0);
-        }
-        self.read_ranges(file, offset, buffer, wanted)
+        Ok(wanted)
     }
 
     /// The byte ranges of the file each server holds, as `(server index, extent)`, by server.
@@ -918,13 +1022,18 @@ impl Client {
         let mut size = 0;
         for (server, id) in file.ids.iter().enumerate() {
             let Some(id) = *id else { continue };
-            match self.servers[server].call(
-                &Request::Stat { epoch: file.epoch, file: id },
-                &[],
-                None,
-            )? {
-                (Response::FileStat(info), ()) => size = size.max(info.size_bytes),
-                (other, ()) => return Err(unexpected(&self.servers[server], "FileStat", &other)),
+            if self.unreachable.contains(&server) {
+                continue;
+            }
+            let request = Request::Stat { epoch: file.epoch, file: id };
+            match self.servers[server].call(&request, &[], None) {
+                Ok((Response::FileStat(info), ())) => size = size.max(info.size_bytes),
+                Ok((other, ())) => {
+                    return Err(unexpected(&self.servers[server], "FileStat", &other))
+                }
+                // Every byte it held has another holder (replicas > 1).
+                Err(e) if self.note_unreachable(&e) => {}
+                Err(e) => return Err(e),
             }
         }
         Ok(size)
@@ -969,19 +1078,52 @@ impl Client {
     }
 
     fn list_files_untraced(&mut self, epoch: EpochId) -> Result<Vec<(String, u64)>, ClientError> {
+        self.list_files_where(epoch, false)
+    }
+
+    /// The epoch's manifests (`.spillway/manifest/…`, every client's) on any server, with sizes.
+    pub fn list_manifests(&mut self, epoch: EpochId) -> Result<Vec<(String, u64)>, ClientError> {
+        let mut all = self.list_files_where(epoch, true)?;
+        all.retain(|(name, _)| name.starts_with(manifest::MANIFEST_DIRECTORY));
+        Ok(all)
+    }
+
+    /// The epoch's manifest intents (`.spillway/intent/…`, every client's) on any server.
+    pub fn list_intents(&mut self, epoch: EpochId) -> Result<Vec<String>, ClientError> {
+        let mut all = self.list_files_where(epoch, true)?;
+        all.retain(|(name, _)| name.starts_with(manifest::INTENT_DIRECTORY));
+        Ok(all.into_iter().map(|(name, _)| name).collect())
+    }
+
+    /// Every file of an epoch merged over servers: the user's, or (`reserved`) Spillway's own.
+    fn list_files_where(
+        &mut self,
+        epoch: EpochId,
+        reserved: bool,
+    ) -> Result<Vec<(String, u64)>, ClientError> {
         let mut merged: BTreeMap<String, u64> = BTreeMap::new();
-        for connection in &mut self.servers {
+        for server in 0..self.servers.len() {
+            // With replicas, every byte a lost server held has another holder that lists it.
+            if self.unreachable.contains(&server) {
+                continue;
+            }
             let mut from_file = FileId(0);
             loop {
-                let list =
-                    match connection.call(&Request::ListFiles { epoch, from_file }, &[], None) {
-                        Ok((Response::Files(list), ())) => list,
-                        Ok((other, ())) => return Err(unexpected(connection, "Files", &other)),
-                        Err(e) if e.code() == Some(ErrorCode::NoSuchEpoch) => break,
-                        Err(e) => return Err(e),
-                    };
+                let request = Request::ListFiles { epoch, from_file };
+                let list = match self.servers[server].call(&request, &[], None) {
+                    Ok((Response::Files(list), ())) => list,
+                    Ok((other, ())) => {
+                        return Err(unexpected(&self.servers[server], "Files", &other))
+                    }
+                    Err(e) if e.code() == Some(ErrorCode::NoSuchEpoch) => break,
+                    Err(e) if self.note_unreachable(&e) => break,
+                    Err(e) => return Err(e),
+                };
                 let Some(last) = list.last().map(|f| f.file) else { break };
                 for FileInfo { name, size_bytes, .. } in list {
+                    if name.starts_with(RESERVED_PREFIX) != reserved {
+                        continue;
+                    }
                     let size = merged.entry(name).or_insert(0);
                     *size = (*size).max(size_bytes);
                 }
@@ -1017,6 +1159,7 @@ impl Client {
             }
         }
         self.touched.remove(&epoch);
+        self.written.remove(&epoch);
         Ok(())
     }
 
@@ -1159,4 +1302,17 @@ pub fn traced_file_name(epoch: EpochId, name: &str) -> String {
 /// The name traced epoch-wide operations (commit, list files) record: `epoch-<E>`.
 pub fn traced_epoch_name(epoch: EpochId) -> String {
     format!("epoch-{}", epoch.0)
+}
+
+/// Largest of Spillway's own files (epoch manifests, namespace snapshots) a reader loads whole.
+/// Their writers set their size (one byte at offset 2^44 makes a sparse file that large), so a
+/// larger one is refused as damaged before anything is allocated.
+pub const OWN_FILE_BYTES_MAX: u64 = 256 << 20;
+
+/// `(server, offset, length)` reads of a whole file of `size` bytes from one server (for
+/// [`Client::read_ranges`]), in pieces the payload limit takes: for Spillway's own files,
+/// which every server holds whole.
+pub fn whole_file_reads(server: usize, size: u64) -> Vec<(usize, u64, u64)> {
+    const PIECE: u64 = 1 << 20;
+    (0..size.div_ceil(PIECE)).map(|i| (server, i * PIECE, PIECE.min(size - i * PIECE))).collect()
 }

@@ -117,6 +117,57 @@ impl RemoteNamespace {
         Ok(this)
     }
 
+    /// [`open`](Self::open), but a namespace is created only when its data epoch holds none of
+    /// its files (`ns/<id>/…`) on any server of `data`: otherwise its metadata was on a server
+    /// that is gone (lost, or replaced by re-replication), and an empty namespace over those
+    /// files would hide them from every mount and stage-out (EIO, naming them, instead).
+    pub fn open_guarded(
+        endpoint: &Endpoint,
+        id: NamespaceId,
+        options: &RemoteOptions,
+        data: &mut crate::Client,
+    ) -> Result<RemoteNamespace, MetaError> {
+        if !options.create {
+            return Self::open(endpoint, id, options);
+        }
+        let existing = RemoteOptions { create: false, ..options.clone() };
+        match Self::open(endpoint, id, &existing) {
+            Err(e) if e.errno == libc::ENOENT => {}
+            other => return other,
+        }
+        let epoch = options.data_epoch;
+        let files = match data.list_files(epoch) {
+            Ok(files) => files,
+            Err(e) if e.code() == Some(spillway_proto::ErrorCode::NoSuchEpoch) => Vec::new(),
+            Err(e) => {
+                let message = format!("listing epoch {epoch} before creating namespace {id}: {e}");
+                return Err(MetaError::new(libc::EIO, message));
+            }
+        };
+        let prefix = format!("ns/{id}/");
+        let orphans: Vec<&String> =
+            files.iter().map(|(name, _)| name).filter(|n| n.starts_with(&prefix)).collect();
+        if let Some(first) = orphans.first() {
+            return Err(MetaError::new(
+                libc::EIO,
+                format!(
+                    "namespace {id} is not on {endpoint}, but its data epoch {epoch} holds {} of \
+                     its files ({first}, …): its metadata was on a server that is gone (lost or \
+                     replaced); refusing to create an empty namespace that would hide them. \
+                     They stay in the burst buffer: a drain publishes them under the paths of \
+                     the snapshot stage-out stored, if any, else under their store names",
+                    orphans.len()
+                ),
+            ));
+        }
+        Self::open(endpoint, id, options)
+    }
+
+    /// The namespace's id.
+    pub fn id(&self) -> NamespaceId {
+        self.id
+    }
+
     /// The server this namespace lives on.
     pub fn endpoint(&self) -> &Endpoint {
         &self.endpoint

@@ -80,6 +80,8 @@ knobs! {
         job_owner_timeout_ms: u64 = 5_000, unit = "milliseconds";
         /// How long a rescue reservation (kept because its stage-out failed) stays the owner's alone before root or an admin may reclaim it; never reclaimed automatically.
         rescue_expiry_s: u64 = 1_209_600, unit = "seconds";
+        /// A server down (no heartbeat answered) for this long is declared lost for good: its reservations are degraded and re-replicated; 0 = only `spillway server lost` declares it.
+        server_lost_after_s: u64 = 86_400, unit = "seconds";
     }
 }
 

@@ -30,6 +30,8 @@ knobs! {
         insecure_tcp: bool = false, unit = "bool";
         /// A name for logs and `status`.
         server_name: String = "spillway".to_string(), unit = "name";
+        /// This server's failure domain (the host it shares a fate with), announced to clients and the manager, which place replicas of one piece on servers of distinct domains; "" = the host name (uname). `[A-Za-z0-9][A-Za-z0-9._-]*`, at most 64 bytes.
+        failure_domain: String = String::new(), unit = "name";
         /// Connections served at once; more are refused with an error frame.
         connections_max: u32 = 256, unit = "connections";
         /// Largest payload of one frame (a write or a read reply), announced in the handshake.
@@ -77,6 +79,20 @@ impl ServerKnobs {
         crate::munge_socket_path(&self.munge_socket)
     }
 
+    /// `failure_domain` is empty (the host name) or a valid domain name.
+    fn check_failure_domain(&self) -> Result<(), ConfigError> {
+        if self.failure_domain.is_empty() || spillway_types::is_failure_domain(&self.failure_domain)
+        {
+            return Ok(());
+        }
+        Err(ConfigError::invalid(
+            Self::SECTION,
+            "failure_domain",
+            self.failure_domain.clone(),
+            "must be [A-Za-z0-9][A-Za-z0-9._-]*, at most 64 bytes",
+        ))
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |name: &'static str, value: String, reason: &str| {
             ConfigError::invalid(Self::SECTION, name, value, reason)
@@ -98,6 +114,7 @@ impl ServerKnobs {
                 refusal,
             )?;
         }
+        self.check_failure_domain()?;
         if self.connections_max == 0 {
             return Err(invalid("connections_max", "0".into(), "must be at least 1"));
         }
@@ -158,6 +175,17 @@ mod tests {
         let small = ServerKnobs { in_flight_bytes_per_user_max: 4096, ..Default::default() };
         let refusal = small.validate().unwrap_err().to_string();
         assert!(refusal.contains("in_flight_bytes_per_user_max"), "{refusal}");
+    }
+
+    #[test]
+    fn failure_domain_is_checked() {
+        let knobs = ServerKnobs { failure_domain: "node-1.rack2".into(), ..Default::default() };
+        knobs.validate().unwrap();
+        for bad in ["-x", "a b", "host/1"] {
+            let knobs = ServerKnobs { failure_domain: bad.into(), ..Default::default() };
+            let refusal = knobs.validate().unwrap_err().to_string();
+            assert!(refusal.contains("failure_domain"), "{refusal}");
+        }
     }
 
     #[test]

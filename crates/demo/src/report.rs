@@ -202,8 +202,9 @@ pub(crate) fn state_name(state: EpochState) -> &'static str {
 pub(crate) fn print_status(statuses: &[ServerStatus]) {
     for status in statuses {
         println!(
-            "     {:<4} DRAM {:>9} / {:<9}  SSD {:>9} / {:<9}  {} epochs, {} written, {} read",
+            "     {:<4} on {:<10} DRAM {:>9} / {:<9}  SSD {:>9} / {:<9}  {} epochs, {} written, {} read",
             status.server_name,
+            status.failure_domain,
             format_bytes(status.dram_bytes_used),
             format_bytes(status.dram_bytes_max),
             format_bytes(status.ssd_bytes_used),

@@ -45,9 +45,11 @@ use spillway_server::{Backend, BackendError, DrainControl, IngestProbe};
 use spillway_types::EpochId;
 
 use crate::journal::{DrainMode, Journal, JournalError};
+use crate::peer_ids::{PeerIds, PeerIdsError, Seen};
 use crate::pfs::{AtFinalName, IoBuffer, Pfs, PfsError, PfsFile, PfsOwner, PublishedIdentity};
-use crate::plan::{chunk_writes, clip_extents, held_chunks, naive_writes, partition_domains};
+use crate::plan::{chunk_writes, held_chunks, naive_writes, partition_domains, read_plan};
 use crate::staging_key::StagingKey;
+use crate::survivors::{FileLoss, View};
 
 /// Drainer settings (from the `[drain]` knobs).
 #[derive(Clone, Debug)]
@@ -108,6 +110,23 @@ pub enum DrainError {
     Panicked(String),
     #[error(transparent)]
     Participants(#[from] crate::participants::ParticipantError),
+    #[error("cannot reach {servers}: a lost server may hold parts of this epoch's files, so nothing is published and nothing freed until every server answers (the data stays in the burst buffer)")]
+    PeersUnreachable { servers: String },
+    #[error("{refusal}; the epoch's manifests do not allow draining from the survivors: {error}")]
+    NoSurvivorDrain { error: crate::survivors::SurvivorError, refusal: String },
+    #[error("epoch {epoch}: committed bytes are lost, no live server holds them: {losses}; lost with {servers}. Those files are not published (never with zeros in their place); the {published} file(s) held here whose every byte survives are; the epoch stays in the burst buffer (delete it to give it up)")]
+    Lost { epoch: EpochId, losses: String, servers: String, published: usize },
+    #[error("drain peer ids: {0}")]
+    PeerIds(#[from] PeerIdsError),
+    #[error("server {position} at {endpoint} was {lost} in failure domain {domain:?} and now answers as {now} (its host was replaced, its SSD gone) while epoch {epoch} was held here: the lost server may have held parts of its files, so nothing is published and nothing freed (the data stays in the burst buffer; delete the epoch to give it up)")]
+    PeerReplaced {
+        epoch: EpochId,
+        position: usize,
+        endpoint: String,
+        lost: spillway_proto::ServerId,
+        domain: String,
+        now: spillway_proto::ServerId,
+    },
 }
 
 /// Why starting the drainer failed.
@@ -120,6 +139,8 @@ pub enum StartError {
     SelfIndex { index: usize, count: usize },
     #[error("cannot start the drain thread: {0}")]
     Thread(std::io::Error),
+    #[error(transparent)]
+    PeerIds(#[from] PeerIdsError),
 }
 
 #[derive(Clone, Debug)]
@@ -185,6 +206,9 @@ struct Inner {
     /// Observed at start, whenever the worker wakes (at least every 200 ms) and after every
     /// PFS write, so "active" means "clients wrote since about then".
     activity: Mutex<IngestActivity>,
+    /// Each peer's id and failure domain when the drain last reached it (a server that no
+    /// longer answers is named by them) and the replacements noticed, kept across restarts.
+    peer_ids: Mutex<PeerIds>,
 }
 
 /// The running drainer. Dropping it (or [`Drainer::stop`]) stops the worker between writes; an
@@ -252,6 +276,7 @@ impl Drainer {
             );
             state.epochs.insert(epoch, status);
         }
+        show_journaled_losses(&mut state, &journal);
         for epoch in journal.drained_epochs() {
             // Crash between the journal's Drained record and the store's mark: finish it.
             if let Some(s) = held.get(&epoch) {
@@ -264,12 +289,14 @@ impl Drainer {
             let mode = journal.get(epoch).map(|e| e.mode).unwrap_or(DrainMode::Shuffled);
             state.epochs.insert(epoch, EpochStatus::new(mode, DrainState::Drained));
         }
+        let peer_ids = PeerIds::open(journal.directory(), &options.peers)?;
         let mut activity = IngestActivity::new(options.ingest_idle_after);
         if let Some(probe) = &ingest {
             activity.observe(probe.bytes_written(), Instant::now());
         }
         let inner = Arc::new(Inner {
             activity: Mutex::new(activity),
+            peer_ids: Mutex::new(peer_ids),
             options,
             backend,
             pfs,
@@ -346,11 +373,27 @@ impl DrainControl for Drainer {
     }
 }
 
+/// Shown at start until the first attempt reports the loss again in full (files and ranges).
+fn show_journaled_losses(state: &mut State, journal: &Journal) {
+    for (epoch, lost_files) in journal.lost_epochs() {
+        if let Some(status) = state.epochs.get_mut(&epoch) {
+            status.last_error = format!(
+                "{lost_files} file(s) of epoch {epoch} had committed bytes no live server holds \
+                 when this server last tried (journaled); not published"
+            );
+        }
+    }
+}
+
 /// Final PFS name, staging name and the part marker names of a file, and whose it is.
 struct Names {
     final_path: PathBuf,
     staging: PathBuf,
     owner: PfsOwner,
+    /// This server's index among the attempt's servers ([`View::me`]).
+    me: usize,
+    /// [`View::marker_tag`]: empty when every server of the list takes part.
+    marker_tag: String,
 }
 
 impl Names {
@@ -389,12 +432,17 @@ impl Names {
         let token = key.token(epoch, &final_path);
         let staging = final_path
             .with_file_name(format!(".{base}.spillway-e{}-{token:016x}.staging", epoch.0));
-        Names { final_path, staging, owner }
+        Names { final_path, staging, owner, me: 0, marker_tag: String::new() }
+    }
+
+    /// The names as the servers of `view` use them.
+    fn in_view(self, view: &View) -> Names {
+        Names { me: view.me, marker_tag: view.marker_tag.clone(), ..self }
     }
 
     fn marker(&self, server: usize) -> PathBuf {
         let mut s = self.staging.clone().into_os_string();
-        s.push(format!(".part-{server}"));
+        s.push(format!(".part-{server}{}", self.marker_tag));
         PathBuf::from(s)
     }
 }
@@ -729,7 +777,7 @@ impl Inner {
     /// A failed attempt: backs off this epoch only, or quarantines it after too many failures
     /// or a panic.
     fn failed(&self, client: &mut Option<Client>, epoch: EpochId, error: DrainError) {
-        if matches!(error, DrainError::Peer(_)) {
+        if matches!(error, DrainError::Peer(_) | DrainError::PeersUnreachable { .. }) {
             *client = None; // reconnect next time
         }
         let attempts_max = self.options.quarantine_after_failures;
@@ -785,22 +833,105 @@ impl Inner {
         if let Some(outcome) = self.check_local_epoch(epoch)? {
             return Ok(outcome);
         }
-        let client = self.connect_once(client)?;
+        let connected = match self.connect_once(client) {
+            Ok(connected) => connected,
+            // A lost server: the manifests may show that the survivors hold every byte.
+            Err(refusal @ DrainError::PeersUnreachable { .. }) => {
+                return self.drain_from_survivors(epoch, mode, refusal);
+            }
+            Err(error) => return Err(error),
+        };
+        if let Some(summary) = connected.list_epochs()?.into_iter().find(|s| s.epoch == epoch) {
+            if summary.state == EpochState::Open {
+                return Ok(Outcome::Wait(format!("epoch {epoch} is still open on some server")));
+            }
+        }
+        // Every peer was just asked (a replaced one answered with its new id).
+        self.note_peers(connected)?;
+        let files = self.local_files(epoch)?;
+        let recorded = self.backend.participants(epoch);
+        let checked = self
+            .check_replacements(epoch)
+            .and_then(|()| crate::participants::verify(connected, epoch, &recorded, &files));
+        match checked {
+            Ok(()) => {}
+            // A replaced (or otherwise missing) server: as for a lost one.
+            Err(refusal @ (DrainError::PeerReplaced { .. } | DrainError::Participants(_))) => {
+                return self.drain_from_survivors(epoch, mode, refusal);
+            }
+            Err(error) => return Err(error),
+        }
+        // The last error stays shown until the drain succeeds.
+        self.set(epoch, |s| s.files_total = files.len() as u64);
+        let view = View::whole(&self.options.peers, self.options.self_index);
+        if let Outcome::Wait(why) = self.drain_files(connected, epoch, mode, &files, &view)? {
+            return Ok(Outcome::Wait(why));
+        }
+        self.finish_epoch(epoch, files.len())?;
+        Ok(Outcome::Done)
+    }
+
+    /// The epoch's user files held here (the clients' own files, the epoch manifests, are
+    /// never published).
+    fn local_files(&self, epoch: EpochId) -> Result<Vec<FileInfo>, DrainError> {
+        let mut files = self.backend.files(epoch).map_err(DrainError::Store)?;
+        files.retain(|f| !f.name.starts_with(spillway_client::RESERVED_PREFIX));
+        Ok(files)
+    }
+
+    /// Some server of the list is lost or replaced (`refusal` says which): with the epoch's
+    /// manifests, drains every file whose written bytes all have a live holder from the live
+    /// servers the manifests name; a file with lost bytes is not published and the attempt
+    /// fails reporting the loss exactly (the epoch stays, retried, never freed). Without
+    /// manifests the refusal stands.
+    fn drain_from_survivors(
+        &self,
+        epoch: EpochId,
+        mode: DrainMode,
+        refusal: DrainError,
+    ) -> Result<Outcome, DrainError> {
+        let options = self.peer_client_options();
+        let peers = &self.options.peers;
+        let surveyed = crate::survivors::survey(peers, self.options.self_index, &options, epoch);
+        let mut survivors = match surveyed {
+            Ok(Some(survivors)) => survivors,
+            Ok(None) => return Err(refusal),
+            // Both: why the survivors alone are not enough, and who is lost.
+            Err(error) => {
+                return Err(DrainError::NoSurvivorDrain { error, refusal: refusal.to_string() })
+            }
+        };
+        let client = &mut survivors.client;
         if let Some(summary) = client.list_epochs()?.into_iter().find(|s| s.epoch == epoch) {
             if summary.state == EpochState::Open {
                 return Ok(Outcome::Wait(format!("epoch {epoch} is still open on some server")));
             }
         }
-        let files = self.backend.files(epoch).map_err(DrainError::Store)?;
-        let recorded = self.backend.participants(epoch);
-        crate::participants::verify(client, epoch, &recorded, &files)?;
-        // The last error stays shown until the drain succeeds.
+        let mut losses = survivors.losses.clone();
+        let mut files = self.local_files(epoch)?;
+        for file in &files {
+            if !survivors.written.contains_key(&file.name) {
+                losses.push(FileLoss { file: file.name.clone(), ranges: Vec::new() });
+            }
+        }
+        let view = survivors.view.clone();
+        let losses = self.unpublished(epoch, losses, &view)?;
+        files.retain(|f| !losses.iter().any(|l| l.file == f.name));
+        let lost_servers = survivors.lost_servers.join("; ");
+        tracing::warn!(server = %self.options.server_name, %epoch, lost = %lost_servers, files = files.len(), "drain: draining from the surviving servers the epoch's manifests name");
         self.set(epoch, |s| s.files_total = files.len() as u64);
-        if let Outcome::Wait(why) = self.drain_files(client, epoch, mode, &files)? {
+        if let Outcome::Wait(why) = self.drain_files(client, epoch, mode, &files, &view)? {
             return Ok(Outcome::Wait(why));
         }
-        self.finish_epoch(epoch, files.len())?;
-        Ok(Outcome::Done)
+        if losses.is_empty() {
+            self.finish_epoch(epoch, files.len())?;
+            return Ok(Outcome::Done);
+        }
+        let lost_files = u32::try_from(losses.len()).unwrap_or(u32::MAX);
+        self.journal.lock().lost(epoch, lost_files)?;
+        let losses = crate::survivors::describe_losses(&losses);
+        tracing::error!(server = %self.options.server_name, %epoch, lost_servers = %lost_servers, lost = %losses, "drain: committed bytes of the epoch are lost (no live server holds them): those files are not published");
+        Err(DrainError::Lost { epoch, losses, servers: lost_servers, published: files.len() })
     }
 
     /// Checks the epoch in the local store: `Some` when there is nothing to drain now.
@@ -839,20 +970,115 @@ impl Inner {
         client: &'c mut Option<Client>,
     ) -> Result<&'c mut Client, DrainError> {
         if client.is_none() {
-            let options = ClientOptions {
-                client_name: format!("drainer of {}", self.options.server_name),
-                transfer_bytes_max: 4 << 20,
-                // Deep pipelining: a shuffle is many small reads when extents are small.
-                window: 64,
-                munge_socket: self.options.munge_socket.clone(),
-                // One attempt to open a broken peer connection again: the drain's own retry
-                // backoff paces the next, and a stopping server must not wait on a dead peer.
-                reconnect_wait_max: Duration::ZERO,
-                ..ClientOptions::default()
-            };
-            *client = Some(Client::connect(&self.options.peers, options)?);
+            let options = self.peer_client_options();
+            let connected = Client::connect(&self.options.peers, options.clone())
+                .map_err(|error| self.unreachable_peers(error, &options))?;
+            *client = Some(connected);
         }
         Ok(client.as_mut().expect("connected above"))
+    }
+
+    /// How the drain connects to its peers.
+    fn peer_client_options(&self) -> ClientOptions {
+        ClientOptions {
+            client_name: format!("drainer of {}", self.options.server_name),
+            transfer_bytes_max: 4 << 20,
+            // Deep pipelining: a shuffle is many small reads when extents are small.
+            window: 64,
+            munge_socket: self.options.munge_socket.clone(),
+            // One attempt to open a broken peer connection again: the drain's own retry
+            // backoff paces the next, and a stopping server must not wait on a dead peer.
+            reconnect_wait_max: Duration::ZERO,
+            ..ClientOptions::default()
+        }
+    }
+
+    /// Records each peer's id and failure domain; a peer answering with another id than seen
+    /// before at its position is a replacement (the old server's SSD is gone): the epochs held
+    /// here now are remembered as possibly missing its parts.
+    fn note_peers(&self, client: &Client) -> Result<(), DrainError> {
+        // Listed before any change is noticed: a store error fails the attempt rather than
+        // recording a replacement that holds nothing back.
+        let held: std::collections::BTreeSet<EpochId> = self
+            .backend
+            .epochs()
+            .map_err(DrainError::Store)?
+            .into_iter()
+            .map(|e| e.epoch)
+            .collect();
+        let mut peer_ids = self.peer_ids.lock();
+        peer_ids.retain_held(&held)?;
+        for position in 0..client.server_count() {
+            let domain = client.server_failure_domain(position);
+            let now = Seen {
+                id: client.server_identity(position).0,
+                domain: if spillway_types::is_failure_domain(domain) { domain } else { "-" }
+                    .to_string(),
+                endpoint: self.options.peers[position].to_string(),
+            };
+            if let Some(r) = peer_ids.note(position, now, || held.clone())? {
+                tracing::error!(server = %self.options.server_name, position, lost_id = %r.lost, lost_domain = %r.domain, new_id = %r.now, epochs = ?r.epochs, "drain: a peer answers with a new server id (its host was replaced): the epochs held here may miss its parts and are not published");
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses `epoch` if a peer was replaced while this server held it.
+    fn check_replacements(&self, epoch: EpochId) -> Result<(), DrainError> {
+        let peer_ids = self.peer_ids.lock();
+        let Some(r) = peer_ids.replacement_for(epoch) else { return Ok(()) };
+        Err(DrainError::PeerReplaced {
+            epoch,
+            position: r.position,
+            // A record from a longer peer list than this start's: named, not indexed.
+            endpoint: self.options.peers.get(r.position).map_or_else(
+                || {
+                    format!(
+                        "(position {} is beyond the {} peers now)",
+                        r.position,
+                        self.options.peers.len()
+                    )
+                },
+                ToString::to_string,
+            ),
+            lost: r.lost,
+            domain: r.domain.clone(),
+            now: r.now,
+        })
+    }
+
+    /// A failed connection to the reservation's servers, naming the ones that do not answer (a
+    /// lost host): without them no epoch is published, since any of them may hold parts of
+    /// its files (a file is published only with every holder's part).
+    fn unreachable_peers(
+        &self,
+        error: spillway_client::ClientError,
+        options: &ClientOptions,
+    ) -> DrainError {
+        let peer_ids = self.peer_ids.lock();
+        let unreachable: Vec<String> = self
+            .options
+            .peers
+            .iter()
+            .enumerate()
+            .filter_map(|(position, endpoint)| {
+                let error =
+                    Client::connect(std::slice::from_ref(endpoint), options.clone()).err()?;
+                let seen = match peer_ids.seen(position) {
+                    Some(Seen { id, domain, .. }) => {
+                        format!("last seen as {id} in failure domain {domain:?}")
+                    }
+                    None => {
+                        "not reached by this drain before: id and failure domain unknown".into()
+                    }
+                };
+                Some(format!("server {position} at {endpoint}, {seen} ({error})"))
+            })
+            .collect();
+        if unreachable.is_empty() {
+            return error.into(); // they answer now: the next attempt connects
+        }
+        DrainError::PeersUnreachable { servers: unreachable.join(", ") }
     }
 
     /// Whose the files of `epoch` written through the native API are on the PFS: the owner of
@@ -876,29 +1102,20 @@ impl Inner {
         epoch: EpochId,
         mode: DrainMode,
         files: &[FileInfo],
+        view: &View,
     ) -> Result<Outcome, DrainError> {
         let mut done = 0u64;
         let mut waiting = None;
         // Mount files (`ns/<id>/<ino>.<gen>`) are published under their namespace paths.
         let mut namespace_names = crate::namespace_names::NamespaceNames::new(
             epoch,
-            self.options.peers.clone(),
+            view.endpoints.clone(),
             self.options.munge_socket.clone(),
         );
         for file in files {
-            let key = &self.options.staging_key;
-            let names = match namespace_names.final_name(&file.name)? {
-                crate::namespace_names::FinalName::Unchanged => {
-                    Names::new(epoch, &file.name, key, self.epoch_owner(epoch))?
-                }
-                crate::namespace_names::FinalName::Path { path, uid, gid, mode } => {
-                    let owner = mount_file_owner(uid, gid, mode);
-                    Names::published_as(epoch, &path, key, owner)?
-                }
-                crate::namespace_names::FinalName::Dead => {
-                    done += 1;
-                    continue;
-                }
+            let Some(names) = self.names_of(&mut namespace_names, epoch, &file.name, view)? else {
+                done += 1;
+                continue;
             };
             match self.drain_file(client, epoch, mode, file.file, &file.name, &names)? {
                 Outcome::Done => done += 1,
@@ -913,6 +1130,58 @@ impl Inner {
             Some(why) => Outcome::Wait(why),
             None => Outcome::Done,
         })
+    }
+
+    /// The PFS names of a file of `epoch` as the servers of `view` use them; `None` for a mount
+    /// file whose path no longer exists (nothing to publish).
+    fn names_of(
+        &self,
+        namespace_names: &mut crate::namespace_names::NamespaceNames,
+        epoch: EpochId,
+        file: &str,
+        view: &View,
+    ) -> Result<Option<Names>, DrainError> {
+        let key = &self.options.staging_key;
+        let names = match namespace_names.final_name(file)? {
+            crate::namespace_names::FinalName::Unchanged => {
+                Names::new(epoch, file, key, self.epoch_owner(epoch))?
+            }
+            crate::namespace_names::FinalName::Path { path, uid, gid, mode, owner_trusted } => {
+                let owner = if owner_trusted {
+                    mount_file_owner(uid, gid, mode)
+                } else {
+                    PfsOwner { file_mode: mode, directory_mode: 0o755, ..self.epoch_owner(epoch) }
+                };
+                Names::published_as(epoch, &path, key, owner)?
+            }
+            crate::namespace_names::FinalName::Dead => return Ok(None),
+        };
+        Ok(Some(names.in_view(view)))
+    }
+
+    /// The losses of the files not published yet: a file this drain published (read from a
+    /// server that has freed the epoch since) lost nothing.
+    fn unpublished(
+        &self,
+        epoch: EpochId,
+        losses: Vec<FileLoss>,
+        view: &View,
+    ) -> Result<Vec<FileLoss>, DrainError> {
+        let mut namespace_names = crate::namespace_names::NamespaceNames::new(
+            epoch,
+            view.endpoints.clone(),
+            self.options.munge_socket.clone(),
+        );
+        let mut left = Vec::new();
+        for loss in losses {
+            let Some(names) = self.names_of(&mut namespace_names, epoch, &loss.file, view)? else {
+                continue;
+            };
+            if self.settled_by_final_name(epoch, &loss.file, &names)?.is_none() {
+                left.push(loss);
+            }
+        }
+        Ok(left)
     }
 
     /// Journals the epoch as drained, marks it drained in the store and frees its space.
@@ -946,7 +1215,7 @@ impl Inner {
         if let Some(outcome) = self.settled_by_final_name(epoch, name, names)? {
             return Ok(outcome);
         }
-        let me = self.options.self_index;
+        let me = names.me;
         let position = participants
             .iter()
             .position(|&s| s == me)
@@ -1136,7 +1405,7 @@ impl Inner {
             }
         });
         self.pfs.remove(&names.staging, &names.owner)?;
-        self.pfs.remove(&names.marker(self.options.self_index), &names.owner)?;
+        self.pfs.remove(&names.marker(names.me), &names.owner)?;
         Ok(())
     }
 
@@ -1156,7 +1425,7 @@ impl Inner {
         let size = client.file_size(handle)?;
         let extents: Vec<(usize, u64, u64)> =
             client.extents(handle)?.into_iter().map(|(s, e)| (s, e.offset, e.length)).collect();
-        let source = PartSource { handle, epoch, local_file, extents };
+        let source = PartSource { handle, epoch, local_file, extents, me: names.me };
         let mut file = self.pfs.open_staging(&names.staging, &names.owner)?;
         let mut stats = PartStats::default();
         let mut throttle = Throttle {
@@ -1271,25 +1540,25 @@ impl Inner {
         source: &PartSource<'_>,
         chunk: &Range<u64>,
     ) -> Result<IoBuffer, DrainError> {
-        let me = self.options.self_index;
+        let me = source.me;
         // Aligned, so the PFS can take it with direct I/O.
         let mut buffer = IoBuffer::zeroed((chunk.end - chunk.start) as usize);
+        // Each held byte from one holder (replicas: several hold it), this server's own first:
+        // the peers' pieces are disjoint from ours and from each other.
         let mut wanted = Vec::new();
         let mut local = false;
-        for &(server, offset, length) in &source.extents {
-            for piece in clip_extents(&[(offset, length)], chunk) {
-                if server == me {
-                    local = true;
-                    continue;
-                }
-                for p in chunk_writes(piece, 1 << 20, 1 << 20) {
-                    wanted.push((server, p.start, p.end - p.start));
-                }
+        for (server, piece) in read_plan(&source.extents, chunk, Some(me), |_| true) {
+            if server == me {
+                local = true;
+                continue;
+            }
+            for p in chunk_writes(piece, 1 << 20, 1 << 20) {
+                wanted.push((server, p.start, p.end - p.start));
             }
         }
         // This server's own bytes come from its store directly (one read
         // of the whole chunk: its holes read as zeros), not over a socket;
-        // then the peers' ranges (disjoint from ours) are filled in.
+        // then the peers' ranges are filled in.
         if local {
             self.backend
                 .read(source.epoch, source.local_file, chunk.start, &mut buffer)
@@ -1307,11 +1576,13 @@ impl Inner {
         throttle: &mut Throttle<'_>,
         stats: &mut PartStats,
     ) -> Result<(), DrainError> {
-        let mine: Vec<(u64, u64)> = source
-            .extents
-            .iter()
-            .filter(|e| e.0 == self.options.self_index)
-            .map(|e| (e.1, e.2))
+        // Bytes several servers hold (replicas) are written once, by the lowest-index holder:
+        // every participant computes the same plan from the same extents.
+        let me = source.me;
+        let mine: Vec<(u64, u64)> = read_plan(&source.extents, &(0..u64::MAX), None, |_| true)
+            .into_iter()
+            .filter(|(server, _)| *server == me)
+            .map(|(_, r)| (r.start, r.end - r.start))
             .collect();
         let mut buffer = Vec::new();
         for range in naive_writes(&mine, self.options.write_bytes_max) {
@@ -1343,6 +1614,8 @@ struct PartSource<'a> {
     local_file: spillway_types::FileId,
     /// Every extent of the file: (server, offset, length).
     extents: Vec<(usize, u64, u64)>,
+    /// This server's index among the attempt's servers.
+    me: usize,
 }
 
 /// A shuffled part's writer thread: writes each chunk, starts its writeback, yields to ingest.

@@ -74,6 +74,9 @@ enum Kind {
     Drained = 2,
     /// Given up after repeated failures or a panic; not resumed at start until requested again.
     Quarantined = 3,
+    /// Committed bytes of the epoch are lost (no live server holds them): `detail` files are
+    /// not published; the epoch is never marked drained while it reports a loss.
+    Lost = 4,
 }
 
 /// One epoch's journal state.
@@ -84,6 +87,8 @@ pub struct JournalEntry {
     /// Quarantined after this many failed attempts (0: not quarantined). A later `Requested`
     /// record releases it.
     pub quarantined_after: u32,
+    /// Files found with lost bytes by the last `Lost` record (0: none reported).
+    pub lost_files: u32,
 }
 
 /// Why the journal could not be opened or appended to.
@@ -227,6 +232,7 @@ fn decode(r: &[u8]) -> Result<(Kind, DrainMode, EpochId, u32), String> {
         1 => Kind::Requested,
         2 => Kind::Drained,
         3 => Kind::Quarantined,
+        4 => Kind::Lost,
         k => return Err(format!("unknown record kind {k}")),
     };
     let mode = DrainMode::from_code(r[5]).ok_or_else(|| format!("unknown drain mode {}", r[5]))?;
@@ -256,14 +262,19 @@ fn replay(bytes: &[u8]) -> Result<Replay, (u64, String)> {
                     mode,
                     drained: false,
                     quarantined_after: 0,
+                    lost_files: 0,
                 });
                 match kind {
                     Kind::Requested => {
                         entry.mode = mode;
                         entry.quarantined_after = 0;
                     }
-                    Kind::Drained => entry.drained = true,
+                    Kind::Drained => {
+                        entry.drained = true;
+                        entry.lost_files = 0;
+                    }
                     Kind::Quarantined => entry.quarantined_after = detail.max(1),
+                    Kind::Lost => entry.lost_files = detail,
                 }
                 records += 1;
                 at += RECORD_BYTES;
@@ -284,6 +295,11 @@ fn replay(bytes: &[u8]) -> Result<Replay, (u64, String)> {
 
 impl Journal {
     /// Opens (creating) the journal in `directory` and replays it.
+    /// The directory the journal is in (the server's SSD directory).
+    pub fn directory(&self) -> &Path {
+        self.path.parent().unwrap_or(Path::new("."))
+    }
+
     pub fn open(directory: &Path, records_max: usize) -> Result<Journal, JournalError> {
         Journal::open_inner(directory, records_max, None)
     }
@@ -411,7 +427,10 @@ impl Journal {
             _ => {}
         }
         self.append(encode(Kind::Requested, mode, epoch, crate::pfs::now_us()))?;
-        self.entries.insert(epoch, JournalEntry { mode, drained: false, quarantined_after: 0 });
+        // A reported loss stays reported across a new request.
+        let lost_files = self.entries.get(&epoch).map_or(0, |e| e.lost_files);
+        let entry = JournalEntry { mode, drained: false, quarantined_after: 0, lost_files };
+        self.entries.insert(epoch, entry);
         self.check_against_file();
         Ok(())
     }
@@ -423,7 +442,8 @@ impl Journal {
             return Ok(());
         }
         self.append(encode(Kind::Drained, mode, epoch, crate::pfs::now_us()))?;
-        self.entries.insert(epoch, JournalEntry { mode, drained: true, quarantined_after: 0 });
+        let entry = JournalEntry { mode, drained: true, quarantined_after: 0, lost_files: 0 };
+        self.entries.insert(epoch, entry);
         if self.records > self.records_max {
             self.compact()?;
         }
@@ -454,6 +474,28 @@ impl Journal {
         self.entries.insert(epoch, JournalEntry { quarantined_after: failed_attempts, ..entry });
         self.check_against_file();
         Ok(())
+    }
+
+    /// Records (durably) that `files` files of `epoch` have committed bytes no live server
+    /// holds; appended only when the count changes. Nothing for an epoch not requested.
+    pub fn lost(&mut self, epoch: EpochId, files: u32) -> Result<(), JournalError> {
+        let Some(entry) = self.entries.get(&epoch).copied() else { return Ok(()) };
+        if entry.drained || entry.lost_files == files {
+            return Ok(());
+        }
+        self.append(encode_with(Kind::Lost, entry.mode, epoch, crate::pfs::now_us(), files))?;
+        self.entries.insert(epoch, JournalEntry { lost_files: files, ..entry });
+        self.check_against_file();
+        Ok(())
+    }
+
+    /// Epochs whose last `Lost` record reports lost files, with the count.
+    pub fn lost_epochs(&self) -> Vec<(EpochId, u32)> {
+        self.entries
+            .iter()
+            .filter(|(_, e)| !e.drained && e.lost_files > 0)
+            .map(|(&epoch, e)| (epoch, e.lost_files))
+            .collect()
     }
 
     /// Epochs requested and neither drained nor quarantined: resumed at start.
@@ -509,6 +551,9 @@ impl Journal {
                     e.quarantined_after,
                 ));
             }
+            if !e.drained && e.lost_files > 0 {
+                bytes.extend_from_slice(&encode_with(Kind::Lost, e.mode, epoch, 0, e.lost_files));
+            }
         }
         let mut f = File::create(&staging).map_err(|e| io(&staging, e))?;
         f.write_all(&bytes).map_err(|e| io(&staging, e))?;
@@ -543,7 +588,12 @@ mod tests {
         assert_eq!(j.pending(), vec![(EpochId(2), DrainMode::Naive)]);
         assert_eq!(
             j.get(EpochId(1)),
-            Some(JournalEntry { mode: DrainMode::Shuffled, drained: true, quarantined_after: 0 })
+            Some(JournalEntry {
+                mode: DrainMode::Shuffled,
+                drained: true,
+                quarantined_after: 0,
+                lost_files: 0
+            })
         );
     }
 
@@ -624,6 +674,34 @@ mod tests {
             j.pending(),
             vec![(EpochId(7), DrainMode::Shuffled), (EpochId(8), DrainMode::Naive)]
         );
+    }
+
+    #[test]
+    fn a_reported_loss_is_journaled_once_per_count_and_survives_requests_restarts_and_compaction() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut j = Journal::open(dir.path(), 16).unwrap();
+            j.request(EpochId(9), DrainMode::Shuffled).unwrap();
+            j.lost(EpochId(9), 2).unwrap();
+            j.lost(EpochId(9), 2).unwrap();
+            // Not requested here: nothing to record.
+            j.lost(EpochId(10), 1).unwrap();
+        }
+        let bytes = std::fs::read(dir.path().join("drain.journal")).unwrap();
+        assert_eq!(bytes.len(), 2 * RECORD_BYTES, "a repeated count is not appended again");
+        assert_eq!(bytes[RECORD_BYTES + 4], 4, "kind Lost");
+        assert_eq!(&bytes[RECORD_BYTES + 24..RECORD_BYTES + 28], &2u32.to_le_bytes(), "files");
+        let mut j = Journal::open(dir.path(), 16).unwrap();
+        assert_eq!(j.lost_epochs(), vec![(EpochId(9), 2)]);
+        assert_eq!(j.pending(), vec![(EpochId(9), DrainMode::Shuffled)], "still retried");
+        j.request(EpochId(9), DrainMode::Naive).unwrap();
+        for e in 100..140 {
+            j.request(EpochId(e), DrainMode::Shuffled).unwrap();
+            j.drained(EpochId(e)).unwrap();
+        }
+        drop(j);
+        let j = Journal::open(dir.path(), 16).unwrap();
+        assert_eq!(j.lost_epochs(), vec![(EpochId(9), 2)], "kept by a request and compaction");
     }
 
     fn faults() -> SharedJournalFaults {

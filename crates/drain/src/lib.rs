@@ -16,9 +16,11 @@ pub mod drainer;
 pub mod journal;
 pub mod namespace_names;
 pub mod participants;
+pub mod peer_ids;
 pub mod pfs;
 pub mod plan;
 pub mod staging_key;
+pub mod survivors;
 
 pub use drainer::{
     yield_pause, DrainError, Drainer, DrainerOptions, IngestActivity, StartError,

@@ -9,6 +9,7 @@
 //! sequential writes, so every stripe has exactly one writer. No I/O here: the drainer and the
 //! benchmark both use these functions, and the tests check them exhaustively.
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 
 /// One PFS write as recorded in the write log: who wrote which bytes, in what order.
@@ -127,6 +128,175 @@ pub fn held_chunks(
         }
     }
     merged.into_iter().flat_map(|r| chunk_writes(r, write_bytes_max, stripe_bytes)).collect()
+}
+
+/// Which server each held byte of `range` is read (or, naive, written) from, when several
+/// servers may hold the same bytes (replicas, or two writers of the same range): `extents` are
+/// `(server, offset, length)` in any order, overlapping freely across servers. Every byte some
+/// server in `usable` holds gets exactly one source: the first usable holder in ring order
+/// from `preferred` (`preferred` itself when it holds the byte: a drainer's own store; the
+/// next holder after it otherwise, so domain owners spread their reads over the replicas), or
+/// without `preferred` the lowest-index usable holder, so every server computing the plan
+/// from the same extents gets the same one. The result is sorted by offset, disjoint,
+/// adjacent pieces of one server merged; bytes no usable server holds are absent. A sweep over
+/// the extents' ends: O(e log e) for e extents.
+pub fn read_plan(
+    extents: &[(usize, u64, u64)],
+    range: &Range<u64>,
+    preferred: Option<usize>,
+    usable: impl Fn(usize) -> bool,
+) -> Vec<(usize, Range<u64>)> {
+    // (position, +1 start / -1 end, server): ends sort before starts at one position.
+    let mut events: Vec<(u64, i8, usize)> = Vec::with_capacity(extents.len() * 2);
+    for &(server, offset, length) in extents {
+        if !usable(server) {
+            continue;
+        }
+        for clipped in clip_extents(&[(offset, length)], range) {
+            events.push((clipped.start, 1, server));
+            events.push((clipped.end, -1, server));
+        }
+    }
+    events.sort_unstable();
+    // How many extents of each server cover the current position.
+    let mut covering: BTreeMap<usize, u32> = BTreeMap::new();
+    let mut out: Vec<(usize, Range<u64>)> = Vec::new();
+    let mut at = range.start;
+    for (position, change, server) in events {
+        if position > at {
+            // Ring order from the preferred server: it when it holds the byte, else the next
+            // holder after it (so domain owners spread their reads over the replicas).
+            let after = preferred.and_then(|p| covering.range(p..).next());
+            let source = after.or_else(|| covering.iter().next()).map(|(&s, _)| s);
+            if let Some(source) = source {
+                match out.last_mut() {
+                    Some((s, last)) if *s == source && last.end == at => last.end = position,
+                    _ => out.push((source, at..position)),
+                }
+            }
+            at = position;
+        }
+        if change > 0 {
+            *covering.entry(server).or_default() += 1;
+        } else if let Some(count) = covering.get_mut(&server) {
+            *count -= 1;
+            if *count == 0 {
+                covering.remove(&server);
+            }
+        }
+    }
+    strict_check_read_plan(&out, extents, range, &usable);
+    out
+}
+
+/// The bytes of `written` (ranges a file's writers wrote, in any order, may overlap) that no
+/// usable server holds (`extents`: `(server, offset, length)`): what losing the other servers
+/// lost of the file. Sorted, disjoint, merged; empty when every written byte has a usable
+/// holder, which is when a file may be drained without the unusable servers. One plan over
+/// the written span and one sweep: O((w + e) log (w + e)) however many ranges the writers'
+/// manifests name (a forged manifest may name millions).
+pub fn lost_ranges(
+    written: &[Range<u64>],
+    extents: &[(usize, u64, u64)],
+    usable: impl Fn(usize) -> bool,
+) -> Vec<Range<u64>> {
+    let mut sorted: Vec<Range<u64>> = written.iter().filter(|r| r.start < r.end).cloned().collect();
+    sorted.sort_by_key(|r| r.start);
+    let mut merged: Vec<Range<u64>> = Vec::with_capacity(sorted.len());
+    for range in sorted {
+        push_merged(&mut merged, range);
+    }
+    let (Some(first), Some(last)) = (merged.first(), merged.last()) else { return Vec::new() };
+    let span = first.start..last.end;
+    let held: Vec<Range<u64>> =
+        read_plan(extents, &span, None, &usable).into_iter().map(|(_, r)| r).collect();
+    let mut lost: Vec<Range<u64>> = Vec::new();
+    let mut next = 0;
+    for range in merged {
+        let mut at = range.start;
+        while next < held.len() && held[next].end <= at {
+            next += 1;
+        }
+        let mut i = next;
+        while i < held.len() && held[i].start < range.end {
+            if held[i].start > at {
+                push_merged(&mut lost, at..held[i].start);
+            }
+            at = at.max(held[i].end);
+            i += 1;
+        }
+        if at < range.end {
+            push_merged(&mut lost, at..range.end);
+        }
+    }
+    lost
+}
+
+/// Appends `r` to sorted, disjoint `ranges`, merging it with the last one it touches.
+fn push_merged(ranges: &mut Vec<Range<u64>>, r: Range<u64>) {
+    match ranges.last_mut() {
+        Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+        _ => ranges.push(r),
+    }
+}
+
+/// Strict builds: the read plan's pieces are sorted, disjoint, inside `range`, each held by its
+/// source, and together exactly the bytes some usable server holds: no byte read twice or
+/// skipped (a skipped byte would be published as zero).
+fn strict_check_read_plan(
+    plan: &[(usize, Range<u64>)],
+    extents: &[(usize, u64, u64)],
+    range: &Range<u64>,
+    usable: &dyn Fn(usize) -> bool,
+) {
+    #[cfg(feature = "strict_assertions")]
+    {
+        // The server's extents (touching ones together) cover `r`.
+        let holds = |server: usize, r: &Range<u64>| {
+            let own: Vec<(u64, u64)> =
+                extents.iter().filter(|e| e.0 == server).map(|e| (e.1, e.2)).collect();
+            let mut pieces = clip_extents(&own, r);
+            pieces.sort_by_key(|p| p.start);
+            let mut at = r.start;
+            for p in pieces {
+                if p.start <= at {
+                    at = at.max(p.end);
+                }
+            }
+            at >= r.end
+        };
+        let mut at = range.start;
+        let mut total = 0u64;
+        for (server, piece) in plan {
+            assert!(
+                piece.start >= at && piece.start < piece.end && piece.end <= range.end,
+                "strict: read plan of {range:?} overlaps or leaves the range"
+            );
+            assert!(
+                usable(*server) && holds(*server, piece),
+                "strict: server {server} does not hold {piece:?}"
+            );
+            total += piece.end - piece.start;
+            at = piece.end;
+        }
+        let mut held: Vec<Range<u64>> = extents
+            .iter()
+            .filter(|e| usable(e.0))
+            .flat_map(|e| clip_extents(&[(e.1, e.2)], range))
+            .collect();
+        held.sort_by_key(|r| r.start);
+        let (mut union, mut end) = (0u64, range.start);
+        for r in held {
+            let start = r.start.max(end);
+            if r.end > start {
+                union += r.end - start;
+                end = r.end;
+            }
+        }
+        assert_eq!(total, union, "strict: read plan of {range:?} skips or repeats held bytes");
+    }
+    #[cfg(not(feature = "strict_assertions"))]
+    let _ = (plan, extents, range, usable);
 }
 
 /// CRC32C of `crc`'s bytes followed by `zeros` zero bytes, in O(log zeros) steps (a hole of
@@ -297,6 +467,22 @@ mod tests {
     }
 
     #[test]
+    fn a_lost_server_loses_only_what_no_replica_holds() {
+        // Replicas=2 over three servers: server 1 lost, each of its ranges has another holder.
+        let replicated = [(0, 0, 100), (1, 0, 100), (1, 100, 100), (2, 100, 100)];
+        let whole = vec![0..200, 150..200];
+        assert!(lost_ranges(&whole, &replicated, |s| s != 1).is_empty());
+        // Replicas=1: exactly server 1's bytes that were written are lost; holes were never
+        // written, so they are not a loss.
+        let single = [(0, 0, 100), (1, 100, 50), (2, 300, 100)];
+        let written = [0..150, 300..400];
+        assert_eq!(lost_ranges(&written, &single, |s| s != 1), vec![100..150]);
+        assert!(lost_ranges(&written, &single, |_| true).is_empty());
+        // Everything lost.
+        assert_eq!(lost_ranges(&[5..10, 8..20], &[], |_| true), vec![5..20]);
+    }
+
+    #[test]
     fn zeros_append_like_real_zero_bytes() {
         for (prefix, zeros) in
             [(&b""[..], 0u64), (b"abc", 1), (b"x", 4096), (b"", 1000), (b"hi", 77_777)]
@@ -312,6 +498,37 @@ mod tests {
     #[test]
     fn naive_cuts_large_extents() {
         assert_eq!(naive_writes(&[(10, 25), (100, 3)], 10), vec![10..20, 20..30, 30..35, 100..103]);
+    }
+
+    #[test]
+    fn replicated_bytes_are_read_once_from_one_holder() {
+        // Server 0 holds 0..130, server 2 holds 120..300 (a replica overlapping it partly),
+        // server 1 holds 250..260: each byte once; the preferred server's own bytes first.
+        let extents = [(0, 0, 130), (2, 120, 180), (1, 250, 10)];
+        let r = 100..280;
+        let lowest = vec![(0, 100..130), (2, 130..250), (1, 250..260), (2, 260..280)];
+        assert_eq!(read_plan(&extents, &r, None, |_| true), lowest);
+        // From server 1: its own bytes, else the next holder in ring order (2, then 0).
+        assert_eq!(
+            read_plan(&extents, &r, Some(1), |_| true),
+            vec![(0, 100..120), (2, 120..250), (1, 250..260), (2, 260..280)]
+        );
+        assert_eq!(read_plan(&extents, &r, Some(2), |_| true), vec![(0, 100..120), (2, 120..280)]);
+        // Server 0 unusable (lost): its bytes that nobody else holds are absent, not zeros.
+        assert_eq!(read_plan(&extents, &r, Some(2), |s| s != 0), vec![(2, 120..280)]);
+        // Nothing held, or nothing inside the range.
+        assert!(read_plan(&[], &r, Some(0), |_| true).is_empty());
+        assert!(read_plan(&[(0, 0, 10)], &r, Some(0), |_| true).is_empty());
+        // Extents reaching the end of u64 never overflow.
+        assert_eq!(
+            read_plan(
+                &[(1, u64::MAX - 10, 10), (0, u64::MAX - 4, 4)],
+                &(0..u64::MAX),
+                Some(0),
+                |_| true
+            ),
+            vec![(1, u64::MAX - 10..u64::MAX - 4), (0, u64::MAX - 4..u64::MAX)]
+        );
     }
 
     proptest! {
@@ -332,6 +549,64 @@ mod tests {
             let sizes: Vec<u64> = d.iter().map(|r| r.end - r.start).collect();
             let (lo, hi) = (*sizes.iter().min().unwrap(), *sizes.iter().max().unwrap());
             prop_assert!(hi - lo <= stripe);
+        }
+
+        #[test]
+        fn read_plans_read_every_held_byte_once_from_a_usable_holder(
+            ext in proptest::collection::vec((0usize..4, 0u64..2000, 1u64..600), 0..24),
+            a in 0u64..2600, b in 0u64..2600, preferred in proptest::option::of(0usize..4), lost in 0usize..5,
+        ) {
+            let range = a.min(b)..a.max(b);
+            let usable = |s: usize| s != lost;
+            let plan = read_plan(&ext, &range, preferred, usable);
+            // Byte by byte: a byte is in the plan iff a usable server holds it, and then its
+            // source holds it and is the preferred server whenever that one holds it.
+            let holders = |x: u64| -> Vec<usize> {
+                ext.iter().filter(|&&(s, o, l)| usable(s) && x >= o && x < o + l).map(|e| e.0).collect()
+            };
+            let mut at = range.start;
+            for (_, piece) in &plan {
+                prop_assert!(piece.start >= at && piece.start < piece.end);
+                at = piece.end;
+            }
+            prop_assert!(at <= range.end);
+            for x in range.clone() {
+                let source = plan.iter().find(|(_, p)| p.contains(&x)).map(|(s, _)| *s);
+                let h = holders(x);
+                match source {
+                    None => prop_assert!(h.is_empty(), "byte {} held by {:?} but not read", x, h),
+                    Some(s) => {
+                        prop_assert!(h.contains(&s));
+                        let expected = match preferred {
+                            Some(p) => h.iter().copied().filter(|&s| s >= p).min().unwrap_or(*h.iter().min().unwrap()),
+                            None => *h.iter().min().unwrap(),
+                        };
+                        prop_assert_eq!(s, expected);
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn lost_ranges_are_the_written_bytes_no_usable_server_holds(
+            ext in proptest::collection::vec((0usize..4, 0u64..2000, 1u64..600), 0..16),
+            written in proptest::collection::vec((0u64..2400, 0u64..400), 0..6),
+            lost_server in 0usize..5,
+        ) {
+            let written: Vec<Range<u64>> = written.into_iter().map(|(o, l)| o..o + l).collect();
+            let usable = |s: usize| s != lost_server;
+            let lost = lost_ranges(&written, &ext, usable);
+            let mut at = 0;
+            for r in &lost {
+                prop_assert!(r.start >= at && r.start < r.end, "not sorted, disjoint and merged: {:?}", lost);
+                at = r.end + 1;
+            }
+            for x in 0u64..2800 {
+                let was_written = written.iter().any(|r| r.contains(&x));
+                let held = ext.iter().any(|&(s, o, l)| usable(s) && x >= o && x < o + l);
+                let reported = lost.iter().any(|r| r.contains(&x));
+                prop_assert_eq!(reported, was_written && !held, "byte {}", x);
+            }
         }
 
         #[test]

@@ -11,11 +11,13 @@
 //! (a second one, with another key, forges credentials). [`pattern`] and [`same_bytes`] are the
 //! shared data generator and comparison. [`ManagerProcess`] is a `spillway manager` for the
 //! end-to-end tests. [`TestUser`] is an unprivileged account the security
-//! tests create and act as.
+//! tests create and act as. [`Cluster`] starts hosts in Linux namespaces (scripts/cluster/) and
+//! runs commands, servers and a manager inside them ([`Host`]).
 
 #![forbid(unsafe_code)]
 
 mod child;
+mod cluster;
 mod data;
 mod manager;
 mod munged;
@@ -23,6 +25,7 @@ mod server;
 mod users;
 
 pub use child::Reaped;
+pub use cluster::{Cluster, ClusterError, Host};
 pub use data::{pattern, same_bytes};
 pub use manager::ManagerProcess;
 pub use munged::{Munged, MungedError, MUNGED_KEY_BYTES, MUNGED_READY_TIMEOUT};

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use spillway_proto::Endpoint;
 
+use crate::cluster::Host;
+
 /// How long a server may take to print its `listening` line by default. Generous: two cores are
 /// shared by several test binaries, and a restart replays the store's journal.
 pub const READY_TIMEOUT_DEFAULT: Duration = Duration::from_secs(60);
@@ -62,6 +64,8 @@ pub struct ServerBuilder {
     ready_timeout: Duration,
     /// `Some`: dropping the process sends SIGTERM and waits this long before SIGKILL.
     graceful_drop: Option<Duration>,
+    /// `Some`: the server runs inside this cluster host.
+    host: Option<Host>,
 }
 
 impl ServerBuilder {
@@ -83,7 +87,20 @@ impl ServerBuilder {
             log: dir.join(format!("{name}.log")),
             ready_timeout: READY_TIMEOUT_DEFAULT,
             graceful_drop: None,
+            host: None,
         }
+    }
+
+    /// Runs the server inside a cluster host, as a site would on a burst buffer node: TCP on
+    /// the host's address (ephemeral port; [`listen`](Self::listen) may name one), `--auth
+    /// munge` through the host's `munged`, SSD directory `<host's SSD directory>/<name>` (gone
+    /// with the host when it is removed for good).
+    pub fn in_host(mut self, host: &Host) -> Self {
+        self.listen = host.socket_address(0).to_string();
+        self.ssd_dir = host.ssd_dir().join(&self.name);
+        self.extra_args.extend(["--auth".into(), "munge".into()]);
+        self.host = Some(host.clone());
+        self
     }
 
     /// TCP listen address (`127.0.0.1:0` by default).
@@ -245,7 +262,11 @@ impl ServerBuilder {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).map_err(
             |source| ServerError::Log { name: self.name.clone(), log: self.log.clone(), source },
         )?;
-        let mut command = Command::new(&self.binary);
+        // exec.sh ends in nsenter, which execs the server: the child is the server itself.
+        let mut command = match &self.host {
+            Some(host) => host.command(&self.binary),
+            None => Command::new(&self.binary),
+        };
         command.args([
             "serve",
             "--listen",

@@ -16,10 +16,10 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
-use crate::model::{Access, Rescue, Reservation, ReservationState, StageOutPair};
+use crate::model::{Access, Degraded, Rescue, Reservation, ReservationState, StageOutPair};
 
 /// The schema this binary writes.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// Permission bits of the database file and its `-wal`/`-shm` companions.
 pub const DATABASE_FILE_MODE: u32 = 0o600;
@@ -107,6 +107,15 @@ ALTER TABLE reservations ADD COLUMN rescue_reclaimable_unix_s INTEGER;
 ALTER TABLE reservations ADD COLUMN rescue_stage_outs TEXT;
 ";
 
+/// Version 4: replication. Each server's failure domain (its host, from its `Status` heartbeat;
+/// NULL until one answered) and when it was declared lost for good (NULL: not lost); each
+/// reservation's replica count (copies of every byte, on distinct failure domains).
+const SCHEMA_V4: &str = "
+ALTER TABLE servers ADD COLUMN failure_domain TEXT;
+ALTER TABLE servers ADD COLUMN lost_unix_s INTEGER;
+ALTER TABLE reservations ADD COLUMN replicas INTEGER NOT NULL DEFAULT 1 CHECK (replicas BETWEEN 1 AND 4);
+";
+
 /// Why the database could not be opened.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -166,6 +175,9 @@ impl Db {
         if version < 3 {
             tx.execute_batch(SCHEMA_V3).map_err(sqlite)?;
         }
+        if version < 4 {
+            tx.execute_batch(SCHEMA_V4).map_err(sqlite)?;
+        }
         tx.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(sqlite)?;
         tx.commit().map_err(sqlite)?;
         Ok(Db { conn })
@@ -221,6 +233,10 @@ pub struct ServerRow {
     pub healthy: bool,
     pub misses: u32,
     pub last_seen_unix_s: Option<u64>,
+    /// Its host, from its heartbeats; `None` until one answered.
+    pub failure_domain: Option<String>,
+    /// When it was declared lost for good; `None`: not lost.
+    pub lost_unix_s: Option<u64>,
 }
 
 /// A reservation row plus its fragments.
@@ -250,10 +266,18 @@ pub struct ReservationRow {
     pub jobs: Vec<String>,
     /// Kept because the job's stage-out failed.
     pub rescue: Option<Rescue>,
+    /// Copies of every byte, on distinct failure domains.
+    pub replicas: u32,
 }
 
 impl ReservationRow {
+    /// Capacity granted to the user: one copy's fragments.
     pub fn granted_bytes(&self) -> u64 {
+        self.fragments / self.replicas.max(1) as u64 * self.fragment_bytes
+    }
+
+    /// Bytes taken on the servers: every copy (what quotas and free space count).
+    pub fn raw_bytes(&self) -> u64 {
         self.fragments * self.fragment_bytes
     }
 
@@ -299,7 +323,42 @@ impl ReservationRow {
             allowed_gids: self.allowed_gids.clone(),
             jobs: self.jobs.clone(),
             rescue: self.rescue.clone(),
+            replicas: self.replicas,
+            server_domains: self
+                .placement
+                .iter()
+                .map(|&(id, _)| server(id).and_then(|s| s.failure_domain.clone()))
+                .collect(),
+            degraded: self.degraded(servers),
+            repair: None,
         }
+    }
+
+    /// The degraded state when any of its servers is lost (without a replacement: the service
+    /// fills that in, it needs the pool's free space).
+    fn degraded(&self, servers: &[ServerRow]) -> Option<Degraded> {
+        let lost: Vec<&ServerRow> = self
+            .placement
+            .iter()
+            .filter_map(|&(id, _)| servers.iter().find(|s| s.id == id))
+            .filter(|s| s.lost_unix_s.is_some())
+            .collect();
+        if lost.is_empty() || self.state != ReservationState::Active {
+            return None;
+        }
+        // Every replica set has `replicas` distinct servers, so at worst all lost ones are in one.
+        let replicas_left = self.replicas.saturating_sub(lost.len() as u32);
+        let detail = if replicas_left == 0 {
+            "data not yet drained that only the lost servers held is gone (the drain reports which files and ranges)".to_string()
+        } else {
+            format!("at least {replicas_left} of {} copies of every byte remain", self.replicas)
+        };
+        Some(Degraded {
+            lost_servers: lost.iter().map(|s| s.address.clone()).collect(),
+            replicas_left,
+            replacement: None,
+            detail,
+        })
     }
 }
 
@@ -331,7 +390,7 @@ pub fn insert_pool(
 
 pub fn servers(tx: &Transaction<'_>) -> rusqlite::Result<Vec<ServerRow>> {
     let mut statement = tx.prepare_cached(
-        "SELECT id, address, pool_id, capacity_bytes, pfs_dir, healthy, misses, last_seen_unix_s FROM servers ORDER BY id",
+        "SELECT id, address, pool_id, capacity_bytes, pfs_dir, healthy, misses, last_seen_unix_s, failure_domain, lost_unix_s FROM servers ORDER BY id",
     )?;
     let rows = statement.query_map([], |r| {
         Ok(ServerRow {
@@ -343,6 +402,8 @@ pub fn servers(tx: &Transaction<'_>) -> rusqlite::Result<Vec<ServerRow>> {
             healthy: r.get::<_, i64>(5)? != 0,
             misses: r.get::<_, i64>(6)? as u32,
             last_seen_unix_s: r.get::<_, Option<i64>>(7)?.map(|v| v as u64),
+            failure_domain: r.get(8)?,
+            lost_unix_s: r.get::<_, Option<i64>>(9)?.map(|v| v as u64),
         })
     })?;
     rows.collect()
@@ -376,9 +437,43 @@ pub fn set_server_health(
     Ok(())
 }
 
+/// Records the failure domain a server's heartbeat announced (unchanged: no write).
+pub fn set_server_domain(tx: &Transaction<'_>, id: u64, domain: &str) -> rusqlite::Result<()> {
+    tx.execute(
+        "UPDATE servers SET failure_domain = ?2 WHERE id = ?1 AND failure_domain IS NOT ?2",
+        params![id as i64, domain],
+    )?;
+    Ok(())
+}
+
+/// Puts `replacement` in the place of `lost` at `stripe_index` of a reservation's placement;
+/// whether that row still named `lost` (else nothing changed).
+pub fn replace_fragment_server(
+    tx: &Transaction<'_>,
+    reservation: u64,
+    stripe_index: usize,
+    lost: u64,
+    replacement: u64,
+) -> rusqlite::Result<bool> {
+    let changed = tx.execute(
+        "UPDATE fragments SET server_id = ?4 WHERE reservation_id = ?1 AND stripe_index = ?2 AND server_id = ?3",
+        params![reservation as i64, stripe_index as i64, lost as i64, replacement as i64],
+    )?;
+    Ok(changed == 1)
+}
+
+/// Declares a server lost for good (already lost: the first time is kept).
+pub fn mark_server_lost(tx: &Transaction<'_>, id: u64, now_unix_s: u64) -> rusqlite::Result<()> {
+    tx.execute(
+        "UPDATE servers SET lost_unix_s = ?2, healthy = 0 WHERE id = ?1 AND lost_unix_s IS NULL",
+        params![id as i64, now_unix_s as i64],
+    )?;
+    Ok(())
+}
+
 const RESERVATION_COLUMNS: &str = "id, name, owner_uid, owner_gid, job_id, persistent, requested_bytes, fragment_bytes, \
      fragments, pool_id, access, epoch, namespace_id, stream, state, created_unix_s, allowed_uids, allowed_gids, \
-     rescue_error, rescue_since_unix_s, rescue_reclaimable_unix_s, rescue_stage_outs";
+     rescue_error, rescue_since_unix_s, rescue_reclaimable_unix_s, rescue_stage_outs, replicas";
 
 fn reservation_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ReservationRow> {
     let text_error = |column: usize, what: &str, value: String| {
@@ -430,6 +525,7 @@ fn reservation_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ReservationRo
         placement: Vec::new(),
         jobs: Vec::new(),
         rescue,
+        replicas: r.get::<_, i64>(22)? as u32,
     })
 }
 
@@ -514,8 +610,8 @@ pub fn take_counter(tx: &Transaction<'_>, name: &str) -> rusqlite::Result<u64> {
 pub fn insert_reservation(tx: &Transaction<'_>, row: &ReservationRow) -> rusqlite::Result<u64> {
     tx.execute(
         "INSERT INTO reservations (name, owner_uid, owner_gid, job_id, persistent, requested_bytes, fragment_bytes, \
-         fragments, pool_id, access, epoch, namespace_id, stream, state, created_unix_s, allowed_uids, allowed_gids) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
+         fragments, pool_id, access, epoch, namespace_id, stream, state, created_unix_s, allowed_uids, allowed_gids, replicas) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
         params![
             row.name,
             row.owner_uid as i64,
@@ -534,6 +630,7 @@ pub fn insert_reservation(tx: &Transaction<'_>, row: &ReservationRow) -> rusqlit
             row.created_unix_s as i64,
             serde_json::to_string(&row.allowed_uids).expect("u32 list serializes"),
             serde_json::to_string(&row.allowed_gids).expect("u32 list serializes"),
+            row.replicas as i64,
         ],
     )?;
     let id = tx.last_insert_rowid() as u64;
@@ -677,5 +774,11 @@ mod tests {
             |_| Ok(()),
         )
         .unwrap();
+        // Version 4's replication columns exist; servers read back without a domain, not lost.
+        tx.query_row("SELECT count(replicas) FROM reservations", [], |_| Ok(())).unwrap();
+        insert_pool(&tx, "p", 1, 0).unwrap();
+        insert_server(&tx, "127.0.0.1:1", 1, 1, None).unwrap();
+        let server = &servers(&tx).unwrap()[0];
+        assert_eq!((server.failure_domain.as_deref(), server.lost_unix_s), (None, None));
     }
 }

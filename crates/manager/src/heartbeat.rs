@@ -51,7 +51,9 @@ impl Prober for ClientProber {
                 .count() as u32,
             Err(_) => 0,
         };
-        Ok(Probe { drains_in_flight, auth, identity })
+        let failure_domain =
+            status.first().map(|s| s.failure_domain.clone()).filter(|d| !d.is_empty());
+        Ok(Probe { drains_in_flight, auth, identity, failure_domain })
     }
 }
 

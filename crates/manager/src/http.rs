@@ -15,7 +15,7 @@
 //! server.
 //!
 //! Endpoints (docs/design/manager.md): `GET /v1/whoami`, `GET|POST /v1/pools`,
-//! `GET|POST /v1/servers`, `GET|POST /v1/reservations[?all=1]`,
+//! `GET|POST /v1/servers`, `POST /v1/servers/<id>/lost`, `GET|POST /v1/reservations[?all=1]`,
 //! `GET|DELETE /v1/reservations/<id|name>[?job=J&force=1]`,
 //! `POST /v1/reservations/<id|name>/jobs`, `DELETE /v1/reservations/<id|name>/jobs/<job>`,
 //! `POST /v1/reservations/<id|name>/rescue`,
@@ -361,6 +361,9 @@ fn route(manager: &Manager, caller: &crate::Caller, request: &Request) -> Reply 
             Ok(add) => result(201, manager.add_server(caller, &add)),
             Err(reply) => reply,
         },
+        ("POST", ["v1", "servers", key, "lost"]) => {
+            result(200, manager.declare_server_lost(caller, key))
+        }
         (_, ["v1", "reservations", ..]) => route_reservations(manager, caller, request, &segments),
         ("GET", ["v1", "quotas"]) => result(200, manager.quotas(caller)),
         ("PUT", ["v1", "quotas", uid]) => match uid.parse::<u32>() {

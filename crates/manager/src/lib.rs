@@ -21,6 +21,7 @@ pub mod identity;
 pub mod job_owner;
 pub mod job_use;
 pub mod model;
+pub mod replicate;
 pub mod request_auth;
 pub mod rescue;
 pub mod service;
@@ -126,8 +127,27 @@ pub fn run_daemon(
         let remote_allowed = knobs.auth == spillway_config::Authentication::Munge;
         listeners.push(spillway_proto::transport::bind(&Endpoint::Tcp(address), remote_allowed)?);
     }
+    let background = spawn_background(&manager, &stop);
+    for listener in &listeners {
+        on_listening(&listener.endpoint());
+    }
+    http::serve(Arc::clone(&manager), listeners, Arc::clone(&stop));
+    for thread in background {
+        let _ = thread.join();
+    }
+    if !knobs.socket_path.is_empty() {
+        let _ = std::fs::remove_file(&knobs.socket_path);
+    }
+    Ok(())
+}
+
+/// The heartbeat thread and the re-replication thread, both until `stop` is set.
+fn spawn_background(
+    manager: &Arc<Manager>,
+    stop: &Arc<AtomicBool>,
+) -> Vec<std::thread::JoinHandle<()>> {
     let heartbeat = {
-        let (manager, stop) = (Arc::clone(&manager), Arc::clone(&stop));
+        let (manager, stop) = (Arc::clone(manager), Arc::clone(stop));
         std::thread::Builder::new()
             .name("manager-heartbeat".into())
             .spawn(move || {
@@ -137,15 +157,14 @@ pub fn run_daemon(
             })
             .expect("spawning the heartbeat thread")
     };
-    for listener in &listeners {
-        on_listening(&listener.endpoint());
-    }
-    http::serve(Arc::clone(&manager), listeners, Arc::clone(&stop));
-    let _ = heartbeat.join();
-    if !knobs.socket_path.is_empty() {
-        let _ = std::fs::remove_file(&knobs.socket_path);
-    }
-    Ok(())
+    let repair = {
+        let (manager, stop) = (Arc::clone(manager), Arc::clone(stop));
+        std::thread::Builder::new()
+            .name("manager-repair".into())
+            .spawn(move || replicate::run(manager, stop))
+            .expect("spawning the re-replication thread")
+    };
+    vec![heartbeat, repair]
 }
 
 /// Creates a striped reservation's POSIX namespace (the one its mounts show and stage-in fills)
@@ -259,6 +278,10 @@ pub fn grant_reservations(
         std::collections::BTreeMap::new();
     for reservation in reservations {
         for (index, address) in reservation.servers.iter().enumerate() {
+            // A lost server is never granted again (its host may not even refuse connections).
+            if reservation.degraded.as_ref().is_some_and(|d| d.lost_servers.contains(address)) {
+                continue;
+            }
             let grant = reservation_grant(reservation, index);
             by_server.entry(address.as_str()).or_default().push((reservation, grant));
         }
@@ -362,6 +385,10 @@ mod grant_tests {
             allowed_gids: vec![4242],
             jobs: Vec::new(),
             rescue: None,
+            replicas: 1,
+            server_domains: vec![None, None],
+            degraded: None,
+            repair: None,
         }
     }
 

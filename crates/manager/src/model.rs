@@ -79,6 +79,15 @@ pub struct Server {
     /// higher incarnation a restart), from its last heartbeat; absent until one answered.
     #[serde(default)]
     pub identity: Option<String>,
+    /// The host it runs on (its `server.failure_domain`), from its heartbeats; absent until one
+    /// answered. Copies of a replicated reservation go to distinct failure domains.
+    #[serde(default)]
+    pub failure_domain: Option<String>,
+    /// When it was declared lost for good (`spillway server lost`, or down for
+    /// `manager.server_lost_after_s`); absent while not lost. A lost server gets nothing new
+    /// and is never taken back.
+    #[serde(default)]
+    pub lost_unix_s: Option<u64>,
 }
 
 /// A reservation (job-scoped or persistent).
@@ -128,6 +137,53 @@ pub struct Reservation {
     /// reclaim it only from `reclaimable_unix_s` on.
     #[serde(default)]
     pub rescue: Option<Rescue>,
+    /// Copies of every committed byte until drained, each on another failure domain (1–4).
+    #[serde(default = "one_replica")]
+    pub replicas: u32,
+    /// Failure domain of each server, parallel to `servers` (absent: not known yet).
+    #[serde(default)]
+    pub server_domains: Vec<Option<String>>,
+    /// Set while one of its servers is lost: which, and what re-replication can do about it.
+    #[serde(default)]
+    pub degraded: Option<Degraded>,
+    /// Re-replication of a lost server's data onto its replacement, since the manager started:
+    /// bytes copied of the total, then `restored`.
+    #[serde(default)]
+    pub repair: Option<RepairProgress>,
+}
+
+fn one_replica() -> u32 {
+    1
+}
+
+/// A reservation one of whose servers is lost for good.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Degraded {
+    /// The lost servers' addresses, in stripe order.
+    pub lost_servers: Vec<String>,
+    /// Copies of every byte still on live servers at worst: `replicas` minus the lost servers
+    /// of the worst replica set (0: some data exists nowhere any more unless drained).
+    pub replicas_left: u32,
+    /// The server that would take the first lost server's place (same pool, the lost one's
+    /// failure domain or, if it was alone on it, one the reservation does not use; most
+    /// free), if any.
+    pub replacement: Option<String>,
+    /// What is happening about it, in words.
+    pub detail: String,
+}
+
+/// Where one reservation's repair stands (shown with it).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RepairProgress {
+    /// `copying`, `restored` or `failed` (retried next round).
+    pub state: String,
+    pub lost: String,
+    pub replacement: String,
+    pub copied_bytes: u64,
+    pub total_bytes: u64,
+    /// The error of a failed attempt.
+    #[serde(default)]
+    pub error: Option<String>,
 }
 
 /// One stage-out of a job: a path in the reservation and its PFS destination.
@@ -181,6 +237,8 @@ pub struct CreateReservation {
     pub group: Option<u32>,
     pub allowed_uids: Vec<u32>,
     pub allowed_gids: Vec<u32>,
+    /// Copies of every byte on distinct failure domains (1–4; default 1).
+    pub replicas: Option<u32>,
 }
 
 /// `POST /v1/pools`.

@@ -19,7 +19,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use spillway_config::{JobOwnerCheck, ManagerKnobs, StreamKeyKind};
 use spillway_policy::fragments::{
-    allocate, FragmentError, FragmentPlan, FragmentRequest, ServerSpace,
+    allocate, choose_replacement, FragmentError, FragmentPlan, FragmentRequest, ServerSpace,
+    REPLICAS_MAX,
 };
 use spillway_policy::{
     select_pool, PoolChoice, PoolState, StreamDecision, StreamTable, StreamTableLimits,
@@ -30,6 +31,7 @@ use crate::db::{self, Db, PoolRow, ReservationRow, ServerRow};
 use crate::identity::Caller;
 use crate::job_owner::{JobOwnerError, JobOwners, Squeue};
 use crate::model::*;
+use crate::replicate::RepairJob;
 
 /// The clock, behind a seam so tests control stream reclaim and timestamps.
 pub trait Clock: Send + Sync {
@@ -91,7 +93,7 @@ macro_rules! from_read_error {
         }
     )*};
 }
-from_read_error!(CreatePoolError, AddServerError, QuotaError);
+from_read_error!(CreatePoolError, AddServerError, QuotaError, LostServerError);
 
 /// Why `pool create` failed.
 #[derive(Debug, thiserror::Error)]
@@ -139,6 +141,26 @@ api_error!(AddServerError {
     Invalid => (400, "invalid"),
     NoSuchPool => (404, "no_such_pool"),
     Exists => (409, "exists"),
+    Database => (500, "database"),
+});
+
+/// Why `server lost` failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LostServerError {
+    #[error("uid {uid} may not declare servers lost (root or the admin group only)")]
+    NotAuthorized { uid: u32 },
+    #[error("no server {key:?} (give its id or address, as `spillway server list` shows)")]
+    NotFound { key: String },
+    #[error("manager database: {source}")]
+    Database {
+        #[from]
+        source: rusqlite::Error,
+    },
+}
+api_error!(LostServerError {
+    NotAuthorized => (403, "not_authorized"),
+    NotFound => (404, "not_found"),
     Database => (500, "database"),
 });
 
@@ -266,6 +288,9 @@ pub struct Probe {
     pub auth: String,
     /// The server's id and incarnation (`<id> #<incarnation>`), from its `Status`.
     pub identity: String,
+    /// The host it runs on (`server.failure_domain`), from its `Status`; `None` from a server
+    /// that does not announce one.
+    pub failure_domain: Option<String>,
 }
 
 /// A reservation destroyed by [`Manager::destroy_reservation`]: the caller deletes its data.
@@ -297,6 +322,21 @@ pub struct Manager {
     streams: Mutex<BTreeMap<u64, StreamTable>>,
     /// Per server id: what the last heartbeat saw.
     live: Mutex<BTreeMap<u64, Probe>>,
+    /// Per reservation id: its re-replication since this manager started.
+    repairs: Mutex<BTreeMap<u64, RepairProgress>>,
+}
+
+/// A server as placement sees it: free bytes from the active reservations; a lost server is
+/// never healthy.
+fn server_space(s: &ServerRow, used_per_server: &BTreeMap<u64, u64>) -> ServerSpace {
+    ServerSpace {
+        server: s.id,
+        free_bytes: s
+            .capacity_bytes
+            .saturating_sub(used_per_server.get(&s.id).copied().unwrap_or(0)),
+        healthy: s.healthy && s.lost_unix_s.is_none(),
+        domain: s.failure_domain.clone(),
+    }
 }
 
 /// Names of pools and persistent reservations: 1–64 of `[A-Za-z0-9._-]`, not all digits (ids
@@ -344,6 +384,7 @@ impl Manager {
             job_owners,
             streams: Mutex::new(BTreeMap::new()),
             live: Mutex::new(BTreeMap::new()),
+            repairs: Mutex::new(BTreeMap::new()),
         };
         manager.rebuild_streams()?;
         Ok(manager)
@@ -454,10 +495,14 @@ impl Manager {
         }
         let endpoint: spillway_proto::Endpoint =
             request.address.parse().map_err(|reason| AddServerError::Invalid { reason })?;
+        // Servers on other hosts are reached with munge credentials (`manager.munge_socket`);
+        // only an address that names no single host is refused.
         if let spillway_proto::Endpoint::Tcp(address) = endpoint {
-            if !address.ip().is_loopback() {
+            let ip = address.ip();
+            let broadcast = matches!(ip, std::net::IpAddr::V4(v4) if v4.is_broadcast());
+            if ip.is_unspecified() || ip.is_multicast() || broadcast || address.port() == 0 {
                 return Err(AddServerError::Invalid {
-                    reason: format!("{address} is not a loopback address; servers are reached over loopback until site authentication exists"),
+                    reason: format!("{address} is not the address of one server (unspecified, multicast or broadcast address, or port 0)"),
                 });
             }
         }
@@ -513,6 +558,7 @@ impl Manager {
         let mut used = BTreeMap::new();
         for row in active {
             for &(server, fragments) in &row.placement {
+                // Fragments count every copy: a replicated reservation takes k times the space.
                 *used.entry(server).or_insert(0) += fragments * row.fragment_bytes;
             }
         }
@@ -576,6 +622,8 @@ impl Manager {
                 drains_in_flight: live.get(&s.id).map(|p| p.drains_in_flight).unwrap_or(0),
                 auth: live.get(&s.id).map(|p| p.auth.clone()).filter(|a| !a.is_empty()),
                 identity: live.get(&s.id).map(|p| p.identity.clone()).filter(|i| !i.is_empty()),
+                failure_domain: s.failure_domain.clone(),
+                lost_unix_s: s.lost_unix_s,
             })
             .collect())
     }
@@ -650,6 +698,7 @@ impl Manager {
             placement: plan.per_server.clone(),
             jobs: Vec::new(),
             rescue: None,
+            replicas: plan.replicas,
         };
         Self::persist_reservation(&tx, &mut row, name.is_none())?;
         tx.commit()?;
@@ -670,8 +719,14 @@ impl Manager {
         request: &CreateReservation,
     ) -> Result<(u32, u32), CreateReservationError> {
         let invalid = |reason: String| CreateReservationError::Invalid { reason };
-        if request.capacity_bytes == 0 || request.capacity_bytes > i64::MAX as u64 / 2 {
+        if request.capacity_bytes == 0 || request.capacity_bytes > i64::MAX as u64 / 8 {
             return Err(invalid(format!("capacity of {} bytes", request.capacity_bytes)));
+        }
+        let replicas = request.replicas.unwrap_or(1);
+        if !(1..=REPLICAS_MAX).contains(&replicas) {
+            return Err(invalid(format!(
+                "replicas={replicas}: a reservation keeps 1 to {REPLICAS_MAX} copies"
+            )));
         }
         let owner = Self::reservation_owner(caller, request)?;
         if let Some(name) = &request.persistent {
@@ -808,8 +863,10 @@ impl Manager {
             });
         }
         let fragment_bytes = self.knobs.fragment_bytes;
-        let granted = request.capacity_bytes.div_ceil(fragment_bytes) * fragment_bytes;
-        let used: u64 = mine.iter().map(|r| r.granted_bytes()).sum();
+        // Quotas count the space taken on the servers: every copy.
+        let replicas = request.replicas.unwrap_or(1) as u64;
+        let granted = request.capacity_bytes.div_ceil(fragment_bytes) * fragment_bytes * replicas;
+        let used: u64 = mine.iter().map(|r| r.raw_bytes()).sum();
         let (quota, _) = self.quota_of(tx, owner_uid)?;
         if quota != 0 && used + granted > quota {
             return Err(CreateReservationError::QuotaExceeded {
@@ -837,19 +894,14 @@ impl Manager {
             servers
                 .iter()
                 .filter(|s| s.pool_id == pool)
-                .map(|s| ServerSpace {
-                    server: s.id,
-                    free_bytes: s
-                        .capacity_bytes
-                        .saturating_sub(used_per_server.get(&s.id).copied().unwrap_or(0)),
-                    healthy: s.healthy,
-                })
+                .map(|s| server_space(s, &used_per_server))
                 .collect()
         };
         let fragment_request = FragmentRequest {
             capacity_bytes: request.capacity_bytes,
             fragment_bytes: self.knobs.fragment_bytes,
             stripe_servers_max: self.knobs.stripe_servers_max,
+            replicas: request.replicas.unwrap_or(1),
         };
         let candidates: Vec<&PoolRow> = match &request.pool {
             Some(name) => vec![pools
@@ -895,6 +947,49 @@ impl Manager {
         Ok((pool_id, plan, choice))
     }
 
+    /// The API view of `row`; when it is degraded, with the server that would replace its first
+    /// lost server (`policy::fragments::choose_replacement`: same pool, the lost server's
+    /// domain or, if it was alone on it, one the reservation does not use; room for the lost
+    /// server's fragments).
+    fn model_with_repair(
+        &self,
+        row: &ReservationRow,
+        pools: &[PoolRow],
+        servers: &[ServerRow],
+        active: &[ReservationRow],
+    ) -> Reservation {
+        let mut model = row.to_model(pools, servers);
+        model.repair = lock(&self.repairs).get(&row.id).cloned();
+        let Some(degraded) = model.degraded.as_mut() else { return model };
+        let lost =
+            row.placement.iter().enumerate().find(|(_, (id, _))| {
+                servers.iter().any(|s| s.id == *id && s.lost_unix_s.is_some())
+            });
+        let Some((index, &(lost_id, lost_fragments))) = lost else { return model };
+        let used = Self::used_per_server(active);
+        let pool: Vec<ServerSpace> = servers
+            .iter()
+            .filter(|s| s.pool_id == row.pool_id)
+            .map(|s| server_space(s, &used))
+            .collect();
+        let list: Vec<u64> = row.placement.iter().map(|&(id, _)| id).collect();
+        let lost_domain =
+            servers.iter().find(|s| s.id == lost_id).and_then(|s| s.failure_domain.as_deref());
+        let needed = lost_fragments * row.fragment_bytes;
+        let replacement = choose_replacement(&pool, &list, index, lost_domain, needed);
+        degraded.replacement = replacement
+            .and_then(|id| servers.iter().find(|s| s.id == id))
+            .map(|s| s.address.clone());
+        if degraded.replacement.is_none() {
+            degraded.detail.push_str(&format!(
+                "; no replacement: no healthy server of pool {} outside the reservation, on host {} or a host it does not use, has {needed} bytes free",
+                model.pool,
+                lost_domain.unwrap_or("?"),
+            ));
+        }
+        model
+    }
+
     /// Persists the new reservation's row; gives it its id and, if it has no name, `res-<id>`.
     fn persist_reservation(
         tx: &rusqlite::Transaction<'_>,
@@ -921,7 +1016,7 @@ impl Manager {
             .filter(|r| Self::can_see(caller, r))
             // Root and admins see everything with `--all`, only their own without it.
             .filter(|r| !caller.admin || all || r.owner_uid == caller.uid)
-            .map(|r| r.to_model(&pools, &servers))
+            .map(|r| self.model_with_repair(r, &pools, &servers, &active))
             .collect())
     }
 
@@ -930,8 +1025,11 @@ impl Manager {
         let tx = db.conn.transaction()?;
         let row = db::find_reservation(&tx, key)?;
         let (pools, servers) = (db::pools(&tx)?, db::servers(&tx)?);
+        let active = db::active_reservations(&tx)?;
         match row {
-            Some(row) if Self::can_see(caller, &row) => Ok(row.to_model(&pools, &servers)),
+            Some(row) if Self::can_see(caller, &row) => {
+                Ok(self.model_with_repair(&row, &pools, &servers, &active))
+            }
             _ => Err(LookupError::NotFound { key: key.to_string(), uid: caller.uid }),
         }
     }
@@ -1032,6 +1130,109 @@ impl Manager {
         Ok(())
     }
 
+    /// Declares a server (by id or address) lost for good: it gets no new fragments, heartbeats
+    /// no longer mark it up, and every reservation on it shows `degraded`. Declaring it again
+    /// changes nothing.
+    pub fn declare_server_lost(
+        &self,
+        caller: &Caller,
+        key: &str,
+    ) -> Result<Server, LostServerError> {
+        if !caller.admin {
+            return Err(LostServerError::NotAuthorized { uid: caller.uid });
+        }
+        let mut db = lock(&self.db);
+        let tx = db.conn.transaction()?;
+        let server = db::servers(&tx)?
+            .into_iter()
+            .find(|s| s.address == key || key.parse::<u64>() == Ok(s.id))
+            .ok_or_else(|| LostServerError::NotFound { key: key.to_string() })?;
+        db::mark_server_lost(&tx, server.id, self.clock.now_unix_s())?;
+        tx.commit()?;
+        drop(db);
+        lock(&self.live).remove(&server.id);
+        tracing::warn!(server = %server.address, uid = caller.uid, "server declared lost");
+        Ok(self.list_servers()?.into_iter().find(|s| s.id == server.id).expect("server row exists"))
+    }
+
+    // ---- re-replication ----
+
+    /// The degraded reservations re-replication can restore now, by id: replicated (k ≥ 2),
+    /// active, exactly one server of the list lost (with more, which ranges the first held is
+    /// ambiguous; they stay degraded), and a replacement that qualifies.
+    pub fn repair_jobs(&self) -> Result<Vec<RepairJob>, ReadError> {
+        let (pools, servers, active) = self.snapshot(&mut lock(&self.db))?;
+        let is_lost = |id: u64| servers.iter().any(|s| s.id == id && s.lost_unix_s.is_some());
+        let mut jobs = Vec::new();
+        for row in active.iter().filter(|r| r.replicas >= 2) {
+            let lost: Vec<usize> =
+                (0..row.placement.len()).filter(|&i| is_lost(row.placement[i].0)).collect();
+            let [lost_index] = lost[..] else { continue };
+            let model = self.model_with_repair(row, &pools, &servers, &active);
+            let Some(replacement) = model.degraded.as_ref().and_then(|d| d.replacement.clone())
+            else {
+                continue;
+            };
+            let Some(replacement_server) =
+                servers.iter().find(|s| s.address == replacement).map(|s| s.id)
+            else {
+                continue;
+            };
+            jobs.push(RepairJob {
+                reservation: model,
+                lost_index,
+                lost_server: row.placement[lost_index].0,
+                replacement_server,
+                replacement,
+            });
+        }
+        Ok(jobs)
+    }
+
+    /// Records that a reservation's re-replication (re)starts: nothing copied yet.
+    pub fn start_repair(&self, reservation: u64, lost: &str, replacement: &str) {
+        lock(&self.repairs).insert(
+            reservation,
+            RepairProgress {
+                state: "copying".into(),
+                lost: lost.to_string(),
+                replacement: replacement.to_string(),
+                copied_bytes: 0,
+                total_bytes: 0,
+                error: None,
+            },
+        );
+    }
+
+    /// Changes a reservation's re-replication progress (no entry: nothing).
+    pub fn update_repair(&self, reservation: u64, change: impl FnOnce(&mut RepairProgress)) {
+        if let Some(progress) = lock(&self.repairs).get_mut(&reservation) {
+            change(progress);
+        }
+    }
+
+    /// Puts `replacement` at `index` of the reservation's server list in place of `lost`, in
+    /// one transaction; refused if the reservation is no longer active or the index no longer
+    /// names `lost`.
+    pub fn replace_server(
+        &self,
+        reservation: u64,
+        index: usize,
+        lost: u64,
+        replacement: u64,
+    ) -> Result<(), LookupError> {
+        let mut db = lock(&self.db);
+        let tx = db.conn.transaction()?;
+        let active = db::find_reservation(&tx, &reservation.to_string())?
+            .is_some_and(|r| r.state == ReservationState::Active);
+        if !active || !db::replace_fragment_server(&tx, reservation, index, lost, replacement)? {
+            return Err(LookupError::NotFound { key: reservation.to_string(), uid: 0 });
+        }
+        tx.commit()?;
+        tracing::info!(reservation, index, lost, replacement, "replacement server swapped in");
+        Ok(())
+    }
+
     // ---- quotas ----
 
     pub fn set_quota(
@@ -1057,9 +1258,8 @@ impl Manager {
         let tx = db.conn.transaction()?;
         let rows = db::quotas(&tx)?;
         let active = db::active_reservations(&tx)?;
-        let used = |uid: u32| {
-            active.iter().filter(|r| r.owner_uid == uid).map(|r| r.granted_bytes()).sum()
-        };
+        let used =
+            |uid: u32| active.iter().filter(|r| r.owner_uid == uid).map(|r| r.raw_bytes()).sum();
         let mut out: Vec<Quota> = rows
             .iter()
             .filter(|&&(uid, _)| caller.admin || uid == caller.uid)
@@ -1078,9 +1278,15 @@ impl Manager {
 
     // ---- health ----
 
-    /// Addresses of every server, for the heartbeat.
+    /// Addresses of every server not lost, for the heartbeat (a lost host may not even
+    /// refuse connections: probing it would only slow every round down).
     pub fn server_addresses(&self) -> Result<Vec<(u64, String)>, ReadError> {
-        Ok(self.list_servers()?.into_iter().map(|s| (s.id, s.address)).collect())
+        Ok(self
+            .list_servers()?
+            .into_iter()
+            .filter(|s| s.lost_unix_s.is_none())
+            .map(|s| (s.id, s.address))
+            .collect())
     }
 
     /// Records one heartbeat round: `Ok` probes reset the miss count and mark the server up,
@@ -1097,8 +1303,15 @@ impl Manager {
         let mut live = lock(&self.live);
         for (id, result) in results {
             let Some(server) = servers.iter().find(|s| s.id == *id) else { continue };
+            if server.lost_unix_s.is_some() {
+                // Lost for good: whatever answers there now holds none of its data.
+                continue;
+            }
             match result {
                 Ok(probe) => {
+                    if let Some(domain) = &probe.failure_domain {
+                        db::set_server_domain(&tx, *id, domain)?;
+                    }
                     live.insert(*id, probe.clone());
                     if !server.healthy {
                         tracing::info!(server = %server.address, "server is up again");
@@ -1115,11 +1328,22 @@ impl Manager {
                         tracing::warn!(server = %server.address, misses, %problem, "server marked down");
                     }
                     db::set_server_health(&tx, *id, healthy, misses, None)?;
+                    if !healthy && self.down_too_long(server, now) {
+                        tracing::warn!(server = %server.address, after_s = self.knobs.server_lost_after_s, %problem, "server down too long: declared lost");
+                        db::mark_server_lost(&tx, *id, now)?;
+                    }
                 }
             }
         }
         tx.commit()?;
         Ok(())
+    }
+
+    /// Whether a down server has now been unseen for `manager.server_lost_after_s` (0: never
+    /// automatically). A server never seen is not declared lost: it never held data.
+    fn down_too_long(&self, server: &ServerRow, now: u64) -> bool {
+        let after = self.knobs.server_lost_after_s;
+        after > 0 && server.last_seen_unix_s.is_some_and(|seen| now.saturating_sub(seen) >= after)
     }
 
     /// Pools, servers, totals and, in the caller's view, the reservations it may see.

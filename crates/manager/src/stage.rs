@@ -40,13 +40,16 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use spillway_client::{Client, ClientError, ClientOptions, Placement, ServerConnection};
-use spillway_proto::{DrainInfo, DrainState, Durability, Endpoint, EpochState, Request, Response};
+use spillway_proto::{
+    DrainInfo, DrainState, Durability, Endpoint, EpochState, ErrorCode, Request, Response,
+};
 use spillway_types::EpochId;
 
 use spillway_client::meta::{RemoteNamespace, RemoteOptions};
+use spillway_client::ns_snapshot::{Snapshot, SnapshotLoad};
 use spillway_namespace::{
-    data_file_name, Attr as MetaAttr, Caller as MetaCaller, FileKind, Ino, MetaError, Namespace,
-    SetAttr, TimeSet, Timestamp, ROOT_INO,
+    data_file_name, parse_data_file_name, Attr as MetaAttr, Caller as MetaCaller, FileKind, Ino,
+    MetaError, Namespace, NamespaceId, SetAttr, TimeSet, Timestamp, ROOT_INO,
 };
 use spillway_policy::namespace::{namespace_placement, NamespaceAccess};
 
@@ -87,6 +90,10 @@ pub enum StageError {
     DrainQuarantined { epoch: u64, server: usize, error: String },
     #[error("drain of epoch {epoch} requested, but the reservation's servers have no PFS directory (server add --pfs)")]
     NoDrainDirectory { epoch: u64 },
+    /// Staging out from a snapshot (the namespace's server is gone), a file's bytes are not
+    /// what the snapshot names (changed since, or a forged size): not staged out.
+    #[error("{name}: the namespace's snapshot names {expected} bytes in {data_name}, the burst buffer holds {held}: the file changed after the snapshot (or its size there is wrong), so it is not staged out (its bytes stay in the reservation)")]
+    StaleSnapshot { name: String, data_name: String, expected: u64, held: String },
 }
 
 /// How progress is shown.
@@ -229,10 +236,20 @@ fn endpoints(reservation: &Reservation) -> Result<Vec<Endpoint>, StageError> {
 }
 
 fn connect(reservation: &Reservation) -> Result<Client, StageError> {
+    // With replicas and every server's domain known, a lost server's copies are read elsewhere.
+    let known: Option<Vec<String>> = reservation.server_domains.iter().cloned().collect();
+    let failure_domains = match known {
+        Some(domains) if reservation.replicas > 1 && domains.len() == reservation.servers.len() => {
+            domains
+        }
+        _ => Vec::new(),
+    };
     let options = ClientOptions {
         placement: Placement::striped_default(),
         durability: Durability::Ssd,
+        replicas: reservation.replicas,
         client_name: format!("spillway stage pid {}", std::process::id()),
+        failure_domains,
         ..Default::default()
     };
     let mut client = Client::connect(&endpoints(reservation)?, options)
@@ -657,8 +674,14 @@ impl Tree {
             ..RemoteOptions::default()
         };
         let what = format!("opening namespace {} on {}", place.namespace, servers[place.server]);
-        let ns = RemoteNamespace::open(&servers[place.server], place.namespace, &options)
-            .map_err(|e| meta(reservation, &what, e))?;
+        let endpoint = &servers[place.server];
+        let ns = if options.create {
+            let mut data = connect(reservation)?;
+            RemoteNamespace::open_guarded(endpoint, place.namespace, &options, &mut data)
+        } else {
+            RemoteNamespace::open(endpoint, place.namespace, &options)
+        }
+        .map_err(|e| meta(reservation, &what, e))?;
         let caller = if uid == 0 {
             MetaCaller {
                 uid: reservation.owner,
@@ -803,7 +826,7 @@ pub fn stage_in(
         files_copied: remaining.todo.len() as u64,
         files_skipped: remaining.files_skipped,
         bytes_total,
-        bytes_copied: bytes_total - remaining.bytes_skipped,
+        bytes_copied: bytes_total.saturating_sub(remaining.bytes_skipped),
         elapsed_ms: started.elapsed().as_millis() as u64,
         files_from_drained_copy: 0,
     })
@@ -998,9 +1021,11 @@ fn crc_of_file(path: &Path, chunk: usize) -> std::io::Result<(u64, u32)> {
 }
 
 /// Commits the epoch and drains it through the servers' drain path, waiting until every server
-/// reports it drained.
+/// reports it drained. Before the commit, the namespace's name map goes into the epoch on every
+/// server: the drain then keeps the files' paths even if the namespace's server is lost.
 fn drain_epoch(
     reservation: &Reservation,
+    tree: Option<&Tree>,
     client: &mut Client,
     timeout: Duration,
 ) -> Result<(), StageError> {
@@ -1016,6 +1041,24 @@ fn drain_epoch(
     match summary.map(|s| s.state) {
         None | Some(EpochState::Drained) => return Ok(()), // nothing left in the burst buffer, or done
         Some(_) => {}
+    }
+    if let Some(tree) = tree {
+        match store_snapshot(reservation, tree, client) {
+            // Sealed already (an earlier stage-out): it keeps the snapshot it has. Full: the
+            // snapshot only guards the paths against the namespace server's loss, and a
+            // reservation filled to its last byte still stages out without it.
+            Err(StageError::BurstBuffer { source, .. })
+                if matches!(
+                    source.code(),
+                    Some(ErrorCode::EpochReadOnly | ErrorCode::NoSpace | ErrorCode::QuotaExceeded)
+                ) =>
+            {
+                tracing::warn!(error = %source, "stage-out: no namespace snapshot stored; if the server holding the namespace is lost, its files drain under their store names");
+            }
+            other => {
+                other?;
+            }
+        }
     }
     // Commit on every server holding the epoch: the data may have been written by other
     // processes (the job), so this client has not "touched" any server; send the commit
@@ -1058,6 +1101,97 @@ fn drain_epoch(
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// The namespace's name map, stored in its data epoch on every server
+/// (`spillway_client::ns_snapshot`); returns the number of files it names.
+fn store_snapshot(
+    reservation: &Reservation,
+    tree: &Tree,
+    client: &mut Client,
+) -> Result<usize, StageError> {
+    let entries = tree.ns.manifest().map_err(|e| meta(reservation, "reading its manifest", e))?;
+    let taken_unix_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    let snapshot =
+        Snapshot { namespace: tree.ns.id(), data_epoch: tree.epoch, taken_unix_ns, entries };
+    let files = snapshot.entries.len();
+    client.store_namespace_snapshot(&snapshot).map_err(|e| burst(reservation, e))?;
+    Ok(files)
+}
+
+/// `spillway reservation snapshot`: the namespace's name map stored in its data epoch on every
+/// server now (what stage-out with its drain and Slurm's post_run do), so that losing the
+/// namespace's server later loses no path. Returns the number of files it names.
+pub fn snapshot_namespace(reservation: &Reservation) -> Result<usize, StageError> {
+    let tree = Tree::open(reservation, 1)?;
+    let mut client = connect(reservation)?;
+    let files = store_snapshot(reservation, &tree, &mut client)?;
+    // The snapshot is in the servers' DRAM logs: make it as durable as the data it names.
+    client.sync_epoch(tree.epoch).map_err(|e| burst(reservation, e))?;
+    Ok(files)
+}
+
+/// Whether opening the reservation's namespace failed because it is gone: its server cannot
+/// be reached (EIO) or no longer has it (ENOENT; EIO from a guarded creation).
+fn namespace_gone(error: &StageError) -> bool {
+    matches!(error, StageError::Namespace { error, .. } if error.errno == libc::EIO || error.errno == libc::ENOENT)
+}
+
+/// The newest snapshot of the reservation's namespace in its data epoch, if any.
+fn load_snapshot(reservation: &Reservation) -> Result<Option<Snapshot>, StageError> {
+    let place =
+        namespace_placement(NamespaceAccess::Striped, reservation.namespace_id, "", 1).namespace;
+    let mut client = connect(reservation)?;
+    let epoch = EpochId(reservation.epoch);
+    match client.load_namespace_snapshot(epoch, place).map_err(|e| burst(reservation, e))? {
+        SnapshotLoad::Found(snapshot) => Ok(Some(snapshot)),
+        SnapshotLoad::Absent => Ok(None),
+        SnapshotLoad::Damaged(why) => {
+            tracing::warn!(reservation = %reservation.name, %why, "stage-out: the namespace's snapshot is damaged");
+            Ok(None)
+        }
+    }
+}
+
+/// The snapshot's regular files at or under `path`, as [`tree_files`] lists a live namespace.
+fn snapshot_files(
+    snapshot: &Snapshot,
+    reservation: &Reservation,
+    path: &str,
+) -> Result<Vec<TreeFile>, StageError> {
+    let mut out = Vec::new();
+    for entry in &snapshot.entries {
+        let Some((_, ino, generation)) = parse_data_file_name(&entry.file_name) else { continue };
+        let Ok(name) = std::str::from_utf8(&entry.path) else {
+            tracing::warn!(path = %String::from_utf8_lossy(&entry.path), "not UTF-8; not staged out");
+            continue;
+        };
+        let relative = if path.is_empty() {
+            name
+        } else if name == path {
+            ""
+        } else {
+            match name.strip_prefix(path).and_then(|rest| rest.strip_prefix('/')) {
+                Some(rest) => rest,
+                None => continue,
+            }
+        };
+        if out.len() >= FILES_MAX {
+            return Err(StageError::TooManyFiles { path: path.to_string() });
+        }
+        let (name, relative) = (name.to_string(), relative.to_string());
+        out.push(TreeFile { name, relative, ino, generation, size: entry.size });
+    }
+    if out.is_empty() {
+        return Err(StageError::NothingToStage {
+            reservation: reservation.name.clone(),
+            path: path.to_string(),
+        });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
 }
 
 /// Commits `epoch` at SSD durability on one server, if that server has it.
@@ -1188,6 +1322,47 @@ fn stage_out_top(
     }
 }
 
+/// Where a stage-out's files come from.
+struct Source {
+    files: Vec<TreeFile>,
+    namespace: NamespaceId,
+    epoch: EpochId,
+    /// From the namespace's snapshot (its server is gone), not from the namespace.
+    from_snapshot: bool,
+}
+
+/// The files under `base` in the reservation's namespace, or, when the namespace is gone, in
+/// its newest snapshot; the epoch drained first with `drain_first`.
+fn stage_out_source(
+    reservation: &Reservation,
+    base: &str,
+    options: &StageOptions,
+) -> Result<Source, StageError> {
+    match Tree::open(reservation, options.parallel_files + 1) {
+        Ok(tree) => {
+            if options.drain_first {
+                let mut client = connect(reservation)?;
+                drain_epoch(reservation, Some(&tree), &mut client, options.drain_timeout)?;
+            }
+            let files = tree_files(&tree, reservation, base)?;
+            Ok(Source { files, namespace: tree.ns.id(), epoch: tree.epoch, from_snapshot: false })
+        }
+        Err(error) if namespace_gone(&error) => {
+            // Its server is lost (or replaced): the files and paths of the newest snapshot.
+            let Some(snapshot) = load_snapshot(reservation)? else { return Err(error) };
+            tracing::warn!(reservation = %reservation.name, %error, files = snapshot.entries.len(), "stage-out: the namespace is gone; staging out the files of its snapshot");
+            if options.drain_first {
+                let mut client = connect(reservation)?;
+                drain_epoch(reservation, None, &mut client, options.drain_timeout)?;
+            }
+            let files = snapshot_files(&snapshot, reservation, base)?;
+            let (namespace, epoch) = (snapshot.namespace, snapshot.data_epoch);
+            Ok(Source { files, namespace, epoch, from_snapshot: true })
+        }
+        Err(error) => Err(error),
+    }
+}
+
 /// Copies `src` (a file or directory in the reservation) to `dst` on the PFS.
 pub fn stage_out(
     reservation: &Reservation,
@@ -1207,12 +1382,8 @@ pub fn stage_out(
             });
         }
     }
-    let tree = Tree::open(reservation, options.parallel_files + 1)?;
-    if options.drain_first {
-        let mut client = connect(reservation)?;
-        drain_epoch(reservation, &mut client, options.drain_timeout)?;
-    }
-    let selected = tree_files(&tree, reservation, &base)?;
+    let Source { files: selected, namespace, epoch, from_snapshot } =
+        stage_out_source(reservation, &base, options)?;
     let drained_root: Option<PathBuf> = reservation
         .server_pfs_dirs
         .iter()
@@ -1223,12 +1394,14 @@ pub fn stage_out(
     let record = Record::open_in(options.record_store.as_ref(), &options.record_path)?;
     let chunk_bytes = options.chunk_bytes.clamp(4096, 16 << 20);
     let remaining = files_to_stage_out(&selected, &record, dst, chunk_bytes);
-    let bytes_total: u64 = selected.iter().map(|f| f.size).sum();
+    let bytes_total = selected.iter().fold(0u64, |total, f| total.saturating_add(f.size));
     let progress = Progress::new("stage-out", options.progress, selected.len() as u64, bytes_total);
     progress.add(remaining.files_skipped, remaining.bytes_skipped);
     let stage = StageOut {
         reservation,
-        tree: &tree,
+        namespace,
+        epoch,
+        from_snapshot,
         dst,
         drained_root: drained_root.as_deref(),
         record: &record,
@@ -1248,7 +1421,7 @@ pub fn stage_out(
         files_copied: remaining.todo.len() as u64,
         files_skipped: remaining.files_skipped,
         bytes_total,
-        bytes_copied: bytes_total - remaining.bytes_skipped,
+        bytes_copied: bytes_total.saturating_sub(remaining.bytes_skipped),
         elapsed_ms: started.elapsed().as_millis() as u64,
         files_from_drained_copy: stage.files_from_drained_copy.into_inner(),
     })
@@ -1257,7 +1430,11 @@ pub fn stage_out(
 /// What the workers of a stage-out share.
 struct StageOut<'a> {
     reservation: &'a Reservation,
-    tree: &'a Tree,
+    /// The namespace the files are of, and its data epoch.
+    namespace: NamespaceId,
+    epoch: EpochId,
+    /// The files come from the namespace's snapshot (its server is gone), not from it.
+    from_snapshot: bool,
     /// The destination on the PFS.
     dst: &'a Path,
     /// With `drain_first`: the servers' PFS directory, where drained copies may sit.
@@ -1311,7 +1488,7 @@ impl StageOut<'_> {
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(pfs_error(parent))?;
         }
-        let data_name = data_file_name(self.tree.ns.id(), file.ino, file.generation);
+        let data_name = data_file_name(self.namespace, file.ino, file.generation);
         let drained = self.drained_copy(file, &data_name);
         if let Some(copy) = &drained {
             if same_file(copy, &path) {
@@ -1324,11 +1501,18 @@ impl StageOut<'_> {
             path.file_name().and_then(|n| n.to_str()).unwrap_or("file")
         ));
         let mut out = File::create(&partial).map_err(pfs_error(&partial))?;
-        let (size, crc) = match drained {
-            Some(copy) => self.copy_from_drained(&copy, &mut out, &partial)?,
-            None => self.copy_from_reservation(client, file, &data_name, &mut out, &partial)?,
+        let copied = match drained {
+            Some(copy) => self.copy_from_drained(&copy, &mut out, &partial),
+            None => self.copy_from_reservation(client, file, &data_name, &mut out, &partial),
         };
-        verify_and_rename(out, &partial, &path, size, crc, self.chunk_bytes)?;
+        let placed = copied.and_then(|(size, crc)| {
+            verify_and_rename(out, &partial, &path, size, crc, self.chunk_bytes)?;
+            Ok((size, crc))
+        });
+        // A copy that failed leaves no partial file behind on the PFS.
+        let (size, crc) = placed.inspect_err(|_| {
+            let _ = std::fs::remove_file(&partial);
+        })?;
         self.record.append(&RecordEntry {
             name: file.name.clone(),
             size,
@@ -1345,7 +1529,7 @@ impl StageOut<'_> {
         // file's path (when the drain publishes namespace paths) or under its data file's name
         // in the epoch's directory (`<pfs>/epoch-<E>/ns/<ns>/<ino>.<gen>`).
         self.drained_root.and_then(|root| {
-            let epoch_dir = root.join(format!("epoch-{}", self.tree.epoch.0));
+            let epoch_dir = root.join(format!("epoch-{}", self.epoch.0));
             [root.join(&file.name), epoch_dir.join(&file.name), epoch_dir.join(data_name)]
                 .into_iter()
                 .find(|copy| {
@@ -1409,12 +1593,22 @@ impl StageOut<'_> {
         let mut buffer = vec![0u8; chunk];
         let mut crc = 0u32;
         let mut offset = 0u64;
-        // A file whose bytes were never written (all holes) has no store file: zeros.
-        let handle = match client.open_file(self.tree.epoch, data_name) {
+        // A file whose bytes were never written (all holes) has no store file: zeros. Not so
+        // from a snapshot, which may be older than the file: its bytes must be there, no more.
+        let handle = match client.open_file(self.epoch, data_name) {
             Ok(handle) => Some(handle),
-            Err(ClientError::NoSuchFile { .. }) => None,
+            Err(ClientError::NoSuchFile { .. }) if !self.from_snapshot => None,
+            Err(ClientError::NoSuchFile { .. }) => return Err(self.stale(file, data_name, "none")),
             Err(e) => return Err(burst(reservation, e)),
         };
+        if let (true, Some(handle)) = (self.from_snapshot, &handle) {
+            // More: written after the snapshot. Less: a size its writers may have forged
+            // (2^62 bytes of zeros onto the PFS), or a truncation upwards; neither is copied.
+            let held = client.file_size(handle).map_err(|e| burst(reservation, e))?;
+            if held != file.size {
+                return Err(self.stale(file, data_name, &held.to_string()));
+            }
+        }
         while offset < file.size {
             let n = ((file.size - offset) as usize).min(chunk);
             match &handle {
@@ -1429,6 +1623,17 @@ impl StageOut<'_> {
             self.progress.add(0, n as u64);
         }
         Ok((offset, crc))
+    }
+}
+
+impl StageOut<'_> {
+    fn stale(&self, file: &TreeFile, data_name: &str, held: &str) -> StageError {
+        StageError::StaleSnapshot {
+            name: file.name.clone(),
+            data_name: data_name.to_string(),
+            expected: file.size,
+            held: held.to_string(),
+        }
     }
 }
 

@@ -109,14 +109,14 @@ fn only_admins_manage_pools_and_servers() {
         .add_server(
             &root(),
             &AddServer {
-                address: "10.0.0.1:9".into(),
+                address: "0.0.0.0:9".into(),
                 pool: "fast".into(),
                 capacity_bytes: MIB,
                 pfs_dir: None,
             },
         )
         .unwrap_err();
-    assert!(error.to_string().contains("not a loopback address"), "{error}");
+    assert!(error.to_string().contains("not the address of one server"), "{error}");
     let error = manager
         .create_pool(&root(), &CreatePool { name: "fast".into(), granularity_bytes: MIB })
         .unwrap_err();
@@ -403,6 +403,7 @@ impl Prober for FlakyProber {
                 drains_in_flight: 1,
                 auth: "munge".into(),
                 identity: format!("{:032x} #1", address.len()),
+                failure_domain: None,
             })
         }
     }

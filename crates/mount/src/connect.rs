@@ -58,12 +58,15 @@ pub struct NamespaceRoot {
 }
 
 /// Opens namespace `id` on the server at `endpoint`, creating it with `root` if the server has
-/// none; `connections` (the mount's session threads) bounds concurrent operations.
+/// none; `connections` (the mount's session threads) bounds concurrent operations. With
+/// `guard` (a data client of the reservation), it is not created over files of its data epoch
+/// whose metadata is gone (`RemoteNamespace::open_guarded`).
 pub fn connect_namespace(
     endpoint: &Endpoint,
     id: NamespaceId,
     root: NamespaceRoot,
     connections: usize,
+    guard: Option<&mut Client>,
 ) -> Result<Arc<dyn Namespace>, ConnectError> {
     let options = RemoteOptions {
         create: true,
@@ -75,17 +78,26 @@ pub fn connect_namespace(
         // The mount's process environment names the munged (SPILLWAY_MUNGE_SOCKET).
         ..RemoteOptions::default()
     };
-    let namespace = RemoteNamespace::open(endpoint, id, &options)
-        .map_err(|source| ConnectError::Namespace { id, endpoint: endpoint.clone(), source })?;
+    let namespace = match guard {
+        Some(data) => RemoteNamespace::open_guarded(endpoint, id, &options, data),
+        None => RemoteNamespace::open(endpoint, id, &options),
+    }
+    .map_err(|source| ConnectError::Namespace { id, endpoint: endpoint.clone(), source })?;
     Ok(Arc::new(namespace))
 }
 
-/// Data clients for a mount: one per session thread, striped over every server.
-pub fn data_clients(endpoints: &[Endpoint], count: usize) -> Result<Vec<Client>, ConnectError> {
+/// Data clients for a mount: one per session thread, striped over every server, each piece
+/// on `replicas` servers of distinct failure domains (the reservation's `replicas`).
+pub fn data_clients(
+    endpoints: &[Endpoint],
+    count: usize,
+    replicas: u32,
+) -> Result<Vec<Client>, ConnectError> {
     (0..count)
         .map(|slot| {
             let options = ClientOptions {
                 placement: Placement::striped_default(),
+                replicas,
                 client_name: format!("spillway mount pid {} slot {slot}", std::process::id()),
                 ..Default::default()
             };

@@ -8,10 +8,10 @@
 //! "Truncate"):
 //! - the namespace's size is the truth for EOF: reads are cut at it, bytes past it are never
 //!   shown;
-//! - before a file grows past its size over a gap (a write beyond EOF, or a truncate upwards),
-//!   whatever the store still holds in that gap from before a shrinking truncate is overwritten
-//!   with zeros ([`Slot::zero_fill`]), bounded by the store's high-water mark for the file, so a
-//!   file that never shrank costs nothing.
+//! - a shrinking truncate overwrites whatever the store holds past the new size with zeros
+//!   ([`Slot::zero_fill`]), bounded by the store's high-water mark for the file, so a gap left
+//!   later by a write beyond EOF reads as zeros without that write touching it (writers on
+//!   other mounts may have put their bytes there already).
 //!
 //! A [`spillway_client::Client`] needs `&mut self`, so the mount keeps a small pool of clients
 //! ([`DataPlane`]), each owned by a worker thread with its own connections and fed by a bounded
@@ -21,8 +21,8 @@
 //! the kernel answered at once, so the application's next `write(2)` overlaps the sending of
 //! this one (write-behind, at most [`QUEUED_COMMANDS_MAX`] commands, i.e. that many MiB, per
 //! slot); a failure is kept and reported by the next flush (close) or fsync of the slot.
-//! Each slot also has a lock that the file system holds across a size check and the write or
-//! zero-fill that depends on it.
+//! Each slot also has a lock that the file system holds across a truncate and the zero-fill
+//! that follows it.
 
 use std::collections::HashMap;
 

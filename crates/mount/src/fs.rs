@@ -304,18 +304,11 @@ impl SpillwayFs {
         let end = offset.checked_add(data.len() as u64).ok_or(Errno::EFBIG)?;
         let caller = caller(req);
         let mut slot = self.data.slot(ino);
-        let (mut generation, mut size) = self.state(ino)?;
-        if offset > size {
-            // Writing past EOF leaves a gap: make sure it reads as zeros (stale bytes from a
-            // shrinking truncate may sit there in the store). Ask the namespace for the truth
-            // first, another mount may have extended the file.
-            let attr = self.current_attr(ino)?;
-            generation = attr.generation;
-            size = attr.size;
-            if offset > size {
-                slot.zero_fill(ino, generation, size, offset).map_err(|e| data_errno(&e))?;
-            }
-        }
+        // A gap left past EOF already reads as zeros: a shrinking truncate zeroed what the
+        // store held past the new size (do_setattr). Zeroing the gap here instead would
+        // overwrite what writers on other mounts put there before their size reached the
+        // namespace (an N-1 checkpoint from several nodes lost blocks that way).
+        let (generation, _) = self.state(ino)?;
         slot.write(ino, generation, offset, data).map_err(|e| data_errno(&e))?;
         {
             let mut inodes = self.inodes.lock();
@@ -355,29 +348,34 @@ impl SpillwayFs {
         // Truncate: hold the inode's data slot so no write of this mount interleaves.
         let mut slot = self.data.slot(ino);
         let current = self.current_attr(ino)?;
-        if current.kind == FileKind::Regular && new_size > current.size {
-            slot.zero_fill(ino, current.generation, current.size, new_size)
-                .map_err(|e| data_errno(&e))?;
-        }
-        if current.kind == FileKind::Regular && new_size < current.size {
+        let shrinks = current.kind == FileKind::Regular && new_size < current.size;
+        if shrinks {
             // Writes of this mount still in flight must land before the size shrinks, or
-            // they would sit past the new EOF unnoticed by the zero-fill rule's high-water mark.
+            // they would sit past the new EOF and escape the zeroing below.
             slot.flush().map_err(|e| data_errno(&e))?;
         }
-        match self.namespace.setattr(caller, ino, set) {
+        let attr = match self.namespace.setattr(caller, ino, set) {
             Ok(attr) => {
                 self.observe(&attr);
-                Ok(attr)
+                attr
             }
             // ftruncate of an open file whose last link is gone: only this mount sees it.
             Err(e) if e.errno == libc::ENOENT && current.nlink == 0 => {
                 let mut inodes = self.inodes.lock();
                 let state = inodes.get_mut(&ino).ok_or_else(|| errno(&e))?;
                 state.attr.size = new_size;
-                Ok(state.attr.clone())
+                state.attr.clone()
             }
-            Err(e) => Err(errno(&e)),
+            Err(e) => return Err(errno(&e)),
+        };
+        // The store never shrinks a file: zero what it holds past the new size (bounded by its
+        // high-water mark), so the file reads zeros there when it grows again. Truncating to 0
+        // starts a new generation instead, which holds nothing.
+        if shrinks && attr.generation == current.generation {
+            slot.zero_fill(ino, current.generation, new_size, u64::MAX)
+                .map_err(|e| data_errno(&e))?;
         }
+        Ok(attr)
     }
 }
 

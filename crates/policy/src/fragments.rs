@@ -5,11 +5,16 @@
 //! while there are servers, so a bigger request also gets more bandwidth. This module is that
 //! decision as a pure function, so the manager and tests agree on it exactly:
 //!
-//! 1. `fragments = ceil(capacity / fragment_bytes)` (at least one);
-//! 2. the candidate servers are the healthy ones with at least one fragment of free space,
-//!    ordered by free bytes (most first), ties by id (lowest first);
+//! 1. `fragments = replicas × ceil(capacity / fragment_bytes)` (at least one per copy): every
+//!    byte is held `replicas` times, on servers of distinct failure domains (hosts);
+//! 2. the candidate servers are the healthy ones with at least one fragment of free space (and,
+//!    with more than one replica, a known failure domain), ordered by free bytes (most first),
+//!    ties by id (lowest first), then spread over failure domains: in rounds, each round takes
+//!    the first remaining server of every domain not yet used in that round, in that order — so
+//!    the first servers are on as many distinct hosts as there are;
 //! 3. the reservation stripes over `min(fragments, stripe_servers_max, candidates)` of them, the
-//!    first in that order;
+//!    first in that order; with `replicas = k` they must span at least k failure domains, or the
+//!    request fails naming the need;
 //! 4. fragments are dealt round robin over the chosen servers; a server whose free space is used
 //!    up is skipped; if fragments remain when every chosen server is full, the next candidates
 //!    (beyond the stripe width) are **not** used — the request fails with the shortfall named.
@@ -17,11 +22,13 @@
 //! Deterministic: the same snapshot and request always give the same placement.
 
 /// One server as the allocator sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerSpace {
     pub server: u64,
     pub free_bytes: u64,
     pub healthy: bool,
+    /// The host it runs on (its `server.failure_domain`); `None` until known.
+    pub domain: Option<String>,
 }
 
 /// A reservation's request.
@@ -30,19 +37,30 @@ pub struct FragmentRequest {
     pub capacity_bytes: u64,
     pub fragment_bytes: u64,
     pub stripe_servers_max: u32,
+    /// Copies of every byte, each on another failure domain (1 to [`REPLICAS_MAX`]).
+    pub replicas: u32,
 }
+
+pub use crate::replicas::REPLICAS_MAX;
 
 /// Where a reservation's fragments go: `(server, fragment count)`, in stripe order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FragmentPlan {
+    /// Every fragment, copies included.
     pub fragments: u64,
     pub fragment_bytes: u64,
+    pub replicas: u32,
     pub per_server: Vec<(u64, u64)>,
 }
 
 impl FragmentPlan {
-    /// Capacity granted: whole fragments, so at least the capacity asked for.
+    /// Capacity granted: whole fragments of one copy, so at least the capacity asked for.
     pub fn granted_bytes(&self) -> u64 {
+        self.fragments / self.replicas.max(1) as u64 * self.fragment_bytes
+    }
+
+    /// Bytes taken on the servers: every copy.
+    pub fn raw_bytes(&self) -> u64 {
         self.fragments * self.fragment_bytes
     }
 
@@ -66,13 +84,47 @@ pub enum FragmentError {
     NoHealthyServer { capacity_bytes: u64, fragment_bytes: u64 },
     #[error("{fragments} fragments of {fragment_bytes} bytes needed, only {placeable} fit on the {servers} servers striped over")]
     InsufficientCapacity { fragments: u64, fragment_bytes: u64, placeable: u64, servers: usize },
+    #[error("replicas={replicas} is outside 1..={max}")]
+    BadReplicas { replicas: u32, max: u32 },
+    #[error("replicas={replicas} needs {replicas} servers on distinct failure domains, the stripe width allows {width} (knob manager.stripe_servers_max)")]
+    StripeTooNarrow { replicas: u32, width: u32 },
+    #[error("replicas={replicas} needs healthy servers with free space on {replicas} distinct failure domains (hosts), only {domains} available")]
+    TooFewDomains { replicas: u32, domains: usize },
 }
 
-/// Places `request` over `servers` (see the module documentation for the rules).
-pub fn allocate(
-    servers: &[ServerSpace],
-    request: FragmentRequest,
-) -> Result<FragmentPlan, FragmentError> {
+/// Orders servers for striping: by free bytes (most first, ties by id), then spread over failure
+/// domains in rounds (each round takes the first remaining server of every domain it has not
+/// used yet). A server of unknown domain counts as a domain of its own.
+pub fn spread_over_domains(servers: &[ServerSpace]) -> Vec<ServerSpace> {
+    let mut remaining: Vec<ServerSpace> = servers.to_vec();
+    remaining.sort_by_key(|s| (std::cmp::Reverse(s.free_bytes), s.server));
+    let mut ordered = Vec::with_capacity(remaining.len());
+    while !remaining.is_empty() {
+        let mut round: Vec<Option<&str>> = Vec::new();
+        let mut left = Vec::new();
+        for server in &remaining {
+            let key = server.domain.as_deref();
+            if key.is_some() && round.contains(&key) {
+                left.push(server.clone());
+            } else {
+                round.push(key);
+                ordered.push(server.clone());
+            }
+        }
+        remaining = left;
+    }
+    ordered
+}
+
+/// Distinct known failure domains among `servers`, unknown ones each counting as one.
+fn distinct_domains(servers: &[ServerSpace]) -> usize {
+    let mut known: Vec<&str> = servers.iter().filter_map(|s| s.domain.as_deref()).collect();
+    known.sort_unstable();
+    known.dedup();
+    known.len() + servers.iter().filter(|s| s.domain.is_none()).count()
+}
+
+fn check_request(request: FragmentRequest) -> Result<(), FragmentError> {
     if request.capacity_bytes == 0 {
         return Err(FragmentError::ZeroCapacity);
     }
@@ -82,21 +134,45 @@ pub fn allocate(
     if request.stripe_servers_max == 0 {
         return Err(FragmentError::ZeroStripe);
     }
-    let fragments = request.capacity_bytes.div_ceil(request.fragment_bytes);
-    let mut candidates: Vec<ServerSpace> = servers
+    if request.replicas == 0 || request.replicas > REPLICAS_MAX {
+        return Err(FragmentError::BadReplicas { replicas: request.replicas, max: REPLICAS_MAX });
+    }
+    if request.stripe_servers_max < request.replicas {
+        return Err(FragmentError::StripeTooNarrow {
+            replicas: request.replicas,
+            width: request.stripe_servers_max,
+        });
+    }
+    Ok(())
+}
+
+/// Places `request` over `servers` (see the module documentation for the rules).
+pub fn allocate(
+    servers: &[ServerSpace],
+    request: FragmentRequest,
+) -> Result<FragmentPlan, FragmentError> {
+    check_request(request)?;
+    let replicas = request.replicas;
+    let fragments = request.capacity_bytes.div_ceil(request.fragment_bytes) * replicas as u64;
+    let eligible: Vec<ServerSpace> = servers
         .iter()
-        .copied()
         .filter(|s| s.healthy && s.free_bytes >= request.fragment_bytes)
+        .filter(|s| replicas == 1 || s.domain.is_some())
+        .cloned()
         .collect();
-    candidates.sort_by_key(|s| (std::cmp::Reverse(s.free_bytes), s.server));
-    if candidates.is_empty() {
+    if eligible.is_empty() {
         return Err(FragmentError::NoHealthyServer {
             capacity_bytes: request.capacity_bytes,
             fragment_bytes: request.fragment_bytes,
         });
     }
+    let candidates = spread_over_domains(&eligible);
     let width = (fragments.min(request.stripe_servers_max as u64) as usize).min(candidates.len());
     let chosen = &candidates[..width];
+    let domains = distinct_domains(chosen);
+    if domains < replicas as usize {
+        return Err(FragmentError::TooFewDomains { replicas, domains });
+    }
     let slots: Vec<u64> = chosen.iter().map(|s| s.free_bytes / request.fragment_bytes).collect();
     let placeable: u64 = slots.iter().sum();
     if placeable < fragments {
@@ -124,7 +200,44 @@ pub fn allocate(
         chosen.iter().zip(counts).map(|(s, c)| (s.server, c)).collect();
     debug_assert!(per_server.iter().all(|&(_, c)| c > 0), "every chosen server gets a fragment");
     debug_assert_eq!(per_server.iter().map(|&(_, c)| c).sum::<u64>(), fragments);
-    Ok(FragmentPlan { fragments, fragment_bytes: request.fragment_bytes, per_server })
+    Ok(FragmentPlan { fragments, fragment_bytes: request.fragment_bytes, replicas, per_server })
+}
+
+/// The server that takes a lost server's place at `lost_index` of a reservation's server list
+/// (`list`, server ids in stripe order): a healthy server of the pool (`pool`) not already in
+/// the list, with `needed_bytes` free, of known failure domain, that leaves every replica set
+/// of the list unchanged ([`crate::replicas::replacement_keeps_replica_sets`]: the lost
+/// server's domain, or — when the lost server shared its domain with no other server of the
+/// list — a domain no other server of the list has), the most free first, ties by id. `None`
+/// when no server qualifies.
+pub fn choose_replacement(
+    pool: &[ServerSpace],
+    list: &[u64],
+    lost_index: usize,
+    lost_domain: Option<&str>,
+    needed_bytes: u64,
+) -> Option<u64> {
+    // The list's domains; a member of unknown domain (not yet heard) gets a name of its own.
+    let domains: Vec<String> = list
+        .iter()
+        .enumerate()
+        .map(|(i, id)| match pool.iter().find(|s| s.server == *id).and_then(|s| s.domain.clone()) {
+            Some(domain) if i != lost_index => domain,
+            _ if i == lost_index => {
+                lost_domain.map(str::to_string).unwrap_or_else(|| format!("\0lost-{id}"))
+            }
+            _ => format!("\0unknown-{id}"),
+        })
+        .collect();
+    pool.iter()
+        .filter(|s| s.healthy && s.free_bytes >= needed_bytes && !list.contains(&s.server))
+        .filter(|s| {
+            s.domain.as_ref().is_some_and(|domain| {
+                crate::replicas::replacement_keeps_replica_sets(&domains, lost_index, domain)
+            })
+        })
+        .min_by_key(|s| (std::cmp::Reverse(s.free_bytes), s.server))
+        .map(|s| s.server)
 }
 
 #[cfg(test)]
@@ -134,7 +247,17 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     fn server(server: u64, free_mib: u64) -> ServerSpace {
-        ServerSpace { server, free_bytes: free_mib * MIB, healthy: true }
+        // Each server on its own host unless a test says otherwise.
+        ServerSpace {
+            server,
+            free_bytes: free_mib * MIB,
+            healthy: true,
+            domain: Some(format!("host{server}")),
+        }
+    }
+
+    fn on(domain: &str, server: ServerSpace) -> ServerSpace {
+        ServerSpace { domain: Some(domain.to_string()), ..server }
     }
 
     fn request(capacity_mib: u64, stripe_servers_max: u32) -> FragmentRequest {
@@ -142,7 +265,12 @@ mod tests {
             capacity_bytes: capacity_mib * MIB,
             fragment_bytes: 8 * MIB,
             stripe_servers_max,
+            replicas: 1,
         }
+    }
+
+    fn replicated(capacity_mib: u64, stripe_servers_max: u32, replicas: u32) -> FragmentRequest {
+        FragmentRequest { replicas, ..request(capacity_mib, stripe_servers_max) }
     }
 
     #[test]
@@ -194,7 +322,7 @@ mod tests {
             }
         );
         assert!(error.to_string().contains("only 4 fit"), "{error}");
-        let down = [ServerSpace { server: 1, free_bytes: 100 * MIB, healthy: false }];
+        let down = [ServerSpace { healthy: false, ..server(1, 100) }];
         assert!(matches!(
             allocate(&down, request(1, 8)),
             Err(FragmentError::NoHealthyServer { .. })
@@ -204,23 +332,132 @@ mod tests {
 
     #[test]
     fn deterministic_and_within_free_space() {
-        // Every request against every small snapshot: same answer twice, never over free space.
+        // Every request against every small snapshot: same answer twice, never over free space,
+        // and k copies on at least k hosts (servers 0 and 1 share a host).
         for frees in [[3u64, 1, 2], [0, 5, 5], [2, 2, 2], [7, 0, 1]] {
-            let servers: Vec<ServerSpace> =
-                frees.iter().enumerate().map(|(i, &f)| server(i as u64, f * 8)).collect();
-            for fragments in 1..12 {
-                for width in 1..4 {
-                    let a = allocate(&servers, request(fragments * 8, width));
-                    assert_eq!(a, allocate(&servers, request(fragments * 8, width)));
-                    if let Ok(plan) = a {
-                        assert_eq!(plan.per_server.iter().map(|p| p.1).sum::<u64>(), fragments);
-                        assert!(plan.per_server.len() <= width as usize);
-                        for (s, c) in plan.per_server {
-                            assert!(c * 8 <= frees[s as usize] * 8);
-                        }
+            let servers: Vec<ServerSpace> = frees
+                .iter()
+                .enumerate()
+                .map(|(i, &f)| on(if i < 2 { "a" } else { "b" }, server(i as u64, f * 8)))
+                .collect();
+            for (fragments, width, replicas) in (1..12)
+                .flat_map(|f| (1..4).flat_map(move |w| (1..=w.min(2)).map(move |k| (f, w, k))))
+            {
+                let asked = replicated(fragments * 8, width, replicas);
+                let a = allocate(&servers, asked);
+                assert_eq!(a, allocate(&servers, asked));
+                if let Ok(plan) = a {
+                    let total = fragments * replicas as u64;
+                    assert_eq!(plan.per_server.iter().map(|p| p.1).sum::<u64>(), total);
+                    assert!(plan.per_server.len() <= width as usize);
+                    let chosen: Vec<ServerSpace> =
+                        plan.servers().iter().map(|&s| servers[s as usize].clone()).collect();
+                    assert!(distinct_domains(&chosen) >= replicas as usize);
+                    for (s, c) in plan.per_server {
+                        assert!(c * 8 <= frees[s as usize] * 8);
                     }
                 }
             }
         }
+    }
+
+    #[test]
+    fn stripes_spread_over_hosts_before_doubling_up() {
+        // Two servers on host a (the two emptiest), one each on b and c.
+        let servers = [
+            on("a", server(1, 100)),
+            on("a", server(2, 90)),
+            on("b", server(3, 50)),
+            on("c", server(4, 40)),
+        ];
+        let plan = allocate(&servers, request(3 * 8, 8)).unwrap();
+        assert_eq!(plan.servers(), vec![1, 3, 4], "one per host first, most free first");
+        let plan = allocate(&servers, request(4 * 8, 8)).unwrap();
+        assert_eq!(plan.servers(), vec![1, 3, 4, 2], "then the second round");
+        let order: Vec<u64> = spread_over_domains(&servers).iter().map(|s| s.server).collect();
+        assert_eq!(order, vec![1, 3, 4, 2]);
+    }
+
+    #[test]
+    fn replicas_take_k_copies_on_k_hosts() {
+        let servers = [on("a", server(1, 100)), on("b", server(2, 100)), on("c", server(3, 100))];
+        let plan = allocate(&servers, replicated(16, 8, 2)).unwrap();
+        assert_eq!(plan.fragments, 4, "2 fragments, twice");
+        assert_eq!(plan.granted_bytes(), 16 * MIB);
+        assert_eq!(plan.raw_bytes(), 32 * MIB);
+        assert_eq!(plan.per_server, vec![(1, 2), (2, 1), (3, 1)]);
+        // A single fragment, two copies: two servers on two hosts.
+        let plan = allocate(&servers, replicated(1, 8, 2)).unwrap();
+        assert_eq!(plan.per_server, vec![(1, 1), (2, 1)]);
+    }
+
+    #[test]
+    fn replicas_refused_without_enough_hosts() {
+        let one_host = [on("a", server(1, 100)), on("a", server(2, 100))];
+        let error = allocate(&one_host, replicated(8, 8, 2)).unwrap_err();
+        assert_eq!(error, FragmentError::TooFewDomains { replicas: 2, domains: 1 });
+        assert!(error.to_string().contains("2 distinct failure domains"), "{error}");
+        // Unknown domains do not count for replicas (they might be one host).
+        let unknown = [
+            ServerSpace { domain: None, ..server(1, 100) },
+            ServerSpace { domain: None, ..server(2, 100) },
+        ];
+        assert!(matches!(
+            allocate(&unknown, replicated(8, 8, 2)),
+            Err(FragmentError::NoHealthyServer { .. })
+        ));
+        assert!(allocate(&unknown, request(16, 8)).is_ok(), "replicas=1 does not need domains");
+        let servers = [server(1, 100), server(2, 100)];
+        assert_eq!(
+            allocate(&servers, replicated(8, 1, 2)),
+            Err(FragmentError::StripeTooNarrow { replicas: 2, width: 1 })
+        );
+        for replicas in [0, REPLICAS_MAX + 1] {
+            assert!(matches!(
+                allocate(&servers, replicated(8, 8, replicas)),
+                Err(FragmentError::BadReplicas { .. })
+            ));
+        }
+        // Three copies on two hosts: refused even with room.
+        assert!(matches!(
+            allocate(&servers, replicated(8, 8, 3)),
+            Err(FragmentError::TooFewDomains { replicas: 3, domains: 2 })
+        ));
+    }
+
+    #[test]
+    fn a_replacement_keeps_every_domain_distinct() {
+        // The list is [1 (a), 2 (b), 3 (c)]; 2 is lost.
+        let pool = [
+            on("a", server(1, 10)),
+            on("b", server(2, 10)),
+            on("c", server(3, 10)),
+            on("a", server(4, 500)), // most free, but host a already holds 1
+            on("b", server(5, 50)),  // the lost server's host
+            on("d", server(6, 40)),  // a host the list does not use
+            on("d", server(7, 400)), // same, but down
+            ServerSpace { domain: None, ..server(8, 900) },
+        ];
+        let mut pool = pool.to_vec();
+        pool[6].healthy = false;
+        assert_eq!(choose_replacement(&pool, &[1, 2, 3], 1, Some("b"), 8 * MIB), Some(5));
+        assert_eq!(
+            choose_replacement(&pool, &[1, 2, 3], 1, Some("b"), 60 * MIB),
+            None,
+            "5 and 6 lack room"
+        );
+        assert_eq!(
+            choose_replacement(&pool, &[1, 2, 3], 1, None, 8 * MIB),
+            Some(5),
+            "b is then unused"
+        );
+        // With 9 on host b in the list too, only host b keeps the replica sets: not 6 (d).
+        pool.push(on("b", server(9, 5))); // too small to replace anything
+        assert_eq!(choose_replacement(&pool, &[1, 2, 3, 9], 1, Some("b"), 8 * MIB), Some(5));
+        pool[4].healthy = false;
+        assert_eq!(choose_replacement(&pool, &[1, 2, 3, 9], 1, Some("b"), 8 * MIB), None);
+        assert_eq!(choose_replacement(&pool, &[1, 2, 3], 1, Some("b"), 8 * MIB), Some(6));
+        pool[5].healthy = false;
+        assert_eq!(choose_replacement(&pool, &[1, 2, 3], 1, Some("b"), 8 * MIB), None);
     }
 }

@@ -12,6 +12,8 @@
 //!   over (DataWarp's fragments), respecting free space and health.
 //! - [`namespace`]: which server holds a mount's namespace (striped: the first; private:
 //!   `hash(node) % servers`) and the namespace id a node uses.
+//! - [`replicas`]: the servers that hold the k replicas of a piece: the primary, then the next
+//!   servers in ring order on failure domains (hosts) not yet in the set.
 //! - [`lifetime`]: lifetime-aware grouping (the improvement BIOS 7.2 proposes): keys whose data
 //!   is expected to die at similar times share a stream.
 
@@ -19,8 +21,10 @@ pub mod fragments;
 pub mod lifetime;
 pub mod namespace;
 pub mod pool;
+pub mod replicas;
 pub mod stream;
 
 pub use lifetime::{lifetime_stream, LifetimeEstimate};
 pub use pool::{select_pool, PoolChoice, PoolState};
+pub use replicas::{replica_set, ReplicaError, REPLICAS_MAX};
 pub use stream::{StreamDecision, StreamTable, StreamTableLimits};

@@ -216,6 +216,8 @@ pub enum FrameError {
     TrailingBytes { kind: Kind, extra: usize },
     #[error("{kind:?} field {field} is not valid UTF-8")]
     BadString { kind: Kind, field: &'static str },
+    #[error("{kind:?} field {field} is not a valid name: {value:?}")]
+    BadName { kind: Kind, field: &'static str, value: String },
     #[error("{kind:?} field {field} has invalid value {value}")]
     BadValue { kind: Kind, field: &'static str, value: u64 },
     #[error("{kind:?} is a {direction} kind and is not expected here")]

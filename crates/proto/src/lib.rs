@@ -36,12 +36,13 @@ pub use transport::{Connection, Endpoint, Identity, Listener, Transport};
 /// authentication (`auth` and `challenge` in `HelloReply`, `Authenticate`/`Authenticated`,
 /// `auth` in `StatusReply`). Version 3 added server identity (`server_id` and `incarnation` in
 /// `HelloReply` and `StatusReply`), the participants of a `Commit` and the `payload_crc32c` of a
-/// `Write`.
-pub const PROTOCOL_VERSION: u16 = 3;
+/// `Write`. Version 4 added the server's failure domain (`failure_domain` in `HelloReply` and
+/// `StatusReply`), which replica placement needs.
+pub const PROTOCOL_VERSION: u16 = 4;
 /// The oldest protocol version this build still speaks. Servers and clients of this repository
-/// move together, so versions 1 and 2 (no server identity, no commit participants) are no
-/// longer spoken: a version 2 client's commit would name no participants.
-pub const PROTOCOL_VERSION_MIN: u16 = 3;
+/// move together, so versions 1 to 3 are no longer spoken: a version 2 client's commit would
+/// name no participants, and a version 3 server no failure domain for replica placement.
+pub const PROTOCOL_VERSION_MIN: u16 = 4;
 /// Largest typed body of any frame. Bodies are metadata only (names, lists), never bulk data.
 pub const BODY_BYTES_MAX: u32 = 64 * 1024;
 /// Hard upper bound on any payload, whatever a server advertises: 256 MiB.

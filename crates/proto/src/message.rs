@@ -26,13 +26,18 @@ pub enum Durability {
     Memory,
     /// Whatever the server is configured with (`server.commit_durability`). Never in a reply.
     ServerDefault,
+    /// A client-side level: the client holds the epoch on k ≥ 2 servers of distinct failure
+    /// domains and commits each at `Memory`, so the data survives the loss of a host before
+    /// the SSD logs catch up. On the wire it is `Memory` (each server's part is a memory
+    /// commit); it is never decoded.
+    Replicated,
 }
 
 impl Durability {
     fn wire(self) -> u8 {
         match self {
             Durability::Ssd => 0,
-            Durability::Memory => 1,
+            Durability::Memory | Durability::Replicated => 1,
             Durability::ServerDefault => 2,
         }
     }
@@ -122,6 +127,8 @@ pub struct ServerStatus {
     /// The server's id and incarnation, as in `HelloReply`.
     pub server_id: ServerId,
     pub incarnation: u64,
+    /// The server's failure domain (`server.failure_domain`), as in `HelloReply`.
+    pub failure_domain: String,
 }
 
 /// Where one epoch's drain to the PFS stands on one server.
@@ -360,6 +367,9 @@ pub enum Response {
         /// server without an identity file, e.g. one embedded in a test, whose id is new at
         /// every start).
         incarnation: u64,
+        /// The server's failure domain (`server.failure_domain`; by default its host name):
+        /// replicas of one piece go to servers of distinct domains.
+        failure_domain: String,
     },
     /// The credential was accepted: requests run as this uid/gid.
     Authenticated {
@@ -556,6 +566,20 @@ impl<'a> Decoder<'a> {
         field: &'static str,
     ) -> Result<[u8; N], FrameError> {
         Ok(self.take(N, field)?.try_into().expect("take returned N bytes"))
+    }
+    /// A failure domain: a string that [`spillway_types::is_failure_domain`] accepts.
+    pub(crate) fn failure_domain(&mut self) -> Result<String, FrameError> {
+        let field = "failure_domain";
+        let len = self.u16(field)? as usize;
+        if len > spillway_types::FAILURE_DOMAIN_BYTES_MAX {
+            return Err(FrameError::BadValue { kind: self.kind, field, value: len as u64 });
+        }
+        let raw = self.take(len, field)?;
+        let name = String::from_utf8_lossy(raw).into_owned();
+        if !spillway_types::is_failure_domain(&name) {
+            return Err(FrameError::BadName { kind: self.kind, field, value: name });
+        }
+        Ok(name)
     }
     pub(crate) fn auth_method(&mut self) -> Result<AuthMethod, FrameError> {
         let value = self.u8("auth")?;
@@ -915,6 +939,7 @@ impl Response {
                 challenge,
                 server_id,
                 incarnation,
+                failure_domain,
             } => {
                 encoder
                     .u16(*version)
@@ -926,7 +951,8 @@ impl Response {
                     .u8(auth.wire())
                     .fixed(challenge)
                     .fixed(&server_id.0)
-                    .u64(*incarnation);
+                    .u64(*incarnation)
+                    .string(failure_domain);
             }
             Response::Authenticated { uid, gid } => {
                 encoder.u32(*uid).u32(*gid);
@@ -1010,7 +1036,8 @@ impl Response {
                     .u64(s.epochs)
                     .u8(s.auth.wire())
                     .fixed(&s.server_id.0)
-                    .u64(s.incarnation);
+                    .u64(s.incarnation)
+                    .string(&s.failure_domain);
             }
             Response::DrainStatus(list) => {
                 encoder.u32(list.len() as u32);
@@ -1087,6 +1114,7 @@ impl Response {
                 challenge: decoder.fixed("challenge")?,
                 server_id: ServerId(decoder.fixed("server_id")?),
                 incarnation: decoder.u64("incarnation")?,
+                failure_domain: decoder.failure_domain()?,
             },
             Kind::Authenticated => {
                 Response::Authenticated { uid: decoder.u32("uid")?, gid: decoder.u32("gid")? }
@@ -1206,6 +1234,7 @@ impl Response {
                 auth: decoder.auth_method()?,
                 server_id: ServerId(decoder.fixed("server_id")?),
                 incarnation: decoder.u64("incarnation")?,
+                failure_domain: decoder.failure_domain()?,
             }),
             other => unreachable!("{other:?} is not a drain or administration response"),
         })
@@ -1361,6 +1390,7 @@ mod tests {
                 auth: if c % 2 == 0 { AuthMethod::None } else { AuthMethod::Munge },
                 server_id: ServerId((b as u128 ^ (e as u128) << 64).to_le_bytes()),
                 incarnation: e / 5,
+                failure_domain: format!("rack{}.node{c}", e % 3),
             })
         })
     }
@@ -1411,6 +1441,7 @@ mod tests {
                         challenge,
                         server_id: ServerId(id),
                         incarnation,
+                        failure_domain: format!("host-{}", incarnation % 7),
                     }
                 }),
             (any::<u32>(), any::<u32>())
@@ -1539,14 +1570,32 @@ mod tests {
             challenge: [9; CHALLENGE_BYTES],
             server_id: ServerId([3; SERVER_ID_BYTES]),
             incarnation: 2,
+            failure_domain: "n1".into(),
         };
         let mut body = hello.encode_body();
-        assert_eq!(body.len(), 2 + 4 + 4 + 4 + 4 + 3 + 1 + CHALLENGE_BYTES + SERVER_ID_BYTES + 8);
+        assert_eq!(
+            body.len(),
+            2 + 4 + 4 + 4 + 4 + 3 + 1 + CHALLENGE_BYTES + SERVER_ID_BYTES + 8 + 2 + 2
+        );
         body[21] = 7; // the auth byte, after the one-byte server name
         assert_eq!(
             Response::decode(Kind::HelloReply, &body),
             Err(FrameError::BadValue { kind: Kind::HelloReply, field: "auth", value: 7 })
         );
+    }
+
+    #[test]
+    fn an_invalid_failure_domain_is_named() {
+        let status = |domain: &str| {
+            Response::Status(ServerStatus { failure_domain: domain.into(), ..Default::default() })
+                .encode_body()
+        };
+        let good = status("node-1");
+        assert!(Response::decode(Kind::StatusReply, &good).is_ok());
+        for bad in ["", "a b", "../x", &"y".repeat(65)] {
+            let error = Response::decode(Kind::StatusReply, &status(bad)).unwrap_err();
+            assert!(error.to_string().contains("failure_domain"), "{bad:?}: {error}");
+        }
     }
 
     #[test]

@@ -151,12 +151,41 @@ pub fn bind(endpoint: &Endpoint, remote_tcp_allowed: bool) -> Result<Box<dyn Lis
 /// Permission bits of a listening Unix socket: connectable by everyone.
 pub const UNIX_SOCKET_MODE: u32 = 0o666;
 
+/// Longest wait for a TCP connection to be accepted. Without it a host lost for good whose
+/// address is still in the neighbours' ARP caches (or cut off silently) blocks every connect for
+/// the kernel's SYN retries, about two minutes: drains, status and reconnects then stall there
+/// instead of naming the lost server. A live server's kernel answers within milliseconds.
+pub const TCP_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How both ends notice a peer gone without a FIN or RST (a host that lost power, a cut
+/// link): when the connection is quiet (a request acknowledged, its reply awaited), keepalive
+/// probes from 10 s, every 5 s, 4 unanswered: reset about 30 s after the peer's last sign of
+/// life. A live peer's kernel answers probes even while its process is stopped or busy.
+pub const TCP_DEAD_PEER: spillway_sys::socket::DeadPeer = spillway_sys::socket::DeadPeer {
+    idle: std::time::Duration::from_secs(10),
+    interval: std::time::Duration::from_secs(5),
+    probes: 4,
+    unacknowledged_max: None,
+};
+
+/// A client's connections also bound how long sent bytes may stay unacknowledged: without it
+/// a writer streaming to a host that vanished retransmits for the kernel's ~15 minutes before
+/// its write fails. The bound is 2 minutes because it also ends a connection whose server
+/// reads nothing that long (its window shut behind a very slow sync); a live server reads
+/// within its bounded waits. Servers do not set it on their accepted connections: a client whose
+/// job Slurm suspended must keep them.
+pub const TCP_CLIENT_DEAD_PEER: spillway_sys::socket::DeadPeer = spillway_sys::socket::DeadPeer {
+    unacknowledged_max: Some(std::time::Duration::from_secs(120)),
+    ..TCP_DEAD_PEER
+};
+
 /// Connects to a server.
 pub fn connect(endpoint: &Endpoint) -> io::Result<Box<dyn Connection>> {
     match endpoint {
         Endpoint::Tcp(address) => {
-            let stream = TcpStream::connect(address)?;
+            let stream = TcpStream::connect_timeout(address, TCP_CONNECT_TIMEOUT)?;
             stream.set_nodelay(true)?;
+            spillway_sys::socket::detect_dead_peer(&stream, TCP_CLIENT_DEAD_PEER)?;
             Ok(Box::new(TcpConnection { stream }))
         }
         Endpoint::Unix(path) => Ok(Box::new(UnixConnection { stream: UnixStream::connect(path)? })),
@@ -173,6 +202,7 @@ impl Listener for TcpTransportListener {
             Ok((stream, _)) => {
                 stream.set_nonblocking(false)?;
                 stream.set_nodelay(true)?;
+                spillway_sys::socket::detect_dead_peer(&stream, TCP_DEAD_PEER)?;
                 Ok(Some(Box::new(TcpConnection { stream })))
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),

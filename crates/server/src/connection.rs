@@ -657,6 +657,7 @@ fn handshake(
         challenge: offer.challenge,
         server_id: shared.identity.id,
         incarnation: shared.identity.incarnation,
+        failure_domain: shared.options.failure_domain.clone(),
     };
     send(writer, header.request_id, &reply, &[]).is_ok()
 }
@@ -1378,6 +1379,7 @@ fn server_status(shared: &Shared) -> ServerStatus {
         auth: shared.options.auth,
         server_id: shared.identity.id,
         incarnation: shared.identity.incarnation,
+        failure_domain: shared.options.failure_domain.clone(),
     }
 }
 

@@ -91,6 +91,9 @@ pub use store_backend::StoreBackend;
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
     pub server_name: String,
+    /// The failure domain announced in `HelloReply` and `StatusReply` (valid by
+    /// [`spillway_types::is_failure_domain`]; [`failure_domain_of`] resolves the knob).
+    pub failure_domain: String,
     pub connections_max: u32,
     pub payload_bytes_max: u32,
     pub in_flight_requests_max: u32,
@@ -154,6 +157,7 @@ impl ServerOptions {
     pub fn from_knobs(knobs: &ServerKnobs) -> Self {
         ServerOptions {
             server_name: knobs.server_name.clone(),
+            failure_domain: failure_domain_of(knobs),
             connections_max: knobs.connections_max,
             payload_bytes_max: knobs.payload_bytes_max,
             in_flight_requests_max: knobs.in_flight_requests_max,
@@ -176,6 +180,25 @@ impl ServerOptions {
     }
 }
 
+/// The failure domain `knobs` give: `server.failure_domain`, or when that is empty this host's
+/// name (the UTS nodename, as uname(2) reports it). A host name that is not a valid domain name
+/// (unreadable, or with characters outside `[A-Za-z0-9._-]`) becomes `unnamed-host`, logged:
+/// servers that share it are taken for one domain, which only refuses replica placements, never
+/// puts two replicas on one host.
+pub fn failure_domain_of(knobs: &ServerKnobs) -> String {
+    if !knobs.failure_domain.is_empty() {
+        return knobs.failure_domain.clone();
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_string())
+        .unwrap_or_default();
+    if spillway_types::is_failure_domain(&host) {
+        return host;
+    }
+    tracing::warn!(host_name = %host, "the host name is not a valid failure domain; using unnamed-host (set server.failure_domain)");
+    "unnamed-host".to_string()
+}
+
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -184,6 +207,8 @@ pub enum ServeError {
     Bind(#[from] BindError),
     #[error("no listener configured: give a TCP address or a Unix socket path")]
     NoListener,
+    #[error("failure domain {0:?} is not [A-Za-z0-9][A-Za-z0-9._-]* of at most 64 bytes")]
+    FailureDomain(String),
     #[error("cannot start thread {name}: {source}")]
     Thread { name: String, source: std::io::Error },
     #[error("final sync of the store at shutdown failed: {0}")]
@@ -296,6 +321,9 @@ impl Server {
         if endpoints.is_empty() {
             return Err(ServeError::NoListener);
         }
+        if !spillway_types::is_failure_domain(&options.failure_domain) {
+            return Err(ServeError::FailureDomain(options.failure_domain));
+        }
         let munge = munge_context(&options)?;
         let mut listeners = Vec::new();
         for endpoint in endpoints {
@@ -367,7 +395,7 @@ impl Server {
         let shared = self.shared;
         let endpoints: Vec<String> =
             self.listeners.iter().map(|l| l.endpoint().to_string()).collect();
-        tracing::info!(server = %shared.options.server_name, endpoints = ?endpoints, id = %shared.identity.id, incarnation = shared.identity.incarnation, "serving");
+        tracing::info!(server = %shared.options.server_name, endpoints = ?endpoints, id = %shared.identity.id, incarnation = shared.identity.incarnation, failure_domain = %shared.options.failure_domain, "serving");
         let mut workers: Vec<JoinHandle<()>> = Vec::new();
         let mut next_connection = 0u64;
         while !shared.shutdown.load(Ordering::SeqCst) {

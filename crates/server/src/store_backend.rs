@@ -288,7 +288,7 @@ impl Backend for StoreBackend {
 
     fn commit(&self, epoch: EpochId, durability: Durability) -> Result<(), BackendError> {
         let durability = match durability {
-            Durability::Memory => spillway_store::Durability::Memory,
+            Durability::Memory | Durability::Replicated => spillway_store::Durability::Memory,
             Durability::Ssd | Durability::ServerDefault => spillway_store::Durability::Ssd,
         };
         self.store.commit(epoch, durability).map_err(commit_error)

@@ -35,6 +35,7 @@ fn refusal_logged(peer: &str) -> String {
 fn options(munged: &Munged) -> ServerOptions {
     ServerOptions {
         server_name: "auth-test".into(),
+        failure_domain: "auth-test-host".into(),
         connections_max: 16,
         payload_bytes_max: 1 << 20,
         in_flight_requests_max: 8,

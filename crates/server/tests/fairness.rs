@@ -47,6 +47,7 @@ fn must_be_root() {
 fn options(munged: Option<&Munged>, fairness: Fairness) -> ServerOptions {
     ServerOptions {
         server_name: "fairness-test".into(),
+        failure_domain: "fairness-test-host".into(),
         connections_max: 512,
         payload_bytes_max: 16 << 20,
         in_flight_requests_max: 16,

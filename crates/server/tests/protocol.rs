@@ -21,6 +21,7 @@ use support::ModelBackend;
 fn options() -> ServerOptions {
     ServerOptions {
         server_name: "test".into(),
+        failure_domain: "test-host".into(),
         connections_max: 16,
         payload_bytes_max: 1 << 20,
         in_flight_requests_max: 8,
@@ -339,6 +340,24 @@ fn full_store_applies_backpressure_then_fails_clearly() {
     c.flush().unwrap();
     freer.join().unwrap();
     assert_eq!(backend.used(), 4096);
+}
+
+#[test]
+fn a_commit_whose_manifest_does_not_fit_says_so() {
+    // Two servers filled to the last byte: the data fits, the epoch manifest (kept on every
+    // server for a drain from the survivors of a lost one) does not, and the error says which.
+    let a = start(Arc::new(ModelBackend::new(1 << 20)));
+    let b = start(Arc::new(ModelBackend::new(1 << 20)));
+    let endpoints = vec![a.endpoints[0].clone(), b.endpoints[0].clone()];
+    let placement = Placement::Striped { stripe_unit_bytes: 64 * 1024, stripe_count: 2 };
+    let mut c =
+        Client::connect(&endpoints, ClientOptions { placement, ..Default::default() }).unwrap();
+    let mut file = c.create_file(EpochId(3), "full").unwrap();
+    c.write(&mut file, 0, &pattern(3, 2 << 20)).unwrap();
+    c.flush().unwrap();
+    let error = c.commit_epoch(EpochId(3)).unwrap_err();
+    assert_eq!(error.errno(), libc::ENOSPC, "{error}");
+    assert!(error.to_string().contains("storing the epoch manifest"), "{error}");
 }
 
 #[test]

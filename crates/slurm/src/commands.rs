@@ -24,6 +24,12 @@ pub(crate) struct Reservation {
     pub(crate) group: Option<u32>,
     #[serde(default)]
     pub(crate) persistent: bool,
+    /// The Slurm job of a job reservation.
+    #[serde(default)]
+    pub(crate) job: Option<String>,
+    /// The Slurm jobs registered with a persistent reservation.
+    #[serde(default)]
+    pub(crate) jobs: Vec<String>,
     #[serde(default)]
     pub(crate) capacity_bytes: Option<u64>,
     #[serde(default)]
@@ -38,6 +44,9 @@ pub(crate) struct Reservation {
     pub(crate) epoch: Option<u64>,
     #[serde(default)]
     pub(crate) namespace_id: Option<u64>,
+    /// Copies of every piece on distinct hosts (absent from an older manager: 1).
+    #[serde(default)]
+    pub(crate) replicas: Option<u32>,
     /// Set when a stage-out failed and the manager keeps the reservation for its owner.
     #[serde(default)]
     pub(crate) rescue: Option<serde_json::Value>,

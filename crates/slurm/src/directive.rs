@@ -1,7 +1,7 @@
 //! The `#BB_LUA` job script directive: what a batch job asks of the burst buffer.
 //!
 //! ```text
-//! #BB_LUA capacity=SIZE [pool=NAME] [access=striped|private] [persistent=NAME]
+//! #BB_LUA capacity=SIZE [pool=NAME] [access=striped|private] [persistent=NAME] [replicas=K]
 //! #BB_LUA stage_in=PFS_SRC:RES_DST  stage_out=RES_SRC:PFS_DST      (repeatable)
 //! ```
 //!
@@ -41,6 +41,8 @@ pub struct Directive {
     /// Named persistent reservation the job uses (created by the first job if missing); never
     /// destroyed at the job's teardown.
     pub persistent: Option<String>,
+    /// Copies of every committed byte on distinct hosts until drained (`replicas=`, 1–4).
+    pub replicas: u32,
     /// Copies PFS → reservation before the job starts, in script order.
     pub stage_in: Vec<Stage>,
     /// Copies reservation → PFS after the job ends, in script order.
@@ -55,7 +57,7 @@ pub enum DirectiveError {
     NotDirective { line: usize, token: String, directive: String },
     #[error("line {line}: `{token}` is not key=value")]
     NotKeyValue { line: usize, token: String },
-    #[error("line {line}: unknown key in `{token}` (known: capacity, pool, access, persistent, stage_in, stage_out)")]
+    #[error("line {line}: unknown key in `{token}` (known: capacity, pool, access, persistent, replicas, stage_in, stage_out)")]
     UnknownKey { line: usize, token: String },
     #[error("line {line}: `{token}` repeats {key}= (given once per job)")]
     Duplicate { line: usize, token: String, key: &'static str },
@@ -63,6 +65,8 @@ pub enum DirectiveError {
     BadSize { line: usize, token: String, problem: SizeError },
     #[error("line {line}: bad access mode in `{token}` (expected striped or private)")]
     BadAccess { line: usize, token: String },
+    #[error("line {line}: bad replica count in `{token}` (expected 1 to 4)")]
+    BadReplicas { line: usize, token: String },
     #[error("line {line}: bad name in `{token}`: {problem}")]
     BadName { line: usize, token: String, problem: &'static str },
     #[error("line {line}: bad stage path in `{token}`: {problem}")]
@@ -183,6 +187,7 @@ struct DirectiveFields {
     pool: Option<String>,
     access: Option<Access>,
     persistent: Option<String>,
+    replicas: Option<u32>,
     stage_in: Vec<Stage>,
     stage_out: Vec<Stage>,
 }
@@ -229,6 +234,14 @@ impl DirectiveFields {
                 check_persistent_name(value).map_err(bad_name)?;
                 self.persistent = Some(value.to_string());
             }
+            "replicas" => {
+                given_once(self.replicas.is_some(), "replicas")?;
+                let replicas =
+                    value.parse::<u32>().ok().filter(|k| (1..=4).contains(k)).ok_or_else(|| {
+                        DirectiveError::BadReplicas { line, token: token.to_string() }
+                    })?;
+                self.replicas = Some(replicas);
+            }
             "stage_in" => self.stage_in.push(parse_stage_in(value).map_err(bad_stage)?),
             "stage_out" => self.stage_out.push(parse_stage_out(value).map_err(bad_stage)?),
             _ => return Err(DirectiveError::UnknownKey { line, token: token.to_string() }),
@@ -246,6 +259,7 @@ impl DirectiveFields {
             pool: self.pool,
             access: self.access.unwrap_or(Access::Striped),
             persistent: self.persistent,
+            replicas: self.replicas.unwrap_or(1),
             stage_in: self.stage_in,
             stage_out: self.stage_out,
         })
@@ -408,6 +422,12 @@ mod tests {
     }
 
     #[test]
+    fn replicas_default_to_one() {
+        assert_eq!(parse("#BB_LUA capacity=1G\n").unwrap().unwrap().replicas, 1);
+        assert_eq!(parse("#BB_LUA capacity=1G replicas=2\n").unwrap().unwrap().replicas, 2);
+    }
+
+    #[test]
     fn persistent_without_capacity_is_allowed() {
         let d = parse("#BB_LUA persistent=shared-1\n").unwrap().unwrap();
         assert_eq!(d.persistent.as_deref(), Some("shared-1"));
@@ -422,6 +442,10 @@ mod tests {
             ("#BB_LUA capacity=1G colour=blue", "colour=blue"),
             ("#BB_LUA capacity=1G bogus", "bogus"),
             ("#BB_LUA capacity=1G access=shared", "access=shared"),
+            ("#BB_LUA capacity=1G replicas=0", "replicas=0"),
+            ("#BB_LUA capacity=1G replicas=5", "replicas=5"),
+            ("#BB_LUA capacity=1G replicas=two", "replicas=two"),
+            ("#BB_LUA capacity=1G replicas=2 replicas=2", "replicas=2"),
             ("#BB_LUA capacity=1G pool=a/b", "pool=a/b"),
             ("#BB_LUA capacity=1G capacity=2G", "capacity=2G"),
             ("#BB_LUA persistent=job-7", "persistent=job-7"),

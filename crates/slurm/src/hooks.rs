@@ -4,7 +4,6 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 
 use anyhow::{anyhow, bail, Context};
 
@@ -120,6 +119,7 @@ impl Hooks {
             anyhow!("job {job}: persistent reservation {name} does not exist; add capacity=SIZE to create it")
         })?;
         let capacity_text = capacity.to_string();
+        let replicas_text = directive.replicas.to_string();
         let mut create = vec![
             "reservation",
             "create",
@@ -127,6 +127,8 @@ impl Hooks {
             &capacity_text,
             "--access",
             directive.access.as_str(),
+            "--replicas",
+            &replicas_text,
             "--owner",
             &uid_text,
             "--group",
@@ -243,79 +245,19 @@ impl Hooks {
         Ok(())
     }
 
-    /// slurm_bb_pre_run: mount the reservation on this node and check it is mounted.
+    /// slurm_bb_pre_run: check the job's reservation is there to be mounted (every node's
+    /// prolog mounts it, see `node.rs`), and note in the record that a stage-out is due.
     pub(crate) fn pre_run(&self, job: u64, script: &Path) -> anyhow::Result<()> {
         let directive = self.require_directive(script)?;
         let record = self.require_record(job)?;
         let reservation = self
             .show_reservation(&record.reservation)?
             .ok_or_else(|| anyhow!("job {job}: reservation {} is gone", record.reservation))?;
-        let mut help = self.spillway()?;
-        help.args(["mount", "--help"]).stdout(Stdio::null()).stderr(Stdio::null());
-        if !help.status().map(|s| s.success()).unwrap_or(false) {
-            bail!(
-                "job {job}: cannot mount reservation {}: this spillway has no `mount` subcommand",
-                record.reservation
-            );
+        if reservation.state.as_deref() == Some("destroyed") {
+            bail!("job {job}: reservation {} was destroyed", record.reservation);
         }
-        let mountpoint = self.mountpoint(job);
-        if is_mounted(&mountpoint)? {
-            return self.expect_stage_out(record, &directive); // pre_run re-run: already mounted
-        }
-        std::fs::create_dir_all(&mountpoint)
-            .with_context(|| format!("creating mount point {}", mountpoint.display()))?;
-        let namespace_id = reservation.namespace_id.ok_or_else(|| {
-            anyhow!("job {job}: reservation {} has no namespace_id", record.reservation)
-        })?;
-        let epoch = reservation.epoch.unwrap_or(1);
-        if reservation.servers.is_empty() {
-            bail!("job {job}: reservation {} has no servers", record.reservation);
-        }
-        let access =
-            reservation.access.clone().unwrap_or_else(|| directive.access.as_str().to_string());
-        // The namespace root belongs to the reservation's owner: private (0700) for a job
-        // reservation, sticky and shared (1777, like /tmp) for a persistent one, whose allowed
-        // users and groups the manager decides.
-        let owner = format!(
-            "{}:{}",
-            reservation.owner.unwrap_or(record.uid),
-            reservation.group.unwrap_or(record.gid)
-        );
-        let mode = if reservation.persistent { "1777" } else { "0700" };
-        let log = self.mount_log_path(job);
-        // The serving process stays behind: it must not inherit a pipe of ours (or the Lua's
-        // popen), or whoever reads that pipe waits for it until the hook times out. Its output
-        // goes to the log file instead.
-        let out =
-            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let mut mount = self.spillway()?;
-        mount
-            .args(["mount", "--servers", &reservation.servers.join(","), "--access", &access])
-            .args(["--namespace-id", &namespace_id.to_string(), "--epoch", &epoch.to_string()])
-            .args(["--root-owner", &owner, "--root-mode", mode])
-            .arg("--log")
-            .arg(&log)
-            .arg("--background")
-            .arg(&mountpoint)
-            .stdout(out.try_clone()?)
-            .stderr(out);
-        let status = mount.status().context("running spillway mount")?;
-        if !status.success() {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            let tail: Vec<&str> = text.lines().rev().take(5).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
-            bail!(
-                "job {job}: mounting {} on {} failed ({status}): {}",
-                record.reservation,
-                mountpoint.display(),
-                tail.join(" / ")
-            );
-        }
-        if !is_mounted(&mountpoint)? {
-            bail!(
-                "job {job}: `spillway mount` succeeded but {} is not a mount point",
-                mountpoint.display()
-            );
+        if reservation.servers.is_empty() || reservation.namespace_id.is_none() {
+            bail!("job {job}: reservation {} has no servers or no namespace", record.reservation);
         }
         self.expect_stage_out(record, &directive)
     }
@@ -337,11 +279,17 @@ impl Hooks {
         Ok(())
     }
 
-    /// slurm_bb_post_run: unmount it. If that fails Slurm skips data_out: a job with stage-outs
-    /// then keeps its reservation as a rescue reservation.
+    /// slurm_bb_post_run: wait until every node's epilog has unmounted (Slurm starts post_run
+    /// when the job ends, while the epilogs still run), then unmount here too if mounted. If
+    /// that fails Slurm skips data_out: a job with stage-outs then keeps its reservation as a
+    /// rescue reservation.
     pub(crate) fn post_run(&self, job: u64, script: &Path) -> anyhow::Result<()> {
         let directive = self.require_directive(script)?;
-        let Err(e) = self.unmount(job) else { return Ok(()) };
+        let result = crate::node::wait_for_epilogs(job).and_then(|()| self.unmount(job));
+        let Err(e) = result else {
+            self.snapshot_namespace(job, &directive);
+            return Ok(());
+        };
         if directive.stage_out.is_empty() {
             return Err(e);
         }
@@ -351,6 +299,24 @@ impl Hooks {
             &directive,
             &format!("post_run failed, so Slurm does not run the stage-out: {e:#}"),
         ))
+    }
+
+    /// Every node has unmounted: the namespace's file names and paths go into the data epoch
+    /// (`spillway reservation snapshot`), so that a stage-out or drain after its server is
+    /// lost still finds them. Best effort: without it only that loss costs the paths.
+    fn snapshot_namespace(&self, job: u64, directive: &Directive) {
+        if directive.access != directive::Access::Striped {
+            return; // private namespaces are per node and not staged out
+        }
+        let snapshot = self.require_record(job).and_then(|record| {
+            let key = record.reservation_id.map_or(record.reservation, |id| id.to_string());
+            self.manager(&["reservation", "snapshot", &key])
+        });
+        match snapshot {
+            // slurmctld's log shows it before data_out's line.
+            Ok(stored) => println!("job {job}: {}", stored.trim()),
+            Err(e) => eprintln!("job {job}: no snapshot of the namespace was stored ({e:#}); the stage-out still reads the live namespace"),
+        }
     }
 
     /// The job's stage-out failed (`why`): record it in the job's record (teardown then never
@@ -415,7 +381,7 @@ impl Hooks {
 
     /// Unmount the job's mount point if mounted (idempotent), then kill a mount process that
     /// outlived its mount.
-    fn unmount(&self, job: u64) -> anyhow::Result<()> {
+    pub(crate) fn unmount(&self, job: u64) -> anyhow::Result<()> {
         let mountpoint = self.mountpoint(job);
         if is_mounted(&mountpoint)? {
             let mut umount = self.spillway()?;
@@ -471,12 +437,21 @@ impl Hooks {
             }
         }
         let mountpoint = self.mountpoint(job);
+        if mountpoint.exists() {
+            // A cancelled running job is torn down while its nodes' epilogs still run, and
+            // removing a (shared) mount point detaches it on every host still using it: let
+            // the epilogs unmount first (bounded; right away when post_run already waited).
+            if let Err(e) = crate::node::wait_for_epilogs(job) {
+                eprintln!("{e:#}");
+            }
+        }
         if mountpoint.exists() && !is_mounted(&mountpoint).unwrap_or(true) {
             if let Err(e) = std::fs::remove_dir(&mountpoint) {
                 problems.push(format!("removing {}: {e}", mountpoint.display()));
             }
         }
         if problems.is_empty() {
+            self.remove_mount_logs(job);
             match std::fs::remove_file(self.record_path(job)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

@@ -94,8 +94,27 @@ impl Hooks {
         self.mount_root.join(format!("job-{job}"))
     }
 
-    /// Where the job's `spillway mount` writes its output: `<state dir>/job-<id>.mount.log`.
-    pub(crate) fn mount_log_path(&self, job: u64) -> PathBuf {
-        self.state_dir.join(format!("job-{job}.mount.log"))
+    /// Removes every node's mount log of the job (teardown, once the job is gone everywhere).
+    pub(crate) fn remove_mount_logs(&self, job: u64) {
+        let prefix = format!("job-{job}.");
+        let entries = std::fs::read_dir(&self.state_dir).into_iter().flatten().flatten();
+        for entry in entries {
+            let name = entry.file_name();
+            let is_log =
+                name.to_str().is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".mount.log"));
+            if is_log {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+
+    /// Where the job's `spillway mount` on `node` writes its output:
+    /// `<state dir>/job-<id>.<node>.mount.log` (one per node: the state directory may be shared).
+    pub(crate) fn mount_log_path(&self, job: u64, node: &str) -> PathBuf {
+        let node: String = node
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+            .collect();
+        self.state_dir.join(format!("job-{job}.{node}.mount.log"))
     }
 }

@@ -20,7 +20,12 @@
 //! by its exact arguments), destroy the job's reservation (never a persistent one), remove the
 //! mount point — so a job cancelled during stage-in or while running leaves nothing behind.
 //!
-//! Where things live: `hooks.rs` has one method per hook, doing its steps in order; `job.rs` the
+//! The mount is per node: Slurm's Prolog and Epilog (`PrologFlags=Alloc`) run `spillway bb
+//! prolog` / `bb epilog` on every node of the job (`node.rs`), which mount the job's reservation
+//! (found through the manager) at the same `<mount root>/job-<id>` on each and unmount it after.
+//!
+//! Where things live: `hooks.rs` has one method per hook, doing its steps in order; `node.rs` the
+//! per-node prolog and epilog and post_run's wait for them; `job.rs` the
 //! per-job record and the names derived from a job id (mount point, reservation); `processes.rs`
 //! mountinfo and finding/killing a job's leftover processes in /proc; `commands.rs` running
 //! `spillway …` children and checking their output; `pools.rs` Slurm's pools answer and its cache;
@@ -32,6 +37,7 @@ mod commands;
 pub mod directive;
 mod hooks;
 mod job;
+mod node;
 mod orphans;
 mod pools;
 mod processes;
@@ -109,13 +115,13 @@ enum Hook {
         script: PathBuf,
         path_file: PathBuf,
     },
-    /// slurm_bb_pre_run: mount the reservation on this node.
+    /// slurm_bb_pre_run: check the reservation is there to mount; note the stage-out due.
     PreRun {
         #[arg(long)]
         job: u64,
         script: PathBuf,
     },
-    /// slurm_bb_post_run: unmount it.
+    /// slurm_bb_post_run: wait for every node's epilog, unmount here if mounted.
     PostRun {
         #[arg(long)]
         job: u64,
@@ -136,6 +142,26 @@ enum Hook {
         hurry: bool,
         /// The script may be gone when Slurm tears down a failed submission.
         script: Option<PathBuf>,
+    },
+    /// Slurm Prolog (PrologFlags=Alloc), on every node of the job: mount the job's reservation
+    /// at `<mount root>/job-<id>` (nothing for a job without one).
+    Prolog {
+        #[arg(long, env = "SLURM_JOB_ID")]
+        job: u64,
+        #[arg(long, env = "SLURM_JOB_UID")]
+        uid: u32,
+        #[arg(long, env = "SLURM_JOB_GID")]
+        gid: u32,
+        /// This node's Slurm name (names its private namespace); default: the host name.
+        #[arg(long, env = "SLURMD_NODENAME")]
+        node: Option<String>,
+    },
+    /// Slurm Epilog, on every node of the job: unmount the job's reservation (idempotent).
+    Epilog {
+        #[arg(long, env = "SLURM_JOB_ID")]
+        job: u64,
+        #[arg(long, env = "SLURMD_NODENAME")]
+        node: Option<String>,
     },
     /// slurm_bb_get_status (`scontrol show bbstat`): `spillway status` as the asking user
     /// (Slurm 23.02+ passes its uid and gid first), else capacity only (22.05).
@@ -174,5 +200,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Hook::DataOut { job, script } => ctx.stage(job, &script, StageDirection::Out),
         Hook::Teardown { job, hurry, script } => ctx.teardown(job, hurry, script.as_deref()),
         Hook::Status { words } => ctx.status(&words),
+        Hook::Prolog { job, uid, gid, node } => {
+            ctx.prolog(job, uid, gid, &node.unwrap_or_else(hostname))
+        }
+        Hook::Epilog { job, node } => ctx.epilog(job, &node.unwrap_or_else(hostname)),
     }
+}
+
+/// This host's name (the node name when Slurm does not pass one).
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".to_string())
 }

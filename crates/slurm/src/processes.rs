@@ -74,9 +74,12 @@ fn is_spillway(args: &[OsString]) -> bool {
     args.first().and_then(|a| Path::new(a).file_name()).is_some_and(|name| name == "spillway")
 }
 
-/// Pids (other than ours) whose command line matches.
+/// Pids (other than ours) in our mount namespace whose command line matches. Hosts of a
+/// test cluster may share one pid namespace while each has its own mounts: another host's
+/// `spillway mount` of the same path is not this host's to kill.
 pub(crate) fn find_processes(matches: impl Fn(&[OsString]) -> bool) -> anyhow::Result<Vec<u32>> {
     let me = std::process::id();
+    let our_mounts = std::fs::read_link("/proc/self/ns/mnt").ok();
     let mut pids = Vec::new();
     for entry in std::fs::read_dir("/proc").context("listing /proc")? {
         let Ok(entry) = entry else { continue };
@@ -93,7 +96,9 @@ pub(crate) fn find_processes(matches: impl Fn(&[OsString]) -> bool) -> anyhow::R
             .filter(|a| !a.is_empty())
             .map(|a| std::ffi::OsStr::from_bytes(a).to_os_string())
             .collect();
-        if matches(&args) {
+        let same_mounts = our_mounts.is_none()
+            || std::fs::read_link(entry.path().join("ns/mnt")).ok() == our_mounts;
+        if same_mounts && matches(&args) {
             pids.push(pid);
         }
     }

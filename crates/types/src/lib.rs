@@ -44,6 +44,20 @@ id_type!(
 /// request on the wire and of a grant record in the store's log.
 pub const GRANT_ALLOWED_IDS_MAX: usize = 256;
 
+/// Longest failure domain name (`server.failure_domain`), in bytes.
+pub const FAILURE_DOMAIN_BYTES_MAX: usize = 64;
+
+/// Whether `name` is a valid failure domain: `[A-Za-z0-9][A-Za-z0-9._-]*`, at most
+/// [`FAILURE_DOMAIN_BYTES_MAX`] bytes. Domains are compared as exact strings (a host's name),
+/// so they are kept to characters that print and compare unambiguously.
+pub fn is_failure_domain(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= FAILURE_DOMAIN_BYTES_MAX
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes.iter().all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
 /// Byte-count helpers; knobs are declared in bytes and these keep literals readable.
 pub const KIB: u64 = 1024;
 pub const MIB: u64 = 1024 * KIB;
@@ -156,6 +170,16 @@ mod tests {
         assert_eq!(format_bytes(1023), "1023 B");
         assert_eq!(format_bytes(1536), "1.5 KiB");
         assert_eq!(format_bytes(3 * GIB), "3.0 GiB");
+    }
+
+    #[test]
+    fn failure_domains_are_checked() {
+        for good in ["node1", "a", "n-1.rack_2", &"x".repeat(FAILURE_DOMAIN_BYTES_MAX)] {
+            assert!(is_failure_domain(good), "{good}");
+        }
+        for bad in ["", "-n", ".n", "a b", "a/b", "é", &"x".repeat(FAILURE_DOMAIN_BYTES_MAX + 1)] {
+            assert!(!is_failure_domain(bad), "{bad}");
+        }
     }
 
     #[test]

@@ -54,6 +54,7 @@ fn servers_text(servers: &[Endpoint]) -> String {
 fn client_options(args: &Args, name: String) -> ClientOptions {
     ClientOptions {
         durability: args.commit_durability.protocol(),
+        replicas: args.replicas,
         client_name: name,
         ..ClientOptions::default()
     }

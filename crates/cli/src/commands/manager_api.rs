@@ -6,8 +6,9 @@ use spillway_manager::ApiClient;
 /// Flags shared by every command that talks to the manager.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ManagerFlags {
-    /// The manager's Unix socket (or tcp://127.0.0.1:PORT); default $SPILLWAY_MANAGER, else
-    /// /run/spillway/manager.sock.
+    /// The manager's Unix socket (or tcp://ADDRESS:PORT: beyond loopback the manager has
+    /// manager.auth = munge and requests carry munge credentials); default $SPILLWAY_MANAGER,
+    /// else /run/spillway/manager.sock.
     #[arg(long, value_name = "PATH")]
     pub manager: Option<String>,
     /// Print one JSON object or array on stdout instead of a table.

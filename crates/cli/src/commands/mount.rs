@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use spillway_client::Client;
 use spillway_mount::connect::{
     connect_namespace, data_clients, namespace_placement, NamespaceRoot, MOUNT_EPOCH_DEFAULT,
 };
@@ -49,6 +50,9 @@ pub struct Args {
     /// Namespace mode.
     #[arg(long, value_enum, default_value = "striped")]
     pub access: Access,
+    /// Copies of every piece, on servers of distinct hosts (the reservation's `replicas`, 1–4).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4))]
+    pub replicas: u32,
     /// This compute node's name, for `private` namespaces (default: the host name).
     #[arg(long)]
     pub node: Option<String>,
@@ -117,8 +121,13 @@ fn parse_endpoints(servers: &[String]) -> anyhow::Result<Vec<Endpoint>> {
         .collect()
 }
 
-/// Opens (creating if needed) the mount's namespace on its server.
-fn open_namespace(args: &Args, endpoints: &[Endpoint]) -> anyhow::Result<Arc<dyn Namespace>> {
+/// Opens (creating if needed, never over files whose metadata is gone) the mount's namespace
+/// on its server.
+fn open_namespace(
+    args: &Args,
+    endpoints: &[Endpoint],
+    data: &mut Client,
+) -> anyhow::Result<Arc<dyn Namespace>> {
     let node = args.node.clone().unwrap_or_else(hostname);
     let (id, server) =
         namespace_placement(args.access.into(), &node, args.namespace_id, endpoints.len());
@@ -126,7 +135,7 @@ fn open_namespace(args: &Args, endpoints: &[Endpoint]) -> anyhow::Result<Arc<dyn
     let mode = u32::from_str_radix(&args.root_mode, 8)
         .with_context(|| format!("--root-mode {:?} is not octal", args.root_mode))?;
     let root = NamespaceRoot { data_epoch: EpochId(args.epoch), uid, gid, mode: mode & 0o7777 };
-    connect_namespace(&endpoints[server], id, root, args.threads)
+    connect_namespace(&endpoints[server], id, root, args.threads, Some(data))
         .with_context(|| format!("server {server} of the reservation"))
 }
 
@@ -140,13 +149,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     // Caught from before the mount exists: a stop signal always unmounts cleanly.
     let mut signals = spillway_sys::signal::StopSignals::catch().context("catching signals")?;
-    let namespace = open_namespace(&args, &endpoints)?;
     let config = MountConfig {
         threads: args.threads,
         attr_ttl: Duration::from_millis(args.attr_ttl_ms),
         ..MountConfig::default()
     };
-    let clients = data_clients(&endpoints, config.threads)?;
+    let mut clients = data_clients(&endpoints, config.threads, args.replicas)?;
+    let Some(first) = clients.first_mut() else { bail!("--threads must be at least 1") };
+    let namespace = open_namespace(&args, &endpoints, first)?;
     let mount = spillway_mount::mount(namespace.clone(), clients, &args.mountpoint, config)?;
     println!(
         "{READY_PREFIX}{} (namespace {}, data epoch {})",
@@ -175,6 +185,7 @@ fn run_background(args: &Args) -> anyhow::Result<()> {
     let binary = std::env::current_exe().context("finding the spillway binary")?;
     let mut command = Command::new(binary);
     command.arg("mount").arg("--servers").arg(args.servers.join(","));
+    command.arg("--replicas").arg(args.replicas.to_string());
     command.arg("--access").arg(match args.access {
         Access::Striped => "striped",
         Access::Private => "private",

@@ -106,8 +106,16 @@ enum ServerCommand {
         #[command(flatten)]
         flags: ManagerFlags,
     },
-    /// List servers with health and use.
+    /// List servers with health, host (failure domain) and use.
     List {
+        #[command(flatten)]
+        flags: ManagerFlags,
+    },
+    /// Declare a server lost for good (root or admin group): its data is gone, it gets nothing
+    /// new and never comes back; reservations on it show `degraded`.
+    Lost {
+        /// The server's id or address, as `spillway server list` shows it.
+        server: String,
         #[command(flatten)]
         flags: ManagerFlags,
     },
@@ -132,6 +140,23 @@ pub fn run_server(args: ServerArgs) -> anyhow::Result<()> {
             }
             print_servers(&servers);
         }
+        ServerCommand::Lost { server, flags } => {
+            let client = flags.client()?;
+            // Addresses may hold '/' (unix sockets): the API takes the id.
+            let servers: Vec<Server> = client.get("/v1/servers")?;
+            let Some(id) = servers
+                .iter()
+                .find(|s| s.address == server || server.parse::<u64>() == Ok(s.id))
+                .map(|s| s.id)
+            else {
+                anyhow::bail!("no server {server:?} (give its id or address, as `spillway server list` shows)");
+            };
+            let lost: Server = client.post(&format!("/v1/servers/{id}/lost"), &())?;
+            if flags.json {
+                return print_json(&lost);
+            }
+            print_servers(&[lost]);
+        }
     }
     Ok(())
 }
@@ -143,7 +168,14 @@ pub fn print_servers(servers: &[Server]) {
             vec![
                 s.address.clone(),
                 s.pool.clone(),
-                if s.healthy { "up".into() } else { format!("DOWN ({} missed)", s.misses) },
+                if s.lost_unix_s.is_some() {
+                    "LOST".into()
+                } else if s.healthy {
+                    "up".into()
+                } else {
+                    format!("DOWN ({} missed)", s.misses)
+                },
+                s.failure_domain.clone().unwrap_or_else(|| "-".into()),
                 bytes(s.capacity_bytes),
                 bytes(s.used_bytes),
                 s.drains_in_flight.to_string(),
@@ -153,6 +185,7 @@ pub fn print_servers(servers: &[Server]) {
             ]
         })
         .collect();
+    // HOST: the failure domain its heartbeats announce (copies go to distinct hosts).
     // AUTH: how the server authenticates TCP clients (none: only loopback peers are known).
     // ID #INCARNATION: a new id at an address is another (empty) server, a higher incarnation
     // the same one restarted.
@@ -160,6 +193,7 @@ pub fn print_servers(servers: &[Server]) {
         "SERVER",
         "POOL",
         "HEALTH",
+        "HOST",
         "CAPACITY",
         "USED",
         "DRAINS",

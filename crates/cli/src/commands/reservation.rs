@@ -1,4 +1,4 @@
-//! `spillway reservation create|show|list|destroy`: burst buffer reservations.
+//! `spillway reservation create|show|list|destroy|snapshot`: burst buffer reservations.
 //!
 //! Job-scoped reservations are named `job-<JOBID>` and destroyed at teardown; persistent ones
 //! are named and destroyed explicitly. The manager decides pool, servers, stream and epoch and
@@ -6,7 +6,8 @@
 //! another uid with `--owner UID --group GID` (the Slurm hooks do).
 
 use spillway_manager::{
-    Access, CreateReservation, MarkRescue, RegisterJob, Reservation, StageOutPair,
+    Access, CreateReservation, Degraded, MarkRescue, RegisterJob, RepairProgress, Reservation,
+    StageOutPair,
 };
 use spillway_types::parse_size;
 
@@ -52,6 +53,10 @@ enum Command {
         /// Persistent: groups whose members may use it (repeatable).
         #[arg(long = "allow-gid", value_name = "GID")]
         allow_gids: Vec<u32>,
+        /// Copies of every committed byte until drained, each on another host (1–4); capacity
+        /// is taken K times on the servers.
+        #[arg(long, value_name = "K", default_value_t = 1)]
+        replicas: u32,
         #[command(flatten)]
         flags: ManagerFlags,
     },
@@ -106,6 +111,14 @@ enum Command {
         #[command(flatten)]
         flags: ManagerFlags,
     },
+    /// Store the reservation's namespace (its file names and paths) in its data epoch on every
+    /// server, so that losing the server holding the namespace loses no path: stage-out and
+    /// the drain then use the newest snapshot (Slurm's post_run takes one after every job).
+    Snapshot {
+        reservation: String,
+        #[command(flatten)]
+        flags: ManagerFlags,
+    },
     /// Record that a Slurm job no longer uses a persistent reservation (the teardown hook does).
     UnregisterJob {
         reservation: String,
@@ -128,6 +141,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             group,
             allow_uids,
             allow_gids,
+            replicas,
             flags,
         } => {
             let request = CreateReservation {
@@ -140,6 +154,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 group,
                 allowed_uids: allow_uids,
                 allowed_gids: allow_gids,
+                replicas: Some(replicas),
             };
             let reservation: Reservation = flags.client()?.post("/v1/reservations", &request)?;
             show(&reservation, flags.json)
@@ -174,6 +189,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Command::MarkRescue { reservation, error, from, to, flags } => {
             mark_rescue(&reservation, error, from, to, &flags)
         }
+        Command::Snapshot { reservation, flags } => snapshot(&reservation, &flags),
         Command::UnregisterJob { reservation, job, flags } => {
             let path = format!(
                 "/v1/reservations/{}/jobs/{}",
@@ -184,6 +200,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             show(&unregistered, flags.json)
         }
     }
+}
+
+/// `reservation snapshot`: the namespace's name map stored in its data epoch.
+fn snapshot(reservation: &str, flags: &ManagerFlags) -> anyhow::Result<()> {
+    let reservation: Reservation =
+        flags.client()?.get(&format!("/v1/reservations/{}", path_segment(reservation)?))?;
+    let files = spillway_manager::stage::snapshot_namespace(&reservation)?;
+    if flags.json {
+        return print_json(&serde_json::json!({ "reservation": reservation.name, "files": files }));
+    }
+    println!("reservation {}: snapshot of its namespace stored ({files} files)", reservation.name);
+    Ok(())
 }
 
 /// `reservation mark-rescue`: the stage-outs are the `--from`/`--to` pairs, in order.
@@ -249,7 +277,11 @@ fn show(reservation: &Reservation, json: bool) -> anyhow::Result<()> {
         .servers
         .iter()
         .zip(&r.server_fragments)
-        .map(|(s, f)| format!("{s} ({f} fragments)"))
+        .enumerate()
+        .map(|(i, (s, f))| match r.server_domains.get(i).cloned().flatten() {
+            Some(host) => format!("{s} ({f} fragments, host {host})"),
+            None => format!("{s} ({f} fragments)"),
+        })
         .collect();
     let rows = vec![
         ("id", r.id.to_string()),
@@ -274,12 +306,13 @@ fn show(reservation: &Reservation, json: bool) -> anyhow::Result<()> {
             ),
         ),
         ("pool", r.pool.clone()),
+        ("replicas", r.replicas.to_string()),
         ("servers", servers.join(", ")),
         ("access", r.access.as_str().into()),
         ("epoch", r.epoch.to_string()),
         ("namespace", r.namespace_id.to_string()),
         ("stream", r.stream.to_string()),
-        ("state", r.state.as_str().into()),
+        ("state", state_of(r)),
         (
             "used by",
             if r.jobs.is_empty() { "-".into() } else { format!("jobs {}", r.jobs.join(", ")) },
@@ -287,6 +320,12 @@ fn show(reservation: &Reservation, json: bool) -> anyhow::Result<()> {
     ];
     for (key, value) in rows {
         println!("{key:<10} {value}");
+    }
+    if let Some(degraded) = &r.degraded {
+        println!("{:<10} {}", "degraded", degraded_line(degraded));
+    }
+    if let Some(repair) = &r.repair {
+        println!("{:<10} {}", "repair", repair_line(repair));
     }
     if let Some(rescue) = &r.rescue {
         println!("{:<10} {}", "rescue", rescue.error);
@@ -313,7 +352,7 @@ pub fn print_reservations(list: &[Reservation]) {
                 r.access.as_str().into(),
                 r.stream.to_string(),
                 r.epoch.to_string(),
-                if r.rescue.is_some() { "rescue".into() } else { r.state.as_str().into() },
+                state_of(r),
             ]
         })
         .collect();
@@ -324,6 +363,14 @@ pub fn print_reservations(list: &[Reservation]) {
         ],
         &rows,
     );
+    for r in list {
+        if let Some(degraded) = &r.degraded {
+            println!("degraded {}: {}", r.name, degraded_line(degraded));
+        }
+        if let Some(repair) = &r.repair {
+            println!("repair {}: {}", r.name, repair_line(repair));
+        }
+    }
     // A rescue reservation's error and how to finish it: the owner must see both.
     for r in list {
         if let Some(rescue) = &r.rescue {
@@ -333,4 +380,44 @@ pub fn print_reservations(list: &[Reservation]) {
             );
         }
     }
+}
+
+/// `rescue`, `degraded` (a server lost), or the state.
+fn state_of(r: &Reservation) -> String {
+    if r.rescue.is_some() {
+        "rescue".into()
+    } else if r.degraded.is_some() {
+        "degraded".into()
+    } else {
+        r.state.as_str().into()
+    }
+}
+
+/// Re-replication progress, then `replicas restored`.
+fn repair_line(repair: &RepairProgress) -> String {
+    match repair.state.as_str() {
+        "restored" => format!(
+            "replicas restored ({} copied from the survivors of {} onto {})",
+            bytes(repair.copied_bytes),
+            repair.lost,
+            repair.replacement
+        ),
+        state => format!(
+            "{state}: {} of {} copied onto {} (replacing {}){}",
+            bytes(repair.copied_bytes),
+            bytes(repair.total_bytes),
+            repair.replacement,
+            repair.lost,
+            repair.error.as_deref().map(|e| format!("; {e}")).unwrap_or_default()
+        ),
+    }
+}
+
+fn degraded_line(degraded: &Degraded) -> String {
+    format!(
+        "lost {}; {}; replacement: {}",
+        degraded.lost_servers.join(", "),
+        degraded.detail,
+        degraded.replacement.as_deref().unwrap_or("none"),
+    )
 }

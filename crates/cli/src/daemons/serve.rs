@@ -54,6 +54,9 @@ pub struct Args {
     /// Server name for logs and status (server.server_name).
     #[arg(long)]
     name: Option<String>,
+    /// This server's failure domain (server.failure_domain; default: the host name).
+    #[arg(long)]
+    failure_domain: Option<String>,
     /// Take data only for epochs the manager granted (server.managed); without it the first
     /// uid to create an epoch claims it.
     #[arg(long)]
@@ -169,6 +172,9 @@ impl Args {
         }
         if let Some(name) = self.name {
             config.server.server_name = name;
+        }
+        if let Some(domain) = self.failure_domain {
+            config.server.failure_domain = domain;
         }
         if self.managed {
             config.server.managed = true;

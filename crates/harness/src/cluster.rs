@@ -1,0 +1,323 @@
+//! A test cluster: N hosts as Linux namespaces on this machine, started by
+//! `scripts/cluster/up.sh` and stopped by `scripts/cluster/down.sh` (docs/design/cluster.md).
+//!
+//! Each host has its own network namespace and address on a private bridge, hostname, `/tmp`,
+//! `/var/tmp`, mounts and `munged` (one key for the cluster); the rest of the file system is
+//! shared. A [`Cluster`] owns a directory under the system's temporary directory and stops the
+//! hosts when dropped (or by [`Cluster::down`], which returns what was left behind). A [`Host`]
+//! gives [`Command`]s that run inside it; [`ServerBuilder::in_host`](crate::ServerBuilder::in_host)
+//! and [`ManagerProcess::start_in_host`](crate::ManagerProcess::start_in_host) run daemons there.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Where the scripts are, from this crate's directory in the workspace.
+const SCRIPTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/cluster");
+/// The programs `up.sh` needs, checked first so a missing one is named.
+const TOOLS: [&str; 4] = ["ip", "unshare", "nsenter", "munged"];
+
+/// Why a cluster could not be started, changed or stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClusterError {
+    #[error(
+        "cluster tests need root (network and mount namespaces); run them as root, as CI does"
+    )]
+    NotRoot,
+    #[error("{tool} not found on PATH nor in /usr/sbin, /sbin (cluster hosts need the Debian packages iproute2, util-linux and munge)")]
+    ToolMissing { tool: &'static str },
+    #[error("cluster: cannot prepare {path}: {source}")]
+    Prepare { path: PathBuf, source: std::io::Error },
+    #[error("cannot run {script}: {source}")]
+    Spawn { script: PathBuf, source: std::io::Error },
+    #[error("{script} failed ({status}): {stderr}")]
+    Script { script: PathBuf, status: std::process::ExitStatus, stderr: String },
+    #[error("{path}: {problem}")]
+    BadEnv { path: PathBuf, problem: String },
+    #[error("no host {name} in the cluster at {dir}")]
+    NoSuchHost { name: String, dir: PathBuf },
+}
+
+/// One host of a [`Cluster`].
+#[derive(Debug, Clone)]
+pub struct Host {
+    name: String,
+    address: IpAddr,
+    netns: String,
+    ssd_dir: PathBuf,
+    cluster_dir: PathBuf,
+}
+
+impl Host {
+    /// Its name, which is also its hostname inside (`host1`, …).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its address on the cluster's bridge.
+    pub fn address(&self) -> IpAddr {
+        self.address
+    }
+
+    /// `address:port`.
+    pub fn socket_address(&self, port: u16) -> SocketAddr {
+        SocketAddr::new(self.address, port)
+    }
+
+    /// Its network namespace (`ip netns` name).
+    pub fn netns(&self) -> &str {
+        &self.netns
+    }
+
+    /// Its SSD directory (`DIR/hosts/<name>/ssd`): deleted when the host is removed for good.
+    pub fn ssd_dir(&self) -> &Path {
+        &self.ssd_dir
+    }
+
+    /// `program` run inside this host (its network, hostname and mounts) as root, through
+    /// `scripts/cluster/exec.sh`; the caller adds arguments, environment and streams.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut command = Command::new(Path::new(SCRIPTS).join("exec.sh"));
+        command.arg(&self.cluster_dir).arg(&self.name).arg(program);
+        command
+    }
+
+    /// `program` run inside this host as `uid` (primary group `uid`, no supplementary groups).
+    pub fn command_as(&self, uid: u32, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut command = self.command("setpriv");
+        command
+            .arg(format!("--reuid={uid}"))
+            .arg(format!("--regid={uid}"))
+            .arg("--clear-groups")
+            .arg(program);
+        command
+    }
+}
+
+/// A running cluster; stopped, with nothing left behind, when dropped.
+#[derive(Debug)]
+pub struct Cluster {
+    dir: PathBuf,
+    tag: String,
+    hosts: Vec<Host>,
+    removed: Vec<String>,
+    stopped: bool,
+}
+
+impl Cluster {
+    /// Starts `hosts` hosts (`host1` … `hostN`) in a new directory under the system's temporary
+    /// directory.
+    pub fn start(hosts: usize) -> Result<Cluster, ClusterError> {
+        if spillway_sys::user::euid() != 0 {
+            return Err(ClusterError::NotRoot);
+        }
+        for tool in TOOLS {
+            if !on_path(tool) {
+                return Err(ClusterError::ToolMissing { tool });
+            }
+        }
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "spillway-cluster-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir)
+            .map_err(|source| ClusterError::Prepare { path: dir.clone(), source })?;
+        // up.sh tears down what it made when it fails; the directory is ours to remove. Its
+        // watchdog stops the cluster if this process dies without dropping it (a killed test).
+        let owner = [("SPILLWAY_CLUSTER_OWNER_PID", std::process::id().to_string())];
+        run_script("up.sh", &[dir.as_os_str(), hosts.to_string().as_ref()], &owner).inspect_err(
+            |_| {
+                let _ = std::fs::remove_dir_all(&dir);
+            },
+        )?;
+        let mut cluster = Cluster {
+            dir,
+            tag: String::new(),
+            hosts: Vec::new(),
+            removed: Vec::new(),
+            stopped: false,
+        };
+        let env = cluster.dir.join("cluster.env");
+        let text = std::fs::read_to_string(&env)
+            .map_err(|source| ClusterError::Prepare { path: env.clone(), source })?;
+        let (tag, hosts) = parse_env(&text, &cluster.dir)
+            .map_err(|problem| ClusterError::BadEnv { path: env, problem })?;
+        cluster.tag = tag;
+        cluster.hosts = hosts;
+        Ok(cluster)
+    }
+
+    /// [`start`](Self::start), panicking with the error.
+    #[track_caller]
+    pub fn started(hosts: usize) -> Cluster {
+        Cluster::start(hosts).unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    /// The cluster's directory: shared by every host (put PFS directories and anything hosts
+    /// must share under it; the machine's `/tmp` is not what hosts see as `/tmp`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The short tag in its namespaces' names (`spw-<tag>-…`).
+    pub fn tag(&self) -> &str {
+        &self.tag
+    }
+
+    /// Every host it started, removed ones included, in order.
+    pub fn hosts(&self) -> &[Host] {
+        &self.hosts
+    }
+
+    /// Host `index` (0-based: `host(0)` is `host1`). Panics past the end.
+    pub fn host(&self, index: usize) -> &Host {
+        &self.hosts[index]
+    }
+
+    /// The host of this name.
+    pub fn host_named(&self, name: &str) -> Result<&Host, ClusterError> {
+        self.hosts.iter().find(|h| h.name == name).ok_or_else(|| ClusterError::NoSuchHost {
+            name: name.to_string(),
+            dir: self.dir.clone(),
+        })
+    }
+
+    /// Whether `name` was removed for good.
+    pub fn is_removed(&self, name: &str) -> bool {
+        self.removed.iter().any(|r| r == name)
+    }
+
+    /// Loses host `name` for good (`remove-host.sh`), as a crash: every process in it
+    /// SIGKILLed (peers see their connections closed), its network namespace and its directory
+    /// (SSD included) deleted. The other hosts keep running.
+    pub fn remove_host(&mut self, name: &str) -> Result<(), ClusterError> {
+        self.remove(name, false)
+    }
+
+    /// [`remove_host`](Self::remove_host) as a power loss: the host's link is cut first, so
+    /// peers get no FIN or RST and notice only by their timeouts.
+    pub fn remove_host_silently(&mut self, name: &str) -> Result<(), ClusterError> {
+        self.remove(name, true)
+    }
+
+    fn remove(&mut self, name: &str, silent: bool) -> Result<(), ClusterError> {
+        self.host_named(name)?;
+        let mut args = vec![self.dir.as_os_str(), name.as_ref()];
+        if silent {
+            args.insert(0, "--silent".as_ref());
+        }
+        run_script("remove-host.sh", &args, &[])?;
+        self.removed.push(name.to_string());
+        Ok(())
+    }
+
+    /// Stops every host (`down.sh`), which checks that no namespace, process or mount is left,
+    /// and removes the directory. The error names what was left (the directory then stays).
+    pub fn down(mut self) -> Result<(), ClusterError> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> Result<(), ClusterError> {
+        if self.stopped {
+            return Ok(());
+        }
+        self.stopped = true;
+        run_script("down.sh", &[self.dir.as_os_str()], &[])?;
+        // down.sh found no mount under the directory, so removing it stays inside it.
+        std::fs::remove_dir_all(&self.dir)
+            .map_err(|source| ClusterError::Prepare { path: self.dir.clone(), source })
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Err(error) = self.stop() {
+            eprintln!("cluster {}: {error}", self.tag);
+        }
+    }
+}
+
+/// Runs `scripts/cluster/<script>` with `args` and `env`; its stderr is in the error.
+fn run_script(
+    script: &str,
+    args: &[&std::ffi::OsStr],
+    env: &[(&str, String)],
+) -> Result<Output, ClusterError> {
+    let path = Path::new(SCRIPTS).join(script);
+    let output = Command::new(&path)
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|source| ClusterError::Spawn { script: path.clone(), source })?;
+    if !output.status.success() {
+        return Err(ClusterError::Script {
+            script: path,
+            status: output.status,
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+        });
+    }
+    Ok(output)
+}
+
+/// Whether `tool` is on `PATH` or in the system directories a root shell has.
+fn on_path(tool: &str) -> bool {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
+        .any(|dir| dir.join(tool).is_file())
+}
+
+/// The tag and hosts of a `cluster.env` written by up.sh.
+fn parse_env(text: &str, dir: &Path) -> Result<(String, Vec<Host>), String> {
+    let value = |key: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(key)?.strip_prefix('='))
+            .map(|v| v.trim_matches('\'').to_string())
+            .ok_or_else(|| format!("no {key}"))
+    };
+    let tag = value("CLUSTER_TAG")?;
+    let hosts = value("CLUSTER_HOSTS")?
+        .split_whitespace()
+        .map(|name| {
+            let address = value(&format!("CLUSTER_ADDR_{name}"))?;
+            Ok(Host {
+                name: name.to_string(),
+                address: address.parse().map_err(|e| format!("address {address:?}: {e}"))?,
+                netns: value(&format!("CLUSTER_NETNS_{name}"))?,
+                ssd_dir: PathBuf::from(value(&format!("CLUSTER_SSD_{name}"))?),
+                cluster_dir: dir.to_path_buf(),
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    if hosts.is_empty() {
+        return Err("no hosts".to_string());
+    }
+    Ok((tag, hosts))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_env_file_names_every_host() {
+        let text = "CLUSTER_DIR=/d\nCLUSTER_TAG=c7\nCLUSTER_HOSTS='host1 host2'\n\
+                    CLUSTER_ADDR_host1=10.213.7.1\nCLUSTER_NETNS_host1=spw-c7-host1\n\
+                    CLUSTER_SSD_host1=/d/hosts/host1/ssd\nCLUSTER_ADDR_host2=10.213.7.2\n\
+                    CLUSTER_NETNS_host2=spw-c7-host2\nCLUSTER_SSD_host2=/d/hosts/host2/ssd\n";
+        let (tag, hosts) = parse_env(text, Path::new("/d")).unwrap();
+        assert_eq!(tag, "c7");
+        assert_eq!(hosts.len(), 2);
+        assert_eq!(hosts[1].name(), "host2");
+        assert_eq!(hosts[1].socket_address(7), "10.213.7.2:7".parse().unwrap());
+        assert_eq!(hosts[0].netns(), "spw-c7-host1");
+        assert_eq!(hosts[0].ssd_dir(), Path::new("/d/hosts/host1/ssd"));
+        let missing = parse_env("CLUSTER_TAG=c7\nCLUSTER_HOSTS='host1'\n", Path::new("/d"));
+        assert_eq!(missing.unwrap_err(), "no CLUSTER_ADDR_host1");
+    }
+}
