@@ -32,13 +32,14 @@ pub struct Args {
     #[arg(long, default_value_t = 4)]
     clients: u32,
     /// Size of the whole checkpoint (all clients' files).
-    #[arg(long, default_value = "256M", value_parser = spillway_types::parse_size)]
+    #[arg(long, default_value = "512M", value_parser = spillway_types::parse_size)]
     total_bytes: u64,
     /// Bytes per write.
     #[arg(long, default_value = "1M", value_parser = spillway_types::parse_size)]
     transfer_bytes: u64,
-    /// Rounds; each measures every mode once (in a rotated order).
-    #[arg(long, default_value_t = 3)]
+    /// Rounds; each measures every mode once (in a rotated order). Seven, because one mode's
+    /// checkpoint takes well under a second here and single rounds swing by a third.
+    #[arg(long, default_value_t = 7)]
     rounds: u32,
     /// Directory for the servers' SSD logs (default: a temporary directory under /var/tmp).
     #[arg(long)]
