@@ -9,9 +9,11 @@
 # spw-c<x>-host<i> whose eth0 is one end of a veth pair (the other end, host<i>, is a port of
 # br0). Nothing changes in this machine's own network namespace.
 # Each host also has its own hostname (UTS namespace) and mount namespace, in which /tmp and
-# /var/tmp are DIR/hosts/<name>/tmp and var-tmp (DIR itself stays visible at its path), /run/munge
-# is a private tmpfs and /etc/hosts lists every host. Everything else (the repository, PFS
-# directories) is shared, as on a cluster with a shared file system. Each host runs munged on the
+# /var/tmp are DIR/hosts/<name>/tmp and var-tmp, /run/munge is a private tmpfs and /etc/hosts
+# lists every host. Everything else (the repository, PFS directories) is shared, as on a cluster
+# with a shared file system; DIR, the repository and each path of SPILLWAY_CLUSTER_KEEP stay
+# visible at their own paths even when they lie under /tmp or /var/tmp (a clone or a target
+# directory there holds the binaries the hosts run). Each host runs munged on the
 # default socket /run/munge/munge.socket.2 with the cluster's key DIR/munge.key (0400), so munge
 # clients in a host need no flags. DIR/hosts/<name>/ssd is the host's SSD directory by convention.
 # A holder process per host keeps its namespaces alive; scripts/cluster/exec.sh enters them.
@@ -22,6 +24,8 @@
 # On failure it tears down what it made (scripts/cluster/down.sh DIR) and exits non-zero.
 #
 # Environment: SPILLWAY_CLUSTER_TIMEOUT seconds to wait for each host to come up (default 20).
+#   SPILLWAY_CLUSTER_KEEP: colon-separated directories that every host must see at their paths
+#   (besides DIR and the repository); ones that do not exist are ignored.
 #   SPILLWAY_CLUSTER_OWNER_PID: a process that owns the cluster (a test). A watchdog runs
 #   down.sh DIR and removes DIR when that process is gone without having stopped the cluster
 #   (killed test runs leave nothing behind); down.sh stops the watchdog.
@@ -58,6 +62,25 @@ case "$dir" in
     *[[:space:]\\]*) echo "$0: DIR must not contain whitespace or backslashes: '$dir'" >&2; exit 2 ;;
 esac
 owner=${SPILLWAY_CLUSTER_OWNER_PID:-}
+# The directories a host's private /tmp and /var/tmp must not hide, resolved, colon-separated.
+keep=$dir
+add_kept() {
+    resolved=$(cd "$1" 2>/dev/null && pwd -P) || return 0
+    case "$resolved" in
+        *:*) echo "$0: cannot keep '$resolved' visible in the hosts: it contains a colon" >&2; exit 2 ;;
+    esac
+    keep="$keep:$resolved"
+}
+add_kept "$here/../.."
+old_ifs=$IFS
+IFS=:
+set -f
+for path in ${SPILLWAY_CLUSTER_KEEP:-}; do
+    IFS=$old_ifs
+    add_kept "$path"
+done
+set +f
+IFS=$old_ifs
 case "$owner" in
     *[!0-9]*) echo "$0: SPILLWAY_CLUSTER_OWNER_PID must be a pid, got '$owner'" >&2; exit 2 ;;
 esac
@@ -130,24 +153,29 @@ chmod 0400 "$dir/munge.key"
 mkdir -p /run/munge
 
 # The holder's script: runs inside the new UTS and mount namespaces, sets them up, then sleeps
-# forever. Arguments: name, private directory, DIR, ready file.
+# forever. Arguments: name, private directory, DIR, ready file, the kept directories
+# (colon-separated).
 cat > "$dir/run/holder.sh" <<'HOLDER'
 #!/bin/sh
-set -eu
-name=$1 private=$2 dir=$3 ready=$4
+set -euf
+name=$1 private=$2 dir=$3 ready=$4 keep=$5
 hostname "$name"
-# A private directory over SHARED_ROOT that still shows DIR at its path when DIR is under it.
+# OWN mounted over ROOT, still showing each kept directory under ROOT at its path.
 private_over() {
     root=$1 own=$2
-    case "$dir/" in
-        "$root"/*)
-            rel=${dir#"$root"/}
-            mkdir -p "$own/$rel"
-            mount --bind "$dir" "$own/$rel"
-            mount --rbind "$own" "$root"
-            ;;
-        *) mount --bind "$own" "$root" ;;
-    esac
+    old_ifs=$IFS
+    IFS=:
+    for path in $keep; do
+        case "$path" in
+            "$root"/*)
+                rel=${path#"$root"/}
+                mkdir -p "$own/$rel"
+                mount --bind "$path" "$own/$rel"
+                ;;
+        esac
+    done
+    IFS=$old_ifs
+    mount --rbind "$own" "$root"
 }
 private_over /tmp "$private/tmp"
 private_over /var/tmp "$private/var-tmp"
@@ -188,7 +216,7 @@ while [ "$i" -le "$count" ]; do
     rm -f "$dir/run/$name.pid"
     # ip netns exec and unshare both exec in place: the holder's pid is this job's pid.
     ip netns exec "$ns" unshare --uts --mount --propagation slave \
-        "$dir/run/holder.sh" "$name" "$private" "$dir" "$dir/run/$name.pid" \
+        "$dir/run/holder.sh" "$name" "$private" "$dir" "$dir/run/$name.pid" "$keep" \
         </dev/null >"$dir/log/$name-holder.log" 2>&1 &
     wait_for "$dir/run/$name.pid" "$name (holder; log $dir/log/$name-holder.log)"
     pid=$(cat "$dir/run/$name.pid")

@@ -128,8 +128,11 @@ impl Cluster {
             .map_err(|source| ClusterError::Prepare { path: dir.clone(), source })?;
         // up.sh tears down what it made when it fails; the directory is ours to remove. Its
         // watchdog stops the cluster if this process dies without dropping it (a killed test).
-        let owner = [("SPILLWAY_CLUSTER_OWNER_PID", std::process::id().to_string())];
-        run_script("up.sh", &[dir.as_os_str(), hosts.to_string().as_ref()], &owner).inspect_err(
+        let env = [
+            ("SPILLWAY_CLUSTER_OWNER_PID", std::process::id().to_string()),
+            ("SPILLWAY_CLUSTER_KEEP", kept_directories()),
+        ];
+        run_script("up.sh", &[dir.as_os_str(), hosts.to_string().as_ref()], &env).inspect_err(
             |_| {
                 let _ = std::fs::remove_dir_all(&dir);
             },
@@ -262,6 +265,22 @@ fn run_script(
         });
     }
     Ok(output)
+}
+
+/// What the hosts must see at its path although their `/tmp` and `/var/tmp` are their own
+/// (up.sh's `SPILLWAY_CLUSTER_KEEP`): the caller's, and the build directory this executable
+/// runs from (`target/debug` for a test, `target` for `spillway bench`), which holds the
+/// binaries the hosts run even when the target directory lies under `/tmp`.
+fn kept_directories() -> String {
+    let mut kept = std::env::var("SPILLWAY_CLUSTER_KEEP").unwrap_or_default();
+    let exe = std::env::current_exe().ok();
+    if let Some(build) = exe.as_deref().and_then(|e| e.parent()?.parent()) {
+        if !kept.is_empty() {
+            kept.push(':');
+        }
+        kept.push_str(&build.to_string_lossy());
+    }
+    kept
 }
 
 /// Whether `tool` is on `PATH` or in the system directories a root shell has.
