@@ -271,6 +271,21 @@ impl ServerConnection {
         ClientError::Io { endpoint: self.endpoint.clone(), source }
     }
 
+    /// A reply that could not be received: the connection closing (between frames or inside
+    /// one: the server died or restarted) is a broken connection (`Io`, EIO; another holder
+    /// of replicated bytes is asked), not a protocol violation; bytes that make no frame are.
+    fn receive_error(&self, error: ReceiveError) -> ClientError {
+        match error {
+            ReceiveError::Io(source) => self.io(source),
+            ReceiveError::Closed | ReceiveError::TruncatedFrame { .. } => self
+                .io(std::io::Error::new(std::io::ErrorKind::ConnectionAborted, error.to_string())),
+            other => ClientError::Protocol {
+                endpoint: self.endpoint.clone(),
+                message: other.to_string(),
+            },
+        }
+    }
+
     /// Opens the connection again (handshake and, if asked, authentication included) if the
     /// server closed it while nothing was outstanding: servers close connections idle for
     /// `server.idle_timeout_ms`, and a checkpointing application or a mount may well be quiet
@@ -360,13 +375,7 @@ impl ServerConnection {
                 self.unanswered = self.unanswered.saturating_sub(1);
                 header
             }
-            Err(ReceiveError::Io(e)) => return Err(self.io(e)),
-            Err(error) => {
-                return Err(ClientError::Protocol {
-                    endpoint: self.endpoint.clone(),
-                    message: error.to_string(),
-                })
-            }
+            Err(error) => return Err(self.receive_error(error)),
         };
         let response = Response::decode(header.kind, &self.body).map_err(|e| {
             ClientError::Protocol { endpoint: self.endpoint.clone(), message: e.to_string() }
@@ -374,12 +383,8 @@ impl ServerConnection {
         if let Response::ReadData { payload_crc32c } = response {
             match read_into {
                 Some(buffer) if buffer.len() == header.payload_bytes as usize => {
-                    frame::read_payload(&mut self.reader, buffer).map_err(|e| {
-                        ClientError::Protocol {
-                            endpoint: self.endpoint.clone(),
-                            message: e.to_string(),
-                        }
-                    })?;
+                    frame::read_payload(&mut self.reader, buffer)
+                        .map_err(|e| self.receive_error(e))?;
                     // The server derived the CRC from the data's write-time checksums: bytes
                     // changed on the way (its buffer, the socket, ours) are never handed out.
                     let received = crc32c::crc32c(buffer);
@@ -791,6 +796,29 @@ mod tests {
         connection.read_many(&mut [(read, &mut buffer[..])]).unwrap();
         assert!(buffer == data);
         server.join().unwrap();
+    }
+
+    #[test]
+    fn a_server_that_closes_the_connection_under_a_request_is_a_broken_connection_not_a_protocol_error(
+    ) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        // The server dies with the request read and unanswered (its kernel closes the socket).
+        let server = std::thread::spawn(move || {
+            let mut stream = accept_and_greet(&listener);
+            read_frame(&mut stream).unwrap();
+        });
+        let endpoint = Endpoint::Tcp(address);
+        let mut connection = ServerConnection::connect(&endpoint, "test", 8).unwrap();
+        let read = Request::Read { epoch: EpochId(1), file: FileId(1), offset: 0, length: 4096 };
+        let mut buffer = vec![0u8; 4096];
+        let result = connection.read_many(&mut [(read, &mut buffer[..])]);
+        server.join().unwrap();
+        let error = result.expect_err("a reply never sent");
+        assert!(matches!(error, ClientError::Io { .. }), "{error:?}");
+        assert_eq!(error.errno(), libc::EIO, "{error}");
+        assert!(error.to_string().contains("closed"), "{error}");
+        assert!(crate::replication::unreachable_endpoint(&error).is_some(), "{error}");
     }
 
     #[test]
