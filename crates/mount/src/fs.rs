@@ -97,6 +97,11 @@ pub struct SpillwayFs {
     open_files: Mutex<HashMap<u64, OpenFile>>,
     next_handle: AtomicU64,
     inodes: Mutex<HashMap<Ino, InodeState>>,
+    /// Held across reporting an inode's pending size to the namespace (take and RPC), and by a
+    /// truncate across its own report and the shrink: a report of earlier writes sent by
+    /// another FUSE thread (an asynchronous release, say) must never land after the shrink and
+    /// grow the file back to a size it no longer has.
+    size_reports: Mutex<()>,
 }
 
 fn errno(e: &MetaError) -> Errno {
@@ -197,6 +202,7 @@ impl SpillwayFs {
             open_files: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
             inodes: Mutex::new(HashMap::new()),
+            size_reports: Mutex::new(()),
         }
     }
 
@@ -236,6 +242,12 @@ impl SpillwayFs {
     /// truncate and open, which is what close-to-open needs and saves one metadata round trip
     /// per write.
     fn push_pending(&self, ino: Ino) -> Result<(), Errno> {
+        let _reporting = self.size_reports.lock();
+        self.push_pending_locked(ino)
+    }
+
+    /// [`push_pending`](Self::push_pending) for a caller that holds `size_reports`.
+    fn push_pending_locked(&self, ino: Ino) -> Result<(), Errno> {
         let Some((caller, end)) =
             self.inodes.lock().get_mut(&ino).and_then(|state| state.pending.take())
         else {
@@ -339,12 +351,14 @@ impl SpillwayFs {
     }
 
     fn do_setattr(&self, caller: &Caller, ino: Ino, set: &SetAttr) -> Result<Attr, Errno> {
-        self.push_pending(ino)?;
         let Some(new_size) = set.size else {
+            self.push_pending(ino)?;
             let attr = self.namespace.setattr(caller, ino, set).map_err(|e| errno(&e))?;
             self.observe(&attr);
             return Ok(attr);
         };
+        let reporting = self.size_reports.lock();
+        self.push_pending_locked(ino)?;
         // Truncate: hold the inode's data slot so no write of this mount interleaves.
         let mut slot = self.data.slot(ino);
         let current = self.current_attr(ino)?;
@@ -368,6 +382,7 @@ impl SpillwayFs {
             }
             Err(e) => return Err(errno(&e)),
         };
+        drop(reporting);
         // The store never shrinks a file: zero what it holds past the new size (bounded by its
         // high-water mark), so the file reads zeros there when it grows again. Truncating to 0
         // starts a new generation instead, which holds nothing.
@@ -585,14 +600,18 @@ impl Filesystem for SpillwayFs {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        // Another handle's unreported writes must not outlive an O_TRUNC of this open.
-        if let Err(e) = self.push_pending(ino.0) {
+        // Another handle's unreported writes must not outlive an O_TRUNC of this open: report
+        // them first, and (truncating) let no other report land between that and the open.
+        let reporting = self.size_reports.lock();
+        if let Err(e) = self.push_pending_locked(ino.0) {
             return reply.error(e);
         }
+        let reporting = (flags.0 & libc::O_TRUNC != 0).then_some(reporting);
         let attr = match self.namespace.open(&caller(req), ino.0, flags.0) {
             Ok(attr) => attr,
             Err(e) => return reply.error(errno(&e)),
         };
+        drop(reporting);
         // Close-to-open: resolve the store file afresh.
         self.data.slot(ino.0).forget(ino.0);
         let writable = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
@@ -858,9 +877,12 @@ impl Filesystem for SpillwayFs {
                     Ok(attr) => attr,
                     Err(e) => return reply.error(errno(&e)),
                 };
-                if let Err(e) = self.push_pending(existing.ino) {
+                // As in `open`: no size report lands between this one and an O_TRUNC.
+                let reporting = self.size_reports.lock();
+                if let Err(e) = self.push_pending_locked(existing.ino) {
                     return reply.error(e);
                 }
+                let _reporting = (flags & libc::O_TRUNC != 0).then_some(reporting);
                 match self.namespace.open(&caller, existing.ino, flags) {
                     Ok(attr) => attr,
                     Err(e) => return reply.error(errno(&e)),
