@@ -17,6 +17,9 @@ packages=(
     libmunge2           # libmunge.so.2, which spillway-sys opens with dlopen to encode and decode credentials
     iproute2            # ip netns, veth and bridge: the hosts of scripts/cluster/
     util-linux          # unshare, nsenter, setpriv: the hosts of scripts/cluster/ and acting as test users
+    moosefs-master      # the shared PFS of scripts/cluster/pfs-up.sh: metadata server in one host...
+    moosefs-chunkserver # ...its data server...
+    moosefs-client      # ...and mfsmount (FUSE) in the other hosts
     openmpi-bin         # mpirun for the multi-node Slurm test's MPI checkpoint job
     libopenmpi-dev      # mpicc and mpi.h: that job's program (examples/mpi/checkpoint.c) is compiled by the test
 )

@@ -6,9 +6,11 @@
 # Lazily unmounts FUSE file systems inside the hosts, stops every process in every host's
 # namespaces (TERM, then KILL; bounded), deletes the hosts' and the switch's network namespaces
 # (their veths and the bridge go with them) and DIR's runtime state (hosts/, run/, etc/,
-# munge.key, cluster.env; DIR/log stays). Then checks that no network namespace of the cluster's
-# tag, no process in its namespaces and no mount mentioning DIR is left, and exits 1 naming what
-# is. Idempotent, and safe after a half-failed up.sh or on a DIR that never held a cluster.
+# munge.key, cluster.env, pfs.env and the mount point of pfs-up.sh's PFS; DIR/log stays). Then
+# checks that no network namespace of the cluster's tag, no process in its namespaces and no mount
+# mentioning DIR is left, and exits 1 naming what is. Idempotent, and safe after a half-failed
+# up.sh or on a DIR that never held a cluster. A shared PFS (pfs-up.sh) stops with the hosts: its
+# daemons and FUSE mounts are theirs.
 set -eu
 
 if [ $# -ne 1 ]; then
@@ -70,7 +72,10 @@ if [ -n "$mounts" ]; then
     leftovers="$leftovers mounts: $(echo $mounts);"
 else
     # Only with no mount under DIR is removing its trees sure to stay inside DIR.
-    rm -rf "$dir/hosts" "$dir/run" "$dir/etc" "$dir/munge.key" "$dir/cluster.env"
+    # The shared PFS of pfs-up.sh went with the hosts (its daemons and mounts were theirs).
+    pfs_mount=$(sed -n 's/^PFS_MOUNT=//p' "$dir/pfs.env" 2>/dev/null || true)
+    [ -z "$pfs_mount" ] || rmdir "$pfs_mount" 2>/dev/null || true
+    rm -rf "$dir/hosts" "$dir/run" "$dir/etc" "$dir/munge.key" "$dir/cluster.env" "$dir/pfs.env"
 fi
 if [ -n "$leftovers" ]; then
     echo "$0: cluster ${tag:-?} in $dir not fully stopped; left:$leftovers" >&2

@@ -8,10 +8,11 @@
 //! coordinated shuffling), [`peaks`] (bandwidth, IOPS and metadata peaks of a target, read by
 //! `spillway characterize`) and [`mount`] (the FUSE mount against the native client and a local
 //! directory), [`replication`] (2 replicas at `replicated` durability against 1 copy at `ssd`
-//! and `memory`). Servers run as `spillway serve` children owned by `spillway-harness`, or in
+//! and `memory`), [`ias`] (tiering strategies on a cluster with shaped tiers). Servers run as `spillway serve` children owned by `spillway-harness`, or in
 //! process; [`stats`] holds the arithmetic every benchmark shares.
 
 pub mod egress;
+pub mod ias;
 pub mod ingress;
 pub mod mount;
 pub mod peaks;
@@ -36,6 +37,12 @@ pub enum Command {
     /// Checkpoint time with 2 replicas at `replicated` durability against 1 copy at `ssd` and
     /// `memory`, three servers in three failure domains.
     Replication(replication::Args),
+    /// Interference-aware tiering (IAS Figs 5-7): average I/O time of applications sharing a
+    /// shaped burst buffer, a shaped MooseFS PFS and node-local tiers, per strategy.
+    Ias(ias::Args),
+    /// One application of `bench ias` (run by it inside a cluster host).
+    #[command(hide = true)]
+    IasApp(ias::AppArgs),
 }
 
 /// Runs one benchmark.
@@ -47,6 +54,8 @@ pub fn run(command: Command) -> anyhow::Result<()> {
         Command::Egress(args) => egress::run(args),
         Command::Mount(args) => mount::run(args),
         Command::Replication(args) => replication::run(args),
+        Command::Ias(args) => ias::run(args),
+        Command::IasApp(args) => ias::run_app(args),
     }
 }
 

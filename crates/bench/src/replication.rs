@@ -256,7 +256,7 @@ fn client_options(mode: Mode, rank: u32) -> ClientOptions {
 }
 
 /// Deterministic bytes of one client's writes.
-fn block(seed: u64, length: usize) -> Vec<u8> {
+pub(crate) fn block(seed: u64, length: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut out = Vec::with_capacity(length + 8);
     while out.len() < length {

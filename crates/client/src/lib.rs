@@ -18,6 +18,7 @@ pub mod meta;
 pub mod ns_snapshot;
 pub mod placement;
 mod replication;
+pub mod tiering;
 mod trace_record;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -32,6 +33,8 @@ use spillway_types::{EpochId, FileId};
 pub use connection::ServerConnection;
 pub use placement::Placement;
 pub use replication::{merge_extents, RESERVED_PREFIX};
+pub use spillway_policy::{Strategy as TieringStrategy, Tier};
+pub use tiering::{NodeLocalOptions, PhaseBegin, PhaseEnd, TierService, TieringOptions};
 pub use trace_record::TRACE_ENV;
 
 use spillway_trace::Op as TraceKind;
@@ -84,6 +87,9 @@ pub enum ClientError {
     /// are certain, so the commit is not reported as done (EIO).
     #[error("commit of epoch {epoch} failed: server {endpoint}, holding replicas of it (replicas = {replicas}), is lost: {cause}")]
     ReplicaLost { endpoint: Endpoint, epoch: EpochId, replicas: u32, cause: String },
+    /// A tiered phase's own storage failed: its PFS directory or the node-local store.
+    #[error("{tier} tier: {message}")]
+    Tier { tier: &'static str, message: String, errno: i32 },
 }
 
 impl ClientError {
@@ -102,6 +108,7 @@ impl ClientError {
             ClientError::Connect { source, .. } | ClientError::Io { source, .. } => {
                 source.raw_os_error().unwrap_or(libc_eio())
             }
+            ClientError::Tier { errno, .. } => *errno,
             _ => ErrorCode::BadFrame.errno(),
         }
     }
@@ -166,6 +173,9 @@ pub struct ClientOptions {
     /// given, `connect` accepts servers it cannot reach (their copies are read elsewhere), and
     /// refuses servers announcing another domain than given.
     pub failure_domains: Vec<String>,
+    /// Interference-aware tiering (docs/design/ias.md): each epoch's phase goes to the tier the
+    /// data scheduler picks. `None`: every epoch goes to the burst buffer.
+    pub tiering: Option<TieringOptions>,
 }
 
 impl Default for ClientOptions {
@@ -183,6 +193,7 @@ impl Default for ClientOptions {
             reconnect_wait_max: connection::RECONNECT_WAIT_MAX_DEFAULT,
             replicas: 1,
             failure_domains: Vec::new(),
+            tiering: None,
         }
     }
 }
@@ -205,6 +216,8 @@ pub struct FileHandle {
     /// Set when the epoch was drained and freed in the burst buffer: reads come from this PFS
     /// copy instead (see [`Client::set_pfs_fallback`]).
     pfs_copy: Option<std::path::PathBuf>,
+    /// Set when the epoch's phase went to the PFS or the node-local tier (tiering).
+    direct: Option<tiering::Direct>,
 }
 
 impl FileHandle {
@@ -216,6 +229,16 @@ impl FileHandle {
     /// The PFS copy reads are served from, if the epoch is no longer in the burst buffer.
     pub fn pfs_copy(&self) -> Option<&std::path::Path> {
         self.pfs_copy.as_deref()
+    }
+
+    /// The tier this handle writes and reads: the PFS or node-local for a tiered phase, else
+    /// the burst buffer (or the PFS copy of a drained epoch).
+    pub fn tier(&self) -> Tier {
+        match (&self.direct, &self.pfs_copy) {
+            (Some(direct), _) => direct.tier(),
+            (None, Some(_)) => Tier::Pfs,
+            (None, None) => Tier::BurstBuffer,
+        }
     }
 }
 
@@ -261,6 +284,9 @@ pub struct Client {
     manifest_seq: HashMap<EpochId, u64>,
     /// Byte ranges written per epoch and file since the last manifest (start → end).
     written: HashMap<EpochId, BTreeMap<String, BTreeMap<u64, u64>>>,
+    /// The tiering runtime, when tiering is on (dropped first: its mover may still need the
+    /// burst buffer, through its own connections).
+    tiering: Option<tiering::Runtime>,
 }
 
 impl Client {
@@ -281,11 +307,27 @@ impl Client {
             None => trace_record::path_from_env(options.trace_rank)
                 .and_then(|path| trace_record::Tracer::start(&path, options.trace_rank, true)),
         };
+        let client_id = replication::random_client_id()?;
+        let tiering = match options.tiering.clone() {
+            None => None,
+            Some(tiering_options) => {
+                let endpoints = endpoints.to_vec();
+                let mut mover_options = options.clone();
+                mover_options.tiering = None;
+                mover_options.client_name = format!("{} (node-local mover)", options.client_name);
+                let connect = Box::new(move || Client::connect(&endpoints, mover_options));
+                Some(
+                    tiering::Runtime::start(tiering_options, client_id, connect)
+                        .map_err(ClientError::InvalidArgument)?,
+                )
+            }
+        };
+        let pfs_directory = options.tiering.as_ref().and_then(|t| t.pfs_directory.clone());
         Ok(Client {
             servers,
             options,
             touched: HashMap::new(),
-            pfs_directory: None,
+            pfs_directory,
             tracer,
             traced_creates: HashMap::new(),
             known,
@@ -293,10 +335,11 @@ impl Client {
             lost: BTreeMap::new(),
             domains,
             unreachable,
-            client_id: replication::random_client_id()?,
+            client_id,
             manifests_written: 0,
             manifest_seq: HashMap::new(),
             written: HashMap::new(),
+            tiering,
         })
     }
 
@@ -443,6 +486,9 @@ impl Client {
         epoch: EpochId,
         name: &str,
     ) -> Result<FileHandle, ClientError> {
+        if let Some(handle) = self.create_tiered(epoch, name)? {
+            return Ok(handle);
+        }
         let mut ids = vec![None; self.servers.len()];
         let holders: BTreeSet<usize> =
             placement::stripe_set(self.options.placement, name, self.servers.len())
@@ -457,7 +503,7 @@ impl Client {
             }
             self.touched.entry(epoch).or_default().insert(server);
         }
-        Ok(FileHandle { epoch, name: name.to_string(), ids, pfs_copy: None })
+        Ok(FileHandle { epoch, name: name.to_string(), ids, pfs_copy: None, direct: None })
     }
 
     /// Opens an existing file for reading: asks every server, keeps those that have it.
@@ -475,6 +521,9 @@ impl Client {
         epoch: EpochId,
         name: &str,
     ) -> Result<FileHandle, ClientError> {
+        if let Some(handle) = self.open_tiered(epoch, name)? {
+            return Ok(handle);
+        }
         // Restart read path: once an epoch is drained its PFS copy is the data (the burst
         // buffer may have freed the bytes already).
         if let Some(copy) = self.pfs_path(epoch, name) {
@@ -490,6 +539,7 @@ impl Client {
                         name: name.to_string(),
                         ids: vec![None; self.servers.len()],
                         pfs_copy: Some(copy),
+                        direct: None,
                     });
                 }
             }
@@ -521,7 +571,7 @@ impl Client {
         if ids.iter().all(Option::is_none) {
             return Err(ClientError::NoSuchFile { epoch, name: name.to_string() });
         }
-        Ok(FileHandle { epoch, name: name.to_string(), ids, pfs_copy: None })
+        Ok(FileHandle { epoch, name: name.to_string(), ids, pfs_copy: None, direct: None })
     }
 
     /// Where drained epochs are found on the PFS: `open_file` of a file no server has any more
@@ -591,6 +641,12 @@ impl Client {
                 data.len()
             ))
         })?;
+        if file.direct.is_some() && self.write_tiered(file, offset, data)? {
+            return Ok(());
+        }
+        if let Some(runtime) = &mut self.tiering {
+            runtime.wrote(file.epoch, data.len() as u64);
+        }
         let pieces = placement::split(
             self.options.placement,
             &file.name,
@@ -691,7 +747,11 @@ impl Client {
     }
 
     fn commit_epoch_untraced(&mut self, epoch: EpochId) -> Result<(), ClientError> {
-        self.commit_on_holders(epoch).map_err(|error| self.commit_failure(epoch, error))
+        let tier = self.tiering.as_ref().and_then(|t| t.tier_of(epoch));
+        if matches!(tier, None | Some(Tier::BurstBuffer)) {
+            self.commit_on_holders(epoch).map_err(|error| self.commit_failure(epoch, error))?;
+        }
+        self.commit_tiered(epoch)
     }
 
     /// Commits on every server this client wrote the epoch to (all holders of its pieces),
@@ -720,6 +780,9 @@ impl Client {
     /// reported by [`Client::report_lost_writes`] and `commit_epoch`, and reads of their files
     /// fail.
     pub fn sync_epoch(&mut self, epoch: EpochId) -> Result<(), ClientError> {
+        if self.sync_tiered(epoch)? {
+            return Ok(());
+        }
         self.flush()?;
         // What was written since the last manifest, so that an epoch sealed by someone else
         // (stage-out after the mounts' fsyncs) has every writer's manifest.
@@ -888,6 +951,9 @@ impl Client {
         if let Some(copy) = &file.pfs_copy {
             return read_pfs_copy(copy, offset, buffer);
         }
+        if file.direct.is_some() {
+            return self.read_tiered(file, offset, buffer);
+        }
         // A holder found unreachable mid-read is skipped and the read planned again over the
         // others; each round marks one more server, so this ends.
         loop {
@@ -1013,6 +1079,9 @@ impl Client {
 
     /// The file's size: one past the highest byte any server holds.
     pub fn file_size(&mut self, file: &FileHandle) -> Result<u64, ClientError> {
+        if file.direct.is_some() {
+            return self.file_size_tiered(file);
+        }
         if let Some(copy) = &file.pfs_copy {
             return std::fs::metadata(copy).map(|m| m.len()).map_err(|source| ClientError::Io {
                 endpoint: Endpoint::Unix(copy.clone()),
@@ -1149,6 +1218,9 @@ impl Client {
     }
 
     fn delete_epoch_untraced(&mut self, epoch: EpochId) -> Result<(), ClientError> {
+        if let Some(runtime) = &mut self.tiering {
+            runtime.delete(epoch);
+        }
         self.flush()?;
         for connection in &mut self.servers {
             match connection.call(&Request::DeleteEpoch { epoch }, &[], None) {

@@ -82,6 +82,16 @@ knobs! {
         rescue_expiry_s: u64 = 1_209_600, unit = "seconds";
         /// A server down (no heartbeat answered) for this long is declared lost for good: its reservations are degraded and re-replicated; 0 = only `spillway server lost` declares it.
         server_lost_after_s: u64 = 86_400, unit = "seconds";
+        /// Tiering strategy of jobs that name none (docs/design/ias.md): baseline, high-priority, interference-aware or measured.
+        tiering_default: String = "high-priority".to_string(), unit = "strategy";
+        /// A job counts as active (IAS's N) for this long after its last phase report.
+        tiering_job_active_s: u64 = 600, unit = "seconds";
+        /// A phase whose end never arrives (its client died) stops counting after this long.
+        tiering_phase_expire_s: u64 = 3_600, unit = "seconds";
+        /// Writers the PFS takes at once, jobs' direct PFS phases and drains together: the cross-job drain scheduler's limit.
+        pfs_writers_max: u32 = 4, unit = "writers";
+        /// A running drain's PFS slot is freed when its holder has not renewed it for this long.
+        drain_lease_s: u64 = 60, unit = "seconds";
     }
 }
 
@@ -134,6 +144,15 @@ impl ManagerKnobs {
                 "must be at least 4096",
             ));
         }
+        const STRATEGIES: [&str; 4] =
+            ["baseline", "high-priority", "interference-aware", "measured"];
+        if !STRATEGIES.contains(&self.tiering_default.as_str()) {
+            return Err(invalid(
+                "tiering_default",
+                self.tiering_default.clone(),
+                "not one of baseline, high-priority, interference-aware, measured",
+            ));
+        }
         let positive = [
             ("stripe_servers_max", self.stripe_servers_max as u64),
             ("reservations_per_user_max", self.reservations_per_user_max as u64),
@@ -144,6 +163,10 @@ impl ManagerKnobs {
             ("connections_per_uid_max", self.connections_per_uid_max as u64),
             ("request_timeout_ms", self.request_timeout_ms),
             ("job_owner_timeout_ms", self.job_owner_timeout_ms),
+            ("pfs_writers_max", self.pfs_writers_max as u64),
+            ("drain_lease_s", self.drain_lease_s),
+            ("tiering_job_active_s", self.tiering_job_active_s),
+            ("tiering_phase_expire_s", self.tiering_phase_expire_s),
         ];
         for (name, value) in positive {
             if value == 0 {

@@ -7,6 +7,8 @@
 //! hosts when dropped (or by [`Cluster::down`], which returns what was left behind). A [`Host`]
 //! gives [`Command`]s that run inside it; [`ServerBuilder::in_host`](crate::ServerBuilder::in_host)
 //! and [`ManagerProcess::start_in_host`](crate::ManagerProcess::start_in_host) run daemons there.
+//! [`Cluster::start_pfs`] makes one host serve a real shared file system (MooseFS) that every
+//! other host mounts at the same path, through a link shaped to a bandwidth ([`SharedPfs`]).
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -93,6 +95,49 @@ impl Host {
             .arg("--clear-groups")
             .arg(program);
         command
+    }
+}
+
+/// A shared parallel file system served by one host of a [`Cluster`] and mounted by every other
+/// live host ([`Cluster::start_pfs`], `scripts/cluster/pfs-up.sh`): MooseFS, its master and
+/// chunkserver in the server host (data under that host's directory, lost with it), `mfsmount`
+/// (FUSE) in each client at the same path, and the server host's link shaped with `tc` to the
+/// rate in each direction, so jobs that write or read it at once share that bandwidth
+/// physically. It stops with the cluster (or by [`Cluster::stop_pfs`]).
+#[derive(Debug, Clone)]
+pub struct SharedPfs {
+    mount: PathBuf,
+    server: String,
+    server_address: IpAddr,
+    rate_mbit: u32,
+    clients: Vec<String>,
+}
+
+impl SharedPfs {
+    /// Where it is mounted, the same path in every client host (under the cluster's directory;
+    /// neither the machine nor the server host sees the mount there).
+    pub fn mount_path(&self) -> &Path {
+        &self.mount
+    }
+
+    /// The host that serves it (its link is the shaped one).
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// The server host's address, on which the MooseFS daemons listen.
+    pub fn server_address(&self) -> IpAddr {
+        self.server_address
+    }
+
+    /// The bandwidth of the server host's link, each way, in Mbit/s (10^6 bit/s).
+    pub fn rate_mbit(&self) -> u32 {
+        self.rate_mbit
+    }
+
+    /// The hosts that mount it: every host that was live when it started, but the server.
+    pub fn clients(&self) -> &[String] {
+        &self.clients
     }
 }
 
@@ -218,6 +263,48 @@ impl Cluster {
         Ok(())
     }
 
+    /// Makes host `server` serve a shared parallel file system (MooseFS) mounted at
+    /// `DIR/pfs-mnt` in every other live host, the server host's link shaped to
+    /// `bandwidth_mbit` Mbit/s each way (`scripts/cluster/pfs-up.sh`; docs/design/cluster.md,
+    /// "A shared PFS with limited bandwidth"). One at a time per cluster; it stops with the
+    /// cluster or by [`stop_pfs`](Self::stop_pfs). The error of a failed start names the step
+    /// (what was started is stopped again).
+    pub fn start_pfs(&self, server: &str, bandwidth_mbit: u32) -> Result<SharedPfs, ClusterError> {
+        self.host_named(server)?;
+        let mount = self.dir.join("pfs-mnt");
+        run_script(
+            "pfs-up.sh",
+            &[
+                self.dir.as_os_str(),
+                server.as_ref(),
+                mount.as_os_str(),
+                bandwidth_mbit.to_string().as_ref(),
+            ],
+            &[],
+        )?;
+        let env = self.dir.join("pfs.env");
+        let text = std::fs::read_to_string(&env)
+            .map_err(|source| ClusterError::Prepare { path: env.clone(), source })?;
+        parse_pfs_env(&text).map_err(|problem| ClusterError::BadEnv { path: env, problem })
+    }
+
+    /// Shapes `host`'s link to `bandwidth_mbit` Mbit/s each way (`scripts/cluster/shape.sh`:
+    /// tc tbf on the switch's port toward it and on its `eth0`), e.g. a burst buffer server's
+    /// network, which its clients then share physically.
+    pub fn shape_link(&self, host: &str, bandwidth_mbit: u32) -> Result<(), ClusterError> {
+        self.host_named(host)?;
+        let rate = bandwidth_mbit.to_string();
+        run_script("shape.sh", &[self.dir.as_os_str(), host.as_ref(), rate.as_ref()], &[])
+            .map(|_| ())
+    }
+
+    /// Stops the shared PFS of [`start_pfs`](Self::start_pfs) (`scripts/cluster/pfs-down.sh`):
+    /// its mounts, its daemons, the shaping and its data; the hosts keep running. Nothing to do
+    /// when none runs.
+    pub fn stop_pfs(&self) -> Result<(), ClusterError> {
+        run_script("pfs-down.sh", &[self.dir.as_os_str()], &[]).map(|_| ())
+    }
+
     /// Stops every host (`down.sh`), which checks that no namespace, process or mount is left,
     /// and removes the directory. The error names what was left (the directory then stays).
     pub fn down(mut self) -> Result<(), ClusterError> {
@@ -319,6 +406,25 @@ fn parse_env(text: &str, dir: &Path) -> Result<(String, Vec<Host>), String> {
     Ok((tag, hosts))
 }
 
+/// The shared PFS a `pfs.env` written by pfs-up.sh describes.
+fn parse_pfs_env(text: &str) -> Result<SharedPfs, String> {
+    let value = |key: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(key)?.strip_prefix('='))
+            .map(|v| v.trim_matches('\'').to_string())
+            .ok_or_else(|| format!("no {key}"))
+    };
+    let address = value("PFS_SERVER_ADDR")?;
+    let rate = value("PFS_RATE_MBIT")?;
+    Ok(SharedPfs {
+        mount: PathBuf::from(value("PFS_MOUNT")?),
+        server: value("PFS_SERVER")?,
+        server_address: address.parse().map_err(|e| format!("address {address:?}: {e}"))?,
+        rate_mbit: rate.parse().map_err(|e| format!("rate {rate:?}: {e}"))?,
+        clients: value("PFS_CLIENTS")?.split_whitespace().map(str::to_string).collect(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -338,5 +444,19 @@ mod tests {
         assert_eq!(hosts[0].ssd_dir(), Path::new("/d/hosts/host1/ssd"));
         let missing = parse_env("CLUSTER_TAG=c7\nCLUSTER_HOSTS='host1'\n", Path::new("/d"));
         assert_eq!(missing.unwrap_err(), "no CLUSTER_ADDR_host1");
+    }
+
+    #[test]
+    fn the_pfs_env_file_names_server_mount_and_rate() {
+        let text = "PFS_KIND=moosefs\nPFS_SERVER=host3\nPFS_SERVER_ADDR=10.213.7.3\n\
+                    PFS_MOUNT=/d/pfs-mnt\nPFS_RATE_MBIT=200\nPFS_CLIENTS='host1 host2'\n\
+                    PFS_DATA=/d/hosts/host3/pfs\n";
+        let pfs = parse_pfs_env(text).unwrap();
+        assert_eq!(pfs.mount_path(), Path::new("/d/pfs-mnt"));
+        assert_eq!(pfs.server(), "host3");
+        assert_eq!(pfs.server_address(), "10.213.7.3".parse::<IpAddr>().unwrap());
+        assert_eq!(pfs.rate_mbit(), 200);
+        assert_eq!(pfs.clients(), ["host1", "host2"]);
+        assert_eq!(parse_pfs_env("PFS_SERVER=host3\n").unwrap_err(), "no PFS_SERVER_ADDR");
     }
 }

@@ -25,7 +25,7 @@ mod server;
 mod users;
 
 pub use child::Reaped;
-pub use cluster::{Cluster, ClusterError, Host};
+pub use cluster::{Cluster, ClusterError, Host, SharedPfs};
 pub use data::{pattern, same_bytes};
 pub use manager::ManagerProcess;
 pub use munged::{Munged, MungedError, MUNGED_KEY_BYTES, MUNGED_READY_TIMEOUT};

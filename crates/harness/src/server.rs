@@ -241,7 +241,12 @@ impl ServerBuilder {
             dir: dir.to_path_buf(),
             problem,
         };
-        let output = Command::new(&self.binary)
+        // In the server's host: a shared PFS is mounted there, not where the harness runs.
+        let mut command = match &self.host {
+            Some(host) => host.command(&self.binary),
+            None => Command::new(&self.binary),
+        };
+        let output = command
             .args(["drain", "mark-pfs"])
             .arg(dir)
             .stdin(Stdio::null())

@@ -365,6 +365,7 @@ fn route(manager: &Manager, caller: &crate::Caller, request: &Request) -> Reply 
             result(200, manager.declare_server_lost(caller, key))
         }
         (_, ["v1", "reservations", ..]) => route_reservations(manager, caller, request, &segments),
+        (_, ["v1", "tiers", ..]) => route_tiers(manager, caller, request, &segments),
         ("GET", ["v1", "quotas"]) => result(200, manager.quotas(caller)),
         ("PUT", ["v1", "quotas", uid]) => match uid.parse::<u32>() {
             Ok(uid) => match body(request) {
@@ -386,6 +387,40 @@ fn method_not_allowed(request: &Request) -> Reply {
         "method_not_allowed",
         format!("{} is not allowed on {}", request.method, request.path),
     )
+}
+
+/// `/v1/tiers…`: phase reports, the tiers' load, drains' PFS slots (crate::tiering).
+fn route_tiers(
+    manager: &Manager,
+    caller: &crate::Caller,
+    request: &Request,
+    segments: &[&str],
+) -> Reply {
+    let ticket = |text: &str| {
+        text.parse::<u64>().map_err(|_| {
+            error_reply(400, "invalid", format!("drain ticket {text:?} is not a number"))
+        })
+    };
+    match (request.method.as_str(), segments) {
+        ("GET", ["v1", "tiers"]) => json(200, &manager.tiers(caller)),
+        ("POST", ["v1", "tiers", "phases"]) => match body(request) {
+            Ok(report) => result(200, manager.report_phase(caller, &report)),
+            Err(reply) => reply,
+        },
+        ("POST", ["v1", "tiers", "drains"]) => match body(request) {
+            Ok(ask) => result(201, manager.ask_drain(caller, &ask)),
+            Err(reply) => reply,
+        },
+        ("GET", ["v1", "tiers", "drains", id]) => match ticket(id) {
+            Ok(id) => result(200, manager.poll_drain(caller, id)),
+            Err(reply) => reply,
+        },
+        ("POST", ["v1", "tiers", "drains", id, "done"]) => match (ticket(id), body(request)) {
+            (Ok(id), Ok(done)) => result(200, manager.release_drain(caller, id, &done)),
+            (Err(reply), _) | (_, Err(reply)) => reply,
+        },
+        _ => method_not_allowed(request),
+    }
 }
 
 /// `/v1/reservations…`: list, create, show, destroy, and the jobs using one.

@@ -26,6 +26,7 @@ pub mod request_auth;
 pub mod rescue;
 pub mod service;
 pub mod stage;
+pub mod tiering;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;

@@ -324,6 +324,8 @@ pub struct Manager {
     live: Mutex<BTreeMap<u64, Probe>>,
     /// Per reservation id: its re-replication since this manager started.
     repairs: Mutex<BTreeMap<u64, RepairProgress>>,
+    /// IAS: jobs' phases, the shared tiers' load, drains' PFS slots (crate::tiering).
+    pub(crate) tiers: Mutex<crate::tiering::TierBoard>,
 }
 
 /// A server as placement sees it: free bytes from the active reservations; a lost server is
@@ -385,6 +387,7 @@ impl Manager {
             streams: Mutex::new(BTreeMap::new()),
             live: Mutex::new(BTreeMap::new()),
             repairs: Mutex::new(BTreeMap::new()),
+            tiers: Mutex::new(crate::tiering::TierBoard::default()),
         };
         manager.rebuild_streams()?;
         Ok(manager)

@@ -90,6 +90,8 @@ pub enum StageError {
     DrainQuarantined { epoch: u64, server: usize, error: String },
     #[error("drain of epoch {epoch} requested, but the reservation's servers have no PFS directory (server add --pfs)")]
     NoDrainDirectory { epoch: u64 },
+    #[error("drain of epoch {epoch} got no PFS slot from the manager's drain scheduler: {message}; the data stays in the burst buffer (retry the stage-out)")]
+    DrainSlot { epoch: u64, message: String },
     /// Staging out from a snapshot (the namespace's server is gone), a file's bytes are not
     /// what the snapshot names (changed since, or a forged size): not staged out.
     #[error("{name}: the namespace's snapshot names {expected} bytes in {data_name}, the burst buffer holds {held}: the file changed after the snapshot (or its size there is wrong), so it is not staged out (its bytes stay in the reservation)")]
@@ -135,6 +137,9 @@ pub struct StageOptions {
     pub drain_timeout: Duration,
     /// Where the progress record is opened ([`PrivateRecordStore`]; tests inject faults).
     pub record_store: std::sync::Arc<dyn RecordStore>,
+    /// The manager whose cross-job drain scheduler a `drain_first` drain waits for
+    /// (crate::tiering); `None`: the drain starts at once.
+    pub drain_slots: Option<std::sync::Arc<crate::ApiClient>>,
 }
 
 impl StageOptions {
@@ -147,6 +152,7 @@ impl StageOptions {
             drain_first: false,
             drain_timeout: Duration::from_secs(600),
             record_store: std::sync::Arc::new(PrivateRecordStore),
+            drain_slots: None,
         }
     }
 }
@@ -1027,8 +1033,9 @@ fn drain_epoch(
     reservation: &Reservation,
     tree: Option<&Tree>,
     client: &mut Client,
-    timeout: Duration,
+    options: &StageOptions,
 ) -> Result<(), StageError> {
+    let timeout = options.drain_timeout;
     let epoch = EpochId(reservation.epoch);
     if reservation.server_pfs_dirs.iter().all(Option::is_none) {
         return Err(StageError::NoDrainDirectory { epoch: epoch.0 });
@@ -1066,8 +1073,31 @@ fn drain_epoch(
     for endpoint in endpoints(reservation)? {
         commit_on(&endpoint, epoch).map_err(|e| burst(reservation, e))?;
     }
+    // The PFS is shared with every other reservation's drains and jobs' direct PFS phases:
+    // wait for the scheduler's slot (released when this returns).
+    let label = format!("stage-out {} epoch {}", reservation.name, epoch.0);
+    let mut slot = match &options.drain_slots {
+        Some(api) => Some(
+            crate::tiering::DrainSlot::acquire(api, &label, 0, timeout)
+                .map_err(|e| StageError::DrainSlot { epoch: epoch.0, message: e.to_string() })?,
+        ),
+        None => None,
+    };
     client.request_drain(epoch, 1).map_err(|e| burst(reservation, e))?;
+    wait_drained(reservation, client, epoch, timeout, slot.as_mut())
+}
+
+/// Waits until every server reports the epoch drained, renewing the drain's PFS slot and
+/// recording the bytes it moved.
+fn wait_drained(
+    reservation: &Reservation,
+    client: &mut Client,
+    epoch: EpochId,
+    timeout: Duration,
+    mut slot: Option<&mut crate::tiering::DrainSlot<'_>>,
+) -> Result<(), StageError> {
     let deadline = Instant::now() + timeout;
+    let mut renewed = Instant::now();
     loop {
         let status = client.drain_status().map_err(|e| burst(reservation, e))?;
         let infos: Vec<(usize, &DrainInfo)> = status
@@ -1077,7 +1107,17 @@ fn drain_epoch(
             })
             .collect();
         if !infos.is_empty() && infos.iter().all(|(_, d)| d.state == DrainState::Drained) {
+            if let Some(slot) = slot.as_deref_mut() {
+                slot.bytes = summary_bytes(client, epoch);
+            }
             return Ok(());
+        }
+        if let Some(slot) = slot.as_deref() {
+            if renewed.elapsed() > DRAIN_SLOT_RENEW_INTERVAL {
+                // A lost renewal only risks the slot's expiry, never the drain.
+                let _ = slot.renew();
+                renewed = Instant::now();
+            }
         }
         // A quarantined drain is not retried by itself: waiting out the timeout would only hide
         // its error from the job.
@@ -1101,6 +1141,18 @@ fn drain_epoch(
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// How often a stage-out's drain renews its PFS slot (well inside `manager.drain_lease_s`).
+const DRAIN_SLOT_RENEW_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The epoch's bytes over all servers (what a drain moved), 0 if unknown.
+fn summary_bytes(client: &mut Client, epoch: EpochId) -> u64 {
+    client
+        .list_epochs()
+        .ok()
+        .and_then(|epochs| epochs.into_iter().find(|e| e.epoch == epoch))
+        .map_or(0, |summary| summary.bytes)
 }
 
 /// The namespace's name map, stored in its data epoch on every server
@@ -1342,7 +1394,7 @@ fn stage_out_source(
         Ok(tree) => {
             if options.drain_first {
                 let mut client = connect(reservation)?;
-                drain_epoch(reservation, Some(&tree), &mut client, options.drain_timeout)?;
+                drain_epoch(reservation, Some(&tree), &mut client, options)?;
             }
             let files = tree_files(&tree, reservation, base)?;
             Ok(Source { files, namespace: tree.ns.id(), epoch: tree.epoch, from_snapshot: false })
@@ -1353,7 +1405,7 @@ fn stage_out_source(
             tracing::warn!(reservation = %reservation.name, %error, files = snapshot.entries.len(), "stage-out: the namespace is gone; staging out the files of its snapshot");
             if options.drain_first {
                 let mut client = connect(reservation)?;
-                drain_epoch(reservation, None, &mut client, options.drain_timeout)?;
+                drain_epoch(reservation, None, &mut client, options)?;
             }
             let files = snapshot_files(&snapshot, reservation, base)?;
             let (namespace, epoch) = (snapshot.namespace, snapshot.data_epoch);

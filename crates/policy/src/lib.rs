@@ -14,6 +14,8 @@
 //!   `hash(node) % servers`) and the namespace id a node uses.
 //! - [`replicas`]: the servers that hold the k replicas of a piece: the primary, then the next
 //!   servers in ring order on failure domains (hosts) not yet in the set.
+//! - [`tiering`]: IAS, the tier (node-local, burst buffer, PFS) an I/O phase writes to per
+//!   strategy (Algorithm 1 among them), and which drains of all reservations may use the PFS now.
 //! - [`lifetime`]: lifetime-aware grouping (the improvement BIOS 7.2 proposes): keys whose data
 //!   is expected to die at similar times share a stream.
 
@@ -23,8 +25,10 @@ pub mod namespace;
 pub mod pool;
 pub mod replicas;
 pub mod stream;
+pub mod tiering;
 
 pub use lifetime::{lifetime_stream, LifetimeEstimate};
 pub use pool::{select_pool, PoolChoice, PoolState};
 pub use replicas::{replica_set, ReplicaError, REPLICAS_MAX};
 pub use stream::{StreamDecision, StreamTable, StreamTableLimits};
+pub use tiering::{choose_tier, next_drains, Strategy, Tier, TierChoice, TierLoad, TierSnapshot};

@@ -7,12 +7,17 @@
 //! formatting. Eviction policies are pure code in [`policy`] so a daemon can share them.
 
 pub mod characterize;
+pub mod ias;
 pub mod model;
 pub mod policy;
 pub mod report;
 pub mod synth;
 
 pub use characterize::{characterize, AllocationTarget, Bound, Characterization, Peaks, Profile};
+pub use ias::{
+    compare_strategies, simulate_strategy, synthetic_jobs, trace_job, IasConfig, IasError,
+    IasReport, JobSpec, StrategyReport, SyntheticWorkload,
+};
 pub use model::{
     access_space, simulate, sweep, Level, SimConfig, SimReport, SweepPoint, WriteBack,
 };

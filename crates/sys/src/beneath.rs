@@ -58,6 +58,12 @@ impl Beneath {
         self.open_file(relative, OFlag::O_WRONLY | OFlag::O_CREAT, mode)
     }
 
+    /// Opens `relative` for reading and writing, creating it with `mode` if it does not exist
+    /// (never truncating), following no link.
+    pub fn open_or_create_read_write(&self, relative: &Path, mode: u32) -> io::Result<File> {
+        self.open_file(relative, OFlag::O_RDWR | OFlag::O_CREAT, mode)
+    }
+
     /// Opens the existing file `relative` for writing (never creating it), following no link.
     pub fn open_existing_for_write(&self, relative: &Path) -> io::Result<File> {
         self.open_file(relative, OFlag::O_WRONLY, 0)
@@ -130,14 +136,35 @@ impl Beneath {
     pub fn rename_noreplace(&self, from: &Path, to: &Path) -> io::Result<()> {
         let (from_parent, from_name) = self.parent_of(from)?;
         let (to_parent, to_name) = self.parent_of(to)?;
-        nix::fcntl::renameat2(
+        match nix::fcntl::renameat2(
             &from_parent,
             from_name,
             &to_parent,
             to_name,
             nix::fcntl::RenameFlags::RENAME_NOREPLACE,
-        )
-        .map_err(|e| self.describe(e, "renaming (not replacing) to", to))
+        ) {
+            Ok(()) => Ok(()),
+            // File systems without rename flags (MooseFS and other FUSE file systems, older
+            // NFS) say EINVAL: a hard link is just as atomic about an existing target (EEXIST),
+            // then the old name goes.
+            Err(nix::errno::Errno::EINVAL) => {
+                nix::unistd::linkat(
+                    &from_parent,
+                    from_name,
+                    &to_parent,
+                    to_name,
+                    nix::fcntl::AtFlags::empty(),
+                )
+                .map_err(|e| self.describe(e, "linking (not replacing) to", to))?;
+                nix::unistd::unlinkat(
+                    &from_parent,
+                    from_name,
+                    nix::unistd::UnlinkatFlags::NoRemoveDir,
+                )
+                .map_err(|e| self.describe(e, "removing the old name after linking to", to))
+            }
+            Err(errno) => Err(self.describe(errno, "renaming (not replacing) to", to)),
+        }
     }
 
     /// Opens `relative` as a path descriptor (`O_PATH`, following no link): for `fstat` and

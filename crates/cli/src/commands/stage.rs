@@ -94,6 +94,10 @@ fn prepare(
     };
     options.drain_first = args.drain;
     options.drain_timeout = Duration::from_secs(args.drain_timeout_s);
+    if args.drain {
+        // The drain waits for its PFS slot from the manager's cross-job drain scheduler.
+        options.drain_slots = Some(std::sync::Arc::new(args.flags.client()?.0));
+    }
     Ok((reservation, options))
 }
 

@@ -6,3 +6,4 @@
 pub mod characterize;
 pub mod ftl;
 pub mod sim;
+pub mod sim_ias;

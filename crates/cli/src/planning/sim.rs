@@ -3,7 +3,8 @@
 //! buffer size or as a sweep of sizes relative to the access space (table, JSON, SVG).
 //!
 //! This module only parses flags, loads the trace, times the simulator (for `ops_per_second`)
-//! and formats output; the model is `spillway_sim::model`.
+//! and formats output; the model is `spillway_sim::model`. `spillway sim ias` (tiering
+//! strategies over three tiers) is a subcommand with its own flags, in `sim_ias`.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -21,7 +22,10 @@ use spillway_trace::{Trace, TraceOp};
 use spillway_types::format_bytes;
 
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct Args {
+    #[command(subcommand)]
+    pub command: Option<Command>,
     /// Trace file (Spillway trace format, docs/design/trace.md). Omit with --synthetic.
     pub trace: Option<PathBuf>,
     /// Simulate a synthetic SWarp-like workflow instead of a trace file.
@@ -93,6 +97,13 @@ pub struct Args {
     pub svg: Option<PathBuf>,
 }
 
+/// `spillway sim <subcommand>`; without one, `sim` runs the two-level model on a trace.
+#[derive(clap::Subcommand)]
+pub enum Command {
+    /// Tiering strategies (IAS) over node-local, burst buffer and PFS: per-job I/O time.
+    Ias(Box<super::sim_ias::Args>),
+}
+
 fn parse_policies(text: &str) -> anyhow::Result<Vec<PolicyKind>> {
     let mut policies = Vec::new();
     for name in text.split(',').map(str::trim).filter(|name| !name.is_empty()) {
@@ -154,6 +165,9 @@ fn load(args: &Args) -> anyhow::Result<(Trace, String, f64)> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(Command::Ias(ias)) = args.command {
+        return super::sim_ias::run(*ias);
+    }
     let policies = parse_policies(&args.policy)?;
     let write_back = parse_write_back(&args.write_back)?;
     let (trace, name, decode_ops_per_second) = load(&args)?;
