@@ -224,9 +224,14 @@ fn client_options(options: &spillway_options) -> Result<ClientOptions, CapiError
     if options.transfer_bytes_max == 0 {
         return Err(CapiError::InvalidArgument("options.transfer_bytes_max is 0".into()));
     }
+    // Tiering comes from the job's environment (SPILLWAY_TIERING, set by Slurm's
+    // `tiering=`; docs/design/ias.md).
+    let tiering =
+        spillway_manager::tiering::tiering_from_env().map_err(CapiError::InvalidArgument)?;
     Ok(ClientOptions {
         placement,
         durability,
+        tiering,
         replicas: options.replicas.max(1),
         window: options.window,
         transfer_bytes_max: options.transfer_bytes_max,

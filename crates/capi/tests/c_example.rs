@@ -227,3 +227,44 @@ fn shared_library_exports_exactly_the_header_functions() {
     assert!(declared.len() >= 18, "parsed only {declared:?} from the header");
     assert_eq!(exported, declared, "libspillway.so exports differ from include/spillway.h");
 }
+
+/// The C ABI schedules its phases with the strategy the job's environment names
+/// (`SPILLWAY_TIERING`, which Slurm's `tiering=` sets): the manager hears each phase's end,
+/// and measures the burst buffer's bandwidth from it; a strategy it does not know is refused
+/// at connect, naming the variable.
+#[test]
+fn c_example_reports_its_phases_when_the_environment_turns_tiering_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = compile_example(dir.path());
+    let binary = spillway_binary();
+    let server = start_server(&binary, dir.path(), "t");
+    let manager = spillway_harness::ManagerProcess::start(
+        &binary,
+        &dir.path().join("manager"),
+        &[("SPILLWAY_MANAGER_JOB_OWNER_CHECK", "none")],
+    );
+    let api = spillway_manager::ApiClient::new(&manager.socket.to_string_lossy()).unwrap();
+    let tiers = || -> spillway_manager::tiering::TiersView { api.get("/v1/tiers").unwrap() };
+    assert_eq!(tiers().snapshot.burst_buffer.bandwidth_bytes_per_s, 0);
+    let endpoint = server.endpoint().to_string();
+    let case = ["--mode", "nn", "--placement", "striped", "--epoch", "7"];
+    run(Command::new(&program)
+        .args(case)
+        .arg(&endpoint)
+        .env("SPILLWAY_TIERING", "high-priority")
+        .env("SPILLWAY_TIERING_JOB", "c-job")
+        .env("SPILLWAY_MANAGER", &manager.socket));
+    let view = tiers();
+    assert!(view.snapshot.burst_buffer.bandwidth_bytes_per_s > 0, "{view:?}");
+    assert!(view.phases.is_empty(), "every phase ended: {view:?}");
+
+    let refused = Command::new(&program)
+        .args(["--mode", "nn", "--placement", "striped", "--epoch", "8"])
+        .arg(&endpoint)
+        .env("SPILLWAY_TIERING", "fastest")
+        .env("SPILLWAY_TIERING_JOB", "c-job")
+        .env("SPILLWAY_MANAGER", &manager.socket)
+        .output()
+        .unwrap();
+    assert!(!refused.status.success(), "an unknown strategy was accepted");
+}

@@ -858,34 +858,41 @@ impl Mover {
     }
 }
 
-/// Copies a committed node-local epoch to the burst buffer, a record-sized piece at a time,
-/// and commits it there.
-fn move_epoch(
+/// Copies a node-local epoch's files into `client`'s burst buffer, a piece at a time (the
+/// caller commits, or goes on writing the phase there).
+fn copy_local_epoch(
     store: &spillway_store::Store,
-    bb: &mut crate::Client,
+    client: &mut crate::Client,
     epoch: EpochId,
-) -> Result<(), String> {
-    let failed =
-        |e: crate::ClientError| format!("moving node-local epoch {epoch} to the burst buffer: {e}");
+) -> Result<(), crate::ClientError> {
     let mut buffer = Vec::new();
-    for info in store.files(epoch).map_err(|e| e.to_string())? {
+    for info in store.files(epoch).map_err(node_local_error)? {
         let Some(name) = info.name.clone() else { continue };
-        let mut handle = bb.create_file(epoch, &name).map_err(failed)?;
+        let mut handle = client.create_file(epoch, &name)?;
         for extent in store.extents(epoch..=epoch, Some(info.file)) {
             let end = extent.offset + extent.length;
             let mut at = extent.offset;
             while at < end {
                 let length = (end - at).min(MOVE_PIECE_BYTES);
                 buffer.resize(length as usize, 0);
-                store
-                    .read(epoch, info.file, at, &mut buffer)
-                    .map_err(|e| format!("reading node-local epoch {epoch} to move it: {e}"))?;
-                bb.write(&mut handle, at, &buffer).map_err(failed)?;
+                store.read(epoch, info.file, at, &mut buffer).map_err(node_local_error)?;
+                client.write(&mut handle, at, &buffer)?;
                 at += length;
             }
         }
     }
-    bb.commit_epoch(epoch).map_err(failed)
+    Ok(())
+}
+
+/// Moves a committed node-local epoch to the burst buffer and commits it there.
+fn move_epoch(
+    store: &spillway_store::Store,
+    bb: &mut crate::Client,
+    epoch: EpochId,
+) -> Result<(), String> {
+    copy_local_epoch(store, bb, epoch)
+        .and_then(|()| bb.commit_epoch(epoch))
+        .map_err(|e| format!("moving node-local epoch {epoch} to the burst buffer: {e}"))
 }
 
 /// Bytes the mover reads and writes at a time.
@@ -1041,23 +1048,7 @@ impl crate::Client {
         let runtime = self.tiering.as_mut().expect("tiering on");
         runtime.switch_to_burst_buffer(epoch);
         let store = runtime.node_local.as_ref().expect("node-local store").store.clone();
-        let files = store.files(epoch).map_err(node_local_error)?;
-        let mut buffer = Vec::new();
-        for info in files {
-            let Some(name) = info.name.clone() else { continue };
-            let mut handle = self.create_file_untraced(epoch, &name)?;
-            for extent in store.extents(epoch..=epoch, Some(info.file)) {
-                let end = extent.offset + extent.length;
-                let mut at = extent.offset;
-                while at < end {
-                    let length = (end - at).min(MOVE_PIECE_BYTES);
-                    buffer.resize(length as usize, 0);
-                    store.read(epoch, info.file, at, &mut buffer).map_err(node_local_error)?;
-                    self.write_untraced(&mut handle, at, &buffer)?;
-                    at += length;
-                }
-            }
-        }
+        copy_local_epoch(&store, self, epoch)?;
         self.flush()?;
         let runtime = self.tiering.as_mut().expect("tiering on");
         let local = runtime.node_local.as_mut().expect("node-local store");

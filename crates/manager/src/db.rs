@@ -19,7 +19,7 @@ use rusqlite::{params, Connection, OptionalExtension, Transaction};
 use crate::model::{Access, Degraded, Rescue, Reservation, ReservationState, StageOutPair};
 
 /// The schema this binary writes.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Permission bits of the database file and its `-wal`/`-shm` companions.
 pub const DATABASE_FILE_MODE: u32 = 0o600;
@@ -116,6 +116,12 @@ ALTER TABLE servers ADD COLUMN lost_unix_s INTEGER;
 ALTER TABLE reservations ADD COLUMN replicas INTEGER NOT NULL DEFAULT 1 CHECK (replicas BETWEEN 1 AND 4);
 ";
 
+/// Version 5: tiering. The strategy a reservation's jobs' phases are scheduled with
+/// (docs/design/ias.md; NULL: the site's default, `manager.tiering_default`).
+const SCHEMA_V5: &str = "
+ALTER TABLE reservations ADD COLUMN tiering TEXT;
+";
+
 /// Why the database could not be opened.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -177,6 +183,9 @@ impl Db {
         }
         if version < 4 {
             tx.execute_batch(SCHEMA_V4).map_err(sqlite)?;
+        }
+        if version < 5 {
+            tx.execute_batch(SCHEMA_V5).map_err(sqlite)?;
         }
         tx.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(sqlite)?;
         tx.commit().map_err(sqlite)?;
@@ -268,6 +277,8 @@ pub struct ReservationRow {
     pub rescue: Option<Rescue>,
     /// Copies of every byte, on distinct failure domains.
     pub replicas: u32,
+    /// The tiering strategy its jobs ask for (`None`: the site's default).
+    pub tiering: Option<spillway_policy::Strategy>,
 }
 
 impl ReservationRow {
@@ -324,6 +335,7 @@ impl ReservationRow {
             jobs: self.jobs.clone(),
             rescue: self.rescue.clone(),
             replicas: self.replicas,
+            tiering: self.tiering,
             server_domains: self
                 .placement
                 .iter()
@@ -473,7 +485,7 @@ pub fn mark_server_lost(tx: &Transaction<'_>, id: u64, now_unix_s: u64) -> rusql
 
 const RESERVATION_COLUMNS: &str = "id, name, owner_uid, owner_gid, job_id, persistent, requested_bytes, fragment_bytes, \
      fragments, pool_id, access, epoch, namespace_id, stream, state, created_unix_s, allowed_uids, allowed_gids, \
-     rescue_error, rescue_since_unix_s, rescue_reclaimable_unix_s, rescue_stage_outs, replicas";
+     rescue_error, rescue_since_unix_s, rescue_reclaimable_unix_s, rescue_stage_outs, replicas, tiering";
 
 fn reservation_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ReservationRow> {
     let text_error = |column: usize, what: &str, value: String| {
@@ -526,6 +538,13 @@ fn reservation_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ReservationRo
         jobs: Vec::new(),
         rescue,
         replicas: r.get::<_, i64>(22)? as u32,
+        tiering: match r.get::<_, Option<String>>(23)? {
+            None => None,
+            Some(text) => Some(
+                spillway_policy::Strategy::parse(&text)
+                    .ok_or_else(|| text_error(23, "tiering", text.clone()))?,
+            ),
+        },
     })
 }
 
@@ -610,8 +629,8 @@ pub fn take_counter(tx: &Transaction<'_>, name: &str) -> rusqlite::Result<u64> {
 pub fn insert_reservation(tx: &Transaction<'_>, row: &ReservationRow) -> rusqlite::Result<u64> {
     tx.execute(
         "INSERT INTO reservations (name, owner_uid, owner_gid, job_id, persistent, requested_bytes, fragment_bytes, \
-         fragments, pool_id, access, epoch, namespace_id, stream, state, created_unix_s, allowed_uids, allowed_gids, replicas) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
+         fragments, pool_id, access, epoch, namespace_id, stream, state, created_unix_s, allowed_uids, allowed_gids, replicas, tiering) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
         params![
             row.name,
             row.owner_uid as i64,
@@ -631,6 +650,7 @@ pub fn insert_reservation(tx: &Transaction<'_>, row: &ReservationRow) -> rusqlit
             serde_json::to_string(&row.allowed_uids).expect("u32 list serializes"),
             serde_json::to_string(&row.allowed_gids).expect("u32 list serializes"),
             row.replicas as i64,
+            row.tiering.map(spillway_policy::Strategy::name),
         ],
     )?;
     let id = tx.last_insert_rowid() as u64;

@@ -387,6 +387,7 @@ mod grant_tests {
             jobs: Vec::new(),
             rescue: None,
             replicas: 1,
+            tiering: None,
             server_domains: vec![None, None],
             degraded: None,
             repair: None,

@@ -140,6 +140,10 @@ pub struct Reservation {
     /// Copies of every committed byte until drained, each on another failure domain (1–4).
     #[serde(default = "one_replica")]
     pub replicas: u32,
+    /// The tiering strategy its jobs' phases are scheduled with (`tiering=`; absent: the site's
+    /// default, docs/design/ias.md).
+    #[serde(default)]
+    pub tiering: Option<spillway_policy::Strategy>,
     /// Failure domain of each server, parallel to `servers` (absent: not known yet).
     #[serde(default)]
     pub server_domains: Vec<Option<String>>,
@@ -239,6 +243,8 @@ pub struct CreateReservation {
     pub allowed_gids: Vec<u32>,
     /// Copies of every byte on distinct failure domains (1–4; default 1).
     pub replicas: Option<u32>,
+    /// The tiering strategy of its jobs' phases (absent: the site's default).
+    pub tiering: Option<spillway_policy::Strategy>,
 }
 
 /// `POST /v1/pools`.

@@ -702,6 +702,7 @@ impl Manager {
             jobs: Vec::new(),
             rescue: None,
             replicas: plan.replicas,
+            tiering: request.tiering,
         };
         Self::persist_reservation(&tx, &mut row, name.is_none())?;
         tx.commit()?;

@@ -550,6 +550,58 @@ impl Manager {
     }
 }
 
+/// Turns tiering on for a job's processes: a strategy name, `site` (the manager's default), or
+/// unset, empty or `off` (no tiering). Set by `slurm_bb_paths` from `tiering=`.
+pub const TIERING_ENV: &str = "SPILLWAY_TIERING";
+/// The job the phases belong to (default: `SLURM_JOB_ID`).
+pub const TIERING_JOB_ENV: &str = "SPILLWAY_TIERING_JOB";
+/// The PFS directory direct PFS phases write (the reservation's drain directory); without it no
+/// phase goes to the PFS.
+pub const TIERING_PFS_ENV: &str = "SPILLWAY_TIERING_PFS";
+/// The node-local tier's directory on this node; without it no phase goes node-local.
+pub const NODE_LOCAL_DIR_ENV: &str = "SPILLWAY_NODE_LOCAL_DIR";
+/// The node-local tier's capacity per process (a size; default [`NODE_LOCAL_BYTES_DEFAULT`]).
+pub const NODE_LOCAL_BYTES_ENV: &str = "SPILLWAY_NODE_LOCAL_BYTES";
+/// Node-local capacity per process when [`NODE_LOCAL_BYTES_ENV`] is unset.
+pub const NODE_LOCAL_BYTES_DEFAULT: u64 = 1 << 30;
+
+/// The tiering settings of a job's process from its environment (the variables above, the
+/// manager from `SPILLWAY_MANAGER`, the process count from `SLURM_NTASKS`): what the C ABI
+/// and any client built without explicit settings use. `Ok(None)`: tiering is off.
+pub fn tiering_from_env() -> Result<Option<spillway_client::TieringOptions>, String> {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let strategy = match var(TIERING_ENV).as_deref() {
+        None | Some("off") => return Ok(None),
+        Some("site") => None,
+        Some(name) => Some(Strategy::parse(name).ok_or_else(|| {
+            format!("{TIERING_ENV}={name}: expected baseline, high-priority, interference-aware, measured, site or off")
+        })?),
+    };
+    let job = var(TIERING_JOB_ENV).or_else(|| var("SLURM_JOB_ID")).ok_or_else(|| {
+        format!("{TIERING_ENV} is set but neither {TIERING_JOB_ENV} nor SLURM_JOB_ID names the job")
+    })?;
+    let processes = var("SLURM_NTASKS").and_then(|n| n.parse::<u32>().ok()).unwrap_or(1).max(1);
+    let capacity_bytes = match var(NODE_LOCAL_BYTES_ENV) {
+        None => NODE_LOCAL_BYTES_DEFAULT,
+        Some(text) => spillway_types::parse_size(&text)
+            .map_err(|e| format!("{NODE_LOCAL_BYTES_ENV}={text}: {e}"))?,
+    };
+    let node_local = var(NODE_LOCAL_DIR_ENV).map(|directory| spillway_client::NodeLocalOptions {
+        directory: directory.into(),
+        capacity_bytes,
+        bandwidth_bytes_per_s: 0,
+    });
+    let api = crate::ApiClient::from_flag(None).map_err(|e| e.to_string())?;
+    Ok(Some(spillway_client::TieringOptions {
+        processes,
+        strategy,
+        pfs_directory: var(TIERING_PFS_ENV).map(Into::into),
+        node_local,
+        service: Some(std::sync::Arc::new(ManagerTiers::new(api))),
+        ..spillway_client::TieringOptions::new(job)
+    }))
+}
+
 /// The manager as a client's [`spillway_client::TierService`], over its API.
 pub struct ManagerTiers {
     api: crate::ApiClient,

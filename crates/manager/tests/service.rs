@@ -606,3 +606,31 @@ fn status_shows_a_user_only_their_own_reservations() {
     assert!(aggregate.pools.iter().all(|p| p.reservations == 0 && p.keys_per_stream.is_empty()));
     assert_eq!(aggregate.used_bytes, mine.capacity_bytes);
 }
+
+#[test]
+fn a_reservation_keeps_the_tiering_strategy_it_was_made_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.db");
+    let manager = open(&path, knobs());
+    setup(&manager);
+    let strategy = Some(spillway_policy::Strategy::InterferenceAware);
+    let made = manager
+        .create_reservation(
+            &user(1000),
+            &CreateReservation { job: Some("44".into()), tiering: strategy, ..request(MIB) },
+        )
+        .unwrap();
+    assert_eq!(made.tiering, strategy);
+    let plain = manager
+        .create_reservation(
+            &user(1000),
+            &CreateReservation { job: Some("45".into()), ..request(MIB) },
+        )
+        .unwrap();
+    assert_eq!(plain.tiering, None, "no strategy named: the site's default");
+    drop(manager);
+    // Kept in the database across a restart.
+    let manager = open(&path, knobs());
+    assert_eq!(manager.show_reservation(&user(1000), "job-44").unwrap().tiering, strategy);
+    assert_eq!(manager.show_reservation(&user(1000), "job-45").unwrap().tiering, None);
+}

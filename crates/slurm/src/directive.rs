@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! #BB_LUA capacity=SIZE [pool=NAME] [access=striped|private] [persistent=NAME] [replicas=K]
+//!         [tiering=baseline|high-priority|interference-aware|measured]
 //! #BB_LUA stage_in=PFS_SRC:RES_DST  stage_out=RES_SRC:PFS_DST      (repeatable)
 //! ```
 //!
@@ -43,6 +44,8 @@ pub struct Directive {
     pub persistent: Option<String>,
     /// Copies of every committed byte on distinct hosts until drained (`replicas=`, 1–4).
     pub replicas: u32,
+    /// The tiering strategy of the job's I/O phases (`tiering=`; `None`: the site's default).
+    pub tiering: Option<spillway_policy::Strategy>,
     /// Copies PFS → reservation before the job starts, in script order.
     pub stage_in: Vec<Stage>,
     /// Copies reservation → PFS after the job ends, in script order.
@@ -57,7 +60,7 @@ pub enum DirectiveError {
     NotDirective { line: usize, token: String, directive: String },
     #[error("line {line}: `{token}` is not key=value")]
     NotKeyValue { line: usize, token: String },
-    #[error("line {line}: unknown key in `{token}` (known: capacity, pool, access, persistent, replicas, stage_in, stage_out)")]
+    #[error("line {line}: unknown key in `{token}` (known: capacity, pool, access, persistent, replicas, tiering, stage_in, stage_out)")]
     UnknownKey { line: usize, token: String },
     #[error("line {line}: `{token}` repeats {key}= (given once per job)")]
     Duplicate { line: usize, token: String, key: &'static str },
@@ -67,6 +70,8 @@ pub enum DirectiveError {
     BadAccess { line: usize, token: String },
     #[error("line {line}: bad replica count in `{token}` (expected 1 to 4)")]
     BadReplicas { line: usize, token: String },
+    #[error("line {line}: bad tiering strategy in `{token}` (expected baseline, high-priority, interference-aware or measured)")]
+    BadTiering { line: usize, token: String },
     #[error("line {line}: bad name in `{token}`: {problem}")]
     BadName { line: usize, token: String, problem: &'static str },
     #[error("line {line}: bad stage path in `{token}`: {problem}")]
@@ -188,6 +193,7 @@ struct DirectiveFields {
     access: Option<Access>,
     persistent: Option<String>,
     replicas: Option<u32>,
+    tiering: Option<spillway_policy::Strategy>,
     stage_in: Vec<Stage>,
     stage_out: Vec<Stage>,
 }
@@ -242,6 +248,12 @@ impl DirectiveFields {
                     })?;
                 self.replicas = Some(replicas);
             }
+            "tiering" => {
+                given_once(self.tiering.is_some(), "tiering")?;
+                let strategy = spillway_policy::Strategy::parse(value)
+                    .ok_or_else(|| DirectiveError::BadTiering { line, token: token.to_string() })?;
+                self.tiering = Some(strategy);
+            }
             "stage_in" => self.stage_in.push(parse_stage_in(value).map_err(bad_stage)?),
             "stage_out" => self.stage_out.push(parse_stage_out(value).map_err(bad_stage)?),
             _ => return Err(DirectiveError::UnknownKey { line, token: token.to_string() }),
@@ -260,6 +272,7 @@ impl DirectiveFields {
             access: self.access.unwrap_or(Access::Striped),
             persistent: self.persistent,
             replicas: self.replicas.unwrap_or(1),
+            tiering: self.tiering,
             stage_in: self.stage_in,
             stage_out: self.stage_out,
         })
@@ -419,6 +432,21 @@ mod tests {
             parse("#BB_LUA capacity=5M \\\n"),
             Err(DirectiveError::DanglingContinuation { line: 1 })
         );
+    }
+
+    #[test]
+    fn tiering_names_a_strategy_once() {
+        assert_eq!(parse("#BB_LUA capacity=1G\n").unwrap().unwrap().tiering, None);
+        let d = parse("#BB_LUA capacity=1G tiering=interference-aware\n").unwrap().unwrap();
+        assert_eq!(d.tiering, Some(spillway_policy::Strategy::InterferenceAware));
+        assert_eq!(
+            parse("#BB_LUA capacity=1G tiering=fastest\n"),
+            Err(DirectiveError::BadTiering { line: 1, token: "tiering=fastest".into() })
+        );
+        assert!(matches!(
+            parse("#BB_LUA capacity=1G tiering=baseline tiering=measured\n"),
+            Err(DirectiveError::Duplicate { key: "tiering", .. })
+        ));
     }
 
     #[test]

@@ -138,6 +138,9 @@ impl Hooks {
         if let Some(pool) = directive.pool.as_deref() {
             create.extend(["--pool", pool]);
         }
+        if let Some(strategy) = directive.tiering {
+            create.extend(["--tiering", strategy.name()]);
+        }
         if *persistent {
             create.extend(["--persistent", name]);
         } else {
@@ -228,8 +231,8 @@ impl Hooks {
         Ok(())
     }
 
-    /// slurm_bb_paths: append SPILLWAY_BB and SPILLWAY_BB_RESERVATION to Slurm's path file (local
-    /// only).
+    /// slurm_bb_paths: append SPILLWAY_BB, SPILLWAY_BB_RESERVATION and, with `tiering=`,
+    /// SPILLWAY_TIERING to Slurm's path file (local only).
     pub(crate) fn paths(&self, job: u64, script: &Path, path_file: &Path) -> anyhow::Result<()> {
         let directive = self.require_directive(script)?;
         let mut file = std::fs::OpenOptions::new()
@@ -240,6 +243,10 @@ impl Hooks {
         let mut lines = format!("SPILLWAY_BB={}\n", self.mountpoint(job).display());
         let name = directive.persistent.clone().unwrap_or_else(|| job_reservation_name(job));
         lines.push_str(&format!("SPILLWAY_BB_RESERVATION={name}\n"));
+        // The job's processes schedule their phases with this strategy (docs/design/ias.md).
+        if let Some(strategy) = directive.tiering {
+            lines.push_str(&format!("SPILLWAY_TIERING={}\n", strategy.name()));
+        }
         file.write_all(lines.as_bytes())
             .with_context(|| format!("writing {}", path_file.display()))?;
         Ok(())
@@ -617,6 +624,29 @@ mod tests {
 
     fn reservation(name: &str, owner: u32) -> Reservation {
         serde_json::from_value(serde_json::json!({"id": 5, "name": name, "owner": owner})).unwrap()
+    }
+
+    #[test]
+    fn paths_export_the_strategy_the_directive_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let hooks = Hooks {
+            manager: None,
+            directive: "BB_LUA".into(),
+            state_dir: dir.path().join("state"),
+            mount_root: dir.path().join("mnt"),
+        };
+        let script = dir.path().join("job.sh");
+        let exported = |directive: &str| {
+            std::fs::write(&script, format!("#!/bin/sh\n{directive}\nsrun app\n")).unwrap();
+            let path_file = dir.path().join(format!("paths-{}", directive.len()));
+            hooks.paths(7, &script, &path_file).unwrap();
+            std::fs::read_to_string(path_file).unwrap()
+        };
+        let with = exported("#BB_LUA capacity=1G tiering=measured");
+        assert!(with.contains("SPILLWAY_BB_RESERVATION=job-7\n"), "{with}");
+        assert!(with.contains("SPILLWAY_TIERING=measured\n"), "{with}");
+        let without = exported("#BB_LUA capacity=1G");
+        assert!(!without.contains("SPILLWAY_TIERING"), "{without}");
     }
 
     #[test]

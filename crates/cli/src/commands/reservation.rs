@@ -57,6 +57,10 @@ enum Command {
         /// is taken K times on the servers.
         #[arg(long, value_name = "K", default_value_t = 1)]
         replicas: u32,
+        /// Tiering strategy of its jobs' I/O phases: baseline, high-priority,
+        /// interference-aware or measured (default: the site's, manager.tiering_default).
+        #[arg(long, value_name = "STRATEGY", value_parser = parse_strategy)]
+        tiering: Option<spillway_policy::Strategy>,
         #[command(flatten)]
         flags: ManagerFlags,
     },
@@ -129,6 +133,24 @@ enum Command {
     },
 }
 
+/// A tiering strategy by name, for `--tiering`.
+fn parse_strategy(text: &str) -> Result<spillway_policy::Strategy, String> {
+    spillway_policy::Strategy::parse(text).ok_or_else(|| {
+        format!("{text:?}: expected baseline, high-priority, interference-aware or measured")
+    })
+}
+
+/// `reservation list [--all]`.
+fn list(all: bool, flags: &ManagerFlags) -> anyhow::Result<()> {
+    let path = if all { "/v1/reservations?all=1" } else { "/v1/reservations" };
+    let list: Vec<Reservation> = flags.client()?.get(path)?;
+    if flags.json {
+        return print_json(&list);
+    }
+    print_reservations(&list);
+    Ok(())
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
         Command::Create {
@@ -142,6 +164,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             allow_uids,
             allow_gids,
             replicas,
+            tiering,
             flags,
         } => {
             let request = CreateReservation {
@@ -155,6 +178,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 allowed_uids: allow_uids,
                 allowed_gids: allow_gids,
                 replicas: Some(replicas),
+                tiering,
             };
             let reservation: Reservation = flags.client()?.post("/v1/reservations", &request)?;
             show(&reservation, flags.json)
@@ -165,18 +189,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .get(&format!("/v1/reservations/{}", path_segment(&reservation)?))?;
             show(&reservation, flags.json)
         }
-        Command::List { all, flags } => {
-            let list: Vec<Reservation> = flags.client()?.get(if all {
-                "/v1/reservations?all=1"
-            } else {
-                "/v1/reservations"
-            })?;
-            if flags.json {
-                return print_json(&list);
-            }
-            print_reservations(&list);
-            Ok(())
-        }
+        Command::List { all, flags } => list(all, &flags),
         Command::Destroy { reservation, job, force, flags } => {
             destroy(&reservation, job.as_deref(), force, &flags)
         }
@@ -307,6 +320,7 @@ fn show(reservation: &Reservation, json: bool) -> anyhow::Result<()> {
         ),
         ("pool", r.pool.clone()),
         ("replicas", r.replicas.to_string()),
+        ("tiering", r.tiering.map_or("site default".into(), |s| s.name().to_string())),
         ("servers", servers.join(", ")),
         ("access", r.access.as_str().into()),
         ("epoch", r.epoch.to_string()),
