@@ -16,7 +16,7 @@ mod commands;
 mod daemons;
 mod planning;
 
-use commands::{drain, mount, pool, reservation, stage, status};
+use commands::{drain, mount, pool, reservation, stage, status, tiers};
 use daemons::{manager, serve};
 use planning::{characterize, ftl, sim};
 
@@ -57,6 +57,8 @@ enum Command {
     Status(status::Args),
     /// Drain epochs to the PFS: start, wait, status.
     Drain(drain::Args),
+    /// Tiering: the shared tiers' load, PFS drain slots and phases in progress.
+    Tiers(tiers::Args),
     /// Benchmarks: each measures its baselines in the same run and reports ratios.
     #[command(subcommand)]
     Bench(spillway_bench::Command),
@@ -86,6 +88,7 @@ fn main() {
         Command::StageOut(args) => stage::run_out(args),
         Command::Status(args) => status::run(args),
         Command::Drain(args) => drain::run(args),
+        Command::Tiers(args) => tiers::run(args),
         Command::Bench(command) => spillway_bench::run(command),
         Command::Ftl(args) => ftl::run(args),
         Command::Sim(args) => sim::run(args),

@@ -147,6 +147,16 @@ fn algorithm_1_places_phases_on_every_tier_and_the_data_reads_back_from_each() {
     read_back(&mut reader, 10, "ckpt", 3 * MIB, 1, "a fresh client, from the burst buffer");
     assert_eq!(a.tiering_reports_dropped(), 0);
     assert_eq!(b.tiering_reports_dropped(), 0);
+    // `spillway tiers` shows what the scheduler measured.
+    let output = std::process::Command::new(BIN)
+        .args(["tiers", "--json"])
+        .env("SPILLWAY_MANAGER", &s.manager.socket)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let view: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(view["strategy_default"], "interference-aware");
+    assert!(view["snapshot"]["pfs"]["bandwidth_bytes_per_s"].as_u64().unwrap() > 0, "{view}");
     // A dropped client's node-local store is removed once nothing waits in it.
     drop(a);
     let left: Vec<_> =

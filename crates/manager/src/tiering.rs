@@ -32,6 +32,11 @@ pub const DRAINS_WAITING_MAX: usize = 4096;
 /// buffer: the client's fallback).
 pub const PHASES_MAX: usize = 65_536;
 
+/// Phases in progress and drain tickets one uid may hold: a user flooding the board fills their
+/// own share, never everyone's.
+pub const PHASES_PER_UID_MAX: usize = 4096;
+pub const DRAINS_PER_UID_MAX: usize = 256;
+
 /// A phase report (`POST /v1/tiers/phases`).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "lowercase", deny_unknown_fields)]
@@ -235,6 +240,9 @@ impl TierBoard {
         }
         if self.phases.len() >= PHASES_MAX {
             return Err(TieringError::Busy { what: "phases in progress" });
+        }
+        if self.phases.keys().filter(|(owner, _, _)| *owner == uid).count() >= PHASES_PER_UID_MAX {
+            return Err(TieringError::Busy { what: "this user's phases in progress" });
         }
         let request = PhaseRequest {
             expected_bytes: *expected_bytes,
@@ -486,6 +494,9 @@ impl Manager {
         let mut board = self.board();
         if board.drains.len() >= DRAINS_WAITING_MAX {
             return Err(TieringError::Busy { what: "drains waiting" });
+        }
+        if board.drains.values().filter(|d| d.owner == caller.uid).count() >= DRAINS_PER_UID_MAX {
+            return Err(TieringError::Busy { what: "this user's drains" });
         }
         board.next_ticket += 1;
         let ticket = board.next_ticket;
@@ -946,17 +957,18 @@ mod tests {
             state
         };
         let mut tickets = Vec::new();
+        let mut refused = 0;
         for _ in 0..2000 {
             match next() % 5 {
-                0 | 1 => tickets.push(
-                    manager
-                        .ask_drain(
-                            &alice,
-                            &DrainAsk { label: "r".into(), fill_permille: (next() % 1001) as u32 },
-                        )
-                        .unwrap()
-                        .ticket,
-                ),
+                0 | 1 => {
+                    let ask = DrainAsk { label: "r".into(), fill_permille: (next() % 1001) as u32 };
+                    match manager.ask_drain(&alice, &ask) {
+                        Ok(ticket) => tickets.push(ticket.ticket),
+                        // A user's share of the board is bounded: more are refused, not queued.
+                        Err(TieringError::Busy { .. }) => refused += 1,
+                        Err(other) => panic!("{other}"),
+                    }
+                }
                 2 if !tickets.is_empty() => {
                     let ticket = tickets.swap_remove((next() as usize) % tickets.len());
                     manager.release_drain(&alice, ticket, &DrainDone::default()).unwrap();
@@ -974,8 +986,10 @@ mod tests {
                     );
                 }
             }
+            assert!(tickets.len() <= DRAINS_PER_UID_MAX);
             let view = manager.tiers(&alice);
             assert!(view.drains_running <= 3, "{} drains running", view.drains_running);
         }
+        assert!(refused > 0, "the run reached the per-user bound ({DRAINS_PER_UID_MAX})");
     }
 }

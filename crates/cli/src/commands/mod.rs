@@ -1,5 +1,5 @@
 //! Short-lived commands of users and operators: they talk to the manager (`pool`, `server`,
-//! `quota`, `reservation`, `status`), copy data (`stage-in`, `stage-out`), drive the servers'
+//! `quota`, `reservation`, `status`, `tiers`), copy data (`stage-in`, `stage-out`), drive the servers'
 //! drains (`drain`) or serve a reservation as a POSIX file system (`mount`, `umount`).
 
 pub mod drain;
@@ -9,3 +9,4 @@ pub mod pool;
 pub mod reservation;
 pub mod stage;
 pub mod status;
+pub mod tiers;
