@@ -135,6 +135,25 @@ fn algorithm_1_places_phases_on_every_tier_and_the_data_reads_back_from_each() {
     // Committed node-local; the burst buffer is busy (a's epoch-10 phase), so it waits.
     a.commit_epoch(EpochId(11)).unwrap();
     assert_eq!(a.node_local_waiting(), vec![EpochId(11)]);
+    // Another process of the user asks for it: the scheduler says where it is (EAGAIN), never
+    // "no such epoch".
+    let mut elsewhere = s.client(Some(TieringOptions {
+        strategy: Some(spillway_client::TieringStrategy::HighPriority),
+        service: Some(s.service()),
+        ..TieringOptions::new("job-reader")
+    }));
+    wait_until("the node-local epoch's location", || {
+        match elsewhere.open_file(EpochId(11), "ckpt") {
+            Err(e) if e.errno() == libc::EAGAIN => {
+                assert!(e.to_string().contains("node-local storage of host"), "{e}");
+                true
+            }
+            // The server has no such file (yet): the location is on its way to the manager.
+            Err(spillway_client::ClientError::NoSuchEpoch { .. })
+            | Err(spillway_client::ClientError::NoSuchFile { .. }) => false,
+            other => panic!("epoch 11 before its move: {other:?}"),
+        }
+    });
     read_back(&mut a, 11, "ckpt", 5 * MIB, 3, "the writer, node-local, committed");
 
     // The burst buffer phase ends: the scheduler sees it idle and the mover moves epoch 11.

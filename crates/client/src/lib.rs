@@ -34,7 +34,9 @@ pub use connection::ServerConnection;
 pub use placement::Placement;
 pub use replication::{merge_extents, RESERVED_PREFIX};
 pub use spillway_policy::{Strategy as TieringStrategy, Tier};
-pub use tiering::{NodeLocalOptions, PhaseBegin, PhaseEnd, TierService, TieringOptions};
+pub use tiering::{
+    EpochLocation, NodeLocalOptions, PhaseBegin, PhaseEnd, TierService, TieringOptions,
+};
 pub use trace_record::TRACE_ENV;
 
 use spillway_trace::Op as TraceKind;
@@ -563,6 +565,12 @@ impl Client {
                 // Another holder has the bytes; reads skip this server from now on.
                 Err(e) if self.note_unreachable(&e) => {}
                 Err(e) => return Err(e),
+            }
+        }
+        if ids.iter().all(Option::is_none) {
+            // Not on the burst buffer: maybe still on another node's local tier.
+            if let Some(elsewhere) = self.held_elsewhere(epoch) {
+                return Err(elsewhere);
             }
         }
         if !epoch_somewhere {

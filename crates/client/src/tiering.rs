@@ -27,7 +27,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -58,6 +58,32 @@ pub trait TierService: Send + Sync {
     fn leave(&self, _job: &str, _client: u64) -> Result<(), String> {
         Ok(())
     }
+    /// Where one of the caller's epochs now is (after a commit or a move), for readers on
+    /// other nodes.
+    fn record_location(&self, _location: &EpochLocation) -> Result<(), String> {
+        Ok(())
+    }
+    /// Where the caller's epoch is, as last recorded by any of the caller's clients.
+    fn locate(&self, _epoch: EpochId) -> Result<Option<EpochLocation>, String> {
+        Ok(None)
+    }
+}
+
+/// Where an epoch's committed data is: the metadata organizer's record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EpochLocation {
+    pub job: String,
+    pub epoch: EpochId,
+    pub tier: Tier,
+    /// The node holding it (node-local), or the node that wrote it.
+    pub host: String,
+}
+
+/// This node's name, for locations.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_string())
+        .unwrap_or_default()
 }
 
 /// What a client says when one of its phases begins.
@@ -191,6 +217,7 @@ struct Phase {
 enum Report {
     Begin(PhaseBegin, SyncSender<Tier>),
     End(PhaseEnd),
+    Location(EpochLocation),
     Leave { job: String, client: u64 },
 }
 
@@ -379,6 +406,7 @@ impl Runtime {
             let adopted = adopt_orphans(&local.options, &runtime.options.job, &local.directory);
             let (sender, receiver) = std::sync::mpsc::sync_channel(REPORTS_QUEUED_MAX);
             let mover = Mover {
+                job: runtime.options.job.clone(),
                 store: local.store.clone(),
                 service: runtime.options.service.clone(),
                 moves: runtime.moves.clone(),
@@ -575,8 +603,25 @@ impl Runtime {
             }
             _ => {}
         }
+        if let Some(tier @ (Tier::Pfs | Tier::NodeLocal)) = self.tier_of(epoch) {
+            self.report(Report::Location(EpochLocation {
+                job: self.options.job.clone(),
+                epoch,
+                tier,
+                host: host_name(),
+            }));
+        }
         self.end_phase(epoch);
         Ok(())
+    }
+
+    /// Queues a report for the runtime thread; a full queue drops it (counted).
+    fn report(&self, report: Report) {
+        if let Some(reports) = &self.reports {
+            if reports.try_send(report).is_err() {
+                self.reports_dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     fn end_phase(&mut self, epoch: EpochId) {
@@ -590,13 +635,7 @@ impl Runtime {
             bytes: phase.bytes,
             seconds: phase.started.elapsed().as_secs_f64(),
         };
-        if let Some(reports) = &self.reports {
-            if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) =
-                reports.try_send(Report::End(end))
-            {
-                self.reports_dropped.fetch_add(1, Ordering::Relaxed);
-            }
-        }
+        self.report(Report::End(end));
     }
 
     /// Forgets the epoch (deleted): its PFS staging files are removed, its node-local data
@@ -669,6 +708,9 @@ fn report_loop(service: &dyn TierService, reports: Receiver<Report>) {
             Report::End(end) => {
                 // Best effort: the manager expires phases it never hears the end of.
                 let _ = service.end_phase(&end);
+            }
+            Report::Location(location) => {
+                let _ = service.record_location(&location);
             }
             Report::Leave { job, client } => {
                 let _ = service.leave(&job, client);
@@ -757,6 +799,7 @@ fn adopt_orphans(
 }
 
 struct Mover {
+    job: String,
     store: Arc<spillway_store::Store>,
     service: Option<Arc<dyn TierService>>,
     moves: Arc<Mutex<MoveState>>,
@@ -847,6 +890,16 @@ impl Mover {
                     moves.waiting.remove(&epoch);
                     moves.failed.remove(&epoch);
                     moves.moved.insert(epoch);
+                    drop(moves);
+                    if let Some(service) = &self.service {
+                        // Best effort: readers elsewhere find it on the burst buffer anyway.
+                        let _ = service.record_location(&EpochLocation {
+                            job: self.job.clone(),
+                            epoch,
+                            tier: Tier::BurstBuffer,
+                            host: host_name(),
+                        });
+                    }
                 }
                 Err(error) => {
                     self.moves.lock().expect("moves lock").failed.insert(epoch, error.clone());
@@ -935,6 +988,23 @@ impl crate::Client {
             Some(runtime) => runtime.settle().map_err(node_local_error),
             None => Ok(()),
         }
+    }
+
+    /// An epoch no server has: if the scheduler knows it is on some node's local tier and not
+    /// moved yet, the error that says so (EAGAIN: it will be on the burst buffer later).
+    pub(crate) fn held_elsewhere(&self, epoch: EpochId) -> Option<crate::ClientError> {
+        let service = self.tiering.as_ref()?.options.service.as_ref()?;
+        let location = service.locate(epoch).ok()??;
+        (location.tier == Tier::NodeLocal).then(|| {
+            tier_error(
+                Tier::NodeLocal,
+                format!(
+                    "epoch {epoch} is on the node-local storage of host {} (job {}), not moved to the burst buffer yet; it moves once the burst buffer is quiet or that job's client ends",
+                    location.host, location.job
+                ),
+                libc::EAGAIN,
+            )
+        })
     }
 
     /// `create_file` of a PFS or node-local phase; `None`: the burst buffer's.

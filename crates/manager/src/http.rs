@@ -407,6 +407,14 @@ fn route_tiers(
             Ok(report) => result(200, manager.report_phase(caller, &report)),
             Err(reply) => reply,
         },
+        ("POST", ["v1", "tiers", "locations"]) => match body(request) {
+            Ok(location) => result(200, manager.record_location(caller, &location)),
+            Err(reply) => reply,
+        },
+        ("GET", ["v1", "tiers", "locations", epoch]) => match epoch.parse::<u64>() {
+            Ok(epoch) => result(200, manager.locate(caller, epoch)),
+            Err(_) => error_reply(400, "invalid", format!("epoch {epoch:?} is not a number")),
+        },
         ("POST", ["v1", "tiers", "drains"]) => match body(request) {
             Ok(ask) => result(201, manager.ask_drain(caller, &ask)),
             Err(reply) => reply,

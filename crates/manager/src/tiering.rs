@@ -100,6 +100,21 @@ pub struct PhaseView {
     pub expected_bytes: u64,
 }
 
+/// `POST /v1/tiers/locations`: where one of the caller's epochs now is; `GET
+/// /v1/tiers/locations/<epoch>` answers the last one recorded (404 if none).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Location {
+    pub job: String,
+    pub epoch: u64,
+    pub tier: Tier,
+    /// The node holding it (node-local) or that wrote it; at most 255 bytes.
+    pub host: String,
+}
+
+/// Locations one uid may have recorded; the oldest goes first.
+pub const LOCATIONS_PER_UID_MAX: usize = 4096;
+
 /// `POST /v1/tiers/drains`: a drain asks for the PFS.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -147,6 +162,8 @@ pub enum TieringError {
     NoSuchTicket { ticket: u64 },
     #[error("drain ticket {ticket} belongs to another user")]
     NotYours { ticket: u64 },
+    #[error("no location recorded for epoch {epoch} by this user")]
+    NoSuchLocation { epoch: u64 },
     #[error("the tiering board is full ({what}); try again later")]
     Busy { what: &'static str },
 }
@@ -154,6 +171,7 @@ api_error!(TieringError {
     Invalid => (400, "invalid"),
     NoSuchTicket => (404, "no_such_ticket"),
     NotYours => (403, "not_authorized"),
+    NoSuchLocation => (404, "not_found"),
     Busy => (503, "busy"),
 });
 
@@ -193,6 +211,8 @@ pub struct TierBoard {
     pfs_bandwidth: f64,
     drains: BTreeMap<u64, Drain>,
     next_ticket: u64,
+    /// (uid, epoch) → where it is and when that was recorded (per uid: its own epochs).
+    locations: BTreeMap<(u32, u64), (Location, u64)>,
 }
 
 impl TierBoard {
@@ -613,6 +633,48 @@ pub fn tiering_from_env() -> Result<Option<spillway_client::TieringOptions>, Str
     }))
 }
 
+impl Manager {
+    /// Records where one of the caller's epochs is.
+    pub fn record_location(
+        &self,
+        caller: &Caller,
+        location: &Location,
+    ) -> Result<Location, TieringError> {
+        check_job(&location.job)?;
+        if location.host.len() > 255 || location.host.chars().any(char::is_control) {
+            return Err(TieringError::Invalid {
+                reason: "host: at most 255 bytes, no control characters".into(),
+            });
+        }
+        let now = self.clock.now_unix_s();
+        let mut board = lock(&self.tiers);
+        let mine: Vec<(u64, u64)> = board
+            .locations
+            .iter()
+            .filter(|((uid, _), _)| *uid == caller.uid)
+            .map(|((_, epoch), (_, at))| (*at, *epoch))
+            .collect();
+        if mine.len() >= LOCATIONS_PER_UID_MAX
+            && !board.locations.contains_key(&(caller.uid, location.epoch))
+        {
+            let oldest = mine.iter().min().expect("at the bound, so not empty").1;
+            board.locations.remove(&(caller.uid, oldest));
+        }
+        board.locations.insert((caller.uid, location.epoch), (location.clone(), now));
+        Ok(location.clone())
+    }
+
+    /// Where the caller's epoch is, as last recorded by the caller.
+    pub fn locate(&self, caller: &Caller, epoch: u64) -> Result<Location, TieringError> {
+        let board = lock(&self.tiers);
+        board
+            .locations
+            .get(&(caller.uid, epoch))
+            .map(|(location, _)| location.clone())
+            .ok_or(TieringError::NoSuchLocation { epoch })
+    }
+}
+
 /// The manager as a client's [`spillway_client::TierService`], over its API.
 pub struct ManagerTiers {
     api: crate::ApiClient,
@@ -658,6 +720,33 @@ impl spillway_client::TierService for ManagerTiers {
     fn snapshot(&self) -> Result<TierSnapshot, String> {
         let view: TiersView = self.api.get("/v1/tiers").map_err(|e| e.to_string())?;
         Ok(view.snapshot)
+    }
+
+    fn record_location(&self, location: &spillway_client::EpochLocation) -> Result<(), String> {
+        let body = Location {
+            job: location.job.clone(),
+            epoch: location.epoch.0,
+            tier: location.tier,
+            host: location.host.clone(),
+        };
+        let _: Location = self.api.post("/v1/tiers/locations", &body).map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    fn locate(
+        &self,
+        epoch: spillway_types::EpochId,
+    ) -> Result<Option<spillway_client::EpochLocation>, String> {
+        match self.api.get::<Location>(&format!("/v1/tiers/locations/{}", epoch.0)) {
+            Ok(found) => Ok(Some(spillway_client::EpochLocation {
+                job: found.job,
+                epoch,
+                tier: found.tier,
+                host: found.host,
+            })),
+            Err(e) if e.kind() == Some("not_found") => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
     }
 
     fn leave(&self, job: &str, client: u64) -> Result<(), String> {
@@ -943,6 +1032,29 @@ mod tests {
             manager.poll_drain(&bob, urgent.ticket),
             Err(TieringError::NoSuchTicket { .. })
         ));
+    }
+
+    #[test]
+    fn locations_are_each_users_own_and_bounded() {
+        let (manager, _, _dir) = manager("interference-aware", 2);
+        let (alice, bob) = (user(1000), user(1001));
+        let here = |epoch, tier| Location { job: "a".into(), epoch, tier, host: "host3".into() };
+        manager.record_location(&alice, &here(7, Tier::NodeLocal)).unwrap();
+        assert_eq!(manager.locate(&alice, 7).unwrap(), here(7, Tier::NodeLocal));
+        assert!(matches!(manager.locate(&bob, 7), Err(TieringError::NoSuchLocation { epoch: 7 })));
+        // Moved: the newer record wins.
+        manager.record_location(&alice, &here(7, Tier::BurstBuffer)).unwrap();
+        assert_eq!(manager.locate(&alice, 7).unwrap().tier, Tier::BurstBuffer);
+        let bad = Location { host: "x\ny".into(), ..here(8, Tier::Pfs) };
+        assert!(manager.record_location(&alice, &bad).unwrap_err().to_string().contains("host"));
+        // A user's records are bounded: the oldest goes.
+        for epoch in 100..100 + LOCATIONS_PER_UID_MAX as u64 {
+            manager.record_location(&bob, &here(epoch, Tier::Pfs)).unwrap();
+        }
+        manager.record_location(&bob, &here(1, Tier::Pfs)).unwrap();
+        let bobs = lock(&manager.tiers).locations.keys().filter(|(uid, _)| *uid == 1001).count();
+        assert_eq!(bobs, LOCATIONS_PER_UID_MAX);
+        assert_eq!(manager.locate(&alice, 7).unwrap().tier, Tier::BurstBuffer, "alice untouched");
     }
 
     #[test]
