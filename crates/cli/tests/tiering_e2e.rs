@@ -292,7 +292,83 @@ fn a_pfs_phase_never_follows_a_link_planted_in_the_pfs_directory() {
         0,
         "nothing written through the link"
     );
+    // A PFS directory without the drain's marker (an unmounted PFS's empty mount point) is
+    // refused at connect, naming it.
+    let unmarked = s._dir.path().join("unmounted");
+    std::fs::create_dir_all(&unmarked).unwrap();
+    let tiering = TieringOptions {
+        pfs_directory: Some(unmarked.clone()),
+        ..s.tiering("job-link", Recording::new(Tier::Pfs, Duration::ZERO))
+    };
+    let options = ClientOptions { tiering: Some(tiering), ..ClientOptions::default() };
+    let error =
+        Client::connect(s.server.endpoints(), options).err().expect("an unmarked PFS directory");
+    assert!(error.to_string().contains(".spillway-pfs"), "{error}");
+    assert_eq!(std::fs::read_dir(&unmarked).unwrap().count(), 0);
     // A name that leaves the epoch's directory is refused by name.
     let error = client.create_file(EpochId(61), "../escape").unwrap_err();
     assert!(error.to_string().contains("escape"), "{error}");
+}
+
+#[test]
+fn a_staging_name_another_user_planted_is_refused_not_written() {
+    let s = setup("baseline");
+    let epoch_dir = s.pfs.join("epoch-62");
+    std::fs::create_dir_all(&epoch_dir).unwrap();
+    let planted = epoch_dir.join(".x.spillway-direct");
+    std::fs::write(&planted, b"").unwrap();
+    std::os::unix::fs::chown(&planted, Some(1001), Some(1001)).unwrap();
+    let service = Recording::new(Tier::Pfs, Duration::ZERO);
+    let mut client = s.client(Some(s.tiering("job-planted", service)));
+    client.begin_epoch(EpochId(62));
+    let error = client.create_file(EpochId(62), "x").unwrap_err();
+    assert!(error.to_string().contains("belongs to uid 1001"), "{error}");
+    assert_eq!(std::fs::metadata(&planted).unwrap().len(), 0, "nothing written into it");
+    assert!(!epoch_dir.join("x").exists(), "nothing published");
+}
+
+/// A committed node-local store left in `dir/<job>.<id>`, owned by `uid`.
+fn orphan_store(dir: &Path, job: &str, id: &str, epoch: u64, seed: u64, uid: u32) {
+    let path = dir.join(format!("{job}.{id}"));
+    std::fs::create_dir_all(&path).unwrap();
+    let knobs = spillway_config::store::StoreKnobs {
+        ssd_directory: path.to_string_lossy().into_owned(),
+        dram_bytes_max: 16 * MIB,
+        ssd_bytes_max: 64 * MIB,
+        segment_bytes_max: 4 * MIB,
+        record_payload_bytes_max: MIB,
+        dram_prefault: false,
+        ssd_reserve_bytes: 0,
+        ..spillway_config::store::StoreKnobs::default()
+    };
+    let store = spillway_store::Store::open(&knobs).unwrap();
+    let file = spillway_types::FileId(1);
+    store.create_file(EpochId(epoch), file, "orphan").unwrap();
+    let stream = spillway_types::StreamKey(1);
+    store.write(stream, EpochId(epoch), file, 0, &pattern(seed, MIB as usize)).unwrap();
+    store.commit(EpochId(epoch), spillway_store::Durability::Ssd).unwrap();
+    drop(store);
+    let status = std::process::Command::new("chown")
+        .args(["-R", &format!("{uid}:{uid}")])
+        .arg(&path)
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[test]
+fn only_this_users_orphaned_node_local_stores_are_adopted() {
+    let s = setup("high-priority");
+    std::fs::create_dir_all(&s.local).unwrap();
+    let me = spillway_sys::user::euid();
+    orphan_store(&s.local, "job-orphan", "00000000000000aa", 71, 71, me);
+    orphan_store(&s.local, "job-orphan", "00000000000000bb", 72, 72, 1001);
+    let service = Recording::new(Tier::BurstBuffer, Duration::ZERO);
+    let mut client = s.client(Some(s.tiering("job-orphan", service)));
+    client.settle_tiers().unwrap();
+    drop(client);
+    let mut reader = s.reader();
+    read_back(&mut reader, 71, "orphan", MIB, 71, "this user's orphan, moved");
+    assert!(reader.open_file(EpochId(72), "orphan").is_err(), "another user's store was adopted");
+    assert!(s.local.join("job-orphan.00000000000000bb").is_dir(), "left where it was");
 }

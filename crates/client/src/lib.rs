@@ -590,13 +590,7 @@ impl Client {
 
     fn pfs_path(&self, epoch: EpochId, name: &str) -> Option<std::path::PathBuf> {
         let dir = self.pfs_directory.as_ref()?;
-        let relative = std::path::Path::new(name);
-        if relative.is_absolute()
-            || relative.components().any(|c| !matches!(c, std::path::Component::Normal(_)))
-        {
-            return None;
-        }
-        Some(dir.join(format!("epoch-{}", epoch.0)).join(relative))
+        Some(dir.join(tiering::pfs_relative_path(epoch, name).ok()?))
     }
 
     fn file_on(&mut self, file: &mut FileHandle, server: usize) -> Result<FileId, ClientError> {

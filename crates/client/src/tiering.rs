@@ -41,6 +41,10 @@ pub const REPORTS_QUEUED_MAX: usize = 256;
 /// How often the mover asks for the tiers' load while it has epochs to move.
 pub const MOVE_POLL_INTERVAL: Duration = Duration::from_millis(200);
 
+/// The marker `spillway drain mark-pfs` leaves in a PFS directory (the drain's
+/// `PFS_MARKER_FILE`; a test there keeps the two equal).
+pub const PFS_MARKER_FILE: &str = ".spillway-pfs";
+
 /// Suffix of a file a PFS phase is writing, before its commit renames it.
 pub const PFS_STAGING_SUFFIX: &str = ".spillway-direct";
 
@@ -175,8 +179,8 @@ impl TieringOptions {
     }
 }
 
-/// Why the job name is refused.
-pub(crate) fn check_job_name(job: &str) -> Result<(), String> {
+/// Why a tiering job name is refused (the client and the manager check the same rule).
+pub fn check_job_name(job: &str) -> Result<(), String> {
     let ok = !job.is_empty()
         && job.len() <= 64
         && job.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
@@ -284,7 +288,11 @@ impl NodeLocal {
             ));
         }
         let directory = options.directory.join(format!("{job}.{client:016x}"));
-        std::fs::create_dir_all(&directory)
+        std::fs::create_dir_all(&options.directory)
+            .map_err(|e| format!("node-local directory {}: {e}", options.directory.display()))?;
+        // Private: the store holds the job's bytes, and adoption trusts what it finds here.
+        std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+            .create(&directory)
             .map_err(|e| format!("node-local directory {}: {e}", directory.display()))?;
         let store =
             spillway_store::Store::open(&node_local_knobs(&directory, options.capacity_bytes))
@@ -372,10 +380,21 @@ impl Runtime {
             None => None,
         };
         let pfs_tree = match &options.pfs_directory {
-            Some(pfs) => Some(
-                spillway_sys::beneath::Beneath::open(pfs)
-                    .map_err(|e| format!("tiering PFS directory: {e}"))?,
-            ),
+            Some(pfs) => {
+                let tree = spillway_sys::beneath::Beneath::open(pfs)
+                    .map_err(|e| format!("tiering PFS directory: {e}"))?;
+                // As the drain: an unmounted PFS leaves an empty mount point, and bytes written
+                // there would be on the wrong disk.
+                match tree.stat(Path::new(PFS_MARKER_FILE)) {
+                    Ok(Some(_)) => Some(tree),
+                    _ => {
+                        return Err(format!(
+                            "tiering PFS directory {} has no {PFS_MARKER_FILE} marker: not a drain directory marked by `spillway drain mark-pfs`, or the PFS is not mounted",
+                            pfs.display()
+                        ))
+                    }
+                }
+            }
             None => None,
         };
         let mut runtime = Runtime {
@@ -526,7 +545,17 @@ impl Runtime {
         if let Some(parent) = staging.parent() {
             tree.create_directories(parent, 0o755)?;
         }
-        let file = Arc::new(tree.open_or_create_read_write(&staging, 0o644)?);
+        let file = tree.open_or_create_read_write(&staging, 0o644)?;
+        // A staging name another user created first (a shared, writable epoch directory) would
+        // take this phase's bytes into a file they own and publish it as ours: refused.
+        let owner = std::os::unix::fs::MetadataExt::uid(&file.metadata()?);
+        if owner != spillway_sys::user::euid() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!("{} belongs to uid {owner}, not to this process", shown.display()),
+            ));
+        }
+        let file = Arc::new(file);
         files.insert(staging, (file.clone(), final_name));
         Ok(Direct::Pfs { file, staging: shown })
     }
@@ -785,7 +814,15 @@ fn adopt_orphans(
     for entry in entries.flatten() {
         let path = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();
-        if path == own || !name.starts_with(&prefix) || !path.is_dir() {
+        if path == own || !name.starts_with(&prefix) {
+            continue;
+        }
+        // Only a real directory of this uid: another user's store (or a link to one) named
+        // like ours must not inject its epochs into this job's burst buffer.
+        let Ok(metadata) = std::fs::symlink_metadata(&path) else { continue };
+        if !metadata.is_dir()
+            || std::os::unix::fs::MetadataExt::uid(&metadata) != spillway_sys::user::euid()
+        {
             continue;
         }
         // Held by a live client of the job: its lock refuses us.

@@ -1122,6 +1122,11 @@ impl<P: Pfs> Pfs for FaultyPfs<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_client_looks_for_the_same_marker() {
+        assert_eq!(PFS_MARKER_FILE, spillway_client::tiering::PFS_MARKER_FILE);
+    }
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     fn me() -> PfsOwner {

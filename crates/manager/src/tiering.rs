@@ -25,6 +25,10 @@ use crate::Caller;
 /// Weight of a new bandwidth sample in a tier's moving average.
 const BANDWIDTH_SAMPLE_WEIGHT: f64 = 0.3;
 
+/// Largest bandwidth sample taken, bytes per second (1 TiB/s): clients report their phases'
+/// figures, and one absurd report must not own the average.
+const BANDWIDTH_SAMPLE_MAX: f64 = (1u64 << 40) as f64;
+
 /// Drains waiting for the PFS, all reservations together; more are refused (busy).
 pub const DRAINS_WAITING_MAX: usize = 4096;
 
@@ -355,7 +359,7 @@ impl TierBoard {
         if bytes == 0 || seconds <= 0.0 || !seconds.is_finite() {
             return;
         }
-        let sample = bytes as f64 / seconds * f64::from(sharing.max(1));
+        let sample = (bytes as f64 / seconds * f64::from(sharing.max(1))).min(BANDWIDTH_SAMPLE_MAX);
         let average = match tier {
             Tier::BurstBuffer => &mut self.burst_buffer_bandwidth,
             Tier::Pfs => &mut self.pfs_bandwidth,
@@ -411,16 +415,7 @@ impl TierBoard {
 }
 
 fn check_job(job: &str) -> Result<(), TieringError> {
-    let ok = !job.is_empty()
-        && job.len() <= 64
-        && job.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-    if ok {
-        Ok(())
-    } else {
-        Err(TieringError::Invalid {
-            reason: format!("job name {job:?}: want 1-64 of [A-Za-z0-9._-]"),
-        })
-    }
+    spillway_client::tiering::check_job_name(job).map_err(|reason| TieringError::Invalid { reason })
 }
 
 impl Manager {
@@ -461,11 +456,15 @@ impl Manager {
                 check_job(job)?;
                 board.seen(caller.uid, job, *client, now);
                 let sharing = board.jobs_on(*tier).max(1);
-                let strategy = board
-                    .end(caller.uid, job, *epoch, *client)
-                    .unwrap_or_else(|| self.tiering_default());
-                board.observe(*tier, *bytes, *seconds, sharing);
-                PhaseDecision { tier: *tier, strategy }
+                // Only a phase the caller began is a sample: an end report out of nowhere could
+                // otherwise steer `measured` for everyone with made-up figures.
+                match board.end(caller.uid, job, *epoch, *client) {
+                    Some(strategy) => {
+                        board.observe(*tier, *bytes, *seconds, sharing);
+                        PhaseDecision { tier: *tier, strategy }
+                    }
+                    None => PhaseDecision { tier: *tier, strategy: self.tiering_default() },
+                }
             }
             PhaseReport::Leave { job, client } => {
                 check_job(job)?;
@@ -965,6 +964,26 @@ mod tests {
         let snapshot = manager.tiers(&alice).snapshot;
         assert_eq!(snapshot.active_jobs, 0);
         assert_eq!(snapshot.burst_buffer.concurrent_jobs, 0);
+    }
+
+    #[test]
+    fn only_begun_phases_feed_the_bandwidth_and_samples_are_capped() {
+        let (manager, _, _dir) = manager("measured", 4);
+        let alice = user(1000);
+        let absurd = PhaseReport::End {
+            job: "a".into(),
+            client: 1,
+            epoch: 9,
+            tier: Tier::Pfs,
+            bytes: u64::MAX,
+            seconds: 1e-9,
+        };
+        manager.report_phase(&alice, &absurd).unwrap();
+        assert_eq!(manager.tiers(&alice).snapshot.pfs.bandwidth_bytes_per_s, 0, "no phase 9 began");
+        manager.report_phase(&alice, &begin("a", 1, 9)).unwrap();
+        manager.report_phase(&alice, &absurd).unwrap();
+        let observed = manager.tiers(&alice).snapshot.pfs.bandwidth_bytes_per_s;
+        assert_eq!(observed, BANDWIDTH_SAMPLE_MAX as u64);
     }
 
     #[test]
