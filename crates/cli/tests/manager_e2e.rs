@@ -38,6 +38,8 @@ fn start_manager(dir: &Path) -> ManagerProcess {
             ("SPILLWAY_MANAGER_HEARTBEAT_MISSES_MAX", "2"),
             // No Slurm here: who owns a job is not checked (slurm_e2e checks it with Slurm).
             ("SPILLWAY_MANAGER_JOB_OWNER_CHECK", "none"),
+            // One PFS writer: stage-outs wait for each other (stage_out_as_user checks it).
+            ("SPILLWAY_MANAGER_PFS_WRITERS_MAX", "1"),
         ],
     )
 }
@@ -348,6 +350,32 @@ fn stage_in_resumes(manager: &ManagerProcess, staged: &StagedTree) {
 fn stage_out_as_user(manager: &ManagerProcess, id: &str, staged: &StagedTree) {
     let out = staged.user_dir.join("out");
     let record_out = staged.user_dir.join("out.jsonl");
+    // The PFS's one writer slot is taken (another reservation's drain): the copy waits for it,
+    // and past its wait it copies nothing and says why.
+    let api = spillway_manager::ApiClient::new(&manager.socket.to_string_lossy()).unwrap();
+    let held = spillway_manager::tiering::DrainSlot::acquire(
+        &api,
+        "another reservation's drain",
+        0,
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    fails(
+        manager,
+        Some(USER),
+        &[
+            "stage-out",
+            "--reservation",
+            id,
+            "/input",
+            out.to_str().unwrap(),
+            "--drain-timeout-s",
+            "1",
+        ],
+        "no PFS slot",
+    );
+    assert!(!out.exists(), "a stage-out without its PFS slot wrote {}", out.display());
+    drop(held);
     let report = json(
         manager,
         Some(USER),

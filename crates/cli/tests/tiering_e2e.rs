@@ -102,6 +102,67 @@ fn read_back(client: &mut Client, epoch: u64, name: &str, bytes: u64, seed: u64,
     assert!(buffer == pattern(seed, bytes as usize), "{how}: epoch {epoch} {name} differs");
 }
 
+/// `spillway mount --epochs` of the setup, as a separate process; unmounted when dropped.
+struct EpochsView {
+    path: PathBuf,
+}
+
+impl EpochsView {
+    fn mount(s: &Setup) -> EpochsView {
+        assert!(
+            Path::new("/dev/fuse").exists(),
+            "the epochs view test needs /dev/fuse (the fuse kernel module) and root"
+        );
+        let path = s.pfs.parent().unwrap().join("view");
+        std::fs::create_dir_all(&path).unwrap();
+        let output = std::process::Command::new(BIN)
+            .arg("mount")
+            .arg("--epochs")
+            .arg("--background")
+            .arg("--servers")
+            .arg(s.server.endpoint().to_string())
+            .arg("--pfs")
+            .arg(&s.pfs)
+            .arg("--manager")
+            .arg(&s.manager.socket)
+            .arg("--log")
+            .arg(s.pfs.parent().unwrap().join("view.log"))
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        EpochsView { path }
+    }
+
+    fn read(&self, epoch: u64, name: &str, bytes: u64, seed: u64, how: &str) {
+        let path = self.path.join(format!("epoch-{epoch}")).join(name);
+        let data =
+            std::fs::read(&path).unwrap_or_else(|e| panic!("{how}: {}: {e}", path.display()));
+        assert_eq!(data.len() as u64, bytes, "{how}: size of {}", path.display());
+        assert!(data == pattern(seed, bytes as usize), "{how}: {} differs", path.display());
+    }
+
+    fn epochs(&self) -> Vec<String> {
+        self.list("").unwrap()
+    }
+
+    /// The sorted names in a directory of the view (errors surface while reading it).
+    fn list(&self, directory: &str) -> std::io::Result<Vec<String>> {
+        let mut names = std::fs::read_dir(self.path.join(directory))?
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect::<std::io::Result<Vec<String>>>()?;
+        names.sort();
+        Ok(names)
+    }
+}
+
+impl Drop for EpochsView {
+    fn drop(&mut self) {
+        let _ =
+            std::process::Command::new(BIN).arg("umount").arg("--lazy").arg(&self.path).status();
+    }
+}
+
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while !done() {
@@ -131,6 +192,13 @@ fn algorithm_1_places_phases_on_every_tier_and_the_data_reads_back_from_each() {
     assert!(final_b.is_file(), "the commit published {}", final_b.display());
     assert!(!s.pfs.join("epoch-20/out/.ckpt.spillway-direct").exists(), "no staging file left");
     read_back(&mut s.reader(), 20, "out/ckpt", 3 * MIB, 2, "a fresh client, from the PFS");
+    // The epochs view (a read-only FUSE mount in another process) reads it from the PFS, and
+    // shows no staging name and no marker.
+    let view = EpochsView::mount(&s);
+    view.read(20, "out/ckpt", 3 * MIB, 2, "the epochs view, from the PFS");
+    assert_eq!(view.list("epoch-20/out").unwrap(), ["ckpt"], "only the published file shows");
+    let refused = std::fs::OpenOptions::new().write(true).open(view.path.join("epoch-20/out/ckpt"));
+    assert_eq!(refused.unwrap_err().raw_os_error(), Some(libc::EROFS), "the view is read-only");
 
     // Committed node-local; the burst buffer is busy (a's epoch-10 phase), so it waits.
     a.commit_epoch(EpochId(11)).unwrap();
@@ -155,6 +223,10 @@ fn algorithm_1_places_phases_on_every_tier_and_the_data_reads_back_from_each() {
         }
     });
     read_back(&mut a, 11, "ckpt", 5 * MIB, 3, "the writer, node-local, committed");
+    // The view lists it (the scheduler located it) but cannot read it yet: EAGAIN, not ENOENT.
+    assert_eq!(view.epochs(), ["epoch-10", "epoch-11", "epoch-20"]);
+    let held = view.list("epoch-11");
+    assert_eq!(held.err().and_then(|e| e.raw_os_error()), Some(libc::EAGAIN));
 
     // The burst buffer phase ends: the scheduler sees it idle and the mover moves epoch 11.
     a.commit_epoch(EpochId(10)).unwrap();
@@ -164,6 +236,9 @@ fn algorithm_1_places_phases_on_every_tier_and_the_data_reads_back_from_each() {
     let mut reader = s.reader();
     read_back(&mut reader, 11, "ckpt", 5 * MIB, 3, "a fresh client, from the burst buffer");
     read_back(&mut reader, 10, "ckpt", 3 * MIB, 1, "a fresh client, from the burst buffer");
+    wait_until("the view to see the moved epoch", || view.list("epoch-11").is_ok());
+    view.read(11, "ckpt", 5 * MIB, 3, "the epochs view, after the node-local move");
+    view.read(10, "ckpt", 3 * MIB, 1, "the epochs view, from the burst buffer");
     assert_eq!(a.tiering_reports_dropped(), 0);
     assert_eq!(b.tiering_reports_dropped(), 0);
     // `spillway tiers` shows what the scheduler measured.

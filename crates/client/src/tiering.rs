@@ -71,6 +71,10 @@ pub trait TierService: Send + Sync {
     fn locate(&self, _epoch: EpochId) -> Result<Option<EpochLocation>, String> {
         Ok(None)
     }
+    /// Every location the caller's clients recorded (for listings of the caller's epochs).
+    fn locations(&self) -> Result<Vec<EpochLocation>, String> {
+        Ok(Vec::new())
+    }
 }
 
 /// Where an epoch's committed data is: the metadata organizer's record.
@@ -1027,9 +1031,24 @@ impl crate::Client {
         }
     }
 
+    /// Where the scheduler last recorded each of the caller's tiered epochs (empty without a
+    /// scheduler): how a listing finds epochs that are on no server.
+    pub fn located_epochs(&self) -> Result<Vec<EpochLocation>, crate::ClientError> {
+        let Some(service) = self.tiering.as_ref().and_then(|t| t.options.service.as_ref()) else {
+            return Ok(Vec::new());
+        };
+        service.locations().map_err(|message| {
+            tier_error(
+                Tier::BurstBuffer,
+                format!("asking the scheduler for epoch locations: {message}"),
+                libc::EIO,
+            )
+        })
+    }
+
     /// An epoch no server has: if the scheduler knows it is on some node's local tier and not
     /// moved yet, the error that says so (EAGAIN: it will be on the burst buffer later).
-    pub(crate) fn held_elsewhere(&self, epoch: EpochId) -> Option<crate::ClientError> {
+    pub fn held_elsewhere(&self, epoch: EpochId) -> Option<crate::ClientError> {
         let service = self.tiering.as_ref()?.options.service.as_ref()?;
         let location = service.locate(epoch).ok()??;
         (location.tier == Tier::NodeLocal).then(|| {

@@ -411,6 +411,7 @@ fn route_tiers(
             Ok(location) => result(200, manager.record_location(caller, &location)),
             Err(reply) => reply,
         },
+        ("GET", ["v1", "tiers", "locations"]) => json(200, &manager.locations(caller)),
         ("GET", ["v1", "tiers", "locations", epoch]) => match epoch.parse::<u64>() {
             Ok(epoch) => result(200, manager.locate(caller, epoch)),
             Err(_) => error_reply(400, "invalid", format!("epoch {epoch:?} is not a number")),

@@ -92,6 +92,8 @@ pub enum StageError {
     NoDrainDirectory { epoch: u64 },
     #[error("drain of epoch {epoch} got no PFS slot from the manager's drain scheduler: {message}; the data stays in the burst buffer (retry the stage-out)")]
     DrainSlot { epoch: u64, message: String },
+    #[error("{what}: no PFS slot from the manager's drain scheduler: {message}; nothing was copied (retry the stage-out)")]
+    PfsSlot { what: String, message: String },
     /// Staging out from a snapshot (the namespace's server is gone), a file's bytes are not
     /// what the snapshot names (changed since, or a forged size): not staged out.
     #[error("{name}: the namespace's snapshot names {expected} bytes in {data_name}, the burst buffer holds {held}: the file changed after the snapshot (or its size there is wrong), so it is not staged out (its bytes stay in the reservation)")]
@@ -137,8 +139,8 @@ pub struct StageOptions {
     pub drain_timeout: Duration,
     /// Where the progress record is opened ([`PrivateRecordStore`]; tests inject faults).
     pub record_store: std::sync::Arc<dyn RecordStore>,
-    /// The manager whose cross-job drain scheduler a `drain_first` drain waits for
-    /// (crate::tiering); `None`: the drain starts at once.
+    /// The manager whose cross-job drain scheduler a `drain_first` drain and a stage-out's
+    /// copy wait for (crate::tiering); `None`: they start at once.
     pub drain_slots: Option<std::sync::Arc<crate::ApiClient>>,
 }
 
@@ -1461,11 +1463,19 @@ pub fn stage_out(
         chunk_bytes,
         files_from_drained_copy: AtomicU64::new(0),
     };
-    parallel(
-        &remaining.todo,
-        options.parallel_files,
-        || connect(reservation),
-        |client, file| stage.copy_file(client, file),
+    let bytes_copying = remaining.todo.iter().fold(0u64, |total, f| total.saturating_add(f.size));
+    with_pfs_slot(
+        options,
+        &format!("stage-out {} {base}", reservation.name),
+        bytes_copying,
+        || {
+            parallel(
+                &remaining.todo,
+                options.parallel_files,
+                || connect(reservation),
+                |client, file| stage.copy_file(client, file),
+            )
+        },
     )?;
     progress.show(true);
     Ok(StageReport {
@@ -1477,6 +1487,45 @@ pub fn stage_out(
         elapsed_ms: started.elapsed().as_millis() as u64,
         files_from_drained_copy: stage.files_from_drained_copy.into_inner(),
     })
+}
+
+/// How often a stage-out copy renews its PFS slot's lease (`manager.drain_lease_s`, 60 s by
+/// default, must not run out under a long copy).
+const PFS_SLOT_RENEW_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Runs `copy` (`bytes` to the PFS) under a PFS slot of the manager's cross-job drain
+/// scheduler when `options.drain_slots` names it: a stage-out's copy writes the PFS like a
+/// drain, so it waits its turn (at most `drain_timeout`) and holds the slot, renewed, until done.
+fn with_pfs_slot(
+    options: &StageOptions,
+    label: &str,
+    bytes: u64,
+    copy: impl FnOnce() -> Result<(), StageError>,
+) -> Result<(), StageError> {
+    let Some(api) = options.drain_slots.as_deref() else { return copy() };
+    if bytes == 0 {
+        return copy();
+    }
+    let mut slot = crate::tiering::DrainSlot::acquire(api, label, 0, options.drain_timeout)
+        .map_err(|e| StageError::PfsSlot { what: label.to_string(), message: e.to_string() })?;
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let result = std::thread::scope(|scope| {
+        let renewing = &slot;
+        scope.spawn(move || {
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                stopped.recv_timeout(PFS_SLOT_RENEW_INTERVAL)
+            {
+                if let Err(error) = renewing.renew() {
+                    tracing::warn!(%error, "renewing the stage-out's PFS slot failed");
+                }
+            }
+        });
+        let result = copy();
+        drop(stop);
+        result
+    });
+    slot.bytes = bytes;
+    result
 }
 
 /// What the workers of a stage-out share.

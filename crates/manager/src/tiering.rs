@@ -672,6 +672,16 @@ impl Manager {
             .map(|(location, _)| location.clone())
             .ok_or(TieringError::NoSuchLocation { epoch })
     }
+
+    /// Every location the caller recorded, in epoch order (at most `LOCATIONS_PER_UID_MAX`).
+    pub fn locations(&self, caller: &Caller) -> Vec<Location> {
+        let board = lock(&self.tiers);
+        board
+            .locations
+            .range((caller.uid, 0)..=(caller.uid, u64::MAX))
+            .map(|(_, (location, _))| location.clone())
+            .collect()
+    }
 }
 
 /// The manager as a client's [`spillway_client::TierService`], over its API.
@@ -746,6 +756,20 @@ impl spillway_client::TierService for ManagerTiers {
             Err(e) if e.kind() == Some("not_found") => Ok(None),
             Err(e) => Err(e.to_string()),
         }
+    }
+
+    fn locations(&self) -> Result<Vec<spillway_client::EpochLocation>, String> {
+        let found: Vec<Location> =
+            self.api.get("/v1/tiers/locations").map_err(|e| e.to_string())?;
+        Ok(found
+            .into_iter()
+            .map(|l| spillway_client::EpochLocation {
+                job: l.job,
+                epoch: spillway_types::EpochId(l.epoch),
+                tier: l.tier,
+                host: l.host,
+            })
+            .collect())
     }
 
     fn leave(&self, job: &str, client: u64) -> Result<(), String> {

@@ -13,6 +13,7 @@
 
 pub mod connect;
 pub mod data;
+pub mod epochs;
 pub mod fs;
 pub mod identity;
 
@@ -99,16 +100,7 @@ pub fn mount(
     if config.threads == 0 {
         return Err(MountError::Config("threads must be at least 1".into()));
     }
-    let meta = std::fs::metadata(mountpoint).map_err(|e| MountError::MountPoint {
-        path: mountpoint.to_path_buf(),
-        problem: e.to_string(),
-    })?;
-    if !meta.is_dir() {
-        return Err(MountError::MountPoint {
-            path: mountpoint.to_path_buf(),
-            problem: "not a directory".into(),
-        });
-    }
+    check_mountpoint(mountpoint)?;
     let data = DataPlane::new(clients, namespace.id(), namespace.data_epoch());
     let mut options = Config::default();
     options.mount_options = vec![
@@ -127,6 +119,22 @@ pub fn mount(
     let session = fuser::spawn_mount(fs, mountpoint, &options)
         .map_err(|source| MountError::Mount { path: mountpoint.to_path_buf(), source })?;
     Ok(Mount { session: Some(session), mountpoint: mountpoint.to_path_buf() })
+}
+
+/// The mount point must be an existing directory.
+fn check_mountpoint(mountpoint: &Path) -> Result<(), MountError> {
+    let meta = std::fs::metadata(mountpoint).map_err(|e| MountError::MountPoint {
+        path: mountpoint.to_path_buf(),
+        problem: e.to_string(),
+    })?;
+    if meta.is_dir() {
+        Ok(())
+    } else {
+        Err(MountError::MountPoint {
+            path: mountpoint.to_path_buf(),
+            problem: "not a directory".into(),
+        })
+    }
 }
 
 /// Unmounts whatever is mounted at `mountpoint` (as root with umount2, else with

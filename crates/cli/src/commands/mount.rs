@@ -81,6 +81,18 @@ pub struct Args {
     /// With --background: where the serving process writes its log (default: discarded).
     #[arg(long)]
     pub log: Option<PathBuf>,
+    /// Mount the read-only view of your epochs instead of the namespace: `epoch-<E>/<name>`
+    /// wherever tiering put them (burst buffer, PFS, or another node's local tier: EAGAIN).
+    #[arg(long)]
+    pub epochs: bool,
+    /// With --epochs: the PFS directory the reservation drains to (drained and PFS-written
+    /// epochs are found there).
+    #[arg(long, requires = "epochs")]
+    pub pfs: Option<PathBuf>,
+    /// With --epochs: the manager that locates tiered epochs (default: $SPILLWAY_MANAGER;
+    /// without either, epochs only the scheduler knows of are not listed).
+    #[arg(long, requires = "epochs")]
+    pub manager: Option<String>,
     /// Where to mount (an existing directory).
     pub mountpoint: PathBuf,
 }
@@ -148,7 +160,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("--servers is empty");
     }
     // Caught from before the mount exists: a stop signal always unmounts cleanly.
-    let mut signals = spillway_sys::signal::StopSignals::catch().context("catching signals")?;
+    let signals = spillway_sys::signal::StopSignals::catch().context("catching signals")?;
+    if args.epochs {
+        return run_epochs(&args, endpoints, signals);
+    }
     let config = MountConfig {
         threads: args.threads,
         attr_ttl: Duration::from_millis(args.attr_ttl_ms),
@@ -158,21 +173,71 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let Some(first) = clients.first_mut() else { bail!("--threads must be at least 1") };
     let namespace = open_namespace(&args, &endpoints, first)?;
     let mount = spillway_mount::mount(namespace.clone(), clients, &args.mountpoint, config)?;
-    println!(
-        "{READY_PREFIX}{} (namespace {}, data epoch {})",
-        args.mountpoint.display(),
-        namespace.id(),
-        namespace.data_epoch().0
-    );
+    let what = format!("namespace {}, data epoch {}", namespace.id(), namespace.data_epoch().0);
+    serve(&args.mountpoint, mount, signals, &what)
+}
+
+/// The read-only epochs view (`--epochs`): one client with the caller's identity, the PFS
+/// fallback, and the manager's locations of tiered epochs.
+fn run_epochs(
+    args: &Args,
+    endpoints: Vec<Endpoint>,
+    signals: spillway_sys::signal::StopSignals,
+) -> anyhow::Result<()> {
+    let manager = args
+        .manager
+        .clone()
+        .or_else(|| std::env::var("SPILLWAY_MANAGER").ok().filter(|v| !v.is_empty()));
+    let tiering = match &manager {
+        Some(address) => {
+            let api = spillway_manager::ApiClient::new(address)
+                .with_context(|| format!("manager {address:?}"))?;
+            Some(spillway_client::TieringOptions {
+                // The view never writes, so it never begins a phase; the scheduler is asked
+                // only where epochs are.
+                strategy: Some(spillway_client::TieringStrategy::HighPriority),
+                service: Some(Arc::new(spillway_manager::tiering::ManagerTiers::new(api))),
+                ..spillway_client::TieringOptions::new("epochs-view")
+            })
+        }
+        None => None,
+    };
+    let options = spillway_client::ClientOptions {
+        replicas: args.replicas,
+        tiering,
+        ..spillway_client::ClientOptions::default()
+    };
+    let mut client = Client::connect(&endpoints, options).context("connecting to the servers")?;
+    if let Some(pfs) = &args.pfs {
+        anyhow::ensure!(pfs.is_dir(), "--pfs {}: not a directory", pfs.display());
+        client.set_pfs_fallback(pfs);
+    }
+    let mount = spillway_mount::epochs::mount_epochs(
+        client,
+        args.pfs.clone(),
+        &args.mountpoint,
+        "spillway-epochs",
+    )?;
+    serve(&args.mountpoint, mount, signals, "epochs view, read-only")
+}
+
+/// Says the mount is live, then serves until it is unmounted or a stop signal arrives.
+fn serve(
+    mountpoint: &Path,
+    mount: spillway_mount::Mount,
+    mut signals: spillway_sys::signal::StopSignals,
+    what: &str,
+) -> anyhow::Result<()> {
+    println!("{READY_PREFIX}{} ({what})", mountpoint.display());
     use std::io::Write;
     std::io::stdout().flush().ok();
     loop {
         if mount.is_finished() {
-            eprintln!("spillway mount: {} was unmounted", args.mountpoint.display());
+            eprintln!("spillway mount: {} was unmounted", mountpoint.display());
             break;
         }
         if let Some(signal) = signals.wait(Duration::from_millis(200)) {
-            eprintln!("spillway mount: signal {signal}, unmounting {}", args.mountpoint.display());
+            eprintln!("spillway mount: signal {signal}, unmounting {}", mountpoint.display());
             break;
         }
     }
@@ -180,8 +245,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs the mount as a detached child and returns once it reports the mount live.
-fn run_background(args: &Args) -> anyhow::Result<()> {
+/// The same mount in the foreground: what `--background` runs as its detached child.
+fn foreground_command(args: &Args) -> anyhow::Result<Command> {
     let binary = std::env::current_exe().context("finding the spillway binary")?;
     let mut command = Command::new(binary);
     command.arg("mount").arg("--servers").arg(args.servers.join(","));
@@ -206,8 +271,23 @@ fn run_background(args: &Args) -> anyhow::Result<()> {
         .arg("--threads")
         .arg(args.threads.to_string())
         .arg("--attr-ttl-ms")
-        .arg(args.attr_ttl_ms.to_string())
-        .arg(&args.mountpoint);
+        .arg(args.attr_ttl_ms.to_string());
+    if args.epochs {
+        command.arg("--epochs");
+    }
+    if let Some(pfs) = &args.pfs {
+        command.arg("--pfs").arg(pfs);
+    }
+    if let Some(manager) = &args.manager {
+        command.arg("--manager").arg(manager);
+    }
+    command.arg(&args.mountpoint);
+    Ok(command)
+}
+
+/// Runs the mount as a detached child and returns once it reports the mount live.
+fn run_background(args: &Args) -> anyhow::Result<()> {
+    let mut command = foreground_command(args)?;
     let log = match &args.log {
         Some(path) => Stdio::from(
             std::fs::OpenOptions::new()

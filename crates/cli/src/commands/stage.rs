@@ -45,7 +45,8 @@ pub struct Args {
     /// drained files.
     #[arg(long)]
     drain: bool,
-    /// Stage-out with --drain: how long the drain may take.
+    /// Stage-out: how long the wait for a PFS slot (the manager's cross-job drain scheduler)
+    /// may take, and with --drain how long the drain may take.
     #[arg(long, default_value_t = 600)]
     drain_timeout_s: u64,
     #[command(flatten)]
@@ -94,10 +95,9 @@ fn prepare(
     };
     options.drain_first = args.drain;
     options.drain_timeout = Duration::from_secs(args.drain_timeout_s);
-    if args.drain {
-        // The drain waits for its PFS slot from the manager's cross-job drain scheduler.
-        options.drain_slots = Some(std::sync::Arc::new(args.flags.client()?.0));
-    }
+    // A stage-out's drain and copy write the PFS: they wait for a PFS slot from the manager's
+    // cross-job drain scheduler (docs/design/ias.md). A stage-in only reads the PFS.
+    options.drain_slots = Some(std::sync::Arc::new(args.flags.client()?.0));
     Ok((reservation, options))
 }
 
