@@ -102,8 +102,21 @@ fn read_back(client: &mut Client, epoch: u64, name: &str, bytes: u64, seed: u64,
     assert!(buffer == pattern(seed, bytes as usize), "{how}: epoch {epoch} {name} differs");
 }
 
-/// `spillway mount --epochs` of the setup, as a separate process; unmounted when dropped.
+/// A mount made by a `spillway mount --background` process; unmounted when dropped.
+struct Mounted {
+    path: PathBuf,
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ =
+            std::process::Command::new(BIN).arg("umount").arg("--lazy").arg(&self.path).status();
+    }
+}
+
+/// `spillway mount --epochs` of the setup, as a separate process.
 struct EpochsView {
+    _mounted: Mounted,
     path: PathBuf,
 }
 
@@ -131,7 +144,7 @@ impl EpochsView {
             .output()
             .unwrap();
         assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-        EpochsView { path }
+        EpochsView { _mounted: Mounted { path: path.clone() }, path }
     }
 
     fn read(&self, epoch: u64, name: &str, bytes: u64, seed: u64, how: &str) {
@@ -298,6 +311,79 @@ impl TierService for Recording {
         self.note();
         Ok(TierSnapshot { active_jobs: 1, ..TierSnapshot::default() })
     }
+}
+
+/// The phases the manager holds now (`spillway tiers --json`), as (job, tier).
+fn phases_now(s: &Setup) -> Vec<(String, String)> {
+    let output = std::process::Command::new(BIN)
+        .args(["tiers", "--json"])
+        .env("SPILLWAY_MANAGER", &s.manager.socket)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let view: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    view["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["job"].as_str().unwrap().to_string(), p["tier"].as_str().unwrap().to_string()))
+        .collect()
+}
+
+#[test]
+fn writes_through_the_mount_count_as_the_jobs_phases_on_the_burst_buffer() {
+    let s = setup("interference-aware");
+    assert!(
+        Path::new("/dev/fuse").exists(),
+        "this test needs /dev/fuse (the fuse module) and root"
+    );
+    let mountpoint = s.pfs.parent().unwrap().join("mnt");
+    std::fs::create_dir_all(&mountpoint).unwrap();
+    let output = std::process::Command::new(BIN)
+        .args(["mount", "--background", "--tiering-job", "mount-job", "--servers"])
+        .arg(s.server.endpoint().to_string())
+        .arg("--manager")
+        .arg(&s.manager.socket)
+        .arg("--log")
+        .arg(s.pfs.parent().unwrap().join("mount.log"))
+        .arg(&mountpoint)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let mounted = Mounted { path: mountpoint.clone() };
+
+    // A job writes through the mount, steadily (bounded: at most 60 s of writes).
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writing = {
+        let (stop, file) = (stop.clone(), mountpoint.join("checkpoint"));
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let mut out = std::fs::File::create(&file).unwrap();
+            for _ in 0..600 {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                out.write_all(&[7u8; 64 << 10]).unwrap();
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    wait_until("the mount's phase at the manager", || {
+        phases_now(&s).contains(&("mount-job".to_string(), "burst-buffer".to_string()))
+    });
+    // Another job's phase now sees one of two active jobs on the burst buffer (not fewer than
+    // N/2): Algorithm 1 sends it to the PFS. Without the mount's report it would be alone.
+    let mut b = s.client(Some(s.tiering("job-b", s.service())));
+    assert_eq!(write_file(&mut b, 30, "ckpt", MIB, 5), Tier::Pfs);
+    b.commit_epoch(EpochId(30)).unwrap();
+
+    // The writes stop: the mount's phase ends after its quiet time, with what it wrote.
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writing.join().unwrap();
+    wait_until("the mount's phase to end", || {
+        !phases_now(&s).iter().any(|(job, _)| job == "mount-job")
+    });
+    drop(mounted);
 }
 
 #[test]

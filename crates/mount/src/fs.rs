@@ -55,6 +55,8 @@ pub struct MountConfig {
     pub allow_other: bool,
     /// Shown as the source in /proc/mounts.
     pub fs_name: String,
+    /// Report the mount's write phases to the data scheduler (crate::phases); `None`: not.
+    pub phases: Option<crate::phases::PhaseReporting>,
 }
 
 impl Default for MountConfig {
@@ -65,6 +67,7 @@ impl Default for MountConfig {
             open_files_max: 65_536,
             allow_other: true,
             fs_name: "spillway".to_string(),
+            phases: None,
         }
     }
 }
@@ -102,6 +105,8 @@ pub struct SpillwayFs {
     /// another FUSE thread (an asynchronous release, say) must never land after the shrink and
     /// grow the file back to a size it no longer has.
     size_reports: Mutex<()>,
+    /// The reporter of write phases, if the mount reports them; dropped at unmount.
+    phases: Option<crate::phases::Phases>,
 }
 
 fn errno(e: &MetaError) -> Errno {
@@ -203,7 +208,14 @@ impl SpillwayFs {
             next_handle: AtomicU64::new(1),
             inodes: Mutex::new(HashMap::new()),
             size_reports: Mutex::new(()),
+            phases: None,
         }
+    }
+
+    /// Reports this mount's write phases through `phases`.
+    pub(crate) fn with_phases(mut self, phases: Option<crate::phases::Phases>) -> SpillwayFs {
+        self.phases = phases;
+        self
     }
 
     fn ttl(&self) -> Duration {
@@ -322,6 +334,9 @@ impl SpillwayFs {
         // namespace (an N-1 checkpoint from several nodes lost blocks that way).
         let (generation, _) = self.state(ino)?;
         slot.write(ino, generation, offset, data).map_err(|e| data_errno(&e))?;
+        if let Some(phases) = &self.phases {
+            phases.wrote(data.len() as u64);
+        }
         {
             let mut inodes = self.inodes.lock();
             if let Some(state) = inodes.get_mut(&ino) {
@@ -419,6 +434,8 @@ impl Filesystem for SpillwayFs {
         if let Err(e) = self.data.flush_all() {
             tracing::error!(error = %e, "flushing writes at unmount failed");
         }
+        // Ends the phase in progress and leaves the scheduler's active jobs.
+        self.phases = None;
         if let Err(e) = self.namespace.sync() {
             tracing::error!(error = %e, "namespace sync at unmount failed");
         }

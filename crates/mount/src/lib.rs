@@ -16,6 +16,7 @@ pub mod data;
 pub mod epochs;
 pub mod fs;
 pub mod identity;
+pub mod phases;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -101,6 +102,17 @@ pub fn mount(
         return Err(MountError::Config("threads must be at least 1".into()));
     }
     check_mountpoint(mountpoint)?;
+    let phases = match &config.phases {
+        Some(reporting) => Some(
+            phases::Phases::start(
+                reporting.clone(),
+                namespace.data_epoch(),
+                clients[0].client_id(),
+            )
+            .map_err(|e| MountError::Config(format!("starting the phase reporter: {e}")))?,
+        ),
+        None => None,
+    };
     let data = DataPlane::new(clients, namespace.id(), namespace.data_epoch());
     let mut options = Config::default();
     options.mount_options = vec![
@@ -115,7 +127,7 @@ pub fn mount(
     options.acl = if config.allow_other { SessionACL::All } else { SessionACL::Owner };
     options.n_threads = Some(config.threads);
     options.clone_fd = true;
-    let fs = SpillwayFs::new(namespace, data, config);
+    let fs = SpillwayFs::new(namespace, data, config).with_phases(phases);
     let session = fuser::spawn_mount(fs, mountpoint, &options)
         .map_err(|source| MountError::Mount { path: mountpoint.to_path_buf(), source })?;
     Ok(Mount { session: Some(session), mountpoint: mountpoint.to_path_buf() })

@@ -125,6 +125,9 @@ impl Hooks {
             .args(["--namespace-id", &namespace_id.to_string()])
             .args(["--epoch", &reservation.epoch.unwrap_or(1).to_string()])
             .args(["--root-owner", &owner, "--root-mode", mode])
+            // The job's writes through the mount count as its phases on the burst buffer for
+            // the data scheduler (docs/design/ias.md).
+            .args(["--tiering-job", &job.to_string()])
             .arg("--log")
             .arg(&log)
             .arg("--background")

@@ -23,6 +23,7 @@ use spillway_client::Client;
 use spillway_mount::connect::{
     connect_namespace, data_clients, namespace_placement, NamespaceRoot, MOUNT_EPOCH_DEFAULT,
 };
+use spillway_mount::phases::PhaseReporting;
 use spillway_mount::MountConfig;
 use spillway_namespace::Namespace;
 use spillway_policy::namespace::NamespaceAccess;
@@ -89,10 +90,16 @@ pub struct Args {
     /// epochs are found there).
     #[arg(long, requires = "epochs")]
     pub pfs: Option<PathBuf>,
-    /// With --epochs: the manager that locates tiered epochs (default: $SPILLWAY_MANAGER;
-    /// without either, epochs only the scheduler knows of are not listed).
-    #[arg(long, requires = "epochs")]
+    /// The manager: with --epochs it locates tiered epochs (default: $SPILLWAY_MANAGER; without
+    /// either, epochs only the scheduler knows of are not listed); with --tiering-job it takes
+    /// the phase reports (default: $SPILLWAY_MANAGER, else the default socket).
+    #[arg(long)]
     pub manager: Option<String>,
+    /// Report this mount's bursts of writes to the manager's data scheduler as phases of job
+    /// JOB (the Slurm prolog passes the job id), so interference-aware tiering counts the job
+    /// on the burst buffer. The mount's data always goes to the burst buffer.
+    #[arg(long, conflicts_with = "epochs")]
+    pub tiering_job: Option<String>,
     /// Where to mount (an existing directory).
     pub mountpoint: PathBuf,
 }
@@ -167,6 +174,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let config = MountConfig {
         threads: args.threads,
         attr_ttl: Duration::from_millis(args.attr_ttl_ms),
+        phases: phase_reporting(&args)?,
         ..MountConfig::default()
     };
     let mut clients = data_clients(&endpoints, config.threads, args.replicas)?;
@@ -175,6 +183,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mount = spillway_mount::mount(namespace.clone(), clients, &args.mountpoint, config)?;
     let what = format!("namespace {}, data epoch {}", namespace.id(), namespace.data_epoch().0);
     serve(&args.mountpoint, mount, signals, &what)
+}
+
+/// With `--tiering-job`: how the mount reports its write phases.
+fn phase_reporting(args: &Args) -> anyhow::Result<Option<PhaseReporting>> {
+    let Some(job) = &args.tiering_job else { return Ok(None) };
+    spillway_client::tiering::check_job_name(job)
+        .map_err(|e| anyhow::anyhow!("--tiering-job: {e}"))?;
+    let api = spillway_manager::ApiClient::from_flag(args.manager.as_deref())
+        .context("the manager for --tiering-job")?;
+    Ok(Some(PhaseReporting {
+        service: Arc::new(spillway_manager::tiering::ManagerTiers::new(api)),
+        job: job.clone(),
+        processes: 1,
+        quiet: spillway_mount::phases::PHASE_QUIET_DEFAULT,
+    }))
 }
 
 /// The read-only epochs view (`--epochs`): one client with the caller's identity, the PFS
@@ -280,6 +303,9 @@ fn foreground_command(args: &Args) -> anyhow::Result<Command> {
     }
     if let Some(manager) = &args.manager {
         command.arg("--manager").arg(manager);
+    }
+    if let Some(job) = &args.tiering_job {
+        command.arg("--tiering-job").arg(job);
     }
     command.arg(&args.mountpoint);
     Ok(command)
