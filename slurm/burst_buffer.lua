@@ -196,8 +196,10 @@ function slurm_bb_real_size(job_id, ...)
 		slurm.log_error("%s: real_size job %s failed: %s", script_name, job_id, output)
 		return slurm.ERROR, output
 	end
-	if output:match("^%d+$") then
-		return slurm.SUCCESS, output
+	-- The size is the last line; warnings (stderr, merged) may come before it.
+	local size = output:match("^(%d+)$") or output:match("\n(%d+)$")
+	if size then
+		return slurm.SUCCESS, size
 	end
 	return slurm.SUCCESS
 end

@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 
 mod commands;
 mod daemons;
+mod logging;
 mod planning;
 
 use commands::{drain, mount, pool, reservation, stage, status, tiers};
@@ -72,8 +73,25 @@ enum Command {
     ConfigDoc,
 }
 
+impl Command {
+    /// How much the command logs, and whether it asked for JSON logs.
+    fn logging(&self) -> (logging::Verbosity, bool) {
+        use logging::Verbosity::{Command as Short, Service};
+        match self {
+            Command::Serve(args) => (Service, args.log_json()),
+            Command::Manager(args) => (Service, args.log_json()),
+            Command::Mount(_) => (Service, false),
+            _ => (Short, false),
+        }
+    }
+}
+
 fn main() {
-    let result = match Cli::parse().command {
+    logging::exit_quietly_on_closed_stdout();
+    let command = Cli::parse().command;
+    let (verbosity, json) = command.logging();
+    logging::init(verbosity, json);
+    let result = match command {
         Command::Demo(args) => spillway_demo::run(args),
         Command::Mount(args) => mount::run(args),
         Command::Umount(args) => mount::run_umount(args),

@@ -240,6 +240,9 @@ fn algorithm_1_places_phases_on_every_tier_and_the_data_reads_back_from_each() {
     assert_eq!(view.epochs(), ["epoch-10", "epoch-11", "epoch-20"]);
     let held = view.list("epoch-11");
     assert_eq!(held.err().and_then(|e| e.raw_os_error()), Some(libc::EAGAIN));
+    // The mount logs why (its warnings reach its --log file, without escape codes).
+    let log = std::fs::read_to_string(s.pfs.parent().unwrap().join("view.log")).unwrap();
+    assert!(log.contains("node-local storage of host") && !log.contains('\u{1b}'), "{log:?}");
 
     // The burst buffer phase ends: the scheduler sees it idle and the mover moves epoch 11.
     a.commit_epoch(EpochId(10)).unwrap();

@@ -30,15 +30,14 @@ pub struct Args {
     log_json: bool,
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if args.log_json {
-        builder.json().init();
-    } else {
-        builder.init();
+impl Args {
+    /// `--log-json` (the logging itself is set up by main, crate::logging).
+    pub fn log_json(&self) -> bool {
+        self.log_json
     }
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
     let config = spillway_config::Config::load(args.config.as_deref(), std::env::vars())?;
     let mut knobs = config.manager;
     if let Some(socket) = args.socket {

@@ -97,15 +97,14 @@ fn parse_durability(text: &str) -> Result<CommitDurability, String> {
     }
 }
 
-fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    let _ = if json { builder.json().try_init() } else { builder.try_init() };
+impl Args {
+    /// `--log-json` (the logging itself is set up by main, crate::logging).
+    pub fn log_json(&self) -> bool {
+        self.log_json
+    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    init_logging(args.log_json);
     let mut config = Config::load(args.config.as_deref(), std::env::vars())?;
     args.apply_to(&mut config);
     config.validate()?;
