@@ -22,6 +22,7 @@ packages=(
     moosefs-client      # ...and mfsmount (FUSE) in the other hosts
     openmpi-bin         # mpirun for the multi-node Slurm test's MPI checkpoint job
     libopenmpi-dev      # mpicc and mpi.h: that job's program (examples/mpi/checkpoint.c) is compiled by the test
+    prometheus          # scrapes the server's and the manager's /metrics in metrics_e2e
 )
 
 missing=()

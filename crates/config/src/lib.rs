@@ -141,6 +141,14 @@ pub(crate) fn check_listen_address(
     Ok(())
 }
 
+/// `metrics_listen_address`: empty, or an `IP:PORT` (any interface: the scraper is elsewhere).
+pub(crate) fn check_metrics_address(section: &'static str, value: &str) -> Result<(), ConfigError> {
+    if value.is_empty() {
+        return Ok(());
+    }
+    check_listen_address(section, "metrics_listen_address", value, true, "")
+}
+
 /// The whole daemon configuration, one member per section.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]

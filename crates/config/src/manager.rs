@@ -38,6 +38,8 @@ knobs! {
         socket_mode: String = "0666".to_string(), unit = "octal mode";
         /// Also serve the API on this TCP address ("" for none); loopback only unless `auth = munge`.
         listen_address: String = String::new(), unit = "host:port";
+        /// Prometheus `/metrics` over plain HTTP on this TCP address ("" for none). Unauthenticated and read-only (sizes, counters, latencies): bind it to the management network.
+        metrics_listen_address: String = String::new(), unit = "host:port";
         /// How API callers over TCP are authenticated: `none` (the loopback socket's owner) or `munge` (an `Authorization: MUNGE` credential on every request). The Unix socket always uses SO_PEERCRED.
         auth: Authentication = Authentication::None, unit = "none|munge";
         /// munged's socket for checking API credentials and for the manager's own connections to servers ("" = libmunge's default).
@@ -119,6 +121,7 @@ impl ManagerKnobs {
         let invalid = |name: &'static str, value: String, reason: &str| {
             ConfigError::invalid(Self::SECTION, name, value, reason)
         };
+        crate::check_metrics_address(Self::SECTION, &self.metrics_listen_address)?;
         if self.socket_path.is_empty() && self.listen_address.is_empty() {
             return Err(invalid(
                 "socket_path",

@@ -28,6 +28,8 @@ knobs! {
         munge_socket: String = String::new(), unit = "path";
         /// With `auth = none`, allow a non-loopback TCP listener anyway: its peers are unauthenticated and run as nobody (logs a warning).
         insecure_tcp: bool = false, unit = "bool";
+        /// Prometheus `/metrics` over plain HTTP on this TCP address ("" for none). Unauthenticated and read-only (sizes, counters, latencies): bind it to the management network.
+        metrics_listen_address: String = String::new(), unit = "host:port";
         /// A name for logs and `status`.
         server_name: String = "spillway".to_string(), unit = "name";
         /// This server's failure domain (the host it shares a fate with), announced to clients and the manager, which place replicas of one piece on servers of distinct domains; "" = the host name (uname). `[A-Za-z0-9][A-Za-z0-9._-]*`, at most 64 bytes.
@@ -114,6 +116,7 @@ impl ServerKnobs {
                 refusal,
             )?;
         }
+        crate::check_metrics_address(Self::SECTION, &self.metrics_listen_address)?;
         self.check_failure_domain()?;
         if self.connections_max == 0 {
             return Err(invalid("connections_max", "0".into(), "must be at least 1"));

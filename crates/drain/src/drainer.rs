@@ -32,7 +32,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Range;
 use std::path::{Component, Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -209,6 +209,8 @@ struct Inner {
     /// Each peer's id and failure domain when the drain last reached it (a server that no
     /// longer answers is named by them) and the replacements noticed, kept across restarts.
     peer_ids: Mutex<PeerIds>,
+    /// Bytes written to the PFS by every drain since start (the metrics' counter).
+    pfs_bytes_written_total: AtomicU64,
 }
 
 /// The running drainer. Dropping it (or [`Drainer::stop`]) stops the worker between writes; an
@@ -297,6 +299,7 @@ impl Drainer {
         let inner = Arc::new(Inner {
             activity: Mutex::new(activity),
             peer_ids: Mutex::new(peer_ids),
+            pfs_bytes_written_total: AtomicU64::new(0),
             options,
             backend,
             pfs,
@@ -370,6 +373,9 @@ impl DrainControl for Drainer {
     }
     fn status(&self) -> Vec<DrainInfo> {
         self.inner.status()
+    }
+    fn pfs_bytes_written_total(&self) -> u64 {
+        self.inner.pfs_bytes_written_total.load(Ordering::Relaxed)
     }
 }
 
@@ -1233,6 +1239,7 @@ impl Inner {
                 names,
                 name,
             )?;
+            self.pfs_bytes_written_total.fetch_add(stats.bytes, Ordering::Relaxed);
             self.set(epoch, |s| {
                 s.pfs_bytes_written += stats.bytes;
                 s.pfs_write_calls += stats.calls;

@@ -526,6 +526,7 @@ fn handle(
             return;
         }
     };
+    let started = Instant::now();
     let (status, body) = match request_identity(munge.as_ref(), identity, &request) {
         Ok(identity) => {
             let caller = manager.caller(identity.uid, identity.gid);
@@ -548,6 +549,7 @@ fn handle(
     {
         tracing::debug!(%peer, %error, "could not send the reply");
     }
+    manager.api_latency.observe(started.elapsed());
     connection.shutdown();
 }
 

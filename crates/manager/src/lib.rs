@@ -20,6 +20,7 @@ pub mod http;
 pub mod identity;
 pub mod job_owner;
 pub mod job_use;
+mod metrics;
 pub mod model;
 pub mod replicate;
 pub mod request_auth;
@@ -66,6 +67,8 @@ pub enum DaemonError {
     Bind(#[from] spillway_proto::transport::BindError),
     #[error("knob manager.listen_address = {address:?}: {reason}")]
     ListenAddress { address: String, reason: String },
+    #[error("knob manager.metrics_listen_address = {address:?}: {source}")]
+    Metrics { address: String, source: std::io::Error },
 }
 
 /// Runs the manager until `stop` is set: opens the database, starts the heartbeat, serves the
@@ -128,6 +131,7 @@ pub fn run_daemon(
         let remote_allowed = knobs.auth == spillway_config::Authentication::Munge;
         listeners.push(spillway_proto::transport::bind(&Endpoint::Tcp(address), remote_allowed)?);
     }
+    let _metrics = start_metrics(&knobs.metrics_listen_address, &manager)?;
     let background = spawn_background(&manager, &stop);
     for listener in &listeners {
         on_listening(&listener.endpoint());
@@ -140,6 +144,22 @@ pub fn run_daemon(
         let _ = std::fs::remove_file(&knobs.socket_path);
     }
     Ok(())
+}
+
+/// The `/metrics` listener, if `manager.metrics_listen_address` names one.
+fn start_metrics(
+    address: &str,
+    manager: &Arc<Manager>,
+) -> Result<Option<spillway_metrics::MetricsServer>, DaemonError> {
+    if address.is_empty() {
+        return Ok(None);
+    }
+    let of = Arc::clone(manager);
+    let render: spillway_metrics::Render = Arc::new(move || metrics::render(&of, &of.api_latency));
+    let server = spillway_metrics::serve(address, render)
+        .map_err(|source| DaemonError::Metrics { address: address.to_string(), source })?;
+    tracing::info!(address = %server.local_addr(), "metrics at /metrics");
+    Ok(Some(server))
 }
 
 /// The heartbeat thread and the re-replication thread, both until `stop` is set.

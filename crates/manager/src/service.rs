@@ -326,6 +326,8 @@ pub struct Manager {
     repairs: Mutex<BTreeMap<u64, RepairProgress>>,
     /// IAS: jobs' phases, the shared tiers' load, drains' PFS slots (crate::tiering).
     pub(crate) tiers: Mutex<crate::tiering::TierBoard>,
+    /// API requests' latency, for the metrics.
+    pub(crate) api_latency: spillway_metrics::Histogram,
 }
 
 /// A server as placement sees it: free bytes from the active reservations; a lost server is
@@ -388,6 +390,7 @@ impl Manager {
             live: Mutex::new(BTreeMap::new()),
             repairs: Mutex::new(BTreeMap::new()),
             tiers: Mutex::new(crate::tiering::TierBoard::default()),
+            api_latency: spillway_metrics::Histogram::default(),
         };
         manager.rebuild_streams()?;
         Ok(manager)

@@ -143,6 +143,11 @@ pub trait Backend: Send + Sync + 'static {
     fn delete_epoch(&self, epoch: EpochId) -> Result<(), BackendError>;
     /// Current capacity use.
     fn usage(&self) -> Usage;
+    /// The store's counters (GC, write amplification), for the metrics; `None` for backends
+    /// without a log-structured store.
+    fn store_stats(&self) -> Option<spillway_store::StoreStats> {
+        None
+    }
     /// Marks a committed epoch drained (every file is on the PFS): its bytes become dead and
     /// GC may free them. Backends without a PFS drain refuse.
     fn mark_drained(&self, epoch: EpochId) -> Result<(), BackendError> {

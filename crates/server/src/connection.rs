@@ -1016,8 +1016,10 @@ fn execute(
                 let fail_fast = last_no_space.is_some_and(|at| received <= at);
                 let wait =
                     if fail_fast { Duration::ZERO } else { shared.options.backpressure_wait };
+                let kind = crate::metrics::request_kind(&request);
                 let (response, read_data) =
                     run_with_payload(&shared, &identity, request, payload, wait);
+                shared.latency.observe(kind, received.elapsed());
                 if matches!(response, Response::Error { code: ErrorCode::NoSpace, .. }) {
                     last_no_space = Some(Instant::now());
                 }

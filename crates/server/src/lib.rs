@@ -40,6 +40,7 @@ pub mod backend;
 pub mod budget;
 mod connection;
 pub mod identity;
+mod metrics;
 pub mod namespace_service;
 mod store_backend;
 
@@ -70,6 +71,10 @@ pub trait DrainControl: Send + Sync + 'static {
     fn committed(&self, epoch: EpochId);
     /// The drain state of every epoch the drainer knows of.
     fn status(&self) -> Vec<spillway_proto::DrainInfo>;
+    /// Bytes written to the PFS by drains since the drainer started (a counter).
+    fn pfs_bytes_written_total(&self) -> u64 {
+        0
+    }
 }
 
 /// Reads the server's ingest counter (bytes written by clients so far): the drainer yields
@@ -249,6 +254,8 @@ pub(crate) struct Shared {
     pub munge: Option<MungeContext>,
     /// Who this server is (`HelloReply`, `StatusReply`).
     pub identity: ServerIdentity,
+    /// Request latency by kind, for the metrics.
+    pub latency: metrics::Latency,
 }
 
 /// The munge context of a server with `auth = munge` (`None` otherwise), after checking that
@@ -349,6 +356,7 @@ impl Server {
             namespaces: std::sync::OnceLock::new(),
             munge,
             identity,
+            latency: metrics::Latency::default(),
         });
         Ok(Server { shared, listeners })
     }
@@ -378,6 +386,13 @@ impl Server {
             },
         );
         self.shared.namespaces.set(Arc::new(service)).is_ok()
+    }
+
+    /// Renders this server's Prometheus samples (for `spillway_metrics::serve`); empty once
+    /// the server is gone.
+    pub fn metrics(&self) -> spillway_metrics::Render {
+        let shared = Arc::downgrade(&self.shared);
+        Arc::new(move || shared.upgrade().map(|s| metrics::render(&s)).unwrap_or_default())
     }
 
     /// A reader of the ingest counter (for the drainer's bandwidth cap).

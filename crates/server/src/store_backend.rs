@@ -438,6 +438,10 @@ impl Backend for StoreBackend {
             .map_err(|e| BackendError::new(ErrorCode::Io, format!("garbage collection: {e}")))
     }
 
+    fn store_stats(&self) -> Option<spillway_store::StoreStats> {
+        Some(self.store.stats())
+    }
+
     fn usage(&self) -> Usage {
         let stats = self.store.stats();
         Usage {

@@ -129,6 +129,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         std::path::Path::new(&config.store.ssd_directory).join("namespaces"),
         config.store.file_bytes_max,
     );
+    let _metrics = match config.server.metrics_listen_address.as_str() {
+        "" => None,
+        address => {
+            let metrics = spillway_metrics::serve(address, server.metrics())
+                .with_context(|| format!("server.metrics_listen_address {address}"))?;
+            tracing::info!(address = %metrics.local_addr(), "metrics at /metrics");
+            Some(metrics)
+        }
+    };
     let stop = Arc::new(AtomicBool::new(false));
     spillway_sys::signal::stop_on_termination(&stop).context("installing signal handlers")?;
     let watcher = spawn_signal_watcher(Arc::clone(&stop), server.shutdown_handle());
