@@ -154,6 +154,42 @@ fn manager_reservations_staging_restart_and_heartbeat() {
     manager.stop();
 }
 
+#[test]
+fn server_add_asks_the_server_first_and_never_registers_one_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("a.sock");
+    let server = ServerProcess::builder(BIN, dir.path(), "a").unix_socket(&socket).start();
+    let (tcp, unix) = match server.endpoints() {
+        [Endpoint::Tcp(tcp), unix @ Endpoint::Unix(_)] => (*tcp, unix.to_string()),
+        other => panic!("expected a TCP and a Unix endpoint: {other:?}"),
+    };
+    let manager = start_manager(dir.path());
+    json(&manager, None, &["pool", "create", "fast", "--granularity", "8MiB"]);
+    // Nothing listens on port 1: not registered (and so never shown up).
+    fails(&manager, None, &["server", "add", "127.0.0.1:1", "--pool", "fast"], "does not answer");
+    let listed = json(&manager, None, &["server", "list"]);
+    assert_eq!(listed.as_array().unwrap().len(), 0, "{listed}");
+    // More than its store holds.
+    let address = tcp.to_string();
+    fails(
+        &manager,
+        None,
+        &["server", "add", &address, "--pool", "fast", "--capacity", "100TiB"],
+        "more than the server's store holds",
+    );
+    // A host name is resolved; without --capacity the server's whole store is granted.
+    let localhost = format!("localhost:{}", tcp.port());
+    let added = json(&manager, None, &["server", "add", &localhost, "--pool", "fast"]);
+    assert_eq!(added["address"], address, "{added}");
+    assert_eq!(added["capacity_bytes"], 64u64 << 30, "the default store.ssd_bytes_max");
+    // The same server again, under its IP, or once its identity is known, its Unix socket.
+    fails(&manager, None, &["server", "add", &address, "--pool", "fast"], "already known");
+    wait_for("the heartbeat to learn the server's id", Duration::from_secs(30), || {
+        json(&manager, None, &["server", "list"])[0]["identity"].is_string()
+    });
+    fails(&manager, None, &["server", "add", &unix, "--pool", "fast"], "already registered as");
+}
+
 /// Root: a pool and two servers. A user may not.
 fn pools_and_servers_added_by_root_only(manager: &ManagerProcess, addresses: &[String]) {
     json(manager, None, &["pool", "create", "fast", "--granularity", "8MiB"]);

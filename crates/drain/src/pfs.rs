@@ -121,7 +121,8 @@ pub trait Pfs: Send + Sync {
         identity: &PublishedIdentity,
     ) -> Result<bool, PfsError>;
     /// Creates a marker file holding `content` (fsync'd) and fsyncs its directory
-    /// (idempotent).
+    /// (idempotent). The marker appears with its whole content (written at a temporary name,
+    /// then renamed): a participant that sees it never reads a half-written one.
     fn create_marker(&self, path: &Path, owner: &PfsOwner, content: &[u8]) -> Result<(), PfsError>;
     /// The content of a marker (at most `bytes_max`) if `path` is a plain file of the owner's;
     /// `None` otherwise. The file is only opened once it is known to be a plain file.
@@ -796,15 +797,36 @@ impl Pfs for PosixPfs {
 
     fn create_marker(&self, path: &Path, owner: &PfsOwner, content: &[u8]) -> Result<(), PfsError> {
         let full = self.full(path);
+        // Written at a temporary name and renamed: another participant that sees the marker
+        // reads its whole content (the part's checksum), never an empty file being written.
+        let mut writing = path.as_os_str().to_owned();
+        writing.push(".writing");
+        let writing = PathBuf::from(writing);
         self.as_owner(owner, path, |tree| {
+            // Something at the marker's name that is not the owner's plain file (planted) is
+            // refused, never replaced.
+            match tree.open_read(path) {
+                Ok(existing) => check_owned_plain_file(&existing, owner, &full)?,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(PfsError::new("open marker", &full, e)),
+            }
             let file = tree
-                .open_or_create(path, 0o600)
+                .open_or_create(&writing, 0o600)
                 .map_err(|e| PfsError::new("create marker", &full, e))?;
             check_owned_plain_file(&file, owner, &full)?;
-            file.write_all_at(content, 0)
+            let written = file
+                .write_all_at(content, 0)
                 .and_then(|()| file.set_len(content.len() as u64))
                 .and_then(|()| file.sync_all())
-                .map_err(|e| PfsError::new("write marker", &full, e))?;
+                .map_err(|e| PfsError::new("write marker", &full, e))
+                .and_then(|()| {
+                    tree.rename(&writing, path)
+                        .map_err(|e| PfsError::new("rename marker", &full, e))
+                });
+            if written.is_err() {
+                let _ = tree.remove_file(&writing);
+            }
+            written?;
             tree.sync_parent(path).map_err(|e| PfsError::new("fsync directory of", &full, e))
         })
     }
@@ -1213,6 +1235,24 @@ mod tests {
         assert_eq!(std::fs::read(&secret).unwrap(), b"root's");
         assert!(!private.path().join("x").exists() && !private.path().join(".c.staging").exists());
         assert!(std::fs::symlink_metadata(dir.path().join("final")).unwrap().is_symlink());
+    }
+
+    #[test]
+    fn a_marker_appears_whole_and_leaves_no_temporary_name() {
+        let dir = shared_root();
+        let pfs = PosixPfs::new(dir.path());
+        let owner = user(5110);
+        let content = b"spillway-part/1 crc32c=0000abcd bytes=42\n";
+        pfs.create_marker(Path::new(".m.part"), &owner, content).unwrap();
+        // Again (idempotent), over the owner's own marker.
+        pfs.create_marker(Path::new(".m.part"), &owner, content).unwrap();
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name != PFS_MARKER_FILE)
+            .collect();
+        assert_eq!(names, [".m.part"], "only the marker, no .writing file");
+        assert_eq!(pfs.read_marker(Path::new(".m.part"), &owner, 256).unwrap().unwrap(), content);
     }
 
     #[test]

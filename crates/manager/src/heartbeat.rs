@@ -57,6 +57,34 @@ impl Prober for ClientProber {
     }
 }
 
+/// What `server add` learns from a server before registering it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerFacts {
+    /// The id the server keeps in its store directory (`Status`'s `server_id`).
+    pub server_id: String,
+    /// Its store's SSD size (`store.ssd_bytes_max`): the most capacity it can be given.
+    pub ssd_bytes_max: u64,
+}
+
+impl ClientProber {
+    /// Connects to the server at `address` and asks who it is and how big its store is.
+    pub fn identify(&self, address: &str) -> Result<ServerFacts, String> {
+        let endpoint: Endpoint = address.parse()?;
+        let options = ClientOptions {
+            client_name: "spillway-manager server add".into(),
+            munge_socket: self.munge_socket.clone(),
+            ..Default::default()
+        };
+        let mut client = Client::connect(&[endpoint], options).map_err(|e| e.to_string())?;
+        let status = client.status().map_err(|e| e.to_string())?;
+        let status = status.first().ok_or("the server sent no status")?;
+        Ok(ServerFacts {
+            server_id: status.server_id.to_string(),
+            ssd_bytes_max: status.ssd_bytes_max,
+        })
+    }
+}
+
 /// One round: probe every server, record the results.
 pub fn heartbeat_round(manager: &Manager, prober: &dyn Prober) {
     let servers = match manager.server_addresses() {

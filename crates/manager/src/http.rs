@@ -358,7 +358,12 @@ fn route(manager: &Manager, caller: &crate::Caller, request: &Request) -> Reply 
         },
         ("GET", ["v1", "servers"]) => result(200, manager.list_servers()),
         ("POST", ["v1", "servers"]) => match body(request) {
-            Ok(add) => result(201, manager.add_server(caller, &add)),
+            Ok(add) => {
+                let prober = crate::heartbeat::ClientProber {
+                    munge_socket: manager.knobs().munge_socket_path(),
+                };
+                result(201, manager.add_server_probed(caller, &add, &|a| prober.identify(a)))
+            }
             Err(reply) => reply,
         },
         ("POST", ["v1", "servers", key, "lost"]) => {

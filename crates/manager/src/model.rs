@@ -261,6 +261,7 @@ pub struct CreatePool {
 pub struct AddServer {
     pub address: String,
     pub pool: String,
+    /// 0: the server's whole store (`POST /v1/servers` asks the server).
     pub capacity_bytes: u64,
     #[serde(default)]
     pub pfs_dir: Option<String>,

@@ -130,6 +130,12 @@ pub enum AddServerError {
     NoSuchPool { pool: String },
     #[error("server {address} is already known")]
     Exists { address: String },
+    #[error("server {address} is already registered as {existing} (the same server id {server_id}): not added twice")]
+    SameServer { address: String, existing: String, server_id: String },
+    #[error(
+        "server {address} does not answer ({error}): start it (spillway serve) before adding it"
+    )]
+    Unreachable { address: String, error: String },
     #[error("manager database: {source}")]
     Database {
         #[from]
@@ -141,6 +147,8 @@ api_error!(AddServerError {
     Invalid => (400, "invalid"),
     NoSuchPool => (404, "no_such_pool"),
     Exists => (409, "exists"),
+    SameServer => (409, "exists"),
+    Unreachable => (502, "unreachable"),
     Database => (500, "database"),
 });
 
@@ -328,6 +336,30 @@ pub struct Manager {
     pub(crate) tiers: Mutex<crate::tiering::TierBoard>,
     /// API requests' latency, for the metrics.
     pub(crate) api_latency: spillway_metrics::Histogram,
+}
+
+/// `server add`'s address as stored: `unix:…` and `IP:PORT` as given (a `tcp://` prefix
+/// dropped), `HOST:PORT` resolved to its first address, so `localhost:7070` and
+/// `127.0.0.1:7070` are one server.
+fn canonical_address(given: &str) -> Result<String, AddServerError> {
+    let text = given.strip_prefix("tcp://").unwrap_or(given);
+    if text.starts_with("unix:") || text.parse::<std::net::SocketAddr>().is_ok() {
+        return Ok(text.to_string());
+    }
+    let invalid = |reason: String| AddServerError::Invalid { reason };
+    let (host, port) = text
+        .rsplit_once(':')
+        .ok_or_else(|| invalid(format!("{given:?}: expected HOST:PORT, IP:PORT or unix:/path")))?;
+    if host.is_empty() || port.parse::<u16>().is_err() {
+        return Err(invalid(format!("{given:?}: expected HOST:PORT with a port number")));
+    }
+    use std::net::ToSocketAddrs;
+    let resolved = text
+        .to_socket_addrs()
+        .map_err(|e| invalid(format!("{given:?}: cannot resolve {host:?}: {e}")))?
+        .next()
+        .ok_or_else(|| invalid(format!("{given:?}: {host:?} resolves to no address")))?;
+    Ok(resolved.to_string())
 }
 
 /// A server as placement sees it: free bytes from the active reservations; a lost server is
@@ -548,6 +580,52 @@ impl Manager {
             .into_iter()
             .find(|s| s.address == request.address)
             .expect("server just committed"))
+    }
+
+    /// `server add` as the API runs it: the address canonicalized (a host name resolved, so
+    /// one server is never registered under two spellings), the server asked who it is and how
+    /// big its store is (`identify`), then registered with at most that capacity (0: all of it).
+    /// Only admins get as far as the connection.
+    pub fn add_server_probed(
+        &self,
+        caller: &Caller,
+        request: &AddServer,
+        identify: &dyn Fn(&str) -> Result<crate::heartbeat::ServerFacts, String>,
+    ) -> Result<Server, AddServerError> {
+        if !caller.admin {
+            return Err(AddServerError::NotAuthorized { uid: caller.uid });
+        }
+        let address = canonical_address(&request.address)?;
+        let facts = identify(&address)
+            .map_err(|error| AddServerError::Unreachable { address: address.clone(), error })?;
+        let capacity_bytes = match request.capacity_bytes {
+            0 => facts.ssd_bytes_max,
+            asked if asked > facts.ssd_bytes_max => {
+                return Err(AddServerError::Invalid {
+                    reason: format!(
+                        "capacity {} is more than the server's store holds ({}, its store.ssd_bytes_max); give at most that, or leave --capacity out",
+                        spillway_types::format_bytes(asked),
+                        spillway_types::format_bytes(facts.ssd_bytes_max)
+                    ),
+                })
+            }
+            asked => asked,
+        };
+        let same = format!("{} #", facts.server_id);
+        let known = self.list_servers()?;
+        let live = lock(&self.live);
+        if let Some(existing) = known
+            .iter()
+            .find(|s| live.get(&s.id).is_some_and(|probe| probe.identity.starts_with(&same)))
+        {
+            return Err(AddServerError::SameServer {
+                address,
+                existing: existing.address.clone(),
+                server_id: facts.server_id,
+            });
+        }
+        drop(live);
+        self.add_server(caller, &AddServer { address, capacity_bytes, ..request.clone() })
     }
 
     fn snapshot(

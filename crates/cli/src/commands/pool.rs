@@ -94,12 +94,15 @@ pub struct ServerArgs {
 enum ServerCommand {
     /// Register a burst buffer server (root or admin group).
     Add {
-        /// HOST:PORT (loopback) or unix:///path of the server.
+        /// The server: HOST:PORT (a host name or an IP; beyond loopback the manager needs
+        /// manager.auth = munge) or unix:///path. It must be running: the manager asks it who
+        /// it is and how big its store is.
         address: String,
         #[arg(long)]
         pool: String,
+        /// Capacity to grant from it (default: its whole store, store.ssd_bytes_max; never more).
         #[arg(long, value_parser = parse_size)]
-        capacity: u64,
+        capacity: Option<u64>,
         /// The server's drain directory (its --pfs), for stage-out of drained epochs.
         #[arg(long)]
         pfs: Option<String>,
@@ -126,7 +129,7 @@ pub fn run_server(args: ServerArgs) -> anyhow::Result<()> {
         ServerCommand::Add { address, pool, capacity, pfs, flags } => {
             let server: Server = flags.client()?.post(
                 "/v1/servers",
-                &AddServer { address, pool, capacity_bytes: capacity, pfs_dir: pfs },
+                &AddServer { address, pool, capacity_bytes: capacity.unwrap_or(0), pfs_dir: pfs },
             )?;
             if flags.json {
                 return print_json(&server);
