@@ -10,14 +10,14 @@
 //! - the crates `spillway-bench` (`bench …`), `spillway-demo` (`demo`) and `spillway-slurm`
 //!   (`bb …`, the Slurm hooks), which declare their own flags next to their code.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 mod commands;
 mod daemons;
 mod logging;
 mod planning;
 
-use commands::{drain, mount, pool, reservation, stage, status, tiers};
+use commands::{drain, generate, mount, pool, reservation, stage, status, tiers};
 use daemons::{manager, serve};
 use planning::{characterize, ftl, sim};
 
@@ -71,6 +71,10 @@ enum Command {
     Characterize(characterize::Args),
     /// Print the configuration reference (every knob, unit, default) as Markdown.
     ConfigDoc,
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(generate::CompletionsArgs),
+    /// Write man pages for spillway and every subcommand into a directory.
+    Man(generate::ManArgs),
 }
 
 impl Command {
@@ -115,6 +119,11 @@ fn main() {
             print_config_reference();
             Ok(())
         }
+        Command::Completions(args) => {
+            generate::completions(&args, Cli::command());
+            Ok(())
+        }
+        Command::Man(args) => generate::man_pages(&args, Cli::command()),
     };
     if let Err(error) = result {
         eprintln!("spillway: {error:#}");

@@ -11,15 +11,14 @@ const BIN: &str = env!("CARGO_BIN_EXE_spillway");
 
 #[test]
 fn a_closed_stdout_ends_the_command_quietly_like_sigpipe_not_with_a_panic() {
-    for args in [&["config-doc"][..], &["sim", "ias", "--jobs", "2"][..]] {
-        let mut child = Command::new(BIN)
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        // The reader is gone before the first line is printed.
-        drop(child.stdout.take());
+    for args in
+        [&["config-doc"][..], &["sim", "ias", "--jobs", "2"][..], &["completions", "bash"][..]]
+    {
+        // The reader is gone before the command starts: its first print meets EPIPE.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let mut child =
+            Command::new(BIN).args(args).stdout(writer).stderr(Stdio::piped()).spawn().unwrap();
         let mut stderr = String::new();
         child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
         let status = child.wait().unwrap();
@@ -64,4 +63,38 @@ fn daemon_logs_carry_no_escape_codes_and_json_logs_are_json() {
         assert!(value["level"].is_string(), "{line}");
     }
     assert!(Path::new(json.log_path()).exists());
+}
+
+#[test]
+fn completions_and_man_pages_come_from_the_command_line_definition() {
+    let bash = Command::new(BIN).args(["completions", "bash"]).output().unwrap();
+    assert!(bash.status.success(), "{}", String::from_utf8_lossy(&bash.stderr));
+    let script = String::from_utf8(bash.stdout).unwrap();
+    for word in ["stage-out", "reservation", "--tiering-job", "--epochs"] {
+        assert!(script.contains(word), "the bash completion lacks {word}");
+    }
+    let check = Command::new("bash").arg("-n").stdin(Stdio::piped()).spawn().and_then(|mut c| {
+        use std::io::Write;
+        c.stdin.take().unwrap().write_all(script.as_bytes())?;
+        c.wait()
+    });
+    assert!(check.unwrap().success(), "bash -n refuses the completion script");
+    for shell in ["zsh", "fish"] {
+        let out = Command::new(BIN).args(["completions", shell]).output().unwrap();
+        assert!(out.status.success() && out.stdout.len() > 1000, "{shell}");
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN).arg("man").arg(dir.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for page in ["spillway.1", "spillway-mount.1", "spillway-stage-out.1", "spillway-server-add.1"]
+    {
+        let text = std::fs::read_to_string(dir.path().join(page))
+            .unwrap_or_else(|e| panic!("{page}: {e}"));
+        assert!(text.starts_with(".ie") || text.contains(".TH"), "{page} is not roff: {text:.200}");
+    }
+    let mount = std::fs::read_to_string(dir.path().join("spillway-mount.1")).unwrap();
+    assert!(mount.contains("tiering\\-job"), "the mount page documents --tiering-job");
+    // Hidden commands (the benchmark's application) get no page.
+    assert!(!dir.path().join("spillway-bench-ias-app.1").exists());
 }

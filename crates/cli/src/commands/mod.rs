@@ -1,8 +1,10 @@
 //! Short-lived commands of users and operators: they talk to the manager (`pool`, `server`,
 //! `quota`, `reservation`, `status`, `tiers`), copy data (`stage-in`, `stage-out`), drive the servers'
-//! drains (`drain`) or serve a reservation as a POSIX file system (`mount`, `umount`).
+//! drains (`drain`), serve a reservation as a POSIX file system (`mount`, `umount`) or
+//! describe the binary itself (`completions`, `man`).
 
 pub mod drain;
+pub mod generate;
 pub mod manager_api;
 pub mod mount;
 pub mod pool;
