@@ -338,13 +338,13 @@ pub struct Manager {
     pub(crate) api_latency: spillway_metrics::Histogram,
 }
 
-/// `server add`'s address as stored: `unix:…` and `IP:PORT` as given (a `tcp://` prefix
-/// dropped), `HOST:PORT` resolved to its first address, so `localhost:7070` and
-/// `127.0.0.1:7070` are one server.
-fn canonical_address(given: &str) -> Result<String, AddServerError> {
+/// `server add`'s candidate addresses as stored: `unix:…` and `IP:PORT` as given (a `tcp://`
+/// prefix dropped), `HOST:PORT` resolved to every address of the host (the first that answers
+/// is kept), so `localhost:7070` and `127.0.0.1:7070` are one server.
+fn canonical_addresses(given: &str) -> Result<Vec<String>, AddServerError> {
     let text = given.strip_prefix("tcp://").unwrap_or(given);
     if text.starts_with("unix:") || text.parse::<std::net::SocketAddr>().is_ok() {
-        return Ok(text.to_string());
+        return Ok(vec![text.to_string()]);
     }
     let invalid = |reason: String| AddServerError::Invalid { reason };
     let (host, port) = text
@@ -354,12 +354,16 @@ fn canonical_address(given: &str) -> Result<String, AddServerError> {
         return Err(invalid(format!("{given:?}: expected HOST:PORT with a port number")));
     }
     use std::net::ToSocketAddrs;
-    let resolved = text
+    let mut resolved: Vec<String> = text
         .to_socket_addrs()
         .map_err(|e| invalid(format!("{given:?}: cannot resolve {host:?}: {e}")))?
-        .next()
-        .ok_or_else(|| invalid(format!("{given:?}: {host:?} resolves to no address")))?;
-    Ok(resolved.to_string())
+        .map(|address| address.to_string())
+        .collect();
+    resolved.dedup();
+    if resolved.is_empty() {
+        return Err(invalid(format!("{given:?}: {host:?} resolves to no address")));
+    }
+    Ok(resolved)
 }
 
 /// A server as placement sees it: free bytes from the active reservations; a lost server is
@@ -595,9 +599,23 @@ impl Manager {
         if !caller.admin {
             return Err(AddServerError::NotAuthorized { uid: caller.uid });
         }
-        let address = canonical_address(&request.address)?;
-        let facts = identify(&address)
-            .map_err(|error| AddServerError::Unreachable { address: address.clone(), error })?;
+        let mut failures = Vec::new();
+        let mut answered = None;
+        for address in canonical_addresses(&request.address)? {
+            match identify(&address) {
+                Ok(facts) => {
+                    answered = Some((address, facts));
+                    break;
+                }
+                Err(error) => failures.push(format!("{address}: {error}")),
+            }
+        }
+        let Some((address, facts)) = answered else {
+            return Err(AddServerError::Unreachable {
+                address: request.address.clone(),
+                error: failures.join("; "),
+            });
+        };
         let capacity_bytes = match request.capacity_bytes {
             0 => facts.ssd_bytes_max,
             asked if asked > facts.ssd_bytes_max => {
