@@ -73,6 +73,32 @@ impl Setup {
         Client::connect(self.server.endpoints(), options).unwrap()
     }
 
+    /// `spillway mount --background` of the setup's server and manager at `<dir>/<name>` with
+    /// `args`, its log in `<dir>/<name>.log`.
+    fn mount_background(&self, name: &str, args: &[&str]) -> Mounted {
+        assert!(
+            Path::new("/dev/fuse").exists(),
+            "the mount tests need /dev/fuse (the fuse kernel module) and root"
+        );
+        let dir = self.pfs.parent().unwrap();
+        let path = dir.join(name);
+        std::fs::create_dir_all(&path).unwrap();
+        let output = std::process::Command::new(BIN)
+            .args(["mount", "--background"])
+            .args(args)
+            .arg("--servers")
+            .arg(self.server.endpoint().to_string())
+            .arg("--manager")
+            .arg(&self.manager.socket)
+            .arg("--log")
+            .arg(dir.join(format!("{name}.log")))
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        Mounted { path }
+    }
+
     /// A client without tiering that finds drained or PFS-written epochs on the PFS.
     fn reader(&self) -> Client {
         let mut client = self.client(None);
@@ -122,29 +148,9 @@ struct EpochsView {
 
 impl EpochsView {
     fn mount(s: &Setup) -> EpochsView {
-        assert!(
-            Path::new("/dev/fuse").exists(),
-            "the epochs view test needs /dev/fuse (the fuse kernel module) and root"
-        );
-        let path = s.pfs.parent().unwrap().join("view");
-        std::fs::create_dir_all(&path).unwrap();
-        let output = std::process::Command::new(BIN)
-            .arg("mount")
-            .arg("--epochs")
-            .arg("--background")
-            .arg("--servers")
-            .arg(s.server.endpoint().to_string())
-            .arg("--pfs")
-            .arg(&s.pfs)
-            .arg("--manager")
-            .arg(&s.manager.socket)
-            .arg("--log")
-            .arg(s.pfs.parent().unwrap().join("view.log"))
-            .arg(&path)
-            .output()
-            .unwrap();
-        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-        EpochsView { _mounted: Mounted { path: path.clone() }, path }
+        let pfs = s.pfs.to_str().unwrap();
+        let mounted = s.mount_background("view", &["--epochs", "--pfs", pfs]);
+        EpochsView { path: mounted.path.clone(), _mounted: mounted }
     }
 
     fn read(&self, epoch: u64, name: &str, bytes: u64, seed: u64, how: &str) {
@@ -336,24 +342,8 @@ fn phases_now(s: &Setup) -> Vec<(String, String)> {
 #[test]
 fn writes_through_the_mount_count_as_the_jobs_phases_on_the_burst_buffer() {
     let s = setup("interference-aware");
-    assert!(
-        Path::new("/dev/fuse").exists(),
-        "this test needs /dev/fuse (the fuse module) and root"
-    );
-    let mountpoint = s.pfs.parent().unwrap().join("mnt");
-    std::fs::create_dir_all(&mountpoint).unwrap();
-    let output = std::process::Command::new(BIN)
-        .args(["mount", "--background", "--tiering-job", "mount-job", "--servers"])
-        .arg(s.server.endpoint().to_string())
-        .arg("--manager")
-        .arg(&s.manager.socket)
-        .arg("--log")
-        .arg(s.pfs.parent().unwrap().join("mount.log"))
-        .arg(&mountpoint)
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let mounted = Mounted { path: mountpoint.clone() };
+    let mounted = s.mount_background("mnt", &["--tiering-job", "mount-job"]);
+    let mountpoint = mounted.path.clone();
 
     // A job writes through the mount, steadily (bounded: at most 60 s of writes).
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -48,17 +48,6 @@ fn state_name(state: EpochState) -> &'static str {
     }
 }
 
-fn drain_state_name(state: DrainState) -> &'static str {
-    match state {
-        DrainState::Queued => "queued",
-        DrainState::Waiting => "waiting",
-        DrainState::Running => "running",
-        DrainState::Retrying => "retrying",
-        DrainState::Drained => "drained",
-        DrainState::Quarantined => "quarantined",
-    }
-}
-
 /// Every sample of this server now.
 pub(crate) fn render(shared: &Shared) -> String {
     let mut out = Exposition::new();
@@ -194,11 +183,14 @@ fn drains(shared: &Shared, out: &mut Exposition) {
         DrainState::Drained,
         DrainState::Quarantined,
     ];
+    // The state names are DrainState's Display, as `spillway drain status` shows them.
+    let names: Vec<String> = states.iter().map(ToString::to_string).collect();
     let samples: Vec<([(&str, &str); 1], f64)> = states
         .iter()
-        .map(|state| {
+        .zip(&names)
+        .map(|(state, name)| {
             let n = status.iter().filter(|d| d.state == *state).count();
-            ([("state", drain_state_name(*state))], n as f64)
+            ([("state", name.as_str())], n as f64)
         })
         .collect();
     let samples: Vec<(&[(&str, &str)], f64)> = samples.iter().map(|(l, n)| (&l[..], *n)).collect();
