@@ -98,3 +98,17 @@ fn completions_and_man_pages_come_from_the_command_line_definition() {
     // Hidden commands (the benchmark's application) get no page.
     assert!(!dir.path().join("spillway-bench-ias-app.1").exists());
 }
+
+#[test]
+fn an_absurd_stage_out_timeout_is_refused_by_name_before_anything_runs() {
+    for value in ["0", "18446744073709551615"] {
+        let out = Command::new(BIN)
+            .args(["stage-out", "--reservation", "r", "/a", "/tmp/b", "--drain-timeout-s", value])
+            .env("SPILLWAY_MANAGER", "/nonexistent/manager.sock")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{value}: {stderr}");
+        assert!(stderr.contains("--drain-timeout-s") && !stderr.contains("panicked"), "{stderr}");
+    }
+}

@@ -264,13 +264,7 @@ fn algorithm_1_places_phases_on_every_tier_and_the_data_reads_back_from_each() {
     assert_eq!(a.tiering_reports_dropped(), 0);
     assert_eq!(b.tiering_reports_dropped(), 0);
     // `spillway tiers` shows what the scheduler measured.
-    let output = std::process::Command::new(BIN)
-        .args(["tiers", "--json"])
-        .env("SPILLWAY_MANAGER", &s.manager.socket)
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let view: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let view = tiers_json(&s);
     assert_eq!(view["strategy_default"], "interference-aware");
     assert!(view["snapshot"]["pfs"]["bandwidth_bytes_per_s"].as_u64().unwrap() > 0, "{view}");
     // A dropped client's node-local store is removed once nothing waits in it.
@@ -322,16 +316,20 @@ impl TierService for Recording {
     }
 }
 
-/// The phases the manager holds now (`spillway tiers --json`), as (job, tier).
-fn phases_now(s: &Setup) -> Vec<(String, String)> {
+/// `spillway tiers --json` against the setup's manager.
+fn tiers_json(s: &Setup) -> serde_json::Value {
     let output = std::process::Command::new(BIN)
         .args(["tiers", "--json"])
         .env("SPILLWAY_MANAGER", &s.manager.socket)
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let view: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    view["phases"]
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// The phases the manager holds now, as (job, tier).
+fn phases_now(s: &Setup) -> Vec<(String, String)> {
+    tiers_json(s)["phases"]
         .as_array()
         .unwrap()
         .iter()

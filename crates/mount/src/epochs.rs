@@ -152,6 +152,18 @@ fn parse_epoch_directory(name: &[u8]) -> Option<EpochId> {
     std::str::from_utf8(digits).ok()?.parse().ok().map(EpochId)
 }
 
+/// The epochs with a real `epoch-<E>` directory in `pfs` (a link or a file so named is not one).
+fn pfs_epochs(pfs: &Path) -> std::io::Result<BTreeSet<EpochId>> {
+    let mut epochs = BTreeSet::new();
+    for entry in std::fs::read_dir(pfs)?.flatten() {
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if let (true, Some(epoch)) = (is_dir, parse_epoch_directory(entry.file_name().as_bytes())) {
+            epochs.insert(epoch);
+        }
+    }
+    Ok(epochs)
+}
+
 /// The regular files below `root`, as names relative to it with sizes; never follows a link.
 fn walk_pfs_epoch(root: &Path) -> std::io::Result<Vec<(String, u64)>> {
     let mut files = Vec::new();
@@ -287,17 +299,8 @@ impl EpochsView {
         }
         drop(client);
         if let Some(pfs) = &self.pfs {
-            match std::fs::read_dir(pfs) {
-                Ok(entries) => {
-                    for entry in entries.flatten() {
-                        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-                        if let Some(epoch) = parse_epoch_directory(entry.file_name().as_bytes()) {
-                            if is_dir {
-                                epochs.insert(epoch);
-                            }
-                        }
-                    }
-                }
+            match pfs_epochs(pfs) {
+                Ok(on_pfs) => epochs.extend(on_pfs),
                 Err(error) => {
                     tracing::warn!(pfs = %pfs.display(), %error, "epochs view: listing the PFS")
                 }
@@ -645,6 +648,20 @@ mod tests {
         let mut files = walk_pfs_epoch(&root).unwrap();
         files.sort();
         assert_eq!(files, vec![("ckpt".to_string(), 5), ("out/deep/c".to_string(), 1)]);
+    }
+
+    #[test]
+    fn only_real_epoch_directories_on_the_pfs_are_epochs() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("epoch-3")).unwrap();
+        std::fs::create_dir(dir.path().join("epoch-x")).unwrap();
+        std::fs::create_dir(dir.path().join("unrelated")).unwrap();
+        std::fs::write(dir.path().join("epoch-4"), b"a file, not a directory").unwrap();
+        // A link planted as an epoch (to another user's tree, or to /) is not listed.
+        std::os::unix::fs::symlink("/", dir.path().join("epoch-5")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("epoch-3"), dir.path().join("epoch-6")).unwrap();
+        assert_eq!(pfs_epochs(dir.path()).unwrap(), BTreeSet::from([EpochId(3)]));
+        assert!(pfs_epochs(&dir.path().join("missing")).is_err());
     }
 
     #[test]

@@ -46,8 +46,9 @@ pub struct Args {
     #[arg(long)]
     drain: bool,
     /// Stage-out: how long the wait for a PFS slot (the manager's cross-job drain scheduler)
-    /// may take, and with --drain how long the drain may take.
-    #[arg(long, default_value_t = 600)]
+    /// may take, and with --drain how long the drain may take (1 s to 30 days: a deadline
+    /// past that would overflow the clock).
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=2_592_000))]
     drain_timeout_s: u64,
     #[command(flatten)]
     flags: ManagerFlags,
