@@ -106,7 +106,14 @@ pub struct ApiClient {
     endpoint: Endpoint,
     signing: RequestSigning,
     munge: MungeContext,
+    reply_silence_max: Duration,
 }
+
+/// How long a reply may stay silent before the request fails. A manager that accepted the
+/// connection and hangs (stopped, deadlocked) must not hang its callers forever: the tiering
+/// runtime's and the mount's reporter threads are joined when a job's process or mount ends.
+/// Generous: the manager answers within its own `manager.request_timeout_ms` (10 s).
+pub const REPLY_SILENCE_MAX: Duration = Duration::from_secs(120);
 
 impl ApiClient {
     /// `address`: a socket path (`/run/spillway/manager.sock`), `unix:///path`, or
@@ -121,7 +128,18 @@ impl ApiClient {
             })?
         };
         let munge = MungeContext::new().with_socket(spillway_client::munge_socket_from_env());
-        Ok(ApiClient { endpoint, signing: RequestSigning::from_env()?, munge })
+        Ok(ApiClient {
+            endpoint,
+            signing: RequestSigning::from_env()?,
+            munge,
+            reply_silence_max: REPLY_SILENCE_MAX,
+        })
+    }
+
+    /// Overrides [`REPLY_SILENCE_MAX`].
+    pub fn with_reply_silence_max(mut self, silence: Duration) -> ApiClient {
+        self.reply_silence_max = silence;
+        self
     }
 
     /// Overrides when requests over TCP are signed with a munge credential, and by which
@@ -231,6 +249,7 @@ impl ApiClient {
         };
         let mut connection = spillway_proto::transport::connect(endpoint)
             .map_err(|source| ApiClientError::Connect { endpoint: endpoint.clone(), source })?;
+        connection.set_read_timeout(Some(self.reply_silence_max)).map_err(io)?;
         let head = format!(
             "{method} {path} HTTP/1.1\r\nHost: spillway-manager\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{authorization}Connection: close\r\n\r\n",
             body.len()
@@ -350,4 +369,32 @@ fn read_reply(connection: &mut dyn spillway_proto::Connection) -> std::io::Resul
 /// The `kind` of an error reply's JSON body, if it has one.
 fn error_kind(reply: &Reply) -> Option<String> {
     serde_json::from_slice::<ErrorBody>(&reply.body).ok().map(|error| error.kind)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manager_that_accepts_and_never_answers_fails_the_request_instead_of_hanging_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("hung.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let (_connection, _) = listener.accept().unwrap();
+            // Holds the connection open, silent, until the test is done (bounded).
+            let _ = released.recv_timeout(Duration::from_secs(60));
+        });
+        let client = ApiClient::new(&socket.to_string_lossy())
+            .unwrap()
+            .with_reply_silence_max(Duration::from_millis(200));
+        let error = client.get::<serde_json::Value>("/v1/status").unwrap_err().to_string();
+        release.send(()).unwrap();
+        holder.join().unwrap();
+        assert!(
+            error.contains("temporarily unavailable") || error.contains("timed out"),
+            "the silent reply should time out: {error}"
+        );
+    }
 }
