@@ -2,6 +2,9 @@
 # what they need.
 
 CARGO ?= cargo
+# `make test` is mostly run once on a clean clone: incremental caches would only add gigabytes of
+# disk and time. Set CARGO_INCREMENTAL=1 to keep them while iterating.
+export CARGO_INCREMENTAL ?= 0
 SPILLWAY := target/release/spillway
 # The crates whose expensive invariant checks (`strict_assertions`) run in `make test`: the
 # store (with its index) and the drain.

@@ -35,6 +35,13 @@ if ! command -v cargo >/dev/null; then
     exit 1
 fi
 
+# A clean `make test` writes about 4 GiB under target/ (see Cargo.toml's profiles). Say so up front
+# when the disk is short, rather than fail twenty minutes into the build with ENOSPC.
+free_kib=$(df -Pk . | awk 'NR == 2 { print $4 }')
+if [ "$free_kib" -lt $((4 * 1024 * 1024)) ]; then
+    echo "install-deps: warning: $((free_kib / 1024)) MiB free here; a clean make test needs about 4 GiB" >&2
+fi
+
 # rustfmt and clippy run in `make test` (make lint); rustup's default profile has them, a minimal
 # one does not.
 for component in rustfmt clippy; do
