@@ -56,6 +56,7 @@ dir=$cluster/slurm
 mount_root=${SPILLWAY_BB_MOUNT_ROOT:-$dir/mnt}
 timeout=${SPILLWAY_SLURM_TIMEOUT:-60}
 lua_src="$repo/slurm/burst_buffer.lua"
+job_submit_src="$repo/slurm/job_submit.lua"
 
 if [ -z "$spillway" ] || [ ! -x "$spillway" ]; then
     echo "$0: spillway binary not found (pass it as the second argument or put it on PATH)" >&2
@@ -129,6 +130,8 @@ UnkillableStepTimeout=120
 MessageTimeout=30
 InactiveLimit=0
 BurstBufferType=burst_buffer/lua
+# slurm/job_submit.lua: refuses at sbatch the burst buffer requests Slurm would ignore.
+JobSubmitPlugins=lua
 # Every node of a job mounts its reservation before the job starts and unmounts it after.
 PrologFlags=Alloc,DeferBatch
 Prolog=$dir/etc/spillway-prolog.sh
@@ -156,6 +159,7 @@ SPILLWAY_BB_MOUNT_ROOT=$mount_root
 SPILLWAY_BB_STATE_DIR=$dir/bb-state
 CONF
 cp "$lua_src" "$dir/etc/burst_buffer.lua"
+cp "$job_submit_src" "$dir/etc/job_submit.lua"
 for hook in prolog epilog; do
     cat > "$dir/etc/spillway-$hook.sh" <<SCRIPT
 #!/bin/sh

@@ -5,6 +5,7 @@
 #
 # Everything lives under DIR (created if missing, must be reachable by the test user):
 # a munge key and munged on its own socket, slurm.conf + burst_buffer.conf + burst_buffer.lua
+# + job_submit.lua
 # (the last copied from slurm/ in this checkout), state, spool, logs and pid files. slurmctld and
 # slurmd run in the background as root (SlurmUser=root); no systemd, no cgroups.
 # Prints `export SLURM_CONF=DIR/etc/slurm.conf` on success; stop with scripts/slurm/stop.sh DIR.
@@ -44,6 +45,7 @@ mount_root=${SPILLWAY_BB_MOUNT_ROOT:-$dir/mnt}
 manager=${SPILLWAY_MANAGER:-/run/spillway/manager.sock}
 timeout=${SPILLWAY_SLURM_TIMEOUT:-60}
 lua_src="$repo/slurm/burst_buffer.lua"
+job_submit_src="$repo/slurm/job_submit.lua"
 
 if [ -z "$spillway" ] || [ ! -x "$spillway" ]; then
     echo "$0: spillway binary not found (pass it as the second argument or put it on PATH)" >&2
@@ -125,6 +127,8 @@ MinJobAge=600
 KillWait=5
 InactiveLimit=0
 BurstBufferType=burst_buffer/lua
+# slurm/job_submit.lua: refuses at sbatch the burst buffer requests Slurm would ignore.
+JobSubmitPlugins=lua
 # Every node of a job mounts its reservation before the job starts and unmounts it after.
 PrologFlags=Alloc,DeferBatch
 Prolog=$dir/etc/spillway-prolog.sh
@@ -154,6 +158,7 @@ CONF
 mkdir -p "$dir/bb-state"
 chmod 0700 "$dir/bb-state"
 cp "$lua_src" "$dir/etc/burst_buffer.lua"
+cp "$job_submit_src" "$dir/etc/job_submit.lua"
 chmod 0644 "$dir/etc/"*
 # slurmd's Prolog and Epilog (a path each, run as root with the job's SLURM_JOB_* variables).
 for hook in prolog epilog; do

@@ -165,11 +165,12 @@ fn forged_credentials_are_refused_and_logged(server: &ServerProcess, tcp: &Endpo
 /// refused and the server counts a miss.
 fn the_manager_heartbeat_authenticates(tcp: &Endpoint, munge_socket: &Path) {
     use spillway_manager::heartbeat::{ClientProber, Prober};
-    let prober = ClientProber { munge_socket: Some(munge_socket.to_path_buf()) };
+    let cluster_id = [7; spillway_proto::CLUSTER_ID_BYTES];
+    let prober = ClientProber { munge_socket: Some(munge_socket.to_path_buf()), cluster_id };
     let probe = prober.probe(&tcp.to_string()).unwrap();
     assert_eq!(probe.auth, "munge");
     let forger = Munged::started();
-    let forged = ClientProber { munge_socket: Some(forger.socket().to_path_buf()) };
+    let forged = ClientProber { munge_socket: Some(forger.socket().to_path_buf()), cluster_id };
     let error = forged.probe(&tcp.to_string()).expect_err("a forged heartbeat is refused");
     assert!(error.contains("invalid credential"), "{error}");
 }

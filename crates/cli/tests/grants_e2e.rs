@@ -14,7 +14,10 @@
 //! * the manager's grant reaches a server that was down when the reservation was created (the
 //!   heartbeat), with the server's share of the capacity, past which writes fail with EDQUOT;
 //! * `df` on a mount of the reservation shows its capacity and usage, and a write past the
-//!   capacity fails with EDQUOT.
+//!   capacity fails with EDQUOT;
+//! * `reservation modify` grows the server's grant and shares and unshares a persistent
+//!   reservation at once; `server remove` waits for the reservation; `pool delete` then works;
+//! * a wiped manager database cannot add the server of the cluster it was (which keeps it).
 //!
 //! Needs root (CI runs tests as root), `useradd`/`groupadd`/`usermod`, `setpriv`, FUSE and `df`.
 
@@ -458,6 +461,18 @@ impl ManagerProcess {
         serde_json::from_slice(&output.stdout).unwrap()
     }
 
+    /// Runs the CLI as root or `user`, expecting it to fail with `needle` in its error.
+    fn fails(&self, user: Option<&User>, args: &[&str], needle: &str) {
+        let mut command = match user {
+            None => Command::new(BIN),
+            Some(user) => user.command(BIN),
+        };
+        let output = command.args(args).env("SPILLWAY_MANAGER", &self.0.socket).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "spillway {args:?} succeeded");
+        assert!(stderr.contains(needle), "spillway {args:?}: {needle:?} not in {stderr}");
+    }
+
     /// A pool of these servers, `capacity` each.
     fn add_pool(&self, servers: &[&ServerProcess], capacity: &str) {
         self.json(None, &["pool", "create", "p", "--granularity", "8MiB"]);
@@ -550,6 +565,115 @@ fn the_heartbeat_grants_a_server_that_was_down() {
     assert_eq!(ok(&a, &down_endpoints, &["list"]), bytes, "the refused write stored nothing");
     let ckpt = ok(&a, &down_endpoints, &["read", &e, "ckpt", "32", &rest]);
     assert_eq!(ckpt, "true", "the bytes before the refused write are unchanged");
+}
+
+/// `reservation modify` reaches the server at once: a grown reservation takes writes that hit
+/// EDQUOT before, a shared one lets the other user in (and unsharing shuts them out again).
+/// Then `server remove` retires the server until the reservation is gone, and `pool delete`
+/// takes the empty pool.
+#[test]
+fn modify_grows_and_shares_on_the_server_and_remove_waits_for_the_reservation() {
+    let (a, b, _) = users();
+    let dir = tempdir();
+    let server = ServerProcess::builder(BIN, dir.path(), "s").arg("--managed").start();
+    let endpoints = server.endpoints().to_vec();
+    let address = server.endpoint().to_string();
+    let manager = ManagerProcess::start(dir.path());
+    manager.add_pool(&[&server], "64MiB");
+    let create = ["reservation", "create", "--capacity", "8MiB", "--persistent", "modset"];
+    let reservation = manager.json(Some(&a), &create);
+    let e = placement(&reservation).1 .0.to_string();
+    let full = (8 * MIB).to_string();
+    ok(&a, &endpoints, &["write", &e, "ckpt", "0", "41", &full]);
+    let past = ["write", &e, "ckpt", &full, "42", "4096"];
+    refused(&a, &endpoints, &past, libc::EDQUOT, "granted capacity");
+
+    let grown = manager.json(Some(&a), &["reservation", "modify", "modset", "--capacity", "16MiB"]);
+    assert_eq!(grown["capacity_bytes"], 16 * MIB, "{grown}");
+    ok(&a, &endpoints, &past);
+    assert_eq!(ok(&a, &endpoints, &["read", &e, "ckpt", "41", &full]), "true", "old bytes kept");
+
+    let b_write = ["write", &e, "visitor", "0", "43", "100"];
+    refused(&b, &endpoints, &b_write, libc::EACCES, "another user");
+    manager.fails(
+        Some(&b),
+        &["reservation", "modify", "modset", "--capacity", "24MiB"],
+        "no active reservation",
+    );
+    let b_uid = b.uid.to_string();
+    manager.json(Some(&a), &["reservation", "modify", "modset", "--share-uid", &b_uid]);
+    ok(&b, &endpoints, &b_write);
+    manager.fails(
+        Some(&b),
+        &["reservation", "modify", "modset", "--capacity", "24MiB"],
+        "may use but not change",
+    );
+    manager.json(Some(&a), &["reservation", "modify", "modset", "--unshare-uid", &b_uid]);
+    refused(
+        &b,
+        &endpoints,
+        &["write", &e, "visitor2", "0", "44", "100"],
+        libc::EACCES,
+        "another user",
+    );
+
+    manager.fails(Some(&a), &["server", "remove", &address], "root or the admin group");
+    let removal = manager.json(None, &["server", "remove", &address]);
+    assert_eq!(removal["removed"], false, "{removal}");
+    assert_eq!(
+        removal["waiting_for"],
+        serde_json::json!([format!("reservation modset (uid {})", a.uid)])
+    );
+    manager.fails(None, &["pool", "delete", "p"], "still has servers");
+    // A retiring server takes no new reservation (it is the pool's only one).
+    manager.fails(Some(&a), &["reservation", "create", "--capacity", "8MiB"], "no capacity");
+    // `--wait` returns once the reservation is gone (destroyed while it waits).
+    let wait = Command::new(BIN)
+        .args(["server", "remove", &address, "--wait", "--timeout-s", "60"])
+        .env("SPILLWAY_MANAGER", &manager.0.socket)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    manager.json(Some(&a), &["reservation", "destroy", "modset"]);
+    let waited = wait.wait_with_output().unwrap();
+    let printed = String::from_utf8_lossy(&waited.stdout);
+    assert!(waited.status.success(), "{printed}{}", String::from_utf8_lossy(&waited.stderr));
+    assert!(printed.contains("waits for: reservation modset"), "{printed}");
+    assert!(printed.trim_end().ends_with("removed"), "{printed}");
+    assert_eq!(manager.json(None, &["server", "list"]), serde_json::json!([]));
+    manager.json(None, &["pool", "delete", "p"]);
+    assert_eq!(manager.json(None, &["pool", "list"]), serde_json::json!([]));
+}
+
+/// A wiped manager database is a new cluster: the server the old one added, and which holds
+/// its reservation's epoch under its owner, is refused by name, so the new database never hands
+/// that epoch id to another user. The server keeps serving the old cluster across a restart.
+#[test]
+fn a_wiped_manager_database_does_not_take_over_the_old_clusters_server() {
+    let (a, b, _) = users();
+    let dir = tempdir();
+    let mut server = ServerProcess::builder(BIN, dir.path(), "s").arg("--managed").start();
+    let endpoints = server.endpoints().to_vec();
+    let address = server.endpoint().to_string();
+    let mut manager = ManagerProcess::start(dir.path());
+    manager.add_pool(&[&server], "64MiB");
+    let reservation = manager.json(Some(&a), &["reservation", "create", "--capacity", "8MiB"]);
+    let e = placement(&reservation).1 .0.to_string();
+    ok(&a, &endpoints, &["write", &e, "ckpt", "0", "51", "4096"]);
+    ok(&a, &endpoints, &["commit", &e]);
+    manager.0.stop();
+    std::fs::remove_dir_all(dir.path().join("manager")).unwrap();
+    server.sigkill().unwrap();
+    server.restart().unwrap();
+    let wiped = ManagerProcess::start(dir.path());
+    wiped.json(None, &["pool", "create", "p", "--granularity", "8MiB"]);
+    wiped.fails(None, &["server", "add", &address, "--pool", "p"], "serves another cluster");
+    assert_eq!(wiped.json(None, &["server", "list"]), serde_json::json!([]));
+    // Nothing was granted over A's epoch: B cannot reach it, A still reads its bytes.
+    refused(&b, &endpoints, &["read", &e, "ckpt", "51", "4096"], libc::EACCES, "another user");
+    assert_eq!(ok(&a, &endpoints, &["read", &e, "ckpt", "51", "4096"]), "true");
 }
 
 // ---- df on a mount ---------------------------------------------------------------------------

@@ -459,6 +459,15 @@ fn restart_keeps_reservation_pool_and_servers(
     let status = json(&manager, None, &["status"]);
     assert_eq!(status["used_bytes"], 24 * MIB);
     assert_eq!(status["pools"][0]["servers"], 2);
+    // `status --watch` shows it again each interval: one JSON object per line, --count of them.
+    let watch = spillway(&manager, None, &["status", "--watch", "1", "--count", "2", "--json"]);
+    assert!(watch.status.success(), "{}", String::from_utf8_lossy(&watch.stderr));
+    let lines: Vec<Value> = String::from_utf8_lossy(&watch.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one status object per line"))
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert!(lines.iter().all(|l| l["used_bytes"] == 24 * MIB), "{lines:?}");
     manager
 }
 

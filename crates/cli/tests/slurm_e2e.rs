@@ -670,6 +670,59 @@ fn malformed_directive_rejected_at_sbatch(testbed: &Testbed<'_>, passed: &mut Pa
     assert!(!bad_size.status.success());
     assert!(String::from_utf8_lossy(&bad_size.stderr).contains("access=sideways"));
     passed.pass("malformed directive rejected at sbatch");
+
+    // What Slurm alone would ignore (the job running with no buffer) or pend on forever is
+    // refused by slurm/job_submit.lua, naming the line and the fix.
+    let refusals: [(&str, &str, &[&str], &[&str]); 5] = [
+        (
+            "dw",
+            "#!/bin/sh\n#SBATCH -N 1\n#DW jobdw capacity=8MB\ntrue\n",
+            &[],
+            &["line 3", "#BB_LUA capacity=SIZE"],
+        ),
+        (
+            "late",
+            "#!/bin/sh\necho start\n#BB_LUA capacity=8M pool=fast\ntrue\n",
+            &[],
+            &["line 3", "move it above line 2"],
+        ),
+        (
+            "bb-option",
+            "#!/bin/sh\ntrue\n",
+            &["--bb", "capacity=8M pool=fast"],
+            &["sbatch --bb", "#BB_LUA capacity=8M pool=fast"],
+        ),
+        (
+            "no-pool",
+            "#!/bin/sh\n#BB_LUA capacity=8M pool=nope\ntrue\n",
+            &[],
+            &["line 2", "no such pool", "fast"],
+        ),
+        (
+            "too-big",
+            "#!/bin/sh\n#BB_LUA capacity=1P pool=fast\ntrue\n",
+            &[],
+            &["line 2", "more than pool fast holds"],
+        ),
+    ];
+    for (name, script, extra, needles) in refusals {
+        let refused = sbatch(cluster, work, name, script, extra);
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            !refused.status.success(),
+            "sbatch accepted the {name} script: {}",
+            String::from_utf8_lossy(&refused.stdout)
+        );
+        for needle in needles {
+            assert!(
+                stderr.contains(needle),
+                "sbatch's refusal of {name}: {needle:?} not in {stderr}"
+            );
+        }
+    }
+    passed.pass(
+        "#DW, late #BB_LUA, --bb, unknown pool and impossible size refused at sbatch by line",
+    );
 }
 
 /// `scontrol show bbstat` runs `spillway status`, which names the pool.

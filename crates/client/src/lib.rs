@@ -821,6 +821,22 @@ impl Client {
         })
     }
 
+    /// Asks every server of this client to serve `cluster_id` (root only: the manager); the
+    /// cluster each serves afterwards, in server order (another one: it was another's first).
+    pub fn join_cluster(
+        &mut self,
+        cluster_id: [u8; spillway_proto::CLUSTER_ID_BYTES],
+    ) -> Result<Vec<[u8; spillway_proto::CLUSTER_ID_BYTES]>, ClientError> {
+        let mut serves = Vec::with_capacity(self.servers.len());
+        for connection in &mut self.servers {
+            match connection.call(&Request::JoinCluster { cluster_id }, &[], None)? {
+                (Response::ClusterJoined { cluster_id }, ()) => serves.push(cluster_id),
+                (other, ()) => return Err(unexpected(connection, "ClusterJoined", &other)),
+            }
+        }
+        Ok(serves)
+    }
+
     /// Revokes the epoch's grant on every server of this client (root only: the manager);
     /// afterwards only root may use the epoch there.
     pub fn revoke_epoch(&mut self, epoch: EpochId) -> Result<(), ClientError> {

@@ -188,6 +188,14 @@ impl ApiClient {
         self.call("PUT", path, Some(serde_json::to_vec(body).expect("API types serialize")))
     }
 
+    pub fn patch<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, ApiClientError> {
+        self.call("PATCH", path, Some(serde_json::to_vec(body).expect("API types serialize")))
+    }
+
     /// One call, retried while the manager answers busy, for at most [`BUSY_RETRY_BUDGET`],
     /// and once with a credential if the manager asks for munge.
     fn call<T: DeserializeOwned>(

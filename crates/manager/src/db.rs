@@ -19,7 +19,7 @@ use rusqlite::{params, Connection, OptionalExtension, Transaction};
 use crate::model::{Access, Degraded, Rescue, Reservation, ReservationState, StageOutPair};
 
 /// The schema this binary writes.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// Permission bits of the database file and its `-wal`/`-shm` companions.
 pub const DATABASE_FILE_MODE: u32 = 0o600;
@@ -122,6 +122,23 @@ const SCHEMA_V5: &str = "
 ALTER TABLE reservations ADD COLUMN tiering TEXT;
 ";
 
+/// Version 6: retiring, and the cluster id. The id is drawn once, when the database is made (or
+/// migrated), and every server the manager adds records it (`JoinCluster`): a server that
+/// serves another database's cluster is refused, so a wiped database never hands out epoch ids
+/// its servers hold under other owners.
+/// Retiring: A server being removed (`server remove`: no new fragments, removed once
+/// no active reservation holds any) and removed; a deleted pool. Removed and deleted rows stay,
+/// because destroyed reservations' rows refer to them, but their address or name is freed (see
+/// [`mark_server_removed`]) and they are no longer listed.
+const SCHEMA_V6: &str = "
+ALTER TABLE servers ADD COLUMN retiring_unix_s INTEGER;
+ALTER TABLE servers ADD COLUMN removed_unix_s INTEGER;
+ALTER TABLE pools ADD COLUMN deleted_unix_s INTEGER;
+CREATE TABLE cluster (
+    id TEXT NOT NULL CHECK (length(id) = 32)
+);
+";
+
 /// Why the database could not be opened.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -132,6 +149,10 @@ pub enum OpenError {
     Sqlite { path: String, source: rusqlite::Error },
     #[error("database {path} has schema version {found}, newer than this binary's {supported}")]
     TooNew { path: String, found: i64, supported: i64 },
+    #[error("cannot draw the cluster id from getrandom: {0}")]
+    Random(String),
+    #[error("database {path}: its cluster id {found:?} is not 32 hex digits")]
+    BadClusterId { path: String, found: String },
     #[error("cannot make database file {path} private (mode {mode:o}): {source}")]
     Mode { path: String, mode: u32, source: std::io::Error },
 }
@@ -139,6 +160,8 @@ pub enum OpenError {
 /// The open database.
 pub struct Db {
     pub(crate) conn: Connection,
+    /// The cluster this database is (see `SCHEMA_V6`).
+    pub(crate) cluster_id: [u8; spillway_proto::CLUSTER_ID_BYTES],
 }
 
 impl Db {
@@ -187,9 +210,23 @@ impl Db {
         if version < 5 {
             tx.execute_batch(SCHEMA_V5).map_err(sqlite)?;
         }
+        if version < 6 {
+            tx.execute_batch(SCHEMA_V6).map_err(sqlite)?;
+            let mut id = [0u8; spillway_proto::CLUSTER_ID_BYTES];
+            getrandom::getrandom(&mut id).map_err(|e| OpenError::Random(e.to_string()))?;
+            tx.execute(
+                "INSERT INTO cluster (id) VALUES (?1)",
+                params![spillway_proto::cluster_id_hex(&id)],
+            )
+            .map_err(sqlite)?;
+        }
         tx.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(sqlite)?;
+        let found: String =
+            tx.query_row("SELECT id FROM cluster", [], |r| r.get(0)).map_err(sqlite)?;
+        let cluster_id = spillway_proto::parse_cluster_id(&found)
+            .ok_or(OpenError::BadClusterId { path: name.clone(), found })?;
         tx.commit().map_err(sqlite)?;
-        Ok(Db { conn })
+        Ok(Db { conn, cluster_id })
     }
 }
 
@@ -246,6 +283,8 @@ pub struct ServerRow {
     pub failure_domain: Option<String>,
     /// When it was declared lost for good; `None`: not lost.
     pub lost_unix_s: Option<u64>,
+    /// Since when `server remove` is retiring it (no new fragments); `None`: in service.
+    pub retiring_unix_s: Option<u64>,
 }
 
 /// A reservation row plus its fragments.
@@ -375,8 +414,9 @@ impl ReservationRow {
 }
 
 pub fn pools(tx: &Transaction<'_>) -> rusqlite::Result<Vec<PoolRow>> {
-    let mut statement =
-        tx.prepare_cached("SELECT id, name, granularity_bytes FROM pools ORDER BY id")?;
+    let mut statement = tx.prepare_cached(
+        "SELECT id, name, granularity_bytes FROM pools WHERE deleted_unix_s IS NULL ORDER BY id",
+    )?;
     let rows = statement.query_map([], |r| {
         Ok(PoolRow {
             id: r.get::<_, i64>(0)? as u64,
@@ -402,7 +442,8 @@ pub fn insert_pool(
 
 pub fn servers(tx: &Transaction<'_>) -> rusqlite::Result<Vec<ServerRow>> {
     let mut statement = tx.prepare_cached(
-        "SELECT id, address, pool_id, capacity_bytes, pfs_dir, healthy, misses, last_seen_unix_s, failure_domain, lost_unix_s FROM servers ORDER BY id",
+        "SELECT id, address, pool_id, capacity_bytes, pfs_dir, healthy, misses, last_seen_unix_s, failure_domain, lost_unix_s, retiring_unix_s \
+         FROM servers WHERE removed_unix_s IS NULL ORDER BY id",
     )?;
     let rows = statement.query_map([], |r| {
         Ok(ServerRow {
@@ -416,6 +457,7 @@ pub fn servers(tx: &Transaction<'_>) -> rusqlite::Result<Vec<ServerRow>> {
             last_seen_unix_s: r.get::<_, Option<i64>>(7)?.map(|v| v as u64),
             failure_domain: r.get(8)?,
             lost_unix_s: r.get::<_, Option<i64>>(9)?.map(|v| v as u64),
+            retiring_unix_s: r.get::<_, Option<i64>>(10)?.map(|v| v as u64),
         })
     })?;
     rows.collect()
@@ -480,6 +522,43 @@ pub fn mark_server_lost(tx: &Transaction<'_>, id: u64, now_unix_s: u64) -> rusql
         "UPDATE servers SET lost_unix_s = ?2, healthy = 0 WHERE id = ?1 AND lost_unix_s IS NULL",
         params![id as i64, now_unix_s as i64],
     )?;
+    Ok(())
+}
+
+/// Starts retiring a server (already retiring: the first time is kept).
+pub fn mark_server_retiring(
+    tx: &Transaction<'_>,
+    id: u64,
+    now_unix_s: u64,
+) -> rusqlite::Result<()> {
+    tx.execute(
+        "UPDATE servers SET retiring_unix_s = ?2 WHERE id = ?1 AND retiring_unix_s IS NULL",
+        params![id as i64, now_unix_s as i64],
+    )?;
+    Ok(())
+}
+
+/// Removes a server: it is no longer listed, and its address is free for another `server add`
+/// (the row keeps `<address>#removed-<id>`, which no endpoint parses as, for the destroyed
+/// reservations that refer to it).
+pub fn mark_server_removed(tx: &Transaction<'_>, id: u64, now_unix_s: u64) -> rusqlite::Result<()> {
+    let changed = tx.execute(
+        "UPDATE servers SET removed_unix_s = ?2, address = address || '#removed-' || id \
+         WHERE id = ?1 AND removed_unix_s IS NULL",
+        params![id as i64, now_unix_s as i64],
+    )?;
+    assert_eq!(changed, 1, "server {id} was listed when removed");
+    Ok(())
+}
+
+/// Deletes a pool the same way: unlisted, its name (`<name>#deleted-<id>` in the row) free.
+pub fn mark_pool_deleted(tx: &Transaction<'_>, id: u64, now_unix_s: u64) -> rusqlite::Result<()> {
+    let changed = tx.execute(
+        "UPDATE pools SET deleted_unix_s = ?2, name = name || '#deleted-' || id \
+         WHERE id = ?1 AND deleted_unix_s IS NULL",
+        params![id as i64, now_unix_s as i64],
+    )?;
+    assert_eq!(changed, 1, "pool {id} was listed when deleted");
     Ok(())
 }
 
@@ -666,6 +745,50 @@ pub fn insert_reservation(tx: &Transaction<'_>, row: &ReservationRow) -> rusqlit
 /// Renames a reservation (used to give `res-<id>` names once the id is known).
 pub fn rename_reservation(tx: &Transaction<'_>, id: u64, name: &str) -> rusqlite::Result<()> {
     tx.execute("UPDATE reservations SET name = ?2 WHERE id = ?1", params![id as i64, name])?;
+    Ok(())
+}
+
+/// A larger capacity for an active reservation on the same servers: `placement` lists the same
+/// servers in the same stripe order, each with at least its old fragments.
+pub fn grow_reservation(
+    tx: &Transaction<'_>,
+    id: u64,
+    requested_bytes: u64,
+    placement: &[(u64, u64)],
+) -> rusqlite::Result<()> {
+    let fragments: u64 = placement.iter().map(|&(_, f)| f).sum();
+    let changed = tx.execute(
+        "UPDATE reservations SET requested_bytes = ?2, fragments = ?3 WHERE id = ?1 AND state = 'active'",
+        params![id as i64, requested_bytes as i64, fragments as i64],
+    )?;
+    assert_eq!(changed, 1, "reservation {id} was active when grown");
+    let mut statement = tx.prepare_cached(
+        "UPDATE fragments SET fragments = ?4 WHERE reservation_id = ?1 AND stripe_index = ?2 AND server_id = ?3 AND fragments <= ?4",
+    )?;
+    for (index, &(server, fragments)) in placement.iter().enumerate() {
+        let changed =
+            statement.execute(params![id as i64, index as i64, server as i64, fragments as i64])?;
+        assert_eq!(changed, 1, "reservation {id} stripe {index}: same server, no fewer fragments");
+    }
+    Ok(())
+}
+
+/// Who besides its owner may use a persistent reservation.
+pub fn set_sharing(
+    tx: &Transaction<'_>,
+    id: u64,
+    allowed_uids: &[u32],
+    allowed_gids: &[u32],
+) -> rusqlite::Result<()> {
+    let changed = tx.execute(
+        "UPDATE reservations SET allowed_uids = ?2, allowed_gids = ?3 WHERE id = ?1 AND state = 'active'",
+        params![
+            id as i64,
+            serde_json::to_string(allowed_uids).expect("u32 list serializes"),
+            serde_json::to_string(allowed_gids).expect("u32 list serializes"),
+        ],
+    )?;
+    assert_eq!(changed, 1, "reservation {id} was active when shared");
     Ok(())
 }
 

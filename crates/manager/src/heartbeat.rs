@@ -26,17 +26,49 @@ pub trait Prober: Send + Sync {
 pub struct ClientProber {
     /// Where credentials come from when a server requires munge (`None`: libmunge's default).
     pub munge_socket: Option<std::path::PathBuf>,
+    /// The manager's cluster: every probe asks the server to serve it (`JoinCluster`), and a
+    /// server serving another is not up for this manager.
+    pub cluster_id: [u8; spillway_proto::CLUSTER_ID_BYTES],
+}
+
+impl ClientProber {
+    /// The prober of `manager`: its munge socket and cluster.
+    pub fn of(manager: &Manager) -> ClientProber {
+        ClientProber {
+            munge_socket: manager.knobs().munge_socket_path(),
+            cluster_id: manager.cluster_id(),
+        }
+    }
+
+    /// A root connection to the one server at `address`, as `client_name`.
+    fn connect(&self, address: &str, client_name: &str) -> Result<Client, String> {
+        let endpoint: Endpoint = address.parse()?;
+        let options = ClientOptions {
+            client_name: client_name.into(),
+            munge_socket: self.munge_socket.clone(),
+            ..Default::default()
+        };
+        Client::connect(&[endpoint], options).map_err(|e| e.to_string())
+    }
+
+    /// Asks the server to serve this manager's cluster; the cluster it serves.
+    fn join(&self, client: &mut Client) -> Result<[u8; spillway_proto::CLUSTER_ID_BYTES], String> {
+        let serves = client.join_cluster(self.cluster_id).map_err(|e| e.to_string())?;
+        serves.first().copied().ok_or_else(|| "the server sent no cluster".to_string())
+    }
 }
 
 impl Prober for ClientProber {
     fn probe(&self, address: &str) -> Result<Probe, String> {
-        let endpoint: Endpoint = address.parse()?;
-        let options = ClientOptions {
-            client_name: "spillway-manager heartbeat".into(),
-            munge_socket: self.munge_socket.clone(),
-            ..Default::default()
-        };
-        let mut client = Client::connect(&[endpoint], options).map_err(|e| e.to_string())?;
+        let mut client = self.connect(address, "spillway-manager heartbeat")?;
+        let serves = self.join(&mut client)?;
+        if serves != self.cluster_id {
+            return Err(format!(
+                "it serves another cluster ({}), not this manager's ({})",
+                spillway_proto::cluster_id_hex(&serves),
+                spillway_proto::cluster_id_hex(&self.cluster_id)
+            ));
+        }
         let status = client.status().map_err(|e| e.to_string())?;
         let auth = status.first().map(|s| s.auth.to_string()).unwrap_or_default();
         let identity = status
@@ -64,23 +96,22 @@ pub struct ServerFacts {
     pub server_id: String,
     /// Its store's SSD size (`store.ssd_bytes_max`): the most capacity it can be given.
     pub ssd_bytes_max: u64,
+    /// The cluster it serves after being asked to serve this manager's (`JoinCluster`).
+    pub cluster_id: [u8; spillway_proto::CLUSTER_ID_BYTES],
 }
 
 impl ClientProber {
-    /// Connects to the server at `address` and asks who it is and how big its store is.
+    /// Connects to the server at `address`, asks it to serve this manager's cluster (the first
+    /// manager to ask keeps it), and asks who it is and how big its store is.
     pub fn identify(&self, address: &str) -> Result<ServerFacts, String> {
-        let endpoint: Endpoint = address.parse()?;
-        let options = ClientOptions {
-            client_name: "spillway-manager server add".into(),
-            munge_socket: self.munge_socket.clone(),
-            ..Default::default()
-        };
-        let mut client = Client::connect(&[endpoint], options).map_err(|e| e.to_string())?;
+        let mut client = self.connect(address, "spillway-manager server add")?;
+        let cluster_id = self.join(&mut client)?;
         let status = client.status().map_err(|e| e.to_string())?;
         let status = status.first().ok_or("the server sent no status")?;
         Ok(ServerFacts {
             server_id: status.server_id.to_string(),
             ssd_bytes_max: status.ssd_bytes_max,
+            cluster_id,
         })
     }
 }
@@ -99,12 +130,17 @@ pub fn heartbeat_round(manager: &Manager, prober: &dyn Prober) {
     if let Err(error) = manager.record_heartbeats(&results) {
         tracing::error!(%error, "heartbeat cannot record results");
     }
+    // After the probes: a retiring server's drains in flight are this round's.
+    if let Err(error) = manager.finish_retirements() {
+        tracing::error!(%error, "heartbeat cannot finish server removals");
+    }
 }
 
 /// Re-sends every active reservation's grants to its servers, so a server that was down (or
 /// lost its state) when the reservation was created takes the reservation's data within a
 /// heartbeat; an unchanged grant costs a server nothing.
 fn reassert_grants(manager: &Manager) {
+    let _grants = crate::service::lock(&manager.grants);
     let root = manager.caller(0, 0);
     let mut reservations = match manager.list_reservations(&root, true) {
         Ok(list) => list,

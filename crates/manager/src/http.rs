@@ -15,8 +15,9 @@
 //! server.
 //!
 //! Endpoints (docs/design/manager.md): `GET /v1/whoami`, `GET|POST /v1/pools`,
-//! `GET|POST /v1/servers`, `POST /v1/servers/<id>/lost`, `GET|POST /v1/reservations[?all=1]`,
-//! `GET|DELETE /v1/reservations/<id|name>[?job=J&force=1]`,
+//! `DELETE /v1/pools/<name>`, `GET|POST /v1/servers`, `POST /v1/servers/<id>/lost|remove`,
+//! `GET|POST /v1/reservations[?all=1]`,
+//! `GET|PATCH|DELETE /v1/reservations/<id|name>[?job=J&force=1]`,
 //! `POST /v1/reservations/<id|name>/jobs`, `DELETE /v1/reservations/<id|name>/jobs/<job>`,
 //! `POST /v1/reservations/<id|name>/rescue`,
 //! `GET /v1/quotas`, `PUT /v1/quotas/<uid>`, `GET /v1/status[?aggregate=1]`.
@@ -356,18 +357,23 @@ fn route(manager: &Manager, caller: &crate::Caller, request: &Request) -> Reply 
             Ok(create) => result(201, manager.create_pool(caller, &create)),
             Err(reply) => reply,
         },
+        ("DELETE", ["v1", "pools", name]) => result(
+            200,
+            manager.delete_pool(caller, name).map(|()| serde_json::json!({ "deleted": name })),
+        ),
         ("GET", ["v1", "servers"]) => result(200, manager.list_servers()),
         ("POST", ["v1", "servers"]) => match body(request) {
             Ok(add) => {
-                let prober = crate::heartbeat::ClientProber {
-                    munge_socket: manager.knobs().munge_socket_path(),
-                };
+                let prober = crate::heartbeat::ClientProber::of(manager);
                 result(201, manager.add_server_probed(caller, &add, &|a| prober.identify(a)))
             }
             Err(reply) => reply,
         },
         ("POST", ["v1", "servers", key, "lost"]) => {
             result(200, manager.declare_server_lost(caller, key))
+        }
+        ("POST", ["v1", "servers", key, "remove"]) => {
+            result(200, manager.remove_server(caller, key))
         }
         (_, ["v1", "reservations", ..]) => route_reservations(manager, caller, request, &segments),
         (_, ["v1", "tiers", ..]) => route_tiers(manager, caller, request, &segments),
@@ -453,8 +459,14 @@ fn route_reservations(
             Err(reply) => reply,
         },
         ("GET", ["v1", "reservations", key]) => result(200, manager.show_reservation(caller, key)),
+        ("PATCH", ["v1", "reservations", key]) => match body::<crate::ModifyReservation>(request) {
+            Ok(change) => result(200, modify_reservation(manager, caller, key, &change)),
+            Err(reply) => reply,
+        },
         ("DELETE", ["v1", "reservations", key]) => {
             let job = request.query.get("job").map(String::as_str);
+            // Until the revoke is sent: see `Manager::grants`.
+            let _grants = crate::service::lock(&manager.grants);
             match manager.destroy_reservation(caller, key, job, request.flag("force")) {
                 Ok(destroyed) => {
                     crate::retire_reservation_data(
@@ -483,6 +495,23 @@ fn route_reservations(
         }
         _ => method_not_allowed(request),
     }
+}
+
+/// Changes the reservation, then (best effort; the heartbeat re-sends grants until every server
+/// has it) sends its new grant, holding `Manager::grants` until then.
+fn modify_reservation(
+    manager: &Manager,
+    caller: &crate::Caller,
+    key: &str,
+    change: &crate::ModifyReservation,
+) -> Result<crate::Reservation, crate::admin::ModifyReservationError> {
+    let _grants = crate::service::lock(&manager.grants);
+    let reservation = manager.modify_reservation(caller, key, change)?;
+    let munge_socket = manager.knobs().munge_socket_path();
+    for (server, error) in crate::grant_reservation(&reservation, munge_socket.as_deref()) {
+        tracing::warn!(reservation = reservation.id, %server, %error, "could not grant the reservation's new capacity or sharing");
+    }
+    Ok(reservation)
 }
 
 /// Creates the reservation, then (best effort) its namespace and its grants on the servers.

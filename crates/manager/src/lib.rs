@@ -12,6 +12,7 @@
 //! the CLI process ([`stage`]), so bulk data never passes through the
 //! manager and PFS files are read and written with the caller's own permissions.
 
+pub mod admin;
 pub mod admission;
 pub mod api;
 pub mod db;
@@ -172,8 +173,7 @@ fn spawn_background(
         std::thread::Builder::new()
             .name("manager-heartbeat".into())
             .spawn(move || {
-                let prober =
-                    heartbeat::ClientProber { munge_socket: manager.knobs().munge_socket_path() };
+                let prober = heartbeat::ClientProber::of(&manager);
                 heartbeat::run(manager, Arc::new(prober), stop)
             })
             .expect("spawning the heartbeat thread")

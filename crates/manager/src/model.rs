@@ -88,6 +88,36 @@ pub struct Server {
     /// and is never taken back.
     #[serde(default)]
     pub lost_unix_s: Option<u64>,
+    /// Since when `spillway server remove` is retiring it: it gets no new fragments and is
+    /// removed once no active reservation holds any and its drains are done; absent while in
+    /// service.
+    #[serde(default)]
+    pub retiring_unix_s: Option<u64>,
+}
+
+/// `POST /v1/servers/<id>/remove`: where the removal stands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerRemoval {
+    pub server: Server,
+    /// Removed now: no longer listed, its address free for another `server add`.
+    pub removed: bool,
+    /// What the removal still waits for (reservations holding fragments on it, drains in
+    /// flight); empty once removed.
+    pub waiting_for: Vec<String>,
+}
+
+/// `PATCH /v1/reservations/<key>`: what to change; absent fields stay as they are.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModifyReservation {
+    /// A larger capacity (never smaller: data may already live in any of it), on the servers the
+    /// reservation already uses.
+    pub capacity_bytes: Option<u64>,
+    /// Users and groups to let use a persistent reservation, and to stop letting.
+    pub share_uids: Vec<u32>,
+    pub share_gids: Vec<u32>,
+    pub unshare_uids: Vec<u32>,
+    pub unshare_gids: Vec<u32>,
 }
 
 /// A reservation (job-scoped or persistent).

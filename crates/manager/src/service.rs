@@ -25,7 +25,7 @@ use spillway_policy::fragments::{
 use spillway_policy::{
     select_pool, PoolChoice, PoolState, StreamDecision, StreamTable, StreamTableLimits,
 };
-use spillway_types::StreamKey;
+use spillway_types::{format_bytes, StreamKey};
 
 use crate::db::{self, Db, PoolRow, ReservationRow, ServerRow};
 use crate::identity::Caller;
@@ -136,6 +136,8 @@ pub enum AddServerError {
         "server {address} does not answer ({error}): start it (spillway serve) before adding it"
     )]
     Unreachable { address: String, error: String },
+    #[error("server {address} serves another cluster ({serves}; this manager's database is cluster {ours}): it holds another manager's reservations, or this manager's database was wiped or replaced. Not added: restore that database, or empty the server's store (its --ssd-dir, CLUSTER file included) to give it to this cluster")]
+    OtherCluster { address: String, serves: String, ours: String },
     #[error("manager database: {source}")]
     Database {
         #[from]
@@ -149,6 +151,7 @@ api_error!(AddServerError {
     Exists => (409, "exists"),
     SameServer => (409, "exists"),
     Unreachable => (502, "unreachable"),
+    OtherCluster => (409, "other_cluster"),
     Database => (500, "database"),
 });
 
@@ -196,7 +199,7 @@ pub enum CreateReservationError {
     UnknownJob { job: String },
     #[error("cannot ask Slurm who owns job {job}: {reason} (knob manager.job_owner_check = \"none\" turns this check off)")]
     JobOwnerUnavailable { job: String, reason: String },
-    #[error("quota exceeded for uid {uid}: {used_bytes} bytes in use + {asked_bytes} bytes asked > quota {quota_bytes} bytes")]
+    #[error("quota exceeded for uid {uid}: {} in use + {} asked > quota {}", format_bytes(*used_bytes), format_bytes(*asked_bytes), format_bytes(*quota_bytes))]
     QuotaExceeded { uid: u32, quota_bytes: u64, used_bytes: u64, asked_bytes: u64 },
     #[error(
         "uid {uid} already holds {count} reservations (knob manager.reservations_per_user_max)"
@@ -321,21 +324,28 @@ pub enum StatusView {
 /// The control plane's state and operations.
 pub struct Manager {
     pub(crate) db: Mutex<Db>,
+    /// The cluster this manager's database is; every server it uses serves it.
+    cluster_id: [u8; spillway_proto::CLUSTER_ID_BYTES],
     knobs: ManagerKnobs,
     admin_gid: Option<u32>,
     pub(crate) clock: Arc<dyn Clock>,
     /// Who owns a Slurm job; `None` when `manager.job_owner_check = "none"`.
     job_owners: Option<Arc<dyn JobOwners>>,
     /// Per pool id: BIOS Algorithm 1's table. Locked only while `db` is held.
-    streams: Mutex<BTreeMap<u64, StreamTable>>,
+    pub(crate) streams: Mutex<BTreeMap<u64, StreamTable>>,
     /// Per server id: what the last heartbeat saw.
-    live: Mutex<BTreeMap<u64, Probe>>,
+    pub(crate) live: Mutex<BTreeMap<u64, Probe>>,
     /// Per reservation id: its re-replication since this manager started.
     repairs: Mutex<BTreeMap<u64, RepairProgress>>,
     /// IAS: jobs' phases, the shared tiers' load, drains' PFS slots (crate::tiering).
     pub(crate) tiers: Mutex<crate::tiering::TierBoard>,
     /// API requests' latency, for the metrics.
     pub(crate) api_latency: spillway_metrics::Histogram,
+    /// Held from reading reservations to sending their grants (the heartbeat's re-grant) and
+    /// from changing a reservation to sending its new grant or revoke (modify, destroy): the
+    /// servers replace grants whole, so a heartbeat that read a reservation before a change
+    /// must not deliver the old grant after the new one. Taken before `db`.
+    pub(crate) grants: Mutex<()>,
 }
 
 /// `server add`'s candidate addresses as stored: `unix:…` and `IP:PORT` as given (a `tcp://`
@@ -366,15 +376,15 @@ fn canonical_addresses(given: &str) -> Result<Vec<String>, AddServerError> {
     Ok(resolved)
 }
 
-/// A server as placement sees it: free bytes from the active reservations; a lost server is
-/// never healthy.
-fn server_space(s: &ServerRow, used_per_server: &BTreeMap<u64, u64>) -> ServerSpace {
+/// A server as placement sees it: free bytes from the active reservations; a lost server, or one
+/// being removed, is never healthy (it gets nothing new).
+pub(crate) fn server_space(s: &ServerRow, used_per_server: &BTreeMap<u64, u64>) -> ServerSpace {
     ServerSpace {
         server: s.id,
         free_bytes: s
             .capacity_bytes
             .saturating_sub(used_per_server.get(&s.id).copied().unwrap_or(0)),
-        healthy: s.healthy && s.lost_unix_s.is_none(),
+        healthy: s.healthy && s.lost_unix_s.is_none() && s.retiring_unix_s.is_none(),
         domain: s.failure_domain.clone(),
     }
 }
@@ -417,6 +427,7 @@ impl Manager {
             JobOwnerCheck::Unchecked => None,
         };
         let manager = Manager {
+            cluster_id: db.cluster_id,
             db: Mutex::new(db),
             knobs,
             admin_gid,
@@ -427,6 +438,7 @@ impl Manager {
             repairs: Mutex::new(BTreeMap::new()),
             tiers: Mutex::new(crate::tiering::TierBoard::default()),
             api_latency: spillway_metrics::Histogram::default(),
+            grants: Mutex::new(()),
         };
         manager.rebuild_streams()?;
         Ok(manager)
@@ -437,6 +449,11 @@ impl Manager {
     pub fn with_job_owners(mut self, job_owners: Option<Arc<dyn JobOwners>>) -> Manager {
         self.job_owners = job_owners;
         self
+    }
+
+    /// The cluster id of this manager's database (what its servers record on `JoinCluster`).
+    pub fn cluster_id(&self) -> [u8; spillway_proto::CLUSTER_ID_BYTES] {
+        self.cluster_id
     }
 
     pub fn knobs(&self) -> &ManagerKnobs {
@@ -616,6 +633,13 @@ impl Manager {
                 error: failures.join("; "),
             });
         };
+        if facts.cluster_id != self.cluster_id {
+            return Err(AddServerError::OtherCluster {
+                address,
+                serves: spillway_proto::cluster_id_hex(&facts.cluster_id),
+                ours: spillway_proto::cluster_id_hex(&self.cluster_id),
+            });
+        }
         let capacity_bytes = match request.capacity_bytes {
             0 => facts.ssd_bytes_max,
             asked if asked > facts.ssd_bytes_max => {
@@ -656,7 +680,7 @@ impl Manager {
         Ok(snapshot)
     }
 
-    fn used_per_server(active: &[ReservationRow]) -> BTreeMap<u64, u64> {
+    pub(crate) fn used_per_server(active: &[ReservationRow]) -> BTreeMap<u64, u64> {
         let mut used = BTreeMap::new();
         for row in active {
             for &(server, fragments) in &row.placement {
@@ -705,29 +729,37 @@ impl Manager {
         let (pools, servers, active) = self.snapshot(&mut lock(&self.db))?;
         let used = Self::used_per_server(&active);
         let live = lock(&self.live);
-        Ok(servers
-            .iter()
-            .map(|s| Server {
-                id: s.id,
-                address: s.address.clone(),
-                pool: pools
-                    .iter()
-                    .find(|p| p.id == s.pool_id)
-                    .map(|p| p.name.clone())
-                    .unwrap_or_default(),
-                capacity_bytes: s.capacity_bytes,
-                used_bytes: used.get(&s.id).copied().unwrap_or(0),
-                pfs_dir: s.pfs_dir.clone(),
-                healthy: s.healthy,
-                misses: s.misses,
-                last_seen_unix_s: s.last_seen_unix_s,
-                drains_in_flight: live.get(&s.id).map(|p| p.drains_in_flight).unwrap_or(0),
-                auth: live.get(&s.id).map(|p| p.auth.clone()).filter(|a| !a.is_empty()),
-                identity: live.get(&s.id).map(|p| p.identity.clone()).filter(|i| !i.is_empty()),
-                failure_domain: s.failure_domain.clone(),
-                lost_unix_s: s.lost_unix_s,
-            })
-            .collect())
+        Ok(servers.iter().map(|s| Self::server_model(s, &pools, &used, live.get(&s.id))).collect())
+    }
+
+    /// The API view of a server row, with its use and what its last heartbeat said.
+    pub(crate) fn server_model(
+        s: &ServerRow,
+        pools: &[PoolRow],
+        used_per_server: &BTreeMap<u64, u64>,
+        probe: Option<&Probe>,
+    ) -> Server {
+        Server {
+            id: s.id,
+            address: s.address.clone(),
+            pool: pools
+                .iter()
+                .find(|p| p.id == s.pool_id)
+                .map(|p| p.name.clone())
+                .unwrap_or_default(),
+            capacity_bytes: s.capacity_bytes,
+            used_bytes: used_per_server.get(&s.id).copied().unwrap_or(0),
+            pfs_dir: s.pfs_dir.clone(),
+            healthy: s.healthy,
+            misses: s.misses,
+            last_seen_unix_s: s.last_seen_unix_s,
+            drains_in_flight: probe.map(|p| p.drains_in_flight).unwrap_or(0),
+            auth: probe.map(|p| p.auth.clone()).filter(|a| !a.is_empty()),
+            identity: probe.map(|p| p.identity.clone()).filter(|i| !i.is_empty()),
+            failure_domain: s.failure_domain.clone(),
+            lost_unix_s: s.lost_unix_s,
+            retiring_unix_s: s.retiring_unix_s,
+        }
     }
 
     // ---- reservations ----
@@ -740,7 +772,11 @@ impl Manager {
                     || row.allowed_gids.iter().any(|&g| caller.in_group(g))))
     }
 
-    fn quota_of(&self, tx: &rusqlite::Transaction<'_>, uid: u32) -> rusqlite::Result<(u64, bool)> {
+    pub(crate) fn quota_of(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        uid: u32,
+    ) -> rusqlite::Result<(u64, bool)> {
         Ok(match db::quotas(tx)?.into_iter().find(|&(u, _)| u == uid) {
             Some((_, bytes)) => (bytes, false),
             None => (self.knobs.quota_bytes_default, true),

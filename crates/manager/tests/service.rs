@@ -268,12 +268,7 @@ fn quota_exceeded_is_a_clear_error() {
     assert_eq!(error.kind(), "quota_exceeded");
     assert_eq!(
         error.to_string(),
-        format!(
-            "quota exceeded for uid 1000: {} bytes in use + {} bytes asked > quota {} bytes",
-            24 * MIB,
-            16 * MIB,
-            32 * MIB
-        )
+        "quota exceeded for uid 1000: 24.0 MiB in use + 16.0 MiB asked > quota 32.0 MiB"
     );
     // Per-user row overrides the default; only admins set it.
     assert!(manager.set_quota(&user(1000), 1000, &SetQuota { bytes: 0 }).is_err());
@@ -633,4 +628,197 @@ fn a_reservation_keeps_the_tiering_strategy_it_was_made_with() {
     let manager = open(&path, knobs());
     assert_eq!(manager.show_reservation(&user(1000), "job-44").unwrap().tiering, strategy);
     assert_eq!(manager.show_reservation(&user(1000), "job-45").unwrap().tiering, None);
+}
+
+/// A prober that finds every server up, with `drains` in flight.
+struct UpProber {
+    drains: u32,
+}
+impl Prober for UpProber {
+    fn probe(&self, address: &str) -> Result<Probe, String> {
+        Ok(Probe {
+            drains_in_flight: self.drains,
+            auth: "none".into(),
+            identity: format!("{:032x} #1", address.len()),
+            failure_domain: None,
+        })
+    }
+}
+
+fn listed(manager: &Manager, address: &str) -> Option<Server> {
+    manager.list_servers().unwrap().into_iter().find(|s| s.address == address)
+}
+
+#[test]
+fn a_pool_is_deleted_only_when_empty_and_its_name_is_free_again() {
+    use spillway_manager::admin::DeletePoolError;
+    let dir = tempfile::tempdir().unwrap();
+    let manager = open(&dir.path().join("m.db"), knobs());
+    setup(&manager);
+    let error = manager.delete_pool(&user(1000), "fast").unwrap_err();
+    assert!(matches!(error, DeletePoolError::NotAuthorized { uid: 1000 }), "{error}");
+    let error = manager.delete_pool(&root(), "nope").unwrap_err();
+    assert_eq!(error.status(), 404, "{error}");
+    let error = manager.delete_pool(&root(), "fast").unwrap_err();
+    assert!(
+        error.to_string().contains("127.0.0.1:7001, 127.0.0.1:7002")
+            && error.to_string().contains("spillway server remove"),
+        "{error}"
+    );
+    for address in ["127.0.0.1:7001", "127.0.0.1:7002"] {
+        let removal = manager.remove_server(&root(), address).unwrap();
+        assert!(removal.removed && removal.waiting_for.is_empty(), "{removal:?}");
+        assert!(listed(&manager, address).is_none());
+    }
+    manager.delete_pool(&root(), "fast").unwrap();
+    assert_eq!(
+        manager.list_pools(&root()).unwrap().iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
+        ["slow"]
+    );
+    assert_eq!(manager.delete_pool(&root(), "fast").unwrap_err().status(), 404, "gone");
+    // Name and addresses are free for new ones.
+    manager
+        .create_pool(&root(), &CreatePool { name: "fast".into(), granularity_bytes: MIB })
+        .unwrap();
+    let again = AddServer {
+        address: "127.0.0.1:7001".into(),
+        pool: "fast".into(),
+        capacity_bytes: 64 * MIB,
+        pfs_dir: None,
+    };
+    let server = manager.add_server(&root(), &again).unwrap();
+    assert_eq!((server.pool.as_str(), server.retiring_unix_s), ("fast", None));
+    // The state survives a restart.
+    drop(manager);
+    let manager = open(&dir.path().join("m.db"), knobs());
+    assert_eq!(manager.list_servers().unwrap().len(), 3);
+    assert_eq!(manager.list_pools(&root()).unwrap().len(), 2);
+}
+
+#[test]
+fn a_removed_server_waits_for_its_reservations_and_drains_and_gets_nothing_new() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = open(&dir.path().join("m.db"), knobs());
+    setup(&manager);
+    let create = |uid: u32| {
+        let request = CreateReservation { pool: Some("fast".into()), ..request(16 * MIB) };
+        manager.create_reservation(&user(uid), &request).unwrap()
+    };
+    let before = create(1000);
+    assert_eq!(before.servers.len(), 2, "striped over both servers of the pool");
+    let removal = manager.remove_server(&root(), "127.0.0.1:7001").unwrap();
+    assert!(!removal.removed);
+    assert_eq!(removal.waiting_for, [format!("reservation {} (uid 1000)", before.name)]);
+    assert!(removal.server.retiring_unix_s.is_some());
+    assert_eq!(
+        manager.remove_server(&user(1000), "127.0.0.1:7001").unwrap_err().status(),
+        403,
+        "admins only"
+    );
+    // New reservations avoid it; the pool's other server takes them.
+    let after = create(1001);
+    assert_eq!(after.servers, ["127.0.0.1:7002"]);
+    // Heartbeats leave it retiring while the reservation lives, and while drains are in flight.
+    heartbeat_round(&manager, &UpProber { drains: 0 });
+    assert!(listed(&manager, "127.0.0.1:7001").is_some_and(|s| s.retiring_unix_s.is_some()));
+    manager.destroy_reservation(&user(1000), &before.name, None, false).unwrap();
+    heartbeat_round(&manager, &UpProber { drains: 2 });
+    let removal = manager.remove_server(&root(), "127.0.0.1:7001").unwrap();
+    assert_eq!(removal.waiting_for, ["2 drains in flight"]);
+    heartbeat_round(&manager, &UpProber { drains: 0 });
+    assert!(listed(&manager, "127.0.0.1:7001").is_none(), "removed by the heartbeat round");
+    // The destroyed reservation still reads back (its server shown by the kept row's name).
+    let shown = manager.show_reservation(&root(), &before.id.to_string()).unwrap();
+    assert_eq!(shown.state, ReservationState::Destroyed);
+    assert_eq!(manager.remove_server(&root(), "127.0.0.1:7001").unwrap_err().status(), 404);
+}
+
+#[test]
+fn a_reservation_grows_in_place_and_a_persistent_one_is_shared() {
+    use spillway_manager::admin::ModifyReservationError as E;
+    let dir = tempfile::tempdir().unwrap();
+    let manager = open(&dir.path().join("m.db"), knobs());
+    setup(&manager);
+    let dataset = CreateReservation {
+        persistent: Some("dataset".into()),
+        pool: Some("fast".into()),
+        ..request(8 * MIB)
+    };
+    let made = manager.create_reservation(&user(1000), &dataset).unwrap();
+    assert_eq!((made.servers.len(), made.server_fragments.clone()), (1, vec![1]));
+    let grow = |uid: u32, bytes: u64| {
+        let change = ModifyReservation { capacity_bytes: Some(bytes), ..Default::default() };
+        manager.modify_reservation(&user(uid), "dataset", &change)
+    };
+    // 24 MiB = 3 fragments, on the one server it has (its data's layout is its server list).
+    let grown = grow(1000, 24 * MIB).unwrap();
+    assert_eq!((grown.capacity_bytes, grown.servers.clone()), (24 * MIB, made.servers.clone()));
+    assert_eq!(grown.server_fragments, vec![3]);
+    assert!(matches!(grow(1000, 16 * MIB).unwrap_err(), E::Invalid { .. }), "never shrinks");
+    assert!(matches!(grow(1001, 32 * MIB).unwrap_err(), E::NotFound { .. }), "not visible");
+    let error = grow(1000, 72 * MIB).unwrap_err();
+    assert!(matches!(error, E::NoCapacity { .. }) && error.to_string().contains("fit"), "{error}");
+    manager.set_quota(&root(), 1000, &SetQuota { bytes: 32 * MIB }).unwrap();
+    let error = grow(1000, 40 * MIB).unwrap_err();
+    assert!(matches!(error, E::QuotaExceeded { .. }), "{error}");
+    assert!(error.to_string().contains("24.0 MiB in use"), "human sizes: {error}");
+
+    // Sharing: user 1001 sees it once shared, not after unsharing; a visitor may not change it.
+    let share =
+        |change: ModifyReservation| manager.modify_reservation(&user(1000), "dataset", &change);
+    share(ModifyReservation { share_uids: vec![1001, 1001], ..Default::default() }).unwrap();
+    assert!(manager.show_reservation(&user(1001), "dataset").is_ok());
+    assert!(matches!(grow(1001, 32 * MIB).unwrap_err(), E::NotAuthorized { owner: 1000, .. }));
+    let unshared = share(ModifyReservation {
+        unshare_uids: vec![1001],
+        share_gids: vec![77],
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!((unshared.allowed_uids.clone(), unshared.allowed_gids.clone()), (vec![], vec![77]));
+    assert!(manager.show_reservation(&user(1001), "dataset").is_err());
+    assert!(matches!(share(ModifyReservation::default()).unwrap_err(), E::Invalid { .. }));
+
+    // A job's reservation grows but is not shared.
+    let job = manager.create_reservation(&user(1000), &for_job("9")).unwrap();
+    let error = manager
+        .modify_reservation(
+            &user(1000),
+            &job.name,
+            &ModifyReservation { share_uids: vec![1001], ..Default::default() },
+        )
+        .unwrap_err();
+    assert!(error.to_string().contains("only persistent reservations are shared"), "{error}");
+    // Growing on a retiring server is refused by name.
+    manager.remove_server(&root(), &made.servers[0]).unwrap();
+    let error = grow(1000, 32 * MIB).unwrap_err();
+    assert!(error.to_string().contains("being removed"), "{error}");
+}
+
+#[test]
+fn a_server_of_another_cluster_is_not_added_and_the_cluster_id_is_the_databases() {
+    use spillway_manager::heartbeat::ServerFacts;
+    let dir = tempfile::tempdir().unwrap();
+    let manager = open(&dir.path().join("m.db"), knobs());
+    let ours = manager.cluster_id();
+    let other = open(&dir.path().join("other.db"), knobs());
+    assert_ne!(other.cluster_id(), ours, "another database is another cluster");
+    manager.create_pool(&root(), &CreatePool { name: "p".into(), granularity_bytes: MIB }).unwrap();
+    let add = |serves: [u8; 16]| {
+        let request = AddServer {
+            address: "127.0.0.1:7001".into(),
+            pool: "p".into(),
+            capacity_bytes: 0,
+            pfs_dir: None,
+        };
+        let facts =
+            ServerFacts { server_id: "ab".into(), ssd_bytes_max: 64 * MIB, cluster_id: serves };
+        manager.add_server_probed(&root(), &request, &|_| Ok(facts.clone()))
+    };
+    let error = add(other.cluster_id()).unwrap_err();
+    assert_eq!((error.status(), error.kind()), (409, "other_cluster"), "{error}");
+    assert!(error.to_string().contains("wiped"), "{error}");
+    assert_eq!(add(ours).unwrap().capacity_bytes, 64 * MIB);
+    drop(manager);
+    assert_eq!(open(&dir.path().join("m.db"), knobs()).cluster_id(), ours, "kept across restarts");
 }

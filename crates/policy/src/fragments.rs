@@ -21,6 +21,8 @@
 //!
 //! Deterministic: the same snapshot and request always give the same placement.
 
+use spillway_types::format_bytes;
+
 /// One server as the allocator sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerSpace {
@@ -80,9 +82,9 @@ pub enum FragmentError {
     ZeroFragment,
     #[error("stripe width of 0 servers (knob manager.stripe_servers_max)")]
     ZeroStripe,
-    #[error("{capacity_bytes} bytes do not fit: no healthy server has a free {fragment_bytes}-byte fragment")]
+    #[error("{} do not fit: no healthy server has a free fragment of {}", format_bytes(*capacity_bytes), format_bytes(*fragment_bytes))]
     NoHealthyServer { capacity_bytes: u64, fragment_bytes: u64 },
-    #[error("{fragments} fragments of {fragment_bytes} bytes needed, only {placeable} fit on the {servers} servers striped over")]
+    #[error("{fragments} fragments of {} needed, only {placeable} fit on the {servers} servers striped over", format_bytes(*fragment_bytes))]
     InsufficientCapacity { fragments: u64, fragment_bytes: u64, placeable: u64, servers: usize },
     #[error("replicas={replicas} is outside 1..={max}")]
     BadReplicas { replicas: u32, max: u32 },
@@ -203,6 +205,58 @@ pub fn allocate(
     Ok(FragmentPlan { fragments, fragment_bytes: request.fragment_bytes, replicas, per_server })
 }
 
+/// Why a reservation cannot grow in place.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GrowError {
+    #[error("{asked} fragments asked, it holds {current} already: a reservation only grows (its data may already live anywhere in it)")]
+    Shrink { current: u64, asked: u64 },
+    #[error("server {server} of the reservation is down, lost or being removed: it cannot grow until that changes")]
+    Unavailable { server: u64 },
+    #[error("{extra} more fragments of {} needed, only {placeable} fit on the reservation's {servers} servers", format_bytes(*fragment_bytes))]
+    InsufficientCapacity { extra: u64, fragment_bytes: u64, placeable: u64, servers: usize },
+}
+
+/// Grows a reservation in place to `fragments` (copies included): on the same servers in the same
+/// stripe order, because where its data lives depends on that list, each keeping what it holds.
+/// `current` is each server with its free space and the fragments it holds now. The extra
+/// fragments are dealt round robin over them within their free space, as [`allocate`] deals.
+pub fn grow(
+    current: &[(ServerSpace, u64)],
+    fragments: u64,
+    fragment_bytes: u64,
+) -> Result<Vec<(u64, u64)>, GrowError> {
+    let held: u64 = current.iter().map(|&(_, count)| count).sum();
+    if fragments < held {
+        return Err(GrowError::Shrink { current: held, asked: fragments });
+    }
+    if let Some((down, _)) = current.iter().find(|(s, _)| !s.healthy) {
+        return Err(GrowError::Unavailable { server: down.server });
+    }
+    let slots: Vec<u64> = current.iter().map(|(s, _)| s.free_bytes / fragment_bytes).collect();
+    let placeable: u64 = slots.iter().sum();
+    let extra = fragments - held;
+    if placeable < extra {
+        return Err(GrowError::InsufficientCapacity {
+            extra,
+            fragment_bytes,
+            placeable,
+            servers: current.len(),
+        });
+    }
+    let mut added = vec![0u64; current.len()];
+    let mut left = extra;
+    while left > 0 {
+        for (i, count) in added.iter_mut().enumerate() {
+            if left > 0 && *count < slots[i] {
+                *count += 1;
+                left -= 1;
+            }
+        }
+    }
+    Ok(current.iter().zip(added).map(|((s, held), added)| (s.server, held + added)).collect())
+}
+
 /// The server that takes a lost server's place at `lost_index` of a reservation's server list
 /// (`list`, server ids in stripe order): a healthy server of the pool (`pool`) not already in
 /// the list, with `needed_bytes` free, of known failure domain, that leaves every replica set
@@ -243,6 +297,32 @@ pub fn choose_replacement(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn growing_keeps_the_servers_and_deals_the_rest_round_robin() {
+        let space = |server, free_fragments: u64, healthy| ServerSpace {
+            server,
+            free_bytes: free_fragments * 10,
+            healthy,
+            domain: None,
+        };
+        let current = [(space(3, 1, true), 2), (space(1, 5, true), 1), (space(2, 0, true), 1)];
+        // 4 held, 8 asked: 4 extra over servers 3 and 1 (2 is full), server 3 full after one.
+        assert_eq!(grow(&current, 8, 10), Ok(vec![(3, 3), (1, 4), (2, 1)]));
+        assert_eq!(grow(&current, 4, 10), Ok(vec![(3, 2), (1, 1), (2, 1)]), "same size: as is");
+        assert_eq!(grow(&current, 3, 10), Err(GrowError::Shrink { current: 4, asked: 3 }));
+        assert_eq!(
+            grow(&current, 11, 10),
+            Err(GrowError::InsufficientCapacity {
+                extra: 7,
+                fragment_bytes: 10,
+                placeable: 6,
+                servers: 3
+            })
+        );
+        let down = [(space(3, 9, true), 1), (space(1, 9, false), 1)];
+        assert_eq!(grow(&down, 4, 10), Err(GrowError::Unavailable { server: 1 }));
+    }
 
     const MIB: u64 = 1 << 20;
 

@@ -50,6 +50,8 @@ pub enum Kind {
     /// Grants (root only: the manager).
     GrantEpoch = 0x11,
     RevokeEpoch = 0x12,
+    /// Cluster membership (root only: the manager).
+    JoinCluster = 0x13,
     // Namespace (metadata service) requests, see `crate::namespace`.
     NamespaceOpen = 0x20,
     NamespaceSync = 0x21,
@@ -88,6 +90,7 @@ pub enum Kind {
     Authenticated = 0x90,
     EpochGranted = 0x91,
     EpochRevoked = 0x92,
+    ClusterJoined = 0x93,
     // Namespace responses.
     NamespaceOpened = 0xA0,
     NsAttr = 0xA1,
@@ -102,7 +105,7 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in byte order within each family.
-    pub const ALL: [Kind; 64] = [
+    pub const ALL: [Kind; 66] = [
         Kind::Hello,
         Kind::OpenFile,
         Kind::Write,
@@ -121,6 +124,7 @@ impl Kind {
         Kind::Authenticate,
         Kind::GrantEpoch,
         Kind::RevokeEpoch,
+        Kind::JoinCluster,
         Kind::HelloReply,
         Kind::FileOpened,
         Kind::Written,
@@ -139,6 +143,7 @@ impl Kind {
         Kind::Authenticated,
         Kind::EpochGranted,
         Kind::EpochRevoked,
+        Kind::ClusterJoined,
         Kind::Error,
         Kind::NamespaceOpen,
         Kind::NamespaceSync,

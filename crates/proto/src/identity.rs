@@ -9,6 +9,27 @@ use std::fmt;
 /// Bytes of a [`ServerId`].
 pub const SERVER_ID_BYTES: usize = 16;
 
+/// Bytes of a cluster id: the random id of a manager's database, which every server it added
+/// records (`JoinCluster`), so a server never serves two databases' reservations.
+pub const CLUSTER_ID_BYTES: usize = 16;
+
+/// A cluster id as 32 lowercase hex digits (how the manager's database and messages show it).
+pub fn cluster_id_hex(id: &[u8; CLUSTER_ID_BYTES]) -> String {
+    id.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// The cluster id written as [`cluster_id_hex`] writes it.
+pub fn parse_cluster_id(hex: &str) -> Option<[u8; CLUSTER_ID_BYTES]> {
+    if hex.len() != 2 * CLUSTER_ID_BYTES || !hex.is_ascii() {
+        return None;
+    }
+    let mut id = [0u8; CLUSTER_ID_BYTES];
+    for (index, byte) in id.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * index..2 * index + 2], 16).ok()?;
+    }
+    Some(id)
+}
+
 /// Most participants one `Commit` may name (a reservation never spans more servers).
 pub const COMMIT_PARTICIPANTS_MAX: usize = 256;
 
@@ -55,4 +76,20 @@ impl fmt::Debug for ServerId {
 pub struct Participant {
     pub id: ServerId,
     pub address: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_ids_round_trip_as_hex() {
+        let id: [u8; CLUSTER_ID_BYTES] = core::array::from_fn(|i| (i * 17) as u8);
+        let hex = cluster_id_hex(&id);
+        assert_eq!(hex.len(), 32);
+        assert_eq!(parse_cluster_id(&hex), Some(id));
+        assert_eq!(parse_cluster_id(&hex[1..]), None);
+        assert_eq!(parse_cluster_id(&"zz".repeat(16)), None);
+        assert_eq!(parse_cluster_id(&"é".repeat(16)), None);
+    }
 }

@@ -22,7 +22,8 @@ pub use auth::{AuthMethod, CHALLENGE_BYTES};
 pub use errno::ErrorCode;
 pub use frame::{FrameError, Header, Kind, ReceiveError, HEADER_BYTES};
 pub use identity::{
-    Participant, ServerId, COMMIT_PARTICIPANTS_MAX, PARTICIPANT_ADDRESS_BYTES_MAX, SERVER_ID_BYTES,
+    cluster_id_hex, parse_cluster_id, Participant, ServerId, CLUSTER_ID_BYTES,
+    COMMIT_PARTICIPANTS_MAX, PARTICIPANT_ADDRESS_BYTES_MAX, SERVER_ID_BYTES,
 };
 pub use message::{
     DrainInfo, DrainState, Durability, EpochGrant, EpochInfo, EpochState, Extent, FileInfo,

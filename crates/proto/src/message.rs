@@ -11,7 +11,8 @@ use crate::auth::{AuthMethod, CHALLENGE_BYTES};
 use crate::errno::ErrorCode;
 use crate::frame::{FrameError, Kind};
 use crate::identity::{
-    Participant, ServerId, COMMIT_PARTICIPANTS_MAX, PARTICIPANT_ADDRESS_BYTES_MAX, SERVER_ID_BYTES,
+    Participant, ServerId, CLUSTER_ID_BYTES, COMMIT_PARTICIPANTS_MAX,
+    PARTICIPANT_ADDRESS_BYTES_MAX, SERVER_ID_BYTES,
 };
 use crate::namespace::{NamespaceRequest, NamespaceResponse};
 use crate::NAME_BYTES_MAX;
@@ -337,6 +338,12 @@ pub enum Request {
     RevokeEpoch {
         epoch: EpochId,
     },
+    /// From the manager (root only): this server serves the cluster `cluster_id` (the id in
+    /// the manager's database). A server that serves no cluster yet records it durably; one
+    /// that serves another keeps its own. The reply names the cluster it serves either way.
+    JoinCluster {
+        cluster_id: [u8; CLUSTER_ID_BYTES],
+    },
     /// Right after `Hello` when the reply asked for munge: a credential whose payload is
     /// [`crate::auth::credential_payload`] of the connection's challenge.
     Authenticate {
@@ -419,6 +426,11 @@ pub enum Response {
     EpochRevoked {
         epoch: EpochId,
         revoked: bool,
+    },
+    /// The cluster this server serves (after `JoinCluster`: the one asked, unless it already
+    /// served another).
+    ClusterJoined {
+        cluster_id: [u8; CLUSTER_ID_BYTES],
     },
     Error {
         code: ErrorCode,
@@ -726,6 +738,7 @@ impl Request {
             Request::AssignStream { .. } => Kind::AssignStream,
             Request::GrantEpoch { .. } => Kind::GrantEpoch,
             Request::RevokeEpoch { .. } => Kind::RevokeEpoch,
+            Request::JoinCluster { .. } => Kind::JoinCluster,
             Request::Authenticate { .. } => Kind::Authenticate,
             Request::Status => Kind::Status,
             Request::Drain { .. } => Kind::Drain,
@@ -776,6 +789,9 @@ impl Request {
             }
             Request::GrantEpoch { epoch, grant } => {
                 e.u64(epoch.0).grant(grant);
+            }
+            Request::JoinCluster { cluster_id } => {
+                e.fixed(cluster_id);
             }
             Request::AssignStream { epoch, stream } => {
                 e.u64(epoch.0).u64(*stream);
@@ -849,6 +865,7 @@ impl Request {
                 Request::GrantEpoch { epoch: EpochId(d.u64("epoch")?), grant: d.grant()? }
             }
             Kind::RevokeEpoch => Request::RevokeEpoch { epoch: EpochId(d.u64("epoch")?) },
+            Kind::JoinCluster => Request::JoinCluster { cluster_id: d.fixed("cluster_id")? },
             Kind::Authenticate => Request::Authenticate { credential: d.string("credential")? },
             Kind::Status => Request::Status,
             Kind::Drain => Request::Drain { epoch: EpochId(d.u64("epoch")?), mode: d.u8("mode")? },
@@ -880,6 +897,7 @@ impl Response {
             Response::StreamAssigned { .. } => Kind::StreamAssigned,
             Response::EpochGranted { .. } => Kind::EpochGranted,
             Response::EpochRevoked { .. } => Kind::EpochRevoked,
+            Response::ClusterJoined { .. } => Kind::ClusterJoined,
             Response::Status(_) => Kind::StatusReply,
             Response::DrainQueued { .. } => Kind::DrainQueued,
             Response::DrainStatus(_) => Kind::DrainReport,
@@ -908,6 +926,7 @@ impl Response {
             | Response::StreamAssigned { .. }
             | Response::EpochGranted { .. }
             | Response::EpochRevoked { .. }
+            | Response::ClusterJoined { .. }
             | Response::Status(_)
             | Response::DrainQueued { .. }
             | Response::DrainStatus(_) => self.encode_drain_and_administration(&mut e),
@@ -1016,6 +1035,9 @@ impl Response {
             Response::EpochRevoked { epoch, revoked } => {
                 encoder.u64(epoch.0).u8(*revoked as u8);
             }
+            Response::ClusterJoined { cluster_id } => {
+                encoder.fixed(cluster_id);
+            }
             Response::StreamAssigned { epoch, stream } => {
                 encoder.u64(epoch.0).u64(*stream);
             }
@@ -1081,6 +1103,7 @@ impl Response {
             | Kind::StreamAssigned
             | Kind::EpochGranted
             | Kind::EpochRevoked
+            | Kind::ClusterJoined
             | Kind::DrainQueued
             | Kind::DrainReport
             | Kind::StatusReply => Response::decode_drain_and_administration(kind, &mut d)?,
@@ -1195,6 +1218,9 @@ impl Response {
                 epoch: EpochId(decoder.u64("epoch")?),
                 revoked: decoder.boolean("revoked")?,
             },
+            Kind::ClusterJoined => {
+                Response::ClusterJoined { cluster_id: decoder.fixed("cluster_id")? }
+            }
             Kind::DrainReport => {
                 let n = decoder.count(64, "drain count")?;
                 let mut list = Vec::with_capacity(n);
@@ -1311,6 +1337,7 @@ mod tests {
             (any::<u64>(), grant())
                 .prop_map(|(e, grant)| Request::GrantEpoch { epoch: EpochId(e), grant }),
             any::<u64>().prop_map(|e| Request::RevokeEpoch { epoch: EpochId(e) }),
+            any::<[u8; CLUSTER_ID_BYTES]>().prop_map(|id| Request::JoinCluster { cluster_id: id }),
             name().prop_map(|credential| Request::Authenticate { credential }),
             Just(Request::Status),
             (any::<u64>(), any::<u8>())
@@ -1467,6 +1494,8 @@ mod tests {
             any::<u64>().prop_map(|e| Response::EpochGranted { epoch: EpochId(e) }),
             (any::<u64>(), any::<bool>())
                 .prop_map(|(e, r)| Response::EpochRevoked { epoch: EpochId(e), revoked: r }),
+            any::<[u8; CLUSTER_ID_BYTES]>()
+                .prop_map(|id| Response::ClusterJoined { cluster_id: id }),
             status_response(),
             any::<u64>().prop_map(|e| Response::DrainQueued { epoch: EpochId(e) }),
             drain_status_response(),

@@ -203,6 +203,28 @@ pub(crate) fn grant_epoch(
     Ok(Response::EpochGranted { epoch })
 }
 
+/// `JoinCluster`: root (the manager adding this server) names the cluster; the server keeps the
+/// first it was given (durably, when it has a cluster file) and answers the one it serves.
+pub(crate) fn join_cluster(
+    shared: &Shared,
+    peer: &Requester,
+    cluster_id: [u8; spillway_proto::CLUSTER_ID_BYTES],
+) -> Result<Response, BackendError> {
+    root_only(peer, "joins clusters")?;
+    let membership = shared.cluster.get_or_init(crate::identity::ClusterMembership::ephemeral);
+    let serves = membership
+        .join(cluster_id)
+        .map_err(|error| BackendError::new(ErrorCode::Io, error.to_string()))?;
+    if serves != cluster_id {
+        tracing::warn!(
+            asked = %spillway_proto::cluster_id_hex(&cluster_id),
+            serves = %spillway_proto::cluster_id_hex(&serves),
+            "a manager of another cluster asked this server to join it: refused (the manager says so)"
+        );
+    }
+    Ok(Response::ClusterJoined { cluster_id: serves })
+}
+
 /// `RevokeEpoch`: root revokes the epoch's grant; afterwards only root may use the epoch.
 pub(crate) fn revoke_epoch(
     shared: &Shared,

@@ -1152,6 +1152,9 @@ fn run(
             plain(access::grant_epoch(shared, peer, epoch, grant)?)
         }
         Request::RevokeEpoch { epoch } => plain(access::revoke_epoch(shared, peer, epoch)?),
+        Request::JoinCluster { cluster_id } => {
+            plain(access::join_cluster(shared, peer, cluster_id)?)
+        }
         Request::Sync { epoch, participants } => {
             // The store syncs every dirty segment at once; the epoch is named so that only those
             // who may use it ask, and so that the reply says what became durable.

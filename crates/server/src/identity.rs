@@ -3,7 +3,12 @@
 //! "Identity file"). A server started empty at a lost server's address therefore has another
 //! id, and a drain that recorded the lost one refuses to publish without it.
 //!
-//! The file is replaced whole: written to `IDENTITY.tmp`, fsync'd, renamed over `IDENTITY`, the
+//! `<ssd_directory>/CLUSTER` ([`ClusterMembership`]) names the cluster the server serves: the
+//! id of the manager database that added it first (`JoinCluster`). A manager with another
+//! database (a wiped one, or another site's) finds the server serving someone else and does not
+//! hand out epoch ids that the server may already hold under other owners.
+//!
+//! Each file is replaced whole: written to `IDENTITY.tmp`, fsync'd, renamed over `IDENTITY`, the
 //! directory fsync'd; a crash leaves the old or the new file, never a torn one. A file that is
 //! there but damaged (wrong size, magic, version or CRC) is an error naming it: replacing it
 //! would give the server a new id and make the data it holds look lost to every drain.
@@ -13,7 +18,7 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use spillway_proto::{ServerId, SERVER_ID_BYTES};
+use spillway_proto::{ServerId, CLUSTER_ID_BYTES, SERVER_ID_BYTES};
 
 /// Name of the identity file in the SSD directory.
 pub const IDENTITY_FILE: &str = "IDENTITY";
@@ -25,6 +30,17 @@ pub const IDENTITY_VERSION: u32 = 1;
 pub const IDENTITY_FILE_BYTES: usize = 4 + 4 + SERVER_ID_BYTES + 8 + 4;
 
 const _: () = assert!(IDENTITY_FILE_BYTES == 36);
+
+/// Name of the cluster file in the SSD directory.
+pub const CLUSTER_FILE: &str = "CLUSTER";
+/// "SPWC" read as a little-endian u32.
+pub const CLUSTER_MAGIC: u32 = u32::from_le_bytes(*b"SPWC");
+/// Version of the cluster file layout.
+pub const CLUSTER_VERSION: u32 = 1;
+/// Size of the cluster file: magic, version, cluster id, CRC32C of the bytes before it.
+pub const CLUSTER_FILE_BYTES: usize = 4 + 4 + CLUSTER_ID_BYTES + 4;
+
+const _: () = assert!(CLUSTER_FILE_BYTES == 28);
 const _: () = assert!(SERVER_ID_BYTES == 16);
 
 /// Who this server is: its id and how many times it has started.
@@ -85,6 +101,83 @@ impl ServerIdentity {
     }
 }
 
+/// The cluster a server serves (see the module documentation). Without a directory (servers
+/// embedded in tests) it is kept in memory only.
+pub struct ClusterMembership {
+    directory: Option<PathBuf>,
+    serves: std::sync::Mutex<Option<[u8; CLUSTER_ID_BYTES]>>,
+}
+
+impl ClusterMembership {
+    /// Kept in memory only: the server serves no cluster until joined, and forgets at exit.
+    pub fn ephemeral() -> ClusterMembership {
+        ClusterMembership { directory: None, serves: std::sync::Mutex::new(None) }
+    }
+
+    /// Reads `<directory>/CLUSTER` (absent: no cluster yet); a damaged file is an error.
+    pub fn load(directory: &Path) -> Result<ClusterMembership, IdentityError> {
+        let path = directory.join(CLUSTER_FILE);
+        let serves = match std::fs::read(&path) {
+            Ok(bytes) => Some(
+                decode_cluster(&bytes)
+                    .map_err(|problem| IdentityError::Damaged { path: path.clone(), problem })?,
+            ),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
+            Err(source) => return Err(IdentityError::Io { path, source }),
+        };
+        Ok(ClusterMembership {
+            directory: Some(directory.to_path_buf()),
+            serves: std::sync::Mutex::new(serves),
+        })
+    }
+
+    /// Joins `cluster_id` unless the server serves a cluster already (recorded durably first);
+    /// the cluster it serves afterwards, which differs from `cluster_id` for another's server.
+    pub fn join(
+        &self,
+        cluster_id: [u8; CLUSTER_ID_BYTES],
+    ) -> Result<[u8; CLUSTER_ID_BYTES], IdentityError> {
+        let mut serves = self.serves.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(current) = *serves {
+            return Ok(current);
+        }
+        if let Some(directory) = &self.directory {
+            write_durably(directory, &directory.join(CLUSTER_FILE), &encode_cluster(&cluster_id))?;
+        }
+        *serves = Some(cluster_id);
+        Ok(cluster_id)
+    }
+}
+
+/// The cluster file's bytes (docs/design/log-format.md, "Cluster file").
+pub fn encode_cluster(cluster_id: &[u8; CLUSTER_ID_BYTES]) -> [u8; CLUSTER_FILE_BYTES] {
+    let mut out = [0u8; CLUSTER_FILE_BYTES];
+    out[0..4].copy_from_slice(&CLUSTER_MAGIC.to_le_bytes());
+    out[4..8].copy_from_slice(&CLUSTER_VERSION.to_le_bytes());
+    out[8..24].copy_from_slice(cluster_id);
+    let crc = crc32c::crc32c(&out[..24]);
+    out[24..28].copy_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// Decodes and checks the cluster file's bytes; the problem named if they are not one.
+pub fn decode_cluster(bytes: &[u8]) -> Result<[u8; CLUSTER_ID_BYTES], &'static str> {
+    if bytes.len() != CLUSTER_FILE_BYTES {
+        return Err("wrong size");
+    }
+    let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+    if u32_at(0) != CLUSTER_MAGIC {
+        return Err("wrong magic");
+    }
+    if u32_at(24) != crc32c::crc32c(&bytes[..24]) {
+        return Err("CRC mismatch");
+    }
+    if u32_at(4) != CLUSTER_VERSION {
+        return Err("unknown version");
+    }
+    Ok(bytes[8..24].try_into().expect("16 bytes"))
+}
+
 fn random_id() -> Result<ServerId, IdentityError> {
     let mut id = [0u8; SERVER_ID_BYTES];
     while id == [0u8; SERVER_ID_BYTES] {
@@ -130,7 +223,7 @@ pub fn decode(bytes: &[u8]) -> Result<ServerIdentity, &'static str> {
 
 /// Temp file, fsync, rename over `path`, fsync of the directory.
 fn write_durably(directory: &Path, path: &Path, bytes: &[u8]) -> Result<(), IdentityError> {
-    let temporary = directory.join(format!("{IDENTITY_FILE}.tmp"));
+    let temporary = path.with_extension("tmp");
     let io = |source| IdentityError::Io { path: temporary.clone(), source };
     let mut file = OpenOptions::new()
         .write(true)
@@ -164,6 +257,26 @@ mod tests {
         let other = ServerIdentity::start(tempfile::tempdir().unwrap().path()).unwrap();
         assert_ne!(other.id, first.id, "another directory is another server");
         assert!(!dir.path().join("IDENTITY.tmp").exists());
+    }
+
+    #[test]
+    fn a_server_joins_one_cluster_and_keeps_it_across_restarts() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = ClusterMembership::load(dir.path()).unwrap();
+        assert_eq!(first.join([1; 16]).unwrap(), [1; 16]);
+        assert_eq!(first.join([2; 16]).unwrap(), [1; 16], "another cluster does not take it over");
+        let again = ClusterMembership::load(dir.path()).unwrap();
+        assert_eq!(again.join([2; 16]).unwrap(), [1; 16], "recorded durably");
+        assert!(!dir.path().join("CLUSTER.tmp").exists());
+        let path = dir.path().join(CLUSTER_FILE);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[9] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let error = ClusterMembership::load(dir.path()).err().expect("a damaged file").to_string();
+        assert!(error.contains("CRC mismatch") && error.contains("CLUSTER"), "{error}");
+        let memory = ClusterMembership::ephemeral();
+        assert_eq!(memory.join([3; 16]).unwrap(), [3; 16]);
+        assert_eq!(memory.join([4; 16]).unwrap(), [3; 16]);
     }
 
     #[test]

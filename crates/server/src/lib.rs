@@ -254,6 +254,8 @@ pub(crate) struct Shared {
     pub munge: Option<MungeContext>,
     /// Who this server is (`HelloReply`, `StatusReply`).
     pub identity: ServerIdentity,
+    /// The cluster it serves (`JoinCluster`); in memory unless a file was attached.
+    pub cluster: std::sync::OnceLock<identity::ClusterMembership>,
     /// Request latency by kind, for the metrics.
     pub latency: metrics::Latency,
 }
@@ -354,6 +356,7 @@ impl Server {
             counters: Counters::default(),
             drain: std::sync::OnceLock::new(),
             namespaces: std::sync::OnceLock::new(),
+            cluster: std::sync::OnceLock::new(),
             munge,
             identity,
             latency: metrics::Latency::default(),
@@ -364,6 +367,13 @@ impl Server {
     /// Where the server listens (real ports, if port 0 was asked).
     pub fn endpoints(&self) -> Vec<Endpoint> {
         self.listeners.iter().map(|l| l.endpoint()).collect()
+    }
+
+    /// Keeps the cluster this server serves in `directory` (its SSD directory, `CLUSTER`) rather
+    /// than in memory. Returns false if already attached (or a `JoinCluster` came first).
+    pub fn attach_cluster_file(&self, directory: &std::path::Path) -> Result<bool, IdentityError> {
+        let membership = identity::ClusterMembership::load(directory)?;
+        Ok(self.shared.cluster.set(membership).is_ok())
     }
 
     /// Attaches a drainer: `Drain`/`DrainStatus` requests go to it, commits notify it.

@@ -80,6 +80,159 @@ pub enum DirectiveError {
     DanglingContinuation { line: usize },
     #[error("the #{directive} lines ask for no capacity: add capacity=SIZE (or persistent=NAME to use an existing reservation)")]
     NoCapacity { directive: String },
+    #[error("line {line}: `{token}` is {system}'s directive, which this cluster does not read: ask Spillway with `#{directive} capacity=SIZE pool=NAME ...` lines before the first command")]
+    ForeignDirective { line: usize, token: String, system: &'static str, directive: String },
+    #[error("line {line}: #{directive} after the first command (line {first_command}) is ignored by Slurm: move it above line {first_command}")]
+    LateDirective { line: usize, first_command: usize, directive: String },
+    #[error("sbatch --bb {text:?} is not read by this cluster's burst buffer: put `#{directive} {text}` in the job script, before the first command")]
+    BbOption { text: String, directive: String },
+    #[error("line {line}: `pool={pool}`: no such pool (this cluster's pools: {known})")]
+    UnknownPool { line: usize, pool: String, known: String },
+    #[error("line {line}: capacity= needs pool=NAME beside it (Slurm's burst_buffer/lua refuses it otherwise; this cluster's pools: {known})")]
+    PoolRequired { line: usize, known: String },
+    #[error("line {line}: capacity {capacity} is more than pool {pool} holds in all ({pool_capacity}): ask for at most that{others}")]
+    TooLarge { line: usize, capacity: String, pool: String, pool_capacity: String, others: String },
+}
+
+/// A pool as Slurm's pools answer (the cache `slurm_bb_pools` reads) describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolSize {
+    pub name: String,
+    /// Its whole capacity (quantity × granularity).
+    pub capacity_bytes: u64,
+}
+
+/// The burst buffer directives of other systems, which Slurm's burst_buffer/lua ignores.
+const FOREIGN_DIRECTIVES: [(&str, &str); 2] = [("#DW", "DataWarp"), ("#BB", "DataWarp")];
+
+/// What Slurm would silently ignore in a job script, refused at submission (`spillway bb
+/// submit-check`, run by Slurm's job_submit/lua): another system's directive line (`#DW`,
+/// `#BB`), this directive after the first command (Slurm reads only the leading block), and
+/// `sbatch --bb TEXT` (`bb_option`) when the script has no directive line. Then the directive
+/// itself ([`parse_script`]) and, when `pools` is known, its pool and size.
+pub fn check_submission(
+    script: &str,
+    directive: &str,
+    bb_option: Option<&str>,
+    pools: Option<&[PoolSize]>,
+) -> Result<(), DirectiveError> {
+    let marker = format!("#{directive}");
+    let mut first_command = None;
+    // A here-document's body is data (a script that writes the next job's script), not
+    // directives of this one.
+    let mut heredoc_end: Option<&str> = None;
+    for (index, raw) in script.split('\n').enumerate() {
+        let number = index + 1;
+        let line = raw.strip_suffix('\r').unwrap_or(raw);
+        if let Some(end) = heredoc_end {
+            if line.trim_start_matches('\t') == end {
+                heredoc_end = None;
+            }
+            continue;
+        }
+        let token = line.split_whitespace().next().unwrap_or("");
+        if token == marker {
+            if let Some(first_command) = first_command {
+                let directive = directive.to_string();
+                return Err(DirectiveError::LateDirective {
+                    line: number,
+                    first_command,
+                    directive,
+                });
+            }
+        } else if let Some(&(_, system)) = FOREIGN_DIRECTIVES.iter().find(|(t, _)| *t == token) {
+            let (token, directive) = (token.to_string(), directive.to_string());
+            return Err(DirectiveError::ForeignDirective {
+                line: number,
+                token,
+                system,
+                directive,
+            });
+        } else if !line.is_empty() && !line.starts_with('#') {
+            first_command = first_command.or(Some(number));
+            heredoc_end = heredoc_delimiter(line);
+        }
+    }
+    let parsed = parse_script(script, directive)?;
+    let bb_option = bb_option.map(str::trim).filter(|text| !text.is_empty());
+    if let (None, Some(text)) = (&parsed, bb_option) {
+        let (text, directive) = (text.to_string(), directive.to_string());
+        return Err(DirectiveError::BbOption { text, directive });
+    }
+    match (parsed, pools) {
+        (Some(parsed), Some(pools)) => check_pool(script, directive, &parsed, pools),
+        _ => Ok(()),
+    }
+}
+
+/// The delimiter of the first here-document a shell line starts (`<<END`, `<<-END`, `<<'END'`,
+/// `<< "END"`; not a here-string `<<<`).
+fn heredoc_delimiter(line: &str) -> Option<&str> {
+    let mut rest = line;
+    while let Some(at) = rest.find("<<") {
+        let after = &rest[at + 2..];
+        if let Some(after_here_string) = after.strip_prefix('<') {
+            rest = after_here_string;
+            continue;
+        }
+        let word = after.strip_prefix('-').unwrap_or(after).trim_start();
+        let word = word.trim_start_matches(['\'', '"']);
+        let end = word
+            .find(|c: char| c.is_whitespace() || "'\";|&()<>".contains(c))
+            .unwrap_or(word.len());
+        return (end > 0).then(|| &word[..end]);
+    }
+    None
+}
+
+/// The directive's pool exists and can hold its capacity at all (else the job would pend
+/// forever); a capacity names its pool, as Slurm's burst_buffer/lua requires.
+fn check_pool(
+    script: &str,
+    directive: &str,
+    parsed: &Directive,
+    pools: &[PoolSize],
+) -> Result<(), DirectiveError> {
+    let known = || match pools.len() {
+        0 => "none yet".to_string(),
+        _ => pools.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", "),
+    };
+    let line_of = |key: &str| -> usize {
+        let prefix = format!("{key}=");
+        let lines = directive_lines(script, directive).unwrap_or_default();
+        lines
+            .iter()
+            .find(|(_, body)| body.split_whitespace().any(|t| t.starts_with(&prefix)))
+            .or(lines.first())
+            .map_or(1, |(line, _)| *line)
+    };
+    let Some(capacity) = parsed.capacity_bytes else { return Ok(()) };
+    let Some(name) = &parsed.pool else {
+        return Err(DirectiveError::PoolRequired { line: line_of("capacity"), known: known() });
+    };
+    let Some(pool) = pools.iter().find(|p| &p.name == name) else {
+        let (line, pool) = (line_of("pool"), name.clone());
+        return Err(DirectiveError::UnknownPool { line, pool, known: known() });
+    };
+    if capacity > pool.capacity_bytes {
+        let bigger: Vec<&str> = pools
+            .iter()
+            .filter(|p| p.capacity_bytes >= capacity)
+            .map(|p| p.name.as_str())
+            .collect();
+        let others = match bigger.as_slice() {
+            [] => String::new(),
+            names => format!(", or pool {}", names.join(" or ")),
+        };
+        return Err(DirectiveError::TooLarge {
+            line: line_of("capacity"),
+            capacity: spillway_types::format_bytes(capacity),
+            pool: pool.name.clone(),
+            pool_capacity: spillway_types::format_bytes(pool.capacity_bytes),
+            others,
+        });
+    }
+    Ok(())
 }
 
 /// Why a size such as `10GiB` did not parse.
@@ -493,6 +646,74 @@ mod tests {
         let error = parse("#BB_LUA pool=fast\n").unwrap_err();
         assert!(matches!(error, DirectiveError::NoCapacity { .. }), "{error}");
         assert!(error.to_string().contains("capacity=SIZE"));
+    }
+
+    #[test]
+    fn what_slurm_would_ignore_is_refused_at_submission_by_line() {
+        let check = |script: &str| check_submission(script, DIRECTIVE_DEFAULT, None, None);
+        let error =
+            check("#!/bin/sh\n#SBATCH -N 1\n#DW jobdw capacity=1GB\nsrun app\n").unwrap_err();
+        assert!(matches!(error, DirectiveError::ForeignDirective { line: 3, .. }), "{error}");
+        assert!(error.to_string().contains("#BB_LUA capacity=SIZE"), "{error}");
+        let error = check("#!/bin/sh\n#BB create_persistent name=x\n").unwrap_err();
+        assert!(matches!(error, DirectiveError::ForeignDirective { line: 2, .. }), "{error}");
+        let late = "#!/bin/sh\n#SBATCH -N 1\n\necho start\n#BB_LUA capacity=1G pool=p\n";
+        let error = check(late).unwrap_err();
+        assert_eq!(
+            error,
+            DirectiveError::LateDirective { line: 5, first_command: 4, directive: "BB_LUA".into() }
+        );
+        assert!(error.to_string().contains("move it above line 4"), "{error}");
+        // A here-document writing the next job's script holds data, not directives.
+        let chain = "#!/bin/sh\n#BB_LUA capacity=1G pool=p\ncat > next.sh <<'EOF'\n#!/bin/sh\n\
+                     #BB_LUA capacity=2G pool=p\n#DW jobdw\nEOF\nsbatch next.sh <<< x\n";
+        check(chain).unwrap();
+        let after = format!("{chain}#BB_LUA capacity=3G\n");
+        assert!(matches!(
+            check(&after).unwrap_err(),
+            DirectiveError::LateDirective { line: 9, .. }
+        ));
+        assert_eq!(heredoc_delimiter("cat <<-\"END\" > x"), Some("END"));
+        assert_eq!(heredoc_delimiter("read a <<< \"$b\""), None);
+        // Not directives: a comment mentioning one, #BB_LUAX (parse_script names that), DWARF.
+        check("#!/bin/sh\n# see #DW docs\necho '#DWARF'\n").unwrap();
+        check("#!/bin/sh\n#BB_LUA capacity=1G pool=p\nsrun app # #BB_LUA in a comment\n").unwrap();
+        // --bb without any directive line in the script: refused; beside one: the script's.
+        let bb = |script: &str, option: &str| {
+            check_submission(script, DIRECTIVE_DEFAULT, Some(option), None)
+        };
+        let error = bb("#!/bin/sh\nsrun app\n", "capacity=1G pool=p").unwrap_err();
+        assert!(error.to_string().contains("#BB_LUA capacity=1G pool=p"), "{error}");
+        bb("#!/bin/sh\nsrun app\n", "  ").unwrap();
+        bb("#!/bin/sh\n#BB_LUA capacity=1G pool=p\n", "capacity=1G pool=p").unwrap();
+    }
+
+    #[test]
+    fn pools_and_sizes_are_checked_against_the_cluster_at_submission() {
+        let pools = [
+            PoolSize { name: "fast".into(), capacity_bytes: 10 << 30 },
+            PoolSize { name: "big".into(), capacity_bytes: 100 << 30 },
+        ];
+        let check =
+            |script: &str| check_submission(script, DIRECTIVE_DEFAULT, None, Some(&pools[..]));
+        check("#!/bin/sh\n#BB_LUA capacity=10G pool=fast\n").unwrap();
+        check("#!/bin/sh\n#BB_LUA persistent=shared\n").unwrap();
+        let error = check("#!/bin/sh\n#SBATCH -N1\n#BB_LUA capacity=1G \\\n#BB_LUA pool=fats\n")
+            .unwrap_err();
+        assert!(matches!(error, DirectiveError::UnknownPool { line: 3, .. }), "{error}");
+        assert!(error.to_string().contains("pools: fast, big"), "{error}");
+        let error = check("#!/bin/sh\n#BB_LUA access=private\n#BB_LUA capacity=1G\n").unwrap_err();
+        assert!(matches!(error, DirectiveError::PoolRequired { line: 3, .. }), "{error}");
+        let error = check("#!/bin/sh\n#BB_LUA capacity=20G pool=fast\n").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "line 2: capacity 20.0 GiB is more than pool fast holds in all (10.0 GiB): ask for at most that, or pool big"
+        );
+        let error = check("#!/bin/sh\n#BB_LUA capacity=1T pool=big\n").unwrap_err();
+        assert!(error.to_string().ends_with("ask for at most that"), "{error}");
+        // Bad tokens are still named first.
+        let error = check("#!/bin/sh\n#BB_LUA capacity=1G pool=fast colour=blue\n").unwrap_err();
+        assert!(matches!(error, DirectiveError::UnknownKey { .. }), "{error}");
     }
 
     #[test]

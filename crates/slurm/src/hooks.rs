@@ -56,6 +56,22 @@ impl Hooks {
         Ok(())
     }
 
+    /// job_submit/lua: what Slurm would ignore, and the pool and size against the pools cache
+    /// (a cache that cannot be read only skips those checks: Slurm still refuses an unknown
+    /// pool, less clearly).
+    pub(crate) fn submit_check(
+        &self,
+        script: &Path,
+        bb_option: Option<&str>,
+        pools_cache: Option<&Path>,
+    ) -> anyhow::Result<()> {
+        let text = std::fs::read_to_string(script)
+            .with_context(|| format!("reading job script {}", script.display()))?;
+        let pools = pools_cache.and_then(|cache| pools::pool_sizes(cache).ok());
+        directive::check_submission(&text, &self.directive, bb_option, pools.as_deref())
+            .map_err(|e| anyhow!("burst buffer request refused: {e}"))
+    }
+
     /// slurm_bb_setup: create (or reuse) the job's reservation for uid/gid, recording in the
     /// job's record which reservation that is. An existing `job-N` that another user holds is
     /// refused (its owner squatted the name), an existing persistent one the job's user may not

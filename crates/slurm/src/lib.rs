@@ -75,6 +75,18 @@ pub struct Args {
 enum Hook {
     /// slurm_bb_job_process: check the script's directive lines (local parsing only).
     Validate { script: PathBuf },
+    /// Slurm's job_submit/lua (`slurm/job_submit.lua`): refuse what Slurm would ignore or
+    /// pend forever on (another system's directive, a directive after the first command,
+    /// `sbatch --bb` text, an unknown pool, a size no pool holds), naming the line (local only).
+    SubmitCheck {
+        /// What `sbatch --bb` gave (job_desc.burst_buffer).
+        #[arg(long, value_name = "TEXT")]
+        bb: Option<String>,
+        /// The pools cache `slurm_bb_pools` reads (no pool checks when absent or unreadable).
+        #[arg(long, value_name = "PATH")]
+        pools_cache: Option<PathBuf>,
+        script: PathBuf,
+    },
     /// slurm_bb_pools: print the pools as Slurm's JSON; `--cache` reads/refreshes a file.
     Pools {
         /// Cache file the Lua reads from slurmctld.
@@ -188,6 +200,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     match args.hook {
         Hook::Validate { script } => ctx.validate(&script),
+        Hook::SubmitCheck { bb, pools_cache, script } => {
+            ctx.submit_check(&script, bb.as_deref(), pools_cache.as_deref())
+        }
         Hook::Pools { cache, refresh } => ctx.pools(cache.as_deref(), refresh),
         Hook::Setup { job, uid, gid, pool, script } => {
             ctx.setup(job, uid, gid, pool.as_deref(), &script)

@@ -18,6 +18,29 @@ pub(crate) fn read_cache(cache: &Path) -> anyhow::Result<String> {
         .with_context(|| format!("reading pools cache {}", cache.display()))
 }
 
+/// Each pool's name and whole capacity, from the cached answer.
+pub(crate) fn pool_sizes(cache: &Path) -> anyhow::Result<Vec<crate::directive::PoolSize>> {
+    let json: serde_json::Value = serde_json::from_str(&read_cache(cache)?)
+        .with_context(|| format!("parsing pools cache {}", cache.display()))?;
+    let pools = json["pools"]
+        .as_array()
+        .ok_or_else(|| anyhow!("pools cache {}: no \"pools\" array", cache.display()))?;
+    pools
+        .iter()
+        .map(|pool| {
+            let name = pool["id"].as_str();
+            let (quantity, granularity) = (pool["quantity"].as_u64(), pool["granularity"].as_u64());
+            match (name, quantity, granularity) {
+                (Some(name), Some(quantity), Some(granularity)) => Ok(crate::directive::PoolSize {
+                    name: name.to_string(),
+                    capacity_bytes: quantity.saturating_mul(granularity),
+                }),
+                _ => Err(anyhow!("pools cache {}: bad pool {pool}", cache.display())),
+            }
+        })
+        .collect()
+}
+
 /// Replace the cached answer (a temporary file renamed over it).
 pub(crate) fn write_cache(cache: &Path, json: &str) -> anyhow::Result<()> {
     let tmp = cache.with_extension("tmp");
@@ -112,6 +135,16 @@ mod tests {
                 {"id": "slow", "quantity": 10, "granularity": 4 * mib, "free": 8},
             ]})
         );
+        // What submission checks read back from the cache.
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("pools.json");
+        write_cache(&cache, &json.to_string()).unwrap();
+        let sizes = pool_sizes(&cache).unwrap();
+        assert_eq!(
+            sizes[0],
+            crate::directive::PoolSize { name: "fast".into(), capacity_bytes: 128 * mib }
+        );
+        assert_eq!(sizes[1].capacity_bytes, 40 * mib);
         let no_granularity = serde_json::json!([{"name": "x", "capacity_bytes": 1}]);
         assert!(slurm_pools(&no_granularity, &reservations)
             .unwrap_err()

@@ -52,6 +52,13 @@ impl Api {
     ) -> anyhow::Result<T> {
         self.0.put(path, body).map_err(flat)
     }
+    pub fn patch<B: serde::Serialize, T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> anyhow::Result<T> {
+        self.0.patch(path, body).map_err(flat)
+    }
 }
 
 /// Prints `value` as one line of JSON.

@@ -1,7 +1,7 @@
 //! `spillway pool …`, `spillway server …` and `spillway quota …`: what root or the admin group
 //! manages (the manager checks; these commands only ask).
 
-use spillway_manager::{AddServer, CreatePool, Pool, Quota, Server, SetQuota};
+use spillway_manager::{AddServer, CreatePool, Pool, Quota, Server, ServerRemoval, SetQuota};
 use spillway_types::parse_size;
 
 use super::manager_api::{print_json, print_table, ManagerFlags};
@@ -24,6 +24,12 @@ enum PoolCommand {
         #[command(flatten)]
         flags: ManagerFlags,
     },
+    /// Delete an empty pool (root or admin group): remove its servers first.
+    Delete {
+        name: String,
+        #[command(flatten)]
+        flags: ManagerFlags,
+    },
     /// List pools with capacity, use and streams.
     List {
         #[command(flatten)]
@@ -41,6 +47,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 return print_json(&pool);
             }
             print_pools(&[pool]);
+        }
+        PoolCommand::Delete { name, flags } => {
+            if name.contains('/') {
+                anyhow::bail!("no pool named {name:?} (pool names have no '/')");
+            }
+            let deleted: serde_json::Value =
+                flags.client()?.delete(&format!("/v1/pools/{name}"))?;
+            if flags.json {
+                return print_json(&deleted);
+            }
+            println!("pool {name} deleted");
         }
         PoolCommand::List { flags } => {
             let pools: Vec<Pool> = flags.client()?.get("/v1/pools")?;
@@ -109,6 +126,21 @@ enum ServerCommand {
         #[command(flatten)]
         flags: ManagerFlags,
     },
+    /// Take a server out of service (root or admin group): it gets no new fragments at once and
+    /// is removed when no reservation holds data on it and its drains are done (running jobs'
+    /// data is not moved; their reservations are named). Asking again tells where it stands.
+    Remove {
+        /// The server's id or address, as `spillway server list` shows it.
+        server: String,
+        /// Wait until it is removed, printing what it waits for.
+        #[arg(long)]
+        wait: bool,
+        /// With --wait: give up after this many seconds (exit status 1).
+        #[arg(long, value_name = "SECONDS", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..=7 * 86_400))]
+        timeout_s: u64,
+        #[command(flatten)]
+        flags: ManagerFlags,
+    },
     /// List servers with health, host (failure domain) and use.
     List {
         #[command(flatten)]
@@ -145,23 +177,90 @@ pub fn run_server(args: ServerArgs) -> anyhow::Result<()> {
         }
         ServerCommand::Lost { server, flags } => {
             let client = flags.client()?;
-            // Addresses may hold '/' (unix sockets): the API takes the id.
-            let servers: Vec<Server> = client.get("/v1/servers")?;
-            let Some(id) = servers
-                .iter()
-                .find(|s| s.address == server || server.parse::<u64>() == Ok(s.id))
-                .map(|s| s.id)
-            else {
-                anyhow::bail!("no server {server:?} (give its id or address, as `spillway server list` shows)");
-            };
+            let id = server_id(&client, &server)?;
             let lost: Server = client.post(&format!("/v1/servers/{id}/lost"), &())?;
             if flags.json {
                 return print_json(&lost);
             }
             print_servers(&[lost]);
         }
+        ServerCommand::Remove { server, wait, timeout_s, flags } => {
+            remove_server(&server, wait, timeout_s, &flags)?;
+        }
     }
     Ok(())
+}
+
+/// The id of a server given by id or address (addresses may hold '/': the API takes the id);
+/// `tcp://HOST:PORT` names the server stored as `HOST:PORT`.
+fn server_id(client: &super::manager_api::Api, server: &str) -> anyhow::Result<u64> {
+    let servers: Vec<Server> = client.get("/v1/servers")?;
+    let address = server.strip_prefix("tcp://").unwrap_or(server);
+    servers
+        .iter()
+        .find(|s| s.address == address || server.parse::<u64>() == Ok(s.id))
+        .map(|s| s.id)
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "no server {server:?} (give its id or address, as `spillway server list` shows)"
+            )
+        })
+}
+
+/// `server remove [--wait]`: asks again every few seconds until removed, printing what it waits
+/// for whenever that changes.
+fn remove_server(
+    server: &str,
+    wait: bool,
+    timeout_s: u64,
+    flags: &ManagerFlags,
+) -> anyhow::Result<()> {
+    const POLL: std::time::Duration = std::time::Duration::from_secs(2);
+    let client = flags.client()?;
+    let id = server_id(&client, server)?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(timeout_s);
+    let mut shown: Option<Vec<String>> = None;
+    let path = format!("/v1/servers/{id}/remove");
+    let mut first = true;
+    loop {
+        let removal: ServerRemoval = match client.0.post(&path, &()) {
+            Ok(removal) => removal,
+            // Retiring before, gone now: the heartbeat finished the removal between two asks.
+            Err(error) if !first && error.kind() == Some("not_found") => {
+                if flags.json {
+                    return print_json(&serde_json::json!({ "id": id, "removed": true }));
+                }
+                println!("server {server} removed");
+                return Ok(());
+            }
+            Err(error) => return Err(super::manager_api::flat(error)),
+        };
+        first = false;
+        if flags.json && (removal.removed || !wait) {
+            return print_json(&removal);
+        }
+        let address = &removal.server.address;
+        if removal.removed {
+            println!("server {address} removed");
+            return Ok(());
+        }
+        if shown.as_ref() != Some(&removal.waiting_for) {
+            if !flags.json {
+                println!(
+                    "server {address} is retiring (no new fragments); its removal waits for: {}",
+                    removal.waiting_for.join("; ")
+                );
+            }
+            shown = Some(removal.waiting_for);
+        }
+        if !wait {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            anyhow::bail!("server {address} was not removed within {timeout_s} s (it stays retiring; run `spillway server remove` again to see where it stands)");
+        }
+        std::thread::sleep(POLL);
+    }
 }
 
 pub fn print_servers(servers: &[Server]) {
@@ -173,6 +272,8 @@ pub fn print_servers(servers: &[Server]) {
                 s.pool.clone(),
                 if s.lost_unix_s.is_some() {
                     "LOST".into()
+                } else if s.retiring_unix_s.is_some() {
+                    "retiring".into()
                 } else if s.healthy {
                     "up".into()
                 } else {

@@ -1,4 +1,4 @@
-//! `spillway reservation create|show|list|destroy|snapshot`: burst buffer reservations.
+//! `spillway reservation create|show|list|modify|destroy|snapshot`: burst buffer reservations.
 //!
 //! Job-scoped reservations are named `job-<JOBID>` and destroyed at teardown; persistent ones
 //! are named and destroyed explicitly. The manager decides pool, servers, stream and epoch and
@@ -6,8 +6,8 @@
 //! another uid with `--owner UID --group GID` (the Slurm hooks do).
 
 use spillway_manager::{
-    Access, CreateReservation, Degraded, MarkRescue, RegisterJob, RepairProgress, Reservation,
-    StageOutPair,
+    Access, CreateReservation, Degraded, MarkRescue, ModifyReservation, RegisterJob,
+    RepairProgress, Reservation, StageOutPair,
 };
 use spillway_types::parse_size;
 
@@ -74,6 +74,28 @@ enum Command {
     List {
         #[arg(long)]
         all: bool,
+        #[command(flatten)]
+        flags: ManagerFlags,
+    },
+    /// Grow a reservation on its servers, or share a persistent one (its owner, root or the
+    /// admin group).
+    Modify {
+        reservation: String,
+        /// The new capacity; never smaller (its data may already live anywhere in it).
+        #[arg(long, value_parser = parse_size)]
+        capacity: Option<u64>,
+        /// Persistent: let this uid use it (repeatable).
+        #[arg(long = "share-uid", value_name = "UID")]
+        share_uids: Vec<u32>,
+        /// Persistent: let members of this group use it (repeatable).
+        #[arg(long = "share-gid", value_name = "GID")]
+        share_gids: Vec<u32>,
+        /// Persistent: no longer let this uid use it (repeatable).
+        #[arg(long = "unshare-uid", value_name = "UID")]
+        unshare_uids: Vec<u32>,
+        /// Persistent: no longer let this group use it (repeatable).
+        #[arg(long = "unshare-gid", value_name = "GID")]
+        unshare_gids: Vec<u32>,
         #[command(flatten)]
         flags: ManagerFlags,
     },
@@ -190,6 +212,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             show(&reservation, flags.json)
         }
         Command::List { all, flags } => list(all, &flags),
+        Command::Modify {
+            reservation,
+            capacity,
+            share_uids,
+            share_gids,
+            unshare_uids,
+            unshare_gids,
+            flags,
+        } => {
+            let change = ModifyReservation {
+                capacity_bytes: capacity,
+                share_uids,
+                share_gids,
+                unshare_uids,
+                unshare_gids,
+            };
+            let path = format!("/v1/reservations/{}", path_segment(&reservation)?);
+            let modified: Reservation = flags.client()?.patch(&path, &change)?;
+            show(&modified, flags.json)
+        }
         Command::Destroy { reservation, job, force, flags } => {
             destroy(&reservation, job.as_deref(), force, &flags)
         }

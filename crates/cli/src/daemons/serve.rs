@@ -123,6 +123,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config.server.insecure_tcp,
         identity,
     )?;
+    // Which cluster (manager database) this store's data belongs to, kept beside it.
+    server.attach_cluster_file(std::path::Path::new(&config.store.ssd_directory))?;
     let drainer = start_drainer(&config, &server, backend.clone())?;
     // The metadata service of the mount: namespace journals live beside the store's segments.
     server.attach_namespaces(
