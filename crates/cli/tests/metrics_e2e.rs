@@ -146,16 +146,32 @@ fn prometheus_scrapes_the_server_and_the_manager_and_a_checkpoint_moves_the_byte
     cli(&manager, &["pool", "create", "fast", "--granularity", "1MiB"]);
     let address = server.endpoint().to_string();
     cli(&manager, &["server", "add", &address, "--pool", "fast", "--capacity", "1GiB"]);
-    cli(
-        &manager,
-        &["reservation", "create", "--capacity", "16MiB", "--persistent", "metrics-test"],
-    );
+    let created = manager
+        .cli(Path::new(BIN), None)
+        .args(["reservation", "create", "--capacity", "16MiB", "--persistent", "metrics-test"])
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+    let reservation: serde_json::Value = serde_json::from_slice(&created.stdout).unwrap();
     let granted = prometheus.wait(
         "spillway_manager_reservation_capacity_bytes{reservation=\"metrics-test\"}",
         "the reservation's capacity",
         |_| true,
     );
     assert!(granted >= 16.0 * f64::from(1 << 20), "{granted}");
+    // A checkpoint into the reservation's epoch shows as its bytes written, at the heartbeat.
+    let written = 3 * (1 << 20) + 777;
+    let epoch = EpochId(reservation["epoch"].as_u64().unwrap());
+    let mut client = Client::connect(server.endpoints(), ClientOptions::default()).unwrap();
+    let mut file = client.create_file(epoch, "rank0/ckpt").unwrap();
+    client.write(&mut file, 0, &pattern(9, written)).unwrap();
+    client.commit_epoch(epoch).unwrap();
+    prometheus.wait(
+        "spillway_manager_reservation_written_bytes{reservation=\"metrics-test\"}",
+        "the reservation's bytes written",
+        |v| v == written as f64,
+    );
     prometheus.wait("spillway_manager_pool_capacity_bytes{pool=\"fast\"}", "the pool", |v| {
         v == f64::from(1 << 30)
     });

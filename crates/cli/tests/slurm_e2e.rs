@@ -446,6 +446,8 @@ fn slurm_burst_buffer_end_to_end() {
 
     // 1. A malformed directive is rejected at submission, naming the bad token.
     malformed_directive_rejected_at_sbatch(&testbed, &mut passed);
+    // 1b. `#DW`, a late `#BB_LUA`, `--bb`, an unknown pool, an impossible size: refused too.
+    ignored_requests_refused_at_sbatch(&testbed, &mut passed);
     // 2. `scontrol show bbstat` runs `spillway status`, which names the pool.
     bbstat_shows_spillway_status(&testbed, &mut passed);
     // A second user cannot reserve for the user's job; a squat made anyway fails its setup.
@@ -670,7 +672,12 @@ fn malformed_directive_rejected_at_sbatch(testbed: &Testbed<'_>, passed: &mut Pa
     assert!(!bad_size.status.success());
     assert!(String::from_utf8_lossy(&bad_size.stderr).contains("access=sideways"));
     passed.pass("malformed directive rejected at sbatch");
+}
 
+/// What Slurm alone would ignore (the job running with no buffer) or pend on forever is refused
+/// by slurm/job_submit.lua, naming the line and the fix.
+fn ignored_requests_refused_at_sbatch(testbed: &Testbed<'_>, passed: &mut Passed) {
+    let (cluster, work) = (testbed.cluster, &testbed.work);
     // What Slurm alone would ignore (the job running with no buffer) or pend on forever is
     // refused by slurm/job_submit.lua, naming the line and the fix.
     let refusals: [(&str, &str, &[&str], &[&str]); 5] = [

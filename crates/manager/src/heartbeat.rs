@@ -85,7 +85,12 @@ impl Prober for ClientProber {
         };
         let failure_domain =
             status.first().map(|s| s.failure_domain.clone()).filter(|d| !d.is_empty());
-        Ok(Probe { drains_in_flight, auth, identity, failure_domain })
+        // Root sees every epoch; the listing is paged by the client.
+        let epoch_bytes = match client.epochs_on(0) {
+            Ok(epochs) => epochs.iter().map(|e| (e.epoch.0, e.bytes)).collect(),
+            Err(_) => Default::default(),
+        };
+        Ok(Probe { drains_in_flight, auth, identity, failure_domain, epoch_bytes })
     }
 }
 

@@ -1,6 +1,6 @@
 //! The manager's Prometheus samples (docs/design/operations.md, "Metrics"): pools (capacity,
 //! use, healthy servers, SSD streams in use), servers, reservations (how many, and each one's
-//! granted capacity), the tiering board (jobs per tier, observed bandwidth, PFS drain slots) and
+//! granted capacity and bytes held), the tiering board (jobs per tier, observed bandwidth, PFS drain slots) and
 //! API request latency. Rendered at each scrape, as an admin sees them.
 
 use spillway_metrics::{Exposition, Histogram};
@@ -27,7 +27,8 @@ pub(crate) fn render(manager: &Manager, api_latency: &Histogram) -> String {
         Ok(status) => {
             pools(&mut out, &status.pools);
             servers(&mut out, &status.servers);
-            reservations(&mut out, &status.reservations);
+            let written = manager.written_bytes().unwrap_or_default();
+            reservations(&mut out, &status.reservations, &written);
         }
         Err(error) => tracing::warn!(%error, "metrics: reading the manager's status"),
     }
@@ -81,18 +82,30 @@ fn servers(out: &mut Exposition, servers: &[crate::model::Server]) {
     family(out, "spillway_manager_server_up", "1 if the server answered its last heartbeats.", &up);
 }
 
-fn reservations(out: &mut Exposition, reservations: &[crate::model::Reservation]) {
-    let capacity: Samples<'_> = reservations
+fn reservations(
+    out: &mut Exposition,
+    reservations: &[crate::model::Reservation],
+    written: &std::collections::BTreeMap<u64, u64>,
+) {
+    let labels = |r: &crate::model::Reservation| {
+        vec![
+            ("reservation", r.name.clone()),
+            ("pool", r.pool.clone()),
+            ("owner", r.owner.to_string()),
+        ]
+    };
+    let capacity: Samples<'_> =
+        reservations.iter().map(|r| (labels(r), r.capacity_bytes as f64)).collect();
+    let bytes: Samples<'_> = reservations
         .iter()
-        .map(|r| {
-            let labels = vec![
-                ("reservation", r.name.clone()),
-                ("pool", r.pool.clone()),
-                ("owner", r.owner.to_string()),
-            ];
-            (labels, r.capacity_bytes as f64)
-        })
+        .map(|r| (labels(r), written.get(&r.id).copied().unwrap_or(0) as f64))
         .collect();
+    family(
+        out,
+        "spillway_manager_reservation_written_bytes",
+        "Payload bytes each active reservation holds on its servers, at their last heartbeats.",
+        &bytes,
+    );
     out.gauge("spillway_manager_reservations", "Active reservations.", capacity.len() as f64);
     family(
         out,

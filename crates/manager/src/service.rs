@@ -302,6 +302,9 @@ pub struct Probe {
     /// The host it runs on (`server.failure_domain`), from its `Status`; `None` from a server
     /// that does not announce one.
     pub failure_domain: Option<String>,
+    /// Payload bytes per epoch id it holds (`ListEpochs` as root), for the per-reservation
+    /// bytes written; empty when the listing failed.
+    pub epoch_bytes: BTreeMap<u64, u64>,
 }
 
 /// A reservation destroyed by [`Manager::destroy_reservation`]: the caller deletes its data.
@@ -1476,6 +1479,20 @@ impl Manager {
         }
         tx.commit()?;
         Ok(())
+    }
+
+    /// Bytes each active reservation holds on its servers by the last heartbeats (its epoch's
+    /// payload bytes, summed over the servers that answered), by reservation id.
+    pub fn written_bytes(&self) -> Result<BTreeMap<u64, u64>, ReadError> {
+        let (_, _, active) = self.snapshot(&mut lock(&self.db))?;
+        let live = lock(&self.live);
+        Ok(active
+            .iter()
+            .map(|r| {
+                let on = |server: &u64| live.get(server).and_then(|p| p.epoch_bytes.get(&r.epoch));
+                (r.id, r.placement.iter().filter_map(|(server, _)| on(server)).sum())
+            })
+            .collect())
     }
 
     /// Whether a down server has now been unseen for `manager.server_lost_after_s` (0: never

@@ -36,6 +36,7 @@ impl Prober for HostProber {
             auth: "none".into(),
             identity: String::new(),
             failure_domain: Some(domain_of(address).into()),
+            epoch_bytes: Default::default(),
         })
     }
 }

@@ -399,6 +399,7 @@ impl Prober for FlakyProber {
                 auth: "munge".into(),
                 identity: format!("{:032x} #1", address.len()),
                 failure_domain: None,
+                epoch_bytes: Default::default(),
             })
         }
     }
@@ -630,9 +631,15 @@ fn a_reservation_keeps_the_tiering_strategy_it_was_made_with() {
     assert_eq!(manager.show_reservation(&user(1000), "job-45").unwrap().tiering, None);
 }
 
-/// A prober that finds every server up, with `drains` in flight.
+/// A prober that finds every server up, with `drains` in flight, each holding `epoch_bytes`.
 struct UpProber {
     drains: u32,
+    epoch_bytes: std::collections::BTreeMap<u64, u64>,
+}
+impl UpProber {
+    fn drains(drains: u32) -> UpProber {
+        UpProber { drains, epoch_bytes: Default::default() }
+    }
 }
 impl Prober for UpProber {
     fn probe(&self, address: &str) -> Result<Probe, String> {
@@ -641,8 +648,23 @@ impl Prober for UpProber {
             auth: "none".into(),
             identity: format!("{:032x} #1", address.len()),
             failure_domain: None,
+            epoch_bytes: self.epoch_bytes.clone(),
         })
     }
+}
+
+#[test]
+fn written_bytes_sum_the_reservations_epoch_over_its_servers() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = open(&dir.path().join("m.db"), knobs());
+    setup(&manager);
+    let request = CreateReservation { pool: Some("fast".into()), ..request(16 * MIB) };
+    let striped = manager.create_reservation(&user(1000), &request).unwrap();
+    assert_eq!(striped.servers.len(), 2);
+    assert_eq!(manager.written_bytes().unwrap()[&striped.id], 0, "no heartbeat yet");
+    let epoch_bytes = [(striped.epoch, 1000), (striped.epoch + 100, 7)].into_iter().collect();
+    heartbeat_round(&manager, &UpProber { drains: 0, epoch_bytes });
+    assert_eq!(manager.written_bytes().unwrap()[&striped.id], 2000, "1000 on each of 2 servers");
 }
 
 fn listed(manager: &Manager, address: &str) -> Option<Server> {
@@ -719,13 +741,13 @@ fn a_removed_server_waits_for_its_reservations_and_drains_and_gets_nothing_new()
     let after = create(1001);
     assert_eq!(after.servers, ["127.0.0.1:7002"]);
     // Heartbeats leave it retiring while the reservation lives, and while drains are in flight.
-    heartbeat_round(&manager, &UpProber { drains: 0 });
+    heartbeat_round(&manager, &UpProber::drains(0));
     assert!(listed(&manager, "127.0.0.1:7001").is_some_and(|s| s.retiring_unix_s.is_some()));
     manager.destroy_reservation(&user(1000), &before.name, None, false).unwrap();
-    heartbeat_round(&manager, &UpProber { drains: 2 });
+    heartbeat_round(&manager, &UpProber::drains(2));
     let removal = manager.remove_server(&root(), "127.0.0.1:7001").unwrap();
     assert_eq!(removal.waiting_for, ["2 drains in flight"]);
-    heartbeat_round(&manager, &UpProber { drains: 0 });
+    heartbeat_round(&manager, &UpProber::drains(0));
     assert!(listed(&manager, "127.0.0.1:7001").is_none(), "removed by the heartbeat round");
     // The destroyed reservation still reads back (its server shown by the kept row's name).
     let shown = manager.show_reservation(&root(), &before.id.to_string()).unwrap();

@@ -81,21 +81,8 @@ enum Command {
     /// admin group).
     Modify {
         reservation: String,
-        /// The new capacity; never smaller (its data may already live anywhere in it).
-        #[arg(long, value_parser = parse_size)]
-        capacity: Option<u64>,
-        /// Persistent: let this uid use it (repeatable).
-        #[arg(long = "share-uid", value_name = "UID")]
-        share_uids: Vec<u32>,
-        /// Persistent: let members of this group use it (repeatable).
-        #[arg(long = "share-gid", value_name = "GID")]
-        share_gids: Vec<u32>,
-        /// Persistent: no longer let this uid use it (repeatable).
-        #[arg(long = "unshare-uid", value_name = "UID")]
-        unshare_uids: Vec<u32>,
-        /// Persistent: no longer let this group use it (repeatable).
-        #[arg(long = "unshare-gid", value_name = "GID")]
-        unshare_gids: Vec<u32>,
+        #[command(flatten)]
+        change: ModifyFlags,
         #[command(flatten)]
         flags: ManagerFlags,
     },
@@ -155,6 +142,40 @@ enum Command {
     },
 }
 
+/// What `reservation modify` changes.
+#[derive(clap::Args)]
+struct ModifyFlags {
+    /// The new capacity; never smaller (its data may already live anywhere in it).
+    #[arg(long, value_parser = parse_size)]
+    capacity: Option<u64>,
+    /// Persistent: let this uid use it (repeatable).
+    #[arg(long = "share-uid", value_name = "UID")]
+    share_uids: Vec<u32>,
+    /// Persistent: let members of this group use it (repeatable).
+    #[arg(long = "share-gid", value_name = "GID")]
+    share_gids: Vec<u32>,
+    /// Persistent: no longer let this uid use it (repeatable).
+    #[arg(long = "unshare-uid", value_name = "UID")]
+    unshare_uids: Vec<u32>,
+    /// Persistent: no longer let this group use it (repeatable).
+    #[arg(long = "unshare-gid", value_name = "GID")]
+    unshare_gids: Vec<u32>,
+}
+
+/// `reservation modify`: the change as the API takes it.
+fn modify(reservation: &str, change: ModifyFlags, flags: &ManagerFlags) -> anyhow::Result<()> {
+    let change = ModifyReservation {
+        capacity_bytes: change.capacity,
+        share_uids: change.share_uids,
+        share_gids: change.share_gids,
+        unshare_uids: change.unshare_uids,
+        unshare_gids: change.unshare_gids,
+    };
+    let path = format!("/v1/reservations/{}", path_segment(reservation)?);
+    let modified: Reservation = flags.client()?.patch(&path, &change)?;
+    show(&modified, flags.json)
+}
+
 /// A tiering strategy by name, for `--tiering`.
 fn parse_strategy(text: &str) -> Result<spillway_policy::Strategy, String> {
     spillway_policy::Strategy::parse(text).ok_or_else(|| {
@@ -212,26 +233,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             show(&reservation, flags.json)
         }
         Command::List { all, flags } => list(all, &flags),
-        Command::Modify {
-            reservation,
-            capacity,
-            share_uids,
-            share_gids,
-            unshare_uids,
-            unshare_gids,
-            flags,
-        } => {
-            let change = ModifyReservation {
-                capacity_bytes: capacity,
-                share_uids,
-                share_gids,
-                unshare_uids,
-                unshare_gids,
-            };
-            let path = format!("/v1/reservations/{}", path_segment(&reservation)?);
-            let modified: Reservation = flags.client()?.patch(&path, &change)?;
-            show(&modified, flags.json)
-        }
+        Command::Modify { reservation, change, flags } => modify(&reservation, change, &flags),
         Command::Destroy { reservation, job, force, flags } => {
             destroy(&reservation, job.as_deref(), force, &flags)
         }
