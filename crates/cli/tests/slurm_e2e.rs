@@ -697,7 +697,7 @@ fn ignored_requests_refused_at_sbatch(testbed: &Testbed<'_>, passed: &mut Passed
             "bb-option",
             "#!/bin/sh\ntrue\n",
             &["--bb", "capacity=8M pool=fast"],
-            &["sbatch --bb", "#BB_LUA capacity=8M pool=fast"],
+            &["--bb", "#BB_LUA capacity=8M pool=fast"],
         ),
         (
             "no-pool",

@@ -1124,9 +1124,10 @@ impl Manager {
             .map(|s| s.address.clone());
         if degraded.replacement.is_none() {
             degraded.detail.push_str(&format!(
-                "; no replacement: no healthy server of pool {} outside the reservation, on host {} or a host it does not use, has {needed} bytes free",
+                "; no replacement: no healthy server of pool {} outside the reservation, on host {} or a host it does not use, has {} free",
                 model.pool,
                 lost_domain.unwrap_or("?"),
+                format_bytes(needed),
             ));
         }
         model

@@ -84,7 +84,7 @@ pub enum DirectiveError {
     ForeignDirective { line: usize, token: String, system: &'static str, directive: String },
     #[error("line {line}: #{directive} after the first command (line {first_command}) is ignored by Slurm: move it above line {first_command}")]
     LateDirective { line: usize, first_command: usize, directive: String },
-    #[error("sbatch --bb {text:?} is not read by this cluster's burst buffer: put `#{directive} {text}` in the job script, before the first command")]
+    #[error("--bb {text:?} is not read by this cluster's burst buffer: put `#{directive} {text}` in a batch script (sbatch), before its first command")]
     BbOption { text: String, directive: String },
     #[error("line {line}: `pool={pool}`: no such pool (this cluster's pools: {known})")]
     UnknownPool { line: usize, pool: String, known: String },

@@ -2,7 +2,7 @@
 //! limit, epoch and state). All convert into [`Error`] for callers that do not care which
 //! operation failed.
 
-use spillway_types::{EpochId, FileId, SegmentId, StreamKey};
+use spillway_types::{format_bytes, EpochId, FileId, SegmentId, StreamKey};
 
 /// Which capacity a write ran into.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,7 +64,7 @@ pub enum OpenError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum WriteError {
-    #[error("out of space: stream {stream} needs {needed_bytes} bytes but {limit} leaves {free_bytes} free (limit {limit_bytes} bytes)")]
+    #[error("out of space: stream {stream} needs {} but {limit} leaves {} free (limit {})", format_bytes(*needed_bytes), format_bytes(*free_bytes), format_bytes(*limit_bytes))]
     OutOfSpace {
         stream: StreamKey,
         limit: SpaceLimit,
@@ -74,7 +74,7 @@ pub enum WriteError {
     },
     #[error("epoch {epoch} is {phase} and accepts no writes")]
     EpochNotOpen { epoch: EpochId, phase: EpochPhase },
-    #[error("write of {needed_bytes} bytes would take epoch {epoch} past its granted capacity of {capacity_bytes} bytes on this server ({used_bytes} bytes written already)")]
+    #[error("write of {} would take epoch {epoch} past its granted capacity of {} on this server ({} written already)", format_bytes(*needed_bytes), format_bytes(*capacity_bytes), format_bytes(*used_bytes))]
     GrantCapacityExceeded {
         epoch: EpochId,
         capacity_bytes: u64,
