@@ -145,7 +145,14 @@ pub fn heartbeat_round(manager: &Manager, prober: &dyn Prober) {
 /// lost its state) when the reservation was created takes the reservation's data within a
 /// heartbeat; an unchanged grant costs a server nothing.
 fn reassert_grants(manager: &Manager) {
-    let _grants = crate::service::lock(&manager.grants);
+    let Some(_grants) =
+        crate::service::lock_within(&manager.grants, crate::service::GRANTS_WAIT_MAX)
+    else {
+        tracing::warn!(
+            "a reservation change has held the grants for too long: no re-grant this round"
+        );
+        return;
+    };
     let root = manager.caller(0, 0);
     let mut reservations = match manager.list_reservations(&root, true) {
         Ok(list) => list,

@@ -466,7 +466,7 @@ fn route_reservations(
         ("DELETE", ["v1", "reservations", key]) => {
             let job = request.query.get("job").map(String::as_str);
             // Until the revoke is sent: see `Manager::grants`.
-            let _grants = crate::service::lock(&manager.grants);
+            let _grants = grants_or_wait_out(manager);
             match manager.destroy_reservation(caller, key, job, request.flag("force")) {
                 Ok(destroyed) => {
                     crate::retire_reservation_data(
@@ -497,6 +497,16 @@ fn route_reservations(
     }
 }
 
+/// `Manager::grants` for a reservation change, or `None` (logged) once `GRANTS_WAIT_MAX` has
+/// passed: the change then goes on without it.
+fn grants_or_wait_out(manager: &Manager) -> Option<std::sync::MutexGuard<'_, ()>> {
+    let guard = crate::service::lock_within(&manager.grants, crate::service::GRANTS_WAIT_MAX);
+    if guard.is_none() {
+        tracing::warn!("the heartbeat has held the grants for too long (a server that does not answer?): changing the reservation without waiting");
+    }
+    guard
+}
+
 /// Changes the reservation, then (best effort; the heartbeat re-sends grants until every server
 /// has it) sends its new grant, holding `Manager::grants` until then.
 fn modify_reservation(
@@ -505,7 +515,7 @@ fn modify_reservation(
     key: &str,
     change: &crate::ModifyReservation,
 ) -> Result<crate::Reservation, crate::admin::ModifyReservationError> {
-    let _grants = crate::service::lock(&manager.grants);
+    let _grants = grants_or_wait_out(manager);
     let reservation = manager.modify_reservation(caller, key, change)?;
     let munge_socket = manager.knobs().munge_socket_path();
     for (server, error) in crate::grant_reservation(&reservation, munge_socket.as_deref()) {

@@ -347,7 +347,8 @@ pub struct Manager {
     /// Held from reading reservations to sending their grants (the heartbeat's re-grant) and
     /// from changing a reservation to sending its new grant or revoke (modify, destroy): the
     /// servers replace grants whole, so a heartbeat that read a reservation before a change
-    /// must not deliver the old grant after the new one. Taken before `db`.
+    /// must not deliver the old grant after the new one. Taken before `db`, and only through
+    /// [`lock_within`] with [`GRANTS_WAIT_MAX`]: one hung server must not stall every change.
     pub(crate) grants: Mutex<()>,
 }
 
@@ -413,6 +414,32 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock is a bug; the state behind it is the database, which the
     // aborted transaction left consistent, so going on is safe.
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Longest a grant sender waits for [`Manager::grants`]. The client has no reply deadline, so a
+/// server that accepts and hangs (stopped, wedged) can hold the lock's owner indefinitely; past
+/// this wait a reservation change goes on without the lock (at worst the heartbeat re-sends a
+/// stale grant, which its next round corrects) and the heartbeat skips a re-grant round.
+pub(crate) const GRANTS_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// `mutex`, if it can be had within `wait`; `None` past it.
+pub(crate) fn lock_within<T>(
+    mutex: &Mutex<T>,
+    wait: std::time::Duration,
+) -> Option<MutexGuard<'_, T>> {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        match mutex.try_lock() {
+            Ok(guard) => return Some(guard),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) if std::time::Instant::now() >= deadline => {
+                return None
+            }
+            Err(std::sync::TryLockError::WouldBlock) => {
+                std::thread::sleep(std::time::Duration::from_millis(10))
+            }
+        }
+    }
 }
 
 impl Manager {
@@ -1541,5 +1568,19 @@ impl Manager {
     /// A pool's capacity only: no reservation count, no stream keys.
     fn aggregate_pool(pool: Pool) -> Pool {
         Pool { reservations: 0, keys_per_stream: Vec::new(), ..pool }
+    }
+}
+
+#[cfg(test)]
+mod lock_tests {
+    use super::*;
+
+    #[test]
+    fn lock_within_gives_up_on_a_held_lock_and_takes_a_free_one() {
+        let mutex = Mutex::new(());
+        let held = mutex.lock().unwrap();
+        assert!(lock_within(&mutex, std::time::Duration::from_millis(50)).is_none());
+        drop(held);
+        assert!(lock_within(&mutex, std::time::Duration::from_millis(50)).is_some());
     }
 }
