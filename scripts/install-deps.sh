@@ -23,6 +23,7 @@ packages=(
     openmpi-bin         # mpirun for the multi-node Slurm test's MPI checkpoint job
     libopenmpi-dev      # mpicc and mpi.h: that job's program (examples/mpi/checkpoint.c) is compiled by the test
     prometheus          # scrapes the server's and the manager's /metrics in metrics_e2e
+    debootstrap         # builds the Debian 13 root with Slurm 24.11 (scripts/slurm/debian13-root.sh)
 )
 
 missing=()
@@ -51,13 +52,16 @@ for component in rustfmt clippy; do
     fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-    echo "install-deps: all ${#packages[@]} Debian packages present"
-    exit 0
-fi
-
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
-echo "install-deps: installing ${missing[*]}"
-$sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+if [ ${#missing[@]} -eq 0 ]; then
+    echo "install-deps: all ${#packages[@]} Debian packages present"
+else
+    echo "install-deps: installing ${missing[*]}"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# Slurm 24.11 for the Slurm tests: Debian 13's packages in a root of their own, built once (about
+# a minute) and reused while its package list is unchanged.
+echo "install-deps: Debian 13 root with Slurm 24.11: $($sudo "$(dirname "$0")/slurm/debian13-root.sh")"

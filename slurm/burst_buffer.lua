@@ -1,5 +1,6 @@
 --[[
-burst_buffer.lua for Slurm 22.05's burst_buffer/lua plugin: Spillway as the burst buffer.
+burst_buffer.lua for Slurm's burst_buffer/lua plugin (22.05 through 24.11): Spillway as the burst
+buffer.
 
 Install next to slurm.conf and burst_buffer.conf (Directive=BB_LUA), with a file
 spillway-bb.env beside it naming the spillway binary and its settings:
@@ -20,7 +21,8 @@ slurmctld with its locks held and cannot be killed, so they only do local work: 
 parses the script (`spillway bb validate`), paths writes one env var, pools reads a cache file
 and refreshes it in a detached child when it is stale. The others run in slurmscriptd children
 with the timeouts of burst_buffer.conf. Every hook accepts extra arguments (`...`) because later
-Slurm versions pass more. A hook returns slurm.SUCCESS or slurm.ERROR plus a message; for
+Slurm versions pass more (23.02+: uid and gid; 24.05+: job_info too) and reads only those 22.05
+passes; 24.05 also requires slurm_bb_test_data_in/out. A hook returns slurm.SUCCESS or slurm.ERROR plus a message; for
 job_process the message is what sbatch prints, for the others it lands in the job's reason.
 ]]
 
@@ -187,6 +189,17 @@ end
 
 function slurm_bb_data_in(job_id, job_script, ...)
 	return hook("data_in", job_id, { "data-in", "--job", job_id, job_script })
+end
+
+-- Slurm 24.05 and later require these two and poll them after data_in / data_out until they stop
+-- answering "BUSY". Spillway's data_in and data_out return only once the copy is done (22.05
+-- has no polling hook), so by the time these run there is nothing left to wait for.
+function slurm_bb_test_data_in(job_id, ...)
+	return slurm.SUCCESS
+end
+
+function slurm_bb_test_data_out(job_id, ...)
+	return slurm.SUCCESS
 end
 
 function slurm_bb_real_size(job_id, ...)

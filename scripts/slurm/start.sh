@@ -1,5 +1,6 @@
 #!/bin/sh
-# Start a one-node Slurm 22.05 cluster on localhost for Spillway's burst buffer tests.
+# Start a one-node Slurm cluster on localhost for Spillway's burst buffer tests: the host's Slurm
+# (Debian 12: 22.05), or Debian 13's Slurm 24.11 inside the root SPILLWAY_SLURM_ROOT names.
 #
 #   scripts/slurm/start.sh DIR [SPILLWAY_BINARY]
 #
@@ -17,6 +18,14 @@
 #   SPILLWAY_BB_USER       unprivileged user created if missing (default spillway-test).
 #   SPILLWAY_BB_MOUNT_ROOT where the hooks mount job reservations (default DIR/mnt).
 #   SPILLWAY_SLURM_TIMEOUT seconds to wait for the node to become idle (default 60).
+#   SPILLWAY_SLURM_ROOT    a Debian root with its own Slurm (scripts/slurm/debian13-root.sh):
+#                          munged, slurmctld, slurmd and their children run chrooted into it, in
+#                          a mount namespace of their own holding bind mounts of DIR, the
+#                          spillway binary's directory, the manager socket's directory and each
+#                          directory of SPILLWAY_SLURM_ROOT_BIND (colon-separated) at the same
+#                          paths. Clients run through DIR/bin (sbatch, scontrol, squeue, ...,
+#                          as root; SPILLWAY_SLURM_AS=UID:GID runs them as that user), and
+#                          DIR/bin/in-root runs any command in there.
 set -eu
 
 if [ $# -lt 1 ]; then
@@ -27,8 +36,14 @@ if [ "$(id -u)" -ne 0 ]; then
     echo "$0: must run as root (slurmctld/slurmd run as SlurmUser=root)" >&2
     exit 1
 fi
+root=${SPILLWAY_SLURM_ROOT:-}
 for tool in munged slurmctld slurmd sinfo sbatch scontrol; do
-    if ! command -v "$tool" >/dev/null 2>&1; then
+    if [ -n "$root" ]; then
+        if [ ! -x "$root/usr/sbin/$tool" ] && [ ! -x "$root/usr/bin/$tool" ]; then
+            echo "$0: $tool not found in $root; build the root with scripts/slurm/debian13-root.sh" >&2
+            exit 1
+        fi
+    elif ! command -v "$tool" >/dev/null 2>&1; then
         echo "$0: $tool not found; install the Debian packages slurm-wlm and munge (scripts/install-deps.sh)" >&2
         exit 1
     fi
@@ -71,6 +86,80 @@ chmod 0700 "$dir/state"
 chmod 0755 "$dir/spool"
 chmod 0755 "$mount_root"
 
+# With a root: one mount namespace (held by a `sleep` chrooted into the root) in which every
+# daemon and client of this cluster runs, with the directories they share with the host bound in
+# at the same paths. The host's users are added to the root's passwd and group (in the
+# namespace only, the root itself is left as built), so job owners resolve the same inside.
+in_root=""
+if [ -n "$root" ]; then
+    root=$(cd "$root" && pwd)
+    mkdir -p "$dir/bin" "$dir/root-etc"
+    for table in passwd group; do
+        cp "$root/etc/$table" "$dir/root-etc/$table"
+        awk -F: 'NR == FNR { known[$1] = 1; next } !($1 in known)' "$root/etc/$table" "/etc/$table" >> "$dir/root-etc/$table"
+    done
+    chmod 0644 "$dir/root-etc/passwd" "$dir/root-etc/group"
+    binds=$(printf '%s\n' "$dir" "$(dirname "$spillway")" "$(dirname "$manager")" $(echo "${SPILLWAY_SLURM_ROOT_BIND:-}" | tr ':' ' ') | awk 'NF' | sort -u)
+    rm -f "$dir/run/root-ns.pid"
+    # shellcheck disable=SC2016 # expanded by the namespace's shell
+    unshare --mount --propagation private -- /bin/sh -c '
+        set -e
+        root=$1; dir=$2; shift 2
+        mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
+        mount -t proc proc "$root/proc"
+        mount --rbind /sys "$root/sys"
+        mount --rbind /dev "$root/dev"
+        mount --bind "$dir/root-etc/passwd" "$root/etc/passwd"
+        mount --bind "$dir/root-etc/group" "$root/etc/group"
+        [ -e "$root/etc/hosts" ] || : > "$root/etc/hosts"
+        mount --bind /etc/hosts "$root/etc/hosts"
+        bound=""
+        for path in "$@"; do
+            if [ ! -d "$path" ]; then
+                echo "not bound (no such directory): $path"
+                continue
+            fi
+            covered=no
+            for outer in $bound; do
+                case "$path/" in "$outer"/*) covered=yes ;; esac
+            done
+            [ "$covered" = yes ] && continue
+            mkdir -p "$root$path"
+            mount --rbind "$path" "$root$path"
+            bound="$bound $path"
+        done
+        echo $$ > "$dir/run/root-ns.pid"
+        exec chroot "$root" sleep infinity' root-ns "$root" "$dir" $binds </dev/null >"$dir/log/root-ns.log" 2>&1 &
+    waited=0
+    while [ ! -s "$dir/run/root-ns.pid" ]; do
+        if [ "$waited" -ge 50 ] || ! kill -0 $! 2>/dev/null; then
+            echo "$0: the mount namespace for $root did not come up: $(cat "$dir/log/root-ns.log")" >&2
+            exit 1
+        fi
+        sleep 0.1
+        waited=$((waited + 1))
+    done
+    cat > "$dir/bin/in-root" <<SCRIPT
+#!/bin/sh
+# Runs a command in this test cluster's Debian root (scripts/slurm/start.sh), in the caller's
+# working directory; as SPILLWAY_SLURM_AS=UID:GID when that is set. The caller must be root.
+# The root's own PATH: the caller's may start with DIR/bin, which is bound in there too.
+pid=\$(cat '$dir/run/root-ns.pid') || exit 1
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+exec nsenter --target "\$pid" --mount --root --wd -- /bin/sh -c '
+    cd "\$1" 2>/dev/null || cd /
+    as=\$2
+    shift 2
+    if [ -n "\$as" ]; then exec chroot --userspec="\$as" --skip-chdir / "\$@"; fi
+    exec "\$@"' in-root "\$PWD" "\${SPILLWAY_SLURM_AS:-}" "\$@"
+SCRIPT
+    for tool in sbatch salloc srun scontrol squeue scancel sinfo sacct; do
+        printf '#!/bin/sh\nexec %s %s "$@"\n' "$dir/bin/in-root" "$tool" > "$dir/bin/$tool"
+    done
+    chmod 0755 "$dir/bin" "$dir/bin/"*
+    in_root="$dir/bin/in-root"
+fi
+
 # munge: own key, socket, pid, log and seed under DIR. munged insists that the key is private to
 # the user running it and that the socket directory is not writable by others.
 if [ ! -f "$dir/munge/munge.key" ]; then
@@ -78,7 +167,7 @@ if [ ! -f "$dir/munge/munge.key" ]; then
 fi
 chmod 0400 "$dir/munge/munge.key"
 munge_socket="$dir/munge/munge.socket"
-munged --force \
+$in_root munged --force \
     --socket="$munge_socket" \
     --key-file="$dir/munge/munge.key" \
     --pid-file="$dir/run/munged.pid" \
@@ -86,8 +175,8 @@ munged --force \
     --seed-file="$dir/munge/munged.seed"
 
 # This machine's CPUs and memory, as slurmd sees them.
-cpus=$(slurmd -C | sed -n 's/.*CPUs=\([0-9]*\).*/\1/p' | head -n 1)
-memory=$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p' | head -n 1)
+cpus=$($in_root slurmd -C | sed -n 's/.*CPUs=\([0-9]*\).*/\1/p' | head -n 1)
+memory=$($in_root slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p' | head -n 1)
 # Leave a little for the OS so slurmd never drains the node for "low RealMemory".
 memory=$((memory * 9 / 10))
 
@@ -109,6 +198,8 @@ SlurmdPidFile=$dir/run/slurmd.pid
 SlurmctldLogFile=$dir/log/slurmctld.log
 SlurmdLogFile=$dir/log/slurmd.log
 SlurmctldDebug=info
+# No mail on this test cluster (24.11 logs an error for a MailProg that does not exist).
+MailProg=/bin/true
 SlurmdDebug=info
 DebugFlags=BurstBuffer
 ProctrackType=proctrack/linuxproc
@@ -178,13 +269,13 @@ if ! SPILLWAY_MANAGER="$manager" "$spillway" bb pools --refresh --cache "$dir/et
 fi
 
 # Fresh state each start: a leftover job from a killed run would otherwise come back.
-slurmctld -c -f "$SLURM_CONF"
-slurmd -N localhost -f "$SLURM_CONF"
+$in_root slurmctld -c -f "$SLURM_CONF"
+$in_root slurmd -N localhost -f "$SLURM_CONF"
 
 # Wait until the node is idle (slurmd registered and the controller accepts jobs).
 waited=0
 while :; do
-    state=$(sinfo -h -n localhost -o '%T' 2>/dev/null || true)
+    state=$($in_root sinfo -h -n localhost -o '%T' 2>/dev/null || true)
     case "$state" in
         idle) break ;;
     esac

@@ -11,11 +11,14 @@ if [ $# -ne 1 ]; then
 fi
 dir=$(cd "$1" 2>/dev/null && pwd) || { echo "$0: no such directory $1" >&2; exit 1; }
 export SLURM_CONF="$dir/etc/slurm.conf"
+# A cluster in a Debian root (SPILLWAY_SLURM_ROOT) has its clients in DIR/bin.
+scancel=scancel
+[ -x "$dir/bin/scancel" ] && scancel="$dir/bin/scancel"
 
 # Cancel the jobs first so teardown hooks unmount and destroy their reservations.
 if [ -f "$dir/run/slurmctld.pid" ] && kill -0 "$(cat "$dir/run/slurmctld.pid")" 2>/dev/null; then
-    scancel --full --quiet --state=PENDING 2>/dev/null || true
-    scancel --full --quiet 2>/dev/null || true
+    "$scancel" --full --quiet --state=PENDING 2>/dev/null || true
+    "$scancel" --full --quiet 2>/dev/null || true
 fi
 
 stop_pid_file() {
@@ -39,4 +42,6 @@ stop_pid_file() {
 stop_pid_file "$dir/run/slurmd.pid"
 stop_pid_file "$dir/run/slurmctld.pid"
 stop_pid_file "$dir/run/munged.pid"
+# Last, the holder of a root's mount namespace: its bind mounts go with it.
+stop_pid_file "$dir/run/root-ns.pid"
 exit 0

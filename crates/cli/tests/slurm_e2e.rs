@@ -1,4 +1,7 @@
-//! Real Slurm 22.05 end to end: a one-node cluster (scripts/slurm/start.sh: munged, slurmctld,
+//! Real Slurm end to end, twice: Debian 12's Slurm 22.05 on the host and Debian 13's Slurm 24.11
+//! in a Debian root built once by scripts/slurm/debian13-root.sh (cached under /var/cache/spillway)
+//! and run by scripts/slurm/start.sh in a mount namespace of its own. Each run is a one-node
+//! cluster (scripts/slurm/start.sh: munged, slurmctld,
 //! slurmd on localhost with burst_buffer/lua and slurm/burst_buffer.lua), a real `spillway
 //! manager` and two real `spillway serve` processes, jobs submitted with `#BB_LUA` lines by an
 //! unprivileged user (root may not request burst buffers).
@@ -21,7 +24,12 @@
 //! --retry` finishes it; a stage-out that never finished (record still says so) is kept by
 //! teardown.
 //!
-//! Needs root, the Debian packages slurm-wlm and munge (scripts/install-deps.sh) and FUSE. It
+//! The two releases call the hooks differently (23.02 passes uid, gid and job_info to most of
+//! them; 24.05 requires slurm_bb_test_data_in/out): the same scenarios run on both, one release
+//! at a time.
+//!
+//! Needs root, the Debian packages slurm-wlm, munge and debootstrap (scripts/install-deps.sh),
+//! Debian's archive for the first build of the root, and FUSE. It
 //! FAILS with a message naming what is missing rather than skipping: CI runs as root with those
 //! packages, so a skip would hide a broken integration.
 
@@ -89,20 +97,74 @@ fn free_port() -> u16 {
 struct Cluster {
     dir: PathBuf,
     conf: PathBuf,
+    /// The Debian root Slurm runs in, if not the host's Slurm.
+    root: Option<PathBuf>,
+}
+
+/// Which Slurm a scenario run uses.
+#[derive(Clone, Copy, Debug)]
+enum Release {
+    /// Debian 12's Slurm 22.05, installed on the host.
+    Host2205,
+    /// Debian 13's Slurm 24.11, in the root scripts/slurm/debian13-root.sh builds.
+    Debian13,
+}
+
+impl Release {
+    /// The Debian root to run Slurm in (built now if it is not cached), or `None` for the host.
+    fn root(self) -> Option<PathBuf> {
+        match self {
+            Release::Host2205 => None,
+            Release::Debian13 => {
+                let script = repo_root().join("scripts/slurm/debian13-root.sh");
+                let output = Command::new(&script).stdin(Stdio::null()).output().unwrap();
+                assert!(
+                    output.status.success(),
+                    "{} failed (it needs root, debootstrap and Debian's archive): {}",
+                    script.display(),
+                    String::from_utf8_lossy(&output.stderr)
+                );
+                Some(PathBuf::from(String::from_utf8_lossy(&output.stdout).trim()))
+            }
+        }
+    }
+
+    /// What `scontrol --version` must say.
+    fn version_prefix(self) -> &'static str {
+        match self {
+            Release::Host2205 => "slurm-wlm 22.05.",
+            Release::Debian13 => "slurm-wlm 24.11.",
+        }
+    }
 }
 
 impl Cluster {
-    fn start(dir: &Path, manager_socket: &Path) -> Cluster {
+    /// The directory whose wrappers run the clients of a cluster in a Debian root; the manager
+    /// puts it first on its PATH (it asks `squeue` who owns a job).
+    fn client_dir(dir: &Path) -> PathBuf {
+        dir.join("bin")
+    }
+
+    /// Starts Slurm in `dir`; in `root` (with `shared`, the test's directory, bound into it)
+    /// when given.
+    fn start(dir: &Path, manager_socket: &Path, root: Option<&Path>, shared: &Path) -> Cluster {
         let script = repo_root().join("scripts/slurm/start.sh");
-        let output = Command::new(&script)
+        let mut command = Command::new(&script);
+        command
             .arg(dir)
             .arg(BIN)
             .env("SPILLWAY_MANAGER", manager_socket)
             .env("SPILLWAY_SLURM_PORT", free_port().to_string())
-            .env("SPILLWAY_SLURMD_PORT", free_port().to_string())
-            .output()
-            .unwrap();
-        let cluster = Cluster { dir: dir.to_path_buf(), conf: dir.join("etc/slurm.conf") };
+            .env("SPILLWAY_SLURMD_PORT", free_port().to_string());
+        if let Some(root) = root {
+            command.env("SPILLWAY_SLURM_ROOT", root).env("SPILLWAY_SLURM_ROOT_BIND", shared);
+        }
+        let output = command.output().unwrap();
+        let cluster = Cluster {
+            dir: dir.to_path_buf(),
+            conf: dir.join("etc/slurm.conf"),
+            root: root.map(Path::to_path_buf),
+        };
         assert!(
             output.status.success(),
             "{} failed: {}\n{}",
@@ -113,10 +175,62 @@ impl Cluster {
         cluster
     }
 
+    /// A Slurm client `program` of this cluster, run as root.
     fn command(&self, program: &str) -> Command {
-        let mut command = Command::new(program);
+        let mut command = match self.root {
+            Some(_) => Command::new(Cluster::client_dir(&self.dir).join(program)),
+            None => Command::new(program),
+        };
         command.env("SLURM_CONF", &self.conf);
         command
+    }
+
+    /// A Slurm client `program` of this cluster, run as `uid`/`gid` (the root's wrappers switch
+    /// user inside the root: entering it takes root).
+    fn command_as(&self, program: &str, uid: u32, gid: u32) -> Command {
+        let mut command = self.command(program);
+        match self.root {
+            Some(_) => {
+                command.env("SPILLWAY_SLURM_AS", format!("{uid}:{gid}"));
+            }
+            None => {
+                command.uid(uid).gid(gid);
+            }
+        }
+        command
+    }
+
+    /// The process whose view of the file system is the jobs' view: this one, or for a root
+    /// the holder of its mount namespace (whose root is the root).
+    fn jobs_view(&self) -> String {
+        match self.root {
+            Some(_) => std::fs::read_to_string(self.dir.join("run/root-ns.pid"))
+                .expect("the root's namespace holder is gone")
+                .trim()
+                .to_string(),
+            None => "self".to_string(),
+        }
+    }
+
+    /// `path` as this cluster's jobs see it (through the jobs' mount namespace and root, where
+    /// the reservations are mounted).
+    fn seen_by_jobs(&self, path: &Path) -> PathBuf {
+        match self.root {
+            Some(_) => Path::new("/proc")
+                .join(self.jobs_view())
+                .join("root")
+                .join(path.strip_prefix("/").expect("an absolute path")),
+            None => path.to_path_buf(),
+        }
+    }
+
+    /// Whether something is mounted at `path` where this cluster's jobs see it (mount points
+    /// are listed relative to the viewing process's root).
+    fn is_mounted(&self, path: &Path) -> bool {
+        let table = format!("/proc/{}/mountinfo", self.jobs_view());
+        let text = std::fs::read_to_string(&table).unwrap();
+        let wanted = path.to_string_lossy();
+        text.lines().any(|line| line.split(' ').nth(4) == Some(&*wanted))
     }
 
     fn log(&self) -> String {
@@ -153,7 +267,8 @@ impl Drop for Manager {
 }
 
 impl Manager {
-    fn start(dir: &Path) -> Manager {
+    /// Starts the manager; `slurm_clients`, when given, goes first on its PATH.
+    fn start(dir: &Path, slurm_clients: Option<&Path>) -> Manager {
         let socket = dir.join("manager/manager.sock");
         std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
         std::fs::set_permissions(socket.parent().unwrap(), std::fs::Permissions::from_mode(0o755))
@@ -165,7 +280,14 @@ impl Manager {
         )
         .unwrap();
         let log = std::fs::File::create(dir.join("manager/manager.log")).unwrap();
-        let child = Command::new(BIN)
+        let mut command = Command::new(BIN);
+        if let Some(clients) = slurm_clients {
+            let path = std::env::var_os("PATH").unwrap_or_default();
+            let mut dirs = vec![clients.to_path_buf()];
+            dirs.extend(std::env::split_paths(&path));
+            command.env("PATH", std::env::join_paths(dirs).unwrap());
+        }
+        let child = command
             .arg("manager")
             // scontrol (asked who owns a job) finds the test cluster, started after the manager.
             .env("SLURM_CONF", dir.join("slurm/etc/slurm.conf"))
@@ -275,13 +397,11 @@ fn sbatch(cluster: &Cluster, work: &Path, name: &str, script: &str, extra: &[&st
     std::fs::write(&path, script).unwrap();
     std::os::unix::fs::chown(&path, Some(uid), Some(gid)).unwrap();
     cluster
-        .command("sbatch")
+        .command_as("sbatch", uid, gid)
         .arg("--parsable")
         .args(extra)
         .arg(&path)
         .current_dir(work)
-        .uid(uid)
-        .gid(gid)
         .output()
         .unwrap()
 }
@@ -345,12 +465,6 @@ fn wait_job_end(cluster: &Cluster, job: u64) -> String {
     state
 }
 
-fn is_mounted(path: &Path) -> bool {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let wanted = path.to_string_lossy();
-    text.lines().any(|line| line.split(' ').nth(4) == Some(&*wanted))
-}
-
 /// Pids of spillway `verb` processes (e.g. `stage-in`) referring to the job.
 fn leftover_pids(mountpoint: &Path, reservation: &str, verb: &str) -> Vec<u32> {
     leftover_processes(mountpoint, reservation)
@@ -400,7 +514,7 @@ fn assert_cleaned_up(
     let record = cluster.dir.join(format!("bb-state/job-{job}.json"));
     wait_for(&format!("teardown of job {job}"), cluster, || {
         !record.exists()
-            && !is_mounted(&mountpoint)
+            && !cluster.is_mounted(&mountpoint)
             && (persistent || !reservation_exists(&manager.socket, reservation))
             && leftover_processes(&mountpoint, reservation).is_empty()
     });
@@ -421,9 +535,24 @@ fn mount_available() -> bool {
         .unwrap_or(false)
 }
 
+/// One release at a time: two clusters on two shared cores would make every wait a race.
+static ONE_RELEASE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
-fn slurm_burst_buffer_end_to_end() {
+fn slurm_22_05_end_to_end() {
+    let _one = ONE_RELEASE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    end_to_end(Release::Host2205);
+}
+
+#[test]
+fn slurm_24_11_end_to_end() {
+    let _one = ONE_RELEASE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    end_to_end(Release::Debian13);
+}
+
+fn end_to_end(release: Release) {
     require_environment();
+    let root = release.root();
     let started = Instant::now();
     let tmp = tempfile::Builder::new().prefix("spillway-slurm-").tempdir_in("/tmp").unwrap();
     let dir = tmp.path().to_path_buf();
@@ -436,10 +565,20 @@ fn slurm_burst_buffer_end_to_end() {
     let servers: Vec<ServerProcess> = (0..2)
         .map(|i| ServerProcess::builder(BIN, &dir, &format!("bb{i}")).pfs_dir(&pfs).start())
         .collect();
-    let manager = Manager::start(&dir);
+    let slurm_dir = dir.join("slurm");
+    let manager =
+        Manager::start(&dir, root.as_ref().map(|_| Cluster::client_dir(&slurm_dir)).as_deref());
     add_pool_with_servers(&manager, &servers, &pfs);
 
-    let cluster = Cluster::start(&dir.join("slurm"), &manager.socket);
+    // The users exist before Slurm starts: a root's Slurm sees the host's users as they were then.
+    other_user_ids();
+    let cluster = Cluster::start(&slurm_dir, &manager.socket, root.as_deref(), &dir);
+    let version = cluster.command("scontrol").arg("--version").output().unwrap();
+    let version = String::from_utf8_lossy(&version.stdout).into_owned();
+    assert!(
+        version.starts_with(release.version_prefix()),
+        "{release:?}: scontrol --version says {version:?}"
+    );
     let testbed = Testbed::prepare(&cluster, &manager, &dir, &pfs);
     let cluster_ready = started.elapsed();
     let mut passed = Passed::new();
@@ -488,7 +627,7 @@ fn slurm_burst_buffer_end_to_end() {
     // 8. A job whose stage-out never finished (data_out killed): teardown keeps a rescue.
     unfinished_stage_out_kept_by_teardown(&testbed, &mut passed);
 
-    passed.print(started.elapsed(), cluster_ready);
+    passed.print(version.trim(), started.elapsed(), cluster_ready);
     if let Some(copy) = std::env::var_os("SPILLWAY_SLURM_LOG_COPY") {
         let _ = std::fs::copy(cluster.dir.join("log/slurmctld.log"), copy);
     }
@@ -577,10 +716,8 @@ impl<'a> Testbed<'a> {
     fn release(&self, job: u64) {
         let release = self
             .cluster
-            .command("scontrol")
+            .command_as("scontrol", self.uid, self.gid)
             .args(["release", &job.to_string()])
-            .uid(self.uid)
-            .gid(self.gid)
             .status()
             .unwrap();
         assert!(release.success(), "scontrol release {job}");
@@ -590,10 +727,8 @@ impl<'a> Testbed<'a> {
     fn cancel(&self, job: u64) {
         let cancel = self
             .cluster
-            .command("scancel")
+            .command_as("scancel", self.uid, self.gid)
             .arg(job.to_string())
-            .uid(self.uid)
-            .gid(self.gid)
             .status()
             .unwrap();
         assert!(cancel.success());
@@ -629,8 +764,8 @@ impl Passed {
     }
 
     /// Prints the scenarios passed and the times taken.
-    fn print(&self, total: Duration, cluster_ready: Duration) {
-        println!("Slurm scenarios passed ({}):", self.scenarios.len());
+    fn print(&self, version: &str, total: Duration, cluster_ready: Duration) {
+        println!("{version}: Slurm scenarios passed ({}):", self.scenarios.len());
         for (scenario, seconds) in &self.scenarios {
             println!("  - {scenario} ({seconds:.1} s)");
         }
@@ -1145,8 +1280,8 @@ fn cancelled_while_running(testbed: &Testbed<'_>, passed: &mut Passed) {
     let mountpoint = cluster.dir.join(format!("mnt/job-{job}"));
     wait_for(&format!("job {job} running with its mount"), cluster, || {
         job_state(cluster, job) == "RUNNING"
-            && is_mounted(&mountpoint)
-            && mountpoint.join("started").exists()
+            && cluster.is_mounted(&mountpoint)
+            && cluster.seen_by_jobs(&mountpoint.join("started")).exists()
     });
     testbed.cancel(job);
     assert_eq!(wait_job_end(cluster, job), "CANCELLED");
