@@ -146,6 +146,7 @@ fn manager_reservations_staging_restart_and_heartbeat() {
     let staged = StagedTree::stage_in(&manager, dir.path());
     read_back_through_namespace_and_client(&reservation, epoch, &staged.files);
     stage_in_resumes(&manager, &staged);
+    stage_in_types_checked(&manager, &staged);
     stage_out_as_user(&manager, &id, &staged);
 
     let mut manager = restart_keeps_reservation_pool_and_servers(manager, dir.path());
@@ -380,6 +381,50 @@ fn stage_in_resumes(manager: &ManagerProcess, staged: &StagedTree) {
         (report["files_copied"].as_u64(), report["files_skipped"].as_u64()),
         (Some(files.len() as u64 - 1), Some(1))
     );
+}
+
+/// `stage-in --type`: a source of the wrong kind and a bad or unreadable stage list are refused,
+/// naming the problem; a list is read as the caller (a root-only file is not); a good list
+/// stages every entry under the destination.
+fn stage_in_types_checked(manager: &ManagerProcess, staged: &StagedTree) {
+    let source = staged.source.to_str().unwrap();
+    let (file_name, file_bytes) = &staged.files[0];
+    let file = staged.source.join(file_name);
+    let file = file.to_str().unwrap();
+    let stage = |kind: &str, src: &str, dst: &str| {
+        ["stage-in", "--reservation", "job-77", "--type", kind, src, dst, "--progress", "none"]
+            .map(str::to_string)
+    };
+    let run = |args: [String; 9], needle: &str| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        fails(manager, Some(USER), &args, needle);
+    };
+    run(stage("file", source, "typed"), "is a directory, and type=file was asked");
+    run(stage("directory", file, "typed"), "is a regular file, and type=directory was asked");
+    let write_list = |name: &str, text: &str| {
+        let path = staged.user_dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        chown(&path, USER);
+        path.to_str().unwrap().to_string()
+    };
+    let one_word = write_list("one-word.list", &format!("# comment\n{file} a b\n"));
+    run(stage("list", &one_word, "listed"), "line 2: expected `SOURCE DESTINATION`, got 3 words");
+    let relative = write_list("relative.list", "relative/source dst\n");
+    run(stage("list", &relative, "listed"), "the source must be an absolute PFS path");
+    let escape = write_list("escape.list", &format!("{file} ../../x\n"));
+    run(stage("list", &escape, "listed"), "the destination must be relative");
+    let secret = staged.user_dir.join("root-only.list");
+    std::fs::write(&secret, format!("{file} stolen\n")).unwrap();
+    chmod(&secret, 0o600);
+    run(stage("list", secret.to_str().unwrap(), "listed"), "Permission denied");
+    let good = write_list("good.list", &format!("\"{file}\" 'with space/copy'\n"));
+    let args = stage("list", &good, "listed");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let reports = json(manager, Some(USER), &args);
+    assert_eq!(reports.as_array().map(Vec::len), Some(1), "{reports}");
+    assert_eq!(reports[0]["bytes_total"], file_bytes.len(), "{reports}");
+    let out = ["stage-out", "--reservation", "job-77", "--type", "file", "x", "/tmp/x"];
+    fails(manager, Some(USER), &out, "--type applies to stage-in only");
 }
 
 /// Stage out as the user: the same bytes on the PFS.

@@ -606,6 +606,10 @@ fn end_to_end(release: Release) {
     if mount {
         stage_out_only(&testbed, &mut passed);
     }
+    // 3b'. Long stage lines: quoted paths with spaces and colons, type=file|list, when=success.
+    if mount {
+        long_stage_lines(&testbed, &mut passed);
+    }
     // 3c. A failed stage-out keeps the reservation as a rescue; `stage-out --retry` finishes it.
     if mount {
         failed_stage_out_kept_as_rescue_then_retried(&testbed, &mut passed);
@@ -1052,6 +1056,81 @@ fn stage_out_only(testbed: &Testbed<'_>, passed: &mut Passed) {
     let input = std::fs::read(testbed.pfs_in.join("data.bin")).unwrap();
     assert!(staged == input[..bytes as usize], "stage-out bytes differ from what the job wrote");
     passed.pass("stage-out without stage-in delivers what the job wrote through its mount");
+}
+
+/// The long stage lines. A job stages in a file whose path has a space and a colon
+/// (`type=file`, quoted) and the files a stage list names (`type=list`, one name with a space),
+/// reads them through its mount, and sees its stage-in progress on the job (`AdminComment`); a
+/// second job that exits 3 gets its `when=always` stage-out and not its `when=success` one.
+fn long_stage_lines(testbed: &Testbed<'_>, passed: &mut Passed) {
+    let cluster = testbed.cluster;
+    let odd_dir = testbed.pfs_in.join("my run:1");
+    std::fs::create_dir_all(&odd_dir).unwrap();
+    let odd = odd_dir.join("in put.bin");
+    std::fs::write(&odd, pattern(3, 100_000)).unwrap();
+    let listed_a = testbed.pfs_in.join("listed a.bin");
+    let listed_b = testbed.pfs_in.join("listed-b.bin");
+    std::fs::write(&listed_a, pattern(4, 5_000)).unwrap();
+    std::fs::write(&listed_b, pattern(5, 7_000)).unwrap();
+    let list = testbed.pfs_in.join("stage.list");
+    let list_text = format!(
+        "# what the job reads\n\"{}\" 'a copy.bin'\n{} sub/b.bin\n",
+        listed_a.display(),
+        listed_b.display()
+    );
+    std::fs::write(&list, list_text).unwrap();
+    let script = format!(
+        "#!/bin/sh\n#SBATCH -o {work}/longstage-%j.out\n\
+         #BB_LUA capacity=8MiB pool=fast\n\
+         #BB_LUA stage_in source=\"{odd}\" destination=\"odd dir/in put.bin\" type=file\n\
+         #BB_LUA stage_in source={list} destination=listed type=list\n\
+         #BB_LUA stage_out source=out destination=\"{pfs_out}/long out\" when=success\n\
+         set -e\ncmp \"$SPILLWAY_BB/odd dir/in put.bin\" \"{odd}\"\n\
+         cmp \"$SPILLWAY_BB/listed/a copy.bin\" \"{a}\"\ncmp \"$SPILLWAY_BB/listed/sub/b.bin\" {b}\n\
+         mkdir -p \"$SPILLWAY_BB/out\"\necho done > \"$SPILLWAY_BB/out/result.txt\"\necho STAGED-OK\n",
+        work = testbed.work.display(),
+        odd = odd.display(),
+        list = list.display(),
+        pfs_out = testbed.pfs_out.display(),
+        a = listed_a.display(),
+        b = listed_b.display(),
+    );
+    let job = testbed.submit("longstage", &script);
+    let state = wait_job_end(cluster, job);
+    let out = testbed.job_output("longstage", job);
+    let line = job_line(cluster, job);
+    assert_eq!(state, "COMPLETED", "job {job}: {out}\n{line}");
+    assert!(out.contains("STAGED-OK"), "job {job} did not see its staged files: {out}");
+    assert!(
+        line.contains("AdminComment=spillway stage-in done (2 of 2)"),
+        "job {job}: no stage-in progress on the job: {line}"
+    );
+    testbed.assert_cleaned_up(job, &format!("job-{job}"), false);
+    let result = testbed.pfs_out.join("long out/result.txt");
+    assert_eq!(std::fs::read_to_string(result).unwrap_or_default(), "done\n", "job {job}: {line}");
+    passed.pass("long stage lines: quoted paths with space and colon, type=file and type=list");
+
+    let failing = format!(
+        "#!/bin/sh\n#SBATCH -o {work}/whenfail-%j.out\n\
+         #BB_LUA capacity=8MiB pool=fast\n\
+         #BB_LUA stage_out source=a destination={pfs_out}/when-success when=success\n\
+         #BB_LUA stage_out source=b destination={pfs_out}/when-always when=always\n\
+         mkdir -p \"$SPILLWAY_BB/a\" \"$SPILLWAY_BB/b\"\n\
+         echo a > \"$SPILLWAY_BB/a/a.txt\"\necho b > \"$SPILLWAY_BB/b/b.txt\"\nexit 3\n",
+        work = testbed.work.display(),
+        pfs_out = testbed.pfs_out.display(),
+    );
+    let job = testbed.submit("whenfail", &failing);
+    let state = wait_job_end(cluster, job);
+    assert_eq!(state, "FAILED", "job {job}: {}", job_line(cluster, job));
+    testbed.assert_cleaned_up(job, &format!("job-{job}"), false);
+    let always = std::fs::read_to_string(testbed.pfs_out.join("when-always/b.txt"));
+    assert_eq!(always.unwrap_or_default(), "b\n", "when=always not staged out: {}", cluster.log());
+    assert!(
+        !testbed.pfs_out.join("when-success").exists(),
+        "when=success staged out for a job that exited 3"
+    );
+    passed.pass("stage_out when=success skipped for a failed job, when=always delivered");
 }
 
 /// A stage-out that fails (the PFS target directory is not writable by the user): the job is

@@ -4,7 +4,12 @@
 //! #BB_LUA capacity=SIZE [pool=NAME] [access=striped|private] [persistent=NAME] [replicas=K]
 //!         [tiering=baseline|high-priority|interference-aware|measured]
 //! #BB_LUA stage_in=PFS_SRC:RES_DST  stage_out=RES_SRC:PFS_DST      (repeatable)
+//! #BB_LUA stage_in source=PFS_SRC destination=RES_DST [type=file|directory|list]
+//! #BB_LUA stage_out source=RES_SRC destination=PFS_DST [when=always|success]
 //! ```
+//!
+//! Values may be quoted (`source="/lustre/my run/in"`, `'…'` literally, `"…"` with `\"` and
+//! `\\`); the long stage lines take paths with `:` and spaces.
 //!
 //! Pure parsing, no I/O: the Slurm `job_process` hook runs it inside slurmctld on every
 //! submission (`spillway bb validate`), and every later hook re-parses the same script, so the
@@ -29,6 +34,52 @@ pub use spillway_policy::namespace::NamespaceAccess as Access;
 pub struct Stage {
     pub pfs_path: String,
     pub reservation_path: String,
+    /// What the source must be (stage-in only; a stage-out copies a file or a tree, whichever
+    /// its source is).
+    pub kind: StageKind,
+    /// When a stage-out runs (stage-in: always).
+    pub when: StageWhen,
+}
+
+impl Stage {
+    /// A stage of the short form (`SRC:DST`): any source kind, always.
+    fn plain(pfs_path: String, reservation_path: String) -> Stage {
+        Stage { pfs_path, reservation_path, kind: StageKind::Any, when: StageWhen::Always }
+    }
+}
+
+/// `type=` of a long stage line: what its source must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StageKind {
+    /// A file or a directory tree, whichever the source is.
+    Any,
+    /// A regular file; anything else fails the stage.
+    File,
+    /// A directory, copied as a tree.
+    Directory,
+    /// A file listing `SOURCE DESTINATION` pairs, one per line (stage-in only).
+    List,
+}
+
+impl StageKind {
+    /// The word `spillway stage-in --type` takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StageKind::Any => "any",
+            StageKind::File => "file",
+            StageKind::Directory => "directory",
+            StageKind::List => "list",
+        }
+    }
+}
+
+/// `when=` of a stage-out line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StageWhen {
+    /// Whatever the job's exit (the default).
+    Always,
+    /// Only when the job exited 0 (`ExitCode=0:0`).
+    Success,
 }
 
 /// Everything a job's directive lines ask for.
@@ -76,6 +127,16 @@ pub enum DirectiveError {
     BadName { line: usize, token: String, problem: &'static str },
     #[error("line {line}: bad stage path in `{token}`: {problem}")]
     BadStage { line: usize, token: String, problem: &'static str },
+    #[error("line {line}: unterminated quote in `{text}`")]
+    UnterminatedQuote { line: usize, text: String },
+    #[error("line {line}: bad `{verb}` line: {problem} (expected `#{directive} {verb} source=PATH destination=PATH {options}`)")]
+    BadStageLine {
+        line: usize,
+        verb: &'static str,
+        problem: String,
+        directive: String,
+        options: &'static str,
+    },
     #[error("line {line}: `\\` continues a directive but no directive line follows")]
     DanglingContinuation { line: usize },
     #[error("the #{directive} lines ask for no capacity: add capacity=SIZE (or persistent=NAME to use an existing reservation)")]
@@ -331,11 +392,137 @@ pub fn parse_script(script: &str, directive: &str) -> Result<Option<Directive>, 
     }
     let mut fields = DirectiveFields::default();
     for (line, body) in &lines {
-        for token in body.split_whitespace() {
-            fields.add_token(*line, token)?;
+        let tokens = split_quoted(body).ok_or_else(|| DirectiveError::UnterminatedQuote {
+            line: *line,
+            text: body.trim().to_string(),
+        })?;
+        match tokens.first().map(String::as_str) {
+            Some("stage_in") => {
+                fields.stage_in.push(parse_stage_line(*line, "stage_in", &tokens[1..], directive)?);
+            }
+            Some("stage_out") => {
+                let stage = parse_stage_line(*line, "stage_out", &tokens[1..], directive)?;
+                fields.stage_out.push(stage);
+            }
+            _ => {
+                for token in &tokens {
+                    fields.add_token(*line, token)?;
+                }
+            }
         }
     }
     fields.finish(directive).map(Some)
+}
+
+/// Splits a directive line into words at unquoted whitespace: `'…'` is taken literally, `"…"`
+/// with `\"` and `\\` as escapes; quotes may start inside a word (`source="/a b"`). `None`: a
+/// quote is not closed.
+pub fn split_quoted(text: &str) -> Option<Vec<String>> {
+    let mut words = Vec::new();
+    let mut word: Option<String> = None;
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            c if c.is_whitespace() => words.extend(word.take()),
+            '\'' => {
+                let current = word.get_or_insert_with(String::new);
+                loop {
+                    match chars.next()? {
+                        '\'' => break,
+                        c => current.push(c),
+                    }
+                }
+            }
+            '"' => {
+                let current = word.get_or_insert_with(String::new);
+                loop {
+                    match chars.next()? {
+                        '"' => break,
+                        '\\' => match chars.next()? {
+                            c @ ('"' | '\\') => current.push(c),
+                            c => {
+                                current.push('\\');
+                                current.push(c);
+                            }
+                        },
+                        c => current.push(c),
+                    }
+                }
+            }
+            c => word.get_or_insert_with(String::new).push(c),
+        }
+    }
+    words.extend(word);
+    Some(words)
+}
+
+/// The long form `stage_in|stage_out source=… destination=… [type=…] [when=…]`.
+fn parse_stage_line(
+    line: usize,
+    verb: &'static str,
+    tokens: &[String],
+    directive: &str,
+) -> Result<Stage, DirectiveError> {
+    let stage_in = verb == "stage_in";
+    let bad = |problem: String| DirectiveError::BadStageLine {
+        line,
+        verb,
+        problem,
+        directive: directive.to_string(),
+        options: if stage_in { "[type=file|directory|list]" } else { "[when=always|success]" },
+    };
+    let (mut source, mut destination, mut kind, mut when) = (None, None, None, None);
+    for token in tokens {
+        let Some((key, value)) = token.split_once('=') else {
+            return Err(bad(format!("`{token}` is not key=value")));
+        };
+        let slot_taken = match key {
+            "source" => source.replace(value.to_string()).is_some(),
+            "destination" => destination.replace(value.to_string()).is_some(),
+            "type" if stage_in => {
+                let parsed = match value {
+                    "file" => StageKind::File,
+                    "directory" => StageKind::Directory,
+                    "list" => StageKind::List,
+                    _ => return Err(bad(format!("`{token}`: type is file, directory or list"))),
+                };
+                kind.replace(parsed).is_some()
+            }
+            "when" if !stage_in => {
+                let parsed = match value {
+                    "always" => StageWhen::Always,
+                    "success" => StageWhen::Success,
+                    _ => return Err(bad(format!("`{token}`: when is always or success"))),
+                };
+                when.replace(parsed).is_some()
+            }
+            "type" => {
+                return Err(bad(format!(
+                    "`{token}`: type= applies to stage_in (a stage-out copies a file or a tree, whichever its source is)"
+                )))
+            }
+            "when" => {
+                return Err(bad(format!("`{token}`: when= applies to stage_out (stage-in always runs)")))
+            }
+            _ => return Err(bad(format!("unknown key in `{token}`"))),
+        };
+        if slot_taken {
+            return Err(bad(format!("`{token}` repeats {key}=")));
+        }
+    }
+    let (Some(source), Some(destination)) = (source, destination) else {
+        return Err(bad("source= and destination= are both required".to_string()));
+    };
+    let (pfs, reservation) = if stage_in { (source, destination) } else { (destination, source) };
+    check_pfs_path(&pfs).map_err(|problem| bad(format!("`{pfs}`: {problem}")))?;
+    check_reservation_path(&reservation)
+        .map_err(|problem| bad(format!("`{reservation}`: {problem}")))?;
+    Ok(Stage {
+        pfs_path: pfs,
+        reservation_path: reservation,
+        kind: kind.unwrap_or(StageKind::Any),
+        when: when.unwrap_or(StageWhen::Always),
+    })
 }
 
 /// What the directive's tokens have set so far, one field per key.
@@ -454,7 +641,7 @@ fn parse_stage_in(value: &str) -> Result<Stage, &'static str> {
     let (pfs, reservation) = split_stage(value)?;
     check_pfs_path(&pfs)?;
     check_reservation_path(&reservation)?;
-    Ok(Stage { pfs_path: pfs, reservation_path: reservation })
+    Ok(Stage::plain(pfs, reservation))
 }
 
 /// `stage_out=RES_SRC:PFS_DST`: for stage_out the reservation side comes first.
@@ -462,7 +649,7 @@ fn parse_stage_out(value: &str) -> Result<Stage, &'static str> {
     let (reservation, pfs) = split_stage(value)?;
     check_reservation_path(&reservation)?;
     check_pfs_path(&pfs)?;
-    Ok(Stage { pfs_path: pfs, reservation_path: reservation })
+    Ok(Stage::plain(pfs, reservation))
 }
 
 fn check_name(name: &str) -> Result<(), &'static str> {
@@ -551,14 +738,91 @@ mod tests {
         assert_eq!(
             d.stage_in,
             vec![
-                Stage { pfs_path: "/pfs/in/data".into(), reservation_path: "input".into() },
-                Stage { pfs_path: "/pfs/in/cfg".into(), reservation_path: "cfg".into() },
+                Stage::plain("/pfs/in/data".into(), "input".into()),
+                Stage::plain("/pfs/in/cfg".into(), "cfg".into()),
+            ]
+        );
+        assert_eq!(d.stage_out, vec![Stage::plain("/pfs/out/ckpt".into(), "ckpt".into())]);
+    }
+
+    #[test]
+    fn long_stage_lines_take_quoted_paths_kinds_and_when() {
+        let script = "#!/bin/sh\n#BB_LUA capacity=1G pool=p\n\
+             #BB_LUA stage_in source=\"/pfs/my run/in:put\" destination='in put' type=directory\n\
+             #BB_LUA stage_in source=/pfs/list.txt destination=. type=list\n\
+             #BB_LUA stage_out source=ckpt destination=/pfs/out when=success\n\
+             #BB_LUA stage_out=\"logs dir:/pfs/a b\"\nsrun app\n";
+        let d = parse(script).unwrap().unwrap();
+        assert_eq!(
+            d.stage_in,
+            vec![
+                Stage {
+                    pfs_path: "/pfs/my run/in:put".into(),
+                    reservation_path: "in put".into(),
+                    kind: StageKind::Directory,
+                    when: StageWhen::Always,
+                },
+                Stage {
+                    pfs_path: "/pfs/list.txt".into(),
+                    reservation_path: ".".into(),
+                    kind: StageKind::List,
+                    when: StageWhen::Always,
+                },
             ]
         );
         assert_eq!(
             d.stage_out,
-            vec![Stage { pfs_path: "/pfs/out/ckpt".into(), reservation_path: "ckpt".into() }]
+            vec![
+                Stage {
+                    pfs_path: "/pfs/out".into(),
+                    reservation_path: "ckpt".into(),
+                    kind: StageKind::Any,
+                    when: StageWhen::Success,
+                },
+                Stage::plain("/pfs/a b".into(), "logs dir".into()),
+            ]
         );
+        assert_eq!(split_quoted(r#"a "b \" c" 'd\e'f"#).unwrap(), ["a", "b \" c", "d\\ef"]);
+        assert_eq!(split_quoted("x=\"open"), None);
+    }
+
+    #[test]
+    fn bad_long_stage_lines_name_the_problem() {
+        let cases: &[(&str, &str)] = &[
+            ("#BB_LUA stage_in source=/pfs/a", "source= and destination= are both required"),
+            (
+                "#BB_LUA stage_in source=/pfs/a destination=x type=tree",
+                "type is file, directory or list",
+            ),
+            (
+                "#BB_LUA stage_in source=/pfs/a destination=x when=success",
+                "when= applies to stage_out",
+            ),
+            (
+                "#BB_LUA stage_out source=x destination=/pfs/a type=file",
+                "type= applies to stage_in",
+            ),
+            (
+                "#BB_LUA stage_out source=x destination=/pfs/a when=never",
+                "when is always or success",
+            ),
+            (
+                "#BB_LUA stage_out source=/abs destination=/pfs/a",
+                "relative to the reservation root",
+            ),
+            ("#BB_LUA stage_in source=rel destination=x", "must be absolute"),
+            ("#BB_LUA stage_in source=/a source=/b destination=x", "repeats source="),
+            ("#BB_LUA stage_in source=/a destination=x colour=red", "unknown key in `colour=red`"),
+            ("#BB_LUA stage_in source=/a destination=x extra", "`extra` is not key=value"),
+            ("#BB_LUA capacity=1G stage_in=\"/a:b", "unterminated quote"),
+        ];
+        for (line, problem) in cases {
+            let error =
+                parse(&format!("#!/bin/sh\n#BB_LUA capacity=1G\n{line}\n")).expect_err(line);
+            let message = error.to_string();
+            assert!(message.starts_with("line 3"), "{line}: {message}");
+            assert!(message.contains(problem), "{line}: {message}");
+        }
     }
 
     #[test]

@@ -10,6 +10,7 @@ use anyhow::{anyhow, bail, Context};
 use crate::commands::{output_of, Reservation};
 use crate::directive::{self, Directive};
 use crate::job::{job_reservation_name, JobRecord};
+use crate::node::{job_succeeded, note_on_job};
 use crate::pools;
 use crate::processes::{find_processes, is_mount_of, is_mounted, is_stage_of, kill_all};
 
@@ -184,14 +185,14 @@ impl Hooks {
     ) -> anyhow::Result<()> {
         let directive = self.require_directive(script)?;
         let stages = match direction {
-            StageDirection::In => &directive.stage_in,
-            StageDirection::Out => &directive.stage_out,
+            StageDirection::In => directive.stage_in.clone(),
+            StageDirection::Out => stage_outs_to_run(job, &directive.stage_out),
         };
         if stages.is_empty() {
             return Ok(());
         }
         let record = self.require_record(job)?;
-        let result = self.run_stages(&record, stages, direction);
+        let result = self.run_stages(&record, &stages, direction);
         match (result, direction) {
             (Ok(()), StageDirection::In) => Ok(()),
             (Ok(()), StageDirection::Out) => {
@@ -215,13 +216,22 @@ impl Hooks {
         direction: StageDirection,
     ) -> anyhow::Result<()> {
         let job = record.job;
-        for stage in stages {
+        for (index, stage) in stages.iter().enumerate() {
             let mut command = self.spillway()?;
             let (verb, src, dst) = match direction {
                 StageDirection::In => ("stage-in", &stage.pfs_path, &stage.reservation_path),
                 StageDirection::Out => ("stage-out", &stage.reservation_path, &stage.pfs_path),
             };
             command.args([verb, "--reservation", &record.reservation, src.as_str(), dst.as_str()]);
+            if stage.kind != directive::StageKind::Any {
+                command.args(["--type", stage.kind.as_str()]);
+            }
+            if direction == StageDirection::In {
+                // The user sees where a pending job's stage-in is (`scontrol show job`).
+                let count = stages.len();
+                let step = index + 1;
+                note_on_job(job, &format!("spillway stage-in {step}/{count}: {src} -> {dst}"));
+            }
             let groups = spillway_sys::user::groups_of(record.uid, record.gid)
                 .with_context(|| format!("groups of uid {}", record.uid))?;
             spillway_sys::process::run_as(&mut command, record.uid, record.gid, &groups);
@@ -231,6 +241,12 @@ impl Hooks {
             if !output.trim().is_empty() {
                 println!("{}", output.trim());
             }
+        }
+        if direction == StageDirection::In {
+            note_on_job(
+                job,
+                &format!("spillway stage-in done ({} of {})", stages.len(), stages.len()),
+            );
         }
         Ok(())
     }
@@ -556,6 +572,30 @@ impl Hooks {
         println!("{json}");
         Ok(())
     }
+}
+
+/// The stage-outs data_out runs: all of them, but those with `when=success` only when the job
+/// exited 0. When Slurm cannot say how the job ended they run too: a copy too many is
+/// recoverable, a checkpoint never copied is not.
+fn stage_outs_to_run(job: u64, stages: &[directive::Stage]) -> Vec<directive::Stage> {
+    if stages.iter().all(|s| s.when == directive::StageWhen::Always) {
+        return stages.to_vec();
+    }
+    let succeeded = job_succeeded(job);
+    stages
+        .iter()
+        .filter(|stage| {
+            let run = stage.when == directive::StageWhen::Always || succeeded != Some(false);
+            if !run {
+                println!(
+                    "job {job}: stage-out {} -> {} skipped: the job did not exit 0 (when=success)",
+                    stage.reservation_path, stage.pfs_path
+                );
+            }
+            run
+        })
+        .cloned()
+        .collect()
 }
 
 /// What setup refuses before asking the manager: root as the job's user, and a pool that

@@ -47,7 +47,7 @@ impl Hooks {
             let cleanup = self.unmount(job).err();
             let cleanup = cleanup.map(|c| format!("; cleaning up failed too: {c:#}"));
             let message = format!("job {job} on node {node}: {e:#}{}", cleanup.unwrap_or_default());
-            note_on_job(job, &message);
+            note_on_job(job, &format!("spillway prolog failed: {message}"));
             bail!(message);
         }
         Ok(())
@@ -158,6 +158,16 @@ fn job_has_burst_buffer(job: u64) -> Option<bool> {
     has_burst_buffer(&line)
 }
 
+/// Whether `job` exited 0 (`ExitCode=0:0` in `scontrol -o show job`); `None` when scontrol
+/// cannot say within 5 s.
+pub(crate) fn job_succeeded(job: u64) -> Option<bool> {
+    let mut command = Command::new("scontrol");
+    command.args(["-o", "show", "job", &job.to_string()]).stdin(Stdio::null());
+    let line = output_within(&mut command, Duration::from_secs(5), "scontrol show job").ok()?;
+    field(&line, "JobId")?;
+    Some(field(&line, "ExitCode")? == "0:0")
+}
+
 /// Whether a line of `scontrol -o show job` has a burst buffer request; `None` if it is not a
 /// job's line.
 fn has_burst_buffer(line: &str) -> Option<bool> {
@@ -165,14 +175,14 @@ fn has_burst_buffer(line: &str) -> Option<bool> {
     Some(field(line, "BurstBuffer").is_some_and(|value| !value.is_empty()))
 }
 
-/// Puts a failed prolog's message on the job (`AdminComment`, which `scontrol show job` shows;
-/// Slurm's own reason only says the launch failed). Best effort, bounded: the prolog fails
-/// either way, and slurmd logs the message.
-fn note_on_job(job: u64, message: &str) {
+/// Puts `message` on the job as its `AdminComment`, which `scontrol show job` shows its user (a
+/// failed prolog's cause, where Slurm's own reason only says the launch failed; stage-in
+/// progress). Best effort, bounded: nothing depends on it, and the hooks log the same.
+pub(crate) fn note_on_job(job: u64, message: &str) {
     let mut command = Command::new("scontrol");
     command
         .args(["update", &format!("JobId={job}")])
-        .arg(format!("AdminComment=spillway prolog failed: {message}"))
+        .arg(format!("AdminComment={message}"))
         .stdin(Stdio::null());
     if let Err(e) = output_within(&mut command, Duration::from_secs(5), "scontrol update") {
         eprintln!("job {job}: could not note the failure on the job: {e:#}");

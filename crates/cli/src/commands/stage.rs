@@ -32,6 +32,10 @@ pub struct Args {
     /// its stage-outs, verify, then release it. Its owner only.
     #[arg(long, value_name = "RESERVATION", conflicts_with = "record")]
     retry: Option<String>,
+    /// Stage-in: what SRC must be: any (a file or a tree), file, directory, or list (a file of
+    /// `SOURCE DESTINATION` lines, each staged to DST/DESTINATION).
+    #[arg(long = "type", value_name = "KIND", default_value = "any", value_parser = ["any", "file", "directory", "list"])]
+    kind: String,
     /// Files copied at once (1-64).
     #[arg(long, default_value_t = 4)]
     parallel: usize,
@@ -141,13 +145,125 @@ pub fn run_in(args: Args) -> anyhow::Result<()> {
     }
     let (key, src, dst) = named_stage(&args)?;
     let reservation = active_reservation(&args, key)?;
-    let (reservation, options) = prepare(&args, reservation, "in", src, dst)?;
-    let done =
-        stage::stage_in(&reservation, std::path::Path::new(src), dst, &options).map_err(flat)?;
-    report("stage-in", &done, args.flags.json)
+    let pairs = match args.kind.as_str() {
+        "list" => {
+            if args.record.is_some() {
+                anyhow::bail!(
+                    "--record cannot be given with --type list (each entry keeps its own)"
+                );
+            }
+            read_stage_list(std::path::Path::new(src), dst)?
+        }
+        kind => {
+            check_source_kind(std::path::Path::new(src), kind)?;
+            vec![(src.to_string(), dst.to_string())]
+        }
+    };
+    let mut reports = Vec::with_capacity(pairs.len());
+    for (src, dst) in &pairs {
+        let (reservation, options) = prepare(&args, reservation.clone(), "in", src, dst)?;
+        let done = stage::stage_in(&reservation, std::path::Path::new(src), dst, &options)
+            .map_err(|e| anyhow::anyhow!("{src} -> {dst}: {e}"))?;
+        if !args.flags.json {
+            report("stage-in", &done, false)?;
+        }
+        reports.push(done);
+    }
+    match (args.flags.json, reports.as_slice()) {
+        (true, [one]) if args.kind != "list" => print_json(one),
+        (true, _) => print_json(&reports),
+        (false, _) => Ok(()),
+    }
+}
+
+/// `--type file|directory`: SRC (symbolic links followed) is what was asked for.
+fn check_source_kind(src: &std::path::Path, kind: &str) -> anyhow::Result<()> {
+    if kind == "any" {
+        return Ok(());
+    }
+    let meta = std::fs::metadata(src).map_err(|e| anyhow::anyhow!("{}: {e}", src.display()))?;
+    let what = if meta.is_dir() {
+        "a directory"
+    } else if meta.is_file() {
+        "a regular file"
+    } else {
+        "neither a regular file nor a directory"
+    };
+    match kind {
+        "file" if !meta.is_file() => {
+            anyhow::bail!("{}: is {what}, and type=file was asked", src.display())
+        }
+        "directory" if !meta.is_dir() => {
+            anyhow::bail!("{}: is {what}, and type=directory was asked", src.display())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Longest stage list read (bytes) and most entries taken from it.
+const STAGE_LIST_BYTES_MAX: u64 = 1 << 20;
+const STAGE_LIST_ENTRIES_MAX: usize = 10_000;
+
+/// The pairs of a stage list (`--type list`): one `SOURCE DESTINATION` per line (quoted like
+/// directive values; empty lines and `#` comments skipped), SOURCE an absolute PFS path and
+/// DESTINATION relative to `dst` in the reservation. Read as the caller, like every source.
+fn read_stage_list(list: &std::path::Path, dst: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let shown = list.display();
+    let meta = std::fs::metadata(list).map_err(|e| anyhow::anyhow!("stage list {shown}: {e}"))?;
+    if !meta.is_file() {
+        anyhow::bail!("stage list {shown}: not a regular file");
+    }
+    if meta.len() > STAGE_LIST_BYTES_MAX {
+        anyhow::bail!(
+            "stage list {shown}: {} is more than the {} a list may hold",
+            bytes(meta.len()),
+            bytes(STAGE_LIST_BYTES_MAX)
+        );
+    }
+    let text =
+        std::fs::read_to_string(list).map_err(|e| anyhow::anyhow!("stage list {shown}: {e}"))?;
+    let mut pairs = Vec::new();
+    for (index, line) in text.lines().enumerate() {
+        let number = index + 1;
+        let trimmed = line.trim();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        let words = spillway_slurm::directive::split_quoted(trimmed).ok_or_else(|| {
+            anyhow::anyhow!("stage list {shown} line {number}: unterminated quote")
+        })?;
+        let [source, destination] = words.as_slice() else {
+            anyhow::bail!(
+                "stage list {shown} line {number}: expected `SOURCE DESTINATION`, got {} words",
+                words.len()
+            );
+        };
+        if !source.starts_with('/') || source.split('/').any(|c| c == "..") {
+            anyhow::bail!("stage list {shown} line {number}: {source:?}: the source must be an absolute PFS path without `..`");
+        }
+        if destination.starts_with('/') || destination.split('/').any(|c| c == "..") {
+            anyhow::bail!("stage list {shown} line {number}: {destination:?}: the destination must be relative (to {dst:?}) without `..`");
+        }
+        if pairs.len() == STAGE_LIST_ENTRIES_MAX {
+            anyhow::bail!("stage list {shown}: more than {STAGE_LIST_ENTRIES_MAX} entries");
+        }
+        let base = dst.trim_end_matches('/');
+        let target = match base {
+            "" | "." => destination.clone(),
+            _ => format!("{base}/{destination}"),
+        };
+        pairs.push((source.clone(), target));
+    }
+    if pairs.is_empty() {
+        anyhow::bail!("stage list {shown}: no `SOURCE DESTINATION` line");
+    }
+    Ok(pairs)
 }
 
 pub fn run_out(args: Args) -> anyhow::Result<()> {
+    if args.kind != "any" {
+        anyhow::bail!("--type applies to stage-in only (a stage-out copies a file or a tree, whichever its source is)");
+    }
     if let Some(key) = args.retry.clone() {
         return retry_out(&args, &key);
     }
