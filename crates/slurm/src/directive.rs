@@ -127,6 +127,8 @@ pub enum DirectiveError {
     BadName { line: usize, token: String, problem: &'static str },
     #[error("line {line}: bad stage path in `{token}`: {problem}")]
     BadStage { line: usize, token: String, problem: &'static str },
+    #[error("line {line}: access=private cannot be staged (each node has its own namespace, and stage_in/stage_out copy one): use access=striped, or copy from within the job")]
+    PrivateStaging { line: usize },
     #[error("line {line}: unterminated quote in `{text}`")]
     UnterminatedQuote { line: usize, text: String },
     #[error("line {line}: bad `{verb}` line: {problem} (expected `#{directive} {verb} source=PATH destination=PATH {options}`)")]
@@ -531,6 +533,8 @@ struct DirectiveFields {
     capacity_bytes: Option<u64>,
     pool: Option<String>,
     access: Option<Access>,
+    /// The line that set `access=`.
+    access_line: usize,
     persistent: Option<String>,
     replicas: Option<u32>,
     tiering: Option<spillway_policy::Strategy>,
@@ -574,6 +578,7 @@ impl DirectiveFields {
                 let access = parse_access(value)
                     .ok_or_else(|| DirectiveError::BadAccess { line, token: token.to_string() })?;
                 self.access = Some(access);
+                self.access_line = line;
             }
             "persistent" => {
                 given_once(self.persistent.is_some(), "persistent")?;
@@ -605,6 +610,10 @@ impl DirectiveFields {
     fn finish(self, directive: &str) -> Result<Directive, DirectiveError> {
         if self.capacity_bytes.is_none() && self.persistent.is_none() {
             return Err(DirectiveError::NoCapacity { directive: directive.to_string() });
+        }
+        let staged = !self.stage_in.is_empty() || !self.stage_out.is_empty();
+        if self.access == Some(Access::Private) && staged {
+            return Err(DirectiveError::PrivateStaging { line: self.access_line });
         }
         Ok(Directive {
             capacity_bytes: self.capacity_bytes,
@@ -727,13 +736,13 @@ mod tests {
 
     #[test]
     fn full_directive_over_several_lines() {
-        let script = "#!/bin/sh\n#SBATCH -N 1\n\n#BB_LUA capacity=1GiB pool=fast access=private\n\
+        let script = "#!/bin/sh\n#SBATCH -N 1\n\n#BB_LUA capacity=1GiB pool=fast access=striped\n\
                       #BB_LUA stage_in=/pfs/in/data:input stage_in=/pfs/in/cfg:cfg\n\
                       #BB_LUA stage_out=ckpt:/pfs/out/ckpt\nsrun app\n#BB_LUA capacity=1\n";
         let d = parse(script).unwrap().unwrap();
         assert_eq!(d.capacity_bytes, Some(1 << 30));
         assert_eq!(d.pool.as_deref(), Some("fast"));
-        assert_eq!(d.access, Access::Private);
+        assert_eq!(d.access, Access::Striped);
         assert_eq!(d.persistent, None);
         assert_eq!(
             d.stage_in,
@@ -907,6 +916,12 @@ mod tests {
             assert!(message.contains(token), "{script}: {message}");
             assert!(message.starts_with("line 2"), "{script}: {message}");
         }
+        let private = "#!/bin/sh\n#BB_LUA capacity=1G\n#BB_LUA access=private stage_out=a:/pfs/a\n";
+        let error = parse(private).unwrap_err();
+        assert_eq!(error, DirectiveError::PrivateStaging { line: 3 });
+        assert!(error.to_string().contains("use access=striped"), "{error}");
+        let d = parse("#BB_LUA capacity=1G access=private\n").unwrap().unwrap();
+        assert_eq!(d.access, Access::Private);
         let error = parse("#BB_LUA pool=fast\n").unwrap_err();
         assert!(matches!(error, DirectiveError::NoCapacity { .. }), "{error}");
         assert!(error.to_string().contains("capacity=SIZE"));
