@@ -1341,10 +1341,18 @@ fn failed_stage_in_holds_job_and_releases_reservation(testbed: &Testbed<'_>, pas
     wait_for(&format!("job {job}'s reservation released"), cluster, || {
         !reservation_exists(&testbed.manager.socket, &reservation)
     });
-    testbed.cancel(job);
-    wait_job_end(cluster, job);
-    testbed.assert_cleaned_up(job, &reservation, false);
     passed.pass("failed stage-in holds the job with the error and releases the reservation");
+
+    // The cause goes away: the pools refresh sees the source, as the user, and releases the job,
+    // whose stage-in now succeeds.
+    std::fs::write(testbed.pfs_in.join("missing.bin"), b"here now\n").unwrap();
+    let state = wait_job_end(cluster, job);
+    let line = job_line(cluster, job);
+    assert_eq!(state, "COMPLETED", "job {job} not released once its source was there: {line}");
+    // Nothing else releases a held job here; its second stage-in ran to the end.
+    assert!(line.contains("AdminComment=spillway stage-in done (1 of 1)"), "job {job}: {line}");
+    testbed.assert_cleaned_up(job, &reservation, false);
+    passed.pass("held job released and run once its stage-in source is there");
 }
 
 /// Cancelled while running with its reservation mounted.

@@ -200,7 +200,14 @@ impl Hooks {
                 record.stage_out_unfinished = None;
                 self.write_record(&record)
             }
-            (Err(e), StageDirection::In) => Err(e),
+            (Err(e), StageDirection::In) => {
+                // Slurm holds the job now; the pools refresh releases it once the sources are
+                // there (held.rs).
+                if let Err(marker) = self.note_held(&record, &stages) {
+                    eprintln!("job {job}: cannot note the job for a retry: {marker:#}");
+                }
+                Err(e)
+            }
             // The job's output is in the reservation only: keep it (never a clean success).
             (Err(e), StageDirection::Out) => {
                 Err(self.keep_for_rescue(record, &directive, &format!("stage-out failed: {e:#}")))
@@ -565,6 +572,7 @@ impl Hooks {
             return Ok(());
         }
         self.reap_orphans();
+        self.retry_held();
         let json = self.slurm_pools_json()?;
         if let Some(cache) = cache {
             pools::write_cache(cache, &json)?;

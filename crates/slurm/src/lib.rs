@@ -29,12 +29,14 @@
 //! per-job record and the names derived from a job id (mount point, reservation); `processes.rs`
 //! mountinfo and finding/killing a job's leftover processes in /proc; `commands.rs` running
 //! `spillway …` children and checking their output; `pools.rs` Slurm's pools answer and its cache;
-//! `orphans.rs` the periodic reaper of lost teardowns; `status.rs` what `scontrol show bbstat`
+//! `orphans.rs` the periodic reaper of lost teardowns; `held.rs` the release of jobs held for a
+//! failed stage-in once their sources are there; `status.rs` what `scontrol show bbstat`
 //! shows to whom; [`directive`] the `#BB_LUA` parser. This file holds the command line and the
 //! dispatch.
 
 mod commands;
 pub mod directive;
+mod held;
 mod hooks;
 mod job;
 mod node;
@@ -175,6 +177,10 @@ enum Hook {
         #[arg(long, env = "SLURMD_NODENAME")]
         node: Option<String>,
     },
+    /// Run by the pools refresh as a held job's user: every stage-in source (`KIND:PATH`, KIND
+    /// any, file, directory or list) is there, of its kind, and readable.
+    #[command(hide = true)]
+    SourcesReady { sources: Vec<String> },
     /// slurm_bb_get_status (`scontrol show bbstat`): `spillway status` as the asking user
     /// (Slurm 23.02+ passes its uid and gid first), else capacity only (22.05).
     Status {
@@ -215,6 +221,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Hook::DataOut { job, script } => ctx.stage(job, &script, StageDirection::Out),
         Hook::Teardown { job, hurry, script } => ctx.teardown(job, hurry, script.as_deref()),
         Hook::Status { words } => ctx.status(&words),
+        Hook::SourcesReady { sources } => held::sources_ready(&sources),
         Hook::Prolog { job, uid, gid, node } => {
             ctx.prolog(job, uid, gid, &node.unwrap_or_else(hostname))
         }

@@ -1,0 +1,259 @@
+//! Jobs held for a failed stage-in, released once the cause is gone.
+//!
+//! A stage-in that fails (a missing or unreadable source) makes Slurm hold the job (priority
+//! 0, an operator's hold its user cannot release) and, with `Flags=TeardownFailure`, tear its
+//! reservation down. Nothing in Slurm ever looks again. So data_in leaves a marker,
+//! `<state dir>/held-<job>.json`, naming the job's user and its stage-in sources, and the
+//! periodic pools refresh (slurmctld calls slurm_bb_pools every few seconds) checks each held
+//! job's sources again *as its user*; once every one is there, it releases the job (`scontrol
+//! release`), which runs setup and data_in again. At most [`RELEASES_MAX`] times per job: a
+//! source that comes and goes must not make the job thrash. The marker is the hooks' own (in
+//! the root-only state directory), so no user can have another's job released.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+use crate::commands::output_within;
+use crate::directive::{Stage, StageKind};
+use crate::hooks::Hooks;
+use crate::job::JobRecord;
+use crate::node::note_on_job;
+
+/// Releases per job after failed stage-ins; then it stays held for an operator.
+pub(crate) const RELEASES_MAX: u32 = 5;
+
+/// How long one `scontrol` call or one sources check may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A job held for its failed stage-in.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct HeldJob {
+    pub(crate) job: u64,
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+    /// `KIND:PFS_PATH` of every stage-in source (what `bb sources-ready` checks).
+    pub(crate) sources: Vec<String>,
+    /// Times the refresh released the job so far.
+    pub(crate) releases: u32,
+}
+
+/// What Slurm says of a job the hooks hold a marker for.
+#[derive(Debug, PartialEq)]
+enum SlurmHold {
+    /// Pending with priority 0: held.
+    Held,
+    /// Pending, not held: released and staging again, or about to be held (data_in wrote
+    /// the marker before Slurm held the job).
+    Pending,
+    /// Running or ended: nothing to retry.
+    Past,
+    /// Slurm no longer knows the job.
+    Gone,
+}
+
+impl Hooks {
+    fn held_path(&self, job: u64) -> PathBuf {
+        self.state_dir.join(format!("held-{job}.json"))
+    }
+
+    /// data_in failed for `record`'s job: write (or refresh, keeping its release count) the
+    /// job's marker.
+    pub(crate) fn note_held(&self, record: &JobRecord, stages: &[Stage]) -> anyhow::Result<()> {
+        let path = self.held_path(record.job);
+        let releases = std::fs::read(&path)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<HeldJob>(&bytes).ok())
+            .map_or(0, |held| held.releases);
+        let sources =
+            stages.iter().map(|s| format!("{}:{}", s.kind.as_str(), s.pfs_path)).collect();
+        let held = HeldJob { job: record.job, uid: record.uid, gid: record.gid, sources, releases };
+        self.write_held(&held)
+    }
+
+    fn write_held(&self, held: &HeldJob) -> anyhow::Result<()> {
+        std::fs::create_dir_all(&self.state_dir)
+            .with_context(|| format!("creating {}", self.state_dir.display()))?;
+        let path = self.held_path(held.job);
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec(held)?)
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, &path).with_context(|| format!("renaming to {}", path.display()))
+    }
+
+    /// Every marker: release the held jobs whose sources are all there now, forget the jobs
+    /// Slurm released, ran or forgot. Failures are logged to stderr; the refresh goes on.
+    pub(crate) fn retry_held(&self) {
+        let entries = std::fs::read_dir(&self.state_dir).into_iter().flatten().flatten();
+        let markers: Vec<PathBuf> = entries
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                    n.starts_with("held-") && n.ends_with(".json") && !n.ends_with(".tmp")
+                })
+            })
+            .collect();
+        for marker in markers {
+            if let Err(e) = self.retry_one(&marker) {
+                eprintln!("spillway bb: held job {}: {e:#}", marker.display());
+            }
+        }
+    }
+
+    fn retry_one(&self, marker: &Path) -> anyhow::Result<()> {
+        let bytes =
+            std::fs::read(marker).with_context(|| format!("reading {}", marker.display()))?;
+        let Ok(mut held) = serde_json::from_slice::<HeldJob>(&bytes) else {
+            // Not ours, or half written by a crash: nothing to act on.
+            return std::fs::remove_file(marker).context("removing an unreadable marker");
+        };
+        match slurm_hold(held.job) {
+            Some(SlurmHold::Held) => {}
+            Some(SlurmHold::Pending) => return Ok(()),
+            Some(SlurmHold::Past | SlurmHold::Gone) => {
+                return std::fs::remove_file(marker).context("removing the marker");
+            }
+            None => return Ok(()), // Slurm did not answer: ask again next time
+        }
+        if held.releases >= RELEASES_MAX {
+            note_on_job(
+                held.job,
+                &format!("spillway: stage-in failed {} times; not released again: fix the sources, then `scontrol release {}` as an operator", held.releases + 1, held.job),
+            );
+            return std::fs::remove_file(marker).context("removing the marker");
+        }
+        if let Err(missing) = self.sources_ready(&held) {
+            // Still missing: the job's reason already names the error; say what is awaited.
+            note_on_job(
+                held.job,
+                &format!("spillway: held until its stage-in sources are there: {missing}"),
+            );
+            return Ok(());
+        }
+        let mut release = Command::new("scontrol");
+        release.args(["release", &held.job.to_string()]).stdin(Stdio::null());
+        output_within(&mut release, CALL_TIMEOUT, "scontrol release")?;
+        held.releases += 1;
+        self.write_held(&held)?;
+        note_on_job(
+            held.job,
+            &format!(
+                "spillway: stage-in sources are there now; released (retry {} of {RELEASES_MAX})",
+                held.releases
+            ),
+        );
+        println!("spillway bb: job {}: stage-in sources are there now; released", held.job);
+        Ok(())
+    }
+
+    /// Runs `spillway bb sources-ready` as the job's user; `Err` carries its complaint.
+    fn sources_ready(&self, held: &HeldJob) -> Result<(), String> {
+        let mut command = self.spillway().map_err(|e| format!("{e:#}"))?;
+        command.args(["bb", "sources-ready"]).args(&held.sources);
+        let groups = spillway_sys::user::groups_of(held.uid, held.gid)
+            .map_err(|e| format!("groups of uid {}: {e}", held.uid))?;
+        spillway_sys::process::run_as(&mut command, held.uid, held.gid, &groups);
+        output_within(&mut command, CALL_TIMEOUT, "spillway bb sources-ready")
+            .map(drop)
+            .map_err(|e| format!("{e:#}"))
+    }
+}
+
+/// `spillway bb sources-ready KIND:PATH…` (run as the job's user): every source is there, of
+/// its kind, and readable by this user.
+pub(crate) fn sources_ready(sources: &[String]) -> anyhow::Result<()> {
+    for source in sources {
+        let (kind, path) =
+            source.split_once(':').with_context(|| format!("{source:?}: expected KIND:PATH"))?;
+        let path = Path::new(path);
+        let kind = match kind {
+            "any" => StageKind::Any,
+            "file" => StageKind::File,
+            "directory" => StageKind::Directory,
+            "list" => StageKind::List,
+            other => anyhow::bail!("{source:?}: unknown kind {other:?}"),
+        };
+        let meta = std::fs::metadata(path).with_context(|| path.display().to_string())?;
+        let readable = if meta.is_dir() {
+            std::fs::read_dir(path).map(drop)
+        } else {
+            std::fs::File::open(path).map(drop)
+        };
+        readable.with_context(|| path.display().to_string())?;
+        let fits = match kind {
+            StageKind::Any => meta.is_file() || meta.is_dir(),
+            StageKind::File | StageKind::List => meta.is_file(),
+            StageKind::Directory => meta.is_dir(),
+        };
+        if !fits {
+            anyhow::bail!("{}: not a {}", path.display(), kind.as_str());
+        }
+    }
+    Ok(())
+}
+
+/// Whether Slurm holds `job` (pending at priority 0); `None` when scontrol cannot say.
+fn slurm_hold(job: u64) -> Option<SlurmHold> {
+    let mut command = Command::new("scontrol");
+    command.args(["-o", "show", "job", &job.to_string()]).stdin(Stdio::null());
+    match output_within(&mut command, CALL_TIMEOUT, "scontrol show job") {
+        Ok(line) => Some(hold_of(&line)),
+        Err(e) if format!("{e:#}").contains("Invalid job id") => Some(SlurmHold::Gone),
+        Err(_) => None,
+    }
+}
+
+/// The hold a line of `scontrol -o show job` shows.
+fn hold_of(line: &str) -> SlurmHold {
+    let field = |key: &str| {
+        line.split_whitespace().find_map(|word| word.strip_prefix(key)?.strip_prefix('='))
+    };
+    match (field("JobId"), field("JobState"), field("Priority")) {
+        (None, _, _) => SlurmHold::Gone,
+        (Some(_), Some("PENDING"), Some("0")) => SlurmHold::Held,
+        (Some(_), Some("PENDING"), _) => SlurmHold::Pending,
+        _ => SlurmHold::Past,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_pending_job_at_priority_zero_is_held() {
+        let line = |state: &str, priority: &str| {
+            format!(
+                "JobId=7 JobName=x UserId=u(1000) Priority={priority} JobState={state} Reason=x"
+            )
+        };
+        assert_eq!(hold_of(&line("PENDING", "0")), SlurmHold::Held);
+        assert_eq!(hold_of(&line("PENDING", "4294901758")), SlurmHold::Pending);
+        assert_eq!(hold_of(&line("RUNNING", "0")), SlurmHold::Past);
+        assert_eq!(hold_of(&line("CANCELLED", "0")), SlurmHold::Past);
+        assert_eq!(hold_of(""), SlurmHold::Gone);
+    }
+
+    #[test]
+    fn sources_are_checked_by_kind_and_readability() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"x").unwrap();
+        let (file, dir_path) = (file.display().to_string(), dir.path().display().to_string());
+        sources_ready(&[
+            format!("file:{file}"),
+            format!("directory:{dir_path}"),
+            format!("any:{dir_path}"),
+        ])
+        .unwrap();
+        sources_ready(&[format!("list:{file}")]).unwrap();
+        let wrong = sources_ready(&[format!("directory:{file}")]).unwrap_err();
+        assert!(format!("{wrong:#}").contains("not a directory"), "{wrong:#}");
+        let missing = sources_ready(&[format!("any:{dir_path}/nope")]).unwrap_err();
+        assert!(format!("{missing:#}").contains("nope"), "{missing:#}");
+        assert!(sources_ready(&["file".to_string()]).is_err());
+    }
+}
