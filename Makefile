@@ -10,7 +10,7 @@ SPILLWAY := target/release/spillway
 # store (with its index) and the drain.
 STRICT_FEATURES := spillway-store/strict_assertions,spillway-drain/strict_assertions
 
-.PHONY: demo demo-cluster test deps build release lint test-rust test-strict test-python bench chaos clean config-doc
+.PHONY: demo demo-cluster test deps build release deb lint test-rust test-strict test-python bench chaos clean config-doc
 
 demo: release
 	$(SPILLWAY) demo
@@ -37,6 +37,11 @@ release:
 
 build:
 	$(CARGO) build --workspace
+
+# The Debian package (cargo-deb), in target/debian/; crates/cli/tests/package_deb.rs installs one
+# into a clean Debian root.
+deb: release
+	scripts/package/deb.sh $(SPILLWAY)
 
 test-rust:
 	$(CARGO) test --workspace --no-fail-fast

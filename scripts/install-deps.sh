@@ -54,6 +54,14 @@ done
 
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
+# cargo-deb builds the Debian package (scripts/package/deb.sh, tested by package_deb): from
+# crates.io, pinned, about two minutes to compile once.
+CARGO_DEB_VERSION=3.8.0
+if ! cargo deb --version 2>/dev/null | grep -qx "cargo-deb $CARGO_DEB_VERSION"; then
+    echo "install-deps: installing cargo-deb $CARGO_DEB_VERSION (cargo install)"
+    cargo install --quiet --locked cargo-deb --version "$CARGO_DEB_VERSION"
+fi
+
 if [ ${#missing[@]} -eq 0 ]; then
     echo "install-deps: all ${#packages[@]} Debian packages present"
 else
