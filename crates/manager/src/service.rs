@@ -357,6 +357,12 @@ pub struct Manager {
 /// is kept), so `localhost:7070` and `127.0.0.1:7070` are one server.
 fn canonical_addresses(given: &str) -> Result<Vec<String>, AddServerError> {
     let text = given.strip_prefix("tcp://").unwrap_or(given);
+    // `#` marks the address of a removed server's row (`<address>#removed-<id>`): an address
+    // with one could collide with such a row.
+    if text.contains('#') {
+        let reason = format!("{given:?}: a server address may not contain '#' (rename the socket)");
+        return Err(AddServerError::Invalid { reason });
+    }
     if text.starts_with("unix:") || text.parse::<std::net::SocketAddr>().is_ok() {
         return Ok(vec![text.to_string()]);
     }
@@ -1582,5 +1588,22 @@ mod lock_tests {
         assert!(lock_within(&mutex, std::time::Duration::from_millis(50)).is_none());
         drop(held);
         assert!(lock_within(&mutex, std::time::Duration::from_millis(50)).is_some());
+    }
+}
+
+#[cfg(test)]
+mod address_tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_canonical_and_never_look_like_a_removed_row() {
+        assert_eq!(canonical_addresses("tcp://127.0.0.1:7070").unwrap(), ["127.0.0.1:7070"]);
+        assert_eq!(canonical_addresses("unix:/run/s.sock").unwrap(), ["unix:/run/s.sock"]);
+        // A removed server's row keeps `<address>#removed-<id>`: adding that address collided
+        // with the row (a database error, HTTP 500) before it was refused.
+        let error = canonical_addresses("unix:/run/s.sock#removed-3").unwrap_err();
+        assert!(matches!(error, AddServerError::Invalid { .. }), "{error}");
+        assert!(error.to_string().contains("may not contain '#'"), "{error}");
+        assert!(canonical_addresses("127.0.0.1").is_err());
     }
 }

@@ -30,10 +30,33 @@ pub(crate) struct Hooks {
 }
 
 impl Hooks {
+    /// The job script as text. Bytes that are not UTF-8 (a Latin-1 comment, a binary
+    /// here-document) are harmless outside the directive lines, where Slurm runs the script as
+    /// it is, and are replaced here; in a directive line they are refused, naming the line (a
+    /// path would otherwise be staged under another name).
+    fn read_script(&self, script: &Path) -> anyhow::Result<String> {
+        let bytes = std::fs::read(script)
+            .with_context(|| format!("reading job script {}", script.display()))?;
+        let bytes = match String::from_utf8(bytes) {
+            Ok(text) => return Ok(text),
+            Err(not_utf8) => not_utf8.into_bytes(),
+        };
+        let marker = format!("#{}", self.directive);
+        for (index, line) in bytes.split(|b| *b == b'\n').enumerate() {
+            if line.starts_with(marker.as_bytes()) && std::str::from_utf8(line).is_err() {
+                bail!(
+                    "line {}: this #{} line is not UTF-8: write its paths and names in UTF-8",
+                    index + 1,
+                    self.directive
+                );
+            }
+        }
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
     /// The script's directive; `Ok(None)` when it has no directive line.
     fn read_directive(&self, script: &Path) -> anyhow::Result<Option<Directive>> {
-        let text = std::fs::read_to_string(script)
-            .with_context(|| format!("reading job script {}", script.display()))?;
+        let text = self.read_script(script)?;
         directive::parse_script(&text, &self.directive)
             .map_err(|e| anyhow!("{}: {e}", script.display()))
     }
@@ -47,8 +70,7 @@ impl Hooks {
 
     /// slurm_bb_job_process: check the script's directive lines (local parsing only).
     pub(crate) fn validate(&self, script: &Path) -> anyhow::Result<()> {
-        let text = std::fs::read_to_string(script)
-            .with_context(|| format!("reading job script {}", script.display()))?;
+        let text = self.read_script(script)?;
         // The message goes to the submitting user through sbatch: name the line and token, not
         // the copy of the script in slurmctld's state directory. No directive line at all is odd
         // (Slurm calls job_process only when it saw one) but harmless: no burst buffer.
@@ -66,8 +88,7 @@ impl Hooks {
         bb_option: Option<&str>,
         pools_cache: Option<&Path>,
     ) -> anyhow::Result<()> {
-        let text = std::fs::read_to_string(script)
-            .with_context(|| format!("reading job script {}", script.display()))?;
+        let text = self.read_script(script)?;
         let pools = pools_cache.and_then(|cache| pools::pool_sizes(cache).ok());
         directive::check_submission(&text, &self.directive, bb_option, pools.as_deref())
             .map_err(|e| anyhow!("burst buffer request refused: {e}"))
@@ -711,6 +732,28 @@ mod tests {
         assert!(with.contains("SPILLWAY_TIERING=measured\n"), "{with}");
         let without = exported("#BB_LUA capacity=1G");
         assert!(!without.contains("SPILLWAY_TIERING"), "{without}");
+    }
+
+    #[test]
+    fn scripts_with_bytes_that_are_not_utf8_outside_the_directive_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let hooks = Hooks {
+            manager: None,
+            directive: "BB_LUA".into(),
+            state_dir: dir.path().join("state"),
+            mount_root: dir.path().join("mnt"),
+        };
+        let script = dir.path().join("job.sh");
+        // A Latin-1 comment ("caf\xe9") and data after the first command.
+        std::fs::write(&script, b"#!/bin/sh\n# caf\xe9\n#BB_LUA capacity=1G pool=p\necho \xff\n")
+            .unwrap();
+        hooks.validate(&script).unwrap();
+        hooks.submit_check(&script, None, None).unwrap();
+        assert_eq!(hooks.require_directive(&script).unwrap().capacity_bytes, Some(1 << 30));
+        std::fs::write(&script, b"#!/bin/sh\n#BB_LUA capacity=1G stage_in=/pfs/caf\xe9:x\n")
+            .unwrap();
+        let error = hooks.validate(&script).unwrap_err().to_string();
+        assert!(error.contains("line 2: this #BB_LUA line is not UTF-8"), "{error}");
     }
 
     #[test]
