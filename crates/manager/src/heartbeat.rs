@@ -48,12 +48,16 @@ impl ClientProber {
             munge_socket: self.munge_socket.clone(),
             ..Default::default()
         };
-        Client::connect(&[endpoint], options).map_err(|e| e.to_string())
+        Client::connect(&[endpoint], options).map_err(|e| format!("does not answer: {e}"))
     }
 
     /// Asks the server to serve this manager's cluster; the cluster it serves.
     fn join(&self, client: &mut Client) -> Result<[u8; spillway_proto::CLUSTER_ID_BYTES], String> {
-        let serves = client.join_cluster(self.cluster_id).map_err(|e| e.to_string())?;
+        // The server answered: an error here is its own (its disk full while it records the
+        // cluster, say), not a server that is down.
+        let serves = client
+            .join_cluster(self.cluster_id)
+            .map_err(|e| format!("answered JoinCluster with an error: {e}"))?;
         serves.first().copied().ok_or_else(|| "the server sent no cluster".to_string())
     }
 }
@@ -111,7 +115,7 @@ impl ClientProber {
     pub fn identify(&self, address: &str) -> Result<ServerFacts, String> {
         let mut client = self.connect(address, "spillway-manager server add")?;
         let cluster_id = self.join(&mut client)?;
-        let status = client.status().map_err(|e| e.to_string())?;
+        let status = client.status().map_err(|e| format!("answered Status with an error: {e}"))?;
         let status = status.first().ok_or("the server sent no status")?;
         Ok(ServerFacts {
             server_id: status.server_id.to_string(),

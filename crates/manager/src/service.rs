@@ -133,7 +133,7 @@ pub enum AddServerError {
     #[error("server {address} is already registered as {existing} (the same server id {server_id}): not added twice")]
     SameServer { address: String, existing: String, server_id: String },
     #[error(
-        "server {address} does not answer ({error}): start it (spillway serve) before adding it"
+        "server {address} cannot be added: {error} (start it with `spillway serve`, and see its log, before adding it)"
     )]
     Unreachable { address: String, error: String },
     #[error("server {address} serves another cluster ({serves}; this manager's database is cluster {ours}): it holds another manager's reservations, or this manager's database was wiped or replaced. Not added: restore that database, or empty the server's store (its --ssd-dir, CLUSTER file included) to give it to this cluster")]
