@@ -7,8 +7,8 @@
 #   scripts/package/test-install.sh DEB
 #
 # The clean root is debootstrap's minbase of bookworm, built once at
-# /var/cache/spillway/debian12-minbase (about 35 s; $SPILLWAY_DEBIAN_MIRROR, default
-# http://deb.debian.org/debian) and copied for each run, so every run starts clean. apt-get
+# /var/cache/spillway/debian12-minbase (scripts/debian-root.sh, about 35 s) and copied for each
+# run, so every run starts clean. apt-get
 # fetches the package's dependencies (fuse3, munge) from Debian's archive. There is no systemd in
 # the root: the ExecStart, KillSignal and TimeoutStopSec of the installed units are followed by
 # this script, and StateDirectory/RuntimeDirectory are made as systemd makes them. Needs root.
@@ -23,23 +23,8 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 1
 fi
 deb=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
-cache=/var/cache/spillway/debian12-minbase
-mirror=${SPILLWAY_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-
-if [ ! -f "$cache/.spillway-root" ]; then
-    rm -rf "$cache.partial"
-    mkdir -p "$(dirname "$cache")"
-    if ! debootstrap --variant=minbase bookworm "$cache.partial" "$mirror" >"$cache.partial.log" 2>&1; then
-        echo "$0: debootstrap bookworm failed; last lines of $cache.partial.log:" >&2
-        tail -n 20 "$cache.partial.log" >&2
-        exit 1
-    fi
-    printf '#!/bin/sh\nexit 101\n' > "$cache.partial/usr/sbin/policy-rc.d"
-    chmod 0755 "$cache.partial/usr/sbin/policy-rc.d"
-    echo "bookworm minbase" > "$cache.partial/.spillway-root"
-    rm -rf "$cache" "$cache.partial.log"
-    mv "$cache.partial" "$cache"
-fi
+here=$(cd "$(dirname "$0")" && pwd)
+cache=$("$here/../debian-root.sh" bookworm /var/cache/spillway/debian12-minbase)
 
 work=$(mktemp -d /tmp/spillway-package.XXXXXX)
 trap 'rm -rf "$work"' EXIT

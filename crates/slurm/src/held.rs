@@ -75,13 +75,7 @@ impl Hooks {
     }
 
     fn write_held(&self, held: &HeldJob) -> anyhow::Result<()> {
-        std::fs::create_dir_all(&self.state_dir)
-            .with_context(|| format!("creating {}", self.state_dir.display()))?;
-        let path = self.held_path(held.job);
-        let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec(held)?)
-            .with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, &path).with_context(|| format!("renaming to {}", path.display()))
+        self.write_state(&self.held_path(held.job), held)
     }
 
     /// Every marker: release the held jobs whose sources are all there now, forget the jobs

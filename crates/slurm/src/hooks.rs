@@ -707,6 +707,16 @@ mod tests {
         }
     }
 
+    /// Hooks with their state and mounts under `dir`, and no manager.
+    fn hooks_in(dir: &Path) -> Hooks {
+        Hooks {
+            manager: None,
+            directive: "BB_LUA".into(),
+            state_dir: dir.join("state"),
+            mount_root: dir.join("mnt"),
+        }
+    }
+
     fn reservation(name: &str, owner: u32) -> Reservation {
         serde_json::from_value(serde_json::json!({"id": 5, "name": name, "owner": owner})).unwrap()
     }
@@ -714,12 +724,7 @@ mod tests {
     #[test]
     fn paths_export_the_strategy_the_directive_names() {
         let dir = tempfile::tempdir().unwrap();
-        let hooks = Hooks {
-            manager: None,
-            directive: "BB_LUA".into(),
-            state_dir: dir.path().join("state"),
-            mount_root: dir.path().join("mnt"),
-        };
+        let hooks = hooks_in(dir.path());
         let script = dir.path().join("job.sh");
         let exported = |directive: &str| {
             std::fs::write(&script, format!("#!/bin/sh\n{directive}\nsrun app\n")).unwrap();
@@ -737,12 +742,7 @@ mod tests {
     #[test]
     fn scripts_with_bytes_that_are_not_utf8_outside_the_directive_are_read() {
         let dir = tempfile::tempdir().unwrap();
-        let hooks = Hooks {
-            manager: None,
-            directive: "BB_LUA".into(),
-            state_dir: dir.path().join("state"),
-            mount_root: dir.path().join("mnt"),
-        };
+        let hooks = hooks_in(dir.path());
         let script = dir.path().join("job.sh");
         // A Latin-1 comment ("caf\xe9") and data after the first command.
         std::fs::write(&script, b"#!/bin/sh\n# caf\xe9\n#BB_LUA capacity=1G pool=p\necho \xff\n")

@@ -43,15 +43,24 @@ impl Hooks {
         self.state_dir.join(format!("job-{job}.json"))
     }
 
-    /// Write the record atomically (a temporary file renamed over it).
+    /// Write the record atomically.
     pub(crate) fn write_record(&self, record: &JobRecord) -> anyhow::Result<()> {
+        self.write_state(&self.record_path(record.job), record)
+    }
+
+    /// Write `value` as JSON to `path` in the state directory, atomically (a temporary file
+    /// renamed over it), creating the directory if missing.
+    pub(crate) fn write_state(
+        &self,
+        path: &std::path::Path,
+        value: &impl Serialize,
+    ) -> anyhow::Result<()> {
         std::fs::create_dir_all(&self.state_dir)
             .with_context(|| format!("creating state directory {}", self.state_dir.display()))?;
-        let path = self.record_path(record.job);
         let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec(record)?)
+        std::fs::write(&tmp, serde_json::to_vec(value)?)
             .with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, &path)
+        std::fs::rename(&tmp, path)
             .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
         Ok(())
     }
