@@ -1254,15 +1254,32 @@ fn assert_rescue_listed_and_guarded(testbed: &Testbed<'_>, job: u64, locked: &Pa
 fn persistent_reservation_shared_by_two_jobs(testbed: &Testbed<'_>, passed: &mut Passed) {
     let cluster = testbed.cluster;
     let writer = format!(
-        "#!/bin/sh\n#SBATCH -o {work}/pw-%j.out\n#BB_LUA capacity=16M pool=fast persistent=shared1\n\
+        "#!/bin/sh\n#SBATCH -o {work}/pw-%j.out\n\
+         #BB_LUA create_persistent name=shared1 capacity=16M pool=fast\n\
          set -e\necho persisted-by-first-job > \"$SPILLWAY_BB/note.txt\"\nsync \"$SPILLWAY_BB/note.txt\"\necho WROTE\n",
         work = testbed.work.display()
     );
     let first = testbed.submit("persistent-writer", &writer);
     assert_eq!(wait_job_end(cluster, first), "COMPLETED", "{:?}", job_fields(cluster, first));
     testbed.assert_cleaned_up(first, "shared1", true);
+
+    // create_persistent of a name that exists: the job is held with the fix named, and the
+    // reservation is left alone.
+    let again = testbed.submit("persistent-again", &writer);
+    let mut reason = String::new();
+    wait_for(&format!("job {again} held: shared1 exists"), cluster, || {
+        reason = job_line(cluster, again);
+        reason.contains("already_exists") || reason.contains("already exists")
+    });
+    assert!(reason.contains("persistent=shared1"), "job {again}: {reason}");
+    testbed.cancel(again);
+    wait_job_end(cluster, again);
+    testbed.assert_cleaned_up(again, "shared1", true);
+    passed.pass("create_persistent of an existing name held with the fix named");
+
     let reader = format!(
         "#!/bin/sh\n#SBATCH -o {work}/pr-%j.out\n#BB_LUA persistent=shared1\n\
+         #BB_LUA destroy_persistent name=shared1\n\
          cat \"$SPILLWAY_BB/note.txt\"\n",
         work = testbed.work.display()
     );
@@ -1273,9 +1290,9 @@ fn persistent_reservation_shared_by_two_jobs(testbed: &Testbed<'_>, passed: &mut
         out.contains("persisted-by-first-job"),
         "second job did not see the first job's file: {out}"
     );
-    testbed.assert_cleaned_up(second, "shared1", true);
-    spillway_ok(&testbed.manager.socket, &["reservation", "destroy", "shared1"]);
-    passed.pass("persistent reservation shared by two consecutive jobs");
+    // Its teardown destroyed the reservation (destroy_persistent, as the job's user).
+    testbed.assert_cleaned_up(second, "shared1", false);
+    passed.pass("persistent reservation created by one job, used and destroyed by the next");
 }
 
 /// Cancelled during stage-in. The stage copies a tree of many files; as soon as its

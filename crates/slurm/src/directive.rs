@@ -6,6 +6,8 @@
 //! #BB_LUA stage_in=PFS_SRC:RES_DST  stage_out=RES_SRC:PFS_DST      (repeatable)
 //! #BB_LUA stage_in source=PFS_SRC destination=RES_DST [type=file|directory|list]
 //! #BB_LUA stage_out source=RES_SRC destination=PFS_DST [when=always|success]
+//! #BB_LUA create_persistent name=NAME capacity=SIZE [pool=…] [access=…] [replicas=…] [tiering=…]
+//! #BB_LUA destroy_persistent name=NAME                              (repeatable)
 //! ```
 //!
 //! Values may be quoted (`source="/lustre/my run/in"`, `'…'` literally, `"…"` with `\"` and
@@ -97,6 +99,11 @@ pub struct Directive {
     pub replicas: u32,
     /// The tiering strategy of the job's I/O phases (`tiering=`; `None`: the site's default).
     pub tiering: Option<spillway_policy::Strategy>,
+    /// `create_persistent`: `persistent` names a reservation this job creates, which must not
+    /// exist yet (the job then uses it as with `persistent=`).
+    pub create_persistent: bool,
+    /// `destroy_persistent`: persistent reservations destroyed, as the job's user, at teardown.
+    pub destroy_persistent: Vec<String>,
     /// Copies PFS → reservation before the job starts, in script order.
     pub stage_in: Vec<Stage>,
     /// Copies reservation → PFS after the job ends, in script order.
@@ -129,6 +136,14 @@ pub enum DirectiveError {
     BadStage { line: usize, token: String, problem: &'static str },
     #[error("line {line}: access=private cannot be staged (each node has its own namespace, and stage_in/stage_out copy one): use access=striped, or copy from within the job")]
     PrivateStaging { line: usize },
+    #[error("line {line}: bad `{verb}` line: {problem} (expected `#{directive} {usage}`)")]
+    BadPersistentLine {
+        line: usize,
+        verb: &'static str,
+        problem: String,
+        directive: String,
+        usage: &'static str,
+    },
     #[error("line {line}: unterminated quote in `{text}`")]
     UnterminatedQuote { line: usize, text: String },
     #[error("line {line}: bad `{verb}` line: {problem} (expected `#{directive} {verb} source=PATH destination=PATH {options}`)")]
@@ -406,6 +421,10 @@ pub fn parse_script(script: &str, directive: &str) -> Result<Option<Directive>, 
                 let stage = parse_stage_line(*line, "stage_out", &tokens[1..], directive)?;
                 fields.stage_out.push(stage);
             }
+            Some("create_persistent") => fields.add_create_line(*line, &tokens[1..], directive)?,
+            Some("destroy_persistent") => {
+                fields.add_destroy_line(*line, &tokens[1..], directive)?;
+            }
             _ => {
                 for token in &tokens {
                     fields.add_token(*line, token)?;
@@ -540,9 +559,87 @@ struct DirectiveFields {
     tiering: Option<spillway_policy::Strategy>,
     stage_in: Vec<Stage>,
     stage_out: Vec<Stage>,
+    create_persistent: bool,
+    destroy_persistent: Vec<String>,
 }
 
+const CREATE_USAGE: &str =
+    "create_persistent name=NAME capacity=SIZE [pool=NAME] [access=…] [replicas=…] [tiering=…]";
+const DESTROY_USAGE: &str = "destroy_persistent name=NAME";
+
 impl DirectiveFields {
+    /// `create_persistent name=NAME capacity=SIZE …`: the job's one reservation is the
+    /// persistent NAME, created by this job.
+    fn add_create_line(
+        &mut self,
+        line: usize,
+        tokens: &[String],
+        directive: &str,
+    ) -> Result<(), DirectiveError> {
+        let bad = |problem: String| DirectiveError::BadPersistentLine {
+            line,
+            verb: "create_persistent",
+            problem,
+            directive: directive.to_string(),
+            usage: CREATE_USAGE,
+        };
+        if self.create_persistent || self.persistent.is_some() {
+            return Err(bad(
+                "a job has one reservation: this one or persistent=, given once".into()
+            ));
+        }
+        let mut named = false;
+        for token in tokens {
+            match token.split_once('=') {
+                Some(("name", name)) => {
+                    check_persistent_name(name).map_err(|p| bad(format!("`{token}`: {p}")))?;
+                    named = true;
+                    self.persistent = Some(name.to_string());
+                }
+                Some(("capacity" | "pool" | "access" | "replicas" | "tiering", _)) => {
+                    self.add_token(line, token)?;
+                }
+                _ => return Err(bad(format!("`{token}` is not one of its keys"))),
+            }
+        }
+        if !named {
+            return Err(bad("name= is required".into()));
+        }
+        if self.capacity_bytes.is_none() {
+            return Err(bad("capacity= is required (on this line)".into()));
+        }
+        self.create_persistent = true;
+        Ok(())
+    }
+
+    /// `destroy_persistent name=NAME`.
+    fn add_destroy_line(
+        &mut self,
+        line: usize,
+        tokens: &[String],
+        directive: &str,
+    ) -> Result<(), DirectiveError> {
+        let bad = |problem: String| DirectiveError::BadPersistentLine {
+            line,
+            verb: "destroy_persistent",
+            problem,
+            directive: directive.to_string(),
+            usage: DESTROY_USAGE,
+        };
+        let [token] = tokens else {
+            return Err(bad(format!("{} words after it, expected name=NAME only", tokens.len())));
+        };
+        let Some(name) = token.strip_prefix("name=") else {
+            return Err(bad(format!("`{token}` is not name=NAME")));
+        };
+        check_persistent_name(name).map_err(|p| bad(format!("`{token}`: {p}")))?;
+        if self.destroy_persistent.iter().any(|n| n == name) {
+            return Err(bad(format!("`{token}` is given twice")));
+        }
+        self.destroy_persistent.push(name.to_string());
+        Ok(())
+    }
+
     /// Parse one `key=value` token of directive line `line` into its field.
     fn add_token(&mut self, line: usize, token: &str) -> Result<(), DirectiveError> {
         let Some((key, value)) = token.split_once('=') else {
@@ -622,6 +719,8 @@ impl DirectiveFields {
             persistent: self.persistent,
             replicas: self.replicas.unwrap_or(1),
             tiering: self.tiering,
+            create_persistent: self.create_persistent,
+            destroy_persistent: self.destroy_persistent,
             stage_in: self.stage_in,
             stage_out: self.stage_out,
         })
@@ -793,6 +892,48 @@ mod tests {
         );
         assert_eq!(split_quoted(r#"a "b \" c" 'd\e'f"#).unwrap(), ["a", "b \" c", "d\\ef"]);
         assert_eq!(split_quoted("x=\"open"), None);
+    }
+
+    #[test]
+    fn persistent_reservations_created_and_destroyed_by_jobs() {
+        let d = parse(
+            "#!/bin/sh\n#BB_LUA create_persistent name=campaign capacity=2G pool=fast access=striped\n\
+             #BB_LUA destroy_persistent name=old-1\n#BB_LUA destroy_persistent name=old-2\n",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(d.persistent.as_deref(), Some("campaign"));
+        assert!(d.create_persistent);
+        assert_eq!(d.capacity_bytes, Some(2 << 30));
+        assert_eq!(d.pool.as_deref(), Some("fast"));
+        assert_eq!(d.destroy_persistent, ["old-1", "old-2"]);
+        let d = parse("#BB_LUA persistent=last destroy_persistent=x\n");
+        assert!(matches!(d, Err(DirectiveError::UnknownKey { .. })), "{d:?}");
+        let d = parse("#BB_LUA persistent=last\n#BB_LUA destroy_persistent name=last\n");
+        let d = d.unwrap().unwrap();
+        assert!(!d.create_persistent);
+        assert_eq!(d.destroy_persistent, ["last"]);
+        let cases: &[(&str, &str)] = &[
+            ("#BB_LUA create_persistent capacity=1G", "name= is required"),
+            ("#BB_LUA create_persistent name=x", "capacity= is required"),
+            ("#BB_LUA create_persistent name=job-3 capacity=1G", "reserved for job reservations"),
+            (
+                "#BB_LUA create_persistent name=x capacity=1G stage_in=/a:b",
+                "is not one of its keys",
+            ),
+            ("#BB_LUA destroy_persistent", "expected name=NAME only"),
+            ("#BB_LUA destroy_persistent x", "is not name=NAME"),
+        ];
+        for (line, problem) in cases {
+            let error = parse(&format!("#!/bin/sh\n{line}\n")).expect_err(line).to_string();
+            assert!(error.starts_with("line 2"), "{line}: {error}");
+            assert!(error.contains(problem), "{line}: {error}");
+        }
+        let twice = "#BB_LUA persistent=a\n#BB_LUA create_persistent name=b capacity=1G\n";
+        let error = parse(twice).unwrap_err().to_string();
+        assert!(error.contains("a job has one reservation"), "{error}");
+        let twice = "#BB_LUA destroy_persistent name=a\n#BB_LUA destroy_persistent name=a\n";
+        assert!(parse(twice).unwrap_err().to_string().contains("given twice"));
     }
 
     #[test]

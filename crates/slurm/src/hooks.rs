@@ -122,6 +122,18 @@ impl Hooks {
             stage_out_unfinished: None,
         };
         let existing = self.show_reservation(&record.reservation)?;
+        if let (true, Some(existing)) = (directive.create_persistent, &existing) {
+            // Setup runs again after a slurmctld restart: what this job created is its own.
+            let created_by_this_job =
+                self.read_record(job)?.and_then(|r| r.reservation_id) == Some(existing.id);
+            if !created_by_this_job {
+                bail!(
+                    "job {job}: persistent reservation {} already exists: create_persistent makes a new one; use persistent={} to use it",
+                    record.reservation,
+                    record.reservation
+                );
+            }
+        }
         match &existing {
             Some(existing) if persistent => check_persistent_access(&record, existing)?,
             Some(existing) => check_job_reservation_owner(&record, existing)?,
@@ -501,6 +513,8 @@ impl Hooks {
             let stage_outs = directive.as_ref().map_or(&[][..], |d| &d.stage_out[..]);
             if let Err(e) = self.release_reservation(record, stage_outs) {
                 problems.push(format!("{e:#}"));
+            } else if let Some(directive) = &directive {
+                self.destroy_persistent(record, &directive.destroy_persistent);
             }
         }
         let mountpoint = self.mountpoint(job);
@@ -532,6 +546,43 @@ impl Hooks {
         } else {
             // Slurm retries a failed teardown; every step above is idempotent.
             bail!("job {job}: teardown incomplete: {}", problems.join("; "))
+        }
+    }
+
+    /// `destroy_persistent`: each named persistent reservation destroyed as the job's user (the
+    /// manager refuses another user's, and one another job still uses), unless this job's
+    /// stage-out did not finish (its data may be in there). A refusal does not fail the teardown
+    /// (Slurm would retry it for ever): it goes to the log and onto the job.
+    fn destroy_persistent(&self, record: &JobRecord, names: &[String]) {
+        let job = record.job;
+        if names.is_empty() {
+            return;
+        }
+        if let Some(why) = &record.stage_out_unfinished {
+            let message = format!("spillway: destroy_persistent not done: {why}");
+            eprintln!("job {job}: {message}");
+            note_on_job(job, &message);
+            return;
+        }
+        for name in names {
+            let destroyed = self.spillway().and_then(|mut command| {
+                command.args(["reservation", "destroy", name]);
+                let groups = spillway_sys::user::groups_of(record.uid, record.gid)
+                    .with_context(|| format!("groups of uid {}", record.uid))?;
+                spillway_sys::process::run_as(&mut command, record.uid, record.gid, &groups);
+                output_of(
+                    &mut command,
+                    &format!("reservation destroy {name} (as uid {})", record.uid),
+                )
+            });
+            match destroyed {
+                Ok(_) => println!("job {job}: persistent reservation {name} destroyed"),
+                Err(e) => {
+                    let message = format!("spillway: destroy_persistent name={name} failed: {e:#}");
+                    eprintln!("job {job}: {message}");
+                    note_on_job(job, &message);
+                }
+            }
         }
     }
 
