@@ -118,7 +118,7 @@ pub enum DirectiveError {
     NotDirective { line: usize, token: String, directive: String },
     #[error("line {line}: `{token}` is not key=value")]
     NotKeyValue { line: usize, token: String },
-    #[error("line {line}: unknown key in `{token}` (known: capacity, pool, access, persistent, replicas, tiering, stage_in, stage_out)")]
+    #[error("line {line}: unknown key in `{token}` (known: capacity, pool, access, persistent, replicas, tiering, stage_in, stage_out; and the lines `stage_in source=…`, `stage_out source=…`, `create_persistent name=…`, `destroy_persistent name=…`)")]
     UnknownKey { line: usize, token: String },
     #[error("line {line}: `{token}` repeats {key}= (given once per job)")]
     Duplicate { line: usize, token: String, key: &'static str },
