@@ -22,7 +22,9 @@ demo-cluster: release
 
 # Guardrails first (formatting, clippy with every warning an error, the repository checks of
 # spillway-tidy run with the other tests), then every test, then the strict-assertion builds.
-test: deps lint release test-rust test-strict test-python
+# No release build: the Python tests use the binary the Rust tests built (target/debug, the
+# test profile, optimised), which saves a whole-workspace compile (about 7 of CI's minutes).
+test: deps lint test-rust test-strict test-python
 
 # System packages and toolchain components the tests need, installed only when missing.
 deps:
@@ -49,8 +51,9 @@ test-rust:
 test-strict:
 	$(CARGO) test -p spillway-store -p spillway-drain --features $(STRICT_FEATURES) --no-fail-fast
 
-test-python: release
-	SPILLWAY_BIN=$(CURDIR)/$(SPILLWAY) python/run-tests.sh
+# The binary `test-rust` (or `cargo build`) left in target/debug; `make test` runs test-rust first.
+test-python:
+	SPILLWAY_BIN=$(CURDIR)/target/debug/spillway python/run-tests.sh
 
 # The fault-injection runner (servers, mounts, the manager, drains and stage-out) with a longer
 # budget than `make test` gives it (40 s); prints its seed, and SPILLWAY_CHAOS_SEED=<seed>
