@@ -567,6 +567,22 @@ const CREATE_USAGE: &str =
     "create_persistent name=NAME capacity=SIZE [pool=NAME] [access=…] [replicas=…] [tiering=…]";
 const DESTROY_USAGE: &str = "destroy_persistent name=NAME";
 
+fn bad_persistent_line(
+    line: usize,
+    verb: &'static str,
+    usage: &'static str,
+    directive: &str,
+    problem: String,
+) -> DirectiveError {
+    DirectiveError::BadPersistentLine {
+        line,
+        verb,
+        problem,
+        directive: directive.to_string(),
+        usage,
+    }
+}
+
 impl DirectiveFields {
     /// `create_persistent name=NAME capacity=SIZE …`: the job's one reservation is the
     /// persistent NAME, created by this job.
@@ -576,12 +592,8 @@ impl DirectiveFields {
         tokens: &[String],
         directive: &str,
     ) -> Result<(), DirectiveError> {
-        let bad = |problem: String| DirectiveError::BadPersistentLine {
-            line,
-            verb: "create_persistent",
-            problem,
-            directive: directive.to_string(),
-            usage: CREATE_USAGE,
+        let bad = |problem| {
+            bad_persistent_line(line, "create_persistent", CREATE_USAGE, directive, problem)
         };
         if self.create_persistent || self.persistent.is_some() {
             return Err(bad(
@@ -619,12 +631,8 @@ impl DirectiveFields {
         tokens: &[String],
         directive: &str,
     ) -> Result<(), DirectiveError> {
-        let bad = |problem: String| DirectiveError::BadPersistentLine {
-            line,
-            verb: "destroy_persistent",
-            problem,
-            directive: directive.to_string(),
-            usage: DESTROY_USAGE,
+        let bad = |problem| {
+            bad_persistent_line(line, "destroy_persistent", DESTROY_USAGE, directive, problem)
         };
         let [token] = tokens else {
             return Err(bad(format!("{} words after it, expected name=NAME only", tokens.len())));

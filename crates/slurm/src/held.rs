@@ -44,8 +44,11 @@ pub(crate) struct HeldJob {
 /// What Slurm says of a job the hooks hold a marker for.
 #[derive(Debug, PartialEq)]
 enum SlurmHold {
-    /// Pending with priority 0: held.
+    /// Pending with priority 0, for the reason our data_in gave: held for its stage-in.
     Held,
+    /// Pending with priority 0 for another reason: an operator's or the user's own hold
+    /// (`scontrol hold`), which is theirs to release, never ours.
+    HeldByOthers,
     /// Pending, not held: released and staging again, or about to be held (data_in wrote
     /// the marker before Slurm held the job).
     Pending,
@@ -107,6 +110,9 @@ impl Hooks {
         match slurm_hold(held.job) {
             Some(SlurmHold::Held) => {}
             Some(SlurmHold::Pending) => return Ok(()),
+            Some(SlurmHold::HeldByOthers) => {
+                return std::fs::remove_file(marker).context("removing the marker");
+            }
             Some(SlurmHold::Past | SlurmHold::Gone) => {
                 return std::fs::remove_file(marker).context("removing the marker");
             }
@@ -200,14 +206,18 @@ fn slurm_hold(job: u64) -> Option<SlurmHold> {
     }
 }
 
-/// The hold a line of `scontrol -o show job` shows.
+/// The hold a line of `scontrol -o show job` shows. A stage-in failure's reason is data_in's
+/// message (`burst_buffer/lua:_…:_spillway:_job_7:_stage-in_…`, blanks as `_`); a hold by
+/// `scontrol hold` says `JobHeldAdmin` or `JobHeldUser`.
 fn hold_of(line: &str) -> SlurmHold {
     let field = |key: &str| {
         line.split_whitespace().find_map(|word| word.strip_prefix(key)?.strip_prefix('='))
     };
+    let ours = field("Reason").is_some_and(|reason| reason.contains("spillway"));
     match (field("JobId"), field("JobState"), field("Priority")) {
         (None, _, _) => SlurmHold::Gone,
-        (Some(_), Some("PENDING"), Some("0")) => SlurmHold::Held,
+        (Some(_), Some("PENDING"), Some("0")) if ours => SlurmHold::Held,
+        (Some(_), Some("PENDING"), Some("0")) => SlurmHold::HeldByOthers,
         (Some(_), Some("PENDING"), _) => SlurmHold::Pending,
         _ => SlurmHold::Past,
     }
@@ -221,10 +231,15 @@ mod tests {
     fn only_a_pending_job_at_priority_zero_is_held() {
         let line = |state: &str, priority: &str| {
             format!(
-                "JobId=7 JobName=x UserId=u(1000) Priority={priority} JobState={state} Reason=x"
+                "JobId=7 Priority={priority} JobState={state} Reason=burst_buffer/lua:_slurm_bb_data_in:_spillway:_job_7:_failed"
             )
         };
         assert_eq!(hold_of(&line("PENDING", "0")), SlurmHold::Held);
+        // An operator's or the user's own hold is never ours to release.
+        let admin = "JobId=7 Priority=0 JobState=PENDING Reason=JobHeldAdmin Dependency=(null)";
+        assert_eq!(hold_of(admin), SlurmHold::HeldByOthers);
+        let user = "JobId=7 Priority=0 JobState=PENDING Reason=JobHeldUser";
+        assert_eq!(hold_of(user), SlurmHold::HeldByOthers);
         assert_eq!(hold_of(&line("PENDING", "4294901758")), SlurmHold::Pending);
         assert_eq!(hold_of(&line("RUNNING", "0")), SlurmHold::Past);
         assert_eq!(hold_of(&line("CANCELLED", "0")), SlurmHold::Past);
