@@ -519,6 +519,16 @@ fn assert_cleaned_up(
             && leftover_processes(&mountpoint, reservation).is_empty()
     });
     assert!(!mountpoint.exists(), "mount point {} left behind", mountpoint.display());
+    // use_persistent mount points (`job-<id>.<name>`) go too.
+    let beside = format!("job-{job}.");
+    let left: Vec<_> = std::fs::read_dir(cluster.dir.join("mnt"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|entry| entry.file_name().to_string_lossy().starts_with(&beside))
+        .map(|entry| entry.path())
+        .collect();
+    assert!(left.is_empty(), "mount points of job {job} left behind: {left:?}");
     if persistent {
         assert!(
             reservation_exists(&manager.socket, reservation),
@@ -1277,10 +1287,14 @@ fn persistent_reservation_shared_by_two_jobs(testbed: &Testbed<'_>, passed: &mut
     testbed.assert_cleaned_up(again, "shared1", true);
     passed.pass("create_persistent of an existing name held with the fix named");
 
+    // The last job of the campaign has its own reservation and uses shared1 beside it, at
+    // $SPILLWAY_BB_SHARED1, then destroys it.
     let reader = format!(
-        "#!/bin/sh\n#SBATCH -o {work}/pr-%j.out\n#BB_LUA persistent=shared1\n\
-         #BB_LUA destroy_persistent name=shared1\n\
-         cat \"$SPILLWAY_BB/note.txt\"\n",
+        "#!/bin/sh\n#SBATCH -o {work}/pr-%j.out\n#BB_LUA capacity=8M pool=fast\n\
+         #BB_LUA use_persistent name=shared1\n#BB_LUA destroy_persistent name=shared1\n\
+         set -e\ncat \"$SPILLWAY_BB_SHARED1/note.txt\"\necho own > \"$SPILLWAY_BB/own.txt\"\n\
+         echo \"own=$(cat \"$SPILLWAY_BB/own.txt\") at $SPILLWAY_BB beside $SPILLWAY_BB_SHARED1\"\n\
+         ls \"$SPILLWAY_BB_SHARED1\"\n",
         work = testbed.work.display()
     );
     let second = testbed.submit("persistent-reader", &reader);
@@ -1290,9 +1304,19 @@ fn persistent_reservation_shared_by_two_jobs(testbed: &Testbed<'_>, passed: &mut
         out.contains("persisted-by-first-job"),
         "second job did not see the first job's file: {out}"
     );
-    // Its teardown destroyed the reservation (destroy_persistent, as the job's user).
-    testbed.assert_cleaned_up(second, "shared1", false);
-    passed.pass("persistent reservation created by one job, used and destroyed by the next");
+    let mounts = cluster.dir.join("mnt");
+    let expected = format!(
+        "own=own at {own} beside {beside}",
+        own = mounts.join(format!("job-{second}")).display(),
+        beside = mounts.join(format!("job-{second}.shared1")).display()
+    );
+    assert!(out.contains(&expected), "expected {expected:?} in the job's output: {out}");
+    assert!(!out.contains("own.txt"), "the job's own file is in shared1: {out}");
+    // Its teardown destroyed its own reservation and shared1 (destroy_persistent, as the job's
+    // user, after unregistering the job from it).
+    testbed.assert_cleaned_up(second, &format!("job-{second}"), false);
+    assert!(!reservation_exists(&testbed.manager.socket, "shared1"), "shared1 not destroyed");
+    passed.pass("persistent reservation created by one job, used beside its own reservation by the next and destroyed");
 }
 
 /// Cancelled during stage-in. The stage copies a tree of many files; as soon as its

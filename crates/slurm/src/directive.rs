@@ -8,6 +8,7 @@
 //! #BB_LUA stage_out source=RES_SRC destination=PFS_DST [when=always|success]
 //! #BB_LUA create_persistent name=NAME capacity=SIZE [pool=…] [access=…] [replicas=…] [tiering=…]
 //! #BB_LUA destroy_persistent name=NAME                              (repeatable)
+//! #BB_LUA use_persistent name=NAME        (repeatable: mounted beside, at $SPILLWAY_BB_<NAME>)
 //! ```
 //!
 //! Values may be quoted (`source="/lustre/my run/in"`, `'…'` literally, `"…"` with `\"` and
@@ -27,6 +28,23 @@ pub const DIRECTIVE_DEFAULT: &str = "BB_LUA";
 
 /// Longest pool or persistent reservation name accepted.
 pub const NAME_BYTES_MAX: usize = 64;
+
+/// Most `use_persistent` lines in one job: each is one more mount on every node of the job.
+pub const USE_PERSISTENT_MAX: usize = 8;
+
+/// The environment variable a job finds the persistent reservation `name` of a
+/// `use_persistent` line at: `SPILLWAY_BB_` and the name in capitals, `-` and `.` as `_`
+/// (`campaign-2.in` → `SPILLWAY_BB_CAMPAIGN_2_IN`).
+pub fn persistent_variable(name: &str) -> String {
+    let suffix: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' })
+        .collect();
+    format!("SPILLWAY_BB_{suffix}")
+}
+
+/// Variables the job gets anyway, which no `use_persistent` name may map to.
+const RESERVED_VARIABLES: [&str; 1] = ["SPILLWAY_BB_RESERVATION"];
 
 pub use spillway_policy::namespace::NamespaceAccess as Access;
 
@@ -104,6 +122,9 @@ pub struct Directive {
     pub create_persistent: bool,
     /// `destroy_persistent`: persistent reservations destroyed, as the job's user, at teardown.
     pub destroy_persistent: Vec<String>,
+    /// `use_persistent`: existing persistent reservations the job mounts beside its own, each
+    /// at [`persistent_variable`] of its name (stage lines copy to and from the job's own only).
+    pub use_persistent: Vec<String>,
     /// Copies PFS → reservation before the job starts, in script order.
     pub stage_in: Vec<Stage>,
     /// Copies reservation → PFS after the job ends, in script order.
@@ -118,7 +139,7 @@ pub enum DirectiveError {
     NotDirective { line: usize, token: String, directive: String },
     #[error("line {line}: `{token}` is not key=value")]
     NotKeyValue { line: usize, token: String },
-    #[error("line {line}: unknown key in `{token}` (known: capacity, pool, access, persistent, replicas, tiering, stage_in, stage_out; and the lines `stage_in source=…`, `stage_out source=…`, `create_persistent name=…`, `destroy_persistent name=…`)")]
+    #[error("line {line}: unknown key in `{token}` (known: capacity, pool, access, persistent, replicas, tiering, stage_in, stage_out; and the lines `stage_in source=…`, `stage_out source=…`, `create_persistent name=…`, `destroy_persistent name=…`, `use_persistent name=…`)")]
     UnknownKey { line: usize, token: String },
     #[error("line {line}: `{token}` repeats {key}= (given once per job)")]
     Duplicate { line: usize, token: String, key: &'static str },
@@ -425,6 +446,7 @@ pub fn parse_script(script: &str, directive: &str) -> Result<Option<Directive>, 
             Some("destroy_persistent") => {
                 fields.add_destroy_line(*line, &tokens[1..], directive)?;
             }
+            Some("use_persistent") => fields.add_use_line(*line, &tokens[1..], directive)?,
             _ => {
                 for token in &tokens {
                     fields.add_token(*line, token)?;
@@ -561,11 +583,14 @@ struct DirectiveFields {
     stage_out: Vec<Stage>,
     create_persistent: bool,
     destroy_persistent: Vec<String>,
+    /// The `use_persistent` names, each with its line.
+    use_persistent: Vec<(usize, String)>,
 }
 
 const CREATE_USAGE: &str =
     "create_persistent name=NAME capacity=SIZE [pool=NAME] [access=…] [replicas=…] [tiering=…]";
 const DESTROY_USAGE: &str = "destroy_persistent name=NAME";
+const USE_USAGE: &str = "use_persistent name=NAME";
 
 fn bad_persistent_line(
     line: usize,
@@ -634,17 +659,41 @@ impl DirectiveFields {
         let bad = |problem| {
             bad_persistent_line(line, "destroy_persistent", DESTROY_USAGE, directive, problem)
         };
-        let [token] = tokens else {
-            return Err(bad(format!("{} words after it, expected name=NAME only", tokens.len())));
-        };
-        let Some(name) = token.strip_prefix("name=") else {
-            return Err(bad(format!("`{token}` is not name=NAME")));
-        };
-        check_persistent_name(name).map_err(|p| bad(format!("`{token}`: {p}")))?;
-        if self.destroy_persistent.iter().any(|n| n == name) {
-            return Err(bad(format!("`{token}` is given twice")));
+        let name = only_name(tokens).map_err(bad)?;
+        if self.destroy_persistent.contains(&name) {
+            return Err(bad(format!("`name={name}` is given twice")));
         }
-        self.destroy_persistent.push(name.to_string());
+        self.destroy_persistent.push(name);
+        Ok(())
+    }
+
+    /// `use_persistent name=NAME`: one more reservation, mounted beside the job's own.
+    fn add_use_line(
+        &mut self,
+        line: usize,
+        tokens: &[String],
+        directive: &str,
+    ) -> Result<(), DirectiveError> {
+        let bad =
+            |problem| bad_persistent_line(line, "use_persistent", USE_USAGE, directive, problem);
+        let name = only_name(tokens).map_err(bad)?;
+        let variable = persistent_variable(&name);
+        if RESERVED_VARIABLES.contains(&variable.as_str()) {
+            return Err(bad(format!(
+                "`name={name}` would be ${variable}, which every job has: rename the reservation"
+            )));
+        }
+        if let Some((_, other)) =
+            self.use_persistent.iter().find(|(_, other)| persistent_variable(other) == variable)
+        {
+            return Err(bad(format!("`name={name}` and `name={other}` are both ${variable}")));
+        }
+        if self.use_persistent.len() == USE_PERSISTENT_MAX {
+            return Err(bad(format!(
+                "at most {USE_PERSISTENT_MAX} reservations are used beside the job's own"
+            )));
+        }
+        self.use_persistent.push((line, name));
         Ok(())
     }
 
@@ -716,6 +765,17 @@ impl DirectiveFields {
         if self.capacity_bytes.is_none() && self.persistent.is_none() {
             return Err(DirectiveError::NoCapacity { directive: directive.to_string() });
         }
+        if let Some((line, name)) =
+            self.use_persistent.iter().find(|(_, name)| Some(name) == self.persistent.as_ref())
+        {
+            return Err(bad_persistent_line(
+                *line,
+                "use_persistent",
+                USE_USAGE,
+                directive,
+                format!("{name} is already the job's own reservation ($SPILLWAY_BB)"),
+            ));
+        }
         let staged = !self.stage_in.is_empty() || !self.stage_out.is_empty();
         if self.access == Some(Access::Private) && staged {
             return Err(DirectiveError::PrivateStaging { line: self.access_line });
@@ -729,6 +789,7 @@ impl DirectiveFields {
             tiering: self.tiering,
             create_persistent: self.create_persistent,
             destroy_persistent: self.destroy_persistent,
+            use_persistent: self.use_persistent.into_iter().map(|(_, name)| name).collect(),
             stage_in: self.stage_in,
             stage_out: self.stage_out,
         })
@@ -741,6 +802,18 @@ fn parse_access(value: &str) -> Option<Access> {
         "private" => Some(Access::Private),
         _ => None,
     }
+}
+
+/// The name of a line that takes `name=NAME` and nothing else.
+fn only_name(tokens: &[String]) -> Result<String, String> {
+    let [token] = tokens else {
+        return Err(format!("{} words after it, expected name=NAME only", tokens.len()));
+    };
+    let Some(name) = token.strip_prefix("name=") else {
+        return Err(format!("`{token}` is not name=NAME"));
+    };
+    check_persistent_name(name).map_err(|p| format!("`{token}`: {p}"))?;
+    Ok(name.to_string())
 }
 
 /// A persistent reservation's name: a valid name that does not look like a job reservation's.
@@ -942,6 +1015,43 @@ mod tests {
         assert!(error.contains("a job has one reservation"), "{error}");
         let twice = "#BB_LUA destroy_persistent name=a\n#BB_LUA destroy_persistent name=a\n";
         assert!(parse(twice).unwrap_err().to_string().contains("given twice"));
+    }
+
+    #[test]
+    fn further_persistent_reservations_each_get_a_variable() {
+        let d = parse(
+            "#!/bin/sh\n#BB_LUA capacity=1G pool=p\n#BB_LUA use_persistent name=inputs\n\
+             #BB_LUA use_persistent name=campaign-2.in\n",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(d.use_persistent, ["inputs", "campaign-2.in"]);
+        assert_eq!(persistent_variable("inputs"), "SPILLWAY_BB_INPUTS");
+        assert_eq!(persistent_variable("campaign-2.in"), "SPILLWAY_BB_CAMPAIGN_2_IN");
+        let too_many: String = (0..=USE_PERSISTENT_MAX)
+            .map(|i| format!("#BB_LUA use_persistent name=r{i}\n"))
+            .collect();
+        let cases: &[(&str, &str)] = &[
+            (
+                "#BB_LUA use_persistent name=a\n#BB_LUA use_persistent name=A",
+                "are both $SPILLWAY_BB_A",
+            ),
+            (
+                "#BB_LUA use_persistent name=a-b\n#BB_LUA use_persistent name=a.b",
+                "are both $SPILLWAY_BB_A_B",
+            ),
+            ("#BB_LUA use_persistent name=Reservation", "every job has"),
+            ("#BB_LUA persistent=main\n#BB_LUA use_persistent name=main", "already the job's own"),
+            ("#BB_LUA use_persistent name=job-4", "reserved for job reservations"),
+            ("#BB_LUA use_persistent name=a capacity=1G", "expected name=NAME only"),
+            (&too_many, "at most 8"),
+        ];
+        for (lines, problem) in cases {
+            let script = format!("#!/bin/sh\n#BB_LUA capacity=1G pool=p\n{lines}\n");
+            let error = parse(&script).expect_err(lines).to_string();
+            assert!(error.contains(problem), "{lines}: {error}");
+            assert!(error.contains("use_persistent"), "{lines}: {error}");
+        }
     }
 
     #[test]

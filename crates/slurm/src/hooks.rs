@@ -9,7 +9,7 @@ use anyhow::{anyhow, bail, Context};
 
 use crate::commands::{output_of, Reservation};
 use crate::directive::{self, Directive};
-use crate::job::{job_reservation_name, JobRecord};
+use crate::job::{beside_registration, job_reservation_name, JobRecord};
 use crate::node::{job_succeeded, note_on_job};
 use crate::pools;
 use crate::processes::{find_processes, is_mount_of, is_mounted, is_stage_of, kill_all};
@@ -120,6 +120,7 @@ impl Hooks {
             persistent,
             reservation_id: None,
             stage_out_unfinished: None,
+            uses: directive.use_persistent.clone(),
         };
         let existing = self.show_reservation(&record.reservation)?;
         if let (true, Some(existing)) = (directive.create_persistent, &existing) {
@@ -139,6 +140,7 @@ impl Hooks {
             Some(existing) => check_job_reservation_owner(&record, existing)?,
             None => {}
         }
+        let beside = self.reservations_beside(&record)?;
         // Before anything is created: teardown then knows the job's user whatever happens next.
         self.write_record(&record)?;
         let id = match existing {
@@ -150,8 +152,34 @@ impl Hooks {
             let id_text = id.to_string();
             self.manager(&["reservation", "register-job", &id_text, "--job", &job.to_string()])?;
         }
+        let key = beside_registration(job);
+        for reservation in beside {
+            let id_text = reservation.id.to_string();
+            self.manager(&["reservation", "register-job", &id_text, "--job", &key])?;
+        }
         record.reservation_id = Some(id);
         self.write_record(&record)
+    }
+
+    /// The persistent reservations of the job's `use_persistent` lines, each checked to exist
+    /// and to admit the job's user, before setup creates or registers anything.
+    fn reservations_beside(&self, record: &JobRecord) -> anyhow::Result<Vec<Reservation>> {
+        let job = record.job;
+        let mut found = Vec::new();
+        for name in &record.uses {
+            let reservation = self.show_reservation(name)?;
+            let reservation = reservation
+                .filter(|r| r.state.as_deref() != Some("destroyed"))
+                .ok_or_else(|| anyhow!(
+                    "job {job}: use_persistent name={name}: no such persistent reservation (create it first: a job's create_persistent line, or `spillway reservation create --persistent {name}`)"
+                ))?;
+            if !reservation.persistent {
+                bail!("job {job}: use_persistent name={name}: {name} is a job reservation, not a persistent one");
+            }
+            check_persistent_access(record, &reservation)?;
+            found.push(reservation);
+        }
+        Ok(found)
     }
 
     /// `reservation create` for the job's user: the job's own reservation, or the persistent
@@ -303,8 +331,9 @@ impl Hooks {
         Ok(())
     }
 
-    /// slurm_bb_paths: append SPILLWAY_BB, SPILLWAY_BB_RESERVATION and, with `tiering=`,
-    /// SPILLWAY_TIERING to Slurm's path file (local only).
+    /// slurm_bb_paths: append SPILLWAY_BB, SPILLWAY_BB_RESERVATION, `SPILLWAY_BB_<NAME>` for
+    /// each `use_persistent` line and, with `tiering=`, SPILLWAY_TIERING to Slurm's path file
+    /// (local only).
     pub(crate) fn paths(&self, job: u64, script: &Path, path_file: &Path) -> anyhow::Result<()> {
         let directive = self.require_directive(script)?;
         let mut file = std::fs::OpenOptions::new()
@@ -315,6 +344,11 @@ impl Hooks {
         let mut lines = format!("SPILLWAY_BB={}\n", self.mountpoint(job).display());
         let name = directive.persistent.clone().unwrap_or_else(|| job_reservation_name(job));
         lines.push_str(&format!("SPILLWAY_BB_RESERVATION={name}\n"));
+        for name in &directive.use_persistent {
+            let variable = directive::persistent_variable(name);
+            let mountpoint = self.beside_mountpoint(job, name);
+            lines.push_str(&format!("{variable}={}\n", mountpoint.display()));
+        }
         // The job's processes schedule their phases with this strategy (docs/design/ias.md).
         if let Some(strategy) = directive.tiering {
             lines.push_str(&format!("SPILLWAY_TIERING={}\n", strategy.name()));
@@ -324,19 +358,21 @@ impl Hooks {
         Ok(())
     }
 
-    /// slurm_bb_pre_run: check the job's reservation is there to be mounted (every node's
-    /// prolog mounts it, see `node.rs`), and note in the record that a stage-out is due.
+    /// slurm_bb_pre_run: check the job's reservations are there to be mounted (every node's
+    /// prolog mounts them, see `node.rs`), and note in the record that a stage-out is due.
     pub(crate) fn pre_run(&self, job: u64, script: &Path) -> anyhow::Result<()> {
         let directive = self.require_directive(script)?;
         let record = self.require_record(job)?;
-        let reservation = self
-            .show_reservation(&record.reservation)?
-            .ok_or_else(|| anyhow!("job {job}: reservation {} is gone", record.reservation))?;
-        if reservation.state.as_deref() == Some("destroyed") {
-            bail!("job {job}: reservation {} was destroyed", record.reservation);
-        }
-        if reservation.servers.is_empty() || reservation.namespace_id.is_none() {
-            bail!("job {job}: reservation {} has no servers or no namespace", record.reservation);
+        for name in std::iter::once(&record.reservation).chain(&record.uses) {
+            let reservation = self
+                .show_reservation(name)?
+                .ok_or_else(|| anyhow!("job {job}: reservation {name} is gone"))?;
+            if reservation.state.as_deref() == Some("destroyed") {
+                bail!("job {job}: reservation {name} was destroyed");
+            }
+            if reservation.servers.is_empty() || reservation.namespace_id.is_none() {
+                bail!("job {job}: reservation {name} has no servers or no namespace");
+            }
         }
         self.expect_stage_out(record, &directive)
     }
@@ -458,23 +494,34 @@ impl Hooks {
         self.manager(&args).map(|_| ())
     }
 
-    /// Unmount the job's mount point if mounted (idempotent), then kill a mount process that
-    /// outlived its mount.
+    /// Unmount every mount point of the job on this host (idempotent), then kill a mount
+    /// process that outlived its mount; every mount point is tried, the first error returned.
     pub(crate) fn unmount(&self, job: u64) -> anyhow::Result<()> {
-        let mountpoint = self.mountpoint(job);
-        if is_mounted(&mountpoint)? {
+        let mut first_error = None;
+        for mountpoint in self.job_mountpoints(job) {
+            if let Err(e) = self.unmount_at(job, &mountpoint) {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Unmount `mountpoint` if mounted (lazily when the mount process is wedged), then kill a
+    /// mount process of it that outlived its mount.
+    fn unmount_at(&self, job: u64, mountpoint: &Path) -> anyhow::Result<()> {
+        if is_mounted(mountpoint)? {
             let mut umount = self.spillway()?;
-            umount.arg("umount").arg(&mountpoint);
+            umount.arg("umount").arg(mountpoint);
             let result =
                 output_of(&mut umount, &format!("job {job}: unmounting {}", mountpoint.display()));
-            if is_mounted(&mountpoint)? {
+            if is_mounted(mountpoint)? {
                 // The mount process is wedged: detach so the node is usable, then report.
-                spillway_sys::mount::unmount(&mountpoint, true)
+                spillway_sys::mount::unmount(mountpoint, true)
                     .with_context(|| format!("detaching {}", mountpoint.display()))?;
                 result?;
             }
         }
-        let leftovers = find_processes(|args| is_mount_of(args, &mountpoint))?;
+        let leftovers = find_processes(|args| is_mount_of(args, mountpoint))?;
         kill_all(&leftovers);
         Ok(())
     }
@@ -511,14 +558,20 @@ impl Hooks {
         // Without a record setup never asked the manager for anything: nothing of this job's.
         if let Some(record) = &record {
             let stage_outs = directive.as_ref().map_or(&[][..], |d| &d.stage_out[..]);
-            if let Err(e) = self.release_reservation(record, stage_outs) {
-                problems.push(format!("{e:#}"));
-            } else if let Some(directive) = &directive {
-                self.destroy_persistent(record, &directive.destroy_persistent);
+            let released = self.release_reservation(record, stage_outs);
+            let unregistered = self.unregister_beside(record);
+            match released.and(unregistered) {
+                Err(e) => problems.push(format!("{e:#}")),
+                Ok(()) => {
+                    if let Some(directive) = &directive {
+                        self.destroy_persistent(record, &directive.destroy_persistent);
+                    }
+                }
             }
         }
-        let mountpoint = self.mountpoint(job);
-        if mountpoint.exists() {
+        let mountpoints: Vec<_> =
+            self.job_mountpoints(job).into_iter().filter(|m| m.exists()).collect();
+        if !mountpoints.is_empty() {
             // A cancelled running job is torn down while its nodes' epilogs still run, and
             // removing a (shared) mount point detaches it on every host still using it: let
             // the epilogs unmount first (bounded; right away when post_run already waited).
@@ -526,9 +579,11 @@ impl Hooks {
                 eprintln!("{e:#}");
             }
         }
-        if mountpoint.exists() && !is_mounted(&mountpoint).unwrap_or(true) {
-            if let Err(e) = std::fs::remove_dir(&mountpoint) {
-                problems.push(format!("removing {}: {e}", mountpoint.display()));
+        for mountpoint in mountpoints {
+            if !is_mounted(&mountpoint).unwrap_or(true) {
+                if let Err(e) = std::fs::remove_dir(&mountpoint) {
+                    problems.push(format!("removing {}: {e}", mountpoint.display()));
+                }
             }
         }
         if problems.is_empty() {
@@ -547,6 +602,21 @@ impl Hooks {
             // Slurm retries a failed teardown; every step above is idempotent.
             bail!("job {job}: teardown incomplete: {}", problems.join("; "))
         }
+    }
+
+    /// Teardown unregisters the job from the reservations of its `use_persistent` lines
+    /// (idempotent; one destroyed meanwhile is no error); every one is tried.
+    fn unregister_beside(&self, record: &JobRecord) -> anyhow::Result<()> {
+        let key = beside_registration(record.job);
+        let mut first_error = None;
+        for name in &record.uses {
+            let unregistered =
+                self.manager_unless_gone(&["reservation", "unregister-job", name, "--job", &key]);
+            if let Err(e) = unregistered {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 
     /// `destroy_persistent`: each named persistent reservation destroyed as the job's user (the
@@ -725,7 +795,8 @@ fn check_job_reservation_owner(record: &JobRecord, existing: &Reservation) -> an
 
 /// May the job's user use the existing persistent reservation?
 fn check_persistent_access(record: &JobRecord, existing: &Reservation) -> anyhow::Result<()> {
-    let JobRecord { job, uid, gid, reservation: name, .. } = record;
+    let JobRecord { job, uid, gid, .. } = record;
+    let name = &existing.name;
     // The hooks run as root and see every reservation: apply the manager's rule for
     // persistent reservations here (owner, allowed uids, allowed groups).
     let groups = spillway_sys::user::groups_of(*uid, *gid)
@@ -755,6 +826,7 @@ mod tests {
             persistent: false,
             reservation_id: None,
             stage_out_unfinished: None,
+            uses: Vec::new(),
         }
     }
 
@@ -788,6 +860,11 @@ mod tests {
         assert!(with.contains("SPILLWAY_TIERING=measured\n"), "{with}");
         let without = exported("#BB_LUA capacity=1G");
         assert!(!without.contains("SPILLWAY_TIERING"), "{without}");
+        let beside = exported("#BB_LUA capacity=1G\n#BB_LUA use_persistent name=in-2.x");
+        let mountpoint = hooks.beside_mountpoint(7, "in-2.x");
+        let line = format!("SPILLWAY_BB_IN_2_X={}\n", mountpoint.display());
+        assert!(beside.contains(&line), "{beside}");
+        assert!(mountpoint.ends_with("job-7.in-2.x"), "{}", mountpoint.display());
     }
 
     #[test]

@@ -30,11 +30,22 @@ pub(crate) struct JobRecord {
     /// post_run or data_out that Slurm killed (timeout, cancel) or that failed before telling
     /// the manager loses nothing.
     pub(crate) stage_out_unfinished: Option<String>,
+    /// The persistent reservations of the job's `use_persistent` lines, recorded before setup
+    /// registers the job with any of them: teardown unregisters each.
+    #[serde(default)]
+    pub(crate) uses: Vec<String>,
 }
 
 /// The reservation name of a job-scoped reservation (the manager's naming, see the contract).
 pub(crate) fn job_reservation_name(job: u64) -> String {
     format!("job-{job}")
+}
+
+/// The job key setup registers with a persistent reservation the job uses beside its own
+/// (`use_persistent`): `<id>.use`. The prolog, which has no job script, mounts what is
+/// registered under `<id>` as `$SPILLWAY_BB` and what is registered under this key beside it.
+pub(crate) fn beside_registration(job: u64) -> String {
+    format!("{job}.use")
 }
 
 impl Hooks {
@@ -103,6 +114,23 @@ impl Hooks {
         self.mount_root.join(format!("job-{job}"))
     }
 
+    /// Where the job mounts persistent reservation `name` of a `use_persistent` line:
+    /// `<mount root>/job-<id>.<name>` (names have no `/`).
+    pub(crate) fn beside_mountpoint(&self, job: u64, name: &str) -> PathBuf {
+        self.mount_root.join(format!("job-{job}.{name}"))
+    }
+
+    /// Every mount point directory of the job on this host: `$SPILLWAY_BB`'s and those of
+    /// its `use_persistent` reservations (found in the mount root: the epilog has no record).
+    pub(crate) fn job_mountpoints(&self, job: u64) -> Vec<PathBuf> {
+        let prefix = format!("job-{job}.");
+        let entries = std::fs::read_dir(&self.mount_root).into_iter().flatten().flatten();
+        let beside = entries
+            .filter(|entry| entry.file_name().to_str().is_some_and(|n| n.starts_with(&prefix)))
+            .map(|entry| entry.path());
+        std::iter::once(self.mountpoint(job)).chain(beside).collect()
+    }
+
     /// Removes every node's mount log of the job (teardown, once the job is gone everywhere).
     pub(crate) fn remove_mount_logs(&self, job: u64) {
         let prefix = format!("job-{job}.");
@@ -117,13 +145,15 @@ impl Hooks {
         }
     }
 
-    /// Where the job's `spillway mount` on `node` writes its output:
-    /// `<state dir>/job-<id>.<node>.mount.log` (one per node: the state directory may be shared).
-    pub(crate) fn mount_log_path(&self, job: u64, node: &str) -> PathBuf {
+    /// Where the `spillway mount` of `mountpoint` on `node` writes its output:
+    /// `<state dir>/job-<id>.<node>.mount.log` for `$SPILLWAY_BB`, `job-<id>.<name>.<node>.…`
+    /// for a `use_persistent` one (one per node: the state directory may be shared).
+    pub(crate) fn mount_log_path(&self, mountpoint: &std::path::Path, node: &str) -> PathBuf {
         let node: String = node
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
             .collect();
-        self.state_dir.join(format!("job-{job}.{node}.mount.log"))
+        let mounted = mountpoint.file_name().unwrap_or_default().to_string_lossy();
+        self.state_dir.join(format!("{mounted}.{node}.mount.log"))
     }
 }

@@ -17,7 +17,7 @@ use anyhow::{anyhow, bail, Context};
 
 use crate::commands::{output_within, Reservation};
 use crate::hooks::Hooks;
-use crate::job::job_reservation_name;
+use crate::job::{beside_registration, job_reservation_name};
 use crate::processes::is_mounted;
 
 impl Hooks {
@@ -31,7 +31,8 @@ impl Hooks {
         if job_has_burst_buffer(job) == Some(false) {
             return Ok(());
         }
-        let Some(reservation) = self.reservation_of_job(job)? else { return Ok(()) };
+        let (own, beside) = self.reservations_of_job(job)?;
+        let Some(reservation) = own else { return Ok(()) };
         // A persistent reservation lists the job only once setup checked the job's user may
         // use it; a job reservation must be the job user's own (setup refused a squatter's).
         if !reservation.persistent && reservation.owner != Some(uid) {
@@ -41,7 +42,11 @@ impl Hooks {
                 reservation.owner.map_or_else(|| "unknown".into(), |o| o.to_string())
             );
         }
-        let result = self.mount_reservation(job, &reservation, (uid, gid), node);
+        let mounts = std::iter::once((self.mountpoint(job), &reservation))
+            .chain(beside.iter().map(|r| (self.beside_mountpoint(job, &r.name), r)));
+        let result = mounts.into_iter().try_for_each(|(mountpoint, reservation)| {
+            self.mount_reservation(job, reservation, (uid, gid), node, &mountpoint)
+        });
         if let Err(e) = result {
             // Nothing half-mounted stays behind: no mount, no serving process.
             let cleanup = self.unmount(job).err();
@@ -60,41 +65,52 @@ impl Hooks {
         self.unmount(job).map_err(|e| anyhow!("job {job} on node {node}: {e:#}"))
     }
 
-    /// The active reservation of `job`: its job reservation, else the persistent reservation the
-    /// job is registered with; `None` when it has neither (no burst buffer).
-    fn reservation_of_job(&self, job: u64) -> anyhow::Result<Option<Reservation>> {
+    /// The active reservations of `job`: its own (its job reservation, else the persistent
+    /// one registered under the job's id; `None` when it has neither: no burst buffer), and the
+    /// persistent ones its `use_persistent` lines registered it with, to mount beside.
+    fn reservations_of_job(
+        &self,
+        job: u64,
+    ) -> anyhow::Result<(Option<Reservation>, Vec<Reservation>)> {
         let job_text = job.to_string();
-        if let Some(reservation) = self.show_reservation(&job_reservation_name(job))? {
-            if reservation.job.as_deref() == Some(job_text.as_str())
-                && reservation.state.as_deref() != Some("destroyed")
-            {
-                return Ok(Some(reservation));
-            }
-        }
+        let beside_key = beside_registration(job);
         let listed = self.manager(&["reservation", "list", "--all", "--json"])?;
         let all: Vec<Reservation> = serde_json::from_str(listed.trim()).with_context(|| {
             format!("parsing `reservation list --all --json` output {listed:?}")
         })?;
-        Ok(all.into_iter().find(|r| {
-            r.persistent && r.jobs.contains(&job_text) && r.state.as_deref() != Some("destroyed")
-        }))
+        let active = all.into_iter().filter(|r| r.state.as_deref() != Some("destroyed"));
+        let (mut own_job, mut own_persistent, mut beside) = (None, None, Vec::new());
+        for reservation in active {
+            if !reservation.persistent {
+                let is_own = reservation.name == job_reservation_name(job)
+                    && reservation.job.as_deref() == Some(job_text.as_str());
+                if is_own {
+                    own_job = Some(reservation);
+                }
+            } else if reservation.jobs.contains(&beside_key) {
+                beside.push(reservation);
+            } else if reservation.jobs.contains(&job_text) {
+                own_persistent = own_persistent.or(Some(reservation));
+            }
+        }
+        Ok((own_job.or(own_persistent), beside))
     }
 
-    /// `spillway mount --background` of `reservation` at the job's mount point, then check it
-    /// is mounted; already mounted (a re-run) is success.
-    pub(crate) fn mount_reservation(
+    /// `spillway mount --background` of `reservation` at `mountpoint`, then check it is
+    /// mounted; already mounted (a re-run) is success.
+    fn mount_reservation(
         &self,
         job: u64,
         reservation: &Reservation,
         (uid, gid): (u32, u32),
         node: &str,
+        mountpoint: &Path,
     ) -> anyhow::Result<()> {
         let name = &reservation.name;
-        let mountpoint = self.mountpoint(job);
-        if is_mounted(&mountpoint)? {
+        if is_mounted(mountpoint)? {
             return Ok(());
         }
-        std::fs::create_dir_all(&mountpoint)
+        std::fs::create_dir_all(mountpoint)
             .with_context(|| format!("creating mount point {}", mountpoint.display()))?;
         let namespace_id = reservation
             .namespace_id
@@ -109,7 +125,7 @@ impl Hooks {
         let owner =
             format!("{}:{}", reservation.owner.unwrap_or(uid), reservation.group.unwrap_or(gid));
         let mode = if reservation.persistent { "1777" } else { "0700" };
-        let log = self.mount_log_path(job, node);
+        let log = self.mount_log_path(mountpoint, node);
         std::fs::create_dir_all(&self.state_dir)
             .with_context(|| format!("creating {}", self.state_dir.display()))?;
         // The serving process stays behind: it must not inherit a pipe of ours (or the Lua's
@@ -131,7 +147,7 @@ impl Hooks {
             .arg("--log")
             .arg(&log)
             .arg("--background")
-            .arg(&mountpoint)
+            .arg(mountpoint)
             .stdout(out.try_clone()?)
             .stderr(out);
         let status = mount.status().context("running spillway mount")?;
@@ -142,7 +158,7 @@ impl Hooks {
                 log_tail(&log)
             );
         }
-        if !is_mounted(&mountpoint)? {
+        if !is_mounted(mountpoint)? {
             bail!("`spillway mount` succeeded but {} is not a mount point", mountpoint.display());
         }
         Ok(())
