@@ -140,3 +140,140 @@ fn rescue_reservations_through_the_cli() {
     drop(manager);
     drop(server);
 }
+
+/// Pool `fast` with the persistent reservations `per-node` (private) and `shared` (striped) of
+/// uid OWNER, and a PFS directory of OWNER's holding `input.txt`.
+fn start_private(dir: &Path) -> (ManagerProcess, ServerProcess, std::path::PathBuf) {
+    let (manager, server) = start(dir);
+    let owner = OWNER.to_string();
+    for (name, access) in [("per-node", "private"), ("shared", "striped")] {
+        let args = [
+            "reservation",
+            "create",
+            "--capacity",
+            "8MiB",
+            "--persistent",
+            name,
+            "--access",
+            access,
+            "--owner",
+            &owner,
+            "--group",
+            &owner,
+        ];
+        ok(&manager, None, &args);
+    }
+    let pfs = dir.join("pfs");
+    std::fs::create_dir(&pfs).unwrap();
+    let input = pfs.join("input.txt");
+    std::fs::write(&input, "node one's copy\n").unwrap();
+    for path in [&pfs, &input] {
+        std::os::unix::fs::chown(path, Some(OWNER), Some(OWNER)).unwrap();
+    }
+    (manager, server, pfs)
+}
+
+/// A private reservation (a namespace per compute node) is staged one node at a time with
+/// `--node`; a node's copy stays that node's, and a node whose namespace no mount made is
+/// named as such.
+#[test]
+fn private_reservations_are_staged_by_node() {
+    assert_eq!(
+        spillway_sys::user::euid(),
+        0,
+        "rescue_cli must run as root (setpriv to other uids)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (manager, server, pfs) = start_private(dir.path());
+    let input = pfs.join("input.txt");
+    let input = input.to_str().unwrap();
+    let stage_in = ["stage-in", "--reservation", "per-node", input, "in.txt", "--progress", "none"];
+    let with_node = |args: &[&str], node: &'static str| {
+        let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        args.extend(["--node".to_string(), node.to_string()]);
+        args
+    };
+    let run = |uid: Option<u32>, args: &[String]| {
+        spillway(&manager, uid, &args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    refused(
+        &manager,
+        Some(OWNER),
+        &stage_in,
+        "name the node whose namespace to stage (--node NAME)",
+    );
+    // The node's namespace exists once the node mounted it (root creates it): root here.
+    assert!(run(None, &with_node(&stage_in, "n1")).status.success());
+    let n1_copy = pfs.join("n1.txt");
+    let out = [
+        "stage-out",
+        "--reservation",
+        "per-node",
+        "in.txt",
+        n1_copy.to_str().unwrap(),
+        "--progress",
+        "none",
+    ];
+    let done = run(Some(OWNER), &with_node(&out, "n1"));
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    assert_eq!(std::fs::read_to_string(&n1_copy).unwrap(), "node one's copy\n");
+    // Node n2 never mounted it: its namespace does not exist, and n1's file is not n2's.
+    let n2_copy = pfs.join("n2.txt");
+    let out = [
+        "stage-out",
+        "--reservation",
+        "per-node",
+        "in.txt",
+        n2_copy.to_str().unwrap(),
+        "--progress",
+        "none",
+    ];
+    let output = run(Some(OWNER), &with_node(&out, "n2"));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "stage-out of node n2's namespace, which no mount created");
+    assert!(stderr.contains("has no namespace of node n2 yet"), "{stderr}");
+    assert!(!n2_copy.exists());
+    drop(manager);
+    drop(server);
+}
+
+/// `--node` where it does not apply, `--drain` of a private reservation and a rescue whose
+/// `--node`s do not match its `--from`s are refused, naming the fix.
+#[test]
+fn node_options_are_refused_where_they_do_not_apply() {
+    assert_eq!(
+        spillway_sys::user::euid(),
+        0,
+        "rescue_cli must run as root (setpriv to other uids)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (manager, server, pfs) = start_private(dir.path());
+    let input = pfs.join("input.txt");
+    let input = input.to_str().unwrap();
+    let striped =
+        ["stage-in", "--reservation", "shared", input, "x", "--node", "n1", "--progress", "none"];
+    refused(&manager, Some(OWNER), &striped, "a stage of it names no node");
+    let drained =
+        ["stage-out", "--reservation", "per-node", "x", "/tmp/x", "--node", "n1", "--drain"];
+    refused(&manager, Some(OWNER), &drained, "a stage-out of it reads one node's namespace");
+    let mark = [
+        "reservation",
+        "mark-rescue",
+        "per-node",
+        "--error",
+        "failed",
+        "--from",
+        "a",
+        "--to",
+        "/x/a",
+        "--from",
+        "b",
+        "--to",
+        "/x/b",
+        "--node",
+        "n1",
+    ];
+    refused(&manager, None, &mark, "give one --node per --from, or none");
+    drop(manager);
+    drop(server);
+}

@@ -361,7 +361,8 @@ fn four_node_job_checkpoints_through_every_nodes_mount() {
         &Paths { work: &work, pfs_in: &pfs_in, pfs_out: &pfs_out, program: &program },
     );
     println!("4-node striped job verified at {:.1} s", started.elapsed().as_secs_f64());
-    private_namespaces_job(&slurm, &cluster, &manager, &work);
+    let paths = Paths { work: &work, pfs_in: &pfs_in, pfs_out: &pfs_out, program: &program };
+    private_namespaces_job(&slurm, &cluster, &manager, &paths);
     println!("2-node private job verified at {:.1} s", started.elapsed().as_secs_f64());
     failed_prolog_mount_holds_the_job(&slurm, &cluster, &manager, &work);
     println!("failed prolog mount verified at {:.1} s", started.elapsed().as_secs_f64());
@@ -539,29 +540,78 @@ fn mount_processes(mountpoint: &Path) -> Vec<u32> {
         .collect()
 }
 
-/// A 2-node job with `access=private`: each node writes a file named after itself into
-/// `$SPILLWAY_BB` and, after both wrote, lists it: each sees only its own.
-fn private_namespaces_job(slurm: &Slurm, cluster: &Cluster, manager: &ManagerProcess, work: &Path) {
+/// A 2-node job with `access=private`, staged: each node's prolog copies the stage-in into its
+/// own namespace; each node writes a file named after itself into `$SPILLWAY_BB/out` and, after
+/// both wrote, lists it: each sees only its own; the stage-out puts each node's `out` into
+/// `destination/<node>`.
+fn private_namespaces_job(
+    slurm: &Slurm,
+    cluster: &Cluster,
+    manager: &ManagerProcess,
+    paths: &Paths<'_>,
+) {
+    let (uid, gid) = ids_of(USER);
+    let input = paths.pfs_in.join("private-input.txt");
+    std::fs::write(&input, "staged into every node\n").unwrap();
+    std::os::unix::fs::chown(&input, Some(uid), Some(gid)).unwrap();
+    let destination = paths.pfs_out.join("private");
     let script = format!(
         "#!/bin/sh\n#SBATCH -N 2\n#SBATCH --ntasks-per-node=1\n#SBATCH -t 5\n#SBATCH -o {work}/private-%j.out\n\
          #BB_LUA capacity=16MiB pool=fast access=private\n\
+         #BB_LUA stage_in source={input} destination=in.txt type=file\n\
+         #BB_LUA stage_out source=out destination={destination}\n\
          set -e\n\
-         srun sh -c 'echo mine > \"$SPILLWAY_BB/from-$(hostname)\"'\n\
-         srun sh -c 'echo \"$(hostname) sees: $(ls \"$SPILLWAY_BB\" | tr \"\\n\" \" \")\"'\n",
-        work = work.display(),
+         srun sh -c 'echo \"$(hostname) has input: $(cat \"$SPILLWAY_BB/in.txt\")\"'\n\
+         srun sh -c 'mkdir \"$SPILLWAY_BB/out\" && echo mine > \"$SPILLWAY_BB/out/from-$(hostname)\"'\n\
+         srun sh -c 'echo \"$(hostname) sees: $(ls \"$SPILLWAY_BB/out\" | tr \"\\n\" \" \")\"'\n",
+        work = paths.work.display(),
+        input = input.display(),
+        destination = destination.display(),
     );
-    let job = slurm.submit(work, "private", &script);
+    let job = slurm.submit(paths.work, "private", &script);
     let state = slurm.wait_job_end(job);
-    let out = std::fs::read_to_string(work.join(format!("private-{job}.out"))).unwrap_or_default();
-    assert_eq!(state, "COMPLETED", "job {job}: {out}\n{:?}", slurm.job_fields(job));
+    let out =
+        std::fs::read_to_string(paths.work.join(format!("private-{job}.out"))).unwrap_or_default();
+    assert_eq!(
+        state,
+        "COMPLETED",
+        "job {job}: {out}\n{:?}\n{}",
+        slurm.job_fields(job),
+        slurm.log_tail()
+    );
     let nodes = slurm.job_fields(job).get("NodeList").cloned().unwrap_or_default();
+    let had_input =
+        out.lines().filter(|l| l.ends_with(" has input: staged into every node")).count();
+    assert_eq!(
+        had_input, 2,
+        "both nodes read the stage-in in their own namespace (nodes {nodes}): {out}"
+    );
     let lines: Vec<&str> = out.lines().filter(|line| line.contains(" sees: ")).collect();
     assert_eq!(lines.len(), 2, "two nodes listed their namespace (nodes {nodes}): {out}");
+    let mut hosts = Vec::new();
     for line in lines {
         let (host, seen) = line.split_once(" sees: ").unwrap();
         assert_eq!(seen.trim(), format!("from-{host}"), "{host} sees another node's files: {out}");
+        hosts.push(host.to_string());
     }
     wait_torn_down(slurm, cluster, manager, job);
+    // One directory per node, holding that node's `out` only.
+    let mut staged: Vec<String> = std::fs::read_dir(&destination)
+        .unwrap_or_else(|e| panic!("{}: {e} (job {job}: {out})", destination.display()))
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    staged.sort();
+    hosts.sort();
+    assert_eq!(staged, hosts, "stage-out directories of job {job} (nodes {nodes})");
+    for host in &hosts {
+        let node_dir = destination.join(host);
+        let files: Vec<String> = std::fs::read_dir(&node_dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(files, [format!("from-{host}")], "{}", node_dir.display());
+        assert_eq!(std::fs::read_to_string(node_dir.join(&files[0])).unwrap(), "mine\n");
+    }
 }
 
 /// host4's mount root is read-only. A job without burst buffer still runs on every node; for a

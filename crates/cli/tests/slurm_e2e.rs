@@ -620,6 +620,10 @@ fn end_to_end(release: Release) {
     if mount {
         long_stage_lines(&testbed, &mut passed);
     }
+    // 3b''. A private reservation, staged per node (slurm_cluster_e2e does it on two nodes).
+    if mount {
+        private_reservation_staged_per_node(&testbed, &mut passed);
+    }
     // 3c. A failed stage-out keeps the reservation as a rescue; `stage-out --retry` finishes it.
     if mount {
         failed_stage_out_kept_as_rescue_then_retried(&testbed, &mut passed);
@@ -1072,6 +1076,62 @@ fn stage_out_only(testbed: &Testbed<'_>, passed: &mut Passed) {
 /// (`type=file`, quoted) and the files a stage list names (`type=list`, one name with a space),
 /// reads them through its mount, and sees its stage-in progress on the job (`AdminComment`); a
 /// second job that exits 3 gets its `when=always` stage-out and not its `when=success` one.
+/// `access=private` with stage lines: the node's prolog copies the stage-in into its own
+/// namespace, the stage-out lands in `destination/<node>`; a stage-in that could not fit one
+/// copy per node is refused by data_in (the job is held, naming the sizes).
+fn private_reservation_staged_per_node(testbed: &Testbed<'_>, passed: &mut Passed) {
+    let cluster = testbed.cluster;
+    let input = testbed.pfs_in.join("private-in.bin");
+    std::fs::write(&input, pattern(6, 300_000)).unwrap();
+    let script = format!(
+        "#!/bin/sh\n#SBATCH -o {work}/private-%j.out\n\
+         #BB_LUA capacity=8MiB pool=fast access=private\n\
+         #BB_LUA stage_in source={input} destination=in/input.bin type=file\n\
+         #BB_LUA stage_out source=out destination={pfs_out}/private\n\
+         set -e\ncmp \"$SPILLWAY_BB/in/input.bin\" {input}\n\
+         mkdir \"$SPILLWAY_BB/out\"\necho \"from $SLURMD_NODENAME\" > \"$SPILLWAY_BB/out/node.txt\"\necho PRIVATE-OK\n",
+        work = testbed.work.display(),
+        input = input.display(),
+        pfs_out = testbed.pfs_out.display(),
+    );
+    let job = testbed.submit("private", &script);
+    let state = wait_job_end(cluster, job);
+    let out = testbed.job_output("private", job);
+    let line = job_line(cluster, job);
+    assert_eq!(state, "COMPLETED", "job {job}: {out}\n{line}");
+    assert!(out.contains("PRIVATE-OK"), "job {job} did not read its node's stage-in: {out}");
+    testbed.assert_cleaned_up(job, &format!("job-{job}"), false);
+    let staged = testbed.pfs_out.join("private/localhost/node.txt");
+    let text = std::fs::read_to_string(&staged).unwrap_or_default();
+    assert_eq!(text, "from localhost\n", "{}: job {job}: {line}", staged.display());
+    passed.pass(
+        "private reservation: stage-in in the node's prolog, stage-out into destination/<node>",
+    );
+
+    // 9 MiB into an 8 MiB reservation, once per node: refused before the job is scheduled.
+    let big = testbed.pfs_in.join("private-big.bin");
+    std::fs::write(&big, pattern(7, 9 * MIB as usize)).unwrap();
+    let too_big = format!(
+        "#!/bin/sh\n#SBATCH -o {work}/privbig-%j.out\n\
+         #BB_LUA capacity=8MiB pool=fast access=private\n\
+         #BB_LUA stage_in source={big} destination=big.bin\ntrue\n",
+        work = testbed.work.display(),
+        big = big.display(),
+    );
+    let job = testbed.submit("privbig", &too_big);
+    let mut reason = String::new();
+    wait_for(&format!("job {job} held: its stage-in cannot fit"), cluster, || {
+        reason = job_fields(cluster, job).get("Reason").cloned().unwrap_or_default();
+        reason.contains("private")
+    });
+    assert!(reason.contains("9.0_MiB") || reason.contains("9.0 MiB"), "job {job}: {reason}");
+    testbed.cancel(job);
+    wait_job_end(cluster, job);
+    testbed.assert_cleaned_up(job, &format!("job-{job}"), false);
+    passed
+        .pass("private stage-in that cannot fit a copy per node held at data_in, naming the sizes");
+}
+
 fn long_stage_lines(testbed: &Testbed<'_>, passed: &mut Passed) {
     let cluster = testbed.cluster;
     let odd_dir = testbed.pfs_in.join("my run:1");

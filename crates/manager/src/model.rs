@@ -226,6 +226,9 @@ pub struct RepairProgress {
 pub struct StageOutPair {
     pub src: String,
     pub dst: String,
+    /// A private reservation's: the compute node whose namespace `src` is in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// Why a reservation is kept as a rescue reservation, and what `stage-out --retry` redoes.

@@ -17,8 +17,9 @@ use crate::service::{api_error, lock, ApiError, Manager};
 
 /// Longest stage-out error kept (the hook's message; longer is cut).
 pub const RESCUE_ERROR_BYTES_MAX: usize = 4096;
-/// Most stage-outs one rescue records (a directive has a handful).
-pub const RESCUE_STAGE_OUTS_MAX: usize = 256;
+/// Most stage-outs one rescue records: a directive has a handful, a private reservation's are
+/// per node (a few stage-outs of a job on a thousand nodes).
+pub const RESCUE_STAGE_OUTS_MAX: usize = 4096;
 
 /// Why a reservation could not be marked rescue.
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +83,17 @@ impl Manager {
         {
             return Err(MarkRescueError::Invalid {
                 reason: format!("stage-out {:?} -> {:?} has an empty path", pair.src, pair.dst),
+            });
+        }
+        let bad_node = |node: &str| node.is_empty() || node.len() > 255 || node.contains('/');
+        if let Some(pair) =
+            request.stage_outs.iter().find(|p| p.node.as_deref().is_some_and(bad_node))
+        {
+            return Err(MarkRescueError::Invalid {
+                reason: format!(
+                    "stage-out {:?} -> {:?}: node {:?} is not a node name",
+                    pair.src, pair.dst, pair.node
+                ),
             });
         }
         let now = self.clock.now_unix_s();

@@ -13,7 +13,8 @@
 //!   reads them, the store file `ns/<namespace>/<ino>.<generation>` of the namespace's data
 //!   epoch, striped over the reservation's servers with the client's default placement. The
 //!   caller acts as itself; root acts as the reservation's owner, so the files are the
-//!   owner's. Private reservations (a namespace per compute node) are not staged.
+//!   owner's. A private reservation has a namespace per compute node: a stage names the node
+//!   (`StageOptions::node`) and copies that node's namespace, which its mount created.
 //! - **Parallel.** Up to `parallel_files` files at once, one client (its own connections) per
 //!   worker; the queue is the file list itself, so nothing is unbounded.
 //! - **Verified.** Every file's CRC32C is computed while it is read from the source, then the
@@ -78,8 +79,14 @@ pub enum StageError {
     TooManyFiles { path: String },
     #[error("reservation {reservation}, {what}: {error}")]
     Namespace { reservation: String, what: String, error: MetaError },
-    #[error("reservation {reservation} is private (a namespace per compute node): stage into a striped reservation")]
+    #[error("reservation {reservation} is private (a namespace per compute node): name the node whose namespace to stage (--node NAME)")]
     Private { reservation: String },
+    #[error("reservation {reservation} is striped (one namespace for all nodes): a stage of it names no node")]
+    NodeOfStriped { reservation: String },
+    #[error("reservation {reservation} has no namespace of node {node} yet: a node's namespace is made when that node mounts the reservation (did the job run on {node}?)")]
+    NodeNamespaceMissing { reservation: String, node: String },
+    #[error("reservation {reservation} is private: a stage-out of it reads one node's namespace, not through a drain of the shared epoch (its drained files of every node share their paths)")]
+    PrivateDrain { reservation: String },
     #[error("progress record {path}: {source}")]
     Record { path: PathBuf, source: std::io::Error },
     #[error("drain of epoch {epoch} did not finish in {timeout:?}; last state: {state}")]
@@ -142,6 +149,9 @@ pub struct StageOptions {
     /// The manager whose cross-job drain scheduler a `drain_first` drain and a stage-out's
     /// copy wait for (crate::tiering); `None`: they start at once.
     pub drain_slots: Option<std::sync::Arc<crate::ApiClient>>,
+    /// A private reservation: the compute node whose namespace is staged (required there,
+    /// refused for a striped one).
+    pub node: Option<String>,
 }
 
 impl StageOptions {
@@ -155,6 +165,7 @@ impl StageOptions {
             drain_timeout: Duration::from_secs(600),
             record_store: std::sync::Arc::new(PrivateRecordStore),
             drain_slots: None,
+            node: None,
         }
     }
 }
@@ -185,15 +196,18 @@ struct RecordEntry {
 }
 
 /// The default progress record for a stage: under the system temp dir, per uid, named by the
-/// reservation and a hash of the two paths, so reruns of the same stage find it.
+/// reservation and a hash of the two paths and the node (a private reservation's), so reruns of
+/// the same stage find it.
 pub fn default_record_path(
     direction: &str,
     reservation: &Reservation,
     src: &str,
     dst: &str,
+    node: Option<&str>,
 ) -> PathBuf {
     let uid = spillway_sys::user::uid();
-    let key = crc32c::crc32c(format!("{src}\0{dst}").as_bytes());
+    let node = node.map(|n| format!("\0{n}")).unwrap_or_default();
+    let key = crc32c::crc32c(format!("{src}\0{dst}{node}").as_bytes());
     std::env::temp_dir().join(format!("spillway-stage-{uid}")).join(format!(
         "{direction}-res{}-epoch{}-{key:08x}.jsonl",
         reservation.id, reservation.epoch
@@ -656,18 +670,23 @@ fn meta(reservation: &Reservation, what: &str, error: MetaError) -> StageError {
 
 impl Tree {
     /// Opens (creating if needed, rooted at the reservation's owner) the namespace the job's
-    /// mount shows.
-    fn open(reservation: &Reservation, connections_max: usize) -> Result<Tree, StageError> {
-        if reservation.access == Access::Private {
-            return Err(StageError::Private { reservation: reservation.name.clone() });
-        }
+    /// mount shows: the reservation's one (striped), or `node`'s (private).
+    fn open(
+        reservation: &Reservation,
+        node: Option<&str>,
+        connections_max: usize,
+    ) -> Result<Tree, StageError> {
+        let name = || reservation.name.clone();
+        let (access, node) = match (reservation.access, node) {
+            (Access::Striped, None) => (NamespaceAccess::Striped, ""),
+            (Access::Private, Some(node)) => (NamespaceAccess::Private, node),
+            (Access::Striped, Some(_)) => {
+                return Err(StageError::NodeOfStriped { reservation: name() })
+            }
+            (Access::Private, None) => return Err(StageError::Private { reservation: name() }),
+        };
         let servers = endpoints(reservation)?;
-        let place = namespace_placement(
-            NamespaceAccess::Striped,
-            reservation.namespace_id,
-            "",
-            servers.len(),
-        );
+        let place = namespace_placement(access, reservation.namespace_id, node, servers.len());
         let (uid, gid) = (spillway_sys::user::euid(), spillway_sys::user::egid());
         let options = RemoteOptions {
             // Only root may create namespaces on a server; the manager creates a striped
@@ -689,7 +708,12 @@ impl Tree {
         } else {
             RemoteNamespace::open(endpoint, place.namespace, &options)
         }
-        .map_err(|e| meta(reservation, &what, e))?;
+        .map_err(|e| match access {
+            NamespaceAccess::Private if e.errno == libc::ENOENT => {
+                StageError::NodeNamespaceMissing { reservation: name(), node: node.to_string() }
+            }
+            _ => meta(reservation, &what, e),
+        })?;
         let caller = if uid == 0 {
             MetaCaller {
                 uid: reservation.owner,
@@ -806,7 +830,7 @@ pub fn stage_in(
         });
     }
     let record = Record::open_in(options.record_store.as_ref(), &options.record_path)?;
-    let tree = Tree::open(reservation, options.parallel_files + 1)?;
+    let tree = Tree::open(reservation, options.node.as_deref(), options.parallel_files + 1)?;
     let remaining = files_to_stage_in(&files, &record, &tree, reservation)?;
     // Directories first, one by one (parents before children), then files in parallel.
     let directories = make_parent_directories(&tree, reservation, &remaining.todo)?;
@@ -1179,7 +1203,7 @@ fn store_snapshot(
 /// server now (what stage-out with its drain and Slurm's post_run do), so that losing the
 /// namespace's server later loses no path. Returns the number of files it names.
 pub fn snapshot_namespace(reservation: &Reservation) -> Result<usize, StageError> {
-    let tree = Tree::open(reservation, 1)?;
+    let tree = Tree::open(reservation, None, 1)?;
     let mut client = connect(reservation)?;
     let files = store_snapshot(reservation, &tree, &mut client)?;
     // The snapshot is in the servers' DRAM logs: make it as durable as the data it names.
@@ -1392,7 +1416,10 @@ fn stage_out_source(
     base: &str,
     options: &StageOptions,
 ) -> Result<Source, StageError> {
-    match Tree::open(reservation, options.parallel_files + 1) {
+    if reservation.access == Access::Private && options.drain_first {
+        return Err(StageError::PrivateDrain { reservation: reservation.name.clone() });
+    }
+    match Tree::open(reservation, options.node.as_deref(), options.parallel_files + 1) {
         Ok(tree) => {
             if options.drain_first {
                 let mut client = connect(reservation)?;
@@ -1401,7 +1428,8 @@ fn stage_out_source(
             let files = tree_files(&tree, reservation, base)?;
             Ok(Source { files, namespace: tree.ns.id(), epoch: tree.epoch, from_snapshot: false })
         }
-        Err(error) if namespace_gone(&error) => {
+        // Snapshots are of a striped reservation's one namespace (post_run stores them).
+        Err(error) if namespace_gone(&error) && reservation.access == Access::Striped => {
             // Its server is lost (or replaced): the files and paths of the newest snapshot.
             let Some(snapshot) = load_snapshot(reservation)? else { return Err(error) };
             tracing::warn!(reservation = %reservation.name, %error, files = snapshot.entries.len(), "stage-out: the namespace is gone; staging out the files of its snapshot");

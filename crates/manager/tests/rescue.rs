@@ -74,7 +74,11 @@ fn failed_stage_out() -> MarkRescue {
     MarkRescue {
         error: "stage-out failed: /pfs/out/.x.spillway-part: Permission denied (os error 13)"
             .into(),
-        stage_outs: vec![StageOutPair { src: "ckpt".into(), dst: "/pfs/out/ckpt".into() }],
+        stage_outs: vec![StageOutPair {
+            src: "ckpt".into(),
+            dst: "/pfs/out/ckpt".into(),
+            node: None,
+        }],
     }
 }
 
@@ -94,6 +98,18 @@ fn a_rescue_is_listed_to_its_owner_only_and_still_counts() {
         manager.mark_rescue(&root(), "job-12", &empty),
         Err(MarkRescueError::Invalid { .. })
     ));
+
+    // A private reservation's stage-outs name their node, which must be a node name.
+    for node in ["", "a/b"] {
+        let mut bad = failed_stage_out();
+        bad.stage_outs[0].node = Some(node.into());
+        let error = manager.mark_rescue(&root(), "job-12", &bad).unwrap_err();
+        assert!(error.to_string().contains("is not a node name"), "{node:?}: {error}");
+    }
+    let mut per_node = failed_stage_out();
+    per_node.stage_outs[0].node = Some("n1".into());
+    let marked = manager.mark_rescue(&root(), "job-12", &per_node).unwrap();
+    assert_eq!(marked.rescue.expect("marked").stage_outs[0].node.as_deref(), Some("n1"));
 
     let marked = manager.mark_rescue(&root(), "job-12", &failed_stage_out()).unwrap();
     let rescue = marked.rescue.clone().expect("marked");

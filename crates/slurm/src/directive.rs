@@ -155,8 +155,6 @@ pub enum DirectiveError {
     BadName { line: usize, token: String, problem: &'static str },
     #[error("line {line}: bad stage path in `{token}`: {problem}")]
     BadStage { line: usize, token: String, problem: &'static str },
-    #[error("line {line}: access=private cannot be staged (each node has its own namespace, and stage_in/stage_out copy one): use access=striped, or copy from within the job")]
-    PrivateStaging { line: usize },
     #[error("line {line}: bad `{verb}` line: {problem} (expected `#{directive} {usage}`)")]
     BadPersistentLine {
         line: usize,
@@ -574,8 +572,6 @@ struct DirectiveFields {
     capacity_bytes: Option<u64>,
     pool: Option<String>,
     access: Option<Access>,
-    /// The line that set `access=`.
-    access_line: usize,
     persistent: Option<String>,
     replicas: Option<u32>,
     tiering: Option<spillway_policy::Strategy>,
@@ -732,7 +728,6 @@ impl DirectiveFields {
                 let access = parse_access(value)
                     .ok_or_else(|| DirectiveError::BadAccess { line, token: token.to_string() })?;
                 self.access = Some(access);
-                self.access_line = line;
             }
             "persistent" => {
                 given_once(self.persistent.is_some(), "persistent")?;
@@ -775,10 +770,6 @@ impl DirectiveFields {
                 directive,
                 format!("{name} is already the job's own reservation ($SPILLWAY_BB)"),
             ));
-        }
-        let staged = !self.stage_in.is_empty() || !self.stage_out.is_empty();
-        if self.access == Some(Access::Private) && staged {
-            return Err(DirectiveError::PrivateStaging { line: self.access_line });
         }
         Ok(Directive {
             capacity_bytes: self.capacity_bytes,
@@ -1175,10 +1166,11 @@ mod tests {
             assert!(message.contains(token), "{script}: {message}");
             assert!(message.starts_with("line 2"), "{script}: {message}");
         }
+        // A private reservation is staged per node (stage-in into each, stage-out into one
+        // directory per node).
         let private = "#!/bin/sh\n#BB_LUA capacity=1G\n#BB_LUA access=private stage_out=a:/pfs/a\n";
-        let error = parse(private).unwrap_err();
-        assert_eq!(error, DirectiveError::PrivateStaging { line: 3 });
-        assert!(error.to_string().contains("use access=striped"), "{error}");
+        let d = parse(private).unwrap().unwrap();
+        assert_eq!((d.access, d.stage_out.len()), (Access::Private, 1));
         let d = parse("#BB_LUA capacity=1G access=private\n").unwrap().unwrap();
         assert_eq!(d.access, Access::Private);
         let error = parse("#BB_LUA pool=fast\n").unwrap_err();

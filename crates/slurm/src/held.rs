@@ -150,21 +150,40 @@ impl Hooks {
     }
 
     /// Runs `spillway bb sources-ready` as the job's user; `Err` carries its complaint.
-    fn sources_ready(&self, held: &HeldJob) -> Result<(), String> {
+    fn sources_ready(&self, held: &HeldJob) -> Result<u64, String> {
+        self.sources_ready_as(held.uid, held.gid, &held.sources)
+    }
+
+    /// Runs `spillway bb sources-ready SOURCES` as `uid`/`gid` and its groups: the sources'
+    /// bytes, or its complaint.
+    pub(crate) fn sources_ready_as(
+        &self,
+        uid: u32,
+        gid: u32,
+        sources: &[String],
+    ) -> Result<u64, String> {
         let mut command = self.spillway().map_err(|e| format!("{e:#}"))?;
-        command.args(["bb", "sources-ready"]).args(&held.sources);
-        let groups = spillway_sys::user::groups_of(held.uid, held.gid)
-            .map_err(|e| format!("groups of uid {}: {e}", held.uid))?;
-        spillway_sys::process::run_as(&mut command, held.uid, held.gid, &groups);
-        output_within(&mut command, CALL_TIMEOUT, "spillway bb sources-ready")
-            .map(drop)
-            .map_err(|e| format!("{e:#}"))
+        command.args(["bb", "sources-ready"]).args(sources);
+        let groups = spillway_sys::user::groups_of(uid, gid)
+            .map_err(|e| format!("groups of uid {uid}: {e}"))?;
+        spillway_sys::process::run_as(&mut command, uid, gid, &groups);
+        let output = output_within(&mut command, CALL_TIMEOUT, "spillway bb sources-ready")
+            .map_err(|e| format!("{e:#}"))?;
+        output
+            .trim()
+            .parse()
+            .map_err(|_| format!("spillway bb sources-ready printed {output:?}, not a byte count"))
     }
 }
 
+/// Most entries `bb sources-ready` visits under a directory source before it stops counting.
+const SOURCE_ENTRIES_MAX: usize = 1_000_000;
+
 /// `spillway bb sources-ready KIND:PATH…` (run as the job's user): every source is there, of
-/// its kind, and readable by this user.
-pub(crate) fn sources_ready(sources: &[String]) -> anyhow::Result<()> {
+/// its kind, and readable by this user; returns the bytes of their regular files (a list's
+/// entries are not counted).
+pub(crate) fn sources_ready(sources: &[String]) -> anyhow::Result<u64> {
+    let mut bytes = 0u64;
     for source in sources {
         let (kind, path) =
             source.split_once(':').with_context(|| format!("{source:?}: expected KIND:PATH"))?;
@@ -191,8 +210,36 @@ pub(crate) fn sources_ready(sources: &[String]) -> anyhow::Result<()> {
         if !fits {
             anyhow::bail!("{}: not a {}", path.display(), kind.as_str());
         }
+        bytes = bytes.saturating_add(match kind {
+            StageKind::List => 0,
+            _ if meta.is_dir() => tree_bytes(path)?,
+            _ => meta.len(),
+        });
     }
-    Ok(())
+    Ok(bytes)
+}
+
+/// The bytes of the regular files under `root` (symbolic links not followed), counting at most
+/// [`SOURCE_ENTRIES_MAX`] entries.
+fn tree_bytes(root: &Path) -> anyhow::Result<u64> {
+    let (mut bytes, mut entries) = (0u64, 0usize);
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).with_context(|| dir.display().to_string())? {
+            let entry = entry.with_context(|| dir.display().to_string())?;
+            entries += 1;
+            if entries > SOURCE_ENTRIES_MAX {
+                anyhow::bail!("{}: more than {SOURCE_ENTRIES_MAX} entries", root.display());
+            }
+            let meta = entry.metadata().with_context(|| entry.path().display().to_string())?;
+            if meta.is_dir() {
+                pending.push(entry.path());
+            } else if meta.is_file() {
+                bytes = bytes.saturating_add(meta.len());
+            }
+        }
+    }
+    Ok(bytes)
 }
 
 /// Whether Slurm holds `job` (pending at priority 0); `None` when scontrol cannot say.
@@ -252,13 +299,20 @@ mod tests {
         let file = dir.path().join("f");
         std::fs::write(&file, b"x").unwrap();
         let (file, dir_path) = (file.display().to_string(), dir.path().display().to_string());
-        sources_ready(&[
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        std::fs::write(dir.path().join("sub/g"), b"yyy").unwrap();
+        let bytes = sources_ready(&[
             format!("file:{file}"),
             format!("directory:{dir_path}"),
             format!("any:{dir_path}"),
         ])
         .unwrap();
-        sources_ready(&[format!("list:{file}")]).unwrap();
+        assert_eq!(bytes, 1 + 4 + 4, "the file, then the tree (f and sub/g) twice");
+        assert_eq!(
+            sources_ready(&[format!("list:{file}")]).unwrap(),
+            0,
+            "a list's entries are not counted"
+        );
         let wrong = sources_ready(&[format!("directory:{file}")]).unwrap_err();
         assert!(format!("{wrong:#}").contains("not a directory"), "{wrong:#}");
         let missing = sources_ready(&[format!("any:{dir_path}/nope")]).unwrap_err();

@@ -12,6 +12,7 @@ use crate::directive::{self, Directive};
 use crate::job::{beside_registration, job_reservation_name, JobRecord};
 use crate::node::{job_succeeded, note_on_job};
 use crate::pools;
+use crate::private::{job_nodes, stage_out_runs, StageRun};
 use crate::processes::{find_processes, is_mount_of, is_mounted, is_stage_of, kill_all};
 
 /// Which way `stage` copies: PFS to reservation (data_in) or back (data_out).
@@ -237,7 +238,8 @@ impl Hooks {
     }
 
     /// slurm_bb_data_in and slurm_bb_data_out: one `spillway stage-in`/`stage-out` per pair, run
-    /// as the job's user.
+    /// as the job's user. A private reservation's stage-ins are only checked here (each node's
+    /// prolog copies them, private.rs), its stage-outs run once per node.
     pub(crate) fn stage(
         &self,
         job: u64,
@@ -245,6 +247,7 @@ impl Hooks {
         direction: StageDirection,
     ) -> anyhow::Result<()> {
         let directive = self.require_directive(script)?;
+        let private = directive.access == directive::Access::Private;
         let stages = match direction {
             StageDirection::In => directive.stage_in.clone(),
             StageDirection::Out => stage_outs_to_run(job, &directive.stage_out),
@@ -253,7 +256,15 @@ impl Hooks {
             return Ok(());
         }
         let record = self.require_record(job)?;
-        let result = self.run_stages(&record, &stages, direction);
+        let result = match (direction, private) {
+            (StageDirection::In, true) => self.check_private_stage_in(&record, &stages),
+            (StageDirection::In, false) => {
+                self.run_stages(&record, &stage_out_runs(&stages, None), direction)
+            }
+            (StageDirection::Out, _) => self
+                .stage_out_plan(job, &stages, private)
+                .and_then(|runs| self.run_stages(&record, &runs, direction)),
+        };
         match (result, direction) {
             (Ok(()), StageDirection::In) => Ok(()),
             (Ok(()), StageDirection::Out) => {
@@ -276,15 +287,31 @@ impl Hooks {
         }
     }
 
-    /// One `spillway stage-in|stage-out` per pair, as the job's user; the first failure stops.
-    fn run_stages(
+    /// The stage-outs as data_out runs them: per node of the job for a private reservation.
+    fn stage_out_plan(
+        &self,
+        job: u64,
+        stages: &[directive::Stage],
+        private: bool,
+    ) -> anyhow::Result<Vec<StageRun>> {
+        if !private {
+            return Ok(stage_out_runs(stages, None));
+        }
+        let nodes = job_nodes(job).context("staging out a private reservation, node by node")?;
+        Ok(stage_out_runs(stages, Some(&nodes)))
+    }
+
+    /// One `spillway stage-in|stage-out` per run, as the job's user; the first failure stops.
+    pub(crate) fn run_stages(
         &self,
         record: &JobRecord,
-        stages: &[directive::Stage],
+        runs: &[StageRun],
         direction: StageDirection,
     ) -> anyhow::Result<()> {
         let job = record.job;
-        for (index, stage) in stages.iter().enumerate() {
+        let groups = spillway_sys::user::groups_of(record.uid, record.gid)
+            .with_context(|| format!("groups of uid {}", record.uid))?;
+        for (index, StageRun { stage, node }) in runs.iter().enumerate() {
             let mut command = self.spillway()?;
             let (verb, src, dst) = match direction {
                 StageDirection::In => ("stage-in", &stage.pfs_path, &stage.reservation_path),
@@ -294,16 +321,27 @@ impl Hooks {
             if stage.kind != directive::StageKind::Any {
                 command.args(["--type", stage.kind.as_str()]);
             }
+            let on_node = node.as_deref().map(|n| format!(" on {n}")).unwrap_or_default();
+            if let Some(node) = node {
+                command.args(["--node", node]);
+                if direction == StageDirection::Out {
+                    // destination/<node>: the destination itself may be new.
+                    if let Some(parent) = Path::new(&stage.pfs_path).parent() {
+                        self.make_stage_out_directory(record, parent)?;
+                    }
+                }
+            }
             if direction == StageDirection::In {
                 // The user sees where a pending job's stage-in is (`scontrol show job`).
-                let count = stages.len();
+                let count = runs.len();
                 let step = index + 1;
-                note_on_job(job, &format!("spillway stage-in {step}/{count}: {src} -> {dst}"));
+                note_on_job(
+                    job,
+                    &format!("spillway stage-in {step}/{count}{on_node}: {src} -> {dst}"),
+                );
             }
-            let groups = spillway_sys::user::groups_of(record.uid, record.gid)
-                .with_context(|| format!("groups of uid {}", record.uid))?;
             spillway_sys::process::run_as(&mut command, record.uid, record.gid, &groups);
-            let what = format!("job {job}: {verb} {src} -> {dst} (as uid {})", record.uid);
+            let what = format!("job {job}: {verb}{on_node} {src} -> {dst} (as uid {})", record.uid);
             let output = output_of(&mut command, &what)?;
             // Progress lines go to the slurmctld log through the Lua (slurm.log_info).
             if !output.trim().is_empty() {
@@ -311,10 +349,7 @@ impl Hooks {
             }
         }
         if direction == StageDirection::In {
-            note_on_job(
-                job,
-                &format!("spillway stage-in done ({} of {})", stages.len(), stages.len()),
-            );
+            note_on_job(job, &format!("spillway stage-in done ({} of {})", runs.len(), runs.len()));
         }
         Ok(())
     }
@@ -456,7 +491,7 @@ impl Hooks {
         if let Err(e) = self.write_record(&record) {
             problems.push(format!("{e:#}"));
         }
-        if let Err(e) = self.mark_rescue(&record, &directive.stage_out, why) {
+        if let Err(e) = self.mark_rescue(&record, Some(directive), why) {
             problems.push(format!("{e:#}"));
         }
         let kept = format!(
@@ -470,11 +505,13 @@ impl Hooks {
         }
     }
 
-    /// `reservation mark-rescue` for the job's reservation with its stage-outs.
+    /// `reservation mark-rescue` for the job's reservation with its stage-outs (a private
+    /// reservation's per node, when Slurm still names the job's nodes; else without, and the
+    /// owner names the node when retrying).
     fn mark_rescue(
         &self,
         record: &JobRecord,
-        stage_outs: &[directive::Stage],
+        directive: Option<&Directive>,
         why: &str,
     ) -> anyhow::Result<()> {
         let key =
@@ -486,9 +523,14 @@ impl Hooks {
             "--error".into(),
             why.into(),
         ];
-        for stage in stage_outs {
-            args.extend(["--from".into(), stage.reservation_path.clone()]);
-            args.extend(["--to".into(), stage.pfs_path.clone()]);
+        let stage_outs = directive.map_or(&[][..], |d| &d.stage_out[..]);
+        let private = directive.is_some_and(|d| d.access == directive::Access::Private);
+        let runs = self
+            .stage_out_plan(record.job, stage_outs, private)
+            .unwrap_or_else(|_| stage_out_runs(stage_outs, None));
+        for StageRun { stage, node } in runs {
+            args.extend(["--from".into(), stage.reservation_path, "--to".into(), stage.pfs_path]);
+            args.extend(node.map(|node| ["--node".into(), node]).into_iter().flatten());
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         self.manager(&args).map(|_| ())
@@ -557,8 +599,7 @@ impl Hooks {
         }
         // Without a record setup never asked the manager for anything: nothing of this job's.
         if let Some(record) = &record {
-            let stage_outs = directive.as_ref().map_or(&[][..], |d| &d.stage_out[..]);
-            let released = self.release_reservation(record, stage_outs);
+            let released = self.release_reservation(record, directive.as_ref());
             let unregistered = self.unregister_beside(record);
             match released.and(unregistered) {
                 Err(e) => problems.push(format!("{e:#}")),
@@ -664,7 +705,7 @@ impl Hooks {
     fn release_reservation(
         &self,
         record: &JobRecord,
-        stage_outs: &[directive::Stage],
+        directive: Option<&Directive>,
     ) -> anyhow::Result<()> {
         let JobRecord { job, reservation: name, persistent, reservation_id, .. } = record;
         let job_text = job.to_string();
@@ -681,7 +722,7 @@ impl Hooks {
             // The stage-out failed: the data is only here. Make sure the manager knows (the
             // stage-out hook may not have reached it), never destroy.
             if existing.rescue.is_none() {
-                self.mark_rescue(record, stage_outs, why).with_context(|| {
+                self.mark_rescue(record, directive, why).with_context(|| {
                     format!("job {job}: keeping reservation {name} as a rescue reservation")
                 })?;
             }

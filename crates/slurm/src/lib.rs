@@ -30,7 +30,8 @@
 //! mountinfo and finding/killing a job's leftover processes in /proc; `commands.rs` running
 //! `spillway …` children and checking their output; `pools.rs` Slurm's pools answer and its cache;
 //! `orphans.rs` the periodic reaper of lost teardowns; `held.rs` the release of jobs held for a
-//! failed stage-in once their sources are there; `status.rs` what `scontrol show bbstat`
+//! failed stage-in once their sources are there; `private.rs` staging a private reservation
+//! (per node: stage-in in each node's prolog, stage-out into one directory per node); `status.rs` what `scontrol show bbstat`
 //! shows to whom; [`directive`] the `#BB_LUA` parser. This file holds the command line and the
 //! dispatch.
 
@@ -42,6 +43,7 @@ mod job;
 mod node;
 mod orphans;
 mod pools;
+mod private;
 mod processes;
 mod status;
 
@@ -221,7 +223,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Hook::DataOut { job, script } => ctx.stage(job, &script, StageDirection::Out),
         Hook::Teardown { job, hurry, script } => ctx.teardown(job, hurry, script.as_deref()),
         Hook::Status { words } => ctx.status(&words),
-        Hook::SourcesReady { sources } => held::sources_ready(&sources),
+        Hook::SourcesReady { sources } => {
+            println!("{}", held::sources_ready(&sources)?);
+            Ok(())
+        }
         Hook::Prolog { job, uid, gid, node } => {
             ctx.prolog(job, uid, gid, &node.unwrap_or_else(hostname))
         }

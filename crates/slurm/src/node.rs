@@ -44,9 +44,16 @@ impl Hooks {
         }
         let mounts = std::iter::once((self.mountpoint(job), &reservation))
             .chain(beside.iter().map(|r| (self.beside_mountpoint(job, &r.name), r)));
-        let result = mounts.into_iter().try_for_each(|(mountpoint, reservation)| {
-            self.mount_reservation(job, reservation, (uid, gid), node, &mountpoint)
-        });
+        let result = mounts
+            .into_iter()
+            .try_for_each(|(mountpoint, reservation)| {
+                self.mount_reservation(job, reservation, (uid, gid), node, &mountpoint)
+            })
+            .and_then(|()| match reservation.access.as_deref() {
+                // This node's namespace is mounted (created): its copy of the stage-ins.
+                Some("private") => self.private_stage_in(job, &reservation, (uid, gid), node),
+                _ => Ok(()),
+            });
         if let Err(e) = result {
             // Nothing half-mounted stays behind: no mount, no serving process.
             let cleanup = self.unmount(job).err();

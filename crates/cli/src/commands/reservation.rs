@@ -121,6 +121,10 @@ enum Command {
         /// A stage-out's PFS destination (repeatable; paired in order with --from).
         #[arg(long = "to", value_name = "PATH")]
         to: Vec<String>,
+        /// A private reservation's: the node whose namespace each --from is in (one per
+        /// --from, in order, or none).
+        #[arg(long = "node", value_name = "NAME")]
+        node: Vec<String>,
         #[command(flatten)]
         flags: ManagerFlags,
     },
@@ -243,8 +247,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 flags.client()?.post(&path, &RegisterJob { job: path_segment(&job)?.into() })?;
             show(&registered, flags.json)
         }
-        Command::MarkRescue { reservation, error, from, to, flags } => {
-            mark_rescue(&reservation, error, from, to, &flags)
+        Command::MarkRescue { reservation, error, from, to, node, flags } => {
+            mark_rescue(&reservation, error, (from, to, node), &flags)
         }
         Command::Snapshot { reservation, flags } => snapshot(&reservation, &flags),
         Command::UnregisterJob { reservation, job, flags } => {
@@ -271,18 +275,30 @@ fn snapshot(reservation: &str, flags: &ManagerFlags) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `reservation mark-rescue`: the stage-outs are the `--from`/`--to` pairs, in order.
+/// `reservation mark-rescue`: the stage-outs are the `--from`/`--to` pairs (with `--node`, a
+/// private reservation's), in order.
 fn mark_rescue(
     reservation: &str,
     error: String,
-    from: Vec<String>,
-    to: Vec<String>,
+    (from, to, nodes): (Vec<String>, Vec<String>, Vec<String>),
     flags: &ManagerFlags,
 ) -> anyhow::Result<()> {
     if from.len() != to.len() {
         anyhow::bail!("{} --from and {} --to: give one --to per --from", from.len(), to.len());
     }
-    let stage_outs = from.into_iter().zip(to).map(|(src, dst)| StageOutPair { src, dst }).collect();
+    if !nodes.is_empty() && nodes.len() != from.len() {
+        anyhow::bail!(
+            "{} --from and {} --node: give one --node per --from, or none",
+            from.len(),
+            nodes.len()
+        );
+    }
+    let mut nodes = nodes.into_iter();
+    let stage_outs = from
+        .into_iter()
+        .zip(to)
+        .map(|(src, dst)| StageOutPair { src, dst, node: nodes.next() })
+        .collect();
     let path = format!("/v1/reservations/{}/rescue", path_segment(reservation)?);
     let marked: Reservation = flags.client()?.post(&path, &MarkRescue { error, stage_outs })?;
     show(&marked, flags.json)

@@ -36,6 +36,10 @@ pub struct Args {
     /// `SOURCE DESTINATION` lines, each staged to DST/DESTINATION).
     #[arg(long = "type", value_name = "KIND", default_value = "any", value_parser = ["any", "file", "directory", "list"])]
     kind: String,
+    /// A private reservation (a namespace per compute node): the node whose namespace is
+    /// staged; it exists once that node mounted the reservation.
+    #[arg(long, value_name = "NAME", conflicts_with = "retry")]
+    node: Option<String>,
     /// Files copied at once (1-64).
     #[arg(long, default_value_t = 4)]
     parallel: usize,
@@ -79,14 +83,14 @@ fn prepare(
     args: &Args,
     reservation: Reservation,
     direction: &str,
-    src: &str,
-    dst: &str,
+    (src, dst, node): (&str, &str, Option<&str>),
 ) -> anyhow::Result<(Reservation, StageOptions)> {
     let record = args
         .record
         .clone()
-        .unwrap_or_else(|| stage::default_record_path(direction, &reservation, src, dst));
+        .unwrap_or_else(|| stage::default_record_path(direction, &reservation, src, dst, node));
     let mut options = StageOptions::new(record);
+    options.node = node.map(str::to_string);
     if !(1..=64).contains(&args.parallel) {
         anyhow::bail!("--parallel {}: expected 1 to 64 files at once", args.parallel);
     }
@@ -161,7 +165,8 @@ pub fn run_in(args: Args) -> anyhow::Result<()> {
     };
     let mut reports = Vec::with_capacity(pairs.len());
     for (src, dst) in &pairs {
-        let (reservation, options) = prepare(&args, reservation.clone(), "in", src, dst)?;
+        let (reservation, options) =
+            prepare(&args, reservation.clone(), "in", (src, dst, args.node.as_deref()))?;
         let done = stage::stage_in(&reservation, std::path::Path::new(src), dst, &options)
             .map_err(|e| anyhow::anyhow!("{src} -> {dst}: {e}"))?;
         if !args.flags.json {
@@ -269,7 +274,8 @@ pub fn run_out(args: Args) -> anyhow::Result<()> {
     }
     let (key, src, dst) = named_stage(&args)?;
     let reservation = active_reservation(&args, key)?;
-    let (reservation, options) = prepare(&args, reservation, "out", src, dst)?;
+    let (reservation, options) =
+        prepare(&args, reservation, "out", (src, dst, args.node.as_deref()))?;
     let done =
         stage::stage_out(&reservation, src, std::path::Path::new(dst), &options).map_err(flat)?;
     report("stage-out", &done, args.flags.json)
@@ -306,8 +312,12 @@ fn retry_out(args: &Args, key: &str) -> anyhow::Result<()> {
     }
     let mut total = StageReport::default();
     for pair in &rescue.stage_outs {
-        let (reservation, options) =
-            prepare(args, reservation.clone(), "out", &pair.src, &pair.dst)?;
+        let (reservation, options) = prepare(
+            args,
+            reservation.clone(),
+            "out",
+            (&pair.src, &pair.dst, pair.node.as_deref()),
+        )?;
         let done =
             stage::stage_out(&reservation, &pair.src, std::path::Path::new(&pair.dst), &options)
                 .map_err(|e| {
