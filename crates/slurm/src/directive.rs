@@ -638,8 +638,14 @@ impl DirectiveFields {
         if !named {
             return Err(bad("name= is required".into()));
         }
-        if self.capacity_bytes.is_none() {
-            return Err(bad("capacity= is required (on this line)".into()));
+        // On this line: a capacity= of another line would be that line's reservation.
+        if !tokens.iter().any(|t| t.starts_with("capacity=")) {
+            let elsewhere = if self.capacity_bytes.is_some() {
+                " (the capacity= of another line asks for the job's own reservation: a job has one, this or that)"
+            } else {
+                ""
+            };
+            return Err(bad(format!("capacity= is required on this line{elsewhere}")));
         }
         self.create_persistent = true;
         Ok(())
@@ -1001,6 +1007,12 @@ mod tests {
             assert!(error.starts_with("line 2"), "{line}: {error}");
             assert!(error.contains(problem), "{line}: {error}");
         }
+        let elsewhere = "#BB_LUA capacity=1G pool=p\n#BB_LUA create_persistent name=b\n";
+        let error = parse(elsewhere).unwrap_err().to_string();
+        assert!(
+            error.contains("line 2") && error.contains("a job has one, this or that"),
+            "{error}"
+        );
         let twice = "#BB_LUA persistent=a\n#BB_LUA create_persistent name=b capacity=1G\n";
         let error = parse(twice).unwrap_err().to_string();
         assert!(error.contains("a job has one reservation"), "{error}");
