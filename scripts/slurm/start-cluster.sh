@@ -1,5 +1,6 @@
 #!/bin/sh
-# Start Slurm 22.05 on a namespace test cluster (scripts/cluster/up.sh): slurmctld on the first
+# Start Slurm on a namespace test cluster (scripts/cluster/up.sh): the machine's (Debian 12:
+# 22.05), or Debian 13's 24.11 from the root SPILLWAY_SLURM_ROOT names. slurmctld on the first
 # host, one slurmd per host (NodeName=<host> NodeAddr=<host address>), Spillway's burst buffer
 # hooks (burst_buffer/lua) and its per-node Prolog/Epilog that mount each job's reservation on
 # every node of the job.
@@ -20,6 +21,14 @@
 #   SPILLWAY_BB_MOUNT_ROOT where jobs' reservations are mounted on every node (default
 #                          CLUSTER_DIR/slurm/mnt: the same path everywhere, each host's own mount).
 #   SPILLWAY_SLURM_TIMEOUT seconds to wait for every node to become idle (default 60).
+#   SPILLWAY_SLURM_ROOT    a Debian root with its own Slurm (scripts/debian-root.sh): on every
+#                          host, slurmctld, slurmd and everything they start (hooks, prologs,
+#                          jobs) run chrooted into it, in the host's own mount namespace, which
+#                          gets bind mounts of CLUSTER_DIR, the spillway binary's directory, the
+#                          host's /run/munge and each directory of SPILLWAY_SLURM_ROOT_BIND
+#                          (colon-separated) at the same paths inside. Clients run through
+#                          CLUSTER_DIR/slurm/bin (sbatch, scontrol, ...: on whichever host
+#                          scripts/cluster/exec.sh runs them; as SPILLWAY_SLURM_AS=UID:GID when set).
 set -eu
 
 if [ $# -lt 1 ]; then
@@ -30,8 +39,14 @@ if [ "$(id -u)" -ne 0 ]; then
     echo "$0: must run as root (slurmctld/slurmd run as SlurmUser=root)" >&2
     exit 1
 fi
+root=${SPILLWAY_SLURM_ROOT:-}
 for tool in slurmctld slurmd sinfo sbatch scontrol; do
-    if ! command -v "$tool" >/dev/null 2>&1; then
+    if [ -n "$root" ]; then
+        if [ ! -x "$root/usr/sbin/$tool" ] && [ ! -x "$root/usr/bin/$tool" ]; then
+            echo "$0: $tool not found in $root; build the root with scripts/debian-root.sh" >&2
+            exit 1
+        fi
+    elif ! command -v "$tool" >/dev/null 2>&1; then
         echo "$0: $tool not found; install the Debian package slurm-wlm (scripts/install-deps.sh)" >&2
         exit 1
     fi
@@ -197,7 +212,35 @@ fi
     fi
 } > "$dir/run/cgroup-mounts.sh"
 
-if ! "$exec_in" "$cluster" "$controller" slurmctld -c -f "$SLURM_CONF"; then
+# With a Debian root: each host's mount namespace gets the root's view (its /proc, /sys with
+# the cgroups above, /dev, /tmp, the cluster's passwd, group and hosts, the host's munged, and
+# the directories the daemons and jobs use at the same paths), and Slurm's programs run
+# chrooted into it.
+in_root=
+if [ -n "$root" ]; then
+    root=$(cd "$root" && pwd)
+    mkdir -p "$dir/bin"
+    rm -rf "$dir/root-etc"
+    binds=$(printf '%s\n' "$cluster" "$(dirname "$spillway")" $(echo "${SPILLWAY_SLURM_ROOT_BIND:-}" | tr ':' ' ') | awk 'NF' | sort -u)
+    for host in $CLUSTER_HOSTS; do
+        "$exec_in" "$cluster" "$host" sh "$dir/run/cgroup-mounts.sh"
+        # shellcheck disable=SC2086 # one directory per word
+        "$exec_in" "$cluster" "$host" "$here/root-view.sh" "$root" "$dir/root-etc" $binds
+    done
+    for tool in sbatch salloc srun scontrol squeue scancel sinfo sacct; do
+        cat > "$dir/bin/$tool" <<SCRIPT
+#!/bin/sh
+# Slurm's $tool from $root, on the cluster host this runs on (scripts/cluster/exec.sh), in the
+# caller's working directory; as SPILLWAY_SLURM_AS=UID:GID when that is set.
+exec chroot \${SPILLWAY_SLURM_AS:+--userspec=\$SPILLWAY_SLURM_AS} '$root' /bin/sh -c 'cd "\$1" 2>/dev/null || cd /; shift; exec "\$@"' sh "\$PWD" $tool "\$@"
+SCRIPT
+    done
+    chmod 0755 "$dir/bin" "$dir/bin/"*
+    in_root="chroot $root"
+fi
+
+# shellcheck disable=SC2086 # $in_root is a command prefix or nothing
+if ! "$exec_in" "$cluster" "$controller" $in_root slurmctld -c -f "$SLURM_CONF"; then
     echo "$0: slurmctld on $controller did not start; its log:" >&2
     tail -n 20 "$dir/log/slurmctld.log" >&2 || true
     exit 1
@@ -206,7 +249,8 @@ for host in $CLUSTER_HOSTS; do
     mkdir -p "$dir/spool/slurmd-$host"
     chmod 0755 "$dir/spool/slurmd-$host"
     "$exec_in" "$cluster" "$host" sh "$dir/run/cgroup-mounts.sh"
-    if ! "$exec_in" "$cluster" "$host" slurmd -N "$host" -f "$SLURM_CONF"; then
+    # shellcheck disable=SC2086
+    if ! "$exec_in" "$cluster" "$host" $in_root slurmd -N "$host" -f "$SLURM_CONF"; then
         echo "$0: slurmd on $host did not start; its log:" >&2
         tail -n 20 "$dir/log/slurmd-$host.log" >&2 || true
         exit 1
@@ -217,11 +261,13 @@ done
 count=$(echo $CLUSTER_HOSTS | wc -w)
 waited=0
 while :; do
-    idle=$("$exec_in" "$cluster" "$controller" sinfo -h -N -t idle -o '%N' 2>/dev/null | sort -u | wc -l || true)
+    # shellcheck disable=SC2086
+    idle=$("$exec_in" "$cluster" "$controller" $in_root sinfo -h -N -t idle -o '%N' 2>/dev/null | sort -u | wc -l || true)
     [ "$idle" -ge "$count" ] && break
     if [ "$waited" -ge "$((timeout * 5))" ]; then
         echo "$0: only $idle of $count nodes idle after ${timeout}s; logs in $dir/log" >&2
-        "$exec_in" "$cluster" "$controller" sinfo -N >&2 || true
+        # shellcheck disable=SC2086
+        "$exec_in" "$cluster" "$controller" $in_root sinfo -N >&2 || true
         tail -n 20 "$dir/log/slurmctld.log" >&2 || true
         exit 1
     fi

@@ -93,43 +93,17 @@ chmod 0755 "$mount_root"
 in_root=""
 if [ -n "$root" ]; then
     root=$(cd "$root" && pwd)
-    mkdir -p "$dir/bin" "$dir/root-etc"
-    for table in passwd group; do
-        cp "$root/etc/$table" "$dir/root-etc/$table"
-        awk -F: 'NR == FNR { known[$1] = 1; next } !($1 in known)' "$root/etc/$table" "/etc/$table" >> "$dir/root-etc/$table"
-    done
-    chmod 0644 "$dir/root-etc/passwd" "$dir/root-etc/group"
+    mkdir -p "$dir/bin"
+    rm -rf "$dir/root-etc"
     binds=$(printf '%s\n' "$dir" "$(dirname "$spillway")" "$(dirname "$manager")" $(echo "${SPILLWAY_SLURM_ROOT_BIND:-}" | tr ':' ' ') | awk 'NF' | sort -u)
     rm -f "$dir/run/root-ns.pid"
     # shellcheck disable=SC2016 # expanded by the namespace's shell
     unshare --mount --propagation private -- /bin/sh -c '
         set -e
-        root=$1; dir=$2; shift 2
-        mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
-        mount -t proc proc "$root/proc"
-        mount --rbind /sys "$root/sys"
-        mount --rbind /dev "$root/dev"
-        mount --bind "$dir/root-etc/passwd" "$root/etc/passwd"
-        mount --bind "$dir/root-etc/group" "$root/etc/group"
-        [ -e "$root/etc/hosts" ] || : > "$root/etc/hosts"
-        mount --bind /etc/hosts "$root/etc/hosts"
-        bound=""
-        for path in "$@"; do
-            if [ ! -d "$path" ]; then
-                echo "not bound (no such directory): $path"
-                continue
-            fi
-            covered=no
-            for outer in $bound; do
-                case "$path/" in "$outer"/*) covered=yes ;; esac
-            done
-            [ "$covered" = yes ] && continue
-            mkdir -p "$root$path"
-            mount --rbind "$path" "$root$path"
-            bound="$bound $path"
-        done
+        view=$1; root=$2; dir=$3; shift 3
+        "$view" "$root" "$dir/root-etc" "$@"
         echo $$ > "$dir/run/root-ns.pid"
-        exec chroot "$root" sleep infinity' root-ns "$root" "$dir" $binds </dev/null >"$dir/log/root-ns.log" 2>&1 &
+        exec chroot "$root" sleep infinity' root-ns "$here/root-view.sh" "$root" "$dir" $binds </dev/null >"$dir/log/root-ns.log" 2>&1 &
     waited=0
     while [ ! -s "$dir/run/root-ns.pid" ]; do
         if [ "$waited" -ge 50 ] || ! kill -0 $! 2>/dev/null; then

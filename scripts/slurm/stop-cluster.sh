@@ -24,9 +24,12 @@ if [ -f "$cluster/cluster.env" ]; then
     controller=${1:-}
 fi
 
+# A Debian root's Slurm (SPILLWAY_SLURM_ROOT) is run through the wrappers in $dir/bin.
+scancel=scancel
+[ -x "$dir/bin/scancel" ] && scancel=$dir/bin/scancel
 if [ -n "$controller" ] && [ -f "$dir/run/slurmctld.pid" ] && kill -0 "$(cat "$dir/run/slurmctld.pid")" 2>/dev/null; then
-    "$repo/scripts/cluster/exec.sh" "$cluster" "$controller" scancel --full --quiet --state=PENDING 2>/dev/null || true
-    "$repo/scripts/cluster/exec.sh" "$cluster" "$controller" scancel --full --quiet 2>/dev/null || true
+    "$repo/scripts/cluster/exec.sh" "$cluster" "$controller" "$scancel" --full --quiet --state=PENDING 2>/dev/null || true
+    "$repo/scripts/cluster/exec.sh" "$cluster" "$controller" "$scancel" --full --quiet 2>/dev/null || true
 fi
 
 stop_pid_file() {

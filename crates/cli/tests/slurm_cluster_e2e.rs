@@ -12,6 +12,11 @@
 //! is free of the mount and its process, and the reservation is destroyed. A second job on two
 //! nodes with `access=private` shows that each node sees only its own namespace.
 //!
+//! Both Slurm releases: Debian 12's 22.05 on the machine, and Debian 13's 24.11 chrooted into the
+//! root scripts/slurm/debian13-root.sh builds (start-cluster.sh's SPILLWAY_SLURM_ROOT), one after
+//! the other. The root has no OpenMPI, so under 24.11 the 4-node job writes its N-1 and N-N
+//! checkpoints with `srun` and `dd` through the same four mounts instead of the MPI program.
+//!
 //! Needs root, Slurm, munge, FUSE and OpenMPI (scripts/install-deps.sh); it FAILS with a message
 //! naming what is missing rather than skipping.
 
@@ -20,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use spillway_harness::{Cluster, Host, ManagerProcess, ServerProcess};
+use spillway_harness::{Cluster, Host, ManagerProcess, ServerProcess, SlurmRelease};
 
 const BIN: &str = env!("CARGO_BIN_EXE_spillway");
 const USER: &str = "spillway-test";
@@ -133,24 +138,26 @@ struct Slurm {
     conf: PathBuf,
     controller: Host,
     subnet: String,
+    /// The Debian root Slurm runs in (its clients through the wrappers in `dir/bin`).
+    root: Option<PathBuf>,
 }
 
 impl Slurm {
-    fn start(cluster: &Cluster, manager_tcp: &str) -> Slurm {
+    fn start(cluster: &Cluster, manager_tcp: &str, root: Option<&Path>) -> Slurm {
         let script = repo_root().join("scripts/slurm/start-cluster.sh");
-        let output = Command::new(&script)
-            .arg(cluster.dir())
-            .arg(BIN)
-            .env("SPILLWAY_MANAGER", manager_tcp)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
+        let mut command = Command::new(&script);
+        command.arg(cluster.dir()).arg(BIN).env("SPILLWAY_MANAGER", manager_tcp);
+        if let Some(root) = root {
+            command.env("SPILLWAY_SLURM_ROOT", root);
+        }
+        let output = command.stdin(Stdio::null()).output().unwrap();
         let slurm = Slurm {
             cluster_dir: cluster.dir().to_path_buf(),
             dir: cluster.dir().join("slurm"),
             conf: cluster.dir().join("slurm/etc/slurm.conf"),
             controller: cluster.host(0).clone(),
             subnet: cluster_env_value(cluster.dir(), "CLUSTER_SUBNET"),
+            root: root.map(Path::to_path_buf),
         };
         assert!(
             output.status.success(),
@@ -162,16 +169,27 @@ impl Slurm {
         slurm
     }
 
-    /// `program` on the controller's host with this cluster's SLURM_CONF.
+    /// Slurm's `program` on the controller's host with this cluster's SLURM_CONF (the root's,
+    /// through its wrapper, when Slurm runs in one).
     fn command(&self, program: &str) -> Command {
-        let mut command = self.controller.command(program);
+        let program = match self.root {
+            Some(_) => self.dir.join("bin").join(program).to_string_lossy().into_owned(),
+            None => program.to_string(),
+        };
+        let mut command = self.controller.command(&program);
         command.env("SLURM_CONF", &self.conf).stdin(Stdio::null());
         command
     }
 
-    /// `program` on the controller's host as the test user (its groups too).
+    /// Slurm's `program` on the controller's host as the test user (its groups too; in a root,
+    /// its wrapper switches user inside: entering the root takes root).
     fn command_as_user(&self, program: &str) -> Command {
         let (uid, gid) = ids_of(USER);
+        if self.root.is_some() {
+            let mut command = self.command(program);
+            command.env("SPILLWAY_SLURM_AS", format!("{uid}:{gid}"));
+            return command;
+        }
         let mut command = self.command("setpriv");
         command
             .arg(format!("--reuid={uid}"))
@@ -179,6 +197,14 @@ impl Slurm {
             .arg("--init-groups")
             .arg(program);
         command
+    }
+
+    /// Where a host (outside Slurm's root) sees `path` as Slurm's daemons and jobs see it.
+    fn host_path(&self, path: &Path) -> PathBuf {
+        match &self.root {
+            Some(root) => root.join(path.strip_prefix("/").unwrap_or(path)),
+            None => path.to_path_buf(),
+        }
     }
 
     fn log_tail(&self) -> String {
@@ -336,9 +362,24 @@ fn user_dir(path: &Path) -> PathBuf {
     path.to_path_buf()
 }
 
+/// One release at a time: two 4-host clusters on two shared cores would make every wait a race.
+static ONE_RELEASE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
-fn four_node_job_checkpoints_through_every_nodes_mount() {
+fn four_node_jobs_on_slurm_22_05() {
+    let _one = ONE_RELEASE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    four_node_jobs(SlurmRelease::Host2205);
+}
+
+#[test]
+fn four_node_jobs_on_slurm_24_11() {
+    let _one = ONE_RELEASE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    four_node_jobs(SlurmRelease::Debian13);
+}
+
+fn four_node_jobs(release: SlurmRelease) {
     require_environment();
+    let root = release.root();
     let started = Instant::now();
     let cluster = Cluster::started(4);
     let dir = cluster.dir().to_path_buf();
@@ -347,8 +388,12 @@ fn four_node_job_checkpoints_through_every_nodes_mount() {
     std::fs::set_permissions(&pfs, std::fs::Permissions::from_mode(0o755)).unwrap();
     let (manager, servers) = start_spillway(&cluster, &pfs);
     let manager_tcp = manager.tcp_address().expect("the manager listens on TCP").to_string();
-    let slurm = Slurm::start(&cluster, &manager_tcp);
-    let program = compile_checkpoint_program(&dir);
+    let slurm = Slurm::start(&cluster, &manager_tcp, root.as_deref());
+    let version = slurm.command("scontrol").arg("--version").output().unwrap();
+    let version = String::from_utf8_lossy(&version.stdout).into_owned();
+    assert!(version.starts_with(release.version_prefix()), "scontrol --version: {version:?}");
+    // The MPI program runs where the machine's OpenMPI is (22.05); in the root, srun and dd.
+    let program = root.is_none().then(|| compile_checkpoint_program(&dir));
     let work = user_dir(&dir.join("work"));
     let pfs_in = user_dir(&pfs.join("in"));
     let pfs_out = user_dir(&pfs.join("out"));
@@ -358,10 +403,15 @@ fn four_node_job_checkpoints_through_every_nodes_mount() {
         &slurm,
         &cluster,
         &manager,
-        &Paths { work: &work, pfs_in: &pfs_in, pfs_out: &pfs_out, program: &program },
+        &Paths { work: &work, pfs_in: &pfs_in, pfs_out: &pfs_out, program: program.as_deref() },
     );
-    println!("4-node striped job verified at {:.1} s", started.elapsed().as_secs_f64());
-    let paths = Paths { work: &work, pfs_in: &pfs_in, pfs_out: &pfs_out, program: &program };
+    println!(
+        "{}: 4-node striped job verified at {:.1} s",
+        version.trim(),
+        started.elapsed().as_secs_f64()
+    );
+    let paths =
+        Paths { work: &work, pfs_in: &pfs_in, pfs_out: &pfs_out, program: program.as_deref() };
     private_namespaces_job(&slurm, &cluster, &manager, &paths);
     println!("2-node private job verified at {:.1} s", started.elapsed().as_secs_f64());
     failed_prolog_mount_holds_the_job(&slurm, &cluster, &manager, &work);
@@ -378,7 +428,8 @@ struct Paths<'a> {
     work: &'a Path,
     pfs_in: &'a Path,
     pfs_out: &'a Path,
-    program: &'a Path,
+    /// The MPI checkpoint program; `None`: the job writes its checkpoints with srun and dd.
+    program: Option<&'a Path>,
 }
 
 /// The 4-node job: stage-in, N-1 and N-N checkpoints through the mounts, stage-out.
@@ -393,23 +444,29 @@ fn striped_checkpoint_job(
     let input_path = paths.pfs_in.join("input.bin");
     std::fs::write(&input_path, &input).unwrap();
     std::os::unix::fs::chown(&input_path, Some(uid), Some(gid)).unwrap();
-    let script = format!(
+    let header = format!(
         "#!/bin/sh\n#SBATCH -N 4\n#SBATCH --ntasks-per-node=1\n#SBATCH -t 5\n#SBATCH -o {work}/ckpt-%j.out\n\
          #BB_LUA capacity=64MiB pool=fast access=striped\n\
          #BB_LUA stage_in={pfs_in}:input\n\
          #BB_LUA stage_out=ckpt:{pfs_out}/ckpt\n\
          set -e\necho \"bb=$SPILLWAY_BB\"\n\
-         srun sh -c 'echo \"mounted on $(hostname): $(grep -c \" $SPILLWAY_BB \" /proc/self/mountinfo)\"'\n\
-         mpirun --mca btl tcp,self --mca btl_tcp_if_include {subnet} --mca oob_tcp_if_include {subnet} \
-         --map-by ppr:1:node {program} \"$SPILLWAY_BB/input/input.bin\" {input_bytes} \"$SPILLWAY_BB/ckpt\" {block}\n",
+         srun sh -c 'echo \"mounted on $(hostname): $(grep -c \" $SPILLWAY_BB \" /proc/self/mountinfo)\"'\n",
         work = paths.work.display(),
         pfs_in = paths.pfs_in.display(),
         pfs_out = paths.pfs_out.display(),
-        subnet = slurm.subnet,
-        program = paths.program.display(),
-        input_bytes = INPUT_BYTES,
-        block = BLOCK_BYTES,
     );
+    let body = match paths.program {
+        Some(program) => format!(
+            "mpirun --mca btl tcp,self --mca btl_tcp_if_include {subnet} --mca oob_tcp_if_include {subnet} \
+             --map-by ppr:1:node {program} \"$SPILLWAY_BB/input/input.bin\" {input_bytes} \"$SPILLWAY_BB/ckpt\" {block}\n",
+            subnet = slurm.subnet,
+            program = program.display(),
+            input_bytes = INPUT_BYTES,
+            block = BLOCK_BYTES,
+        ),
+        None => dd_checkpoints(paths.work, &input_path),
+    };
+    let script = header + &body;
     let job = slurm.submit(paths.work, "ckpt", &script);
     let state = slurm.wait_job_end(job);
     let out =
@@ -439,6 +496,31 @@ fn striped_checkpoint_job(
     wait_torn_down(slurm, cluster, manager, job);
     check_epilogs_before_stage_out(slurm, job);
     check_staged_out(&paths.pfs_out.join("ckpt"));
+}
+
+/// Without MPI: the same checks and checkpoints as the MPI program, one `srun` task per node.
+/// Every node compares the staged-in input through its mount; each writes its block of the
+/// N-1 file (at its rank's offset, through its own mount) and its N-N file with `dd`, copied
+/// from the expected checkpoints written here into `work/expected`; the batch step then
+/// compares the whole N-1 file.
+fn dd_checkpoints(work: &Path, input: &Path) -> String {
+    let expected = user_dir(&work.join("expected"));
+    let n1: Vec<u8> = (0..4 * BLOCK_BYTES).map(n1_byte).collect();
+    std::fs::write(expected.join("n1.ckpt"), n1).unwrap();
+    for rank in 0..4u64 {
+        let nn: Vec<u8> = (0..BLOCK_BYTES).map(|offset| nn_byte(rank, offset)).collect();
+        std::fs::write(expected.join(format!("rank-{rank}.ckpt")), nn).unwrap();
+    }
+    format!(
+        "srun sh -c 'cmp \"$SPILLWAY_BB/input/input.bin\" {input} && echo \"on $(hostname): input ok\"'\n\
+         mkdir -p \"$SPILLWAY_BB/ckpt/nn\"\n: > \"$SPILLWAY_BB/ckpt/n1.ckpt\"\n\
+         srun sh -c 'dd if={expected}/n1.ckpt of=\"$SPILLWAY_BB/ckpt/n1.ckpt\" bs={block} skip=$SLURM_PROCID seek=$SLURM_PROCID count=1 conv=notrunc,fsync status=none && \
+         dd if={expected}/rank-$SLURM_PROCID.ckpt of=\"$SPILLWAY_BB/ckpt/nn/rank-$SLURM_PROCID.ckpt\" bs={block} conv=fsync status=none'\n\
+         cmp \"$SPILLWAY_BB/ckpt/n1.ckpt\" {expected}/n1.ckpt && echo \"checkpoint ok: 4 ranks\"\n",
+        input = input.display(),
+        expected = expected.display(),
+        block = BLOCK_BYTES,
+    )
 }
 
 /// slurmctld's log shows post_run's "every node's epilog is done" for the job before its
@@ -492,10 +574,11 @@ fn wait_torn_down(slurm: &Slurm, cluster: &Cluster, manager: &ManagerProcess, jo
     let record = slurm.dir.join(format!("bb-state/job-{job}.json"));
     let deadline = Instant::now() + TEARDOWN_WAIT_MAX;
     loop {
+        let seen_at = slurm.host_path(&mountpoint);
         let mounted: Vec<&str> = cluster
             .hosts()
             .iter()
-            .filter(|host| host_has_mount(host, &mountpoint))
+            .filter(|host| host_has_mount(host, &seen_at))
             .map(|host| host.name())
             .collect();
         let processes = mount_processes(&mountpoint);
@@ -624,7 +707,8 @@ fn failed_prolog_mount_holds_the_job(
     work: &Path,
 ) {
     let host = cluster.host(3);
-    let root = slurm.dir.join("mnt");
+    // As the host sees the mount root of Slurm's jobs (in the Debian root, when there is one).
+    let root = slurm.host_path(&slurm.dir.join("mnt"));
     let blocked = host
         .command("mount")
         .args(["-t", "tmpfs", "-o", "ro,size=1m", "spillway-ro"])

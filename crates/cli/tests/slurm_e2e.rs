@@ -39,7 +39,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use spillway_harness::{pattern, ServerProcess};
+use spillway_harness::{pattern, ServerProcess, SlurmRelease};
 
 const BIN: &str = env!("CARGO_BIN_EXE_spillway");
 const USER: &str = "spillway-test";
@@ -99,43 +99,6 @@ struct Cluster {
     conf: PathBuf,
     /// The Debian root Slurm runs in, if not the host's Slurm.
     root: Option<PathBuf>,
-}
-
-/// Which Slurm a scenario run uses.
-#[derive(Clone, Copy, Debug)]
-enum Release {
-    /// Debian 12's Slurm 22.05, installed on the host.
-    Host2205,
-    /// Debian 13's Slurm 24.11, in the root scripts/slurm/debian13-root.sh builds.
-    Debian13,
-}
-
-impl Release {
-    /// The Debian root to run Slurm in (built now if it is not cached), or `None` for the host.
-    fn root(self) -> Option<PathBuf> {
-        match self {
-            Release::Host2205 => None,
-            Release::Debian13 => {
-                let script = repo_root().join("scripts/slurm/debian13-root.sh");
-                let output = Command::new(&script).stdin(Stdio::null()).output().unwrap();
-                assert!(
-                    output.status.success(),
-                    "{} failed (it needs root, debootstrap and Debian's archive): {}",
-                    script.display(),
-                    String::from_utf8_lossy(&output.stderr)
-                );
-                Some(PathBuf::from(String::from_utf8_lossy(&output.stdout).trim()))
-            }
-        }
-    }
-
-    /// What `scontrol --version` must say.
-    fn version_prefix(self) -> &'static str {
-        match self {
-            Release::Host2205 => "slurm-wlm 22.05.",
-            Release::Debian13 => "slurm-wlm 24.11.",
-        }
-    }
 }
 
 impl Cluster {
@@ -551,16 +514,16 @@ static ONE_RELEASE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 #[test]
 fn slurm_22_05_end_to_end() {
     let _one = ONE_RELEASE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    end_to_end(Release::Host2205);
+    end_to_end(SlurmRelease::Host2205);
 }
 
 #[test]
 fn slurm_24_11_end_to_end() {
     let _one = ONE_RELEASE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    end_to_end(Release::Debian13);
+    end_to_end(SlurmRelease::Debian13);
 }
 
-fn end_to_end(release: Release) {
+fn end_to_end(release: SlurmRelease) {
     require_environment();
     let root = release.root();
     let started = Instant::now();

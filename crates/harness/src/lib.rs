@@ -12,7 +12,8 @@
 //! shared data generator and comparison. [`ManagerProcess`] is a `spillway manager` for the
 //! end-to-end tests. [`TestUser`] is an unprivileged account the security
 //! tests create and act as. [`Cluster`] starts hosts in Linux namespaces (scripts/cluster/) and
-//! runs commands, servers and a manager inside them ([`Host`]).
+//! runs commands, servers and a manager inside them ([`Host`]). [`SlurmRelease`] is the Slurm a
+//! test cluster runs (the machine's 22.05, or 24.11 in a cached Debian 13 root).
 
 #![forbid(unsafe_code)]
 
@@ -22,6 +23,7 @@ mod data;
 mod manager;
 mod munged;
 mod server;
+mod slurm;
 mod users;
 
 pub use child::Reaped;
@@ -30,6 +32,7 @@ pub use data::{pattern, same_bytes};
 pub use manager::ManagerProcess;
 pub use munged::{Munged, MungedError, MUNGED_KEY_BYTES, MUNGED_READY_TIMEOUT};
 pub use server::{ServerBuilder, ServerError, ServerProcess, READY_TIMEOUT_DEFAULT};
+pub use slurm::SlurmRelease;
 pub use users::{TestUser, UserError};
 
 use spillway_proto::Endpoint;

@@ -79,12 +79,28 @@ pub(crate) fn job_nodes(job: u64) -> anyhow::Result<Vec<String>> {
     Ok(nodes)
 }
 
-/// The job's script as slurmctld keeps it (`scontrol write batch_script JOB -`): the prolog
-/// runs on a compute node, which has no copy.
-fn job_script(job: u64) -> anyhow::Result<String> {
-    let mut command = Command::new("scontrol");
-    command.args(["write", "batch_script", &job.to_string(), "-"]).stdin(Stdio::null());
-    output_within(&mut command, SCONTROL_WAIT, "scontrol write batch_script")
+impl Hooks {
+    /// The job's script as slurmctld keeps it (`scontrol write batch_script JOB FILE`): the
+    /// prolog runs on a compute node, which has no copy. Through a file in the state directory,
+    /// not a pipe: a script can be larger than a pipe holds.
+    fn job_script(&self, job: u64, node: &str) -> anyhow::Result<String> {
+        let node: String = node
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+            .collect();
+        let path = self.state_dir.join(format!("job-{job}.{node}.script"));
+        std::fs::create_dir_all(&self.state_dir)
+            .with_context(|| format!("creating {}", self.state_dir.display()))?;
+        let _ = std::fs::remove_file(&path); // scontrol refuses to overwrite a file
+        let mut command = Command::new("scontrol");
+        command.args(["write", "batch_script", &job.to_string()]).arg(&path).stdin(Stdio::null());
+        let written = output_within(&mut command, SCONTROL_WAIT, "scontrol write batch_script");
+        let script = written.and_then(|_| {
+            std::fs::read(&path).with_context(|| format!("reading {}", path.display()))
+        });
+        let _ = std::fs::remove_file(&path);
+        Ok(String::from_utf8_lossy(&script?).into_owned())
+    }
 }
 
 impl Hooks {
@@ -136,7 +152,7 @@ impl Hooks {
         (uid, gid): (u32, u32),
         node: &str,
     ) -> anyhow::Result<()> {
-        let script = job_script(job)?;
+        let script = self.job_script(job, node)?;
         let directive: Option<Directive> = directive::parse_script(&script, &self.directive)
             .map_err(|e| anyhow!("the job's #{} lines: {e}", self.directive))?;
         let Some(directive) = directive else { return Ok(()) };
