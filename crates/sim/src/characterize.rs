@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-use spillway_trace::{JobMeta, Op, Trace};
+use spillway_trace::{JobMeta, Op, Trace, TraceOp};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
@@ -261,6 +261,10 @@ pub struct Recommendation {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Characterization {
     pub job: JobMeta,
+    /// Distinct ranks in the trace (1 for a measured profile). Above 1 the job is the pipeline:
+    /// its data and metadata times are the job's busy times (when any of its ranks was in such
+    /// an operation), and "pipelines" count jobs like this one.
+    pub ranks: u64,
     pub peaks: Peaks,
     pub profile: Profile,
     pub metrics: Metrics,
@@ -340,6 +344,7 @@ pub fn characterize_profile(
     ]);
     Ok(Characterization {
         job,
+        ranks: 1,
         peaks: *peaks,
         profile: profile.clone(),
         metrics,
@@ -366,16 +371,96 @@ pub fn characterize(
     if trace.ops.is_empty() {
         return Err(CharacterizeError::EmptyTrace);
     }
-    let mut profile = Profile::default();
-    let mut op_counts: BTreeMap<String, u64> = BTreeMap::new();
-    let mut histogram: BTreeMap<u64, u64> = BTreeMap::new();
-    let mut files: HashMap<u32, FileAccumulator> = HashMap::new();
-    let mut first_ns = u64::MAX;
-    let mut last_ns = 0u64;
+    let mut tally = Tally::default();
     for op in &trace.ops {
+        tally.add(op);
+    }
+    let Tally {
+        mut profile,
+        op_counts,
+        histogram,
+        files,
+        first_ns,
+        last_ns,
+        ranks,
+        data_busy,
+        metadata_busy,
+    } = tally;
+    profile.file_bytes = files.values().map(|file| file.extent).sum();
+    profile.wall_seconds =
+        trace.meta.wall_seconds().unwrap_or((last_ns.saturating_sub(first_ns)) as f64 / 1e9);
+    let ranks = ranks.len() as u64;
+    if ranks > 1 {
+        // The job is the pipeline: its rates are what all its ranks achieve together, over
+        // the time any of them is busy (a sum over ranks would make each rank a pipeline).
+        profile.data_time_seconds = busy_seconds(data_busy);
+        profile.metadata_time_seconds = busy_seconds(metadata_busy);
+    }
+    let metrics = profile.metrics(peaks);
+    let usage = file_usage(trace, files);
+    let mut recommendation = recommend(&profile, &metrics, &usage, target);
+    if ranks > 1 {
+        recommendation.advice.insert(0, format!(
+            "The trace's {ranks} ranks are one job, characterized as one pipeline: its data and metadata times are the job's busy times (any rank in such an operation), not sums over ranks, and \"pipelines\" below are jobs like this one."
+        ));
+    }
+    Ok(Characterization {
+        job: trace.meta.clone(),
+        ranks,
+        peaks: *peaks,
+        profile,
+        metrics,
+        op_counts,
+        transfer_size_histogram: histogram.into_iter().collect(),
+        cumulative_bytes: cumulative(trace, first_ns),
+        files: usage,
+        recommendation,
+    })
+}
+
+/// Everything one pass over a trace's operations adds up.
+struct Tally {
+    profile: Profile,
+    op_counts: BTreeMap<String, u64>,
+    histogram: BTreeMap<u64, u64>,
+    files: HashMap<u32, FileAccumulator>,
+    first_ns: u64,
+    last_ns: u64,
+    ranks: HashSet<u32>,
+    /// `[start, end)` of every data and every metadata operation (the job's busy times).
+    data_busy: Vec<(u64, u64)>,
+    metadata_busy: Vec<(u64, u64)>,
+}
+
+impl Default for Tally {
+    fn default() -> Tally {
+        Tally {
+            profile: Profile::default(),
+            op_counts: BTreeMap::new(),
+            histogram: BTreeMap::new(),
+            files: HashMap::new(),
+            first_ns: u64::MAX,
+            last_ns: 0,
+            ranks: HashSet::new(),
+            data_busy: Vec::new(),
+            metadata_busy: Vec::new(),
+        }
+    }
+}
+
+impl Tally {
+    fn add(&mut self, op: &TraceOp) {
+        let Tally { profile, op_counts, histogram, files, .. } = self;
+        self.ranks.insert(op.rank);
+        let interval = (op.time_ns, op.time_ns.saturating_add(op.duration_ns));
+        if op.op.is_data() {
+            self.data_busy.push(interval);
+        } else {
+            self.metadata_busy.push(interval);
+        }
+        self.first_ns = self.first_ns.min(op.time_ns);
+        self.last_ns = self.last_ns.max(interval.1);
         *op_counts.entry(op.op.name().to_string()).or_insert(0) += 1;
-        first_ns = first_ns.min(op.time_ns);
-        last_ns = last_ns.max(op.time_ns.saturating_add(op.duration_ns));
         let seconds = op.duration_ns as f64 / 1e9;
         let file = files.entry(op.file).or_default();
         if file.ranks.len() < RANKS_TRACKED_MAX {
@@ -409,23 +494,25 @@ pub fn characterize(
             }
         }
     }
-    profile.file_bytes = files.values().map(|file| file.extent).sum();
-    profile.wall_seconds =
-        trace.meta.wall_seconds().unwrap_or((last_ns.saturating_sub(first_ns)) as f64 / 1e9);
-    let metrics = profile.metrics(peaks);
-    let usage = file_usage(trace, files);
-    let recommendation = recommend(&profile, &metrics, &usage, target);
-    Ok(Characterization {
-        job: trace.meta.clone(),
-        peaks: *peaks,
-        profile,
-        metrics,
-        op_counts,
-        transfer_size_histogram: histogram.into_iter().collect(),
-        cumulative_bytes: cumulative(trace, first_ns),
-        files: usage,
-        recommendation,
-    })
+}
+
+/// Seconds covered by the union of `[start, end)` nanosecond intervals.
+fn busy_seconds(mut intervals: Vec<(u64, u64)>) -> f64 {
+    intervals.sort_unstable();
+    let mut total_ns = 0u64;
+    let mut current: Option<(u64, u64)> = None;
+    for (start, end) in intervals {
+        current = match current {
+            Some((from, to)) if start <= to => Some((from, to.max(end))),
+            Some((from, to)) => {
+                total_ns += to - from;
+                Some((start, end))
+            }
+            None => Some((start, end)),
+        };
+    }
+    total_ns += current.map_or(0, |(from, to)| to - from);
+    total_ns as f64 / 1e9
 }
 
 fn cumulative(trace: &Trace, first_ns: u64) -> Vec<(f64, u64, u64)> {
@@ -544,10 +631,10 @@ fn size_allocation(profile: &Profile, metrics: &Metrics, target: AllocationTarge
     let pipelines = target.pipelines;
     let capacity_bytes = profile.file_bytes.saturating_mul(pipelines);
     let fragments_for_capacity = capacity_bytes.div_ceil(target.fragment_bytes).max(1);
-    let fragments_for_data =
-        metrics.pipelines_to_saturate_data.map_or(1, |per| pipelines.div_ceil(per)).max(1);
+    let data_percent = metrics.percent_peak_bandwidth.max(metrics.percent_peak_iops);
+    let fragments_for_data = units_for(pipelines, data_percent, metrics.pipelines_to_saturate_data);
     let fragments_for_metadata =
-        metrics.pipelines_to_saturate_metadata.map_or(1, |per| pipelines.div_ceil(per)).max(1);
+        units_for(pipelines, metrics.percent_peak_metadata, metrics.pipelines_to_saturate_metadata);
     // A striped namespace has one metadata server whatever its size; only private namespaces
     // (one per node, each with its own metadata server) scale metadata with fragments.
     let namespace =
@@ -563,6 +650,18 @@ fn size_allocation(profile: &Profile, metrics: &Metrics, target: AllocationTarge
         fragments_for_metadata,
         namespace,
     }
+}
+
+/// Fragments (or metadata servers) `pipelines` pipelines need, each at `percent` of one's peak:
+/// the paper's ⌈pipelines / pipelines to saturate⌉ while one pipeline stays within a peak
+/// (`per` = ⌈100 / percent⌉), and the load itself, ⌈pipelines × percent / 100⌉, once one
+/// pipeline alone is above it (the paper's formula would say 1 there, whatever the excess).
+fn units_for(pipelines: u64, percent: f64, per: Option<u64>) -> u64 {
+    if percent > 100.0 {
+        let load = pipelines as f64 * percent / 100.0;
+        return ((load - 1e-9).ceil() as u64).max(1);
+    }
+    per.map_or(1, |per| pipelines.div_ceil(per)).max(1)
 }
 
 /// Sorts the files into staging groups by their role and reuse.
@@ -595,7 +694,7 @@ fn performance_advice(
         namespace,
     } = *sizing;
     let mut advice = Vec::new();
-    let percent = |value: f64| format!("{value:.1}%");
+    let percent = percent_text;
     if metrics.io_time_percent > 100.0 {
         advice.push(format!(
             "I/O time is {:.0}% of wall time: operations overlap (several ranks or threads) or include blocking waits (such as opening a named pipe). Rates per class of operation stay valid; the share of wall time does not.",
@@ -609,11 +708,29 @@ fn performance_advice(
         percent(metrics.percent_peak_iops),
         percent(metrics.percent_peak_metadata)
     ));
-    if let Some(per) = metrics.pipelines_to_saturate_data {
-        advice.push(format!("About {per} concurrent pipelines saturate one fragment's data path."));
-    }
-    if let Some(per) = metrics.pipelines_to_saturate_metadata {
-        advice.push(format!("About {per} concurrent pipelines saturate one metadata server."));
+    let data_percent = metrics.percent_peak_bandwidth.max(metrics.percent_peak_iops);
+    let saturation = [
+        (data_percent, metrics.pipelines_to_saturate_data, "one fragment's data path"),
+        (
+            metrics.percent_peak_metadata,
+            metrics.pipelines_to_saturate_metadata,
+            "one metadata server",
+        ),
+    ];
+    for (percent, per, unit) in saturation {
+        match per {
+            // Above a peak already: the peak was measured lower than this pipeline achieved
+            // (another target, a cache), or the pipeline needs several units on its own.
+            Some(_) if percent > 100.0 => advice.push(format!(
+                "One pipeline alone is at {} of {unit}'s peak ({:.1}×): it needs that many on its own, or the peaks were measured below what it achieved (re-measure them on the target).",
+                percent_text(percent),
+                percent / 100.0
+            )),
+            Some(per) => {
+                advice.push(format!("About {per} concurrent pipelines saturate {unit}."));
+            }
+            None => {}
+        }
     }
     advice.push(format!(
         "For {pipelines} pipeline(s): {fragments} fragment(s) — {fragments_for_capacity} for capacity ({} per pipeline), {fragments_for_data} for data performance{}.",
@@ -639,6 +756,10 @@ fn performance_advice(
         advice.push("Transfers are small: aggregate them (larger buffers, fewer writes) before adding fragments.".to_string());
     }
     advice
+}
+
+fn percent_text(value: f64) -> String {
+    format!("{value:.1}%")
 }
 
 /// The advice on which files to keep persistent, stage in, discard and stage out.
@@ -682,7 +803,6 @@ fn staging_advice(metrics: &Metrics, staging: &Staging) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use spillway_trace::TraceOp;
 
     const MIB: f64 = 1024.0 * 1024.0;
 
@@ -1095,6 +1215,76 @@ mod tests {
         assert_eq!(recommendation.namespace, Namespace::Striped);
         assert_eq!(recommendation.fragments_for_data, 4);
         assert_eq!(recommendation.fragments, 4);
+    }
+
+    #[test]
+    fn the_ranks_of_one_job_are_one_pipeline() {
+        // Four ranks each write 1 GiB in 1 MiB writes over the same second, then stat a file:
+        // summed per rank that is 4 s of data time (1 GiB/s, a rank's rate); the job did
+        // 4 GiB in 1 s.
+        let mut ops = Vec::new();
+        for rank in 0..4u32 {
+            for i in 0..1024u64 {
+                let at = i * 1_000_000_000 / 1024;
+                ops.push(op(Op::Write, rank, rank, at, i << 20, 1 << 20));
+                ops.last_mut().unwrap().duration_ns = 1_000_000_000 / 1024;
+            }
+            let mut stat = op(Op::Stat, rank, rank, 1_000_000_000 + u64::from(rank) * 1000, 0, 0);
+            stat.duration_ns = 10_000;
+            ops.push(stat);
+        }
+        let trace = Trace { ops, ..Trace::default() };
+        let result =
+            characterize(&trace, &Peaks::datawarp_cori(), AllocationTarget::default()).unwrap();
+        assert_eq!(result.ranks, 4);
+        assert!((result.profile.data_time_seconds - 1.0).abs() < 1e-6, "{:?}", result.profile);
+        // The four stats overlap in [1 s, 1 s + 13 µs): 13 µs busy, not 40 µs.
+        assert!(
+            (result.profile.metadata_time_seconds - 13e-6).abs() < 1e-9,
+            "{:?}",
+            result.profile
+        );
+        let gib_per_second = result.metrics.bandwidth_bytes_per_second / f64::from(1u32 << 30);
+        assert!((gib_per_second - 4.0).abs() < 1e-5, "{gib_per_second}");
+        assert_eq!(result.metrics.pipelines_to_saturate_data, Some(2), "⌈6 GiB/s ÷ 4 GiB/s⌉ jobs");
+        assert!(result.recommendation.advice[0].contains("4 ranks are one job"));
+        let table = crate::report::characterization_table(&result);
+        assert!(table.contains("Jobs of 4 ranks to saturate data performance"), "{table}");
+        assert!(result.metrics.io_time_percent <= 100.0);
+        assert_eq!(busy_seconds(vec![(0, 10), (20, 30), (5, 12)]), 22e-9);
+    }
+
+    #[test]
+    fn a_pipeline_above_a_peak_is_never_told_one_unit_suffices() {
+        // One pipeline at 1,369 % of the metadata peak: 25,000 ops/s × 13.69 = 342,250 ops/s.
+        let profile = Profile {
+            wall_seconds: 10.0,
+            data_time_seconds: 1.0,
+            metadata_time_seconds: 1.0,
+            bytes_read: 1 << 20,
+            read_ops: 1,
+            metadata_ops: 342_250,
+            file_bytes: 1 << 20,
+            ..Profile::default()
+        };
+        let metrics = profile.metrics(&Peaks::datawarp_cori());
+        assert!((metrics.percent_peak_metadata - 1369.0).abs() < 1e-6);
+        assert_eq!(metrics.pipelines_to_saturate_metadata, Some(1));
+        let target = AllocationTarget { pipelines: 1, fragment_bytes: 200 << 30 };
+        let recommendation = recommend(&profile, &metrics, &[], target);
+        assert_eq!(recommendation.fragments_for_metadata, 14, "⌈13.69⌉ metadata servers");
+        assert_eq!(recommendation.namespace, Namespace::Private);
+        let advice = recommendation.advice.join("\n");
+        assert!(!advice.contains("suffices"), "{advice}");
+        assert!(
+            advice
+                .contains("One pipeline alone is at 1369.0% of one metadata server's peak (13.7×)"),
+            "{advice}"
+        );
+        // At or below a peak the paper's formula stands: 64 CAMP-builddb pipelines need 22.
+        assert_eq!(units_for(64, 37.4, Some(3)), 22);
+        assert_eq!(units_for(1, 100.0, Some(1)), 1);
+        assert_eq!(units_for(3, 150.0, Some(1)), 5, "⌈3 × 1.5⌉");
     }
 
     #[test]

@@ -32,6 +32,14 @@ fn optional(value: Option<u64>) -> String {
     value.map_or_else(|| "never".to_string(), |value| value.to_string())
 }
 
+/// What one "pipeline" is: the trace's whole job when it has several ranks.
+fn pipelines_label(result: &Characterization) -> String {
+    match result.ranks {
+        0 | 1 => "Pipelines".to_string(),
+        ranks => format!("Jobs of {ranks} ranks"),
+    }
+}
+
 /// The characterization as an aligned terminal table (the rows of the paper's Table 2 and 3).
 pub fn characterization_table(result: &Characterization) -> String {
     let rows = metric_rows(result);
@@ -85,11 +93,11 @@ fn metric_rows(result: &Characterization) -> Vec<(String, String)> {
             format!("{:.1}", metrics.percent_peak_metadata),
         ),
         (
-            "Pipelines to saturate data performance".into(),
+            format!("{} to saturate data performance", pipelines_label(result)),
             optional(metrics.pipelines_to_saturate_data),
         ),
         (
-            "Pipelines to saturate metadata performance".into(),
+            format!("{} to saturate metadata performance", pipelines_label(result)),
             optional(metrics.pipelines_to_saturate_metadata),
         ),
         ("Bound".into(), metrics.bound.name().into()),
@@ -238,11 +246,12 @@ fn write_verdict_cards(html: &mut String, result: &Characterization) {
         html,
         r#"<div class="verdict">
 <div class="card"><div class="what">One pipeline is</div><div class="big bound">{}</div><div class="what">{:.1}% of wall time in I/O</div></div>
-<div class="card"><div class="what">Pipelines to saturate data / metadata</div><div class="big">{} / {}</div><div class="what">per allocation unit with these peaks</div></div>
+<div class="card"><div class="what">{} to saturate data / metadata</div><div class="big">{} / {}</div><div class="what">per allocation unit with these peaks</div></div>
 <div class="card"><div class="what">Ask for ({} pipeline(s))</div><div class="big">{} × {}</div><div class="what">{} namespace</div></div>
 </div>"#,
         bound_text,
         metrics.io_time_percent,
+        escape(&pipelines_label(result)),
         optional(metrics.pipelines_to_saturate_data),
         optional(metrics.pipelines_to_saturate_metadata),
         recommendation.pipelines,
