@@ -111,10 +111,17 @@ pub enum ReplayError {
         "mapping per_job does not apply to a write log: it carries one placement key per write"
     )]
     PerJob,
-    #[error("event {event}: segment {segment} needs more logical space than the {ssds} SSD(s) export (ssd {ssd} full)")]
-    OutOfSpace { event: usize, segment: SegmentId, ssds: usize, ssd: usize },
-    #[error("event {event}: segment {segment} write ends at byte {end_bytes}, beyond the {logical_bytes} logical bytes of the volume")]
-    BeyondVolume { event: usize, segment: SegmentId, end_bytes: u64, logical_bytes: u64 },
+    #[error("event {event}: segment {segment} needs more logical space than the {ssds} SSD(s) export (ssd {ssd} full): the trace does not fit; give the volume more space with --blocks-per-ssd (now {blocks_per_ssd}) or --ssds (now {ssds})")]
+    OutOfSpace { event: usize, segment: SegmentId, ssds: usize, ssd: usize, blocks_per_ssd: u32 },
+    #[error("event {event}: segment {segment} write ends at byte {end_bytes}, beyond the {logical_bytes} logical bytes of the volume: the trace does not fit; give the volume more space with --blocks-per-ssd (now {blocks_per_ssd}) or --ssds (now {ssds})")]
+    BeyondVolume {
+        event: usize,
+        segment: SegmentId,
+        end_bytes: u64,
+        logical_bytes: u64,
+        blocks_per_ssd: u32,
+        ssds: usize,
+    },
     #[error("event {event}: delete of segment {segment} which has no live data")]
     UnknownSegment { event: usize, segment: SegmentId },
 }
@@ -231,6 +238,8 @@ impl<'a> ReplayState<'a> {
                 segment,
                 end_bytes,
                 logical_bytes: self.volume.logical_bytes(),
+                blocks_per_ssd: params.ssd.blocks,
+                ssds: ssd_count,
             });
         }
         let now_bytes = self.now_bytes;
@@ -256,6 +265,7 @@ impl<'a> ReplayState<'a> {
             segment,
             ssds: ssd_count,
             ssd,
+            blocks_per_ssd: params.ssd.blocks,
         })?;
         entry.end_bytes = entry.end_bytes.max(offset_bytes + length_bytes);
         self.now_bytes += length_bytes;

@@ -235,6 +235,21 @@ fn replay_counts_pages_and_trims_deleted_segments() {
     }];
     let error = replay::replay(&params, &huge, Mapping::Legacy).unwrap_err().to_string();
     assert!(error.contains("beyond"), "{error}");
+    assert!(error.contains("--blocks-per-ssd (now 64) or --ssds (now 2)"), "{error}");
+    // More segments than the volume holds: out of space, naming the knobs too.
+    let full: Vec<LogEvent> = (0..64u64)
+        .map(|segment| LogEvent::Write {
+            stream: StreamKey(1),
+            segment: SegmentId(segment),
+            offset_bytes: 0,
+            length_bytes: MIB,
+        })
+        .collect();
+    let error = replay::replay(&params, &full, Mapping::Legacy).unwrap_err().to_string();
+    assert!(
+        error.contains("does not fit") && error.contains("--blocks-per-ssd (now 64)"),
+        "{error}"
+    );
 }
 
 #[test]
