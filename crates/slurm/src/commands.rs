@@ -2,6 +2,7 @@
 //! environment) and checking their exit status and output, and the manager's answer to
 //! `reservation show` read from it.
 
+use std::io::Read;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -113,9 +114,13 @@ impl Hooks {
     }
 }
 
+/// Most bytes kept of each of a bounded command's stdout and stderr (`scontrol show hostnames`
+/// of a large job is tens of KiB; nothing it runs answers more).
+const OUTPUT_BYTES_MAX: u64 = 16 << 20;
+
 /// Runs `command` (named `what` in errors), killed if it has not finished within `timeout`;
-/// its stdout, or an error with its stderr unless it exited 0. Its output must fit the pipes
-/// (a few KiB: a manager answer or a version line).
+/// its stdout, or an error with its stderr unless it exited 0. Both pipes are read while it
+/// runs, so an answer larger than a pipe holds does not stall it until the timeout.
 pub(crate) fn output_within(
     command: &mut Command,
     timeout: Duration,
@@ -123,20 +128,32 @@ pub(crate) fn output_within(
 ) -> anyhow::Result<String> {
     command.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = command.spawn().with_context(|| format!("running {what}"))?;
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(pipe) = pipe {
+                let _ = pipe.take(OUTPUT_BYTES_MAX).read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
     let deadline = Instant::now() + timeout;
-    loop {
-        if child.try_wait()?.is_some() {
-            break;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
         }
         if Instant::now() >= deadline {
             let _ = child.kill();
             let _ = child.wait();
+            // The readers end when the pipes close (a grandchild may hold them: not joined).
             bail!("{what}: no answer within {timeout:?}");
         }
         std::thread::sleep(Duration::from_millis(20));
-    }
-    let output = child.wait_with_output()?;
-    checked(output, what)
+    };
+    let joined = |reader: std::thread::JoinHandle<Vec<u8>>| reader.join().unwrap_or_default();
+    checked(Output { status, stdout: joined(stdout), stderr: joined(stderr) }, what)
 }
 
 /// The manager's "no such reservation" error (exit 1, one line naming it).
@@ -167,6 +184,18 @@ fn checked(output: Output, what: &str) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bounded_command_may_answer_more_than_a_pipe_holds() {
+        let mut command = Command::new("sh");
+        command.args(["-c", "head -c 300000 /dev/zero; echo done >&2"]);
+        let out = output_within(&mut command, Duration::from_secs(30), "head").unwrap();
+        assert_eq!(out.len(), 300_000);
+        let mut slow = Command::new("sleep");
+        slow.arg("30");
+        let error = output_within(&mut slow, Duration::from_millis(100), "sleep").unwrap_err();
+        assert!(error.to_string().contains("no answer within"), "{error}");
+    }
 
     #[test]
     fn not_found_messages() {

@@ -12,7 +12,7 @@ use crate::directive::{self, Directive};
 use crate::job::{beside_registration, job_reservation_name, JobRecord};
 use crate::node::{job_succeeded, note_on_job};
 use crate::pools;
-use crate::private::{job_nodes, stage_out_runs, StageRun};
+use crate::private::{job_nodes, per_node_stage_outs, plain_runs, StageRun};
 use crate::processes::{find_processes, is_mount_of, is_mounted, is_stage_of, kill_all};
 
 /// Which way `stage` copies: PFS to reservation (data_in) or back (data_out).
@@ -259,7 +259,7 @@ impl Hooks {
         let result = match (direction, private) {
             (StageDirection::In, true) => self.check_private_stage_in(&record, &stages),
             (StageDirection::In, false) => {
-                self.run_stages(&record, &stage_out_runs(&stages, None), direction)
+                self.run_stages(&record, &plain_runs(&stages), direction)
             }
             (StageDirection::Out, _) => self
                 .stage_out_plan(job, &stages, private)
@@ -295,10 +295,10 @@ impl Hooks {
         private: bool,
     ) -> anyhow::Result<Vec<StageRun>> {
         if !private {
-            return Ok(stage_out_runs(stages, None));
+            return Ok(plain_runs(stages));
         }
         let nodes = job_nodes(job).context("staging out a private reservation, node by node")?;
-        Ok(stage_out_runs(stages, Some(&nodes)))
+        Ok(per_node_stage_outs(stages, &nodes))
     }
 
     /// One `spillway stage-in|stage-out` per run, as the job's user; the first failure stops.
@@ -527,7 +527,7 @@ impl Hooks {
         let private = directive.is_some_and(|d| d.access == directive::Access::Private);
         let runs = self
             .stage_out_plan(record.job, stage_outs, private)
-            .unwrap_or_else(|_| stage_out_runs(stage_outs, None));
+            .unwrap_or_else(|_| plain_runs(stage_outs));
         for StageRun { stage, node } in runs {
             args.extend(["--from".into(), stage.reservation_path, "--to".into(), stage.pfs_path]);
             args.extend(node.map(|node| ["--node".into(), node]).into_iter().flatten());

@@ -42,10 +42,9 @@ impl Hooks {
                 reservation.owner.map_or_else(|| "unknown".into(), |o| o.to_string())
             );
         }
-        let mounts = std::iter::once((self.mountpoint(job), &reservation))
+        let mut mounts = std::iter::once((self.mountpoint(job), &reservation))
             .chain(beside.iter().map(|r| (self.beside_mountpoint(job, &r.name), r)));
         let result = mounts
-            .into_iter()
             .try_for_each(|(mountpoint, reservation)| {
                 self.mount_reservation(job, reservation, (uid, gid), node, &mountpoint)
             })

@@ -33,12 +33,14 @@ pub(crate) struct StageRun {
     pub(crate) node: Option<String>,
 }
 
-/// The stage-outs of a directive as data_out runs them: as they are for a striped
-/// reservation; for a private one, each once per node of `nodes`, into `destination/<node>`.
-pub(crate) fn stage_out_runs(stages: &[Stage], nodes: Option<&[String]>) -> Vec<StageRun> {
-    let Some(nodes) = nodes else {
-        return stages.iter().map(|stage| StageRun { stage: stage.clone(), node: None }).collect();
-    };
+/// A directive's stages as they are: no node (a striped reservation, any stage-in data_in runs).
+pub(crate) fn plain_runs(stages: &[Stage]) -> Vec<StageRun> {
+    stages.iter().map(|stage| StageRun { stage: stage.clone(), node: None }).collect()
+}
+
+/// A private reservation's stage-outs as data_out runs them: each once per node of `nodes`,
+/// from that node's namespace into `destination/<node>`.
+pub(crate) fn per_node_stage_outs(stages: &[Stage], nodes: &[String]) -> Vec<StageRun> {
     let mut runs = Vec::with_capacity(stages.len() * nodes.len());
     for stage in stages {
         for node in nodes {
@@ -80,9 +82,9 @@ pub(crate) fn job_nodes(job: u64) -> anyhow::Result<Vec<String>> {
 }
 
 impl Hooks {
-    /// The job's script as slurmctld keeps it (`scontrol write batch_script JOB FILE`): the
-    /// prolog runs on a compute node, which has no copy. Through a file in the state directory,
-    /// not a pipe: a script can be larger than a pipe holds.
+    /// The job's script as slurmctld keeps it (`scontrol write batch_script JOB FILE`, the file
+    /// in the root-only state directory, removed again): the prolog runs on a compute node,
+    /// which has no copy.
     fn job_script(&self, job: u64, node: &str) -> anyhow::Result<String> {
         let node: String = node
             .chars()
@@ -221,11 +223,11 @@ mod tests {
             when: directive::StageWhen::Always,
         };
         let nodes = ["n1".to_string(), "n2".to_string()];
-        let runs = stage_out_runs(std::slice::from_ref(&stage), Some(&nodes));
+        let runs = per_node_stage_outs(std::slice::from_ref(&stage), &nodes);
         let targets: Vec<(&str, Option<&str>)> =
             runs.iter().map(|r| (r.stage.pfs_path.as_str(), r.node.as_deref())).collect();
         assert_eq!(targets, [("/pfs/out/n1", Some("n1")), ("/pfs/out/n2", Some("n2"))]);
-        let striped = stage_out_runs(std::slice::from_ref(&stage), None);
+        let striped = plain_runs(std::slice::from_ref(&stage));
         assert_eq!(striped, [StageRun { stage, node: None }]);
     }
 }
