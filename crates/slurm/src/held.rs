@@ -244,9 +244,7 @@ fn tree_bytes(root: &Path) -> anyhow::Result<u64> {
 
 /// Whether Slurm holds `job` (pending at priority 0); `None` when scontrol cannot say.
 fn slurm_hold(job: u64) -> Option<SlurmHold> {
-    let mut command = Command::new("scontrol");
-    command.args(["-o", "show", "job", &job.to_string()]).stdin(Stdio::null());
-    match output_within(&mut command, CALL_TIMEOUT, "scontrol show job") {
+    match crate::node::show_job(job) {
         Ok(line) => Some(hold_of(&line)),
         Err(e) if format!("{e:#}").contains("Invalid job id") => Some(SlurmHold::Gone),
         Err(_) => None,

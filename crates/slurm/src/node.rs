@@ -171,21 +171,24 @@ impl Hooks {
     }
 }
 
+/// `scontrol -o show job JOB`: the job's one line of `key=value` fields (read them with
+/// [`field`]), or scontrol's error; bounded to 5 s.
+pub(crate) fn show_job(job: u64) -> anyhow::Result<String> {
+    let mut command = Command::new("scontrol");
+    command.args(["-o", "show", "job", &job.to_string()]).stdin(Stdio::null());
+    output_within(&mut command, Duration::from_secs(5), "scontrol show job")
+}
+
 /// Whether Slurm lists a burst buffer request for `job` (`BurstBuffer=` in `scontrol -o show
 /// job`); `None` when scontrol cannot say within 5 s (the prolog then asks the manager).
 fn job_has_burst_buffer(job: u64) -> Option<bool> {
-    let mut command = Command::new("scontrol");
-    command.args(["-o", "show", "job", &job.to_string()]).stdin(Stdio::null());
-    let line = output_within(&mut command, Duration::from_secs(5), "scontrol show job").ok()?;
-    has_burst_buffer(&line)
+    has_burst_buffer(&show_job(job).ok()?)
 }
 
 /// Whether `job` exited 0 (`ExitCode=0:0` in `scontrol -o show job`); `None` when scontrol
 /// cannot say within 5 s.
 pub(crate) fn job_succeeded(job: u64) -> Option<bool> {
-    let mut command = Command::new("scontrol");
-    command.args(["-o", "show", "job", &job.to_string()]).stdin(Stdio::null());
-    let line = output_within(&mut command, Duration::from_secs(5), "scontrol show job").ok()?;
+    let line = show_job(job).ok()?;
     field(&line, "JobId")?;
     Some(field(&line, "ExitCode")? == "0:0")
 }
@@ -269,7 +272,8 @@ fn is_completing(line: &str) -> bool {
     field(line, "JobState") == Some("COMPLETING")
 }
 
-fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+/// The value of `key=` in a line of `scontrol -o show job`.
+pub(crate) fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     line.split_whitespace().find_map(|word| word.strip_prefix(key)?.strip_prefix('='))
 }
 

@@ -21,6 +21,7 @@ use crate::commands::{output_within, Reservation};
 use crate::directive::{self, Directive, Stage};
 use crate::hooks::{Hooks, StageDirection};
 use crate::job::JobRecord;
+use crate::node::{field, show_job};
 
 /// How long one `scontrol` call may take.
 const SCONTROL_WAIT: Duration = Duration::from_secs(10);
@@ -54,12 +55,8 @@ pub(crate) fn per_node_stage_outs(stages: &[Stage], nodes: &[String]) -> Vec<Sta
 
 /// The nodes Slurm allocated to `job` (its NodeList, expanded by `scontrol show hostnames`).
 pub(crate) fn job_nodes(job: u64) -> anyhow::Result<Vec<String>> {
-    let mut show = Command::new("scontrol");
-    show.args(["-o", "show", "job", &job.to_string()]).stdin(Stdio::null());
-    let line = output_within(&mut show, SCONTROL_WAIT, "scontrol show job")?;
-    let list = line
-        .split_whitespace()
-        .find_map(|word| word.strip_prefix("NodeList="))
+    let line = show_job(job)?;
+    let list = field(&line, "NodeList")
         .filter(|list| !list.is_empty() && *list != "(null)")
         .ok_or_else(|| anyhow!("job {job}: Slurm names no node of the job"))?;
     let mut expand = Command::new("scontrol");
@@ -70,15 +67,18 @@ pub(crate) fn job_nodes(job: u64) -> anyhow::Result<Vec<String>> {
     if nodes.is_empty() {
         bail!("job {job}: `scontrol show hostnames {list}` names no node");
     }
-    for node in &nodes {
-        // Each becomes a directory name on the PFS.
-        if node.starts_with('.')
-            || !node.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-        {
-            bail!("job {job}: node name {node:?} cannot name a stage-out directory");
-        }
+    if let Some(node) = nodes.iter().find(|node| !names_a_directory(node)) {
+        bail!("job {job}: node name {node:?} cannot name a stage-out directory");
     }
     Ok(nodes)
+}
+
+/// Whether a node name can be the stage-out directory `destination/<node>`: letters, digits,
+/// `.`, `_`, `-`, not starting with `.` (never `..`, a hidden name or a path).
+fn names_a_directory(node: &str) -> bool {
+    !node.is_empty()
+        && !node.starts_with('.')
+        && node.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 
 impl Hooks {
@@ -202,17 +202,24 @@ impl Hooks {
 /// The nodes `job` asks for (`NumNodes=` of `scontrol show job`, its lower bound when a
 /// range); `None` when scontrol cannot say.
 fn job_node_count(job: u64) -> Option<u64> {
-    let mut show = Command::new("scontrol");
-    show.args(["-o", "show", "job", &job.to_string()]).stdin(Stdio::null());
-    let line = output_within(&mut show, SCONTROL_WAIT, "scontrol show job").ok()?;
-    let value = line.split_whitespace().find_map(|word| word.strip_prefix("NumNodes="))?;
-    let low = value.split('-').next()?;
+    let line = show_job(job).ok()?;
+    let low = field(&line, "NumNodes")?.split('-').next()?;
     low.parse().ok().filter(|n| *n > 0)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_plain_node_names_become_directories() {
+        for good in ["host1", "nid00042", "node-3.cluster_a"] {
+            assert!(names_a_directory(good), "{good}");
+        }
+        for bad in ["", ".", "..", ".hidden", "a/b", "../x", "a b", "a\0b", "n\u{e9}"] {
+            assert!(!names_a_directory(bad), "{bad:?}");
+        }
+    }
 
     #[test]
     fn private_stage_outs_go_to_one_directory_per_node() {
