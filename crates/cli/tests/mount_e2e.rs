@@ -286,6 +286,54 @@ fn two_mounts_share_a_striped_namespace_and_private_ones_are_separate() {
     }
 }
 
+/// The mount's line in /proc/mounts: (type, options).
+fn mount_entry(path: &Path) -> (String, String) {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    let line = mounts
+        .lines()
+        .find(|l| l.split(' ').nth(1) == Some(&path.display().to_string()))
+        .unwrap_or_else(|| panic!("{} is not mounted:\n{mounts}", path.display()));
+    let fields: Vec<&str> = line.split(' ').collect();
+    (fields[2].to_string(), fields[3].to_string())
+}
+
+/// Opens `path` read-only and non-blocking; the errno on failure.
+fn open_errno(path: &Path) -> i32 {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path) {
+        Ok(_) => 0,
+        Err(e) => e.raw_os_error().unwrap_or(-1),
+    }
+}
+
+#[test]
+fn the_mount_is_fuse_spillway_and_device_nodes_need_allow_devices() {
+    let dir = tempdir();
+    let (_servers, endpoints) = servers(dir.path(), 1);
+    let path = dir.path().join("mnt");
+    let null = libc::makedev(1, 3);
+    {
+        let _mount = CliMount::start(&endpoints, &path, &[]);
+        let (kind, options) = mount_entry(&path);
+        assert_eq!(kind, "fuse.spillway", "tools recognise the file system by its type");
+        assert!(options.split(',').any(|o| o == "nodev"), "{options}");
+        assert!(options.split(',').any(|o| o == "default_permissions"), "{options}");
+        let node =
+            std::ffi::CString::new(path.join("null").as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: valid path.
+        let rc = unsafe { libc::mknod(node.as_ptr(), libc::S_IFCHR | 0o666, null) };
+        assert_eq!(rc, 0, "mknod: {}", std::io::Error::last_os_error());
+        // Even root cannot open hardware through a nodev mount; the node itself is kept.
+        assert_eq!(open_errno(&path.join("null")), libc::EACCES);
+    }
+    {
+        let _mount = CliMount::start(&endpoints, &path, &["--allow-devices"]);
+        let (_, options) = mount_entry(&path);
+        assert!(!options.split(',').any(|o| o == "nodev"), "{options}");
+        assert_eq!(open_errno(&path.join("null")), 0, "an admin's --allow-devices honours it");
+    }
+}
+
 #[test]
 fn fsync_through_the_mount_survives_a_crash_of_every_server() {
     let dir = tempdir();

@@ -55,6 +55,10 @@ pub struct MountConfig {
     pub allow_other: bool,
     /// Shown as the source in /proc/mounts.
     pub fs_name: String,
+    /// Honour device nodes (`dev`). Off (`nodev`) by default: a user who may create a device
+    /// node elsewhere, or a root-made node staged in, must not open hardware through the mount.
+    /// An admin's choice, never a user's.
+    pub devices: bool,
     /// Report the mount's write phases to the data scheduler (crate::phases); `None`: not.
     pub phases: Option<crate::phases::PhaseReporting>,
 }
@@ -67,6 +71,7 @@ impl Default for MountConfig {
             open_files_max: 65_536,
             allow_other: true,
             fs_name: "spillway".to_string(),
+            devices: false,
             phases: None,
         }
     }

@@ -117,12 +117,16 @@ pub fn mount(
     let mut options = Config::default();
     options.mount_options = vec![
         MountOption::FSName(config.fs_name.clone()),
-        MountOption::Subtype("spillway".to_string()),
+        subtype_option(),
         MountOption::RW,
         MountOption::Suid,
-        MountOption::Dev,
+        if config.devices { MountOption::Dev } else { MountOption::NoDev },
         MountOption::Exec,
         MountOption::Atime,
+        // The kernel opens FIFOs, sockets and device nodes without asking the file system, so
+        // only its own check of the mode bits stops another user opening them; the namespace
+        // checks everything else again with the same rules.
+        MountOption::DefaultPermissions,
     ];
     options.acl = if config.allow_other { SessionACL::All } else { SessionACL::Owner };
     options.n_threads = Some(config.threads);
@@ -131,6 +135,18 @@ pub fn mount(
     let session = fuser::spawn_mount(fs, mountpoint, &options)
         .map_err(|source| MountError::Mount { path: mountpoint.to_path_buf(), source })?;
     Ok(Mount { session: Some(session), mountpoint: mountpoint.to_path_buf() })
+}
+
+/// The file system's type shows as `fuse.spillway`. fuser hands `subtype=` only to
+/// fusermount3; mounting with mount(2) itself (as root) it drops it, so root passes the option
+/// to the kernel directly.
+fn subtype_option() -> MountOption {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        MountOption::CUSTOM("subtype=spillway".to_string())
+    } else {
+        MountOption::Subtype("spillway".to_string())
+    }
 }
 
 /// The mount point must be an existing directory.

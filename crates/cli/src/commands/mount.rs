@@ -76,6 +76,10 @@ pub struct Args {
     /// between mounts (see docs/semantics.md, "Mount").
     #[arg(long, default_value_t = 0)]
     pub attr_ttl_ms: u64,
+    /// Let device nodes on the mount open hardware (`dev`). Off by default (`nodev`): a
+    /// burst buffer holds users' files, not devices. Only root's mount can honour it.
+    #[arg(long)]
+    pub allow_devices: bool,
     /// Return once the mount is live, leaving a detached process serving it.
     #[arg(long)]
     pub background: bool,
@@ -175,6 +179,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         threads: args.threads,
         attr_ttl: Duration::from_millis(args.attr_ttl_ms),
         phases: phase_reporting(&args)?,
+        devices: args.allow_devices,
         ..MountConfig::default()
     };
     let mut clients = data_clients(&endpoints, config.threads, args.replicas)?;
@@ -297,6 +302,9 @@ fn foreground_command(args: &Args) -> anyhow::Result<Command> {
         .arg(args.attr_ttl_ms.to_string());
     if args.epochs {
         command.arg("--epochs");
+    }
+    if args.allow_devices {
+        command.arg("--allow-devices");
     }
     if let Some(pfs) = &args.pfs {
         command.arg("--pfs").arg(pfs);

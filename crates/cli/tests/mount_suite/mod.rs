@@ -200,6 +200,7 @@ pub fn cases() -> Vec<Case> {
         user_file_permission_cases(),
         user_directory_permission_cases(),
         user_privilege_cases(),
+        user_special_file_permission_cases(),
     ]
     .concat()
 }
@@ -1126,6 +1127,46 @@ fn user_privilege_cases() -> Vec<Case> {
         ("user_mknod_chardev_eperm", |d| {
             ok("chmod", fs::set_permissions(d, fs::Permissions::from_mode(0o777)))?;
             user_expect(&d.join("dev"), "os.mknod(p, 0o20666, os.makedev(1, 3))", libc::EPERM)
+        }),
+    ]
+}
+
+/// The kernel opens FIFOs, sockets and device nodes without asking the file system; their
+/// mode bits must hold all the same (pjdfstest open/06 and friends), checked as uid 1000.
+fn user_special_file_permission_cases() -> Vec<Case> {
+    vec![
+        ("user_open_fifo_0600_eacces", |d| {
+            let p = d.join("fifo");
+            ok("mknod", mknod(&p, libc::S_IFIFO | 0o600, 0))?;
+            user_expect(&p, "os.close(os.open(p, os.O_RDONLY | os.O_NONBLOCK))", libc::EACCES)
+        }),
+        ("user_open_fifo_0644_read_ok_write_eacces", |d| {
+            let p = d.join("fifo");
+            ok("mknod", mknod(&p, libc::S_IFIFO | 0o644, 0))?;
+            user_expect(&p, "os.close(os.open(p, os.O_RDONLY | os.O_NONBLOCK))", 0)?;
+            // Permitted, this would be ENXIO (no reader); not permitted, EACCES comes first.
+            user_expect(&p, "os.close(os.open(p, os.O_WRONLY | os.O_NONBLOCK))", libc::EACCES)
+        }),
+        ("user_connect_socket_0600_eacces", |d| {
+            let p = d.join("sock");
+            ok("mknod", mknod(&p, libc::S_IFSOCK | 0o600, 0))?;
+            // Permitted, this would be ECONNREFUSED (nobody listens); connect needs write.
+            user_expect(
+                &p,
+                "import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect(p)",
+                libc::EACCES,
+            )?;
+            ok("chmod", fs::set_permissions(&p, fs::Permissions::from_mode(0o666)))?;
+            user_expect(
+                &p,
+                "import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect(p)",
+                libc::ECONNREFUSED,
+            )
+        }),
+        ("user_open_char_device_0600_eacces", |d| {
+            let p = d.join("null");
+            ok("mknod", mknod(&p, libc::S_IFCHR | 0o600, libc::makedev(1, 3)))?;
+            user_expect(&p, "os.close(os.open(p, os.O_RDONLY))", libc::EACCES)
         }),
     ]
 }
