@@ -18,6 +18,11 @@ from typing import BinaryIO, Iterator, List, Optional
 MAGIC = b"SPWTRACE"
 VERSION = 1
 FLAG_SYNTHESIZED = 1
+#: The producer's input was incomplete (e.g. Darshan ran out of memory). Set exactly when the
+#: ``source`` string contains PARTIAL_MARKER, followed by what is missing.
+FLAG_PARTIAL = 2
+FLAGS_KNOWN = FLAG_SYNTHESIZED | FLAG_PARTIAL
+PARTIAL_MARKER = "PARTIAL:"
 STRING_BYTES_MAX = 64 * 1024
 TAG_FILE = 0x01
 TAG_OP = 0x02
@@ -69,6 +74,9 @@ class JobMeta:
     synthesized: bool = False
     source: str = ""
     executable: str = ""
+    # Last, so positional constructors written before it existed keep working. Must agree with
+    # PARTIAL_MARKER in ``source`` (the Rust side derives the flag from it).
+    partial: bool = False
 
 
 @dataclasses.dataclass
@@ -110,7 +118,12 @@ class TraceWriter:
         self._files = 0
         self._ops = 0
         self._previous_time = 0
-        flags = FLAG_SYNTHESIZED if meta.synthesized else 0
+        if meta.partial != (PARTIAL_MARKER in meta.source):
+            raise ValueError(
+                f"JobMeta.partial is {meta.partial} but the source string "
+                f"{'lacks' if meta.partial else 'contains'} {PARTIAL_MARKER!r}: say what is missing, or clear it"
+            )
+        flags = (FLAG_SYNTHESIZED if meta.synthesized else 0) | (FLAG_PARTIAL if meta.partial else 0)
         self._buffer += _HEADER.pack(
             MAGIC, VERSION, flags, meta.uid, meta.nprocs, meta.job_id, meta.start_unix_us, meta.end_unix_us
         )
@@ -194,11 +207,19 @@ class TraceReader:
             raise TraceError(f"not a Spillway trace: first 8 bytes are {magic!r}")
         if version != VERSION:
             raise TraceError(f"trace format version {version} is not supported (this reads {VERSION})")
-        if flags & ~FLAG_SYNTHESIZED:
+        if flags & ~FLAGS_KNOWN:
             raise TraceError(f"unknown header flags {flags:#06x}")
         source_name = self._string()
         executable = self._string()
-        self.meta = JobMeta(uid, nprocs, job_id, start, end, bool(flags & FLAG_SYNTHESIZED), source_name, executable)
+        if bool(flags & FLAG_PARTIAL) != (PARTIAL_MARKER in source_name):
+            raise TraceError(
+                f"header flag PARTIAL is {'' if flags & FLAG_PARTIAL else 'not '}set but the source string "
+                f"{'lacks' if flags & FLAG_PARTIAL else 'contains'} {PARTIAL_MARKER!r}"
+            )
+        self.meta = JobMeta(
+            uid, nprocs, job_id, start, end, bool(flags & FLAG_SYNTHESIZED), source_name, executable,
+            partial=bool(flags & FLAG_PARTIAL),
+        )
 
     def _offset(self) -> int:
         return self._base + self._position

@@ -96,3 +96,26 @@ def test_characterize_a_datawarp_profile_reproduces_table2(spillway_bin):
     assert out["metrics"]["pipelines_to_saturate_metadata"] == 3
     assert out["metrics"]["bound"] == "metadata"
     assert out["recommendation"]["namespace"] == "private"
+
+
+def test_a_partial_trace_is_said_in_every_report(spillway_bin, tmp_path):
+    import dataclasses
+
+    trace = convert(example_logs()["ior_hdf5_example.darshan"])
+    missing = "DXT_POSIX truncated: 5 of 36 reads filled in from counters"
+    meta = dataclasses.replace(
+        trace.meta, synthesized=True, partial=True, source=trace.meta.source + "; PARTIAL: " + missing
+    )
+    path = tmp_path / "partial.spwt"
+    save(dataclasses.replace(trace, meta=meta), str(path))
+    html = tmp_path / "report.html"
+    for args in (["characterize", str(path), "--html", str(html)], ["characterize", str(path), "--json"],
+                 ["sim", str(path)], ["sim", str(path), "--json"]):
+        result = subprocess.run([spillway_bin, *args], capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert f"warning: trace {path} is partial: {missing}" in result.stderr, (args, result.stderr)
+        if args == ["characterize", str(path), "--html", str(html)]:
+            assert f"Partial (input incomplete)" in result.stdout and f"YES: {missing}" in result.stdout
+            assert "Partial trace." in html.read_text()
+        if args[-1] == "--json" and args[0] == "sim":
+            assert json.loads(result.stdout)["trace"]["partial"] == missing

@@ -11,7 +11,10 @@ from hypothesis import strategies as st
 
 from conftest import TRACES
 from spillway_tools.trace import (
+    FLAG_PARTIAL,
+    FLAG_SYNTHESIZED,
     MAGIC,
+    PARTIAL_MARKER,
     JobMeta,
     Op,
     Trace,
@@ -46,6 +49,8 @@ def traces(draw):
             max_size=60,
         )
     )
+    partial = draw(st.booleans())
+    source = draw(st.text(max_size=20)).replace(PARTIAL_MARKER, "")
     meta = JobMeta(
         uid=draw(U32),
         nprocs=draw(U32),
@@ -53,8 +58,9 @@ def traces(draw):
         start_unix_us=draw(U64),
         end_unix_us=draw(U64),
         synthesized=draw(st.booleans()),
-        source=draw(st.text(max_size=20)),
+        source=source + (f"; {PARTIAL_MARKER} {draw(st.text(max_size=20))}" if partial else ""),
         executable=draw(st.text(max_size=20)),
+        partial=partial,
     )
     return Trace(meta, files, ops)
 
@@ -119,3 +125,38 @@ def test_reads_the_trace_written_by_rust():
     # Re-encoding gives back the same bytes: the two implementations agree byte for byte.
     with open(path, "rb") as source:
         assert dumps(trace) == source.read()
+
+
+def _header_flags(raw: bytes) -> int:
+    return struct.unpack_from("<H", raw, 10)[0]
+
+
+def test_partial_flag_is_bit_1_and_round_trips():
+    meta = JobMeta(synthesized=True, source=f"darshan-dxt+counters; {PARTIAL_MARKER} DXT_POSIX truncated", partial=True)
+    raw = dumps(Trace(meta, ["f"], []))
+    assert _header_flags(raw) == FLAG_SYNTHESIZED | FLAG_PARTIAL == 3
+    back = loads(raw)
+    assert back.meta.partial and back.meta.synthesized
+    assert dumps(back) == raw
+    # Old positional constructors still work and mean "not partial".
+    assert not JobMeta(1, 2, 3, 4, 5, False, "s", "e").partial
+
+
+def test_partial_flag_and_source_marker_must_agree():
+    with pytest.raises(ValueError, match="lacks"):
+        dumps(Trace(JobMeta(source="no explanation", partial=True), [], []))
+    with pytest.raises(ValueError, match="contains"):
+        dumps(Trace(JobMeta(source=f"{PARTIAL_MARKER} x"), [], []))
+    # A reader rejects a header whose bit disagrees with the source (CRC would also, later).
+    raw = bytearray(dumps(Trace(JobMeta(source="plain"), [], [])))
+    raw[10] |= FLAG_PARTIAL
+    with pytest.raises(TraceError, match="PARTIAL is set"):
+        loads(bytes(raw))
+
+
+@pytest.mark.parametrize("bit", range(2, 16))
+def test_flag_bits_above_partial_are_rejected(bit):
+    raw = bytearray(dumps(Trace(JobMeta(), [], [])))
+    struct.pack_into("<H", raw, 10, 1 << bit)
+    with pytest.raises(TraceError, match="unknown header flags"):
+        loads(bytes(raw))

@@ -63,6 +63,10 @@ fn metric_rows(result: &Characterization) -> Vec<(String, String)> {
             "Synthesized (not recorded)".into(),
             if result.job.synthesized { "yes".into() } else { "no".into() },
         ),
+        (
+            "Partial (input incomplete)".into(),
+            result.job.partial_warning().map_or("no".into(), |missing| format!("YES: {missing}")),
+        ),
         ("Wall time (s)".into(), format!("{:.2}", profile.wall_seconds)),
         ("I/O time (%)".into(), format!("{:.1}", metrics.io_time_percent)),
         ("I/O time in data operations (s)".into(), format!("{:.3}", profile.data_time_seconds)),
@@ -100,7 +104,16 @@ fn metric_rows(result: &Characterization) -> Vec<(String, String)> {
             format!("{} to saturate metadata performance", pipelines_label(result)),
             optional(metrics.pipelines_to_saturate_metadata),
         ),
-        ("Bound".into(), metrics.bound.name().into()),
+        (
+            "I/O at one fragment's peaks (s): bandwidth, IOPS, metadata".into(),
+            format!(
+                "{:.4}, {:.4}, {:.4}",
+                metrics.seconds_at_peaks.bandwidth,
+                metrics.seconds_at_peaks.iops,
+                metrics.seconds_at_peaks.metadata
+            ),
+        ),
+        ("Bound (the largest of the three above)".into(), metrics.bound.name().into()),
         ("Total file size (MiB)".into(), format!("{:.1}", profile.file_bytes as f64 / MIB)),
         ("Data reuse".into(), metrics.data_reuse.map_or("-".into(), |value| format!("{value:.1}"))),
         (
@@ -219,8 +232,16 @@ ul.advice li {{ margin: .35rem 0; }}
     );
 }
 
-/// Warning that the operations were synthesized, saying from what, when they were.
+/// Warning that the operations were synthesized, saying from what, when they were, and that
+/// the producer's input was incomplete, saying what is missing, when it was.
 fn write_synthesized_warning(html: &mut String, job: &JobMeta) {
+    if let Some(missing) = job.partial_warning() {
+        let _ = write!(
+            html,
+            r#"<p class="warn"><b>Partial trace.</b> The producer's input was incomplete: {}. Figures below are built on what the trace has.</p>"#,
+            escape(missing)
+        );
+    }
     if job.synthesized {
         if job.source.starts_with("darshan") {
             html.push_str(

@@ -17,7 +17,8 @@ fn sample(name: &str) -> Trace {
 #[test]
 fn python_written_darshan_dxt_trace_reads_back_identically() {
     let trace = sample("darshan-dxt.spwt");
-    assert!(!trace.meta.synthesized);
+    // Data recorded by DXT, except the JVM's 39 STDIO reads, which come from counters.
+    assert!(trace.meta.synthesized && !trace.meta.partial());
     assert!(trace.meta.source.starts_with("darshan-dxt"));
     assert_eq!(trace.meta.uid, 8699);
     assert_eq!(trace.meta.job_id, 1537455);

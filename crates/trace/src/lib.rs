@@ -26,7 +26,13 @@ pub const MAGIC: [u8; 8] = *b"SPWTRACE";
 pub const VERSION: u16 = 1;
 /// Header flag: the operations were synthesized from aggregate counters, not recorded one by one.
 pub const FLAG_SYNTHESIZED: u16 = 1;
-const FLAGS_KNOWN: u16 = FLAG_SYNTHESIZED;
+/// Header flag: the producer's input was incomplete (e.g. Darshan ran out of memory), so totals
+/// are partly filled in or are lower bounds. Set exactly when `source` contains [`PARTIAL_MARKER`],
+/// which is followed by what is missing: see [`JobMeta::partial`].
+pub const FLAG_PARTIAL: u16 = 2;
+const FLAGS_KNOWN: u16 = FLAG_SYNTHESIZED | FLAG_PARTIAL;
+/// Text in `source` that introduces what a partial trace is missing; present iff [`FLAG_PARTIAL`].
+pub const PARTIAL_MARKER: &str = "PARTIAL:";
 /// Longest file name or header string accepted, in bytes. Longer input is corrupt, not a path.
 pub const STRING_BYTES_MAX: usize = 64 * 1024;
 /// Most distinct files in one trace.
@@ -130,13 +136,26 @@ pub struct JobMeta {
     pub end_unix_us: u64,
     /// True when the operations were synthesized from counters rather than recorded.
     pub synthesized: bool,
-    /// Who produced the trace, e.g. `darshan-dxt`, `darshan-posix-counters`, `spillway-synth`.
+    /// Who produced the trace, e.g. `darshan-dxt`, `darshan-counters`, `spillway-synth`; for a
+    /// partial trace also what is missing, after [`PARTIAL_MARKER`].
     pub source: String,
     /// The traced executable or workflow stage.
     pub executable: String,
 }
 
 impl JobMeta {
+    /// True when the producer's input was incomplete ([`FLAG_PARTIAL`]); `source` says what is
+    /// missing after [`PARTIAL_MARKER`]. Derived from `source` rather than stored in a field so
+    /// that adding the flag did not change the fields every producer spells out.
+    pub fn partial(&self) -> bool {
+        self.source.contains(PARTIAL_MARKER)
+    }
+
+    /// Text after [`PARTIAL_MARKER`] in `source`: what a partial trace is missing.
+    pub fn partial_warning(&self) -> Option<&str> {
+        self.source.find(PARTIAL_MARKER).map(|at| self.source[at + PARTIAL_MARKER.len()..].trim())
+    }
+
     /// Wall time of the job in seconds, when the header knows it.
     pub fn wall_seconds(&self) -> Option<f64> {
         (self.end_unix_us > self.start_unix_us)
@@ -158,6 +177,12 @@ pub enum TraceReadError {
     UnsupportedVersion { version: u16 },
     #[error("trace header has unknown flags {flags:#06x}")]
     UnknownFlags { flags: u16 },
+    #[error(
+        "trace header flag PARTIAL is {}set but the source string {} \"{PARTIAL_MARKER}\"",
+        if *flag { "" } else { "not " },
+        if *flag { "lacks" } else { "contains" }
+    )]
+    PartialMismatch { flag: bool },
     #[error("trace ends early at byte {offset} (no end record)")]
     Truncated { offset: u64 },
     #[error("unknown record tag {tag:#04x} at byte {offset}")]
@@ -395,6 +420,11 @@ impl<R: Read> TraceReader<R> {
         debug_assert_eq!(self.offset(), HEADER_FIXED_BYTES as u64);
         let source = self.string()?;
         let executable = self.string()?;
+        // The flag and the explanation travel together, so a re-encoded trace keeps both.
+        let partial = flags & FLAG_PARTIAL != 0;
+        if partial != source.contains(PARTIAL_MARKER) {
+            return Err(TraceReadError::PartialMismatch { flag: partial });
+        }
         self.meta = JobMeta {
             uid,
             nprocs,
@@ -591,7 +621,10 @@ impl<W: Write> TraceWriter<W> {
             ops_written: 0,
             previous_time_ns: 0,
         };
-        let flags = if meta.synthesized { FLAG_SYNTHESIZED } else { 0 };
+        let mut flags = if meta.synthesized { FLAG_SYNTHESIZED } else { 0 };
+        if meta.partial() {
+            flags |= FLAG_PARTIAL;
+        }
         writer.buffer.extend_from_slice(&MAGIC);
         writer.buffer.extend_from_slice(&VERSION.to_le_bytes());
         writer.buffer.extend_from_slice(&flags.to_le_bytes());
@@ -894,6 +927,54 @@ mod tests {
             };
             let bytes = encode(&trace);
             prop_assert_eq!(Trace::read_from(&bytes[..]).unwrap(), trace);
+        }
+    }
+
+    #[test]
+    fn partial_flag_follows_the_source_marker_and_round_trips() {
+        let mut trace = sample();
+        assert!(!trace.meta.partial());
+        assert_eq!(u16::from_le_bytes([encode(&trace)[10], encode(&trace)[11]]), 0);
+        trace.meta.synthesized = true;
+        trace.meta.source =
+            "darshan-dxt+counters (…); PARTIAL: DXT_POSIX truncated: 9 of 10 reads".into();
+        let bytes = encode(&trace);
+        assert_eq!(u16::from_le_bytes([bytes[10], bytes[11]]), FLAG_SYNTHESIZED | FLAG_PARTIAL);
+        let back = Trace::read_from(&bytes[..]).unwrap();
+        assert!(back.meta.partial() && back.meta.synthesized);
+        assert_eq!(back.meta.partial_warning(), Some("DXT_POSIX truncated: 9 of 10 reads"));
+        assert_eq!(back, trace);
+        assert_eq!(encode(&back), bytes);
+    }
+
+    #[test]
+    fn partial_flag_and_marker_must_agree() {
+        // Flag set, no marker in the source.
+        let mut bytes = encode(&sample());
+        bytes[10] |= FLAG_PARTIAL as u8;
+        let error = Trace::read_from(&bytes[..]).unwrap_err();
+        assert!(matches!(error, TraceReadError::PartialMismatch { flag: true }), "{error}");
+        assert!(error.to_string().contains("lacks"), "{error}");
+        // Marker in the source, flag cleared.
+        let mut trace = sample();
+        trace.meta.source = "x; PARTIAL: STDIO ran out of record memory".into();
+        let mut bytes = encode(&trace);
+        bytes[10] &= !(FLAG_PARTIAL as u8);
+        let error = Trace::read_from(&bytes[..]).unwrap_err();
+        assert!(matches!(error, TraceReadError::PartialMismatch { flag: false }), "{error}");
+    }
+
+    #[test]
+    fn flag_bits_above_partial_are_still_rejected() {
+        for bit in 2..16 {
+            let mut bytes = encode(&sample());
+            let flags = 1u16 << bit;
+            bytes[10..12].copy_from_slice(&flags.to_le_bytes());
+            let error = Trace::read_from(&bytes[..]).unwrap_err();
+            assert!(
+                matches!(error, TraceReadError::UnknownFlags { flags: found } if found == flags),
+                "bit {bit}: {error}"
+            );
         }
     }
 

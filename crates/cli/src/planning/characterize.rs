@@ -12,7 +12,6 @@ use spillway_sim::characterize::{
 };
 use spillway_sim::report::{characterization_html, characterization_table};
 use spillway_trace::JobMeta;
-use spillway_trace::Trace;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -99,8 +98,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         AllocationTarget { pipelines: args.pipelines, fragment_bytes: args.fragment_gib << 30 };
     let result = match (&args.trace, &args.profile) {
         (Some(path), None) => {
-            let trace = Trace::read_path(path)
-                .with_context(|| format!("reading trace {}", path.display()))?;
+            let trace = super::read_trace(path)?;
             characterize(&trace, &peaks, target)
                 .with_context(|| format!("characterizing trace {}", path.display()))?
         }

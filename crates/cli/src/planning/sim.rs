@@ -142,8 +142,7 @@ fn load(args: &Args) -> anyhow::Result<(Trace, String, f64)> {
         (None, false) => bail!("give a trace file, or --synthetic for a generated workflow"),
         (Some(path), false) => {
             let started = Instant::now();
-            let trace = Trace::read_path(path)
-                .with_context(|| format!("reading trace {}", path.display()))?;
+            let trace = super::read_trace(path)?;
             let seconds = started.elapsed().as_secs_f64();
             let rate = if seconds > 0.0 { trace.ops.len() as f64 / seconds } else { 0.0 };
             Ok((trace, path.display().to_string(), rate))
@@ -259,6 +258,7 @@ impl Simulation<'_> {
             "source": self.trace.meta.source,
             "executable": self.trace.meta.executable,
             "synthesized": self.trace.meta.synthesized,
+            "partial": self.trace.meta.partial_warning(),
             "ops": self.trace.ops.len(),
             "files": self.trace.files.len(),
         })

@@ -13,7 +13,6 @@ use spillway_policy::tiering::Strategy;
 use spillway_sim::ias::{
     compare_strategies, ias_table, synthetic_jobs, trace_job, IasConfig, JobSpec, SyntheticWorkload,
 };
-use spillway_trace::Trace;
 use spillway_types::{format_bytes, parse_size};
 
 #[derive(clap::Args)]
@@ -184,7 +183,7 @@ fn jobs(args: &Args, config: &IasConfig) -> anyhow::Result<(Vec<JobSpec>, String
     let mut jobs = Vec::new();
     for path in &args.trace {
         let trace =
-            Trace::read_path(path).with_context(|| format!("--trace {}", path.display()))?;
+            super::read_trace(path).with_context(|| format!("--trace {}", path.display()))?;
         let name = path
             .file_name()
             .map_or_else(|| path.display().to_string(), |name| name.to_string_lossy().into_owned());
