@@ -335,6 +335,26 @@ fn the_mount_is_fuse_spillway_and_device_nodes_need_allow_devices() {
 }
 
 #[test]
+fn statfs_counts_every_server_of_the_reservation() {
+    let dir = tempdir();
+    let (_servers, endpoints) = servers(dir.path(), 3);
+    let mount = mount_at(&dir.path().join("mnt"), remote_namespace(&endpoints, 1), &endpoints);
+    let statuses = clients(&endpoints, 1).remove(0).status().unwrap();
+    let total: u64 = statuses.iter().map(|s| s.ssd_bytes_max).sum();
+    let free: u64 = statuses.iter().map(|s| s.ssd_bytes_max - s.ssd_bytes_used).sum();
+    let s = mount_suite::statvfs(mount.path()).unwrap();
+    assert_eq!(s.f_frsize, 4096);
+    assert_eq!(
+        s.f_blocks * s.f_frsize,
+        total / 4096 * 4096,
+        "df shows the three servers' space, not the first one's {}",
+        statuses[0].ssd_bytes_max
+    );
+    assert!(s.f_bavail * s.f_frsize <= free && s.f_bavail > 0, "{} of {free}", s.f_bavail);
+    mount.unmount();
+}
+
+#[test]
 fn fsync_through_the_mount_survives_a_crash_of_every_server() {
     let dir = tempdir();
     let (mut servers, endpoints) = servers(dir.path(), 2);

@@ -1413,34 +1413,27 @@ impl Namespace for LocalNamespace {
 
     /// The store's size and free space; for a namespace whose data epoch is granted a
     /// reservation capacity, that capacity as the size and the sum of its regular files' sizes
-    /// as the space used (free: the rest, at most what the store has free).
+    /// as the space used (free: the rest, at most what the store has free): [`FsStat::sized`].
     fn statfs(&self) -> Result<FsStat, MetaError> {
-        const BLOCK_BYTES: u64 = 4096;
         let capacity = self.capacity.capacity(self.data_epoch);
-        let (total, free) = match capacity.reservation_bytes {
-            Some(reservation) => {
-                let used = self.read(|state| {
-                    Ok(state
-                        .inodes
-                        .values()
-                        .filter(|inode| inode.attr.kind == FileKind::Regular)
-                        .map(|inode| inode.attr.size)
-                        .sum::<u64>())
-                })?;
-                (reservation, reservation.saturating_sub(used).min(capacity.free_bytes))
-            }
-            None => (capacity.total_bytes, capacity.free_bytes.min(capacity.total_bytes)),
-        };
+        let file_bytes = self.read(|state| {
+            Ok(state
+                .inodes
+                .values()
+                .filter(|inode| inode.attr.kind == FileKind::Regular)
+                .map(|inode| inode.attr.size)
+                .sum::<u64>())
+        })?;
         let inodes = self.inode_count();
-        Ok(FsStat {
-            block_bytes: BLOCK_BYTES as u32,
-            blocks: total / BLOCK_BYTES,
-            blocks_free: free / BLOCK_BYTES,
-            blocks_avail: free / BLOCK_BYTES,
+        let stat = FsStat {
             files: self.options.inodes_max,
             files_free: self.options.inodes_max.saturating_sub(inodes),
             name_bytes_max: NAME_BYTES_MAX as u32,
-        })
+            reservation_bytes: capacity.reservation_bytes.unwrap_or(0),
+            file_bytes,
+            ..FsStat::default()
+        };
+        Ok(stat.sized(capacity.total_bytes, capacity.free_bytes))
     }
 
     fn sync(&self) -> Result<(), MetaError> {

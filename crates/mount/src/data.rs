@@ -60,6 +60,8 @@ pub enum DataError {
     Flush(Box<ClientError>),
     #[error("the data worker of slot {slot} has stopped")]
     Stopped { slot: usize },
+    #[error("asking the reservation's servers for their capacity: {0}")]
+    Status(Box<ClientError>),
     /// The data epoch this mount has used is on no server any more: the reservation was
     /// destroyed (or its data deleted) under the mount. Its files cannot be read, never as
     /// zeros.
@@ -71,7 +73,9 @@ impl DataError {
     /// The errno the application sees (the protocol's one table).
     pub fn errno(&self) -> i32 {
         let source = match self {
-            DataError::Client { source, .. } | DataError::Flush(source) => &**source,
+            DataError::Client { source, .. }
+            | DataError::Flush(source)
+            | DataError::Status(source) => &**source,
             DataError::Stopped { .. } | DataError::EpochVanished { .. } => return libc::EIO,
         };
         match source.code() {
@@ -128,6 +132,17 @@ enum Command {
     Forget {
         ino: Ino,
     },
+    StoreCapacity {
+        reply: Reply<StoreCapacity>,
+    },
+}
+
+/// What the reservation's servers hold for files, over all of them: bytes of SSD log in all
+/// and free, divided by the copies every byte takes (`replicas`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoreCapacity {
+    pub total_bytes: u64,
+    pub free_bytes: u64,
 }
 
 impl DataPlane {
@@ -174,6 +189,12 @@ impl DataPlane {
             index,
             ino,
         }
+    }
+
+    /// The capacity of every server of the reservation (`statfs` of the mount), asked through
+    /// the first slot.
+    pub fn store_capacity(&self) -> Result<StoreCapacity, DataError> {
+        self.slot_at(0, None).call(|reply| Command::StoreCapacity { reply })
     }
 
     /// Flushes every slot's pipeline; the first failure.
@@ -318,11 +339,23 @@ impl Slot {
                     });
                 }
                 Command::Forget { ino } => self.forget(ino),
+                Command::StoreCapacity { reply } => {
+                    let _ = reply.send(self.store_capacity());
+                }
             }
         }
         if let Err(e) = self.flush() {
             tracing::error!(error = %e, "flushing writes at unmount failed");
         }
+    }
+
+    fn store_capacity(&mut self) -> Result<StoreCapacity, DataError> {
+        let statuses = self.client.status().map_err(|e| DataError::Status(Box::new(e)))?;
+        let copies = u64::from(self.client.replicas().max(1));
+        let total: u64 = statuses.iter().map(|s| s.ssd_bytes_max).sum();
+        let free: u64 =
+            statuses.iter().map(|s| s.ssd_bytes_max.saturating_sub(s.ssd_bytes_used)).sum();
+        Ok(StoreCapacity { total_bytes: total / copies, free_bytes: free / copies })
     }
 
     fn name(&self, ino: Ino, generation: u64) -> String {

@@ -810,7 +810,16 @@ impl Filesystem for SpillwayFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match self.namespace.statfs() {
+        // The namespace server knows the reservation and the files; the space is every
+        // server's. If a server does not answer, its namespace server's own view will do.
+        let stat = self.namespace.statfs().map(|stat| match self.data.store_capacity() {
+            Ok(store) => stat.sized(store.total_bytes, store.free_bytes),
+            Err(e) => {
+                tracing::warn!(error = %e, "statfs shows the namespace server's space only");
+                stat
+            }
+        });
+        match stat {
             Ok(s) => reply.statfs(
                 s.blocks,
                 s.blocks_free,

@@ -228,7 +228,7 @@ pub struct DirEntry {
     pub cookie: u64,
 }
 
-/// `statfs` figures. Block counts come from the store's real capacity.
+/// `statfs` figures. Block counts come from the store's real capacity ([`FsStat::sized`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FsStat {
     pub block_bytes: u32,
@@ -238,6 +238,35 @@ pub struct FsStat {
     pub files: u64,
     pub files_free: u64,
     pub name_bytes_max: u32,
+    /// The reservation's capacity over all its servers, when the namespace's data epoch carries
+    /// one; 0: none (the file system is as large as the store).
+    pub reservation_bytes: u64,
+    /// The sizes of the namespace's regular files, summed (a hard-linked file once).
+    pub file_bytes: u64,
+}
+
+impl FsStat {
+    /// The block size `statfs` reports.
+    pub const BLOCK_BYTES: u32 = 4096;
+
+    /// The block counts for a store of `store_total` bytes with `store_free` free: with a
+    /// reservation, its capacity is the size and the files' bytes are used (free: the rest, at
+    /// most what the store has free); without, the store's size and free space. The namespace
+    /// server applies it to its own store, a mount to the sum over the reservation's servers.
+    pub fn sized(mut self, store_total: u64, store_free: u64) -> FsStat {
+        let (total, free) = match self.reservation_bytes {
+            0 => (store_total, store_free.min(store_total)),
+            reservation => {
+                (reservation, reservation.saturating_sub(self.file_bytes).min(store_free))
+            }
+        };
+        let block = u64::from(Self::BLOCK_BYTES);
+        self.block_bytes = Self::BLOCK_BYTES;
+        self.blocks = total / block;
+        self.blocks_free = free / block;
+        self.blocks_avail = free / block;
+        self
+    }
 }
 
 /// One line of the drain's name map: a store file and the POSIX path of one of its links.

@@ -533,7 +533,9 @@ impl NamespaceResponse {
                     .u64(s.blocks_avail)
                     .u64(s.files)
                     .u64(s.files_free)
-                    .u32(s.name_bytes_max);
+                    .u32(s.name_bytes_max)
+                    .u64(s.reservation_bytes)
+                    .u64(s.file_bytes);
             }
             NamespaceResponse::Manifest(list) => {
                 e.u32(list.len() as u32);
@@ -582,6 +584,8 @@ impl NamespaceResponse {
                 files: d.u64("files")?,
                 files_free: d.u64("files_free")?,
                 name_bytes_max: d.u32("name_bytes_max")?,
+                reservation_bytes: d.u64("reservation_bytes")?,
+                file_bytes: d.u64("file_bytes")?,
             }),
             Kind::NamespaceManifestPage => {
                 let n = d.count(36, "manifest count")?;
@@ -1062,6 +1066,8 @@ mod tests {
                     files: f,
                     files_free: f / 2,
                     name_bytes_max: 255,
+                    reservation_bytes: n / 5,
+                    file_bytes: f / 7,
                 })
             }),
             proptest::collection::vec((bytes(), any::<u64>(), any::<u32>(), timestamp()), 0..6)

@@ -91,7 +91,7 @@ fn utimens(path: &Path, atime: (i64, i64), mtime: (i64, i64)) -> std::io::Result
     last_error(rc, ())
 }
 
-fn statvfs(path: &Path) -> std::io::Result<libc::statvfs> {
+pub fn statvfs(path: &Path) -> std::io::Result<libc::statvfs> {
     let p = cstr(path);
     // SAFETY: zeroed statvfs is a valid out-parameter.
     let mut out: libc::statvfs = unsafe { std::mem::zeroed() };
