@@ -355,6 +355,52 @@ fn statfs_counts_every_server_of_the_reservation() {
 }
 
 #[test]
+fn a_full_store_fails_writes_with_enospc_and_never_shows_zeros() {
+    use std::io::Write;
+    let dir = tempdir();
+    // 24 MiB of SSD log and a short backpressure bound: a 64 MiB file cannot fit.
+    let server = ServerProcess::builder(BIN, dir.path(), "small")
+        .dram_bytes("4M")
+        .env("SPILLWAY_STORE_SSD_BYTES_MAX", (24u64 << 20).to_string())
+        .env("SPILLWAY_STORE_SEGMENT_BYTES_MAX", (1u64 << 20).to_string())
+        .env("SPILLWAY_STORE_RECORD_PAYLOAD_BYTES_MAX", (256u64 << 10).to_string())
+        .env("SPILLWAY_SERVER_BACKPRESSURE_WAIT_MS_MAX", "300")
+        .start();
+    let endpoints = vec![server.endpoint().clone()];
+    let mount = mount_at(&dir.path().join("mnt"), remote_namespace(&endpoints, 1), &endpoints);
+    let path = mount.path().join("checkpoint");
+    let data = mount_suite::bytes(42, 64 << 20);
+    let mut file = std::fs::File::create(&path).unwrap();
+    let mut written = 0usize;
+    let mut failure = None;
+    for chunk in data.chunks(1 << 20) {
+        match file.write_all(chunk) {
+            Ok(()) => written += chunk.len(),
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
+        }
+    }
+    let synced = file.sync_all();
+    drop(file);
+    let errno = failure.as_ref().or(synced.as_ref().err()).and_then(|e| e.raw_os_error());
+    assert_eq!(errno, Some(libc::ENOSPC), "write {failure:?}, fsync {synced:?}");
+    // write(2) fails once the mount has learnt of a refusal (after the client's pipeline
+    // window); before that the failure comes at fsync or close.
+    println!("write(2) accepted {written} bytes; error {errno:?}");
+    // Whatever size the file shows, its bytes are the ones written: no zeros where the
+    // servers refused data.
+    let size = std::fs::metadata(&path).unwrap().len() as usize;
+    let back = std::fs::read(&path).unwrap();
+    assert_eq!(back.len(), size);
+    assert!(size < data.len(), "the size claims {size} bytes of a file that did not fit");
+    let first_difference = back.iter().zip(&data).position(|(a, b)| a != b);
+    assert_eq!(first_difference, None, "of {size} bytes shown ({written} written)");
+    mount.unmount();
+}
+
+#[test]
 fn fsync_through_the_mount_survives_a_crash_of_every_server() {
     let dir = tempdir();
     let (mut servers, endpoints) = servers(dir.path(), 2);

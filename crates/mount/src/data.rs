@@ -20,11 +20,16 @@
 //! mount) while different files proceed in parallel. A write is queued (its bytes copied) and
 //! the kernel answered at once, so the application's next `write(2)` overlaps the sending of
 //! this one (write-behind, at most [`QUEUED_COMMANDS_MAX`] commands, i.e. that many MiB, per
-//! slot); a failure is kept and reported by the next flush (close) or fsync of the slot.
+//! slot). A failure is pinned on every inode the slot wrote since its last flush (a pipelined
+//! failure does not say whose write it was) and reported by each one's next flush (close) or
+//! fsync; the file system then withdraws the size those writes claimed, so a file never shows
+//! zeros where the servers refused its bytes. Once the servers refused a write for want of
+//! space, later writes are refused at once ([`DataPlane::store_full`]) instead of each waiting
+//! out the servers' backpressure bound again, until the next flush or fsync tries again.
 //! Each slot also has a lock that the file system holds across a truncate and the zero-fill
 //! that follows it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
@@ -62,6 +67,15 @@ pub enum DataError {
     Stopped { slot: usize },
     #[error("asking the reservation's servers for their capacity: {0}")]
     Status(Box<ClientError>),
+    /// The servers refused an earlier write for want of space: this one is refused without
+    /// being sent (a close or fsync of any file tries the servers again).
+    #[error("the reservation's servers are full: write refused at once after an earlier one was refused for want of space (close or fsync to try again)")]
+    StoreFull,
+    /// A write through the same data slot failed while this file had writes in flight; a
+    /// pipelined failure does not say whose write it was, so this file's writes since its last
+    /// flush may not be stored.
+    #[error("a write through this file's data slot failed while the file had writes in flight, so they may not be stored: {message}")]
+    SlotFailure { errno: i32, message: String },
     /// The data epoch this mount has used is on no server any more: the reservation was
     /// destroyed (or its data deleted) under the mount. Its files cannot be read, never as
     /// zeros.
@@ -77,6 +91,8 @@ impl DataError {
             | DataError::Flush(source)
             | DataError::Status(source) => &**source,
             DataError::Stopped { .. } | DataError::EpochVanished { .. } => return libc::EIO,
+            DataError::StoreFull => return libc::ENOSPC,
+            DataError::SlotFailure { errno, .. } => return *errno,
         };
         match source.code() {
             // A committed (sealed) data epoch cannot take more writes.
@@ -89,6 +105,8 @@ impl DataError {
 /// The data path of one mount: a pool of clients, each driven by its worker thread.
 pub struct DataPlane {
     slots: Vec<SlotChannel>,
+    /// See [`DataPlane::store_full`].
+    store_full: Arc<AtomicBool>,
 }
 
 struct SlotChannel {
@@ -151,6 +169,7 @@ impl DataPlane {
     pub fn new(clients: Vec<Client>, namespace: NamespaceId, epoch: EpochId) -> DataPlane {
         assert!(!clients.is_empty(), "a data plane needs at least one client");
         let epoch_seen = Arc::new(AtomicBool::new(false));
+        let store_full = Arc::new(AtomicBool::new(false));
         let slots = clients
             .into_iter()
             .enumerate()
@@ -161,8 +180,10 @@ impl DataPlane {
                     namespace,
                     epoch,
                     handles: HashMap::new(),
-                    deferred: None,
+                    dirty: HashSet::new(),
+                    failed: HashMap::new(),
                     epoch_seen: epoch_seen.clone(),
+                    store_full: store_full.clone(),
                 };
                 let (sender, receiver) = sync_channel(QUEUED_COMMANDS_MAX);
                 let worker = std::thread::Builder::new()
@@ -172,7 +193,14 @@ impl DataPlane {
                 SlotChannel { lock: Mutex::new(()), sender: Some(sender), worker: Some(worker) }
             })
             .collect();
-        DataPlane { slots }
+        DataPlane { slots, store_full }
+    }
+
+    /// The servers refused a write for want of space since the last flush or fsync: writes are
+    /// refused at once (ENOSPC at `write(2)`), so a full burst buffer costs one backpressure
+    /// wait (`server.backpressure_wait_ms_max`), not one per batch of writes.
+    pub fn store_full(&self) -> bool {
+        self.store_full.load(Ordering::Relaxed)
     }
 
     /// The slot serving inode `ino`, locked.
@@ -304,11 +332,17 @@ pub struct Slot {
     epoch: EpochId,
     /// (ino, generation) → handle covering every server of the file's stripe set.
     handles: HashMap<(Ino, u64), FileHandle>,
-    /// The first failure of a queued write, reported by the next flush.
-    deferred: Option<DataError>,
+    /// Inodes written through this slot since its last flush: a failure found meanwhile may
+    /// be any of theirs. Bounded by the open files the slot serves.
+    dirty: HashSet<Ino>,
+    /// Inodes whose writes since their last flush may not be stored, and why; each is reported
+    /// (and forgotten) by that inode's next flush or fsync.
+    failed: HashMap<Ino, DataError>,
     /// Some server held the data epoch since the mount started (shared by every slot): from
     /// then on an epoch on no server has vanished, and its files read as EIO, not zeros.
     epoch_seen: Arc<AtomicBool>,
+    /// Shared by every slot: [`DataPlane::store_full`].
+    store_full: Arc<AtomicBool>,
 }
 
 impl Slot {
@@ -317,9 +351,14 @@ impl Slot {
         for command in commands {
             match command {
                 Command::Write { ino, generation, offset, data } => {
-                    if let Err(e) = self.write(ino, generation, offset, &data) {
+                    self.dirty.insert(ino);
+                    if self.store_full.load(Ordering::Relaxed) {
+                        // Queued before the refusal was known: sending it would only wait
+                        // out the servers' backpressure bound again.
+                        self.fail_dirty(DataError::StoreFull);
+                    } else if let Err(e) = self.write(ino, generation, offset, &data) {
                         tracing::warn!(error = %e, "queued write failed");
-                        self.deferred.get_or_insert(e);
+                        self.fail_dirty(e);
                     }
                 }
                 Command::Read { ino, generation, offset, length, reply } => {
@@ -331,12 +370,7 @@ impl Slot {
                     let _ = reply.send(self.zero_fill(ino, generation, from, to));
                 }
                 Command::Flush { durable, ino, reply } => {
-                    let flushed = if durable { self.sync() } else { self.flush() };
-                    let flushed = flushed.and_then(|()| self.report_lost(ino));
-                    let _ = reply.send(match self.deferred.take() {
-                        Some(e) => Err(e),
-                        None => flushed,
-                    });
+                    let _ = reply.send(self.flush_for(durable, ino));
                 }
                 Command::Forget { ino } => self.forget(ino),
                 Command::StoreCapacity { reply } => {
@@ -346,6 +380,49 @@ impl Slot {
         }
         if let Err(e) = self.flush() {
             tracing::error!(error = %e, "flushing writes at unmount failed");
+        }
+    }
+
+    /// Flushes (`durable`: syncs) the slot and reports what failed for `ino` (for `None`, the
+    /// unmount's flush, for any inode). A close or fsync is where the servers are tried again
+    /// after they were full.
+    fn flush_for(&mut self, durable: bool, ino: Option<Ino>) -> Result<(), DataError> {
+        let flushed = if durable { self.sync() } else { self.flush() };
+        match flushed {
+            Ok(()) => self.dirty.clear(),
+            Err(e) => self.fail_dirty(e),
+        }
+        self.store_full.store(false, Ordering::Relaxed);
+        let failure = match ino {
+            Some(ino) => self.failed.remove(&ino),
+            None => {
+                let first = self.failed.keys().next().copied();
+                first.and_then(|ino| self.failed.remove(&ino))
+            }
+        };
+        match failure {
+            Some(e) => Err(e),
+            None => self.report_lost(ino),
+        }
+    }
+
+    /// Pins `error` on every inode written since the last flush (the first keeps the error
+    /// itself, the others its errno and message) and, for want of space, refuses later writes.
+    fn fail_dirty(&mut self, error: DataError) {
+        let errno = error.errno();
+        if errno == libc::ENOSPC || errno == libc::EDQUOT {
+            self.store_full.store(true, Ordering::Relaxed);
+        }
+        let message = error.to_string();
+        let mut first = Some(error);
+        for ino in self.dirty.drain() {
+            let error = first
+                .take()
+                .unwrap_or_else(|| DataError::SlotFailure { errno, message: message.clone() });
+            self.failed.entry(ino).or_insert(error);
+        }
+        if first.is_some() {
+            tracing::warn!(%message, "a data failure with no file written since the last flush");
         }
     }
 

@@ -270,6 +270,11 @@ impl SpillwayFs {
         else {
             return Ok(());
         };
+        // The size may claim only bytes the servers hold: the file's writes first.
+        if let Err(e) = self.data.slot(ino).flush() {
+            self.withdraw_size(ino);
+            return Err(data_errno(&e));
+        }
         match self.namespace.wrote(&caller, ino, end) {
             Ok(attr) => {
                 self.observe(&attr);
@@ -278,6 +283,18 @@ impl SpillwayFs {
             // Unlinked meanwhile: nobody else can see the size any more.
             Err(e) if e.errno == libc::ENOENT => Ok(()),
             Err(e) => Err(errno(&e)),
+        }
+    }
+
+    /// After a failed flush: forgets the size this mount's unreported writes claimed, so the
+    /// file does not grow over bytes the servers may have refused (they would read as zeros).
+    fn withdraw_size(&self, ino: Ino) {
+        if let Some(state) = self.inodes.lock().get_mut(&ino) {
+            state.pending = None;
+        }
+        match self.namespace.getattr(ino) {
+            Ok(attr) => self.observe(&attr),
+            Err(e) => tracing::warn!(ino, error = %e, "re-reading a size after a failed write"),
         }
     }
 
@@ -331,6 +348,9 @@ impl SpillwayFs {
 
     fn do_write(&self, req: &Request, ino: Ino, offset: u64, data: &[u8]) -> Result<(), Errno> {
         let end = offset.checked_add(data.len() as u64).ok_or(Errno::EFBIG)?;
+        if self.data.store_full() {
+            return Err(Errno::ENOSPC);
+        }
         let caller = caller(req);
         let mut slot = self.data.slot(ino);
         // A gap left past EOF already reads as zeros: a shrinking truncate zeroed what the
@@ -342,18 +362,27 @@ impl SpillwayFs {
         if let Some(phases) = &self.phases {
             phases.wrote(data.len() as u64);
         }
-        {
+        // The size grows only once the bytes are acknowledged (push_pending flushes first);
+        // the first write of an open file reports the rest (mtime, suid clearing) at once.
+        let first = {
             let mut inodes = self.inodes.lock();
-            if let Some(state) = inodes.get_mut(&ino) {
-                if state.reported {
+            match inodes.get_mut(&ino) {
+                Some(state) => {
                     state.attr.size = state.attr.size.max(end);
                     let pending_end = state.pending.as_ref().map_or(end, |(_, e)| end.max(*e));
-                    state.pending = Some((caller, pending_end));
-                    return Ok(());
+                    state.pending = Some((caller.clone(), pending_end));
+                    !state.reported
                 }
+                None => true,
             }
+        };
+        if !first {
+            return Ok(());
         }
-        match self.namespace.wrote(&caller, ino, end) {
+        let tracked = self.inodes.lock().contains_key(&ino);
+        // An inode this mount does not track (no open handle) has nowhere to keep a pending
+        // size: it reports the end at once, as before.
+        match self.namespace.wrote(&caller, ino, if tracked { 0 } else { end }) {
             Ok(attr) => {
                 self.observe(&attr);
                 if let Some(state) = self.inodes.lock().get_mut(&ino) {
@@ -698,6 +727,7 @@ impl Filesystem for SpillwayFs {
     ) {
         // close(2): report any write failure of this file's pipeline, then the size.
         if let Err(e) = self.data.slot(ino.0).flush() {
+            self.withdraw_size(ino.0);
             return reply.error(data_errno(&e));
         }
         match self.push_pending(ino.0) {
@@ -739,6 +769,7 @@ impl Filesystem for SpillwayFs {
         reply: ReplyEmpty,
     ) {
         if let Err(e) = self.data.slot(ino.0).sync() {
+            self.withdraw_size(ino.0);
             return reply.error(data_errno(&e));
         }
         if let Err(e) = self.push_pending(ino.0) {
