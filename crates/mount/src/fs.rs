@@ -443,6 +443,61 @@ impl SpillwayFs {
     }
 }
 
+impl SpillwayFs {
+    /// fallocate(2): mode 0 and `FALLOC_FL_KEEP_SIZE` reserve nothing (the store allocates at
+    /// write; a reservation's capacity is checked there) and only grow the size without
+    /// KEEP_SIZE; `FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE` and `FALLOC_FL_ZERO_RANGE` make the
+    /// range read as zeros by overwriting what the store holds there (up to its high-water mark:
+    /// beyond, it holds nothing). The store has no holes yet, so zeros over written bytes cost
+    /// space until the epoch is drained or deleted. Collapse, insert and unshare: EOPNOTSUPP.
+    fn do_fallocate(
+        &self,
+        caller: &Caller,
+        ino: Ino,
+        offset: u64,
+        length: u64,
+        mode: i32,
+    ) -> Result<(), Errno> {
+        const KEEP_SIZE: i32 = libc::FALLOC_FL_KEEP_SIZE;
+        const PUNCH_HOLE: i32 = libc::FALLOC_FL_PUNCH_HOLE;
+        const ZERO_RANGE: i32 = libc::FALLOC_FL_ZERO_RANGE;
+        let end = offset.checked_add(length).ok_or(Errno::EFBIG)?;
+        let zeroes = match mode {
+            0 | KEEP_SIZE => false,
+            m if m == PUNCH_HOLE | KEEP_SIZE || m == ZERO_RANGE || m == ZERO_RANGE | KEEP_SIZE => {
+                true
+            }
+            _ => return Err(Errno::EOPNOTSUPP),
+        };
+        if zeroes {
+            let reporting = self.size_reports.lock();
+            self.push_pending_locked(ino)?;
+            // Held so no write of this mount interleaves between the size and the zeros.
+            let mut slot = self.data.slot(ino);
+            let (generation, size) = self.state(ino)?;
+            slot.zero_fill(ino, generation, offset, end.min(size)).map_err(|e| data_errno(&e))?;
+            drop(slot);
+            drop(reporting);
+            // A hole punched is a modification: mtime and ctime, as for a write (not for a
+            // file whose last name is gone: nobody else can see it).
+            match self.namespace.wrote(caller, ino, 0) {
+                Ok(attr) => self.observe(&attr),
+                Err(e) if e.errno == libc::ENOENT => {}
+                Err(e) => return Err(errno(&e)),
+            }
+        }
+        if mode & KEEP_SIZE != 0 {
+            return Ok(());
+        }
+        let (_, size) = self.state(ino)?;
+        if end <= size {
+            return Ok(());
+        }
+        let set = SetAttr { size: Some(end), via_writable_handle: true, ..SetAttr::default() };
+        self.do_setattr(caller, ino, &set).map(|_| ())
+    }
+}
+
 impl Filesystem for SpillwayFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         if let Err(nearest) = config.set_max_write(MAX_WRITE_BYTES) {
@@ -976,22 +1031,8 @@ impl Filesystem for SpillwayFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        // Mode 0 (posix_fallocate): make the file at least offset+length long; the store has no
-        // preallocation, so the range is only reserved in the size.
-        if mode != 0 {
-            return reply.error(Errno::EOPNOTSUPP);
-        }
-        let Some(end) = offset.checked_add(length) else { return reply.error(Errno::EFBIG) };
-        let (_, size) = match self.state(ino.0) {
-            Ok(state) => state,
-            Err(e) => return reply.error(e),
-        };
-        if end <= size {
-            return reply.ok();
-        }
-        let set = SetAttr { size: Some(end), via_writable_handle: true, ..SetAttr::default() };
-        match self.do_setattr(&caller(req), ino.0, &set) {
-            Ok(_) => reply.ok(),
+        match self.do_fallocate(&caller(req), ino.0, offset, length, mode) {
+            Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
     }

@@ -201,6 +201,7 @@ pub fn cases() -> Vec<Case> {
         user_directory_permission_cases(),
         user_privilege_cases(),
         user_special_file_permission_cases(),
+        fallocate_cases(),
     ]
     .concat()
 }
@@ -1171,6 +1172,69 @@ fn user_special_file_permission_cases() -> Vec<Case> {
     ]
 }
 
+fn fallocate(file: &File, mode: i32, offset: i64, length: i64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid descriptor; fallocate reads no memory of ours.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), mode, offset, length) };
+    last_error(rc, ())
+}
+
+/// A 64 KiB file of pattern 3, opened read-write.
+fn patterned(d: &Path) -> Result<(File, Vec<u8>), String> {
+    let data = bytes(3, 65_536);
+    write_file(&d.join("f"), &data)?;
+    let file = ok("open", OpenOptions::new().read(true).write(true).open(d.join("f")))?;
+    Ok((file, data))
+}
+
+/// fallocate(2): preallocation, punching holes and zeroing ranges.
+fn fallocate_cases() -> Vec<Case> {
+    vec![
+        ("fallocate_grows_keep_size_does_not", |d| {
+            let file = ok("create", File::create(d.join("f")))?;
+            ok("fallocate", fallocate(&file, 0, 0, 100_000))?;
+            check(ok("stat", file.metadata())?.len() == 100_000, "mode 0 grows to 100000")?;
+            ok("fallocate keep", fallocate(&file, libc::FALLOC_FL_KEEP_SIZE, 0, 1 << 20))?;
+            check(ok("stat", file.metadata())?.len() == 100_000, "KEEP_SIZE keeps the size")?;
+            check(read_file(&d.join("f"))? == vec![0u8; 100_000], "preallocated bytes read zero")
+        }),
+        ("fallocate_punch_hole_reads_zeros", |d| {
+            let (file, mut data) = patterned(d)?;
+            let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+            ok("punch", fallocate(&file, mode, 4096, 8192))?;
+            data[4096..12_288].fill(0);
+            check(ok("stat", file.metadata())?.len() == 65_536, "punching keeps the size")?;
+            check(read_file(&d.join("f"))? == data, "the hole reads zeros, the rest is intact")?;
+            // A hole past the end changes nothing.
+            ok("punch past end", fallocate(&file, mode, 100_000, 4096))?;
+            check(ok("stat", file.metadata())?.len() == 65_536, "size after a hole past EOF")
+        }),
+        ("fallocate_zero_range_grows", |d| {
+            let (file, mut data) = patterned(d)?;
+            ok("zero range", fallocate(&file, libc::FALLOC_FL_ZERO_RANGE, 60_000, 10_000))?;
+            data.truncate(60_000);
+            data.resize(70_000, 0);
+            check(read_file(&d.join("f"))? == data, "zeros from 60000 to the new size 70000")
+        }),
+        ("fallocate_zero_range_keep_size", |d| {
+            let (file, mut data) = patterned(d)?;
+            let mode = libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE;
+            ok("zero range", fallocate(&file, mode, 65_000, 10_000))?;
+            data[65_000..].fill(0);
+            check(read_file(&d.join("f"))? == data, "zeros up to the unchanged size")
+        }),
+        ("fallocate_punch_without_keep_size_einval_or_eopnotsupp", |d| {
+            let (file, _) = patterned(d)?;
+            let result = fallocate(&file, libc::FALLOC_FL_PUNCH_HOLE, 0, 4096);
+            let errno = result.err().and_then(|e| e.raw_os_error());
+            check(
+                matches!(errno, Some(libc::EINVAL | libc::EOPNOTSUPP)),
+                format!("PUNCH_HOLE alone: errno {errno:?}"),
+            )
+        }),
+    ]
+}
+
 /// Runs every case in its own directory under `root`; returns (passed, total, failures).
 pub fn conformance(root: &Path) -> (usize, usize, Vec<String>) {
     let cases = cases();
@@ -1326,7 +1390,7 @@ impl Step {
                     )
                 }
             }
-            _ => {
+            95..=96 => {
                 if side.handles.is_empty() {
                     ("no handle".to_string(), Ok(String::new()))
                 } else {
@@ -1335,6 +1399,28 @@ impl Step {
                     (
                         format!("ftruncate handle {i} ({hname}) to {size}"),
                         f.set_len(size).map(|_| String::new()).map_err(|e| errno_of(&e)),
+                    )
+                }
+            }
+            _ => {
+                if side.handles.is_empty() {
+                    ("no handle".to_string(), Ok(String::new()))
+                } else {
+                    let i = handle_index % side.handles.len();
+                    let (hname, f) = &side.handles[i];
+                    let (mode, what) = match size % 3 {
+                        0 => (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, "punch hole"),
+                        1 => (libc::FALLOC_FL_ZERO_RANGE, "zero range"),
+                        _ => (
+                            libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+                            "zero range, keep size",
+                        ),
+                    };
+                    (
+                        format!("fallocate {what} via handle {i} ({hname}) @{offset} +{length}"),
+                        fallocate(f, mode, offset as i64, length.max(1) as i64)
+                            .map(|_| String::new())
+                            .map_err(|e| errno_of(&e)),
                     )
                 }
             }
