@@ -15,6 +15,7 @@ pub mod egress;
 pub mod ias;
 pub mod ingress;
 pub mod mount;
+pub mod mount_ior;
 pub mod peaks;
 pub mod replication;
 pub mod stats;

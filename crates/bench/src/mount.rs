@@ -10,12 +10,15 @@
 //!    server; each worker has its own mount of it, as two compute nodes would) and on `private`
 //!    namespaces (each worker's mount has its own namespace, on different servers).
 //! 3. The same metadata run on a plain local directory, the reference.
+//! 4. IOR-shaped phases (file per process, shared file, 16 KiB strided; write and read) through
+//!    the mount and through the native client: [`crate::mount_ior`].
 //!
 //! Workers are threads of this process, each with its own mount (the kernel serves each
 //! thread's system calls independently, as it would separate processes'); the mounts run in
 //! this process too, with the same code as `spillway mount`. Servers are `spillway serve`
 //! children on loopback, killed when the benchmark ends.
 
+use crate::mount_ior::{IorRow, IorShape};
 use crate::start_server;
 use crate::stats::median;
 use spillway_harness::ServerProcess;
@@ -64,6 +67,30 @@ pub struct Args {
     /// Working directory (default: a fresh temporary directory).
     #[arg(long)]
     pub work_dir: Option<PathBuf>,
+    /// Worker threads of the IOR-shaped phases.
+    #[arg(long, default_value_t = 4)]
+    pub ior_workers: usize,
+    /// Bytes each IOR worker writes in the 1 MiB-transfer layouts (a multiple of 1 MiB).
+    #[arg(long, default_value = "64M", value_parser = spillway_types::parse_size)]
+    pub ior_block: u64,
+    /// Bytes each IOR worker writes in the 16 KiB strided layout (a multiple of 16 KiB).
+    #[arg(long, default_value = "8M", value_parser = spillway_types::parse_size)]
+    pub ior_strided_block: u64,
+    /// Runs of each IOR layout and side (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub ior_repeat: u32,
+}
+
+impl Args {
+    fn ior_shape(&self) -> IorShape {
+        IorShape {
+            workers: self.ior_workers,
+            block_bytes: self.ior_block,
+            strided_block_bytes: self.ior_strided_block,
+            repeat: self.ior_repeat,
+            threads: self.threads,
+        }
+    }
 }
 
 /// `count` servers with `dram_bytes` of DRAM each, and their endpoints.
@@ -84,14 +111,14 @@ fn start_servers(
 }
 
 /// A namespace root every benchmark worker may write: root-owned, mode 1777.
-fn open_root(data_epoch: EpochId) -> NamespaceRoot {
+pub(crate) fn open_root(data_epoch: EpochId) -> NamespaceRoot {
     NamespaceRoot { data_epoch, uid: 0, gid: 0, mode: 0o1777 }
 }
 
 /// A mount of the benchmark, unmounted when dropped.
-struct BenchMount {
+pub(crate) struct BenchMount {
     mount: Option<spillway_mount::Mount>,
-    path: PathBuf,
+    pub(crate) path: PathBuf,
 }
 
 impl Drop for BenchMount {
@@ -104,7 +131,7 @@ impl Drop for BenchMount {
     }
 }
 
-fn mount(
+pub(crate) fn mount(
     path: &Path,
     namespace: Arc<dyn Namespace>,
     endpoints: &[Endpoint],
@@ -264,16 +291,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let (work, _temporary) = work_directory(&args)?;
     // Every byte of both variants stays in DRAM (mount files are never deleted from the
     // store during the run): no spilling inside a measurement.
-    let per_server = (total * (args.repeat as u64 + 1) * 2).div_ceil(args.servers as u64);
+    // The IOR runs delete their epochs: one run of each side at a time.
+    let per_server = (total * (args.repeat as u64 + 1) * 2 + 2 * args.ior_shape().run_bytes())
+        .div_ceil(args.servers as u64);
     let dram = crate::dram_bytes_holding(per_server, 128 << 20);
     let (servers, endpoints) = start_servers(&work, args.servers, dram)?;
     let writes = measure_sequential_writes(&args, &work, &endpoints)?;
     let rows = measure_metadata(&args, &work, &endpoints)?;
+    let ior = crate::mount_ior::measure(&args.ior_shape(), &work, &endpoints)?;
     drop(servers);
     if args.json {
-        return print_json(&args, &writes, &rows);
+        return print_json(&args, &writes, &rows, &ior);
     }
     print_text(&args, &writes, &rows);
+    print_ior_text(&args.ior_shape(), &ior);
     Ok(())
 }
 
@@ -443,10 +474,15 @@ fn private_over_striped_creates(rows: &[MetaRow]) -> f64 {
 }
 
 /// Every figure and ratio as one JSON object on stdout.
-fn print_json(args: &Args, writes: &SequentialWrites, rows: &[MetaRow]) -> anyhow::Result<()> {
+fn print_json(
+    args: &Args,
+    writes: &SequentialWrites,
+    rows: &[MetaRow],
+    ior: &[IorRow],
+) -> anyhow::Result<()> {
     let find = |target: &str, workers: usize| find_rates(rows, target, workers);
     let pair_ratios = writes.pair_ratios();
-    let out = serde_json::json!({
+    let mut out = serde_json::json!({
         "write": {
             "bytes": args.write_bytes,
             "transfer_bytes": TRANSFER_BYTES,
@@ -467,7 +503,13 @@ fn print_json(args: &Args, writes: &SequentialWrites, rows: &[MetaRow]) -> anyho
             "private_2_over_1_creates": find("mount, private", 2).create_ops_s / find("mount, private", 1).create_ops_s,
             "mount_over_plain_creates_1proc": find("mount, striped", 1).create_ops_s / find("plain directory", 1).create_ops_s,
         },
+        "ior": { "shape": args.ior_shape(), "rows": ior },
     });
+    for row in ior {
+        let key = row.layout.key();
+        out["ratios"][format!("mount_vs_native_{key}_write")] = row.mount_vs_native_write.into();
+        out["ratios"][format!("mount_vs_native_{key}_read")] = row.mount_vs_native_read.into();
+    }
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())
 }
@@ -509,4 +551,33 @@ fn print_text(args: &Args, writes: &SequentialWrites, rows: &[MetaRow]) {
         "private / striped creates with 2 workers: {:.2}x",
         private_over_striped_creates(rows)
     );
+}
+
+/// The IOR-shaped phases as a table, with the targets.
+fn print_ior_text(shape: &IorShape, rows: &[IorRow]) {
+    println!();
+    println!(
+        "IOR-shaped phases: {} workers, {:.0} MiB each (16 KiB strided: {:.0} MiB), median of {}, MiB/s",
+        shape.workers,
+        shape.block_bytes as f64 / MIB,
+        shape.strided_block_bytes as f64 / MIB,
+        shape.repeat
+    );
+    println!(
+        "  {:<12} {:>10} {:>10} {:>7} {:>10} {:>10} {:>7}  target",
+        "layout", "native wr", "mount wr", "ratio", "native rd", "mount rd", "ratio"
+    );
+    for row in rows {
+        let target = if row.layout == crate::mount_ior::Layout::Strided16k { 0.5 } else { 0.8 };
+        println!(
+            "  {:<12} {:>10.1} {:>10.1} {:>6.2}x {:>10.1} {:>10.1} {:>6.2}x  >= {target}",
+            row.layout.key(),
+            row.native_write_mib_s,
+            row.mount_write_mib_s,
+            row.mount_vs_native_write,
+            row.native_read_mib_s,
+            row.mount_read_mib_s,
+            row.mount_vs_native_read
+        );
+    }
 }
