@@ -45,9 +45,54 @@ pub fn fifo_uniform_waf(alpha: f64) -> f64 {
     alpha / (alpha + lambert_w0(-alpha * (-alpha).exp()))
 }
 
+/// Steady-state WAF of random writes in traffic classes (hot/cold) mixed in one FIFO log:
+/// Desnoyers' LRW model for non-uniform traffic ("Analytic modeling of SSD write performance",
+/// SYSTOR 2012; reported exact against simulation). Class `i` holds `space_i` of the logical
+/// pages and receives `writes_i` of the host writes. A page stays in the log for α·L NAND
+/// writes, i.e. α·L/A host writes, and survives them with probability
+/// `s_i = exp(−(writes_i/space_i)·α/A)`; copies of class `i` per host write are then
+/// `writes_i·s_i/(1−s_i)`, so A solves `A = Σ writes_i / (1 − s_i(A))`. For one class this is
+/// the uniform closed form. Solved by bisection (the right side minus A falls monotonically).
+pub fn fifo_classes_waf(alpha: f64, classes: &[(f64, f64)]) -> f64 {
+    assert!(alpha > 1.0, "alpha = physical/logical must exceed 1 (got {alpha})");
+    let excess = |waf: f64| -> f64 {
+        classes
+            .iter()
+            .map(|&(space, writes)| writes / (1.0 - (-(writes / space) * alpha / waf).exp()))
+            .sum::<f64>()
+            - waf
+    };
+    let (mut low, mut high) = (1.0, 2.0);
+    while excess(high) > 0.0 {
+        high *= 2.0;
+    }
+    for _ in 0..200 {
+        let mid = 0.5 * (low + high);
+        if excess(mid) > 0.0 {
+            low = mid;
+        } else {
+            high = mid;
+        }
+    }
+    0.5 * (low + high)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_class_is_the_uniform_closed_form() {
+        for alpha in [1.0753, 1.1628, 1.3889] {
+            let classes = fifo_classes_waf(alpha, &[(1.0, 1.0)]);
+            assert!((classes - fifo_uniform_waf(alpha)).abs() < 1e-9, "α {alpha}");
+            // Splitting uniform traffic into classes changes nothing.
+            let split = fifo_classes_waf(alpha, &[(0.2, 0.2), (0.8, 0.8)]);
+            assert!((split - classes).abs() < 1e-9, "α {alpha}");
+        }
+        // Skew in one log costs copies: 80/20 lies above uniform.
+        assert!(fifo_classes_waf(1.1628, &[(0.2, 0.8), (0.8, 0.2)]) > fifo_uniform_waf(1.1628));
+    }
 
     #[test]
     fn w0_solves_its_equation() {

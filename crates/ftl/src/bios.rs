@@ -29,9 +29,10 @@
 //! Within one round (every thread of the pool served once) the order of threads is random.
 //! A file's write latency is the sum of its rows' waits (issue → slowest unit done).
 
+use crate::device::{DeviceModel, QueuedDevice};
 use crate::mapping::{Mapping, StreamMapper};
-use crate::report::{LatencyPercentiles, RunReport, Sampler, SsdSummary};
-use crate::ssd::SsdConfig;
+use crate::report::{LatencyPercentiles, RunReport, Sampler, SsdSummary, UserSummary};
+use crate::ssd::{NandOp, SsdConfig};
 use crate::volume::{FileSystemModel, StripedFile, Volume, VolumeError};
 use rand::{Rng, SeedableRng};
 use spillway_types::StreamKey;
@@ -48,24 +49,60 @@ pub struct BiosParams {
     pub stripe_unit_bytes: u64,
     /// SSDs per pool (a file is striped over its pool).
     pub stripe_count: u16,
+    /// Relative write rate per user (weights), cycled over users: user `u` has
+    /// `write_shares[u mod len]`. A user with share 2 keeps twice the requests in flight of one
+    /// with share 1, so it writes about twice the pages. All equal (the BIOS setup) = `[1.0]`.
+    pub write_shares: Vec<f64>,
+    /// Quota weight per user, cycled like `write_shares`; empty = the lifetime-class multiplier
+    /// `quota_classes[class_of(u)]` of the grouping configuration.
+    pub capacity_shares: Vec<f64>,
     /// Quota multiplier per lifetime class.
     pub quota_classes: Vec<f64>,
     /// Grouping configuration 1, 2, 3 (BIOS) or 4 (every user its own class).
     pub configuration: u8,
-    /// Fraction of a user's files deleted (oldest first) when over quota.
-    pub delete_fraction: f64,
-    /// Quotas plus the data in flight fill this fraction of each pool's logical capacity.
-    pub quota_fill: f64,
-    /// Host bytes written ÷ logical capacity over the whole run.
+    /// Interleave: stripe rows a thread issues per turn before the next thread is served, so
+    /// users' writes interleave on a device in runs of `rows_per_turn × stripe_unit_bytes`.
+    pub rows_per_turn: u32,
+    /// What a user deletes when a finished file takes it over quota.
+    pub delete_rule: DeleteRule,
+    /// Device utilisation: quotas plus the data in flight fill this fraction of each pool's
+    /// logical capacity (1 = a fully subscribed burst buffer).
+    pub device_utilisation: f64,
+    /// Host bytes written ÷ logical capacity over the whole run (the steady-state window is its
+    /// second half, [`crate::report::SteadyWindow`]).
     pub device_writes: f64,
-    /// Fraction of the run before the measurement window (BIOS: first 30 of 60 minutes).
-    pub warmup_fraction: f64,
     pub samples: u32,
     pub seed: u64,
     /// σ of the log-normal error on lifetime estimates (lifetime-aware mapping; 0 = exact).
     pub lifetime_estimate_noise: f64,
     /// The file system's allocator and whether deletes TRIM (see [`crate::volume`]).
     pub fs: FileSystemModel,
+}
+
+/// Fraction of a user's files BIOS deletes when over quota (5.2).
+pub const BIOS_DELETE_FRACTION: f64 = 0.15;
+
+/// What a user deletes, oldest first, when a finished file takes it over quota.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case", tag = "rule")]
+pub enum DeleteRule {
+    /// BIOS 5.2: the oldest `fraction` of the user's files (rounded up), at least one.
+    OldestFraction { fraction: f64 },
+    /// The oldest files, one at a time, until the user is within quota again (a purge that
+    /// frees only what it must).
+    OldestUntilWithinQuota,
+}
+
+impl DeleteRule {
+    /// The BIOS rule: the oldest 15 % of the user's files, at least one.
+    pub const BIOS: DeleteRule = DeleteRule::OldestFraction { fraction: BIOS_DELETE_FRACTION };
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DeleteRule::OldestFraction { .. } => "oldest_fraction",
+            DeleteRule::OldestUntilWithinQuota => "oldest_until_within_quota",
+        }
+    }
 }
 
 /// Quota multipliers for configuration 4: one class per user, spaced geometrically over the
@@ -110,43 +147,127 @@ impl BiosParams {
         class as usize
     }
 
-    fn validate(&self) -> Result<(), BiosError> {
+    /// The BIOS 5.2 setup on `ssd`: 4 nodes × 8 users × 2 threads, 64 MiB files striped over
+    /// all 4 SSDs, quota classes 1:2:4:8 (configuration 3), equal write shares, one stripe row
+    /// per turn, the oldest 15 % deleted when over quota, a fully subscribed burst buffer.
+    pub fn bios_setup(
+        ssd: SsdConfig,
+        stripe_unit_bytes: u64,
+        device_writes: f64,
+        seed: u64,
+    ) -> BiosParams {
+        BiosParams {
+            ssd,
+            nodes: 4,
+            users_per_node: 8,
+            threads_per_user: 2,
+            file_bytes: 64 * spillway_types::MIB,
+            stripe_unit_bytes,
+            stripe_count: 4,
+            write_shares: vec![1.0],
+            capacity_shares: Vec::new(),
+            quota_classes: vec![1.0, 2.0, 4.0, 8.0],
+            configuration: 3,
+            rows_per_turn: 1,
+            delete_rule: DeleteRule::BIOS,
+            device_utilisation: 1.0,
+            device_writes,
+            samples: 60,
+            seed,
+            lifetime_estimate_noise: 0.0,
+            fs: FileSystemModel::default(),
+        }
+    }
+
+    /// Write share of user `u` (weights cycled over users).
+    pub fn write_share(&self, user: u32) -> f64 {
+        self.write_shares[user as usize % self.write_shares.len()]
+    }
+
+    /// Quota weight of user `u`: its capacity share, else its lifetime class's multiplier.
+    pub fn capacity_share(&self, user: u32) -> f64 {
+        if self.capacity_shares.is_empty() {
+            self.quota_classes[self.class_of(user)]
+        } else {
+            self.capacity_shares[user as usize % self.capacity_shares.len()]
+        }
+    }
+
+    /// Checks every parameter; errors name the parameter and the allowed range.
+    pub fn validate(&self) -> Result<(), BiosError> {
         let bad = |name, value: String, reason: &str| {
             Err(BiosError::Parameter { name, value, reason: reason.to_string() })
         };
+        for (name, value) in [
+            ("nodes", self.nodes as u64),
+            ("users_per_node", self.users_per_node as u64),
+            ("threads_per_user", self.threads_per_user as u64),
+            ("file_bytes", self.file_bytes),
+            ("rows_per_turn", self.rows_per_turn as u64),
+            ("samples", self.samples as u64),
+        ] {
+            if value == 0 {
+                return bad(name, "0".into(), "must be at least 1");
+            }
+        }
         if self.stripe_count == 0 || !self.nodes.is_multiple_of(self.stripe_count) {
             return bad(
                 "stripe_count",
                 self.stripe_count.to_string(),
-                "must divide the node count",
+                &format!("must divide the node count {}", self.nodes),
             );
         }
         if !(1..=4).contains(&self.configuration) {
             return bad("configuration", self.configuration.to_string(), "is 1, 2, 3 or 4");
         }
-        if self.quota_classes.is_empty() || self.quota_classes.iter().any(|&q| q <= 0.0) {
-            return bad(
-                "quota_classes",
-                format!("{:?}", self.quota_classes),
-                "need positive multipliers",
-            );
+        self.validate_weights()?;
+        self.validate_fractions()
+    }
+
+    /// Share and class lists: positive finite weights, no longer than there are users.
+    fn validate_weights(&self) -> Result<(), BiosError> {
+        for (name, weights, may_be_empty) in [
+            ("write_shares", &self.write_shares, false),
+            ("capacity_shares", &self.capacity_shares, true),
+            ("quota_classes", &self.quota_classes, false),
+        ] {
+            let positive = weights.iter().all(|w| w.is_finite() && *w > 0.0);
+            if !positive || (weights.is_empty() && !may_be_empty) {
+                return Err(BiosError::Parameter {
+                    name,
+                    value: format!("{weights:?}"),
+                    reason: "needs weights that are finite and > 0 (at least one)".into(),
+                });
+            }
+            if name != "quota_classes" && weights.len() > self.users() as usize {
+                return Err(BiosError::Parameter {
+                    name,
+                    value: format!("{} weights", weights.len()),
+                    reason: format!("at most one per user ({} users)", self.users()),
+                });
+            }
         }
-        if self.users_per_node == 0 || self.threads_per_user == 0 || self.file_bytes == 0 {
-            return bad(
-                "users_per_node/threads_per_user/file_bytes",
-                "0".into(),
-                "must be positive",
-            );
+        Ok(())
+    }
+
+    /// Fractions and run length: delete fraction and utilisation in (0, 1], noise ≥ 0.
+    fn validate_fractions(&self) -> Result<(), BiosError> {
+        let bad = |name, value: f64, reason: &str| {
+            Err(BiosError::Parameter { name, value: value.to_string(), reason: reason.into() })
+        };
+        if let DeleteRule::OldestFraction { fraction } = self.delete_rule {
+            if !(fraction > 0.0 && fraction <= 1.0) {
+                return bad("delete_fraction", fraction, "must be in (0, 1]");
+            }
         }
-        if !((0.0..1.0).contains(&self.warmup_fraction)
-            && self.device_writes.is_finite()
-            && self.device_writes > 0.0)
-        {
-            return bad(
-                "warmup_fraction/device_writes",
-                format!("{}/{}", self.warmup_fraction, self.device_writes),
-                "need 0 ≤ warmup < 1 and positive device writes",
-            );
+        if !(self.device_utilisation > 0.0 && self.device_utilisation <= 1.0) {
+            return bad("device_utilisation", self.device_utilisation, "must be in (0, 1]");
+        }
+        if !(self.device_writes.is_finite() && self.device_writes > 0.0) {
+            return bad("device_writes", self.device_writes, "must be finite and > 0");
+        }
+        if !(self.lifetime_estimate_noise.is_finite() && self.lifetime_estimate_noise >= 0.0) {
+            return bad("lifetime_estimate_noise", self.lifetime_estimate_noise, "must be ≥ 0");
         }
         Ok(())
     }
@@ -159,6 +280,10 @@ struct User {
     used_bytes: u64,
     /// Completed files, oldest first: (file index, completion time).
     files: VecDeque<(usize, u64)>,
+    /// Host bytes written (whole pages), files deleted and the sum of their lifetimes.
+    host_bytes: u64,
+    files_deleted: u64,
+    lifetime_sum_ns: u64,
 }
 
 struct Thread {
@@ -173,6 +298,8 @@ struct Thread {
     file_latency_ns: u64,
     /// Position in the service order: ready time plus a random offset within one round.
     order_key: u64,
+    /// The user's write share ÷ the mean share: the order key advances this much slower.
+    rate_weight: f64,
 }
 
 struct FileSlot {
@@ -182,7 +309,8 @@ struct FileSlot {
 }
 
 /// Users with their pools and quotas: per pool, quotas plus the data that can be in flight fill
-/// `quota_fill` of the pool's logical capacity, shared in proportion to the class multipliers.
+/// `device_utilisation` of the pool's logical capacity, shared in proportion to the users'
+/// capacity shares (by default their lifetime classes' multipliers).
 fn users_with_quotas(params: &BiosParams, pool_bytes: u64) -> Result<Vec<User>, BiosError> {
     let pools = params.pools() as u32;
     let mut users: Vec<User> = (0..params.users())
@@ -192,6 +320,9 @@ fn users_with_quotas(params: &BiosParams, pool_bytes: u64) -> Result<Vec<User>, 
             quota_bytes: 0,
             used_bytes: 0,
             files: VecDeque::new(),
+            host_bytes: 0,
+            files_deleted: 0,
+            lifetime_sum_ns: 0,
         })
         .collect();
     for pool in 0..pools as u16 {
@@ -200,19 +331,36 @@ fn users_with_quotas(params: &BiosParams, pool_bytes: u64) -> Result<Vec<User>, 
         // Each user may hold one finished file over quota plus one file in flight per thread.
         let in_flight =
             members.len() as u64 * (params.threads_per_user as u64 + 1) * params.file_bytes;
-        let budget = (pool_bytes as f64 * params.quota_fill) as u64;
+        let budget = (pool_bytes as f64 * params.device_utilisation) as u64;
         if budget <= in_flight {
             return Err(BiosError::Parameter {
-                name: "ssd.blocks",
-                value: params.ssd.blocks.to_string(),
-                reason: format!("pool capacity {budget} B cannot hold the {in_flight} B in flight"),
+                name: "file_bytes",
+                value: params.file_bytes.to_string(),
+                reason: format!(
+                    "the pool's capacity × device_utilisation ({budget} B, blocks per SSD {}) \
+                     cannot hold the {in_flight} B in flight (one file per thread plus one per \
+                     user); use smaller files, fewer users or threads, or more capacity",
+                    params.ssd.blocks
+                ),
             });
         }
-        let weights: f64 = members.iter().map(|&u| params.quota_classes[params.class_of(u)]).sum();
+        let weights: f64 = members.iter().map(|&u| params.capacity_share(u)).sum();
         for &u in &members {
-            let share = params.quota_classes[params.class_of(u)] / weights;
+            let share = params.capacity_share(u) / weights;
             let quota = ((budget - in_flight) as f64 * share) as u64;
-            users[u as usize].quota_bytes = quota.max(params.file_bytes);
+            if quota < params.file_bytes {
+                // A user whose quota cannot hold one file would delete every file it writes.
+                return Err(BiosError::Parameter {
+                    name: "file_bytes",
+                    value: params.file_bytes.to_string(),
+                    reason: format!(
+                        "larger than user {u}'s quota of {quota} B (pool capacity × \
+                         device_utilisation minus data in flight, shared by capacity shares); \
+                         use smaller files, fewer users or threads, or more capacity"
+                    ),
+                });
+            }
+            users[u as usize].quota_bytes = quota;
         }
     }
     Ok(users)
@@ -220,6 +368,8 @@ fn users_with_quotas(params: &BiosParams, pool_bytes: u64) -> Result<Vec<User>, 
 
 /// T threads per user; users start in id order, so Algorithm 1 registers them in that order.
 fn closed_loop_threads(params: &BiosParams) -> Vec<Thread> {
+    let mean_share =
+        (0..params.users()).map(|u| params.write_share(u)).sum::<f64>() / params.users() as f64;
     let mut threads =
         Vec::with_capacity(params.users() as usize * params.threads_per_user as usize);
     for u in 0..params.users() {
@@ -234,10 +384,25 @@ fn closed_loop_threads(params: &BiosParams) -> Vec<Thread> {
                 file_started_ns: 0,
                 file_latency_ns: 0,
                 order_key: position,
+                rate_weight: params.write_share(u) / mean_share,
             });
         }
     }
     threads
+}
+
+/// Each user's quota in bytes, as a run sets them: checks the parameters and that the users'
+/// files fit their quotas before anything runs.
+pub fn user_quotas(params: &BiosParams) -> Result<Vec<u64>, BiosError> {
+    params.validate()?;
+    let volume = Volume::with_file_system(
+        &params.ssd,
+        params.nodes as usize,
+        params.stripe_unit_bytes,
+        params.fs,
+    )?;
+    let users = users_with_quotas(params, volume.logical_bytes() / params.pools() as u64)?;
+    Ok(users.iter().map(|u| u.quota_bytes).collect())
 }
 
 /// Runs the workload under `mapping`.
@@ -267,6 +432,10 @@ struct RunState<'a> {
     sampler: Sampler,
     /// When each SSD is done with the stripe units issued to it so far.
     ssd_free_ns: Vec<u64>,
+    /// Queued device model per SSD (empty under the fluid model), and the buffer its NAND
+    /// operations are drained into after each stripe unit.
+    devices: Vec<QueuedDevice>,
+    nand_ops: Vec<NandOp>,
     round_ns: u64,
     files: Vec<FileSlot>,
     /// Indices into `files` of deleted files, reused by the next files opened.
@@ -282,12 +451,13 @@ struct RunState<'a> {
 impl<'a> RunState<'a> {
     /// Sets up the volume, the stream mapper, the users with their quotas and the threads.
     fn new(params: &'a BiosParams, mapping: Mapping) -> Result<RunState<'a>, BiosError> {
-        let volume = Volume::with_file_system(
+        let mut volume = Volume::with_file_system(
             &params.ssd,
             params.nodes as usize,
             params.stripe_unit_bytes,
             params.fs,
         )?;
+        let devices = queued_devices(params, &mut volume)?;
         let page_bytes = params.ssd.page_bytes as u64;
         let chunk_bytes = volume.chunk_bytes();
         let chunks_per_file = params.file_bytes.div_ceil(chunk_bytes) as usize;
@@ -302,12 +472,14 @@ impl<'a> RunState<'a> {
         }
         let threads = closed_loop_threads(params);
         let total_host_pages = total_host_pages(params, &volume)?;
-        let warmup_host_pages = (total_host_pages as f64 * params.warmup_fraction) as u64;
+        let warmup_host_pages = crate::report::SteadyWindow::start_host_pages(total_host_pages);
         let sampler =
             Sampler::new(total_host_pages, params.samples, volume.logical_bytes(), page_bytes);
         Ok(RunState {
             params,
             ssd_free_ns: vec![0u64; params.nodes as usize],
+            devices,
+            nand_ops: Vec::new(),
             round_ns: round_ns(params, &volume),
             volume,
             mapper,
@@ -329,7 +501,8 @@ impl<'a> RunState<'a> {
         })
     }
 
-    /// Serves the next thread: opens a file if needed, issues a stripe row, completes, samples.
+    /// Serves the next thread: opens a file if needed, issues its turn of stripe rows
+    /// (`rows_per_turn`, fewer at the file's end), completes the file, samples.
     fn serve_next_thread(&mut self) -> Result<(), BiosError> {
         // The thread first in the service order issues next (ties: lowest index).
         let thread_index =
@@ -340,10 +513,20 @@ impl<'a> RunState<'a> {
             self.open_file(thread_index, ready);
         }
         let file_index = self.threads[thread_index].file.unwrap();
-        let done = self.issue_stripe_row(thread_index, file_index, ready)?;
-        self.threads[thread_index].ready_ns = done;
+        let host_pages_before = self.host_pages;
+        let mut done = ready;
+        for _ in 0..self.params.rows_per_turn {
+            done = self.issue_stripe_row(thread_index, file_index, done)?;
+            if self.threads[thread_index].next_chunk == self.chunks_per_file {
+                break;
+            }
+        }
+        let user = self.threads[thread_index].user as usize;
+        self.users[user].host_bytes += (self.host_pages - host_pages_before) * self.page_bytes;
+        let (next_ready, order_key) = self.next_issue(thread_index, ready, done);
+        self.threads[thread_index].ready_ns = next_ready;
         self.threads[thread_index].file_latency_ns += done - ready;
-        self.threads[thread_index].order_key = done + self.rng.gen_range(0..=self.round_ns);
+        self.threads[thread_index].order_key = order_key;
 
         if self.threads[thread_index].next_chunk == self.chunks_per_file {
             self.complete_file(thread_index, file_index, done);
@@ -355,6 +538,22 @@ impl<'a> RunState<'a> {
         }
         self.sampler.observe(&counters, self.now_ns);
         Ok(())
+    }
+
+    /// When the thread issues its next turn, and its place in the service order (that time plus
+    /// a random offset within one round). A thread of weight 1 (equal shares) issues when its
+    /// turn is done. A thread of weight w issues after 1/w of its turn's wait: with weight 2 it
+    /// keeps two requests in flight and, waiting in the same device queues as everyone, writes
+    /// twice as fast (Little's law); with weight ½ it pauses as long as it waited.
+    fn next_issue(&mut self, thread_index: usize, ready: u64, done: u64) -> (u64, u64) {
+        let offset = self.rng.gen_range(0..=self.round_ns);
+        let weight = self.threads[thread_index].rate_weight;
+        if weight == 1.0 {
+            (done, done + offset)
+        } else {
+            let next = ready + ((done - ready) as f64 / weight) as u64;
+            (next, next + offset)
+        }
     }
 
     /// Opens a new file for a thread: picks the layout and a stream per SSD of the pool.
@@ -423,13 +622,8 @@ impl<'a> RunState<'a> {
             let bytes = self.chunk_bytes.min(params.file_bytes - ordinal as u64 * self.chunk_bytes);
             let pages = bytes.div_ceil(self.page_bytes) as u32;
             let stream = file.streams[ssd - file.layout.pool_first_ssd as usize];
-            let busy_before = self.volume.ssds()[ssd].counters().busy_ns;
-            self.volume.write(ssd, chunk, 0, pages, stream);
-            let service = self.volume.ssds()[ssd].counters().busy_ns - busy_before;
-            let start = self.ssd_free_ns[ssd].max(ready);
-            self.ssd_free_ns[ssd] = start + service;
-            done = done.max(start + service);
             file.layout.chunks.push(chunk);
+            done = done.max(self.write_unit(ssd, chunk, pages, stream, ready));
             self.host_pages += pages as u64;
             self.mapper.lifetimes.wrote(user_key, bytes, ready);
             self.threads[thread_index].next_chunk += 1;
@@ -449,17 +643,26 @@ impl<'a> RunState<'a> {
         let user = &mut self.users[thread.user as usize];
         user.used_bytes += params.file_bytes;
         user.files.push_back((file_index, done));
-        if user.used_bytes > user.quota_bytes {
-            let victims =
-                ((user.files.len() as f64 * params.delete_fraction).ceil() as usize).max(1);
-            for _ in 0..victims {
-                let (victim, written_at) = user.files.pop_front().expect("over quota with no file");
-                self.volume.release_file(&self.files[victim].layout);
-                self.files[victim].layout.chunks.clear();
-                self.spare_files.push(victim);
-                user.used_bytes -= params.file_bytes;
-                self.mapper.lifetimes.deleted(user.key, done.saturating_sub(written_at));
+        if user.used_bytes <= user.quota_bytes {
+            return;
+        }
+        let victims = match params.delete_rule {
+            DeleteRule::OldestFraction { fraction } => {
+                ((user.files.len() as f64 * fraction).ceil() as usize).max(1)
             }
+            DeleteRule::OldestUntilWithinQuota => {
+                (user.used_bytes - user.quota_bytes).div_ceil(params.file_bytes) as usize
+            }
+        };
+        for _ in 0..victims.min(user.files.len()) {
+            let (victim, written_at) = user.files.pop_front().expect("over quota with no file");
+            self.volume.release_file(&self.files[victim].layout);
+            self.files[victim].layout.chunks.clear();
+            self.spare_files.push(victim);
+            user.used_bytes -= params.file_bytes;
+            user.files_deleted += 1;
+            user.lifetime_sum_ns += done.saturating_sub(written_at);
+            self.mapper.lifetimes.deleted(user.key, done.saturating_sub(written_at));
         }
     }
 
@@ -471,12 +674,20 @@ impl<'a> RunState<'a> {
         self.sampler.force(&counters, end_ns);
         let (window_start, window_start_ns) =
             self.window.expect("run reached the measurement window");
+        let (waf_steady, steady_window) = crate::report::SteadyWindow::measure(
+            &window_start,
+            &counters,
+            self.volume.logical_bytes(),
+            self.page_bytes,
+        );
         let window_host_bytes = (counters.host_pages - window_start.host_pages) * self.page_bytes;
         let window_seconds = (end_ns - window_start_ns) as f64 / 1e9;
         RunReport {
             label: run_label(params, mapping),
-            waf_steady: counters.waf_since(&window_start),
+            waf_steady,
+            steady_window,
             waf_cumulative: counters.waf(),
+            users: self.user_summaries(),
             host_pages: counters.host_pages,
             gc_copied_pages: counters.gc_copied_pages,
             erases: counters.erases,
@@ -489,6 +700,73 @@ impl<'a> RunState<'a> {
             wall: Some(started.finish(&counters)),
         }
     }
+}
+
+impl RunState<'_> {
+    /// Writes one stripe unit issued at `ready` and returns when its SSD is done with it.
+    /// Fluid model: the SSD serves units in issue order, each taking the device time
+    /// (`busy_ns`) its programs and the GC it waited for consumed. Queued model: the FTL's
+    /// NAND operations go through the SSD's per-die queues ([`QueuedDevice`]).
+    fn write_unit(&mut self, ssd: usize, chunk: u32, pages: u32, stream: u16, ready: u64) -> u64 {
+        if self.devices.is_empty() {
+            let busy_before = self.volume.ssds()[ssd].counters().busy_ns;
+            self.volume.write(ssd, chunk, 0, pages, stream);
+            let service = self.volume.ssds()[ssd].counters().busy_ns - busy_before;
+            let start = self.ssd_free_ns[ssd].max(ready);
+            self.ssd_free_ns[ssd] = start + service;
+            return start + service;
+        }
+        self.volume.write(ssd, chunk, 0, pages, stream);
+        self.volume.ssd_mut(ssd).take_ops(&mut self.nand_ops);
+        let done = self.devices[ssd].apply(&self.nand_ops, ready);
+        self.ssd_free_ns[ssd] = self.ssd_free_ns[ssd].max(self.devices[ssd].drained_ns());
+        done
+    }
+
+    /// What each user was given (write share, quota) and what it did.
+    fn user_summaries(&self) -> Vec<UserSummary> {
+        self.users
+            .iter()
+            .enumerate()
+            .map(|(u, user)| UserSummary {
+                user: u as u32,
+                write_share: self.params.write_share(u as u32),
+                quota_bytes: user.quota_bytes,
+                host_bytes: user.host_bytes,
+                files_deleted: user.files_deleted,
+                mean_file_lifetime_s: user.lifetime_sum_ns as f64
+                    / 1e9
+                    / user.files_deleted.max(1) as f64,
+            })
+            .collect()
+    }
+}
+
+/// One queued device per SSD, with the SSDs logging their NAND operations for it; none under
+/// the fluid model.
+fn queued_devices(
+    params: &BiosParams,
+    volume: &mut Volume,
+) -> Result<Vec<QueuedDevice>, BiosError> {
+    let timing = &params.ssd.timing;
+    if timing.device_model == DeviceModel::Fluid {
+        return Ok(Vec::new());
+    }
+    // A GC episode cleaning 64 victims full of valid pages bounds every die's backlog.
+    let episode_pages = params.ssd.pages_per_block as u64 * 64;
+    let mut devices = Vec::with_capacity(params.nodes as usize);
+    for ssd in 0..params.nodes as usize {
+        volume.ssd_mut(ssd).record_ops(true);
+        devices.push(
+            QueuedDevice::new(timing, params.ssd.streams, episode_pages, timing.gc_preemption)
+                .map_err(|e| BiosError::Parameter {
+                    name: "ssd.timing",
+                    value: format!("{timing:?}"),
+                    reason: e.to_string(),
+                })?,
+        );
+    }
+    Ok(devices)
 }
 
 /// Host pages the whole run writes: `device_writes` times the volume's logical capacity.

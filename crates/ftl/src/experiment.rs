@@ -23,12 +23,12 @@
 //! the allocator decides when dead data dies in the FTL; see [`crate::volume`]).
 
 use crate::bios::{self, BiosError, BiosParams};
+use crate::device::{DeviceModel, GcPreemption};
 use crate::mapping::Mapping;
 use crate::report::RunReport;
 use crate::ssd::SsdConfig;
 use crate::volume::{FileSystemModel, LbaAllocation};
 use spillway_plot::{line_chart_svg, Series};
-use spillway_types::MIB;
 use std::collections::BTreeMap;
 
 /// Size of the experiment.
@@ -47,6 +47,11 @@ pub struct ExperimentParams {
     pub estimate_noise_sigmas: Vec<f64>,
     /// Rerun configurations and stripe sweep under these file system models too.
     pub extra_file_systems: Vec<FileSystemModel>,
+    /// Time models to compare with the base one (`base.ssd.timing`): configurations 1–3 under
+    /// legacy, user-ID and lifetime-aware at stripe count 4, under the base file system and
+    /// the no-TRIM stack one (when run). WAF does not depend on the time model except through
+    /// the order in which the closed loop issues writes.
+    pub compared_time_models: Vec<(DeviceModel, GcPreemption)>,
 }
 
 impl ExperimentParams {
@@ -58,25 +63,7 @@ impl ExperimentParams {
         seed: u64,
     ) -> ExperimentParams {
         ExperimentParams {
-            base: BiosParams {
-                ssd,
-                nodes: 4,
-                users_per_node: 8,
-                threads_per_user: 2,
-                file_bytes: 64 * MIB,
-                stripe_unit_bytes,
-                stripe_count: 4,
-                quota_classes: vec![1.0, 2.0, 4.0, 8.0],
-                configuration: 3,
-                delete_fraction: 0.15,
-                quota_fill: 1.0,
-                device_writes,
-                warmup_fraction: 0.5,
-                samples: 60,
-                seed,
-                lifetime_estimate_noise: 0.0,
-                fs: FileSystemModel::default(),
-            },
+            base: BiosParams::bios_setup(ssd, stripe_unit_bytes, device_writes, seed),
             configurations: vec![1, 2, 3],
             mappings: Mapping::ALL.to_vec(),
             stripe_counts: vec![1, 2, 4],
@@ -91,6 +78,10 @@ impl ExperimentParams {
             .into_iter()
             .map(|allocation| FileSystemModel { allocation, trim_on_delete: false })
             .collect(),
+            compared_time_models: vec![
+                (DeviceModel::Fluid, GcPreemption::Off),
+                (DeviceModel::Queued, GcPreemption::On),
+            ],
         }
     }
 }
@@ -105,6 +96,9 @@ pub struct ExperimentRow {
     pub mapping: Mapping,
     /// File system model of the run.
     pub fs: FileSystemModel,
+    /// Time model of the run.
+    pub device_model: DeviceModel,
+    pub gc_preemption: GcPreemption,
     pub report: RunReport,
 }
 
@@ -157,10 +151,12 @@ pub fn run(
         run_distinct_lifetimes(params, &mut recorder)?;
     }
     run_estimate_noise(params, &mut recorder)?;
+    run_time_models(params, &file_systems, &mut recorder)?;
     let Recorder { rows, host_pages, nand_pages, wall_seconds, cpu_seconds, .. } = recorder;
-    let waf = configuration3_waf(&rows, base_fs);
+    let main = time_model_of(&params.base);
+    let waf = configuration3_waf(&rows, base_fs, main);
     let waf_by_file_system =
-        file_systems.iter().map(|&fs| (fs.name(), configuration3_waf(&rows, fs))).collect();
+        file_systems.iter().map(|&fs| (fs.name(), configuration3_waf(&rows, fs, main))).collect();
     Ok(ExperimentResult {
         waf,
         waf_by_file_system,
@@ -213,6 +209,8 @@ impl<F: FnMut(&ExperimentRow)> Recorder<F> {
             stripe_count: run_params.stripe_count,
             mapping,
             fs: run_params.fs,
+            device_model: run_params.ssd.timing.device_model,
+            gc_preemption: run_params.ssd.timing.gc_preemption,
             report,
         });
         Ok(())
@@ -308,14 +306,57 @@ fn run_estimate_noise(
     Ok(())
 }
 
-/// Steady-state WAF per mapping on configuration 3 at stripe count 4, exact estimates, `fs`.
-fn configuration3_waf(rows: &[ExperimentRow], fs: FileSystemModel) -> BTreeMap<String, f64> {
+/// The time model of a run's parameters.
+fn time_model_of(params: &BiosParams) -> (DeviceModel, GcPreemption) {
+    (params.ssd.timing.device_model, params.ssd.timing.gc_preemption)
+}
+
+/// Configurations 1–3 × legacy, user-ID, lifetime-aware at stripe count 4 under each compared
+/// time model, on the base file system and (when run) the no-TRIM stack one.
+fn run_time_models(
+    params: &ExperimentParams,
+    file_systems: &[FileSystemModel],
+    recorder: &mut Recorder<impl FnMut(&ExperimentRow)>,
+) -> Result<(), BiosError> {
+    let no_trim_stack = FileSystemModel { allocation: LbaAllocation::Stack, trim_on_delete: false };
+    let compared_fs =
+        file_systems.iter().copied().filter(|&fs| fs == params.base.fs || fs == no_trim_stack);
+    for fs in compared_fs {
+        for &(device_model, gc_preemption) in &params.compared_time_models {
+            if (device_model, gc_preemption) == time_model_of(&params.base) {
+                continue;
+            }
+            for &configuration in &params.configurations {
+                for mapping in [Mapping::Legacy, Mapping::UserId, Mapping::LifetimeAware]
+                    .into_iter()
+                    .filter(|m| params.mappings.contains(m))
+                {
+                    let mut run_params =
+                        BiosParams { configuration, stripe_count: 4, fs, ..params.base.clone() };
+                    run_params.ssd.timing.device_model = device_model;
+                    run_params.ssd.timing.gc_preemption = gc_preemption;
+                    recorder.run_and_record(&run_params, mapping, 0.0)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Steady-state WAF per mapping on configuration 3 at stripe count 4, exact estimates, `fs`,
+/// under the time model `main`.
+fn configuration3_waf(
+    rows: &[ExperimentRow],
+    fs: FileSystemModel,
+    main: (DeviceModel, GcPreemption),
+) -> BTreeMap<String, f64> {
     rows.iter()
         .filter(|r| {
             r.configuration == 3
                 && r.stripe_count == 4
                 && r.lifetime_estimate_noise == 0.0
                 && r.fs == fs
+                && (r.device_model, r.gc_preemption) == main
         })
         .map(|r| (r.mapping.name().to_string(), r.report.waf_steady))
         .collect()
@@ -333,12 +374,29 @@ impl ExperimentResult {
         out
     }
 
+    /// Whether a row ran under the experiment's own time model (not a compared one).
+    fn is_main(&self, row: &ExperimentRow) -> bool {
+        (row.device_model, row.gc_preemption) == time_model_of(&self.params.base)
+    }
+
     fn row(
         &self,
         fs: FileSystemModel,
         configuration: u8,
         stripe_count: u16,
         mapping: Mapping,
+    ) -> Option<&RunReport> {
+        self.row_under(fs, configuration, stripe_count, mapping, time_model_of(&self.params.base))
+    }
+
+    /// The row of a run under the time model `model`.
+    fn row_under(
+        &self,
+        fs: FileSystemModel,
+        configuration: u8,
+        stripe_count: u16,
+        mapping: Mapping,
+        model: (DeviceModel, GcPreemption),
     ) -> Option<&RunReport> {
         self.rows
             .iter()
@@ -348,8 +406,75 @@ impl ExperimentResult {
                     && r.mapping == mapping
                     && r.lifetime_estimate_noise == 0.0
                     && r.fs == fs
+                    && (r.device_model, r.gc_preemption) == model
             })
             .map(|r| &r.report)
+    }
+
+    /// Time models that have rows: the experiment's own first, then the compared ones.
+    pub fn time_models(&self) -> Vec<(DeviceModel, GcPreemption)> {
+        let mut out = vec![time_model_of(&self.params.base)];
+        for row in &self.rows {
+            let model = (row.device_model, row.gc_preemption);
+            if !out.contains(&model) {
+                out.push(model);
+            }
+        }
+        out
+    }
+
+    /// Name of a time model: `fluid`, `queued` or `queued+preemption`.
+    pub fn time_model_name(model: (DeviceModel, GcPreemption)) -> String {
+        match model {
+            (DeviceModel::Queued, GcPreemption::On) => "queued+preemption".to_string(),
+            (device_model, _) => device_model.name().to_string(),
+        }
+    }
+
+    /// Throughput gain against WAF gain of separation, per time model, configuration and file
+    /// system (stripe count 4): the table that says whether throughput only tracks WAF.
+    fn markdown_time_models(&self, out: &mut String) {
+        let models = self.time_models();
+        if models.len() < 2 {
+            return;
+        }
+        out.push_str(&format!(
+            "\n## Time models: throughput gain against WAF gain (stripe count 4)\n\n\
+             Main model of the tables above: {}. Gains are legacy ÷ mapping for WAF and \
+             p99, mapping ÷ legacy for throughput.\n\n\
+             | file system | config | time model | legacy MiB/s | user_id WAF gain | user_id throughput gain | user_id p99 gain | lifetime_aware WAF gain | lifetime_aware throughput gain | legacy / user_id p99 ms |\n\
+             |---|---|---|---|---|---|---|---|---|---|\n",
+            Self::time_model_name(models[0])
+        ));
+        for fs in self.file_systems() {
+            for &configuration in &self.params.configurations {
+                for &model in &models {
+                    let get = |m| self.row_under(fs, configuration, 4, m, model);
+                    let (Some(l), Some(u), Some(a)) =
+                        (get(Mapping::Legacy), get(Mapping::UserId), get(Mapping::LifetimeAware))
+                    else {
+                        continue;
+                    };
+                    let mib = |r: &RunReport| r.throughput_mib_per_s.unwrap_or(0.0);
+                    let p99 = |r: &RunReport| {
+                        r.file_write_latency.as_ref().map_or(0.0, |x| x.latency_ms_p99)
+                    };
+                    out.push_str(&format!(
+                        "| {} | {configuration} | {} | {:.0} | {:.3}× | {:.3}× | {:.3}× | {:.3}× | {:.3}× | {:.0} / {:.0} |\n",
+                        fs.name(),
+                        Self::time_model_name(model),
+                        mib(l),
+                        l.waf_steady / u.waf_steady,
+                        mib(u) / mib(l).max(1e-9),
+                        p99(l) / p99(u).max(1e-9),
+                        l.waf_steady / a.waf_steady,
+                        mib(a) / mib(l).max(1e-9),
+                        p99(l),
+                        p99(u),
+                    ));
+                }
+            }
+        }
     }
 
     /// Heading text for a file system model.
@@ -365,6 +490,7 @@ impl ExperimentResult {
         for fs in self.file_systems() {
             self.markdown_for(fs, &mut out);
         }
+        self.markdown_time_models(&mut out);
         out.push_str(&format!(
             "\nSimulator speed: {:.2} M host page writes per CPU second on one core ({:.2} M NAND page programs/s incl. GC copies); {:.1} s CPU, {:.1} s wall ({:.2} M host page writes per wall second) for all runs.\n",
             self.page_writes_per_second / 1e6,
@@ -393,7 +519,8 @@ impl ExperimentResult {
              | config | mapping | WAF | WAF cumulative | GC copies / host page | throughput MiB/s | p99 ms | p99.9 ms | erases max/mean per block |\n\
              |---|---|---|---|---|---|---|---|---|\n",
         ));
-        for row in self.rows.iter().filter(|r| r.stripe_count == 4 && r.fs == fs) {
+        for row in self.rows.iter().filter(|r| r.stripe_count == 4 && r.fs == fs && self.is_main(r))
+        {
             let r = &row.report;
             let latency = r.file_write_latency.as_ref();
             let wear_max = r.per_ssd.iter().map(|s| s.erase_count_max).max().unwrap_or(0);
@@ -459,20 +586,27 @@ impl ExperimentResult {
     fn markdown_stripe_sweeps(&self, fs: FileSystemModel, title: &str, out: &mut String) {
         for &configuration in &self.params.sweep_configurations {
             out.push_str(&format!(
-                "\n### Stripe-count sweep (configuration {configuration}, 8 users per SSD; {title})\n\n| stripe count | legacy WAF | user_id WAF | WAF ratio | legacy MiB/s | user_id MiB/s |\n|---|---|---|---|---|---|\n"
+                "\n### Stripe-count sweep (configuration {configuration}, 8 users per SSD; {title})\n\n| stripe count | legacy WAF | user_id WAF | WAF ratio | legacy MiB/s | user_id MiB/s | throughput ratio | legacy / user_id p99 ms |\n|---|---|---|---|---|---|---|---|\n"
             ));
             for &sc in &self.params.stripe_counts {
                 if let (Some(l), Some(u)) = (
                     self.row(fs, configuration, sc, Mapping::Legacy),
                     self.row(fs, configuration, sc, Mapping::UserId),
                 ) {
+                    let p99 = |r: &RunReport| {
+                        r.file_write_latency.as_ref().map_or(0.0, |x| x.latency_ms_p99)
+                    };
                     out.push_str(&format!(
-                        "| {sc} | {:.3} | {:.3} | {:.3}× | {:.0} | {:.0} |\n",
+                        "| {sc} | {:.3} | {:.3} | {:.3}× | {:.0} | {:.0} | {:.3}× | {:.0} / {:.0} |\n",
                         l.waf_steady,
                         u.waf_steady,
                         l.waf_steady / u.waf_steady,
                         l.throughput_mib_per_s.unwrap_or(0.0),
                         u.throughput_mib_per_s.unwrap_or(0.0),
+                        u.throughput_mib_per_s.unwrap_or(0.0)
+                            / l.throughput_mib_per_s.unwrap_or(1.0).max(1e-9),
+                        p99(l),
+                        p99(u),
                     ));
                 }
             }
@@ -541,7 +675,12 @@ impl ExperimentResult {
         let series: Vec<Series> = self
             .rows
             .iter()
-            .filter(|r| r.configuration == configuration && r.stripe_count == 4 && r.fs == fs)
+            .filter(|r| {
+                r.configuration == configuration
+                    && r.stripe_count == 4
+                    && r.fs == fs
+                    && self.is_main(r)
+            })
             .map(|r| Series {
                 name: r.mapping_label(),
                 points: r.report.samples.iter().map(|s| (s.device_writes, s.waf_window)).collect(),
@@ -580,10 +719,14 @@ mod tests {
         params.estimate_noise_sigmas = vec![];
         params.extra_file_systems =
             vec![FileSystemModel { allocation: LbaAllocation::FirstFit, trim_on_delete: false }];
+        params.compared_time_models = vec![(DeviceModel::Fluid, GcPreemption::Off)];
         let result = run(&params, |_| {}).unwrap();
         // Per file system: configuration 3 × 2 mappings at stripe count 4, then the sweep:
-        // configuration 2 at stripe counts 1 and 4, configuration 3 at 1 (4 was measured).
-        assert_eq!(result.rows.len(), 2 * (2 + 2 * 2 + 2));
+        // configuration 2 at stripe counts 1 and 4, configuration 3 at 1 (4 was measured);
+        // then the fluid model on the base file system (the only compared one run here).
+        assert_eq!(result.rows.len(), 2 * (2 + 2 * 2 + 2) + 2);
+        let fluid_rows = result.rows.iter().filter(|r| r.device_model == DeviceModel::Fluid);
+        assert_eq!(fluid_rows.count(), 2);
         let file_systems = result.file_systems();
         assert_eq!(file_systems, vec![FileSystemModel::default(), params.extra_file_systems[0]]);
         assert_eq!(result.waf.len(), 2);
@@ -606,6 +749,7 @@ mod tests {
             table.contains("Stripe-count sweep (configuration 2")
                 && table.contains("Stripe-count sweep (configuration 3")
         );
+        assert!(table.contains("## Time models: throughput gain against WAF gain"), "{table}");
         assert_eq!(result.waf_plot_file(file_systems[0], 3), "waf_config3.svg");
         assert_eq!(result.waf_plot_file(file_systems[1], 3), "waf_config3_no_trim_first_fit.svg");
         assert!(result.sweep_plot(2).contains("no_trim+first_fit"));

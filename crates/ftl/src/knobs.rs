@@ -4,6 +4,7 @@
 //! finishes in seconds: 16 KiB TLC pages, 256-page (4 MiB) blocks, 12.7 % over-provisioning
 //! (960 GB exported of 1 TiB raw), 8 streams, and datasheet-like NAND latencies.
 
+use crate::device::{DeviceModel, GcPreemption};
 use crate::ssd::{GcPlacement, NandTiming, SsdConfig, SsdConfigError, VictimPolicy};
 use crate::volume::{FileSystemModel, LbaAllocation};
 use spillway_config::knobs;
@@ -35,8 +36,12 @@ knobs! {
         page_program_us: f64 = 500.0, unit = "microseconds";
         /// Block erase latency.
         block_erase_us: f64 = 3500.0, unit = "microseconds";
-        /// Dies working in parallel (a block is a superblock over them).
+        /// Dies working in parallel; under the queued model a block lives on die `block mod dies` and programs rotate over the dies.
         parallel_units: u32 = 32, unit = "dies";
+        /// Time model of workloads with time (bios): queued (per-die FIFO queues, foreground GC blocks the stream that needs a block) or fluid (latency ÷ dies per operation).
+        device_model: DeviceModel = DeviceModel::Queued, unit = "enum";
+        /// Queued model: host programs go ahead of GC work while free blocks are above the reserve (off = foreground GC).
+        gc_preemption: GcPreemption = GcPreemption::Off, unit = "enum";
         /// Stripe unit of files over SSDs.
         stripe_unit_bytes: u64 = 512 * KIB, unit = "bytes";
         /// SSDs behind the striping (one per burst buffer node).
@@ -66,6 +71,8 @@ impl FtlKnobs {
             page_program_us: self.page_program_us,
             block_erase_us: self.block_erase_us,
             parallel_units: self.parallel_units,
+            device_model: self.device_model,
+            gc_preemption: self.gc_preemption,
         };
         config.validate()?;
         Ok(config)

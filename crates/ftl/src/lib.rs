@@ -12,14 +12,17 @@
 //! - [`mapping`]: stream mappings (legacy, user-ID and per-job via BIOS Algorithm 1 from
 //!   `spillway-policy`, lifetime-aware grouping).
 //! - workloads: [`synthetic`] (uniform, hot/cold), [`bios`] (BIOS synthetic burst buffer),
-//!   [`replay`] (the store's SSD write log). A Darshan-derived trace workload is not built yet:
+//!   [`replay`] (the store's SSD write log); [`workload`] describes them (TOML file and flags). A Darshan-derived trace workload is not built yet:
 //!   it needs the trace format of the trace issue; it would plug in like [`replay`], turning
 //!   per-job writes and job ends into write/delete events.
+//! - [`device`]: the queued device service model (per-die queues, foreground GC blocking),
+//!   the alternative to the fluid time model of [`ssd::NandTiming`].
 //! - [`report`], [`experiment`] (the BIOS experiment), [`analytic`] (closed forms),
 //!   [`knobs`] (the `ftl` knob section).
 
 pub mod analytic;
 pub mod bios;
+pub mod device;
 pub mod experiment;
 pub mod knobs;
 pub mod mapping;
@@ -28,6 +31,7 @@ pub mod report;
 pub mod ssd;
 pub mod synthetic;
 pub mod volume;
+pub mod workload;
 
 pub use knobs::FtlKnobs;
 pub use mapping::Mapping;

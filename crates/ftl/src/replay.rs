@@ -20,7 +20,7 @@
 //! key per write and does not say whether it is a user or a job.
 
 use crate::mapping::{Mapping, StreamMapper};
-use crate::report::{RunReport, Sampler, SsdSummary};
+use crate::report::{RunReport, Sampler, SsdSummary, SteadyWindow};
 use crate::ssd::{SsdConfig, INVALID};
 use crate::volume::{StripedFile, Volume, VolumeError};
 use spillway_types::{SegmentId, StreamKey};
@@ -155,13 +155,16 @@ pub fn replay(
     let started = crate::report::Stopwatch::start();
     let mut state = ReplayState::new(params, mapping)?;
     let page_bytes = params.ssd.page_bytes as u64;
-    let mut sampler = Sampler::new(
-        total_write_bytes(events) / page_bytes,
-        params.samples,
-        state.volume.logical_bytes(),
-        page_bytes,
-    );
+    let total_host_pages = total_write_pages(events, page_bytes);
+    let window_start = SteadyWindow::start_host_pages(total_host_pages);
+    let mut sampler =
+        Sampler::new(total_host_pages, params.samples, state.volume.logical_bytes(), page_bytes);
+    let mut window = None;
     for (index, event) in events.iter().enumerate() {
+        // The window opens at the first event that finds the host page count at its start.
+        if window.is_none() && state.volume.total_counters().host_pages >= window_start {
+            window = Some(state.volume.total_counters());
+        }
         match *event {
             LogEvent::Write { stream: key, segment, offset_bytes, length_bytes } => {
                 if length_bytes == 0 {
@@ -175,10 +178,18 @@ pub fn replay(
     }
     let counters = state.volume.total_counters();
     sampler.force(&counters, 0);
+    let (waf_steady, steady_window) = SteadyWindow::measure(
+        &window.unwrap_or(counters),
+        &counters,
+        state.volume.logical_bytes(),
+        page_bytes,
+    );
     Ok(RunReport {
         label: format!("replay {}", mapping.name()),
-        waf_steady: counters.waf(),
+        waf_steady,
+        steady_window,
         waf_cumulative: counters.waf(),
+        users: Vec::new(),
         host_pages: counters.host_pages,
         gc_copied_pages: counters.gc_copied_pages,
         erases: counters.erases,
@@ -190,13 +201,17 @@ pub fn replay(
     })
 }
 
-/// Bytes the log writes in all (what the sampler spreads its samples over).
-fn total_write_bytes(events: &[LogEvent]) -> u64 {
+/// Host pages the log writes in all (partial pages program whole pages): what the sampler
+/// spreads its samples over and what places the steady-state window.
+fn total_write_pages(events: &[LogEvent], page_bytes: u64) -> u64 {
     events
         .iter()
-        .map(|e| match e {
-            LogEvent::Write { length_bytes, .. } => *length_bytes,
-            LogEvent::Delete { .. } => 0,
+        .map(|e| match *e {
+            LogEvent::Write { offset_bytes, length_bytes, .. } if length_bytes > 0 => {
+                let pages = PageRange::of(offset_bytes, length_bytes, page_bytes);
+                pages.end - pages.first
+            }
+            _ => 0,
         })
         .sum()
 }

@@ -85,10 +85,15 @@ impl LatencyPercentiles {
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct RunReport {
     pub label: String,
-    /// WAF over the measurement window (after warm-up), all SSDs together.
+    /// WAF over the steady-state window ([`SteadyWindow`]), all SSDs together.
     pub waf_steady: f64,
+    /// Where the steady-state window lies and whether the run reached steady state.
+    pub steady_window: SteadyWindow,
     /// WAF from the first write to the end.
     pub waf_cumulative: f64,
+    /// Per user, for workloads that have users (bios): shares, quota and what it wrote.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub users: Vec<UserSummary>,
     pub host_pages: u64,
     pub gc_copied_pages: u64,
     pub erases: u64,
@@ -102,6 +107,92 @@ pub struct RunReport {
     /// Simulator speed (not deterministic; excluded from comparisons).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wall: Option<WallClock>,
+}
+
+/// Host writes ÷ logical capacity that must precede the steady-state window for the run to count
+/// as having reached steady state: the device must have been written through once, so that
+/// every page GC meets was written by the workload, not by the initial fill or not at all.
+pub const STEADY_MIN_DEVICE_WRITES_BEFORE: f64 = 1.0;
+
+/// Steady state, one definition for every workload (synthetic, bios, replay, trace): the second
+/// half of the run's host page writes. The run has reached steady state when the host wrote at
+/// least [`STEADY_MIN_DEVICE_WRITES_BEFORE`] device-writes before the window starts, i.e. the
+/// run writes at least twice the logical capacity. BIOS measured from minute 30 of 60, the
+/// second half in time; host writes are the workload-independent clock (a replay has no time).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct SteadyWindow {
+    /// Host writes ÷ logical capacity where the window starts.
+    pub start_device_writes: f64,
+    /// Host writes ÷ logical capacity at the end of the run.
+    pub end_device_writes: f64,
+    /// Whether the run wrote enough before the window for it to be a steady state.
+    pub reached: bool,
+    /// When not reached: why, and how long a run would be needed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl SteadyWindow {
+    /// Host page writes after which the window of a run of `total_host_pages` starts.
+    pub fn start_host_pages(total_host_pages: u64) -> u64 {
+        total_host_pages / 2
+    }
+
+    /// The steady-state WAF between counters `start` (taken when the host page count first
+    /// reached [`SteadyWindow::start_host_pages`]) and `end`, and the window's description.
+    pub fn measure(
+        start: &SsdCounters,
+        end: &SsdCounters,
+        logical_bytes: u64,
+        page_bytes: u64,
+    ) -> (f64, SteadyWindow) {
+        let device_writes =
+            |c: &SsdCounters| (c.host_pages * page_bytes) as f64 / logical_bytes.max(1) as f64;
+        let start_device_writes = device_writes(start);
+        let reached = start_device_writes >= STEADY_MIN_DEVICE_WRITES_BEFORE;
+        let note = (!reached).then(|| {
+            format!(
+                "steady state not reached: the run wrote {} device-writes in all, {} before the \
+                 window (the second half); steady state needs ≥ {} before it, a run of ≥ {} \
+                 device-writes; the WAF shown is the second half's",
+                readable(device_writes(end)),
+                readable(start_device_writes),
+                STEADY_MIN_DEVICE_WRITES_BEFORE,
+                2.0 * STEADY_MIN_DEVICE_WRITES_BEFORE
+            )
+        });
+        let window = SteadyWindow {
+            start_device_writes,
+            end_device_writes: device_writes(end),
+            reached,
+            note,
+        };
+        (end.waf_since(start), window)
+    }
+}
+
+/// A device-write count for a message: three decimals, or three significant digits when tiny (a
+/// small trace writes a millionth of a device).
+fn readable(device_writes: f64) -> String {
+    if device_writes == 0.0 || device_writes >= 0.001 {
+        format!("{device_writes:.3}")
+    } else {
+        format!("{device_writes:.2e}")
+    }
+}
+
+/// What one user of a workload was given and what it did.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct UserSummary {
+    pub user: u32,
+    /// Relative write rate (weight; see `BiosParams::write_shares`).
+    pub write_share: f64,
+    pub quota_bytes: u64,
+    /// Host bytes the user wrote over the whole run.
+    pub host_bytes: u64,
+    pub files_deleted: u64,
+    /// Mean modelled time from a file's completion to its deletion, seconds (0 if none).
+    pub mean_file_lifetime_s: f64,
 }
 
 /// Simulator speed. Not deterministic; excluded from comparisons.

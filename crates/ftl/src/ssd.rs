@@ -40,17 +40,34 @@ pub enum GcPlacement {
 }
 
 /// Datasheet-like NAND timing. The device is modelled as `parallel_units` dies working in
-/// parallel, each block living on one die; every NAND operation occupies its die, so it costs
-/// its latency ÷ `parallel_units` of device time (a fluid model of a saturated device): a host
-/// page `page_program_us / P`, a GC copy `(page_read_us + page_program_us) / P`, an erase
-/// `block_erase_us / P`. Foreground GC work is charged to the device before the host write that
-/// triggered it, so that write (and everything queued behind it) waits for it.
+/// parallel, each block living on one die. `busy_ns` counts the fluid model's device time:
+/// every NAND operation costs its latency ÷ `parallel_units` (a host page `page_program_us / P`,
+/// a GC copy `(page_read_us + page_program_us) / P`, an erase `block_erase_us / P`), charged
+/// before the host write that triggered it. `device_model` says which time model a workload
+/// with time uses: that fluid one, or the per-die queues of [`crate::device`], which replay the
+/// operations the FTL logs ([`NandOp`]).
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct NandTiming {
     pub page_read_us: f64,
     pub page_program_us: f64,
     pub block_erase_us: f64,
     pub parallel_units: u32,
+    #[serde(default)]
+    pub device_model: crate::device::DeviceModel,
+    #[serde(default)]
+    pub gc_preemption: crate::device::GcPreemption,
+}
+
+/// One NAND operation as the FTL performed it, for the queued device model (in order: the GC
+/// work of a foreground collection comes right before the host program that triggered it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NandOp {
+    /// A host page program on `stream`.
+    HostProgram { stream: u16 },
+    /// A valid page copied out of block `victim` (read there, programmed elsewhere).
+    GcCopy { victim: u32 },
+    /// An erase of `block`.
+    Erase { block: u32 },
 }
 
 impl Default for NandTiming {
@@ -62,6 +79,8 @@ impl Default for NandTiming {
             page_program_us: 500.0,
             block_erase_us: 3500.0,
             parallel_units: 32,
+            device_model: crate::device::DeviceModel::default(),
+            gc_preemption: crate::device::GcPreemption::default(),
         }
     }
 }
@@ -239,6 +258,9 @@ pub struct Ssd {
     // FIFO: closed blocks in closing order.
     fifo: VecDeque<u32>,
     counters: SsdCounters,
+    /// NAND operations since the last [`Ssd::take_ops`], when recording (queued device model).
+    ops: Vec<NandOp>,
+    record_ops: bool,
     program_ns: u64,
     copy_ns: u64,
     erase_ns: u64,
@@ -271,6 +293,8 @@ impl Ssd {
             bucket_prev: vec![INVALID; blocks],
             fifo: VecDeque::with_capacity(blocks),
             counters: SsdCounters::default(),
+            ops: Vec::new(),
+            record_ops: false,
             program_ns,
             copy_ns,
             erase_ns,
@@ -298,6 +322,20 @@ impl Ssd {
         self.free.len()
     }
 
+    /// Starts or stops logging NAND operations for [`Ssd::take_ops`].
+    pub fn record_ops(&mut self, on: bool) {
+        self.record_ops = on;
+        self.ops.clear();
+    }
+
+    /// Moves the logged operations (oldest first) into `into`, which is cleared first. The
+    /// caller drains after every stripe unit, so the log stays bounded by one unit's pages
+    /// plus one GC episode.
+    pub fn take_ops(&mut self, into: &mut Vec<NandOp>) {
+        into.clear();
+        std::mem::swap(&mut self.ops, into);
+    }
+
     /// Whether a logical page currently holds data.
     pub fn is_mapped(&self, lpn: u32) -> bool {
         self.l2p[lpn as usize] != INVALID
@@ -322,6 +360,9 @@ impl Ssd {
         self.p2l[ppn as usize] = lpn;
         self.counters.host_pages += 1;
         self.counters.busy_ns += self.program_ns;
+        if self.record_ops {
+            self.ops.push(NandOp::HostProgram { stream });
+        }
     }
 
     /// TRIM (discard) of one logical page: the FTL forgets it, GC will not copy it.
@@ -468,12 +509,18 @@ impl Ssd {
             self.l2p[lpn as usize] = target;
             self.counters.gc_copied_pages += 1;
             self.counters.busy_ns += self.copy_ns;
+            if self.record_ops {
+                self.ops.push(NandOp::GcCopy { victim });
+            }
         }
         assert_eq!(self.valid[v], 0, "victim {victim} still holds valid pages after cleaning");
         self.state[v] = FREE;
         self.erase_count[v] += 1;
         self.counters.erases += 1;
         self.counters.busy_ns += self.erase_ns;
+        if self.record_ops {
+            self.ops.push(NandOp::Erase { block: victim });
+        }
         self.free.push_back(victim);
     }
 
@@ -611,6 +658,35 @@ mod tests {
         config.gc_reserve_blocks = 0;
         let error = Ssd::new(config).err().expect("must refuse").to_string();
         assert!(error.contains("gc_reserve_blocks"), "{error}");
+    }
+
+    #[test]
+    fn the_op_log_puts_gc_work_before_the_host_program_that_triggered_it() {
+        let mut ssd = small(VictimPolicy::Greedy, 1, GcPlacement::Shared);
+        ssd.record_ops(true);
+        let mut ops = Vec::new();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        let logical = ssd.logical_pages();
+        let mut seen_gc = false;
+        for _ in 0..20_000 {
+            let before = ssd.counters();
+            ssd.write(rng.gen_range(0..logical), 0);
+            ssd.take_ops(&mut ops);
+            let after = ssd.counters();
+            // Exactly the work the counters saw, the host program last.
+            assert_eq!(ops.last(), Some(&NandOp::HostProgram { stream: 0 }));
+            let copies = ops.iter().filter(|o| matches!(o, NandOp::GcCopy { .. })).count();
+            let erases = ops.iter().filter(|o| matches!(o, NandOp::Erase { .. })).count();
+            assert_eq!(copies as u64, after.gc_copied_pages - before.gc_copied_pages);
+            assert_eq!(erases as u64, after.erases - before.erases);
+            assert_eq!(ops.len(), copies + erases + 1);
+            seen_gc |= erases > 0;
+        }
+        assert!(seen_gc, "GC never ran");
+        ssd.record_ops(false);
+        ssd.write(0, 0);
+        ssd.take_ops(&mut ops);
+        assert!(ops.is_empty(), "nothing is logged when not recording");
     }
 
     #[test]

@@ -1,11 +1,12 @@
 //! Single-SSD synthetic workloads: uniform random overwrite and hot/cold skew.
 //!
-//! Both start by writing every logical page once (sequentially), then overwrite at random. The
-//! WAF is measured after `warmup_device_writes` device writes, over `measure_device_writes`
-//! more, so the closed form for steady state applies. Randomness comes from a seeded ChaCha8.
+//! Both start by writing every logical page once (sequentially), then overwrite at random
+//! `device_writes` times the logical capacity. Steady-state WAF is measured over the second half
+//! of all host writes, fill included ([`crate::report::SteadyWindow`], the same for every
+//! workload), so the closed form for steady state applies. Randomness comes from a seeded ChaCha8.
 
 use crate::mapping::Mapping;
-use crate::report::{RunReport, Sampler, SsdSummary};
+use crate::report::{RunReport, Sampler, SsdSummary, SteadyWindow};
 use crate::ssd::{Ssd, SsdConfig, SsdConfigError};
 use rand::{Rng, SeedableRng};
 
@@ -25,8 +26,8 @@ pub enum Skew {
 pub struct SyntheticParams {
     pub ssd: SsdConfig,
     pub skew: Skew,
-    pub warmup_device_writes: f64,
-    pub measure_device_writes: f64,
+    /// Random overwrites after the initial fill, as multiples of the logical capacity.
+    pub device_writes: f64,
     pub samples: u32,
     pub seed: u64,
 }
@@ -52,13 +53,11 @@ pub enum SyntheticError {
 pub fn run(params: &SyntheticParams, mapping: Mapping) -> Result<RunReport, SyntheticError> {
     let started = crate::report::Stopwatch::start();
     let separate = separates_hot_pages(params, mapping)?;
-    for (name, value) in [
-        ("warmup_device_writes", params.warmup_device_writes),
-        ("measure_device_writes", params.measure_device_writes),
-    ] {
-        if !(value.is_finite() && value >= 0.0) {
-            return Err(SyntheticError::DeviceWrites { name, value });
-        }
+    if !(params.device_writes.is_finite() && params.device_writes >= 0.0) {
+        return Err(SyntheticError::DeviceWrites {
+            name: "device_writes",
+            value: params.device_writes,
+        });
     }
     let mut ssd = Ssd::new(params.ssd.clone())?;
     let logical = ssd.logical_pages();
@@ -67,19 +66,17 @@ pub fn run(params: &SyntheticParams, mapping: Mapping) -> Result<RunReport, Synt
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(params.seed);
     let page_bytes = params.ssd.page_bytes as u64;
     let logical_bytes = logical as u64 * page_bytes;
-    let warmup = (logical as f64 * params.warmup_device_writes) as u64;
-    let measure = (logical as f64 * params.measure_device_writes) as u64;
-    let total = logical as u64 + warmup + measure;
+    let overwrites = (logical as f64 * params.device_writes) as u64;
+    let total = logical as u64 + overwrites;
+    let window_start = SteadyWindow::start_host_pages(total);
     let mut sampler = Sampler::new(total, params.samples, logical_bytes, page_bytes);
-    for lpn in 0..logical {
-        ssd.write(lpn, stream_of(lpn));
-    }
     let mut window = None;
-    for i in 0..warmup + measure {
-        if i == warmup {
+    for i in 0..total {
+        if i == window_start {
             window = Some(ssd.counters());
         }
-        let lpn = hot.pick_page(&mut rng, logical);
+        // The fill writes every page once, in order; then random overwrites.
+        let lpn = if i < logical as u64 { i as u32 } else { hot.pick_page(&mut rng, logical) };
         ssd.write(lpn, stream_of(lpn));
         if i % 4096 == 0 {
             sampler.observe(&ssd.counters(), 0);
@@ -88,10 +85,14 @@ pub fn run(params: &SyntheticParams, mapping: Mapping) -> Result<RunReport, Synt
     let counters = ssd.counters();
     sampler.force(&counters, 0);
     let window = window.unwrap_or_default();
+    let (waf_steady, steady_window) =
+        SteadyWindow::measure(&window, &counters, logical_bytes, page_bytes);
     Ok(RunReport {
         label: run_label(params, mapping),
-        waf_steady: counters.waf_since(&window),
+        waf_steady,
+        steady_window,
         waf_cumulative: counters.waf(),
+        users: Vec::new(),
         host_pages: counters.host_pages,
         gc_copied_pages: counters.gc_copied_pages,
         erases: counters.erases,

@@ -211,6 +211,11 @@ impl Volume {
         &self.ssds
     }
 
+    /// One SSD, mutably (to switch on and drain its NAND operation log).
+    pub fn ssd_mut(&mut self, ssd: usize) -> &mut Ssd {
+        &mut self.ssds[ssd]
+    }
+
     pub fn chunk_pages(&self) -> u32 {
         self.chunk_pages
     }

@@ -25,14 +25,8 @@ fn uniform_waf(
     ssd.victim = victim;
     ssd.gc_reserve_blocks = 1;
     let alpha = ssd.physical_pages() as f64 / ssd.logical_pages as f64;
-    let params = SyntheticParams {
-        ssd,
-        skew: Skew::Uniform,
-        warmup_device_writes: 3.0,
-        measure_device_writes: 3.0,
-        samples: 4,
-        seed: 42,
-    };
+    let params =
+        SyntheticParams { ssd, skew: Skew::Uniform, device_writes: 6.0, samples: 4, seed: 42 };
     (alpha, synthetic::run(&params, Mapping::Legacy).unwrap().waf_steady)
 }
 
@@ -74,23 +68,13 @@ fn small_bios(mapping_streams: u16, users_per_node: u16) -> BiosParams {
     ssd.streams = mapping_streams;
     ssd.gc_reserve_blocks = 2;
     BiosParams {
-        ssd,
         nodes: 2,
         users_per_node,
-        threads_per_user: 2,
         file_bytes: 4 * MIB,
-        stripe_unit_bytes: 256 * KIB,
         stripe_count: 2,
-        quota_classes: vec![1.0, 2.0, 4.0, 8.0],
-        configuration: 3,
-        delete_fraction: 0.15,
-        quota_fill: 1.0,
         device_writes: 4.0,
-        warmup_fraction: 0.5,
         samples: 20,
-        seed: 9,
-        lifetime_estimate_noise: 0.0,
-        fs: FileSystemModel::default(),
+        ..BiosParams::bios_setup(ssd, 256 * KIB, 4.0, 9)
     }
 }
 
@@ -299,8 +283,7 @@ fn hot_cold_skew_favours_cost_benefit_and_separation() {
         let params = SyntheticParams {
             ssd,
             skew: Skew::HotCold { hot_space_fraction: 0.2, hot_write_fraction: 0.8 },
-            warmup_device_writes: 3.0,
-            measure_device_writes: 3.0,
+            device_writes: 6.0,
             samples: 4,
             seed: 3,
         };

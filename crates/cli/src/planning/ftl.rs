@@ -8,6 +8,7 @@ use spillway_ftl::experiment::{self, ExperimentParams};
 use spillway_ftl::replay::{self, ReplayParams};
 use spillway_ftl::report::RunReport;
 use spillway_ftl::synthetic::{self, Skew, SyntheticParams};
+use spillway_ftl::workload::{DeleteRuleName, WorkloadError, WorkloadKind, WorkloadSpec};
 use spillway_ftl::{analytic, FtlKnobs, Mapping, SsdConfig, VictimPolicy};
 use std::path::PathBuf;
 
@@ -20,7 +21,7 @@ pub struct Args {
 #[derive(clap::Subcommand)]
 enum Command {
     /// Run one workload under one or more stream mappings.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Uniform random writes vs the closed form WAF = α/(α+W₀(−αe^−α)), FIFO and greedy.
     Validate(ValidateArgs),
     /// BIOS synthetic setup: legacy / user-ID / per-job / lifetime-aware, configs 1–3, stripe sweep.
@@ -63,6 +64,17 @@ struct DeviceArgs {
     /// File system block allocator: stack, first-fit, next-fit.
     #[arg(long, value_parser = parse_lba_allocation)]
     lba_allocation: Option<spillway_ftl::volume::LbaAllocation>,
+    /// Time model: queued (per-die queues, foreground GC blocks) or fluid (latency ÷ dies).
+    #[arg(long, value_parser = parse_device_model)]
+    device_model: Option<spillway_ftl::device::DeviceModel>,
+    /// Queued model: host programs go ahead of GC work above the reserve (true) or not.
+    #[arg(long)]
+    gc_preemption: Option<bool>,
+}
+
+fn parse_device_model(text: &str) -> Result<spillway_ftl::device::DeviceModel, String> {
+    spillway_ftl::device::DeviceModel::parse(text)
+        .ok_or_else(|| format!("unknown device model {text:?} (queued, fluid)"))
 }
 
 fn parse_lba_allocation(text: &str) -> Result<spillway_ftl::volume::LbaAllocation, String> {
@@ -129,6 +141,16 @@ impl DeviceArgs {
         if let Some(v) = self.lba_allocation {
             k.lba_allocation = v
         }
+        if let Some(v) = self.device_model {
+            k.device_model = v
+        }
+        if let Some(on) = self.gc_preemption {
+            k.gc_preemption = if on {
+                spillway_ftl::device::GcPreemption::On
+            } else {
+                spillway_ftl::device::GcPreemption::Off
+            }
+        }
         k
     }
 
@@ -139,51 +161,20 @@ impl DeviceArgs {
     }
 }
 
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum WorkloadKind {
-    Uniform,
-    HotCold,
-    Bios,
-    Replay,
-    /// A Spillway trace (e.g. converted from a Darshan log), ranks as placement keys.
-    Trace,
-}
-
 #[derive(clap::Args)]
 struct RunArgs {
     /// Workload: uniform, hot-cold, bios, replay (the store's SSD write log, --log) or trace
-    /// (a Spillway trace such as a converted Darshan log, --trace).
-    #[arg(long, value_enum)]
-    workload: WorkloadKind,
+    /// (a Spillway trace such as a converted Darshan log, --trace). Required unless the
+    /// workload file sets it.
+    #[arg(long, value_parser = parse_workload)]
+    workload: Option<WorkloadKind>,
+    /// TOML file describing the workload (keys as the flags below, with `_`; flags override it;
+    /// see docs/design/ftl.md "Workloads").
+    #[arg(long)]
+    workload_file: Option<PathBuf>,
     /// Stream mappings to compare (comma separated): legacy, user-id, per-job, lifetime-aware.
     #[arg(long, value_delimiter = ',', value_parser = parse_mapping, default_value = "legacy")]
     mapping: Vec<Mapping>,
-    /// The store's SSD write log (workload replay).
-    #[arg(long)]
-    log: Option<PathBuf>,
-    /// A Spillway trace file (workload trace).
-    #[arg(long)]
-    trace: Option<PathBuf>,
-    /// BIOS grouping configuration 1, 2, 3, or 4 (every user its own lifetime class).
-    #[arg(long, default_value_t = 3)]
-    configuration: u8,
-    /// BIOS: SSDs per pool a file is striped over.
-    #[arg(long, default_value_t = 4)]
-    stripe_count: u16,
-    /// Host writes as multiples of the logical capacity (after the initial fill for uniform/hot-cold).
-    #[arg(long, default_value_t = 6.0)]
-    device_writes: f64,
-    /// Hot/cold: fraction of the space that is hot.
-    #[arg(long, default_value_t = 0.2)]
-    hot_space_fraction: f64,
-    /// Hot/cold: fraction of writes that go to the hot space.
-    #[arg(long, default_value_t = 0.8)]
-    hot_write_fraction: f64,
-    /// BIOS, lifetime-aware: σ of a log-normal error on lifetime estimates (0 = exact).
-    #[arg(long, default_value_t = 0.0)]
-    lifetime_estimate_noise: f64,
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -191,7 +182,124 @@ struct RunArgs {
     #[arg(long)]
     out: Option<PathBuf>,
     #[command(flatten)]
+    params: WorkloadArgs,
+    #[command(flatten)]
     device: DeviceArgs,
+}
+
+/// Workload parameters as flags (the workload file's keys; defaults in docs/design/ftl.md).
+#[derive(clap::Args)]
+struct WorkloadArgs {
+    /// The store's SSD write log (workload replay).
+    #[arg(long)]
+    log: Option<PathBuf>,
+    /// A Spillway trace file (workload trace).
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Host writes ÷ logical capacity (uniform/hot-cold: after the initial fill) [default 6].
+    #[arg(long)]
+    device_writes: Option<f64>,
+    /// Seed of every random choice [default 1].
+    #[arg(long)]
+    seed: Option<u64>,
+    /// WAF samples over the run [default 60].
+    #[arg(long)]
+    samples: Option<u32>,
+    /// Hot/cold: fraction of the space that is hot, in (0, 1) [default 0.2].
+    #[arg(long)]
+    hot_space_fraction: Option<f64>,
+    /// Hot/cold: fraction of writes that go to the hot space, in (0, 1) [default 0.8].
+    #[arg(long)]
+    hot_write_fraction: Option<f64>,
+    /// BIOS: users per node (SSD); users in all = this × --ssds [default 8].
+    #[arg(long)]
+    users_per_node: Option<u16>,
+    /// BIOS: threads per user, each writing files back to back [default 2].
+    #[arg(long)]
+    threads_per_user: Option<u16>,
+    /// BIOS: relative write rate per user, comma separated, cycled over users [default 1].
+    #[arg(long, value_delimiter = ',')]
+    write_shares: Option<Vec<f64>>,
+    /// BIOS: quota weight per user, comma separated, cycled over users [default: the lifetime
+    /// class multipliers].
+    #[arg(long, value_delimiter = ',')]
+    capacity_shares: Option<Vec<f64>>,
+    /// BIOS: quota multiplier per lifetime class, comma separated [default 1,2,4,8].
+    #[arg(long, value_delimiter = ',')]
+    lifetime_classes: Option<Vec<f64>>,
+    /// BIOS grouping configuration 1, 2, 3, or 4 (every user its own lifetime class) [default 3].
+    #[arg(long)]
+    configuration: Option<u8>,
+    /// BIOS: file size in bytes [default 67108864 = 64 MiB].
+    #[arg(long)]
+    file_bytes: Option<u64>,
+    /// BIOS: SSDs per pool a file is striped over [default 4].
+    #[arg(long)]
+    stripe_count: Option<u16>,
+    /// BIOS interleave: stripe rows a thread writes per turn before another thread's [default 1].
+    #[arg(long)]
+    rows_per_turn: Option<u32>,
+    /// BIOS: what an over-quota user deletes: oldest-fraction or oldest-until-within-quota
+    /// [default oldest-fraction].
+    #[arg(long, value_parser = parse_delete_rule)]
+    delete_rule: Option<DeleteRuleName>,
+    /// BIOS, oldest-fraction: fraction of the user's files deleted, in (0, 1] [default 0.15].
+    #[arg(long)]
+    delete_fraction: Option<f64>,
+    /// BIOS: fraction of the exported capacity quotas plus data in flight fill, in (0, 1]
+    /// [default 1].
+    #[arg(long)]
+    device_utilisation: Option<f64>,
+    /// BIOS, lifetime-aware: σ of a log-normal error on lifetime estimates [default 0 = exact].
+    #[arg(long)]
+    lifetime_estimate_noise: Option<f64>,
+}
+
+fn parse_workload(text: &str) -> Result<WorkloadKind, String> {
+    WorkloadKind::parse(text).ok_or_else(|| {
+        format!("unknown workload {text:?} (uniform, hot-cold, bios, replay, trace)")
+    })
+}
+
+fn parse_delete_rule(text: &str) -> Result<DeleteRuleName, String> {
+    DeleteRuleName::parse(text).ok_or_else(|| {
+        format!("unknown delete rule {text:?} (oldest-fraction, oldest-until-within-quota)")
+    })
+}
+
+impl RunArgs {
+    /// The workload: the file's keys overridden by the flags, every value checked.
+    fn spec(&self) -> anyhow::Result<WorkloadSpec> {
+        let p = &self.params;
+        let flags = WorkloadSpec {
+            workload: self.workload,
+            device_writes: p.device_writes,
+            seed: p.seed,
+            samples: p.samples,
+            hot_space_fraction: p.hot_space_fraction,
+            hot_write_fraction: p.hot_write_fraction,
+            log: p.log.clone(),
+            trace: p.trace.clone(),
+            users_per_node: p.users_per_node,
+            threads_per_user: p.threads_per_user,
+            write_shares: p.write_shares.clone(),
+            capacity_shares: p.capacity_shares.clone(),
+            lifetime_classes: p.lifetime_classes.clone(),
+            configuration: p.configuration,
+            file_bytes: p.file_bytes,
+            stripe_count: p.stripe_count,
+            rows_per_turn: p.rows_per_turn,
+            delete_rule: p.delete_rule,
+            delete_fraction: p.delete_fraction,
+            device_utilisation: p.device_utilisation,
+            lifetime_estimate_noise: p.lifetime_estimate_noise,
+        };
+        flags.check("command line")?;
+        let Some(path) = &self.workload_file else { return Ok(flags) };
+        let merged = WorkloadSpec::read_file(path)?.overridden_by(flags);
+        merged.check(&format!("workload file {} with the flags", path.display()))?;
+        Ok(merged)
+    }
 }
 
 #[derive(clap::Args)]
@@ -224,7 +332,7 @@ struct ExperimentArgs {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
-        Command::Run(a) => run_workload(a),
+        Command::Run(a) => run_workload(*a),
         Command::Validate(a) => validate(a),
         Command::BiosExperiment(a) => bios_experiment(a),
     }
@@ -232,18 +340,31 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 fn run_workload(args: RunArgs) -> anyhow::Result<()> {
     let (knobs, ssd) = args.device.ssd()?;
-    let events = load_events(&args)?;
+    let spec = args.spec()?;
+    let kind = spec.kind()?;
+    let events = load_events(&spec, kind)?;
+    let bios_params = match kind {
+        WorkloadKind::Bios => Some(spec.bios_params(
+            ssd.clone(),
+            knobs.ssds,
+            knobs.stripe_unit_bytes,
+            knobs.file_system(),
+        )?),
+        _ => None,
+    };
     let mut reports: Vec<RunReport> = Vec::new();
     for &mapping in &args.mapping {
-        let report = match args.workload {
-            WorkloadKind::Uniform | WorkloadKind::HotCold => run_synthetic(&args, &ssd, mapping)?,
-            WorkloadKind::Bios => run_bios(&args, &knobs, &ssd, mapping)?,
-            WorkloadKind::Replay | WorkloadKind::Trace => {
+        let report = match (kind, &bios_params) {
+            (_, Some(params)) => bios::run(params, mapping)?,
+            (WorkloadKind::Uniform | WorkloadKind::HotCold, _) => {
+                run_synthetic(&spec, &ssd, mapping)?
+            }
+            _ => {
                 let params = ReplayParams {
                     ssd: ssd.clone(),
                     ssds: knobs.ssds,
                     stripe_unit_bytes: knobs.stripe_unit_bytes,
-                    samples: 60,
+                    samples: spec.samples.unwrap_or(60),
                 };
                 replay::replay(&params, events.as_deref().unwrap_or(&[]), mapping)?
             }
@@ -262,18 +383,26 @@ fn run_workload(args: RunArgs) -> anyhow::Result<()> {
 }
 
 /// The events of a replay (the store's write log) or trace workload; None for the others.
-fn load_events(args: &RunArgs) -> anyhow::Result<Option<Vec<replay::LogEvent>>> {
-    let events = match args.workload {
+fn load_events(
+    spec: &WorkloadSpec,
+    kind: WorkloadKind,
+) -> anyhow::Result<Option<Vec<replay::LogEvent>>> {
+    let events = match kind {
         WorkloadKind::Replay => {
-            let path = args.log.as_ref().context("--workload replay needs --log FILE")?;
+            let path = spec
+                .log
+                .as_ref()
+                .ok_or(WorkloadError::Missing { workload: "replay", key: "log" })?;
             let file = std::fs::File::open(path)
                 .with_context(|| format!("cannot open write log {}", path.display()))?;
             Some(replay::parse_log(std::io::BufReader::new(file), &path.display().to_string())?)
         }
         WorkloadKind::Trace => {
-            let path = args.trace.as_ref().context("--workload trace needs --trace FILE")?;
-            let trace = spillway_trace::Trace::read_path(path)
-                .with_context(|| format!("cannot read trace {}", path.display()))?;
+            let path = spec
+                .trace
+                .as_ref()
+                .ok_or(WorkloadError::Missing { workload: "trace", key: "trace" })?;
+            let trace = super::read_trace(path)?;
             Some(replay::events_from_trace(&trace))
         }
         _ => None,
@@ -281,45 +410,20 @@ fn load_events(args: &RunArgs) -> anyhow::Result<Option<Vec<replay::LogEvent>>> 
     Ok(events)
 }
 
-/// One uniform or hot/cold run under `mapping`: half the device writes warm up, half measure.
-fn run_synthetic(args: &RunArgs, ssd: &SsdConfig, mapping: Mapping) -> anyhow::Result<RunReport> {
-    let skew = match args.workload {
-        WorkloadKind::Uniform => Skew::Uniform,
-        _ => Skew::HotCold {
-            hot_space_fraction: args.hot_space_fraction,
-            hot_write_fraction: args.hot_write_fraction,
-        },
-    };
-    let params = SyntheticParams {
-        ssd: ssd.clone(),
-        skew,
-        warmup_device_writes: args.device_writes / 2.0,
-        measure_device_writes: args.device_writes / 2.0,
-        samples: 60,
-        seed: args.seed,
-    };
-    Ok(synthetic::run(&params, mapping)?)
-}
-
-/// One BIOS run under `mapping`, in the configuration and stripe count the flags give.
-fn run_bios(
-    args: &RunArgs,
-    knobs: &FtlKnobs,
+/// One uniform or hot/cold run under `mapping`.
+fn run_synthetic(
+    spec: &WorkloadSpec,
     ssd: &SsdConfig,
     mapping: Mapping,
 ) -> anyhow::Result<RunReport> {
-    let mut params =
-        ExperimentParams::bios(ssd.clone(), knobs.stripe_unit_bytes, args.device_writes, args.seed)
-            .base;
-    params.nodes = knobs.ssds;
-    params.configuration = args.configuration;
-    params.stripe_count = args.stripe_count;
-    params.lifetime_estimate_noise = args.lifetime_estimate_noise;
-    params.fs = knobs.file_system();
-    if args.configuration == 4 {
-        params.quota_classes = bios::distinct_quota_classes(params.users());
-    }
-    Ok(bios::run(&params, mapping)?)
+    let params = SyntheticParams {
+        ssd: ssd.clone(),
+        skew: spec.skew(),
+        device_writes: spec.device_writes(),
+        samples: spec.samples.unwrap_or(60),
+        seed: spec.seed.unwrap_or(1),
+    };
+    Ok(synthetic::run(&params, mapping)?)
 }
 
 /// Writes waf.svg (WAF over time, one line per run) and report.json into `dir`.
@@ -344,13 +448,17 @@ fn write_run_outputs(dir: &std::path::Path, reports: &[RunReport]) -> anyhow::Re
 
 /// Prints the runs as a markdown table, one row per run.
 fn print_run_table(reports: &[RunReport]) {
-    println!("| run | WAF steady | WAF cumulative | GC copies | erases | MiB/s | p99 ms | host Mpages/s |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| run | WAF steady | steady window (device-writes) | WAF cumulative | GC copies | erases | MiB/s | p99 ms | host Mpages/s |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for r in reports {
+        let window = &r.steady_window;
         println!(
-            "| {} | {:.3} | {:.3} | {} | {} | {} | {} | {:.2} |",
+            "| {} | {:.3} | {:.2}–{:.2}{} | {:.3} | {} | {} | {} | {} | {:.2} |",
             r.label,
             r.waf_steady,
+            window.start_device_writes,
+            window.end_device_writes,
+            if window.reached { "" } else { " (not reached)" },
             r.waf_cumulative,
             r.gc_copied_pages,
             r.erases,
@@ -360,6 +468,11 @@ fn print_run_table(reports: &[RunReport]) {
                 .map_or("-".into(), |l| format!("{:.0}", l.latency_ms_p99)),
             r.wall.as_ref().map_or(0.0, |w| w.host_page_writes_per_second / 1e6),
         );
+    }
+    for r in reports {
+        if let Some(note) = &r.steady_window.note {
+            println!("\n{}: {note}", r.label);
+        }
     }
 }
 
@@ -389,8 +502,7 @@ fn validate(args: ValidateArgs) -> anyhow::Result<()> {
             let params = SyntheticParams {
                 ssd,
                 skew: Skew::Uniform,
-                warmup_device_writes: 4.0,
-                measure_device_writes: 4.0,
+                device_writes: 8.0,
                 samples: 10,
                 seed: 1,
             };
