@@ -367,7 +367,7 @@ fn a_full_store_fails_writes_with_enospc_and_never_shows_zeros() {
         .env("SPILLWAY_SERVER_BACKPRESSURE_WAIT_MS_MAX", "300")
         .start();
     let endpoints = vec![server.endpoint().clone()];
-    let mount = mount_at(&dir.path().join("mnt"), remote_namespace(&endpoints, 1), &endpoints);
+    let mount = mount_at(&dir.path().join("mnt"), remote_namespace(&endpoints, 77), &endpoints);
     let path = mount.path().join("checkpoint");
     let data = mount_suite::bytes(42, 64 << 20);
     let mut file = std::fs::File::create(&path).unwrap();
@@ -382,6 +382,11 @@ fn a_full_store_fails_writes_with_enospc_and_never_shows_zeros() {
             }
         }
     }
+    // A child process closes its copy of the descriptor at exec (FUSE sends a flush for it),
+    // and a stat settles the writes: neither may take the error this process's fsync owes.
+    assert!(std::process::Command::new("true").status().unwrap().success());
+    let stat = std::fs::metadata(&path);
+    assert!(stat.is_ok(), "stat takes no error a close or fsync owes: {stat:?}");
     let synced = file.sync_all();
     drop(file);
     let errno = failure.as_ref().or(synced.as_ref().err()).and_then(|e| e.raw_os_error());

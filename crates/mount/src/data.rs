@@ -142,9 +142,14 @@ enum Command {
     /// `durable`: also make the acknowledged bytes durable in the servers' SSD logs (fsync).
     /// `ino`: the file being closed or fsync'd, whose writes a server restart lost are
     /// reported (EIO) now; `None`: the slot's own flush (unmount), no file's.
+    /// `report`: a close or fsync, which reports the file's failure and tries full servers
+    /// again; otherwise (the mount settling writes before it reports a size) it only says
+    /// whether the file has a failure. Either way the failure stays pinned until the file's
+    /// last handle is released ([`Command::Release`]).
     Flush {
         durable: bool,
         ino: Option<Ino>,
+        report: bool,
         reply: Reply<()>,
     },
     Forget {
@@ -152,6 +157,10 @@ enum Command {
     },
     StoreCapacity {
         reply: Reply<StoreCapacity>,
+    },
+    /// The inode's last handle is closed: forget its pinned failure.
+    Release {
+        ino: Ino,
     },
 }
 
@@ -305,23 +314,40 @@ impl SlotGuard<'_> {
         self.call(|reply| Command::ZeroFill { ino, generation, from, to, reply })
     }
 
-    /// Waits until every write queued so far is acknowledged by its server; the first failure.
+    /// Waits until every write queued so far is acknowledged by its server; the failure of
+    /// this slot's inode, if any: what `close` reports. FUSE sends a flush for every close of a
+    /// descriptor, also the ones a forked child closes at exec, so the failure is reported to
+    /// every close and fsync until the last handle is released, never to just the first.
     pub fn flush(&mut self) -> Result<(), DataError> {
         let ino = self.ino;
-        self.call(|reply| Command::Flush { durable: false, ino, reply })
+        self.call(|reply| Command::Flush { durable: false, ino, report: true, reply })
+    }
+
+    /// [`Self::flush`] without trying full servers again: Err when the inode has a failure
+    /// pinned (a `stat` settles writes before the size is reported, and withdraws it).
+    pub fn settle(&mut self) -> Result<(), DataError> {
+        let ino = self.ino;
+        self.call(|reply| Command::Flush { durable: false, ino, report: false, reply })
     }
 
     /// [`Self::flush`], then every server this slot wrote to syncs its SSD log: what `fsync`
     /// promises (the data survives a server crash).
     pub fn sync(&mut self) -> Result<(), DataError> {
         let ino = self.ino;
-        self.call(|reply| Command::Flush { durable: true, ino, reply })
+        self.call(|reply| Command::Flush { durable: true, ino, report: true, reply })
     }
 
     /// Forgets cached store handles of `ino` (at open: close-to-open means asking again).
     pub fn forget(&mut self, ino: Ino) {
         // A stopped worker has nothing cached.
         let _ = self.send(Command::Forget { ino });
+    }
+
+    /// The last handle of `ino` is closed: its failure, reported to every close and fsync so
+    /// far, is forgotten (a new open starts clean).
+    pub fn release(&mut self, ino: Ino) {
+        // A stopped worker has nothing pinned.
+        let _ = self.send(Command::Release { ino });
     }
 }
 
@@ -369,12 +395,15 @@ impl Slot {
                 Command::ZeroFill { ino, generation, from, to, reply } => {
                     let _ = reply.send(self.zero_fill(ino, generation, from, to));
                 }
-                Command::Flush { durable, ino, reply } => {
-                    let _ = reply.send(self.flush_for(durable, ino));
+                Command::Flush { durable, ino, report, reply } => {
+                    let _ = reply.send(self.flush_for(durable, ino, report));
                 }
                 Command::Forget { ino } => self.forget(ino),
                 Command::StoreCapacity { reply } => {
                     let _ = reply.send(self.store_capacity());
+                }
+                Command::Release { ino } => {
+                    self.failed.remove(&ino);
                 }
             }
         }
@@ -384,26 +413,31 @@ impl Slot {
     }
 
     /// Flushes (`durable`: syncs) the slot and reports what failed for `ino` (for `None`, the
-    /// unmount's flush, for any inode). A close or fsync is where the servers are tried again
-    /// after they were full.
-    fn flush_for(&mut self, durable: bool, ino: Option<Ino>) -> Result<(), DataError> {
+    /// unmount's flush, for any inode); with `report` false only says whether something did.
+    /// A close or fsync is where the servers are tried again after they were full.
+    fn flush_for(
+        &mut self,
+        durable: bool,
+        ino: Option<Ino>,
+        report: bool,
+    ) -> Result<(), DataError> {
         let flushed = if durable { self.sync() } else { self.flush() };
         match flushed {
             Ok(()) => self.dirty.clear(),
             Err(e) => self.fail_dirty(e),
         }
-        self.store_full.store(false, Ordering::Relaxed);
         let failure = match ino {
-            Some(ino) => self.failed.remove(&ino),
-            None => {
-                let first = self.failed.keys().next().copied();
-                first.and_then(|ino| self.failed.remove(&ino))
-            }
+            Some(ino) => self.failed.get(&ino),
+            None => self.failed.values().next(),
         };
-        match failure {
-            Some(e) => Err(e),
-            None => self.report_lost(ino),
+        if let Some(e) = failure {
+            return Err(DataError::SlotFailure { errno: e.errno(), message: e.to_string() });
         }
+        if !report {
+            return Ok(());
+        }
+        self.store_full.store(false, Ordering::Relaxed);
+        self.report_lost(ino)
     }
 
     /// Pins `error` on every inode written since the last flush (the first keeps the error

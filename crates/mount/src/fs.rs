@@ -270,10 +270,12 @@ impl SpillwayFs {
         else {
             return Ok(());
         };
-        // The size may claim only bytes the servers hold: the file's writes first.
-        if let Err(e) = self.data.slot(ino).flush() {
+        // The size may claim only bytes the servers hold: the file's writes first. A failure
+        // stays for the file's close or fsync to report; the size is just not claimed.
+        if let Err(e) = self.data.slot(ino).settle() {
+            tracing::debug!(ino, error = %e, "size of unstored writes withdrawn");
             self.withdraw_size(ino);
-            return Err(data_errno(&e));
+            return Ok(());
         }
         match self.namespace.wrote(&caller, ino, end) {
             Ok(attr) => {
@@ -414,8 +416,11 @@ impl SpillwayFs {
         let shrinks = current.kind == FileKind::Regular && new_size < current.size;
         if shrinks {
             // Writes of this mount still in flight must land before the size shrinks, or
-            // they would sit past the new EOF and escape the zeroing below.
-            slot.flush().map_err(|e| data_errno(&e))?;
+            // they would sit past the new EOF and escape the zeroing below. A failure among
+            // them stays pinned for the file's close or fsync (they will not land later).
+            if let Err(e) = slot.settle() {
+                tracing::debug!(ino, error = %e, "truncating over failed writes");
+            }
         }
         let attr = match self.namespace.setattr(caller, ino, set) {
             Ok(attr) => {
@@ -805,12 +810,22 @@ impl Filesystem for SpillwayFs {
         if let Err(e) = self.push_pending(ino) {
             tracing::error!(ino, errno = ?e, "reporting the size of a closed file failed");
         }
-        let mut inodes = self.inodes.lock();
-        if let Some(state) = inodes.get_mut(&ino) {
-            state.opens = state.opens.saturating_sub(1);
-            if state.opens == 0 {
-                inodes.remove(&ino);
+        let last = {
+            let mut inodes = self.inodes.lock();
+            match inodes.get_mut(&ino) {
+                Some(state) => {
+                    state.opens = state.opens.saturating_sub(1);
+                    let last = state.opens == 0;
+                    if last {
+                        inodes.remove(&ino);
+                    }
+                    last
+                }
+                None => true,
             }
+        };
+        if last {
+            self.data.slot(ino).release(ino);
         }
         reply.ok();
     }
