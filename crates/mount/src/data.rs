@@ -426,6 +426,10 @@ impl Slot {
             Ok(()) => self.dirty.clear(),
             Err(e) => self.fail_dirty(e),
         }
+        if report {
+            // A close or fsync is where writes try the servers again.
+            self.store_full.store(false, Ordering::Relaxed);
+        }
         let failure = match ino {
             Some(ino) => self.failed.get(&ino),
             None => self.failed.values().next(),
@@ -436,7 +440,6 @@ impl Slot {
         if !report {
             return Ok(());
         }
-        self.store_full.store(false, Ordering::Relaxed);
         self.report_lost(ino)
     }
 
