@@ -21,11 +21,12 @@
 //! the kernel answered at once, so the application's next `write(2)` overlaps the sending of
 //! this one (write-behind, at most [`QUEUED_COMMANDS_MAX`] commands, i.e. that many MiB, per
 //! slot). A failure is pinned on every inode the slot wrote since its last flush (a pipelined
-//! failure does not say whose write it was) and reported by each one's next flush (close) or
-//! fsync; the file system then withdraws the size those writes claimed, so a file never shows
-//! zeros where the servers refused its bytes. Once the servers refused a write for want of
-//! space, later writes are refused at once ([`DataPlane::store_full`]) instead of each waiting
-//! out the servers' backpressure bound again, until the next flush or fsync tries again.
+//! failure does not say whose write it was) and reported to every flush (close) and fsync of
+//! the inode until its last handle is released; the file system then withdraws the size those
+//! writes claimed, so a file never shows zeros where the servers refused its bytes. Once the
+//! servers refused a write for want of space, later writes are refused at once
+//! ([`DataPlane::store_full`]) instead of each waiting out the servers' backpressure bound
+//! again, until the next close or fsync tries again.
 //! Each slot also has a lock that the file system holds across a truncate and the zero-fill
 //! that follows it.
 
@@ -205,7 +206,7 @@ impl DataPlane {
         DataPlane { slots, store_full }
     }
 
-    /// The servers refused a write for want of space since the last flush or fsync: writes are
+    /// The servers refused a write for want of space since the last close or fsync: writes are
     /// refused at once (ENOSPC at `write(2)`), so a full burst buffer costs one backpressure
     /// wait (`server.backpressure_wait_ms_max`), not one per batch of writes.
     pub fn store_full(&self) -> bool {
@@ -361,8 +362,8 @@ pub struct Slot {
     /// Inodes written through this slot since its last flush: a failure found meanwhile may
     /// be any of theirs. Bounded by the open files the slot serves.
     dirty: HashSet<Ino>,
-    /// Inodes whose writes since their last flush may not be stored, and why; each is reported
-    /// (and forgotten) by that inode's next flush or fsync.
+    /// Inodes some of whose writes may not be stored, and why; reported to every close and
+    /// fsync of the inode, forgotten when its last handle is released.
     failed: HashMap<Ino, DataError>,
     /// Some server held the data epoch since the mount started (shared by every slot): from
     /// then on an epoch on no server has vanished, and its files read as EIO, not zeros.
