@@ -254,10 +254,10 @@ impl SpillwayFs {
         attr
     }
 
-    /// Reports writes of this mount that the namespace has not seen yet (size, mtime). Writes
-    /// after the first of an open inode are reported lazily, here: at close, fsync, stat,
-    /// truncate and open, which is what close-to-open needs and saves one metadata round trip
-    /// per write.
+    /// Reports writes of this mount that the namespace has not seen yet (size, mtime), once the
+    /// inode's data slot has them acknowledged. The size of an open inode's writes is reported
+    /// lazily, here: at close, fsync, stat, truncate and open, which is what close-to-open
+    /// needs and saves one metadata round trip per write.
     fn push_pending(&self, ino: Ino) -> Result<(), Errno> {
         let _reporting = self.size_reports.lock();
         self.push_pending_locked(ino)
