@@ -241,7 +241,8 @@ pub struct FsStat {
     /// The reservation's capacity over all its servers, when the namespace's data epoch carries
     /// one; 0: none (the file system is as large as the store).
     pub reservation_bytes: u64,
-    /// The sizes of the namespace's regular files, summed (a hard-linked file once).
+    /// The sizes of the namespace's regular files, summed (a hard-linked file once); counted
+    /// only when `reservation_bytes` is set (0 otherwise: nothing uses it then).
     pub file_bytes: u64,
 }
 
