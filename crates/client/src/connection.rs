@@ -66,6 +66,9 @@ pub struct ServerConnection {
     unanswered: u64,
     /// Pipelined writes whose acknowledgement could not be received (the connection broke).
     lost_in_flight: usize,
+    /// A reply wait lifted the bound on unacknowledged bytes ([`Connection::begin_quiet_wait`]);
+    /// put back before the next send.
+    quiet_wait: bool,
     /// How it was opened, to open it again when the server closed it while it was quiet.
     client_name: String,
     window_wanted: u32,
@@ -210,6 +213,7 @@ impl ServerConnection {
             body: Vec::new(),
             unanswered: 0,
             lost_in_flight: 0,
+            quiet_wait: false,
             client_name: client_name.to_string(),
             window_wanted,
             munge_socket: munge_socket.map(Path::to_path_buf),
@@ -336,6 +340,7 @@ impl ServerConnection {
 
     fn send(&mut self, request: &Request, payload: &[u8]) -> Result<u64, ClientError> {
         self.reopen_if_closed()?;
+        self.end_quiet_wait()?;
         let id = self.next_request_id;
         self.next_request_id += 1;
         self.unanswered += 1;
@@ -351,6 +356,36 @@ impl ServerConnection {
             return Err(self.io(error));
         }
         Ok(id)
+    }
+
+    /// Before a reply that may take long (a commit, a sync, any call): once the request is
+    /// acknowledged, a peer that lost power is noticed by keepalive alone, in about 30 s
+    /// instead of 120 (docs/design/protocol.md).
+    fn begin_quiet_wait(&mut self) -> Result<(), ClientError> {
+        if !self.reader.buffer().is_empty() || self.quiet_wait {
+            return Ok(());
+        }
+        match self.connection.begin_quiet_wait() {
+            Ok(lifted) => {
+                self.quiet_wait = lifted;
+                Ok(())
+            }
+            Err(error) => {
+                self.broken = true;
+                Err(self.io(error))
+            }
+        }
+    }
+
+    fn end_quiet_wait(&mut self) -> Result<(), ClientError> {
+        if !self.quiet_wait {
+            return Ok(());
+        }
+        self.quiet_wait = false;
+        self.connection.end_quiet_wait().map_err(|error| {
+            self.broken = true;
+            self.io(error)
+        })
     }
 
     /// Receives one reply; a connection whose stream failed is marked broken (opened again by
@@ -489,6 +524,7 @@ impl ServerConnection {
     ) -> Result<(Response, ()), ClientError> {
         self.flush()?;
         let id = self.send(request, payload)?;
+        self.begin_quiet_wait()?;
         let (reply_id, response) = self.receive(read_into)?;
         if reply_id != id && !matches!(response, Response::Error { .. }) {
             return Err(ClientError::Protocol {
@@ -511,6 +547,7 @@ impl ServerConnection {
 
     /// Receives the reply of a [`ServerConnection::start_call`].
     pub fn finish_call(&mut self, id: u64) -> Result<Response, ClientError> {
+        self.begin_quiet_wait()?;
         let (reply_id, response) = self.receive(None)?;
         if let Response::Error { code, message } = response {
             return Err(ClientError::Server { endpoint: self.endpoint.clone(), code, message });
@@ -634,6 +671,7 @@ impl ServerConnection {
             sent.push_back((id, *next));
             *next += 1;
         }
+        self.end_quiet_wait()?;
         if let Err(error) = self.connection.write_all(batch) {
             self.broken = true;
             return Err(self.io(error));

@@ -93,6 +93,19 @@ pub trait Connection: Read + Write + Send {
     /// Whether the peer has closed the connection and nothing is left to read (without
     /// waiting or consuming anything): a client checks before it reuses a quiet connection.
     fn peer_closed(&self) -> io::Result<bool>;
+    /// Before waiting for a reply, with the whole request written: returns once the reply is
+    /// arriving or the peer has acknowledged every byte sent, and in the second case lifts the
+    /// bound on unacknowledged bytes until [`Connection::end_quiet_wait`], so that the
+    /// quiet-connection bound alone (keepalive, about 30 s) notices a peer that lost power. The
+    /// kernel applies `TCP_USER_TIMEOUT` to unanswered keepalive probes too, which would stretch
+    /// that to 120 s. Returns whether it lifted the bound.
+    fn begin_quiet_wait(&self) -> io::Result<bool> {
+        Ok(false)
+    }
+    /// Puts the bound on unacknowledged bytes back: before anything more is sent.
+    fn end_quiet_wait(&self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Accepts connections.
@@ -186,7 +199,8 @@ pub fn connect(endpoint: &Endpoint) -> io::Result<Box<dyn Connection>> {
             let stream = TcpStream::connect_timeout(address, TCP_CONNECT_TIMEOUT)?;
             stream.set_nodelay(true)?;
             spillway_sys::socket::detect_dead_peer(&stream, TCP_CLIENT_DEAD_PEER)?;
-            Ok(Box::new(TcpConnection { stream }))
+            let unacknowledged_max = TCP_CLIENT_DEAD_PEER.unacknowledged_max;
+            Ok(Box::new(TcpConnection { stream, unacknowledged_max }))
         }
         Endpoint::Unix(path) => Ok(Box::new(UnixConnection { stream: UnixStream::connect(path)? })),
     }
@@ -203,7 +217,8 @@ impl Listener for TcpTransportListener {
                 stream.set_nonblocking(false)?;
                 stream.set_nodelay(true)?;
                 spillway_sys::socket::detect_dead_peer(&stream, TCP_DEAD_PEER)?;
-                Ok(Some(Box::new(TcpConnection { stream })))
+                let unacknowledged_max = TCP_DEAD_PEER.unacknowledged_max;
+                Ok(Some(Box::new(TcpConnection { stream, unacknowledged_max })))
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
             Err(e) => Err(e),
@@ -243,7 +258,12 @@ impl Drop for UnixTransportListener {
 
 struct TcpConnection {
     stream: TcpStream,
+    /// The bound on unacknowledged bytes this end set (`TCP_CLIENT_DEAD_PEER`), if any.
+    unacknowledged_max: Option<Duration>,
 }
+
+/// How often a quiet wait looks whether the request has been acknowledged yet.
+const ACKNOWLEDGEMENT_POLL: Duration = Duration::from_millis(50);
 
 impl Read for TcpConnection {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
@@ -286,7 +306,10 @@ impl Connection for TcpConnection {
         })
     }
     fn try_clone_connection(&self) -> io::Result<Box<dyn Connection>> {
-        Ok(Box::new(TcpConnection { stream: self.stream.try_clone()? }))
+        Ok(Box::new(TcpConnection {
+            stream: self.stream.try_clone()?,
+            unacknowledged_max: self.unacknowledged_max,
+        }))
     }
     fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         self.stream.set_read_timeout(timeout)
@@ -302,6 +325,25 @@ impl Connection for TcpConnection {
     }
     fn peer_closed(&self) -> io::Result<bool> {
         spillway_sys::socket::peer_closed(&self.stream)
+    }
+    fn begin_quiet_wait(&self) -> io::Result<bool> {
+        if self.unacknowledged_max.is_none() {
+            return Ok(false);
+        }
+        // Bounded by the kernel: bytes never acknowledged end in a reset within
+        // `unacknowledged_max`, which makes the socket readable.
+        loop {
+            if spillway_sys::socket::wait_readable(&self.stream, ACKNOWLEDGEMENT_POLL)? {
+                return Ok(false);
+            }
+            if spillway_sys::socket::unacknowledged_bytes(&self.stream)? == 0 {
+                spillway_sys::socket::set_unacknowledged_max(&self.stream, None)?;
+                return Ok(true);
+            }
+        }
+    }
+    fn end_quiet_wait(&self) -> io::Result<()> {
+        spillway_sys::socket::set_unacknowledged_max(&self.stream, self.unacknowledged_max)
     }
 }
 
