@@ -591,6 +591,9 @@ fn end_to_end(release: SlurmRelease) {
     if mount {
         failed_stage_out_kept_as_rescue_then_retried(&testbed, &mut passed);
     }
+    // 7 and 8 are done by Slurm's periodic pools refresh (about every 30 s): their ghost jobs
+    // are made now and checked last, so one refresh serves both while the scenarios between run.
+    let ghosts = Ghosts::make(&testbed);
     // 4. A persistent reservation shared by two consecutive jobs.
     if mount {
         persistent_reservation_shared_by_two_jobs(&testbed, &mut passed);
@@ -604,9 +607,9 @@ fn end_to_end(release: SlurmRelease) {
         cancelled_while_running(&testbed, &mut passed);
     }
     // 7. A job whose teardown never ran.
-    lost_teardown_done_by_pools_refresh(&testbed, &mut passed);
+    ghosts.lost_teardown_done_by_pools_refresh(&testbed, &mut passed);
     // 8. A job whose stage-out never finished (data_out killed): teardown keeps a rescue.
-    unfinished_stage_out_kept_by_teardown(&testbed, &mut passed);
+    ghosts.unfinished_stage_out_kept_by_teardown(&testbed, &mut passed);
 
     passed.print(version.trim(), started.elapsed(), cluster_ready);
     if let Some(copy) = std::env::var_os("SPILLWAY_SLURM_LOG_COPY") {
@@ -1440,15 +1443,60 @@ fn cancelled_while_running(testbed: &Testbed<'_>, passed: &mut Passed) {
     passed.pass("job cancelled while running cleaned up");
 }
 
-/// A job whose teardown never ran. Slurm 22.05 may kill the teardown it queued for a cancel
-/// before the hook detaches (scenario 5 then fails now and then); nothing retries it. Here the
-/// lost teardown is made certain: a job record and reservation for a job Slurm never had. The
-/// periodic pools refresh must tear them down.
-fn lost_teardown_done_by_pools_refresh(testbed: &Testbed<'_>, passed: &mut Passed) {
-    let ghost = 4_000_000u64;
-    let (ghost_reservation, _) = ghost_job(testbed, ghost, serde_json::json!({}));
-    testbed.assert_cleaned_up(ghost, &ghost_reservation, false);
-    passed.pass("job whose teardown was lost torn down by the pools refresh");
+/// Jobs whose teardown only Slurm's periodic pools refresh can do (`ghost_job`): made early,
+/// checked by scenarios 7 and 8 at the end.
+struct Ghosts {
+    /// Scenario 7: teardown never ran.
+    lost: (u64, String),
+    /// Scenario 8: its stage-out never finished (reservation name, job record).
+    unfinished: (u64, String, std::path::PathBuf),
+}
+
+impl Ghosts {
+    fn make(testbed: &Testbed<'_>) -> Ghosts {
+        let lost = 4_000_000u64;
+        let (lost_reservation, _) = ghost_job(testbed, lost, serde_json::json!({}));
+        let unfinished = 4_000_001u64;
+        let (name, path) = ghost_job(
+            testbed,
+            unfinished,
+            serde_json::json!({
+                "stage_out_unfinished": "the job ran but its stage-out did not finish (post_run or data_out failed, timed out or was killed)",
+            }),
+        );
+        Ghosts { lost: (lost, lost_reservation), unfinished: (unfinished, name, path) }
+    }
+
+    /// A job whose teardown never ran. Slurm 22.05 may kill the teardown it queued for a
+    /// cancel before the hook detaches (scenario 5 then fails now and then); nothing retries
+    /// it. Here the lost teardown is made certain: a job record and reservation for a job Slurm
+    /// never had. The periodic pools refresh must tear them down.
+    fn lost_teardown_done_by_pools_refresh(&self, testbed: &Testbed<'_>, passed: &mut Passed) {
+        let (ghost, reservation) = &self.lost;
+        testbed.assert_cleaned_up(*ghost, reservation, false);
+        passed.pass("job whose teardown was lost torn down by the pools refresh");
+    }
+
+    /// A job that ran with a `stage_out=` line but whose stage-out never finished (Slurm
+    /// killed data_out on its timeout, or on a cancel, before it could tell the manager): its
+    /// record still says so. Made certain as in scenario 7: the teardown the pools refresh
+    /// runs keeps the reservation as a rescue reservation instead of destroying it.
+    fn unfinished_stage_out_kept_by_teardown(&self, testbed: &Testbed<'_>, passed: &mut Passed) {
+        let (uid, gid) = (testbed.uid, testbed.gid);
+        let socket = &testbed.manager.socket;
+        let (ghost, name, path) = &self.unfinished;
+        wait_for(&format!("teardown of job {ghost}"), testbed.cluster, || !path.exists());
+        let shown = spillway_ok(socket, &["reservation", "show", name, "--json"]);
+        let shown: serde_json::Value = serde_json::from_str(shown.trim()).unwrap();
+        assert!(
+            shown["rescue"]["error"].as_str().unwrap_or_default().contains("did not finish"),
+            "teardown did not keep {name} as a rescue: {shown}"
+        );
+        // Its owner gives it up explicitly (nothing else may before the expiry).
+        let destroyed = spillway_as(socket, (uid, gid), &["reservation", "destroy", name]);
+        assert!(destroyed.status.success(), "{destroyed:?}");
+        passed.pass("unfinished stage-out: teardown keeps the reservation as a rescue");
+    }
 }
 
 /// A reservation for job `ghost` (which Slurm never had) owned by the test user, and the job
@@ -1492,34 +1540,4 @@ fn ghost_job(
     let path = testbed.cluster.dir.join(format!("bb-state/job-{ghost}.json"));
     std::fs::write(&path, record.to_string()).unwrap();
     (name, path)
-}
-
-/// A job that ran with a `stage_out=` line but whose stage-out never finished (Slurm killed
-/// data_out on its timeout, or on a cancel, before it could tell the manager): its record still
-/// says so. Made certain here as in scenario 7 (a record and reservation for a job Slurm never
-/// had): the teardown the pools refresh runs keeps the reservation as a rescue reservation
-/// instead of destroying it.
-fn unfinished_stage_out_kept_by_teardown(testbed: &Testbed<'_>, passed: &mut Passed) {
-    let (uid, gid) = (testbed.uid, testbed.gid);
-    let socket = &testbed.manager.socket;
-    let ghost = 4_000_001u64;
-    let (name, path) = ghost_job(
-        testbed,
-        ghost,
-        serde_json::json!({
-            "stage_out_unfinished": "the job ran but its stage-out did not finish (post_run or data_out failed, timed out or was killed)",
-        }),
-    );
-    wait_for(&format!("teardown of job {ghost}"), testbed.cluster, || !path.exists());
-    let shown: serde_json::Value =
-        serde_json::from_str(spillway_ok(socket, &["reservation", "show", &name, "--json"]).trim())
-            .unwrap();
-    assert!(
-        shown["rescue"]["error"].as_str().unwrap_or_default().contains("did not finish"),
-        "teardown did not keep {name} as a rescue: {shown}"
-    );
-    // Its owner gives it up explicitly (nothing else may before the expiry).
-    let destroyed = spillway_as(socket, (uid, gid), &["reservation", "destroy", &name]);
-    assert!(destroyed.status.success(), "{destroyed:?}");
-    passed.pass("unfinished stage-out: teardown keeps the reservation as a rescue");
 }
