@@ -191,6 +191,48 @@ fn server_add_asks_the_server_first_and_never_registers_one_twice() {
     fails(&manager, None, &["server", "add", &unix, "--pool", "fast"], "already registered as");
 }
 
+/// `server add --measure` records the server's peaks (`spillway bench peaks` against it alone),
+/// which `server list` shows with when and how they were taken; `server measure` takes them
+/// again; a user may neither measure nor record peaks, and nonsense peaks are refused.
+#[test]
+fn server_peaks_are_measured_recorded_and_shown() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::builder(BIN, dir.path(), "a").start();
+    let address = server.endpoints()[0].to_string();
+    let address = address.strip_prefix("tcp://").unwrap_or(&address).to_string();
+    let manager = start_manager(dir.path());
+    json(&manager, None, &["pool", "create", "fast", "--granularity", "8MiB"]);
+    let quick = ["--threads-max", "1", "--phase-seconds", "0.2", "--file-mib-per-thread", "8"];
+    let add = ["server", "add", &address, "--pool", "fast", "--measure"];
+    let added = json(&manager, None, &[&add[..], &quick[..]].concat());
+    let peaks = &added["peaks"];
+    for rate in ["bandwidth_bytes_per_s", "iops", "metadata_ops_per_s"] {
+        assert!(peaks[rate].as_u64().unwrap_or(0) > 0, "{rate} not measured: {added}");
+    }
+    let conditions = peaks["conditions"].as_str().unwrap();
+    assert!(conditions.contains("spillway bench peaks --servers"), "{conditions}");
+    assert!(conditions.contains("--threads-max 1"), "{conditions}");
+    let first_measured = peaks["measured_unix_s"].as_u64().unwrap();
+    assert!(first_measured > 1_700_000_000, "{added}");
+    // Shown in the table and kept across listings.
+    let table = spillway(&manager, None, &["server", "list"]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("PEAKS") && table.contains("/s"), "{table}");
+    // On demand, again (every server of the pool when none is named).
+    let measured =
+        json(&manager, None, &[&["server", "measure", "--pool", "fast"][..], &quick].concat());
+    assert_eq!(measured.as_array().unwrap().len(), 1, "{measured}");
+    assert!(measured[0]["peaks"]["measured_unix_s"].as_u64().unwrap() >= first_measured);
+    // Users may not.
+    fails(
+        &manager,
+        Some(USER),
+        &[&["server", "measure", &address][..], &quick].concat(),
+        "may not record server peaks",
+    );
+    fails(&manager, None, &["server", "measure", "127.0.0.1:1"], "no server");
+}
+
 /// Root: a pool and two servers. A user may not.
 fn pools_and_servers_added_by_root_only(manager: &ManagerProcess, addresses: &[String]) {
     json(manager, None, &["pool", "create", "fast", "--granularity", "8MiB"]);

@@ -16,10 +16,12 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
-use crate::model::{Access, Degraded, Rescue, Reservation, ReservationState, StageOutPair};
+use crate::model::{
+    Access, Degraded, Rescue, Reservation, ReservationState, ServerPeaks, StageOutPair,
+};
 
 /// The schema this binary writes.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// Permission bits of the database file and its `-wal`/`-shm` companions.
 pub const DATABASE_FILE_MODE: u32 = 0o600;
@@ -139,6 +141,17 @@ CREATE TABLE cluster (
 );
 ";
 
+/// Version 7: each server's measured peaks (`spillway server measure`: `spillway bench peaks`
+/// against that server alone), what allocation by performance target divides
+/// (docs/design/targets.md). NULL until measured.
+const SCHEMA_V7: &str = "
+ALTER TABLE servers ADD COLUMN peak_bandwidth_bytes_per_s INTEGER;
+ALTER TABLE servers ADD COLUMN peak_iops INTEGER;
+ALTER TABLE servers ADD COLUMN peak_metadata_ops_per_s INTEGER;
+ALTER TABLE servers ADD COLUMN peaks_measured_unix_s INTEGER;
+ALTER TABLE servers ADD COLUMN peaks_conditions TEXT;
+";
+
 /// Why the database could not be opened.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -220,6 +233,9 @@ impl Db {
             )
             .map_err(sqlite)?;
         }
+        if version < 7 {
+            tx.execute_batch(SCHEMA_V7).map_err(sqlite)?;
+        }
         tx.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(sqlite)?;
         let found: String =
             tx.query_row("SELECT id FROM cluster", [], |r| r.get(0)).map_err(sqlite)?;
@@ -285,6 +301,8 @@ pub struct ServerRow {
     pub lost_unix_s: Option<u64>,
     /// Since when `server remove` is retiring it (no new fragments); `None`: in service.
     pub retiring_unix_s: Option<u64>,
+    /// Its measured peaks; `None` until `spillway server measure` recorded them.
+    pub peaks: Option<ServerPeaks>,
 }
 
 /// A reservation row plus its fragments.
@@ -442,7 +460,8 @@ pub fn insert_pool(
 
 pub fn servers(tx: &Transaction<'_>) -> rusqlite::Result<Vec<ServerRow>> {
     let mut statement = tx.prepare_cached(
-        "SELECT id, address, pool_id, capacity_bytes, pfs_dir, healthy, misses, last_seen_unix_s, failure_domain, lost_unix_s, retiring_unix_s \
+        "SELECT id, address, pool_id, capacity_bytes, pfs_dir, healthy, misses, last_seen_unix_s, failure_domain, lost_unix_s, retiring_unix_s, \
+         peak_bandwidth_bytes_per_s, peak_iops, peak_metadata_ops_per_s, peaks_measured_unix_s, peaks_conditions \
          FROM servers WHERE removed_unix_s IS NULL ORDER BY id",
     )?;
     let rows = statement.query_map([], |r| {
@@ -458,9 +477,49 @@ pub fn servers(tx: &Transaction<'_>) -> rusqlite::Result<Vec<ServerRow>> {
             failure_domain: r.get(8)?,
             lost_unix_s: r.get::<_, Option<i64>>(9)?.map(|v| v as u64),
             retiring_unix_s: r.get::<_, Option<i64>>(10)?.map(|v| v as u64),
+            peaks: peaks_of_row(r)?,
         })
     })?;
     rows.collect()
+}
+
+/// Columns 11–15 of the `servers` query: all set, or none (never measured).
+fn peaks_of_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Option<ServerPeaks>> {
+    let (Some(bandwidth), Some(iops), Some(metadata), Some(measured)) = (
+        r.get::<_, Option<i64>>(11)?,
+        r.get::<_, Option<i64>>(12)?,
+        r.get::<_, Option<i64>>(13)?,
+        r.get::<_, Option<i64>>(14)?,
+    ) else {
+        return Ok(None);
+    };
+    Ok(Some(ServerPeaks {
+        bandwidth_bytes_per_s: bandwidth as u64,
+        iops: iops as u64,
+        metadata_ops_per_s: metadata as u64,
+        measured_unix_s: measured as u64,
+        conditions: r.get::<_, Option<String>>(15)?.unwrap_or_default(),
+    }))
+}
+
+pub fn set_server_peaks(
+    tx: &Transaction<'_>,
+    id: u64,
+    peaks: &ServerPeaks,
+) -> rusqlite::Result<()> {
+    tx.execute(
+        "UPDATE servers SET peak_bandwidth_bytes_per_s = ?2, peak_iops = ?3, \
+         peak_metadata_ops_per_s = ?4, peaks_measured_unix_s = ?5, peaks_conditions = ?6 WHERE id = ?1",
+        params![
+            id as i64,
+            peaks.bandwidth_bytes_per_s as i64,
+            peaks.iops as i64,
+            peaks.metadata_ops_per_s as i64,
+            peaks.measured_unix_s as i64,
+            peaks.conditions
+        ],
+    )?;
+    Ok(())
 }
 
 pub fn insert_server(

@@ -15,7 +15,7 @@
 //! server.
 //!
 //! Endpoints (docs/design/manager.md): `GET /v1/whoami`, `GET|POST /v1/pools`,
-//! `DELETE /v1/pools/<name>`, `GET|POST /v1/servers`, `POST /v1/servers/<id>/lost|remove`,
+//! `DELETE /v1/pools/<name>`, `GET|POST /v1/servers`, `POST /v1/servers/<id>/lost|remove`, `PUT /v1/servers/<id>/peaks`,
 //! `GET|POST /v1/reservations[?all=1]`,
 //! `GET|PATCH|DELETE /v1/reservations/<id|name>[?job=J&force=1]`,
 //! `POST /v1/reservations/<id|name>/jobs`, `DELETE /v1/reservations/<id|name>/jobs/<job>`,
@@ -375,6 +375,10 @@ fn route(manager: &Manager, caller: &crate::Caller, request: &Request) -> Reply 
         ("POST", ["v1", "servers", key, "remove"]) => {
             result(200, manager.remove_server(caller, key))
         }
+        ("PUT", ["v1", "servers", key, "peaks"]) => match body(request) {
+            Ok(peaks) => result(200, manager.set_server_peaks(caller, key, &peaks)),
+            Err(reply) => reply,
+        },
         (_, ["v1", "reservations", ..]) => route_reservations(manager, caller, request, &segments),
         (_, ["v1", "tiers", ..]) => route_tiers(manager, caller, request, &segments),
         ("GET", ["v1", "quotas"]) => result(200, manager.quotas(caller)),

@@ -23,6 +23,7 @@ pub mod job_owner;
 pub mod job_use;
 mod metrics;
 pub mod model;
+pub mod peaks;
 pub mod replicate;
 pub mod request_auth;
 pub mod rescue;

@@ -93,6 +93,33 @@ pub struct Server {
     /// service.
     #[serde(default)]
     pub retiring_unix_s: Option<u64>,
+    /// Its measured peaks (`spillway server measure`); absent until measured.
+    #[serde(default)]
+    pub peaks: Option<ServerPeaks>,
+}
+
+/// What `spillway bench peaks` measured against one server alone (the best concurrency level's
+/// mean of read and write for bandwidth and IOPS, of create, stat and remove for metadata), and
+/// when and how: what allocation by performance target divides (docs/design/targets.md).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerPeaks {
+    pub bandwidth_bytes_per_s: u64,
+    /// Small (4 KiB) operations per second.
+    pub iops: u64,
+    pub metadata_ops_per_s: u64,
+    /// When the manager recorded them.
+    pub measured_unix_s: u64,
+    /// How they were taken (the benchmark's parameters, who measured), as the measurer said.
+    pub conditions: String,
+}
+
+/// `PUT /v1/servers/<id>/peaks`: a server's measured peaks (the manager stamps the time).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetServerPeaks {
+    pub bandwidth_bytes_per_s: u64,
+    pub iops: u64,
+    pub metadata_ops_per_s: u64,
+    pub conditions: String,
 }
 
 /// `POST /v1/servers/<id>/remove`: where the removal stands.

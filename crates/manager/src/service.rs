@@ -795,6 +795,7 @@ impl Manager {
             failure_domain: s.failure_domain.clone(),
             lost_unix_s: s.lost_unix_s,
             retiring_unix_s: s.retiring_unix_s,
+            peaks: s.peaks.clone(),
         }
     }
 

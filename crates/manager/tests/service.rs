@@ -844,3 +844,49 @@ fn a_server_of_another_cluster_is_not_added_and_the_cluster_id_is_the_databases(
     drop(manager);
     assert_eq!(open(&dir.path().join("m.db"), knobs()).cluster_id(), ours, "kept across restarts");
 }
+
+#[test]
+fn server_peaks_are_recorded_by_admins_only_checked_and_kept_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.db");
+    let manager = open(&path, knobs());
+    setup(&manager);
+    let peaks = SetServerPeaks {
+        bandwidth_bytes_per_s: 2 << 30,
+        iops: 40_000,
+        metadata_ops_per_s: 12_000,
+        conditions: "spillway bench peaks --servers 127.0.0.1:7001 --threads-max 4".into(),
+    };
+    let error = manager.set_server_peaks(&user(1000), "1", &peaks).unwrap_err();
+    assert_eq!(error.status(), 403, "{error}");
+    let error = manager.set_server_peaks(&root(), "127.0.0.1:9", &peaks).unwrap_err();
+    assert_eq!(error.status(), 404, "{error}");
+    for (bad, named) in [
+        (SetServerPeaks { iops: 0, ..peaks.clone() }, "iops must be between 1"),
+        (
+            SetServerPeaks { bandwidth_bytes_per_s: u64::MAX, ..peaks.clone() },
+            "bandwidth_bytes_per_s",
+        ),
+        (SetServerPeaks { conditions: "a\nb".into(), ..peaks.clone() }, "control character"),
+        (SetServerPeaks { conditions: "x".repeat(1025), ..peaks.clone() }, "1025 bytes"),
+    ] {
+        let error = manager.set_server_peaks(&root(), "127.0.0.1:7001", &bad).unwrap_err();
+        assert_eq!(error.status(), 400, "{error}");
+        assert!(error.to_string().contains(named), "{error} should name {named}");
+    }
+    assert!(
+        manager.list_servers().unwrap().iter().all(|s| s.peaks.is_none()),
+        "refused: none kept"
+    );
+    let server = manager.set_server_peaks(&root(), "127.0.0.1:7001", &peaks).unwrap();
+    let recorded = server.peaks.expect("recorded");
+    assert_eq!(recorded.bandwidth_bytes_per_s, 2 << 30);
+    assert_eq!((recorded.iops, recorded.metadata_ops_per_s), (40_000, 12_000));
+    assert_eq!(recorded.measured_unix_s, 1000, "stamped by the manager's clock");
+    assert_eq!(recorded.conditions, peaks.conditions);
+    drop(manager);
+    let manager = open(&path, knobs());
+    let servers = manager.list_servers().unwrap();
+    assert_eq!(servers.iter().filter(|s| s.peaks.is_some()).count(), 1, "{servers:?}");
+    assert_eq!(servers[0].peaks.as_ref(), Some(&recorded));
+}

@@ -123,6 +123,26 @@ enum ServerCommand {
         /// The server's drain directory (its --pfs), for stage-out of drained epochs.
         #[arg(long)]
         pfs: Option<String>,
+        /// Then measure its peaks as `spillway server measure` does (seconds of load on it).
+        #[arg(long)]
+        measure: bool,
+        #[command(flatten)]
+        measure_flags: MeasureFlags,
+        #[command(flatten)]
+        flags: ManagerFlags,
+    },
+    /// Measure servers' peaks (bandwidth, IOPS, metadata operations per second) with `spillway
+    /// bench peaks` against each server alone, one after the other, and record them in the
+    /// manager, which divides them among reservations that ask for performance targets (root or
+    /// admin group). Each server gets a few seconds of load: measure it while it is idle.
+    Measure {
+        /// Servers by id or address (as `spillway server list` shows); none: every server of
+        /// --pool, or every server that is up.
+        servers: Vec<String>,
+        #[arg(long)]
+        pool: Option<String>,
+        #[command(flatten)]
+        measure_flags: MeasureFlags,
         #[command(flatten)]
         flags: ManagerFlags,
     },
@@ -158,11 +178,15 @@ enum ServerCommand {
 
 pub fn run_server(args: ServerArgs) -> anyhow::Result<()> {
     match args.command {
-        ServerCommand::Add { address, pool, capacity, pfs, flags } => {
-            let server: Server = flags.client()?.post(
+        ServerCommand::Add { address, pool, capacity, pfs, measure, measure_flags, flags } => {
+            let client = flags.client()?;
+            let mut server: Server = client.post(
                 "/v1/servers",
                 &AddServer { address, pool, capacity_bytes: capacity.unwrap_or(0), pfs_dir: pfs },
             )?;
+            if measure {
+                server = measure_server(&client, &server, &measure_flags)?;
+            }
             if flags.json {
                 return print_json(&server);
             }
@@ -187,8 +211,124 @@ pub fn run_server(args: ServerArgs) -> anyhow::Result<()> {
         ServerCommand::Remove { server, wait, timeout_s, flags } => {
             remove_server(&server, wait, timeout_s, &flags)?;
         }
+        ServerCommand::Measure { servers, pool, measure_flags, flags } => {
+            let client = flags.client()?;
+            // Refused before loading any server, not after.
+            let whoami: serde_json::Value = client.get("/v1/whoami")?;
+            if whoami["admin"] != true {
+                anyhow::bail!(
+                    "uid {} may not record server peaks (root or the admin group only)",
+                    whoami["uid"]
+                );
+            }
+            let chosen = servers_to_measure(&client, &servers, pool.as_deref())?;
+            let mut measured = Vec::with_capacity(chosen.len());
+            for server in &chosen {
+                measured.push(measure_server(&client, server, &measure_flags)?);
+            }
+            if flags.json {
+                return print_json(&measured);
+            }
+            print_servers(&measured);
+        }
     }
     Ok(())
+}
+
+/// How `server measure` loads each server (a short `spillway bench peaks`).
+#[derive(clap::Args)]
+struct MeasureFlags {
+    /// Highest concurrency level: 1, 2, 4, … threads up to this.
+    #[arg(long, default_value_t = 4)]
+    threads_max: usize,
+    /// Upper bound on each phase of each level, seconds.
+    #[arg(long, default_value_t = 1.0)]
+    phase_seconds: f64,
+    /// Bandwidth phase: MiB each thread writes then reads.
+    #[arg(long, default_value_t = 64)]
+    file_mib_per_thread: u64,
+}
+
+/// The servers `server measure` names (all that are up, or those of `pool`, when none).
+fn servers_to_measure(
+    client: &super::manager_api::Api,
+    keys: &[String],
+    pool: Option<&str>,
+) -> anyhow::Result<Vec<Server>> {
+    let servers: Vec<Server> = client.get("/v1/servers")?;
+    if keys.is_empty() {
+        let chosen: Vec<Server> = servers
+            .into_iter()
+            .filter(|s| pool.is_none_or(|p| s.pool == p))
+            .filter(|s| s.healthy && s.lost_unix_s.is_none() && s.retiring_unix_s.is_none())
+            .collect();
+        if chosen.is_empty() {
+            anyhow::bail!(
+                "no server that is up{} to measure",
+                pool.map_or(String::new(), |p| format!(" in pool {p}"))
+            );
+        }
+        return Ok(chosen);
+    }
+    keys.iter()
+        .map(|key| {
+            let address = key.strip_prefix("tcp://").unwrap_or(key);
+            servers
+                .iter()
+                .find(|s| s.address == address || key.parse::<u64>() == Ok(s.id))
+                .cloned()
+                .ok_or_else(|| anyhow::anyhow!("no server {key:?} (see `spillway server list`)"))
+        })
+        .collect()
+}
+
+/// Measures `server` alone with `spillway bench peaks` and records the peaks in the manager.
+fn measure_server(
+    client: &super::manager_api::Api,
+    server: &Server,
+    how: &MeasureFlags,
+) -> anyhow::Result<Server> {
+    let endpoint: spillway_proto::Endpoint =
+        server.address.parse().map_err(|e| anyhow::anyhow!("server {}: {e}", server.address))?;
+    let args = spillway_bench::peaks::Args {
+        target: None,
+        servers: vec![endpoint],
+        commit_durability: spillway_bench::peaks::CommitDurability::Server,
+        replicas: 1,
+        threads_max: how.threads_max,
+        file_mib_per_thread: how.file_mib_per_thread,
+        transfer_kib: 8192,
+        small_transfer_bytes: 4096,
+        metadata_files_per_thread: 2000,
+        phase_seconds: how.phase_seconds,
+        sync_small_writes: false,
+        json: false,
+        output: None,
+    };
+    eprintln!(
+        "measuring {} (spillway bench peaks, up to {} threads)…",
+        server.address, how.threads_max
+    );
+    let (_, peaks) = spillway_bench::peaks::measure(&args)
+        .map_err(|e| anyhow::anyhow!("measuring {}: {e:#}", server.address))?;
+    let whole = |rate: f64| (rate.round() as u64).max(1);
+    let conditions = format!(
+        "spillway bench peaks --servers {} --threads-max {} --phase-seconds {} \
+         --file-mib-per-thread {} (8 MiB transfers, 4 KiB small, 2000 files per thread), \
+         from host {}",
+        server.address,
+        how.threads_max,
+        how.phase_seconds,
+        how.file_mib_per_thread,
+        std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim(),
+    );
+    let set = spillway_manager::SetServerPeaks {
+        bandwidth_bytes_per_s: whole(peaks.bandwidth_bytes_per_second),
+        iops: whole(peaks.iops),
+        metadata_ops_per_s: whole(peaks.metadata_ops_per_second),
+        conditions,
+    };
+    client.put(&format!("/v1/servers/{}/peaks", server.id), &set)
 }
 
 /// The id of a server given by id or address (addresses may hold '/': the API takes the id);
@@ -263,6 +403,17 @@ fn remove_server(
     }
 }
 
+/// `1.2GiB/s 40k 12k/s`: bandwidth, IOPS, metadata operations per second.
+fn peaks_text(peaks: &spillway_manager::ServerPeaks) -> String {
+    let thousands = |n: u64| if n >= 10_000 { format!("{}k", n / 1000) } else { n.to_string() };
+    format!(
+        "{}/s {} {}/s",
+        bytes(peaks.bandwidth_bytes_per_s),
+        thousands(peaks.iops),
+        thousands(peaks.metadata_ops_per_s)
+    )
+}
+
 pub fn print_servers(servers: &[Server]) {
     let rows: Vec<Vec<String>> = servers
         .iter()
@@ -286,9 +437,11 @@ pub fn print_servers(servers: &[Server]) {
                 s.auth.clone().unwrap_or_else(|| "-".into()),
                 s.identity.clone().unwrap_or_else(|| "-".into()),
                 s.pfs_dir.clone().unwrap_or_else(|| "-".into()),
+                s.peaks.as_ref().map_or_else(|| "-".into(), peaks_text),
             ]
         })
         .collect();
+    // PEAKS: bandwidth, IOPS, metadata operations per second (`spillway server measure`).
     // HOST: the failure domain its heartbeats announce (copies go to distinct hosts).
     // AUTH: how the server authenticates TCP clients (none: only loopback peers are known).
     // ID #INCARNATION: a new id at an address is another (empty) server, a higher incarnation
@@ -304,6 +457,7 @@ pub fn print_servers(servers: &[Server]) {
         "AUTH",
         "ID #INCARNATION",
         "PFS",
+        "PEAKS",
     ];
     print_table(&header, &rows);
 }
