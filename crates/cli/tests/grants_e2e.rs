@@ -194,7 +194,7 @@ fn run_op(client: &mut Client, op: &[&str]) -> Result<String, spillway_client::C
             let grant = EpochGrant { owner_uid: uid, owner_gid: gid, ..EpochGrant::default() };
             client.grant_epoch(epoch(), &grant).map(|()| String::new())?
         }
-        "revoke" => client.revoke_epoch(epoch()).map(|()| String::new())?,
+        "revoke" => client.revoke_epoch(epoch()).map(|_| String::new())?,
         "drain" => client.request_drain(epoch(), 1).map(|n| n.to_string())?,
         "files" => format!("{:?}", client.list_files(epoch())?),
         "list" => {

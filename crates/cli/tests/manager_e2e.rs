@@ -233,6 +233,41 @@ fn server_peaks_are_measured_recorded_and_shown() {
     fails(&manager, None, &["server", "measure", "127.0.0.1:1"], "no server");
 }
 
+/// A destroyed reservation's reply records what its servers saw of its epoch from grant to
+/// teardown: exactly the bytes written and read through the client, its metadata operations,
+/// busy time and the rates they make.
+#[test]
+fn a_destroyed_reservation_records_its_achieved_io() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::builder(BIN, dir.path(), "a").start();
+    let address = server.endpoints()[0].to_string();
+    let address = address.strip_prefix("tcp://").unwrap_or(&address).to_string();
+    let manager = start_manager(dir.path());
+    json(&manager, None, &["pool", "create", "fast", "--granularity", "8MiB"]);
+    json(&manager, None, &["server", "add", &address, "--pool", "fast", "--capacity", "64MiB"]);
+    let created = json(&manager, None, &["reservation", "create", "--capacity", "16MiB"]);
+    let epoch = EpochId(created["epoch"].as_u64().unwrap());
+    let name = created["name"].as_str().unwrap().to_string();
+    let data = pattern(5, 3 << 20);
+    let mut client = Client::connect(&[server.endpoints()[0].clone()], ClientOptions::default())
+        .expect("connect");
+    let mut file = client.create_file(epoch, "ckpt").unwrap();
+    client.write(&mut file, 0, &data).unwrap();
+    client.flush().unwrap();
+    let mut back = vec![0u8; 1 << 20];
+    client.read(&file, 0, &mut back).unwrap();
+    assert_eq!(back[..], data[..1 << 20]);
+    drop(client);
+    let destroyed = json(&manager, None, &["reservation", "destroy", &name]);
+    let achieved = &destroyed["achieved"];
+    assert_eq!(achieved["servers_reporting"], 1, "{destroyed}");
+    assert_eq!(achieved["bytes_written"], 3u64 << 20, "{destroyed}");
+    assert_eq!(achieved["bytes_read"], 1u64 << 20, "{destroyed}");
+    assert!(achieved["metadata_ops"].as_u64().unwrap() >= 1, "the create: {destroyed}");
+    assert!(achieved["busy_ms"].as_u64().unwrap() >= 100, "{destroyed}");
+    assert!(achieved["bandwidth_bytes_per_s"].as_u64().unwrap() > 0, "{destroyed}");
+}
+
 /// Root: a pool and two servers. A user may not.
 fn pools_and_servers_added_by_root_only(manager: &ManagerProcess, addresses: &[String]) {
     json(manager, None, &["pool", "create", "fast", "--granularity", "8MiB"]);

@@ -838,12 +838,20 @@ impl Client {
     }
 
     /// Revokes the epoch's grant on every server of this client (root only: the manager);
-    /// afterwards only root may use the epoch there.
-    pub fn revoke_epoch(&mut self, epoch: EpochId) -> Result<(), ClientError> {
-        let servers: Vec<usize> = (0..self.servers.len()).collect();
-        self.call_servers(&servers, &Request::RevokeEpoch { epoch }, "EpochRevoked", |r| {
-            matches!(r, Response::EpochRevoked { .. })
-        })
+    /// afterwards only root may use the epoch there. Returns what each server saw of the epoch
+    /// since its grant, in server order.
+    pub fn revoke_epoch(
+        &mut self,
+        epoch: EpochId,
+    ) -> Result<Vec<spillway_proto::EpochActivity>, ClientError> {
+        let mut seen = Vec::with_capacity(self.servers.len());
+        for connection in &mut self.servers {
+            match connection.call(&Request::RevokeEpoch { epoch }, &[], None)? {
+                (Response::EpochRevoked { activity, .. }, ()) => seen.push(activity),
+                (other, ()) => return Err(unexpected(connection, "EpochRevoked", &other)),
+            }
+        }
+        Ok(seen)
     }
 
     /// Flushes the pipeline, then sends `request` to every server this client wrote the epoch to

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
 use crate::model::{
-    Access, Degraded, Rescue, Reservation, ReservationState, ServerPeaks, StageOutPair,
+    Access, Achieved, Degraded, Rescue, Reservation, ReservationState, ServerPeaks, StageOutPair,
 };
 
 /// The schema this binary writes.
@@ -143,13 +143,15 @@ CREATE TABLE cluster (
 
 /// Version 7: each server's measured peaks (`spillway server measure`: `spillway bench peaks`
 /// against that server alone), what allocation by performance target divides
-/// (docs/design/targets.md). NULL until measured.
+/// (docs/design/targets.md), NULL until measured; and each destroyed reservation's achieved
+/// I/O (JSON `Achieved`, from its servers' counts at teardown), NULL until recorded.
 const SCHEMA_V7: &str = "
 ALTER TABLE servers ADD COLUMN peak_bandwidth_bytes_per_s INTEGER;
 ALTER TABLE servers ADD COLUMN peak_iops INTEGER;
 ALTER TABLE servers ADD COLUMN peak_metadata_ops_per_s INTEGER;
 ALTER TABLE servers ADD COLUMN peaks_measured_unix_s INTEGER;
 ALTER TABLE servers ADD COLUMN peaks_conditions TEXT;
+ALTER TABLE reservations ADD COLUMN achieved TEXT;
 ";
 
 /// Why the database could not be opened.
@@ -336,6 +338,8 @@ pub struct ReservationRow {
     pub replicas: u32,
     /// The tiering strategy its jobs ask for (`None`: the site's default).
     pub tiering: Option<spillway_policy::Strategy>,
+    /// Recorded at teardown.
+    pub achieved: Option<Achieved>,
 }
 
 impl ReservationRow {
@@ -400,6 +404,7 @@ impl ReservationRow {
                 .collect(),
             degraded: self.degraded(servers),
             repair: None,
+            achieved: self.achieved.clone(),
         }
     }
 
@@ -623,7 +628,7 @@ pub fn mark_pool_deleted(tx: &Transaction<'_>, id: u64, now_unix_s: u64) -> rusq
 
 const RESERVATION_COLUMNS: &str = "id, name, owner_uid, owner_gid, job_id, persistent, requested_bytes, fragment_bytes, \
      fragments, pool_id, access, epoch, namespace_id, stream, state, created_unix_s, allowed_uids, allowed_gids, \
-     rescue_error, rescue_since_unix_s, rescue_reclaimable_unix_s, rescue_stage_outs, replicas, tiering";
+     rescue_error, rescue_since_unix_s, rescue_reclaimable_unix_s, rescue_stage_outs, replicas, tiering, achieved";
 
 fn reservation_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ReservationRow> {
     let text_error = |column: usize, what: &str, value: String| {
@@ -683,7 +688,21 @@ fn reservation_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ReservationRo
                     .ok_or_else(|| text_error(23, "tiering", text.clone()))?,
             ),
         },
+        achieved: match r.get::<_, Option<String>>(24)? {
+            None => None,
+            Some(text) => Some(
+                serde_json::from_str(&text)
+                    .map_err(|_| text_error(24, "achieved", text.clone()))?,
+            ),
+        },
     })
+}
+
+/// Records a destroyed reservation's achieved I/O.
+pub fn set_achieved(tx: &Transaction<'_>, id: u64, achieved: &Achieved) -> rusqlite::Result<()> {
+    let text = serde_json::to_string(achieved).expect("Achieved serializes");
+    tx.execute("UPDATE reservations SET achieved = ?2 WHERE id = ?1", params![id as i64, text])?;
+    Ok(())
 }
 
 /// Fills each row's placement (from `fragments`) and the jobs using it (`reservation_jobs`).

@@ -473,11 +473,19 @@ fn route_reservations(
             let _grants = grants_or_wait_out(manager);
             match manager.destroy_reservation(caller, key, job, request.flag("force")) {
                 Ok(destroyed) => {
-                    crate::retire_reservation_data(
-                        &destroyed.reservation,
+                    let mut reservation = destroyed.reservation;
+                    let seen = crate::retire_reservation_data(
+                        &reservation,
                         manager.knobs().munge_socket_path().as_deref(),
                     );
-                    json(200, &destroyed.reservation)
+                    match manager.record_achieved(reservation.id, &seen) {
+                        Ok(achieved) => reservation.achieved = Some(achieved),
+                        // Destroyed all the same: only the record is missing.
+                        Err(error) => {
+                            tracing::warn!(reservation = reservation.id, %error, "could not record the achieved I/O")
+                        }
+                    }
+                    json(200, &reservation)
                 }
                 Err(error) => api_error(error),
             }

@@ -352,29 +352,34 @@ fn connect_one(
 }
 
 /// Retires a destroyed reservation's data on each of its servers: revokes the grant of its
-/// epoch (so nobody but root may use what is left), then deletes the epoch. Best effort: a
-/// server that cannot be reached is logged (its store keeps the epoch, and the grant, until
-/// deleted by hand or drained); the reservation's capacity is already free in the manager.
-/// Returns the number of servers where the epoch was deleted.
-pub fn retire_reservation_data(reservation: &Reservation, munge_socket: Option<&Path>) -> usize {
+/// epoch (so nobody but root may use what is left; the reply says what the server saw of the
+/// epoch since its grant), then deletes the epoch. Best effort: a server that cannot be reached
+/// is logged (its store keeps the epoch, and the grant, until deleted by hand or drained); the
+/// reservation's capacity is already free in the manager. Returns what each server that
+/// answered the revoke saw.
+pub fn retire_reservation_data(
+    reservation: &Reservation,
+    munge_socket: Option<&Path>,
+) -> Vec<spillway_proto::EpochActivity> {
     let epoch = spillway_types::EpochId(reservation.epoch);
-    let mut deleted = 0;
+    let mut seen = Vec::with_capacity(reservation.servers.len());
     for address in &reservation.servers {
         let outcome = connect_one(address, "spillway-manager teardown", munge_socket).and_then(
             |mut client| {
-                client.revoke_epoch(epoch).map_err(|e| format!("revoking the grant: {e}"))?;
+                let activity =
+                    client.revoke_epoch(epoch).map_err(|e| format!("revoking the grant: {e}"))?;
+                seen.extend(activity);
                 client.delete_epoch(epoch).map_err(|e| format!("deleting the epoch: {e}"))
             },
         );
-        match outcome {
-            Ok(()) => deleted += 1,
-            Err(error) => tracing::warn!(
+        if let Err(error) = outcome {
+            tracing::warn!(
                 reservation = reservation.id, server = %address, epoch = reservation.epoch, %error,
                 "could not retire the destroyed reservation's data"
-            ),
+            );
         }
     }
-    deleted
+    seen
 }
 
 #[cfg(test)]
@@ -412,6 +417,7 @@ mod grant_tests {
             server_domains: vec![None, None],
             degraded: None,
             repair: None,
+            achieved: None,
         }
     }
 

@@ -211,6 +211,66 @@ pub struct Reservation {
     /// bytes copied of the total, then `restored`.
     #[serde(default)]
     pub repair: Option<RepairProgress>,
+    /// What its servers saw of its epoch from grant to teardown (recorded when it is
+    /// destroyed); absent while active, and for reservations destroyed before it was recorded.
+    #[serde(default)]
+    pub achieved: Option<Achieved>,
+}
+
+/// A reservation's achieved I/O, from its servers' counts of its epoch (`EpochRevoked` at
+/// teardown). Rates divide by the longest time any one server was busy with the epoch (100 ms
+/// ticks with at least one request): servers striped over work at the same time, so this is
+/// the job's I/O time, and a lower bound on its rate when they did not overlap.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Achieved {
+    pub bytes_written: u64,
+    pub bytes_read: u64,
+    pub write_ops: u64,
+    pub read_ops: u64,
+    pub metadata_ops: u64,
+    /// The longest any one server was busy with the epoch, ms.
+    pub busy_ms: u64,
+    /// Bytes written and read per busy second.
+    pub bandwidth_bytes_per_s: u64,
+    /// Reads and writes per busy second.
+    pub iops: u64,
+    pub metadata_ops_per_s: u64,
+    /// Servers that answered the teardown, of `servers`: the others' counts are missing.
+    pub servers_reporting: u32,
+    pub recorded_unix_s: u64,
+}
+
+impl Achieved {
+    /// Sums what each reporting server saw.
+    pub fn of(seen: &[spillway_proto::EpochActivity], recorded_unix_s: u64) -> Achieved {
+        let sum = |f: fn(&spillway_proto::EpochActivity) -> u64| {
+            seen.iter().map(f).fold(0u64, u64::saturating_add)
+        };
+        let busy_ms = seen.iter().map(|a| a.busy_ms).max().unwrap_or(0);
+        let per_second = |count: u64| {
+            if busy_ms == 0 {
+                0
+            } else {
+                (count as u128 * 1000 / busy_ms as u128).min(u64::MAX as u128) as u64
+            }
+        };
+        let (bytes_written, bytes_read) = (sum(|a| a.bytes_written), sum(|a| a.bytes_read));
+        let (write_ops, read_ops) = (sum(|a| a.write_ops), sum(|a| a.read_ops));
+        let metadata_ops = sum(|a| a.metadata_ops);
+        Achieved {
+            bytes_written,
+            bytes_read,
+            write_ops,
+            read_ops,
+            metadata_ops,
+            busy_ms,
+            bandwidth_bytes_per_s: per_second(bytes_written.saturating_add(bytes_read)),
+            iops: per_second(write_ops.saturating_add(read_ops)),
+            metadata_ops_per_s: per_second(metadata_ops),
+            servers_reporting: seen.len() as u32,
+            recorded_unix_s,
+        }
+    }
 }
 
 fn one_replica() -> u32 {

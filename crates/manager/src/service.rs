@@ -875,6 +875,7 @@ impl Manager {
             rescue: None,
             replicas: plan.replicas,
             tiering: request.tiering,
+            achieved: None,
         };
         Self::persist_reservation(&tx, &mut row, name.is_none())?;
         tx.commit()?;
@@ -1237,6 +1238,21 @@ impl Manager {
         reservation.jobs.clear();
         tracing::info!(reservation = row.id, name = %row.name, uid = caller.uid, force, jobs = ?row.jobs, "reservation destroyed");
         Ok(Destroyed { reservation })
+    }
+
+    /// Records what the servers of destroyed reservation `id` saw of its epoch (the revokes'
+    /// replies at teardown); returns the record.
+    pub fn record_achieved(
+        &self,
+        id: u64,
+        seen: &[spillway_proto::EpochActivity],
+    ) -> Result<Achieved, ReadError> {
+        let achieved = Achieved::of(seen, self.clock.now_unix_s());
+        let mut db = lock(&self.db);
+        let tx = db.conn.transaction()?;
+        db::set_achieved(&tx, id, &achieved)?;
+        tx.commit()?;
+        Ok(achieved)
     }
 
     /// May `caller` destroy `row` now: its owner or an admin, the right job (teardown's check),

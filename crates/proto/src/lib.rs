@@ -26,8 +26,8 @@ pub use identity::{
     COMMIT_PARTICIPANTS_MAX, PARTICIPANT_ADDRESS_BYTES_MAX, SERVER_ID_BYTES,
 };
 pub use message::{
-    DrainInfo, DrainState, Durability, EpochGrant, EpochInfo, EpochState, Extent, FileInfo,
-    Request, Response, ServerStatus,
+    DrainInfo, DrainState, Durability, EpochActivity, EpochGrant, EpochInfo, EpochState, Extent,
+    FileInfo, Request, Response, ServerStatus,
 };
 pub use namespace::{NamespaceRequest, NamespaceResponse};
 pub use transport::{Connection, Endpoint, Identity, Listener, Transport};

@@ -89,6 +89,22 @@ pub struct EpochInfo {
     pub bytes: u64,
 }
 
+/// What a server saw of one granted epoch since it was granted there: what the manager records
+/// as a reservation's achieved rates at teardown (`EpochRevoked`). Kept in memory: a server
+/// restart starts the counts again (the manager's next heartbeat grants the epoch anew).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EpochActivity {
+    pub bytes_written: u64,
+    pub bytes_read: u64,
+    pub write_ops: u64,
+    pub read_ops: u64,
+    /// File opens and creates, stats, listings, extent queries, and operations on the
+    /// namespaces whose data epoch it is.
+    pub metadata_ops: u64,
+    /// Time during which the epoch had requests: 100 ms ticks with at least one, in ms.
+    pub busy_ms: u64,
+}
+
 /// One file in a listing, or the answer to `Stat`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FileInfo {
@@ -422,10 +438,12 @@ pub enum Response {
     EpochGranted {
         epoch: EpochId,
     },
-    /// `revoked`: the epoch had a grant, now gone.
+    /// `revoked`: the epoch had a grant, now gone; `activity`: what this server saw of it
+    /// since the grant (all zero when it had none).
     EpochRevoked {
         epoch: EpochId,
         revoked: bool,
+        activity: EpochActivity,
     },
     /// The cluster this server serves (after `JoinCluster`: the one asked, unless it already
     /// served another).
@@ -1032,8 +1050,15 @@ impl Response {
             | Response::EpochGranted { epoch } => {
                 encoder.u64(epoch.0);
             }
-            Response::EpochRevoked { epoch, revoked } => {
+            Response::EpochRevoked { epoch, revoked, activity } => {
                 encoder.u64(epoch.0).u8(*revoked as u8);
+                encoder
+                    .u64(activity.bytes_written)
+                    .u64(activity.bytes_read)
+                    .u64(activity.write_ops)
+                    .u64(activity.read_ops)
+                    .u64(activity.metadata_ops)
+                    .u64(activity.busy_ms);
             }
             Response::ClusterJoined { cluster_id } => {
                 encoder.fixed(cluster_id);
@@ -1217,6 +1242,14 @@ impl Response {
             Kind::EpochRevoked => Response::EpochRevoked {
                 epoch: EpochId(decoder.u64("epoch")?),
                 revoked: decoder.boolean("revoked")?,
+                activity: EpochActivity {
+                    bytes_written: decoder.u64("bytes_written")?,
+                    bytes_read: decoder.u64("bytes_read")?,
+                    write_ops: decoder.u64("write_ops")?,
+                    read_ops: decoder.u64("read_ops")?,
+                    metadata_ops: decoder.u64("metadata_ops")?,
+                    busy_ms: decoder.u64("busy_ms")?,
+                },
             },
             Kind::ClusterJoined => {
                 Response::ClusterJoined { cluster_id: decoder.fixed("cluster_id")? }
@@ -1492,8 +1525,17 @@ mod tests {
             (any::<u64>(), any::<u64>())
                 .prop_map(|(e, s)| Response::StreamAssigned { epoch: EpochId(e), stream: s }),
             any::<u64>().prop_map(|e| Response::EpochGranted { epoch: EpochId(e) }),
-            (any::<u64>(), any::<bool>())
-                .prop_map(|(e, r)| Response::EpochRevoked { epoch: EpochId(e), revoked: r }),
+            (any::<u64>(), any::<bool>(), any::<[u64; 6]>()).prop_map(|(e, r, a)| {
+                let activity = EpochActivity {
+                    bytes_written: a[0],
+                    bytes_read: a[1],
+                    write_ops: a[2],
+                    read_ops: a[3],
+                    metadata_ops: a[4],
+                    busy_ms: a[5],
+                };
+                Response::EpochRevoked { epoch: EpochId(e), revoked: r, activity }
+            }),
             any::<[u8; CLUSTER_ID_BYTES]>()
                 .prop_map(|id| Response::ClusterJoined { cluster_id: id }),
             status_response(),

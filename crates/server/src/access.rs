@@ -200,6 +200,7 @@ pub(crate) fn grant_epoch(
 ) -> Result<Response, BackendError> {
     root_only(peer, "grants epochs")?;
     shared.backend.grant_epoch(epoch, grant, GrantMode::Replace)?;
+    shared.activity.granted(epoch);
     Ok(Response::EpochGranted { epoch })
 }
 
@@ -233,7 +234,8 @@ pub(crate) fn revoke_epoch(
 ) -> Result<Response, BackendError> {
     root_only(peer, "revokes epoch grants")?;
     let revoked = shared.backend.revoke_grant(epoch)?;
-    Ok(Response::EpochRevoked { epoch, revoked })
+    let activity = shared.activity.revoked(epoch);
+    Ok(Response::EpochRevoked { epoch, revoked, activity })
 }
 
 /// `AssignStream` (before `GrantEpoch` carried the stream): root sets the SSD stream of a

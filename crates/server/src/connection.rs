@@ -1085,8 +1085,16 @@ fn handle(
     data: WriteData<'_>,
     wait: Duration,
 ) -> Reply {
+    let write_bytes = match &data {
+        WriteData::Placed(pending, _) => pending.payload_bytes() as u64,
+        WriteData::Bytes(bytes, _) => bytes.len() as u64,
+    };
+    let counted = crate::activity::Counted::of(&request, write_bytes);
     match run(shared, identity, request, data, wait) {
-        Ok(reply) => reply,
+        Ok(reply) => {
+            shared.activity.record(counted);
+            reply
+        }
         Err(error) => (error_reply(error.code, error.message), None),
     }
 }
@@ -1211,7 +1219,14 @@ fn namespace(
             }
         }
     }
-    Ok((Response::Namespace(service.handle(peer.identity, request)), None))
+    let namespace = request.namespace();
+    let response = service.handle(peer.identity, request);
+    // Metadata work on the reservation's behalf: counted on its data epoch.
+    if let Ok(existing) = service.get(namespace) {
+        let epoch = spillway_namespace::Namespace::data_epoch(&*existing);
+        shared.activity.record(crate::activity::Counted::Metadata { epoch });
+    }
+    Ok((Response::Namespace(response), None))
 }
 
 /// `OpenFile`: checks the name, authorizes (claiming the epoch if it creates) and opens.

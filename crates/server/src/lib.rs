@@ -36,6 +36,7 @@
 //! dropped with its connection, releasing the budget it held.
 
 mod access;
+mod activity;
 pub mod backend;
 pub mod budget;
 mod connection;
@@ -258,6 +259,8 @@ pub(crate) struct Shared {
     pub cluster: std::sync::OnceLock<identity::ClusterMembership>,
     /// Request latency by kind, for the metrics.
     pub latency: metrics::Latency,
+    /// What each granted epoch saw, for the manager's record of achieved rates.
+    pub activity: activity::ActivityBoard,
 }
 
 /// The munge context of a server with `auth = munge` (`None` otherwise), after checking that
@@ -360,6 +363,7 @@ impl Server {
             munge,
             identity,
             latency: metrics::Latency::default(),
+            activity: activity::ActivityBoard::default(),
         });
         Ok(Server { shared, listeners })
     }

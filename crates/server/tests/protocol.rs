@@ -649,8 +649,17 @@ fn a_write_past_the_granted_capacity_fails_with_edquot_and_writes_nothing() {
     // The grant's stream took the writes; a revoked grant leaves the epoch to root alone.
     let written = backend.store().stream_usage_bytes(spillway_server::assigned_stream_key(2));
     assert!(written >= 768 << 10, "{written}");
-    c.revoke_epoch(epoch).unwrap();
+    // What the revoke reports of the epoch since its grant: the stored write, not the refused
+    // one; the read; the create, list and the read's lookups as metadata.
+    let seen = c.revoke_epoch(epoch).unwrap();
     assert_eq!(backend.grant(epoch), None);
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].bytes_written, 768 << 10, "{seen:?}");
+    assert!(seen[0].write_ops >= 1 && seen[0].read_ops >= 1, "{seen:?}");
+    assert!(seen[0].bytes_read >= 768 << 10, "{seen:?}");
+    assert!(seen[0].metadata_ops >= 1 && seen[0].busy_ms >= 100, "{seen:?}");
+    let again = c.revoke_epoch(epoch).unwrap();
+    assert_eq!(again[0], spillway_proto::EpochActivity::default(), "no grant, nothing counted");
     drop(c);
     running.stop().unwrap();
 }
