@@ -731,9 +731,9 @@ pub fn plan(pool: &[ServerLoad], request: &TargetRequest) -> Result<TargetPlan, 
     let needs = needs_of(&targets, namespace);
     let width_max = request.stripe_servers_max as usize;
     // The capacity alone stripes over one server per fragment (copies included), as today.
-    let capacity_fragments = targets
-        .capacity_bytes
-        .map_or(0, |bytes| bytes.div_ceil(request.fragment_bytes) * request.replicas as u64);
+    let capacity_fragments = targets.capacity_bytes.map_or(0, |bytes| {
+        bytes.div_ceil(request.fragment_bytes).saturating_mul(request.replicas as u64)
+    });
     let width_min = capacity_fragments.min(width_max as u64) as usize;
     let ideal: Vec<Candidate<'_>> =
         pool.iter().map(|load| Candidate::new(load, namespace, Rates::default())).collect();
