@@ -118,6 +118,21 @@ pub fn spread_over_domains(servers: &[ServerSpace]) -> Vec<ServerSpace> {
     ordered
 }
 
+/// The servers a reservation may use now: healthy, with at least one fragment free and, with
+/// more than one replica, a known failure domain (step 2 of the module documentation).
+pub fn eligible_servers(
+    servers: &[ServerSpace],
+    fragment_bytes: u64,
+    replicas: u32,
+) -> Vec<ServerSpace> {
+    servers
+        .iter()
+        .filter(|s| s.healthy && s.free_bytes >= fragment_bytes)
+        .filter(|s| replicas == 1 || s.domain.is_some())
+        .cloned()
+        .collect()
+}
+
 /// Distinct known failure domains among `servers`, unknown ones each counting as one.
 fn distinct_domains(servers: &[ServerSpace]) -> usize {
     let mut known: Vec<&str> = servers.iter().filter_map(|s| s.domain.as_deref()).collect();
@@ -126,7 +141,7 @@ fn distinct_domains(servers: &[ServerSpace]) -> usize {
     known.len() + servers.iter().filter(|s| s.domain.is_none()).count()
 }
 
-fn check_request(request: FragmentRequest) -> Result<(), FragmentError> {
+pub(crate) fn check_request(request: FragmentRequest) -> Result<(), FragmentError> {
     if request.capacity_bytes == 0 {
         return Err(FragmentError::ZeroCapacity);
     }
@@ -156,12 +171,7 @@ pub fn allocate(
     check_request(request)?;
     let replicas = request.replicas;
     let fragments = request.capacity_bytes.div_ceil(request.fragment_bytes) * replicas as u64;
-    let eligible: Vec<ServerSpace> = servers
-        .iter()
-        .filter(|s| s.healthy && s.free_bytes >= request.fragment_bytes)
-        .filter(|s| replicas == 1 || s.domain.is_some())
-        .cloned()
-        .collect();
+    let eligible = eligible_servers(servers, request.fragment_bytes, replicas);
     if eligible.is_empty() {
         return Err(FragmentError::NoHealthyServer {
             capacity_bytes: request.capacity_bytes,

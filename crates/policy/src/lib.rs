@@ -10,6 +10,9 @@
 //! - [`pool`]: BIOS Algorithm 2, stream-aware choice of a burst buffer pool for a new job.
 //! - [`fragments`]: a reservation's capacity → fixed-size fragments → the servers it stripes
 //!   over (DataWarp's fragments), respecting free space and health.
+//! - [`targets`]: performance targets (bandwidth, IOPS, metadata ops/s, capacity) → servers,
+//!   stripe count, namespace mode and fragments, from each server's peaks minus what is already
+//!   promised on it; wait when promises are full, never when beyond the pool's peaks.
 //! - [`namespace`]: which server holds a mount's namespace (striped: the first; private:
 //!   `hash(node) % servers`) and the namespace id a node uses.
 //! - [`replicas`]: the servers that hold the k replicas of a piece: the primary, then the next
@@ -25,6 +28,7 @@ pub mod namespace;
 pub mod pool;
 pub mod replicas;
 pub mod stream;
+pub mod targets;
 pub mod tiering;
 
 pub use lifetime::{lifetime_stream, LifetimeEstimate};

@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
+use spillway_policy::targets::{round_up_bandwidth, round_up_capacity, round_up_ops_rate, Targets};
 use spillway_trace::{JobMeta, Op, Trace, TraceOp};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -312,6 +313,33 @@ pub struct Characterization {
     pub cumulative_bytes: Vec<(f64, u64, u64)>,
     pub files: Vec<FileUsage>,
     pub recommendation: Recommendation,
+}
+
+impl Characterization {
+    /// The performance targets a job of `recommendation.pipelines` pipelines like this one
+    /// should ask for (`spillway characterize --request`), the paper's Table 2 read as a
+    /// request: each rate one pipeline achieves (bandwidth and IOPS over its data time,
+    /// metadata over its metadata time, i.e. % of peak × peak) times the pipelines, as if all
+    /// ran their I/O at once (the same worst case as "pipelines to saturate"), and the files'
+    /// total size times the pipelines as capacity. Rounded up to two significant digits; a
+    /// dimension the pipeline does not use is left out.
+    pub fn request_targets(&self) -> Targets {
+        let pipelines = self.recommendation.pipelines as f64;
+        let metrics = &self.metrics;
+        let positive = |value: u64| (value > 0).then_some(value);
+        Targets {
+            capacity_bytes: positive(self.profile.file_bytes).map(|bytes| {
+                round_up_capacity(bytes.saturating_mul(self.recommendation.pipelines))
+            }),
+            bandwidth_bytes_per_s: positive(round_up_bandwidth(
+                metrics.bandwidth_bytes_per_second * pipelines,
+            )),
+            iops: positive(round_up_ops_rate(metrics.data_ops_per_second * pipelines)),
+            metadata_ops_per_s: positive(round_up_ops_rate(
+                metrics.metadata_ops_per_second * pipelines,
+            )),
+        }
+    }
 }
 
 /// Target of the allocation advice.
@@ -1038,6 +1066,74 @@ mod tests {
         let metadata = 0.005 / column.metadata_seconds;
         let wall = 0.05 / column.wall_seconds + data.max(metadata);
         InputErrors { data, metadata, wall }
+    }
+
+    #[test]
+    fn table2_columns_become_requests_by_target() {
+        use spillway_policy::fragments::ServerSpace;
+        use spillway_policy::namespace::NamespaceAccess;
+        use spillway_policy::targets::{plan, Rates, ServerLoad, ServerPeaks, TargetRequest};
+        let peaks = Peaks::datawarp_cori();
+        let request_of = |column: &Column, pipelines| {
+            let target = AllocationTarget { pipelines, ..AllocationTarget::default() };
+            characterize_profile(&profile_of(column), JobMeta::default(), &peaks, target)
+                .unwrap()
+                .request_targets()
+        };
+        // CAMP-builddb × 64: 11963 / 1.28 s × 64 = 598,150 metadata ops/s → 600k; 7413 / 0.78 s
+        // × 64 = 608,246 IOPS → 610k; 25.3 MiB / 0.78 s × 64 = 2,076 MiB/s → 2100; 74.1 MiB × 64
+        // = 4,742 MiB → 4800.
+        let camp = request_of(&TABLE2[2], 64);
+        assert_eq!(
+            camp.to_string(),
+            "capacity=4800MiB bandwidth=2100MiB/s iops=610k metadata=600k/s"
+        );
+        assert_eq!(camp.to_string().parse::<Targets>(), Ok(camp));
+        // Every target is at least the load and within the two-digit rounding of it.
+        for column in &TABLE2 {
+            let metrics = profile_of(column).metrics(&peaks);
+            let targets = request_of(column, 16);
+            for (target, load) in [
+                (targets.bandwidth_bytes_per_s, metrics.bandwidth_bytes_per_second),
+                (targets.iops, metrics.data_ops_per_second),
+                (targets.metadata_ops_per_s, metrics.metadata_ops_per_second),
+            ] {
+                let (target, load) = (target.unwrap() as f64, load * 16.0);
+                assert!(
+                    target >= load && target <= load * 1.1,
+                    "{}: {target} for {load}",
+                    column.name
+                );
+            }
+        }
+        // On a pool of 30 Cori-like servers the CAMP request is metadata-bound: 600k ops/s is
+        // above one striped namespace (25k), so private namespaces over 24 servers; SWarp × 16
+        // (1450 MiB/s × 16 → 24,000 MiB/s) stripes over 4 servers of 6 GiB/s.
+        let server = |id| ServerLoad {
+            space: ServerSpace { server: id, free_bytes: 10 << 40, healthy: true, domain: None },
+            peaks: ServerPeaks {
+                bandwidth_bytes_per_s: 6 << 30,
+                iops: 90_000,
+                metadata_striped_ops_per_s: 25_000,
+                metadata_private_ops_per_s: 25_000,
+            },
+            promised: Rates::default(),
+        };
+        let pool: Vec<ServerLoad> = (1..=30).map(server).collect();
+        let request = |targets| TargetRequest {
+            targets,
+            fragment_bytes: 200 << 30,
+            stripe_servers_max: 64,
+            replicas: 1,
+        };
+        let camp_plan = plan(&pool, &request(camp)).unwrap();
+        assert_eq!(camp_plan.namespace, NamespaceAccess::Private);
+        assert_eq!(camp_plan.stripe_count(), 24);
+        let swarp = request_of(&TABLE2[0], 16);
+        assert_eq!(swarp.bandwidth_bytes_per_s, Some(24_000 << 20));
+        let swarp_plan = plan(&pool, &request(swarp)).unwrap();
+        assert_eq!(swarp_plan.namespace, NamespaceAccess::Striped);
+        assert_eq!(swarp_plan.stripe_count(), 4);
     }
 
     #[test]

@@ -7,8 +7,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
+use spillway_policy::targets::Targets;
 use spillway_sim::characterize::{
-    characterize, characterize_profile, AllocationTarget, Peaks, Profile,
+    characterize, characterize_profile, AllocationTarget, Characterization, Peaks, Profile,
 };
 use spillway_sim::report::{characterization_html, characterization_table};
 use spillway_trace::JobMeta;
@@ -47,6 +48,11 @@ pub struct Args {
     /// Also write an HTML report with charts to this file.
     #[arg(long)]
     pub html: Option<PathBuf>,
+    /// Print only the `#BB_LUA` directive a job of --pipelines such pipelines should use:
+    /// capacity and bandwidth, IOPS and metadata targets from the measured rates (with --json:
+    /// the characterization with a `request` object added).
+    #[arg(long)]
+    pub request: bool,
 }
 
 /// Reads the `peaks` object of a bench-peaks JSON file (or a bare peaks object).
@@ -118,6 +124,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         std::fs::write(path, characterization_html(&result))
             .with_context(|| format!("writing {}", path.display()))?;
     }
+    if args.request {
+        return print_request(&result, args.json);
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
     } else {
@@ -125,6 +134,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             println!("(peaks: the DataWarp paper's Cori fragment; measure yours with `spillway bench peaks`)\n");
         }
         print!("{}", characterization_table(&result));
+    }
+    Ok(())
+}
+
+/// The `#BB_LUA` line of the characterization's targets (docs/design/targets.md), which the
+/// targets' own parser reads back; with `json`, the characterization with `request` added.
+fn print_request(result: &Characterization, json: bool) -> anyhow::Result<()> {
+    let targets = result.request_targets();
+    if targets == Targets::default() {
+        bail!("the trace asks for nothing: no file bytes, data or metadata operations to size a request by");
+    }
+    let directive = format!("#BB_LUA {targets}");
+    if json {
+        let mut value = serde_json::to_value(result)?;
+        value["request"] = serde_json::json!({ "directive": directive, "targets": targets });
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        println!("{directive}");
     }
     Ok(())
 }
