@@ -231,6 +231,23 @@ fn server_peaks_are_measured_recorded_and_shown() {
         "may not record server peaks",
     );
     fails(&manager, None, &["server", "measure", "127.0.0.1:1"], "no server");
+    // A user asks by target: placed on the measured server, the promise shown on it; a
+    // target beyond its peaks is refused naming the limit.
+    let created = json(&manager, Some(USER), &["reservation", "create", "--bandwidth", "1MiB/s"]);
+    assert_eq!(created["targets"]["asked"]["bandwidth_bytes_per_s"], 1u64 << 20, "{created}");
+    assert_eq!(created["targets"]["promised"][0]["bandwidth_bytes_per_s"], 1u64 << 20);
+    let listed = json(&manager, None, &["server", "list"]);
+    assert_eq!(listed[0]["promised"]["bandwidth_bytes_per_s"], 1u64 << 20, "{listed}");
+    fails(
+        &manager,
+        Some(USER),
+        &["reservation", "create", "--bandwidth", "100TiB/s"],
+        "targets cannot be met",
+    );
+    let not_a_rate =
+        spillway(&manager, Some(USER), &["reservation", "create", "--bandwidth", "2GiB"]);
+    let stderr = String::from_utf8_lossy(&not_a_rate.stderr);
+    assert!(!not_a_rate.status.success() && stderr.contains("end it with /s"), "{stderr}");
 }
 
 /// A destroyed reservation's reply records what its servers saw of its epoch from grant to

@@ -18,6 +18,7 @@ use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
 use crate::model::{
     Access, Achieved, Degraded, Rescue, Reservation, ReservationState, ServerPeaks, StageOutPair,
+    TargetsRecord,
 };
 
 /// The schema this binary writes.
@@ -144,7 +145,9 @@ CREATE TABLE cluster (
 /// Version 7: each server's measured peaks (`spillway server measure`: `spillway bench peaks`
 /// against that server alone), what allocation by performance target divides
 /// (docs/design/targets.md), NULL until measured; and each destroyed reservation's achieved
-/// I/O (JSON `Achieved`, from its servers' counts at teardown), NULL until recorded.
+/// I/O (JSON `Achieved`, from its servers' counts at teardown), NULL until recorded; and a
+/// reservation by performance targets' targets, per-server promises (by server id) and reasons
+/// (JSON `TargetsRow`), NULL for one by capacity alone.
 const SCHEMA_V7: &str = "
 ALTER TABLE servers ADD COLUMN peak_bandwidth_bytes_per_s INTEGER;
 ALTER TABLE servers ADD COLUMN peak_iops INTEGER;
@@ -152,6 +155,7 @@ ALTER TABLE servers ADD COLUMN peak_metadata_ops_per_s INTEGER;
 ALTER TABLE servers ADD COLUMN peaks_measured_unix_s INTEGER;
 ALTER TABLE servers ADD COLUMN peaks_conditions TEXT;
 ALTER TABLE reservations ADD COLUMN achieved TEXT;
+ALTER TABLE reservations ADD COLUMN targets TEXT;
 ";
 
 /// Why the database could not be opened.
@@ -340,6 +344,17 @@ pub struct ReservationRow {
     pub tiering: Option<spillway_policy::Strategy>,
     /// Recorded at teardown.
     pub achieved: Option<Achieved>,
+    /// A reservation by performance targets.
+    pub targets: Option<TargetsRow>,
+}
+
+/// What a reservation by targets asked and promised, as stored (promises by server id: they
+/// are what other requests' headroom is computed from).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TargetsRow {
+    pub asked: spillway_policy::targets::Targets,
+    pub promised: Vec<(u64, spillway_policy::targets::Rates)>,
+    pub why: Vec<String>,
 }
 
 impl ReservationRow {
@@ -405,6 +420,21 @@ impl ReservationRow {
             degraded: self.degraded(servers),
             repair: None,
             achieved: self.achieved.clone(),
+            targets: self.targets.as_ref().map(|t| TargetsRecord {
+                asked: t.asked,
+                promised: self
+                    .placement
+                    .iter()
+                    .map(|&(id, _)| {
+                        t.promised
+                            .iter()
+                            .find(|(s, _)| *s == id)
+                            .map(|&(_, r)| r)
+                            .unwrap_or_default()
+                    })
+                    .collect(),
+                why: t.why.clone(),
+            }),
         }
     }
 
@@ -628,7 +658,7 @@ pub fn mark_pool_deleted(tx: &Transaction<'_>, id: u64, now_unix_s: u64) -> rusq
 
 const RESERVATION_COLUMNS: &str = "id, name, owner_uid, owner_gid, job_id, persistent, requested_bytes, fragment_bytes, \
      fragments, pool_id, access, epoch, namespace_id, stream, state, created_unix_s, allowed_uids, allowed_gids, \
-     rescue_error, rescue_since_unix_s, rescue_reclaimable_unix_s, rescue_stage_outs, replicas, tiering, achieved";
+     rescue_error, rescue_since_unix_s, rescue_reclaimable_unix_s, rescue_stage_outs, replicas, tiering, achieved, targets";
 
 fn reservation_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ReservationRow> {
     let text_error = |column: usize, what: &str, value: String| {
@@ -688,13 +718,24 @@ fn reservation_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ReservationRo
                     .ok_or_else(|| text_error(23, "tiering", text.clone()))?,
             ),
         },
-        achieved: match r.get::<_, Option<String>>(24)? {
-            None => None,
-            Some(text) => Some(
-                serde_json::from_str(&text)
-                    .map_err(|_| text_error(24, "achieved", text.clone()))?,
-            ),
-        },
+        achieved: json_column(r, 24, "achieved")?,
+        targets: json_column(r, 25, "targets")?,
+    })
+}
+
+/// A nullable column holding JSON (NULL: `None`); text that does not parse is an error naming it.
+fn json_column<T: serde::de::DeserializeOwned>(
+    r: &rusqlite::Row<'_>,
+    column: usize,
+    what: &str,
+) -> rusqlite::Result<Option<T>> {
+    let Some(text) = r.get::<_, Option<String>>(column)? else { return Ok(None) };
+    serde_json::from_str(&text).map(Some).map_err(|_| {
+        rusqlite::Error::FromSqlConversionFailure(
+            column,
+            rusqlite::types::Type::Text,
+            format!("{what} {text:?} is not valid").into(),
+        )
     })
 }
 
@@ -786,8 +827,8 @@ pub fn take_counter(tx: &Transaction<'_>, name: &str) -> rusqlite::Result<u64> {
 pub fn insert_reservation(tx: &Transaction<'_>, row: &ReservationRow) -> rusqlite::Result<u64> {
     tx.execute(
         "INSERT INTO reservations (name, owner_uid, owner_gid, job_id, persistent, requested_bytes, fragment_bytes, \
-         fragments, pool_id, access, epoch, namespace_id, stream, state, created_unix_s, allowed_uids, allowed_gids, replicas, tiering) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
+         fragments, pool_id, access, epoch, namespace_id, stream, state, created_unix_s, allowed_uids, allowed_gids, replicas, tiering, targets) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)",
         params![
             row.name,
             row.owner_uid as i64,
@@ -808,6 +849,7 @@ pub fn insert_reservation(tx: &Transaction<'_>, row: &ReservationRow) -> rusqlit
             serde_json::to_string(&row.allowed_gids).expect("u32 list serializes"),
             row.replicas as i64,
             row.tiering.map(spillway_policy::Strategy::name),
+            row.targets.as_ref().map(|t| serde_json::to_string(t).expect("targets serialize")),
         ],
     )?;
     let id = tx.last_insert_rowid() as u64;

@@ -29,6 +29,7 @@ pub mod request_auth;
 pub mod rescue;
 pub mod service;
 pub mod stage;
+mod targets;
 pub mod tiering;
 
 use std::path::{Path, PathBuf};
@@ -418,6 +419,7 @@ mod grant_tests {
             degraded: None,
             repair: None,
             achieved: None,
+            targets: None,
         }
     }
 

@@ -96,6 +96,10 @@ pub struct Server {
     /// Its measured peaks (`spillway server measure`); absent until measured.
     #[serde(default)]
     pub peaks: Option<ServerPeaks>,
+    /// The rates active reservations by performance target were promised on it (absent:
+    /// none); what is left of `peaks` is what the next request by target may get.
+    #[serde(default)]
+    pub promised: Option<spillway_policy::targets::Rates>,
 }
 
 /// What `spillway bench peaks` measured against one server alone (the best concurrency level's
@@ -215,6 +219,19 @@ pub struct Reservation {
     /// destroyed); absent while active, and for reservations destroyed before it was recorded.
     #[serde(default)]
     pub achieved: Option<Achieved>,
+    /// What it asked for by performance target, and what each of its servers promised for it
+    /// (parallel to `servers`) and why; absent for a reservation by capacity alone.
+    #[serde(default)]
+    pub targets: Option<TargetsRecord>,
+}
+
+/// A reservation by performance targets: the targets, each server's share and the reasons.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetsRecord {
+    pub asked: spillway_policy::targets::Targets,
+    /// Parallel to the reservation's `servers`.
+    pub promised: Vec<spillway_policy::targets::Rates>,
+    pub why: Vec<String>,
 }
 
 /// A reservation's achieved I/O, from its servers' counts of its epoch (`EpochRevoked` at
@@ -365,6 +382,25 @@ pub struct CreateReservation {
     pub replicas: Option<u32>,
     /// The tiering strategy of its jobs' phases (absent: the site's default).
     pub tiering: Option<spillway_policy::Strategy>,
+    /// Performance targets (docs/design/targets.md): with any of them, the servers, stripe
+    /// count and namespace mode come from `spillway_policy::targets::plan`, and
+    /// `capacity_bytes` may be 0 (then the plan's fragments are the capacity).
+    pub bandwidth_bytes_per_s: Option<u64>,
+    /// Small read/write operations per second.
+    pub iops: Option<u64>,
+    pub metadata_ops_per_s: Option<u64>,
+}
+
+impl CreateReservation {
+    /// The request as performance targets (capacity included when given).
+    pub fn targets(&self) -> spillway_policy::targets::Targets {
+        spillway_policy::targets::Targets {
+            capacity_bytes: Some(self.capacity_bytes).filter(|&bytes| bytes > 0),
+            bandwidth_bytes_per_s: self.bandwidth_bytes_per_s,
+            iops: self.iops,
+            metadata_ops_per_s: self.metadata_ops_per_s,
+        }
+    }
 }
 
 /// `POST /v1/pools`.

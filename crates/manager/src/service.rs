@@ -22,6 +22,7 @@ use spillway_policy::fragments::{
     allocate, choose_replacement, FragmentError, FragmentPlan, FragmentRequest, ServerSpace,
     REPLICAS_MAX,
 };
+use spillway_policy::targets::{plan as target_plan, TargetError, TargetPlan, TargetRequest};
 use spillway_policy::{
     select_pool, PoolChoice, PoolState, StreamDecision, StreamTable, StreamTableLimits,
 };
@@ -207,6 +208,12 @@ pub enum CreateReservationError {
     TooManyReservations { uid: u32, count: u32 },
     #[error("no capacity: {reason}")]
     NoCapacity { reason: String },
+    /// Within the pools' measured peaks, not with what is promised now (the job waits).
+    #[error("targets not available now: {reason}")]
+    TargetsBusy { reason: String },
+    /// Beyond what any pool could give, or no pool's peaks are measured.
+    #[error("targets cannot be met: {reason}")]
+    TargetsUnmeetable { reason: String },
     #[error("manager database: {source}")]
     Database {
         #[from]
@@ -225,6 +232,8 @@ api_error!(CreateReservationError {
     QuotaExceeded => (403, "quota_exceeded"),
     TooManyReservations => (403, "too_many_reservations"),
     NoCapacity => (507, "no_capacity"),
+    TargetsBusy => (507, "targets_busy"),
+    TargetsUnmeetable => (422, "targets_unmeetable"),
     Database => (500, "database"),
 });
 
@@ -396,6 +405,43 @@ pub(crate) fn server_space(s: &ServerRow, used_per_server: &BTreeMap<u64, u64>) 
             .saturating_sub(used_per_server.get(&s.id).copied().unwrap_or(0)),
         healthy: s.healthy && s.lost_unix_s.is_none() && s.retiring_unix_s.is_none(),
         domain: s.failure_domain.clone(),
+    }
+}
+
+/// Where a new reservation goes: the pool, its fragments, the rule that chose the pool, and the
+/// plan when it asked by performance targets.
+pub(crate) struct Placed {
+    pool_id: u64,
+    fragments: FragmentPlan,
+    choice: PoolChoice,
+    target_plan: Option<TargetPlan>,
+}
+
+/// Why one pool cannot take a request.
+enum PoolRefusal {
+    /// The request itself is wrong (the same in every pool).
+    Invalid(String),
+    /// Not in this pool, however long the request waits.
+    Full(String),
+    /// Not now: what is promised there must end first.
+    Busy(String),
+}
+
+/// Every pool's refusal, for the error when none takes the request.
+#[derive(Default)]
+struct Refusals {
+    full: Vec<String>,
+    busy: Vec<String>,
+}
+
+impl Refusals {
+    fn into_error(self, by_targets: bool) -> CreateReservationError {
+        let reason = self.busy.iter().chain(&self.full).cloned().collect::<Vec<_>>().join("; ");
+        match (by_targets, self.busy.is_empty()) {
+            (true, false) => CreateReservationError::TargetsBusy { reason },
+            (true, true) => CreateReservationError::TargetsUnmeetable { reason },
+            (false, _) => CreateReservationError::NoCapacity { reason },
+        }
     }
 }
 
@@ -764,8 +810,15 @@ impl Manager {
     pub fn list_servers(&self) -> Result<Vec<Server>, ReadError> {
         let (pools, servers, active) = self.snapshot(&mut lock(&self.db))?;
         let used = Self::used_per_server(&active);
+        let promised = crate::targets::promised_per_server(&active);
         let live = lock(&self.live);
-        Ok(servers.iter().map(|s| Self::server_model(s, &pools, &used, live.get(&s.id))).collect())
+        Ok(servers
+            .iter()
+            .map(|s| Server {
+                promised: promised.get(&s.id).copied(),
+                ..Self::server_model(s, &pools, &used, live.get(&s.id))
+            })
+            .collect())
     }
 
     /// The API view of a server row, with its use and what its last heartbeat said.
@@ -796,6 +849,7 @@ impl Manager {
             lost_unix_s: s.lost_unix_s,
             retiring_unix_s: s.retiring_unix_s,
             peaks: s.peaks.clone(),
+            promised: None,
         }
     }
 
@@ -828,7 +882,6 @@ impl Manager {
         let (owner_uid, owner_gid) = Self::validate_reservation_request(caller, request)?;
         // Asked before the database lock is taken: Slurm may take up to its timeout.
         self.check_job_owner(caller, request, owner_uid)?;
-        let access = request.access.unwrap_or(Access::Striped);
         let now = self.clock.now_unix_s();
 
         let mut db = lock(&self.db);
@@ -839,8 +892,10 @@ impl Manager {
 
         let name = Self::check_name_and_job(&tx, request, &active)?;
         self.check_count_and_quota(&tx, request, owner_uid, &active)?;
-        let (pool_id, plan, choice) =
+        let Placed { pool_id, fragments: plan, choice, target_plan } =
             self.choose_pool(request, owner_uid, &pools, &servers, &active)?;
+        let access =
+            self.check_target_plan(&tx, request, owner_uid, &active, target_plan.as_ref())?;
 
         // Identifiers and stream.
         let epoch = db::take_counter(&tx, "next_epoch")?;
@@ -876,6 +931,7 @@ impl Manager {
             replicas: plan.replicas,
             tiering: request.tiering,
             achieved: None,
+            targets: target_plan.as_ref().map(|plan| crate::targets::row_of(request, plan)),
         };
         Self::persist_reservation(&tx, &mut row, name.is_none())?;
         tx.commit()?;
@@ -890,13 +946,57 @@ impl Manager {
         Ok(row.to_model(&pools, &servers))
     }
 
+    /// The namespace mode of a new reservation: asked for, or (by performance targets) what the
+    /// plan chose, which an explicit `access` must agree with. A plan by targets may take more
+    /// fragments than the capacity asked for: the quota is checked again against them.
+    fn check_target_plan(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        request: &CreateReservation,
+        owner_uid: u32,
+        active: &[ReservationRow],
+        plan: Option<&TargetPlan>,
+    ) -> Result<Access, CreateReservationError> {
+        let Some(plan) = plan else { return Ok(request.access.unwrap_or(Access::Striped)) };
+        let planned = match plan.namespace {
+            spillway_policy::namespace::NamespaceAccess::Striped => Access::Striped,
+            spillway_policy::namespace::NamespaceAccess::Private => Access::Private,
+        };
+        if request.access.is_some_and(|asked| asked != planned) {
+            return Err(CreateReservationError::Invalid {
+                reason: format!(
+                    "access={} cannot meet these targets: {} (leave access out, or change metadata=)",
+                    request.access.map_or("", Access::as_str),
+                    plan.why.join("; ")
+                ),
+            });
+        }
+        let used: u64 =
+            active.iter().filter(|r| r.owner_uid == owner_uid).map(|r| r.raw_bytes()).sum();
+        let asked = plan.fragments.raw_bytes();
+        let (quota, _) = self.quota_of(tx, owner_uid)?;
+        if quota != 0 && used + asked > quota {
+            return Err(CreateReservationError::QuotaExceeded {
+                uid: owner_uid,
+                quota_bytes: quota,
+                used_bytes: used,
+                asked_bytes: asked,
+            });
+        }
+        Ok(planned)
+    }
+
     /// Checks the request itself (capacity, owner, names, job id, allowed lists): owner uid, gid.
     fn validate_reservation_request(
         caller: &Caller,
         request: &CreateReservation,
     ) -> Result<(u32, u32), CreateReservationError> {
         let invalid = |reason: String| CreateReservationError::Invalid { reason };
-        if request.capacity_bytes == 0 || request.capacity_bytes > i64::MAX as u64 / 8 {
+        // By performance targets alone, the plan's fragments are the capacity.
+        let capacity_needed = !request.targets().has_rates();
+        if (request.capacity_bytes == 0 && capacity_needed)
+            || request.capacity_bytes > i64::MAX as u64 / 8
+        {
             return Err(invalid(format!("capacity of {} bytes", request.capacity_bytes)));
         }
         let replicas = request.replicas.unwrap_or(1);
@@ -1056,7 +1156,8 @@ impl Manager {
         Ok(())
     }
 
-    /// Chooses the pool and the fragments; returns them and the rule that chose the pool.
+    /// Chooses the pool and the fragments; returns them, the rule that chose the pool and,
+    /// for a request by performance targets, the plan that chose the servers.
     fn choose_pool(
         &self,
         request: &CreateReservation,
@@ -1064,22 +1165,8 @@ impl Manager {
         pools: &[PoolRow],
         servers: &[ServerRow],
         active: &[ReservationRow],
-    ) -> Result<(u64, FragmentPlan, PoolChoice), CreateReservationError> {
+    ) -> Result<Placed, CreateReservationError> {
         // Placement: pools that can hold it, then Algorithm 2 among them, then fragments.
-        let used_per_server = Self::used_per_server(active);
-        let space = |pool: u64| -> Vec<ServerSpace> {
-            servers
-                .iter()
-                .filter(|s| s.pool_id == pool)
-                .map(|s| server_space(s, &used_per_server))
-                .collect()
-        };
-        let fragment_request = FragmentRequest {
-            capacity_bytes: request.capacity_bytes,
-            fragment_bytes: self.knobs.fragment_bytes,
-            stripe_servers_max: self.knobs.stripe_servers_max,
-            replicas: request.replicas.unwrap_or(1),
-        };
         let candidates: Vec<&PoolRow> = match &request.pool {
             Some(name) => vec![pools
                 .iter()
@@ -1091,16 +1178,15 @@ impl Manager {
             return Err(CreateReservationError::NoCapacity { reason: "no pools exist".into() });
         }
         let mut fitting = Vec::new();
-        let mut refusals = Vec::new();
+        let mut refusals = Refusals::default();
         for pool in &candidates {
-            match allocate(&space(pool.id), fragment_request) {
-                Ok(plan) => fitting.push((pool.id, plan)),
-                Err(FragmentError::ZeroCapacity) => {
-                    return Err(CreateReservationError::Invalid {
-                        reason: "capacity of 0 bytes".into(),
-                    })
+            match self.place_in_pool(request, pool, servers, active) {
+                Ok(placed) => fitting.push((pool.id, placed)),
+                Err(PoolRefusal::Invalid(reason)) => {
+                    return Err(CreateReservationError::Invalid { reason })
                 }
-                Err(error) => refusals.push(format!("pool {}: {error}", pool.name)),
+                Err(PoolRefusal::Full(reason)) => refusals.full.push(reason),
+                Err(PoolRefusal::Busy(reason)) => refusals.busy.push(reason),
             }
         }
         let states: Vec<PoolState> = fitting
@@ -1115,13 +1201,73 @@ impl Manager {
             })
             .collect();
         let Some(choice) = select_pool(&states, StreamKey(owner_uid as u64)) else {
-            return Err(CreateReservationError::NoCapacity { reason: refusals.join("; ") });
+            return Err(refusals.into_error(request.targets().has_rates()));
         };
-        let (pool_id, plan) = fitting
+        let (pool_id, (fragments, target_plan)) = fitting
             .into_iter()
             .find(|(p, _)| *p as u32 == choice.pool())
             .expect("chosen among fitting");
-        Ok((pool_id, plan, choice))
+        Ok(Placed { pool_id, fragments, choice, target_plan })
+    }
+
+    /// The fragments of `request` in `pool`: by capacity alone, `fragments::allocate`; by
+    /// performance targets, `targets::plan` over the pool's measured and promised servers.
+    fn place_in_pool(
+        &self,
+        request: &CreateReservation,
+        pool: &PoolRow,
+        servers: &[ServerRow],
+        active: &[ReservationRow],
+    ) -> Result<(FragmentPlan, Option<TargetPlan>), PoolRefusal> {
+        let used_per_server = Self::used_per_server(active);
+        let pool_servers: Vec<&ServerRow> =
+            servers.iter().filter(|s| s.pool_id == pool.id).collect();
+        let replicas = request.replicas.unwrap_or(1);
+        let targets = request.targets();
+        if !targets.has_rates() {
+            let space: Vec<ServerSpace> =
+                pool_servers.iter().map(|s| server_space(s, &used_per_server)).collect();
+            let fragment_request = FragmentRequest {
+                capacity_bytes: request.capacity_bytes,
+                fragment_bytes: self.knobs.fragment_bytes,
+                stripe_servers_max: self.knobs.stripe_servers_max,
+                replicas,
+            };
+            return match allocate(&space, fragment_request) {
+                Ok(plan) => Ok((plan, None)),
+                Err(FragmentError::ZeroCapacity) => {
+                    Err(PoolRefusal::Invalid("capacity of 0 bytes".into()))
+                }
+                Err(error) => Err(PoolRefusal::Full(format!("pool {}: {error}", pool.name))),
+            };
+        }
+        if !pool_servers.iter().any(|s| s.peaks.is_some()) {
+            return Err(PoolRefusal::Full(format!(
+                "pool {}: no server's peaks are measured (root: `spillway server measure --pool {}`)",
+                pool.name, pool.name
+            )));
+        }
+        let promised = crate::targets::promised_per_server(active);
+        let loads = crate::targets::loads(&pool_servers, &used_per_server, &promised);
+        let target_request = TargetRequest {
+            targets,
+            fragment_bytes: self.knobs.fragment_bytes,
+            stripe_servers_max: self.knobs.stripe_servers_max,
+            replicas,
+        };
+        match target_plan(&loads, &target_request) {
+            Ok(plan) => Ok((plan.fragments.clone(), Some(plan))),
+            Err(error @ TargetError::Wait { .. }) => {
+                Err(PoolRefusal::Busy(format!("pool {}: {error}", pool.name)))
+            }
+            Err(error @ (TargetError::NoTarget | TargetError::ZeroTarget { .. })) => {
+                Err(PoolRefusal::Invalid(error.to_string()))
+            }
+            Err(TargetError::Placement(FragmentError::ZeroCapacity)) => {
+                Err(PoolRefusal::Invalid("capacity of 0 bytes".into()))
+            }
+            Err(error) => Err(PoolRefusal::Full(format!("pool {}: {error}", pool.name))),
+        }
     }
 
     /// The API view of `row`; when it is degraded, with the server that would replace its first

@@ -890,3 +890,96 @@ fn server_peaks_are_recorded_by_admins_only_checked_and_kept_across_a_restart() 
     assert_eq!(servers.iter().filter(|s| s.peaks.is_some()).count(), 1, "{servers:?}");
     assert_eq!(servers[0].peaks.as_ref(), Some(&recorded));
 }
+
+/// Peaks on the pool `fast` (servers 1 and 2): 1 GiB/s, 10k IOPS, 2k metadata ops/s each.
+fn measure_fast(manager: &Manager) {
+    for server in ["127.0.0.1:7001", "127.0.0.1:7002"] {
+        let peaks = SetServerPeaks {
+            bandwidth_bytes_per_s: 1 << 30,
+            iops: 10_000,
+            metadata_ops_per_s: 2_000,
+            conditions: "test".into(),
+        };
+        manager.set_server_peaks(&root(), server, &peaks).unwrap();
+    }
+}
+
+fn by_targets(bandwidth: Option<u64>, metadata: Option<u64>) -> CreateReservation {
+    CreateReservation {
+        pool: Some("fast".into()),
+        bandwidth_bytes_per_s: bandwidth,
+        metadata_ops_per_s: metadata,
+        ..request(0)
+    }
+}
+
+#[test]
+fn reservations_by_target_are_placed_promised_held_and_refused_by_the_pools_peaks() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = open(&dir.path().join("m.db"), knobs());
+    setup(&manager);
+    // Unmeasured: refused, naming what to do.
+    let error =
+        manager.create_reservation(&user(1000), &by_targets(Some(1 << 30), None)).unwrap_err();
+    assert_eq!(error.status(), 422, "{error}");
+    assert!(error.to_string().contains("spillway server measure --pool fast"), "{error}");
+    measure_fast(&manager);
+    // 1.5 GiB/s needs both servers (each carries half), capacity left out: one fragment each.
+    let wide = manager.create_reservation(&user(1000), &by_targets(Some(3 << 29), None)).unwrap();
+    assert_eq!(wide.servers.len(), 2, "{wide:?}");
+    let targets = wide.targets.as_ref().expect("a reservation by targets says so");
+    assert_eq!(targets.asked.bandwidth_bytes_per_s, Some(3 << 29));
+    assert!(targets.promised.iter().all(|p| p.bandwidth_bytes_per_s == 3 << 28), "{targets:?}");
+    assert!(!targets.why.is_empty());
+    assert_eq!(wide.capacity_bytes, 16 * MIB, "n servers × one fragment");
+    let servers = manager.list_servers().unwrap();
+    let promised: Vec<_> =
+        servers.iter().filter(|s| s.pool == "fast").map(|s| s.promised).collect();
+    assert!(
+        promised.iter().all(|p| p.is_some_and(|p| p.bandwidth_bytes_per_s == 3 << 28)),
+        "{promised:?}"
+    );
+    // Another 1 GiB/s fits the peaks but not beside the first: it waits (Slurm holds the job).
+    let error =
+        manager.create_reservation(&user(1001), &by_targets(Some(1 << 30), None)).unwrap_err();
+    assert_eq!(error.status(), 507, "{error}");
+    assert_eq!(error.kind(), "targets_busy");
+    assert!(error.to_string().contains("not now"), "{error}");
+    // 4 GiB/s: never, whatever ends.
+    let error =
+        manager.create_reservation(&user(1001), &by_targets(Some(4 << 30), None)).unwrap_err();
+    assert_eq!(error.kind(), "targets_unmeetable", "{error}");
+    assert!(error.to_string().contains("never"), "{error}");
+    // Once the first ends, the second fits.
+    manager.destroy_reservation(&user(1000), &wide.name, None, false).unwrap();
+    let later = manager.create_reservation(&user(1001), &by_targets(Some(1 << 30), None)).unwrap();
+    assert_eq!(later.servers.len(), 1, "1 GiB/s: one server's peak {later:?}");
+}
+
+#[test]
+fn a_metadata_target_beyond_one_server_gets_private_namespaces_and_an_explicit_striped_is_refused()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let manager = open(&dir.path().join("m.db"), knobs());
+    setup(&manager);
+    measure_fast(&manager);
+    let striped =
+        CreateReservation { access: Some(Access::Striped), ..by_targets(None, Some(3_000)) };
+    let error = manager.create_reservation(&user(1001), &striped).unwrap_err();
+    assert_eq!(error.status(), 400, "{error}");
+    assert!(error.to_string().contains("access=striped cannot meet"), "{error}");
+    let private = manager.create_reservation(&user(1000), &by_targets(None, Some(3_000))).unwrap();
+    assert_eq!(private.access, Access::Private, "{private:?}");
+    assert_eq!(private.servers.len(), 2);
+    manager.destroy_reservation(&user(1000), &private.name, None, false).unwrap();
+    // A quota counts the plan's fragments, not the capacity left out.
+    manager.set_quota(&root(), 1002, &SetQuota { bytes: 8 * MIB }).unwrap();
+    let error =
+        manager.create_reservation(&user(1002), &by_targets(Some(3 << 29), None)).unwrap_err();
+    assert_eq!(error.kind(), "quota_exceeded", "{error}");
+    // Zero targets and none at all are the request's fault.
+    let zero = manager.create_reservation(&user(1002), &by_targets(Some(0), None)).unwrap_err();
+    assert_eq!(zero.status(), 400, "{zero}");
+    let none = manager.create_reservation(&user(1002), &request(0)).unwrap_err();
+    assert_eq!(none.status(), 400, "{none}");
+}

@@ -403,15 +403,13 @@ fn remove_server(
     }
 }
 
-/// `1.2GiB/s 40k 12k/s`: bandwidth, IOPS, metadata operations per second.
+/// A server's measured peaks as `reservation show` writes rates.
 fn peaks_text(peaks: &spillway_manager::ServerPeaks) -> String {
-    let thousands = |n: u64| if n >= 10_000 { format!("{}k", n / 1000) } else { n.to_string() };
-    format!(
-        "{}/s {} {}/s",
-        bytes(peaks.bandwidth_bytes_per_s),
-        thousands(peaks.iops),
-        thousands(peaks.metadata_ops_per_s)
-    )
+    super::reservation::rates_text(&spillway_policy::targets::Rates {
+        bandwidth_bytes_per_s: peaks.bandwidth_bytes_per_s,
+        iops: peaks.iops,
+        metadata_ops_per_s: peaks.metadata_ops_per_s,
+    })
 }
 
 pub fn print_servers(servers: &[Server]) {
@@ -438,10 +436,12 @@ pub fn print_servers(servers: &[Server]) {
                 s.identity.clone().unwrap_or_else(|| "-".into()),
                 s.pfs_dir.clone().unwrap_or_else(|| "-".into()),
                 s.peaks.as_ref().map_or_else(|| "-".into(), peaks_text),
+                s.promised.as_ref().map_or_else(|| "-".into(), super::reservation::rates_text),
             ]
         })
         .collect();
-    // PEAKS: bandwidth, IOPS, metadata operations per second (`spillway server measure`).
+    // PEAKS: bandwidth, IOPS, metadata operations per second (`spillway server measure`);
+    // PROMISED: what active reservations by performance target were promised of them.
     // HOST: the failure domain its heartbeats announce (copies go to distinct hosts).
     // AUTH: how the server authenticates TCP clients (none: only loopback peers are known).
     // ID #INCARNATION: a new id at an address is another (empty) server, a higher incarnation
@@ -458,6 +458,7 @@ pub fn print_servers(servers: &[Server]) {
         "ID #INCARNATION",
         "PFS",
         "PEAKS",
+        "PROMISED",
     ];
     print_table(&header, &rows);
 }

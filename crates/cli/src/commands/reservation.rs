@@ -29,13 +29,19 @@ enum Command {
     /// Create a reservation; prints it (with --json: one object).
     Create {
         /// Capacity (64MiB, 200GiB, 1G = GiB, 10GB = 10^10 bytes); granted in whole fragments.
-        #[arg(long, value_parser = parse_size)]
-        capacity: u64,
+        /// May be left out when a performance target is given (the plan's fragments are then
+        /// the capacity).
+        #[arg(long, value_parser = parse_size, required_unless_present_any = ["bandwidth", "iops", "metadata"])]
+        capacity: Option<u64>,
+        #[command(flatten)]
+        targets: TargetFlags,
         /// Pool; chosen by BIOS Algorithm 2 when absent.
         #[arg(long)]
         pool: Option<String>,
-        #[arg(long, value_parser = parse_access, default_value = "striped")]
-        access: Access,
+        /// striped (one namespace for every node; the default) or private (one per node). With a
+        /// metadata target, left out: the plan chooses.
+        #[arg(long, value_parser = parse_access)]
+        access: Option<Access>,
         /// Make it persistent under this name (else job-scoped).
         #[arg(long, value_name = "NAME")]
         persistent: Option<String>,
@@ -181,6 +187,21 @@ fn modify(reservation: &str, change: ModifyFlags, flags: &ManagerFlags) -> anyho
 }
 
 /// A tiering strategy by name, for `--tiering`.
+/// Performance targets of `reservation create` (docs/design/targets.md): the manager places the
+/// reservation on servers whose measured peaks, less what is already promised there, meet them.
+#[derive(clap::Args)]
+struct TargetFlags {
+    /// Bandwidth target, e.g. 2GiB/s or 500MB/s.
+    #[arg(long, value_parser = |t: &str| spillway_policy::targets::parse_bandwidth(t).map_err(|e| e.to_string()))]
+    bandwidth: Option<u64>,
+    /// Small-operation (4 KiB) target, operations per second, e.g. 20k.
+    #[arg(long, value_parser = |t: &str| spillway_policy::targets::parse_ops_rate("iops", t).map_err(|e| e.to_string()))]
+    iops: Option<u64>,
+    /// Metadata target, operations per second, e.g. 5k/s.
+    #[arg(long, value_parser = |t: &str| spillway_policy::targets::parse_ops_rate("metadata", t).map_err(|e| e.to_string()))]
+    metadata: Option<u64>,
+}
+
 fn parse_strategy(text: &str) -> Result<spillway_policy::Strategy, String> {
     spillway_policy::Strategy::parse(text).ok_or_else(|| {
         format!("{text:?}: expected baseline, high-priority, interference-aware or measured")
@@ -202,6 +223,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
         Command::Create {
             capacity,
+            targets,
             pool,
             access,
             persistent,
@@ -215,9 +237,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             flags,
         } => {
             let request = CreateReservation {
-                capacity_bytes: capacity,
+                capacity_bytes: capacity.unwrap_or(0),
+                bandwidth_bytes_per_s: targets.bandwidth,
+                iops: targets.iops,
+                metadata_ops_per_s: targets.metadata,
                 pool,
-                access: Some(access),
+                access,
                 persistent,
                 job,
                 owner,
@@ -401,6 +426,7 @@ fn show(reservation: &Reservation, json: bool) -> anyhow::Result<()> {
     if let Some(repair) = &r.repair {
         println!("{:<10} {}", "repair", repair_line(repair));
     }
+    print_targets_and_achieved(r);
     if let Some(rescue) = &r.rescue {
         println!("{:<10} {}", "rescue", rescue.error);
         println!("{:<10} spillway stage-out --retry {}", "retry", r.name);
@@ -410,6 +436,45 @@ fn show(reservation: &Reservation, json: bool) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// `reservation show`: what a reservation by targets asked and each server promised, and what
+/// it achieved (recorded at its teardown).
+fn print_targets_and_achieved(r: &Reservation) {
+    if let Some(targets) = &r.targets {
+        println!("{:<10} {}", "targets", targets.asked);
+        for (server, promised) in r.servers.iter().zip(&targets.promised) {
+            println!("{:<10} {server}: {}", "promised", rates_text(promised));
+        }
+        for reason in &targets.why {
+            println!("{:<10} {reason}", "why");
+        }
+    }
+    if let Some(achieved) = &r.achieved {
+        println!(
+            "{:<10} {}/s, {} IOPS, {} metadata ops/s over {:.1} s busy ({} written, {} read; {} of {} servers reported)",
+            "achieved",
+            bytes(achieved.bandwidth_bytes_per_s),
+            achieved.iops,
+            achieved.metadata_ops_per_s,
+            achieved.busy_ms as f64 / 1000.0,
+            bytes(achieved.bytes_written),
+            bytes(achieved.bytes_read),
+            achieved.servers_reporting,
+            r.servers.len()
+        );
+    }
+}
+
+/// `2GiB/s 20k 5k/s`: bandwidth, IOPS, metadata operations per second.
+pub fn rates_text(rates: &spillway_policy::targets::Rates) -> String {
+    use spillway_policy::targets::{format_bandwidth, format_iops, format_metadata_rate};
+    format!(
+        "{} {} IOPS {} metadata",
+        format_bandwidth(rates.bandwidth_bytes_per_s),
+        format_iops(rates.iops),
+        format_metadata_rate(rates.metadata_ops_per_s)
+    )
 }
 
 pub fn print_reservations(list: &[Reservation]) {
