@@ -4,8 +4,7 @@
 //! Every metadata request goes to the [`Namespace`] with the caller's identity, and the
 //! namespace decides permissions and errno (`default_permissions` is off: one place holds the
 //! POSIX rules, the same for every mount and for the native API, including sticky directories
-//! and suid/sgid clearing). Data requests go to the [`DataPlane`] (writes through the slot of
-//! each stripe of the file, reads through any free slot).
+//! and suid/sgid clearing). Data requests go to the [`DataPlane`] slot of the inode.
 //!
 //! Caching (docs/design/mount.md): the kernel page cache is used without `keep_cache`, so every
 //! open drops the file's cached pages (write-only handles bypass it); no writeback cache; entry
@@ -256,7 +255,7 @@ impl SpillwayFs {
     }
 
     /// Reports writes of this mount that the namespace has not seen yet (size, mtime), once the
-    /// inode's data slots have them acknowledged. The size of an open inode's writes is reported
+    /// inode's data slot has them acknowledged. The size of an open inode's writes is reported
     /// lazily, here: at close, fsync, stat, truncate and open, which is what close-to-open
     /// needs and saves one metadata round trip per write.
     fn push_pending(&self, ino: Ino) -> Result<(), Errno> {
@@ -273,7 +272,7 @@ impl SpillwayFs {
         };
         // The size may claim only bytes the servers hold: the file's writes first. A failure
         // stays for the file's close or fsync to report; the size is just not claimed.
-        if let Err(e) = self.data.inode(ino).settle() {
+        if let Err(e) = self.data.slot(ino).settle() {
             tracing::debug!(ino, error = %e, "size of unstored writes withdrawn");
             self.withdraw_size(ino);
             return Ok(());
@@ -355,14 +354,13 @@ impl SpillwayFs {
             return Err(Errno::ENOSPC);
         }
         let caller = caller(req);
-        let slot = self.data.inode(ino);
+        let mut slot = self.data.slot(ino);
         // A gap left past EOF already reads as zeros: a shrinking truncate zeroed what the
         // store held past the new size (do_setattr). Zeroing the gap here instead would
         // overwrite what writers on other mounts put there before their size reached the
         // namespace (an N-1 checkpoint from several nodes lost blocks that way).
         let (generation, _) = self.state(ino)?;
-        slot.write(generation, offset, data).map_err(|e| data_errno(&e))?;
-        drop(slot);
+        slot.write(ino, generation, offset, data).map_err(|e| data_errno(&e))?;
         if let Some(phases) = &self.phases {
             phases.wrote(data.len() as u64);
         }
@@ -412,8 +410,8 @@ impl SpillwayFs {
         };
         let reporting = self.size_reports.lock();
         self.push_pending_locked(ino)?;
-        // Truncate: hold the inode's data lock so no write of this mount interleaves.
-        let slot = self.data.inode_exclusive(ino);
+        // Truncate: hold the inode's data slot so no write of this mount interleaves.
+        let mut slot = self.data.slot(ino);
         let current = self.current_attr(ino)?;
         let shrinks = current.kind == FileKind::Regular && new_size < current.size;
         if shrinks {
@@ -443,7 +441,8 @@ impl SpillwayFs {
         // high-water mark), so the file reads zeros there when it grows again. Truncating to 0
         // starts a new generation instead, which holds nothing.
         if shrinks && attr.generation == current.generation {
-            slot.zero_fill(current.generation, new_size, u64::MAX).map_err(|e| data_errno(&e))?;
+            slot.zero_fill(ino, current.generation, new_size, u64::MAX)
+                .map_err(|e| data_errno(&e))?;
         }
         Ok(attr)
     }
@@ -479,9 +478,9 @@ impl SpillwayFs {
             let reporting = self.size_reports.lock();
             self.push_pending_locked(ino)?;
             // Held so no write of this mount interleaves between the size and the zeros.
-            let slot = self.data.inode_exclusive(ino);
+            let mut slot = self.data.slot(ino);
             let (generation, size) = self.state(ino)?;
-            slot.zero_fill(generation, offset, end.min(size)).map_err(|e| data_errno(&e))?;
+            slot.zero_fill(ino, generation, offset, end.min(size)).map_err(|e| data_errno(&e))?;
             drop(slot);
             drop(reporting);
             // A hole punched is a modification: mtime and ctime, as for a write (not for a
@@ -725,7 +724,7 @@ impl Filesystem for SpillwayFs {
         };
         drop(reporting);
         // Close-to-open: resolve the store file afresh.
-        self.data.forget(ino.0);
+        self.data.slot(ino.0).forget(ino.0);
         let writable = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
         match self.open_handle(&attr, writable) {
             Ok(fh) => reply.opened(FileHandle(fh), open_flags(flags.0)),
@@ -744,7 +743,7 @@ impl Filesystem for SpillwayFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let slot = self.data.inode(ino.0);
+        let mut slot = self.data.slot(ino.0);
         let (generation, file_size) = match self.state(ino.0) {
             Ok(state) => state,
             Err(e) => return reply.error(e),
@@ -754,7 +753,7 @@ impl Filesystem for SpillwayFs {
         }
         let length = (size as u64).min(file_size - offset) as usize;
         let mut buffer = vec![0u8; length];
-        match slot.read(generation, offset, &mut buffer) {
+        match slot.read(ino.0, generation, offset, &mut buffer) {
             Ok(()) => reply.data(&buffer),
             Err(e) => reply.error(data_errno(&e)),
         }
@@ -787,7 +786,7 @@ impl Filesystem for SpillwayFs {
         reply: ReplyEmpty,
     ) {
         // close(2): report any write failure of this file's pipeline, then the size.
-        if let Err(e) = self.data.inode(ino.0).flush() {
+        if let Err(e) = self.data.slot(ino.0).flush() {
             self.withdraw_size(ino.0);
             return reply.error(data_errno(&e));
         }
@@ -826,7 +825,7 @@ impl Filesystem for SpillwayFs {
             }
         };
         if last {
-            self.data.release(ino);
+            self.data.slot(ino).release(ino);
         }
         reply.ok();
     }
@@ -839,7 +838,7 @@ impl Filesystem for SpillwayFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        if let Err(e) = self.data.inode(ino.0).sync() {
+        if let Err(e) = self.data.slot(ino.0).sync() {
             self.withdraw_size(ino.0);
             return reply.error(data_errno(&e));
         }
@@ -1023,7 +1022,7 @@ impl Filesystem for SpillwayFs {
             }
             Err(e) => return reply.error(errno(&e)),
         };
-        self.data.forget(attr.ino);
+        self.data.slot(attr.ino).forget(attr.ino);
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         match self.open_handle(&attr, writable) {
             Ok(fh) => reply.created(

@@ -7,8 +7,7 @@
 //! [`mount`] mounts [`SpillwayFs`] at a directory and returns a [`Mount`] that unmounts when
 //! dropped. Requests are served by [`MountConfig::threads`] FUSE session threads, each reading
 //! its own cloned `/dev/fuse` descriptor; data goes through a pool of clients
-//! ([`data::DataPlane`], one slot per thread; one file's stripes and readers spread over the
-//! slots). See
+//! ([`data::DataPlane`], one slot per thread, an inode always on the same slot). See
 //! docs/design/mount.md for threads, caching, TTLs, truncation and identity, and
 //! docs/semantics.md ("Mount") for what applications may rely on.
 
@@ -135,31 +134,7 @@ pub fn mount(
     let fs = SpillwayFs::new(namespace, data, config).with_phases(phases);
     let session = fuser::spawn_mount(fs, mountpoint, &options)
         .map_err(|source| MountError::Mount { path: mountpoint.to_path_buf(), source })?;
-    raise_readahead(mountpoint);
     Ok(Mount { session: Some(session), mountpoint: mountpoint.to_path_buf() })
-}
-
-/// The kernel caps a FUSE mount's readahead at its device's `read_ahead_kb` (128 KiB unless
-/// raised), whatever `max_readahead` the file system asked for, so a sequential reader's 1 MiB
-/// `read(2)` became eight 128 KiB requests, each a round trip to the servers. Root raises it to
-/// `max_readahead` ([`MAX_WRITE_BYTES`]); otherwise (or if it cannot) the kernel's stays.
-fn raise_readahead(mountpoint: &Path) {
-    use std::os::unix::fs::MetadataExt;
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return;
-    }
-    let dev = match std::fs::metadata(mountpoint) {
-        Ok(meta) => meta.dev(),
-        Err(e) => return tracing::info!(error = %e, "readahead left as the kernel set it"),
-    };
-    // The kernel's encoding of a device number (glibc's gnu_dev_major / gnu_dev_minor).
-    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
-    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
-    let knob = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
-    if let Err(e) = std::fs::write(&knob, (MAX_WRITE_BYTES / 1024).to_string()) {
-        tracing::info!(knob, error = %e, "readahead left as the kernel set it");
-    }
 }
 
 /// The file system's type shows as `fuse.spillway`. fuser hands `subtype=` only to
