@@ -247,6 +247,98 @@ fn unmodified_tools_on_the_mount() {
     mount.unmount();
 }
 
+/// Piece `i` of `pieces` of a shared file written by 6 threads: 300 KiB each (so pieces
+/// straddle the 1 MiB stripes that pick the data slot), and every piece written twice, first
+/// with other bytes, by the same thread, so a second write overtaken by the first shows.
+#[test]
+fn threads_writing_one_file_disjoint_and_overlapping_read_back_exactly() {
+    use std::os::unix::fs::FileExt;
+    const PIECE: usize = 300 << 10;
+    const THREADS: usize = 6;
+    const PER_THREAD: usize = 8;
+    let dir = tempdir();
+    let (_servers, endpoints) = servers(dir.path(), 2);
+    let mount = mount_at(&dir.path().join("mnt"), remote_namespace(&endpoints, 4), &endpoints);
+    let path = mount.path().join("shared");
+    let size = PIECE * THREADS * PER_THREAD;
+    let expected = mount_suite::bytes(7, size);
+    std::fs::File::create(&path).unwrap();
+    std::thread::scope(|scope| {
+        for t in 0..THREADS {
+            let (path, expected) = (&path, &expected);
+            scope.spawn(move || {
+                let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+                let stale = mount_suite::bytes(100 + t as u64, PIECE);
+                // Strided: thread t owns pieces t, t + THREADS, ...
+                for k in 0..PER_THREAD {
+                    let at = (k * THREADS + t) * PIECE;
+                    file.write_all_at(&stale, at as u64).unwrap();
+                    file.write_all_at(&expected[at..at + PIECE], at as u64).unwrap();
+                }
+            });
+        }
+    });
+    // Readers of one file read in parallel (through different slots), each all of it.
+    std::thread::scope(|scope| {
+        for t in 0..4 {
+            let (path, expected) = (&path, &expected);
+            scope.spawn(move || {
+                let file = std::fs::File::open(path).unwrap();
+                let mut back = vec![0u8; size];
+                // Each reader starts somewhere else, so their reads overlap in time.
+                let start = t * size / 4;
+                file.read_exact_at(&mut back[start..], start as u64).unwrap();
+                file.read_exact_at(&mut back[..start], 0).unwrap();
+                let first_difference = back.iter().zip(expected).position(|(a, b)| a != b);
+                assert_eq!(first_difference, None, "reader {t}");
+            });
+        }
+    });
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), size as u64);
+    mount.unmount();
+}
+
+/// A thread writes through a handle it keeps open (its writes not yet flushed by a close),
+/// another thread then opens the file and reads: it sees every write that returned, also
+/// overwrites of bytes written just before, whichever data slots they went through.
+#[test]
+fn a_read_from_another_thread_sees_writes_that_returned() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempdir();
+    let (_servers, endpoints) = servers(dir.path(), 2);
+    let mount = mount_at(&dir.path().join("mnt"), remote_namespace(&endpoints, 5), &endpoints);
+    let path = mount.path().join("raw");
+    let writer =
+        std::fs::OpenOptions::new().create(true).truncate(true).write(true).open(&path).unwrap();
+    let (tell, told) = std::sync::mpsc::channel::<(u64, Vec<u8>)>();
+    let (done, wait) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|scope| {
+        let path = &path;
+        let reader = scope.spawn(move || {
+            for (offset, bytes) in told {
+                let file = std::fs::File::open(path).unwrap();
+                let mut back = vec![0u8; bytes.len()];
+                file.read_exact_at(&mut back, offset).unwrap();
+                assert!(back == bytes, "{} bytes at {offset}: not the ones written", bytes.len());
+                done.send(()).unwrap();
+            }
+        });
+        for round in 0..24u64 {
+            // Unaligned ranges crossing stripe boundaries, overwriting earlier rounds' bytes.
+            let offset = (round % 5) * 700_000 + round * 4096;
+            let bytes = mount_suite::bytes(round, 1_500_000);
+            writer.write_all_at(&bytes, offset).unwrap();
+            tell.send((offset, bytes)).unwrap();
+            // The next round overwrites some of these bytes: only once they were checked.
+            wait.recv().expect("the reader stopped");
+        }
+        drop(tell);
+        reader.join().unwrap();
+    });
+    drop(writer);
+    mount.unmount();
+}
+
 #[test]
 fn two_mounts_share_a_striped_namespace_and_private_ones_are_separate() {
     let dir = tempdir();
