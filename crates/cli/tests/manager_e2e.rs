@@ -191,17 +191,23 @@ fn server_add_asks_the_server_first_and_never_registers_one_twice() {
     fails(&manager, None, &["server", "add", &unix, "--pool", "fast"], "already registered as");
 }
 
+/// A server (its TCP address without `tcp://`) and a manager with the empty pool `fast`.
+fn one_server_and_pool(dir: &Path) -> (ServerProcess, String, ManagerProcess) {
+    let server = ServerProcess::builder(BIN, dir, "a").start();
+    let address = server.endpoints()[0].to_string();
+    let address = address.strip_prefix("tcp://").unwrap_or(&address).to_string();
+    let manager = start_manager(dir);
+    json(&manager, None, &["pool", "create", "fast", "--granularity", "8MiB"]);
+    (server, address, manager)
+}
+
 /// `server add --measure` records the server's peaks (`spillway bench peaks` against it alone),
 /// which `server list` shows with when and how they were taken; `server measure` takes them
-/// again; a user may neither measure nor record peaks, and nonsense peaks are refused.
+/// again; a user may not measure; a user's reservation by target is placed and promised there.
 #[test]
 fn server_peaks_are_measured_recorded_and_shown() {
     let dir = tempfile::tempdir().unwrap();
-    let server = ServerProcess::builder(BIN, dir.path(), "a").start();
-    let address = server.endpoints()[0].to_string();
-    let address = address.strip_prefix("tcp://").unwrap_or(&address).to_string();
-    let manager = start_manager(dir.path());
-    json(&manager, None, &["pool", "create", "fast", "--granularity", "8MiB"]);
+    let (_server, address, manager) = one_server_and_pool(dir.path());
     let quick = ["--threads-max", "1", "--phase-seconds", "0.2", "--file-mib-per-thread", "8"];
     let add = ["server", "add", &address, "--pool", "fast", "--measure"];
     let added = json(&manager, None, &[&add[..], &quick[..]].concat());
@@ -256,11 +262,7 @@ fn server_peaks_are_measured_recorded_and_shown() {
 #[test]
 fn a_destroyed_reservation_records_its_achieved_io() {
     let dir = tempfile::tempdir().unwrap();
-    let server = ServerProcess::builder(BIN, dir.path(), "a").start();
-    let address = server.endpoints()[0].to_string();
-    let address = address.strip_prefix("tcp://").unwrap_or(&address).to_string();
-    let manager = start_manager(dir.path());
-    json(&manager, None, &["pool", "create", "fast", "--granularity", "8MiB"]);
+    let (server, address, manager) = one_server_and_pool(dir.path());
     json(&manager, None, &["server", "add", &address, "--pool", "fast", "--capacity", "64MiB"]);
     let created = json(&manager, None, &["reservation", "create", "--capacity", "16MiB"]);
     let epoch = EpochId(created["epoch"].as_u64().unwrap());

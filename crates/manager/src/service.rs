@@ -971,18 +971,7 @@ impl Manager {
                 ),
             });
         }
-        let used: u64 =
-            active.iter().filter(|r| r.owner_uid == owner_uid).map(|r| r.raw_bytes()).sum();
-        let asked = plan.fragments.raw_bytes();
-        let (quota, _) = self.quota_of(tx, owner_uid)?;
-        if quota != 0 && used + asked > quota {
-            return Err(CreateReservationError::QuotaExceeded {
-                uid: owner_uid,
-                quota_bytes: quota,
-                used_bytes: used,
-                asked_bytes: asked,
-            });
-        }
+        self.check_quota(tx, owner_uid, active, plan.fragments.raw_bytes())?;
         Ok(planned)
     }
 
@@ -1143,14 +1132,26 @@ impl Manager {
         // Quotas count the space taken on the servers: every copy.
         let replicas = request.replicas.unwrap_or(1) as u64;
         let granted = request.capacity_bytes.div_ceil(fragment_bytes) * fragment_bytes * replicas;
-        let used: u64 = mine.iter().map(|r| r.raw_bytes()).sum();
+        self.check_quota(tx, owner_uid, active, granted)
+    }
+
+    /// Refuses `asked` more bytes on the servers (every copy) past `owner_uid`'s quota.
+    fn check_quota(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        owner_uid: u32,
+        active: &[ReservationRow],
+        asked: u64,
+    ) -> Result<(), CreateReservationError> {
+        let used: u64 =
+            active.iter().filter(|r| r.owner_uid == owner_uid).map(|r| r.raw_bytes()).sum();
         let (quota, _) = self.quota_of(tx, owner_uid)?;
-        if quota != 0 && used + granted > quota {
+        if quota != 0 && used + asked > quota {
             return Err(CreateReservationError::QuotaExceeded {
                 uid: owner_uid,
                 quota_bytes: quota,
                 used_bytes: used,
-                asked_bytes: granted,
+                asked_bytes: asked,
             });
         }
         Ok(())
