@@ -56,6 +56,8 @@ knobs! {
         quota_bytes_default: u64 = 0, unit = "bytes";
         /// Active reservations one user may hold (bounds the tables).
         reservations_per_user_max: u32 = 256, unit = "reservations";
+        /// Share of a pool's measured peak (bandwidth, IOPS and metadata rates, each) that one user's active reservations by performance target may hold promised, so that no user takes every promise with a few small reservations; root's own are not bound (1–100).
+        targets_user_share_percent_max: u32 = 50, unit = "percent";
         /// How often every server's Status is polled.
         heartbeat_ms: u64 = 2_000, unit = "milliseconds";
         /// Consecutive missed heartbeats after which a server is marked down.
@@ -159,6 +161,7 @@ impl ManagerKnobs {
         let positive = [
             ("stripe_servers_max", self.stripe_servers_max as u64),
             ("reservations_per_user_max", self.reservations_per_user_max as u64),
+            ("targets_user_share_percent_max", self.targets_user_share_percent_max as u64),
             ("heartbeat_ms", self.heartbeat_ms),
             ("heartbeat_misses_max", self.heartbeat_misses_max as u64),
             ("streams_max", self.streams_max as u64),
@@ -176,13 +179,30 @@ impl ManagerKnobs {
                 return Err(invalid(name, "0".into(), "must be at least 1"));
             }
         }
-        if self.request_bytes_max < 1024 {
-            return Err(invalid(
+        self.check_bounds()
+    }
+
+    /// The knobs with a bound other than "at least 1".
+    fn check_bounds(&self) -> Result<(), ConfigError> {
+        let out_of_range = [
+            (
+                self.targets_user_share_percent_max > 100,
+                "targets_user_share_percent_max",
+                self.targets_user_share_percent_max as u64,
+                "a share of the pool's peak: at most 100",
+            ),
+            (
+                self.request_bytes_max < 1024,
                 "request_bytes_max",
-                self.request_bytes_max.to_string(),
+                self.request_bytes_max,
                 "must be at least 1024",
-            ));
+            ),
+        ];
+        match out_of_range.into_iter().find(|(out, ..)| *out) {
+            Some((_, name, value, why)) => {
+                Err(ConfigError::invalid(Self::SECTION, name, value.to_string(), why))
+            }
+            None => Ok(()),
         }
-        Ok(())
     }
 }

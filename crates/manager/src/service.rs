@@ -214,6 +214,9 @@ pub enum CreateReservationError {
     /// Beyond what any pool could give, or no pool's peaks are measured.
     #[error("targets cannot be met: {reason}")]
     TargetsUnmeetable { reason: String },
+    /// The owner's promises would pass `manager.targets_user_share_percent_max` of the pool.
+    #[error("{reason} (knob manager.targets_user_share_percent_max)")]
+    TargetsShareExceeded { reason: String },
     #[error("manager database: {source}")]
     Database {
         #[from]
@@ -234,6 +237,7 @@ api_error!(CreateReservationError {
     NoCapacity => (507, "no_capacity"),
     TargetsBusy => (507, "targets_busy"),
     TargetsUnmeetable => (422, "targets_unmeetable"),
+    TargetsShareExceeded => (403, "targets_share_exceeded"),
     Database => (500, "database"),
 });
 
@@ -894,8 +898,13 @@ impl Manager {
         self.check_count_and_quota(&tx, request, owner_uid, &active)?;
         let Placed { pool_id, fragments: plan, choice, target_plan } =
             self.choose_pool(request, owner_uid, &pools, &servers, &active)?;
-        let access =
-            self.check_target_plan(&tx, request, owner_uid, &active, target_plan.as_ref())?;
+        let access = self.check_target_plan(
+            &tx,
+            request,
+            (owner_uid, pool_id),
+            (&servers, &active),
+            target_plan.as_ref(),
+        )?;
 
         // Identifiers and stream.
         let epoch = db::take_counter(&tx, "next_epoch")?;
@@ -948,13 +957,14 @@ impl Manager {
 
     /// The namespace mode of a new reservation: asked for, or (by performance targets) what the
     /// plan chose, which an explicit `access` must agree with. A plan by targets may take more
-    /// fragments than the capacity asked for: the quota is checked again against them.
+    /// fragments than the capacity asked for: the quota is checked again against them; and its
+    /// promises must leave the owner within `targets_user_share_percent_max` of the pool.
     fn check_target_plan(
         &self,
         tx: &rusqlite::Transaction<'_>,
         request: &CreateReservation,
-        owner_uid: u32,
-        active: &[ReservationRow],
+        (owner_uid, pool_id): (u32, u64),
+        (servers, active): (&[ServerRow], &[ReservationRow]),
         plan: Option<&TargetPlan>,
     ) -> Result<Access, CreateReservationError> {
         let Some(plan) = plan else { return Ok(request.access.unwrap_or(Access::Striped)) };
@@ -972,6 +982,11 @@ impl Manager {
             });
         }
         self.check_quota(tx, owner_uid, active, plan.fragments.raw_bytes())?;
+        if owner_uid != 0 {
+            let share = self.knobs.targets_user_share_percent_max;
+            crate::targets::check_user_share(owner_uid, pool_id, share, servers, active, plan)
+                .map_err(|reason| CreateReservationError::TargetsShareExceeded { reason })?;
+        }
         Ok(planned)
     }
 

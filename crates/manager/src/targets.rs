@@ -18,10 +18,7 @@ pub(crate) fn promised_per_server(active: &[ReservationRow]) -> BTreeMap<u64, Ra
         active.iter().filter_map(|r| r.targets.as_ref()).flat_map(|t| &t.promised)
     {
         let sum = promised.entry(*server).or_default();
-        sum.bandwidth_bytes_per_s =
-            sum.bandwidth_bytes_per_s.saturating_add(rates.bandwidth_bytes_per_s);
-        sum.iops = sum.iops.saturating_add(rates.iops);
-        sum.metadata_ops_per_s = sum.metadata_ops_per_s.saturating_add(rates.metadata_ops_per_s);
+        *sum = add(*sum, *rates);
     }
     promised
 }
@@ -60,5 +57,57 @@ pub(crate) fn row_of(request: &CreateReservation, plan: &TargetPlan) -> TargetsR
         asked: request.targets(),
         promised: plan.promised_per_server.clone(),
         why: plan.why.clone(),
+    }
+}
+
+/// Refuses a plan that would leave `owner_uid` holding more than `share_percent` of the pool's
+/// measured peak promised, in any dimension: its active reservations' promises in `pool_id` plus
+/// the plan's. The reason names the dimension and the numbers.
+pub(crate) fn check_user_share(
+    owner_uid: u32,
+    pool_id: u64,
+    share_percent: u32,
+    servers: &[ServerRow],
+    active: &[ReservationRow],
+    plan: &TargetPlan,
+) -> Result<(), String> {
+    let mine: Vec<ReservationRow> = active
+        .iter()
+        .filter(|r| r.owner_uid == owner_uid && r.pool_id == pool_id)
+        .cloned()
+        .collect();
+    let held = promised_per_server(&mine).into_values().fold(Rates::default(), add);
+    let held = plan.promised_per_server.iter().map(|&(_, r)| r).fold(held, add);
+    let peak = servers
+        .iter()
+        .filter(|s| s.pool_id == pool_id)
+        .filter_map(|s| s.peaks.as_ref())
+        .map(|p| Rates {
+            bandwidth_bytes_per_s: p.bandwidth_bytes_per_s,
+            iops: p.iops,
+            metadata_ops_per_s: p.metadata_ops_per_s,
+        })
+        .fold(Rates::default(), add);
+    let allowed = |peak: u64| (peak as u128 * share_percent as u128 / 100) as u64;
+    for (what, held, peak) in [
+        ("bytes/s of bandwidth", held.bandwidth_bytes_per_s, peak.bandwidth_bytes_per_s),
+        ("IOPS", held.iops, peak.iops),
+        ("metadata ops/s", held.metadata_ops_per_s, peak.metadata_ops_per_s),
+    ] {
+        if held > allowed(peak) {
+            return Err(format!(
+                "uid {owner_uid} would hold {held} {what} promised in this pool, more than \
+                 {share_percent}% of its measured {peak}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn add(a: Rates, b: Rates) -> Rates {
+    Rates {
+        bandwidth_bytes_per_s: a.bandwidth_bytes_per_s.saturating_add(b.bandwidth_bytes_per_s),
+        iops: a.iops.saturating_add(b.iops),
+        metadata_ops_per_s: a.metadata_ops_per_s.saturating_add(b.metadata_ops_per_s),
     }
 }

@@ -916,7 +916,8 @@ fn by_targets(bandwidth: Option<u64>, metadata: Option<u64>) -> CreateReservatio
 #[test]
 fn reservations_by_target_are_placed_promised_held_and_refused_by_the_pools_peaks() {
     let dir = tempfile::tempdir().unwrap();
-    let manager = open(&dir.path().join("m.db"), knobs());
+    let knobs = ManagerKnobs { targets_user_share_percent_max: 100, ..knobs() };
+    let manager = open(&dir.path().join("m.db"), knobs);
     setup(&manager);
     // Unmeasured: refused, naming what to do.
     let error =
@@ -960,7 +961,8 @@ fn reservations_by_target_are_placed_promised_held_and_refused_by_the_pools_peak
 fn a_metadata_target_beyond_one_server_gets_private_namespaces_and_an_explicit_striped_is_refused()
 {
     let dir = tempfile::tempdir().unwrap();
-    let manager = open(&dir.path().join("m.db"), knobs());
+    let knobs = ManagerKnobs { targets_user_share_percent_max: 100, ..knobs() };
+    let manager = open(&dir.path().join("m.db"), knobs);
     setup(&manager);
     measure_fast(&manager);
     let striped =
@@ -982,4 +984,25 @@ fn a_metadata_target_beyond_one_server_gets_private_namespaces_and_an_explicit_s
     assert_eq!(zero.status(), 400, "{zero}");
     let none = manager.create_reservation(&user(1002), &request(0)).unwrap_err();
     assert_eq!(none.status(), 400, "{none}");
+}
+
+#[test]
+fn no_user_holds_more_than_its_share_of_a_pools_promises() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = open(&dir.path().join("m.db"), knobs());
+    setup(&manager);
+    measure_fast(&manager);
+    // The pool's peak is 2 GiB/s; half of it is one user's share (the default 50%).
+    let error =
+        manager.create_reservation(&user(1000), &by_targets(Some(3 << 29), None)).unwrap_err();
+    assert_eq!(error.kind(), "targets_share_exceeded", "{error}");
+    assert!(error.to_string().contains("uid 1000 would hold"), "{error}");
+    assert!(error.to_string().contains("targets_user_share_percent_max"), "{error}");
+    manager.create_reservation(&user(1000), &by_targets(Some(1 << 30), None)).unwrap();
+    // Its share is used up, in every reservation it adds…
+    let more = manager.create_reservation(&user(1000), &by_targets(Some(1 << 20), None));
+    assert_eq!(more.unwrap_err().kind(), "targets_share_exceeded");
+    // …while another user gets the rest, and root is not bound.
+    manager.create_reservation(&user(1001), &by_targets(Some(1 << 29), None)).unwrap();
+    manager.create_reservation(&root(), &by_targets(Some(1 << 29), None)).unwrap();
 }
