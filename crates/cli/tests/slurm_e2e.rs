@@ -239,7 +239,12 @@ impl Manager {
         let config = dir.join("manager/manager.toml");
         std::fs::write(
             &config,
-            format!("[manager]\nfragment_bytes = {}\nheartbeat_ms = 500\n", 8 * MIB),
+            // One user may hold every promise of the pool's peaks: the targets scenario makes
+            // one job wait for another's promises on a two-server pool.
+            format!(
+                "[manager]\nfragment_bytes = {}\nheartbeat_ms = 500\ntargets_user_share_percent_max = 100\n",
+                8 * MIB
+            ),
         )
         .unwrap();
         let log = std::fs::File::create(dir.join("manager/manager.log")).unwrap();
@@ -546,12 +551,7 @@ fn end_to_end(release: SlurmRelease) {
     // The users exist before Slurm starts: a root's Slurm sees the host's users as they were then.
     other_user_ids();
     let cluster = Cluster::start(&slurm_dir, &manager.socket, root.as_deref(), &dir);
-    let version = cluster.command("scontrol").arg("--version").output().unwrap();
-    let version = String::from_utf8_lossy(&version.stdout).into_owned();
-    assert!(
-        version.starts_with(release.version_prefix()),
-        "{release:?}: scontrol --version says {version:?}"
-    );
+    let version = slurm_version(&cluster, release);
     let testbed = Testbed::prepare(&cluster, &manager, &dir, &pfs);
     let cluster_ready = started.elapsed();
     let mut passed = Passed::new();
@@ -598,10 +598,16 @@ fn end_to_end(release: SlurmRelease) {
     if mount {
         persistent_reservation_shared_by_two_jobs(&testbed, &mut passed);
     }
+    // 4b. Reservations by performance target: a job waits for another's promises; the pools
+    // refresh that releases it also serves scenario 7, so it is checked after that one.
+    let targets = mount.then(|| TargetJobs::start(&testbed, &mut passed));
     // 5. Cancelled during stage-in.
     cancelled_during_stage_in(&testbed, &mut passed);
     // 7. A stage-in that fails (missing source) holds the job and releases the reservation.
     failed_stage_in_holds_job_and_releases_reservation(&testbed, &mut passed);
+    if let Some(targets) = targets {
+        targets.finish(&testbed, &mut passed);
+    }
     // 6. Cancelled while running with its reservation mounted.
     if mount {
         cancelled_while_running(&testbed, &mut passed);
@@ -618,6 +624,17 @@ fn end_to_end(release: SlurmRelease) {
     drop(cluster);
     drop(manager);
     drop(servers);
+}
+
+/// `scontrol --version`, which must be `release`'s.
+fn slurm_version(cluster: &Cluster, release: SlurmRelease) -> String {
+    let version = cluster.command("scontrol").arg("--version").output().unwrap();
+    let version = String::from_utf8_lossy(&version.stdout).into_owned();
+    assert!(
+        version.starts_with(release.version_prefix()),
+        "{release:?}: scontrol --version says {version:?}"
+    );
+    version
 }
 
 /// The pool `fast` with every server added to it, draining to `pfs`.
@@ -1420,6 +1437,123 @@ fn failed_stage_in_holds_job_and_releases_reservation(testbed: &Testbed<'_>, pas
     assert!(line.contains("AdminComment=spillway stage-in done (1 of 1)"), "job {job}: {line}");
     testbed.assert_cleaned_up(job, &reservation, false);
     passed.pass("held job released and run once its stage-in source is there");
+}
+
+/// `#BB_LUA bandwidth=` as the (unprivileged) test user. The pool's servers are measured
+/// (`spillway server measure`); a job asks 1.5× the slower server's bandwidth peak, so the plan
+/// stripes it over both servers, promising 0.75× on each. A second job asking the same while the
+/// first runs cannot be met beside those promises: its setup fails, Slurm holds it with the
+/// manager's reason, and the pools refresh releases it once the first job's teardown released
+/// its promises (a dry run of its request succeeds); it then runs. The first job's record shows
+/// its targets and what its servers counted of its writes. A target beyond the pool's peaks is
+/// held with the reason and never released.
+struct TargetJobs {
+    first: u64,
+    second: u64,
+    /// The first job's reservation while it ran.
+    reservation: serde_json::Value,
+}
+
+impl TargetJobs {
+    /// Up to the second job held, and the first told to end.
+    fn start(testbed: &Testbed<'_>, passed: &mut Passed) -> TargetJobs {
+        let (cluster, socket) = (testbed.cluster, &testbed.manager.socket);
+        let target = format!("{}MiB/s", TargetJobs::measured_target(socket) / MIB);
+        let first = testbed.submit("target1", &TargetJobs::script(testbed, "target1", &target));
+        wait_for(&format!("job {first} running"), cluster, || {
+            job_state(cluster, first) == "RUNNING"
+        });
+        let reservation = reservation_json(testbed.manager, &format!("job-{first}"));
+        assert_eq!(reservation["servers"].as_array().unwrap().len(), 2, "{reservation}");
+        let asked = reservation["targets"]["asked"]["bandwidth_bytes_per_s"].as_u64().unwrap();
+        assert_eq!(format!("{}MiB/s", asked / MIB), target, "{reservation}");
+        let second = testbed.submit("target2", &TargetJobs::script(testbed, "target2", &target));
+        let mut reason = String::new();
+        wait_for(&format!("job {second} held for its targets"), cluster, || {
+            reason = job_fields(cluster, second).get("Reason").cloned().unwrap_or_default();
+            reason.contains("performance_targets")
+        });
+        assert!(reason.contains("not_now:_bandwidth"), "{reason}");
+        assert_eq!(job_state(cluster, second), "PENDING", "{reason}");
+        assert!(!reservation_exists(socket, &format!("job-{second}")));
+        passed.pass("a job whose bandwidth= cannot be met beside another's promises waits, held with the reason");
+        std::fs::write(testbed.work.join("targets-go"), b"").unwrap();
+        TargetJobs { first, second, reservation }
+    }
+
+    /// Measures the pool's two servers and returns a bandwidth target between the faster
+    /// one's peak and twice the slower one's: only both together meet it. Quick measurements
+    /// on a loaded machine can differ by more than 2×: measured again then, at most 3 times.
+    fn measured_target(socket: &Path) -> u64 {
+        let quick = ["--threads-max", "1", "--phase-seconds", "0.3", "--file-mib-per-thread", "8"];
+        let measure = [&["server", "measure", "--pool", "fast", "--json"][..], &quick].concat();
+        let mut peaks = Vec::new();
+        for _ in 0..3 {
+            let measured: serde_json::Value =
+                serde_json::from_str(spillway_ok(socket, &measure).trim()).unwrap();
+            peaks = measured
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["peaks"]["bandwidth_bytes_per_s"].as_u64().unwrap())
+                .collect();
+            let (slowest, fastest) = (*peaks.iter().min().unwrap(), *peaks.iter().max().unwrap());
+            // Whole MiB/s, strictly between.
+            let target = (fastest + 2 * slowest) / 2 / MIB * MIB;
+            if target > fastest && target <= 2 * slowest {
+                return target;
+            }
+        }
+        panic!(
+            "the two servers' bandwidth peaks differ by more than 2× in 3 measurements: {peaks:?}"
+        )
+    }
+
+    /// A job asking `bandwidth`: it writes a checkpoint through its mount, then waits (at most
+    /// 120 s) for the test to say go.
+    fn script(testbed: &Testbed<'_>, name: &str, bandwidth: &str) -> String {
+        format!(
+            "#!/bin/sh\n#SBATCH -o {work}/{name}-%j.out\n#BB_LUA bandwidth={bandwidth}\n\
+             set -e\nhead -c {bytes} /dev/zero > \"$SPILLWAY_BB/ckpt\"\nsync \"$SPILLWAY_BB/ckpt\"\n\
+             i=0; while [ ! -e {work}/targets-go ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i+1)); done\n\
+             echo WROTE\n",
+            work = testbed.work.display(),
+            bytes = 4 * MIB,
+        )
+    }
+
+    /// The second job released and run; the first's record; a target that can never be met.
+    fn finish(self, testbed: &Testbed<'_>, passed: &mut Passed) {
+        let TargetJobs { first, second, reservation } = self;
+        let cluster = testbed.cluster;
+        let first_state = wait_job_end(cluster, first);
+        assert_eq!(first_state, "COMPLETED", "{}", testbed.job_output("target1", first));
+        let second_state = wait_job_end(cluster, second);
+        let line = job_line(cluster, second);
+        assert_eq!(
+            second_state, "COMPLETED",
+            "job {second} not released once its targets fit: {line}"
+        );
+        assert!(line.contains("its performance targets fit now; released"), "{line}");
+        assert!(testbed.job_output("target2", second).contains("WROTE"));
+        testbed.assert_cleaned_up(second, &format!("job-{second}"), false);
+        let ended = reservation_json(testbed.manager, &reservation["id"].to_string());
+        let written = ended["achieved"]["bytes_written"].as_u64().unwrap_or(0);
+        assert!(written >= 4 * MIB, "achieved not recorded at teardown: {ended}");
+        assert_eq!(ended["targets"]["asked"], reservation["targets"]["asked"], "{ended}");
+        passed.pass("the waiting job is released and runs once the first job's promises end; achieved recorded");
+
+        let never = testbed.submit("target3", &TargetJobs::script(testbed, "target3", "100TiB/s"));
+        let mut reason = String::new();
+        wait_for(&format!("job {never} held, its targets unmeetable"), cluster, || {
+            reason = job_fields(cluster, never).get("Reason").cloned().unwrap_or_default();
+            reason.contains("targets_cannot_be_met")
+        });
+        assert!(reason.contains("never"), "{reason}");
+        testbed.cancel(never);
+        wait_job_end(cluster, never);
+        passed.pass("a bandwidth= beyond the pool's measured peaks is held naming the limit");
+    }
 }
 
 /// Cancelled while running with its reservation mounted.

@@ -546,6 +546,9 @@ fn create_reservation(
         Ok(reservation) => reservation,
         Err(error) => return api_error(error),
     };
+    if create.dry_run {
+        return json(200, &reservation);
+    }
     let munge_socket = manager.knobs().munge_socket_path();
     // Best effort: without it, stage-in as a user fails naming the namespace, and the job's
     // mount (root) creates it at pre_run.

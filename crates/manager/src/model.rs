@@ -389,6 +389,10 @@ pub struct CreateReservation {
     /// Small read/write operations per second.
     pub iops: Option<u64>,
     pub metadata_ops_per_s: Option<u64>,
+    /// Check and place the request, then forget it: the reply is the reservation it would be
+    /// (id 0, nothing granted), or the error creating it would give now. The Slurm hooks ask
+    /// this before releasing a job that waits for performance targets.
+    pub dry_run: bool,
 }
 
 impl CreateReservation {

@@ -943,6 +943,12 @@ impl Manager {
             targets: target_plan.as_ref().map(|plan| crate::targets::row_of(request, plan)),
         };
         Self::persist_reservation(&tx, &mut row, name.is_none())?;
+        if request.dry_run {
+            // Dropping the transaction rolls back the row and the counters it took.
+            drop(tx);
+            row.id = 0;
+            return Ok(row.to_model(&pools, &servers));
+        }
         tx.commit()?;
         table.apply(&decision);
         drop(streams);

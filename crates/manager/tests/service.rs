@@ -951,9 +951,18 @@ fn reservations_by_target_are_placed_promised_held_and_refused_by_the_pools_peak
         manager.create_reservation(&user(1001), &by_targets(Some(4 << 30), None)).unwrap_err();
     assert_eq!(error.kind(), "targets_unmeetable", "{error}");
     assert!(error.to_string().contains("never"), "{error}");
+    // A dry run answers the same, and creates nothing either way.
+    let dry = |bandwidth| CreateReservation { dry_run: true, ..by_targets(Some(bandwidth), None) };
+    let error = manager.create_reservation(&user(1001), &dry(1 << 30)).unwrap_err();
+    assert_eq!(error.kind(), "targets_busy", "{error}");
     // Once the first ends, the second fits.
     manager.destroy_reservation(&user(1000), &wide.name, None, false).unwrap();
+    let would = manager.create_reservation(&user(1001), &dry(1 << 30)).unwrap();
+    assert_eq!((would.id, would.servers.len()), (0, 1), "{would:?}");
+    let active = manager.list_reservations(&root(), true).unwrap();
+    assert!(active.is_empty(), "a dry run created {active:?}");
     let later = manager.create_reservation(&user(1001), &by_targets(Some(1 << 30), None)).unwrap();
+    assert!(later.epoch > 0 && later.id > 0, "{later:?}");
     assert_eq!(later.servers.len(), 1, "1 GiB/s: one server's peak {later:?}");
 }
 

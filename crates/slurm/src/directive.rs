@@ -3,10 +3,12 @@
 //! ```text
 //! #BB_LUA capacity=SIZE [pool=NAME] [access=striped|private] [persistent=NAME] [replicas=K]
 //!         [tiering=baseline|high-priority|interference-aware|measured]
+//!         [bandwidth=RATE/s] [iops=RATE] [metadata=RATE/s]   (performance targets: with one,
+//!                                     capacity= may be left out; docs/design/targets.md)
 //! #BB_LUA stage_in=PFS_SRC:RES_DST  stage_out=RES_SRC:PFS_DST      (repeatable)
 //! #BB_LUA stage_in source=PFS_SRC destination=RES_DST [type=file|directory|list]
 //! #BB_LUA stage_out source=RES_SRC destination=PFS_DST [when=always|success]
-//! #BB_LUA create_persistent name=NAME capacity=SIZE [pool=…] [access=…] [replicas=…] [tiering=…]
+//! #BB_LUA create_persistent name=NAME capacity=SIZE|TARGETS [pool=…] [access=…] [replicas=…] [tiering=…]
 //! #BB_LUA destroy_persistent name=NAME                              (repeatable)
 //! #BB_LUA use_persistent name=NAME        (repeatable: mounted beside, at $SPILLWAY_BB_<NAME>)
 //! ```
@@ -109,7 +111,11 @@ pub struct Directive {
     pub capacity_bytes: Option<u64>,
     /// Pool requested; `None` lets the manager choose (BIOS Algorithm 2).
     pub pool: Option<String>,
-    pub access: Access,
+    /// `access=`; `None`: striped, or by performance targets what the manager's plan chooses.
+    pub access: Option<Access>,
+    /// Performance targets (`bandwidth=`, `iops=`, `metadata=`; capacity stays in
+    /// `capacity_bytes`): the manager places the reservation by them.
+    pub rates: spillway_policy::targets::Targets,
     /// Named persistent reservation the job uses (created by the first job if missing); never
     /// destroyed at the job's teardown.
     pub persistent: Option<String>,
@@ -139,7 +145,7 @@ pub enum DirectiveError {
     NotDirective { line: usize, token: String, directive: String },
     #[error("line {line}: `{token}` is not key=value")]
     NotKeyValue { line: usize, token: String },
-    #[error("line {line}: unknown key in `{token}` (known: capacity, pool, access, persistent, replicas, tiering, stage_in, stage_out; and the lines `stage_in source=…`, `stage_out source=…`, `create_persistent name=…`, `destroy_persistent name=…`, `use_persistent name=…`)")]
+    #[error("line {line}: unknown key in `{token}` (known: capacity, bandwidth, iops, metadata, pool, access, persistent, replicas, tiering, stage_in, stage_out; and the lines `stage_in source=…`, `stage_out source=…`, `create_persistent name=…`, `destroy_persistent name=…`, `use_persistent name=…`)")]
     UnknownKey { line: usize, token: String },
     #[error("line {line}: `{token}` repeats {key}= (given once per job)")]
     Duplicate { line: usize, token: String, key: &'static str },
@@ -151,6 +157,8 @@ pub enum DirectiveError {
     BadReplicas { line: usize, token: String },
     #[error("line {line}: bad tiering strategy in `{token}` (expected baseline, high-priority, interference-aware or measured)")]
     BadTiering { line: usize, token: String },
+    #[error("line {line}: bad performance target in `{token}`: {problem}")]
+    BadTarget { line: usize, token: String, problem: spillway_policy::targets::TargetParseError },
     #[error("line {line}: bad name in `{token}`: {problem}")]
     BadName { line: usize, token: String, problem: &'static str },
     #[error("line {line}: bad stage path in `{token}`: {problem}")]
@@ -175,7 +183,7 @@ pub enum DirectiveError {
     },
     #[error("line {line}: `\\` continues a directive but no directive line follows")]
     DanglingContinuation { line: usize },
-    #[error("the #{directive} lines ask for no capacity: add capacity=SIZE (or persistent=NAME to use an existing reservation)")]
+    #[error("the #{directive} lines ask for no capacity: add capacity=SIZE or a performance target (bandwidth=RATE/s, iops=RATE, metadata=RATE/s), or persistent=NAME to use an existing reservation")]
     NoCapacity { directive: String },
     #[error("line {line}: `{token}` is {system}'s directive, which this cluster does not read: ask Spillway with `#{directive} capacity=SIZE pool=NAME ...` lines before the first command")]
     ForeignDirective { line: usize, token: String, system: &'static str, directive: String },
@@ -572,6 +580,7 @@ struct DirectiveFields {
     capacity_bytes: Option<u64>,
     pool: Option<String>,
     access: Option<Access>,
+    rates: spillway_policy::targets::Targets,
     persistent: Option<String>,
     replicas: Option<u32>,
     tiering: Option<spillway_policy::Strategy>,
@@ -583,8 +592,7 @@ struct DirectiveFields {
     use_persistent: Vec<(usize, String)>,
 }
 
-const CREATE_USAGE: &str =
-    "create_persistent name=NAME capacity=SIZE [pool=NAME] [access=…] [replicas=…] [tiering=…]";
+const CREATE_USAGE: &str = "create_persistent name=NAME capacity=SIZE|bandwidth=…|iops=…|metadata=… [pool=NAME] [access=…] [replicas=…] [tiering=…]";
 const DESTROY_USAGE: &str = "destroy_persistent name=NAME";
 const USE_USAGE: &str = "use_persistent name=NAME";
 
@@ -629,7 +637,11 @@ impl DirectiveFields {
                     named = true;
                     self.persistent = Some(name.to_string());
                 }
-                Some(("capacity" | "pool" | "access" | "replicas" | "tiering", _)) => {
+                Some((
+                    "capacity" | "bandwidth" | "iops" | "metadata" | "pool" | "access" | "replicas"
+                    | "tiering",
+                    _,
+                )) => {
                     self.add_token(line, token)?;
                 }
                 _ => return Err(bad(format!("`{token}` is not one of its keys"))),
@@ -638,14 +650,19 @@ impl DirectiveFields {
         if !named {
             return Err(bad("name= is required".into()));
         }
-        // On this line: a capacity= of another line would be that line's reservation.
-        if !tokens.iter().any(|t| t.starts_with("capacity=")) {
-            let elsewhere = if self.capacity_bytes.is_some() {
-                " (the capacity= of another line asks for the job's own reservation: a job has one, this or that)"
+        // On this line: a capacity= or target of another line would be that line's reservation.
+        let asks = |t: &&String| {
+            ["capacity=", "bandwidth=", "iops=", "metadata="].iter().any(|key| t.starts_with(key))
+        };
+        if !tokens.iter().any(|t| asks(&t)) {
+            let elsewhere = if self.capacity_bytes.is_some() || self.rates.has_rates() {
+                " (the capacity= or target of another line asks for the job's own reservation: a job has one, this or that)"
             } else {
                 ""
             };
-            return Err(bad(format!("capacity= is required on this line{elsewhere}")));
+            return Err(bad(format!(
+                "capacity= or a target (bandwidth=, iops=, metadata=) is required on this line{elsewhere}"
+            )));
         }
         self.create_persistent = true;
         Ok(())
@@ -754,6 +771,7 @@ impl DirectiveFields {
                     .ok_or_else(|| DirectiveError::BadTiering { line, token: token.to_string() })?;
                 self.tiering = Some(strategy);
             }
+            "bandwidth" | "iops" | "metadata" => self.add_rate(line, token, key, value)?,
             "stage_in" => self.stage_in.push(parse_stage_in(value).map_err(bad_stage)?),
             "stage_out" => self.stage_out.push(parse_stage_out(value).map_err(bad_stage)?),
             _ => return Err(DirectiveError::UnknownKey { line, token: token.to_string() }),
@@ -761,9 +779,33 @@ impl DirectiveFields {
         Ok(())
     }
 
+    /// `bandwidth=`, `iops=` or `metadata=` (`key`), each given once.
+    fn add_rate(
+        &mut self,
+        line: usize,
+        token: &str,
+        key: &str,
+        value: &str,
+    ) -> Result<(), DirectiveError> {
+        let (key, given) = match key {
+            "bandwidth" => ("bandwidth", self.rates.bandwidth_bytes_per_s.is_some()),
+            "iops" => ("iops", self.rates.iops.is_some()),
+            _ => ("metadata", self.rates.metadata_ops_per_s.is_some()),
+        };
+        let token = token.to_string();
+        if given {
+            return Err(DirectiveError::Duplicate { line, token, key });
+        }
+        self.rates.set(key, value).map_err(|problem| DirectiveError::BadTarget {
+            line,
+            token,
+            problem,
+        })
+    }
+
     /// Check the directive as a whole (it must ask for some capacity) and fill in defaults.
     fn finish(self, directive: &str) -> Result<Directive, DirectiveError> {
-        if self.capacity_bytes.is_none() && self.persistent.is_none() {
+        if self.capacity_bytes.is_none() && !self.rates.has_rates() && self.persistent.is_none() {
             return Err(DirectiveError::NoCapacity { directive: directive.to_string() });
         }
         if let Some((line, name)) =
@@ -780,7 +822,8 @@ impl DirectiveFields {
         Ok(Directive {
             capacity_bytes: self.capacity_bytes,
             pool: self.pool,
-            access: self.access.unwrap_or(Access::Striped),
+            access: self.access,
+            rates: self.rates,
             persistent: self.persistent,
             replicas: self.replicas.unwrap_or(1),
             tiering: self.tiering,
@@ -919,7 +962,7 @@ mod tests {
         let d = parse(script).unwrap().unwrap();
         assert_eq!(d.capacity_bytes, Some(1 << 30));
         assert_eq!(d.pool.as_deref(), Some("fast"));
-        assert_eq!(d.access, Access::Striped);
+        assert_eq!(d.access, Some(Access::Striped));
         assert_eq!(d.persistent, None);
         assert_eq!(
             d.stage_in,
@@ -993,7 +1036,10 @@ mod tests {
         assert_eq!(d.destroy_persistent, ["last"]);
         let cases: &[(&str, &str)] = &[
             ("#BB_LUA create_persistent capacity=1G", "name= is required"),
-            ("#BB_LUA create_persistent name=x", "capacity= is required"),
+            (
+                "#BB_LUA create_persistent name=x",
+                "capacity= or a target (bandwidth=, iops=, metadata=) is required",
+            ),
             ("#BB_LUA create_persistent name=job-3 capacity=1G", "reserved for job reservations"),
             (
                 "#BB_LUA create_persistent name=x capacity=1G stage_in=/a:b",
@@ -1097,12 +1143,38 @@ mod tests {
     }
 
     #[test]
+    fn performance_targets_alone_or_with_capacity() {
+        let d = parse("#!/bin/sh\n#BB_LUA bandwidth=2GiB/s\n").unwrap().unwrap();
+        assert_eq!(d.rates.bandwidth_bytes_per_s, Some(2 << 30));
+        assert_eq!((d.capacity_bytes, d.pool, d.access), (None, None, None));
+        let d = parse("#BB_LUA capacity=1G pool=p iops=20k metadata=5k/s\n").unwrap().unwrap();
+        assert_eq!((d.rates.iops, d.rates.metadata_ops_per_s), (Some(20_000), Some(5_000)));
+        assert_eq!(d.capacity_bytes, Some(1 << 30));
+        let d = parse("#BB_LUA create_persistent name=campaign metadata=50k/s\n").unwrap().unwrap();
+        assert_eq!((d.rates.metadata_ops_per_s, d.create_persistent), (Some(50_000), true));
+        let cases = [
+            ("#BB_LUA bandwidth=2GiB", "end it with /s"),
+            ("#BB_LUA iops=20q", "unknown unit"),
+            ("#BB_LUA metadata=0", "metadata"),
+            ("#BB_LUA bandwidth=1G/s bandwidth=2G/s", "repeats bandwidth="),
+            ("#BB_LUA create_persistent name=x pool=p", "capacity= or a target"),
+        ];
+        for (line, problem) in cases {
+            let error = parse(&format!("#!/bin/sh\n{line}\n")).expect_err(line).to_string();
+            assert!(error.starts_with("line 2"), "{line}: {error}");
+            assert!(error.contains(problem), "{line}: {error}");
+        }
+        let error = parse("#BB_LUA pool=p\n").unwrap_err().to_string();
+        assert!(error.contains("bandwidth=RATE/s"), "{error}");
+    }
+
+    #[test]
     fn defaults_and_no_directive() {
         assert_eq!(parse("#!/bin/sh\necho hi\n"), Ok(None));
         // A directive after the first command is not part of the header (as in Slurm).
         assert_eq!(parse("#!/bin/sh\necho hi\n#BB_LUA capacity=1G\n"), Ok(None));
         let d = parse("#!/bin/sh\n#BB_LUA capacity=5M\n").unwrap().unwrap();
-        assert_eq!(d.access, Access::Striped);
+        assert_eq!(d.access, None, "striped, unless targets make the plan choose");
         assert_eq!(d.pool, None);
         assert!(d.stage_in.is_empty() && d.stage_out.is_empty());
     }
@@ -1182,9 +1254,9 @@ mod tests {
         // directory per node).
         let private = "#!/bin/sh\n#BB_LUA capacity=1G\n#BB_LUA access=private stage_out=a:/pfs/a\n";
         let d = parse(private).unwrap().unwrap();
-        assert_eq!((d.access, d.stage_out.len()), (Access::Private, 1));
+        assert_eq!((d.access, d.stage_out.len()), (Some(Access::Private), 1));
         let d = parse("#BB_LUA capacity=1G access=private\n").unwrap().unwrap();
-        assert_eq!(d.access, Access::Private);
+        assert_eq!(d.access, Some(Access::Private));
         let error = parse("#BB_LUA pool=fast\n").unwrap_err();
         assert!(matches!(error, DirectiveError::NoCapacity { .. }), "{error}");
         assert!(error.to_string().contains("capacity=SIZE"));

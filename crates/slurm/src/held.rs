@@ -1,4 +1,5 @@
-//! Jobs held for a failed stage-in, released once the cause is gone.
+//! Jobs held for a failed stage-in, or waiting for their performance targets, released once
+//! the cause is gone.
 //!
 //! A stage-in that fails (a missing or unreadable source) makes Slurm hold the job (priority
 //! 0, an operator's hold its user cannot release) and, with `Flags=TeardownFailure`, tear its
@@ -9,6 +10,13 @@
 //! release`), which runs setup and data_in again. At most [`RELEASES_MAX`] times per job: a
 //! source that comes and goes must not make the job thrash. The marker is the hooks' own (in
 //! the root-only state directory), so no user can have another's job released.
+//!
+//! A job whose performance targets (`bandwidth=`, `iops=`, `metadata=`) the pool cannot serve
+//! now, beside what other reservations were promised, fails setup the same way (Slurm's
+//! burst_buffer/lua accounts capacity only, so it cannot hold such a job as
+//! `BurstBufferResources` by itself): setup leaves a marker with its `reservation create`
+//! arguments, and the refresh asks the manager the same request as a dry run; once it would
+//! be placed, the job is released and setup runs again.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -39,6 +47,21 @@ pub(crate) struct HeldJob {
     pub(crate) sources: Vec<String>,
     /// Times the refresh released the job so far.
     pub(crate) releases: u32,
+    /// Set when the job waits for its performance targets instead: setup's `reservation
+    /// create` arguments, which the refresh runs with `--dry-run`.
+    #[serde(default)]
+    pub(crate) targets: Option<Vec<String>>,
+}
+
+/// How the manager says targets can never be met (`CreateReservationError::TargetsUnmeetable`).
+const TARGETS_UNMEETABLE: &str = "targets cannot be met";
+
+/// Why a held job is not released this time.
+enum Waiting {
+    /// Not yet: asked again at the next refresh.
+    For(String),
+    /// Never, as things are (the pool's peaks cannot meet the targets): left to an operator.
+    Never(String),
 }
 
 /// What Slurm says of a job the hooks hold a marker for.
@@ -73,8 +96,25 @@ impl Hooks {
             .map_or(0, |held| held.releases);
         let sources =
             stages.iter().map(|s| format!("{}:{}", s.kind.as_str(), s.pfs_path)).collect();
-        let held = HeldJob { job: record.job, uid: record.uid, gid: record.gid, sources, releases };
-        self.write_held(&held)
+        let (job, uid, gid) = (record.job, record.uid, record.gid);
+        self.write_held(&HeldJob { job, uid, gid, sources, releases, targets: None })
+    }
+
+    /// setup's request by targets must wait (`create`: its `reservation create` arguments):
+    /// write (or refresh, keeping its release count) the job's marker.
+    pub(crate) fn note_waiting_for_targets(
+        &self,
+        record: &JobRecord,
+        create: Vec<String>,
+    ) -> anyhow::Result<()> {
+        let path = self.held_path(record.job);
+        let releases = std::fs::read(&path)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<HeldJob>(&bytes).ok())
+            .map_or(0, |held| held.releases);
+        let (job, uid, gid) = (record.job, record.uid, record.gid);
+        let targets = Some(create);
+        self.write_held(&HeldJob { job, uid, gid, sources: Vec::new(), releases, targets })
     }
 
     fn write_held(&self, held: &HeldJob) -> anyhow::Result<()> {
@@ -118,35 +158,60 @@ impl Hooks {
             }
             None => return Ok(()), // Slurm did not answer: ask again next time
         }
+        let cause = if held.targets.is_some() { "setup" } else { "stage-in" };
         if held.releases >= RELEASES_MAX {
             note_on_job(
                 held.job,
-                &format!("spillway: stage-in failed {} times; not released again: fix the sources, then `scontrol release {}` as an operator", held.releases + 1, held.job),
+                &format!("spillway: {cause} failed {} times; not released again: `scontrol release {}` as an operator once the cause is gone", held.releases + 1, held.job),
             );
             return std::fs::remove_file(marker).context("removing the marker");
         }
-        if let Err(missing) = self.sources_ready(&held) {
-            // Still missing: the job's reason already names the error; say what is awaited.
-            note_on_job(
-                held.job,
-                &format!("spillway: held until its stage-in sources are there: {missing}"),
-            );
-            return Ok(());
+        let ready = match &held.targets {
+            Some(create) => self.targets_fit(create),
+            None => self.sources_ready(&held).map(drop).map_err(|missing| {
+                Waiting::For(format!("held until its stage-in sources are there: {missing}"))
+            }),
+        };
+        match ready {
+            Ok(()) => {}
+            Err(Waiting::For(what)) => {
+                // The job's reason already names the error; say what is awaited.
+                note_on_job(held.job, &format!("spillway: {what}"));
+                return Ok(());
+            }
+            Err(Waiting::Never(why)) => {
+                note_on_job(held.job, &format!("spillway: not released: {why}"));
+                return std::fs::remove_file(marker).context("removing the marker");
+            }
         }
         let mut release = Command::new("scontrol");
         release.args(["release", &held.job.to_string()]).stdin(Stdio::null());
         output_within(&mut release, CALL_TIMEOUT, "scontrol release")?;
         held.releases += 1;
         self.write_held(&held)?;
-        note_on_job(
-            held.job,
-            &format!(
-                "spillway: stage-in sources are there now; released (retry {} of {RELEASES_MAX})",
-                held.releases
-            ),
-        );
-        println!("spillway bb: job {}: stage-in sources are there now; released", held.job);
+        let now = match held.targets {
+            Some(_) => "its performance targets fit now",
+            None => "stage-in sources are there now",
+        };
+        let retry = format!("retry {} of {RELEASES_MAX}", held.releases);
+        note_on_job(held.job, &format!("spillway: {now}; released ({retry})"));
+        println!("spillway bb: job {}: {now}; released", held.job);
         Ok(())
+    }
+
+    /// Whether setup's request by targets (`create`) would be placed now: a dry run of it.
+    fn targets_fit(&self, create: &[String]) -> Result<(), Waiting> {
+        let mut args: Vec<&str> = create.iter().map(String::as_str).collect();
+        args.push("--dry-run");
+        let why = match self.manager_timed(&args, CALL_TIMEOUT) {
+            Ok(_) => return Ok(()),
+            Err(e) => format!("{e:#}"),
+        };
+        if why.contains(TARGETS_UNMEETABLE) {
+            return Err(Waiting::Never(why));
+        }
+        // Busy, or the manager down, or a quota reached meanwhile: ask again next time.
+        Err(Waiting::For(format!("waits for its performance targets: {why}")))
     }
 
     /// Runs `spillway bb sources-ready` as the job's user; `Err` carries its complaint.

@@ -122,6 +122,7 @@ impl Hooks {
             reservation_id: None,
             stage_out_unfinished: None,
             uses: directive.use_persistent.clone(),
+            access: None,
         };
         let existing = self.show_reservation(&record.reservation)?;
         if let (true, Some(existing)) = (directive.create_persistent, &existing) {
@@ -144,11 +145,13 @@ impl Hooks {
         let beside = self.reservations_beside(&record)?;
         // Before anything is created: teardown then knows the job's user whatever happens next.
         self.write_record(&record)?;
-        let id = match existing {
+        let reservation = match existing {
             // Setup re-run after a slurmctld restart, or the job's user reserved for it: adopted.
-            Some(existing) => existing.id,
-            None => self.create_reservation(&record, &directive)?.id,
+            Some(existing) => existing,
+            None => self.create_reservation(&record, &directive)?,
         };
+        let id = reservation.id;
+        record.access = reservation.access;
         if persistent {
             let id_text = id.to_string();
             self.manager(&["reservation", "register-job", &id_text, "--job", &job.to_string()])?;
@@ -184,48 +187,34 @@ impl Hooks {
     }
 
     /// `reservation create` for the job's user: the job's own reservation, or the persistent
-    /// one the directive names (which then needs `capacity=`).
+    /// one the directive names (which then needs `capacity=` or a target). A request by
+    /// performance targets that the pool cannot serve now leaves a marker for the pools
+    /// refresh, which releases the job Slurm holds once a dry run says it fits (held.rs).
     fn create_reservation(
         &self,
         record: &JobRecord,
         directive: &Directive,
     ) -> anyhow::Result<Reservation> {
-        let JobRecord { job, uid, gid, reservation: name, persistent, .. } = record;
-        let uid_text = uid.to_string();
-        let gid_text = gid.to_string();
-        let job_text = job.to_string();
-        let capacity = directive.capacity_bytes.ok_or_else(|| {
-            anyhow!("job {job}: persistent reservation {name} does not exist; add capacity=SIZE to create it")
-        })?;
-        let capacity_text = capacity.to_string();
-        let replicas_text = directive.replicas.to_string();
-        let mut create = vec![
-            "reservation",
-            "create",
-            "--capacity",
-            &capacity_text,
-            "--access",
-            directive.access.as_str(),
-            "--replicas",
-            &replicas_text,
-            "--owner",
-            &uid_text,
-            "--group",
-            &gid_text,
-            "--json",
-        ];
-        if let Some(pool) = directive.pool.as_deref() {
-            create.extend(["--pool", pool]);
+        let JobRecord { job, reservation: name, .. } = record;
+        if directive.capacity_bytes.is_none() && !directive.rates.has_rates() {
+            bail!("job {job}: persistent reservation {name} does not exist; add capacity=SIZE or a performance target to create it");
         }
-        if let Some(strategy) = directive.tiering {
-            create.extend(["--tiering", strategy.name()]);
-        }
-        if *persistent {
-            create.extend(["--persistent", name]);
-        } else {
-            create.extend(["--job", &job_text]);
-        }
-        let created = self.manager(&create)?;
+        let mut create = create_arguments(record, directive);
+        create.push("--json".into());
+        let args: Vec<&str> = create.iter().map(String::as_str).collect();
+        let created = match self.manager(&args) {
+            Ok(created) => created,
+            Err(e) if directive.rates.has_rates() && format!("{e:#}").contains(TARGETS_BUSY) => {
+                create.pop();
+                if let Err(marker) = self.note_waiting_for_targets(record, create) {
+                    eprintln!("job {job}: cannot note the job for a retry: {marker:#}");
+                }
+                return Err(e.context(format!(
+                    "job {job} waits for its performance targets: the pools refresh releases it when they fit"
+                )));
+            }
+            Err(e) => return Err(e),
+        };
         let reservation: Reservation = serde_json::from_str(created.trim())
             .with_context(|| format!("parsing `reservation create --json` output {created:?}"))?;
         if reservation.name != *name {
@@ -247,7 +236,6 @@ impl Hooks {
         direction: StageDirection,
     ) -> anyhow::Result<()> {
         let directive = self.require_directive(script)?;
-        let private = directive.access == directive::Access::Private;
         let stages = match direction {
             StageDirection::In => directive.stage_in.clone(),
             StageDirection::Out => stage_outs_to_run(job, &directive.stage_out),
@@ -256,6 +244,7 @@ impl Hooks {
             return Ok(());
         }
         let record = self.require_record(job)?;
+        let private = record.private(Some(&directive));
         let result = match (direction, private) {
             (StageDirection::In, true) => self.check_private_stage_in(&record, &stages),
             (StageDirection::In, false) => {
@@ -455,15 +444,16 @@ impl Hooks {
     /// (`spillway reservation snapshot`), so that a stage-out or drain after its server is
     /// lost still finds them. Best effort: without it only that loss costs the paths.
     fn snapshot_namespace(&self, job: u64, directive: &Directive) {
-        if directive.access != directive::Access::Striped {
-            return; // private namespaces are per node and not staged out
-        }
         let snapshot = self.require_record(job).and_then(|record| {
+            if record.private(Some(directive)) {
+                return Ok(String::new()); // private namespaces are per node and not staged out
+            }
             let key = record.reservation_id.map_or(record.reservation, |id| id.to_string());
             self.manager(&["reservation", "snapshot", &key])
         });
         match snapshot {
             // slurmctld's log shows it before data_out's line.
+            Ok(stored) if stored.is_empty() => {}
             Ok(stored) => println!("job {job}: {}", stored.trim()),
             Err(e) => eprintln!("job {job}: no snapshot of the namespace was stored ({e:#}); the stage-out still reads the live namespace"),
         }
@@ -524,7 +514,7 @@ impl Hooks {
             why.into(),
         ];
         let stage_outs = directive.map_or(&[][..], |d| &d.stage_out[..]);
-        let private = directive.is_some_and(|d| d.access == directive::Access::Private);
+        let private = record.private(directive);
         let runs = self
             .stage_out_plan(record.job, stage_outs, private)
             .unwrap_or_else(|_| plain_runs(stage_outs));
@@ -789,6 +779,38 @@ fn stage_outs_to_run(job: u64, stages: &[directive::Stage]) -> Vec<directive::St
         .collect()
 }
 
+/// How the manager says a request by targets must wait (`CreateReservationError::TargetsBusy`).
+pub(crate) const TARGETS_BUSY: &str = "targets not available now";
+
+/// `spillway reservation create …` for the job's reservation as the directive asks it, for
+/// the job's user (without `--json`): what setup runs, and what the pools refresh runs with
+/// `--dry-run` for a job waiting for its targets.
+pub(crate) fn create_arguments(record: &JobRecord, directive: &Directive) -> Vec<String> {
+    let JobRecord { job, uid, gid, reservation: name, persistent, .. } = record;
+    let mut create: Vec<String> = ["reservation", "create", "--replicas"].map(String::from).into();
+    create.push(directive.replicas.to_string());
+    create.extend(["--owner".into(), uid.to_string(), "--group".into(), gid.to_string()]);
+    let rates = &directive.rates;
+    let flags = [
+        ("--capacity", directive.capacity_bytes.map(|bytes| bytes.to_string())),
+        ("--bandwidth", rates.bandwidth_bytes_per_s.map(|rate| format!("{rate}/s"))),
+        ("--iops", rates.iops.map(|rate| rate.to_string())),
+        ("--metadata", rates.metadata_ops_per_s.map(|rate| rate.to_string())),
+        ("--access", directive.access.map(|access| access.as_str().to_string())),
+        ("--pool", directive.pool.clone()),
+        ("--tiering", directive.tiering.map(|strategy| strategy.name().to_string())),
+    ];
+    for (flag, value) in flags {
+        create.extend(value.map(|value| [flag.to_string(), value]).into_iter().flatten());
+    }
+    if *persistent {
+        create.extend(["--persistent".into(), name.clone()]);
+    } else {
+        create.extend(["--job".into(), job.to_string()]);
+    }
+    create
+}
+
 /// What setup refuses before asking the manager: root as the job's user, and a pool that
 /// differs from the one Slurm accounted the job against.
 fn check_setup_request(
@@ -868,6 +890,7 @@ mod tests {
             reservation_id: None,
             stage_out_unfinished: None,
             uses: Vec::new(),
+            access: None,
         }
     }
 

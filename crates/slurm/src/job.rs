@@ -34,6 +34,22 @@ pub(crate) struct JobRecord {
     /// registers the job with any of them: teardown unregisters each.
     #[serde(default)]
     pub(crate) uses: Vec<String>,
+    /// The namespace mode of the reservation setup created or adopted (`striped`, `private`):
+    /// with performance targets the manager's plan chooses it, and an existing persistent
+    /// reservation has its own; `None` before setup got it (then the directive's `access=`).
+    #[serde(default)]
+    pub(crate) access: Option<String>,
+}
+
+impl JobRecord {
+    /// Whether the job's reservation has private namespaces (one per node), which are staged
+    /// node by node.
+    pub(crate) fn private(&self, directive: Option<&crate::directive::Directive>) -> bool {
+        match self.access.as_deref() {
+            Some(access) => access == "private",
+            None => directive.and_then(|d| d.access) == Some(crate::directive::Access::Private),
+        }
+    }
 }
 
 /// The reservation name of a job-scoped reservation (the manager's naming, see the contract).

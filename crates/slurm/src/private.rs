@@ -170,6 +170,7 @@ impl Hooks {
             reservation_id: Some(reservation.id),
             stage_out_unfinished: None,
             uses: Vec::new(),
+            access: reservation.access.clone(),
         };
         let runs: Vec<StageRun> = directive
             .stage_in

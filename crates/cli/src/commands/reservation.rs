@@ -27,49 +27,7 @@ fn parse_access(text: &str) -> Result<Access, String> {
 #[derive(clap::Subcommand)]
 enum Command {
     /// Create a reservation; prints it (with --json: one object).
-    Create {
-        /// Capacity (64MiB, 200GiB, 1G = GiB, 10GB = 10^10 bytes); granted in whole fragments.
-        /// May be left out when a performance target is given (the plan's fragments are then
-        /// the capacity).
-        #[arg(long, value_parser = parse_size, required_unless_present_any = ["bandwidth", "iops", "metadata"])]
-        capacity: Option<u64>,
-        #[command(flatten)]
-        targets: TargetFlags,
-        /// Pool; chosen by BIOS Algorithm 2 when absent.
-        #[arg(long)]
-        pool: Option<String>,
-        /// striped (one namespace for every node; the default) or private (one per node). With a
-        /// metadata target, left out: the plan chooses.
-        #[arg(long, value_parser = parse_access)]
-        access: Option<Access>,
-        /// Make it persistent under this name (else job-scoped).
-        #[arg(long, value_name = "NAME")]
-        persistent: Option<String>,
-        /// The Slurm job id (names job-scoped reservations `job-<JOBID>`).
-        #[arg(long, value_name = "JOBID")]
-        job: Option<String>,
-        /// Create for this uid (root or admin group only); needs --group.
-        #[arg(long, value_name = "UID")]
-        owner: Option<u32>,
-        #[arg(long, value_name = "GID")]
-        group: Option<u32>,
-        /// Persistent: other uids allowed to use it (repeatable).
-        #[arg(long = "allow-uid", value_name = "UID")]
-        allow_uids: Vec<u32>,
-        /// Persistent: groups whose members may use it (repeatable).
-        #[arg(long = "allow-gid", value_name = "GID")]
-        allow_gids: Vec<u32>,
-        /// Copies of every committed byte until drained, each on another host (1–4); capacity
-        /// is taken K times on the servers.
-        #[arg(long, value_name = "K", default_value_t = 1)]
-        replicas: u32,
-        /// Tiering strategy of its jobs' I/O phases: baseline, high-priority,
-        /// interference-aware or measured (default: the site's, manager.tiering_default).
-        #[arg(long, value_name = "STRATEGY", value_parser = parse_strategy)]
-        tiering: Option<spillway_policy::Strategy>,
-        #[command(flatten)]
-        flags: ManagerFlags,
-    },
+    Create(Box<CreateArgs>),
     /// Show one reservation by id or name.
     Show {
         reservation: String,
@@ -189,6 +147,56 @@ fn modify(reservation: &str, change: ModifyFlags, flags: &ManagerFlags) -> anyho
 /// A tiering strategy by name, for `--tiering`.
 /// Performance targets of `reservation create` (docs/design/targets.md): the manager places the
 /// reservation on servers whose measured peaks, less what is already promised there, meet them.
+/// `reservation create`.
+#[derive(clap::Args)]
+struct CreateArgs {
+    /// Capacity (64MiB, 200GiB, 1G = GiB, 10GB = 10^10 bytes); granted in whole fragments.
+    /// May be left out when a performance target is given (the plan's fragments are then
+    /// the capacity).
+    #[arg(long, value_parser = parse_size, required_unless_present_any = ["bandwidth", "iops", "metadata"])]
+    capacity: Option<u64>,
+    #[command(flatten)]
+    targets: TargetFlags,
+    /// Pool; chosen by BIOS Algorithm 2 when absent.
+    #[arg(long)]
+    pool: Option<String>,
+    /// striped (one namespace for every node; the default) or private (one per node). With a
+    /// metadata target, left out: the plan chooses.
+    #[arg(long, value_parser = parse_access)]
+    access: Option<Access>,
+    /// Make it persistent under this name (else job-scoped).
+    #[arg(long, value_name = "NAME")]
+    persistent: Option<String>,
+    /// The Slurm job id (names job-scoped reservations `job-<JOBID>`).
+    #[arg(long, value_name = "JOBID")]
+    job: Option<String>,
+    /// Create for this uid (root or admin group only); needs --group.
+    #[arg(long, value_name = "UID")]
+    owner: Option<u32>,
+    #[arg(long, value_name = "GID")]
+    group: Option<u32>,
+    /// Persistent: other uids allowed to use it (repeatable).
+    #[arg(long = "allow-uid", value_name = "UID")]
+    allow_uids: Vec<u32>,
+    /// Persistent: groups whose members may use it (repeatable).
+    #[arg(long = "allow-gid", value_name = "GID")]
+    allow_gids: Vec<u32>,
+    /// Copies of every committed byte until drained, each on another host (1–4); capacity
+    /// is taken K times on the servers.
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    replicas: u32,
+    /// Tiering strategy of its jobs' I/O phases: baseline, high-priority,
+    /// interference-aware or measured (default: the site's, manager.tiering_default).
+    #[arg(long, value_name = "STRATEGY", value_parser = parse_strategy)]
+    tiering: Option<spillway_policy::Strategy>,
+    /// Only check and place the request: print the reservation it would be (id 0), or the
+    /// error creating it would give now; nothing is created.
+    #[arg(long)]
+    dry_run: bool,
+    #[command(flatten)]
+    flags: ManagerFlags,
+}
+
 #[derive(clap::Args)]
 struct TargetFlags {
     /// Bandwidth target, e.g. 2GiB/s or 500MB/s.
@@ -219,42 +227,51 @@ fn list(all: bool, flags: &ManagerFlags) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `reservation create`.
+fn create(args: CreateArgs) -> anyhow::Result<()> {
+    let CreateArgs {
+        capacity,
+        targets,
+        pool,
+        access,
+        persistent,
+        job,
+        owner,
+        group,
+        allow_uids,
+        allow_gids,
+        replicas,
+        tiering,
+        dry_run,
+        flags,
+    } = args;
+    let request = CreateReservation {
+        capacity_bytes: capacity.unwrap_or(0),
+        bandwidth_bytes_per_s: targets.bandwidth,
+        iops: targets.iops,
+        metadata_ops_per_s: targets.metadata,
+        pool,
+        access,
+        persistent,
+        job,
+        owner,
+        group,
+        allowed_uids: allow_uids,
+        allowed_gids: allow_gids,
+        replicas: Some(replicas),
+        tiering,
+        dry_run,
+    };
+    let reservation: Reservation = flags.client()?.post("/v1/reservations", &request)?;
+    if dry_run && !flags.json {
+        println!("dry run: nothing was created; the reservation would be:");
+    }
+    show(&reservation, flags.json)
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
-        Command::Create {
-            capacity,
-            targets,
-            pool,
-            access,
-            persistent,
-            job,
-            owner,
-            group,
-            allow_uids,
-            allow_gids,
-            replicas,
-            tiering,
-            flags,
-        } => {
-            let request = CreateReservation {
-                capacity_bytes: capacity.unwrap_or(0),
-                bandwidth_bytes_per_s: targets.bandwidth,
-                iops: targets.iops,
-                metadata_ops_per_s: targets.metadata,
-                pool,
-                access,
-                persistent,
-                job,
-                owner,
-                group,
-                allowed_uids: allow_uids,
-                allowed_gids: allow_gids,
-                replicas: Some(replicas),
-                tiering,
-            };
-            let reservation: Reservation = flags.client()?.post("/v1/reservations", &request)?;
-            show(&reservation, flags.json)
-        }
+        Command::Create(args) => create(*args),
         Command::Show { reservation, flags } => {
             let reservation: Reservation = flags
                 .client()?
