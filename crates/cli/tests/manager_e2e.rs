@@ -244,6 +244,29 @@ fn server_peaks_are_measured_recorded_and_shown() {
     assert_eq!(created["targets"]["promised"][0]["bandwidth_bytes_per_s"], 1u64 << 20);
     let listed = json(&manager, None, &["server", "list"]);
     assert_eq!(listed[0]["promised"]["bandwidth_bytes_per_s"], 1u64 << 20, "{listed}");
+    // A dry run places the same request and keeps nothing.
+    let dry = ["reservation", "create", "--bandwidth", "2MiB/s", "--dry-run"];
+    let would = json(&manager, Some(USER), &dry);
+    assert_eq!(
+        (would["id"].as_u64(), would["servers"].as_array().map(Vec::len)),
+        (Some(0), Some(1))
+    );
+    let mine = json(&manager, Some(USER), &["reservation", "list"]);
+    assert_eq!(mine.as_array().unwrap().len(), 1, "a dry run created a reservation: {mine}");
+    // Ended, it is shown in `status` with its targets beside what was achieved, to its owner
+    // and not to another user.
+    let name = created["name"].as_str().unwrap();
+    json(&manager, Some(USER), &["reservation", "destroy", name]);
+    let status = json(&manager, Some(USER), &["status"]);
+    let ended = &status["ended_by_targets"][0];
+    assert_eq!(ended["name"], name, "{status}");
+    assert_eq!(ended["targets"]["asked"]["bandwidth_bytes_per_s"], 1u64 << 20, "{status}");
+    assert!(ended["achieved"]["servers_reporting"].as_u64().is_some(), "{status}");
+    let others = json(&manager, Some(OTHER), &["status"]);
+    assert_eq!(others["ended_by_targets"], serde_json::json!([]), "{others}");
+    let table = spillway(&manager, Some(USER), &["status"]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("ACHIEVED/ASKED") && table.contains("bandwidth="), "{table}");
     fails(
         &manager,
         Some(USER),

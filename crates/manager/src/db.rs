@@ -779,6 +779,20 @@ pub fn active_reservations(tx: &Transaction<'_>) -> rusqlite::Result<Vec<Reserva
     Ok(rows)
 }
 
+/// The latest `limit` destroyed reservations that asked by performance targets, newest first.
+pub fn ended_by_targets(tx: &Transaction<'_>, limit: u32) -> rusqlite::Result<Vec<ReservationRow>> {
+    let mut statement = tx.prepare_cached(&format!(
+        "SELECT {RESERVATION_COLUMNS} FROM reservations WHERE state = 'destroyed' AND targets IS NOT NULL \
+         ORDER BY destroyed_unix_s DESC, id DESC LIMIT ?1"
+    ))?;
+    let mut rows: Vec<ReservationRow> = statement
+        .query_map(params![limit], reservation_from_row)?
+        .collect::<rusqlite::Result<_>>()?;
+    drop(statement);
+    attach_placement(tx, &mut rows)?;
+    Ok(rows)
+}
+
 /// A reservation by id (any state) or by name (active only).
 pub fn find_reservation(
     tx: &Transaction<'_>,

@@ -462,11 +462,20 @@ pub struct Status {
     /// The reservations the caller may see (all of them for root and admins); none in the
     /// aggregate view.
     pub reservations: Vec<Reservation>,
+    /// The latest reservations by performance targets that ended (at most
+    /// [`ENDED_BY_TARGETS_SHOWN`]), newest first, as the caller may see them: their targets
+    /// beside what their servers counted (`achieved`), so a center sees whether promises were
+    /// kept. None in the aggregate view.
+    #[serde(default)]
+    pub ended_by_targets: Vec<Reservation>,
     pub capacity_bytes: u64,
     pub used_bytes: u64,
     pub free_bytes: u64,
     pub drains_in_flight: u64,
 }
+
+/// How many ended reservations by targets `status` shows.
+pub const ENDED_BY_TARGETS_SHOWN: u32 = 10;
 
 /// The body of every error reply.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

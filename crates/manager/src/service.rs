@@ -1725,9 +1725,11 @@ impl Manager {
     pub fn status(&self, caller: &Caller, view: StatusView) -> Result<Status, ReadError> {
         let pools = self.list_pools(caller)?;
         let servers = self.list_servers()?;
-        let reservations = match view {
-            StatusView::Caller => self.list_reservations(caller, true)?,
-            StatusView::Aggregate => Vec::new(),
+        let (reservations, ended_by_targets) = match view {
+            StatusView::Caller => {
+                (self.list_reservations(caller, true)?, self.ended_by_targets(caller)?)
+            }
+            StatusView::Aggregate => (Vec::new(), Vec::new()),
         };
         let pools = match view {
             StatusView::Caller => pools,
@@ -1740,11 +1742,25 @@ impl Manager {
             pools,
             servers,
             reservations,
+            ended_by_targets,
             capacity_bytes,
             used_bytes,
             free_bytes: capacity_bytes.saturating_sub(used_bytes),
             drains_in_flight,
         })
+    }
+
+    /// The latest ended reservations by targets that `caller` may see.
+    fn ended_by_targets(&self, caller: &Caller) -> Result<Vec<Reservation>, ReadError> {
+        let mut db = lock(&self.db);
+        let tx = db.conn.transaction()?;
+        let ended = db::ended_by_targets(&tx, crate::model::ENDED_BY_TARGETS_SHOWN)?;
+        let (pools, servers) = (db::pools(&tx)?, db::servers(&tx)?);
+        Ok(ended
+            .iter()
+            .filter(|r| Self::can_see(caller, r))
+            .map(|r| r.to_model(&pools, &servers))
+            .collect())
     }
 
     /// The pool as `caller` may see it: without stream keys unless root or admin.

@@ -494,6 +494,57 @@ pub fn rates_text(rates: &spillway_policy::targets::Rates) -> String {
     )
 }
 
+/// Ended reservations by performance targets: what each asked beside what its servers counted
+/// (`-` when its teardown recorded nothing), and each asked rate's achieved/asked ratio.
+pub fn print_ended_by_targets(list: &[Reservation]) {
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .filter_map(|r| {
+            let asked = r.targets.as_ref()?.asked;
+            let (achieved, ratios) = match &r.achieved {
+                Some(a) => achieved_against(&asked, a),
+                None => ("-".into(), "-".into()),
+            };
+            Some(vec![
+                r.id.to_string(),
+                r.name.clone(),
+                r.owner.to_string(),
+                asked.to_string(),
+                achieved,
+                ratios,
+            ])
+        })
+        .collect();
+    print_table(&["ID", "NAME", "OWNER", "ASKED", "ACHIEVED", "ACHIEVED/ASKED"], &rows);
+}
+
+/// The achieved rates in the dimensions `asked` names (directive syntax), and each ratio.
+fn achieved_against(
+    asked: &spillway_policy::targets::Targets,
+    achieved: &spillway_manager::Achieved,
+) -> (String, String) {
+    let got = spillway_policy::targets::Targets {
+        capacity_bytes: None,
+        bandwidth_bytes_per_s: asked.bandwidth_bytes_per_s.map(|_| achieved.bandwidth_bytes_per_s),
+        iops: asked.iops.map(|_| achieved.iops),
+        metadata_ops_per_s: asked.metadata_ops_per_s.map(|_| achieved.metadata_ops_per_s),
+    };
+    let pairs = [
+        ("bandwidth", asked.bandwidth_bytes_per_s, got.bandwidth_bytes_per_s),
+        ("iops", asked.iops, got.iops),
+        ("metadata", asked.metadata_ops_per_s, got.metadata_ops_per_s),
+    ];
+    let ratios: Vec<String> = pairs
+        .iter()
+        .filter_map(|&(name, asked, got)| {
+            let (asked, got) = (asked?, got?);
+            Some(format!("{name} {:.2}", got as f64 / asked.max(1) as f64))
+        })
+        .collect();
+    // Display writes `bandwidth=0B/s` for nothing counted; a rate of 0 is still shown.
+    (got.to_string(), ratios.join(" "))
+}
+
 pub fn print_reservations(list: &[Reservation]) {
     let rows: Vec<Vec<String>> = list
         .iter()

@@ -89,6 +89,11 @@ fn show(status: &Status, args: &Args) -> anyhow::Result<()> {
     if !args.aggregate {
         println!();
         super::reservation::print_reservations(&status.reservations);
+        if !status.ended_by_targets.is_empty() {
+            println!();
+            println!("ended reservations by performance targets (latest first):");
+            super::reservation::print_ended_by_targets(&status.ended_by_targets);
+        }
     }
     Ok(())
 }
