@@ -400,3 +400,68 @@ fn published_files(pfs: &Path) -> Vec<String> {
     published.sort();
     published
 }
+
+/// The journal file of namespace `id` anywhere under `dir`, if there is one.
+fn journal_of(dir: &Path, id: u64) -> Option<std::path::PathBuf> {
+    let name = format!("namespace-{id}.journal");
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(next) = pending.pop() {
+        for entry in std::fs::read_dir(&next).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if entry.file_name().to_str() == Some(name.as_str()) {
+                return Some(path);
+            }
+        }
+    }
+    None
+}
+
+/// Namespaces go with their data epoch: deleting the epoch (what the manager does at a
+/// reservation's teardown) removes the namespace's journal, and the server answers ESTALE for
+/// it, to a client that still had it open and to an open that may create it; another epoch's
+/// namespace stays. After a restart, when nothing is open, a deletion finds the journal on disk.
+#[test]
+fn namespaces_are_removed_with_their_data_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = ServerProcess::builder(BIN, dir.path(), "ns-gc").start();
+    let endpoint = server.endpoint().clone();
+    let with_epoch = |epoch: u64| RemoteOptions { data_epoch: EpochId(epoch), ..options(true) };
+    let doomed = RemoteNamespace::open(&endpoint, 71, &with_epoch(710)).unwrap();
+    let kept = RemoteNamespace::open(&endpoint, 72, &with_epoch(720)).unwrap();
+    for ns in [&doomed, &kept] {
+        ns.mkdir(&root(), ROOT_INO, b"run", 0o755, 0).unwrap();
+        ns.sync().unwrap();
+    }
+    let mut client =
+        Client::connect(std::slice::from_ref(&endpoint), ClientOptions::default()).unwrap();
+    for epoch in [710, 720] {
+        let mut file = client.create_file(EpochId(epoch), "data").unwrap();
+        client.write(&mut file, 0, b"bytes").unwrap();
+        client.flush().unwrap();
+    }
+    assert!(journal_of(dir.path(), 71).is_some() && journal_of(dir.path(), 72).is_some());
+
+    client.delete_epoch(EpochId(710)).unwrap();
+    assert_eq!(journal_of(dir.path(), 71), None, "the journal outlived its data epoch");
+    assert!(journal_of(dir.path(), 72).is_some(), "another epoch's namespace was removed");
+    let stale = doomed.mkdir(&root(), ROOT_INO, b"more", 0o755, 0).unwrap_err();
+    assert_eq!(stale.errno, libc::ESTALE, "{stale}");
+    assert!(stale.to_string().contains("removed with its data epoch 710"), "{stale}");
+    // Not even brought back empty by an open that may create (a mount's reconnection).
+    let gone = RemoteNamespace::open(&endpoint, 71, &with_epoch(710)).err().unwrap();
+    assert_eq!(gone.errno, libc::ESTALE, "{gone}");
+    assert!(kept.lookup(&root(), ROOT_INO, b"run").is_ok());
+
+    // Nothing open after a restart: the deletion reads the journals' headers.
+    drop((doomed, kept, client));
+    assert!(server.sigterm_and_wait(Duration::from_secs(20)).unwrap().success());
+    server.restart().unwrap();
+    let mut client =
+        Client::connect(std::slice::from_ref(&endpoint), ClientOptions::default()).unwrap();
+    client.delete_epoch(EpochId(720)).unwrap();
+    assert_eq!(journal_of(dir.path(), 72), None, "a journal not open outlived its data epoch");
+    assert!(server.log_text().contains("namespaces removed with their data epoch"));
+    assert!(!server.log_text().contains("panicked"));
+}

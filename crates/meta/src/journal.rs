@@ -320,6 +320,16 @@ impl Journal {
         self.header
     }
 
+    /// The header of the journal at `path`, read without replaying it.
+    pub fn read_header(path: &Path) -> Result<JournalHeader, JournalError> {
+        let mut bytes = Vec::with_capacity(HEADER_BYTES);
+        std::fs::File::open(path)
+            .and_then(|file| file.take(HEADER_BYTES as u64).read_to_end(&mut bytes))
+            .map_err(io_error(path, "read the header"))?;
+        decode_header(&bytes)
+            .map_err(|reason| JournalError::BadHeader { path: path.to_path_buf(), reason })
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -111,6 +111,8 @@ struct Inner {
     broken: Option<String>,
     /// Journal length right after the last compaction (or open).
     journal_bytes_at_snapshot: u64,
+    /// Set by [`LocalNamespace::remove_journal`]: the namespace is gone with its data epoch.
+    removed: bool,
 }
 
 /// The namespace state machine. See the module doc.
@@ -662,7 +664,13 @@ impl LocalNamespace {
             clock,
             capacity,
             options,
-            inner: Mutex::new(Inner { state, journal, broken: None, journal_bytes_at_snapshot }),
+            inner: Mutex::new(Inner {
+                state,
+                journal,
+                broken: None,
+                journal_bytes_at_snapshot,
+                removed: false,
+            }),
         }
     }
 
@@ -682,6 +690,31 @@ impl LocalNamespace {
         f(&inner.state)
     }
 
+    /// Removes this namespace for good, because its data epoch was deleted: closes and deletes
+    /// its journal (in `directory`) and refuses changes from then on (ESTALE). Under the lock,
+    /// so no operation or compaction in flight on another thread can write the journal back.
+    /// Whoever still holds the namespace reads what it held in memory.
+    pub fn remove_journal(&self, directory: &Path) -> std::io::Result<()> {
+        let mut inner = self.inner.lock();
+        inner.removed = true;
+        inner.journal = None;
+        match std::fs::remove_file(journal_path(directory, self.id)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    fn check_not_removed(&self, inner: &Inner) -> Result<(), MetaError> {
+        if inner.removed {
+            let message = format!(
+                "namespace {} was removed with its data epoch {}",
+                self.id, self.data_epoch
+            );
+            return Err(error(libc::ESTALE, message));
+        }
+        Ok(())
+    }
+
     /// Plans, journals and applies one operation, then reports from the new state.
     fn mutate<T, R>(
         &self,
@@ -689,6 +722,7 @@ impl LocalNamespace {
         report: impl FnOnce(&State, T) -> Result<R, MetaError>,
     ) -> Result<R, MetaError> {
         let mut inner = self.inner.lock();
+        self.check_not_removed(&inner)?;
         if let Some(reason) = &inner.broken {
             return Err(error(
                 libc::EIO,
@@ -1443,6 +1477,7 @@ impl Namespace for LocalNamespace {
 
     fn sync(&self) -> Result<(), MetaError> {
         let mut inner = self.inner.lock();
+        self.check_not_removed(&inner)?;
         if let Some(reason) = &inner.broken {
             return Err(error(
                 libc::EIO,

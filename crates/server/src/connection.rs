@@ -1148,11 +1148,7 @@ fn run(
                 .collect();
             plain(Response::Extents(extents))
         }
-        Request::DeleteEpoch { epoch } => {
-            authorize(shared, peer, epoch, Intent::Use)?;
-            backend.delete_epoch(epoch)?;
-            plain(Response::Deleted { epoch })
-        }
+        Request::DeleteEpoch { epoch } => plain(delete_epoch(shared, peer, epoch)?),
         Request::AssignStream { epoch, stream } => {
             plain(access::assign_stream(shared, peer, epoch, stream)?)
         }
@@ -1176,6 +1172,23 @@ fn run(
         Request::Namespace(request) => namespace(shared, peer, request),
         Request::Status => plain(Response::Status(server_status(shared))),
     }
+}
+
+/// `DeleteEpoch`: the epoch, and its namespaces, which name files of the epoch only.
+fn delete_epoch(
+    shared: &Shared,
+    peer: &Requester,
+    epoch: EpochId,
+) -> Result<Response, BackendError> {
+    authorize(shared, peer, epoch, Intent::Use)?;
+    shared.backend.delete_epoch(epoch)?;
+    if let Some(namespaces) = shared.namespaces.get() {
+        let removed = namespaces.remove_for_epoch(epoch);
+        if !removed.is_empty() {
+            tracing::info!(%epoch, namespaces = ?removed, "namespaces removed with their data epoch");
+        }
+    }
+    Ok(Response::Deleted { epoch })
 }
 
 /// `ListEpochs`: the epochs from `from_epoch` this peer may see, as many as fit in one body.

@@ -3,8 +3,11 @@
 //!
 //! A namespace lives on exactly one server. Namespaces are opened on demand (by a
 //! `NamespaceOpen`, or by any request naming a namespace whose journal is on disk) and kept
-//! open until the server stops; each persists as a journal under
-//! `<store directory>/namespaces/` (see docs/design/namespace.md). `statfs` reports the
+//! open until the server stops or their data epoch is deleted; each persists as a journal under
+//! `<store directory>/namespaces/` (see docs/design/namespace.md). Deleting an epoch
+//! (`DeleteEpoch`: the manager does at a reservation's teardown) removes every namespace whose
+//! data epoch it is, open or not, so namespaces do not outlive their reservations: neither
+//! their journals on disk nor their slots among [`NAMESPACES_MAX`]. `statfs` reports the
 //! capacity of the reservation whose grant covers the namespace's data epoch (and the sum of its
 //! file sizes as used), or this server's store capacity when there is none.
 //!
@@ -57,6 +60,39 @@ pub struct NamespaceService {
     capacity: Arc<dyn Capacity>,
     options: LocalOptions,
     open: Mutex<HashMap<NamespaceId, Arc<LocalNamespace>>>,
+    /// The data epoch in the header of each journal on disk read so far by
+    /// [`remove_for_epoch`](Self::remove_for_epoch) (a header never changes), so that deleting
+    /// an epoch reads each journal's header once, not once per deletion. Locked only while
+    /// `open` is held.
+    journal_epochs: Mutex<HashMap<NamespaceId, EpochId>>,
+    /// The latest [`REMOVED_REMEMBERED_MAX`] namespaces removed since the server started, with
+    /// their data epoch: a request naming one (a mount still up after its reservation ended)
+    /// is ESTALE saying why, and an `Open` with create does not bring it back empty. Locked only
+    /// while `open` is held.
+    removed: Mutex<RemovedNamespaces>,
+}
+
+/// Most removed namespaces remembered (16 bytes each): a mount outliving its reservation by
+/// more removals than this gets ENOENT instead of ESTALE.
+pub const REMOVED_REMEMBERED_MAX: usize = 65_536;
+
+/// Removed namespaces, oldest first, bounded by [`REMOVED_REMEMBERED_MAX`].
+#[derive(Default)]
+struct RemovedNamespaces {
+    epochs: HashMap<NamespaceId, EpochId>,
+    order: std::collections::VecDeque<NamespaceId>,
+}
+
+impl RemovedNamespaces {
+    fn remember(&mut self, id: NamespaceId, epoch: EpochId) {
+        if self.epochs.insert(id, epoch).is_none() {
+            self.order.push_back(id);
+        }
+        while self.order.len() > REMOVED_REMEMBERED_MAX {
+            let oldest = self.order.pop_front().expect("longer than the bound");
+            self.epochs.remove(&oldest);
+        }
+    }
 }
 
 fn error(errno: i32, message: impl Into<String>) -> MetaError {
@@ -76,6 +112,8 @@ impl NamespaceService {
             capacity: Arc::new(StoreCapacityProbe(backend)),
             options,
             open: Mutex::new(HashMap::new()),
+            journal_epochs: Mutex::new(HashMap::new()),
+            removed: Mutex::new(RemovedNamespaces::default()),
         }
     }
 
@@ -88,6 +126,13 @@ impl NamespaceService {
         let mut open = self.open.lock();
         if let Some(namespace) = open.get(&config.id) {
             return Ok((namespace.clone(), false));
+        }
+        if let Some(epoch) = self.removed.lock().epochs.get(&config.id) {
+            let why = format!(
+                "namespace {} was removed with its data epoch {epoch} (its reservation ended)",
+                config.id
+            );
+            return Err(error(libc::ESTALE, why));
         }
         if open.len() >= NAMESPACES_MAX {
             return Err(error(
@@ -137,6 +182,67 @@ impl NamespaceService {
             root_mode: 0o755,
         };
         self.open(&config, false).map(|(namespace, _)| namespace)
+    }
+
+    /// Removes every namespace whose data epoch is `epoch` (just deleted), open or only on
+    /// disk: an open one is retired (its holders get ESTALE for changes) and its journal
+    /// deleted; a journal not open is read for its header only. Returns the ids removed;
+    /// failures are logged and leave that journal for the next deletion of the epoch.
+    pub fn remove_for_epoch(&self, epoch: EpochId) -> Vec<NamespaceId> {
+        // Held throughout: no open of a journal being deleted.
+        let mut open = self.open.lock();
+        let mut removed = Vec::new();
+        let mut remembered = self.removed.lock();
+        let of_epoch: Vec<NamespaceId> =
+            open.iter().filter(|(_, ns)| ns.data_epoch() == epoch).map(|(&id, _)| id).collect();
+        for id in of_epoch {
+            let namespace = open.remove(&id).expect("listed just above");
+            match namespace.remove_journal(&self.directory) {
+                Ok(()) => removed.push(id),
+                Err(failure) => {
+                    tracing::error!(namespace = id, %epoch, %failure, "cannot delete the journal of a removed namespace")
+                }
+            }
+        }
+        let mut journal_epochs = self.journal_epochs.lock();
+        let Ok(entries) = std::fs::read_dir(&self.directory) else { return removed };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let id = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("namespace-")?.strip_suffix(".journal")?.parse().ok());
+            let Some(id) = id.filter(|id: &NamespaceId| !open.contains_key(id)) else { continue };
+            let path = entry.path();
+            let data_epoch = match journal_epochs.get(&id) {
+                Some(&data_epoch) => data_epoch,
+                None => match spillway_meta::journal::Journal::read_header(&path) {
+                    Ok(header) if header.namespace == id => {
+                        journal_epochs.insert(id, header.data_epoch);
+                        header.data_epoch
+                    }
+                    Ok(_) | Err(_) => {
+                        tracing::warn!(path = %path.display(), "namespace journal with an unreadable or foreign header: left alone");
+                        continue;
+                    }
+                },
+            };
+            if data_epoch != epoch {
+                continue;
+            }
+            match std::fs::remove_file(&path) {
+                Ok(()) => {
+                    journal_epochs.remove(&id);
+                    removed.push(id);
+                }
+                Err(failure) => {
+                    tracing::error!(namespace = id, %epoch, %failure, "cannot delete the journal of a removed namespace")
+                }
+            }
+        }
+        for &id in &removed {
+            remembered.remember(id, epoch);
+        }
+        removed
     }
 
     /// Makes every open namespace durable (graceful shutdown). Returns the first failure.
