@@ -11,6 +11,7 @@ pub mod ias;
 pub mod model;
 pub mod policy;
 pub mod report;
+pub mod reservation;
 pub mod synth;
 
 pub use characterize::{characterize, AllocationTarget, Bound, Characterization, Peaks, Profile};
@@ -22,3 +23,4 @@ pub use model::{
     access_space, simulate, sweep, Level, SimConfig, SimReport, SweepPoint, WriteBack,
 };
 pub use policy::{EvictionPolicy, PolicyKind};
+pub use reservation::{parse_request, replay_request, Pool, ReplayOptions, RequestReplay};

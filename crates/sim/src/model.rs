@@ -61,6 +61,17 @@ pub struct SimConfig {
     /// requests run back to back as in Xu/Sato.
     #[serde(default)]
     pub honor_timestamps: bool,
+    /// The burst buffer's operation rate. When set, a request costs the slower of its two
+    /// resources, `max(1 / rate, length / bandwidth)`, instead of `latency + length /
+    /// bandwidth`: a reservation by targets promises bytes/s and operations/s as separate rates
+    /// (docs/design/targets.md §5b). Metadata operations still cost the latency.
+    #[serde(default)]
+    pub burst_buffer_ops_per_second: Option<f64>,
+    /// The chunks the trace reads before it writes them start resident and clean, as far as
+    /// the capacity holds them (in trace order): the reservation's stage-in ran before the job.
+    /// Off, they are compulsory misses from the PFS, as in Xu/Sato.
+    #[serde(default)]
+    pub staged_in: bool,
 }
 
 /// Why a configuration cannot be simulated.
@@ -119,6 +130,8 @@ impl SimConfig {
             policy: PolicyKind::Lru,
             write_back: WriteBack::Async,
             honor_timestamps: false,
+            burst_buffer_ops_per_second: None,
+            staged_in: false,
         }
     }
 
@@ -141,6 +154,12 @@ impl SimConfig {
                 chunks: self.capacity_chunks(),
                 limit: CAPACITY_CHUNKS_MAX,
             });
+        }
+        if let Some(rate) = self.burst_buffer_ops_per_second {
+            if !(rate.is_finite() && rate > 0.0) {
+                let (level, what) = ("burst_buffer", "ops_per_second");
+                return Err(SimConfigError::BadLevel { level, what, value: rate });
+            }
         }
         for (level, values) in [("burst_buffer", self.burst_buffer), ("pfs", self.pfs)] {
             let bandwidth = values.bandwidth_bytes_per_second;
@@ -304,6 +323,9 @@ impl<'c, P: EvictionPolicy> Simulator<'c, P> {
     }
 
     fn run(mut self, ops: &[TraceOp]) -> SimReport {
+        if self.config.staged_in {
+            self.stage_in(ops);
+        }
         for op in ops {
             self.step(op);
         }
@@ -328,7 +350,7 @@ impl<'c, P: EvictionPolicy> Simulator<'c, P> {
             }
             Op::Read | Op::Write => {
                 self.report.data_ops += 1;
-                self.now += bb.latency_seconds;
+                self.now += self.request_seconds(0);
             }
             Op::Unlink => {
                 self.report.metadata_ops += 1;
@@ -389,7 +411,6 @@ impl<'c, P: EvictionPolicy> Simulator<'c, P> {
             }
         }
         let pfs = self.config.pfs;
-        let bb = self.config.burst_buffer;
         if swap_out_bytes > 0 {
             let wait = pfs.latency_seconds + swap_out_bytes as f64 / pfs.bandwidth_bytes_per_second;
             self.now += wait;
@@ -400,12 +421,46 @@ impl<'c, P: EvictionPolicy> Simulator<'c, P> {
             self.now += pfs.latency_seconds + missing_bytes as f64 / pfs.bandwidth_bytes_per_second;
             self.report.bytes_pfs_to_bb += missing_bytes;
         }
-        self.now += bb.latency_seconds + op.length as f64 / bb.bandwidth_bytes_per_second;
+        self.now += self.request_seconds(op.length);
         if is_write {
             self.report.bytes_written += op.length;
             self.mark_dirty();
         } else {
             self.report.bytes_read += op.length;
+        }
+    }
+
+    /// What one request of `length` bytes costs at the burst buffer.
+    #[inline]
+    fn request_seconds(&self, length: u64) -> f64 {
+        let bb = self.config.burst_buffer;
+        let transfer = length as f64 / bb.bandwidth_bytes_per_second;
+        match self.config.burst_buffer_ops_per_second {
+            Some(rate) => transfer.max(1.0 / rate),
+            None => bb.latency_seconds + transfer,
+        }
+    }
+
+    /// Makes the chunks the trace reads before writing them resident and clean, in trace
+    /// order, while the capacity lasts.
+    fn stage_in(&mut self, ops: &[TraceOp]) {
+        let chunk_bytes = self.config.chunk_bytes;
+        let mut written: ChunkMap<()> = ChunkMap::default();
+        for op in ops.iter().filter(|op| op.op.is_data() && op.length > 0) {
+            let first = op.offset / chunk_bytes;
+            let last = op.offset.saturating_add(op.length - 1) / chunk_bytes;
+            for chunk in first..=last {
+                let key = (op.file, chunk);
+                if op.op == Op::Write {
+                    written.insert(key, ());
+                } else if self.resident < self.capacity_chunks
+                    && !written.contains_key(&key)
+                    && !self.map.contains_key(&key)
+                {
+                    self.note_file_extent(op.file, chunk);
+                    self.insert(key);
+                }
+            }
         }
     }
 
@@ -698,7 +753,33 @@ mod tests {
             policy,
             write_back,
             honor_timestamps: false,
+            burst_buffer_ops_per_second: None,
+            staged_in: false,
         }
+    }
+
+    #[test]
+    fn an_ops_rate_charges_the_slower_resource_and_stage_in_makes_inputs_resident() {
+        // 4 GiB/s and 1000 ops/s: a 4 KiB read waits for the op rate (1 ms), a 16 MiB write
+        // for the bytes (1/256 s); a zero-length data op costs one op.
+        let ops = [
+            op(Op::Read, 0, 0, 4096),
+            op(Op::Write, 1, 0, 16 * MIB),
+            op(Op::Read, 1, 0, 0),
+            op(Op::Open, 0, 0, 0),
+        ];
+        let mut config = simple(64, PolicyKind::Lru, WriteBack::Async);
+        config.burst_buffer_ops_per_second = Some(1000.0);
+        config.staged_in = true;
+        let report = simulate(&ops, &config).unwrap();
+        assert!((report.io_time_seconds - (0.002 + 1.0 / 256.0)).abs() < 1e-12, "{report:?}");
+        assert_eq!(report.bytes_pfs_to_bb, 0, "file 0 was staged in");
+        assert_eq!(report.read_chunk_hits, 1);
+        config.staged_in = false;
+        let cold = simulate(&ops, &config).unwrap();
+        assert_eq!(cold.bytes_pfs_to_bb, 4096, "a compulsory miss");
+        config.burst_buffer_ops_per_second = Some(0.0);
+        assert!(matches!(simulate(&ops, &config), Err(SimConfigError::BadLevel { .. })));
     }
 
     #[test]

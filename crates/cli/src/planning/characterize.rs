@@ -24,18 +24,8 @@ pub struct Args {
     /// file_bytes), bare or as {"name": …, "profile": {…}}; see traces/profiles/.
     #[arg(long)]
     pub profile: Option<PathBuf>,
-    /// Peaks measured by `spillway bench peaks --json` (its `peaks` object is used).
-    #[arg(long)]
-    pub peaks: Option<PathBuf>,
-    /// Peak bandwidth, MiB/s (overrides the peaks file). Default: 6144 (DataWarp paper).
-    #[arg(long)]
-    pub peak_bandwidth_mib_per_s: Option<f64>,
-    /// Peak 4 KiB operations per second (overrides the peaks file). Default: 90000.
-    #[arg(long)]
-    pub peak_iops: Option<f64>,
-    /// Peak metadata operations per second (overrides the peaks file). Default: 25000.
-    #[arg(long)]
-    pub peak_metadata_ops_per_s: Option<f64>,
+    #[command(flatten)]
+    pub peaks: PeakArgs,
     /// Concurrent pipelines the allocation must serve.
     #[arg(long, default_value_t = 1)]
     pub pipelines: u64,
@@ -53,6 +43,50 @@ pub struct Args {
     /// the characterization with a `request` object added).
     #[arg(long)]
     pub request: bool,
+}
+
+/// The peaks of one allocation unit (one server), shared by `characterize` and `sim
+/// --request` so both read the same source: a `spillway bench peaks --json` file, flags
+/// overriding it, the DataWarp paper's Cori fragment by default.
+#[derive(clap::Args)]
+pub struct PeakArgs {
+    /// Peaks measured by `spillway bench peaks --json` (its `peaks` object is used).
+    #[arg(long)]
+    pub peaks: Option<PathBuf>,
+    /// Peak bandwidth, MiB/s (overrides the peaks file). Default: 6144 (DataWarp paper).
+    #[arg(long)]
+    pub peak_bandwidth_mib_per_s: Option<f64>,
+    /// Peak 4 KiB operations per second (overrides the peaks file). Default: 90000.
+    #[arg(long)]
+    pub peak_iops: Option<f64>,
+    /// Peak metadata operations per second (overrides the peaks file). Default: 25000.
+    #[arg(long)]
+    pub peak_metadata_ops_per_s: Option<f64>,
+}
+
+impl PeakArgs {
+    /// The peaks file (or the Cori default) with the flags applied, checked.
+    pub fn peaks(&self) -> anyhow::Result<Peaks> {
+        let mut peaks = match &self.peaks {
+            Some(path) => read_peaks(path)?,
+            None => Peaks::datawarp_cori(),
+        };
+        if let Some(mib) = self.peak_bandwidth_mib_per_s {
+            peaks.bandwidth_bytes_per_second = mib * 1024.0 * 1024.0;
+        }
+        if let Some(iops) = self.peak_iops {
+            peaks.iops = iops;
+        }
+        if let Some(rate) = self.peak_metadata_ops_per_s {
+            peaks.metadata_ops_per_second = rate;
+        }
+        Ok(peaks)
+    }
+
+    /// Whether the peaks are the paper's defaults (nothing measured given).
+    pub fn defaulted(&self) -> bool {
+        self.peaks.is_none() && self.peak_bandwidth_mib_per_s.is_none()
+    }
 }
 
 /// Reads the `peaks` object of a bench-peaks JSON file (or a bare peaks object).
@@ -84,19 +118,7 @@ pub fn read_profile(path: &Path) -> anyhow::Result<(String, Profile)> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let mut peaks = match &args.peaks {
-        Some(path) => read_peaks(path)?,
-        None => Peaks::datawarp_cori(),
-    };
-    if let Some(mib) = args.peak_bandwidth_mib_per_s {
-        peaks.bandwidth_bytes_per_second = mib * 1024.0 * 1024.0;
-    }
-    if let Some(iops) = args.peak_iops {
-        peaks.iops = iops;
-    }
-    if let Some(rate) = args.peak_metadata_ops_per_s {
-        peaks.metadata_ops_per_second = rate;
-    }
+    let peaks = args.peaks.peaks()?;
     if args.fragment_gib == 0 {
         bail!("--fragment-gib must be at least 1");
     }
@@ -130,7 +152,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
     } else {
-        if args.peaks.is_none() && args.peak_bandwidth_mib_per_s.is_none() {
+        if args.peaks.defaulted() {
             println!("(peaks: the DataWarp paper's Cori fragment; measure yours with `spillway bench peaks`)\n");
         }
         print!("{}", characterization_table(&result));

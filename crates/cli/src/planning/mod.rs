@@ -7,6 +7,7 @@ pub mod characterize;
 pub mod ftl;
 pub mod sim;
 pub mod sim_ias;
+pub mod sim_request;
 
 /// Reads a trace for a planning tool. A partial trace (its producer's input was incomplete,
 /// e.g. Darshan ran out of memory) is said on stderr whatever the output format, so no report

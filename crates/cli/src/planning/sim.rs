@@ -31,9 +31,11 @@ pub struct Args {
     /// Simulate a synthetic SWarp-like workflow instead of a trace file.
     #[arg(long)]
     pub synthetic: bool,
-    /// Synthetic: concurrent pipelines (one rank each).
-    #[arg(long, default_value_t = 8)]
-    pub pipelines: u32,
+    /// Synthetic: concurrent pipelines (one rank each; default 8). With --request: pipelines
+    /// like the trace sharing the reservation, all doing I/O at once, as `characterize
+    /// --pipelines` (default 1).
+    #[arg(long)]
+    pub pipelines: Option<u32>,
     /// Synthetic: input images per pipeline.
     #[arg(long, default_value_t = 16)]
     pub inputs: u32,
@@ -95,6 +97,8 @@ pub struct Args {
     /// Write the sweep chart (relative throughput vs buffer size) as SVG.
     #[arg(long)]
     pub svg: Option<PathBuf>,
+    #[command(flatten)]
+    pub request: super::sim_request::RequestArgs,
 }
 
 /// `spillway sim <subcommand>`; without one, `sim` runs the two-level model on a trace.
@@ -149,7 +153,7 @@ fn load(args: &Args) -> anyhow::Result<(Trace, String, f64)> {
         }
         (None, true) => {
             let shape = WorkflowShape {
-                pipelines: args.pipelines,
+                pipelines: args.pipelines.unwrap_or(8),
                 inputs_per_pipeline: args.inputs,
                 input_pool: args.input_pool,
                 input_bytes: args.input_mib << 20,
@@ -179,6 +183,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let ops = time_ordered(&trace.ops);
     let base = base_config(&args, policies[0], write_back);
     base.validate().context("simulator configuration")?;
+    if args.request.request.is_some() {
+        if policies.len() > 1 {
+            bail!("--request replays with one --policy (got {})", args.policy);
+        }
+        let replayed = super::sim_request::Replayed { trace: &trace, name: &name, ops: &ops };
+        return super::sim_request::run(&args, &replayed, base);
+    }
+    args.request.refuse_without_request()?;
     let space = access_space(&ops, base.chunk_bytes).with_context(|| format!("trace {name}"))?;
     if space.chunks == 0 {
         bail!("trace {name} has no read or write with a length: nothing to simulate");
@@ -217,6 +229,8 @@ fn base_config(args: &Args, policy: PolicyKind, write_back: WriteBack) -> SimCon
         policy,
         write_back,
         honor_timestamps: args.honor_timestamps,
+        burst_buffer_ops_per_second: None,
+        staged_in: false,
     }
 }
 
