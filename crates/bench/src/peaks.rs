@@ -11,6 +11,7 @@
 //! Every phase is bounded in bytes, operations and seconds so the default run finishes in well
 //! under a minute. `--json` output is what `spillway characterize --peaks` reads.
 
+mod namespaces;
 mod native;
 
 use std::fs::{File, OpenOptions};
@@ -93,6 +94,12 @@ pub struct Level {
     /// `list_files` of the thread's epoch), repeated until the phase's time is up.
     pub list_entries_per_second: f64,
     pub remove_per_second: f64,
+    /// Native target: metadata operations per second through the namespace service (mean of
+    /// create, stat and unlink), all threads in one striped namespace; `None` for a directory,
+    /// or when this process may not create namespaces ([`namespaces`]).
+    pub namespace_striped_ops_per_second: Option<f64>,
+    /// The same with one private namespace per thread.
+    pub namespace_private_ops_per_second: Option<f64>,
 }
 
 /// `--commit-durability` values.
@@ -370,6 +377,21 @@ pub fn peaks_of(levels: &[Level]) -> spillway_sim::Peaks {
     }
 }
 
+/// The best level's namespace metadata rates (striped, private), when the native target
+/// measured them: the per-mode metadata peaks the manager plans with.
+pub fn namespace_peaks_of(levels: &[Level]) -> Option<(f64, f64)> {
+    let best = |rate: fn(&Level) -> Option<f64>| {
+        levels
+            .iter()
+            .filter_map(rate)
+            .fold(None, |best: Option<f64>, r| Some(best.map_or(r, |b| b.max(r))))
+    };
+    Some((
+        best(|level| level.namespace_striped_ops_per_second)?,
+        best(|level| level.namespace_private_ops_per_second)?,
+    ))
+}
+
 const THREADS_LIMIT: usize = 256;
 
 /// Validates the flags and measures every level of the chosen target; whatever the benchmark
@@ -449,7 +471,7 @@ fn target_description(args: &Args) -> (String, &'static str) {
 }
 
 const DIRECTORY_NOTE: &str = "peaks = best level's mean of read and write (bandwidth, IOPS) and of create, stat, remove (metadata); reads may be served from the page cache when posix_fadvise cannot drop it";
-const NATIVE_NOTE: &str = "peaks = best level's mean of read and write (bandwidth, IOPS) and of create, stat, remove (metadata); native client, one Client per thread; create = create_file, stat = open_file + file_size (lookup by name), list = list_files, remove = delete_epoch of one-file epochs prepared untimed (the API's only remove; rate per delete request)";
+const NATIVE_NOTE: &str = "peaks = best level's mean of read and write (bandwidth, IOPS) and of create, stat, remove (metadata); namespace_metadata_peaks = best level's mean of create, lookup, unlink through the namespace service, threads sharing one namespace (striped) or one each (private; root only); native client, one Client per thread; create = create_file, stat = open_file + file_size (lookup by name), list = list_files, remove = delete_epoch of one-file epochs prepared untimed (the API's only remove; rate per delete request)";
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let (levels, peaks) = measure(&args)?;
@@ -462,6 +484,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "file_bytes_per_thread": args.file_mib_per_thread << 20,
         "levels": levels,
         "peaks": peaks,
+        "namespace_metadata_peaks": namespace_peaks_of(&levels).map(|(striped, private)| {
+            json!({ "striped_ops_per_second": striped, "private_ops_per_second": private })
+        }),
         "note": if args.target.is_some() { DIRECTORY_NOTE } else { NATIVE_NOTE },
     });
     if let Some(path) = &args.output {
@@ -507,6 +532,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.small_transfer_bytes,
         peaks.metadata_ops_per_second
     );
+    if let Some((striped, private)) = namespace_peaks_of(&levels) {
+        println!(
+            "namespace metadata (create, stat, unlink through the namespace service): {striped:.0} ops/s in one striped namespace, {private:.0} ops/s in one private namespace per thread"
+        );
+    }
     Ok(())
 }
 
@@ -571,11 +601,18 @@ mod tests {
             stat_per_second: metadata,
             list_entries_per_second: 1e9,
             remove_per_second: metadata * 1.5,
+            namespace_striped_ops_per_second: Some(metadata * 2.0),
+            namespace_private_ops_per_second: Some(100.0 - metadata),
         };
-        let peaks = peaks_of(&[level(1, 10.0, 500.0, 30.0), level(2, 20.0, 400.0, 60.0)]);
+        let levels = [level(1, 10.0, 500.0, 30.0), level(2, 20.0, 400.0, 60.0)];
+        let peaks = peaks_of(&levels);
         assert_eq!(peaks.bandwidth_bytes_per_second, 20.0);
         assert_eq!(peaks.iops, 500.0);
         assert_eq!(peaks.metadata_ops_per_second, 60.0);
+        // Each mode's best level, whichever it is.
+        assert_eq!(namespace_peaks_of(&levels), Some((120.0, 70.0)));
+        let unmeasured = Level { namespace_private_ops_per_second: None, ..levels[1].clone() };
+        assert_eq!(namespace_peaks_of(&[unmeasured]), None);
     }
 
     #[test]

@@ -87,11 +87,26 @@ fn native_target_measures_every_phase_and_level_like_the_directory_target() {
     assert_eq!(native["target_kind"], "spillway", "{native}");
     assert_eq!(native["target"], list.as_str());
     assert_every_figure_positive(&native);
+    // Metadata through the namespace service, per mode (the tests run as root).
+    for level in native["levels"].as_array().unwrap() {
+        for mode in ["namespace_striped_ops_per_second", "namespace_private_ops_per_second"] {
+            assert!(level[mode].as_f64().unwrap_or(0.0) > 0.0, "{mode} in {level}");
+        }
+    }
+    let namespace_peaks = &native["namespace_metadata_peaks"];
+    assert!(namespace_peaks["private_ops_per_second"].as_f64().unwrap_or(0.0) > 0.0);
+    // Its namespaces went with their epochs: no journal is left on the servers.
+    let journals: Vec<_> = walk(dir.path())
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "journal"))
+        .collect();
+    assert!(journals.is_empty(), "benchmark namespaces left behind: {journals:?}");
 
     let work = dir.path().join("directory-target");
     let directory = run_peaks(&["--target", work.to_str().unwrap()]);
     assert_eq!(directory["target_kind"], "directory");
     assert_every_figure_positive(&directory);
+    assert!(directory["levels"][0]["namespace_striped_ops_per_second"].is_null(), "{directory}");
     let keys = |report: &serde_json::Value| {
         let mut keys: Vec<String> = report.as_object().unwrap().keys().cloned().collect();
         keys.sort();
@@ -144,4 +159,21 @@ fn an_unreachable_server_is_named_in_the_error() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains(&format!("127.0.0.1:{port}")), "{stderr}");
+}
+
+/// Every file under `dir`.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(next) = pending.pop() {
+        for entry in std::fs::read_dir(&next).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    files
 }

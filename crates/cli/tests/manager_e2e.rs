@@ -212,7 +212,9 @@ fn server_peaks_are_measured_recorded_and_shown() {
     let add = ["server", "add", &address, "--pool", "fast", "--measure"];
     let added = json(&manager, None, &[&add[..], &quick[..]].concat());
     let peaks = &added["peaks"];
-    for rate in ["bandwidth_bytes_per_s", "iops", "metadata_ops_per_s"] {
+    let rates = ["bandwidth_bytes_per_s", "iops", "metadata_ops_per_s"];
+    // Metadata per namespace mode too: through the namespace service, as root.
+    for rate in rates.iter().chain(&["metadata_striped_ops_per_s", "metadata_private_ops_per_s"]) {
         assert!(peaks[rate].as_u64().unwrap_or(0) > 0, "{rate} not measured: {added}");
     }
     let conditions = peaks["conditions"].as_str().unwrap();
@@ -223,7 +225,7 @@ fn server_peaks_are_measured_recorded_and_shown() {
     // Shown in the table and kept across listings.
     let table = spillway(&manager, None, &["server", "list"]);
     let table = String::from_utf8_lossy(&table.stdout);
-    assert!(table.contains("PEAKS") && table.contains("/s"), "{table}");
+    assert!(table.contains("PEAKS") && table.contains("namespaces: striped"), "{table}");
     // On demand, again (every server of the pool when none is named).
     let measured =
         json(&manager, None, &[&["server", "measure", "--pool", "fast"][..], &quick].concat());

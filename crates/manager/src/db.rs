@@ -22,7 +22,7 @@ use crate::model::{
 };
 
 /// The schema this binary writes.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// Permission bits of the database file and its `-wal`/`-shm` companions.
 pub const DATABASE_FILE_MODE: u32 = 0o600;
@@ -158,6 +158,15 @@ ALTER TABLE reservations ADD COLUMN achieved TEXT;
 ALTER TABLE reservations ADD COLUMN targets TEXT;
 ";
 
+/// Version 8: each server's metadata peaks per namespace mode (through the namespace service:
+/// every thread in one striped namespace, or one private namespace each), NULL when measured
+/// before version 8 or by someone who may not create namespaces: `peak_metadata_ops_per_s`
+/// then stands for both modes.
+const SCHEMA_V8: &str = "
+ALTER TABLE servers ADD COLUMN peak_metadata_striped_ops_per_s INTEGER;
+ALTER TABLE servers ADD COLUMN peak_metadata_private_ops_per_s INTEGER;
+";
+
 /// Why the database could not be opened.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -241,6 +250,9 @@ impl Db {
         }
         if version < 7 {
             tx.execute_batch(SCHEMA_V7).map_err(sqlite)?;
+        }
+        if version < 8 {
+            tx.execute_batch(SCHEMA_V8).map_err(sqlite)?;
         }
         tx.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(sqlite)?;
         let found: String =
@@ -496,7 +508,8 @@ pub fn insert_pool(
 pub fn servers(tx: &Transaction<'_>) -> rusqlite::Result<Vec<ServerRow>> {
     let mut statement = tx.prepare_cached(
         "SELECT id, address, pool_id, capacity_bytes, pfs_dir, healthy, misses, last_seen_unix_s, failure_domain, lost_unix_s, retiring_unix_s, \
-         peak_bandwidth_bytes_per_s, peak_iops, peak_metadata_ops_per_s, peaks_measured_unix_s, peaks_conditions \
+         peak_bandwidth_bytes_per_s, peak_iops, peak_metadata_ops_per_s, peaks_measured_unix_s, peaks_conditions, \
+         peak_metadata_striped_ops_per_s, peak_metadata_private_ops_per_s \
          FROM servers WHERE removed_unix_s IS NULL ORDER BY id",
     )?;
     let rows = statement.query_map([], |r| {
@@ -518,7 +531,8 @@ pub fn servers(tx: &Transaction<'_>) -> rusqlite::Result<Vec<ServerRow>> {
     rows.collect()
 }
 
-/// Columns 11–15 of the `servers` query: all set, or none (never measured).
+/// Columns 11–17 of the `servers` query: 11–14 all set, or none (never measured); 16 and 17
+/// (per namespace mode) only from a measurement through the namespace service.
 fn peaks_of_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Option<ServerPeaks>> {
     let (Some(bandwidth), Some(iops), Some(metadata), Some(measured)) = (
         r.get::<_, Option<i64>>(11)?,
@@ -534,6 +548,8 @@ fn peaks_of_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Option<ServerPeaks>> 
         metadata_ops_per_s: metadata as u64,
         measured_unix_s: measured as u64,
         conditions: r.get::<_, Option<String>>(15)?.unwrap_or_default(),
+        metadata_striped_ops_per_s: r.get::<_, Option<i64>>(16)?.map(|v| v as u64),
+        metadata_private_ops_per_s: r.get::<_, Option<i64>>(17)?.map(|v| v as u64),
     }))
 }
 
@@ -544,14 +560,17 @@ pub fn set_server_peaks(
 ) -> rusqlite::Result<()> {
     tx.execute(
         "UPDATE servers SET peak_bandwidth_bytes_per_s = ?2, peak_iops = ?3, \
-         peak_metadata_ops_per_s = ?4, peaks_measured_unix_s = ?5, peaks_conditions = ?6 WHERE id = ?1",
+         peak_metadata_ops_per_s = ?4, peaks_measured_unix_s = ?5, peaks_conditions = ?6, \
+         peak_metadata_striped_ops_per_s = ?7, peak_metadata_private_ops_per_s = ?8 WHERE id = ?1",
         params![
             id as i64,
             peaks.bandwidth_bytes_per_s as i64,
             peaks.iops as i64,
             peaks.metadata_ops_per_s as i64,
             peaks.measured_unix_s as i64,
-            peaks.conditions
+            peaks.conditions,
+            peaks.metadata_striped_ops_per_s.map(|v| v as i64),
+            peaks.metadata_private_ops_per_s.map(|v| v as i64),
         ],
     )?;
     Ok(())

@@ -115,6 +115,14 @@ pub struct ServerPeaks {
     pub measured_unix_s: u64,
     /// How they were taken (the benchmark's parameters, who measured), as the measurer said.
     pub conditions: String,
+    /// Metadata operations per second through the namespace service, every client in one
+    /// striped namespace on this server; absent from an older measurement (then
+    /// `metadata_ops_per_s` stands for both modes).
+    #[serde(default)]
+    pub metadata_striped_ops_per_s: Option<u64>,
+    /// The same with one private namespace per client, all on this server.
+    #[serde(default)]
+    pub metadata_private_ops_per_s: Option<u64>,
 }
 
 /// `PUT /v1/servers/<id>/peaks`: a server's measured peaks (the manager stamps the time).
@@ -124,6 +132,11 @@ pub struct SetServerPeaks {
     pub iops: u64,
     pub metadata_ops_per_s: u64,
     pub conditions: String,
+    /// Per namespace mode (see [`ServerPeaks`]); both or neither.
+    #[serde(default)]
+    pub metadata_striped_ops_per_s: Option<u64>,
+    #[serde(default)]
+    pub metadata_private_ops_per_s: Option<u64>,
 }
 
 /// `POST /v1/servers/<id>/remove`: where the removal stands.

@@ -55,6 +55,20 @@ fn validate(peaks: &SetServerPeaks) -> Result<(), SetPeaksError> {
             return invalid(format!("{name} must be between 1 and {} (got {value})", i64::MAX));
         }
     }
+    let modes = [
+        ("metadata_striped_ops_per_s", peaks.metadata_striped_ops_per_s),
+        ("metadata_private_ops_per_s", peaks.metadata_private_ops_per_s),
+    ];
+    if modes[0].1.is_some() != modes[1].1.is_some() {
+        return invalid(
+            "metadata_striped_ops_per_s and metadata_private_ops_per_s: both or neither".into(),
+        );
+    }
+    for (name, value) in modes {
+        if let Some(value) = value.filter(|&v| v == 0 || v > i64::MAX as u64) {
+            return invalid(format!("{name} must be between 1 and {} (got {value})", i64::MAX));
+        }
+    }
     if peaks.conditions.len() > PEAKS_CONDITIONS_BYTES_MAX {
         return invalid(format!(
             "conditions hold {} bytes, at most {PEAKS_CONDITIONS_BYTES_MAX}",
@@ -92,6 +106,8 @@ impl Manager {
             metadata_ops_per_s: peaks.metadata_ops_per_s,
             measured_unix_s: self.clock.now_unix_s(),
             conditions: peaks.conditions.clone(),
+            metadata_striped_ops_per_s: peaks.metadata_striped_ops_per_s,
+            metadata_private_ops_per_s: peaks.metadata_private_ops_per_s,
         };
         db::set_server_peaks(&tx, server.id, &stored)?;
         tx.commit()?;

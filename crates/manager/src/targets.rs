@@ -23,15 +23,19 @@ pub(crate) fn promised_per_server(active: &[ReservationRow]) -> BTreeMap<u64, Ra
     promised
 }
 
-/// A server's measured peaks as the planner takes them: one server's metadata rate is what
-/// one striped namespace on it gets, and what the private namespaces it holds share. Not
-/// measured: zeros, so it meets no rate.
+/// A server's measured peaks as the planner takes them: metadata per namespace mode as
+/// measured through its namespace service; from a measurement without them (older, or not
+/// root), the one metadata rate stands for both modes. Not measured: zeros, so it meets no rate.
 fn peaks_of(server: &ServerRow) -> ServerPeaks {
     server.peaks.as_ref().map_or_else(ServerPeaks::default, |peaks| ServerPeaks {
         bandwidth_bytes_per_s: peaks.bandwidth_bytes_per_s,
         iops: peaks.iops,
-        metadata_striped_ops_per_s: peaks.metadata_ops_per_s,
-        metadata_private_ops_per_s: peaks.metadata_ops_per_s,
+        metadata_striped_ops_per_s: peaks
+            .metadata_striped_ops_per_s
+            .unwrap_or(peaks.metadata_ops_per_s),
+        metadata_private_ops_per_s: peaks
+            .metadata_private_ops_per_s
+            .unwrap_or(peaks.metadata_ops_per_s),
     })
 }
 

@@ -856,6 +856,8 @@ fn server_peaks_are_recorded_by_admins_only_checked_and_kept_across_a_restart() 
         iops: 40_000,
         metadata_ops_per_s: 12_000,
         conditions: "spillway bench peaks --servers 127.0.0.1:7001 --threads-max 4".into(),
+        metadata_striped_ops_per_s: Some(5_000),
+        metadata_private_ops_per_s: Some(9_000),
     };
     let error = manager.set_server_peaks(&user(1000), "1", &peaks).unwrap_err();
     assert_eq!(error.status(), 403, "{error}");
@@ -869,6 +871,11 @@ fn server_peaks_are_recorded_by_admins_only_checked_and_kept_across_a_restart() 
         ),
         (SetServerPeaks { conditions: "a\nb".into(), ..peaks.clone() }, "control character"),
         (SetServerPeaks { conditions: "x".repeat(1025), ..peaks.clone() }, "1025 bytes"),
+        (SetServerPeaks { metadata_private_ops_per_s: None, ..peaks.clone() }, "both or neither"),
+        (
+            SetServerPeaks { metadata_striped_ops_per_s: Some(0), ..peaks.clone() },
+            "metadata_striped_ops_per_s must be between 1",
+        ),
     ] {
         let error = manager.set_server_peaks(&root(), "127.0.0.1:7001", &bad).unwrap_err();
         assert_eq!(error.status(), 400, "{error}");
@@ -884,6 +891,8 @@ fn server_peaks_are_recorded_by_admins_only_checked_and_kept_across_a_restart() 
     assert_eq!((recorded.iops, recorded.metadata_ops_per_s), (40_000, 12_000));
     assert_eq!(recorded.measured_unix_s, 1000, "stamped by the manager's clock");
     assert_eq!(recorded.conditions, peaks.conditions);
+    let modes = (recorded.metadata_striped_ops_per_s, recorded.metadata_private_ops_per_s);
+    assert_eq!(modes, (Some(5_000), Some(9_000)));
     drop(manager);
     let manager = open(&path, knobs());
     let servers = manager.list_servers().unwrap();
@@ -899,9 +908,46 @@ fn measure_fast(manager: &Manager) {
             iops: 10_000,
             metadata_ops_per_s: 2_000,
             conditions: "test".into(),
+            metadata_striped_ops_per_s: None,
+            metadata_private_ops_per_s: None,
         };
         manager.set_server_peaks(&root(), server, &peaks).unwrap();
     }
+}
+
+/// Metadata peaks per namespace mode, as a measurement through the namespace service records
+/// them, decide the mode and the servers; without them the one metadata rate stands for both.
+#[test]
+fn metadata_peaks_per_namespace_mode_choose_the_mode_and_the_servers() {
+    let dir = tempfile::tempdir().unwrap();
+    let knobs = ManagerKnobs { targets_user_share_percent_max: 100, ..knobs() };
+    let manager = open(&dir.path().join("m.db"), knobs);
+    setup(&manager);
+    measure_fast(&manager);
+    // One rate for both modes (2k): 3k is above every striped peak, private on both servers.
+    let both = manager.create_reservation(&user(1000), &by_targets(None, Some(3_000))).unwrap();
+    assert_eq!((both.access, both.servers.len()), (Access::Private, 2), "{both:?}");
+    manager.destroy_reservation(&user(1000), &both.name, None, false).unwrap();
+    for server in ["127.0.0.1:7001", "127.0.0.1:7002"] {
+        let peaks = SetServerPeaks {
+            bandwidth_bytes_per_s: 1 << 30,
+            iops: 10_000,
+            metadata_ops_per_s: 2_000,
+            conditions: "test".into(),
+            metadata_striped_ops_per_s: Some(1_000),
+            metadata_private_ops_per_s: Some(4_000),
+        };
+        manager.set_server_peaks(&root(), server, &peaks).unwrap();
+    }
+    // Measured per mode: one server's private namespaces give 4k, enough for 3k alone…
+    let private = manager.create_reservation(&user(1000), &by_targets(None, Some(3_000))).unwrap();
+    assert_eq!((private.access, private.servers.len()), (Access::Private, 1), "{private:?}");
+    manager.destroy_reservation(&user(1000), &private.name, None, false).unwrap();
+    // …and 1.5k, within the old single rate, is beyond a striped namespace's 1k now.
+    let above = manager.create_reservation(&user(1000), &by_targets(None, Some(1_500))).unwrap();
+    assert_eq!(above.access, Access::Private, "{above:?}");
+    let striped = manager.create_reservation(&user(1001), &by_targets(None, Some(800))).unwrap();
+    assert_eq!(striped.access, Access::Striped, "{striped:?}");
 }
 
 fn by_targets(bandwidth: Option<u64>, metadata: Option<u64>) -> CreateReservation {

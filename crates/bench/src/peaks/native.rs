@@ -66,7 +66,7 @@ fn connect(args: &Args, name: String) -> anyhow::Result<Client> {
 }
 
 /// Hands out fresh epoch numbers and remembers those not yet deleted.
-struct EpochAllocator {
+pub(super) struct EpochAllocator {
     next: u64,
     /// Epochs handed out whose level has not cleaned up yet.
     outstanding: Vec<EpochId>,
@@ -92,12 +92,12 @@ impl EpochAllocator {
         })
     }
 
-    fn allocate(&mut self) -> anyhow::Result<EpochId> {
+    pub(super) fn allocate(&mut self) -> anyhow::Result<EpochId> {
         Ok(self.allocate_many(1)?[0])
     }
 
     /// `count` consecutive fresh epochs.
-    fn allocate_many(&mut self, count: u64) -> anyhow::Result<Vec<EpochId>> {
+    pub(super) fn allocate_many(&mut self, count: u64) -> anyhow::Result<Vec<EpochId>> {
         let first = self.next;
         self.next = self
             .next
@@ -136,9 +136,10 @@ struct ThreadState {
 }
 
 /// Runs `body` on one thread per state, released together; each returns its work.
-fn parallel<F>(states: &mut [ThreadState], body: F) -> anyhow::Result<Vec<Work>>
+pub(super) fn parallel<S, F>(states: &mut [S], body: F) -> anyhow::Result<Vec<Work>>
 where
-    F: Fn(usize, &mut ThreadState) -> anyhow::Result<Work> + Sync,
+    S: Send,
+    F: Fn(usize, &mut S) -> anyhow::Result<Work> + Sync,
 {
     let barrier = Barrier::new(states.len());
     std::thread::scope(|scope| {
@@ -421,12 +422,21 @@ fn measure_level(
         create_per_second: aggregate(&parallel(&mut states, |_, state| phases.create(state))?),
         stat_per_second: aggregate(&parallel(&mut states, |_, state| phases.stat(state))?),
         list_entries_per_second: aggregate(&parallel(&mut states, |_, state| phases.list(state))?),
-        remove_per_second: 0.0,
+        ..Level::default()
     };
     parallel(&mut states, |_, state| phases.prepare_remove(state).map(|()| Work::default()))?;
     level.remove_per_second = aggregate(&parallel(&mut states, |_, state| phases.remove(state))?);
-    // Untimed cleanup: the data, IOPS and metadata epochs, and the remove epochs the phase's
-    // time bound left.
+    let namespaces = super::namespaces::measure(args, epochs, &mut states[0].client, threads)?;
+    level.namespace_striped_ops_per_second = namespaces.rates.map(|(striped, _)| striped);
+    level.namespace_private_ops_per_second = namespaces.rates.map(|(_, private)| private);
+    // Untimed cleanup: the data, IOPS and metadata epochs, the remove epochs the phase's
+    // time bound left, and the namespaces' epochs (which takes the namespaces with them).
+    for epoch in namespaces.epochs {
+        states[0]
+            .client
+            .delete_epoch(epoch)
+            .with_context(|| format!("deleting benchmark namespace epoch {}", epoch.0))?;
+    }
     for state in &mut states {
         let prepared = &state.remove_epochs[state.removed as usize..state.metadata_files as usize];
         let leftovers: Vec<EpochId> = [state.data_epoch, state.iops_epoch, state.metadata_epoch]

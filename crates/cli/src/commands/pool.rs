@@ -309,7 +309,7 @@ fn measure_server(
         "measuring {} (spillway bench peaks, up to {} threads)…",
         server.address, how.threads_max
     );
-    let (_, peaks) = spillway_bench::peaks::measure(&args)
+    let (levels, peaks) = spillway_bench::peaks::measure(&args)
         .map_err(|e| anyhow::anyhow!("measuring {}: {e:#}", server.address))?;
     let whole = |rate: f64| (rate.round() as u64).max(1);
     let conditions = format!(
@@ -322,11 +322,14 @@ fn measure_server(
         how.file_mib_per_thread,
         std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim(),
     );
+    let per_mode = spillway_bench::peaks::namespace_peaks_of(&levels);
     let set = spillway_manager::SetServerPeaks {
         bandwidth_bytes_per_s: whole(peaks.bandwidth_bytes_per_second),
         iops: whole(peaks.iops),
         metadata_ops_per_s: whole(peaks.metadata_ops_per_second),
         conditions,
+        metadata_striped_ops_per_s: per_mode.map(|(striped, _)| whole(striped)),
+        metadata_private_ops_per_s: per_mode.map(|(_, private)| whole(private)),
     };
     client.put(&format!("/v1/servers/{}/peaks", server.id), &set)
 }
@@ -405,11 +408,17 @@ fn remove_server(
 
 /// A server's measured peaks as `reservation show` writes rates.
 fn peaks_text(peaks: &spillway_manager::ServerPeaks) -> String {
-    super::reservation::rates_text(&spillway_policy::targets::Rates {
+    let rates = super::reservation::rates_text(&spillway_policy::targets::Rates {
         bandwidth_bytes_per_s: peaks.bandwidth_bytes_per_s,
         iops: peaks.iops,
         metadata_ops_per_s: peaks.metadata_ops_per_s,
-    })
+    });
+    match (peaks.metadata_striped_ops_per_s, peaks.metadata_private_ops_per_s) {
+        (Some(striped), Some(private)) => {
+            format!("{rates} (namespaces: striped {striped}/s, private {private}/s)")
+        }
+        _ => rates,
+    }
 }
 
 pub fn print_servers(servers: &[Server]) {
