@@ -45,8 +45,7 @@ pub enum Command {
     /// Interference-aware tiering (IAS Figs 5-7): average I/O time of applications sharing a
     /// shaped burst buffer, a shaped MooseFS PFS and node-local tiers, per strategy.
     Ias(ias::Args),
-    /// Allocation by performance target (issue 22): a bandwidth-bound and a metadata-bound job at
-    /// once on reservations by target, achieved against target, capacity-only beside.
+    /// Two concurrent jobs on reservations by bandwidth and metadata target: achieved vs target.
     Targets(targets::Args),
     /// One application of `bench ias` (run by it inside a cluster host).
     #[command(hide = true)]

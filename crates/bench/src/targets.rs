@@ -47,8 +47,8 @@ pub struct Args {
     #[arg(long, default_value_t = 3)]
     servers: usize,
     /// Job A's bandwidth target as a fraction of the pool's measured bandwidth (the sum of its
-    /// servers' peaks, each measured alone: on a machine whose servers share its cores, well
-    /// below 1/servers of it is what they give together).
+    /// servers' peaks, each measured alone; servers sharing a machine's cores give together far
+    /// less than that sum: docs/design/targets.md §8).
     #[arg(long, default_value_t = 0.25)]
     bandwidth_fraction: f64,
     /// Job B's metadata target as a fraction of the pool's measured metadata rate.
