@@ -8,8 +8,11 @@
 //! coordinated shuffling), [`peaks`] (bandwidth, IOPS and metadata peaks of a target, read by
 //! `spillway characterize`) and [`mount`] (the FUSE mount against the native client and a local
 //! directory), [`replication`] (2 replicas at `replicated` durability against 1 copy at `ssd`
-//! and `memory`), [`ias`] (tiering strategies on a cluster with shaped tiers). Servers run as `spillway serve` children owned by `spillway-harness`, or in
-//! process; [`stats`] holds the arithmetic every benchmark shares.
+//! and `memory`), [`ias`] (tiering strategies on a cluster with shaped tiers), [`targets`] (two
+//! concurrent jobs on reservations by bandwidth and metadata target through a real manager:
+//! achieved against target, capacity-only reservations of the same bytes beside). Servers run as
+//! `spillway serve` children owned by `spillway-harness`, or in process; [`stats`] holds the
+//! arithmetic every benchmark shares.
 
 pub mod egress;
 pub mod ias;
@@ -20,6 +23,7 @@ pub mod peaks;
 pub mod replication;
 pub mod stats;
 pub mod store;
+pub mod targets;
 
 /// `spillway bench <benchmark>`.
 #[derive(clap::Subcommand)]
@@ -41,6 +45,8 @@ pub enum Command {
     /// Interference-aware tiering (IAS Figs 5-7): average I/O time of applications sharing a
     /// shaped burst buffer, a shaped MooseFS PFS and node-local tiers, per strategy.
     Ias(ias::Args),
+    /// Two concurrent jobs on reservations by bandwidth and metadata target: achieved vs target.
+    Targets(targets::Args),
     /// One application of `bench ias` (run by it inside a cluster host).
     #[command(hide = true)]
     IasApp(ias::AppArgs),
@@ -56,6 +62,7 @@ pub fn run(command: Command) -> anyhow::Result<()> {
         Command::Mount(args) => mount::run(args),
         Command::Replication(args) => replication::run(args),
         Command::Ias(args) => ias::run(args),
+        Command::Targets(args) => targets::run(args),
         Command::IasApp(args) => ias::run_app(args),
     }
 }
