@@ -485,6 +485,9 @@ pub enum Limit {
     Together { servers: u32 },
     /// No server at all to plan on.
     NoServer,
+    /// The pool has servers, but none may take a fragment now: none healthy with a fragment
+    /// of `fragment_bytes` free (and a known host, with `replicas` > 1).
+    NoneEligible { fragment_bytes: u64, replicas: u32 },
 }
 
 impl std::fmt::Display for Limit {
@@ -505,6 +508,12 @@ impl std::fmt::Display for Limit {
                 "each target fits alone, but no {servers} server(s) have the headroom for all of them together"
             ),
             Limit::NoServer => f.write_str("the pool has no server"),
+            Limit::NoneEligible { fragment_bytes, replicas } => write!(
+                f,
+                "no server of the pool is healthy with a free fragment of {}{}",
+                format_bytes(fragment_bytes),
+                if replicas > 1 { " and a known host (replicas=2 or more)" } else { "" }
+            ),
         }
     }
 }
@@ -748,6 +757,10 @@ pub fn plan(pool: &[ServerLoad], request: &TargetRequest) -> Result<TargetPlan, 
         .filter(|load| eligible.contains(&load.space.server))
         .map(|load| Candidate::new(load, namespace, load.promised))
         .collect();
+    if current.is_empty() {
+        let (fragment_bytes, replicas) = (request.fragment_bytes, request.replicas);
+        return Err(TargetError::Wait { limit: Limit::NoneEligible { fragment_bytes, replicas } });
+    }
     let chosen = choose(&current, &needs, width_min, width_max)
         .map_err(|limit| TargetError::Wait { limit })?;
     place(&chosen, request, namespace, &needs)
@@ -1206,6 +1219,16 @@ mod tests {
             plan(&[], &request("iops=1k")),
             Err(TargetError::Never { limit: Limit::NoServer })
         );
+        // Servers, none with a fragment free: not "no server", but what they lack.
+        let mut full = pool(2);
+        for server in &mut full {
+            server.space.free_bytes = FRAGMENT - 1;
+        }
+        let error = plan(&full, &request("iops=1k")).unwrap_err();
+        assert!(matches!(error, TargetError::Wait { limit: Limit::NoneEligible { .. } }));
+        assert!(error
+            .to_string()
+            .contains("no server of the pool is healthy with a free fragment"));
     }
 
     #[test]
