@@ -96,7 +96,7 @@ fn native_target_measures_every_phase_and_level_like_the_directory_target() {
     let namespace_peaks = &native["namespace_metadata_peaks"];
     assert!(namespace_peaks["private_ops_per_second"].as_f64().unwrap_or(0.0) > 0.0);
     // Its namespaces went with their epochs: no journal is left on the servers.
-    let journals: Vec<_> = walk(dir.path())
+    let journals: Vec<_> = spillway_harness::files_under(dir.path())
         .into_iter()
         .filter(|p| p.extension().is_some_and(|e| e == "journal"))
         .collect();
@@ -159,21 +159,4 @@ fn an_unreachable_server_is_named_in_the_error() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains(&format!("127.0.0.1:{port}")), "{stderr}");
-}
-
-/// Every file under `dir`.
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut files = Vec::new();
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(next) = pending.pop() {
-        for entry in std::fs::read_dir(&next).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                pending.push(path);
-            } else {
-                files.push(path);
-            }
-        }
-    }
-    files
 }

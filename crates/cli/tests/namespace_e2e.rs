@@ -404,18 +404,9 @@ fn published_files(pfs: &Path) -> Vec<String> {
 /// The journal file of namespace `id` anywhere under `dir`, if there is one.
 fn journal_of(dir: &Path, id: u64) -> Option<std::path::PathBuf> {
     let name = format!("namespace-{id}.journal");
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(next) = pending.pop() {
-        for entry in std::fs::read_dir(&next).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                pending.push(path);
-            } else if entry.file_name().to_str() == Some(name.as_str()) {
-                return Some(path);
-            }
-        }
-    }
-    None
+    spillway_harness::files_under(dir)
+        .into_iter()
+        .find(|path| path.file_name().and_then(|n| n.to_str()) == Some(name.as_str()))
 }
 
 /// Namespaces go with their data epoch: deleting the epoch (what the manager does at a

@@ -28,7 +28,7 @@ mod users;
 
 pub use child::Reaped;
 pub use cluster::{Cluster, ClusterError, Host, SharedPfs};
-pub use data::{pattern, same_bytes};
+pub use data::{files_under, pattern, same_bytes};
 pub use manager::ManagerProcess;
 pub use munged::{Munged, MungedError, MUNGED_KEY_BYTES, MUNGED_READY_TIMEOUT};
 pub use server::{ServerBuilder, ServerError, ServerProcess, READY_TIMEOUT_DEFAULT};
