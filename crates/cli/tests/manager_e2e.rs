@@ -226,6 +226,13 @@ fn server_peaks_are_measured_recorded_and_shown() {
     let table = spillway(&manager, None, &["server", "list"]);
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(table.contains("PEAKS") && table.contains("namespaces: striped"), "{table}");
+    // When and how, in `server list` and in `status`.
+    let status = spillway(&manager, None, &["status"]);
+    let status = String::from_utf8_lossy(&status.stdout);
+    for shown in [&table, &status] {
+        assert!(shown.contains(&format!("peaks of {address} measured 20")), "{shown}");
+        assert!(shown.contains("UTC: spillway bench peaks --servers"), "{shown}");
+    }
     // On demand, again (every server of the pool when none is named).
     let measured =
         json(&manager, None, &[&["server", "measure", "--pool", "fast"][..], &quick].concat());

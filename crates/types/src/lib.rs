@@ -136,9 +136,34 @@ pub fn parse_size(text: &str) -> Result<u64, SizeError> {
     value.checked_mul(base.pow(power)).ok_or(SizeError::Overflow)
 }
 
+/// Unix seconds as `YYYY-MM-DD HH:MM UTC` (the proleptic Gregorian calendar; days to civil
+/// date by Howard Hinnant's algorithm), for tables that show when something happened.
+pub fn format_unix_utc(unix_s: u64) -> String {
+    let (days, seconds) = ((unix_s / 86_400) as i64, unix_s % 86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097);
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_index = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
+    let month = if month_index < 10 { month_index + 3 } else { month_index - 9 };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02} {:02}:{:02} UTC", seconds / 3600, seconds % 3600 / 60)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unix_seconds_format_as_utc_dates() {
+        assert_eq!(format_unix_utc(0), "1970-01-01 00:00 UTC");
+        assert_eq!(format_unix_utc(951_782_400), "2000-02-29 00:00 UTC");
+        assert_eq!(format_unix_utc(1_795_914_728), "2026-11-29 01:12 UTC");
+        assert_eq!(format_unix_utc(4_107_542_399), "2100-02-28 23:59 UTC");
+    }
 
     #[test]
     fn sizes_binary_decimal_and_bare() {

@@ -470,6 +470,17 @@ pub fn print_servers(servers: &[Server]) {
         "PROMISED",
     ];
     print_table(&header, &rows);
+    // When and how each server's peaks were taken: what a promise by target is worth.
+    for s in servers {
+        if let Some(peaks) = &s.peaks {
+            println!(
+                "peaks of {} measured {}: {}",
+                s.address,
+                spillway_types::format_unix_utc(peaks.measured_unix_s),
+                peaks.conditions
+            );
+        }
+    }
 }
 
 #[derive(clap::Args)]
