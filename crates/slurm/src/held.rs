@@ -167,7 +167,7 @@ impl Hooks {
             return std::fs::remove_file(marker).context("removing the marker");
         }
         let ready = match &held.targets {
-            Some(create) => self.targets_fit(create),
+            Some(create) => self.targets_fit(&held, create),
             None => self.sources_ready(&held).map(drop).map_err(|missing| {
                 Waiting::For(format!("held until its stage-in sources are there: {missing}"))
             }),
@@ -199,8 +199,25 @@ impl Hooks {
         Ok(())
     }
 
-    /// Whether setup's request by targets (`create`) would be placed now: a dry run of it.
-    fn targets_fit(&self, create: &[String]) -> Result<(), Waiting> {
+    /// Whether setup's request by targets (`create`) would be placed now: a dry run of it. Or
+    /// whether the job's user has its reservation already: Slurm 22.05 may run setup again by
+    /// itself while the job is held, and once that succeeds a dry run can only say the name is
+    /// taken; released, setup adopts the reservation.
+    fn targets_fit(&self, held: &HeldJob, create: &[String]) -> Result<(), Waiting> {
+        let name = create
+            .iter()
+            .position(|word| word == "--persistent")
+            .and_then(|at| create.get(at + 1).cloned())
+            .unwrap_or_else(|| crate::job::job_reservation_name(held.job));
+        let show = ["reservation", "show", name.as_str(), "--json"];
+        if let Ok(shown) = self.manager_timed(&show, CALL_TIMEOUT) {
+            let owner = serde_json::from_str::<serde_json::Value>(shown.trim())
+                .ok()
+                .and_then(|reservation| reservation["owner"].as_u64());
+            if owner == Some(u64::from(held.uid)) {
+                return Ok(());
+            }
+        }
         let mut args: Vec<&str> = create.iter().map(String::as_str).collect();
         args.push("--dry-run");
         let why = match self.manager_timed(&args, CALL_TIMEOUT) {
