@@ -89,11 +89,7 @@ impl Hooks {
     /// data_in failed for `record`'s job: write (or refresh, keeping its release count) the
     /// job's marker.
     pub(crate) fn note_held(&self, record: &JobRecord, stages: &[Stage]) -> anyhow::Result<()> {
-        let path = self.held_path(record.job);
-        let releases = std::fs::read(&path)
-            .ok()
-            .and_then(|bytes| serde_json::from_slice::<HeldJob>(&bytes).ok())
-            .map_or(0, |held| held.releases);
+        let releases = self.releases_so_far(record.job);
         let sources =
             stages.iter().map(|s| format!("{}:{}", s.kind.as_str(), s.pfs_path)).collect();
         let (job, uid, gid) = (record.job, record.uid, record.gid);
@@ -107,14 +103,18 @@ impl Hooks {
         record: &JobRecord,
         create: Vec<String>,
     ) -> anyhow::Result<()> {
-        let path = self.held_path(record.job);
-        let releases = std::fs::read(&path)
-            .ok()
-            .and_then(|bytes| serde_json::from_slice::<HeldJob>(&bytes).ok())
-            .map_or(0, |held| held.releases);
+        let releases = self.releases_so_far(record.job);
         let (job, uid, gid) = (record.job, record.uid, record.gid);
         let targets = Some(create);
         self.write_held(&HeldJob { job, uid, gid, sources: Vec::new(), releases, targets })
+    }
+
+    /// The releases the job's marker counts (0 without one): a marker written again keeps them.
+    fn releases_so_far(&self, job: u64) -> u32 {
+        std::fs::read(self.held_path(job))
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<HeldJob>(&bytes).ok())
+            .map_or(0, |held| held.releases)
     }
 
     fn write_held(&self, held: &HeldJob) -> anyhow::Result<()> {
