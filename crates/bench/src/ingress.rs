@@ -71,6 +71,10 @@ pub struct Args {
     /// (servers with server.auth = munge, a private munged) and report `ratios.munge_vs_none`.
     #[arg(long, default_value = "none", value_parser = ["none", "munge"])]
     auth: String,
+    /// Only the durable subjects: direct+fsync and Spillway N-N and N-1 at `ssd` durability
+    /// (`ratios.ssd_vs_direct_pfs`); the memory, memcached and loopback columns are left out.
+    #[arg(long, conflicts_with = "auth")]
+    durable_only: bool,
     #[arg(long, hide = true)]
     worker_rank: Option<u32>,
     #[arg(long, hide = true, default_value = "")]
@@ -105,25 +109,89 @@ impl Shape {
     }
 }
 
+/// The subjects of one configuration, in the order of `measure`'s samples.
+const SUBJECTS: [&str; 8] = [
+    "loopback",
+    "spillway_nn_memory",
+    "memcached",
+    "spillway_n1_memory",
+    "direct_pfs",
+    "spillway_nn_ssd",
+    "spillway_n1_ssd",
+    "spillway_nn_memory_munge",
+];
+const LOOPBACK: usize = 0;
+const NN_MEMORY: usize = 1;
+const MEMCACHED: usize = 2;
+const N1_MEMORY: usize = 3;
+const DIRECT_PFS: usize = 4;
+const NN_SSD: usize = 5;
+const N1_SSD: usize = 6;
+const NN_MEMORY_MUNGE: usize = 7;
+
+/// One timed run of one subject: its rate, and the whole machine's busy CPU over the timed
+/// region per GB moved (kernel writeback and softirqs included).
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    gbps: f64,
+    cpu_seconds_per_gb: f64,
+}
+
+/// Times a region: wall clock and the machine's busy CPU.
+struct Stopwatch {
+    started: Instant,
+    cpu_seconds: f64,
+}
+
+impl Stopwatch {
+    fn start() -> anyhow::Result<Stopwatch> {
+        Ok(Stopwatch {
+            cpu_seconds: crate::stats::machine_busy_cpu_seconds()?,
+            started: Instant::now(),
+        })
+    }
+
+    /// The region moved `bytes`.
+    fn stop(self, bytes: u64) -> anyhow::Result<Sample> {
+        let seconds = self.started.elapsed().as_secs_f64();
+        let cpu_seconds = crate::stats::machine_busy_cpu_seconds()? - self.cpu_seconds;
+        Ok(Sample {
+            gbps: gigabytes_per_second(bytes, seconds),
+            cpu_seconds_per_gb: cpu_seconds / (bytes as f64 / 1e9),
+        })
+    }
+}
+
+/// A subject's `Option` columns are absent when `--durable-only` left it out.
 #[derive(Debug, serde::Serialize)]
 struct Row {
     servers: u32,
     clients: u32,
     transfer_bytes: u64,
     bytes_total: u64,
-    spillway_nn_memory_gbps: f64,
-    spillway_n1_memory_gbps: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spillway_nn_memory_gbps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spillway_n1_memory_gbps: Option<f64>,
     spillway_nn_ssd_gbps: f64,
     spillway_n1_ssd_gbps: f64,
-    memcached_gbps: f64,
-    loopback_gbps: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memcached_gbps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    loopback_gbps: Option<f64>,
     direct_pfs_gbps: f64,
     /// N-N at memory durability with munge-authenticated connections (`--auth munge`).
     #[serde(skip_serializing_if = "Option::is_none")]
     spillway_nn_memory_munge_gbps: Option<f64>,
-    vs_memcached: f64,
-    vs_loopback: f64,
+    /// Median busy CPU seconds of the whole machine per GB moved, by subject.
+    cpu_seconds_per_gb: std::collections::BTreeMap<&'static str, f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    vs_memcached: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    vs_loopback: Option<f64>,
     ssd_vs_direct_pfs: f64,
+    /// Each repeat's ssd / direct ratio, in order: the spread behind the median.
+    ssd_vs_direct_pfs_per_repeat: Vec<f64>,
     /// Median of the paired munge / none ratios (`--auth munge`).
     #[serde(skip_serializing_if = "Option::is_none")]
     munge_vs_none: Option<f64>,
@@ -205,7 +273,7 @@ fn measure_shapes(
                 shape.servers, shape.clients, shape.transfer_bytes, shape.bytes_per_client
             );
         }
-        rows.push(measure(shape, work, args.repeat.max(1), munged)?);
+        rows.push(measure(shape, work, args.repeat.max(1), munged, args.durable_only)?);
     }
     Ok(rows)
 }
@@ -213,18 +281,21 @@ fn measure_shapes(
 /// The rows and the first row's ratios as one JSON object on stdout.
 fn print_json(args: &Args, rows: &[Row]) -> anyhow::Result<()> {
     let first = &rows[0];
-    let mut ratios = serde_json::json!({
-        "vs_memcached": first.vs_memcached,
-        "vs_loopback": first.vs_loopback,
-        "ssd_vs_direct_pfs": first.ssd_vs_direct_pfs,
-    });
-    if let Some(munge_vs_none) = first.munge_vs_none {
-        ratios["munge_vs_none"] = serde_json::json!(munge_vs_none);
+    let mut ratios = serde_json::json!({ "ssd_vs_direct_pfs": first.ssd_vs_direct_pfs });
+    for (key, ratio) in [
+        ("vs_memcached", first.vs_memcached),
+        ("vs_loopback", first.vs_loopback),
+        ("munge_vs_none", first.munge_vs_none),
+    ] {
+        if let Some(ratio) = ratio {
+            ratios[key] = serde_json::json!(ratio);
+        }
     }
     let out = serde_json::json!({
         "benchmark": "ingress",
         "repeat": args.repeat.max(1),
         "auth": args.auth,
+        "durable_only": args.durable_only,
         "rows": rows,
         "ratios": ratios,
         "ratio_basis": format!(
@@ -244,26 +315,42 @@ fn print_table(args: &Args, rows: &[Row]) {
     );
     println!("| S | C | transfer | total | NN mem | N1 mem | NN ssd | N1 ssd | memcached | loopback | direct+fsync | vs_memcached | vs_loopback | ssd_vs_direct_pfs |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    // Subjects that `--durable-only` left out show as "-".
+    let cell = |value: Option<f64>| value.map_or("-".to_string(), |v| format!("{v:.2}"));
     for r in rows {
         println!(
-            "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            "| {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {} | {} | {:.2} | {} | {} | {:.2} |",
             r.servers,
             r.clients,
             spillway_types::format_bytes(r.transfer_bytes),
             spillway_types::format_bytes(r.bytes_total),
-            r.spillway_nn_memory_gbps,
-            r.spillway_n1_memory_gbps,
+            cell(r.spillway_nn_memory_gbps),
+            cell(r.spillway_n1_memory_gbps),
             r.spillway_nn_ssd_gbps,
             r.spillway_n1_ssd_gbps,
-            r.memcached_gbps,
-            r.loopback_gbps,
+            cell(r.memcached_gbps),
+            cell(r.loopback_gbps),
             r.direct_pfs_gbps,
-            r.vs_memcached,
-            r.vs_loopback,
+            cell(r.vs_memcached),
+            cell(r.vs_loopback),
             r.ssd_vs_direct_pfs
         );
     }
     println!("ratios use N-N: vs_memcached and vs_loopback at memory durability, ssd_vs_direct_pfs at ssd durability");
+    for r in rows {
+        let ratios: Vec<String> =
+            r.ssd_vs_direct_pfs_per_repeat.iter().map(|v| format!("{v:.2}")).collect();
+        let cpu: Vec<String> =
+            r.cpu_seconds_per_gb.iter().map(|(name, v)| format!("{name} {v:.2}")).collect();
+        println!(
+            "S={} C={} transfer={}: ssd_vs_direct_pfs per repeat {}; busy CPU s/GB (whole machine): {}",
+            r.servers,
+            r.clients,
+            spillway_types::format_bytes(r.transfer_bytes),
+            ratios.join(" "),
+            cpu.join(", ")
+        );
+    }
     for r in rows.iter().filter(|r| r.munge_vs_none.is_some()) {
         println!(
             "munge (S={} C={} transfer={}): NN mem {:.2} GB/s authenticated, munge_vs_none {:.3}",
@@ -276,60 +363,90 @@ fn print_table(args: &Args, rows: &[Row]) {
     }
 }
 
+/// Every subject's samples of one configuration, `repeat` runs interleaved.
+fn sample_subjects(
+    shape: &Shape,
+    work: &Path,
+    repeat: u32,
+    munged: Option<&Munged>,
+    durable_only: bool,
+) -> anyhow::Result<[Vec<Sample>; 8]> {
+    let mut samples: [Vec<Sample>; 8] = Default::default();
+    let none = Auth::None;
+    for run in 0..repeat {
+        // Each Spillway subject sits next to the baseline it is judged against.
+        if !durable_only {
+            samples[LOOPBACK].push(loopback_gbps(shape)?);
+            // The munge subject runs next to the same workload without authentication, first
+            // on every other repeat so that neither always inherits the other's warm caches.
+            let munge = |samples: &mut [Vec<Sample>; 8], munged| -> anyhow::Result<()> {
+                let sample = spillway_gbps(shape, work, "nn", "memory", Auth::Munge(munged))?;
+                samples[NN_MEMORY_MUNGE].push(sample);
+                Ok(())
+            };
+            if let (Some(munged), 1) = (munged, run % 2) {
+                munge(&mut samples, munged)?;
+            }
+            samples[NN_MEMORY].push(spillway_gbps(shape, work, "nn", "memory", none)?);
+            if let (Some(munged), 0) = (munged, run % 2) {
+                munge(&mut samples, munged)?;
+            }
+            samples[MEMCACHED].push(memcached_gbps(shape, work)?);
+            samples[N1_MEMORY].push(spillway_gbps(shape, work, "n1", "memory", none)?);
+        }
+        samples[DIRECT_PFS].push(direct_pfs_gbps(shape, work)?);
+        samples[NN_SSD].push(spillway_gbps(shape, work, "nn", "ssd", none)?);
+        samples[N1_SSD].push(spillway_gbps(shape, work, "n1", "ssd", none)?);
+    }
+    Ok(samples)
+}
+
 fn measure(
     shape: &Shape,
     work: &Path,
     repeat: u32,
     munged: Option<&Munged>,
+    durable_only: bool,
 ) -> anyhow::Result<Row> {
-    let mut samples: [Vec<f64>; 8] = Default::default();
-    let none = Auth::None;
-    for run in 0..repeat {
-        // Each Spillway subject sits next to the baseline it is judged against.
-        samples[0].push(loopback_gbps(shape)?);
-        // The munge subject runs next to the same workload without authentication, first on
-        // every other repeat so that neither always inherits the other's warm caches.
-        if let (Some(munged), 1) = (munged, run % 2) {
-            samples[7].push(spillway_gbps(shape, work, "nn", "memory", Auth::Munge(munged))?);
-        }
-        samples[1].push(spillway_gbps(shape, work, "nn", "memory", none)?);
-        if let (Some(munged), 0) = (munged, run % 2) {
-            samples[7].push(spillway_gbps(shape, work, "nn", "memory", Auth::Munge(munged))?);
-        }
-        samples[2].push(memcached_gbps(shape, work)?);
-        samples[3].push(spillway_gbps(shape, work, "n1", "memory", none)?);
-        samples[4].push(direct_pfs_gbps(shape, work)?);
-        samples[5].push(spillway_gbps(shape, work, "nn", "ssd", none)?);
-        samples[6].push(spillway_gbps(shape, work, "n1", "ssd", none)?);
-    }
-    let paired = |subject: usize, baseline: usize| {
-        median(samples[subject].iter().zip(&samples[baseline]).map(|(s, b)| s / b))
+    let samples = sample_subjects(shape, work, repeat, munged, durable_only)?;
+    let per_repeat = |subject: usize, baseline: usize| -> Vec<f64> {
+        samples[subject].iter().zip(&samples[baseline]).map(|(s, b)| s.gbps / b.gbps).collect()
     };
-    let (vs_memcached, vs_loopback, ssd_vs_direct_pfs) = (paired(1, 2), paired(1, 0), paired(5, 4));
-    let munge_vs_none = munged.map(|_| paired(7, 1));
-    let munge_vs_none_per_repeat: Vec<f64> =
-        samples[7].iter().zip(&samples[1]).map(|(munge, none)| munge / none).collect();
-    let nn_memory_munge = munged.map(|_| median(samples[7].iter().copied()));
-    let [loopback, nn_memory, memcached, n1_memory, direct, nn_ssd, n1_ssd, _] =
-        samples.map(median);
+    // The median of the paired ratios; None when the subject was not measured.
+    let paired = |subject: usize, baseline: usize| {
+        (!samples[subject].is_empty()).then(|| median(per_repeat(subject, baseline)))
+    };
+    let rate = |subject: usize| {
+        (!samples[subject].is_empty()).then(|| median(samples[subject].iter().map(|s| s.gbps)))
+    };
+    let cpu_seconds_per_gb = SUBJECTS
+        .iter()
+        .zip(&samples)
+        .filter(|(_, runs)| !runs.is_empty())
+        .map(|(name, runs)| (*name, median(runs.iter().map(|s| s.cpu_seconds_per_gb))))
+        .collect();
+    let durable = |subject: usize| rate(subject).expect("durable subjects are always measured");
     Ok(Row {
         servers: shape.servers,
         clients: shape.clients,
         transfer_bytes: shape.transfer_bytes,
         bytes_total: shape.total_bytes(),
-        spillway_nn_memory_gbps: nn_memory,
-        spillway_n1_memory_gbps: n1_memory,
-        spillway_nn_ssd_gbps: nn_ssd,
-        spillway_n1_ssd_gbps: n1_ssd,
-        memcached_gbps: memcached,
-        loopback_gbps: loopback,
-        direct_pfs_gbps: direct,
-        spillway_nn_memory_munge_gbps: nn_memory_munge,
-        vs_memcached,
-        vs_loopback,
-        ssd_vs_direct_pfs,
-        munge_vs_none,
-        munge_vs_none_per_repeat,
+        spillway_nn_memory_gbps: rate(NN_MEMORY),
+        spillway_n1_memory_gbps: rate(N1_MEMORY),
+        spillway_nn_ssd_gbps: durable(NN_SSD),
+        spillway_n1_ssd_gbps: durable(N1_SSD),
+        memcached_gbps: rate(MEMCACHED),
+        loopback_gbps: rate(LOOPBACK),
+        direct_pfs_gbps: durable(DIRECT_PFS),
+        spillway_nn_memory_munge_gbps: rate(NN_MEMORY_MUNGE),
+        cpu_seconds_per_gb,
+        vs_memcached: paired(NN_MEMORY, MEMCACHED),
+        vs_loopback: paired(NN_MEMORY, LOOPBACK),
+        ssd_vs_direct_pfs: paired(NN_SSD, DIRECT_PFS)
+            .expect("durable subjects are always measured"),
+        ssd_vs_direct_pfs_per_repeat: per_repeat(NN_SSD, DIRECT_PFS),
+        munge_vs_none: paired(NN_MEMORY_MUNGE, NN_MEMORY),
+        munge_vs_none_per_repeat: per_repeat(NN_MEMORY_MUNGE, NN_MEMORY),
     })
 }
 
@@ -341,19 +458,19 @@ fn spillway_gbps(
     pattern: &str,
     durability: &str,
     auth: Auth<'_>,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<Sample> {
     let executable = std::env::current_exe()?;
     let servers = start_servers(shape, work, pattern, durability, auth)?;
     let list =
         servers.iter().map(|server| server.endpoint().to_string()).collect::<Vec<_>>().join(",");
     let mut workers = Workers::spawn(&executable, shape, &list, pattern, durability, auth)?;
-    let seconds = workers.time_writes_and_commits()?;
+    let sample = workers.time_writes_and_commits(shape.total_bytes())?;
     workers.wait()?;
     drop(servers);
     for s in 0..shape.servers {
         let _ = std::fs::remove_dir_all(work.join(format!("ssd-{pattern}-{durability}-{s}")));
     }
-    Ok(gigabytes_per_second(shape.total_bytes(), seconds))
+    Ok(sample)
 }
 
 /// DRAM log per server of a Spillway measurement whose servers each receive `per_server` bytes.
@@ -484,15 +601,15 @@ impl<'a> Workers<'a> {
         Ok(())
     }
 
-    /// Releases the ready workers together; seconds from "go" to the last commit's return.
-    fn time_writes_and_commits(&mut self) -> anyhow::Result<f64> {
+    /// Releases the ready workers together; timed from "go" to the last commit's return.
+    fn time_writes_and_commits(&mut self, bytes: u64) -> anyhow::Result<Sample> {
         self.expect("ready")?;
-        let start = Instant::now();
+        let stopwatch = Stopwatch::start()?;
         self.say("go")?;
         self.expect("written")?;
         self.say("commit")?;
         self.expect("done")?;
-        Ok(start.elapsed().as_secs_f64())
+        stopwatch.stop(bytes)
     }
 
     /// Closes every worker's input and waits for it; each must exit successfully.
@@ -580,7 +697,7 @@ fn worker(rank: u32, args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn memcached_gbps(shape: &Shape, work: &Path) -> anyhow::Result<f64> {
+fn memcached_gbps(shape: &Shape, work: &Path) -> anyhow::Result<Sample> {
     let memcached = which("memcached").context(
         "memcached not found: install the Debian packages memcached and libmemcached-tools (apt-get install -y memcached libmemcached-tools)",
     )?;
@@ -611,7 +728,7 @@ fn memcached_gbps(shape: &Shape, work: &Path) -> anyhow::Result<f64> {
     )?;
     let operations = shape.total_bytes() / shape.transfer_bytes;
     let threads = shape.clients.max(shape.servers + 1);
-    let start = Instant::now();
+    let stopwatch = Stopwatch::start()?;
     let output = Command::new(&memcaslap)
         .arg(format!("--servers={}", addresses.join(",")))
         .arg(format!("--cfg_cmd={}", config.display()))
@@ -619,7 +736,7 @@ fn memcached_gbps(shape: &Shape, work: &Path) -> anyhow::Result<f64> {
         .args(["-x", &operations.to_string(), "-X", &shape.transfer_bytes.to_string()])
         .output()
         .context("running memcaslap")?;
-    let seconds = start.elapsed().as_secs_f64();
+    let timed = (stopwatch.started.elapsed(), crate::stats::machine_busy_cpu_seconds()?);
     let text = String::from_utf8_lossy(&output.stdout);
     if !output.status.success() || !text.contains("Run time") {
         bail!(
@@ -635,7 +752,12 @@ fn memcached_gbps(shape: &Shape, work: &Path) -> anyhow::Result<f64> {
         .and_then(|n| n.trim().parse().ok())
         .context("memcaslap printed no cmd_set count")?;
     drop(servers);
-    Ok(gigabytes_per_second(sets * shape.transfer_bytes, seconds))
+    // Rated on the SETs memcaslap counted, which can fall short of the bytes asked.
+    let bytes = sets * shape.transfer_bytes;
+    Ok(Sample {
+        gbps: gigabytes_per_second(bytes, timed.0.as_secs_f64()),
+        cpu_seconds_per_gb: (timed.1 - stopwatch.cpu_seconds) / (bytes as f64 / 1e9),
+    })
 }
 
 fn which(program: &str) -> Option<PathBuf> {
@@ -662,7 +784,7 @@ fn wait_for_port(port: u16) -> anyhow::Result<()> {
 }
 
 /// C threads push the bytes over plain loopback TCP into S sinks that discard them.
-fn loopback_gbps(shape: &Shape) -> anyhow::Result<f64> {
+fn loopback_gbps(shape: &Shape) -> anyhow::Result<Sample> {
     let listeners: Vec<TcpListener> =
         (0..shape.servers).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
     let addresses: Vec<_> = listeners.iter().map(|l| l.local_addr()).collect::<Result<_, _>>()?;
@@ -689,7 +811,7 @@ fn loopback_gbps(shape: &Shape) -> anyhow::Result<f64> {
             })
         })
         .collect();
-    let start = Instant::now();
+    let stopwatch = Stopwatch::start()?;
     let senders: Vec<_> = (0..clients)
         .map(|c| {
             let address = addresses[c as usize % addresses.len()];
@@ -713,18 +835,18 @@ fn loopback_gbps(shape: &Shape) -> anyhow::Result<f64> {
     for s in senders {
         s.join().expect("sender thread")?;
     }
-    let seconds = start.elapsed().as_secs_f64();
+    let sample = stopwatch.stop(shape.total_bytes())?;
     for s in sinks {
         s.join().expect("sink")?;
     }
-    Ok(gigabytes_per_second(shape.total_bytes(), seconds))
+    Ok(sample)
 }
 
 /// C threads write the bytes to files on the same disk as the SSD log, then fsync.
-fn direct_pfs_gbps(shape: &Shape, work: &Path) -> anyhow::Result<f64> {
+fn direct_pfs_gbps(shape: &Shape, work: &Path) -> anyhow::Result<Sample> {
     let dir = work.join("pfs");
     std::fs::create_dir_all(&dir)?;
-    let start = Instant::now();
+    let stopwatch = Stopwatch::start()?;
     let threads: Vec<_> = (0..shape.clients)
         .map(|c| {
             let path = dir.join(format!("rank{c}"));
@@ -745,7 +867,7 @@ fn direct_pfs_gbps(shape: &Shape, work: &Path) -> anyhow::Result<f64> {
     for t in threads {
         t.join().expect("writer thread")?;
     }
-    let seconds = start.elapsed().as_secs_f64();
+    let sample = stopwatch.stop(shape.total_bytes())?;
     std::fs::remove_dir_all(&dir)?;
-    Ok(gigabytes_per_second(shape.total_bytes(), seconds))
+    Ok(sample)
 }

@@ -36,6 +36,8 @@ knobs! {
         flusher_interval_ms: u64 = 50, unit = "milliseconds";
         /// Bytes the flusher moves to SSD per lock round trip (bounds its in-flight I/O).
         flusher_batch_bytes: u64 = 8 * MIB, unit = "bytes";
+        /// Spills write their whole 4 KiB blocks with O_DIRECT (no page-cache copy or writeback); false, or a file system that refuses O_DIRECT, writes everything through the page cache.
+        ssd_direct_io: bool = true, unit = "bool";
         /// Touch every DRAM page at open so ingest never pays first-touch page faults.
         dram_prefault: bool = true, unit = "bool";
         /// Text log of every segment append and deletion, for the FTL simulator; empty = off.

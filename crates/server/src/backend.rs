@@ -131,6 +131,9 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// Makes everything the store holds durable (graceful shutdown).
     fn sync(&self) -> Result<(), BackendError>;
+    /// Makes every write to `epoch` acknowledged before the call durable, without sealing it
+    /// (a client's `Sync`: the mount's fsync). Other epochs' data may stay in DRAM.
+    fn sync_epoch(&self, epoch: EpochId) -> Result<(), BackendError>;
     /// Every epoch this store holds.
     fn epochs(&self) -> Result<Vec<EpochInfo>, BackendError>;
     /// Files of an epoch.

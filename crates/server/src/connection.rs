@@ -1160,11 +1160,11 @@ fn run(
             plain(access::join_cluster(shared, peer, cluster_id)?)
         }
         Request::Sync { epoch, participants } => {
-            // The store syncs every dirty segment at once; the epoch is named so that only those
-            // who may use it ask, and so that the reply says what became durable.
+            // Only the epoch's records are spilled; the fsync round is shared with concurrent
+            // syncs and commits of any connection.
             authorize(shared, peer, epoch, Intent::Use)?;
             backend.record_participants(epoch, &participants)?;
-            backend.sync()?;
+            backend.sync_epoch(epoch)?;
             plain(Response::Synced { epoch })
         }
         Request::Drain { epoch, mode } => drain(shared, peer, epoch, mode),

@@ -299,13 +299,11 @@ impl Backend for StoreBackend {
     }
 
     fn sync(&self) -> Result<(), BackendError> {
-        self.store.sync().map_err(|e| {
-            let code = match &e {
-                spillway_store::SyncError::NoSpace(_) => ErrorCode::NoSpace,
-                _ => ErrorCode::Io,
-            };
-            BackendError::new(code, e.to_string())
-        })
+        self.store.sync().map_err(sync_error)
+    }
+
+    fn sync_epoch(&self, epoch: EpochId) -> Result<(), BackendError> {
+        self.store.sync_epoch(epoch).map_err(sync_error)
     }
 
     fn epochs(&self) -> Result<Vec<EpochInfo>, BackendError> {
@@ -451,4 +449,13 @@ impl Backend for StoreBackend {
             ssd_bytes_max: stats.ssd_bytes_max,
         }
     }
+}
+
+/// A store sync's failure on the wire: out of space, or an I/O failure of the store.
+fn sync_error(error: spillway_store::SyncError) -> BackendError {
+    let code = match &error {
+        spillway_store::SyncError::NoSpace(_) => ErrorCode::NoSpace,
+        _ => ErrorCode::Io,
+    };
+    BackendError::new(code, error.to_string())
 }

@@ -13,12 +13,26 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 impl Inner {
-    /// fsyncs every dirty segment (and the directory if files came or went).
+    /// fsyncs every dirty segment (and the directory if files came or went): when it returns,
+    /// everything written before the call is durable. Rounds are shared: callers queue on
+    /// `sync_lock`, and one whose call came before a round took its snapshot returns when that
+    /// round ends, without a round of its own (group fsync across connections and files).
     pub(crate) fn sync_dirty(&self) -> Result<u64, String> {
+        let ticket = {
+            let mut state = self.state.lock();
+            state.sync_calls += 1;
+            state.sync_calls
+        };
         let _one_at_a_time = self.sync_lock.lock();
-        let (targets, directory) = {
+        let (targets, directory, round) = {
             let mut state = self.state.lock();
             Self::failed(&state)?;
+            if state.sync_calls_covered >= ticket {
+                state.counters.fsyncs_shared += 1;
+                return Ok(0);
+            }
+            // Every call counted so far wrote (and marked dirty) before this snapshot.
+            let round = state.sync_calls;
             let mut targets = Vec::new();
             for (&id, segment) in state.segments.iter_mut() {
                 if segment.dirty {
@@ -27,45 +41,9 @@ impl Inner {
                     targets.push((id, segment.file.clone(), length));
                 }
             }
-            (targets, std::mem::take(&mut state.directory_dirty))
+            (targets, std::mem::take(&mut state.directory_dirty), round)
         };
-        let result = (|| -> Result<(), String> {
-            if directory {
-                self.storage
-                    .sync_directory()
-                    .map_err(|e| format!("syncing directory {}: {e}", self.storage.describe()))?;
-            }
-            // fsync the segments concurrently (a few at a time) so the device sees them together.
-            const PARALLEL_SYNCS_MAX: usize = 4;
-            for group in targets.chunks(PARALLEL_SYNCS_MAX) {
-                let results: Vec<Result<(), String>> = std::thread::scope(|scope| {
-                    let handles: Vec<_> = group
-                        .iter()
-                        .skip(1)
-                        .map(|(id, file, _)| {
-                            scope.spawn(move || {
-                                file.sync().map_err(|e| {
-                                    format!(
-                                        "fsync of segment {id} in {}: {e}",
-                                        self.storage.describe()
-                                    )
-                                })
-                            })
-                        })
-                        .collect();
-                    let (id, file, _) = &group[0];
-                    let mut results = vec![file.sync().map_err(|e| {
-                        format!("fsync of segment {id} in {}: {e}", self.storage.describe())
-                    })];
-                    results.extend(
-                        handles.into_iter().map(|h| h.join().expect("fsync thread panicked")),
-                    );
-                    results
-                });
-                results.into_iter().collect::<Result<Vec<()>, String>>()?;
-            }
-            Ok(())
-        })();
+        let result = self.fsync_round(&targets, directory);
         let mut state = self.state.lock();
         if let Err(reason) = result {
             self.fail(&mut state, reason.clone());
@@ -78,9 +56,51 @@ impl Inner {
             }
         }
         state.counters.fsyncs += targets.len() as u64;
+        debug_assert!(state.sync_calls_covered < round, "sync rounds went backwards");
+        state.sync_calls_covered = round;
         drop(state);
         self.write_log.flush();
         Ok(targets.len() as u64)
+    }
+
+    /// The I/O of one `sync_dirty` round: the directory (if files came or went), then the
+    /// segments.
+    fn fsync_round(
+        &self,
+        targets: &[(SegmentId, std::sync::Arc<dyn crate::storage::SegmentFile>, u64)],
+        directory: bool,
+    ) -> Result<(), String> {
+        if directory {
+            self.storage
+                .sync_directory()
+                .map_err(|e| format!("syncing directory {}: {e}", self.storage.describe()))?;
+        }
+        // fsync the segments concurrently (a few at a time) so the device sees them together.
+        const PARALLEL_SYNCS_MAX: usize = 4;
+        for group in targets.chunks(PARALLEL_SYNCS_MAX) {
+            let results: Vec<Result<(), String>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = group
+                    .iter()
+                    .skip(1)
+                    .map(|(id, file, _)| {
+                        scope.spawn(move || {
+                            file.sync().map_err(|e| {
+                                format!("fsync of segment {id} in {}: {e}", self.storage.describe())
+                            })
+                        })
+                    })
+                    .collect();
+                let (id, file, _) = &group[0];
+                let mut results = vec![file.sync().map_err(|e| {
+                    format!("fsync of segment {id} in {}: {e}", self.storage.describe())
+                })];
+                results
+                    .extend(handles.into_iter().map(|h| h.join().expect("fsync thread panicked")));
+                results
+            });
+            results.into_iter().collect::<Result<Vec<()>, String>>()?;
+        }
+        Ok(())
     }
 
     /// Leader/follower group commit: the first committer to find no leader runs a round for

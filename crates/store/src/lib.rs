@@ -30,6 +30,7 @@
 
 mod arena;
 mod commit;
+mod direct;
 mod error;
 mod flusher;
 pub mod format;

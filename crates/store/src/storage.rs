@@ -19,6 +19,18 @@ use std::sync::Arc;
 pub trait SegmentFile: Send + Sync {
     /// Writes all of `data` at `offset`.
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()>;
+    /// The alignment (of offset, length and memory address) that [`Self::write_direct_at`]
+    /// needs, when this file can be written around the page cache; `None`: it cannot.
+    fn direct_alignment(&self) -> Option<u64> {
+        None
+    }
+    /// Writes all of `data` at `offset` around the page cache (`O_DIRECT`): no copy into the
+    /// cache, no dirty pages for the kernel to track and write back, and the bytes are on the
+    /// device (not yet durable: `sync` still makes them so) when it returns. `offset`,
+    /// `data.len()` and `data`'s address must be multiples of `direct_alignment()`.
+    fn write_direct_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.write_at(offset, data)
+    }
     /// Fills all of `buf` from `offset`; reading past the end is an error.
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
     /// Fills `first` from `offset` and `second` right after it (a record's header and
@@ -45,6 +57,14 @@ pub trait SegmentFile: Send + Sync {
     fn preallocate(&self, _length: u64) -> io::Result<bool> {
         Ok(false)
     }
+}
+
+/// Whether `data` at `offset` meets `O_DIRECT`'s rules for `alignment`: offset, length and
+/// memory address all multiples of it.
+pub fn is_direct_aligned(offset: u64, data: &[u8], alignment: u64) -> bool {
+    offset.is_multiple_of(alignment)
+        && (data.len() as u64).is_multiple_of(alignment)
+        && (data.as_ptr() as u64).is_multiple_of(alignment)
 }
 
 /// Whether an I/O error means the file system (or the user's disk quota) is full: the store
@@ -79,7 +99,13 @@ pub trait Storage: Send + Sync {
 pub struct PosixStorage {
     directory: PathBuf,
     _lock: File,
+    /// Open every segment a second time with `O_DIRECT` for [`SegmentFile::write_direct_at`].
+    direct_io: bool,
 }
+
+/// Alignment asked of `O_DIRECT` writes: a 4 KiB page covers the logical block size of every
+/// SSD and file system the store runs on (512 B or 4 KiB).
+pub const DIRECT_ALIGNMENT_BYTES: u64 = 4096;
 
 /// Name of the lock file in the SSD directory (not a segment; recovery ignores it).
 pub const LOCK_FILE_NAME: &str = "LOCK";
@@ -106,17 +132,66 @@ impl PosixStorage {
                 ),
             ));
         }
-        Ok(PosixStorage { directory: directory.to_path_buf(), _lock: lock })
+        Ok(PosixStorage { directory: directory.to_path_buf(), _lock: lock, direct_io: false })
+    }
+
+    /// Also opens each segment with `O_DIRECT` for the spill's aligned writes, where the file
+    /// system allows it (tmpfs and some FUSE file systems refuse; those segments stay buffered).
+    pub fn with_direct_io(mut self, direct_io: bool) -> PosixStorage {
+        self.direct_io = direct_io;
+        self
+    }
+
+    /// The segment at `path` (opened or created by `options`), with its `O_DIRECT` twin when
+    /// the storage asks for one and the file system gives it.
+    fn segment(&self, path: &Path, options: &OpenOptions) -> io::Result<Arc<dyn SegmentFile>> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = options.open(path)?;
+        let direct = if self.direct_io {
+            match OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(path) {
+                Ok(direct) => Some(direct),
+                // Not supported here: the buffered descriptor does every write.
+                Err(error) if error.raw_os_error() == Some(libc::EINVAL) => None,
+                Err(error) => return Err(error),
+            }
+        } else {
+            None
+        };
+        Ok(Arc::new(PosixFile { file, direct }))
     }
 }
 
 struct PosixFile {
     file: File,
+    /// The same file opened with `O_DIRECT` (writes only), when the file system allows it.
+    direct: Option<File>,
 }
 
 impl SegmentFile for PosixFile {
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
         self.file.write_all_at(data, offset)
+    }
+    fn direct_alignment(&self) -> Option<u64> {
+        self.direct.as_ref().map(|_| DIRECT_ALIGNMENT_BYTES)
+    }
+    fn write_direct_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let Some(direct) = &self.direct else { return self.write_at(offset, data) };
+        debug_assert!(is_direct_aligned(offset, data, DIRECT_ALIGNMENT_BYTES));
+        let mut done = 0;
+        while done < data.len() {
+            match direct.write_at(&data[done..], offset + done as u64) {
+                Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+                // A short direct write (the disk filled midway) leaves an unaligned rest
+                // only if the kernel stopped inside a block; finish it through the cache.
+                Ok(n) if !((done + n) as u64).is_multiple_of(DIRECT_ALIGNMENT_BYTES) => {
+                    return self.file.write_all_at(&data[done + n..], offset + (done + n) as u64);
+                }
+                Ok(n) => done += n,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(())
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.file.read_exact_at(buf, offset)
@@ -225,16 +300,13 @@ impl Storage for PosixStorage {
         Ok(names)
     }
     fn create(&self, name: &str) -> io::Result<Arc<dyn SegmentFile>> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(self.directory.join(name))?;
-        Ok(Arc::new(PosixFile { file }))
+        self.segment(
+            &self.directory.join(name),
+            OpenOptions::new().read(true).write(true).create_new(true),
+        )
     }
     fn open(&self, name: &str) -> io::Result<Arc<dyn SegmentFile>> {
-        let file = OpenOptions::new().read(true).write(true).open(self.directory.join(name))?;
-        Ok(Arc::new(PosixFile { file }))
+        self.segment(&self.directory.join(name), OpenOptions::new().read(true).write(true))
     }
     fn remove(&self, name: &str) -> io::Result<()> {
         std::fs::remove_file(self.directory.join(name))
@@ -306,6 +378,10 @@ struct SimLimits {
     /// Bytes allocated over all files (each file's max of its length and its preallocation).
     allocated_bytes: u64,
     faults: Vec<Fault>,
+    /// What `direct_alignment` answers (`SimStorage::set_direct_alignment`).
+    direct_alignment: Option<u64>,
+    /// Bytes written by `write_direct_at`, for tests that must see the direct path taken.
+    direct_bytes_written: u64,
 }
 
 impl SimLimits {
@@ -441,6 +517,17 @@ impl SimStorage {
         self.limits.lock().capacity_bytes = capacity_bytes;
     }
 
+    /// Lets every file take `O_DIRECT`-style writes aligned to `alignment` (`None`: none).
+    /// A misaligned direct write fails with EINVAL, as the kernel's would.
+    pub fn set_direct_alignment(&self, alignment: Option<u64>) {
+        self.limits.lock().direct_alignment = alignment;
+    }
+
+    /// Bytes written so far through `write_direct_at`.
+    pub fn direct_bytes_written(&self) -> u64 {
+        self.limits.lock().direct_bytes_written
+    }
+
     /// Bytes allocated on the simulated file system now (`set_capacity` to this fills it).
     pub fn allocated_bytes(&self) -> u64 {
         self.limits.lock().allocated_bytes
@@ -511,6 +598,23 @@ impl SegmentFile for SimFile {
             Some(error) => Err(error),
             None => Ok(()),
         }
+    }
+    fn direct_alignment(&self) -> Option<u64> {
+        self.limits.lock().direct_alignment
+    }
+    fn write_direct_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        {
+            let mut limits = self.limits.lock();
+            match limits.direct_alignment {
+                Some(alignment) if is_direct_aligned(offset, data, alignment) => {
+                    limits.direct_bytes_written += data.len() as u64;
+                }
+                _ => return Err(errno_error(libc::EINVAL)),
+            }
+        }
+        // Same faults, space and crash rules as any write: a direct write is not durable
+        // before `sync` either, and a power loss can tear it.
+        self.write_at(offset, data)
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         let inner = self.inner.lock();

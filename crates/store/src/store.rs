@@ -130,11 +130,15 @@ pub struct StoreStats {
     pub metadata_bytes: u64,
     /// Everything appended to segment files.
     pub ssd_bytes_written: u64,
+    /// Bytes of the spills written around the page cache (`O_DIRECT`, `ssd_direct_io`).
+    pub ssd_direct_bytes_written: u64,
     /// `ssd_bytes_written / user_bytes_to_ssd` (1.0 when nothing was spilled yet).
     pub host_write_amplification: f64,
     pub commits: u64,
     pub commit_rounds: u64,
     pub fsyncs: u64,
+    /// Syncs and commit steps that a concurrent fsync round covered (group fsync).
+    pub fsyncs_shared: u64,
     pub write_hints: WriteHints,
     pub recovery: RecoveryReport,
 }
@@ -282,6 +286,8 @@ pub(crate) struct Counters {
     pub segments_deleted: u64,
     /// Data records written straight to SSD because DRAM was above its high watermark.
     pub write_through_records: u64,
+    /// `sync_dirty` calls that a round started after them made durable (no fsync of their own).
+    pub fsyncs_shared: u64,
 }
 
 pub(crate) struct State {
@@ -295,6 +301,9 @@ pub(crate) struct State {
     pub segments: BTreeMap<SegmentId, Segment>,
     pub open_segments: HashMap<StreamKey, SegmentId>,
     pub next_sequence: u64,
+    /// `sync_dirty` calls so far, and how many of them the last finished round covered.
+    pub sync_calls: u64,
+    pub sync_calls_covered: u64,
     pub next_segment: u64,
     pub ssd_used_bytes: u64,
     /// Capacity promised to writes in progress but not yet in DRAM.
@@ -339,6 +348,8 @@ pub(crate) struct Inner {
     /// Serialises `sync_dirty`: a caller that finds a segment clean must not return while
     /// another caller's fsync of it is still running.
     pub sync_lock: Mutex<()>,
+    /// Writes the spills' runs, whole blocks around the page cache where the storage allows.
+    pub direct: crate::direct::DirectWriter,
 }
 
 /// The log-structured store of one server. `Send + Sync`; share it behind an `Arc`.
@@ -352,6 +363,24 @@ pub(crate) enum SpillScope<'a> {
     /// Oldest first, any epoch.
     Oldest,
     Epochs(&'a BTreeSet<EpochId>),
+    /// Records whose sequence is below `horizon` (they existed when a sync began), of `epochs`
+    /// only when given: a sync never chases writes that arrive while it runs.
+    Before {
+        horizon: u64,
+        epochs: Option<&'a BTreeSet<EpochId>>,
+    },
+}
+
+impl SpillScope<'_> {
+    fn takes(&self, sequence: u64, epoch: EpochId) -> bool {
+        match self {
+            SpillScope::Oldest => true,
+            SpillScope::Epochs(epochs) => epochs.contains(&epoch),
+            SpillScope::Before { horizon, epochs } => {
+                sequence < *horizon && epochs.is_none_or(|epochs| epochs.contains(&epoch))
+            }
+        }
+    }
 }
 
 /// Why a record could not be placed in a segment.
@@ -659,15 +688,17 @@ pub(crate) fn unadmit_payload(state: &mut State, epoch: EpochId, payload_bytes: 
 }
 
 /// Step 2 of `Inner::write_through`, outside the lock: writes the payload of the record of
-/// `bytes` placed at `at`, then the zero padding after it (the header comes last).
+/// `bytes` placed at `at` (its whole blocks around the page cache, like a spill's), then the
+/// zero padding after it (the header comes last).
 fn write_payload_and_padding(
+    direct: &crate::direct::DirectWriter,
     segment_file: &dyn SegmentFile,
     at: u64,
     piece: &[u8],
     bytes: u64,
 ) -> std::io::Result<()> {
     let padding = (bytes - HEADER_BYTES as u64 - piece.len() as u64) as usize;
-    let mut result = segment_file.write_at(at + HEADER_BYTES as u64, piece);
+    let mut result = direct.write(segment_file, at + HEADER_BYTES as u64, piece);
     if result.is_ok() && padding > 0 {
         result = segment_file
             .write_at(at + HEADER_BYTES as u64 + piece.len() as u64, &[0u8; 8][..padding]);
@@ -678,14 +709,13 @@ fn write_payload_and_padding(
 impl Store {
     /// Opens (recovering if needed) the store in `knobs.ssd_directory`.
     pub fn open(knobs: &StoreKnobs) -> Result<Store, OpenError> {
-        let storage =
-            PosixStorage::new(std::path::Path::new(&knobs.ssd_directory)).map_err(|source| {
-                OpenError::Io {
-                    what: "creating and locking the directory".into(),
-                    directory: knobs.ssd_directory.clone(),
-                    source,
-                }
-            })?;
+        let storage = PosixStorage::new(std::path::Path::new(&knobs.ssd_directory))
+            .map_err(|source| OpenError::Io {
+                what: "creating and locking the directory".into(),
+                directory: knobs.ssd_directory.clone(),
+                source,
+            })?
+            .with_direct_io(knobs.ssd_direct_io);
         Store::open_with(knobs, Arc::new(storage))
     }
 
@@ -720,6 +750,8 @@ impl Store {
             segments: BTreeMap::new(),
             open_segments: HashMap::new(),
             next_sequence: 1,
+            sync_calls: 0,
+            sync_calls_covered: 0,
             next_segment: 1,
             ssd_used_bytes: 0,
             reserved_bytes: 0,
@@ -754,6 +786,7 @@ impl Store {
             write_log,
             gc_lock: Mutex::new(()),
             sync_lock: Mutex::new(()),
+            direct: crate::direct::DirectWriter::default(),
         });
         if flusher_mode == FlusherMode::Manual {
             return Ok(Store { inner, flusher: None });
@@ -1272,6 +1305,7 @@ impl Store {
             compaction_bytes: c.compaction_bytes,
             metadata_bytes: c.metadata_bytes,
             ssd_bytes_written: c.ssd_bytes_written,
+            ssd_direct_bytes_written: self.inner.direct.direct_bytes_written(),
             host_write_amplification: if c.user_bytes_to_ssd == 0 {
                 1.0
             } else {
@@ -1280,6 +1314,7 @@ impl Store {
             commits: c.commits,
             commit_rounds: c.commit_rounds,
             fsyncs: c.fsyncs,
+            fsyncs_shared: c.fsyncs_shared,
             write_hints: state.hints,
             recovery: state.recovery.clone(),
         }
@@ -1303,23 +1338,36 @@ impl Store {
                 .map(|(&epoch, _)| epoch)
                 .collect()
         };
-        let sync_error = |reason: String| {
-            if self.inner.state.lock().failed.is_some() {
-                SyncError::Failed(reason)
-            } else {
-                SyncError::NoSpace(reason)
-            }
-        };
         if !in_memory.is_empty() {
             self.inner.group_commit(in_memory).map_err(|e| match e {
                 CommitError::NoSpace(reason) => SyncError::NoSpace(reason),
                 other => SyncError::Failed(other.to_string()),
             })?;
         }
-        self.inner.spill_all().map_err(sync_error)?;
+        self.inner.spill_existing(None).map_err(|reason| self.spill_failure(reason))?;
         self.inner.sync_dirty().map_err(SyncError::Failed)?;
         self.inner.write_log.flush();
         Ok(())
+    }
+
+    /// Makes every record of `epoch` written before the call durable without sealing it (the
+    /// mount's fsync): only that epoch's DRAM records are spilled, other epochs stay in DRAM,
+    /// and the fsync round is shared with every concurrent sync and commit (`sync_dirty`).
+    pub fn sync_epoch(&self, epoch: EpochId) -> Result<(), SyncError> {
+        let epochs = BTreeSet::from([epoch]);
+        self.inner.spill_existing(Some(&epochs)).map_err(|reason| self.spill_failure(reason))?;
+        self.inner.sync_dirty().map_err(SyncError::Failed)?;
+        self.inner.write_log.flush();
+        Ok(())
+    }
+
+    /// A sync's spill that stopped: the store failed, or (otherwise) space ran out.
+    fn spill_failure(&self, reason: String) -> SyncError {
+        if self.inner.state.lock().failed.is_some() {
+            SyncError::Failed(reason)
+        } else {
+            SyncError::NoSpace(reason)
+        }
     }
 
     /// Clean shutdown: [`Store::sync`], then stop the flusher. Dropping a store without
@@ -1889,7 +1937,8 @@ impl Inner {
             self.place_write_through(&mut state, stream, epoch, bytes)?;
         drop(state);
 
-        let mut result = write_payload_and_padding(segment_file.as_ref(), at, piece, bytes);
+        let mut result =
+            write_payload_and_padding(&self.direct, segment_file.as_ref(), at, piece, bytes);
 
         let mut state = self.state.lock();
         let header = next_data_header(&mut state, stream, epoch, file, offset, piece.len());
@@ -2305,10 +2354,8 @@ impl Inner {
             if record.status != DramStatus::Ready {
                 continue;
             }
-            if let SpillScope::Epochs(epochs) = &scope {
-                if !epochs.contains(&record.epoch) {
-                    continue;
-                }
+            if !scope.takes(record.sequence, record.epoch) {
+                continue;
             }
             chosen.push((
                 record.position,
@@ -2488,15 +2535,17 @@ impl Inner {
             // SAFETY: every record in the range is Spilling: published, so nobody writes it,
             // and the ring tail cannot pass it until we mark it Spilled.
             let bytes = unsafe { self.arena.slice(first.position, length) };
-            first.file.write_at(first.offset, bytes).map_err(|error| SpillWriteError {
-                first_unwritten: i,
-                no_space: is_no_space(&error),
-                reason: format!(
-                    "writing {length} bytes to segment {} at offset {} in {}: {error}",
-                    first.segment,
-                    first.offset,
-                    self.storage.describe()
-                ),
+            self.direct.write(first.file.as_ref(), first.offset, bytes).map_err(|error| {
+                SpillWriteError {
+                    first_unwritten: i,
+                    no_space: is_no_space(&error),
+                    reason: format!(
+                        "writing {length} bytes to segment {} at offset {} in {}: {error}",
+                        first.segment,
+                        first.offset,
+                        self.storage.describe()
+                    ),
+                }
             })?;
             // Start writeback in large chunks as we go, so the commit's fsync finds most of the
             // data on disk already (a hint; errors surface at fsync).
@@ -2522,14 +2571,25 @@ impl Inner {
         Ok(())
     }
 
-    /// Spills every Ready record and waits until none is Writing or Spilling.
-    pub(crate) fn spill_all(&self) -> Result<(), String> {
+    /// Spills every record that exists now (of `epochs` only, when given) and waits until
+    /// none of them is still being written or spilled. Records that arrive meanwhile are left
+    /// to the flusher: a sync under a steady stream of other writers still ends.
+    pub(crate) fn spill_existing(&self, epochs: Option<&BTreeSet<EpochId>>) -> Result<(), String> {
+        let horizon = self.state.lock().next_sequence;
+        let scope = SpillScope::Before { horizon, epochs };
         loop {
-            while self.spill(SpillScope::Oldest, self.knobs.flusher_batch_bytes)? > 0 {}
+            while self
+                .spill(SpillScope::Before { horizon, epochs }, self.knobs.flusher_batch_bytes)?
+                > 0
+            {}
             let mut state = self.state.lock();
             Self::failed(&state)?;
             let busy = state.dram.iter().any(|r| {
-                matches!(r.status, DramStatus::Writing | DramStatus::Spilling | DramStatus::Ready)
+                scope.takes(r.sequence, r.epoch)
+                    && matches!(
+                        r.status,
+                        DramStatus::Writing | DramStatus::Spilling | DramStatus::Ready
+                    )
             });
             if !busy {
                 return Ok(());

@@ -498,3 +498,162 @@ fn a_directory_is_owned_by_one_store_at_a_time() {
     first.close().unwrap();
     Store::open(&knobs).unwrap().close().unwrap();
 }
+
+/// A store on a real directory of the real disk (the target directory: /tmp may be a tmpfs).
+fn posix_knobs(temp: &tempfile::TempDir, direct_io: bool) -> spillway_config::StoreKnobs {
+    spillway_config::StoreKnobs {
+        ssd_directory: temp.path().join("ssd").display().to_string(),
+        dram_bytes_max: 4 << 20,
+        segment_bytes_max: 8 << 20,
+        ssd_bytes_max: 256 << 20,
+        record_payload_bytes_max: 1 << 20,
+        ssd_reserve_bytes: 0,
+        ssd_direct_io: direct_io,
+        ..common::small_knobs()
+    }
+}
+
+#[test]
+fn ssd_commits_write_whole_blocks_around_the_page_cache_and_read_back_after_a_restart() {
+    for direct_io in [true, false] {
+        let temp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let knobs = posix_knobs(&temp, direct_io);
+        let store = Store::open(&knobs).unwrap();
+        // Two streams whose odd-sized writes interleave: runs start and end inside blocks that
+        // a neighbouring run shares.
+        for epoch in 1..=4u64 {
+            for stream in 1..=2u64 {
+                let data = common::payload(epoch * 10 + stream, 3 * 1_000_003 + 77);
+                store.write(StreamKey(stream), EpochId(epoch), FileId(stream), 0, &data).unwrap();
+            }
+            store.commit(EpochId(epoch), Durability::Ssd).unwrap();
+        }
+        let stats = store.stats();
+        if direct_io {
+            // Spills and write-throughs alike: all but the blocks at the records' ends.
+            assert!(stats.ssd_direct_bytes_written > 20 << 20, "{stats:?}");
+            assert!(stats.ssd_direct_bytes_written < stats.ssd_bytes_written, "{stats:?}");
+        } else {
+            assert_eq!(stats.ssd_direct_bytes_written, 0);
+        }
+        store.close().unwrap();
+        let store = Store::open(&knobs).unwrap();
+        for epoch in 1..=4u64 {
+            for stream in 1..=2u64 {
+                let data = common::payload(epoch * 10 + stream, 3 * 1_000_003 + 77);
+                let mut back = vec![0u8; data.len()];
+                store.read(EpochId(epoch), FileId(stream), 0, &mut back).unwrap();
+                assert!(back == data, "epoch {epoch} stream {stream} (direct_io {direct_io})");
+            }
+        }
+        store.close().unwrap();
+    }
+}
+
+fn open_manual_sim() -> (Arc<SimStorage>, Store) {
+    let storage = SimStorage::new();
+    let store = Store::open_with_flusher(
+        &common::small_knobs(),
+        storage.clone() as Arc<dyn Storage>,
+        spillway_store::FlusherMode::Manual,
+    )
+    .unwrap();
+    (storage, store)
+}
+
+/// A power loss now: every unsynced write dropped.
+fn power_loss(storage: &SimStorage) -> Store {
+    let image = storage.crash_image(spillway_store::CrashPlan {
+        torn_write_bytes: None,
+        keep_older_unsynced: false,
+    });
+    Store::open_with(&common::small_knobs(), image as Arc<dyn Storage>).unwrap()
+}
+
+#[test]
+fn sync_epoch_makes_that_epoch_durable_and_leaves_the_others_in_dram() {
+    let (storage, store) = open_manual_sim();
+    let (synced, other) = (common::payload(1, 40_000), common::payload(2, 40_000));
+    store.write(StreamKey(1), EpochId(1), FileId(0), 0, &synced).unwrap();
+    store.write(StreamKey(2), EpochId(2), FileId(0), 0, &other).unwrap();
+    store.sync_epoch(EpochId(1)).unwrap();
+    let in_dram = |epoch: u64| -> Vec<bool> {
+        let extents = store.extents(EpochId(epoch)..=EpochId(epoch), None);
+        extents.into_iter().map(|e| e.tier == Tier::Dram).collect()
+    };
+    assert!(in_dram(1).iter().all(|dram| !dram), "epoch 1 is still in DRAM");
+    assert!(in_dram(2).iter().all(|dram| *dram), "another epoch was spilled by the sync");
+    assert!(!in_dram(2).is_empty());
+    // Still open: a sync does not seal.
+    store.write(StreamKey(1), EpochId(1), FileId(1), 0, b"after the sync").unwrap();
+    let recovered = power_loss(&storage);
+    let mut back = vec![0u8; synced.len()];
+    recovered.read(EpochId(1), FileId(0), 0, &mut back).unwrap();
+    assert!(back == synced);
+    assert!(recovered.epochs().iter().all(|e| e.epoch != EpochId(2)), "epoch 2 was never synced");
+}
+
+#[test]
+fn a_sync_ends_while_another_writer_keeps_writing() {
+    let (_storage, store) = open_sim();
+    let store = Arc::new(store);
+    store.write(StreamKey(1), EpochId(1), FileId(0), 0, &common::payload(1, 30_000)).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Bounded: without the sync's horizon it would wait for this writer to stop by itself.
+    const WRITES_MAX: u64 = 200_000;
+    let writer = {
+        let (store, stop) = (store.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut writes = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && writes < WRITES_MAX {
+                let offset = (writes % 64) * 4096;
+                // Out of space: the syncs kept spilling this writer's bytes until the log filled.
+                store.write(StreamKey(2), EpochId(2), FileId(0), offset, &[7u8; 4096])?;
+                writes += 1;
+            }
+            Ok::<u64, spillway_store::WriteError>(writes)
+        })
+    };
+    while store.epochs().iter().all(|e| e.epoch != EpochId(2)) {
+        std::thread::yield_now();
+    }
+    store.sync().unwrap();
+    store.sync_epoch(EpochId(2)).unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let writes = writer.join().unwrap().expect("the syncs chased the writer until the log filled");
+    assert!(writes < WRITES_MAX, "the syncs waited for the writer to give up");
+}
+
+#[test]
+fn concurrent_syncs_of_many_epochs_are_each_durable() {
+    let (storage, store) = open_sim();
+    let store = Arc::new(store);
+    let threads: Vec<_> = (1..=6u64)
+        .map(|epoch| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                for round in 0..20u64 {
+                    let data = common::payload(epoch * 100 + round, 3000);
+                    store.write(StreamKey(epoch), EpochId(epoch), FileId(round), 0, &data).unwrap();
+                    store.sync_epoch(EpochId(epoch)).unwrap();
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    let stats = store.stats();
+    eprintln!("fsyncs {} shared {}", stats.fsyncs, stats.fsyncs_shared);
+    let recovered = power_loss(&storage);
+    for epoch in 1..=6u64 {
+        for round in 0..20u64 {
+            let mut back = vec![0u8; 3000];
+            recovered.read(EpochId(epoch), FileId(round), 0, &mut back).unwrap();
+            assert!(
+                back == common::payload(epoch * 100 + round, 3000),
+                "epoch {epoch} file {round}"
+            );
+        }
+    }
+}

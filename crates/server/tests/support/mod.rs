@@ -182,6 +182,10 @@ impl Backend for ModelBackend {
         Ok(())
     }
 
+    fn sync_epoch(&self, _epoch: EpochId) -> Result<(), BackendError> {
+        self.sync()
+    }
+
     fn commit(
         &self,
         epoch: EpochId,

@@ -1,0 +1,58 @@
+//! `spillway bench ingress --json` with tiny settings: real servers, real client workers, real
+//! memcached and the direct-to-disk baseline. Rates, ratios and CPU figures are timings: only
+//! their presence and sign are checked, never their values (nor the 0.9 goal).
+
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_spillway");
+
+fn run(extra: &[&str]) -> serde_json::Value {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let output = Command::new(BIN)
+        .args(["bench", "ingress", "--json", "--single", "--repeat", "1"])
+        .args(["--bytes-per-client", "8M", "--transfer-bytes", "1M", "--dir"])
+        .arg(dir.path())
+        .args(extra)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+fn positive(value: &serde_json::Value, key: &str) -> f64 {
+    let number = value[key].as_f64().unwrap_or_else(|| panic!("{key} missing in {value}"));
+    assert!(number > 0.0, "{key} = {number} in {value}");
+    number
+}
+
+#[test]
+fn every_subject_is_measured_with_its_cpu_cost() {
+    let report = run(&[]);
+    let row = &report["rows"][0];
+    for subject in ["spillway_nn_memory", "memcached", "loopback", "direct_pfs", "spillway_nn_ssd"] {
+        positive(row, &format!("{subject}_gbps"));
+        // Busy CPU of a region can round to 0 on a fast run; never negative, never absent.
+        let cpu = row["cpu_seconds_per_gb"][subject].as_f64().unwrap_or_else(|| panic!("{row}"));
+        assert!(cpu >= 0.0, "{subject}: {cpu}");
+    }
+    for ratio in ["vs_memcached", "vs_loopback", "ssd_vs_direct_pfs"] {
+        positive(&report["ratios"], ratio);
+    }
+    assert_eq!(row["ssd_vs_direct_pfs_per_repeat"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn durable_only_measures_the_disk_subjects_alone() {
+    let report = run(&["--durable-only"]);
+    assert_eq!(report["durable_only"], true);
+    let row = &report["rows"][0];
+    positive(row, "direct_pfs_gbps");
+    positive(row, "spillway_nn_ssd_gbps");
+    positive(row, "spillway_n1_ssd_gbps");
+    assert!(row.get("memcached_gbps").is_none() && row.get("loopback_gbps").is_none(), "{row}");
+    let subjects: Vec<&String> = row["cpu_seconds_per_gb"].as_object().unwrap().keys().collect();
+    assert_eq!(subjects, ["direct_pfs", "spillway_n1_ssd", "spillway_nn_ssd"]);
+    assert!(report["ratios"].get("vs_memcached").is_none(), "{report}");
+    positive(&report["ratios"], "ssd_vs_direct_pfs");
+}
