@@ -110,7 +110,7 @@ impl Shape {
 }
 
 /// The subjects of one configuration, in the order of `measure`'s samples.
-const SUBJECTS: [&str; 8] = [
+const SUBJECTS: [&str; 9] = [
     "loopback",
     "spillway_nn_memory",
     "memcached",
@@ -119,6 +119,7 @@ const SUBJECTS: [&str; 8] = [
     "spillway_nn_ssd",
     "spillway_n1_ssd",
     "spillway_nn_memory_munge",
+    "spillway_nn_ssd_buffered",
 ];
 const LOOPBACK: usize = 0;
 const NN_MEMORY: usize = 1;
@@ -128,6 +129,15 @@ const DIRECT_PFS: usize = 4;
 const NN_SSD: usize = 5;
 const N1_SSD: usize = 6;
 const NN_MEMORY_MUNGE: usize = 7;
+const NN_SSD_BUFFERED: usize = 8;
+
+/// How the servers of a Spillway subject write their SSD logs: whole blocks with `O_DIRECT`
+/// (`store.ssd_direct_io`, the default) or everything through the page cache.
+#[derive(Clone, Copy, PartialEq)]
+enum Spills {
+    Direct,
+    Buffered,
+}
 
 /// One timed run of one subject: its rate, and the whole machine's busy CPU over the timed
 /// region per GB moved (kernel writeback and softirqs included).
@@ -185,6 +195,8 @@ struct Row {
     spillway_nn_memory_munge_gbps: Option<f64>,
     /// Median busy CPU seconds of the whole machine per GB moved, by subject.
     cpu_seconds_per_gb: std::collections::BTreeMap<&'static str, f64>,
+    /// N-N at ssd durability with `store.ssd_direct_io = false`: the page-cache path.
+    spillway_nn_ssd_buffered_gbps: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     vs_memcached: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -192,6 +204,10 @@ struct Row {
     ssd_vs_direct_pfs: f64,
     /// Each repeat's ssd / direct ratio, in order: the spread behind the median.
     ssd_vs_direct_pfs_per_repeat: Vec<f64>,
+    /// The same ratio with the page-cache spills (`ssd_direct_io = false`).
+    ssd_buffered_vs_direct_pfs: f64,
+    /// N-N ssd with O_DIRECT spills over the page-cache spills (median of paired ratios).
+    direct_io_vs_buffered: f64,
     /// Median of the paired munge / none ratios (`--auth munge`).
     #[serde(skip_serializing_if = "Option::is_none")]
     munge_vs_none: Option<f64>,
@@ -281,7 +297,11 @@ fn measure_shapes(
 /// The rows and the first row's ratios as one JSON object on stdout.
 fn print_json(args: &Args, rows: &[Row]) -> anyhow::Result<()> {
     let first = &rows[0];
-    let mut ratios = serde_json::json!({ "ssd_vs_direct_pfs": first.ssd_vs_direct_pfs });
+    let mut ratios = serde_json::json!({
+        "ssd_vs_direct_pfs": first.ssd_vs_direct_pfs,
+        "ssd_buffered_vs_direct_pfs": first.ssd_buffered_vs_direct_pfs,
+        "direct_io_vs_buffered": first.direct_io_vs_buffered,
+    });
     for (key, ratio) in [
         ("vs_memcached", first.vs_memcached),
         ("vs_loopback", first.vs_loopback),
@@ -343,11 +363,14 @@ fn print_table(args: &Args, rows: &[Row]) {
         let cpu: Vec<String> =
             r.cpu_seconds_per_gb.iter().map(|(name, v)| format!("{name} {v:.2}")).collect();
         println!(
-            "S={} C={} transfer={}: ssd_vs_direct_pfs per repeat {}; busy CPU s/GB (whole machine): {}",
+            "S={} C={} transfer={}: ssd_vs_direct_pfs per repeat {}; with page-cache spills NN ssd {:.2} GB/s, ssd_buffered_vs_direct_pfs {:.2}, direct_io_vs_buffered {:.2}; busy CPU s/GB (whole machine): {}",
             r.servers,
             r.clients,
             spillway_types::format_bytes(r.transfer_bytes),
             ratios.join(" "),
+            r.spillway_nn_ssd_buffered_gbps,
+            r.ssd_buffered_vs_direct_pfs,
+            r.direct_io_vs_buffered,
             cpu.join(", ")
         );
     }
@@ -370,33 +393,36 @@ fn sample_subjects(
     repeat: u32,
     munged: Option<&Munged>,
     durable_only: bool,
-) -> anyhow::Result<[Vec<Sample>; 8]> {
-    let mut samples: [Vec<Sample>; 8] = Default::default();
-    let none = Auth::None;
+) -> anyhow::Result<[Vec<Sample>; 9]> {
+    let mut samples: [Vec<Sample>; 9] = Default::default();
+    let (none, direct) = (Auth::None, Spills::Direct);
     for run in 0..repeat {
         // Each Spillway subject sits next to the baseline it is judged against.
         if !durable_only {
             samples[LOOPBACK].push(loopback_gbps(shape)?);
             // The munge subject runs next to the same workload without authentication, first
             // on every other repeat so that neither always inherits the other's warm caches.
-            let munge = |samples: &mut [Vec<Sample>; 8], munged| -> anyhow::Result<()> {
-                let sample = spillway_gbps(shape, work, "nn", "memory", Auth::Munge(munged))?;
+            let munge = |samples: &mut [Vec<Sample>; 9], munged| -> anyhow::Result<()> {
+                let auth = Auth::Munge(munged);
+                let sample = spillway_gbps(shape, work, "nn", "memory", auth, Spills::Direct)?;
                 samples[NN_MEMORY_MUNGE].push(sample);
                 Ok(())
             };
             if let (Some(munged), 1) = (munged, run % 2) {
                 munge(&mut samples, munged)?;
             }
-            samples[NN_MEMORY].push(spillway_gbps(shape, work, "nn", "memory", none)?);
+            samples[NN_MEMORY].push(spillway_gbps(shape, work, "nn", "memory", none, direct)?);
             if let (Some(munged), 0) = (munged, run % 2) {
                 munge(&mut samples, munged)?;
             }
             samples[MEMCACHED].push(memcached_gbps(shape, work)?);
-            samples[N1_MEMORY].push(spillway_gbps(shape, work, "n1", "memory", none)?);
+            samples[N1_MEMORY].push(spillway_gbps(shape, work, "n1", "memory", none, direct)?);
         }
         samples[DIRECT_PFS].push(direct_pfs_gbps(shape, work)?);
-        samples[NN_SSD].push(spillway_gbps(shape, work, "nn", "ssd", none)?);
-        samples[N1_SSD].push(spillway_gbps(shape, work, "n1", "ssd", none)?);
+        samples[NN_SSD].push(spillway_gbps(shape, work, "nn", "ssd", none, direct)?);
+        samples[N1_SSD].push(spillway_gbps(shape, work, "n1", "ssd", none, direct)?);
+        let buffered = spillway_gbps(shape, work, "nn", "ssd", none, Spills::Buffered)?;
+        samples[NN_SSD_BUFFERED].push(buffered);
     }
     Ok(samples)
 }
@@ -445,6 +471,11 @@ fn measure(
         ssd_vs_direct_pfs: paired(NN_SSD, DIRECT_PFS)
             .expect("durable subjects are always measured"),
         ssd_vs_direct_pfs_per_repeat: per_repeat(NN_SSD, DIRECT_PFS),
+        spillway_nn_ssd_buffered_gbps: durable(NN_SSD_BUFFERED),
+        ssd_buffered_vs_direct_pfs: paired(NN_SSD_BUFFERED, DIRECT_PFS)
+            .expect("durable subjects are always measured"),
+        direct_io_vs_buffered: paired(NN_SSD, NN_SSD_BUFFERED)
+            .expect("durable subjects are always measured"),
         munge_vs_none: paired(NN_MEMORY_MUNGE, NN_MEMORY),
         munge_vs_none_per_repeat: per_repeat(NN_MEMORY_MUNGE, NN_MEMORY),
     })
@@ -458,9 +489,10 @@ fn spillway_gbps(
     pattern: &str,
     durability: &str,
     auth: Auth<'_>,
+    spills: Spills,
 ) -> anyhow::Result<Sample> {
     let executable = std::env::current_exe()?;
-    let servers = start_servers(shape, work, pattern, durability, auth)?;
+    let servers = start_servers(shape, work, pattern, durability, auth, spills)?;
     let list =
         servers.iter().map(|server| server.endpoint().to_string()).collect::<Vec<_>>().join(",");
     let mut workers = Workers::spawn(&executable, shape, &list, pattern, durability, auth)?;
@@ -496,6 +528,7 @@ fn start_servers(
     pattern: &str,
     durability: &str,
     auth: Auth<'_>,
+    spills: Spills,
 ) -> anyhow::Result<Vec<ServerProcess>> {
     let per_server = shape.total_bytes().div_ceil(shape.servers as u64);
     let dram = server_dram_bytes(per_server, durability);
@@ -513,6 +546,11 @@ fn start_servers(
             server_args.extend(["--auth".to_string(), "munge".to_string()]);
             server_args
                 .extend(["--munge-socket".to_string(), munged.socket().display().to_string()]);
+        }
+        if spills == Spills::Buffered {
+            let config = work.join("buffered-spills.toml");
+            std::fs::write(&config, "[store]\nssd_direct_io = false\n")?;
+            server_args.extend(["--config".to_string(), config.display().to_string()]);
         }
         servers.push(start_server(work, &s.to_string(), &ssd_dir, dram, &server_args)?);
     }

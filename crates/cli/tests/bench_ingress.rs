@@ -52,7 +52,12 @@ fn durable_only_measures_the_disk_subjects_alone() {
     positive(row, "spillway_n1_ssd_gbps");
     assert!(row.get("memcached_gbps").is_none() && row.get("loopback_gbps").is_none(), "{row}");
     let subjects: Vec<&String> = row["cpu_seconds_per_gb"].as_object().unwrap().keys().collect();
-    assert_eq!(subjects, ["direct_pfs", "spillway_n1_ssd", "spillway_nn_ssd"]);
+    assert_eq!(
+        subjects,
+        ["direct_pfs", "spillway_n1_ssd", "spillway_nn_ssd", "spillway_nn_ssd_buffered"]
+    );
     assert!(report["ratios"].get("vs_memcached").is_none(), "{report}");
-    positive(&report["ratios"], "ssd_vs_direct_pfs");
+    for ratio in ["ssd_vs_direct_pfs", "ssd_buffered_vs_direct_pfs", "direct_io_vs_buffered"] {
+        positive(&report["ratios"], ratio);
+    }
 }

@@ -163,7 +163,17 @@ fn store(shared: &Shared, out: &mut Exposition) {
         stats.host_write_amplification,
     );
     out.counter("spillway_server_commits_total", "Epoch commits.", stats.commits);
+    out.counter(
+        "spillway_server_ssd_direct_written_bytes_total",
+        "Bytes of ssd_written_bytes_total written around the page cache (O_DIRECT).",
+        stats.ssd_direct_bytes_written,
+    );
     out.counter("spillway_server_fsyncs_total", "fsync calls on the SSD log.", stats.fsyncs);
+    out.counter(
+        "spillway_server_fsyncs_shared_total",
+        "Syncs and commit steps made durable by an fsync round another caller ran.",
+        stats.fsyncs_shared,
+    );
 }
 
 /// Drains: bytes written to the PFS, epochs by drain state.

@@ -16,9 +16,11 @@ use std::io;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Bytes of one bounce buffer: one `O_DIRECT` write at most (large enough that the device sees
-/// big requests, small enough to stay cheap to keep per spilling thread).
-pub(crate) const BOUNCE_BUFFER_BYTES: usize = 1 << 20;
+/// Bytes of one bounce buffer: one `O_DIRECT` write at most. A direct write waits for the
+/// device, so it must be large for the device to see several requests at once (measured with
+/// `dd oflag=direct` here: 1 MiB writes 375–520 MB/s, 16 MiB 670 MB/s); a spill run is at most
+/// `store.flusher_batch_bytes` (8 MiB by default), so one run is one write.
+pub(crate) const BOUNCE_BUFFER_BYTES: usize = 8 << 20;
 /// Bounce buffers kept between spills (the flusher and a few committers spill at once); more
 /// concurrent spills allocate one for the time of their write.
 const BOUNCE_BUFFERS_KEPT_MAX: usize = 4;
@@ -166,7 +168,7 @@ mod tests {
         let file = storage.create("segment").unwrap();
         let writer = DirectWriter::default();
         let bytes: Vec<u8> =
-            (0..3 * BOUNCE_BUFFER_BYTES + 12_345).map(|i| (i % 251) as u8).collect();
+            (0..2 * BOUNCE_BUFFER_BYTES + 12_345).map(|i| (i % 251) as u8).collect();
         // Unaligned start and end, several bounce buffers in the middle.
         writer.write(file.as_ref(), 100, &bytes).unwrap();
         // A second run sharing the first one's last block.

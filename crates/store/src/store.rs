@@ -130,7 +130,8 @@ pub struct StoreStats {
     pub metadata_bytes: u64,
     /// Everything appended to segment files.
     pub ssd_bytes_written: u64,
-    /// Bytes of the spills written around the page cache (`O_DIRECT`, `ssd_direct_io`).
+    /// Bytes of spills and write-throughs written around the page cache (`O_DIRECT`,
+    /// `store.ssd_direct_io`).
     pub ssd_direct_bytes_written: u64,
     /// `ssd_bytes_written / user_bytes_to_ssd` (1.0 when nothing was spilled yet).
     pub host_write_amplification: f64,
