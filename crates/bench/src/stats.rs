@@ -21,6 +21,22 @@ pub fn gigabytes_per_second(bytes: u64, seconds: f64) -> f64 {
     bytes as f64 / seconds / 1e9
 }
 
+/// Busy CPU time of the whole machine (every core; user, system, interrupts and steal, not
+/// idle or I/O wait) from `/proc/stat`, in seconds. Differences over a timed region give the
+/// CPU a subject cost there, kernel threads (writeback, softirqs) included, on a quiet machine.
+pub fn machine_busy_cpu_seconds() -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let line = stat
+        .lines()
+        .find(|l| l.starts_with("cpu "))
+        .ok_or_else(|| anyhow::anyhow!("/proc/stat has no aggregate cpu line"))?;
+    let ticks: Vec<u64> = line.split_whitespace().skip(1).map(|t| t.parse().unwrap_or(0)).collect();
+    // user nice system idle iowait irq softirq steal (guest time is inside user already).
+    let busy: u64 =
+        ticks.iter().take(8).enumerate().filter(|(i, _)| *i != 3 && *i != 4).map(|(_, t)| t).sum();
+    Ok(busy as f64 / spillway_sys::time::clock_ticks_per_second() as f64)
+}
+
 /// The smallest and largest of `values`.
 pub fn spread(values: &[f64]) -> (f64, f64) {
     values.iter().fold((f64::MAX, f64::MIN), |(low, high), &v| (low.min(v), high.max(v)))

@@ -24,6 +24,19 @@ pub fn local_time_unix_s(
     (seconds != -1).then_some(seconds as i64)
 }
 
+/// The kernel's clock ticks per second (`USER_HZ`): the unit of `/proc/stat` and
+/// `/proc/<pid>/stat` CPU times.
+pub fn clock_ticks_per_second() -> u64 {
+    // SAFETY: sysconf only reads a constant of the C library.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    // POSIX allows -1 for "unknown"; Linux has been 100 everywhere that matters.
+    if ticks > 0 {
+        ticks as u64
+    } else {
+        100
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
