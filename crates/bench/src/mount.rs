@@ -347,9 +347,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Every byte of both variants stays in DRAM (mount files are never deleted from the
     // store during the run): no spilling inside a measurement.
     // The IOR and durable runs delete their epochs: one run of each side at a time.
-    let per_server = (total * (args.repeat as u64 + 1) * 2
-        + 2 * args.ior_shape().run_bytes()
-        + 2 * args.durable_shape().run_bytes())
+    let bytes_of = |phase: Phase, bytes: u64| if args.runs(phase) { bytes } else { 0 };
+    let per_server = (bytes_of(Phase::Sequential, total * (args.repeat as u64 + 1) * 2)
+        + bytes_of(Phase::Ior, 2 * args.ior_shape().run_bytes())
+        + bytes_of(Phase::Durable, 2 * args.durable_shape().run_bytes()))
     .div_ceil(args.servers as u64);
     let dram = crate::dram_bytes_holding(per_server, 128 << 20);
     let (servers, endpoints) = start_servers(&work, args.servers, dram)?;

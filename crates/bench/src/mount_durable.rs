@@ -85,11 +85,11 @@ pub fn measure(
         shape.block_bytes
     );
     // Warm-up: connections, first files, the directory's and the logs' first allocations.
-    direct_run(shape, work, u64::MAX)?;
+    direct_run(shape, work, "warm-up")?;
     mount_run(shape, work, endpoints, 0)?;
     let (mut direct, mut mounted) = (Vec::new(), Vec::new());
     for run in 0..shape.repeat as u64 {
-        direct.push(direct_run(shape, work, run)?);
+        direct.push(direct_run(shape, work, &run.to_string())?);
         mounted.push(mount_run(shape, work, endpoints, run + 1)?);
     }
     Ok(DurableResult {
@@ -130,7 +130,7 @@ fn timed_run(
 }
 
 /// One run into `<work>/durable-direct-<run>`, on the disk of the servers' SSD logs.
-fn direct_run(shape: &DurableShape, work: &Path, run: u64) -> anyhow::Result<DurableRun> {
+fn direct_run(shape: &DurableShape, work: &Path, run: &str) -> anyhow::Result<DurableRun> {
     let dir = work.join(format!("durable-direct-{run}"));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let result = timed_run(shape, |w| {
