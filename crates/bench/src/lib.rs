@@ -18,6 +18,7 @@ pub mod egress;
 pub mod ias;
 pub mod ingress;
 pub mod mount;
+pub mod mount_durable;
 pub mod mount_ior;
 pub mod peaks;
 pub mod replication;

@@ -12,12 +12,17 @@
 //! 3. The same metadata run on a plain local directory, the reference.
 //! 4. IOR-shaped phases (file per process, shared file, 16 KiB strided; write and read) through
 //!    the mount and through the native client: [`crate::mount_ior`].
+//! 5. Durable: file per process with `fsync` at the end of each file, through the mount and
+//!    into a plain directory on the servers' disk: [`crate::mount_durable`].
+//!
+//! `--phases` picks some of them (`sequential`, `metadata`, `ior`, `durable`; default all).
 //!
 //! Workers are threads of this process, each with its own mount (the kernel serves each
 //! thread's system calls independently, as it would separate processes'); the mounts run in
 //! this process too, with the same code as `spillway mount`. Servers are `spillway serve`
 //! children on loopback, killed when the benchmark ends.
 
+use crate::mount_durable::{DurableResult, DurableShape};
 use crate::mount_ior::{IorRow, IorShape};
 use crate::start_server;
 use crate::stats::median;
@@ -76,9 +81,37 @@ pub struct Args {
     /// Bytes each IOR worker writes in the 16 KiB strided layout (a multiple of 16 KiB).
     #[arg(long, default_value = "8M", value_parser = spillway_types::parse_size)]
     pub ior_strided_block: u64,
-    /// Runs of each IOR layout and side (the median is reported).
+    /// Runs of each IOR layout and side, and of each side of the durable phase (the median is
+    /// reported).
     #[arg(long, default_value_t = 3)]
     pub ior_repeat: u32,
+    /// Writer threads of the durable phase (file per process, fsync at the end).
+    #[arg(long, default_value_t = 2)]
+    pub durable_workers: usize,
+    /// Bytes each durable-phase writer writes to its file (a multiple of 1 MiB).
+    #[arg(long, default_value = "128M", value_parser = spillway_types::parse_size)]
+    pub durable_block: u64,
+    /// The phases to run, comma-separated.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_values = ["sequential", "metadata", "ior", "durable"]
+    )]
+    pub phases: Vec<Phase>,
+}
+
+/// A phase of the benchmark (`--phases`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Phase {
+    /// Sequential 1 MiB writes, mount against native client.
+    Sequential,
+    /// Create, stat, unlink: striped and private namespaces and a plain directory.
+    Metadata,
+    /// IOR-shaped layouts, write and read, mount against native client.
+    Ior,
+    /// File per process with fsync, mount against a plain directory on the servers' disk.
+    Durable,
 }
 
 impl Args {
@@ -91,6 +124,28 @@ impl Args {
             threads: self.threads,
         }
     }
+
+    fn durable_shape(&self) -> DurableShape {
+        DurableShape {
+            workers: self.durable_workers,
+            block_bytes: self.durable_block,
+            transfer_bytes: TRANSFER_BYTES,
+            repeat: self.ior_repeat,
+            threads: self.threads,
+        }
+    }
+
+    fn runs(&self, phase: Phase) -> bool {
+        self.phases.contains(&phase)
+    }
+}
+
+/// What the phases measured (`None`: not run).
+struct Measured {
+    writes: Option<SequentialWrites>,
+    metadata: Option<Vec<MetaRow>>,
+    ior: Option<Vec<IorRow>>,
+    durable: Option<DurableResult>,
 }
 
 /// `count` servers with `dram_bytes` of DRAM each, and their endpoints.
@@ -291,20 +346,48 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let (work, _temporary) = work_directory(&args)?;
     // Every byte of both variants stays in DRAM (mount files are never deleted from the
     // store during the run): no spilling inside a measurement.
-    // The IOR runs delete their epochs: one run of each side at a time.
-    let per_server = (total * (args.repeat as u64 + 1) * 2 + 2 * args.ior_shape().run_bytes())
-        .div_ceil(args.servers as u64);
+    // The IOR and durable runs delete their epochs: one run of each side at a time.
+    let bytes_of = |phase: Phase, bytes: u64| if args.runs(phase) { bytes } else { 0 };
+    let per_server = (bytes_of(Phase::Sequential, total * (args.repeat as u64 + 1) * 2)
+        + bytes_of(Phase::Ior, 2 * args.ior_shape().run_bytes())
+        + bytes_of(Phase::Durable, 2 * args.durable_shape().run_bytes()))
+    .div_ceil(args.servers as u64);
     let dram = crate::dram_bytes_holding(per_server, 128 << 20);
     let (servers, endpoints) = start_servers(&work, args.servers, dram)?;
-    let writes = measure_sequential_writes(&args, &work, &endpoints)?;
-    let rows = measure_metadata(&args, &work, &endpoints)?;
-    let ior = crate::mount_ior::measure(&args.ior_shape(), &work, &endpoints)?;
+    let measured = Measured {
+        writes: args
+            .runs(Phase::Sequential)
+            .then(|| measure_sequential_writes(&args, &work, &endpoints))
+            .transpose()?,
+        metadata: args
+            .runs(Phase::Metadata)
+            .then(|| measure_metadata(&args, &work, &endpoints))
+            .transpose()?,
+        ior: args
+            .runs(Phase::Ior)
+            .then(|| crate::mount_ior::measure(&args.ior_shape(), &work, &endpoints))
+            .transpose()?,
+        durable: args
+            .runs(Phase::Durable)
+            .then(|| crate::mount_durable::measure(&args.durable_shape(), &work, &endpoints))
+            .transpose()?,
+    };
     drop(servers);
     if args.json {
-        return print_json(&args, &writes, &rows, &ior);
+        return print_json(&args, &measured);
     }
-    print_text(&args, &writes, &rows);
-    print_ior_text(&args.ior_shape(), &ior);
+    if let Some(writes) = &measured.writes {
+        print_writes_text(&args, writes);
+    }
+    if let Some(rows) = &measured.metadata {
+        print_metadata_text(&args, rows);
+    }
+    if let Some(ior) = &measured.ior {
+        print_ior_text(&args.ior_shape(), ior);
+    }
+    if let Some(durable) = &measured.durable {
+        print_durable_text(&args.durable_shape(), durable);
+    }
     Ok(())
 }
 
@@ -473,17 +556,16 @@ fn private_over_striped_creates(rows: &[MetaRow]) -> f64 {
         / find_rates(rows, "mount, striped", 2).create_ops_s
 }
 
-/// Every figure and ratio as one JSON object on stdout.
-fn print_json(
-    args: &Args,
-    writes: &SequentialWrites,
-    rows: &[MetaRow],
-    ior: &[IorRow],
-) -> anyhow::Result<()> {
-    let find = |target: &str, workers: usize| find_rates(rows, target, workers);
-    let pair_ratios = writes.pair_ratios();
+/// Every figure and ratio of the phases run as one JSON object on stdout.
+fn print_json(args: &Args, measured: &Measured) -> anyhow::Result<()> {
     let mut out = serde_json::json!({
-        "write": {
+        "servers": args.servers,
+        "threads_per_mount": args.threads,
+        "ratios": {},
+    });
+    if let Some(writes) = &measured.writes {
+        let pair_ratios = writes.pair_ratios();
+        out["write"] = serde_json::json!({
             "bytes": args.write_bytes,
             "transfer_bytes": TRANSFER_BYTES,
             "repeat": args.repeat,
@@ -492,30 +574,43 @@ fn print_json(
             "native_mib_s_runs": writes.native,
             "mount_mib_s_runs": writes.mounted,
             "mount_over_native_runs": pair_ratios,
-        },
-        "metadata": { "files_per_worker": args.files, "rows": rows },
-        "servers": args.servers,
-        "threads_per_mount": args.threads,
-        "ratios": {
-            "mount_vs_native": median(pair_ratios.clone()),
-            "private_over_striped_creates_2proc": private_over_striped_creates(rows),
-            "striped_2_over_1_creates": find("mount, striped", 2).create_ops_s / find("mount, striped", 1).create_ops_s,
-            "private_2_over_1_creates": find("mount, private", 2).create_ops_s / find("mount, private", 1).create_ops_s,
-            "mount_over_plain_creates_1proc": find("mount, striped", 1).create_ops_s / find("plain directory", 1).create_ops_s,
-        },
-        "ior": { "shape": args.ior_shape(), "rows": ior },
-    });
-    for row in ior {
-        let key = row.layout.key();
-        out["ratios"][format!("mount_vs_native_{key}_write")] = row.mount_vs_native_write.into();
-        out["ratios"][format!("mount_vs_native_{key}_read")] = row.mount_vs_native_read.into();
+        });
+        out["ratios"]["mount_vs_native"] = median(pair_ratios).into();
+    }
+    if let Some(rows) = &measured.metadata {
+        let find = |target: &str, workers: usize| find_rates(rows, target, workers);
+        out["metadata"] = serde_json::json!({ "files_per_worker": args.files, "rows": rows });
+        let ratios = &mut out["ratios"];
+        ratios["private_over_striped_creates_2proc"] = private_over_striped_creates(rows).into();
+        ratios["striped_2_over_1_creates"] = (find("mount, striped", 2).create_ops_s
+            / find("mount, striped", 1).create_ops_s)
+            .into();
+        ratios["private_2_over_1_creates"] = (find("mount, private", 2).create_ops_s
+            / find("mount, private", 1).create_ops_s)
+            .into();
+        ratios["mount_over_plain_creates_1proc"] = (find("mount, striped", 1).create_ops_s
+            / find("plain directory", 1).create_ops_s)
+            .into();
+    }
+    if let Some(ior) = &measured.ior {
+        out["ior"] = serde_json::json!({ "shape": args.ior_shape(), "rows": ior });
+        for row in ior {
+            let key = row.layout.key();
+            out["ratios"][format!("mount_vs_native_{key}_write")] =
+                row.mount_vs_native_write.into();
+            out["ratios"][format!("mount_vs_native_{key}_read")] = row.mount_vs_native_read.into();
+        }
+    }
+    if let Some(durable) = &measured.durable {
+        out["durable"] = serde_json::json!({ "shape": args.durable_shape(), "result": durable });
+        out["ratios"]["mount_fsync_vs_direct"] = durable.mount_fsync_vs_direct.into();
     }
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())
 }
 
-/// The sequential-write figures, then the metadata table.
-fn print_text(args: &Args, writes: &SequentialWrites, rows: &[MetaRow]) {
+/// The sequential-write figures.
+fn print_writes_text(args: &Args, writes: &SequentialWrites) {
     println!(
         "Sequential 1 MiB writes, {:.0} MiB per run, median of {} ({} servers, {} FUSE threads)",
         args.write_bytes as f64 / MIB,
@@ -531,6 +626,10 @@ fn print_text(args: &Args, writes: &SequentialWrites, rows: &[MetaRow]) {
         median(writes.pair_ratios())
     );
     println!();
+}
+
+/// The metadata table.
+fn print_metadata_text(args: &Args, rows: &[MetaRow]) {
     println!("Metadata: {} files per worker, ops/s", args.files);
     println!(
         "  {:<18} {:>7} {:>10} {:>10} {:>10}",
@@ -551,11 +650,40 @@ fn print_text(args: &Args, writes: &SequentialWrites, rows: &[MetaRow]) {
         "private / striped creates with 2 workers: {:.2}x",
         private_over_striped_creates(rows)
     );
+    println!();
+}
+
+/// The durable phase as a table row per subject, with the target.
+fn print_durable_text(shape: &DurableShape, result: &DurableResult) {
+    println!(
+        "Durable: file per process, {} writers, {:.0} MiB each in 1 MiB writes, fsync at the end, median of {}",
+        shape.workers,
+        shape.block_bytes as f64 / MIB,
+        shape.repeat
+    );
+    println!("  {:<24} {:>10} {:>12}", "subject", "MiB/s", "CPU s/GB");
+    println!(
+        "  {:<24} {:>10.1} {:>12.2}",
+        "plain directory + fsync", result.direct_mib_s, result.direct_cpu_seconds_per_gb
+    );
+    println!(
+        "  {:<24} {:>10.1} {:>12.2}   {:.2}x direct, median of per-run ratios (target >= 0.8)",
+        "mount + fsync",
+        result.mount_mib_s,
+        result.mount_cpu_seconds_per_gb,
+        result.mount_fsync_vs_direct
+    );
+    let runs: Vec<String> = result
+        .direct_runs
+        .iter()
+        .zip(&result.mount_runs)
+        .map(|(d, m)| format!("{:.0}/{:.0}", d.mib_s, m.mib_s))
+        .collect();
+    println!("  runs (direct/mount MiB/s): {}", runs.join(", "));
 }
 
 /// The IOR-shaped phases as a table, with the targets.
 fn print_ior_text(shape: &IorShape, rows: &[IorRow]) {
-    println!();
     println!(
         "IOR-shaped phases: {} workers, {:.0} MiB each (16 KiB strided: {:.0} MiB), median of {}, MiB/s",
         shape.workers,
@@ -579,5 +707,28 @@ fn print_ior_text(shape: &IorShape, rows: &[IorRow]) {
             row.mount_read_mib_s,
             row.mount_vs_native_read
         );
+    }
+    println!();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    #[test]
+    fn every_phase_runs_by_default_and_phases_picks_some() {
+        let all = Cli::try_parse_from(["mount"]).unwrap().args;
+        let every = [Phase::Sequential, Phase::Metadata, Phase::Ior, Phase::Durable];
+        assert!(every.iter().all(|&p| all.runs(p)), "{:?}", all.phases);
+        let some = Cli::try_parse_from(["mount", "--phases", "durable,ior"]).unwrap().args;
+        assert_eq!(every.map(|p| some.runs(p)), [false, false, true, true]);
+        assert!(Cli::try_parse_from(["mount", "--phases", "fsync"]).is_err());
     }
 }

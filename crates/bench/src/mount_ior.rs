@@ -169,7 +169,7 @@ pub fn measure(
 }
 
 /// The transfer's bytes: the same pattern for every transfer, so reads check cheaply.
-fn pattern(length: usize) -> Vec<u8> {
+pub(crate) fn pattern(length: usize) -> Vec<u8> {
     (0..length).map(|i| (i * 131 % 251) as u8).collect()
 }
 
@@ -179,15 +179,31 @@ fn timed_workers(
     workers: usize,
     work: impl Fn(usize) -> anyhow::Result<()> + Sync,
 ) -> anyhow::Result<f64> {
+    timed_workers_prepared(workers, |_| Ok(()), |w, ()| work(w))
+}
+
+/// [`timed_workers`] with an untimed `prepare(worker)` on each thread first (opening its file):
+/// every worker prepares, then all start `work(worker, prepared)` together. A failed
+/// preparation still reaches the barrier (no deadlock) and skips its work. What `work` returns
+/// is dropped after its end was taken (a file closed after the span).
+pub(crate) fn timed_workers_prepared<T, U>(
+    workers: usize,
+    prepare: impl Fn(usize) -> anyhow::Result<T> + Sync,
+    work: impl Fn(usize, T) -> anyhow::Result<U> + Sync,
+) -> anyhow::Result<f64> {
     let barrier = Barrier::new(workers);
     let spans = std::thread::scope(|scope| -> anyhow::Result<Vec<(Instant, Instant)>> {
         let handles: Vec<_> = (0..workers)
             .map(|w| {
-                let (barrier, work) = (&barrier, &work);
+                let (barrier, prepare, work) = (&barrier, &prepare, &work);
                 scope.spawn(move || {
+                    let prepared = prepare(w);
                     barrier.wait();
                     let start = Instant::now();
-                    work(w).map(|()| (start, Instant::now()))
+                    let kept = work(w, prepared?)?;
+                    let end = Instant::now();
+                    drop(kept);
+                    Ok((start, end))
                 })
             })
             .collect();
@@ -302,7 +318,7 @@ fn native_run(
     Ok(rates(shape, layout, write_seconds, read_seconds))
 }
 
-fn delete_epoch(endpoints: &[Endpoint], epoch: EpochId) -> anyhow::Result<()> {
+pub(crate) fn delete_epoch(endpoints: &[Endpoint], epoch: EpochId) -> anyhow::Result<()> {
     let mut client = native_client(endpoints, epoch)?;
     client.delete_epoch(epoch).with_context(|| format!("deleting epoch {}", epoch.0))
 }

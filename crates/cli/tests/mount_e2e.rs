@@ -532,6 +532,75 @@ fn fsync_through_the_mount_survives_a_crash_of_every_server() {
     );
 }
 
+/// `GET /metrics` of a server started with `SPILLWAY_SERVER_METRICS_LISTEN_ADDRESS`: the value
+/// of the sample `name` (0 when absent).
+fn metric(port: u16, name: &str) -> f64 {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    answer
+        .lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+/// Issue 23: `fsync` of a file asks only the servers holding its writes that no sync covered
+/// (the `commit` request kind counts `Commit` and `Sync`), and nothing at all when nothing is
+/// unsynced; the file reads back.
+#[test]
+fn fsync_of_a_file_written_to_one_server_does_not_ask_the_idle_one() {
+    let dir = tempdir();
+    let ports: Vec<u16> = (0..2)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port())
+        .collect();
+    let servers: Vec<ServerProcess> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, port)| {
+            ServerProcess::builder(BIN, dir.path(), &format!("s{i}"))
+                .dram_bytes("64M")
+                .env("SPILLWAY_SERVER_METRICS_LISTEN_ADDRESS", format!("127.0.0.1:{port}"))
+                .start()
+        })
+        .collect();
+    let endpoints: Vec<Endpoint> = servers.iter().map(|s| s.endpoint().clone()).collect();
+    let mount = mount_at(&dir.path().join("m"), remote_namespace(&endpoints, 23), &endpoints);
+    let ingest = |s: usize| metric(ports[s], "spillway_server_ingest_bytes_total");
+    let syncs = |s: usize| {
+        metric(ports[s], "spillway_server_request_duration_seconds_count{kind=\"commit\"}")
+    };
+    // 64 KiB: less than one 1 MiB stripe unit, so on one server only.
+    let content = spillway_harness::pattern(23, 64 << 10);
+    let before = [ingest(0), ingest(1)];
+    let mut file = std::fs::File::create(mount.path().join("one-server.bin")).unwrap();
+    std::io::Write::write_all(&mut file, &content).unwrap();
+    drop(file); // close: acknowledged by the holder, not synced
+    let grown: Vec<f64> = (0..2).map(|s| ingest(s) - before[s]).collect();
+    let holder = grown.iter().position(|&g| g >= content.len() as f64).unwrap();
+    let idle = 1 - holder;
+    assert!(grown[idle] < content.len() as f64, "written to both servers: {grown:?}");
+
+    let syncs_before = [syncs(0), syncs(1)];
+    let file =
+        std::fs::OpenOptions::new().write(true).open(mount.path().join("one-server.bin")).unwrap();
+    file.sync_all().unwrap();
+    assert_eq!(syncs(holder), syncs_before[holder] + 1.0, "the holder syncs once");
+    assert_eq!(syncs(idle), syncs_before[idle], "the idle server was asked to sync");
+    file.sync_all().unwrap();
+    assert_eq!(
+        [syncs(0), syncs(1)][holder],
+        syncs_before[holder] + 1.0,
+        "nothing unsynced, yet a server was asked again"
+    );
+    assert_eq!(syncs(idle), syncs_before[idle]);
+    drop(file);
+    let got = std::fs::read(mount.path().join("one-server.bin")).unwrap();
+    assert!(spillway_harness::same_bytes(&got, &content));
+    mount.unmount();
+}
+
 /// Issue 15: a data server restarted while a job writes through the mount. The mount opens
 /// its connections again; what was fsync'd is intact; what was written but not fsync'd reads
 /// as EIO naming the server (never zeros) and its next fsync fails with EIO; new writes work.

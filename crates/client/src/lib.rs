@@ -775,8 +775,9 @@ impl Client {
     }
 
     /// Makes every byte this client wrote to the epoch durable in the SSD log of each server it
-    /// wrote to, without sealing the epoch: `fsync` on the mount. Later writes may follow.
-    /// Writes this client's manifest of what it wrote since its last one to every server first.
+    /// wrote to, without sealing the epoch (the mount's `fsync` asks fewer servers:
+    /// [`Client::sync_files`]). Later writes may follow. Writes this client's manifest of what
+    /// it wrote since its last one to every server first.
     ///
     /// Writes a server restart lost before the sync are not made durable by it: they are
     /// reported by [`Client::report_lost_writes`] and `commit_epoch`, and reads of their files
@@ -797,6 +798,54 @@ impl Client {
         synced?;
         self.synced(epoch);
         Ok(())
+    }
+
+    /// [`Client::sync_epoch`] for the files of `epoch` whose names start with `name_prefix`:
+    /// `Sync` goes only to the servers holding writes of such a file that no sync or commit
+    /// covered yet, and to none when there are none (the mount's `fsync` of one file). Every
+    /// write this client sent is acknowledged first, and this client's manifest of what it
+    /// wrote since its last one goes to every server before the `Sync`, as in `sync_epoch`.
+    ///
+    /// A `Sync` makes everything a server acknowledged durable, so each server asked has no
+    /// unsynced write of this client afterwards, whatever its file.
+    pub fn sync_files(&mut self, epoch: EpochId, name_prefix: &str) -> Result<(), ClientError> {
+        if self.sync_tiered(epoch)? {
+            return Ok(());
+        }
+        self.flush()?;
+        let servers = self.servers_with_unsynced(epoch, name_prefix);
+        if servers.is_empty() {
+            return Ok(());
+        }
+        // Written everywhere, as by `sync_epoch`: a seal by someone else must find it on every
+        // server; durable here on the servers asked, elsewhere at their next sync or commit
+        // (the survivor rule needs it on one live server: docs/design/drain.md).
+        self.write_manifest_to_participants(epoch, true)?;
+        let request = Request::Sync { epoch, participants: self.participants(epoch) };
+        let synced = self
+            .call_servers(&servers, &request, "Synced", |r| matches!(r, Response::Synced { .. }));
+        // A server that restarted meanwhile lost what it had: lost writes, not synced ones.
+        self.note_restarts();
+        synced?;
+        for server in servers {
+            self.unsynced.remove(&(epoch, server));
+        }
+        Ok(())
+    }
+
+    /// The servers holding writes to files of `epoch` named `name_prefix…` that no sync or
+    /// commit covered yet, in server order.
+    fn servers_with_unsynced(&self, epoch: EpochId, name_prefix: &str) -> Vec<usize> {
+        let mut servers: Vec<usize> = self
+            .unsynced
+            .iter()
+            .filter(|((e, _), names)| {
+                *e == epoch && names.iter().any(|n| n.starts_with(name_prefix))
+            })
+            .map(|((_, server), _)| *server)
+            .collect();
+        servers.sort_unstable();
+        servers
     }
 
     /// Tells every server of this client that the epoch's writes go to SSD stream `stream` (the

@@ -422,7 +422,7 @@ impl Slot {
         ino: Option<Ino>,
         report: bool,
     ) -> Result<(), DataError> {
-        let flushed = if durable { self.sync() } else { self.flush() };
+        let flushed = if durable { self.sync(ino) } else { self.flush() };
         match flushed {
             Ok(()) => self.dirty.clear(),
             Err(e) => self.fail_dirty(e),
@@ -632,17 +632,29 @@ impl Slot {
         self.client.flush().map_err(|e| DataError::Flush(Box::new(e)))
     }
 
-    /// Flushes, then syncs the data epoch on every server this slot's client wrote it to.
-    pub fn sync(&mut self) -> Result<(), DataError> {
-        self.client.sync_epoch(self.epoch).map_err(|e| DataError::Flush(Box::new(e)))
+    /// Flushes, then syncs the data epoch on the servers holding writes of `ino` (any
+    /// generation) that no sync covered yet, none if there are none; for `None` (no file: the
+    /// unmount's), on every server this slot's client wrote it to.
+    pub fn sync(&mut self, ino: Option<Ino>) -> Result<(), DataError> {
+        let synced = match ino {
+            Some(ino) => self.client.sync_files(self.epoch, &self.file_prefix(ino)),
+            None => self.client.sync_epoch(self.epoch),
+        };
+        synced.map_err(|e| DataError::Flush(Box::new(e)))
+    }
+
+    /// What the store names of every generation of `ino` start with.
+    fn file_prefix(&self, ino: Ino) -> String {
+        let prefix = format!("ns/{}/{ino}.", self.namespace);
+        debug_assert!(data_file_name(self.namespace, ino, 0).starts_with(&prefix));
+        prefix
     }
 
     /// Fails (EIO, naming the server), once, if a server restart lost writes this slot made
     /// to `ino` (any generation) that were not fsync'd: the close or fsync of the file says so.
     fn report_lost(&mut self, ino: Option<Ino>) -> Result<(), DataError> {
         let Some(ino) = ino else { return Ok(()) };
-        let prefix = format!("ns/{}/{ino}.", self.namespace);
-        debug_assert!(data_file_name(self.namespace, ino, 0).starts_with(&prefix));
+        let prefix = self.file_prefix(ino);
         self.client
             .report_lost_writes(self.epoch, &prefix)
             .map_err(|e| DataError::Flush(Box::new(e)))

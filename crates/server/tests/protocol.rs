@@ -803,3 +803,58 @@ fn a_payload_that_differs_from_its_checksum_is_refused_whole_in_a_pooled_buffer(
     assert!(matches!(receive(&mut raw), (4, Response::Written { bytes }, _) if bytes == 300 << 10));
     assert_eq!(backend.used(), 300 << 10);
 }
+
+/// Issue 23: `Client::sync_files` (the mount's `fsync` of one file) sends `Sync` only to the
+/// servers holding writes of that file no sync covered yet, none when there are none, while
+/// the manifest of what the client wrote still reaches every server; `sync_epoch` still asks
+/// every server the client wrote the epoch to.
+#[test]
+fn syncing_one_file_asks_only_the_servers_holding_its_unsynced_writes() {
+    let backends = [Arc::new(ModelBackend::new(1 << 30)), Arc::new(ModelBackend::new(1 << 30))];
+    let running: Vec<Running> = backends.iter().map(|b| start(b.clone())).collect();
+    let endpoints: Vec<Endpoint> = running.iter().map(|r| r.endpoints[0].clone()).collect();
+    // A stripe set of one server: every byte of a file is on its first server.
+    let placement = Placement::Striped { stripe_unit_bytes: 1 << 20, stripe_count: 1 };
+    let named_on = |server: usize| {
+        (0..)
+            .map(|i| format!("file-{i}."))
+            .find(|n| spillway_client::placement::first_server(n, 2) == server)
+            .unwrap()
+    };
+    let (on_0, on_1) = (named_on(0), named_on(1));
+    let mut c =
+        Client::connect(&endpoints, ClientOptions { placement, ..Default::default() }).unwrap();
+    let epoch = EpochId(23);
+    let syncs = || [backends[0].syncs(), backends[1].syncs()];
+    let mut file_0 = c.create_file(epoch, &on_0).unwrap();
+    let mut file_1 = c.create_file(epoch, &on_1).unwrap();
+    c.write(&mut file_0, 0, b"held by server 0").unwrap();
+    c.write(&mut file_1, 0, b"held by server 1").unwrap();
+
+    c.sync_files(epoch, &on_0).unwrap();
+    assert_eq!(syncs(), [1, 0], "only the holder of the file's unsynced writes is asked");
+    for endpoint in &endpoints {
+        let mut alone =
+            Client::connect(std::slice::from_ref(endpoint), ClientOptions::default()).unwrap();
+        assert_eq!(
+            alone.list_manifests(epoch).unwrap().len(),
+            1,
+            "the manifest reaches {endpoint} too (an epoch sealed by someone else needs it)"
+        );
+    }
+    c.sync_files(epoch, &on_0).unwrap();
+    assert_eq!(syncs(), [1, 0], "nothing unsynced: no Sync at all");
+    c.sync_files(epoch, &on_1).unwrap();
+    assert_eq!(syncs(), [1, 1]);
+
+    c.write(&mut file_0, 100, b"more").unwrap();
+    c.sync_files(epoch, &on_1).unwrap();
+    assert_eq!(syncs(), [1, 1], "the other file's new write is not this file's");
+    c.sync_files(epoch, "file-").unwrap();
+    assert_eq!(syncs(), [2, 1], "a prefix covering both files asks the one holding new writes");
+    c.sync_epoch(epoch).unwrap();
+    assert_eq!(syncs(), [3, 2], "sync_epoch asks every server written to, as before");
+    let mut back = vec![0u8; 4];
+    c.read(&file_0, 100, &mut back).unwrap();
+    assert_eq!(&back, b"more");
+}
