@@ -119,7 +119,7 @@ const SUBJECTS: [&str; 9] = [
     "spillway_nn_ssd",
     "spillway_n1_ssd",
     "spillway_nn_memory_munge",
-    "spillway_nn_ssd_buffered",
+    "spillway_nn_ssd_direct_io",
 ];
 const LOOPBACK: usize = 0;
 const NN_MEMORY: usize = 1;
@@ -129,14 +129,14 @@ const DIRECT_PFS: usize = 4;
 const NN_SSD: usize = 5;
 const N1_SSD: usize = 6;
 const NN_MEMORY_MUNGE: usize = 7;
-const NN_SSD_BUFFERED: usize = 8;
+const NN_SSD_DIRECT_IO: usize = 8;
 
-/// How the servers of a Spillway subject write their SSD logs: whole blocks with `O_DIRECT`
-/// (`store.ssd_direct_io`, the default) or everything through the page cache.
+/// How the servers of a Spillway subject write their SSD logs: as configured by default
+/// (through the page cache), or with `store.ssd_direct_io` (whole blocks with `O_DIRECT`).
 #[derive(Clone, Copy, PartialEq)]
 enum Spills {
-    Direct,
-    Buffered,
+    Default,
+    DirectIo,
 }
 
 /// One timed run of one subject: its rate, and the whole machine's busy CPU over the timed
@@ -195,8 +195,8 @@ struct Row {
     spillway_nn_memory_munge_gbps: Option<f64>,
     /// Median busy CPU seconds of the whole machine per GB moved, by subject.
     cpu_seconds_per_gb: std::collections::BTreeMap<&'static str, f64>,
-    /// N-N at ssd durability with `store.ssd_direct_io = false`: the page-cache path.
-    spillway_nn_ssd_buffered_gbps: f64,
+    /// N-N at ssd durability with `store.ssd_direct_io = true`: spills around the page cache.
+    spillway_nn_ssd_direct_io_gbps: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     vs_memcached: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -204,9 +204,10 @@ struct Row {
     ssd_vs_direct_pfs: f64,
     /// Each repeat's ssd / direct ratio, in order: the spread behind the median.
     ssd_vs_direct_pfs_per_repeat: Vec<f64>,
-    /// The same ratio with the page-cache spills (`ssd_direct_io = false`).
-    ssd_buffered_vs_direct_pfs: f64,
-    /// N-N ssd with O_DIRECT spills over the page-cache spills (median of paired ratios).
+    /// The same ratio with `O_DIRECT` spills (`ssd_direct_io = true`).
+    ssd_direct_io_vs_direct_pfs: f64,
+    /// N-N ssd with `O_DIRECT` spills over the default page-cache spills (median of the
+    /// paired ratios): the measurement behind the knob's default.
     direct_io_vs_buffered: f64,
     /// Median of the paired munge / none ratios (`--auth munge`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -299,7 +300,7 @@ fn print_json(args: &Args, rows: &[Row]) -> anyhow::Result<()> {
     let first = &rows[0];
     let mut ratios = serde_json::json!({
         "ssd_vs_direct_pfs": first.ssd_vs_direct_pfs,
-        "ssd_buffered_vs_direct_pfs": first.ssd_buffered_vs_direct_pfs,
+        "ssd_direct_io_vs_direct_pfs": first.ssd_direct_io_vs_direct_pfs,
         "direct_io_vs_buffered": first.direct_io_vs_buffered,
     });
     for (key, ratio) in [
@@ -363,13 +364,13 @@ fn print_table(args: &Args, rows: &[Row]) {
         let cpu: Vec<String> =
             r.cpu_seconds_per_gb.iter().map(|(name, v)| format!("{name} {v:.2}")).collect();
         println!(
-            "S={} C={} transfer={}: ssd_vs_direct_pfs per repeat {}; with page-cache spills NN ssd {:.2} GB/s, ssd_buffered_vs_direct_pfs {:.2}, direct_io_vs_buffered {:.2}; busy CPU s/GB (whole machine): {}",
+            "S={} C={} transfer={}: ssd_vs_direct_pfs per repeat {}; with O_DIRECT spills NN ssd {:.2} GB/s, ssd_direct_io_vs_direct_pfs {:.2}, direct_io_vs_buffered {:.2}; busy CPU s/GB (whole machine): {}",
             r.servers,
             r.clients,
             spillway_types::format_bytes(r.transfer_bytes),
             ratios.join(" "),
-            r.spillway_nn_ssd_buffered_gbps,
-            r.ssd_buffered_vs_direct_pfs,
+            r.spillway_nn_ssd_direct_io_gbps,
+            r.ssd_direct_io_vs_direct_pfs,
             r.direct_io_vs_buffered,
             cpu.join(", ")
         );
@@ -395,7 +396,7 @@ fn sample_subjects(
     durable_only: bool,
 ) -> anyhow::Result<[Vec<Sample>; 9]> {
     let mut samples: [Vec<Sample>; 9] = Default::default();
-    let (none, direct) = (Auth::None, Spills::Direct);
+    let (none, default) = (Auth::None, Spills::Default);
     for run in 0..repeat {
         // Each Spillway subject sits next to the baseline it is judged against.
         if !durable_only {
@@ -404,25 +405,25 @@ fn sample_subjects(
             // on every other repeat so that neither always inherits the other's warm caches.
             let munge = |samples: &mut [Vec<Sample>; 9], munged| -> anyhow::Result<()> {
                 let auth = Auth::Munge(munged);
-                let sample = spillway_gbps(shape, work, "nn", "memory", auth, Spills::Direct)?;
+                let sample = spillway_gbps(shape, work, "nn", "memory", auth, Spills::Default)?;
                 samples[NN_MEMORY_MUNGE].push(sample);
                 Ok(())
             };
             if let (Some(munged), 1) = (munged, run % 2) {
                 munge(&mut samples, munged)?;
             }
-            samples[NN_MEMORY].push(spillway_gbps(shape, work, "nn", "memory", none, direct)?);
+            samples[NN_MEMORY].push(spillway_gbps(shape, work, "nn", "memory", none, default)?);
             if let (Some(munged), 0) = (munged, run % 2) {
                 munge(&mut samples, munged)?;
             }
             samples[MEMCACHED].push(memcached_gbps(shape, work)?);
-            samples[N1_MEMORY].push(spillway_gbps(shape, work, "n1", "memory", none, direct)?);
+            samples[N1_MEMORY].push(spillway_gbps(shape, work, "n1", "memory", none, default)?);
         }
         samples[DIRECT_PFS].push(direct_pfs_gbps(shape, work)?);
-        samples[NN_SSD].push(spillway_gbps(shape, work, "nn", "ssd", none, direct)?);
-        samples[N1_SSD].push(spillway_gbps(shape, work, "n1", "ssd", none, direct)?);
-        let buffered = spillway_gbps(shape, work, "nn", "ssd", none, Spills::Buffered)?;
-        samples[NN_SSD_BUFFERED].push(buffered);
+        samples[NN_SSD].push(spillway_gbps(shape, work, "nn", "ssd", none, default)?);
+        samples[N1_SSD].push(spillway_gbps(shape, work, "n1", "ssd", none, default)?);
+        let direct_io = spillway_gbps(shape, work, "nn", "ssd", none, Spills::DirectIo)?;
+        samples[NN_SSD_DIRECT_IO].push(direct_io);
     }
     Ok(samples)
 }
@@ -471,10 +472,10 @@ fn measure(
         ssd_vs_direct_pfs: paired(NN_SSD, DIRECT_PFS)
             .expect("durable subjects are always measured"),
         ssd_vs_direct_pfs_per_repeat: per_repeat(NN_SSD, DIRECT_PFS),
-        spillway_nn_ssd_buffered_gbps: durable(NN_SSD_BUFFERED),
-        ssd_buffered_vs_direct_pfs: paired(NN_SSD_BUFFERED, DIRECT_PFS)
+        spillway_nn_ssd_direct_io_gbps: durable(NN_SSD_DIRECT_IO),
+        ssd_direct_io_vs_direct_pfs: paired(NN_SSD_DIRECT_IO, DIRECT_PFS)
             .expect("durable subjects are always measured"),
-        direct_io_vs_buffered: paired(NN_SSD, NN_SSD_BUFFERED)
+        direct_io_vs_buffered: paired(NN_SSD_DIRECT_IO, NN_SSD)
             .expect("durable subjects are always measured"),
         munge_vs_none: paired(NN_MEMORY_MUNGE, NN_MEMORY),
         munge_vs_none_per_repeat: per_repeat(NN_MEMORY_MUNGE, NN_MEMORY),
@@ -547,9 +548,9 @@ fn start_servers(
             server_args
                 .extend(["--munge-socket".to_string(), munged.socket().display().to_string()]);
         }
-        if spills == Spills::Buffered {
-            let config = work.join("buffered-spills.toml");
-            std::fs::write(&config, "[store]\nssd_direct_io = false\n")?;
+        if spills == Spills::DirectIo {
+            let config = work.join("direct-io-spills.toml");
+            std::fs::write(&config, "[store]\nssd_direct_io = true\n")?;
             server_args.extend(["--config".to_string(), config.display().to_string()]);
         }
         servers.push(start_server(work, &s.to_string(), &ssd_dir, dram, &server_args)?);

@@ -30,7 +30,8 @@ fn positive(value: &serde_json::Value, key: &str) -> f64 {
 fn every_subject_is_measured_with_its_cpu_cost() {
     let report = run(&[]);
     let row = &report["rows"][0];
-    for subject in ["spillway_nn_memory", "memcached", "loopback", "direct_pfs", "spillway_nn_ssd"] {
+    for subject in ["spillway_nn_memory", "memcached", "loopback", "direct_pfs", "spillway_nn_ssd"]
+    {
         positive(row, &format!("{subject}_gbps"));
         // Busy CPU of a region can round to 0 on a fast run; never negative, never absent.
         let cpu = row["cpu_seconds_per_gb"][subject].as_f64().unwrap_or_else(|| panic!("{row}"));
@@ -54,10 +55,10 @@ fn durable_only_measures_the_disk_subjects_alone() {
     let subjects: Vec<&String> = row["cpu_seconds_per_gb"].as_object().unwrap().keys().collect();
     assert_eq!(
         subjects,
-        ["direct_pfs", "spillway_n1_ssd", "spillway_nn_ssd", "spillway_nn_ssd_buffered"]
+        ["direct_pfs", "spillway_n1_ssd", "spillway_nn_ssd", "spillway_nn_ssd_direct_io"]
     );
     assert!(report["ratios"].get("vs_memcached").is_none(), "{report}");
-    for ratio in ["ssd_vs_direct_pfs", "ssd_buffered_vs_direct_pfs", "direct_io_vs_buffered"] {
+    for ratio in ["ssd_vs_direct_pfs", "ssd_direct_io_vs_direct_pfs", "direct_io_vs_buffered"] {
         positive(&report["ratios"], ratio);
     }
 }
