@@ -594,37 +594,6 @@ fn sync_epoch_makes_that_epoch_durable_and_leaves_the_others_in_dram() {
 }
 
 #[test]
-fn a_sync_ends_while_another_writer_keeps_writing() {
-    let (_storage, store) = open_sim();
-    let store = Arc::new(store);
-    store.write(StreamKey(1), EpochId(1), FileId(0), 0, &common::payload(1, 30_000)).unwrap();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    // Bounded: without the sync's horizon it would wait for this writer to stop by itself.
-    const WRITES_MAX: u64 = 200_000;
-    let writer = {
-        let (store, stop) = (store.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut writes = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) && writes < WRITES_MAX {
-                let offset = (writes % 64) * 4096;
-                // Out of space: the syncs kept spilling this writer's bytes until the log filled.
-                store.write(StreamKey(2), EpochId(2), FileId(0), offset, &[7u8; 4096])?;
-                writes += 1;
-            }
-            Ok::<u64, spillway_store::WriteError>(writes)
-        })
-    };
-    while store.epochs().iter().all(|e| e.epoch != EpochId(2)) {
-        std::thread::yield_now();
-    }
-    store.sync().unwrap();
-    store.sync_epoch(EpochId(2)).unwrap();
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let writes = writer.join().unwrap().expect("the syncs chased the writer until the log filled");
-    assert!(writes < WRITES_MAX, "the syncs waited for the writer to give up");
-}
-
-#[test]
 fn concurrent_syncs_of_many_epochs_are_each_durable() {
     let (storage, store) = open_sim();
     let store = Arc::new(store);
