@@ -150,24 +150,20 @@ struct Sample {
 /// Times a region: wall clock and the machine's busy CPU.
 struct Stopwatch {
     started: Instant,
-    cpu_seconds: f64,
+    cpu: crate::stats::BusyCpu,
 }
 
 impl Stopwatch {
     fn start() -> anyhow::Result<Stopwatch> {
-        Ok(Stopwatch {
-            cpu_seconds: crate::stats::machine_busy_cpu_seconds()?,
-            started: Instant::now(),
-        })
+        Ok(Stopwatch { cpu: crate::stats::BusyCpu::start()?, started: Instant::now() })
     }
 
     /// The region moved `bytes`.
     fn stop(self, bytes: u64) -> anyhow::Result<Sample> {
         let seconds = self.started.elapsed().as_secs_f64();
-        let cpu_seconds = crate::stats::machine_busy_cpu_seconds()? - self.cpu_seconds;
         Ok(Sample {
             gbps: gigabytes_per_second(bytes, seconds),
-            cpu_seconds_per_gb: cpu_seconds / (bytes as f64 / 1e9),
+            cpu_seconds_per_gb: self.cpu.seconds_per_gb(bytes)?,
         })
     }
 }
@@ -775,7 +771,7 @@ fn memcached_gbps(shape: &Shape, work: &Path) -> anyhow::Result<Sample> {
         .args(["-x", &operations.to_string(), "-X", &shape.transfer_bytes.to_string()])
         .output()
         .context("running memcaslap")?;
-    let timed = (stopwatch.started.elapsed(), crate::stats::machine_busy_cpu_seconds()?);
+    let seconds = stopwatch.started.elapsed().as_secs_f64();
     let text = String::from_utf8_lossy(&output.stdout);
     if !output.status.success() || !text.contains("Run time") {
         bail!(
@@ -790,13 +786,15 @@ fn memcached_gbps(shape: &Shape, work: &Path) -> anyhow::Result<Sample> {
         .find_map(|l| l.strip_prefix("cmd_set: "))
         .and_then(|n| n.trim().parse().ok())
         .context("memcaslap printed no cmd_set count")?;
-    drop(servers);
-    // Rated on the SETs memcaslap counted, which can fall short of the bytes asked.
+    // Rated on the SETs memcaslap counted, which can fall short of the bytes asked; the CPU is
+    // read before memcached is stopped (parsing the output costs nothing measurable).
     let bytes = sets * shape.transfer_bytes;
-    Ok(Sample {
-        gbps: gigabytes_per_second(bytes, timed.0.as_secs_f64()),
-        cpu_seconds_per_gb: (timed.1 - stopwatch.cpu_seconds) / (bytes as f64 / 1e9),
-    })
+    let sample = Sample {
+        gbps: gigabytes_per_second(bytes, seconds),
+        cpu_seconds_per_gb: stopwatch.cpu.seconds_per_gb(bytes)?,
+    };
+    drop(servers);
+    Ok(sample)
 }
 
 fn which(program: &str) -> Option<PathBuf> {

@@ -16,7 +16,7 @@
 
 use crate::mount::{mount, open_root};
 use crate::mount_ior::{delete_epoch, pattern, timed_workers_prepared};
-use crate::stats::{machine_busy_cpu_seconds, median};
+use crate::stats::{median, BusyCpu};
 use anyhow::{ensure, Context};
 use spillway_mount::connect::connect_namespace;
 use spillway_proto::Endpoint;
@@ -111,7 +111,7 @@ fn timed_run(
 ) -> anyhow::Result<DurableRun> {
     let data = pattern(shape.transfer_bytes);
     let transfers = shape.block_bytes / shape.transfer_bytes as u64;
-    let cpu_before = machine_busy_cpu_seconds()?;
+    let cpu = BusyCpu::start()?;
     let seconds = timed_workers_prepared(shape.workers, open, |_, (mut file, path)| {
         for i in 0..transfers {
             file.write_all(&data).with_context(|| {
@@ -121,11 +121,10 @@ fn timed_run(
         file.sync_all().with_context(|| format!("fsync of {}", path.display()))?;
         Ok(file) // closed after the span: it ends at the fsync's return
     })?;
-    let cpu_seconds = machine_busy_cpu_seconds()? - cpu_before;
     let bytes = shape.run_bytes();
     Ok(DurableRun {
         mib_s: bytes as f64 / MIB / seconds.max(1e-9),
-        cpu_seconds_per_gb: cpu_seconds / (bytes as f64 / 1e9),
+        cpu_seconds_per_gb: cpu.seconds_per_gb(bytes)?,
     })
 }
 

@@ -37,6 +37,22 @@ pub fn machine_busy_cpu_seconds() -> anyhow::Result<f64> {
     Ok(busy as f64 / spillway_sys::time::clock_ticks_per_second() as f64)
 }
 
+/// The machine's busy CPU since [`BusyCpu::start`]: what a timed region cost, per GB it moved.
+pub struct BusyCpu {
+    at_start: f64,
+}
+
+impl BusyCpu {
+    pub fn start() -> anyhow::Result<BusyCpu> {
+        Ok(BusyCpu { at_start: machine_busy_cpu_seconds()? })
+    }
+
+    /// Busy CPU seconds since the start per GB (1e9 bytes) of `bytes`.
+    pub fn seconds_per_gb(&self, bytes: u64) -> anyhow::Result<f64> {
+        Ok((machine_busy_cpu_seconds()? - self.at_start) / (bytes as f64 / 1e9))
+    }
+}
+
 /// The smallest and largest of `values`.
 pub fn spread(values: &[f64]) -> (f64, f64) {
     values.iter().fold((f64::MAX, f64::MIN), |(low, high), &v| (low.min(v), high.max(v)))
