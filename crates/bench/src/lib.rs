@@ -17,6 +17,7 @@
 pub mod egress;
 pub mod ias;
 pub mod ingress;
+pub mod io500;
 pub mod mount;
 pub mod mount_durable;
 pub mod mount_ior;
@@ -48,6 +49,12 @@ pub enum Command {
     Ias(ias::Args),
     /// Two concurrent jobs on reservations by bandwidth and metadata target: achieved vs target.
     Targets(targets::Args),
+    /// IO500's shapes (ior-easy, ior-hard, mdtest-easy, mdtest-hard) through the native client
+    /// and the mount, a plain directory on the same disk as the baseline.
+    Io500(io500::Args),
+    /// One process of `bench io500` (run by it).
+    #[command(hide = true)]
+    Io500Worker(io500::WorkerArgs),
     /// One application of `bench ias` (run by it inside a cluster host).
     #[command(hide = true)]
     IasApp(ias::AppArgs),
@@ -64,6 +71,8 @@ pub fn run(command: Command) -> anyhow::Result<()> {
         Command::Replication(args) => replication::run(args),
         Command::Ias(args) => ias::run(args),
         Command::Targets(args) => targets::run(args),
+        Command::Io500(args) => io500::run(args),
+        Command::Io500Worker(args) => io500::run_worker(args),
         Command::IasApp(args) => ias::run_app(args),
     }
 }

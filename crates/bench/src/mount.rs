@@ -149,7 +149,7 @@ struct Measured {
 }
 
 /// `count` servers with `dram_bytes` of DRAM each, and their endpoints.
-fn start_servers(
+pub(crate) fn start_servers(
     work: &Path,
     count: usize,
     dram_bytes: u64,
@@ -343,7 +343,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if total == 0 || args.repeat == 0 || args.files == 0 || args.servers == 0 || args.threads == 0 {
         bail!("--write-bytes, --repeat, --files, --servers and --threads must be positive");
     }
-    let (work, _temporary) = work_directory(&args)?;
+    let (work, _temporary) = work_directory(args.work_dir.as_deref())?;
     // Every byte of both variants stays in DRAM (mount files are never deleted from the
     // store during the run): no spilling inside a measurement.
     // The IOR and durable runs delete their epochs: one run of each side at a time.
@@ -392,11 +392,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// `--work-dir` (created if missing), or a fresh temporary directory and its guard.
-fn work_directory(args: &Args) -> anyhow::Result<(PathBuf, Option<tempfile::TempDir>)> {
-    match &args.work_dir {
+pub(crate) fn work_directory(
+    dir: Option<&Path>,
+) -> anyhow::Result<(PathBuf, Option<tempfile::TempDir>)> {
+    match dir {
         Some(dir) => {
             std::fs::create_dir_all(dir)?;
-            Ok((dir.clone(), None))
+            Ok((dir.to_path_buf(), None))
         }
         None => {
             let temporary = tempfile::tempdir()?;
