@@ -4,5 +4,8 @@
 
 fn main() {
     println!("cargo:rerun-if-changed=src/variadic.c");
-    cc::Build::new().file("src/variadic.c").flag("-fvisibility=default").compile("spillway_preload_variadic");
+    cc::Build::new()
+        .file("src/variadic.c")
+        .flag("-fvisibility=default")
+        .compile("spillway_preload_variadic");
 }

@@ -1,5 +1,5 @@
-//! `spillway bench io500`: the four IO500 shapes through the native client and the FUSE mount,
-//! with a plain directory on the same disk as the baseline, in one run.
+//! `spillway bench io500`: the four IO500 shapes through the native client, the FUSE mount and
+//! the LD_PRELOAD library, with a plain directory on the same disk as the baseline, in one run.
 //!
 //! - **ior-easy**: each process writes its own file in 1 MiB transfers (`--ior-easy-bytes`
 //!   each), then reads it back;
@@ -32,8 +32,11 @@
 //! mean of both. Ratios (`ratios` in `--json`): `<subject>_vs_dir_<phase>` and
 //! `mount_vs_native_<phase>` for every phase, and the same for the scores.
 //!
-//! The LD_PRELOAD library subject of issue 20 is not built yet; its phases will run the same
-//! worker processes under it.
+//! The preload subject runs the same worker processes as the mount's, under the LD_PRELOAD
+//! library (`libspillway_preload.so`, crates/preload) with the mount point as its own, on a
+//! namespace of its own; `ratios` then also hold issue 20's targets by name:
+//! `preload_vs_native` (ior-easy write), `preload_over_mount_creates` (mdtest-easy write) and
+//! `preload_over_mount_stats` (mdtest-easy stat).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -61,7 +64,11 @@ const MDTEST_HARD_FILE_BYTES: usize = 3_901;
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 /// Namespace id and data epoch of the mount subject; epoch of the native subject's ior files.
 const MOUNT_NAMESPACE_ID: u64 = 500;
-const MOUNT_EPOCH: u64 = 1_000_500;
+const PRELOAD_NAMESPACE_ID: u64 = 502;
+/// A mounted subject's data epoch: this plus its namespace id.
+const MOUNT_EPOCH_BASE: u64 = 1_000_000;
+/// The interception library's file name.
+const PRELOAD_LIBRARY: &str = "libspillway_preload.so";
 const NATIVE_NAMESPACE_ID: u64 = 501;
 const NATIVE_DATA_EPOCH: u64 = 1_000_501;
 const NATIVE_IOR_EPOCH: u64 = 7_000;
@@ -94,6 +101,9 @@ pub struct Args {
     /// FUSE session threads of the mount (and data clients).
     #[arg(long, default_value_t = 4)]
     pub threads: usize,
+    /// The LD_PRELOAD library (default: libspillway_preload.so next to this binary).
+    #[arg(long)]
+    pub preload_lib: Option<PathBuf>,
     /// Directory for the servers' logs, the mount point and the baseline directory (default: a
     /// temporary directory under /var/tmp, on the disk the servers' SSD logs use).
     #[arg(long)]
@@ -481,6 +491,9 @@ struct PosixSubject {
     root: PathBuf,
     /// Sync and drop the files' pages before read phases (the plain directory).
     drop_cache: bool,
+    /// Extra environment of the workers (`LD_PRELOAD` and its settings for the preload
+    /// library).
+    environment: Vec<(String, String)>,
 }
 
 /// Worker processes of one phase, killed if dropped before they finished.
@@ -525,6 +538,7 @@ impl PosixSubject {
             if self.drop_cache {
                 command.arg("--drop-cache");
             }
+            command.envs(self.environment.iter().map(|(k, v)| (k, v)));
             workers.0.push(command.spawn().context("starting an io500 worker")?);
         }
         let watchdog = Watchdog::start(workers.0.iter().map(Child::id).collect());
@@ -909,7 +923,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     let directory = work.join("directory");
     std::fs::create_dir_all(&directory)?;
-    let dir_subject = PosixSubject { root: directory.clone(), drop_cache: true };
+    let dir_subject =
+        PosixSubject { root: directory.clone(), drop_cache: true, environment: Vec::new() };
     let dir = measure_subject("dir", &shape, |p| dir_subject.phase(&shape, p))?;
     std::fs::remove_dir_all(&directory)?;
 
@@ -919,26 +934,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     crate::mount_ior::delete_epoch(&endpoints, EpochId(NATIVE_IOR_EPOCH))?;
     crate::mount_ior::delete_epoch(&endpoints, EpochId(NATIVE_DATA_EPOCH))?;
 
-    let mount_epoch = EpochId(MOUNT_EPOCH);
-    let namespace = connect_namespace(
-        &endpoints[0],
-        MOUNT_NAMESPACE_ID,
-        open_root(mount_epoch),
-        args.threads,
-        None,
-    )?;
-    let bench_mount = mount(&work.join("mnt-io500"), namespace, &endpoints, args.threads)?;
-    let mount_subject = PosixSubject { root: bench_mount.path.clone(), drop_cache: false };
-    let mounted = measure_subject("mount", &shape, |p| mount_subject.phase(&shape, p))?;
-    drop(bench_mount);
-    crate::mount_ior::delete_epoch(&endpoints, mount_epoch)?;
+    let mounted =
+        measure_mounted("mount", &args, &shape, &work, &endpoints, MOUNT_NAMESPACE_ID, false)?;
+    let preloaded =
+        measure_mounted("preload", &args, &shape, &work, &endpoints, PRELOAD_NAMESPACE_ID, true)?;
     drop(servers);
 
     let mut ratios = BTreeMap::new();
     add_ratios(&mut ratios, &native, &dir);
     add_ratios(&mut ratios, &mounted, &dir);
     add_ratios(&mut ratios, &mounted, &native);
-    let subjects = [dir, native, mounted];
+    add_ratios(&mut ratios, &preloaded, &dir);
+    add_ratios(&mut ratios, &preloaded, &native);
+    add_ratios(&mut ratios, &preloaded, &mounted);
+    // Issue 20's targets by their names.
+    for (target, key) in [
+        ("preload_vs_native", "preload_vs_native_ior_easy_write"),
+        ("preload_over_mount_creates", "preload_vs_mount_mdtest_easy_write"),
+        ("preload_over_mount_stats", "preload_vs_mount_mdtest_easy_stat"),
+    ] {
+        let value = ratios[key];
+        ratios.insert(target.to_string(), value);
+    }
+    let subjects = [dir, native, mounted, preloaded];
     if args.json {
         let json = serde_json::json!({
             "benchmark": "io500",
@@ -947,13 +965,68 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "threads": args.threads,
             "subjects": subjects,
             "ratios": ratios,
-            "not_measured": ["preload: the LD_PRELOAD library is not built yet"],
         });
         println!("{}", serde_json::to_string_pretty(&json)?);
         return Ok(());
     }
     print_text(&shape, &subjects, &ratios);
     Ok(())
+}
+
+/// The library next to this binary (`cargo build` puts both in the profile directory; `cargo
+/// test` leaves the library in `deps/`).
+fn preload_library(args: &Args) -> anyhow::Result<PathBuf> {
+    if let Some(path) = &args.preload_lib {
+        ensure!(path.is_file(), "--preload-lib {}: no such file", path.display());
+        return Ok(path.clone());
+    }
+    let binary = std::env::current_exe()?;
+    let directory = binary.parent().context("the binary's directory")?;
+    [directory.join(PRELOAD_LIBRARY), directory.join("deps").join(PRELOAD_LIBRARY)]
+        .into_iter()
+        .find(|p| p.is_file())
+        .with_context(|| {
+            format!(
+                "{PRELOAD_LIBRARY} is not next to {} (build it: cargo build -p spillway-preload, \
+                 or pass --preload-lib)",
+                binary.display()
+            )
+        })
+}
+
+/// A subject on a fresh namespace behind a FUSE mount: the mount's own (POSIX workers through
+/// the kernel) or, with `preload`, the same workers under the LD_PRELOAD library with the mount
+/// as its mount point (what it does not intercept goes through the mount, as in production).
+fn measure_mounted(
+    name: &'static str,
+    args: &Args,
+    shape: &Shape,
+    work: &Path,
+    endpoints: &[Endpoint],
+    namespace_id: u64,
+    preload: bool,
+) -> anyhow::Result<SubjectResult> {
+    let epoch = EpochId(MOUNT_EPOCH_BASE + namespace_id);
+    let namespace =
+        connect_namespace(&endpoints[0], namespace_id, open_root(epoch), args.threads, None)?;
+    let bench_mount =
+        mount(&work.join(format!("mnt-io500-{name}")), namespace, endpoints, args.threads)?;
+    let mut environment = Vec::new();
+    if preload {
+        let servers: Vec<String> = endpoints.iter().map(ToString::to_string).collect();
+        environment = vec![
+            ("LD_PRELOAD".to_string(), preload_library(args)?.display().to_string()),
+            ("SPILLWAY_PRELOAD_MOUNT".to_string(), bench_mount.path.display().to_string()),
+            ("SPILLWAY_PRELOAD_SERVERS".to_string(), servers.join(",")),
+            ("SPILLWAY_PRELOAD_NAMESPACE".to_string(), namespace_id.to_string()),
+            ("SPILLWAY_PRELOAD_NAMESPACE_SERVER".to_string(), "0".to_string()),
+        ];
+    }
+    let subject = PosixSubject { root: bench_mount.path.clone(), drop_cache: false, environment };
+    let result = measure_subject(name, shape, |p| subject.phase(shape, p))?;
+    drop(bench_mount);
+    crate::mount_ior::delete_epoch(endpoints, epoch)?;
+    Ok(result)
 }
 
 fn print_text(shape: &Shape, subjects: &[SubjectResult], ratios: &BTreeMap<String, f64>) {
@@ -970,7 +1043,7 @@ fn print_text(shape: &Shape, subjects: &[SubjectResult], ratios: &BTreeMap<Strin
     for subject in subjects {
         print!("{:>12}", subject.subject);
     }
-    println!("{:>14}{:>14}", "mount/native", "mount/dir");
+    println!("{:>14}{:>15}", "mount/native", "preload/mount");
     for phase in Phase::ALL {
         let unit = if phase.is_bandwidth() { "GiB/s" } else { "kIOPS" };
         print!("{:<28}", format!("{} ({unit})", phase.key()));
@@ -979,9 +1052,9 @@ fn print_text(shape: &Shape, subjects: &[SubjectResult], ratios: &BTreeMap<Strin
         }
         let ratio = |name: &str| ratios.get(&format!("{name}_{}", phase.key())).copied();
         println!(
-            "{:>14.2}{:>14.2}",
+            "{:>14.2}{:>15.2}",
             ratio("mount_vs_native").unwrap_or(f64::NAN),
-            ratio("mount_vs_dir").unwrap_or(f64::NAN)
+            ratio("preload_vs_mount").unwrap_or(f64::NAN)
         );
     }
     for (label, pick) in [
@@ -995,5 +1068,4 @@ fn print_text(shape: &Shape, subjects: &[SubjectResult], ratios: &BTreeMap<Strin
         }
         println!();
     }
-    println!("preload: not measured (the LD_PRELOAD library is not built yet)");
 }

@@ -14,9 +14,11 @@
 //! tests create and act as. [`Cluster`] starts hosts in Linux namespaces (scripts/cluster/) and
 //! runs commands, servers and a manager inside them ([`Host`]). [`SlurmRelease`] is the Slurm a
 //! test cluster runs (the machine's 22.05, or 24.11 in a cached Debian 13 root).
+//! [`preload_library`] builds and finds `libspillway_preload.so` for the tests that load it.
 
 #![forbid(unsafe_code)]
 
+mod artifacts;
 mod child;
 mod cluster;
 mod data;
@@ -26,6 +28,7 @@ mod server;
 mod slurm;
 mod users;
 
+pub use artifacts::{preload_library, PRELOAD_LIBRARY};
 pub use child::Reaped;
 pub use cluster::{Cluster, ClusterError, Host, SharedPfs};
 pub use data::{files_under, pattern, same_bytes};

@@ -57,9 +57,12 @@ impl Config {
         if !mount.starts_with(b"/") {
             return Err(format!("{ENV_MOUNT}={text:?} is not an absolute path"));
         }
-        let mountpoint = normalize(mount).ok_or_else(|| format!("{ENV_MOUNT}={text:?} leaves /"))?;
+        let mountpoint =
+            normalize(mount).ok_or_else(|| format!("{ENV_MOUNT}={text:?} leaves /"))?;
         if mountpoint.is_empty() {
-            return Err(format!("{ENV_MOUNT}={text:?}: the root directory cannot be a mount point"));
+            return Err(format!(
+                "{ENV_MOUNT}={text:?}: the root directory cannot be a mount point"
+            ));
         }
         let servers_text =
             std::env::var(ENV_SERVERS).map_err(|_| format!("{ENV_SERVERS} is not set"))?;

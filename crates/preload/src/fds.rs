@@ -18,7 +18,8 @@ use crate::runtime::OpenFile;
 /// libc (the bitmap below is what keeps `read(2)` of other descriptors cheap).
 pub const TRACKED_FDS_MAX: usize = 1 << 16;
 
-static OURS: [AtomicU64; TRACKED_FDS_MAX / 64] = [const { AtomicU64::new(0) }; TRACKED_FDS_MAX / 64];
+static OURS: [AtomicU64; TRACKED_FDS_MAX / 64] =
+    [const { AtomicU64::new(0) }; TRACKED_FDS_MAX / 64];
 static TABLE: LazyLock<Mutex<HashMap<c_int, Arc<OpenFile>>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 

@@ -245,7 +245,12 @@ pub unsafe extern "C" fn pread64(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn pread(fd: c_int, buffer: *mut c_void, count: size_t, offset: off_t) -> ssize_t {
+pub unsafe extern "C" fn pread(
+    fd: c_int,
+    buffer: *mut c_void,
+    count: size_t,
+    offset: off_t,
+) -> ssize_t {
     // SAFETY: the same function (off_t is 64-bit here).
     unsafe { pread64(fd, buffer, count, offset) }
 }
@@ -298,7 +303,12 @@ unsafe fn vectors<'a>(iov: *const libc::iovec, count: c_int) -> Result<&'a [libc
 }
 
 /// readv/preadv: the vectors filled in order from `at` (or the offset), stopping at EOF.
-fn read_vectors(runtime: &Runtime, file: &OpenFile, vectors: &[libc::iovec], at: Option<u64>) -> ssize_t {
+fn read_vectors(
+    runtime: &Runtime,
+    file: &OpenFile,
+    vectors: &[libc::iovec],
+    at: Option<u64>,
+) -> ssize_t {
     transfer(
         runtime,
         file,
@@ -320,7 +330,12 @@ fn read_vectors(runtime: &Runtime, file: &OpenFile, vectors: &[libc::iovec], at:
     )
 }
 
-fn write_vectors(runtime: &Runtime, file: &OpenFile, vectors: &[libc::iovec], at: Option<u64>) -> ssize_t {
+fn write_vectors(
+    runtime: &Runtime,
+    file: &OpenFile,
+    vectors: &[libc::iovec],
+    at: Option<u64>,
+) -> ssize_t {
     let append = at.is_none() && *file.flags.lock() & libc::O_APPEND != 0;
     transfer(
         runtime,
@@ -384,7 +399,12 @@ pub unsafe extern "C" fn preadv64(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn preadv(fd: c_int, iov: *const libc::iovec, count: c_int, offset: off_t) -> ssize_t {
+pub unsafe extern "C" fn preadv(
+    fd: c_int,
+    iov: *const libc::iovec,
+    count: c_int,
+    offset: off_t,
+) -> ssize_t {
     // SAFETY: the same function.
     unsafe { preadv64(fd, iov, count, offset) }
 }
@@ -408,7 +428,12 @@ pub unsafe extern "C" fn pwritev64(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn pwritev(fd: c_int, iov: *const libc::iovec, count: c_int, offset: off_t) -> ssize_t {
+pub unsafe extern "C" fn pwritev(
+    fd: c_int,
+    iov: *const libc::iovec,
+    count: c_int,
+    offset: off_t,
+) -> ssize_t {
     // SAFETY: the same function.
     unsafe { pwritev64(fd, iov, count, offset) }
 }
@@ -427,10 +452,18 @@ pub unsafe extern "C" fn lseek64(fd: c_int, offset: off_t, whence: c_int) -> off
         libc::SEEK_END => size().map(|s| s + i128::from(offset)),
         // The store keeps no holes: all of the file is data.
         libc::SEEK_DATA => size().and_then(|s| {
-            if i128::from(offset) < s { Ok(i128::from(offset)) } else { Err(Fail::Errno(libc::ENXIO)) }
+            if i128::from(offset) < s {
+                Ok(i128::from(offset))
+            } else {
+                Err(Fail::Errno(libc::ENXIO))
+            }
         }),
         libc::SEEK_HOLE => size().and_then(|s| {
-            if i128::from(offset) < s { Ok(s) } else { Err(Fail::Errno(libc::ENXIO)) }
+            if i128::from(offset) < s {
+                Ok(s)
+            } else {
+                Err(Fail::Errno(libc::ENXIO))
+            }
         }),
         _ => Err(Fail::Errno(libc::EINVAL)),
     };
@@ -540,7 +573,12 @@ fn fill_stat(runtime: &Runtime, attr: &Attr, out: *mut libc::stat64) {
 }
 
 /// stat/lstat/fstatat of a path: ours, or `None` for libc's.
-fn stat_path(dirfd: c_int, path: *const c_char, flags: c_int, out: *mut libc::stat64) -> Option<c_int> {
+fn stat_path(
+    dirfd: c_int,
+    path: *const c_char,
+    flags: c_int,
+    out: *mut libc::stat64,
+) -> Option<c_int> {
     let (inside, _) = classify(dirfd, path)?;
     let runtime = runtime()?;
     match runtime.stat_path(&inside, flags & libc::AT_SYMLINK_NOFOLLOW == 0) {
@@ -568,11 +606,17 @@ pub unsafe extern "C" fn fstatat64(
         }
     }
     // SAFETY: the caller's arguments.
-    stat_path(dirfd, path, flags, out).unwrap_or_else(|| unsafe { real::fstatat64(dirfd, path, out, flags) })
+    stat_path(dirfd, path, flags, out)
+        .unwrap_or_else(|| unsafe { real::fstatat64(dirfd, path, out, flags) })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn fstatat(dirfd: c_int, path: *const c_char, out: *mut libc::stat64, flags: c_int) -> c_int {
+pub unsafe extern "C" fn fstatat(
+    dirfd: c_int,
+    path: *const c_char,
+    out: *mut libc::stat64,
+    flags: c_int,
+) -> c_int {
     // SAFETY: the same function (struct stat is struct stat64 here).
     unsafe { fstatat64(dirfd, path, out, flags) }
 }
@@ -624,22 +668,38 @@ pub unsafe extern "C" fn fstat(fd: c_int, out: *mut libc::stat64) -> c_int {
 
 // The glibc < 2.33 entry points, still called by programs built against those versions.
 #[no_mangle]
-pub unsafe extern "C" fn __xstat64(_version: c_int, path: *const c_char, out: *mut libc::stat64) -> c_int {
+pub unsafe extern "C" fn __xstat64(
+    _version: c_int,
+    path: *const c_char,
+    out: *mut libc::stat64,
+) -> c_int {
     // SAFETY: the same call.
     unsafe { stat64(path, out) }
 }
 #[no_mangle]
-pub unsafe extern "C" fn __xstat(_version: c_int, path: *const c_char, out: *mut libc::stat64) -> c_int {
+pub unsafe extern "C" fn __xstat(
+    _version: c_int,
+    path: *const c_char,
+    out: *mut libc::stat64,
+) -> c_int {
     // SAFETY: the same call.
     unsafe { stat64(path, out) }
 }
 #[no_mangle]
-pub unsafe extern "C" fn __lxstat64(_version: c_int, path: *const c_char, out: *mut libc::stat64) -> c_int {
+pub unsafe extern "C" fn __lxstat64(
+    _version: c_int,
+    path: *const c_char,
+    out: *mut libc::stat64,
+) -> c_int {
     // SAFETY: the same call.
     unsafe { lstat64(path, out) }
 }
 #[no_mangle]
-pub unsafe extern "C" fn __lxstat(_version: c_int, path: *const c_char, out: *mut libc::stat64) -> c_int {
+pub unsafe extern "C" fn __lxstat(
+    _version: c_int,
+    path: *const c_char,
+    out: *mut libc::stat64,
+) -> c_int {
     // SAFETY: the same call.
     unsafe { lstat64(path, out) }
 }
@@ -740,7 +800,11 @@ pub unsafe extern "C" fn statx(
 // names
 
 /// A path call: ours (its result) or `None` for libc's.
-fn on_path(dirfd: c_int, path: *const c_char, op: impl FnOnce(&Runtime, &[u8]) -> Outcome<()>) -> Option<c_int> {
+fn on_path(
+    dirfd: c_int,
+    path: *const c_char,
+    op: impl FnOnce(&Runtime, &[u8]) -> Outcome<()>,
+) -> Option<c_int> {
     let (inside, _) = classify(dirfd, path)?;
     let runtime = runtime()?;
     match op(&runtime, &inside) {
@@ -812,7 +876,12 @@ pub unsafe extern "C" fn renameat2(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn renameat(olddirfd: c_int, old: *const c_char, newdirfd: c_int, new: *const c_char) -> c_int {
+pub unsafe extern "C" fn renameat(
+    olddirfd: c_int,
+    old: *const c_char,
+    newdirfd: c_int,
+    new: *const c_char,
+) -> c_int {
     // SAFETY: renameat is renameat2 without flags.
     unsafe { renameat2(olddirfd, old, newdirfd, new, 0) }
 }
@@ -824,7 +893,12 @@ pub unsafe extern "C" fn rename(old: *const c_char, new: *const c_char) -> c_int
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn faccessat(dirfd: c_int, path: *const c_char, mode: c_int, flags: c_int) -> c_int {
+pub unsafe extern "C" fn faccessat(
+    dirfd: c_int,
+    path: *const c_char,
+    mode: c_int,
+    flags: c_int,
+) -> c_int {
     // AT_EACCESS and the real ids: the namespace checks the effective ids, which are the real
     // ones for unprivileged programs; set-id programs go to libc.
     on_path(dirfd, path, |runtime, inside| runtime.access(inside, mode))
@@ -946,15 +1020,31 @@ pub unsafe extern "C" fn spillway_preload_fcntl(fd: c_int, cmd: c_int, arg: *mut
             *flags = (*flags & !changeable) | (arg as usize as c_int & changeable);
             0
         }
-        // Record locks are not kept by the burst buffer (docs/design/preload.md).
-        libc::F_GETLK | libc::F_SETLK | libc::F_SETLKW | libc::F_OFD_GETLK | libc::F_OFD_SETLK
-        | libc::F_OFD_SETLKW => failed(Fail::Errno(libc::ENOLCK)),
+        // Record locks are the kernel's: the file goes on through the FUSE mount, which has
+        // them (docs/design/preload.md); without a mount there are none.
+        libc::F_GETLK
+        | libc::F_SETLK
+        | libc::F_SETLKW
+        | libc::F_OFD_GETLK
+        | libc::F_OFD_SETLK
+        | libc::F_OFD_SETLKW => {
+            if hand_over_for_locking(fd) {
+                // SAFETY: the caller's arguments, on the descriptor now the mount's.
+                unsafe { real::fcntl(fd, cmd, arg) }
+            } else {
+                failed(Fail::Errno(libc::ENOLCK))
+            }
+        }
         _ => failed(Fail::Errno(libc::EINVAL)),
     }
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn spillway_preload_ioctl(fd: c_int, request: libc::c_ulong, arg: *mut c_void) -> c_int {
+pub unsafe extern "C" fn spillway_preload_ioctl(
+    fd: c_int,
+    request: libc::c_ulong,
+    arg: *mut c_void,
+) -> c_int {
     if ours(fd).is_some() {
         // No ioctl applies to a burst buffer file (FICLONE callers copy instead).
         return failed(Fail::Errno(libc::ENOTTY));
@@ -963,9 +1053,22 @@ pub unsafe extern "C" fn spillway_preload_ioctl(fd: c_int, request: libc::c_ulon
     unsafe { real::ioctl(fd, request, arg) }
 }
 
+/// Before a lock on our descriptor `fd`: it is handed over to the FUSE mount (which keeps
+/// locks as any kernel file system does); false without a mount.
+fn hand_over_for_locking(fd: c_int) -> bool {
+    let Some((runtime, file)) = ours(fd) else { return false };
+    runtime.flush_everything();
+    if crate::fuse_device(&runtime.config.mountpoint).is_none() {
+        return false;
+    }
+    // SAFETY: F_GETFD takes no argument.
+    let fd_flags = unsafe { real::fcntl(fd, libc::F_GETFD, std::ptr::null_mut()) };
+    hand_over_one(&runtime, fd, &file, fd_flags >= 0 && fd_flags & libc::FD_CLOEXEC != 0)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn flock(fd: c_int, operation: c_int) -> c_int {
-    if ours(fd).is_some() {
+    if ours(fd).is_some() && !hand_over_for_locking(fd) {
         return failed(Fail::Errno(libc::ENOLCK));
     }
     // SAFETY: libc's flock with the caller's arguments (not interposed further).
@@ -1011,7 +1114,12 @@ pub unsafe extern "C" fn futimens(fd: c_int, times: *const libc::timespec) -> c_
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn posix_fadvise64(fd: c_int, offset: off_t, length: off_t, advice: c_int) -> c_int {
+pub unsafe extern "C" fn posix_fadvise64(
+    fd: c_int,
+    offset: off_t,
+    length: off_t,
+    advice: c_int,
+) -> c_int {
     if ours(fd).is_some() {
         return 0; // advice only
     }
@@ -1026,27 +1134,37 @@ pub unsafe extern "C" fn posix_fadvise64(fd: c_int, offset: off_t, length: off_t
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn posix_fadvise(fd: c_int, offset: off_t, length: off_t, advice: c_int) -> c_int {
+pub unsafe extern "C" fn posix_fadvise(
+    fd: c_int,
+    offset: off_t,
+    length: off_t,
+    advice: c_int,
+) -> c_int {
     // SAFETY: the same function.
     unsafe { posix_fadvise64(fd, offset, length, advice) }
 }
 
-/// fallocate of ours: mode 0 grows the size (the store allocates at write), KEEP_SIZE does
-/// nothing; other modes are the mount's (EOPNOTSUPP here).
-fn allocate(runtime: &Runtime, file: &OpenFile, mode: c_int, offset: off_t, length: off_t) -> Outcome<()> {
+/// fallocate of ours (`Runtime::allocate`).
+fn allocate(
+    runtime: &Runtime,
+    file: &OpenFile,
+    mode: c_int,
+    offset: off_t,
+    length: off_t,
+) -> Outcome<()> {
     if offset < 0 || length <= 0 {
         return Err(Fail::Errno(libc::EINVAL));
     }
-    let end = (offset as u64).checked_add(length as u64).ok_or(Fail::Errno(libc::EFBIG))?;
-    match mode {
-        0 if end > runtime.size(file)? => runtime.truncate(file, end),
-        0 | libc::FALLOC_FL_KEEP_SIZE => Ok(()),
-        _ => Err(Fail::Errno(libc::EOPNOTSUPP)),
-    }
+    runtime.allocate(file, mode, offset as u64, length as u64)
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn fallocate64(fd: c_int, mode: c_int, offset: off_t, length: off_t) -> c_int {
+pub unsafe extern "C" fn fallocate64(
+    fd: c_int,
+    mode: c_int,
+    offset: off_t,
+    length: off_t,
+) -> c_int {
     let Some((runtime, file)) = ours(fd) else {
         // SAFETY: the caller's arguments.
         return unsafe { libc::syscall(libc::SYS_fallocate, fd, mode, offset, length) as c_int };
@@ -1092,17 +1210,23 @@ pub unsafe extern "C" fn copy_file_range(
     length: size_t,
     flags: c_uint,
 ) -> ssize_t {
-    if fds::maybe_ours(fd_in) || fds::maybe_ours(fd_out) {
-        if ours(fd_in).is_some() || ours(fd_out).is_some() {
-            return failed(Fail::Errno(libc::EXDEV));
-        }
+    if ours(fd_in).is_some() || ours(fd_out).is_some() {
+        return failed(Fail::Errno(libc::EXDEV));
     }
     // SAFETY: the caller's arguments.
-    unsafe { libc::syscall(libc::SYS_copy_file_range, fd_in, off_in, fd_out, off_out, length, flags) as ssize_t }
+    unsafe {
+        libc::syscall(libc::SYS_copy_file_range, fd_in, off_in, fd_out, off_out, length, flags)
+            as ssize_t
+    }
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn sendfile64(out_fd: c_int, in_fd: c_int, offset: *mut off_t, count: size_t) -> ssize_t {
+pub unsafe extern "C" fn sendfile64(
+    out_fd: c_int,
+    in_fd: c_int,
+    offset: *mut off_t,
+    count: size_t,
+) -> ssize_t {
     if ours(out_fd).is_some() || ours(in_fd).is_some() {
         return failed(Fail::Errno(libc::EINVAL));
     }
@@ -1111,7 +1235,12 @@ pub unsafe extern "C" fn sendfile64(out_fd: c_int, in_fd: c_int, offset: *mut of
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn sendfile(out_fd: c_int, in_fd: c_int, offset: *mut off_t, count: size_t) -> ssize_t {
+pub unsafe extern "C" fn sendfile(
+    out_fd: c_int,
+    in_fd: c_int,
+    offset: *mut off_t,
+    count: size_t,
+) -> ssize_t {
     // SAFETY: the same function.
     unsafe { sendfile64(out_fd, in_fd, offset, count) }
 }
@@ -1129,7 +1258,9 @@ pub unsafe extern "C" fn splice(
         return failed(Fail::Errno(libc::EINVAL));
     }
     // SAFETY: the caller's arguments.
-    unsafe { libc::syscall(libc::SYS_splice, fd_in, off_in, fd_out, off_out, length, flags) as ssize_t }
+    unsafe {
+        libc::syscall(libc::SYS_splice, fd_in, off_in, fd_out, off_out, length, flags) as ssize_t
+    }
 }
 
 /// Opens our file through the FUSE mount (checking it is the same inode): for mmap and for
@@ -1301,7 +1432,11 @@ unsafe extern "C" {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+pub unsafe extern "C" fn execve(
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
     // SAFETY: the caller's arguments.
     unsafe { spillway_preload_exec(path, argv, envp, 0) }
 }
@@ -1319,7 +1454,11 @@ pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char)
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+pub unsafe extern "C" fn execvpe(
+    file: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
     // SAFETY: the caller's arguments.
     unsafe { spillway_preload_exec(file, argv, envp, 1) }
 }

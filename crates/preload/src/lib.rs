@@ -170,7 +170,10 @@ pub(crate) fn classify(dirfd: c_int, path: *const c_char) -> Option<(Vec<u8>, Ve
         let mut base = if dirfd == libc::AT_FDCWD {
             std::env::current_dir().ok()?.into_os_string().into_encoded_bytes()
         } else {
-            std::fs::read_link(format!("/proc/self/fd/{dirfd}")).ok()?.into_os_string().into_encoded_bytes()
+            std::fs::read_link(format!("/proc/self/fd/{dirfd}"))
+                .ok()?
+                .into_os_string()
+                .into_encoded_bytes()
         };
         base.push(b'/');
         base.extend_from_slice(path);

@@ -52,9 +52,9 @@ macro_rules! real {
             /// As for the libc function.
             pub unsafe fn $name($($arg: $ty),*) -> $ret {
                 static SYMBOL: Symbol = Symbol::new(concat!(stringify!($name), "\0").as_bytes());
+                let address = SYMBOL.get();
                 // SAFETY: the symbol is libc's function of this exact C signature.
-                let function: unsafe extern "C" fn($($ty),*) -> $ret =
-                    unsafe { std::mem::transmute(SYMBOL.get()) };
+                let function = unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($ty),*) -> $ret>(address) };
                 // SAFETY: the caller upholds the function's contract.
                 unsafe { function($($arg),*) }
             }

@@ -252,8 +252,8 @@ impl Runtime {
             if Self::components(&path).is_empty() {
                 return Ok(self.namespace.getattr(ROOT_INO)?);
             }
-            let attr = self
-                .on_path(&path, |c, at| Ok(self.namespace.lookup(c, at.parent, &at.name)?))?;
+            let attr =
+                self.on_path(&path, |c, at| Ok(self.namespace.lookup(c, at.parent, &at.name)?))?;
             if attr.kind != FileKind::Symlink || !follow {
                 return Ok(self.with_pending(attr));
             }
@@ -280,9 +280,7 @@ impl Runtime {
     /// when nothing was cached).
     fn retry_stale<T>(&self, resolved: &Resolved, op: impl Fn() -> Outcome<T>) -> Outcome<T> {
         let result = op();
-        if resolved.used_cache
-            && matches!(result, Err(Fail::Errno(libc::ENOENT | libc::ENOTDIR)))
-        {
+        if resolved.used_cache && matches!(result, Err(Fail::Errno(libc::ENOENT | libc::ENOTDIR))) {
             self.dirs.lock().entries.clear();
             return Err(Fail::Errno(libc::ESTALE));
         }
@@ -291,7 +289,11 @@ impl Runtime {
 
     /// Runs `op` on a freshly resolved path; an ESTALE (a cached directory was gone) resolves
     /// again, once, without the cache.
-    pub fn on_path<T>(&self, path: &[u8], op: impl Fn(&Caller, &Resolved) -> Outcome<T>) -> Outcome<T> {
+    pub fn on_path<T>(
+        &self,
+        path: &[u8],
+        op: impl Fn(&Caller, &Resolved) -> Outcome<T>,
+    ) -> Outcome<T> {
         let c = caller();
         for _ in 0..2 {
             let resolved = self.resolve(&c, path)?;
@@ -304,7 +306,13 @@ impl Runtime {
     }
 
     /// open(2) of a regular file; anything else is [`Fail::Pass`].
-    pub fn open(&self, path: &[u8], flags: i32, mode: u32, absolute: Vec<u8>) -> Outcome<Arc<OpenFile>> {
+    pub fn open(
+        &self,
+        path: &[u8],
+        flags: i32,
+        mode: u32,
+        absolute: Vec<u8>,
+    ) -> Outcome<Arc<OpenFile>> {
         let mut path = path.to_vec();
         for _ in 0..SYMLINKS_MAX {
             let attr = self.on_path(&path, |c, at| self.open_at(c, at, flags, mode))?;
@@ -320,9 +328,11 @@ impl Runtime {
             }
             self.data.slot(attr.ino).forget(attr.ino); // close-to-open: find its bytes afresh
             let mut inodes = self.inodes.lock();
-            let state = inodes
-                .entry(attr.ino)
-                .or_insert(InodeState { attr: attr.clone(), opens: 0, pending: None });
+            let state = inodes.entry(attr.ino).or_insert(InodeState {
+                attr: attr.clone(),
+                opens: 0,
+                pending: None,
+            });
             let size = state.pending.map_or(attr.size, |end| end.max(attr.size));
             state.attr = Attr { size, ..attr.clone() };
             state.opens += 1;
@@ -543,7 +553,8 @@ impl Runtime {
         match self.namespace.getattr(file.ino) {
             Ok(attr) => {
                 if let Some(state) = self.inodes.lock().get_mut(&file.ino) {
-                    let size = attr.size.max(if state.pending.is_some() { state.attr.size } else { 0 });
+                    let size =
+                        attr.size.max(if state.pending.is_some() { state.attr.size } else { 0 });
                     state.attr = Attr { size, ..attr.clone() };
                 }
                 Ok(self.with_pending(attr))
@@ -573,7 +584,14 @@ impl Runtime {
             let _ = slot.settle(); // a failure stays pinned for close/fsync
         }
         let set = SetAttr { size: Some(size), via_writable_handle: true, ..SetAttr::default() };
-        let attr = self.namespace.setattr(&caller(), ino, &set)?;
+        let attr = match self.namespace.setattr(&caller(), ino, &set) {
+            Ok(attr) => attr,
+            // ftruncate of an open file whose last name is gone: only this process sees it.
+            Err(e) if e.errno == libc::ENOENT && current.nlink == 0 => {
+                Attr { size, ..current.clone() }
+            }
+            Err(e) => return Err(e.into()),
+        };
         if let Some(state) = self.inodes.lock().get_mut(&ino) {
             state.attr = attr.clone();
         }
@@ -582,6 +600,45 @@ impl Runtime {
             slot.zero_fill(ino, current.generation, size, u64::MAX)?;
         }
         Ok(())
+    }
+
+    /// fallocate(2), as the mount's: mode 0 and KEEP_SIZE reserve nothing (the store allocates
+    /// at write) and only grow the size without KEEP_SIZE; PUNCH_HOLE|KEEP_SIZE and ZERO_RANGE
+    /// make the range read as zeros by overwriting what the store holds there. Others:
+    /// EOPNOTSUPP.
+    pub fn allocate(&self, file: &OpenFile, mode: i32, offset: u64, length: u64) -> Outcome<()> {
+        const KEEP_SIZE: i32 = libc::FALLOC_FL_KEEP_SIZE;
+        const PUNCH_HOLE: i32 = libc::FALLOC_FL_PUNCH_HOLE;
+        const ZERO_RANGE: i32 = libc::FALLOC_FL_ZERO_RANGE;
+        if !file.writable() {
+            return Err(Fail::Errno(libc::EBADF));
+        }
+        let end = offset.checked_add(length).ok_or(Fail::Errno(libc::EFBIG))?;
+        let zeroes = match mode {
+            0 | KEEP_SIZE => false,
+            m if m == PUNCH_HOLE | KEEP_SIZE || m == ZERO_RANGE || m == ZERO_RANGE | KEEP_SIZE => {
+                true
+            }
+            _ => return Err(Fail::Errno(libc::EOPNOTSUPP)),
+        };
+        let ino = file.ino;
+        if zeroes {
+            let reporting = self.size_reports.lock();
+            self.push_pending_locked(ino)?;
+            let mut slot = self.data.slot(ino);
+            let (generation, size) = self.state(ino)?;
+            slot.zero_fill(ino, generation, offset, end.min(size))?;
+            drop(slot);
+            drop(reporting);
+            match self.namespace.wrote(&caller(), ino, 0) {
+                Err(e) if e.errno != libc::ENOENT => return Err(e.into()),
+                _ => {}
+            }
+        }
+        if mode & KEEP_SIZE != 0 || end <= self.size(file)? {
+            return Ok(());
+        }
+        self.truncate(file, end)
     }
 
     /// fchmod, fchown, futimens.
@@ -607,7 +664,8 @@ impl Runtime {
 
     pub fn mkdir(&self, path: &[u8], mode: u32) -> Outcome<()> {
         self.on_path(path, |c, at| {
-            let attr = self.namespace.mkdir(c, at.parent, &at.name, mode & 0o7777, crate::umask())?;
+            let attr =
+                self.namespace.mkdir(c, at.parent, &at.name, mode & 0o7777, crate::umask())?;
             self.dirs.lock().put(at.parent, &at.name, attr.ino);
             Ok(())
         })
@@ -617,7 +675,14 @@ impl Runtime {
         let c = caller();
         let source = self.resolve(&c, from)?;
         let target = self.resolve(&c, to)?;
-        self.namespace.rename(&c, source.parent, &source.name, target.parent, &target.name, flags)?;
+        self.namespace.rename(
+            &c,
+            source.parent,
+            &source.name,
+            target.parent,
+            &target.name,
+            flags,
+        )?;
         // A renamed directory's cached entries would lead the old path to it.
         self.dirs.lock().entries.clear();
         Ok(())

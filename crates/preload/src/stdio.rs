@@ -1,7 +1,6 @@
 //! `fopen` and `fdopen` of our files: glibc's stdio opens and reads files with its internal
 //! calls, which no preload library sees, so a `FILE` of ours is a `fopencookie` stream whose
-//! reads, writes, seeks and close are this library's. Its `fileno` is -1 (glibc's rule for
-//! cookie streams; docs/design/preload.md).
+//! reads, writes, seeks and close are this library's, and whose `fileno` is our descriptor.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 
@@ -33,12 +32,20 @@ fn descriptor(cookie: *mut c_void) -> c_int {
     cookie as usize as c_int
 }
 
-unsafe extern "C" fn cookie_read(cookie: *mut c_void, buffer: *mut c_char, size: size_t) -> ssize_t {
+unsafe extern "C" fn cookie_read(
+    cookie: *mut c_void,
+    buffer: *mut c_char,
+    size: size_t,
+) -> ssize_t {
     // SAFETY: stdio's buffer of `size` bytes.
     unsafe { read(descriptor(cookie), buffer.cast(), size) }
 }
 
-unsafe extern "C" fn cookie_write(cookie: *mut c_void, buffer: *const c_char, size: size_t) -> ssize_t {
+unsafe extern "C" fn cookie_write(
+    cookie: *mut c_void,
+    buffer: *const c_char,
+    size: size_t,
+) -> ssize_t {
     // SAFETY: stdio's buffer of `size` bytes.
     let written = unsafe { write(descriptor(cookie), buffer.cast(), size) };
     // A cookie write must not return -1 for a partial failure; 0 tells stdio it failed.
@@ -74,7 +81,36 @@ unsafe fn stream(fd: c_int, mode: *const c_char) -> *mut libc::FILE {
         close: Some(cookie_close),
     };
     // SAFETY: the cookie is a plain number; the callbacks match glibc's types.
-    unsafe { fopencookie(fd as usize as *mut c_void, mode, io) }
+    let file = unsafe { fopencookie(fd as usize as *mut c_void, mode, io) };
+    if !file.is_null() {
+        set_fileno(file, fd);
+    }
+    file
+}
+
+/// Byte offset of `_fileno` in glibc's `struct _IO_FILE` on 64-bit Linux: an int and its
+/// padding, then thirteen pointers (libio's layout, part of glibc's ABI since 2.1).
+const FILENO_OFFSET: usize = 8 + 13 * 8;
+
+/// Makes `fileno(file)` answer `fd` instead of a cookie stream's -1: programs (git's config
+/// reader, for one) fstat the descriptor of a stream they opened. glibc reads and writes a
+/// cookie stream through its callbacks only, never through `_fileno`. The write is checked
+/// with `fileno` and undone if this glibc lays the structure out otherwise.
+fn set_fileno(file: *mut libc::FILE, fd: c_int) {
+    // SAFETY: `file` is a live stream glibc just made; the field is an int at FILENO_OFFSET,
+    // and `fileno` reads that field (checked below).
+    unsafe {
+        let field = file.cast::<u8>().add(FILENO_OFFSET).cast::<c_int>();
+        // glibc marks a cookie stream's descriptor -2 ("open, no descriptor").
+        let before = field.read();
+        if !matches!(before, -1 | -2) {
+            return;
+        }
+        field.write(fd);
+        if libc::fileno(file) != fd {
+            field.write(before);
+        }
+    }
 }
 
 /// open(2) flags of a stdio mode ("r", "w+", "ae", "wx", …); `None` for a bad mode.

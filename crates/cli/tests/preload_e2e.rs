@@ -1,0 +1,378 @@
+//! `libspillway_preload.so` end to end: real `spillway serve` processes, unmodified programs
+//! (cp, dd, cat, bash, Python) run with `LD_PRELOAD`, and a real FUSE mount of the same
+//! namespace to check what they did — or, for the cases "without a mount", a plain directory as
+//! the mount point, so that any call the library failed to intercept lands visibly in that
+//! directory instead of on the burst buffer.
+//!
+//! The mount's suites (`mount_suite`: POSIX conformance, random operations against a plain
+//! directory, unmodified tools) also run under the library: the test binary starts itself
+//! again with `LD_PRELOAD` set and runs the suite in that child (`suite_child`).
+
+mod mount_suite;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use spillway_client::meta::{RemoteNamespace, RemoteOptions};
+use spillway_client::{Client, ClientOptions, Placement};
+use spillway_harness::{ServerProcess, TestUser};
+use spillway_mount::{Mount, MountConfig};
+use spillway_namespace::Namespace;
+use spillway_proto::Endpoint;
+use spillway_types::EpochId;
+
+const BIN: &str = env!("CARGO_BIN_EXE_spillway");
+
+/// Servers, a namespace on the first one, and what a preloaded program needs to reach them.
+struct Setup {
+    dir: tempfile::TempDir,
+    _servers: Vec<ServerProcess>,
+    endpoints: Vec<Endpoint>,
+    namespace_id: u64,
+    library: PathBuf,
+}
+
+impl Setup {
+    fn new(namespace_id: u64) -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        // The test user of the permission case must reach the directories.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let servers: Vec<ServerProcess> = (0..2)
+            .map(|i| {
+                ServerProcess::builder(BIN, dir.path(), &format!("s{i}")).dram_bytes("64M").start()
+            })
+            .collect();
+        let endpoints: Vec<Endpoint> = servers.iter().map(|s| s.endpoint().clone()).collect();
+        let setup = Setup {
+            dir,
+            _servers: servers,
+            endpoints,
+            namespace_id,
+            library: spillway_harness::preload_library(),
+        };
+        drop(setup.namespace()); // created: root-owned, mode 1777 (as `spillway mount` makes it)
+        setup
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn namespace(&self) -> Arc<dyn Namespace> {
+        let options = RemoteOptions {
+            create: true,
+            data_epoch: EpochId(1_000_000 + self.namespace_id),
+            root_mode: 0o1777,
+            ..RemoteOptions::default()
+        };
+        Arc::new(RemoteNamespace::open(&self.endpoints[0], self.namespace_id, &options).unwrap())
+    }
+
+    /// The namespace mounted through FUSE at `path`.
+    fn mount(&self, path: &Path) -> MountGuard {
+        assert!(
+            Path::new("/dev/fuse").exists(),
+            "the preload tests mount FUSE: they need /dev/fuse (the fuse kernel module) and root"
+        );
+        std::fs::create_dir_all(path).unwrap();
+        let config = MountConfig::default();
+        let clients = (0..config.threads)
+            .map(|_| {
+                let options =
+                    ClientOptions { placement: Placement::striped_default(), ..Default::default() };
+                Client::connect(&self.endpoints, options).unwrap()
+            })
+            .collect();
+        let mount = spillway_mount::mount(self.namespace(), clients, path, config).unwrap();
+        MountGuard { mount: Some(mount), path: path.to_path_buf() }
+    }
+
+    /// `command` set up to run under the library with `mountpoint` as its mount point.
+    fn preloaded<'a>(&self, command: &'a mut Command, mountpoint: &Path) -> &'a mut Command {
+        command
+            .env("LD_PRELOAD", &self.library)
+            .env("SPILLWAY_PRELOAD_MOUNT", mountpoint)
+            .env("SPILLWAY_PRELOAD_SERVERS", spillway_harness::endpoint_list(&self.endpoints))
+            .env("SPILLWAY_PRELOAD_NAMESPACE", self.namespace_id.to_string())
+            .env("SPILLWAY_PRELOAD_NAMESPACE_SERVER", "0")
+    }
+
+    /// `bash -c script` under the library; its output, asserted successful.
+    fn bash(&self, mountpoint: &Path, script: &str) -> String {
+        let output = self
+            .preloaded(Command::new("bash").arg("-c").arg(script), mountpoint)
+            .output()
+            .unwrap();
+        succeeded(&output, script)
+    }
+}
+
+fn succeeded(output: &Output, what: &str) -> String {
+    assert!(
+        output.status.success(),
+        "{what}: {}\nstdout: {}\nstderr: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Unmounts when dropped, also after a failed assertion.
+struct MountGuard {
+    mount: Option<Mount>,
+    path: PathBuf,
+}
+
+impl Drop for MountGuard {
+    fn drop(&mut self) {
+        if let Some(mount) = self.mount.take() {
+            if mount.unmount().is_err() {
+                let _ = Command::new("fusermount3").arg("-u").arg("-z").arg(&self.path).status();
+            }
+        }
+    }
+}
+
+/// Entries of a plain directory (the unmounted mount point): what escaped the library.
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+const PYTHON_FILES: &str = r#"
+import os, sys
+root = sys.argv[1]
+p = os.path.join(root, "py.txt")
+with open(p, "w") as f:
+    f.write("hello\n")
+with open(p, "a") as f:
+    f.write("world\n")
+assert open(p).read() == "hello\nworld\n", open(p).read()
+assert os.stat(p).st_size == 12
+with open(p, "r+b") as f:
+    f.seek(6); f.write(b"WORLD"); f.seek(0, 2); assert f.tell() == 12
+    f.truncate(8)
+assert open(p, "rb").read() == b"hello\nWO", open(p, "rb").read()
+os.mkdir(os.path.join(root, "d"))
+os.rename(p, os.path.join(root, "d", "moved.txt"))
+assert not os.path.exists(p)
+assert os.path.exists(os.path.join(root, "d", "moved.txt"))
+fd = os.open(os.path.join(root, "d", "gone"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+os.write(fd, b"x" * 100000)
+os.fsync(fd)
+os.close(fd)
+assert os.stat(os.path.join(root, "d", "gone")).st_mode & 0o777 == 0o600
+os.unlink(os.path.join(root, "d", "gone"))
+try:
+    os.open(os.path.join(root, "d", "moved.txt"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    sys.exit("O_EXCL on an existing file succeeded")
+except FileExistsError:
+    pass
+print("python ok")
+"#;
+
+#[test]
+fn tools_through_the_library_without_a_mount_reach_the_burst_buffer() {
+    let setup = Setup::new(11);
+    let unmounted = setup.path("unmounted");
+    std::fs::create_dir(&unmounted).unwrap();
+    let source = setup.path("source.bin");
+    std::fs::write(&source, spillway_harness::pattern(7, 5_000_000)).unwrap();
+    let out = setup.bash(
+        &unmounted,
+        &format!(
+            "cp {src} {m}/cp.bin && dd if={m}/cp.bin of={m}/dd.bin bs=16k status=none && \
+             cat {m}/dd.bin > {copy} && cmp {src} {copy} && stat -c %s {m}/dd.bin",
+            src = source.display(),
+            m = unmounted.display(),
+            copy = setup.path("back.bin").display()
+        ),
+    );
+    assert_eq!(out.trim(), "5000000");
+    let python = setup
+        .preloaded(Command::new("python3").args(["-c", PYTHON_FILES]).arg(&unmounted), &unmounted)
+        .output()
+        .unwrap();
+    assert_eq!(succeeded(&python, "python").trim(), "python ok");
+    // Every call was the library's: nothing reached the plain directory.
+    assert!(
+        entries(&unmounted).is_empty(),
+        "escaped to the plain directory: {:?}",
+        entries(&unmounted)
+    );
+    // The burst buffer holds it all, as any mount of the namespace shows.
+    let mount = setup.mount(&setup.path("mnt"));
+    let want = std::fs::read(&source).unwrap();
+    assert!(std::fs::read(mount.path.join("cp.bin")).unwrap() == want, "cp.bin");
+    assert!(std::fs::read(mount.path.join("dd.bin")).unwrap() == want, "dd.bin");
+    assert_eq!(std::fs::read(mount.path.join("d/moved.txt")).unwrap(), b"hello\nWO");
+    assert!(!mount.path.join("d/gone").exists());
+}
+
+#[test]
+fn shells_and_forks_share_offsets_through_the_mount() {
+    let setup = Setup::new(12);
+    let mount = setup.mount(&setup.path("mnt"));
+    let m = mount.path.display().to_string();
+    // bash's builtins write standard output with stdio (calls no preload library sees), and
+    // the external echos are children: the file must hold all four lines in order.
+    let out = setup.bash(
+        &mount.path,
+        &format!(
+            "{{ echo first; /bin/echo a; /bin/echo b; echo last; }} > {m}/sh.txt; cat {m}/sh.txt"
+        ),
+    );
+    assert_eq!(out, "first\na\nb\nlast\n");
+    assert_eq!(std::fs::read_to_string(mount.path.join("sh.txt")).unwrap(), "first\na\nb\nlast\n");
+    // A forked child writes through the parent's descriptor at the shared offset.
+    let program = r#"
+import os, sys
+f = open(sys.argv[1], "w"); f.write("parent\n"); f.flush()
+pid = os.fork()
+if pid == 0:
+    os.write(f.fileno(), b"child\n"); os._exit(0)
+os.waitpid(pid, 0); f.write("parent2\n"); f.close()
+print(open(sys.argv[1]).read(), end="")
+"#;
+    let fork = setup
+        .preloaded(
+            Command::new("python3").args(["-c", program]).arg(mount.path.join("fork.txt")),
+            &mount.path,
+        )
+        .output()
+        .unwrap();
+    assert_eq!(succeeded(&fork, "fork"), "parent\nchild\nparent2\n");
+}
+
+#[test]
+fn a_new_program_without_a_mount_gets_ebadf_on_an_inherited_descriptor_never_wrong_bytes() {
+    let setup = Setup::new(13);
+    let unmounted = setup.path("unmounted");
+    std::fs::create_dir(&unmounted).unwrap();
+    let program = r#"
+import os, subprocess, sys
+path = os.path.join(sys.argv[1], "x")
+fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+os.write(fd, b"parent\n")
+os.set_inheritable(fd, True)
+with_library = subprocess.run(["/bin/sh", "-c", "echo child >&%d" % fd], pass_fds=[fd], capture_output=True)
+without = subprocess.run(["env", "-u", "LD_PRELOAD", "/bin/sh", "-c", "echo child >&%d" % fd], pass_fds=[fd], capture_output=True)
+os.close(fd)
+# dash reports the EBADF of its write as "I/O error"; what matters is that it failed.
+print(with_library.returncode != 0, without.returncode != 0)
+print(open(path).read(), end="")
+"#;
+    let out = setup
+        .preloaded(Command::new("python3").args(["-c", program]).arg(&unmounted), &unmounted)
+        .output()
+        .unwrap();
+    assert_eq!(succeeded(&out, "inherit"), "True True\nparent\n");
+    assert!(entries(&unmounted).is_empty(), "{:?}", entries(&unmounted));
+}
+
+#[test]
+fn another_user_cannot_read_or_replace_a_private_file_through_the_library() {
+    let setup = Setup::new(14);
+    let mount = setup.mount(&setup.path("mnt"));
+    let secret = mount.path.join("secret");
+    std::fs::write(&secret, "root's data\n").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let user = TestUser::create("spwpreload").unwrap();
+    let attempts = format!(
+        "cat {s}; echo rc=$?; echo stolen > {s}; echo rc=$?; rm -f {s}; echo rc=$?; \
+         mv {s} {m}/mine; echo rc=$?",
+        s = secret.display(),
+        m = mount.path.display()
+    );
+    let mut command = user.command("bash");
+    command.arg("-c").arg(&attempts);
+    let output = setup.preloaded(&mut command, &mount.path).output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stdout.contains("root's data"), "{stdout}");
+    assert_eq!(stdout.matches("rc=1").count(), 4, "every attempt fails: {stdout}\n{stderr}");
+    assert!(
+        stderr.contains("Permission denied") || stderr.contains("Operation not permitted"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "root's data\n");
+}
+
+/// The suites of `mount_suite` in a child of this binary under the library (the parent holds
+/// the servers and the mount; the child does the calls).
+fn run_suite_under_library(suite: &str, namespace_id: u64) {
+    let setup = Setup::new(namespace_id);
+    let mount = setup.mount(&setup.path("mnt"));
+    let scratch = setup.path("scratch");
+    std::fs::create_dir(&scratch).unwrap();
+    let root = mount.path.join("suite");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
+        .args(["--exact", "suite_child", "--ignored", "--nocapture", "--test-threads", "1"])
+        .env("SPILLWAY_PRELOAD_SUITE", suite)
+        .env("SPILLWAY_PRELOAD_SUITE_ROOT", &root)
+        .env("SPILLWAY_PRELOAD_SUITE_SCRATCH", &scratch);
+    let output = setup.preloaded(&mut command, &mount.path).output().unwrap();
+    let out = succeeded(&output, suite);
+    assert!(out.contains("1 passed"), "the child ran no suite: {out}");
+    println!("{out}");
+}
+
+#[test]
+fn conformance_under_the_library() {
+    run_suite_under_library("conformance", 21);
+}
+
+#[test]
+fn random_operations_under_the_library_match_a_plain_directory() {
+    run_suite_under_library("random", 22);
+}
+
+#[test]
+fn unmodified_tools_under_the_library() {
+    run_suite_under_library("tools", 23);
+}
+
+/// Run by [`run_suite_under_library`] in a child with `LD_PRELOAD` set.
+#[test]
+#[ignore = "run by the suite tests of this file, under the library"]
+fn suite_child() {
+    let suite = std::env::var("SPILLWAY_PRELOAD_SUITE").expect("run by run_suite_under_library");
+    assert!(std::env::var_os("LD_PRELOAD").is_some(), "the suite child runs under the library");
+    let root = PathBuf::from(std::env::var("SPILLWAY_PRELOAD_SUITE_ROOT").unwrap());
+    let scratch = PathBuf::from(std::env::var("SPILLWAY_PRELOAD_SUITE_SCRATCH").unwrap());
+    match suite.as_str() {
+        "conformance" => {
+            let (passed, total, failures) = mount_suite::conformance(&root);
+            println!("POSIX conformance under the library: {passed}/{total} cases passed");
+            assert!(
+                failures.is_empty(),
+                "{} of {total} failed:\n{}",
+                failures.len(),
+                failures.join("\n")
+            );
+        }
+        "random" => {
+            let seed = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64;
+            println!("random operations seed {seed}");
+            let steps =
+                mount_suite::random_ops(&root.join("r"), &scratch.join("plain"), seed, 2_000)
+                    .unwrap_or_else(|e| panic!("{e}\nseed {seed}"));
+            println!("{steps} random steps agreed");
+        }
+        "tools" => mount_suite::tools(&root, &scratch).unwrap(),
+        other => panic!("no suite {other}"),
+    }
+}
