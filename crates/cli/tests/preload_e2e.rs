@@ -376,3 +376,36 @@ fn suite_child() {
         other => panic!("no suite {other}"),
     }
 }
+
+#[test]
+fn the_environment_printed_by_spillway_mount_reaches_the_namespace_it_would_mount() {
+    let setup = Setup::new(15);
+    let unmounted = setup.path("unmounted");
+    std::fs::create_dir(&unmounted).unwrap();
+    let printed = Command::new(BIN)
+        .args(["mount", "--servers", &spillway_harness::endpoint_list(&setup.endpoints)])
+        .args(["--namespace-id", "15", "--print-preload-env"])
+        .arg(&unmounted)
+        .output()
+        .unwrap();
+    let environment = succeeded(&printed, "--print-preload-env");
+    assert!(environment.contains("export SPILLWAY_PRELOAD_NAMESPACE='15'"), "{environment}");
+    // Nothing was mounted.
+    assert!(!std::fs::read_to_string("/proc/mounts")
+        .unwrap()
+        .contains(unmounted.to_str().unwrap()));
+    let script = format!(
+        "{environment}\nexport LD_PRELOAD='{}'\n\
+         echo through the printed environment | dd of={}/e.txt status=none",
+        setup.library.display(),
+        unmounted.display()
+    );
+    let output = Command::new("bash").arg("-c").arg(&script).output().unwrap();
+    succeeded(&output, &script);
+    assert!(entries(&unmounted).is_empty(), "{:?}", entries(&unmounted));
+    let mount = setup.mount(&setup.path("mnt"));
+    assert_eq!(
+        std::fs::read_to_string(mount.path.join("e.txt")).unwrap(),
+        "through the printed environment\n"
+    );
+}

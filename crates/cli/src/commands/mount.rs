@@ -104,6 +104,11 @@ pub struct Args {
     /// on the burst buffer. The mount's data always goes to the burst buffer.
     #[arg(long, conflicts_with = "epochs")]
     pub tiering_job: Option<String>,
+    /// Print the environment that points libspillway_preload.so (LD_PRELOAD) at the namespace
+    /// these flags mount, as shell `export` lines, and exit without mounting
+    /// (docs/design/preload.md).
+    #[arg(long, conflicts_with_all = ["epochs", "background"])]
+    pub print_preload_env: bool,
     /// Where to mount (an existing directory).
     pub mountpoint: PathBuf,
 }
@@ -163,6 +168,9 @@ fn open_namespace(
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.print_preload_env {
+        return print_preload_env(&args);
+    }
     if args.background {
         return run_background(&args);
     }
@@ -188,6 +196,41 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mount = spillway_mount::mount(namespace.clone(), clients, &args.mountpoint, config)?;
     let what = format!("namespace {}, data epoch {}", namespace.id(), namespace.data_epoch().0);
     serve(&args.mountpoint, mount, signals, &what)
+}
+
+/// `--print-preload-env`: the interception library's settings for this namespace, placed by the
+/// same rule as [`open_namespace`], quoted for a POSIX shell.
+fn print_preload_env(args: &Args) -> anyhow::Result<()> {
+    let endpoints = parse_endpoints(&args.servers)?;
+    if endpoints.is_empty() {
+        bail!("--servers is empty");
+    }
+    let mountpoint = std::path::absolute(&args.mountpoint)
+        .with_context(|| format!("{}", args.mountpoint.display()))?;
+    let node = args.node.clone().unwrap_or_else(hostname);
+    let (id, server) =
+        namespace_placement(args.access.into(), &node, args.namespace_id, endpoints.len());
+    let quote = |value: &str| format!("'{}'", value.replace('\'', "'\\''"));
+    let servers: Vec<String> = endpoints.iter().map(ToString::to_string).collect();
+    let library = std::env::current_exe()?.with_file_name("libspillway_preload.so");
+    let mut lines = Vec::new();
+    if library.is_file() {
+        lines.push(("LD_PRELOAD", library.display().to_string()));
+    }
+    lines.extend([
+        ("SPILLWAY_PRELOAD_MOUNT", mountpoint.display().to_string()),
+        ("SPILLWAY_PRELOAD_SERVERS", servers.join(",")),
+        ("SPILLWAY_PRELOAD_NAMESPACE", id.to_string()),
+        ("SPILLWAY_PRELOAD_NAMESPACE_SERVER", server.to_string()),
+        ("SPILLWAY_PRELOAD_REPLICAS", args.replicas.to_string()),
+    ]);
+    if !library.is_file() {
+        println!("# libspillway_preload.so is not next to this binary: set LD_PRELOAD to it");
+    }
+    for (name, value) in lines {
+        println!("export {name}={}", quote(&value));
+    }
+    Ok(())
 }
 
 /// With `--tiering-job`: how the mount reports its write phases.
