@@ -409,3 +409,90 @@ fn the_environment_printed_by_spillway_mount_reaches_the_namespace_it_would_moun
         "through the printed environment\n"
     );
 }
+
+#[test]
+fn an_mpi_checkpoint_under_the_library_reaches_the_burst_buffer() {
+    let setup = Setup::new(16);
+    let unmounted = setup.path("unmounted");
+    std::fs::create_dir(&unmounted).unwrap();
+    // The program of the multi-node Slurm test (N-1 and N-N checkpoints, every byte checked by
+    // rank 0), compiled with Debian's mpicc, two ranks, only the ranks under the library.
+    let program = setup.path("checkpoint");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/mpi/checkpoint.c");
+    let compiled = Command::new("mpicc")
+        .args(["-O2", "-Wall", "-o"])
+        .arg(&program)
+        .arg(&source)
+        .output()
+        .expect("mpicc (Debian's libopenmpi-dev, installed by make deps)");
+    succeeded(&compiled, "mpicc");
+    let input_bytes = 3 * 1024 * 1024 + 17;
+    let input = setup.path("input.bin");
+    let input_data: Vec<u8> =
+        (0..input_bytes as u64).map(|o| ((o * 13 + 5 + (o >> 10)) & 0xff) as u8).collect();
+    std::fs::write(&input, input_data).unwrap();
+    let servers = spillway_harness::endpoint_list(&setup.endpoints);
+    let output = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "2"])
+        .arg("-x")
+        .arg(format!("LD_PRELOAD={}", setup.library.display()))
+        .arg("-x")
+        .arg(format!("SPILLWAY_PRELOAD_MOUNT={}", unmounted.display()))
+        .arg("-x")
+        .arg(format!("SPILLWAY_PRELOAD_SERVERS={servers}"))
+        .args(["-x", "SPILLWAY_PRELOAD_NAMESPACE=16"])
+        .arg(&program)
+        .arg(&input)
+        .arg(input_bytes.to_string())
+        .arg(unmounted.join("ckpt"))
+        .arg((2 * 1024 * 1024 + 3).to_string())
+        .env("OMPI_MCA_plm_rsh_agent", "")
+        .output()
+        .unwrap();
+    let out = succeeded(&output, "mpirun checkpoint");
+    assert!(out.contains("checkpoint ok"), "{out}");
+    assert!(entries(&unmounted).is_empty(), "escaped: {:?}", entries(&unmounted));
+    let mount = setup.mount(&setup.path("mnt"));
+    let n1 = std::fs::metadata(mount.path.join("ckpt/n1.ckpt")).unwrap();
+    assert_eq!(n1.len(), 2 * (2 * 1024 * 1024 + 3));
+    assert_eq!(std::fs::read_dir(mount.path.join("ckpt/nn")).unwrap().count(), 2);
+}
+
+#[test]
+fn threads_of_one_program_share_files_through_the_library() {
+    let setup = Setup::new(17);
+    let unmounted = setup.path("unmounted");
+    std::fs::create_dir(&unmounted).unwrap();
+    // 8 threads: each pwrites its stripes of one shared file through one descriptor and writes
+    // a file of its own, while the others do the same; then every byte is checked.
+    let program = r#"
+import os, sys, threading
+root = sys.argv[1]
+shared = os.open(os.path.join(root, "shared"), os.O_RDWR | os.O_CREAT, 0o644)
+piece = 65536
+def work(t):
+    for i in range(32):
+        os.pwrite(shared, bytes([t + 1]) * piece, (i * 8 + t) * piece)
+    with open(os.path.join(root, "own.%d" % t), "wb") as f:
+        for i in range(16):
+            f.write(bytes([t + 101]) * 100000)
+threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+os.fsync(shared)
+for i in range(32 * 8):
+    assert os.pread(shared, piece, i * piece) == bytes([i % 8 + 1]) * piece, i
+os.close(shared)
+for t in range(8):
+    assert open(os.path.join(root, "own.%d" % t), "rb").read() == bytes([t + 101]) * 1600000, t
+print("threads ok")
+"#;
+    let output = setup
+        .preloaded(Command::new("python3").args(["-c", program]).arg(&unmounted), &unmounted)
+        .output()
+        .unwrap();
+    assert_eq!(succeeded(&output, "threads").trim(), "threads ok");
+    assert!(entries(&unmounted).is_empty(), "escaped: {:?}", entries(&unmounted));
+    let mount = setup.mount(&setup.path("mnt"));
+    assert_eq!(std::fs::metadata(mount.path.join("shared")).unwrap().len(), 32 * 8 * 65536);
+}
