@@ -496,3 +496,35 @@ print("threads ok")
     let mount = setup.mount(&setup.path("mnt"));
     assert_eq!(std::fs::metadata(mount.path.join("shared")).unwrap().len(), 32 * 8 * 65536);
 }
+
+#[test]
+fn bad_settings_or_unreachable_servers_are_named_and_calls_go_to_the_file_system() {
+    let library = spillway_harness::preload_library();
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("plain.txt");
+    std::fs::write(&plain, "plain bytes\n").unwrap();
+    for (settings, said) in [
+        (vec![("SPILLWAY_PRELOAD_MOUNT", "relative/path")], "is not an absolute path"),
+        (vec![("SPILLWAY_PRELOAD_MOUNT", "/")], "the root directory cannot be a mount point"),
+        (
+            vec![("SPILLWAY_PRELOAD_MOUNT", dir.path().to_str().unwrap())],
+            "SPILLWAY_PRELOAD_SERVERS is not set",
+        ),
+        (
+            vec![
+                ("SPILLWAY_PRELOAD_MOUNT", dir.path().to_str().unwrap()),
+                ("SPILLWAY_PRELOAD_SERVERS", "127.0.0.1:1"),
+            ],
+            "calls go to the file system",
+        ),
+    ] {
+        let mut command = Command::new("cat");
+        command.arg(&plain).env("LD_PRELOAD", &library).envs(settings.iter().copied());
+        let output = command.output().unwrap();
+        // The program works on the file system as without the library, and is told why.
+        assert_eq!(succeeded(&output, "cat"), "plain bytes\n", "{settings:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(said), "{settings:?}: {stderr}");
+        assert_eq!(stderr.matches("libspillway_preload").count(), 1, "said once: {stderr}");
+    }
+}
