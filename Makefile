@@ -35,7 +35,7 @@ lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 release:
-	$(CARGO) build --release -p spillway
+	$(CARGO) build --release -p spillway -p spillway-preload
 
 build:
 	$(CARGO) build --workspace

@@ -57,6 +57,13 @@ for path in /usr/bin/spillway /lib/systemd/system/spillway-server.service \
     [ -e "$root$path" ] || fail "$path not installed"
 done
 echo "ok: binary, units, configuration, man pages, completions and Slurm scripts in place"
+library=/usr/lib/spillway/libspillway_preload.so
+[ -e "$root$library" ] || fail "$library not installed"
+# The library loads into a program of the clean root (and stays out of the way unconfigured).
+in_root env LD_PRELOAD=$library cat /etc/debian_version >/dev/null || fail "LD_PRELOAD=$library cat"
+in_root /usr/bin/spillway mount --servers 127.0.0.1:1 --print-preload-env /mnt \
+    | grep -q "^export LD_PRELOAD=.$library.\$" || fail "--print-preload-env does not name $library"
+echo "ok: the LD_PRELOAD library loads and --print-preload-env names it"
 in_root dpkg-query -W -f "\${Conffiles}\n" spillway | grep -q "/etc/spillway/spillway.toml" \
     || fail "/etc/spillway/spillway.toml is not a conffile"
 in_root /usr/bin/spillway --version >/dev/null || fail "spillway --version"

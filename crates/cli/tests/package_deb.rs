@@ -23,6 +23,8 @@ fn the_deb_installs_starts_stops_and_purges_in_a_clean_root() {
         0,
         "the package test must run as root (debootstrap, chroot); run `make test` as root, as CI does"
     );
+    // deb.sh takes the LD_PRELOAD library from next to the binary.
+    spillway_harness::preload_library();
     let built = Command::new(repo().join("scripts/package/deb.sh")).arg(BIN).output().unwrap();
     assert!(
         built.status.success(),
@@ -45,6 +47,7 @@ fn the_deb_installs_starts_stops_and_purges_in_a_clean_root() {
     for check in [
         "ok: installed with its dependencies",
         "ok: binary, units, configuration, man pages, completions and Slurm scripts in place",
+        "ok: the LD_PRELOAD library loads and --print-preload-env names it",
         "ok: spillway runs; fuse3 came with it; the configuration is a conffile",
         "ok: spillway-manager.service started",
         "ok: spillway-server.service started",

@@ -212,7 +212,18 @@ fn print_preload_env(args: &Args) -> anyhow::Result<()> {
         namespace_placement(args.access.into(), &node, args.namespace_id, endpoints.len());
     let quote = |value: &str| format!("'{}'", value.replace('\'', "'\\''"));
     let servers: Vec<String> = endpoints.iter().map(ToString::to_string).collect();
-    let library = std::env::current_exe()?.with_file_name("libspillway_preload.so");
+    // Next to the binary (a build tree), or in <prefix>/lib/spillway (the Debian package).
+    let binary = std::env::current_exe()?;
+    let library = [
+        binary.with_file_name("libspillway_preload.so"),
+        binary.with_file_name("../lib/spillway/libspillway_preload.so"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .map_or_else(
+        || binary.with_file_name("libspillway_preload.so"),
+        |p| std::fs::canonicalize(&p).unwrap_or(p),
+    );
     let mut lines = Vec::new();
     if library.is_file() {
         lines.push(("LD_PRELOAD", library.display().to_string()));
@@ -225,7 +236,7 @@ fn print_preload_env(args: &Args) -> anyhow::Result<()> {
         ("SPILLWAY_PRELOAD_REPLICAS", args.replicas.to_string()),
     ]);
     if !library.is_file() {
-        println!("# libspillway_preload.so is not next to this binary: set LD_PRELOAD to it");
+        println!("# libspillway_preload.so is neither next to this binary nor in ../lib/spillway: set LD_PRELOAD to it");
     }
     for (name, value) in lines {
         println!("export {name}={}", quote(&value));
