@@ -528,3 +528,43 @@ fn bad_settings_or_unreachable_servers_are_named_and_calls_go_to_the_file_system
         assert_eq!(stderr.matches("libspillway_preload").count(), 1, "said once: {stderr}");
     }
 }
+
+#[test]
+fn directories_list_through_the_library_with_and_without_a_mount() {
+    let setup = Setup::new(18);
+    let unmounted = setup.path("unmounted");
+    std::fs::create_dir(&unmounted).unwrap();
+    // Without a mount: listings, stats of every entry, and walks are the library's alone.
+    let program = r#"
+import os, sys
+root = sys.argv[1]
+os.makedirs(os.path.join(root, "d", "e"))
+for i in range(300):
+    open(os.path.join(root, "d", "f%03d" % i), "w").write("x" * i)
+names = sorted(os.listdir(os.path.join(root, "d")))
+assert names == ["e"] + ["f%03d" % i for i in range(300)], names[:5]
+sizes = {e.name: e.stat().st_size for e in os.scandir(os.path.join(root, "d")) if e.is_file()}
+assert sizes == {"f%03d" % i: i for i in range(300)}
+walked = [(d, sorted(s), len(f)) for d, s, f in os.walk(root)]
+assert walked == [(root, ["d"], 0), (os.path.join(root, "d"), ["e"], 300), (os.path.join(root, "d", "e"), [], 0)], walked
+print("listed")
+"#;
+    let out = setup
+        .preloaded(Command::new("python3").args(["-c", program]).arg(&unmounted), &unmounted)
+        .output()
+        .unwrap();
+    assert_eq!(succeeded(&out, "python listing").trim(), "listed");
+    let listing = setup.bash(&unmounted, &format!("ls -la {}/d | wc -l", unmounted.display()));
+    assert_eq!(listing.trim(), "304", "total, ., .., e and 300 files");
+    assert!(entries(&unmounted).is_empty(), "escaped: {:?}", entries(&unmounted));
+    // With the mount: find and rm -r (which change directory through it) over the same tree.
+    let mount = setup.mount(&setup.path("mnt"));
+    let m = mount.path.display().to_string();
+    let found = setup.bash(
+        &mount.path,
+        &format!("find {m}/d | wc -l; find {m}/d -type f -printf '%s\\n' | awk '{{s+=$1}} END {{print s}}'"),
+    );
+    assert_eq!(found, format!("302\n{}\n", (0..300).sum::<u64>()));
+    setup.bash(&mount.path, &format!("rm -r {m}/d"));
+    assert!(!mount.path.join("d").exists());
+}

@@ -50,15 +50,19 @@ pub unsafe extern "C" fn spillway_preload_openat(
         // SAFETY: the caller's arguments, unchanged.
         unsafe { real::openat(dirfd, path, flags, mode) }
     };
-    // O_PATH and O_TMPFILE opens, and directories, are the file system's.
-    if flags & (libc::O_PATH | libc::O_DIRECTORY) != 0 || flags & libc::O_TMPFILE == libc::O_TMPFILE
-    {
+    // O_PATH and O_TMPFILE opens are the file system's.
+    if flags & libc::O_PATH != 0 || flags & libc::O_TMPFILE == libc::O_TMPFILE {
         return pass();
     }
     let Some((inside, absolute)) = classify(dirfd, path) else { return pass() };
     let Some(runtime) = runtime() else { return pass() };
     let Some(fd) = fds::new_shadow(flags & libc::O_CLOEXEC != 0) else { return pass() };
-    match runtime.open(&inside, flags, mode, absolute) {
+    let opened = if flags & libc::O_DIRECTORY != 0 {
+        runtime.open_directory(&inside, flags, absolute)
+    } else {
+        runtime.open(&inside, flags, mode, absolute)
+    };
+    match opened {
         Ok(file) => {
             fds::insert(fd, file.clone());
             // Standard input, output or error (a program that closed one): stdio uses them
@@ -913,6 +917,24 @@ pub unsafe extern "C" fn access(path: *const c_char, mode: c_int) -> c_int {
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn fchdir(fd: c_int) -> c_int {
+    let Some((_, file)) = ours(fd) else {
+        // SAFETY: libc's fchdir, not interposed further.
+        return unsafe { libc::syscall(libc::SYS_fchdir, fd) as c_int };
+    };
+    if !file.directory {
+        return failed(Fail::Errno(libc::ENOTDIR));
+    }
+    // The working directory is the kernel's: the mount's directory at that path (ENOENT
+    // without a mount).
+    match std::ffi::CString::new(file.path.clone()) {
+        // SAFETY: a NUL-terminated path.
+        Ok(path) => unsafe { libc::syscall(libc::SYS_chdir, path.as_ptr()) as c_int },
+        Err(_) => failed(Fail::Errno(libc::ENOENT)),
+    }
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn umask(mask: mode_t) -> mode_t {
     // SAFETY: the caller's argument.
     let old = unsafe { real::umask(mask) };
@@ -1520,4 +1542,51 @@ pub unsafe extern "C" fn _exit(status: c_int) -> ! {
 pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
     // SAFETY: the same function.
     unsafe { _exit(status) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// extended attributes: the burst buffer keeps none (as the mount: get and set EOPNOTSUPP, the
+// list empty)
+
+/// Whether a path call is ours (and the library is connected).
+fn path_is_ours(path: *const c_char) -> bool {
+    classify(libc::AT_FDCWD, path).is_some() && runtime().is_some()
+}
+
+macro_rules! xattr_calls {
+    ($($name:ident($target:ident: $tty:ty $(, $arg:ident: $ty:ty)*) -> $ret:ty = $fail:expr, $syscall:ident, $ours:ident;)*) => {
+        $(
+            #[no_mangle]
+            pub unsafe extern "C" fn $name($target: $tty $(, $arg: $ty)*) -> $ret {
+                if $ours($target) {
+                    return $fail;
+                }
+                // SAFETY: the caller's arguments, to the system call libc would make.
+                unsafe { libc::syscall(libc::$syscall, $target $(, $arg)*) as $ret }
+            }
+        )*
+    };
+}
+
+fn fd_is_ours(fd: c_int) -> bool {
+    ours(fd).is_some()
+}
+
+fn not_supported<T: From<i8>>() -> T {
+    failed(Fail::Errno(libc::EOPNOTSUPP))
+}
+
+xattr_calls! {
+    getxattr(path: *const c_char, name: *const c_char, value: *mut c_void, size: size_t) -> ssize_t = not_supported(), SYS_getxattr, path_is_ours;
+    lgetxattr(path: *const c_char, name: *const c_char, value: *mut c_void, size: size_t) -> ssize_t = not_supported(), SYS_lgetxattr, path_is_ours;
+    fgetxattr(fd: c_int, name: *const c_char, value: *mut c_void, size: size_t) -> ssize_t = not_supported(), SYS_fgetxattr, fd_is_ours;
+    listxattr(path: *const c_char, list: *mut c_char, size: size_t) -> ssize_t = 0, SYS_listxattr, path_is_ours;
+    llistxattr(path: *const c_char, list: *mut c_char, size: size_t) -> ssize_t = 0, SYS_llistxattr, path_is_ours;
+    flistxattr(fd: c_int, list: *mut c_char, size: size_t) -> ssize_t = 0, SYS_flistxattr, fd_is_ours;
+    setxattr(path: *const c_char, name: *const c_char, value: *const c_void, size: size_t, flags: c_int) -> c_int = not_supported(), SYS_setxattr, path_is_ours;
+    lsetxattr(path: *const c_char, name: *const c_char, value: *const c_void, size: size_t, flags: c_int) -> c_int = not_supported(), SYS_lsetxattr, path_is_ours;
+    fsetxattr(fd: c_int, name: *const c_char, value: *const c_void, size: size_t, flags: c_int) -> c_int = not_supported(), SYS_fsetxattr, fd_is_ours;
+    removexattr(path: *const c_char, name: *const c_char) -> c_int = not_supported(), SYS_removexattr, path_is_ours;
+    lremovexattr(path: *const c_char, name: *const c_char) -> c_int = not_supported(), SYS_lremovexattr, path_is_ours;
+    fremovexattr(fd: c_int, name: *const c_char) -> c_int = not_supported(), SYS_fremovexattr, fd_is_ours;
 }

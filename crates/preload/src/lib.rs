@@ -10,10 +10,11 @@
 //!   operations;
 //! - `fds`: the descriptors it owns (real numbers held by `O_PATH` shadows);
 //! - `intercept` and `variadic.c`: the exported libc functions; `stdio`: `fopen` and
-//!   `fdopen` through `fopencookie`;
+//!   `fdopen` through `fopencookie`; `dirs`: `opendir` and `readdir` of our directories;
 //! - `real`: libc's own functions, for everything that is not ours.
 
 pub mod config;
+mod dirs;
 mod fds;
 mod intercept;
 mod real;
@@ -169,6 +170,8 @@ pub(crate) fn classify(dirfd: c_int, path: *const c_char) -> Option<(Vec<u8>, Ve
     } else {
         let mut base = if dirfd == libc::AT_FDCWD {
             std::env::current_dir().ok()?.into_os_string().into_encoded_bytes()
+        } else if let Some(directory) = fds::get(dirfd).filter(|f| f.directory) {
+            directory.path.clone()
         } else {
             std::fs::read_link(format!("/proc/self/fd/{dirfd}"))
                 .ok()?

@@ -69,6 +69,8 @@ fn caller() -> Caller {
 /// its offset with them).
 pub struct OpenFile {
     pub ino: Ino,
+    /// A directory opened for listing (`O_DIRECTORY`, `opendir`): no data, no size reports.
+    pub directory: bool,
     /// The absolute path it was opened by (to reopen it through the FUSE mount at exec).
     pub path: Vec<u8>,
     /// Status flags: the access mode, O_APPEND (F_SETFL changes it), O_NONBLOCK.
@@ -338,6 +340,7 @@ impl Runtime {
             state.opens += 1;
             return Ok(Arc::new(OpenFile {
                 ino: attr.ino,
+                directory: false,
                 path: absolute,
                 flags: Mutex::new(flags & (libc::O_ACCMODE | libc::O_APPEND | libc::O_NONBLOCK)),
                 offset: Mutex::new(0),
@@ -382,10 +385,53 @@ impl Runtime {
         Ok(opened)
     }
 
+    /// open(2) of a directory with `O_DIRECTORY` (and `opendir`): read permission is checked
+    /// now, as the kernel does; the listing is read with [`Runtime::read_directory`].
+    pub fn open_directory(
+        &self,
+        path: &[u8],
+        flags: i32,
+        absolute: Vec<u8>,
+    ) -> Outcome<Arc<OpenFile>> {
+        let attr = self.stat_path(path, flags & libc::O_NOFOLLOW == 0)?;
+        if attr.kind == FileKind::Symlink {
+            return Err(Fail::Errno(libc::ELOOP));
+        }
+        if attr.kind != FileKind::Directory {
+            return Err(Fail::Errno(libc::ENOTDIR));
+        }
+        if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & (libc::O_CREAT | libc::O_TRUNC) != 0
+        {
+            return Err(Fail::Errno(libc::EISDIR));
+        }
+        self.namespace.access(&caller(), attr.ino, spillway_namespace::ACCESS_READ)?;
+        Ok(Arc::new(OpenFile {
+            ino: attr.ino,
+            directory: true,
+            path: absolute,
+            flags: Mutex::new(libc::O_RDONLY | libc::O_DIRECTORY),
+            offset: Mutex::new(0),
+            runtime_generation: AtomicU64::new(self.generation),
+        }))
+    }
+
+    /// Up to `entries_max` entries of a directory after `after_cookie` (`.` and `..` first).
+    pub fn read_directory(
+        &self,
+        file: &OpenFile,
+        after_cookie: u64,
+        entries_max: u32,
+    ) -> Outcome<Vec<spillway_namespace::DirEntry>> {
+        Ok(self.namespace.readdir(&caller(), file.ino, after_cookie, entries_max)?)
+    }
+
     /// Counts `file`, inherited through fork from the parent's runtime, among this runtime's
     /// opens of its inode (once).
     pub fn adopt(&self, file: &OpenFile) {
         let seen = file.runtime_generation.load(Ordering::Acquire);
+        if file.directory {
+            return;
+        }
         if seen == self.generation
             || file
                 .runtime_generation
@@ -423,6 +469,9 @@ impl Runtime {
     }
 
     pub fn read(&self, file: &OpenFile, offset: u64, buffer: &mut [u8]) -> Outcome<usize> {
+        if file.directory {
+            return Err(Fail::Errno(libc::EISDIR));
+        }
         if !file.readable() {
             return Err(Fail::Errno(libc::EBADF));
         }
@@ -513,6 +562,9 @@ impl Runtime {
     /// failures, then its size. `last`: no descriptor of this process refers to the file any
     /// more.
     pub fn close(&self, file: &OpenFile, last: bool) -> Outcome<()> {
+        if file.directory {
+            return Ok(());
+        }
         let ino = file.ino;
         let flushed = self.data.slot(ino).flush();
         let result = match flushed {
@@ -540,6 +592,10 @@ impl Runtime {
     /// fsync(2): the file's writes acknowledged and made durable on the servers, its size and
     /// the namespace durable.
     pub fn fsync(&self, file: &OpenFile) -> Outcome<()> {
+        if file.directory {
+            // A directory's fsync (after a rename, say): its entries are in the journal.
+            return Ok(self.namespace.sync()?);
+        }
         if let Err(e) = self.data.slot(file.ino).sync() {
             self.withdraw_size(file.ino);
             return Err(e.into());
