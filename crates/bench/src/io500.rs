@@ -258,12 +258,23 @@ fn pattern(length: usize, rank: usize, index: u64) -> Vec<u8> {
     (0..length).map(|i| ((i as u64).wrapping_mul(131).wrapping_add(seed) % 251) as u8).collect()
 }
 
-fn ior_easy_path(root: &Path, rank: usize) -> PathBuf {
-    root.join("ior_easy").join(format!("file.{rank:06}"))
+fn ior_easy_name(rank: usize) -> String {
+    format!("ior_easy/file.{rank:06}")
 }
 
-fn ior_hard_path(root: &Path) -> PathBuf {
-    root.join("ior_hard").join("file")
+const IOR_HARD_NAME: &str = "ior_hard/file";
+
+/// The file (relative to the subject's root), transfer size and offsets of `rank`'s ior phase.
+fn ior_layout(shape: &Shape, phase: Phase, rank: usize) -> (String, usize, Vec<u64>) {
+    if matches!(phase, Phase::IorEasyWrite | Phase::IorEasyRead) {
+        let transfers = shape.ior_easy_bytes / IOR_EASY_TRANSFER_BYTES as u64;
+        let offsets = (0..transfers).map(|i| i * IOR_EASY_TRANSFER_BYTES as u64).collect();
+        (ior_easy_name(rank), IOR_EASY_TRANSFER_BYTES, offsets)
+    } else {
+        let offsets =
+            (0..shape.ior_hard_transfers).map(|i| ior_hard_offset(shape, rank, i)).collect();
+        (IOR_HARD_NAME.to_string(), IOR_HARD_TRANSFER_BYTES, offsets)
+    }
 }
 
 fn mdtest_easy_dir(root: &Path, rank: usize) -> PathBuf {
@@ -333,8 +344,8 @@ impl PosixWorker {
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         if drop_cache && phase.is_read() {
             match phase {
-                Phase::IorEasyRead => drop_cached_pages(&ior_easy_path(&self.root, self.rank))?,
-                Phase::IorHardRead => drop_cached_pages(&ior_hard_path(&self.root))?,
+                Phase::IorEasyRead => drop_cached_pages(&self.root.join(ior_easy_name(self.rank)))?,
+                Phase::IorHardRead => drop_cached_pages(&self.root.join(IOR_HARD_NAME))?,
                 _ => {
                     for i in 0..self.shape.mdtest_hard_files {
                         drop_cached_pages(&self.mdtest_hard_path(i))?;
@@ -359,16 +370,8 @@ impl PosixWorker {
 
     /// The file, transfer size and offsets of an ior phase.
     fn ior_layout(&self, phase: Phase) -> (PathBuf, usize, Vec<u64>) {
-        if matches!(phase, Phase::IorEasyWrite | Phase::IorEasyRead) {
-            let transfers = self.shape.ior_easy_bytes / IOR_EASY_TRANSFER_BYTES as u64;
-            let offsets = (0..transfers).map(|i| i * IOR_EASY_TRANSFER_BYTES as u64).collect();
-            (ior_easy_path(&self.root, self.rank), IOR_EASY_TRANSFER_BYTES, offsets)
-        } else {
-            let offsets = (0..self.shape.ior_hard_transfers)
-                .map(|i| ior_hard_offset(&self.shape, self.rank, i))
-                .collect();
-            (ior_hard_path(&self.root), IOR_HARD_TRANSFER_BYTES, offsets)
-        }
+        let (name, transfer, offsets) = ior_layout(&self.shape, phase, self.rank);
+        (self.root.join(name), transfer, offsets)
     }
 
     fn ior_write(&self, phase: Phase) -> anyhow::Result<()> {
@@ -673,7 +676,7 @@ impl NativeSubject {
         if phase == Phase::IorHardWrite {
             // The shared file exists before the phase, as IOR's rank 0 makes it.
             let mut thread = self.thread()?;
-            thread.client.create_file(self.ior_epoch, "ior_hard/file")?;
+            thread.client.create_file(self.ior_epoch, IOR_HARD_NAME)?;
             thread.client.flush()?;
         }
         crate::mount_ior::timed_workers_prepared(
@@ -691,18 +694,6 @@ impl NativeSubject {
         )
     }
 
-    fn ior_layout(shape: &Shape, phase: Phase, rank: usize) -> (String, usize, Vec<u64>) {
-        if matches!(phase, Phase::IorEasyWrite | Phase::IorEasyRead) {
-            let transfers = shape.ior_easy_bytes / IOR_EASY_TRANSFER_BYTES as u64;
-            let offsets = (0..transfers).map(|i| i * IOR_EASY_TRANSFER_BYTES as u64).collect();
-            (format!("ior_easy/file.{rank:06}"), IOR_EASY_TRANSFER_BYTES, offsets)
-        } else {
-            let offsets =
-                (0..shape.ior_hard_transfers).map(|i| ior_hard_offset(shape, rank, i)).collect();
-            ("ior_hard/file".to_string(), IOR_HARD_TRANSFER_BYTES, offsets)
-        }
-    }
-
     fn ior_write(
         &self,
         shape: &Shape,
@@ -710,7 +701,7 @@ impl NativeSubject {
         rank: usize,
         thread: &mut NativeThread,
     ) -> anyhow::Result<()> {
-        let (name, transfer, offsets) = Self::ior_layout(shape, phase, rank);
+        let (name, transfer, offsets) = ior_layout(shape, phase, rank);
         let client = &mut thread.client;
         let mut file = if phase == Phase::IorEasyWrite {
             client.create_file(self.ior_epoch, &name)?
@@ -734,7 +725,7 @@ impl NativeSubject {
         rank: usize,
         thread: &mut NativeThread,
     ) -> anyhow::Result<()> {
-        let (name, transfer, offsets) = Self::ior_layout(shape, phase, rank);
+        let (name, transfer, offsets) = ior_layout(shape, phase, rank);
         let client = &mut thread.client;
         let file = client.open_file(self.ior_epoch, &name)?;
         let base = pattern(transfer, rank, 0);
@@ -772,33 +763,17 @@ impl NativeSubject {
         for i in 0..files {
             let name = if easy { format!("file.{i:08}") } else { mdtest_hard_name(rank, i) };
             let context = || format!("native {} of {name}", phase.key());
+            let create = || {
+                let kind = FileKind::Regular;
+                ns.create(caller, dir, name.as_bytes(), kind, 0o644, 0o022, 0, true)
+                    .with_context(context)
+            };
             match phase {
                 Phase::MdtestEasyWrite => {
-                    ns.create(
-                        caller,
-                        dir,
-                        name.as_bytes(),
-                        FileKind::Regular,
-                        0o644,
-                        0o022,
-                        0,
-                        true,
-                    )
-                    .with_context(context)?;
+                    create()?;
                 }
                 Phase::MdtestHardWrite => {
-                    let attr = ns
-                        .create(
-                            caller,
-                            dir,
-                            name.as_bytes(),
-                            FileKind::Regular,
-                            0o644,
-                            0o022,
-                            0,
-                            true,
-                        )
-                        .with_context(context)?;
+                    let attr = create()?;
                     let data = data_file_name(ns.id(), attr.ino, attr.generation);
                     let mut file = client.create_file(self.data_epoch, &data)?;
                     stamp(&mut buffer, &hard_base, i);

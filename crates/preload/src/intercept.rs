@@ -96,12 +96,6 @@ pub unsafe extern "C" fn creat(path: *const c_char, mode: mode_t) -> c_int {
     }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn creat64(path: *const c_char, mode: mode_t) -> c_int {
-    // SAFETY: as creat.
-    unsafe { creat(path, mode) }
-}
-
 /// Closes our descriptor `fd`: its writes reported (every close, as FUSE's flush), the shadow
 /// closed whatever happens (as close(2)).
 fn close_ours(runtime: &Runtime, fd: c_int) -> c_int {
@@ -249,17 +243,6 @@ pub unsafe extern "C" fn pread64(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn pread(
-    fd: c_int,
-    buffer: *mut c_void,
-    count: size_t,
-    offset: off_t,
-) -> ssize_t {
-    // SAFETY: the same function (off_t is 64-bit here).
-    unsafe { pread64(fd, buffer, count, offset) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn pwrite64(
     fd: c_int,
     buffer: *const c_void,
@@ -277,17 +260,6 @@ pub unsafe extern "C" fn pwrite64(
     // SAFETY: libc's contract for pwrite.
     let data = unsafe { bytes(buffer, count) };
     transfer(&runtime, &file, Some(offset), |at| runtime.write(&file, at, data), false)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn pwrite(
-    fd: c_int,
-    buffer: *const c_void,
-    count: size_t,
-    offset: off_t,
-) -> ssize_t {
-    // SAFETY: the same function.
-    unsafe { pwrite64(fd, buffer, count, offset) }
 }
 
 /// The vectors of readv/writev as (pointer, length) pairs.
@@ -403,17 +375,6 @@ pub unsafe extern "C" fn preadv64(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn preadv(
-    fd: c_int,
-    iov: *const libc::iovec,
-    count: c_int,
-    offset: off_t,
-) -> ssize_t {
-    // SAFETY: the same function.
-    unsafe { preadv64(fd, iov, count, offset) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn pwritev64(
     fd: c_int,
     iov: *const libc::iovec,
@@ -429,17 +390,6 @@ pub unsafe extern "C" fn pwritev64(
         (Ok(v), Ok(at)) => write_vectors(&runtime, &file, v, Some(at)),
         (Err(fail), _) | (_, Err(fail)) => failed(fail),
     }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn pwritev(
-    fd: c_int,
-    iov: *const libc::iovec,
-    count: c_int,
-    offset: off_t,
-) -> ssize_t {
-    // SAFETY: the same function.
-    unsafe { pwritev64(fd, iov, count, offset) }
 }
 
 #[no_mangle]
@@ -482,12 +432,6 @@ pub unsafe extern "C" fn lseek64(fd: c_int, offset: off_t, whence: c_int) -> off
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn lseek(fd: c_int, offset: off_t, whence: c_int) -> off_t {
-    // SAFETY: the same function.
-    unsafe { lseek64(fd, offset, whence) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn fsync(fd: c_int) -> c_int {
     match ours(fd) {
         Some((runtime, file)) => runtime.fsync(&file).map_or_else(failed, |()| 0),
@@ -518,12 +462,6 @@ pub unsafe extern "C" fn ftruncate64(fd: c_int, length: off_t) -> c_int {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn ftruncate(fd: c_int, length: off_t) -> c_int {
-    // SAFETY: the same function.
-    unsafe { ftruncate64(fd, length) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn truncate64(path: *const c_char, length: off_t) -> c_int {
     if classify(libc::AT_FDCWD, path).is_some() {
         // As the kernel does it: open for writing, truncate, close.
@@ -542,12 +480,6 @@ pub unsafe extern "C" fn truncate64(path: *const c_char, length: off_t) -> c_int
     }
     // SAFETY: the caller's arguments.
     unsafe { real::truncate64(path, length) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn truncate(path: *const c_char, length: off_t) -> c_int {
-    // SAFETY: the same function.
-    unsafe { truncate64(path, length) }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -615,25 +547,8 @@ pub unsafe extern "C" fn fstatat64(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn fstatat(
-    dirfd: c_int,
-    path: *const c_char,
-    out: *mut libc::stat64,
-    flags: c_int,
-) -> c_int {
-    // SAFETY: the same function (struct stat is struct stat64 here).
-    unsafe { fstatat64(dirfd, path, out, flags) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn stat64(path: *const c_char, out: *mut libc::stat64) -> c_int {
     // SAFETY: stat is fstatat from the working directory.
-    unsafe { fstatat64(libc::AT_FDCWD, path, out, 0) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn stat(path: *const c_char, out: *mut libc::stat64) -> c_int {
-    // SAFETY: as stat64.
     unsafe { fstatat64(libc::AT_FDCWD, path, out, 0) }
 }
 
@@ -641,12 +556,6 @@ pub unsafe extern "C" fn stat(path: *const c_char, out: *mut libc::stat64) -> c_
 pub unsafe extern "C" fn lstat64(path: *const c_char, out: *mut libc::stat64) -> c_int {
     // SAFETY: lstat is fstatat without following a final link.
     unsafe { fstatat64(libc::AT_FDCWD, path, out, libc::AT_SYMLINK_NOFOLLOW) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn lstat(path: *const c_char, out: *mut libc::stat64) -> c_int {
-    // SAFETY: as lstat64.
-    unsafe { lstat64(path, out) }
 }
 
 #[no_mangle]
@@ -662,82 +571,6 @@ pub unsafe extern "C" fn fstat64(fd: c_int, out: *mut libc::stat64) -> c_int {
         }
         Err(fail) => failed(fail),
     }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn fstat(fd: c_int, out: *mut libc::stat64) -> c_int {
-    // SAFETY: the same function.
-    unsafe { fstat64(fd, out) }
-}
-
-// The glibc < 2.33 entry points, still called by programs built against those versions.
-#[no_mangle]
-pub unsafe extern "C" fn __xstat64(
-    _version: c_int,
-    path: *const c_char,
-    out: *mut libc::stat64,
-) -> c_int {
-    // SAFETY: the same call.
-    unsafe { stat64(path, out) }
-}
-#[no_mangle]
-pub unsafe extern "C" fn __xstat(
-    _version: c_int,
-    path: *const c_char,
-    out: *mut libc::stat64,
-) -> c_int {
-    // SAFETY: the same call.
-    unsafe { stat64(path, out) }
-}
-#[no_mangle]
-pub unsafe extern "C" fn __lxstat64(
-    _version: c_int,
-    path: *const c_char,
-    out: *mut libc::stat64,
-) -> c_int {
-    // SAFETY: the same call.
-    unsafe { lstat64(path, out) }
-}
-#[no_mangle]
-pub unsafe extern "C" fn __lxstat(
-    _version: c_int,
-    path: *const c_char,
-    out: *mut libc::stat64,
-) -> c_int {
-    // SAFETY: the same call.
-    unsafe { lstat64(path, out) }
-}
-#[no_mangle]
-pub unsafe extern "C" fn __fxstat64(_version: c_int, fd: c_int, out: *mut libc::stat64) -> c_int {
-    // SAFETY: the same call.
-    unsafe { fstat64(fd, out) }
-}
-#[no_mangle]
-pub unsafe extern "C" fn __fxstat(_version: c_int, fd: c_int, out: *mut libc::stat64) -> c_int {
-    // SAFETY: the same call.
-    unsafe { fstat64(fd, out) }
-}
-#[no_mangle]
-pub unsafe extern "C" fn __fxstatat64(
-    _version: c_int,
-    dirfd: c_int,
-    path: *const c_char,
-    out: *mut libc::stat64,
-    flags: c_int,
-) -> c_int {
-    // SAFETY: the same call.
-    unsafe { fstatat64(dirfd, path, out, flags) }
-}
-#[no_mangle]
-pub unsafe extern "C" fn __fxstatat(
-    _version: c_int,
-    dirfd: c_int,
-    path: *const c_char,
-    out: *mut libc::stat64,
-    flags: c_int,
-) -> c_int {
-    // SAFETY: the same call.
-    unsafe { fstatat64(dirfd, path, out, flags) }
 }
 
 fn fill_statx(runtime: &Runtime, attr: &Attr, out: *mut libc::statx) {
@@ -1155,17 +988,6 @@ pub unsafe extern "C" fn posix_fadvise64(
     }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn posix_fadvise(
-    fd: c_int,
-    offset: off_t,
-    length: off_t,
-    advice: c_int,
-) -> c_int {
-    // SAFETY: the same function.
-    unsafe { posix_fadvise64(fd, offset, length, advice) }
-}
-
 /// fallocate of ours (`Runtime::allocate`).
 fn allocate(
     runtime: &Runtime,
@@ -1195,12 +1017,6 @@ pub unsafe extern "C" fn fallocate64(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn fallocate(fd: c_int, mode: c_int, offset: off_t, length: off_t) -> c_int {
-    // SAFETY: the same function.
-    unsafe { fallocate64(fd, mode, offset, length) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn posix_fallocate64(fd: c_int, offset: off_t, length: off_t) -> c_int {
     let Some((runtime, file)) = ours(fd) else {
         // SAFETY: the caller's arguments.
@@ -1213,12 +1029,6 @@ pub unsafe extern "C" fn posix_fallocate64(fd: c_int, offset: off_t, length: off
         Err(Fail::Errno(errno)) => errno,
         Err(Fail::Pass) => libc::EIO,
     }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn posix_fallocate(fd: c_int, offset: off_t, length: off_t) -> c_int {
-    // SAFETY: the same function.
-    unsafe { posix_fallocate64(fd, offset, length) }
 }
 
 // Copies inside the kernel cannot see our files: the callers (cp, cat, shutil) fall back to
@@ -1254,17 +1064,6 @@ pub unsafe extern "C" fn sendfile64(
     }
     // SAFETY: the caller's arguments.
     unsafe { libc::syscall(libc::SYS_sendfile, out_fd, in_fd, offset, count) as ssize_t }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn sendfile(
-    out_fd: c_int,
-    in_fd: c_int,
-    offset: *mut off_t,
-    count: size_t,
-) -> ssize_t {
-    // SAFETY: the same function.
-    unsafe { sendfile64(out_fd, in_fd, offset, count) }
 }
 
 #[no_mangle]
@@ -1333,19 +1132,6 @@ pub unsafe extern "C" fn mmap64(
     // SAFETY: our descriptor.
     unsafe { real::close(through) };
     mapped
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn mmap(
-    address: *mut c_void,
-    length: size_t,
-    protection: c_int,
-    flags: c_int,
-    fd: c_int,
-    offset: off_t,
-) -> *mut c_void {
-    // SAFETY: the same function.
-    unsafe { mmap64(address, length, protection, flags, fd, offset) }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1589,4 +1375,46 @@ xattr_calls! {
     removexattr(path: *const c_char, name: *const c_char) -> c_int = not_supported(), SYS_removexattr, path_is_ours;
     lremovexattr(path: *const c_char, name: *const c_char) -> c_int = not_supported(), SYS_lremovexattr, path_is_ours;
     fremovexattr(fd: c_int, name: *const c_char) -> c_int = not_supported(), SYS_fremovexattr, fd_is_ours;
+}
+
+// Other names of the functions above (the 64-bit forms are the same on 64-bit Linux, glibc <
+// 2.33's `__xstat` family is what programs built against it call).
+macro_rules! same_as {
+    ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty = $target:ident($($call:ident),*);)*) => {
+        $(
+            #[no_mangle]
+            pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+                // SAFETY: the same function under another name, with the caller's arguments.
+                unsafe { $target($($call),*) }
+            }
+        )*
+    };
+}
+
+same_as! {
+    creat64(path: *const c_char, mode: mode_t) -> c_int = creat(path, mode);
+    pread(fd: c_int, buffer: *mut c_void, count: size_t, offset: off_t) -> ssize_t = pread64(fd, buffer, count, offset);
+    pwrite(fd: c_int, buffer: *const c_void, count: size_t, offset: off_t) -> ssize_t = pwrite64(fd, buffer, count, offset);
+    preadv(fd: c_int, iov: *const libc::iovec, count: c_int, offset: off_t) -> ssize_t = preadv64(fd, iov, count, offset);
+    pwritev(fd: c_int, iov: *const libc::iovec, count: c_int, offset: off_t) -> ssize_t = pwritev64(fd, iov, count, offset);
+    lseek(fd: c_int, offset: off_t, whence: c_int) -> off_t = lseek64(fd, offset, whence);
+    ftruncate(fd: c_int, length: off_t) -> c_int = ftruncate64(fd, length);
+    truncate(path: *const c_char, length: off_t) -> c_int = truncate64(path, length);
+    fstatat(dirfd: c_int, path: *const c_char, out: *mut libc::stat64, flags: c_int) -> c_int = fstatat64(dirfd, path, out, flags);
+    stat(path: *const c_char, out: *mut libc::stat64) -> c_int = stat64(path, out);
+    lstat(path: *const c_char, out: *mut libc::stat64) -> c_int = lstat64(path, out);
+    fstat(fd: c_int, out: *mut libc::stat64) -> c_int = fstat64(fd, out);
+    __xstat64(_version: c_int, path: *const c_char, out: *mut libc::stat64) -> c_int = stat64(path, out);
+    __xstat(_version: c_int, path: *const c_char, out: *mut libc::stat64) -> c_int = stat64(path, out);
+    __lxstat64(_version: c_int, path: *const c_char, out: *mut libc::stat64) -> c_int = lstat64(path, out);
+    __lxstat(_version: c_int, path: *const c_char, out: *mut libc::stat64) -> c_int = lstat64(path, out);
+    __fxstat64(_version: c_int, fd: c_int, out: *mut libc::stat64) -> c_int = fstat64(fd, out);
+    __fxstat(_version: c_int, fd: c_int, out: *mut libc::stat64) -> c_int = fstat64(fd, out);
+    __fxstatat64(_version: c_int, dirfd: c_int, path: *const c_char, out: *mut libc::stat64, flags: c_int) -> c_int = fstatat64(dirfd, path, out, flags);
+    __fxstatat(_version: c_int, dirfd: c_int, path: *const c_char, out: *mut libc::stat64, flags: c_int) -> c_int = fstatat64(dirfd, path, out, flags);
+    posix_fadvise(fd: c_int, offset: off_t, length: off_t, advice: c_int) -> c_int = posix_fadvise64(fd, offset, length, advice);
+    fallocate(fd: c_int, mode: c_int, offset: off_t, length: off_t) -> c_int = fallocate64(fd, mode, offset, length);
+    posix_fallocate(fd: c_int, offset: off_t, length: off_t) -> c_int = posix_fallocate64(fd, offset, length);
+    sendfile(out_fd: c_int, in_fd: c_int, offset: *mut off_t, count: size_t) -> ssize_t = sendfile64(out_fd, in_fd, offset, count);
+    mmap(address: *mut c_void, length: size_t, protection: c_int, flags: c_int, fd: c_int, offset: off_t) -> *mut c_void = mmap64(address, length, protection, flags, fd, offset);
 }
