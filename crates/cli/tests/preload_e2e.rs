@@ -568,3 +568,32 @@ print("listed")
     setup.bash(&mount.path, &format!("rm -r {m}/d"));
     assert!(!mount.path.join("d").exists());
 }
+
+#[test]
+fn a_directory_another_client_replaced_is_found_again_not_served_from_the_cache() {
+    let setup = Setup::new(19);
+    let mount = setup.mount(&setup.path("mnt"));
+    // One process under the library walks d (caching it), then another client (the mount,
+    // without the library) removes d and makes a new one with the same name and a new file:
+    // the library's next calls find the new directory, though its cache still names the old.
+    let program = r#"
+import os, subprocess, sys
+root = sys.argv[1]
+os.makedirs(os.path.join(root, "d"))
+open(os.path.join(root, "d", "f"), "w").write("old")
+assert open(os.path.join(root, "d", "f")).read() == "old"
+script = "rm -r {0}/d && mkdir {0}/d && printf new > {0}/d/f && printf other > {0}/d/g".format(root)
+env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+subprocess.run(["sh", "-c", script], env=env, check=True)
+print(open(os.path.join(root, "d", "f")).read())
+print(os.stat(os.path.join(root, "d", "g")).st_size)
+open(os.path.join(root, "d", "h"), "w").write("mine")
+print(sorted(os.listdir(os.path.join(root, "d"))))
+"#;
+    let output = setup
+        .preloaded(Command::new("python3").args(["-c", program]).arg(&mount.path), &mount.path)
+        .output()
+        .unwrap();
+    assert_eq!(succeeded(&output, "replaced directory"), "new\n5\n['f', 'g', 'h']\n");
+    assert_eq!(std::fs::read_to_string(mount.path.join("d/h")).unwrap(), "mine");
+}
