@@ -20,6 +20,7 @@ pub mod ingress;
 pub mod mount;
 pub mod mount_durable;
 pub mod mount_ior;
+pub mod mount_stat;
 pub mod peaks;
 pub mod replication;
 pub mod stats;

@@ -542,6 +542,11 @@ struct RemoteWatch {
 }
 
 impl Watch for RemoteWatch {
+    fn end(&mut self, _since: u64) {
+        // Leaving drops this watcher from every change's wait: no acknowledgement needed.
+        let _ = self.next(spillway_namespace::WATCH_END);
+    }
+
     fn next(&mut self, since: u64) -> Result<Changes, MetaError> {
         let mut connection = match self.connection.take() {
             Some(connection) => connection,

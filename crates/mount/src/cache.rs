@@ -123,7 +123,11 @@ impl Invalidator {
         std::thread::Builder::new().name("spillway-invalidate".into()).spawn(move || {
             let mut since = since;
             let mut pause = Duration::from_millis(10);
-            while !stopping.load(Ordering::SeqCst) {
+            loop {
+                if stopping.load(Ordering::SeqCst) {
+                    watch.end(since);
+                    return;
+                }
                 let changes = match watch.next(since) {
                     Ok(changes) => changes,
                     Err(e) => {
@@ -136,19 +140,23 @@ impl Invalidator {
                     }
                 };
                 pause = Duration::from_millis(10);
+                if stopping.load(Ordering::SeqCst) {
+                    // Unmounted: nothing to drop any more; acknowledge and leave.
+                    watch.end(changes.version);
+                    return;
+                }
                 let gone = if changes.reset {
                     drop_everything(&tracker, &notifier)
                 } else {
                     drop_changes(&tracker, &notifier, &changes.changes)
                 };
-                if gone {
-                    tracing::debug!("mount gone: invalidator stops");
-                    return;
-                }
-                if tracker.full.load(Ordering::SeqCst) && drop_everything(&tracker, &notifier) {
-                    return;
-                }
                 since = changes.version;
+                let full = tracker.full.load(Ordering::SeqCst);
+                if gone || (full && drop_everything(&tracker, &notifier)) {
+                    tracing::debug!("mount gone: invalidator stops");
+                    watch.end(since);
+                    return;
+                }
             }
         })?;
         Ok(Invalidator { stop })
@@ -156,8 +164,8 @@ impl Invalidator {
 }
 
 impl Drop for Invalidator {
-    /// Stops the thread after its current poll (at most the server's poll bound); not joined,
-    /// so unmounting does not wait for it.
+    /// Stops the thread after its current poll (at most the server's poll bound), when it
+    /// ends its subscription; not joined, so unmounting does not wait for it.
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
     }

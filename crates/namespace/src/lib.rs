@@ -485,7 +485,17 @@ pub trait Watch: Send {
     /// The changes after `since`, waiting a bounded time for some (empty: none came). Asking
     /// acknowledges every change up to `since`: the caller has dropped them from its cache.
     fn next(&mut self, since: u64) -> Result<Changes, MetaError>;
+
+    /// Ends the subscription (after acknowledging `since`), so that no change waits for this
+    /// watcher any more. Best effort: a watcher that cannot say so is forgotten by the server
+    /// after a while.
+    fn end(&mut self, since: u64) {
+        let _ = since;
+    }
 }
+
+/// The `since` of a watch poll that ends the subscription instead (see [`Watch::end`]).
+pub const WATCH_END: u64 = u64::MAX;
 
 #[cfg(test)]
 mod tests {

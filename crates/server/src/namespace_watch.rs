@@ -183,6 +183,15 @@ impl Watches {
     ) -> Result<Changes, WatchError> {
         let mut state = self.state.lock();
         let now = Instant::now();
+        if since == spillway_namespace::WATCH_END {
+            // The watcher leaves (its mount unmounts): no change waits for it any more.
+            let version = state.get_mut(&namespace).map_or(0, |entry| {
+                entry.watchers.remove(&key);
+                entry.version
+            });
+            self.signal.notify_all();
+            return Ok(Changes { version, reset: false, changes: Vec::new() });
+        }
         let entry = state.entry(namespace).or_default();
         let oldest_complete = entry.oldest_complete();
         let Some(watcher) = entry.watchers.get_mut(&key) else {
