@@ -344,7 +344,6 @@ impl NamespaceService {
     ) -> Result<NamespaceResponse, MetaError> {
         use NamespaceRequest as R;
         use NamespaceResponse as A;
-        let ns = ns;
         Ok(match request {
             R::Open { .. } | R::Watch { .. } => unreachable!("handled by run"),
             R::Sync { .. } => {
