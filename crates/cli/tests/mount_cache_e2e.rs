@@ -197,6 +197,18 @@ fn a_caching_mount_shows_another_mounts_changes_as_soon_as_they_return() {
         found
     };
     assert!(found.0.is_empty(), "stale on the first mount: {:?}", found.0);
+    // A native API user of the namespace (no mount): its changes reach both mounts too.
+    let native = namespace(server.endpoint());
+    let root = spillway_namespace::Caller::root();
+    let d = native.lookup(&root, spillway_namespace::ROOT_INO, b"d").unwrap();
+    let h = native.lookup(&root, d.ino, b"h").unwrap();
+    let set = spillway_namespace::SetAttr { mode: Some(0o604), ..Default::default() };
+    native.setattr(&root, h.ino, &set).unwrap();
+    native.unlink(&root, d.ino, b"r").unwrap();
+    for mount in [&a, &b] {
+        assert_eq!(mode(&mount.path.join("d/h")), Some(0o604), "{}", mount.path.display());
+        assert!(!mount.path.join("d/r").exists(), "{}", mount.path.display());
+    }
 }
 
 /// What the first test would see without invalidations: the same steps with caching on and

@@ -78,9 +78,29 @@ struct NamespaceChanges {
     version: u64,
     ring: VecDeque<Recorded>,
     watchers: HashMap<SessionKey, Watcher>,
+    /// The versions of each session's changes waiting for acknowledgements right now.
+    in_flight: HashMap<SessionKey, Vec<u64>>,
 }
 
 impl NamespaceChanges {
+    /// Whether watcher `key` must acknowledge `version` before it returns. Not the maker's own,
+    /// not a stale one, and not one whose session has an earlier change still waiting: its
+    /// kernel may hold a directory lock for that change that its invalidator needs to drop
+    /// ours, while that change waits for us (two mounts removing names in one directory).
+    /// Only the later of two such changes returns without the other's acknowledgement, so no
+    /// cycle of waits forms.
+    fn must_wait_for(
+        &self,
+        key: &SessionKey,
+        watcher: &Watcher,
+        origin: Option<SessionKey>,
+        version: u64,
+    ) -> bool {
+        let earlier_in_flight =
+            self.in_flight.get(key).is_some_and(|versions| versions.iter().any(|&v| v < version));
+        Some(*key) != origin && !watcher.stale && watcher.acked < version && !earlier_in_flight
+    }
+
     /// The oldest version a watcher may have acknowledged and still get every later change.
     fn oldest_complete(&self) -> u64 {
         self.ring.front().map_or(self.version, |first| first.version - 1)
@@ -143,29 +163,43 @@ impl Watches {
             entry.ring.pop_front();
         }
         let version = entry.version;
+        if let Some(origin) = origin {
+            entry.in_flight.entry(origin).or_default().push(version);
+        }
         self.signal.notify_all();
         let deadline = now + self.options.ack_wait;
         loop {
             let Some(entry) = state.get_mut(&namespace) else { return };
-            let lagging = |(key, w): (&SessionKey, &Watcher)| {
-                Some(*key) != origin && !w.stale && w.acked < version
-            };
-            if !entry.watchers.iter().any(lagging) {
-                return;
-            }
-            if Instant::now() >= deadline {
-                for (key, watcher) in entry.watchers.iter_mut() {
-                    if Some(*key) != origin && !watcher.stale && watcher.acked < version {
-                        tracing::warn!(
-                            namespace,
-                            uid = key.uid,
-                            session = key.session,
-                            version,
-                            "namespace watcher did not acknowledge a change in time: stale until it polls again"
-                        );
+            let lagging: Vec<SessionKey> = entry
+                .watchers
+                .iter()
+                .filter(|(key, w)| entry.must_wait_for(key, w, origin, version))
+                .map(|(key, _)| *key)
+                .collect();
+            let expired = Instant::now() >= deadline;
+            if lagging.is_empty() || expired {
+                for key in &lagging {
+                    tracing::warn!(
+                        namespace,
+                        uid = key.uid,
+                        session = key.session,
+                        version,
+                        "namespace watcher did not acknowledge a change in time: stale until it polls again"
+                    );
+                    if let Some(watcher) = entry.watchers.get_mut(key) {
                         watcher.stale = true;
                     }
                 }
+                if let Some(origin) = origin {
+                    if let Some(versions) = entry.in_flight.get_mut(&origin) {
+                        versions.retain(|&v| v != version);
+                        if versions.is_empty() {
+                            entry.in_flight.remove(&origin);
+                        }
+                    }
+                }
+                // Later changes that skipped our session wait for it again.
+                self.signal.notify_all();
                 return;
             }
             self.signal.wait_until(&mut state, deadline);
@@ -318,6 +352,41 @@ mod tests {
             got
         });
         assert_eq!(got.changes, vec![Change::Inode(9)]);
+    }
+
+    #[test]
+    fn two_sessions_changing_at_once_do_not_wait_for_each_other_in_a_cycle() {
+        // An hour's bound: only the rule against cycles lets this test end.
+        let watches = Watches::new(WatchOptions { ack_wait: Duration::from_secs(3600), ..quick() });
+        let first = watches.poll(4, key(1), true, 0).unwrap().version;
+        watches.poll(4, key(2), true, 0).unwrap();
+        std::thread::scope(|scope| {
+            // Session 1's change waits for session 2's watcher...
+            let earlier = scope.spawn(|| watches.publish(4, Some(key(1)), vec![Change::Inode(1)]));
+            while watches.state.lock()[&4].in_flight.is_empty() {
+                std::thread::yield_now();
+            }
+            // ...whose session changes meanwhile, as if its kernel held the lock session 2's
+            // invalidator needs: the later change does not wait for session 1's watcher.
+            watches.publish(4, Some(key(2)), vec![Change::Inode(2)]);
+            // Now session 2's watcher acknowledges the earlier change, which returns.
+            let got = watches.poll(4, key(2), true, first).unwrap();
+            assert_eq!(got.changes, vec![Change::Inode(1)]);
+            watches.poll(4, key(2), true, got.version).unwrap();
+            earlier.join().unwrap();
+        });
+        assert!(!watches.state.lock()[&4].watchers.values().any(|w| w.stale));
+    }
+
+    #[test]
+    fn a_watcher_that_left_is_not_waited_for() {
+        let watches = Watches::new(WatchOptions { ack_wait: Duration::from_secs(3600), ..quick() });
+        watches.poll(3, key(1), true, 0).unwrap();
+        watches.poll(3, key(1), true, spillway_namespace::WATCH_END).unwrap();
+        assert!(!watches.state.lock()[&3].watchers.contains_key(&key(1)));
+        // Nobody else watches: returns at once (it would wait an hour for a watcher left behind).
+        watches.publish(3, Some(key(2)), vec![Change::Inode(1)]);
+        assert_eq!(watches.state.lock()[&3].version, 0, "nothing recorded for nobody");
     }
 
     #[test]
