@@ -13,7 +13,9 @@
 //! Watchers are keyed by (uid, session): a session is the mount's random number, also bound to
 //! the connections it makes changes on (`NsSession`), so its own changes are neither sent to it
 //! nor waited for (its kernel updated itself; waiting would deadlock on the directory lock the
-//! kernel holds across the change). A uid can only speak for its own sessions.
+//! kernel holds across the change). A uid can only speak for its own sessions. Nor does a
+//! change wait for a session whose earlier change is still waiting (see
+//! `NamespaceChanges::must_wait_for`): no cycle of waits.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
