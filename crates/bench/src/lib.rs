@@ -21,6 +21,7 @@ pub mod io500;
 pub mod mount;
 pub mod mount_durable;
 pub mod mount_ior;
+pub mod mount_stat;
 pub mod peaks;
 pub mod replication;
 pub mod stats;

@@ -14,8 +14,11 @@
 //!    the mount and through the native client: [`crate::mount_ior`].
 //! 5. Durable: file per process with `fsync` at the end of each file, through the mount and
 //!    into a plain directory on the servers' disk: [`crate::mount_durable`].
+//! 6. Stat: the same files stat'ed through a caching mount (the default) and through one with
+//!    TTL 0: [`crate::mount_stat`].
 //!
-//! `--phases` picks some of them (`sequential`, `metadata`, `ior`, `durable`; default all).
+//! `--phases` picks some of them (`sequential`, `metadata`, `ior`, `durable`, `stat`; default
+//! all).
 //!
 //! Workers are threads of this process, each with its own mount (the kernel serves each
 //! thread's system calls independently, as it would separate processes'); the mounts run in
@@ -96,7 +99,7 @@ pub struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_values = ["sequential", "metadata", "ior", "durable"]
+        default_values = ["sequential", "metadata", "ior", "durable", "stat"]
     )]
     pub phases: Vec<Phase>,
 }
@@ -112,6 +115,8 @@ pub enum Phase {
     Ior,
     /// File per process with fsync, mount against a plain directory on the servers' disk.
     Durable,
+    /// stat through a caching mount against one with TTL 0.
+    Stat,
 }
 
 impl Args {
@@ -135,6 +140,14 @@ impl Args {
         }
     }
 
+    fn stat_shape(&self) -> crate::mount_stat::StatShape {
+        crate::mount_stat::StatShape {
+            files: self.files,
+            repeat: self.ior_repeat,
+            threads: self.threads,
+        }
+    }
+
     fn runs(&self, phase: Phase) -> bool {
         self.phases.contains(&phase)
     }
@@ -146,6 +159,7 @@ struct Measured {
     metadata: Option<Vec<MetaRow>>,
     ior: Option<Vec<IorRow>>,
     durable: Option<DurableResult>,
+    stat: Option<crate::mount_stat::StatResult>,
 }
 
 /// `count` servers with `dram_bytes` of DRAM each, and their endpoints.
@@ -192,9 +206,18 @@ pub(crate) fn mount(
     endpoints: &[Endpoint],
     threads: usize,
 ) -> anyhow::Result<BenchMount> {
+    mount_with(path, namespace, endpoints, MountConfig { threads, ..MountConfig::default() })
+}
+
+/// A mount with `config` (one data client per session thread).
+pub(crate) fn mount_with(
+    path: &Path,
+    namespace: Arc<dyn Namespace>,
+    endpoints: &[Endpoint],
+    config: MountConfig,
+) -> anyhow::Result<BenchMount> {
     std::fs::create_dir_all(path)?;
-    let config = MountConfig { threads, ..MountConfig::default() };
-    let clients = data_clients(endpoints, threads, 1)?;
+    let clients = data_clients(endpoints, config.threads, 1)?;
     let mount = spillway_mount::mount(namespace, clients, path, config)?;
     Ok(BenchMount { mount: Some(mount), path: path.to_path_buf() })
 }
@@ -371,6 +394,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .runs(Phase::Durable)
             .then(|| crate::mount_durable::measure(&args.durable_shape(), &work, &endpoints))
             .transpose()?,
+        stat: args
+            .runs(Phase::Stat)
+            .then(|| crate::mount_stat::measure(&args.stat_shape(), &work, &endpoints))
+            .transpose()?,
     };
     drop(servers);
     if args.json {
@@ -387,6 +414,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if let Some(durable) = &measured.durable {
         print_durable_text(&args.durable_shape(), durable);
+    }
+    if let Some(stat) = &measured.stat {
+        print_stat_text(&args.stat_shape(), stat);
     }
     Ok(())
 }
@@ -607,8 +637,26 @@ fn print_json(args: &Args, measured: &Measured) -> anyhow::Result<()> {
         out["durable"] = serde_json::json!({ "shape": args.durable_shape(), "result": durable });
         out["ratios"]["mount_fsync_vs_direct"] = durable.mount_fsync_vs_direct.into();
     }
+    if let Some(stat) = &measured.stat {
+        out["stat"] = serde_json::json!({ "shape": args.stat_shape(), "result": stat });
+        out["ratios"]["cached_over_uncached_stats"] = stat.cached_over_uncached_stats.into();
+    }
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())
+}
+
+/// The stat figures.
+fn print_stat_text(shape: &crate::mount_stat::StatShape, stat: &crate::mount_stat::StatResult) {
+    println!(
+        "stat of {} files through a mount, median of {} runs ({} FUSE threads)",
+        shape.files, shape.repeat, shape.threads
+    );
+    println!("  {:<28} {:>12.0} stat/s", "caching (default TTL)", stat.cached_stats_s);
+    println!("  {:<28} {:>12.0} stat/s", "TTL 0 (no cache)", stat.uncached_stats_s);
+    println!(
+        "  cached over uncached: {:.2}x, median of per-run ratios (target >= 5)",
+        stat.cached_over_uncached_stats
+    );
 }
 
 /// The sequential-write figures.
@@ -727,10 +775,10 @@ mod tests {
     #[test]
     fn every_phase_runs_by_default_and_phases_picks_some() {
         let all = Cli::try_parse_from(["mount"]).unwrap().args;
-        let every = [Phase::Sequential, Phase::Metadata, Phase::Ior, Phase::Durable];
+        let every = [Phase::Sequential, Phase::Metadata, Phase::Ior, Phase::Durable, Phase::Stat];
         assert!(every.iter().all(|&p| all.runs(p)), "{:?}", all.phases);
         let some = Cli::try_parse_from(["mount", "--phases", "durable,ior"]).unwrap().args;
-        assert_eq!(every.map(|p| some.runs(p)), [false, false, true, true]);
+        assert_eq!(every.map(|p| some.runs(p)), [false, false, true, true, false]);
         assert!(Cli::try_parse_from(["mount", "--phases", "fsync"]).is_err());
     }
 }

@@ -9,12 +9,18 @@
 //! restarted). Operations that change nothing (lookup, getattr, readdir, readlink, access,
 //! statfs) are retried once on a fresh connection, the others are not: a create whose reply was
 //! lost may have happened.
+//!
+//! Every connection is bound to this handle's change session (a random number its `Hello`
+//! names),
+//! and [`Namespace::watch`] subscribes to the changes of other sessions on a connection of its
+//! own: a caching mount drops what they changed (docs/design/mount.md, "Caching and the
+//! visibility rule").
 
 use std::sync::{Condvar, Mutex};
 
 use spillway_namespace::{
-    Attr, Caller, DirEntry, FileKind, FsStat, Ino, ManifestEntry, MetaError, Namespace,
-    NamespaceId, SetAttr,
+    Attr, Caller, Changes, DirEntry, FileKind, FsStat, Ino, ManifestEntry, MetaError, Namespace,
+    NamespaceId, SetAttr, Watch,
 };
 use spillway_proto::{Endpoint, NamespaceRequest, NamespaceResponse, Request, Response};
 use spillway_types::EpochId;
@@ -68,8 +74,22 @@ pub struct RemoteNamespace {
     data_epoch: EpochId,
     connections_max: usize,
     munge_socket: Option<std::path::PathBuf>,
+    /// This handle's change session (never 0): its changes are not sent to its own watcher.
+    session: u64,
     pool: Mutex<Pool>,
     returned: Condvar,
+}
+
+/// A random session number (never 0); the time and pid if the kernel has no randomness.
+fn new_session() -> u64 {
+    let mut bytes = [0u8; 8];
+    if getrandom::getrandom(&mut bytes).is_err() {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        bytes = (nanos ^ (u64::from(std::process::id()) << 32)).to_le_bytes();
+    }
+    u64::from_le_bytes(bytes).max(1)
 }
 
 /// A failure that is not the namespace's answer: a protocol error keeps its errno from the
@@ -97,6 +117,7 @@ impl RemoteNamespace {
             data_epoch: options.data_epoch,
             connections_max: options.connections_max,
             munge_socket: options.munge_socket.clone(),
+            session: new_session(),
             pool: Mutex::new(Pool { idle: Vec::new(), open: 0 }),
             returned: Condvar::new(),
         };
@@ -193,19 +214,22 @@ impl RemoteNamespace {
             if pool.open < self.connections_max {
                 pool.open += 1;
                 drop(pool);
-                return ServerConnection::connect_with_munge_socket(
-                    &self.endpoint,
-                    "spillway-meta",
-                    1,
-                    self.munge_socket.as_deref(),
-                )
-                .map_err(|failure| {
-                    self.give(None);
-                    transport(&self.endpoint, failure)
-                });
+                return self.connect_bound().inspect_err(|_| self.give(None));
             }
             pool = self.returned.wait(pool).expect("namespace connection pool poisoned");
         }
+    }
+
+    /// A new connection, bound to this handle's change session (its `Hello` names it, so a
+    /// transparent reconnect keeps the binding).
+    fn connect_bound(&self) -> Result<ServerConnection, MetaError> {
+        ServerConnection::connect_with_munge_socket(
+            &self.endpoint,
+            &spillway_proto::session_client_name("spillway-meta", self.session),
+            1,
+            self.munge_socket.as_deref(),
+        )
+        .map_err(|failure| transport(&self.endpoint, failure))
     }
 
     /// Returns a connection to the pool (`None`: it broke and is gone).
@@ -491,7 +515,68 @@ impl Namespace for RemoteNamespace {
         }
     }
 
+    fn watch(&self) -> Result<Option<Box<dyn Watch>>, MetaError> {
+        Ok(Some(Box::new(RemoteWatch {
+            endpoint: self.endpoint.clone(),
+            namespace: self.id,
+            session: self.session,
+            munge_socket: self.munge_socket.clone(),
+            connection: None,
+        })))
+    }
+
     fn data_epoch(&self) -> EpochId {
         self.data_epoch
+    }
+}
+
+/// The changes other sessions make to a remote namespace, long-polled on a connection of its
+/// own (opened at the first poll, and again after it breaks: the server keeps the watcher by
+/// uid and session, not by connection).
+struct RemoteWatch {
+    endpoint: Endpoint,
+    namespace: NamespaceId,
+    session: u64,
+    munge_socket: Option<std::path::PathBuf>,
+    connection: Option<ServerConnection>,
+}
+
+impl Watch for RemoteWatch {
+    fn end(&mut self, _since: u64) {
+        // Leaving drops this watcher from every change's wait: no acknowledgement needed.
+        let _ = self.next(spillway_namespace::WATCH_END);
+    }
+
+    fn next(&mut self, since: u64) -> Result<Changes, MetaError> {
+        let mut connection = match self.connection.take() {
+            Some(connection) => connection,
+            None => ServerConnection::connect_with_munge_socket(
+                &self.endpoint,
+                "spillway-meta-watch",
+                1,
+                self.munge_socket.as_deref(),
+            )
+            .map_err(|failure| transport(&self.endpoint, failure))?,
+        };
+        let request = Request::Namespace(NamespaceRequest::Watch {
+            namespace: self.namespace,
+            session: self.session,
+            since,
+        });
+        match connection.call(&request, &[], None) {
+            Ok((Response::Namespace(NamespaceResponse::Changes(changes)), ())) => {
+                self.connection = Some(connection);
+                Ok(changes)
+            }
+            Ok((Response::Namespace(NamespaceResponse::Error { errno, message }), ())) => {
+                self.connection = Some(connection);
+                Err(MetaError::new(errno, message))
+            }
+            Ok((other, ())) => Err(MetaError::new(
+                libc::EPROTO,
+                format!("namespace server {}: unexpected {:?}", self.endpoint, other.kind()),
+            )),
+            Err(failure) => Err(transport(&self.endpoint, failure)),
+        }
     }
 }

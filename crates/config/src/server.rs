@@ -66,6 +66,8 @@ knobs! {
         connections_per_user_max: u32 = 64, unit = "connections";
         /// Write payload bytes in flight (received, not yet in the store) per uid over all its connections (root exempt); a uid at its bound waits, others do not.
         in_flight_bytes_per_user_max: u64 = 128 * 1024 * 1024, unit = "bytes";
+        /// How long a namespace change waits for every other mount watching the namespace to drop it from its cache before it is answered; a mount that has not acknowledged by then is marked stale (not waited for again; it drops its whole cache at its next poll).
+        namespace_invalidation_wait_ms: u64 = 1_000, unit = "milliseconds";
     }
 }
 

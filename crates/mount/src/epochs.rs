@@ -574,7 +574,7 @@ pub fn mount_epochs(
     options.clone_fd = true;
     let session = fuser::spawn_mount(EpochsView::new(client, pfs), mountpoint, &options)
         .map_err(|source| MountError::Mount { path: mountpoint.to_path_buf(), source })?;
-    Ok(Mount { session: Some(session), mountpoint: mountpoint.to_path_buf() })
+    Ok(Mount { session: Some(session), mountpoint: mountpoint.to_path_buf(), _invalidator: None })
 }
 
 #[cfg(test)]

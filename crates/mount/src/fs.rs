@@ -8,10 +8,12 @@
 //!
 //! Caching (docs/design/mount.md): the kernel page cache is used without `keep_cache`, so every
 //! open drops the file's cached pages (write-only handles bypass it); no writeback cache; entry
-//! and attribute TTLs are [`MountConfig::attr_ttl`] (0 by default). Together: close-to-open
-//! consistency between mounts: a close (FUSE flush) waits for the file's writes to be
-//! acknowledged by the servers and reports its size to the namespace, and an open on another
-//! mount looks the path up again, gets the current size, and reads from the store.
+//! and attribute TTLs are [`MountConfig::attr_ttl`], and what other users change is dropped from
+//! the kernel before their change returns ([`crate::cache`]); negative entries are never
+//! cached. Together: close-to-open consistency between mounts: a close (FUSE flush) waits for
+//! the file's writes to be acknowledged by the servers and reports its size to the namespace
+//! (which returns once every other mount dropped the file's attributes), and an open on another
+//! mount gets the current size and reads from the store.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -32,11 +34,18 @@ use spillway_namespace::{
     Attr, Caller, FileKind, Ino, MetaError, Namespace, SetAttr, TimeSet, Timestamp,
 };
 
+use crate::cache::CacheTracker;
 use crate::data::{DataError, DataPlane};
 use crate::identity;
 
 /// Largest write the kernel sends in one request (and the stripe unit), in bytes.
 pub const MAX_WRITE_BYTES: u32 = 1 << 20;
+/// Entry and attribute TTL of a mount unless told otherwise. Invalidations keep caches
+/// consistent; the TTL bounds staleness only while the mount cannot hear from its namespace
+/// server (a broken or restarting connection), and past a few seconds a longer one saves
+/// almost nothing (one lookup per name in use per TTL).
+pub const ATTR_TTL_DEFAULT: Duration = Duration::from_secs(5);
+
 /// Directory entries asked from the namespace per readdir request.
 const READDIR_ENTRIES_MAX: u32 = 256;
 
@@ -45,10 +54,14 @@ const READDIR_ENTRIES_MAX: u32 = 256;
 pub struct MountConfig {
     /// FUSE session threads, each reading requests from its own cloned `/dev/fuse` fd.
     pub threads: usize,
-    /// How long the kernel may cache attributes and directory entries. 0 (the default) gives
-    /// close-to-open consistency between mounts; larger values trade it for fewer metadata
-    /// round trips (changes from other mounts then show up at most this late).
+    /// How long the kernel may cache attributes and directory entries ([`ATTR_TTL_DEFAULT`]).
+    /// Changes other users make are dropped from the cache before they return (with
+    /// `watch_changes`), so the TTL only bounds staleness while the mount cannot hear from the
+    /// namespace server. 0: nothing cached, every lookup and stat asks the namespace.
     pub attr_ttl: Duration,
+    /// Subscribe to the namespace's changes and drop them from the kernel's cache. Only tests
+    /// turn it off, to show what a TTL alone would leave stale.
+    pub watch_changes: bool,
     /// Open file handles allowed at once (beyond: ENFILE).
     pub open_files_max: usize,
     /// Let users other than the mounting one (root) use the mount (`allow_other`).
@@ -67,7 +80,8 @@ impl Default for MountConfig {
     fn default() -> Self {
         MountConfig {
             threads: 4,
-            attr_ttl: Duration::ZERO,
+            attr_ttl: ATTR_TTL_DEFAULT,
+            watch_changes: true,
             open_files_max: 65_536,
             allow_other: true,
             fs_name: "spillway".to_string(),
@@ -112,6 +126,8 @@ pub struct SpillwayFs {
     size_reports: Mutex<()>,
     /// The reporter of write phases, if the mount reports them; dropped at unmount.
     phases: Option<crate::phases::Phases>,
+    /// What was handed to the kernel with a TTL (for a reset), shared with the invalidator.
+    cache: Arc<CacheTracker>,
 }
 
 fn errno(e: &MetaError) -> Errno {
@@ -214,7 +230,13 @@ impl SpillwayFs {
             inodes: Mutex::new(HashMap::new()),
             size_reports: Mutex::new(()),
             phases: None,
+            cache: Arc::new(CacheTracker::default()),
         }
+    }
+
+    /// The tracker of what this file system hands the kernel to cache.
+    pub(crate) fn cache(&self) -> Arc<CacheTracker> {
+        self.cache.clone()
     }
 
     /// Reports this mount's write phases through `phases`.
@@ -238,10 +260,25 @@ impl SpillwayFs {
         }
     }
 
-    fn reply_entry(&self, reply: ReplyEntry, attr: &Attr) {
+    /// Replies with the entry `parent/name` → `attr`, asked of the namespace since `mark`.
+    fn reply_entry(
+        &self,
+        reply: ReplyEntry,
+        mark: u64,
+        parent: INodeNo,
+        name: &OsStr,
+        attr: &Attr,
+    ) {
         self.observe(attr);
         let attr = self.with_pending(attr.clone());
-        reply.entry(&self.ttl(), &file_attr(&attr), Generation(0));
+        let ttl = self.cache.entry_ttl(mark, self.ttl(), parent.0, name.as_bytes(), attr.ino);
+        reply.entry(&ttl, &file_attr(&attr), Generation(0));
+    }
+
+    /// Replies with the attributes of `attr`'s inode, asked of the namespace since `mark`.
+    fn reply_attr(&self, reply: ReplyAttr, mark: u64, attr: &Attr) {
+        let ttl = self.cache.attr_ttl(mark, self.ttl(), attr.ino);
+        reply.attr(&ttl, &file_attr(attr));
     }
 
     /// `attr` with the size grown by writes of this mount not yet reported to the namespace.
@@ -536,18 +573,22 @@ impl Filesystem for SpillwayFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let mark = self.cache.mark();
+        // An absent name is answered as an error, which the kernel does not cache: a create on
+        // another mount needs no invalidation of names.
         match self.namespace.lookup(&caller(req), parent.0, name.as_bytes()) {
-            Ok(attr) => self.reply_entry(reply, &attr),
+            Ok(attr) => self.reply_entry(reply, mark, parent, name, &attr),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let mark = self.cache.mark();
         if let Err(e) = self.push_pending(ino.0) {
             return reply.error(e);
         }
         match self.current_attr(ino.0) {
-            Ok(attr) => reply.attr(&self.ttl(), &file_attr(&attr)),
+            Ok(attr) => self.reply_attr(reply, mark, &attr),
             Err(e) => reply.error(e),
         }
     }
@@ -581,8 +622,9 @@ impl Filesystem for SpillwayFs {
             mtime: mtime.map(time_set),
             via_writable_handle,
         };
+        let mark = self.cache.mark();
         match self.do_setattr(&caller(req), ino.0, &set) {
-            Ok(attr) => reply.attr(&self.ttl(), &file_attr(&attr)),
+            Ok(attr) => self.reply_attr(reply, mark, &attr),
             Err(e) => reply.error(e),
         }
     }
@@ -610,6 +652,7 @@ impl Filesystem for SpillwayFs {
             }
             Some(kind) => kind,
         };
+        let mark = self.cache.mark();
         match self.namespace.create(
             &caller(req),
             parent.0,
@@ -620,7 +663,7 @@ impl Filesystem for SpillwayFs {
             rdev,
             true,
         ) {
-            Ok(attr) => self.reply_entry(reply, &attr),
+            Ok(attr) => self.reply_entry(reply, mark, parent, name, &attr),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -634,8 +677,9 @@ impl Filesystem for SpillwayFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        let mark = self.cache.mark();
         match self.namespace.mkdir(&caller(req), parent.0, name.as_bytes(), mode & 0o7777, umask) {
-            Ok(attr) => self.reply_entry(reply, &attr),
+            Ok(attr) => self.reply_entry(reply, mark, parent, name, &attr),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -662,13 +706,14 @@ impl Filesystem for SpillwayFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        let mark = self.cache.mark();
         match self.namespace.symlink(
             &caller(req),
             parent.0,
             link_name.as_bytes(),
             target.as_os_str().as_bytes(),
         ) {
-            Ok(attr) => self.reply_entry(reply, &attr),
+            Ok(attr) => self.reply_entry(reply, mark, parent, link_name, &attr),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -704,8 +749,9 @@ impl Filesystem for SpillwayFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        let mark = self.cache.mark();
         match self.namespace.link(&caller(req), ino.0, newparent.0, newname.as_bytes()) {
-            Ok(attr) => self.reply_entry(reply, &attr),
+            Ok(attr) => self.reply_entry(reply, mark, newparent, newname, &attr),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -990,6 +1036,7 @@ impl Filesystem for SpillwayFs {
         reply: ReplyCreate,
     ) {
         let caller = caller(req);
+        let mark = self.cache.mark();
         let exclusive = flags & libc::O_EXCL != 0;
         // Create exclusively first: a file we just created may be opened in any mode by us; an
         // existing one (O_CREAT without O_EXCL) goes through the open permission check.
@@ -1024,9 +1071,10 @@ impl Filesystem for SpillwayFs {
         };
         self.data.slot(attr.ino).forget(attr.ino);
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let ttl = self.cache.entry_ttl(mark, self.ttl(), parent.0, name.as_bytes(), attr.ino);
         match self.open_handle(&attr, writable) {
             Ok(fh) => reply.created(
-                &self.ttl(),
+                &ttl,
                 &file_attr(&attr),
                 Generation(0),
                 FileHandle(fh),

@@ -11,6 +11,7 @@
 //! docs/design/mount.md for threads, caching, TTLs, truncation and identity, and
 //! docs/semantics.md ("Mount") for what applications may rely on.
 
+pub mod cache;
 pub mod connect;
 pub mod data;
 pub mod epochs;
@@ -26,7 +27,7 @@ use spillway_client::Client;
 use spillway_namespace::Namespace;
 
 pub use data::{DataError, DataPlane};
-pub use fs::{MountConfig, SpillwayFs, MAX_WRITE_BYTES};
+pub use fs::{MountConfig, SpillwayFs, ATTR_TTL_DEFAULT, MAX_WRITE_BYTES};
 
 /// Why mounting or unmounting failed.
 #[derive(Debug, thiserror::Error)]
@@ -40,12 +41,16 @@ pub enum MountError {
     Unmount { path: PathBuf, source: std::io::Error },
     #[error("mount configuration: {0}")]
     Config(String),
+    #[error("subscribing to the namespace's changes: {0}")]
+    Watch(spillway_namespace::MetaError),
 }
 
 /// A live mount; unmounts (lazily, like `umount -l`) when dropped.
 pub struct Mount {
     session: Option<BackgroundSession>,
     mountpoint: PathBuf,
+    /// Drops other users' changes from the kernel's cache; stopped when dropped.
+    _invalidator: Option<cache::Invalidator>,
 }
 
 impl Mount {
@@ -131,10 +136,34 @@ pub fn mount(
     options.acl = if config.allow_other { SessionACL::All } else { SessionACL::Owner };
     options.n_threads = Some(config.threads);
     options.clone_fd = true;
+    // Subscribed before the kernel caches anything, so no change after it is missed.
+    let watch = if config.attr_ttl.is_zero() || !config.watch_changes {
+        None
+    } else {
+        match namespace.watch().map_err(MountError::Watch)? {
+            Some(mut watch) => {
+                let first = watch.next(0).map_err(MountError::Watch)?;
+                Some((watch, first.version))
+            }
+            None => None,
+        }
+    };
     let fs = SpillwayFs::new(namespace, data, config).with_phases(phases);
+    let tracker = fs.cache();
     let session = fuser::spawn_mount(fs, mountpoint, &options)
         .map_err(|source| MountError::Mount { path: mountpoint.to_path_buf(), source })?;
-    Ok(Mount { session: Some(session), mountpoint: mountpoint.to_path_buf() })
+    let invalidator = match watch {
+        Some((watch, since)) => Some(
+            cache::Invalidator::start(watch, since, tracker, session.notifier())
+                .map_err(|source| MountError::Mount { path: mountpoint.to_path_buf(), source })?,
+        ),
+        None => None,
+    };
+    Ok(Mount {
+        session: Some(session),
+        mountpoint: mountpoint.to_path_buf(),
+        _invalidator: invalidator,
+    })
 }
 
 /// The file system's type shows as `fuse.spillway`. fuser hands `subtype=` only to

@@ -449,7 +449,53 @@ pub trait Namespace: Send + Sync {
 
     /// The epoch in the store that holds this namespace's file data.
     fn data_epoch(&self) -> EpochId;
+
+    /// A subscription to the changes other users make to this namespace, so a cache of its
+    /// names and attributes (the mount's kernel cache) can drop what they changed. `None`: this
+    /// namespace has no other users to hear from (an in-process namespace), or does not offer
+    /// it. See docs/design/mount.md, "Caching and the visibility rule".
+    fn watch(&self) -> Result<Option<Box<dyn Watch>>, MetaError> {
+        Ok(None)
+    }
 }
+
+/// What another user changed in a namespace, as a cache must drop it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Change {
+    /// The attributes of this inode changed (size, mode, owner, times, link count; for a
+    /// directory also its entries: a name created in it, which no cache holds as absent).
+    Inode(Ino),
+    /// The entry `name` of directory `parent` now names another inode or none.
+    Entry { parent: Ino, name: Vec<u8> },
+}
+
+/// One answer of a [`Watch`]: the changes after the version asked from, up to `version`.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Changes {
+    /// The version these changes bring the watcher to (ask from it next: that acknowledges them).
+    pub version: u64,
+    /// Changes were lost to this watcher (it fell behind the server's ring, or did not
+    /// acknowledge in time): drop everything cached. `changes` is empty then.
+    pub reset: bool,
+    pub changes: Vec<Change>,
+}
+
+/// A subscription to a namespace's changes (see [`Namespace::watch`]).
+pub trait Watch: Send {
+    /// The changes after `since`, waiting a bounded time for some (empty: none came). Asking
+    /// acknowledges every change up to `since`: the caller has dropped them from its cache.
+    fn next(&mut self, since: u64) -> Result<Changes, MetaError>;
+
+    /// Ends the subscription (after acknowledging `since`), so that no change waits for this
+    /// watcher any more. Best effort: a watcher that cannot say so is forgotten by the server
+    /// after a while.
+    fn end(&mut self, since: u64) {
+        let _ = since;
+    }
+}
+
+/// The `since` of a watch poll that ends the subscription instead (see [`Watch::end`]).
+pub const WATCH_END: u64 = u64::MAX;
 
 #[cfg(test)]
 mod tests {

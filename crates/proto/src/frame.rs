@@ -72,6 +72,7 @@ pub enum Kind {
     NsAccess = 0x30,
     NsWrote = 0x31,
     NsStatfs = 0x32,
+    NsWatch = 0x33,
     HelloReply = 0x81,
     FileOpened = 0x82,
     Written = 0x83,
@@ -100,12 +101,13 @@ pub enum Kind {
     NsStat = 0xA5,
     NamespaceManifestPage = 0xA6,
     NsError = 0xA7,
+    NsChanges = 0xA8,
     Error = 0xFF,
 }
 
 impl Kind {
     /// Every kind, in byte order within each family.
-    pub const ALL: [Kind; 66] = [
+    pub const ALL: [Kind; 68] = [
         Kind::Hello,
         Kind::OpenFile,
         Kind::Write,
@@ -164,6 +166,7 @@ impl Kind {
         Kind::NsAccess,
         Kind::NsWrote,
         Kind::NsStatfs,
+        Kind::NsWatch,
         Kind::NamespaceOpened,
         Kind::NsAttr,
         Kind::NsDone,
@@ -172,6 +175,7 @@ impl Kind {
         Kind::NsStat,
         Kind::NamespaceManifestPage,
         Kind::NsError,
+        Kind::NsChanges,
     ];
 
     /// Decodes a kind byte.

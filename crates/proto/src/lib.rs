@@ -29,7 +29,10 @@ pub use message::{
     DrainInfo, DrainState, Durability, EpochActivity, EpochGrant, EpochInfo, EpochState, Extent,
     FileInfo, Request, Response, ServerStatus,
 };
-pub use namespace::{NamespaceRequest, NamespaceResponse};
+pub use namespace::{
+    session_client_name, session_of_client_name, NamespaceRequest, NamespaceResponse,
+    CHANGES_BATCH_MAX,
+};
 pub use transport::{Connection, Endpoint, Identity, Listener, Transport};
 
 /// The protocol version this build speaks. The handshake picks the highest version both sides

@@ -9,8 +9,8 @@
 //! trusts it only from root peers. Byte layouts: docs/design/protocol.md, "Namespace frames".
 
 use spillway_namespace::{
-    Attr, Caller, DirEntry, FileKind, FsStat, Ino, ManifestEntry, NamespaceId, SetAttr, TimeSet,
-    Timestamp,
+    Attr, Caller, Change, Changes, DirEntry, FileKind, FsStat, Ino, ManifestEntry, NamespaceId,
+    SetAttr, TimeSet, Timestamp,
 };
 use spillway_types::EpochId;
 
@@ -151,7 +151,37 @@ pub enum NamespaceRequest {
     Statfs {
         namespace: NamespaceId,
     },
+    /// Subscribes to (or keeps polling) the namespace's changes made by others than `session`,
+    /// acknowledging every change up to `since`; answered with `Changes` once there are changes
+    /// past `since`, or empty after the server's poll bound. Sent on a connection of its own.
+    /// The connections that make the session's own changes name it in their `Hello`
+    /// ([`session_client_name`]).
+    Watch {
+        namespace: NamespaceId,
+        session: u64,
+        since: u64,
+    },
 }
+
+/// How a connection says in its `Hello` that its namespace changes belong to change session
+/// `session` (the one its mount watches with): the client name ends in ` ns-session=<16 hex
+/// digits>`. A transparent reconnect repeats the `Hello`, so the binding survives it.
+pub fn session_client_name(base: &str, session: u64) -> String {
+    format!("{base} ns-session={session:016x}")
+}
+
+/// The change session a `Hello`'s client name binds its connection to (0: none).
+pub fn session_of_client_name(client_name: &str) -> u64 {
+    client_name
+        .rsplit_once(" ns-session=")
+        .filter(|(_, hex)| hex.len() == 16)
+        .and_then(|(_, hex)| u64::from_str_radix(hex, 16).ok())
+        .unwrap_or(0)
+}
+
+/// Most changes in one `Changes` reply (each at most 11 + 4096 bytes; the body stays far
+/// below `BODY_BYTES_MAX` only if names are short, so the server also cuts a batch by bytes).
+pub const CHANGES_BATCH_MAX: usize = 1024;
 
 /// A namespace response.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -170,6 +200,8 @@ pub enum NamespaceResponse {
     Entries(Vec<DirEntry>),
     Stat(FsStat),
     Manifest(Vec<ManifestEntry>),
+    /// watch.
+    Changes(Changes),
     /// The operation failed with this errno (positive).
     Error {
         errno: i32,
@@ -200,6 +232,7 @@ impl NamespaceRequest {
             | OpenInode { namespace, .. }
             | Access { namespace, .. }
             | Wrote { namespace, .. }
+            | Watch { namespace, .. }
             | Statfs { namespace } => *namespace,
         }
     }
@@ -226,6 +259,7 @@ impl NamespaceRequest {
             | Manifest { .. }
             | GetAttr { .. }
             | Readlink { .. }
+            | Watch { .. }
             | Statfs { .. } => None,
         }
     }
@@ -252,6 +286,7 @@ impl NamespaceRequest {
             Access { .. } => Kind::NsAccess,
             Wrote { .. } => Kind::NsWrote,
             Statfs { .. } => Kind::NsStatfs,
+            Watch { .. } => Kind::NsWatch,
         }
     }
 
@@ -322,6 +357,9 @@ impl NamespaceRequest {
                 caller_out(e, caller);
                 e.u64(*ino).u64(*end_offset);
             }
+            Watch { session, since, .. } => {
+                e.u64(*session).u64(*since);
+            }
         }
     }
 
@@ -331,7 +369,8 @@ impl NamespaceRequest {
             Kind::NamespaceOpen
             | Kind::NamespaceSync
             | Kind::NamespaceManifest
-            | Kind::NsStatfs => NamespaceRequest::decode_whole_namespace(kind, namespace, d),
+            | Kind::NsStatfs
+            | Kind::NsWatch => NamespaceRequest::decode_whole_namespace(kind, namespace, d),
             Kind::NsGetAttr
             | Kind::NsReadlink
             | Kind::NsSetAttr
@@ -349,7 +388,7 @@ impl NamespaceRequest {
         }
     }
 
-    /// Decodes the rest of a whole-namespace request: open, sync, manifest, statfs.
+    /// Decodes the rest of a whole-namespace request: open, sync, manifest, statfs, watch.
     fn decode_whole_namespace(
         kind: Kind,
         namespace: NamespaceId,
@@ -369,6 +408,9 @@ impl NamespaceRequest {
             Kind::NsStatfs => Statfs { namespace },
             Kind::NamespaceManifest => {
                 Manifest { namespace, from_index: decoder.u64("from_index")? }
+            }
+            Kind::NsWatch => {
+                Watch { namespace, session: decoder.u64("session")?, since: decoder.u64("since")? }
             }
             other => unreachable!("{other:?} is not a whole-namespace request"),
         })
@@ -506,6 +548,7 @@ impl NamespaceResponse {
             NamespaceResponse::Entries(_) => Kind::NsEntries,
             NamespaceResponse::Stat(_) => Kind::NsStat,
             NamespaceResponse::Manifest(_) => Kind::NamespaceManifestPage,
+            NamespaceResponse::Changes(_) => Kind::NsChanges,
             NamespaceResponse::Error { .. } => Kind::NsError,
         }
     }
@@ -547,6 +590,19 @@ impl NamespaceResponse {
                         .u32(m.uid)
                         .u32(m.gid);
                     timestamp_out(e, m.mtime);
+                }
+            }
+            NamespaceResponse::Changes(batch) => {
+                e.u64(batch.version).u8(batch.reset as u8).u32(batch.changes.len() as u32);
+                for change in &batch.changes {
+                    match change {
+                        Change::Inode(ino) => {
+                            e.u8(CHANGE_INODE).u64(*ino);
+                        }
+                        Change::Entry { parent, name } => {
+                            e.u8(CHANGE_ENTRY).u64(*parent).bytes(name);
+                        }
+                    }
                 }
             }
             NamespaceResponse::Error { errno, message } => {
@@ -603,6 +659,7 @@ impl NamespaceResponse {
                 }
                 NamespaceResponse::Manifest(list)
             }
+            Kind::NsChanges => NamespaceResponse::Changes(changes_in(d)?),
             Kind::NsError => {
                 let errno = d.u32("errno")?;
                 if errno == 0 || errno > 4095 {
@@ -619,10 +676,46 @@ impl NamespaceResponse {
         2 + entry.file_name.len() + 2 + entry.path.len() + 8 + 12 + 12
     }
 
+    /// Wire bytes of one change (for the server's batching).
+    pub fn change_bytes(change: &Change) -> usize {
+        match change {
+            Change::Inode(_) => 1 + 8,
+            Change::Entry { name, .. } => 1 + 8 + 2 + name.len(),
+        }
+    }
+
     /// Wire bytes of one directory entry (for the server's paging).
     pub fn dir_entry_bytes(entry: &DirEntry) -> usize {
         8 + 1 + 8 + 2 + entry.name.len()
     }
+}
+
+/// Change tags in `NsChanges`.
+const CHANGE_INODE: u8 = 1;
+const CHANGE_ENTRY: u8 = 2;
+
+fn changes_in(d: &mut Decoder<'_>) -> Result<Changes, FrameError> {
+    let version = d.u64("version")?;
+    let reset = d.boolean("reset")?;
+    let n = d.count(9, "change count")?;
+    if n > CHANGES_BATCH_MAX {
+        return Err(FrameError::BadValue { kind: d.kind, field: "change count", value: n as u64 });
+    }
+    let mut changes = Vec::with_capacity(n);
+    for _ in 0..n {
+        changes.push(match d.u8("change tag")? {
+            CHANGE_INODE => Change::Inode(d.u64("ino")?),
+            CHANGE_ENTRY => Change::Entry { parent: d.u64("parent")?, name: name_in(d, "name")? },
+            other => {
+                return Err(FrameError::BadValue {
+                    kind: d.kind,
+                    field: "change tag",
+                    value: other as u64,
+                })
+            }
+        });
+    }
+    Ok(Changes { version, reset, changes })
 }
 
 fn caller_out(e: &mut Encoder, caller: &Caller) {
@@ -1040,6 +1133,18 @@ mod tests {
             (n, caller(), any::<u64>(), any::<u64>()).prop_map(
                 |(namespace, caller, ino, end_offset)| Wrote { namespace, caller, ino, end_offset }
             ),
+            (n, any::<u64>(), any::<u64>()).prop_map(|(namespace, session, since)| Watch {
+                namespace,
+                session,
+                since
+            }),
+        ]
+    }
+
+    fn change() -> impl Strategy<Value = Change> {
+        prop_oneof![
+            any::<u64>().prop_map(Change::Inode),
+            (any::<u64>(), bytes()).prop_map(|(parent, name)| Change::Entry { parent, name }),
         ]
     }
 
@@ -1084,6 +1189,13 @@ mod tests {
                         })
                         .collect()
                 )),
+            (any::<u64>(), any::<bool>(), proptest::collection::vec(change(), 0..8)).prop_map(
+                |(version, reset, changes)| NamespaceResponse::Changes(Changes {
+                    version,
+                    reset,
+                    changes
+                })
+            ),
             (1i32..4096, "[a-z ]{0,30}")
                 .prop_map(|(errno, message)| NamespaceResponse::Error { errno, message }),
         ]
@@ -1153,6 +1265,54 @@ mod tests {
             Response::decode(Kind::NsError, &body),
             Err(FrameError::BadValue { field: "errno", .. })
         ));
+    }
+
+    #[test]
+    fn changes_have_their_documented_layout_and_bad_tags_are_named() {
+        let batch = Changes {
+            version: 7,
+            reset: false,
+            changes: vec![Change::Inode(5), Change::Entry { parent: 1, name: b"ab".to_vec() }],
+        };
+        let response = Response::Namespace(NamespaceResponse::Changes(batch.clone()));
+        let mut body = response.encode_body();
+        // version 8, reset 1, count 4; inode: tag 1 + ino 8; entry: tag 1 + parent 8 + 2 + 2.
+        assert_eq!(body.len(), 8 + 1 + 4 + 9 + 13);
+        assert_eq!(&body[0..8], &7u64.to_le_bytes());
+        assert_eq!(body[13], 1);
+        assert_eq!(body[22], 2);
+        for change in &batch.changes {
+            assert!(NamespaceResponse::change_bytes(change) > 0);
+        }
+        assert_eq!(
+            NamespaceResponse::change_bytes(&batch.changes[1])
+                + NamespaceResponse::change_bytes(&batch.changes[0]),
+            9 + 13
+        );
+        body[22] = 9;
+        assert!(matches!(
+            Response::decode(Kind::NsChanges, &body),
+            Err(FrameError::BadValue { field: "change tag", value: 9, .. })
+        ));
+        let mut huge = Vec::new();
+        huge.extend_from_slice(&1u64.to_le_bytes());
+        huge.push(0);
+        huge.extend_from_slice(&(CHANGES_BATCH_MAX as u32 + 1).to_le_bytes());
+        huge.resize(huge.len() + 9 * (CHANGES_BATCH_MAX + 1), 0);
+        assert!(matches!(
+            Response::decode(Kind::NsChanges, &huge),
+            Err(FrameError::BadValue { field: "change count", .. })
+        ));
+    }
+
+    #[test]
+    fn a_session_survives_the_client_name() {
+        let name = session_client_name("spillway-meta", 0xabc);
+        assert_eq!(name, "spillway-meta ns-session=0000000000000abc");
+        assert_eq!(session_of_client_name(&name), 0xabc);
+        assert_eq!(session_of_client_name("spillway-meta"), 0);
+        assert_eq!(session_of_client_name("x ns-session=12"), 0);
+        assert_eq!(session_of_client_name("x ns-session=zzzzzzzzzzzzzzzz"), 0);
     }
 
     #[test]

@@ -25,6 +25,9 @@ pub(crate) struct Requester {
     pub identity: Identity,
     privileged: bool,
     groups: OnceLock<Vec<u32>>,
+    /// The namespace change session this connection's changes belong to (named in its
+    /// `Hello`; 0: none), so the session's own watcher is not waited for.
+    pub namespace_session: u64,
 }
 
 impl Requester {
@@ -33,7 +36,7 @@ impl Requester {
     /// as root) are privileged: they may use every epoch and grant and revoke.
     pub fn new(identity: Identity, server_uid: u32) -> Requester {
         let privileged = identity.uid == 0 || identity.uid == server_uid;
-        Requester { identity, privileged, groups: OnceLock::new() }
+        Requester { identity, privileged, groups: OnceLock::new(), namespace_session: 0 }
     }
 
     /// Root or the server's own uid (see [`Requester::new`]).

@@ -366,10 +366,10 @@ pub fn serve(shared: Arc<Shared>, mut connection: Box<dyn Connection>) {
         writer.shutdown();
         return;
     };
-    if !handshake(&shared, &mut reader, &mut *writer, &peer, &offer) {
+    let Some(client_name) = handshake(&shared, &mut reader, &mut *writer, &peer, &offer) else {
         writer.shutdown();
         return;
-    }
+    };
     let identity = match munge {
         None => kernel_identity,
         Some(context) => {
@@ -393,14 +393,10 @@ pub fn serve(shared: Arc<Shared>, mut connection: Box<dyn Connection>) {
 
     let activity = reader.activity.clone();
     let (sender, receiver) = sync_channel::<Job>(shared.options.in_flight_requests_max as usize);
-    let Some(executor) = start_executor(
-        &shared,
-        receiver,
-        writer,
-        &peer,
-        Requester::new(identity, spillway_sys::user::euid()),
-        activity,
-    ) else {
+    let mut requester = Requester::new(identity, spillway_sys::user::euid());
+    requester.namespace_session = spillway_proto::session_of_client_name(&client_name);
+    let Some(executor) = start_executor(&shared, receiver, writer, &peer, requester, activity)
+    else {
         return;
     };
     // Buffered only after the handshake: the handshake reads exactly the Hello frame's bytes,
@@ -587,22 +583,23 @@ fn handshake_offer(
     Some(HandshakeOffer { identity, auth: AuthMethod::Munge, challenge })
 }
 
-/// Reads the client's `Hello` and answers it. False: the connection must close.
+/// Reads the client's `Hello` and answers it; returns the client's name. None: the connection
+/// must close.
 fn handshake(
     shared: &Shared,
     reader: &mut FrameReader<'_>,
     writer: &mut dyn Connection,
     peer: &str,
     offer: &HandshakeOffer,
-) -> bool {
+) -> Option<String> {
     let mut body = Vec::new();
     reader.begin_frame(false);
     let header = match frame::read_header_and_body(reader, &mut body, 0) {
         Ok(header) => header,
-        Err(ReceiveError::Closed) => return false,
+        Err(ReceiveError::Closed) => return None,
         Err(error) => {
             no_hello(writer, peer, &error);
-            return false;
+            return None;
         }
     };
     let request = match Request::decode(header.kind, &body) {
@@ -615,7 +612,7 @@ fn handshake(
                 &error_reply(ErrorCode::BadFrame, format!("malformed handshake: {error}")),
                 &[],
             );
-            return false;
+            return None;
         }
     };
     let Request::Hello { version_min, version_max, client_name } = request else {
@@ -629,7 +626,7 @@ fn handshake(
             ),
             &[],
         );
-        return false;
+        return None;
     };
     let version = version_max.min(PROTOCOL_VERSION);
     if version < version_min.max(PROTOCOL_VERSION_MIN) {
@@ -643,7 +640,7 @@ fn handshake(
             &error_reply(ErrorCode::UnsupportedVersion, message),
             &[],
         );
-        return false;
+        return None;
     }
     tracing::debug!(%peer, %client_name, version, "handshake");
     let reply = Response::Hello {
@@ -659,7 +656,7 @@ fn handshake(
         incarnation: shared.identity.incarnation,
         failure_domain: shared.options.failure_domain.clone(),
     };
-    send(writer, header.request_id, &reply, &[]).is_ok()
+    send(writer, header.request_id, &reply, &[]).ok().map(|()| client_name)
 }
 
 /// Logs why no Hello arrived: too late (closed silently) or malformed (answered).
@@ -1233,7 +1230,11 @@ fn namespace(
         }
     }
     let namespace = request.namespace();
-    let response = service.handle(peer.identity, request);
+    let connection = crate::namespace_service::NamespacePeer {
+        identity: peer.identity,
+        session: peer.namespace_session,
+    };
+    let response = service.handle(&connection, request);
     // Metadata work on the reservation's behalf: counted on its data epoch.
     if let Ok(existing) = service.get(namespace) {
         let epoch = spillway_namespace::Namespace::data_epoch(&*existing);

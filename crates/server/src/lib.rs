@@ -43,6 +43,7 @@ mod connection;
 pub mod identity;
 mod metrics;
 pub mod namespace_service;
+pub mod namespace_watch;
 mod store_backend;
 
 use std::collections::HashMap;
@@ -136,6 +137,9 @@ pub struct Fairness {
     pub connections_per_user_max: u32,
     /// Write payload bytes in flight per uid (root exempt).
     pub in_flight_bytes_per_user_max: u64,
+    /// Longest a namespace change waits for other mounts' watchers to acknowledge it (then
+    /// the laggards are stale and not waited for again).
+    pub namespace_invalidation_wait: Duration,
 }
 
 impl Fairness {
@@ -148,6 +152,9 @@ impl Fairness {
             frame_rate_window: Duration::from_millis(knobs.frame_rate_window_ms),
             connections_per_user_max: knobs.connections_per_user_max,
             in_flight_bytes_per_user_max: knobs.in_flight_bytes_per_user_max,
+            namespace_invalidation_wait: Duration::from_millis(
+                knobs.namespace_invalidation_wait_ms,
+            ),
         }
     }
 }
@@ -397,6 +404,10 @@ impl Server {
             spillway_meta::LocalOptions {
                 file_bytes_max,
                 ..spillway_meta::LocalOptions::default()
+            },
+            namespace_watch::WatchOptions {
+                ack_wait: self.shared.options.fairness.namespace_invalidation_wait,
+                ..namespace_watch::WatchOptions::default()
             },
         );
         self.shared.namespaces.set(Arc::new(service)).is_ok()

@@ -25,11 +25,14 @@ use parking_lot::Mutex;
 use spillway_meta::{
     Capacity, LocalNamespace, LocalOptions, NamespaceConfig, OpenError, StoreCapacity, SystemClock,
 };
-use spillway_namespace::{Caller, DirEntry, Ino, MetaError, Namespace, NamespaceId, ROOT_INO};
+use spillway_namespace::{
+    Caller, Change, DirEntry, Ino, MetaError, Namespace, NamespaceId, ROOT_INO,
+};
 use spillway_proto::{Identity, NamespaceRequest, NamespaceResponse, BODY_BYTES_MAX};
 use spillway_types::EpochId;
 
 use crate::backend::Backend;
+use crate::namespace_watch::{SessionKey, WatchOptions, Watches};
 
 /// Most namespaces one server holds open (each costs a file descriptor and its tree in memory).
 pub const NAMESPACES_MAX: usize = 4096;
@@ -70,6 +73,16 @@ pub struct NamespaceService {
     /// is ESTALE saying why, and an `Open` with create does not bring it back empty. Locked only
     /// while `open` is held.
     removed: Mutex<RemovedNamespaces>,
+    /// Changes and the mounts watching them (caching mounts' invalidations).
+    watches: Watches,
+}
+
+/// What the server knows of the connection a namespace request came on.
+pub struct NamespacePeer {
+    /// The identity the kernel (or munge) established.
+    pub identity: Identity,
+    /// The change session this connection's `Hello` named (0: none).
+    pub session: u64,
 }
 
 /// Most removed namespaces remembered (16 bytes each): a mount outliving its reservation by
@@ -106,6 +119,7 @@ impl NamespaceService {
         directory: PathBuf,
         backend: Arc<dyn Backend>,
         options: LocalOptions,
+        watch: WatchOptions,
     ) -> NamespaceService {
         NamespaceService {
             directory,
@@ -114,6 +128,7 @@ impl NamespaceService {
             open: Mutex::new(HashMap::new()),
             journal_epochs: Mutex::new(HashMap::new()),
             removed: Mutex::new(RemovedNamespaces::default()),
+            watches: Watches::new(watch),
         }
     }
 
@@ -241,6 +256,7 @@ impl NamespaceService {
         }
         for &id in &removed {
             remembered.remember(id, epoch);
+            self.watches.forget(id);
         }
         removed
     }
@@ -261,7 +277,8 @@ impl NamespaceService {
     }
 
     /// Runs one request for a peer with this kernel-established identity.
-    pub fn handle(&self, identity: Identity, mut request: NamespaceRequest) -> NamespaceResponse {
+    pub fn handle(&self, peer: &NamespacePeer, mut request: NamespaceRequest) -> NamespaceResponse {
+        let identity = peer.identity;
         let trusted = identity.uid == 0;
         if !trusted {
             if let Some(caller) = request.caller_mut() {
@@ -276,7 +293,9 @@ impl NamespaceService {
                 set.via_writable_handle = false;
             }
         }
-        match self.run(identity, trusted, request) {
+        let session = peer.session;
+        let origin = (session != 0).then_some(SessionKey { uid: identity.uid, session });
+        match self.run(identity, trusted, origin, request) {
             Ok(response) => response,
             Err(failure) => {
                 NamespaceResponse::Error { errno: failure.errno, message: failure.message }
@@ -288,23 +307,50 @@ impl NamespaceService {
         &self,
         identity: Identity,
         trusted: bool,
+        origin: Option<SessionKey>,
         request: NamespaceRequest,
     ) -> Result<NamespaceResponse, MetaError> {
         use NamespaceRequest as R;
-        use NamespaceResponse as A;
         if let R::Open { namespace, create, data_epoch, root_uid, root_gid, root_mode } = request {
             let config =
                 NamespaceConfig { id: namespace, data_epoch, root_uid, root_gid, root_mode };
             return self.open_for_peer(identity, trusted, &config, create);
         }
         let ns = self.get(request.namespace())?;
+        if let R::Watch { namespace, session, since } = request {
+            if session == 0 {
+                return Err(error(libc::EINVAL, "a watch session must not be 0"));
+            }
+            let key = SessionKey { uid: identity.uid, session };
+            return match self.watches.poll(namespace, key, trusted, since) {
+                Ok(changes) => Ok(NamespaceResponse::Changes(changes)),
+                Err(refused) => Err(error(libc::EBUSY, refused.to_string())),
+            };
+        }
+        let namespace = ns.id();
+        let changes = changes_of(&ns, &request);
+        let response = self.apply(&ns, identity, trusted, request)?;
+        self.watches.publish(namespace, origin, changes);
+        Ok(response)
+    }
+
+    /// Runs a request on namespace `ns` (neither `Open` nor a watch).
+    fn apply(
+        &self,
+        ns: &LocalNamespace,
+        identity: Identity,
+        trusted: bool,
+        request: NamespaceRequest,
+    ) -> Result<NamespaceResponse, MetaError> {
+        use NamespaceRequest as R;
+        use NamespaceResponse as A;
         Ok(match request {
-            R::Open { .. } => unreachable!("handled above"),
+            R::Open { .. } | R::Watch { .. } => unreachable!("handled by run"),
             R::Sync { .. } => {
                 ns.sync()?;
                 A::Done
             }
-            R::Manifest { from_index, .. } => manifest_page(&ns, identity, trusted, from_index)?,
+            R::Manifest { from_index, .. } => manifest_page(ns, identity, trusted, from_index)?,
             R::Lookup { caller, parent, name, .. } => A::Attr(ns.lookup(&caller, parent, &name)?),
             R::GetAttr { ino, .. } => A::Attr(ns.getattr(ino)?),
             R::SetAttr { caller, ino, set, .. } => A::Attr(ns.setattr(&caller, ino, &set)?),
@@ -334,7 +380,7 @@ impl NamespaceService {
                 A::Done
             }
             R::Readdir { caller, dir, after_cookie, entries_max, .. } => {
-                A::Entries(readdir_page(&ns, &caller, dir, after_cookie, entries_max)?)
+                A::Entries(readdir_page(ns, &caller, dir, after_cookie, entries_max)?)
             }
             R::OpenInode { caller, ino, flags, .. } => A::Attr(ns.open(&caller, ino, flags)?),
             R::Access { caller, ino, mask, .. } => {
@@ -343,7 +389,7 @@ impl NamespaceService {
             }
             R::Wrote { caller, ino, end_offset, .. } => {
                 if !trusted {
-                    check_may_write(&ns, &caller, ino)?;
+                    check_may_write(ns, &caller, ino)?;
                 }
                 A::Attr(ns.wrote(&caller, ino, end_offset)?)
             }
@@ -373,6 +419,42 @@ impl NamespaceService {
         }
         let (ns, created) = self.open(config, create)?;
         Ok(NamespaceResponse::Opened { namespace, data_epoch: ns.data_epoch(), created })
+    }
+}
+
+/// What a request will change, as caches must drop it (computed before it runs: an unlinked
+/// name no longer tells its inode). Requests that change nothing: none. A name created is
+/// only its directory's change: no mount caches a name as absent.
+fn changes_of(ns: &LocalNamespace, request: &NamespaceRequest) -> Vec<Change> {
+    use NamespaceRequest as R;
+    let child = |parent: Ino, name: &[u8]| ns.lookup(&Caller::root(), parent, name).ok();
+    let entry = |parent: Ino, name: &[u8]| Change::Entry { parent, name: name.to_vec() };
+    match request {
+        R::SetAttr { ino, .. } | R::Wrote { ino, .. } => vec![Change::Inode(*ino)],
+        R::OpenInode { ino, flags, .. } if flags & libc::O_TRUNC != 0 => {
+            vec![Change::Inode(*ino)]
+        }
+        R::Create { parent, .. } | R::Mkdir { parent, .. } | R::Symlink { parent, .. } => {
+            vec![Change::Inode(*parent)]
+        }
+        R::Link { ino, new_parent, .. } => vec![Change::Inode(*ino), Change::Inode(*new_parent)],
+        R::Unlink { parent, name, .. } | R::Rmdir { parent, name, .. } => {
+            let mut changes = vec![entry(*parent, name), Change::Inode(*parent)];
+            changes.extend(child(*parent, name).map(|attr| Change::Inode(attr.ino)));
+            changes
+        }
+        R::Rename { parent, name, new_parent, new_name, .. } => {
+            let mut changes =
+                vec![entry(*parent, name), entry(*new_parent, new_name), Change::Inode(*parent)];
+            if new_parent != parent {
+                changes.push(Change::Inode(*new_parent));
+            }
+            for (dir, name) in [(*parent, name), (*new_parent, new_name)] {
+                changes.extend(child(dir, name).map(|attr| Change::Inode(attr.ino)));
+            }
+            changes
+        }
+        _ => Vec::new(),
     }
 }
 

@@ -72,9 +72,11 @@ pub struct Args {
     /// FUSE session threads (each with its own cloned /dev/fuse descriptor and data client).
     #[arg(long, default_value_t = 4)]
     pub threads: usize,
-    /// Attribute and entry cache time in milliseconds; 0 gives close-to-open consistency
-    /// between mounts (see docs/semantics.md, "Mount").
-    #[arg(long, default_value_t = 0)]
+    /// Attribute and entry cache time in milliseconds. Other mounts' changes are dropped from
+    /// the cache before they return, so this only bounds staleness while the namespace server
+    /// is unreachable; 0 caches nothing (every lookup and stat asks the server). See
+    /// docs/semantics.md, "Mount".
+    #[arg(long, default_value_t = spillway_mount::ATTR_TTL_DEFAULT.as_millis() as u64)]
     pub attr_ttl_ms: u64,
     /// Let device nodes on the mount open hardware (`dev`). Off by default (`nodev`): a
     /// burst buffer holds users' files, not devices. Only root's mount can honour it.
