@@ -22,6 +22,7 @@ pub mod mount_durable;
 pub mod mount_ior;
 pub mod peaks;
 pub mod replication;
+pub mod small_writes;
 pub mod stats;
 pub mod store;
 pub mod targets;
