@@ -72,85 +72,100 @@ pub fn run(shape: Shape, work: &Path, repeat: u32, json: bool) -> anyhow::Result
     }
     let mut rows = Vec::new();
     for layout in [Layout::Sequential, Layout::Strided] {
-        let mut small = Vec::new();
-        let mut large = Vec::new();
-        for run in 0..repeat.max(1) {
-            // Alternate which size goes first, so neither always inherits warm caches.
-            let order = if run % 2 == 0 { [SMALL, LARGE] } else { [LARGE, SMALL] };
-            for transfer in order {
-                let sample = measure(shape, layout, transfer, work)?;
-                if transfer == SMALL {
-                    small.push(sample);
-                } else {
-                    large.push(sample);
-                }
-            }
-        }
-        let per_repeat: Vec<f64> =
-            small.iter().zip(&large).map(|(s, l): (&Sample, &Sample)| s.gbps / l.gbps).collect();
-        let cpu_ratio = median(
-            small.iter().zip(&large).map(|(s, l)| l.cpu_seconds_per_gb / s.cpu_seconds_per_gb),
-        );
-        rows.push(Row {
-            layout: match layout {
-                Layout::Sequential => "sequential",
-                Layout::Strided => "strided",
-            },
-            small_gbps: median(small.iter().map(|s| s.gbps)),
-            large_gbps: median(large.iter().map(|s| s.gbps)),
-            small_vs_large: median(per_repeat.iter().copied()),
-            small_vs_large_per_repeat: per_repeat,
-            small_cpu_seconds_per_gb: median(small.iter().map(|s| s.cpu_seconds_per_gb)),
-            large_cpu_seconds_per_gb: median(large.iter().map(|s| s.cpu_seconds_per_gb)),
-            small_vs_large_cpu_efficiency: cpu_ratio,
-        });
+        rows.push(measure_layout(shape, layout, work, repeat)?);
     }
     if json {
-        let out = serde_json::json!({
-            "benchmark": "ingress-small-writes",
-            "servers": shape.servers,
-            "clients": shape.clients,
-            "bytes_per_client": shape.bytes_per_client,
-            "coalesce_bytes_max": shape.coalesce_bytes_max,
-            "small_transfer_bytes": SMALL,
-            "large_transfer_bytes": LARGE,
-            "repeat": repeat.max(1),
-            "rows": rows,
-            "ratios": {
-                "small_vs_large_writes": rows[0].small_vs_large,
-                "small_vs_large_writes_strided": rows[1].small_vs_large,
-                "small_vs_large_writes_cpu": rows[0].small_vs_large_cpu_efficiency,
-                "small_vs_large_writes_strided_cpu": rows[1].small_vs_large_cpu_efficiency,
-            },
-            "ratio_basis": "16 KiB over 1 MiB writes, native client, memory durability, same bytes; median of paired ratios",
-        });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        print_json(shape, repeat, &rows)
     } else {
-        println!(
-            "native client ingress GB/s, S={} C={} {} bytes per client, median of {} runs",
-            shape.servers,
-            shape.clients,
-            shape.bytes_per_client,
-            repeat.max(1)
-        );
-        println!(
-            "{:<12} {:>10} {:>10} {:>10} {:>14} {:>14} {:>10}",
-            "layout", "16KiB", "1MiB", "ratio", "16KiB cpu s/GB", "1MiB cpu s/GB", "cpu ratio"
-        );
-        for row in &rows {
-            println!(
-                "{:<12} {:>10.3} {:>10.3} {:>10.3} {:>14.3} {:>14.3} {:>10.3}",
-                row.layout,
-                row.small_gbps,
-                row.large_gbps,
-                row.small_vs_large,
-                row.small_cpu_seconds_per_gb,
-                row.large_cpu_seconds_per_gb,
-                row.small_vs_large_cpu_efficiency
-            );
+        print_table(shape, repeat, &rows);
+        Ok(())
+    }
+}
+
+/// One layout's row: both sizes `repeat` times, paired.
+fn measure_layout(shape: Shape, layout: Layout, work: &Path, repeat: u32) -> anyhow::Result<Row> {
+    let mut small = Vec::new();
+    let mut large = Vec::new();
+    for run in 0..repeat.max(1) {
+        // Alternate which size goes first, so neither always inherits warm caches.
+        let order = if run % 2 == 0 { [SMALL, LARGE] } else { [LARGE, SMALL] };
+        for transfer in order {
+            let sample = measure(shape, layout, transfer, work)?;
+            if transfer == SMALL {
+                small.push(sample);
+            } else {
+                large.push(sample);
+            }
         }
     }
+    let per_repeat: Vec<f64> =
+        small.iter().zip(&large).map(|(s, l): (&Sample, &Sample)| s.gbps / l.gbps).collect();
+    let cpu_ratio =
+        median(small.iter().zip(&large).map(|(s, l)| l.cpu_seconds_per_gb / s.cpu_seconds_per_gb));
+    Ok(Row {
+        layout: match layout {
+            Layout::Sequential => "sequential",
+            Layout::Strided => "strided",
+        },
+        small_gbps: median(small.iter().map(|s| s.gbps)),
+        large_gbps: median(large.iter().map(|s| s.gbps)),
+        small_vs_large: median(per_repeat.iter().copied()),
+        small_vs_large_per_repeat: per_repeat,
+        small_cpu_seconds_per_gb: median(small.iter().map(|s| s.cpu_seconds_per_gb)),
+        large_cpu_seconds_per_gb: median(large.iter().map(|s| s.cpu_seconds_per_gb)),
+        small_vs_large_cpu_efficiency: cpu_ratio,
+    })
+}
+
+/// The rows and the ratios as one JSON object on stdout.
+fn print_json(shape: Shape, repeat: u32, rows: &[Row]) -> anyhow::Result<()> {
+    let out = serde_json::json!({
+        "benchmark": "ingress-small-writes",
+        "servers": shape.servers,
+        "clients": shape.clients,
+        "bytes_per_client": shape.bytes_per_client,
+        "coalesce_bytes_max": shape.coalesce_bytes_max,
+        "small_transfer_bytes": SMALL,
+        "large_transfer_bytes": LARGE,
+        "repeat": repeat.max(1),
+        "rows": rows,
+        "ratios": {
+            "small_vs_large_writes": rows[0].small_vs_large,
+            "small_vs_large_writes_strided": rows[1].small_vs_large,
+            "small_vs_large_writes_cpu": rows[0].small_vs_large_cpu_efficiency,
+            "small_vs_large_writes_strided_cpu": rows[1].small_vs_large_cpu_efficiency,
+        },
+        "ratio_basis": "16 KiB over 1 MiB writes, native client, memory durability, same bytes; median of paired ratios",
+    });
+    println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())
+}
+
+/// The rows as a table.
+fn print_table(shape: Shape, repeat: u32, rows: &[Row]) {
+    println!(
+        "native client ingress GB/s, S={} C={} {} bytes per client, median of {} runs",
+        shape.servers,
+        shape.clients,
+        shape.bytes_per_client,
+        repeat.max(1)
+    );
+    println!(
+        "{:<12} {:>10} {:>10} {:>10} {:>14} {:>14} {:>10}",
+        "layout", "16KiB", "1MiB", "ratio", "16KiB cpu s/GB", "1MiB cpu s/GB", "cpu ratio"
+    );
+    for row in rows {
+        println!(
+            "{:<12} {:>10.3} {:>10.3} {:>10.3} {:>14.3} {:>14.3} {:>10.3}",
+            row.layout,
+            row.small_gbps,
+            row.large_gbps,
+            row.small_vs_large,
+            row.small_cpu_seconds_per_gb,
+            row.large_cpu_seconds_per_gb,
+            row.small_vs_large_cpu_efficiency
+        );
+    }
 }
 
 /// CPU seconds (user and system) this process and `servers` have used so far.
