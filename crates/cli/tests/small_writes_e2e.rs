@@ -296,3 +296,33 @@ fn a_killed_client_loses_only_what_it_never_flushed() {
         "the unflushed writes came back as other bytes"
     );
 }
+
+/// Writes gathered while the server closes the idle connection (`server.idle_timeout_ms`) go to
+/// the same server once the connection is opened again: nothing is lost or reported.
+#[test]
+fn writes_gathered_across_an_idle_close_reach_the_same_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server(dir.path(), "idle").env("SPILLWAY_SERVER_IDLE_TIMEOUT_MS", "100").start();
+    let endpoints = vec![server.endpoint().clone()];
+    let mut writer = client(&endpoints, 1 << 20, 1 << 20);
+    let mut file = writer.create_file(EpochId(1), "idle").unwrap();
+    let data = pattern(5, 48 * KIB);
+    writer.write(&mut file, 0, &data[..16 * KIB]).unwrap();
+    // Quiet until the server has closed the writer's connection under the gathered frame
+    // (only the observer's own connection is left).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut observer = Client::connect(&endpoints, ClientOptions::default()).unwrap();
+        if observer.status().unwrap()[0].connections == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the server never closed the idle connection");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    writer.write(&mut file, 16 * KIB as u64, &data[16 * KIB..]).unwrap();
+    writer.flush().unwrap();
+    writer.commit_epoch(EpochId(1)).unwrap();
+    let mut back = vec![0u8; data.len()];
+    writer.read(&file, 0, &mut back).unwrap();
+    assert!(back == data, "bytes differ");
+}

@@ -356,13 +356,22 @@ impl ServerConnection {
         };
         fresh.window_bytes_max = self.window_bytes_max;
         fresh.reconnect_wait_max = self.reconnect_wait_max;
-        // Gathered writes were never sent: they go to the new connection, as they would have
-        // had they been sent after the break (the client notices a restarted server).
         fresh.coalesce_bytes_max = self.coalesce_bytes_max;
-        fresh.coalesced = self.coalesced.take();
-        std::mem::swap(&mut fresh.coalesced_bytes, &mut self.coalesced_bytes);
+        // Gathered writes were accepted on the old connection. The same server (it closed the
+        // connection while idle) gets them now: it never saw them. A restarted one does not:
+        // sent when accepted they would have died with the old incarnation, unacknowledged,
+        // and they are reported as such.
+        let gathered = self.coalesced.take();
+        let same_server =
+            fresh.server_id == self.server_id && fresh.incarnation == self.incarnation;
+        let mut lost = self.outstanding.len() + self.lost_in_flight;
+        if gathered.is_some() && same_server {
+            fresh.coalesced = gathered;
+            std::mem::swap(&mut fresh.coalesced_bytes, &mut self.coalesced_bytes);
+        } else if gathered.is_some() {
+            lost += 1;
+        }
         fresh.deferred = self.deferred.take();
-        let lost = self.outstanding.len() + self.lost_in_flight;
         if lost > 0 && fresh.deferred.is_none() {
             fresh.deferred =
                 Some(ClientError::Unacknowledged { endpoint: self.endpoint.clone(), writes: lost });
