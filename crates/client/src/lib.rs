@@ -8,9 +8,11 @@
 //! requested durability), [`Client::read`] any byte range from whichever servers hold it,
 //! [`Client::list_epochs`], [`Client::delete_epoch`].
 //!
-//! Writes are pipelined: `write` returns once the request is on the wire (the caller's buffer is
-//! free again); acknowledgements are collected as the window fills and all of them by
-//! [`Client::flush`] and [`Client::commit_epoch`], which report the first failure.
+//! Writes are pipelined: `write` returns once the request is on the wire, or copied into the frame
+//! gathering the adjacent writes before it ([`ClientOptions::coalesce_bytes_max`]; the caller's
+//! buffer is free again either way); acknowledgements are collected as the window fills and all
+//! of them by [`Client::flush`] and [`Client::commit_epoch`], which send what is gathered first
+//! and report the first failure.
 
 mod connection;
 pub mod manifest;
@@ -620,8 +622,10 @@ impl Client {
         }
     }
 
-    /// Writes `data` at `offset`. Returns once the requests are sent; failures surface by the
-    /// next `flush` or `commit_epoch` at the latest.
+    /// Writes `data` at `offset`. Returns once the requests are sent or gathered with the
+    /// adjacent writes before them (sent by the next non-adjacent write, a full frame, or
+    /// anything that must see them: flush, sync, commit, read); failures surface by the next
+    /// `flush` or `commit_epoch` at the latest.
     pub fn write(
         &mut self,
         file: &mut FileHandle,
