@@ -75,6 +75,15 @@ pub struct Args {
     /// (`ratios.ssd_vs_direct_pfs`); the memory, memcached and loopback columns are left out.
     #[arg(long, conflicts_with = "auth")]
     durable_only: bool,
+    /// Only 16 KiB against 1 MiB writes through the native client (threads in this process),
+    /// sequential and strided, with the same bytes (`ratios.small_vs_large_writes`); uses
+    /// `--servers`, `--clients`, `--bytes-per-client`, `--repeat` and `--dir`.
+    #[arg(long, conflicts_with_all = ["auth", "durable_only"])]
+    small_writes: bool,
+    /// With `--small-writes`: the clients' `coalesce_bytes_max` (0: every write is its own
+    /// frame, as before the client coalesced).
+    #[arg(long, default_value_t = spillway_client::COALESCE_BYTES_MAX_DEFAULT, value_parser = spillway_types::parse_size, requires = "small_writes")]
+    coalesce_bytes_max: u64,
     #[arg(long, hide = true)]
     worker_rank: Option<u32>,
     #[arg(long, hide = true, default_value = "")]
@@ -221,6 +230,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let base = args.dir.clone().unwrap_or_else(|| PathBuf::from("/var/tmp"));
     let work = base.join(format!("spillway-bench-ingress-{}", std::process::id()));
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    if args.small_writes {
+        let shape = crate::small_writes::Shape {
+            servers: args.servers,
+            clients: args.clients,
+            bytes_per_client: args.bytes_per_client,
+            coalesce_bytes_max: args.coalesce_bytes_max,
+        };
+        let result = crate::small_writes::run(shape, &work, args.repeat, args.json);
+        let _ = std::fs::remove_dir_all(&work);
+        return result;
+    }
     let munged = match args.auth.as_str() {
         "munge" => Some(Munged::start().context(
             "--auth munge runs a private munged: install the Debian packages munge and libmunge2",

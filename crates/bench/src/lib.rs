@@ -24,6 +24,7 @@ pub mod mount_ior;
 pub mod mount_stat;
 pub mod peaks;
 pub mod replication;
+pub mod small_writes;
 pub mod stats;
 pub mod store;
 pub mod targets;

@@ -62,3 +62,20 @@ fn durable_only_measures_the_disk_subjects_alone() {
         positive(&report["ratios"], ratio);
     }
 }
+
+#[test]
+fn small_writes_compare_16_kib_with_1_mib_writes_sequential_and_strided() {
+    let report = run(&["--small-writes", "--servers", "2"]);
+    assert_eq!(report["benchmark"], "ingress-small-writes");
+    let rows = report["rows"].as_array().unwrap();
+    let layouts: Vec<&str> = rows.iter().map(|r| r["layout"].as_str().unwrap()).collect();
+    assert_eq!(layouts, ["sequential", "strided"]);
+    for row in rows {
+        positive(row, "small_gbps");
+        positive(row, "large_gbps");
+        positive(row, "small_vs_large");
+    }
+    for ratio in ["small_vs_large_writes", "small_vs_large_writes_strided"] {
+        positive(&report["ratios"], ratio);
+    }
+}

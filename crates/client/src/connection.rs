@@ -24,6 +24,7 @@ use spillway_proto::{
     PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
 use spillway_sys::munge::MungeContext;
+use spillway_types::{EpochId, FileId};
 
 use crate::ClientError;
 
@@ -31,6 +32,16 @@ use crate::ClientError;
 /// [`crate::ClientOptions::reconnect_wait_max`] says otherwise: long enough for a server to
 /// restart, bounded so an application is not stuck on a server that stays away.
 pub const RECONNECT_WAIT_MAX_DEFAULT: Duration = Duration::from_secs(30);
+
+/// Adjacent writes of one file gathered into one `Write` frame that is not sent yet: the bytes
+/// are copies (the callers' buffers are free again), the CRC32C is combined from the ones each
+/// caller's bytes had when they were handed over.
+struct Coalesced {
+    epoch: EpochId,
+    file: FileId,
+    offset: u64,
+    payload_crc32c: u32,
+}
 
 /// What to do with the reply of an outstanding request.
 enum Pending {
@@ -77,6 +88,11 @@ pub struct ServerConnection {
     broken: bool,
     /// How long to keep trying to open a closed or broken connection again.
     reconnect_wait_max: Duration,
+    /// Largest frame adjacent writes are gathered into (0: every write is sent as it comes).
+    coalesce_bytes_max: u64,
+    /// The frame being gathered, if any, and its bytes (kept allocated between frames).
+    coalesced: Option<Coalesced>,
+    coalesced_bytes: Vec<u8>,
 }
 
 impl ServerConnection {
@@ -219,6 +235,9 @@ impl ServerConnection {
             munge_socket: munge_socket.map(Path::to_path_buf),
             broken: false,
             reconnect_wait_max: RECONNECT_WAIT_MAX_DEFAULT,
+            coalesce_bytes_max: 0,
+            coalesced: None,
+            coalesced_bytes: Vec::new(),
         }
     }
 
@@ -246,6 +265,15 @@ impl ServerConnection {
     /// closed or that broke, before it fails.
     pub fn with_reconnect_wait_max(mut self, wait: Duration) -> ServerConnection {
         self.reconnect_wait_max = wait;
+        self
+    }
+
+    /// Gathers adjacent pipelined writes of one file into frames of up to `bytes` (capped by
+    /// the server's payload limit); 0 sends every write as it comes. A gathered frame is sent
+    /// when the next write is not adjacent or would overflow it, when it is full, and before
+    /// anything else this connection sends or waits for (`flush`, every call, every read).
+    pub fn with_coalesce_bytes_max(mut self, bytes: u64) -> ServerConnection {
+        self.coalesce_bytes_max = bytes;
         self
     }
 
@@ -328,8 +356,22 @@ impl ServerConnection {
         };
         fresh.window_bytes_max = self.window_bytes_max;
         fresh.reconnect_wait_max = self.reconnect_wait_max;
+        fresh.coalesce_bytes_max = self.coalesce_bytes_max;
+        // Gathered writes were accepted on the old connection. The same server (it closed the
+        // connection while idle) gets them now: it never saw them. A restarted one does not:
+        // sent when accepted they would have died with the old incarnation, unacknowledged,
+        // and they are reported as such.
+        let gathered = self.coalesced.take();
+        let same_server =
+            fresh.server_id == self.server_id && fresh.incarnation == self.incarnation;
+        let mut lost = self.outstanding.len() + self.lost_in_flight;
+        if gathered.is_some() && same_server {
+            fresh.coalesced = gathered;
+            std::mem::swap(&mut fresh.coalesced_bytes, &mut self.coalesced_bytes);
+        } else if gathered.is_some() {
+            lost += 1;
+        }
         fresh.deferred = self.deferred.take();
-        let lost = self.outstanding.len() + self.lost_in_flight;
         if lost > 0 && fresh.deferred.is_none() {
             fresh.deferred =
                 Some(ClientError::Unacknowledged { endpoint: self.endpoint.clone(), writes: lost });
@@ -478,10 +520,67 @@ impl ServerConnection {
     }
 
     /// Sends a write without waiting for its acknowledgement (at most `window` requests and
-    /// `window_bytes_max` payload bytes outstanding).
-    pub fn write_pipelined(&mut self, request: &Request, data: &[u8]) -> Result<(), ClientError> {
-        assert!(matches!(request, Request::Write { .. }));
+    /// `window_bytes_max` payload bytes outstanding), or, with coalescing on, gathers it with
+    /// the adjacent writes before it into one frame (sent later, see
+    /// [`ServerConnection::with_coalesce_bytes_max`]).
+    ///
+    /// The CRC32C the frame carries is taken here, from the caller's `data`, before the bytes
+    /// are copied or sent: the server refuses a payload that arrives different, and the store
+    /// keeps it as the record's checksum. A gathered frame's CRC is extended write by write.
+    pub fn write_pipelined(
+        &mut self,
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), ClientError> {
         assert!(data.len() <= self.payload_bytes_max as usize);
+        // As a send would: the write goes to whatever answers now (the client compares the
+        // server's incarnation right after this call).
+        self.reopen_if_closed()?;
+        let bound = self.coalesce_bytes_max.min(self.payload_bytes_max as u64);
+        let length = data.len() as u64;
+        if let Some(gathering) = &mut self.coalesced {
+            let gathered = self.coalesced_bytes.len() as u64;
+            let adjacent = gathering.epoch == epoch
+                && gathering.file == file
+                && gathering.offset.checked_add(gathered) == Some(offset);
+            if adjacent && gathered + length <= bound {
+                gathering.payload_crc32c = crc32c::crc32c_append(gathering.payload_crc32c, data);
+                self.coalesced_bytes.extend_from_slice(data);
+                if gathered + length == bound {
+                    self.send_coalesced()?;
+                }
+                return Ok(());
+            }
+            self.send_coalesced()?;
+        }
+        let payload_crc32c = crc32c::crc32c(data);
+        if length < bound {
+            self.coalesced = Some(Coalesced { epoch, file, offset, payload_crc32c });
+            self.coalesced_bytes.clear();
+            self.coalesced_bytes.extend_from_slice(data);
+            return Ok(());
+        }
+        self.send_write(&Request::Write { epoch, file, offset, payload_crc32c }, data)
+    }
+
+    /// Sends the gathered frame, if any.
+    fn send_coalesced(&mut self) -> Result<(), ClientError> {
+        let Some(Coalesced { epoch, file, offset, payload_crc32c }) = self.coalesced.take() else {
+            return Ok(());
+        };
+        let request = Request::Write { epoch, file, offset, payload_crc32c };
+        let bytes = std::mem::take(&mut self.coalesced_bytes);
+        let sent = self.send_write(&request, &bytes);
+        self.coalesced_bytes = bytes;
+        // A failure is the gathered writes' failure, reported once by this error (as a failed
+        // send of each would have been), by the write, flush or call that sent the frame.
+        sent
+    }
+
+    /// Sends one write frame as soon as the window has room for it.
+    fn send_write(&mut self, request: &Request, data: &[u8]) -> Result<(), ClientError> {
         while self.outstanding.len() >= self.window
             || (!self.outstanding.is_empty()
                 && self.outstanding_bytes + data.len() as u64 > self.window_bytes_max)
@@ -494,17 +593,22 @@ impl ServerConnection {
         Ok(())
     }
 
-    /// Waits for every outstanding reply; reports the first deferred failure.
-    /// Whether writes sent on this connection still wait for their acknowledgement or have
-    /// a failure to report (what `flush` would wait for or return).
+    /// Whether writes sent on this connection still wait for their acknowledgement, are
+    /// gathered and not sent yet, or have a failure to report (what `flush` would wait for or
+    /// return).
     pub fn has_pending_writes(&self) -> bool {
-        !self.outstanding.is_empty() || self.deferred.is_some() || self.lost_in_flight > 0
+        !self.outstanding.is_empty()
+            || self.coalesced.is_some()
+            || self.deferred.is_some()
+            || self.lost_in_flight > 0
     }
 
+    /// Sends the gathered writes, waits for every outstanding reply; reports the first failure.
     pub fn flush(&mut self) -> Result<(), ClientError> {
         // A broken connection has nothing more to say: open it again, which turns its
         // unacknowledged writes into the deferred failure reported below.
         self.reopen_if_closed()?;
+        self.send_coalesced()?;
         while !self.outstanding.is_empty() {
             self.settle_one()?;
         }
@@ -589,6 +693,16 @@ impl ServerConnection {
             }
         }
         Ok(())
+    }
+}
+
+impl Drop for ServerConnection {
+    /// Gathered writes are sent, as they would have been by `write_pipelined` without
+    /// coalescing (unacknowledged: a client dropped without a flush never learns their fate).
+    fn drop(&mut self) {
+        if self.coalesced.is_some() && !self.broken {
+            let _ = self.send_coalesced();
+        }
     }
 }
 
@@ -761,7 +875,6 @@ impl Connection for Unreached {
 mod tests {
     use super::*;
     use spillway_proto::frame::Header;
-    use spillway_types::{EpochId, FileId};
     use std::net::TcpListener;
     use std::time::Duration;
 
@@ -890,13 +1003,7 @@ mod tests {
             .with_window_bytes_max(1 << 20);
         let data = vec![7u8; 400 << 10];
         for i in 0..5u64 {
-            let request = Request::Write {
-                epoch: EpochId(1),
-                file: FileId(1),
-                offset: i * (400 << 10),
-                payload_crc32c: crc32c::crc32c(&data),
-            };
-            connection.write_pipelined(&request, &data).unwrap();
+            connection.write_pipelined(EpochId(1), FileId(1), i * (400 << 10), &data).unwrap();
         }
         connection.flush().unwrap();
         // Two 400 KiB writes fit in 1 MiB; the third waited for an acknowledgement.

@@ -8,9 +8,11 @@
 //! requested durability), [`Client::read`] any byte range from whichever servers hold it,
 //! [`Client::list_epochs`], [`Client::delete_epoch`].
 //!
-//! Writes are pipelined: `write` returns once the request is on the wire (the caller's buffer is
-//! free again); acknowledgements are collected as the window fills and all of them by
-//! [`Client::flush`] and [`Client::commit_epoch`], which report the first failure.
+//! Writes are pipelined: `write` returns once the request is on the wire, or copied into the frame
+//! gathering the adjacent writes before it ([`ClientOptions::coalesce_bytes_max`]; the caller's
+//! buffer is free again either way); acknowledgements are collected as the window fills and all
+//! of them by [`Client::flush`] and [`Client::commit_epoch`], which send what is gathered first
+//! and report the first failure.
 
 mod connection;
 pub mod manifest;
@@ -137,6 +139,10 @@ pub fn munge_socket_from_env() -> Option<std::path::PathBuf> {
     std::env::var_os(MUNGE_SOCKET_ENV).filter(|v| !v.is_empty()).map(Into::into)
 }
 
+/// Default [`ClientOptions::coalesce_bytes_max`]: the frame size at which writes reach the
+/// rate of the largest ones (docs/design/client.md).
+pub const COALESCE_BYTES_MAX_DEFAULT: u64 = 1 << 20;
+
 /// Client settings.
 #[derive(Clone, Debug)]
 pub struct ClientOptions {
@@ -150,6 +156,12 @@ pub struct ClientOptions {
     pub window_bytes_max: u64,
     /// Largest single write or read request (capped by the server's payload limit).
     pub transfer_bytes_max: u64,
+    /// Adjacent writes of one file to one server are gathered into frames of up to this many
+    /// bytes (capped by `transfer_bytes_max` and the server's payload limit) and sent when the
+    /// next write is not adjacent, the frame is full, or before anything that must see them
+    /// (docs/semantics.md, "Writes"); 0 sends every write as it comes. At most one frame is
+    /// gathered per server connection.
+    pub coalesce_bytes_max: u64,
     /// Name sent in the handshake (for the server's logs).
     pub client_name: String,
     /// Record a Spillway trace of this client's calls to this file (docs/design/trace.md,
@@ -188,6 +200,7 @@ impl Default for ClientOptions {
             window: 64,
             window_bytes_max: 16 << 20,
             transfer_bytes_max: 4 << 20,
+            coalesce_bytes_max: COALESCE_BYTES_MAX_DEFAULT,
             client_name: format!("spillway-client pid {}", std::process::id()),
             trace_path: None,
             trace_rank: 0,
@@ -609,8 +622,10 @@ impl Client {
         }
     }
 
-    /// Writes `data` at `offset`. Returns once the requests are sent; failures surface by the
-    /// next `flush` or `commit_epoch` at the latest.
+    /// Writes `data` at `offset`. Returns once the requests are sent or gathered with the
+    /// adjacent writes before them (sent by the next non-adjacent write, a full frame, or
+    /// anything that must see them: flush, sync, commit, read); failures surface by the next
+    /// `flush` or `commit_epoch` at the latest.
     pub fn write(
         &mut self,
         file: &mut FileHandle,
@@ -663,33 +678,31 @@ impl Client {
                 self.write_intent(file.epoch)?;
             }
             let ranges = self.written.entry(file.epoch).or_default();
-            manifest::add_range(
-                ranges.entry(file.name.clone()).or_default(),
-                offset,
-                data.len() as u64,
-            );
+            // The name is cloned once per file, not once per write (small writes add up).
+            if !ranges.contains_key(&file.name) {
+                ranges.insert(file.name.clone(), BTreeMap::new());
+            }
+            let file_ranges = ranges.get_mut(&file.name).expect("inserted above");
+            manifest::add_range(file_ranges, offset, data.len() as u64);
         }
         for piece in pieces {
             let start = (piece.offset - offset) as usize;
             let bytes = &data[start..start + piece.length as usize];
-            // Taken from the caller's buffer before the bytes leave it: the server refuses a
-            // payload that arrives different, and the store keeps this as the record checksum.
-            let payload_crc32c = crc32c::crc32c(bytes);
             for server in self.holders(piece.server) {
                 let id = self.file_on(file, server)?;
-                let request = Request::Write {
-                    epoch: file.epoch,
-                    file: id,
-                    offset: piece.offset,
-                    payload_crc32c,
-                };
-                let sent = self.servers[server].write_pipelined(&request, bytes);
+                // Sent, or gathered with the adjacent writes before it; its CRC32C taken from
+                // the caller's buffer either way.
+                let sent =
+                    self.servers[server].write_pipelined(file.epoch, id, piece.offset, bytes);
                 // A reopened connection may reach a restarted server: what was written there
                 // before is lost; this piece went to the new incarnation.
                 self.note_restarts();
                 sent?;
                 self.touched.entry(file.epoch).or_default().insert(server);
-                self.unsynced.entry((file.epoch, server)).or_default().insert(file.name.clone());
+                let unsynced = self.unsynced.entry((file.epoch, server)).or_default();
+                if !unsynced.contains(&file.name) {
+                    unsynced.insert(file.name.clone());
+                }
             }
         }
         Ok(())

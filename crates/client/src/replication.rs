@@ -92,6 +92,7 @@ pub(crate) fn connect_all(
         servers.push(
             connection
                 .with_window_bytes_max(options.window_bytes_max)
+                .with_coalesce_bytes_max(options.coalesce_bytes_max.min(options.transfer_bytes_max))
                 .with_reconnect_wait_max(options.reconnect_wait_max),
         );
     }
@@ -256,13 +257,7 @@ impl Client {
         };
         let chunk = self.piece_bytes_max() as usize;
         for (index, part) in bytes.chunks(chunk).enumerate() {
-            let request = Request::Write {
-                epoch,
-                file,
-                offset: (index * chunk) as u64,
-                payload_crc32c: crc32c::crc32c(part),
-            };
-            self.servers[server].write_pipelined(&request, part)?;
+            self.servers[server].write_pipelined(epoch, file, (index * chunk) as u64, part)?;
         }
         self.servers[server].flush()
     }
