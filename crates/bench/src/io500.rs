@@ -32,11 +32,14 @@
 //! mean of both. Ratios (`ratios` in `--json`): `<subject>_vs_dir_<phase>` and
 //! `mount_vs_native_<phase>` for every phase, and the same for the scores.
 //!
-//! The preload subject runs the same worker processes as the mount's, under the LD_PRELOAD
-//! library (`libspillway_preload.so`, crates/preload) with the mount point as its own, on a
-//! namespace of its own; `ratios` then also hold issue 20's targets by name:
-//! `preload_vs_native` (ior-easy write), `preload_over_mount_creates` (mdtest-easy write) and
-//! `preload_over_mount_stats` (mdtest-easy stat).
+//! The mount runs twice: as `spillway mount` makes it (`mount`: entries and attributes cached,
+//! kept consistent by invalidations) and with TTL 0 (`mount_uncached`, every lookup and stat
+//! asking the namespace server). The preload subject runs the same worker processes under the
+//! LD_PRELOAD library (`libspillway_preload.so`, crates/preload) with a caching mount's mount
+//! point as its own. Each runs on a namespace of its own. `ratios` also hold issue 20's targets
+//! by name: `preload_vs_native` (ior-easy write), `preload_over_mount_creates` and
+//! `preload_over_mount_stats` (mdtest-easy write and stat, against the uncached mount the
+//! issue measured), and the same two against the caching mount (`preload_over_cached_mount_*`).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -53,7 +56,8 @@ use spillway_namespace::{data_file_name, Caller, FileKind, Ino, Namespace, ROOT_
 use spillway_proto::Endpoint;
 use spillway_types::EpochId;
 
-use crate::mount::{mount, open_root, start_servers};
+use crate::mount::{mount_with, open_root, start_servers};
+use spillway_mount::MountConfig;
 
 /// ior-easy's transfer, as IO500's.
 const IOR_EASY_TRANSFER_BYTES: usize = 1 << 20;
@@ -65,6 +69,7 @@ const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 /// Namespace id and data epoch of the mount subject; epoch of the native subject's ior files.
 const MOUNT_NAMESPACE_ID: u64 = 500;
 const PRELOAD_NAMESPACE_ID: u64 = 502;
+const MOUNT_UNCACHED_NAMESPACE_ID: u64 = 503;
 /// A mounted subject's data epoch: this plus its namespace id.
 const MOUNT_EPOCH_BASE: u64 = 1_000_000;
 /// The interception library's file name.
@@ -909,10 +914,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     crate::mount_ior::delete_epoch(&endpoints, EpochId(NATIVE_IOR_EPOCH))?;
     crate::mount_ior::delete_epoch(&endpoints, EpochId(NATIVE_DATA_EPOCH))?;
 
-    let mounted =
-        measure_mounted("mount", &args, &shape, &work, &endpoints, MOUNT_NAMESPACE_ID, false)?;
-    let preloaded =
-        measure_mounted("preload", &args, &shape, &work, &endpoints, PRELOAD_NAMESPACE_ID, true)?;
+    let measure = |subject| measure_mounted(subject, &args, &shape, &work, &endpoints);
+    let mounted = measure(Mounted::Mount)?;
+    let uncached = measure(Mounted::MountUncached)?;
+    let preloaded = measure(Mounted::Preload)?;
     drop(servers);
 
     let mut ratios = BTreeMap::new();
@@ -922,16 +927,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     add_ratios(&mut ratios, &preloaded, &dir);
     add_ratios(&mut ratios, &preloaded, &native);
     add_ratios(&mut ratios, &preloaded, &mounted);
-    // Issue 20's targets by their names.
+    add_ratios(&mut ratios, &uncached, &dir);
+    add_ratios(&mut ratios, &preloaded, &uncached);
+    // Issue 20's targets by their names: against the mount without caching (the mount the issue
+    // measured), and the same against the caching mount (whose stats of files it just created
+    // are kernel cache hits).
     for (target, key) in [
         ("preload_vs_native", "preload_vs_native_ior_easy_write"),
-        ("preload_over_mount_creates", "preload_vs_mount_mdtest_easy_write"),
-        ("preload_over_mount_stats", "preload_vs_mount_mdtest_easy_stat"),
+        ("preload_over_mount_creates", "preload_vs_mount_uncached_mdtest_easy_write"),
+        ("preload_over_mount_stats", "preload_vs_mount_uncached_mdtest_easy_stat"),
+        ("preload_over_cached_mount_creates", "preload_vs_mount_mdtest_easy_write"),
+        ("preload_over_cached_mount_stats", "preload_vs_mount_mdtest_easy_stat"),
     ] {
         let value = ratios[key];
         ratios.insert(target.to_string(), value);
     }
-    let subjects = [dir, native, mounted, preloaded];
+    let subjects = [dir, native, mounted, uncached, preloaded];
     if args.json {
         let json = serde_json::json!({
             "benchmark": "io500",
@@ -969,25 +980,43 @@ fn preload_library(args: &Args) -> anyhow::Result<PathBuf> {
         })
 }
 
-/// A subject on a fresh namespace behind a FUSE mount: the mount's own (POSIX workers through
-/// the kernel) or, with `preload`, the same workers under the LD_PRELOAD library with the mount
-/// as its mount point (what it does not intercept goes through the mount, as in production).
+/// The subjects on a fresh namespace behind a FUSE mount.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mounted {
+    /// POSIX workers through the mount as `spillway mount` makes it (entries and attributes
+    /// cached, kept consistent by invalidations).
+    Mount,
+    /// The same through a mount with TTL 0: every lookup and stat asks the namespace server.
+    MountUncached,
+    /// The same workers under the LD_PRELOAD library, the (caching) mount as its mount point:
+    /// what the library does not intercept goes through the mount, as in production.
+    Preload,
+}
+
+/// A subject on a fresh namespace behind a FUSE mount ([`Mounted`]).
 fn measure_mounted(
-    name: &'static str,
+    subject: Mounted,
     args: &Args,
     shape: &Shape,
     work: &Path,
     endpoints: &[Endpoint],
-    namespace_id: u64,
-    preload: bool,
 ) -> anyhow::Result<SubjectResult> {
+    let (name, namespace_id) = match subject {
+        Mounted::Mount => ("mount", MOUNT_NAMESPACE_ID),
+        Mounted::MountUncached => ("mount_uncached", MOUNT_UNCACHED_NAMESPACE_ID),
+        Mounted::Preload => ("preload", PRELOAD_NAMESPACE_ID),
+    };
     let epoch = EpochId(MOUNT_EPOCH_BASE + namespace_id);
     let namespace =
         connect_namespace(&endpoints[0], namespace_id, open_root(epoch), args.threads, None)?;
+    let mut config = MountConfig { threads: args.threads, ..MountConfig::default() };
+    if subject == Mounted::MountUncached {
+        config.attr_ttl = Duration::ZERO;
+    }
     let bench_mount =
-        mount(&work.join(format!("mnt-io500-{name}")), namespace, endpoints, args.threads)?;
+        mount_with(&work.join(format!("mnt-io500-{name}")), namespace, endpoints, config)?;
     let mut environment = Vec::new();
-    if preload {
+    if subject == Mounted::Preload {
         let servers: Vec<String> = endpoints.iter().map(ToString::to_string).collect();
         environment = vec![
             ("LD_PRELOAD".to_string(), preload_library(args)?.display().to_string()),
@@ -1018,7 +1047,7 @@ fn print_text(shape: &Shape, subjects: &[SubjectResult], ratios: &BTreeMap<Strin
     for subject in subjects {
         print!("{:>12}", subject.subject);
     }
-    println!("{:>14}{:>15}", "mount/native", "preload/mount");
+    println!("{:>14}{:>15}{:>15}", "mount/native", "preload/mount", "preload/uncached");
     for phase in Phase::ALL {
         let unit = if phase.is_bandwidth() { "GiB/s" } else { "kIOPS" };
         print!("{:<28}", format!("{} ({unit})", phase.key()));
@@ -1027,9 +1056,10 @@ fn print_text(shape: &Shape, subjects: &[SubjectResult], ratios: &BTreeMap<Strin
         }
         let ratio = |name: &str| ratios.get(&format!("{name}_{}", phase.key())).copied();
         println!(
-            "{:>14.2}{:>15.2}",
+            "{:>14.2}{:>15.2}{:>15.2}",
             ratio("mount_vs_native").unwrap_or(f64::NAN),
-            ratio("preload_vs_mount").unwrap_or(f64::NAN)
+            ratio("preload_vs_mount").unwrap_or(f64::NAN),
+            ratio("preload_vs_mount_uncached").unwrap_or(f64::NAN)
         );
     }
     for (label, pick) in [

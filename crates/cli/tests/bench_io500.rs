@@ -44,7 +44,7 @@ fn every_shape_runs_through_every_subject_and_reads_back_what_it_wrote() {
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     let subjects = report["subjects"].as_array().unwrap();
     let names: Vec<&str> = subjects.iter().map(|s| s["subject"].as_str().unwrap()).collect();
-    assert_eq!(names, ["dir", "native", "mount", "preload"]);
+    assert_eq!(names, ["dir", "native", "mount", "mount_uncached", "preload"]);
     for subject in subjects {
         for phase in PHASES {
             let score = subject["phases"][phase]["score"].as_f64();
@@ -60,13 +60,21 @@ fn every_shape_runs_through_every_subject_and_reads_back_what_it_wrote() {
             "preload_vs_dir",
             "preload_vs_native",
             "preload_vs_mount",
+            "mount_uncached_vs_dir",
+            "preload_vs_mount_uncached",
         ] {
             let key = format!("{pair}_{phase}");
             let ratio = report["ratios"][&key].as_f64();
             assert!(ratio.is_some_and(|r| r > 0.0), "{key} in {}", report["ratios"]);
         }
     }
-    for target in ["preload_vs_native", "preload_over_mount_creates", "preload_over_mount_stats"] {
+    for target in [
+        "preload_vs_native",
+        "preload_over_mount_creates",
+        "preload_over_mount_stats",
+        "preload_over_cached_mount_creates",
+        "preload_over_cached_mount_stats",
+    ] {
         assert!(report["ratios"][target].as_f64().is_some_and(|r| r > 0.0), "{target}");
     }
     // Nothing of the run is left mounted.
