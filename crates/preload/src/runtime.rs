@@ -4,7 +4,7 @@
 //! through a [`DataPlane`] (the mount's own data path: write-behind per slot, failures pinned on
 //! the files whose writes were in flight, sizes reported only for acknowledged bytes).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -142,6 +142,10 @@ pub struct Runtime {
     /// Held across taking an inode's pending size and reporting it, and by a truncate across its
     /// report and the shrink (as the mount's `size_reports`).
     size_reports: Mutex<()>,
+    /// Inodes whose bytes this process read or wrote (its data slot may hold their store
+    /// handles and pinned failures); the others' opens and closes need no data-plane round
+    /// trip (mdtest's empty files, a `stat`-and-close).
+    data_used: Mutex<HashSet<Ino>>,
     /// `st_dev` of the FUSE mount, or a fixed number without one.
     pub device: u64,
     /// Distinguishes this runtime from the parent's after a fork.
@@ -174,6 +178,7 @@ impl Runtime {
             data,
             inodes: Mutex::new(HashMap::new()),
             size_reports: Mutex::new(()),
+            data_used: Mutex::new(HashSet::new()),
             device,
             generation: GENERATIONS.fetch_add(1, Ordering::Relaxed),
         })
@@ -328,7 +333,9 @@ impl Runtime {
             if attr.kind != FileKind::Regular {
                 return Err(Fail::Pass);
             }
-            self.data.slot(attr.ino).forget(attr.ino); // close-to-open: find its bytes afresh
+            if self.data_used.lock().contains(&attr.ino) {
+                self.data.slot(attr.ino).forget(attr.ino); // close-to-open: find its bytes afresh
+            }
             let mut inodes = self.inodes.lock();
             let state = inodes.entry(attr.ino).or_insert(InodeState {
                 attr: attr.clone(),
@@ -475,6 +482,7 @@ impl Runtime {
         if !file.readable() {
             return Err(Fail::Errno(libc::EBADF));
         }
+        self.data_used.lock().insert(file.ino);
         let mut slot = self.data.slot(file.ino);
         let (generation, size) = self.state(file.ino)?;
         if offset >= size || buffer.is_empty() {
@@ -497,6 +505,7 @@ impl Runtime {
             return Err(Fail::Errno(libc::ENOSPC));
         }
         let ino = file.ino;
+        self.data_used.lock().insert(ino);
         let mut slot = self.data.slot(ino);
         let (generation, _) = self.state(ino)?;
         slot.write(ino, generation, offset, data)?;
@@ -566,7 +575,8 @@ impl Runtime {
             return Ok(());
         }
         let ino = file.ino;
-        let flushed = self.data.slot(ino).flush();
+        let used = self.data_used.lock().contains(&ino);
+        let flushed = if used { self.data.slot(ino).flush() } else { Ok(()) };
         let result = match flushed {
             Err(e) => {
                 self.withdraw_size(ino);
@@ -583,7 +593,9 @@ impl Runtime {
             if gone {
                 inodes.remove(&ino);
                 drop(inodes);
-                self.data.slot(ino).release(ino);
+                if self.data_used.lock().remove(&ino) {
+                    self.data.slot(ino).release(ino);
+                }
             }
         }
         result
@@ -633,6 +645,7 @@ impl Runtime {
         let ino = file.ino;
         let reporting = self.size_reports.lock();
         self.push_pending_locked(ino)?;
+        self.data_used.lock().insert(ino);
         let mut slot = self.data.slot(ino);
         let current = self.fstat(file)?;
         let shrinks = size < current.size;
@@ -681,6 +694,7 @@ impl Runtime {
         if zeroes {
             let reporting = self.size_reports.lock();
             self.push_pending_locked(ino)?;
+            self.data_used.lock().insert(ino);
             let mut slot = self.data.slot(ino);
             let (generation, size) = self.state(ino)?;
             slot.zero_fill(ino, generation, offset, end.min(size))?;

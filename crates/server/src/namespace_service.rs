@@ -329,8 +329,15 @@ impl NamespaceService {
         }
         let namespace = ns.id();
         let changes = changes_of(&ns, &request);
+        // A new name needs no mount's acknowledgement (see `Watches::announce`); every other
+        // change is answered once the other mounts dropped what they cached of it.
+        let adds_a_name = matches!(request, R::Create { .. } | R::Mkdir { .. } | R::Symlink { .. });
         let response = self.apply(&ns, identity, trusted, request)?;
-        self.watches.publish(namespace, origin, changes);
+        if adds_a_name {
+            self.watches.announce(namespace, origin, changes);
+        } else {
+            self.watches.publish(namespace, origin, changes);
+        }
         Ok(response)
     }
 

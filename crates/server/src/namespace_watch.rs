@@ -136,25 +136,40 @@ impl Watches {
         self.signal.notify_all();
     }
 
-    /// Records `changes` made by `origin` to `namespace` and waits until every other live
-    /// watcher acknowledged them (or the bound passed: those are stale then). Returns at once
-    /// when nobody else watches.
-    pub fn publish(
+    /// Records `changes` made by `origin` to `namespace` for the watchers and returns without
+    /// waiting for their acknowledgements: for a name added to a directory (create, mkdir,
+    /// symlink), which no mount can have cached (names found absent are never cached), so only
+    /// the directory's attributes on other mounts lag until the invalidation lands.
+    pub fn announce(
         &self,
         namespace: NamespaceId,
         origin: Option<SessionKey>,
         changes: Vec<Change>,
     ) {
-        if changes.is_empty() {
-            return;
-        }
         let mut state = self.state.lock();
-        let Some(entry) = state.get_mut(&namespace) else { return };
-        let now = Instant::now();
+        if self.record(&mut state, namespace, origin, changes, Instant::now()).is_some() {
+            self.signal.notify_all();
+        }
+    }
+
+    /// Appends `changes` to the namespace's ring (after forgetting silent watchers); the last
+    /// version, or `None` when nobody but `origin` watches (nothing recorded).
+    fn record(
+        &self,
+        state: &mut HashMap<NamespaceId, NamespaceChanges>,
+        namespace: NamespaceId,
+        origin: Option<SessionKey>,
+        changes: Vec<Change>,
+        now: Instant,
+    ) -> Option<u64> {
+        if changes.is_empty() {
+            return None;
+        }
+        let entry = state.get_mut(&namespace)?;
         let forget_after = self.options.forget_after;
         entry.watchers.retain(|_, w| now.duration_since(w.last_poll) < forget_after);
         if entry.watchers.keys().all(|key| Some(*key) == origin) {
-            return;
+            return None;
         }
         for change in changes {
             entry.version += 1;
@@ -164,7 +179,24 @@ impl Watches {
         while entry.ring.len() > self.options.ring_max {
             entry.ring.pop_front();
         }
-        let version = entry.version;
+        Some(entry.version)
+    }
+
+    /// Records `changes` made by `origin` to `namespace` and waits until every other live
+    /// watcher acknowledged them (or the bound passed: those are stale then). Returns at once
+    /// when nobody else watches.
+    pub fn publish(
+        &self,
+        namespace: NamespaceId,
+        origin: Option<SessionKey>,
+        changes: Vec<Change>,
+    ) {
+        let mut state = self.state.lock();
+        let now = Instant::now();
+        let Some(version) = self.record(&mut state, namespace, origin, changes, now) else {
+            return;
+        };
+        let Some(entry) = state.get_mut(&namespace) else { return };
         if let Some(origin) = origin {
             entry.in_flight.entry(origin).or_default().push(version);
         }
@@ -378,6 +410,17 @@ mod tests {
             earlier.join().unwrap();
         });
         assert!(!watches.state.lock()[&4].watchers.values().any(|w| w.stale));
+    }
+
+    #[test]
+    fn an_added_name_is_announced_without_waiting_and_still_delivered() {
+        // An hour's bound: `announce` must not wait at all for the watcher that never acks.
+        let watches = Watches::new(WatchOptions { ack_wait: Duration::from_secs(3600), ..quick() });
+        let registered = watches.poll(5, key(1), true, 0).unwrap().version;
+        watches.announce(5, Some(key(2)), vec![Change::Inode(1)]);
+        let got = watches.poll(5, key(1), true, registered).unwrap();
+        assert_eq!(got.changes, vec![Change::Inode(1)]);
+        assert!(!got.reset, "nobody waited for it, so it is not stale");
     }
 
     #[test]
