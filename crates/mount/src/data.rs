@@ -28,7 +28,8 @@
 //! ([`DataPlane::store_full`]) instead of each waiting out the servers' backpressure bound
 //! again, until the next close or fsync tries again.
 //! Each slot also has a lock that the file system holds across a truncate and the zero-fill
-//! that follows it.
+//! that follows it. [`DataPlane::inline`] runs the same slots without worker threads, each
+//! command in the caller's thread under the slot's lock: the preload library's data path.
 
 use std::collections::{HashMap, HashSet};
 
@@ -113,8 +114,17 @@ pub struct DataPlane {
 struct SlotChannel {
     /// Held by the file system across a size check and the data operation that depends on it.
     lock: Mutex<()>,
-    sender: Option<SyncSender<Command>>,
+    runner: Option<Runner>,
     worker: Option<JoinHandle<()>>,
+}
+
+/// Where a slot's commands run: on its worker thread (the mount: a write is answered once
+/// queued, so the next FUSE request overlaps its sending), or in the caller's thread under the
+/// slot's lock (the preload library: the caller is the application itself, and the client
+/// pipelines its sends anyway, so a thread hand-off per write would only cost).
+enum Runner {
+    Worker(SyncSender<Command>),
+    Inline(Box<Mutex<Slot>>),
 }
 
 type Reply<T> = SyncSender<Result<T, DataError>>;
@@ -177,6 +187,31 @@ impl DataPlane {
     /// `clients` must all be connected to the same servers, in the same order, with the
     /// default striped placement (one per slot; at least one).
     pub fn new(clients: Vec<Client>, namespace: NamespaceId, epoch: EpochId) -> DataPlane {
+        Self::with_slots(clients, namespace, epoch, |index, slot| {
+            let (sender, receiver) = sync_channel(QUEUED_COMMANDS_MAX);
+            let worker = std::thread::Builder::new()
+                .name(format!("mount-data-{index}"))
+                .spawn(move || slot.serve(receiver))
+                .expect("spawning a data worker thread");
+            (Runner::Worker(sender), Some(worker))
+        })
+    }
+
+    /// As [`DataPlane::new`], but each slot's commands run in the calling thread (no worker
+    /// threads, no write-behind queue): for the preload library, whose callers are the
+    /// application's own threads.
+    pub fn inline(clients: Vec<Client>, namespace: NamespaceId, epoch: EpochId) -> DataPlane {
+        Self::with_slots(clients, namespace, epoch, |_, slot| {
+            (Runner::Inline(Box::new(Mutex::new(slot))), None)
+        })
+    }
+
+    fn with_slots(
+        clients: Vec<Client>,
+        namespace: NamespaceId,
+        epoch: EpochId,
+        run: impl Fn(usize, Slot) -> (Runner, Option<JoinHandle<()>>),
+    ) -> DataPlane {
         assert!(!clients.is_empty(), "a data plane needs at least one client");
         let epoch_seen = Arc::new(AtomicBool::new(false));
         let store_full = Arc::new(AtomicBool::new(false));
@@ -195,12 +230,8 @@ impl DataPlane {
                     epoch_seen: epoch_seen.clone(),
                     store_full: store_full.clone(),
                 };
-                let (sender, receiver) = sync_channel(QUEUED_COMMANDS_MAX);
-                let worker = std::thread::Builder::new()
-                    .name(format!("mount-data-{index}"))
-                    .spawn(move || slot.serve(receiver))
-                    .expect("spawning a data worker thread");
-                SlotChannel { lock: Mutex::new(()), sender: Some(sender), worker: Some(worker) }
+                let (runner, worker) = run(index, slot);
+                SlotChannel { lock: Mutex::new(()), runner: Some(runner), worker }
             })
             .collect();
         DataPlane { slots, store_full }
@@ -223,7 +254,7 @@ impl DataPlane {
         let channel = &self.slots[index];
         SlotGuard {
             _lock: channel.lock.lock(),
-            sender: channel.sender.as_ref().expect("open until drop"),
+            runner: channel.runner.as_ref().expect("open until drop"),
             index,
             ino,
         }
@@ -250,7 +281,12 @@ impl DataPlane {
 impl Drop for DataPlane {
     fn drop(&mut self) {
         for channel in &mut self.slots {
-            channel.sender.take();
+            // A worker flushes when its queue closes; an inline slot is flushed here.
+            if let Some(Runner::Inline(slot)) = channel.runner.take() {
+                if let Err(e) = slot.into_inner().flush() {
+                    tracing::error!(error = %e, "flushing writes at the end failed");
+                }
+            }
             if let Some(worker) = channel.worker.take() {
                 let _ = worker.join();
             }
@@ -261,7 +297,7 @@ impl Drop for DataPlane {
 /// A locked slot: the data operations of one inode.
 pub struct SlotGuard<'a> {
     _lock: MutexGuard<'a, ()>,
-    sender: &'a SyncSender<Command>,
+    runner: &'a Runner,
     index: usize,
     /// The inode the slot was taken for (its losses are reported by flush and sync).
     ino: Option<Ino>,
@@ -269,7 +305,15 @@ pub struct SlotGuard<'a> {
 
 impl SlotGuard<'_> {
     fn send(&self, command: Command) -> Result<(), DataError> {
-        self.sender.send(command).map_err(|_| DataError::Stopped { slot: self.index })
+        match self.runner {
+            Runner::Worker(sender) => {
+                sender.send(command).map_err(|_| DataError::Stopped { slot: self.index })
+            }
+            Runner::Inline(slot) => {
+                slot.lock().execute(command);
+                Ok(())
+            }
+        }
     }
 
     fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, DataError> {
@@ -376,40 +420,45 @@ impl Slot {
     /// The worker loop: runs commands in order until the plane is dropped.
     fn serve(mut self, commands: Receiver<Command>) {
         for command in commands {
-            match command {
-                Command::Write { ino, generation, offset, data } => {
-                    self.dirty.insert(ino);
-                    if self.store_full.load(Ordering::Relaxed) {
-                        // Queued before the refusal was known: sending it would only wait
-                        // out the servers' backpressure bound again.
-                        self.fail_dirty(DataError::StoreFull);
-                    } else if let Err(e) = self.write(ino, generation, offset, &data) {
-                        tracing::warn!(error = %e, "queued write failed");
-                        self.fail_dirty(e);
-                    }
-                }
-                Command::Read { ino, generation, offset, length, reply } => {
-                    let mut buffer = vec![0u8; length];
-                    let _ = reply
-                        .send(self.read(ino, generation, offset, &mut buffer).map(|()| buffer));
-                }
-                Command::ZeroFill { ino, generation, from, to, reply } => {
-                    let _ = reply.send(self.zero_fill(ino, generation, from, to));
-                }
-                Command::Flush { durable, ino, report, reply } => {
-                    let _ = reply.send(self.flush_for(durable, ino, report));
-                }
-                Command::Forget { ino } => self.forget(ino),
-                Command::StoreCapacity { reply } => {
-                    let _ = reply.send(self.store_capacity());
-                }
-                Command::Release { ino } => {
-                    self.failed.remove(&ino);
-                }
-            }
+            self.execute(command);
         }
         if let Err(e) = self.flush() {
             tracing::error!(error = %e, "flushing writes at unmount failed");
+        }
+    }
+
+    /// Runs one command (answering on its reply channel, if it has one).
+    fn execute(&mut self, command: Command) {
+        match command {
+            Command::Write { ino, generation, offset, data } => {
+                self.dirty.insert(ino);
+                if self.store_full.load(Ordering::Relaxed) {
+                    // Queued before the refusal was known: sending it would only wait
+                    // out the servers' backpressure bound again.
+                    self.fail_dirty(DataError::StoreFull);
+                } else if let Err(e) = self.write(ino, generation, offset, &data) {
+                    tracing::warn!(error = %e, "queued write failed");
+                    self.fail_dirty(e);
+                }
+            }
+            Command::Read { ino, generation, offset, length, reply } => {
+                let mut buffer = vec![0u8; length];
+                let _ =
+                    reply.send(self.read(ino, generation, offset, &mut buffer).map(|()| buffer));
+            }
+            Command::ZeroFill { ino, generation, from, to, reply } => {
+                let _ = reply.send(self.zero_fill(ino, generation, from, to));
+            }
+            Command::Flush { durable, ino, report, reply } => {
+                let _ = reply.send(self.flush_for(durable, ino, report));
+            }
+            Command::Forget { ino } => self.forget(ino),
+            Command::StoreCapacity { reply } => {
+                let _ = reply.send(self.store_capacity());
+            }
+            Command::Release { ino } => {
+                self.failed.remove(&ino);
+            }
         }
     }
 

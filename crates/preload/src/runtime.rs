@@ -169,7 +169,7 @@ impl Runtime {
         let epoch = namespace.data_epoch();
         let clients = data_clients(&config.servers, config.slots, config.replicas)
             .map_err(|e| format!("connecting to the servers: {e}"))?;
-        let data = DataPlane::new(clients, config.namespace_id, epoch);
+        let data = DataPlane::inline(clients, config.namespace_id, epoch);
         let device = crate::fuse_device(&config.mountpoint).unwrap_or(0x5350_4c57);
         Ok(Runtime {
             dirs: Mutex::new(DirCache { ttl: config.dir_cache_ttl, entries: HashMap::new() }),
