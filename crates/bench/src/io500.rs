@@ -77,6 +77,10 @@ const PRELOAD_LIBRARY: &str = "libspillway_preload.so";
 const NATIVE_NAMESPACE_ID: u64 = 501;
 const NATIVE_DATA_EPOCH: u64 = 1_000_501;
 const NATIVE_IOR_EPOCH: u64 = 7_000;
+/// Largest shapes accepted (each far above what this machine can run in a benchmark).
+const PROCESSES_MAX: usize = 1024;
+const PER_PROCESS_BYTES_MAX: u64 = 1 << 40;
+const FILES_MAX: u64 = 100_000_000;
 /// How long a worker process may take to get ready or to finish a phase.
 const WORKER_WAIT_MAX: Duration = Duration::from_secs(600);
 
@@ -223,6 +227,21 @@ impl Shape {
         ensure!(
             self.ior_hard_transfers > 0 && self.mdtest_easy_files > 0 && self.mdtest_hard_files > 0,
             "--ior-hard-transfers, --mdtest-easy-files and --mdtest-hard-files must be positive"
+        );
+        // Bounds that keep every product below (amounts, DRAM sizing) far from overflow.
+        ensure!(
+            self.processes <= PROCESSES_MAX,
+            "--processes ({}) must be at most {PROCESSES_MAX}",
+            self.processes
+        );
+        let hard_bytes = self.ior_hard_transfers.saturating_mul(IOR_HARD_TRANSFER_BYTES as u64);
+        ensure!(
+            self.ior_easy_bytes <= PER_PROCESS_BYTES_MAX && hard_bytes <= PER_PROCESS_BYTES_MAX,
+            "--ior-easy-bytes and --ior-hard-transfers × 47,008 must be at most {PER_PROCESS_BYTES_MAX} bytes per process"
+        );
+        ensure!(
+            self.mdtest_easy_files <= FILES_MAX && self.mdtest_hard_files <= FILES_MAX,
+            "--mdtest-easy-files and --mdtest-hard-files must be at most {FILES_MAX} per process"
         );
         Ok(())
     }
