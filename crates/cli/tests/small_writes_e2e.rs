@@ -67,6 +67,36 @@ fn sequential_small_writes_reach_the_servers_in_frames_of_up_to_the_bound() {
     assert!(back == data, "bytes differ");
 }
 
+/// One client's strided share of a shared file (every other 16 KiB block, as one of two
+/// interleaved writers writes it): nothing is adjacent, so the pieces go as `WriteExtents`
+/// frames of several extents, and the other blocks stay holes.
+#[test]
+fn strided_small_writes_reach_the_servers_in_frames_of_several_extents() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_servers, endpoints) = two_servers(dir.path());
+    let mut writer = client(&endpoints, 1 << 20, 1 << 20);
+    let mut file = writer.create_file(EpochId(1), "strided").unwrap();
+    let data = pattern(8, 8 << 20);
+    let before = requests_served(&endpoints);
+    for (i, piece) in data.chunks(16 * KIB).enumerate().filter(|(i, _)| i % 2 == 1) {
+        writer.write(&mut file, (i * 16 * KIB) as u64, piece).unwrap();
+    }
+    writer.flush().unwrap();
+    // 256 writes of 16 KiB, 4 MiB: four 1 MiB frames, plus the observer's own requests (a
+    // handshake and a status per server, twice). One frame per write would be 256.
+    let frames = requests_served(&endpoints) - before;
+    assert!(frames <= 12, "256 strided 16 KiB writes took {frames} requests");
+    let mut back = vec![0u8; data.len()];
+    writer.read(&file, 0, &mut back).unwrap();
+    for (i, (got, sent)) in back.chunks(16 * KIB).zip(data.chunks(16 * KIB)).enumerate() {
+        if i % 2 == 1 {
+            assert!(got == sent, "block {i} differs from what was written");
+        } else {
+            assert!(got.iter().all(|&b| b == 0), "block {i}, never written, is not a hole");
+        }
+    }
+}
+
 /// The model of one epoch: each file's bytes as written (unwritten bytes are zeros).
 struct Model {
     epoch: EpochId,

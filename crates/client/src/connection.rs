@@ -20,8 +20,9 @@ use spillway_proto::auth::credential_payload;
 use spillway_proto::frame::{self, ReceiveError};
 use spillway_proto::transport;
 use spillway_proto::{
-    AuthMethod, Connection, Endpoint, ErrorCode, Request, Response, ServerId, CHALLENGE_BYTES,
-    PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+    AuthMethod, Connection, Endpoint, ErrorCode, Request, Response, ServerId, WriteExtent,
+    CHALLENGE_BYTES, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, WRITE_EXTENTS_MAX,
+    WRITE_EXTENTS_VERSION,
 };
 use spillway_sys::munge::MungeContext;
 use spillway_types::{EpochId, FileId};
@@ -33,14 +34,15 @@ use crate::ClientError;
 /// restart, bounded so an application is not stuck on a server that stays away.
 pub const RECONNECT_WAIT_MAX_DEFAULT: Duration = Duration::from_secs(30);
 
-/// Adjacent writes of one file gathered into one `Write` frame that is not sent yet: the bytes
-/// are copies (the callers' buffers are free again), the CRC32C is combined from the ones each
-/// caller's bytes had when they were handed over.
+/// Writes of one file gathered into one frame that is not sent yet: the bytes are copies (the
+/// callers' buffers are free again). Adjacent writes extend an extent, whose CRC32C is extended
+/// over each caller's bytes as they are copied; a write elsewhere in the file starts another
+/// extent (a `WriteExtents` frame, to a server that speaks it).
 struct Coalesced {
     epoch: EpochId,
     file: FileId,
-    offset: u64,
-    payload_crc32c: u32,
+    /// In the order written; their lengths add up to the gathered bytes.
+    extents: Vec<WriteExtent>,
 }
 
 /// What to do with the reply of an outstanding request.
@@ -88,7 +90,9 @@ pub struct ServerConnection {
     broken: bool,
     /// How long to keep trying to open a closed or broken connection again.
     reconnect_wait_max: Duration,
-    /// Largest frame adjacent writes are gathered into (0: every write is sent as it comes).
+    /// The protocol version the server chose.
+    version: u16,
+    /// Largest frame writes are gathered into (0: every write is sent as it comes).
     coalesce_bytes_max: u64,
     /// The frame being gathered, if any, and its bytes (kept allocated between frames).
     coalesced: Option<Coalesced>,
@@ -160,6 +164,7 @@ impl ServerConnection {
                         message: format!("server chose version {version}, which we do not speak"),
                     });
                 }
+                this.version = version;
                 this.payload_bytes_max = payload_bytes_max;
                 this.window = window_wanted.clamp(1, in_flight_requests_max.max(1)) as usize;
                 (this.uid, this.gid) = match auth {
@@ -235,6 +240,7 @@ impl ServerConnection {
             munge_socket: munge_socket.map(Path::to_path_buf),
             broken: false,
             reconnect_wait_max: RECONNECT_WAIT_MAX_DEFAULT,
+            version: PROTOCOL_VERSION_MIN,
             coalesce_bytes_max: 0,
             coalesced: None,
             coalesced_bytes: Vec::new(),
@@ -540,13 +546,28 @@ impl ServerConnection {
         self.reopen_if_closed()?;
         let bound = self.coalesce_bytes_max.min(self.payload_bytes_max as u64);
         let length = data.len() as u64;
+        let several_extents = self.version >= WRITE_EXTENTS_VERSION;
         if let Some(gathering) = &mut self.coalesced {
             let gathered = self.coalesced_bytes.len() as u64;
-            let adjacent = gathering.epoch == epoch
-                && gathering.file == file
-                && gathering.offset.checked_add(gathered) == Some(offset);
-            if adjacent && gathered + length <= bound {
-                gathering.payload_crc32c = crc32c::crc32c_append(gathering.payload_crc32c, data);
+            let same_file = gathering.epoch == epoch && gathering.file == file;
+            // No empty extent in a `WriteExtents` (only the first can be: one write of 0 bytes).
+            let another_extent = same_file
+                && several_extents
+                && gathering.extents.len() < WRITE_EXTENTS_MAX
+                && length > 0
+                && gathering.extents[0].length > 0;
+            let last = gathering.extents.last_mut().expect("a gathered frame has an extent");
+            let adjacent = same_file
+                && last.offset.checked_add(last.length as u64) == Some(offset)
+                && last.length as u64 + length <= u32::MAX as u64;
+            if (adjacent || another_extent) && gathered + length <= bound {
+                if adjacent {
+                    last.crc32c = crc32c::crc32c_append(last.crc32c, data);
+                    last.length += length as u32;
+                } else {
+                    let crc32c = crc32c::crc32c(data);
+                    gathering.extents.push(WriteExtent { offset, length: length as u32, crc32c });
+                }
                 self.coalesced_bytes.extend_from_slice(data);
                 if gathered + length == bound {
                     self.send_coalesced()?;
@@ -557,7 +578,8 @@ impl ServerConnection {
         }
         let payload_crc32c = crc32c::crc32c(data);
         if length < bound {
-            self.coalesced = Some(Coalesced { epoch, file, offset, payload_crc32c });
+            let extent = WriteExtent { offset, length: length as u32, crc32c: payload_crc32c };
+            self.coalesced = Some(Coalesced { epoch, file, extents: vec![extent] });
             self.coalesced_bytes.clear();
             self.coalesced_bytes.extend_from_slice(data);
             return Ok(());
@@ -565,14 +587,37 @@ impl ServerConnection {
         self.send_write(&Request::Write { epoch, file, offset, payload_crc32c }, data)
     }
 
-    /// Sends the gathered frame, if any.
+    /// Sends the gathered frame, if any: one `Write` for one extent, else one `WriteExtents`
+    /// (or, to a server older than that, which a frame taken over after a reconnection may
+    /// reach, one `Write` per extent).
     fn send_coalesced(&mut self) -> Result<(), ClientError> {
-        let Some(Coalesced { epoch, file, offset, payload_crc32c }) = self.coalesced.take() else {
+        let Some(Coalesced { epoch, file, extents }) = self.coalesced.take() else {
             return Ok(());
         };
-        let request = Request::Write { epoch, file, offset, payload_crc32c };
         let bytes = std::mem::take(&mut self.coalesced_bytes);
-        let sent = self.send_write(&request, &bytes);
+        let sent = match extents[..] {
+            [WriteExtent { offset, crc32c, .. }] => self.send_write(
+                &Request::Write { epoch, file, offset, payload_crc32c: crc32c },
+                &bytes,
+            ),
+            _ if self.version >= WRITE_EXTENTS_VERSION => {
+                self.send_write(&Request::WriteExtents { epoch, file, extents }, &bytes)
+            }
+            _ => {
+                let mut at = 0;
+                extents.iter().try_for_each(|extent| {
+                    let piece = &bytes[at..at + extent.length as usize];
+                    at += piece.len();
+                    let request = Request::Write {
+                        epoch,
+                        file,
+                        offset: extent.offset,
+                        payload_crc32c: extent.crc32c,
+                    };
+                    self.send_write(&request, piece)
+                })
+            }
+        };
         self.coalesced_bytes = bytes;
         // A failure is the gathered writes' failure, reported once by this error (as a failed
         // send of each would have been), by the write, flush or call that sent the frame.

@@ -52,6 +52,8 @@ pub enum Kind {
     RevokeEpoch = 0x12,
     /// Cluster membership (root only: the manager).
     JoinCluster = 0x13,
+    /// Several extents of one file in one frame (protocol version 5).
+    WriteExtents = 0x14,
     // Namespace (metadata service) requests, see `crate::namespace`.
     NamespaceOpen = 0x20,
     NamespaceSync = 0x21,
@@ -107,7 +109,7 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in byte order within each family.
-    pub const ALL: [Kind; 68] = [
+    pub const ALL: [Kind; 69] = [
         Kind::Hello,
         Kind::OpenFile,
         Kind::Write,
@@ -127,6 +129,7 @@ impl Kind {
         Kind::GrantEpoch,
         Kind::RevokeEpoch,
         Kind::JoinCluster,
+        Kind::WriteExtents,
         Kind::HelloReply,
         Kind::FileOpened,
         Kind::Written,
@@ -195,7 +198,7 @@ impl Kind {
 
     /// Only these kinds may carry a payload.
     pub fn may_carry_payload(self) -> bool {
-        matches!(self, Kind::Write | Kind::ReadData)
+        matches!(self, Kind::Write | Kind::WriteExtents | Kind::ReadData)
     }
 }
 

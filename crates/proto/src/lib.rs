@@ -27,7 +27,7 @@ pub use identity::{
 };
 pub use message::{
     DrainInfo, DrainState, Durability, EpochActivity, EpochGrant, EpochInfo, EpochState, Extent,
-    FileInfo, Request, Response, ServerStatus,
+    FileInfo, Request, Response, ServerStatus, WriteExtent, WRITE_EXTENTS_MAX, WRITE_EXTENT_BYTES,
 };
 pub use namespace::{
     session_client_name, session_of_client_name, NamespaceRequest, NamespaceResponse,
@@ -41,8 +41,11 @@ pub use transport::{Connection, Endpoint, Identity, Listener, Transport};
 /// `auth` in `StatusReply`). Version 3 added server identity (`server_id` and `incarnation` in
 /// `HelloReply` and `StatusReply`), the participants of a `Commit` and the `payload_crc32c` of a
 /// `Write`. Version 4 added the server's failure domain (`failure_domain` in `HelloReply` and
-/// `StatusReply`), which replica placement needs.
-pub const PROTOCOL_VERSION: u16 = 4;
+/// `StatusReply`), which replica placement needs. Version 5 added `WriteExtents` (a client's
+/// gathered strided writes); a client sends it only to a server that chose version 5.
+pub const PROTOCOL_VERSION: u16 = 5;
+/// The first version with `WriteExtents`.
+pub const WRITE_EXTENTS_VERSION: u16 = 5;
 /// The oldest protocol version this build still speaks. Servers and clients of this repository
 /// move together, so versions 1 to 3 are no longer spoken: a version 2 client's commit would
 /// name no participants, and a version 3 server no failure domain for replica placement.

@@ -44,6 +44,24 @@ impl Durability {
     }
 }
 
+/// One extent of a [`Request::WriteExtents`]: `offset u64, length u32, crc32c u32`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WriteExtent {
+    pub offset: u64,
+    /// Never zero.
+    pub length: u32,
+    /// CRC32C of the extent's bytes.
+    pub crc32c: u32,
+}
+
+/// Most extents in one `WriteExtents` (16 bytes each, with the 24-byte head within
+/// [`crate::BODY_BYTES_MAX`]).
+pub const WRITE_EXTENTS_MAX: usize = 2048;
+/// Bytes of one extent in a `WriteExtents` body.
+pub const WRITE_EXTENT_BYTES: usize = 16;
+const _: () =
+    assert!(24 + WRITE_EXTENTS_MAX * WRITE_EXTENT_BYTES <= crate::BODY_BYTES_MAX as usize);
+
 /// Lifecycle state of an epoch as the server reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum EpochState {
@@ -280,6 +298,17 @@ pub enum Request {
         file: FileId,
         offset: u64,
         payload_crc32c: u32,
+    },
+    /// Writes the frame payload as consecutive extents of one file: the first `extents[0].length`
+    /// bytes at `extents[0].offset`, and so on, in order (a later extent overwrites an earlier
+    /// one it overlaps). What a client's gathered strided writes become (protocol version 5).
+    /// The lengths add up to the payload's; each extent carries the CRC32C of its own bytes,
+    /// so the server checks each without combining checksums. All or nothing: a checksum or
+    /// length that does not match refuses the whole frame.
+    WriteExtents {
+        epoch: EpochId,
+        file: FileId,
+        extents: Vec<WriteExtent>,
     },
     /// Reads `length` bytes at `offset`; holes read as zeros.
     Read {
@@ -697,6 +726,41 @@ impl<'a> Decoder<'a> {
     /// The participants of a `Commit`: `count u32`, then per participant `id [u8; 16],
     /// address str`; at most [`COMMIT_PARTICIPANTS_MAX`], addresses at most
     /// [`PARTICIPANT_ADDRESS_BYTES_MAX`] bytes, no id all zeros.
+    /// `epoch u64, file u64, count u32, reserved u32`, then `count` extents of `offset u64,
+    /// length u32, crc32c u32`: 1 to [`WRITE_EXTENTS_MAX`] extents, none empty, none past
+    /// `u64::MAX`.
+    pub(crate) fn write_extents(&mut self) -> Result<Request, FrameError> {
+        let epoch = EpochId(self.u64("epoch")?);
+        let file = FileId(self.u64("file")?);
+        let count = self.u32_then_reserved("extent count")? as usize;
+        let kind = self.kind;
+        let bad = |field, value| FrameError::BadValue { kind, field, value };
+        if count == 0 || count > WRITE_EXTENTS_MAX {
+            return Err(bad("extent count", count as u64));
+        }
+        if count * WRITE_EXTENT_BYTES > self.bytes.len() {
+            return Err(FrameError::Truncated {
+                kind,
+                field: "extents",
+                needed: count * WRITE_EXTENT_BYTES,
+                available: self.bytes.len(),
+            });
+        }
+        let mut extents = Vec::with_capacity(count);
+        for _ in 0..count {
+            let offset = self.u64("extent offset")?;
+            let length = self.u32("extent length")?;
+            let crc32c = self.u32("extent crc32c")?;
+            if length == 0 {
+                return Err(bad("extent length", 0));
+            }
+            if offset.checked_add(length as u64).is_none() {
+                return Err(bad("extent offset", offset));
+            }
+            extents.push(WriteExtent { offset, length, crc32c });
+        }
+        Ok(Request::WriteExtents { epoch, file, extents })
+    }
     pub(crate) fn participants(&mut self) -> Result<Vec<Participant>, FrameError> {
         let count = self.count(SERVER_ID_BYTES + 2, "participant count")?;
         if count > COMMIT_PARTICIPANTS_MAX {
@@ -745,6 +809,7 @@ impl Request {
             Request::Hello { .. } => Kind::Hello,
             Request::OpenFile { .. } => Kind::OpenFile,
             Request::Write { .. } => Kind::Write,
+            Request::WriteExtents { .. } => Kind::WriteExtents,
             Request::Read { .. } => Kind::Read,
             Request::Commit { .. } => Kind::Commit,
             Request::ListEpochs { .. } => Kind::ListEpochs,
@@ -781,6 +846,17 @@ impl Request {
             Request::Write { epoch, file, offset, payload_crc32c } => {
                 // The u32 after the checksum is reserved (0).
                 e.u64(epoch.0).u64(file.0).u64(*offset).u32(*payload_crc32c).u32(0);
+            }
+            Request::WriteExtents { epoch, file, extents } => {
+                assert!(
+                    !extents.is_empty() && extents.len() <= WRITE_EXTENTS_MAX,
+                    "a WriteExtents carries 1 to {WRITE_EXTENTS_MAX} extents"
+                );
+                // The u32 after the count is reserved (0).
+                e.u64(epoch.0).u64(file.0).u32(extents.len() as u32).u32(0);
+                for extent in extents {
+                    e.u64(extent.offset).u32(extent.length).u32(extent.crc32c);
+                }
             }
             Request::Read { epoch, file, offset, length } => {
                 e.u64(epoch.0).u64(file.0).u64(*offset).u32(*length);
@@ -848,6 +924,7 @@ impl Request {
                 offset: d.u64("offset")?,
                 payload_crc32c: d.u32_then_reserved("payload_crc32c")?,
             },
+            Kind::WriteExtents => d.write_extents()?,
             Kind::Read => Request::Read {
                 epoch: EpochId(d.u64("epoch")?),
                 file: FileId(d.u64("file")?),
@@ -1344,6 +1421,20 @@ mod tests {
             (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(e, f, o, c)| {
                 Request::Write { epoch: EpochId(e), file: FileId(f), offset: o, payload_crc32c: c }
             }),
+            (
+                any::<u64>(),
+                any::<u64>(),
+                proptest::collection::vec(
+                    (0..u64::MAX / 2, 1..u32::MAX, any::<u32>())
+                        .prop_map(|(o, l, c)| { WriteExtent { offset: o, length: l, crc32c: c } }),
+                    1..40
+                )
+            )
+                .prop_map(|(e, f, x)| Request::WriteExtents {
+                    epoch: EpochId(e),
+                    file: FileId(f),
+                    extents: x
+                }),
             (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(e, f, o, l)| {
                 Request::Read { epoch: EpochId(e), file: FileId(f), offset: o, length: l }
             }),
@@ -1735,6 +1826,56 @@ mod tests {
         assert!(matches!(
             Request::decode(Kind::Write, &expected[..24]),
             Err(FrameError::Truncated { .. })
+        ));
+    }
+
+    #[test]
+    fn write_extents_body_layout_is_the_documented_one() {
+        let extents = vec![
+            WriteExtent { offset: 0x10, length: 0x20, crc32c: 0x30 },
+            WriteExtent { offset: 0x40, length: 0x50, crc32c: 0x60 },
+        ];
+        let write = Request::WriteExtents { epoch: EpochId(7), file: FileId(9), extents };
+        let mut expected = Vec::new();
+        expected.extend_from_slice(&7u64.to_le_bytes());
+        expected.extend_from_slice(&9u64.to_le_bytes());
+        expected.extend_from_slice(&2u32.to_le_bytes());
+        expected.extend_from_slice(&[0; 4]);
+        for (offset, length, crc) in [(0x10u64, 0x20u32, 0x30u32), (0x40, 0x50, 0x60)] {
+            expected.extend_from_slice(&offset.to_le_bytes());
+            expected.extend_from_slice(&length.to_le_bytes());
+            expected.extend_from_slice(&crc.to_le_bytes());
+        }
+        assert_eq!(write.encode_body(), expected);
+        assert_eq!(Request::decode(Kind::WriteExtents, &expected).unwrap(), write);
+        let decode_with = |at: usize, bytes: &[u8]| {
+            let mut body = expected.clone();
+            body[at..at + bytes.len()].copy_from_slice(bytes);
+            Request::decode(Kind::WriteExtents, &body)
+        };
+        assert!(matches!(
+            decode_with(20, &[1]),
+            Err(FrameError::BadValue { field: "reserved", value: 1, .. })
+        ));
+        assert!(matches!(
+            decode_with(16, &0u32.to_le_bytes()),
+            Err(FrameError::BadValue { field: "extent count", value: 0, .. })
+        ));
+        assert!(matches!(
+            decode_with(16, &3u32.to_le_bytes()),
+            Err(FrameError::Truncated { field: "extents", .. })
+        ));
+        assert!(matches!(
+            decode_with(16, &(WRITE_EXTENTS_MAX as u32 + 1).to_le_bytes()),
+            Err(FrameError::BadValue { field: "extent count", .. })
+        ));
+        assert!(matches!(
+            decode_with(24 + 8, &0u32.to_le_bytes()),
+            Err(FrameError::BadValue { field: "extent length", value: 0, .. })
+        ));
+        assert!(matches!(
+            decode_with(24, &(u64::MAX - 4).to_le_bytes()),
+            Err(FrameError::BadValue { field: "extent offset", .. })
         ));
     }
 

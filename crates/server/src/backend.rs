@@ -95,18 +95,19 @@ pub trait Backend: Send + Sync + 'static {
     /// The largest payload of one store record: [`Backend::write`] takes one CRC per piece of
     /// this size.
     fn record_payload_bytes(&self) -> usize;
-    /// Reserves store memory for a write of `length` bytes, if it can without waiting and the
-    /// write would be admitted now. `None`: the caller buffers the payload and calls
-    /// [`Backend::write`], which waits for space and reports errors.
+    /// Reserves store memory for a write of the extents `(offset, length)` of one file, in
+    /// order (the pending write's buffers hold them one after the other, each extent split
+    /// into record-sized pieces), if it can without waiting and the write would be admitted
+    /// now. `None`: the caller buffers the payload and calls [`Backend::write`] per extent,
+    /// which waits for space and reports errors.
     fn reserve_write(
         &self,
         stream: StreamKey,
         epoch: EpochId,
         file: FileId,
-        offset: u64,
-        length: usize,
+        extents: &[(u64, usize)],
     ) -> Option<Box<dyn PendingWrite>> {
-        let _ = (stream, epoch, file, offset, length);
+        let _ = (stream, epoch, file, extents);
         None
     }
     /// Fills `out` from `offset`; holes read as zeros. Returns the CRC32C of `out`, taken as

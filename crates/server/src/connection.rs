@@ -36,8 +36,8 @@ use spillway_proto::frame::{self, ReceiveError};
 use spillway_proto::message::ServerStatus;
 use spillway_proto::{
     AuthMethod, Connection, DrainInfo, Durability, ErrorCode, Extent, FileInfo, FrameError, Header,
-    Identity, Participant, Request, Response, Transport, BODY_BYTES_MAX, CHALLENGE_BYTES,
-    PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+    Identity, Participant, Request, Response, Transport, WriteExtent, BODY_BYTES_MAX,
+    CHALLENGE_BYTES, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
 use spillway_sys::munge::{MungeContext, MungeError};
 use spillway_types::{EpochId, FileId};
@@ -872,8 +872,8 @@ fn decode_request(
     Ok(Some(request))
 }
 
-/// Receives a write's payload into store memory or a pooled buffer and checks it against the
-/// client's checksum; a mismatch is answered here and nothing of the write is kept.
+/// Receives a write's payload into store memory or a pooled buffer and checks each extent
+/// against the client's checksum; a mismatch is answered here and nothing of the write is kept.
 fn receive_payload(
     shared: &Shared,
     reader: &mut BufReader<FrameReader<'_>>,
@@ -882,21 +882,76 @@ fn receive_payload(
     connection: &Peer<'_>,
     sender: &std::sync::mpsc::SyncSender<Job>,
 ) -> Result<Received, String> {
-    let Request::Write { epoch, file, offset, payload_crc32c } = *request else {
-        return Ok(Received::Nothing);
+    let single;
+    let (epoch, file, extents): (EpochId, FileId, &[WriteExtent]) = match request {
+        Request::Write { epoch, file, offset, payload_crc32c } => {
+            single = [WriteExtent {
+                offset: *offset,
+                length: header.payload_bytes,
+                crc32c: *payload_crc32c,
+            }];
+            (*epoch, *file, &single)
+        }
+        Request::WriteExtents { epoch, file, extents } => (*epoch, *file, extents),
+        _ => return Ok(Received::Nothing),
     };
     let peer = connection.name;
     let length = header.payload_bytes as usize;
+    let extents_bytes: u64 = extents.iter().map(|e| e.length as u64).sum();
+    if extents_bytes != length as u64 {
+        let problem = format!(
+            "WriteExtents to epoch {epoch} file {file}: its {} extents add up to {extents_bytes} \
+             bytes but the payload has {length}; nothing was written",
+            extents.len()
+        );
+        return answer_refused(reader, header, sender, peer, ErrorCode::BadFrame, problem);
+    }
+    let (payload, pieces, received) =
+        read_write_payload(shared, reader, connection, epoch, file, extents, length);
+    if let Err(error) = received {
+        // Dropping the payload abandons a placed write: nothing of it is stored.
+        tracing::warn!(%peer, request_id = header.request_id, problem = %error, "write payload cut short");
+        return Err(format!("write payload cut short: {error}"));
+    }
+    if let Some((extent, arrived_crc)) = first_corrupt_extent(extents, &pieces) {
+        // Dropping the payload abandons a placed write (its slot was never published) and
+        // returns a buffered one's budget: nothing of the write is admitted.
+        drop(payload);
+        let problem = format!(
+            "write to epoch {epoch} file {file} at offset {} ({} bytes): payload CRC32C \
+             {arrived_crc:#010x} differs from the client's {:#010x}; nothing was written",
+            extent.offset, extent.length, extent.crc32c
+        );
+        tracing::warn!(%peer, request_id = header.request_id, %problem, "write payload corrupt in flight");
+        return queue_error(sender, header, ErrorCode::ChecksumMismatch, problem);
+    }
+    Ok(Received::Payload(payload))
+}
+
+/// Reads a write's `length`-byte payload into store memory (one reservation for all its
+/// extents) or, without room there, a pooled buffer; with the CRC32C and length of each
+/// record-sized piece (none spanning two extents), and whether the payload arrived whole.
+fn read_write_payload(
+    shared: &Shared,
+    reader: &mut BufReader<FrameReader<'_>>,
+    connection: &Peer<'_>,
+    epoch: EpochId,
+    file: FileId,
+    extents: &[WriteExtent],
+    length: usize,
+) -> (Payload, Vec<(u32, usize)>, Result<(), ReceiveError>) {
     let stream = stream_of(shared, connection.identity, epoch);
     // The uid's share first (it may wait for the uid's earlier writes), then store or budget.
     let user_reservation = connection.user_budget.map(|budget| budget.reserve(length as u64));
     let placed = if length > 0 {
-        shared.backend.reserve_write(stream, epoch, file, offset, length)
+        let targets: Vec<(u64, usize)> =
+            extents.iter().map(|e| (e.offset, e.length as usize)).collect();
+        shared.backend.reserve_write(stream, epoch, file, &targets)
     } else {
         None
     };
     // Each piece's CRC is taken right after the piece arrives, while it is still in cache: the
-    // one pass over the payload that checks the client's checksum and gives the store its
+    // one pass over the payload that checks the client's checksums and gives the store its
     // record checksums.
     let mut pieces: Vec<(u32, usize)> = Vec::new();
     let (payload, received) = match placed {
@@ -917,39 +972,77 @@ fn receive_payload(
             let received = frame::read_payload(reader, &mut buffer);
             if received.is_ok() {
                 let piece_bytes = shared.backend.record_payload_bytes().max(1);
-                pieces = buffer.chunks(piece_bytes).map(|p| (crc32c::crc32c(p), p.len())).collect();
+                let mut at = 0;
+                for extent in extents {
+                    let bytes = &buffer[at..at + extent.length as usize];
+                    pieces.extend(bytes.chunks(piece_bytes).map(|p| (crc32c::crc32c(p), p.len())));
+                    at += bytes.len();
+                }
             }
             let crcs = pieces.iter().map(|&(crc, _)| crc).collect();
             (Payload::Buffered(buffer, reservation, user_reservation, crcs), received)
         }
     };
     reader.get_mut().end_payload();
-    if let Err(error) = received {
-        // Dropping the payload abandons a placed write: nothing of it is stored.
-        tracing::warn!(%peer, request_id = header.request_id, problem = %error, "write payload cut short");
-        return Err(format!("write payload cut short: {error}"));
-    }
-    let arrived_crc = combined_crc(&pieces);
-    if arrived_crc != payload_crc32c {
-        // Dropping the payload abandons a placed write (its slot was never published) and
-        // returns a buffered one's budget: nothing of the write is admitted.
-        drop(payload);
-        let problem = format!(
-            "write to epoch {epoch} file {file} at offset {offset} ({length} bytes): payload \
-             CRC32C {arrived_crc:#010x} differs from the client's {payload_crc32c:#010x}; \
-             nothing was written"
-        );
-        tracing::warn!(%peer, request_id = header.request_id, %problem, "write payload corrupt in flight");
-        let reply = Job::Reply {
-            request_id: header.request_id,
-            response: error_reply(ErrorCode::ChecksumMismatch, problem),
-        };
-        if sender.send(reply).is_err() {
-            return Err("executor stopped".into());
+    (payload, pieces, received)
+}
+
+/// The first extent whose pieces (consecutive, none spanning two extents) do not add up to the
+/// client's CRC32C, with the CRC that arrived.
+fn first_corrupt_extent<'e>(
+    extents: &'e [WriteExtent],
+    pieces: &[(u32, usize)],
+) -> Option<(&'e WriteExtent, u32)> {
+    let mut rest = pieces;
+    for extent in extents {
+        let mut covered = 0;
+        let count = rest
+            .iter()
+            .take_while(|&&(_, bytes)| {
+                let take = covered < extent.length as usize;
+                covered += bytes;
+                take
+            })
+            .count();
+        let (own, after) = rest.split_at(count);
+        debug_assert_eq!(own.iter().map(|&(_, b)| b).sum::<usize>(), extent.length as usize);
+        let arrived = combined_crc(own);
+        if arrived != extent.crc32c {
+            return Some((extent, arrived));
         }
-        return Ok(Received::Answered);
+        rest = after;
     }
-    Ok(Received::Payload(payload))
+    None
+}
+
+/// Skips a refused write's payload and queues the error reply (the connection stays).
+fn answer_refused(
+    reader: &mut BufReader<FrameReader<'_>>,
+    header: &Header,
+    sender: &std::sync::mpsc::SyncSender<Job>,
+    peer: &str,
+    code: ErrorCode,
+    problem: String,
+) -> Result<Received, String> {
+    tracing::warn!(%peer, request_id = header.request_id, %problem, "write refused on receipt");
+    if discard(reader, header.payload_bytes as u64).is_err() {
+        return Err("connection broken while skipping a refused write's payload".into());
+    }
+    queue_error(sender, header, code, problem)
+}
+
+/// Queues the error reply of a write refused on receipt.
+fn queue_error(
+    sender: &std::sync::mpsc::SyncSender<Job>,
+    header: &Header,
+    code: ErrorCode,
+    problem: String,
+) -> Result<Received, String> {
+    let reply = Job::Reply { request_id: header.request_id, response: error_reply(code, problem) };
+    if sender.send(reply).is_err() {
+        return Err("executor stopped".into());
+    }
+    Ok(Received::Answered)
 }
 
 fn discard(reader: &mut impl Read, mut bytes: u64) -> io::Result<()> {
@@ -1075,6 +1168,15 @@ enum WriteData<'a> {
     Bytes(&'a [u8], &'a [u32]),
 }
 
+impl WriteData<'_> {
+    fn len(&self) -> usize {
+        match self {
+            WriteData::Placed(pending, _) => pending.payload_bytes(),
+            WriteData::Bytes(bytes, _) => bytes.len(),
+        }
+    }
+}
+
 fn handle(
     shared: &Shared,
     identity: &Requester,
@@ -1082,10 +1184,7 @@ fn handle(
     data: WriteData<'_>,
     wait: Duration,
 ) -> Reply {
-    let write_bytes = match &data {
-        WriteData::Placed(pending, _) => pending.payload_bytes() as u64,
-        WriteData::Bytes(bytes, _) => bytes.len() as u64,
-    };
+    let write_bytes = data.len() as u64;
     let counted = crate::activity::Counted::of(&request, write_bytes);
     match run(shared, identity, request, data, wait) {
         Ok(reply) => {
@@ -1112,8 +1211,12 @@ fn run(
             unreachable!("the reader answers handshake frames after the handshake itself")
         }
         Request::OpenFile { epoch, name, create } => open_file(shared, peer, epoch, &name, create),
-        Request::Write { epoch, file, offset, .. } => {
-            write(shared, peer, epoch, file, offset, data, wait)
+        Request::Write { epoch, file, offset, payload_crc32c } => {
+            let extent = WriteExtent { offset, length: data.len() as u32, crc32c: payload_crc32c };
+            write(shared, peer, epoch, file, &[extent], data, wait)
+        }
+        Request::WriteExtents { epoch, file, extents } => {
+            write(shared, peer, epoch, file, &extents, data, wait)
         }
         Request::Read { epoch, file, offset, length } => {
             read(shared, peer, epoch, file, offset, length)
@@ -1269,7 +1372,7 @@ fn write(
     peer: &Requester,
     epoch: EpochId,
     file: FileId,
-    offset: u64,
+    extents: &[WriteExtent],
     data: WriteData<'_>,
     wait: Duration,
 ) -> Result<Reply, BackendError> {
@@ -1282,14 +1385,25 @@ fn write(
             length
         }
         WriteData::Bytes(data, crcs) => {
-            offset.checked_add(data.len() as u64).ok_or_else(|| {
-                BackendError::new(
-                    ErrorCode::InvalidArgument,
-                    format!("write at offset {offset} of {} bytes overflows", data.len()),
-                )
-            })?;
-            let target = WriteTarget { epoch, file, offset };
-            write_with_backpressure(shared, peer.identity, target, data, crcs, wait)?;
+            // Extent by extent: a store still full after the wait fails the frame part way,
+            // leaving the extents before written (the client reports the whole frame failed).
+            let piece_bytes = shared.backend.record_payload_bytes().max(1);
+            let (mut at, mut crc_at) = (0, 0);
+            for extent in extents {
+                let offset = extent.offset;
+                let bytes = &data[at..at + extent.length as usize];
+                offset.checked_add(bytes.len() as u64).ok_or_else(|| {
+                    BackendError::new(
+                        ErrorCode::InvalidArgument,
+                        format!("write at offset {offset} of {} bytes overflows", bytes.len()),
+                    )
+                })?;
+                let piece_crcs = &crcs[crc_at..crc_at + bytes.len().div_ceil(piece_bytes)];
+                let target = WriteTarget { epoch, file, offset };
+                write_with_backpressure(shared, peer.identity, target, bytes, piece_crcs, wait)?;
+                at += bytes.len();
+                crc_at += piece_crcs.len();
+            }
             data.len()
         }
     };

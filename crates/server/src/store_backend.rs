@@ -266,13 +266,12 @@ impl Backend for StoreBackend {
         stream: StreamKey,
         epoch: EpochId,
         file: FileId,
-        offset: u64,
-        length: usize,
+        extents: &[(u64, usize)],
     ) -> Option<Box<dyn PendingWrite>> {
         if !self.store.has_file(epoch, file) {
             return None;
         }
-        let slot = self.store.try_reserve_write(stream, epoch, file, offset, length).ok()??;
+        let slot = self.store.try_reserve_extents(stream, epoch, file, extents).ok()??;
         Some(Box::new(slot))
     }
 

@@ -12,7 +12,8 @@ use std::time::Duration;
 use spillway_client::{Client, ClientOptions, Placement};
 use spillway_proto::frame::{self, Kind};
 use spillway_proto::{
-    Durability, Endpoint, EpochGrant, EpochState, ErrorCode, Request, Response, PROTOCOL_VERSION,
+    Durability, Endpoint, EpochGrant, EpochState, ErrorCode, Request, Response, WriteExtent,
+    PROTOCOL_VERSION,
 };
 use spillway_server::{Backend, Fairness, Server, ServerOptions, ShutdownHandle, StoreBackend};
 use spillway_types::{EpochId, StreamKey};
@@ -775,6 +776,107 @@ fn a_payload_that_differs_from_its_checksum_is_refused_whole_in_the_store_slot()
         other => panic!("read of a damaged record: {other:?}"),
     }
     assert_eq!(ErrorCode::ChecksumMismatch.errno(), libc::EIO);
+}
+
+fn extents_of(pieces: &[(u64, Vec<u8>)]) -> Vec<WriteExtent> {
+    pieces
+        .iter()
+        .map(|(offset, data)| WriteExtent {
+            offset: *offset,
+            length: data.len() as u32,
+            crc32c: crc32c::crc32c(data),
+        })
+        .collect()
+}
+
+fn read_raw(
+    stream: &mut TcpStream,
+    id: u64,
+    file: spillway_types::FileId,
+    offset: u64,
+    length: u32,
+) -> Vec<u8> {
+    send(stream, id, &Request::Read { epoch: EpochId(1), file, offset, length }, &[]);
+    match receive(stream) {
+        (got, Response::ReadData { .. }, payload) if got == id => payload,
+        other => panic!("read at {offset}: {other:?}"),
+    }
+}
+
+/// `WriteExtents` against `running`: the extents land where they say (a 100 KiB one spanning
+/// two 64 KiB records between 4 KiB ones, the last overlapping nothing), a frame with one
+/// corrupt extent or with lengths that do not add up to its payload is refused whole, and the
+/// connection stays usable.
+fn write_extents_land_or_are_refused_whole(running: &Running) {
+    let mut raw = tcp(running);
+    hello(&mut raw);
+    let file = open_file(&mut raw, 2, EpochId(1), "strided");
+    let pieces =
+        [(0u64, pattern(1, 4096)), (65_536, pattern(2, 100 << 10)), (8192, pattern(3, 4096))];
+    let payload: Vec<u8> = pieces.iter().flat_map(|(_, d)| d.clone()).collect();
+    let request = Request::WriteExtents { epoch: EpochId(1), file, extents: extents_of(&pieces) };
+    send(&mut raw, 3, &request, &payload);
+    assert!(
+        matches!(receive(&mut raw), (3, Response::Written { bytes }, _) if bytes as usize == payload.len())
+    );
+    let later = [(1u64 << 20, pattern(4, 4096)), (2 << 20, pattern(5, 4096))];
+    let later_payload: Vec<u8> = later.iter().flat_map(|(_, d)| d.clone()).collect();
+    let mut corrupt = extents_of(&later);
+    corrupt[1].crc32c ^= 1;
+    send(
+        &mut raw,
+        4,
+        &Request::WriteExtents { epoch: EpochId(1), file, extents: corrupt },
+        &later_payload,
+    );
+    expect_checksum_mismatch(&mut raw, 4, 2 << 20);
+    let mut short = extents_of(&later);
+    short[0].length -= 1;
+    send(
+        &mut raw,
+        5,
+        &Request::WriteExtents { epoch: EpochId(1), file, extents: short },
+        &later_payload,
+    );
+    match receive(&mut raw) {
+        (5, Response::Error { code: ErrorCode::BadFrame, message }, _) => {
+            assert!(message.contains("add up to 8191 bytes but the payload has 8192"), "{message}")
+        }
+        other => panic!("extents that do not add up: {other:?}"),
+    }
+    let back = read_raw(&mut raw, 6, file, 0, 65_536 + (100 << 10));
+    assert!(back[..4096] == pieces[0].1[..], "first extent");
+    assert!(back[4096..8192].iter().all(|&b| b == 0), "the hole between the extents");
+    assert!(back[8192..12_288] == pieces[2].1[..], "third extent");
+    assert!(back[12_288..65_536].iter().all(|&b| b == 0), "the hole before the second");
+    assert!(back[65_536..] == pieces[1].1[..], "second extent");
+    for (id, (offset, _)) in (7..).zip(&later) {
+        let back = read_raw(&mut raw, id, file, *offset, 4096);
+        assert!(back.iter().all(|&b| b == 0), "a refused frame wrote at {offset}");
+    }
+}
+
+#[test]
+fn write_extents_land_or_are_refused_whole_in_store_slots_and_pooled_buffers() {
+    let knobs = spillway_config::StoreKnobs {
+        dram_bytes_max: 64 << 20,
+        dram_prefault: false,
+        ssd_bytes_max: 1 << 30,
+        record_payload_bytes_max: 64 << 10,
+        ..spillway_config::StoreKnobs::default()
+    };
+    let storage = spillway_store::SimStorage::new();
+    let store =
+        spillway_store::Store::open_with(&knobs, storage as Arc<dyn spillway_store::Storage>)
+            .unwrap();
+    let backend = Arc::new(StoreBackend::new(store));
+    let running = start_with(options(), backend.clone(), &["127.0.0.1:0".parse().unwrap()]);
+    write_extents_land_or_are_refused_whole(&running);
+    assert_eq!(backend.store().stats().write_through_records, 0, "the slots were not used");
+    backend.store().check_invariants();
+    // The model backend never offers a slot: every extent is written from a pooled buffer,
+    // and the model checks it gets the CRC of each of its 64 KiB pieces.
+    write_extents_land_or_are_refused_whole(&start(Arc::new(ModelBackend::new(1 << 30))));
 }
 
 #[test]

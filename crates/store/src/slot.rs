@@ -28,10 +28,10 @@ pub struct WriteSlot {
     stream: StreamKey,
     epoch: EpochId,
     file: FileId,
-    offset: u64,
-    /// One ring record per piece of at most `record_payload_bytes_max`, in offset order:
-    /// (position, payload bytes).
-    records: Vec<(u64, usize)>,
+    /// One ring record per piece of at most `record_payload_bytes_max`, in the order the
+    /// caller fills and publishes them (offset order within each extent):
+    /// (position, payload bytes, file offset).
+    records: Vec<(u64, usize, u64)>,
     published: bool,
 }
 
@@ -48,13 +48,34 @@ impl Store {
         offset: u64,
         length: usize,
     ) -> Result<Option<WriteSlot>, WriteError> {
-        check_write_target(&self.inner.knobs, stream, epoch, file, offset, length)?;
+        self.try_reserve_extents(stream, epoch, file, &[(offset, length)])
+    }
+
+    /// As [`Store::try_reserve_write`] for several extents `(offset, length)` of one file,
+    /// filled in the order given and published together (a later extent overwrites an earlier
+    /// one it overlaps): one reservation and one publication under the store's lock for a
+    /// client's gathered strided writes.
+    pub fn try_reserve_extents(
+        &self,
+        stream: StreamKey,
+        epoch: EpochId,
+        file: FileId,
+        extents: &[(u64, usize)],
+    ) -> Result<Option<WriteSlot>, WriteError> {
         let inner = &self.inner;
         let piece_max = inner.knobs.record_payload_bytes_max as usize;
-        let pieces: Vec<usize> = (0..length.div_ceil(piece_max))
-            .map(|i| piece_max.min(length - i * piece_max))
-            .collect();
-        let needed: u64 = pieces.iter().map(|&p| record_bytes(p as u64)).sum();
+        // (payload bytes, file offset) of each record, in order.
+        let mut pieces: Vec<(usize, u64)> = Vec::with_capacity(extents.len());
+        for &(offset, length) in extents {
+            check_write_target(&inner.knobs, stream, epoch, file, offset, length)?;
+            pieces.extend(
+                (0..length.div_ceil(piece_max)).map(|i| {
+                    (piece_max.min(length - i * piece_max), offset + (i * piece_max) as u64)
+                }),
+            );
+        }
+        let length: usize = pieces.iter().map(|&(payload, _)| payload).sum();
+        let needed: u64 = pieces.iter().map(|&(payload, _)| record_bytes(payload as u64)).sum();
         let mut state = inner.state.lock();
         // No slot above the high watermark: there the caller's `write` goes straight to SSD.
         if state.ring.used() + needed > inner.high_watermark_bytes(&state) {
@@ -66,24 +87,27 @@ impl Store {
             stream,
             epoch,
             file,
-            offset,
             records: Vec::with_capacity(pieces.len()),
             published: false,
         };
-        for &piece in &pieces {
-            let bytes = record_bytes(piece as u64);
+        for &(payload, offset) in &pieces {
+            let bytes = record_bytes(payload as u64);
             match reserve_dram_record(&mut state, bytes, stream, epoch, DramStatus::Reserved) {
-                Some(position) => slot.records.push((position, piece)),
+                Some(position) => slot.records.push((position, payload, offset)),
                 None => {
                     // The ring's free space is split by its wrap point. Return what was
                     // admitted but not placed; dropping the slot abandons the rest.
                     let unplaced = &pieces[slot.records.len()..];
                     let unplaced_bytes: u64 =
-                        unplaced.iter().map(|&p| record_bytes(p as u64)).sum();
+                        unplaced.iter().map(|&(p, _)| record_bytes(p as u64)).sum();
                     state.reserved_bytes -= unplaced_bytes;
                     *state.stream_usage.get_mut(&stream).expect("admitted stream usage missing") -=
                         unplaced_bytes;
-                    unadmit_payload(&mut state, epoch, unplaced.iter().sum::<usize>() as u64);
+                    unadmit_payload(
+                        &mut state,
+                        epoch,
+                        unplaced.iter().map(|&(p, _)| p).sum::<usize>() as u64,
+                    );
                     drop(state);
                     drop(slot);
                     return Ok(None);
@@ -97,7 +121,7 @@ impl Store {
 impl WriteSlot {
     /// Payload bytes of the write.
     pub fn len(&self) -> usize {
-        self.records.iter().map(|&(_, payload)| payload).sum()
+        self.records.iter().map(|&(_, payload, _)| payload).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -112,7 +136,7 @@ impl WriteSlot {
             // published or abandoned (both take `self`): nobody else reads or writes it, and
             // the ring's tail cannot pass it. The ranges are disjoint, and `&mut self` keeps
             // them from being handed out twice at once.
-            .map(|&(position, payload)| unsafe {
+            .map(|&(position, payload, _)| unsafe {
                 self.inner.arena.slice_mut(position + HEADER_BYTES as u64, payload as u64)
             })
             .collect()
@@ -135,9 +159,7 @@ impl WriteSlot {
         if phase != EpochPhase::Open {
             return Err(WriteError::EpochNotOpen { epoch: self.epoch, phase });
         }
-        let piece_max = inner.knobs.record_payload_bytes_max;
-        for (i, &(position, payload)) in self.records.iter().enumerate() {
-            let offset = self.offset + i as u64 * piece_max;
+        for (i, &(position, payload, offset)) in self.records.iter().enumerate() {
             publish_dram_record(
                 &mut state,
                 &inner.arena,
@@ -164,7 +186,7 @@ impl Drop for WriteSlot {
             return;
         }
         let mut state = self.inner.state.lock();
-        for &(position, payload) in &self.records {
+        for &(position, payload, _) in &self.records {
             abandon_dram_record(&mut state, position, self.stream, self.epoch, payload);
         }
         advance_tail(&mut state);

@@ -68,6 +68,60 @@ fn a_published_slot_reads_back_and_survives_commit_and_crash() {
 }
 
 #[test]
+fn a_slot_of_several_extents_publishes_each_at_its_offset_in_order() {
+    let (storage, store) = open_sim();
+    // Three strided extents, one of three records (40 KiB), and a last one overlapping the first:
+    // the later extent wins where they overlap, as two writes in that order would.
+    let (first, second, third) = (
+        common::payload(3, 4 * KIB as usize),
+        common::payload(4, 40 * KIB as usize),
+        common::payload(5, KIB as usize),
+    );
+    let extents = [(0u64, first.len()), (64 * KIB, second.len()), (3 * KIB, third.len())];
+    let mut slot = store
+        .try_reserve_extents(StreamKey(1), EpochId(1), FileId(0), &extents)
+        .unwrap()
+        .expect("an empty ring has room");
+    assert_eq!(slot.len(), first.len() + second.len() + third.len());
+    assert_eq!(slot.buffers().len(), 1 + 3 + 1);
+    let payload = [first.clone(), second.clone(), third.clone()].concat();
+    fill(&mut slot, &payload);
+    publish(slot).unwrap();
+    let check = |store: &Store| {
+        let mut back = vec![0xAAu8; 104 * KIB as usize];
+        store.read(EpochId(1), FileId(0), 0, &mut back).unwrap();
+        assert_eq!(&back[..3 * KIB as usize], &first[..3 * KIB as usize]);
+        assert_eq!(&back[3 * KIB as usize..4 * KIB as usize], &third[..]);
+        assert!(back[4 * KIB as usize..64 * KIB as usize].iter().all(|&b| b == 0), "the gap");
+        assert_eq!(&back[64 * KIB as usize..], &second[..]);
+    };
+    check(&store);
+    assert_eq!(store.stat(EpochId(1), FileId(0)).unwrap().size_bytes, 104 * KIB);
+    store.commit(EpochId(1), Durability::Ssd).unwrap();
+    store.check_invariants();
+    let image = storage.crash_image(spillway_store::CrashPlan {
+        torn_write_bytes: None,
+        keep_older_unsynced: false,
+    });
+    drop(store);
+    let store = Store::open_with(&common::small_knobs(), image as Arc<dyn Storage>).unwrap();
+    check(&store);
+}
+
+#[test]
+fn a_slot_of_several_extents_is_refused_whole_when_one_is_out_of_bounds() {
+    let (_storage, store) = open_sim();
+    let extents = [(0u64, 10usize), (u64::MAX - 4, 10)];
+    assert!(matches!(
+        store.try_reserve_extents(StreamKey(1), EpochId(1), FileId(0), &extents),
+        Err(WriteError::OffsetOverflow { .. })
+    ));
+    assert_eq!(store.stats().dram_used_bytes, 0);
+    assert_eq!(store.stream_usage_bytes(StreamKey(1)), 0);
+    store.check_invariants();
+}
+
+#[test]
 fn an_abandoned_slot_writes_nothing_and_returns_its_space() {
     let (_storage, store) = open_sim();
     let free = store.free_bytes();
