@@ -722,10 +722,9 @@ fn expect_checksum_mismatch(stream: &mut TcpStream, id: u64, offset: u64) {
     }
 }
 
-#[test]
-fn a_payload_that_differs_from_its_checksum_is_refused_whole_in_the_store_slot() {
-    // Records of 64 KiB: a 512 KiB write is eight ring records whose CRCs must combine to the
-    // client's.
+/// A server on the real store (in simulated storage) whose records hold at most 64 KiB, so a
+/// write of a few hundred KiB is several ring records.
+fn start_store_with_64k_records() -> (Running, Arc<StoreBackend>) {
     let knobs = spillway_config::StoreKnobs {
         dram_bytes_max: 64 << 20,
         dram_prefault: false,
@@ -739,6 +738,14 @@ fn a_payload_that_differs_from_its_checksum_is_refused_whole_in_the_store_slot()
             .unwrap();
     let backend = Arc::new(StoreBackend::new(store));
     let running = start_with(options(), backend.clone(), &["127.0.0.1:0".parse().unwrap()]);
+    (running, backend)
+}
+
+#[test]
+fn a_payload_that_differs_from_its_checksum_is_refused_whole_in_the_store_slot() {
+    // Records of 64 KiB: a 512 KiB write is eight ring records whose CRCs must combine to the
+    // client's.
+    let (running, backend) = start_store_with_64k_records();
     let mut raw = tcp(&running);
     hello(&mut raw);
     let file = open_file(&mut raw, 2, EpochId(1), "f");
@@ -858,19 +865,7 @@ fn write_extents_land_or_are_refused_whole(running: &Running) {
 
 #[test]
 fn write_extents_land_or_are_refused_whole_in_store_slots_and_pooled_buffers() {
-    let knobs = spillway_config::StoreKnobs {
-        dram_bytes_max: 64 << 20,
-        dram_prefault: false,
-        ssd_bytes_max: 1 << 30,
-        record_payload_bytes_max: 64 << 10,
-        ..spillway_config::StoreKnobs::default()
-    };
-    let storage = spillway_store::SimStorage::new();
-    let store =
-        spillway_store::Store::open_with(&knobs, storage as Arc<dyn spillway_store::Storage>)
-            .unwrap();
-    let backend = Arc::new(StoreBackend::new(store));
-    let running = start_with(options(), backend.clone(), &["127.0.0.1:0".parse().unwrap()]);
+    let (running, backend) = start_store_with_64k_records();
     write_extents_land_or_are_refused_whole(&running);
     assert_eq!(backend.store().stats().write_through_records, 0, "the slots were not used");
     backend.store().check_invariants();

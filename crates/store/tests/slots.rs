@@ -31,6 +31,16 @@ fn publish(mut slot: spillway_store::WriteSlot) -> Result<(), WriteError> {
     slot.publish(&crcs)
 }
 
+/// The store as it opens after a power loss now (everything synced survives).
+fn crash_and_reopen(storage: &SimStorage, store: Store) -> Store {
+    let image = storage.crash_image(spillway_store::CrashPlan {
+        torn_write_bytes: None,
+        keep_older_unsynced: false,
+    });
+    drop(store);
+    Store::open_with(&common::small_knobs(), image as Arc<dyn Storage>).unwrap()
+}
+
 fn reserve(store: &Store, epoch: u64, offset: u64, length: usize) -> spillway_store::WriteSlot {
     store
         .try_reserve_write(StreamKey(1), EpochId(epoch), FileId(0), offset, length)
@@ -56,12 +66,7 @@ fn a_published_slot_reads_back_and_survives_commit_and_crash() {
     assert_eq!(store.stats().user_payload_bytes, data.len() as u64);
     store.commit(EpochId(1), Durability::Ssd).unwrap();
     store.check_invariants();
-    let image = storage.crash_image(spillway_store::CrashPlan {
-        torn_write_bytes: None,
-        keep_older_unsynced: false,
-    });
-    drop(store);
-    let store = Store::open_with(&common::small_knobs(), image as Arc<dyn Storage>).unwrap();
+    let store = crash_and_reopen(&storage, store);
     let mut back = vec![0u8; data.len()];
     store.read(EpochId(1), FileId(0), 1000, &mut back).unwrap();
     assert_eq!(back, data);
@@ -99,12 +104,7 @@ fn a_slot_of_several_extents_publishes_each_at_its_offset_in_order() {
     assert_eq!(store.stat(EpochId(1), FileId(0)).unwrap().size_bytes, 104 * KIB);
     store.commit(EpochId(1), Durability::Ssd).unwrap();
     store.check_invariants();
-    let image = storage.crash_image(spillway_store::CrashPlan {
-        torn_write_bytes: None,
-        keep_older_unsynced: false,
-    });
-    drop(store);
-    let store = Store::open_with(&common::small_knobs(), image as Arc<dyn Storage>).unwrap();
+    let store = crash_and_reopen(&storage, store);
     check(&store);
 }
 
