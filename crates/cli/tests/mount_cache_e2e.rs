@@ -289,21 +289,32 @@ fn watch_frames_round_trip_through_a_server() {
 
 #[test]
 fn a_user_without_access_to_the_namespace_cannot_watch_it() {
-    assert_eq!(
-        spillway_sys::user::euid(),
-        0,
-        "this test re-runs itself as another uid: run as root"
-    );
+    assert_root();
     let dir = tempdir();
     let server = server(dir.path());
     // Root's mount writes a file: the data epoch is root's, the namespace is not the user's.
     let a = mount(dir.path(), "a", server.endpoint(), true);
     std::fs::write(a.path().join("secret-name"), b"x").unwrap();
+    run_child_unprivileged("child_watch_refused", "SPILLWAY_CACHE_E2E_CHILD", &server, dir.path());
+}
+
+fn assert_root() {
+    assert_eq!(
+        spillway_sys::user::euid(),
+        0,
+        "this test re-runs itself as another uid: run as root"
+    );
+}
+
+/// Runs this binary's test `child` as uid [`UNPRIVILEGED`] in `dir`, with the server's endpoint
+/// in the environment variable `variable` (the child test runs only when it is set), and
+/// asserts that it ran and passed.
+fn run_child_unprivileged(child: &str, variable: &str, server: &ServerProcess, dir: &Path) {
     use std::os::unix::process::CommandExt;
     let output = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_watch_refused", "--nocapture", "--test-threads=1"])
-        .env("SPILLWAY_CACHE_E2E_CHILD", server.endpoint().to_string())
-        .current_dir(dir.path())
+        .args(["--exact", child, "--nocapture", "--test-threads=1"])
+        .env(variable, server.endpoint().to_string())
+        .current_dir(dir)
         .uid(UNPRIVILEGED)
         .gid(UNPRIVILEGED)
         .output()
@@ -313,22 +324,96 @@ fn a_user_without_access_to_the_namespace_cannot_watch_it() {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(output.status.success(), "unprivileged child failed:\n{text}");
-    assert!(text.contains("1 passed"), "the child test did not run:\n{text}");
+    assert!(output.status.success(), "unprivileged child {child} failed:\n{text}");
+    assert!(text.contains("1 passed"), "the child test {child} did not run:\n{text}");
+}
+
+/// In a child test: a connection to the server named by `variable`, as [`UNPRIVILEGED`];
+/// `None` (the child test does nothing) when not re-executed by its parent test.
+fn child_connection(variable: &str, name: &str) -> Option<ServerConnection> {
+    let endpoint: Endpoint = std::env::var(variable).ok()?.parse().unwrap();
+    assert_eq!(spillway_sys::user::uid(), UNPRIVILEGED);
+    Some(ServerConnection::connect(&endpoint, name, 1).unwrap())
 }
 
 /// The unprivileged watcher (runs only when re-executed by the test above).
 #[test]
 fn child_watch_refused() {
-    let Ok(endpoint) = std::env::var("SPILLWAY_CACHE_E2E_CHILD") else { return };
-    assert_eq!(spillway_sys::user::uid(), UNPRIVILEGED);
-    let endpoint: Endpoint = endpoint.parse().unwrap();
-    let mut connection = ServerConnection::connect(&endpoint, "prying watcher", 1).unwrap();
+    let Some(mut connection) = child_connection("SPILLWAY_CACHE_E2E_CHILD", "prying watcher")
+    else {
+        return;
+    };
     match poll(&mut connection, 7, 0) {
         NamespaceResponse::Error { errno, message } => {
             assert!(errno == libc::EACCES || errno == libc::EPERM, "{errno}: {message}")
         }
         other => panic!("a user without access subscribed: {other:?}"),
+    }
+}
+
+/// The bound on a non-root uid's watch sessions in the test below.
+const USER_WATCHERS: u64 = 4;
+
+/// A user who may use the namespace opens watch sessions in a loop and never polls them again:
+/// refused (EUSERS, naming the uid and the bound) once it holds its bound, while root's mounts
+/// keep watching and new root watchers are still admitted.
+#[test]
+fn a_user_looping_watch_sessions_is_refused_after_its_bound_while_root_mounts_still_watch() {
+    assert_root();
+    let dir = tempdir();
+    let server = ServerProcess::builder(BIN, dir.path(), "s0")
+        .dram_bytes("64M")
+        .rust_log("info")
+        .env("SPILLWAY_SERVER_NAMESPACE_WATCHERS_PER_USER_MAX", USER_WATCHERS.to_string())
+        .start();
+    // Root's mounts; no file data is written, so the namespace's data epoch holds nothing and
+    // the user may use (and watch) the namespace.
+    let a = mount(dir.path(), "a", server.endpoint(), true);
+    let b = mount(dir.path(), "b", server.endpoint(), true);
+    std::fs::create_dir(a.path().join("d")).unwrap();
+    assert!(b.path().join("d").is_dir(), "b caches d");
+    run_child_unprivileged(
+        "child_watch_sessions_looped",
+        "SPILLWAY_CACHE_E2E_LOOP",
+        &server,
+        dir.path(),
+    );
+    // Root's mounts still see each other's changes (the user's silent sessions cost one wait).
+    std::fs::set_permissions(a.path().join("d"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    assert_eq!(mode(&b.path().join("d")), Some(0o700), "b sees a's chmod");
+    std::fs::remove_dir(b.path().join("d")).unwrap();
+    assert!(!a.path().join("d").exists(), "a no longer sees what b removed");
+    // And root opens more sessions than the user's bound.
+    let mut root = ServerConnection::connect(server.endpoint(), "root watcher", 1).unwrap();
+    for session in 1..=2 * USER_WATCHERS {
+        let reply = poll(&mut root, 1_000 + session, 0);
+        assert!(matches!(reply, NamespaceResponse::Changes(_)), "root refused: {reply:?}");
+    }
+}
+
+/// The looping user (runs only when re-executed by the test above).
+#[test]
+fn child_watch_sessions_looped() {
+    let Some(mut connection) = child_connection("SPILLWAY_CACHE_E2E_LOOP", "looping watcher")
+    else {
+        return;
+    };
+    for session in 1..=USER_WATCHERS {
+        let reply = poll(&mut connection, session, 0);
+        assert!(matches!(reply, NamespaceResponse::Changes(_)), "session {session}: {reply:?}");
+    }
+    for session in USER_WATCHERS + 1..USER_WATCHERS + 100 {
+        match poll(&mut connection, session, 0) {
+            NamespaceResponse::Error { errno, message } => {
+                assert_eq!(errno, libc::EUSERS, "{message}");
+                assert!(
+                    message.contains(&format!("uid {UNPRIVILEGED}"))
+                        && message.contains(&format!("maximum of {USER_WATCHERS}")),
+                    "{message}"
+                );
+            }
+            other => panic!("session {session} beyond the bound admitted: {other:?}"),
+        }
     }
 }
 
