@@ -678,48 +678,16 @@ fn a_wiped_manager_database_does_not_take_over_the_old_clusters_server() {
 
 // ---- df on a mount ---------------------------------------------------------------------------
 
-/// A mount served by `spillway mount --background`; unmounted on drop.
-struct CliMount {
-    path: PathBuf,
-}
-
-impl CliMount {
-    fn start(servers: &[Endpoint], reservation: &Value, path: &Path) -> CliMount {
-        std::fs::create_dir_all(path).unwrap();
-        let log = path.with_extension("log");
-        let output = Command::new(BIN)
-            .arg("mount")
-            .arg("--servers")
-            .arg(spillway_harness::endpoint_list(servers))
-            .arg("--namespace-id")
-            .arg(reservation["namespace_id"].as_u64().unwrap().to_string())
-            .arg("--epoch")
-            .arg(reservation["epoch"].as_u64().unwrap().to_string())
-            .arg("--background")
-            .arg("--log")
-            .arg(&log)
-            .arg(path)
-            .output()
-            .unwrap();
-        let guard = CliMount { path: path.to_path_buf() };
-        assert!(
-            output.status.success(),
-            "spillway mount: {}; log: {}",
-            String::from_utf8_lossy(&output.stderr),
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        guard
-    }
-}
-
-impl Drop for CliMount {
-    fn drop(&mut self) {
-        let unmounted =
-            Command::new(BIN).arg("umount").arg(&self.path).status().is_ok_and(|s| s.success());
-        if !unmounted {
-            let _ = Command::new("fusermount3").arg("-u").arg("-z").arg(&self.path).status();
-        }
-    }
+/// The reservation's namespace mounted by `spillway mount --background`; unmounted on drop.
+fn mount_reservation(
+    servers: &[Endpoint],
+    reservation: &Value,
+    path: &Path,
+) -> spillway_harness::MountGuard {
+    let namespace = reservation["namespace_id"].as_u64().unwrap().to_string();
+    let epoch = reservation["epoch"].as_u64().unwrap().to_string();
+    let extra = ["--namespace-id", namespace.as_str(), "--epoch", epoch.as_str()];
+    spillway_harness::MountGuard::spillway(BIN, servers, path, &extra)
 }
 
 /// `df -B1` of `path`: (size, used, available) in bytes.
@@ -747,7 +715,7 @@ fn df_on_a_mount_shows_the_reservation_capacity_and_usage() {
     assert_eq!(reservation["capacity_bytes"], 24 * MIB);
     let (servers, _) = placement(&reservation);
     let mountpoint = dir.path().join("mnt");
-    let mount = CliMount::start(&servers, &reservation, &mountpoint);
+    let mount = mount_reservation(&servers, &reservation, &mountpoint);
     assert_eq!(df(&mountpoint), (24 * MIB, 0, 24 * MIB), "an empty reservation");
     std::fs::write(mountpoint.join("five"), pattern(41, 5 * MIB as usize)).unwrap();
     std::fs::write(mountpoint.join("one"), pattern(42, MIB as usize)).unwrap();

@@ -8,7 +8,7 @@
 //! see without them. No test sleeps or times anything.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,8 +16,8 @@ use std::time::Duration;
 use spillway_client::meta::{RemoteNamespace, RemoteOptions};
 use spillway_client::ServerConnection;
 use spillway_client::{Client, ClientOptions, Placement};
-use spillway_harness::ServerProcess;
-use spillway_mount::{Mount, MountConfig};
+use spillway_harness::{MountGuard, ServerProcess};
+use spillway_mount::MountConfig;
 use spillway_namespace::{Changes, Namespace};
 use spillway_proto::{Endpoint, NamespaceRequest, NamespaceResponse, Request, Response};
 use spillway_types::EpochId;
@@ -27,28 +27,6 @@ const NAMESPACE: u64 = 31;
 /// Long enough that nothing cached expires during a test.
 const HOUR: Duration = Duration::from_secs(3600);
 const UNPRIVILEGED: u32 = 4243;
-
-/// Unmounts when dropped, also after a failed assertion.
-struct MountGuard {
-    mount: Option<Mount>,
-    path: PathBuf,
-}
-
-impl Drop for MountGuard {
-    fn drop(&mut self) {
-        if let Some(mount) = self.mount.take() {
-            if let Err(e) = mount.unmount() {
-                eprintln!("unmount of {} failed: {e}", self.path.display());
-            }
-        }
-        let still_mounted = std::fs::read_to_string("/proc/mounts")
-            .unwrap_or_default()
-            .contains(&format!(" {} ", self.path.display()));
-        if still_mounted {
-            let _ = Command::new("fusermount3").arg("-u").arg("-z").arg(&self.path).status();
-        }
-    }
-}
 
 fn tempdir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -72,7 +50,7 @@ fn namespace(endpoint: &Endpoint) -> Arc<dyn Namespace> {
 
 /// A mount of the test namespace at `dir/name`, caching for an hour.
 fn mount(dir: &Path, name: &str, endpoint: &Endpoint, watch_changes: bool) -> MountGuard {
-    assert!(Path::new("/dev/fuse").exists(), "the mount tests need /dev/fuse and root");
+    spillway_harness::require_fuse("the mount tests");
     let path = dir.join(name);
     std::fs::create_dir_all(&path).unwrap();
     let config = MountConfig { attr_ttl: HOUR, watch_changes, ..MountConfig::default() };
@@ -84,7 +62,7 @@ fn mount(dir: &Path, name: &str, endpoint: &Endpoint, watch_changes: bool) -> Mo
         })
         .collect();
     let mount = spillway_mount::mount(namespace(endpoint), clients, &path, config).unwrap();
-    MountGuard { mount: Some(mount), path }
+    MountGuard::new(path, move || mount.unmount().map_err(|e| e.to_string()))
 }
 
 /// Collects what a mount shows that differs from what it should.
@@ -184,16 +162,16 @@ fn a_caching_mount_shows_another_mounts_changes_as_soon_as_they_return() {
     let server = server(dir.path());
     let a = mount(dir.path(), "a", server.endpoint(), true);
     let b = mount(dir.path(), "b", server.endpoint(), true);
-    let found = changes_on_a_show_on_b(&a.path, &b.path);
+    let found = changes_on_a_show_on_b(a.path(), b.path());
     assert!(found.0.is_empty(), "stale on the second mount: {:?}", found.0);
     // And the other way round.
     let found = {
         let mut found = Findings::default();
-        std::fs::set_permissions(b.path.join("d/h"), std::fs::Permissions::from_mode(0o640))
+        std::fs::set_permissions(b.path().join("d/h"), std::fs::Permissions::from_mode(0o640))
             .unwrap();
-        found.check("a sees b's chmod", mode(&a.path.join("d/h")) == Some(0o640));
-        std::fs::remove_file(b.path.join("d/h2")).unwrap();
-        found.check("a no longer sees what b unlinked", !a.path.join("d/h2").exists());
+        found.check("a sees b's chmod", mode(&a.path().join("d/h")) == Some(0o640));
+        std::fs::remove_file(b.path().join("d/h2")).unwrap();
+        found.check("a no longer sees what b unlinked", !a.path().join("d/h2").exists());
         found
     };
     assert!(found.0.is_empty(), "stale on the first mount: {:?}", found.0);
@@ -206,8 +184,8 @@ fn a_caching_mount_shows_another_mounts_changes_as_soon_as_they_return() {
     native.setattr(&root, h.ino, &set).unwrap();
     native.unlink(&root, d.ino, b"r").unwrap();
     for mount in [&a, &b] {
-        assert_eq!(mode(&mount.path.join("d/h")), Some(0o604), "{}", mount.path.display());
-        assert!(!mount.path.join("d/r").exists(), "{}", mount.path.display());
+        assert_eq!(mode(&mount.path().join("d/h")), Some(0o604), "{}", mount.path().display());
+        assert!(!mount.path().join("d/r").exists(), "{}", mount.path().display());
     }
 }
 
@@ -219,7 +197,7 @@ fn without_invalidations_a_caching_mount_shows_stale_state() {
     let server = server(dir.path());
     let a = mount(dir.path(), "a", server.endpoint(), false);
     let b = mount(dir.path(), "b", server.endpoint(), false);
-    let found = changes_on_a_show_on_b(&a.path, &b.path);
+    let found = changes_on_a_show_on_b(a.path(), b.path());
     for stale in [
         "b sees a's truncate",
         "b no longer sees what a unlinked",
@@ -245,7 +223,7 @@ fn a_watcher_that_never_acknowledges_is_waited_for_once_then_reset() {
     let dir = tempdir();
     let server = server(dir.path());
     let a = mount(dir.path(), "a", server.endpoint(), true);
-    std::fs::write(a.path.join("f"), b"x").unwrap();
+    std::fs::write(a.path().join("f"), b"x").unwrap();
     let mut silent = ServerConnection::connect(server.endpoint(), "silent watcher", 1).unwrap();
     let NamespaceResponse::Changes(Changes { version, reset: false, .. }) =
         poll(&mut silent, 99, 0)
@@ -255,7 +233,8 @@ fn a_watcher_that_never_acknowledges_is_waited_for_once_then_reset() {
     // Each change waits for the silent watcher: the first up to the bound (then it is stale),
     // the later ones not at all. All of them return.
     for mode in [0o600, 0o640, 0o644, 0o604] {
-        std::fs::set_permissions(a.path.join("f"), std::fs::Permissions::from_mode(mode)).unwrap();
+        std::fs::set_permissions(a.path().join("f"), std::fs::Permissions::from_mode(mode))
+            .unwrap();
     }
     let stale_marks = server.log_text().matches("did not acknowledge a change in time").count();
     assert_eq!(stale_marks, 1, "the silent watcher was waited for once:\n{}", server.log_text());
@@ -310,21 +289,32 @@ fn watch_frames_round_trip_through_a_server() {
 
 #[test]
 fn a_user_without_access_to_the_namespace_cannot_watch_it() {
+    assert_root();
+    let dir = tempdir();
+    let server = server(dir.path());
+    // Root's mount writes a file: the data epoch is root's, the namespace is not the user's.
+    let a = mount(dir.path(), "a", server.endpoint(), true);
+    std::fs::write(a.path().join("secret-name"), b"x").unwrap();
+    run_child_unprivileged("child_watch_refused", "SPILLWAY_CACHE_E2E_CHILD", &server, dir.path());
+}
+
+fn assert_root() {
     assert_eq!(
         spillway_sys::user::euid(),
         0,
         "this test re-runs itself as another uid: run as root"
     );
-    let dir = tempdir();
-    let server = server(dir.path());
-    // Root's mount writes a file: the data epoch is root's, the namespace is not the user's.
-    let a = mount(dir.path(), "a", server.endpoint(), true);
-    std::fs::write(a.path.join("secret-name"), b"x").unwrap();
+}
+
+/// Runs this binary's test `child` as uid [`UNPRIVILEGED`] in `dir`, with the server's endpoint
+/// in the environment variable `variable` (the child test runs only when it is set), and
+/// asserts that it ran and passed.
+fn run_child_unprivileged(child: &str, variable: &str, server: &ServerProcess, dir: &Path) {
     use std::os::unix::process::CommandExt;
     let output = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_watch_refused", "--nocapture", "--test-threads=1"])
-        .env("SPILLWAY_CACHE_E2E_CHILD", server.endpoint().to_string())
-        .current_dir(dir.path())
+        .args(["--exact", child, "--nocapture", "--test-threads=1"])
+        .env(variable, server.endpoint().to_string())
+        .current_dir(dir)
         .uid(UNPRIVILEGED)
         .gid(UNPRIVILEGED)
         .output()
@@ -334,22 +324,96 @@ fn a_user_without_access_to_the_namespace_cannot_watch_it() {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(output.status.success(), "unprivileged child failed:\n{text}");
-    assert!(text.contains("1 passed"), "the child test did not run:\n{text}");
+    assert!(output.status.success(), "unprivileged child {child} failed:\n{text}");
+    assert!(text.contains("1 passed"), "the child test {child} did not run:\n{text}");
+}
+
+/// In a child test: a connection to the server named by `variable`, as [`UNPRIVILEGED`];
+/// `None` (the child test does nothing) when not re-executed by its parent test.
+fn child_connection(variable: &str, name: &str) -> Option<ServerConnection> {
+    let endpoint: Endpoint = std::env::var(variable).ok()?.parse().unwrap();
+    assert_eq!(spillway_sys::user::uid(), UNPRIVILEGED);
+    Some(ServerConnection::connect(&endpoint, name, 1).unwrap())
 }
 
 /// The unprivileged watcher (runs only when re-executed by the test above).
 #[test]
 fn child_watch_refused() {
-    let Ok(endpoint) = std::env::var("SPILLWAY_CACHE_E2E_CHILD") else { return };
-    assert_eq!(spillway_sys::user::uid(), UNPRIVILEGED);
-    let endpoint: Endpoint = endpoint.parse().unwrap();
-    let mut connection = ServerConnection::connect(&endpoint, "prying watcher", 1).unwrap();
+    let Some(mut connection) = child_connection("SPILLWAY_CACHE_E2E_CHILD", "prying watcher")
+    else {
+        return;
+    };
     match poll(&mut connection, 7, 0) {
         NamespaceResponse::Error { errno, message } => {
             assert!(errno == libc::EACCES || errno == libc::EPERM, "{errno}: {message}")
         }
         other => panic!("a user without access subscribed: {other:?}"),
+    }
+}
+
+/// The bound on a non-root uid's watch sessions in the test below.
+const USER_WATCHERS: u64 = 4;
+
+/// A user who may use the namespace opens watch sessions in a loop and never polls them again:
+/// refused (EUSERS, naming the uid and the bound) once it holds its bound, while root's mounts
+/// keep watching and new root watchers are still admitted.
+#[test]
+fn a_user_looping_watch_sessions_is_refused_after_its_bound_while_root_mounts_still_watch() {
+    assert_root();
+    let dir = tempdir();
+    let server = ServerProcess::builder(BIN, dir.path(), "s0")
+        .dram_bytes("64M")
+        .rust_log("info")
+        .env("SPILLWAY_SERVER_NAMESPACE_WATCHERS_PER_USER_MAX", USER_WATCHERS.to_string())
+        .start();
+    // Root's mounts; no file data is written, so the namespace's data epoch holds nothing and
+    // the user may use (and watch) the namespace.
+    let a = mount(dir.path(), "a", server.endpoint(), true);
+    let b = mount(dir.path(), "b", server.endpoint(), true);
+    std::fs::create_dir(a.path().join("d")).unwrap();
+    assert!(b.path().join("d").is_dir(), "b caches d");
+    run_child_unprivileged(
+        "child_watch_sessions_looped",
+        "SPILLWAY_CACHE_E2E_LOOP",
+        &server,
+        dir.path(),
+    );
+    // Root's mounts still see each other's changes (the user's silent sessions cost one wait).
+    std::fs::set_permissions(a.path().join("d"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    assert_eq!(mode(&b.path().join("d")), Some(0o700), "b sees a's chmod");
+    std::fs::remove_dir(b.path().join("d")).unwrap();
+    assert!(!a.path().join("d").exists(), "a no longer sees what b removed");
+    // And root opens more sessions than the user's bound.
+    let mut root = ServerConnection::connect(server.endpoint(), "root watcher", 1).unwrap();
+    for session in 1..=2 * USER_WATCHERS {
+        let reply = poll(&mut root, 1_000 + session, 0);
+        assert!(matches!(reply, NamespaceResponse::Changes(_)), "root refused: {reply:?}");
+    }
+}
+
+/// The looping user (runs only when re-executed by the test above).
+#[test]
+fn child_watch_sessions_looped() {
+    let Some(mut connection) = child_connection("SPILLWAY_CACHE_E2E_LOOP", "looping watcher")
+    else {
+        return;
+    };
+    for session in 1..=USER_WATCHERS {
+        let reply = poll(&mut connection, session, 0);
+        assert!(matches!(reply, NamespaceResponse::Changes(_)), "session {session}: {reply:?}");
+    }
+    for session in USER_WATCHERS + 1..USER_WATCHERS + 100 {
+        match poll(&mut connection, session, 0) {
+            NamespaceResponse::Error { errno, message } => {
+                assert_eq!(errno, libc::EUSERS, "{message}");
+                assert!(
+                    message.contains(&format!("uid {UNPRIVILEGED}"))
+                        && message.contains(&format!("maximum of {USER_WATCHERS}")),
+                    "{message}"
+                );
+            }
+            other => panic!("session {session} beyond the bound admitted: {other:?}"),
+        }
     }
 }
 
@@ -363,34 +427,36 @@ fn two_mounts_changing_one_directory_at_once_never_stall_each_other() {
     let server = server(dir.path());
     let a = mount(dir.path(), "a", server.endpoint(), true);
     let b = mount(dir.path(), "b", server.endpoint(), true);
-    std::fs::create_dir(a.path.join("shared")).unwrap();
+    std::fs::create_dir(a.path().join("shared")).unwrap();
     for i in 0..200 {
-        std::fs::write(a.path.join(format!("shared/f{i}")), b"").unwrap();
+        std::fs::write(a.path().join(format!("shared/f{i}")), b"").unwrap();
     }
-    assert_eq!(std::fs::read_dir(b.path.join("shared")).unwrap().count(), 200);
+    assert_eq!(std::fs::read_dir(b.path().join("shared")).unwrap().count(), 200);
     std::thread::scope(|scope| {
         for (mount, parity) in [(&a, 0), (&b, 1)] {
             scope.spawn(move || {
                 for i in (parity..200).step_by(2) {
-                    let name = mount.path.join(format!("shared/f{i}"));
+                    let name = mount.path().join(format!("shared/f{i}"));
                     if i % 4 < 2 {
                         std::fs::remove_file(&name).unwrap();
                     } else {
-                        std::fs::rename(&name, mount.path.join(format!("shared/g{i}"))).unwrap();
+                        std::fs::rename(&name, mount.path().join(format!("shared/g{i}"))).unwrap();
                     }
                 }
             });
         }
     });
     for mount in [&a, &b] {
-        let mut names: Vec<String> = std::fs::read_dir(mount.path.join("shared"))
+        let mut names: Vec<String> = std::fs::read_dir(mount.path().join("shared"))
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         names.sort();
         assert_eq!(names.len(), 100, "{names:?}");
         assert!(names.iter().all(|n| n.starts_with('g')), "{names:?}");
-        assert!(!mount.path.join("shared/f0").exists() && !mount.path.join("shared/f2").exists());
+        assert!(
+            !mount.path().join("shared/f0").exists() && !mount.path().join("shared/f2").exists()
+        );
     }
     let stale = server.log_text().matches("did not acknowledge a change in time").count();
     assert_eq!(stale, 0, "watchers waited out the bound:\n{}", server.log_text());

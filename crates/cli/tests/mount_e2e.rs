@@ -8,64 +8,22 @@
 mod mount_suite;
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use spillway_client::meta::{RemoteNamespace, RemoteOptions};
 use spillway_client::{Client, ClientOptions, Placement};
-use spillway_harness::ServerProcess;
-use spillway_mount::{Mount, MountConfig};
+use spillway_harness::{MountGuard, ServerProcess};
+use spillway_mount::MountConfig;
 use spillway_namespace::Namespace;
 use spillway_proto::Endpoint;
 use spillway_types::EpochId;
 
 const BIN: &str = env!("CARGO_BIN_EXE_spillway");
 
-/// Owns a mount: unmounts it when dropped, also after a failed assertion (`fusermount3 -u -z`
-/// if the orderly unmount did not work).
-struct MountGuard {
-    mount: Option<Mount>,
-    path: PathBuf,
-}
-
-impl MountGuard {
-    fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Orderly unmount (flushes and syncs), reporting failures.
-    fn unmount(mut self) {
-        self.mount.take().unwrap().unmount().unwrap();
-    }
-}
-
-impl Drop for MountGuard {
-    fn drop(&mut self) {
-        if let Some(mount) = self.mount.take() {
-            if let Err(e) = mount.unmount() {
-                eprintln!("unmount of {} failed: {e}", self.path.display());
-            }
-        }
-        let still_mounted = std::fs::read_to_string("/proc/mounts")
-            .unwrap_or_default()
-            .contains(&format!(" {} ", self.path.display()));
-        if still_mounted {
-            let _ = std::process::Command::new("fusermount3")
-                .arg("-u")
-                .arg("-z")
-                .arg(&self.path)
-                .status();
-        }
-    }
-}
-
 /// Servers for one test, with their data directories in `dir`.
 fn servers(dir: &Path, count: usize) -> (Vec<ServerProcess>, Vec<Endpoint>) {
-    let servers: Vec<ServerProcess> = (0..count)
-        .map(|i| ServerProcess::builder(BIN, dir, &format!("s{i}")).dram_bytes("64M").start())
-        .collect();
-    let endpoints = servers.iter().map(|s| s.endpoint().clone()).collect();
-    (servers, endpoints)
+    spillway_harness::start_servers(BIN, dir, count, "64M")
 }
 
 fn clients(endpoints: &[Endpoint], count: usize) -> Vec<Client> {
@@ -91,61 +49,6 @@ fn remote_namespace(endpoints: &[Endpoint], id: u64) -> Arc<dyn Namespace> {
     Arc::new(RemoteNamespace::open(&endpoints[0], id, &options).unwrap())
 }
 
-/// A mount served by a `spillway mount --background` process; `spillway umount` (or, if that
-/// fails, `fusermount3 -u -z`) when dropped.
-struct CliMount {
-    path: PathBuf,
-}
-
-impl CliMount {
-    fn start(endpoints: &[Endpoint], path: &Path, extra: &[&str]) -> CliMount {
-        std::fs::create_dir_all(path).unwrap();
-        let log = path.with_extension("log");
-        let out = std::process::Command::new(BIN)
-            .arg("mount")
-            .arg("--servers")
-            .arg(spillway_harness::endpoint_list(endpoints))
-            .args(extra)
-            .arg("--background")
-            .arg("--log")
-            .arg(&log)
-            .arg(path)
-            .output()
-            .unwrap();
-        let guard = CliMount { path: path.to_path_buf() };
-        assert!(
-            out.status.success(),
-            "spillway mount failed: {}{}; log: {}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        assert!(
-            String::from_utf8_lossy(&out.stdout).starts_with("mounted "),
-            "{}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-        guard
-    }
-}
-
-impl Drop for CliMount {
-    fn drop(&mut self) {
-        let ok = std::process::Command::new(BIN)
-            .arg("umount")
-            .arg(&self.path)
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            let _ = std::process::Command::new("fusermount3")
-                .arg("-u")
-                .arg("-z")
-                .arg(&self.path)
-                .status();
-        }
-    }
-}
-
 fn sh(script: &str) -> String {
     let out = std::process::Command::new("sh").arg("-c").arg(script).output().unwrap();
     assert!(out.status.success(), "{script}: {}", String::from_utf8_lossy(&out.stderr));
@@ -153,20 +56,16 @@ fn sh(script: &str) -> String {
 }
 
 fn mount_at(path: &Path, namespace: Arc<dyn Namespace>, endpoints: &[Endpoint]) -> MountGuard {
-    assert!(
-        Path::new("/dev/fuse").exists(),
-        "the mount tests need /dev/fuse (the fuse kernel module) and root"
-    );
+    spillway_harness::require_fuse("the mount tests");
     std::fs::create_dir_all(path).unwrap();
     let config = MountConfig::default();
     let mount =
         spillway_mount::mount(namespace, clients(endpoints, config.threads), path, config).unwrap();
-    let guard = MountGuard { mount: Some(mount), path: path.to_path_buf() };
-    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    let guard = MountGuard::new(path, move || mount.unmount().map_err(|e| e.to_string()));
+    let kind = spillway_harness::mounted(path);
     assert!(
-        mounts.lines().any(|l| l.split(' ').nth(1) == Some(&path.display().to_string())
-            && l.split(' ').nth(2).is_some_and(|t| t.starts_with("fuse"))),
-        "{} is not a FUSE mount:\n{mounts}",
+        kind.as_deref().is_some_and(|t| t.starts_with("fuse")),
+        "{} is not a FUSE mount: {kind:?}",
         path.display()
     );
     guard
@@ -345,8 +244,8 @@ fn two_mounts_share_a_striped_namespace_and_private_ones_are_separate() {
     let (_servers, endpoints) = servers(dir.path(), 2);
     let (a, b) = (dir.path().join("a"), dir.path().join("b"));
     {
-        let _ma = CliMount::start(&endpoints, &a, &["--access", "striped"]);
-        let _mb = CliMount::start(&endpoints, &b, &["--access", "striped"]);
+        let _ma = MountGuard::spillway(BIN, &endpoints, &a, &["--access", "striped"]);
+        let _mb = MountGuard::spillway(BIN, &endpoints, &b, &["--access", "striped"]);
         // One process writes through mount a, another reads through mount b.
         sh(&format!("mkdir -p {0}/shared/dir && printf 'from a' > {0}/shared/dir/note && dd if=/dev/zero of={0}/shared/zeros bs=1M count=3 status=none", a.display()));
         assert_eq!(sh(&format!("cat {}/shared/dir/note", b.display())), "from a");
@@ -360,8 +259,10 @@ fn two_mounts_share_a_striped_namespace_and_private_ones_are_separate() {
         assert!(!a.join("shared/dir/note").exists());
     }
     {
-        let _ma = CliMount::start(&endpoints, &a, &["--access", "private", "--node", "node-a"]);
-        let _mb = CliMount::start(&endpoints, &b, &["--access", "private", "--node", "node-b"]);
+        let _ma =
+            MountGuard::spillway(BIN, &endpoints, &a, &["--access", "private", "--node", "node-a"]);
+        let _mb =
+            MountGuard::spillway(BIN, &endpoints, &b, &["--access", "private", "--node", "node-b"]);
         assert!(!a.join("shared").exists(), "a private namespace starts empty");
         sh(&format!("printf mine > {}/only-a", a.display()));
         sh(&format!("printf other > {}/only-b", b.display()));
@@ -373,7 +274,8 @@ fn two_mounts_share_a_striped_namespace_and_private_ones_are_separate() {
     }
     {
         // Remounting node-a's private namespace finds its tree again.
-        let _ma = CliMount::start(&endpoints, &a, &["--access", "private", "--node", "node-a"]);
+        let _ma =
+            MountGuard::spillway(BIN, &endpoints, &a, &["--access", "private", "--node", "node-a"]);
         assert_eq!(std::fs::read(a.join("only-a")).unwrap(), b"mine");
     }
 }
@@ -405,7 +307,7 @@ fn the_mount_is_fuse_spillway_and_device_nodes_need_allow_devices() {
     let path = dir.path().join("mnt");
     let null = libc::makedev(1, 3);
     {
-        let _mount = CliMount::start(&endpoints, &path, &[]);
+        let _mount = MountGuard::spillway(BIN, &endpoints, &path, &[]);
         let (kind, options) = mount_entry(&path);
         assert_eq!(kind, "fuse.spillway", "tools recognise the file system by its type");
         assert!(options.split(',').any(|o| o == "nodev"), "{options}");
@@ -419,7 +321,7 @@ fn the_mount_is_fuse_spillway_and_device_nodes_need_allow_devices() {
         assert_eq!(open_errno(&path.join("null")), libc::EACCES);
     }
     {
-        let _mount = CliMount::start(&endpoints, &path, &["--allow-devices"]);
+        let _mount = MountGuard::spillway(BIN, &endpoints, &path, &["--allow-devices"]);
         let (_, options) = mount_entry(&path);
         assert!(!options.split(',').any(|o| o == "nodev"), "{options}");
         assert_eq!(open_errno(&path.join("null")), 0, "an admin's --allow-devices honours it");
@@ -506,7 +408,7 @@ fn fsync_through_the_mount_survives_a_crash_of_every_server() {
         (0..3u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
     std::fs::write(dir.path().join("expected"), &expected).unwrap();
     {
-        let _mount = CliMount::start(&endpoints, &path, &["--access", "striped"]);
+        let _mount = MountGuard::spillway(BIN, &endpoints, &path, &["--access", "striped"]);
         // An unmodified program: write, fsync, and nothing else (no close before the crash
         // matters: the servers die while the file is still open in the writer's view).
         sh(&format!(
@@ -524,7 +426,7 @@ fn fsync_through_the_mount_survives_a_crash_of_every_server() {
         server.restart().unwrap();
     }
     let endpoints: Vec<Endpoint> = servers.iter().map(|s| s.endpoint().clone()).collect();
-    let _mount = CliMount::start(&endpoints, &path, &["--access", "striped"]);
+    let _mount = MountGuard::spillway(BIN, &endpoints, &path, &["--access", "striped"]);
     let got = std::fs::read(path.join("ckpt.bin")).unwrap();
     assert!(
         spillway_harness::same_bytes(&got, &expected),

@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 use spillway_client::meta::{RemoteNamespace, RemoteOptions};
 use spillway_client::{Client, ClientOptions, Placement};
-use spillway_harness::{ServerProcess, TestUser};
-use spillway_mount::{Mount, MountConfig};
+use spillway_harness::{MountGuard, ServerProcess, TestUser};
+use spillway_mount::MountConfig;
 use spillway_namespace::Namespace;
 use spillway_proto::Endpoint;
 use spillway_types::EpochId;
@@ -39,12 +39,7 @@ impl Setup {
         let dir = tempfile::tempdir().unwrap();
         // The test user of the permission case must reach the directories.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        let servers: Vec<ServerProcess> = (0..2)
-            .map(|i| {
-                ServerProcess::builder(BIN, dir.path(), &format!("s{i}")).dram_bytes("64M").start()
-            })
-            .collect();
-        let endpoints: Vec<Endpoint> = servers.iter().map(|s| s.endpoint().clone()).collect();
+        let (servers, endpoints) = spillway_harness::start_servers(BIN, dir.path(), 2, "64M");
         let setup = Setup {
             dir,
             _servers: servers,
@@ -72,10 +67,7 @@ impl Setup {
 
     /// The namespace mounted through FUSE at `path`.
     fn mount(&self, path: &Path) -> MountGuard {
-        assert!(
-            Path::new("/dev/fuse").exists(),
-            "the preload tests mount FUSE: they need /dev/fuse (the fuse kernel module) and root"
-        );
+        spillway_harness::require_fuse("the preload tests mount FUSE: they");
         std::fs::create_dir_all(path).unwrap();
         let config = MountConfig::default();
         let clients = (0..config.threads)
@@ -86,7 +78,7 @@ impl Setup {
             })
             .collect();
         let mount = spillway_mount::mount(self.namespace(), clients, path, config).unwrap();
-        MountGuard { mount: Some(mount), path: path.to_path_buf() }
+        MountGuard::new(path, move || mount.unmount().map_err(|e| e.to_string()))
     }
 
     /// `command` set up to run under the library with `mountpoint` as its mount point.
@@ -118,22 +110,6 @@ fn succeeded(output: &Output, what: &str) -> String {
         String::from_utf8_lossy(&output.stderr)
     );
     String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-/// Unmounts when dropped, also after a failed assertion.
-struct MountGuard {
-    mount: Option<Mount>,
-    path: PathBuf,
-}
-
-impl Drop for MountGuard {
-    fn drop(&mut self) {
-        if let Some(mount) = self.mount.take() {
-            if mount.unmount().is_err() {
-                let _ = Command::new("fusermount3").arg("-u").arg("-z").arg(&self.path).status();
-            }
-        }
-    }
 }
 
 /// Entries of a plain directory (the unmounted mount point): what escaped the library.
@@ -210,27 +186,30 @@ fn tools_through_the_library_without_a_mount_reach_the_burst_buffer() {
     // The burst buffer holds it all, as any mount of the namespace shows.
     let mount = setup.mount(&setup.path("mnt"));
     let want = std::fs::read(&source).unwrap();
-    assert!(std::fs::read(mount.path.join("cp.bin")).unwrap() == want, "cp.bin");
-    assert!(std::fs::read(mount.path.join("dd.bin")).unwrap() == want, "dd.bin");
-    assert_eq!(std::fs::read(mount.path.join("d/moved.txt")).unwrap(), b"hello\nWO");
-    assert!(!mount.path.join("d/gone").exists());
+    assert!(std::fs::read(mount.path().join("cp.bin")).unwrap() == want, "cp.bin");
+    assert!(std::fs::read(mount.path().join("dd.bin")).unwrap() == want, "dd.bin");
+    assert_eq!(std::fs::read(mount.path().join("d/moved.txt")).unwrap(), b"hello\nWO");
+    assert!(!mount.path().join("d/gone").exists());
 }
 
 #[test]
 fn shells_and_forks_share_offsets_through_the_mount() {
     let setup = Setup::new(12);
     let mount = setup.mount(&setup.path("mnt"));
-    let m = mount.path.display().to_string();
+    let m = mount.path().display().to_string();
     // bash's builtins write standard output with stdio (calls no preload library sees), and
     // the external echos are children: the file must hold all four lines in order.
     let out = setup.bash(
-        &mount.path,
+        mount.path(),
         &format!(
             "{{ echo first; /bin/echo a; /bin/echo b; echo last; }} > {m}/sh.txt; cat {m}/sh.txt"
         ),
     );
     assert_eq!(out, "first\na\nb\nlast\n");
-    assert_eq!(std::fs::read_to_string(mount.path.join("sh.txt")).unwrap(), "first\na\nb\nlast\n");
+    assert_eq!(
+        std::fs::read_to_string(mount.path().join("sh.txt")).unwrap(),
+        "first\na\nb\nlast\n"
+    );
     // A forked child writes through the parent's descriptor at the shared offset.
     let program = r#"
 import os, sys
@@ -243,8 +222,8 @@ print(open(sys.argv[1]).read(), end="")
 "#;
     let fork = setup
         .preloaded(
-            Command::new("python3").args(["-c", program]).arg(mount.path.join("fork.txt")),
-            &mount.path,
+            Command::new("python3").args(["-c", program]).arg(mount.path().join("fork.txt")),
+            mount.path(),
         )
         .output()
         .unwrap();
@@ -281,7 +260,7 @@ print(open(path).read(), end="")
 fn another_user_cannot_read_or_replace_a_private_file_through_the_library() {
     let setup = Setup::new(14);
     let mount = setup.mount(&setup.path("mnt"));
-    let secret = mount.path.join("secret");
+    let secret = mount.path().join("secret");
     std::fs::write(&secret, "root's data\n").unwrap();
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
     let user = TestUser::create("spwpreload").unwrap();
@@ -289,11 +268,11 @@ fn another_user_cannot_read_or_replace_a_private_file_through_the_library() {
         "cat {s}; echo rc=$?; echo stolen > {s}; echo rc=$?; rm -f {s}; echo rc=$?; \
          mv {s} {m}/mine; echo rc=$?",
         s = secret.display(),
-        m = mount.path.display()
+        m = mount.path().display()
     );
     let mut command = user.command("bash");
     command.arg("-c").arg(&attempts);
-    let output = setup.preloaded(&mut command, &mount.path).output().unwrap();
+    let output = setup.preloaded(&mut command, mount.path()).output().unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!stdout.contains("root's data"), "{stdout}");
@@ -312,7 +291,7 @@ fn run_suite_under_library(suite: &str, namespace_id: u64) {
     let mount = setup.mount(&setup.path("mnt"));
     let scratch = setup.path("scratch");
     std::fs::create_dir(&scratch).unwrap();
-    let root = mount.path.join("suite");
+    let root = mount.path().join("suite");
     std::fs::create_dir(&root).unwrap();
     std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o777)).unwrap();
     let mut command = Command::new(std::env::current_exe().unwrap());
@@ -321,7 +300,7 @@ fn run_suite_under_library(suite: &str, namespace_id: u64) {
         .env("SPILLWAY_PRELOAD_SUITE", suite)
         .env("SPILLWAY_PRELOAD_SUITE_ROOT", &root)
         .env("SPILLWAY_PRELOAD_SUITE_SCRATCH", &scratch);
-    let output = setup.preloaded(&mut command, &mount.path).output().unwrap();
+    let output = setup.preloaded(&mut command, mount.path()).output().unwrap();
     let out = succeeded(&output, suite);
     assert!(out.contains("1 passed"), "the child ran no suite: {out}");
     println!("{out}");
@@ -405,7 +384,7 @@ fn the_environment_printed_by_spillway_mount_reaches_the_namespace_it_would_moun
     assert!(entries(&unmounted).is_empty(), "{:?}", entries(&unmounted));
     let mount = setup.mount(&setup.path("mnt"));
     assert_eq!(
-        std::fs::read_to_string(mount.path.join("e.txt")).unwrap(),
+        std::fs::read_to_string(mount.path().join("e.txt")).unwrap(),
         "through the printed environment\n"
     );
 }
@@ -453,9 +432,9 @@ fn an_mpi_checkpoint_under_the_library_reaches_the_burst_buffer() {
     assert!(out.contains("checkpoint ok"), "{out}");
     assert!(entries(&unmounted).is_empty(), "escaped: {:?}", entries(&unmounted));
     let mount = setup.mount(&setup.path("mnt"));
-    let n1 = std::fs::metadata(mount.path.join("ckpt/n1.ckpt")).unwrap();
+    let n1 = std::fs::metadata(mount.path().join("ckpt/n1.ckpt")).unwrap();
     assert_eq!(n1.len(), 2 * (2 * 1024 * 1024 + 3));
-    assert_eq!(std::fs::read_dir(mount.path.join("ckpt/nn")).unwrap().count(), 2);
+    assert_eq!(std::fs::read_dir(mount.path().join("ckpt/nn")).unwrap().count(), 2);
 }
 
 #[test]
@@ -494,7 +473,7 @@ print("threads ok")
     assert_eq!(succeeded(&output, "threads").trim(), "threads ok");
     assert!(entries(&unmounted).is_empty(), "escaped: {:?}", entries(&unmounted));
     let mount = setup.mount(&setup.path("mnt"));
-    assert_eq!(std::fs::metadata(mount.path.join("shared")).unwrap().len(), 32 * 8 * 65536);
+    assert_eq!(std::fs::metadata(mount.path().join("shared")).unwrap().len(), 32 * 8 * 65536);
 }
 
 #[test]
@@ -559,14 +538,14 @@ print("listed")
     assert!(entries(&unmounted).is_empty(), "escaped: {:?}", entries(&unmounted));
     // With the mount: find and rm -r (which change directory through it) over the same tree.
     let mount = setup.mount(&setup.path("mnt"));
-    let m = mount.path.display().to_string();
+    let m = mount.path().display().to_string();
     let found = setup.bash(
-        &mount.path,
+        mount.path(),
         &format!("find {m}/d | wc -l; find {m}/d -type f -printf '%s\\n' | awk '{{s+=$1}} END {{print s}}'"),
     );
     assert_eq!(found, format!("302\n{}\n", (0..300).sum::<u64>()));
-    setup.bash(&mount.path, &format!("rm -r {m}/d"));
-    assert!(!mount.path.join("d").exists());
+    setup.bash(mount.path(), &format!("rm -r {m}/d"));
+    assert!(!mount.path().join("d").exists());
 }
 
 #[test]
@@ -591,9 +570,9 @@ open(os.path.join(root, "d", "h"), "w").write("mine")
 print(sorted(os.listdir(os.path.join(root, "d"))))
 "#;
     let output = setup
-        .preloaded(Command::new("python3").args(["-c", program]).arg(&mount.path), &mount.path)
+        .preloaded(Command::new("python3").args(["-c", program]).arg(mount.path()), mount.path())
         .output()
         .unwrap();
     assert_eq!(succeeded(&output, "replaced directory"), "new\n5\n['f', 'g', 'h']\n");
-    assert_eq!(std::fs::read_to_string(mount.path.join("d/h")).unwrap(), "mine");
+    assert_eq!(std::fs::read_to_string(mount.path().join("d/h")).unwrap(), "mine");
 }

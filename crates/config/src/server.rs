@@ -68,6 +68,8 @@ knobs! {
         in_flight_bytes_per_user_max: u64 = 128 * 1024 * 1024, unit = "bytes";
         /// How long a namespace change waits for every other mount watching the namespace to drop it from its cache before it is answered; a mount that has not acknowledged by then is marked stale (not waited for again; it drops its whole cache at its next poll).
         namespace_invalidation_wait_ms: u64 = 1_000, unit = "milliseconds";
+        /// Namespace change watchers (a caching mount's sessions) one non-root uid may hold per namespace, counting stale ones until they are forgotten (60 s without a poll); more are refused with EUSERS. Root, whose watchers are the mounts, is bounded only by the namespace's 1024 watchers: each silent watcher costs others' next change one wait of `namespace_invalidation_wait_ms`.
+        namespace_watchers_per_user_max: u32 = 16, unit = "watchers";
     }
 }
 

@@ -15,6 +15,9 @@
 //! runs commands, servers and a manager inside them ([`Host`]). [`SlurmRelease`] is the Slurm a
 //! test cluster runs (the machine's 22.05, or 24.11 in a cached Debian 13 root).
 //! [`preload_library`] builds and finds `libspillway_preload.so` for the tests that load it.
+//! [`MountGuard`] owns a test's FUSE mount (in its own process or `spillway mount
+//! --background`) and unmounts it even when the test fails; [`start_servers`] starts the
+//! servers such a test mounts.
 
 #![forbid(unsafe_code)]
 
@@ -23,6 +26,7 @@ mod child;
 mod cluster;
 mod data;
 mod manager;
+mod mount;
 mod munged;
 mod server;
 mod slurm;
@@ -33,6 +37,7 @@ pub use child::Reaped;
 pub use cluster::{Cluster, ClusterError, Host, SharedPfs};
 pub use data::{files_under, pattern, same_bytes};
 pub use manager::ManagerProcess;
+pub use mount::{mounted, require_fuse, MountGuard};
 pub use munged::{Munged, MungedError, MUNGED_KEY_BYTES, MUNGED_READY_TIMEOUT};
 pub use server::{ServerBuilder, ServerError, ServerProcess, READY_TIMEOUT_DEFAULT};
 pub use slurm::SlurmRelease;
@@ -43,4 +48,23 @@ use spillway_proto::Endpoint;
 /// `a,b,c`: the comma-separated endpoint list the CLI and the test children take.
 pub fn endpoint_list(endpoints: &[Endpoint]) -> String {
     endpoints.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(",")
+}
+
+/// `count` servers named `s0`, `s1`, … of `binary`, their data directories in `dir`, each with
+/// `dram_bytes` of DRAM (`--dram-bytes`), and their endpoints in the same order.
+pub fn start_servers(
+    binary: impl AsRef<std::path::Path>,
+    dir: &std::path::Path,
+    count: usize,
+    dram_bytes: &str,
+) -> (Vec<ServerProcess>, Vec<Endpoint>) {
+    let servers: Vec<ServerProcess> = (0..count)
+        .map(|i| {
+            ServerProcess::builder(binary.as_ref(), dir, &format!("s{i}"))
+                .dram_bytes(dram_bytes)
+                .start()
+        })
+        .collect();
+    let endpoints = servers.iter().map(|s| s.endpoint().clone()).collect();
+    (servers, endpoints)
 }

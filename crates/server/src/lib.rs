@@ -140,6 +140,9 @@ pub struct Fairness {
     /// Longest a namespace change waits for other mounts' watchers to acknowledge it (then
     /// the laggards are stale and not waited for again).
     pub namespace_invalidation_wait: Duration,
+    /// Namespace change watchers per non-root uid per namespace, stale ones counted (root
+    /// exempt: its watchers are the mounts).
+    pub namespace_watchers_per_user_max: u32,
 }
 
 impl Fairness {
@@ -155,6 +158,7 @@ impl Fairness {
             namespace_invalidation_wait: Duration::from_millis(
                 knobs.namespace_invalidation_wait_ms,
             ),
+            namespace_watchers_per_user_max: knobs.namespace_watchers_per_user_max,
         }
     }
 }
@@ -407,6 +411,8 @@ impl Server {
             },
             namespace_watch::WatchOptions {
                 ack_wait: self.shared.options.fairness.namespace_invalidation_wait,
+                watchers_per_user_max: self.shared.options.fairness.namespace_watchers_per_user_max
+                    as usize,
                 ..namespace_watch::WatchOptions::default()
             },
         );

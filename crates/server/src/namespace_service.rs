@@ -324,7 +324,7 @@ impl NamespaceService {
             let key = SessionKey { uid: identity.uid, session };
             return match self.watches.poll(namespace, key, trusted, since) {
                 Ok(changes) => Ok(NamespaceResponse::Changes(changes)),
-                Err(refused) => Err(error(libc::EBUSY, refused.to_string())),
+                Err(refused) => Err(error(refused.errno(), refused.to_string())),
             };
         }
         let namespace = ns.id();

@@ -36,6 +36,10 @@ pub struct WatchOptions {
     pub ring_max: usize,
     /// Watchers per namespace; more are refused (EBUSY).
     pub watchers_max: usize,
+    /// Watchers one non-root uid may have per namespace, stale ones counted until they are
+    /// forgotten; more are refused (EUSERS). Root (the mounts) is bounded by `watchers_max`
+    /// alone.
+    pub watchers_per_user_max: usize,
     /// A watcher that has not polled for this long is forgotten (its mount is gone).
     pub forget_after: Duration,
 }
@@ -47,6 +51,7 @@ impl Default for WatchOptions {
             poll_wait: Duration::from_secs(5),
             ring_max: 65_536,
             watchers_max: 1024,
+            watchers_per_user_max: 16,
             forget_after: Duration::from_secs(60),
         }
     }
@@ -114,6 +119,21 @@ impl NamespaceChanges {
 pub enum WatchError {
     #[error("namespace {namespace} has its maximum of {max} watchers")]
     TooManyWatchers { namespace: NamespaceId, max: usize },
+    #[error(
+        "uid {uid} has its maximum of {max} watch sessions of namespace {namespace} \
+         (server.namespace_watchers_per_user_max; a session not polled is counted until it is forgotten)"
+    )]
+    TooManyWatchersOfUser { namespace: NamespaceId, uid: u32, max: usize },
+}
+
+impl WatchError {
+    /// The errno the client gets: EBUSY when the namespace is full, EUSERS when the uid is.
+    pub fn errno(&self) -> i32 {
+        match self {
+            WatchError::TooManyWatchers { .. } => libc::EBUSY,
+            WatchError::TooManyWatchersOfUser { .. } => libc::EUSERS,
+        }
+    }
 }
 
 /// Every namespace's changes and watchers.
@@ -263,12 +283,7 @@ impl Watches {
         let entry = state.entry(namespace).or_default();
         let oldest_complete = entry.oldest_complete();
         let Some(watcher) = entry.watchers.get_mut(&key) else {
-            if entry.watchers.len() >= self.options.watchers_max {
-                return Err(WatchError::TooManyWatchers {
-                    namespace,
-                    max: self.options.watchers_max,
-                });
-            }
+            self.admit(entry, namespace, key.uid, now)?;
             // New (or forgotten, or this server restarted): it knows nothing of our versions.
             // A watcher that had some must drop its cache; a new one has none.
             let version = entry.version;
@@ -311,6 +326,31 @@ impl Watches {
             }
             self.signal.wait_until(&mut state, deadline);
         }
+    }
+}
+
+impl Watches {
+    /// Whether a new watcher of `uid` fits `entry` (after forgetting the silent ones): the
+    /// namespace's bound, and a non-root uid's own, which counts its stale watchers too (each
+    /// cost a change one wait; a uid opening sessions it never polls again would otherwise make
+    /// every change wait, and fill the namespace's places).
+    fn admit(
+        &self,
+        entry: &mut NamespaceChanges,
+        namespace: NamespaceId,
+        uid: u32,
+        now: Instant,
+    ) -> Result<(), WatchError> {
+        let forget_after = self.options.forget_after;
+        entry.watchers.retain(|_, w| now.duration_since(w.last_poll) < forget_after);
+        let max = self.options.watchers_per_user_max;
+        if uid != 0 && entry.watchers.keys().filter(|k| k.uid == uid).count() >= max {
+            return Err(WatchError::TooManyWatchersOfUser { namespace, uid, max });
+        }
+        if entry.watchers.len() >= self.options.watchers_max {
+            return Err(WatchError::TooManyWatchers { namespace, max: self.options.watchers_max });
+        }
+        Ok(())
     }
 }
 
@@ -432,6 +472,71 @@ mod tests {
         // Nobody else watches: returns at once (it would wait an hour for a watcher left behind).
         watches.publish(3, Some(key(2)), vec![Change::Inode(1)]);
         assert_eq!(watches.state.lock()[&3].version, 0, "nothing recorded for nobody");
+    }
+
+    fn user(uid: u32, session: u64) -> SessionKey {
+        SessionKey { uid, session }
+    }
+
+    #[test]
+    fn a_non_root_uid_is_refused_beyond_its_bound_and_root_and_other_uids_are_not() {
+        let watches = Watches::new(WatchOptions { watchers_per_user_max: 2, ..quick() });
+        watches.poll(6, user(1000, 1), false, 0).unwrap();
+        watches.poll(6, user(1000, 2), false, 0).unwrap();
+        let refused = watches.poll(6, user(1000, 3), false, 0).unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                WatchError::TooManyWatchersOfUser { namespace: 6, uid: 1000, max: 2 }
+            ),
+            "{refused:?}"
+        );
+        assert_eq!(refused.errno(), libc::EUSERS);
+        let said = refused.to_string();
+        assert!(said.contains("uid 1000") && said.contains("maximum of 2"), "{said}");
+        // Its own sessions keep polling; another uid and root are not held by its bound.
+        let version = watches.poll(6, user(1000, 1), false, 0).unwrap().version;
+        watches.poll(6, user(1000, 2), false, version).unwrap();
+        watches.poll(6, user(1001, 1), false, 0).unwrap();
+        for session in 1..=5 {
+            watches.poll(6, key(session), true, 0).unwrap();
+        }
+        // Another namespace has its own count.
+        watches.poll(7, user(1000, 3), false, 0).unwrap();
+        // Root is bounded by the namespace's maximum only (EBUSY).
+        let full = Watches::new(WatchOptions { watchers_max: 3, ..quick() });
+        for session in 1..=3 {
+            full.poll(8, key(session), true, 0).unwrap();
+        }
+        let refused = full.poll(8, key(4), true, 0).unwrap_err();
+        assert!(matches!(refused, WatchError::TooManyWatchers { namespace: 8, max: 3 }));
+        assert_eq!(refused.errno(), libc::EBUSY);
+    }
+
+    #[test]
+    fn a_uids_stale_watchers_count_against_its_bound_until_forgotten() {
+        // Nobody acknowledges in time (ack_wait 0): the uid's silent sessions are stale.
+        let options = WatchOptions {
+            ack_wait: Duration::ZERO,
+            watchers_per_user_max: 2,
+            forget_after: Duration::from_secs(3600),
+            ..quick()
+        };
+        let watches = Watches::new(options.clone());
+        watches.poll(9, user(1000, 1), false, 0).unwrap();
+        watches.poll(9, user(1000, 2), false, 0).unwrap();
+        watches.publish(9, None, vec![Change::Inode(1)]);
+        assert!(watches.state.lock()[&9].watchers.values().all(|w| w.stale));
+        let refused = watches.poll(9, user(1000, 3), false, 0).unwrap_err();
+        assert!(matches!(refused, WatchError::TooManyWatchersOfUser { uid: 1000, .. }));
+        // Forgotten (silent longer than `forget_after`, here at once): the places are free,
+        // also without a change recording anything.
+        let forgetful = Watches::new(WatchOptions { forget_after: Duration::ZERO, ..options });
+        forgetful.poll(9, user(1000, 1), false, 0).unwrap();
+        forgetful.poll(9, user(1000, 2), false, 0).unwrap();
+        forgetful.poll(9, user(1000, 3), false, 0).unwrap();
+        let kept: Vec<SessionKey> = forgetful.state.lock()[&9].watchers.keys().copied().collect();
+        assert_eq!(kept, vec![user(1000, 3)], "the silent ones were forgotten");
     }
 
     #[test]
