@@ -75,9 +75,25 @@ struct Watcher {
     acked: u64,
     /// Missed an acknowledgement deadline: not waited for; its next poll answers `reset`.
     stale: bool,
+    /// Reset after it went stale: not waited for until it acknowledges a version after this
+    /// one (its reset's), so a watcher that takes changes and never acknowledges them costs
+    /// others one wait, not one per change.
+    probation: Option<u64>,
     /// Root watchers (the mount) get names; others get the parent directory's inode instead.
     names: bool,
     last_poll: Instant,
+}
+
+impl Watcher {
+    /// Answers `reset` at `version`: everything up to it is out of its cache. One that went
+    /// stale stays on probation.
+    fn reset(&mut self, version: u64) {
+        if self.stale {
+            self.probation = Some(version);
+        }
+        self.stale = false;
+        self.acked = version;
+    }
 }
 
 #[derive(Default)]
@@ -105,7 +121,11 @@ impl NamespaceChanges {
     ) -> bool {
         let earlier_in_flight =
             self.in_flight.get(key).is_some_and(|versions| versions.iter().any(|&v| v < version));
-        Some(*key) != origin && !watcher.stale && watcher.acked < version && !earlier_in_flight
+        Some(*key) != origin
+            && !watcher.stale
+            && watcher.probation.is_none()
+            && watcher.acked < version
+            && !earlier_in_flight
     }
 
     /// The oldest version a watcher may have acknowledged and still get every later change.
@@ -287,21 +307,24 @@ impl Watches {
             // New (or forgotten, or this server restarted): it knows nothing of our versions.
             // A watcher that had some must drop its cache; a new one has none.
             let version = entry.version;
-            entry
-                .watchers
-                .insert(key, Watcher { acked: version, stale: false, names, last_poll: now });
+            entry.watchers.insert(
+                key,
+                Watcher { acked: version, stale: false, probation: None, names, last_poll: now },
+            );
             return Ok(Changes { version, reset: since != 0, changes: Vec::new() });
         };
         watcher.last_poll = now;
         watcher.names = names;
         let version = entry.version;
         if watcher.stale || since > version || since < oldest_complete {
-            watcher.stale = false;
-            watcher.acked = version;
+            watcher.reset(version);
             self.signal.notify_all();
             return Ok(Changes { version, reset: true, changes: Vec::new() });
         }
         watcher.acked = watcher.acked.max(since);
+        if watcher.probation.is_some_and(|reset_at| since > reset_at) {
+            watcher.probation = None;
+        }
         self.signal.notify_all();
         let deadline = now + self.options.poll_wait;
         loop {
@@ -314,8 +337,7 @@ impl Watches {
             };
             watcher.last_poll = Instant::now();
             if watcher.stale || since < oldest_complete {
-                watcher.stale = false;
-                watcher.acked = entry.version;
+                watcher.reset(entry.version);
                 return Ok(Changes { version: entry.version, reset: true, changes: Vec::new() });
             }
             if entry.version > since {
@@ -426,6 +448,33 @@ mod tests {
             got
         });
         assert_eq!(got.changes, vec![Change::Inode(9)]);
+    }
+
+    #[test]
+    fn a_watcher_that_never_acknowledges_costs_one_wait_not_one_per_change() {
+        let watches = Watches::new(quick());
+        let registered = watches.poll(6, key(1), true, 0).unwrap().version;
+        let waited_for = |watches: &Watches| {
+            let state = watches.state.lock();
+            let entry = &state[&6];
+            entry.must_wait_for(&key(1), &entry.watchers[&key(1)], Some(key(2)), entry.version + 1)
+        };
+        assert!(waited_for(&watches));
+        // The first change waits its bound for the silent watcher, which goes stale.
+        watches.publish(6, Some(key(2)), vec![Change::Inode(1)]);
+        assert!(!waited_for(&watches));
+        // It polls again (reset) and takes the next change without acknowledging it: still
+        // not waited for, however often it does that.
+        let reset = watches.poll(6, key(1), true, registered).unwrap();
+        assert!(reset.reset);
+        assert!(!waited_for(&watches), "a watcher back from stale is waited for at once");
+        watches.publish(6, Some(key(2)), vec![Change::Inode(2)]);
+        let got = watches.poll(6, key(1), true, reset.version).unwrap();
+        assert_eq!(got.changes, vec![Change::Inode(2)]);
+        assert!(!waited_for(&watches));
+        // Acknowledging a change after its reset makes it a watcher like any other again.
+        watches.poll(6, key(1), true, got.version).unwrap();
+        assert!(waited_for(&watches));
     }
 
     #[test]
