@@ -29,7 +29,10 @@
 //! again, until the next close or fsync tries again.
 //! Each slot also has a lock that the file system holds across a truncate and the zero-fill
 //! that follows it. [`DataPlane::inline`] runs the same slots without worker threads, each
-//! command in the caller's thread under the slot's lock: the preload library's data path.
+//! operation in the caller's thread under the slot's lock: the preload library's data path.
+//! There the slot's lock is the one lock (held for the [`SlotGuard`]'s life, as the worker
+//! path's file-system lock is), writes go to the client from the caller's own buffer without
+//! a copy, and reads fill the caller's buffer.
 
 use std::collections::{HashMap, HashSet};
 
@@ -112,7 +115,8 @@ pub struct DataPlane {
 }
 
 struct SlotChannel {
-    /// Held by the file system across a size check and the data operation that depends on it.
+    /// Held by the file system across a size check and the data operation that depends on it
+    /// (worker slots only: an inline slot's own lock serves, see [`SlotGuard`]).
     lock: Mutex<()>,
     runner: Option<Runner>,
     worker: Option<JoinHandle<()>>,
@@ -121,7 +125,8 @@ struct SlotChannel {
 /// Where a slot's commands run: on its worker thread (the mount: a write is answered once
 /// queued, so the next FUSE request overlaps its sending), or in the caller's thread under the
 /// slot's lock (the preload library: the caller is the application itself, and the client
-/// pipelines its sends anyway, so a thread hand-off per write would only cost).
+/// pipelines its sends anyway, so a thread hand-off per write would only cost; nor is a
+/// command built: the caller's slices go to the client as they are).
 enum Runner {
     Worker(SyncSender<Command>),
     Inline(Box<Mutex<Slot>>),
@@ -252,18 +257,20 @@ impl DataPlane {
 
     fn slot_at(&self, index: usize, ino: Option<Ino>) -> SlotGuard<'_> {
         let channel = &self.slots[index];
-        SlotGuard {
-            _lock: channel.lock.lock(),
-            runner: channel.runner.as_ref().expect("open until drop"),
-            index,
-            ino,
-        }
+        let held = match channel.runner.as_ref().expect("open until drop") {
+            Runner::Worker(sender) => Held::Worker { _lock: channel.lock.lock(), sender },
+            // The slot's own lock orders its operations as the file-system lock orders a
+            // worker's queue: one lock per operation, not two.
+            Runner::Inline(slot) => Held::Inline(slot.lock()),
+        };
+        SlotGuard { held, index, ino }
     }
 
     /// The capacity of every server of the reservation (`statfs` of the mount), asked through
     /// the first slot.
     pub fn store_capacity(&self) -> Result<StoreCapacity, DataError> {
-        self.slot_at(0, None).call(|reply| Command::StoreCapacity { reply })
+        self.slot_at(0, None)
+            .call(|slot| slot.store_capacity(), |reply| Command::StoreCapacity { reply })
     }
 
     /// Flushes every slot's pipeline; the first failure.
@@ -296,34 +303,56 @@ impl Drop for DataPlane {
 
 /// A locked slot: the data operations of one inode.
 pub struct SlotGuard<'a> {
-    _lock: MutexGuard<'a, ()>,
-    runner: &'a Runner,
+    held: Held<'a>,
     index: usize,
     /// The inode the slot was taken for (its losses are reported by flush and sync).
     ino: Option<Ino>,
 }
 
+/// What a [`SlotGuard`] holds.
+enum Held<'a> {
+    /// A worker slot: the file system's lock on it, and its queue.
+    Worker { _lock: MutexGuard<'a, ()>, sender: &'a SyncSender<Command> },
+    /// An inline slot itself, locked: operations run on it in the caller's thread.
+    Inline(MutexGuard<'a, Slot>),
+}
+
 impl SlotGuard<'_> {
-    fn send(&self, command: Command) -> Result<(), DataError> {
-        match self.runner {
-            Runner::Worker(sender) => {
+    fn send(&mut self, command: Command) -> Result<(), DataError> {
+        match &mut self.held {
+            Held::Worker { sender, .. } => {
                 sender.send(command).map_err(|_| DataError::Stopped { slot: self.index })
             }
-            Runner::Inline(slot) => {
-                slot.lock().execute(command);
+            Held::Inline(slot) => {
+                slot.execute(command);
                 Ok(())
             }
         }
     }
 
-    fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, DataError> {
+    /// Runs `inline` on an inline slot, or sends the command `make` builds to the worker and
+    /// waits for its answer.
+    fn call<T>(
+        &mut self,
+        inline: impl FnOnce(&mut Slot) -> Result<T, DataError>,
+        make: impl FnOnce(Reply<T>) -> Command,
+    ) -> Result<T, DataError> {
+        match &mut self.held {
+            Held::Inline(slot) => inline(slot),
+            Held::Worker { .. } => self.ask(make),
+        }
+    }
+
+    /// Sends the command `make` builds to the worker and waits for its answer.
+    fn ask<T>(&mut self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, DataError> {
         let (reply, answer) = sync_channel(1);
         self.send(make(reply))?;
         answer.recv().map_err(|_| DataError::Stopped { slot: self.index })?
     }
 
-    /// Queues a write of `data` at `offset` (copied). The write fails, if at all, by the next
-    /// flush of the slot.
+    /// Queues a write of `data` at `offset` (copied into the worker's queue; an inline slot
+    /// hands the slice to its client, which sends or gathers it before this returns). The
+    /// write fails, if at all, by the next flush of the slot.
     pub fn write(
         &mut self,
         ino: Ino,
@@ -331,7 +360,15 @@ impl SlotGuard<'_> {
         offset: u64,
         data: &[u8],
     ) -> Result<(), DataError> {
-        self.send(Command::Write { ino, generation, offset, data: data.to_vec() })
+        match &mut self.held {
+            Held::Inline(slot) => {
+                slot.queued_write(ino, generation, offset, data);
+                Ok(())
+            }
+            Held::Worker { .. } => {
+                self.send(Command::Write { ino, generation, offset, data: data.to_vec() })
+            }
+        }
     }
 
     /// Fills `buffer` from `offset`, after every write queued before; unwritten bytes are zeros.
@@ -342,8 +379,11 @@ impl SlotGuard<'_> {
         offset: u64,
         buffer: &mut [u8],
     ) -> Result<(), DataError> {
+        if let Held::Inline(slot) = &mut self.held {
+            return slot.read(ino, generation, offset, buffer);
+        }
         let length = buffer.len();
-        let bytes = self.call(|reply| Command::Read { ino, generation, offset, length, reply })?;
+        let bytes = self.ask(|reply| Command::Read { ino, generation, offset, length, reply })?;
         buffer.copy_from_slice(&bytes);
         Ok(())
     }
@@ -356,7 +396,10 @@ impl SlotGuard<'_> {
         from: u64,
         to: u64,
     ) -> Result<(), DataError> {
-        self.call(|reply| Command::ZeroFill { ino, generation, from, to, reply })
+        self.call(
+            |slot| slot.zero_fill(ino, generation, from, to),
+            |reply| Command::ZeroFill { ino, generation, from, to, reply },
+        )
     }
 
     /// Waits until every write queued so far is acknowledged by its server; the failure of
@@ -365,21 +408,30 @@ impl SlotGuard<'_> {
     /// every close and fsync until the last handle is released, never to just the first.
     pub fn flush(&mut self) -> Result<(), DataError> {
         let ino = self.ino;
-        self.call(|reply| Command::Flush { durable: false, ino, report: true, reply })
+        self.call(
+            |slot| slot.flush_for(false, ino, true),
+            |reply| Command::Flush { durable: false, ino, report: true, reply },
+        )
     }
 
     /// [`Self::flush`] without trying full servers again: Err when the inode has a failure
     /// pinned (a `stat` settles writes before the size is reported, and withdraws it).
     pub fn settle(&mut self) -> Result<(), DataError> {
         let ino = self.ino;
-        self.call(|reply| Command::Flush { durable: false, ino, report: false, reply })
+        self.call(
+            |slot| slot.flush_for(false, ino, false),
+            |reply| Command::Flush { durable: false, ino, report: false, reply },
+        )
     }
 
     /// [`Self::flush`], then every server this slot wrote to syncs its SSD log: what `fsync`
     /// promises (the data survives a server crash).
     pub fn sync(&mut self) -> Result<(), DataError> {
         let ino = self.ino;
-        self.call(|reply| Command::Flush { durable: true, ino, report: true, reply })
+        self.call(
+            |slot| slot.flush_for(true, ino, true),
+            |reply| Command::Flush { durable: true, ino, report: true, reply },
+        )
     }
 
     /// Forgets cached store handles of `ino` (at open: close-to-open means asking again).
@@ -431,15 +483,7 @@ impl Slot {
     fn execute(&mut self, command: Command) {
         match command {
             Command::Write { ino, generation, offset, data } => {
-                self.dirty.insert(ino);
-                if self.store_full.load(Ordering::Relaxed) {
-                    // Queued before the refusal was known: sending it would only wait
-                    // out the servers' backpressure bound again.
-                    self.fail_dirty(DataError::StoreFull);
-                } else if let Err(e) = self.write(ino, generation, offset, &data) {
-                    tracing::warn!(error = %e, "queued write failed");
-                    self.fail_dirty(e);
-                }
+                self.queued_write(ino, generation, offset, &data);
             }
             Command::Read { ino, generation, offset, length, reply } => {
                 let mut buffer = vec![0u8; length];
@@ -459,6 +503,20 @@ impl Slot {
             Command::Release { ino } => {
                 self.failed.remove(&ino);
             }
+        }
+    }
+
+    /// A write the caller was told is queued: a failure is pinned on the files written since
+    /// the last flush, for their close or fsync to report.
+    fn queued_write(&mut self, ino: Ino, generation: u64, offset: u64, data: &[u8]) {
+        self.dirty.insert(ino);
+        if self.store_full.load(Ordering::Relaxed) {
+            // Queued before the refusal was known: sending it would only wait
+            // out the servers' backpressure bound again.
+            self.fail_dirty(DataError::StoreFull);
+        } else if let Err(e) = self.write(ino, generation, offset, data) {
+            tracing::warn!(error = %e, "queued write failed");
+            self.fail_dirty(e);
         }
     }
 
@@ -538,10 +596,11 @@ impl Slot {
         self.handles.retain(|(i, _), _| *i != ino);
     }
 
-    /// A handle to write through: the file is created on every server of its stripe set.
-    fn writable(&mut self, ino: Ino, generation: u64) -> Result<FileHandle, DataError> {
-        if let Some(handle) = self.handles.get(&(ino, generation)) {
-            return Ok(handle.clone());
+    /// Makes sure a handle to write through is cached: the file is created on every server of
+    /// its stripe set.
+    fn writable(&mut self, ino: Ino, generation: u64) -> Result<(), DataError> {
+        if self.handles.contains_key(&(ino, generation)) {
+            return Ok(());
         }
         let name = self.name(ino, generation);
         let handle =
@@ -553,8 +612,8 @@ impl Slot {
                 source: Box::new(source),
             })?;
         self.epoch_seen.store(true, Ordering::Relaxed);
-        self.remember(ino, generation, handle.clone());
-        Ok(handle)
+        self.remember(ino, generation, handle);
+        Ok(())
     }
 
     /// A handle to read through, or `None` if no server holds the file (never written).
@@ -609,8 +668,11 @@ impl Slot {
         offset: u64,
         data: &[u8],
     ) -> Result<(), DataError> {
-        let mut handle = self.writable(ino, generation)?;
-        self.client.write(&mut handle, offset, data).map_err(|source| DataError::Client {
+        self.writable(ino, generation)?;
+        // The cached handle itself, not a copy per write (a server the client creates the
+        // file on meanwhile stays known).
+        let handle = self.handles.get_mut(&(ino, generation)).expect("cached by writable");
+        self.client.write(handle, offset, data).map_err(|source| DataError::Client {
             operation: "write",
             file: handle.name.clone(),
             offset,
@@ -627,11 +689,22 @@ impl Slot {
         offset: u64,
         buffer: &mut [u8],
     ) -> Result<(), DataError> {
-        let Some(handle) = self.readable(ino, generation)? else {
-            buffer.fill(0);
-            return Ok(());
+        let key = (ino, generation);
+        // The cached handle itself when there is one, not a copy per read.
+        let opened = if self.handles.contains_key(&key) {
+            None
+        } else {
+            let Some(handle) = self.readable(ino, generation)? else {
+                buffer.fill(0);
+                return Ok(());
+            };
+            Some(handle)
         };
-        self.client.read(&handle, offset, buffer).map_err(|source| DataError::Client {
+        let handle = match &opened {
+            Some(handle) => handle,
+            None => &self.handles[&key],
+        };
+        self.client.read(handle, offset, buffer).map_err(|source| DataError::Client {
             operation: "read",
             file: handle.name.clone(),
             offset,
