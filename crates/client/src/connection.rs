@@ -587,37 +587,21 @@ impl ServerConnection {
         self.send_write(&Request::Write { epoch, file, offset, payload_crc32c }, data)
     }
 
-    /// Sends the gathered frame, if any: one `Write` for one extent, else one `WriteExtents`
-    /// (or, to a server older than that, which a frame taken over after a reconnection may
-    /// reach, one `Write` per extent).
+    /// Sends the gathered frame, if any: one `Write` for one extent, else one `WriteExtents`.
     fn send_coalesced(&mut self) -> Result<(), ClientError> {
         let Some(Coalesced { epoch, file, extents }) = self.coalesced.take() else {
             return Ok(());
         };
-        let bytes = std::mem::take(&mut self.coalesced_bytes);
-        let sent = match extents[..] {
-            [WriteExtent { offset, crc32c, .. }] => self.send_write(
-                &Request::Write { epoch, file, offset, payload_crc32c: crc32c },
-                &bytes,
-            ),
-            _ if self.version >= WRITE_EXTENTS_VERSION => {
-                self.send_write(&Request::WriteExtents { epoch, file, extents }, &bytes)
+        let request = match extents[..] {
+            [WriteExtent { offset, crc32c, .. }] => {
+                Request::Write { epoch, file, offset, payload_crc32c: crc32c }
             }
-            _ => {
-                let mut at = 0;
-                extents.iter().try_for_each(|extent| {
-                    let piece = &bytes[at..at + extent.length as usize];
-                    at += piece.len();
-                    let request = Request::Write {
-                        epoch,
-                        file,
-                        offset: extent.offset,
-                        payload_crc32c: extent.crc32c,
-                    };
-                    self.send_write(&request, piece)
-                })
-            }
+            // Gathered only for a server that chose version 5, and taken over after a
+            // reconnection only by the same server process (id and incarnation).
+            _ => Request::WriteExtents { epoch, file, extents },
         };
+        let bytes = std::mem::take(&mut self.coalesced_bytes);
+        let sent = self.send_write(&request, &bytes);
         self.coalesced_bytes = bytes;
         // A failure is the gathered writes' failure, reported once by this error (as a failed
         // send of each would have been), by the write, flush or call that sent the frame.
