@@ -485,6 +485,23 @@ impl SpillwayFs {
     }
 }
 
+/// The fallocate(2) modes the mount (and the preload library) serve: `Some(false)` for mode 0
+/// and `FALLOC_FL_KEEP_SIZE` (nothing to reserve), `Some(true)` for `PUNCH_HOLE | KEEP_SIZE`
+/// and `ZERO_RANGE` with or without `KEEP_SIZE` (the range must read as zeros); `None` for the
+/// rest (collapse, insert, unshare, punch without keep-size: EOPNOTSUPP).
+pub fn fallocate_zeroes(mode: i32) -> Option<bool> {
+    const KEEP_SIZE: i32 = libc::FALLOC_FL_KEEP_SIZE;
+    const PUNCH_HOLE: i32 = libc::FALLOC_FL_PUNCH_HOLE;
+    const ZERO_RANGE: i32 = libc::FALLOC_FL_ZERO_RANGE;
+    match mode {
+        0 | KEEP_SIZE => Some(false),
+        m if m == PUNCH_HOLE | KEEP_SIZE || m == ZERO_RANGE || m == ZERO_RANGE | KEEP_SIZE => {
+            Some(true)
+        }
+        _ => None,
+    }
+}
+
 impl SpillwayFs {
     /// fallocate(2): mode 0 and `FALLOC_FL_KEEP_SIZE` reserve nothing (the store allocates at
     /// write; a reservation's capacity is checked there) and only grow the size without
@@ -500,17 +517,8 @@ impl SpillwayFs {
         length: u64,
         mode: i32,
     ) -> Result<(), Errno> {
-        const KEEP_SIZE: i32 = libc::FALLOC_FL_KEEP_SIZE;
-        const PUNCH_HOLE: i32 = libc::FALLOC_FL_PUNCH_HOLE;
-        const ZERO_RANGE: i32 = libc::FALLOC_FL_ZERO_RANGE;
         let end = offset.checked_add(length).ok_or(Errno::EFBIG)?;
-        let zeroes = match mode {
-            0 | KEEP_SIZE => false,
-            m if m == PUNCH_HOLE | KEEP_SIZE || m == ZERO_RANGE || m == ZERO_RANGE | KEEP_SIZE => {
-                true
-            }
-            _ => return Err(Errno::EOPNOTSUPP),
-        };
+        let Some(zeroes) = fallocate_zeroes(mode) else { return Err(Errno::EOPNOTSUPP) };
         if zeroes {
             let reporting = self.size_reports.lock();
             self.push_pending_locked(ino)?;
@@ -528,7 +536,7 @@ impl SpillwayFs {
                 Err(e) => return Err(errno(&e)),
             }
         }
-        if mode & KEEP_SIZE != 0 {
+        if mode & libc::FALLOC_FL_KEEP_SIZE != 0 {
             return Ok(());
         }
         let (_, size) = self.state(ino)?;
@@ -1104,6 +1112,26 @@ impl Filesystem for SpillwayFs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fallocate_modes_served_and_refused() {
+        use libc::{
+            FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_INSERT_RANGE, FALLOC_FL_KEEP_SIZE,
+            FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE,
+        };
+        for (mode, served) in [
+            (0, Some(false)),
+            (FALLOC_FL_KEEP_SIZE, Some(false)),
+            (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, Some(true)),
+            (FALLOC_FL_ZERO_RANGE, Some(true)),
+            (FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, Some(true)),
+            (FALLOC_FL_PUNCH_HOLE, None),
+            (FALLOC_FL_COLLAPSE_RANGE, None),
+            (FALLOC_FL_INSERT_RANGE, None),
+        ] {
+            assert_eq!(fallocate_zeroes(mode), served, "mode {mode:#x}");
+        }
+    }
 
     #[test]
     fn timestamps_round_trip_through_system_time() {

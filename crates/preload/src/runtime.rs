@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use spillway_mount::connect::data_clients;
 use spillway_mount::data::{DataError, DataPlane};
+use spillway_mount::fs::fallocate_zeroes;
 use spillway_namespace::{
     Attr, Caller, FileKind, Ino, MetaError, Namespace, SetAttr, TimeSet, Timestamp, ROOT_INO,
 };
@@ -680,20 +681,11 @@ impl Runtime {
     /// make the range read as zeros by overwriting what the store holds there. Others:
     /// EOPNOTSUPP.
     pub fn allocate(&self, file: &OpenFile, mode: i32, offset: u64, length: u64) -> Outcome<()> {
-        const KEEP_SIZE: i32 = libc::FALLOC_FL_KEEP_SIZE;
-        const PUNCH_HOLE: i32 = libc::FALLOC_FL_PUNCH_HOLE;
-        const ZERO_RANGE: i32 = libc::FALLOC_FL_ZERO_RANGE;
         if !file.writable() {
             return Err(Fail::Errno(libc::EBADF));
         }
         let end = offset.checked_add(length).ok_or(Fail::Errno(libc::EFBIG))?;
-        let zeroes = match mode {
-            0 | KEEP_SIZE => false,
-            m if m == PUNCH_HOLE | KEEP_SIZE || m == ZERO_RANGE || m == ZERO_RANGE | KEEP_SIZE => {
-                true
-            }
-            _ => return Err(Fail::Errno(libc::EOPNOTSUPP)),
-        };
+        let zeroes = fallocate_zeroes(mode).ok_or(Fail::Errno(libc::EOPNOTSUPP))?;
         let ino = file.ino;
         if zeroes {
             let reporting = self.size_reports.lock();
@@ -709,7 +701,7 @@ impl Runtime {
                 _ => {}
             }
         }
-        if mode & KEEP_SIZE != 0 || end <= self.size(file)? {
+        if mode & libc::FALLOC_FL_KEEP_SIZE != 0 || end <= self.size(file)? {
             return Ok(());
         }
         self.truncate(file, end)
