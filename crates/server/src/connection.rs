@@ -1385,8 +1385,9 @@ fn write(
             length
         }
         WriteData::Bytes(data, crcs) => {
-            // Extent by extent: a store still full after the wait fails the frame part way,
-            // leaving the extents before written (the client reports the whole frame failed).
+            // Extent by extent: a later extent refused (no space after the wait, quota, file
+            // size limit) fails the frame part way, leaving the extents before written (the
+            // client reports the whole frame failed).
             let piece_bytes = shared.backend.record_payload_bytes().max(1);
             let (mut at, mut crc_at) = (0, 0);
             for extent in extents {
