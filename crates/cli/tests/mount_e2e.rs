@@ -238,6 +238,59 @@ fn a_read_from_another_thread_sees_writes_that_returned() {
     mount.unmount();
 }
 
+/// The mount reads a sequential reader's next bytes ahead (2 MiB windows, the next one in the
+/// background): a write through the same mount, by another handle, lands inside the reader's
+/// windows and is read back at once; a write another mount made and closed is read by the next
+/// open. Only the bytes the kernel has not cached are the mount's to serve, so every overwrite
+/// lies past what the reader has read so far.
+#[test]
+fn readahead_never_serves_bytes_a_later_write_replaced() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempdir();
+    let (_servers, endpoints) = servers(dir.path(), 2);
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let ma = MountGuard::spillway(BIN, &endpoints, &a, &["--access", "striped"]);
+    let mb = MountGuard::spillway(BIN, &endpoints, &b, &["--access", "striped"]);
+    let size = 12usize << 20;
+    let original = spillway_harness::pattern(1, size);
+    std::fs::write(a.join("f"), &original).unwrap();
+    let mut expected = original.clone();
+    let check = |file: &std::fs::File, expected: &[u8], offset: usize, length: usize| {
+        let mut back = vec![0u8; length];
+        file.read_exact_at(&mut back, offset as u64).unwrap();
+        assert!(back == expected[offset..offset + length], "{length} bytes at {offset}");
+    };
+
+    // Both handles open first: an open drops the inode's windows by itself.
+    let writer = std::fs::OpenOptions::new().write(true).open(a.join("f")).unwrap();
+    let reader = std::fs::File::open(a.join("f")).unwrap();
+    // Starts the windows ([0, 2 MiB) read, [2, 4) fetched in the background).
+    check(&reader, &expected, 0, 128 << 10);
+    for (offset, seed) in [(1_500_000, 2), (3 << 20, 3)] {
+        let bytes = spillway_harness::pattern(seed, 300_000);
+        writer.write_all_at(&bytes, offset as u64).unwrap();
+        expected[offset..offset + bytes.len()].copy_from_slice(&bytes);
+    }
+    // Sequentially on from where the reader was: through both overwritten ranges.
+    for offset in (128 << 10..6 << 20).step_by(128 << 10) {
+        check(&reader, &expected, offset, 128 << 10);
+    }
+    drop(writer);
+
+    // Another mount overwrites bytes ahead of the reader and closes: the next open sees them.
+    let bytes = spillway_harness::pattern(4, 1 << 20);
+    let other = std::fs::OpenOptions::new().write(true).open(b.join("f")).unwrap();
+    other.write_all_at(&bytes, 8 << 20).unwrap();
+    drop(other);
+    expected[8 << 20..9 << 20].copy_from_slice(&bytes);
+    let reopened = std::fs::File::open(a.join("f")).unwrap();
+    for offset in (6 << 20..size).step_by(1 << 20) {
+        check(&reopened, &expected, offset, 1 << 20);
+    }
+    assert!(std::fs::read(a.join("f")).unwrap() == expected, "the whole file, read again");
+    drop((reader, reopened, ma, mb));
+}
+
 #[test]
 fn two_mounts_share_a_striped_namespace_and_private_ones_are_separate() {
     let dir = tempdir();

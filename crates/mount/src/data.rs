@@ -28,7 +28,8 @@
 //! ([`DataPlane::store_full`]) instead of each waiting out the servers' backpressure bound
 //! again, until the next close or fsync tries again.
 //! Each slot also has a lock that the file system holds across a truncate and the zero-fill
-//! that follows it. [`DataPlane::inline`] runs the same slots without worker threads, each
+//! that follows it; it guards the slot's readahead windows ([`crate::readahead`]), which serve
+//! a sequential reader's requests without a round trip. [`DataPlane::inline`] runs the same slots without worker threads, each
 //! operation in the caller's thread under the slot's lock: the preload library's data path.
 //! There the slot's lock is the one lock (held for the [`SlotGuard`]'s life, as the worker
 //! path's file-system lock is), writes go to the client from the caller's own buffer without
@@ -46,6 +47,8 @@ use spillway_client::{placement, Client, ClientError, FileHandle};
 use spillway_namespace::{data_file_name, Ino, NamespaceId};
 use spillway_proto::ErrorCode;
 use spillway_types::EpochId;
+
+use crate::readahead::{Fetch, ReadAhead};
 
 /// Store file handles kept per slot before the cache is cleared (bounds memory).
 pub const HANDLES_CACHED_MAX: usize = 4096;
@@ -116,8 +119,9 @@ pub struct DataPlane {
 
 struct SlotChannel {
     /// Held by the file system across a size check and the data operation that depends on it
-    /// (worker slots only: an inline slot's own lock serves, see [`SlotGuard`]).
-    lock: Mutex<()>,
+    /// (worker slots only: an inline slot's own lock serves, see [`SlotGuard`]); it guards the
+    /// slot's readahead windows, so a read a window holds never waits for the worker.
+    lock: Mutex<ReadAhead<Pending>>,
     runner: Option<Runner>,
     worker: Option<JoinHandle<()>>,
 }
@@ -141,11 +145,12 @@ enum Command {
         offset: u64,
         data: Vec<u8>,
     },
+    /// Fills `buffer` (of the length to read) and sends it back.
     Read {
         ino: Ino,
         generation: u64,
         offset: u64,
-        length: usize,
+        buffer: Vec<u8>,
         reply: Reply<Vec<u8>>,
     },
     ZeroFill {
@@ -232,11 +237,12 @@ impl DataPlane {
                     handles: HashMap::new(),
                     dirty: HashSet::new(),
                     failed: HashMap::new(),
+                    readahead: ReadAhead::default(),
                     epoch_seen: epoch_seen.clone(),
                     store_full: store_full.clone(),
                 };
                 let (runner, worker) = run(index, slot);
-                SlotChannel { lock: Mutex::new(()), runner: Some(runner), worker }
+                SlotChannel { lock: Mutex::new(ReadAhead::default()), runner: Some(runner), worker }
             })
             .collect();
         DataPlane { slots, store_full }
@@ -258,7 +264,7 @@ impl DataPlane {
     fn slot_at(&self, index: usize, ino: Option<Ino>) -> SlotGuard<'_> {
         let channel = &self.slots[index];
         let held = match channel.runner.as_ref().expect("open until drop") {
-            Runner::Worker(sender) => Held::Worker { _lock: channel.lock.lock(), sender },
+            Runner::Worker(sender) => Held::Worker { readahead: channel.lock.lock(), sender },
             // The slot's own lock orders its operations as the file-system lock orders a
             // worker's queue: one lock per operation, not two.
             Runner::Inline(slot) => Held::Inline(slot.lock()),
@@ -311,13 +317,21 @@ pub struct SlotGuard<'a> {
 
 /// What a [`SlotGuard`] holds.
 enum Held<'a> {
-    /// A worker slot: the file system's lock on it, and its queue.
-    Worker { _lock: MutexGuard<'a, ()>, sender: &'a SyncSender<Command> },
+    /// A worker slot: the file system's lock on it (its readahead windows), and its queue.
+    Worker { readahead: MutexGuard<'a, ReadAhead<Pending>>, sender: &'a SyncSender<Command> },
     /// An inline slot itself, locked: operations run on it in the caller's thread.
     Inline(MutexGuard<'a, Slot>),
 }
 
 impl SlotGuard<'_> {
+    /// Drops a worker slot's readahead windows of `ino` (written, zero-filled, opened or
+    /// released); an inline slot drops its own when it runs the operation.
+    fn invalidate(&mut self, ino: Ino) {
+        if let Held::Worker { readahead, .. } = &mut self.held {
+            readahead.invalidate(ino);
+        }
+    }
+
     fn send(&mut self, command: Command) -> Result<(), DataError> {
         match &mut self.held {
             Held::Worker { sender, .. } => {
@@ -366,26 +380,61 @@ impl SlotGuard<'_> {
                 Ok(())
             }
             Held::Worker { .. } => {
+                self.invalidate(ino);
                 self.send(Command::Write { ino, generation, offset, data: data.to_vec() })
             }
         }
     }
 
     /// Fills `buffer` from `offset`, after every write queued before; unwritten bytes are zeros.
+    /// `size` is the file's size, past which readahead never reads.
     pub fn read(
         &mut self,
         ino: Ino,
         generation: u64,
         offset: u64,
         buffer: &mut [u8],
+        size: u64,
     ) -> Result<(), DataError> {
-        if let Held::Inline(slot) = &mut self.held {
-            return slot.read(ino, generation, offset, buffer);
+        let index = self.index;
+        match &mut self.held {
+            Held::Inline(slot) => slot.read_ahead(ino, generation, offset, buffer, size),
+            Held::Worker { readahead, sender } => {
+                let mut fetch = WorkerFetch { sender, slot: index, ino, generation };
+                readahead.read_through(&mut fetch, ino, generation, offset, buffer, size)
+            }
         }
-        let length = buffer.len();
-        let bytes = self.ask(|reply| Command::Read { ino, generation, offset, length, reply })?;
-        buffer.copy_from_slice(&bytes);
-        Ok(())
+    }
+
+    /// [`Self::read`] of `length` bytes handed to `deliver` (the FUSE reply), straight from a
+    /// readahead window where one serves them: no buffer to fill and copy again.
+    pub fn read_with<R>(
+        &mut self,
+        ino: Ino,
+        generation: u64,
+        offset: u64,
+        length: usize,
+        size: u64,
+        deliver: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, DataError> {
+        let index = self.index;
+        match &mut self.held {
+            Held::Inline(slot) => {
+                let mut buffer = vec![0u8; length];
+                slot.read_ahead(ino, generation, offset, &mut buffer, size)?;
+                Ok(deliver(&buffer))
+            }
+            Held::Worker { readahead, sender } => {
+                let mut fetch = WorkerFetch { sender, slot: index, ino, generation };
+                if let Some(bytes) =
+                    readahead.serve(&mut fetch, ino, generation, offset, length, size)?
+                {
+                    return Ok(deliver(bytes));
+                }
+                let bytes = fetch.read(offset, vec![0u8; length])?;
+                Ok(deliver(&bytes))
+            }
+        }
     }
 
     /// See [`Slot::zero_fill`].
@@ -396,6 +445,7 @@ impl SlotGuard<'_> {
         from: u64,
         to: u64,
     ) -> Result<(), DataError> {
+        self.invalidate(ino);
         self.call(
             |slot| slot.zero_fill(ino, generation, from, to),
             |reply| Command::ZeroFill { ino, generation, from, to, reply },
@@ -436,6 +486,7 @@ impl SlotGuard<'_> {
 
     /// Forgets cached store handles of `ino` (at open: close-to-open means asking again).
     pub fn forget(&mut self, ino: Ino) {
+        self.invalidate(ino);
         // A stopped worker has nothing cached.
         let _ = self.send(Command::Forget { ino });
     }
@@ -443,8 +494,84 @@ impl SlotGuard<'_> {
     /// The last handle of `ino` is closed: its failure, reported to every close and fsync so
     /// far, is forgotten (a new open starts clean).
     pub fn release(&mut self, ino: Ino) {
+        self.invalidate(ino);
         // A stopped worker has nothing pinned.
         let _ = self.send(Command::Release { ino });
+    }
+}
+
+/// A worker slot's background read: the worker's answer.
+type Pending = Receiver<Result<Vec<u8>, DataError>>;
+
+/// Reads of one inode through a worker slot's queue.
+struct WorkerFetch<'a> {
+    sender: &'a SyncSender<Command>,
+    slot: usize,
+    ino: Ino,
+    generation: u64,
+}
+
+impl Fetch for WorkerFetch<'_> {
+    type Pending = Pending;
+    type Error = DataError;
+
+    fn read(&mut self, offset: u64, bytes: Vec<u8>) -> Result<Vec<u8>, DataError> {
+        let pending = self.send(offset, bytes)?;
+        self.finish(pending)
+    }
+
+    fn read_into(&mut self, offset: u64, buffer: &mut [u8]) -> Result<(), DataError> {
+        let bytes = self.read(offset, vec![0u8; buffer.len()])?;
+        buffer.copy_from_slice(&bytes);
+        Ok(())
+    }
+
+    fn start(&mut self, offset: u64, bytes: Vec<u8>) -> Option<Pending> {
+        self.send(offset, bytes).ok()
+    }
+
+    fn finish(&mut self, pending: Pending) -> Result<Vec<u8>, DataError> {
+        pending.recv().map_err(|_| DataError::Stopped { slot: self.slot })?
+    }
+}
+
+impl WorkerFetch<'_> {
+    fn send(&self, offset: u64, buffer: Vec<u8>) -> Result<Pending, DataError> {
+        let (reply, answer) = sync_channel(1);
+        let (ino, generation) = (self.ino, self.generation);
+        self.sender
+            .send(Command::Read { ino, generation, offset, buffer, reply })
+            .map_err(|_| DataError::Stopped { slot: self.slot })?;
+        Ok(answer)
+    }
+}
+
+/// Reads of one inode in an inline slot, in the caller's thread.
+struct InlineFetch<'a> {
+    slot: &'a mut Slot,
+    ino: Ino,
+    generation: u64,
+}
+
+impl Fetch for InlineFetch<'_> {
+    type Pending = ();
+    type Error = DataError;
+
+    fn read(&mut self, offset: u64, mut bytes: Vec<u8>) -> Result<Vec<u8>, DataError> {
+        self.read_into(offset, &mut bytes)?;
+        Ok(bytes)
+    }
+
+    fn read_into(&mut self, offset: u64, buffer: &mut [u8]) -> Result<(), DataError> {
+        self.slot.read(self.ino, self.generation, offset, buffer)
+    }
+
+    fn start(&mut self, _offset: u64, _bytes: Vec<u8>) -> Option<()> {
+        None
+    }
+
+    fn finish(&mut self, (): ()) -> Result<Vec<u8>, DataError> {
+        unreachable!("an inline slot starts no background read")
     }
 }
 
@@ -461,6 +588,9 @@ pub struct Slot {
     /// Inodes some of whose writes may not be stored, and why; reported to every close and
     /// fsync of the inode, forgotten when its last handle is released.
     failed: HashMap<Ino, DataError>,
+    /// Sequential readers' next bytes, read ahead (dropped for an inode this slot writes).
+    /// Inline slots only (a worker slot's are under its file-system lock).
+    readahead: ReadAhead<()>,
     /// Some server held the data epoch since the mount started (shared by every slot): from
     /// then on an epoch on no server has vanished, and its files read as EIO, not zeros.
     epoch_seen: Arc<AtomicBool>,
@@ -485,10 +615,9 @@ impl Slot {
             Command::Write { ino, generation, offset, data } => {
                 self.queued_write(ino, generation, offset, &data);
             }
-            Command::Read { ino, generation, offset, length, reply } => {
-                let mut buffer = vec![0u8; length];
-                let _ =
-                    reply.send(self.read(ino, generation, offset, &mut buffer).map(|()| buffer));
+            Command::Read { ino, generation, offset, mut buffer, reply } => {
+                let read = self.read(ino, generation, offset, &mut buffer);
+                let _ = reply.send(read.map(|()| buffer));
             }
             Command::ZeroFill { ino, generation, from, to, reply } => {
                 let _ = reply.send(self.zero_fill(ino, generation, from, to));
@@ -502,6 +631,7 @@ impl Slot {
             }
             Command::Release { ino } => {
                 self.failed.remove(&ino);
+                self.readahead.invalidate(ino);
             }
         }
     }
@@ -594,6 +724,7 @@ impl Slot {
     /// Forgets cached handles of `ino` (at open: close-to-open means asking the servers again).
     pub fn forget(&mut self, ino: Ino) {
         self.handles.retain(|(i, _), _| *i != ino);
+        self.readahead.invalidate(ino);
     }
 
     /// Makes sure a handle to write through is cached: the file is created on every server of
@@ -669,6 +800,7 @@ impl Slot {
         data: &[u8],
     ) -> Result<(), DataError> {
         self.writable(ino, generation)?;
+        self.readahead.invalidate(ino);
         // The cached handle itself, not a copy per write (a server the client creates the
         // file on meanwhile stays known).
         let handle = self.handles.get_mut(&(ino, generation)).expect("cached by writable");
@@ -679,6 +811,29 @@ impl Slot {
             length: data.len() as u64,
             source: Box::new(source),
         })
+    }
+
+    /// [`Slot::read`] through the slot's readahead windows (crate::readahead), for an inline
+    /// slot, which fetches no window in the background.
+    pub fn read_ahead(
+        &mut self,
+        ino: Ino,
+        generation: u64,
+        offset: u64,
+        buffer: &mut [u8],
+        size: u64,
+    ) -> Result<(), DataError> {
+        let mut readahead = std::mem::take(&mut self.readahead);
+        let read = readahead.read_through(
+            &mut InlineFetch { slot: self, ino, generation },
+            ino,
+            generation,
+            offset,
+            buffer,
+            size,
+        );
+        self.readahead = readahead;
+        read
     }
 
     /// Fills `buffer` from `offset`; bytes the store does not hold read as zeros.

@@ -806,10 +806,10 @@ impl Filesystem for SpillwayFs {
             return reply.data(&[]);
         }
         let length = (size as u64).min(file_size - offset) as usize;
-        let mut buffer = vec![0u8; length];
-        match slot.read(ino.0, generation, offset, &mut buffer) {
-            Ok(()) => reply.data(&buffer),
-            Err(e) => reply.error(data_errno(&e)),
+        let mut reply = Some(reply);
+        let deliver = |bytes: &[u8]| reply.take().expect("replied once").data(bytes);
+        if let Err(e) = slot.read_with(ino.0, generation, offset, length, file_size, deliver) {
+            reply.take().expect("not replied on failure").error(data_errno(&e));
         }
     }
 

@@ -18,6 +18,7 @@ pub mod epochs;
 pub mod fs;
 pub mod identity;
 pub mod phases;
+pub mod readahead;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

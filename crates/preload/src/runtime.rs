@@ -494,7 +494,7 @@ impl Runtime {
             return Ok(0);
         }
         let length = (buffer.len() as u64).min(size - offset) as usize;
-        slot.read(file.ino, generation, offset, &mut buffer[..length])?;
+        slot.read(file.ino, generation, offset, &mut buffer[..length], size)?;
         Ok(length)
     }
 
