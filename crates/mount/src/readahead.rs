@@ -22,9 +22,11 @@ use spillway_namespace::Ino;
 
 /// Bytes a window holds (clamped to the file's size).
 pub const READAHEAD_BYTES: usize = 2 << 20;
-/// Windows one slot keeps, the least recently used replaced: one per sequential reader of the
-/// slot's files (IOR's four readers of one shared file share a slot).
-pub const READAHEAD_WINDOWS_MAX: usize = 4;
+/// Windows one slot keeps, the least recently used replaced: two per sequential reader of the
+/// slot's files, the one it reads and the next, fetched in the background (IOR's four readers
+/// of one shared file share a slot; with room for one each, a fetched window replaced another
+/// reader's current one, and shared-file reads ran at 0.30× the native client, not 0.44×).
+pub const READAHEAD_WINDOWS_MAX: usize = 8;
 /// Windows one slot fetches in the background at once. With the windows, a slot holds at most
 /// `(READAHEAD_WINDOWS_MAX + READAHEAD_FETCHES_MAX + SPARE_BUFFERS_MAX) × READAHEAD_BYTES`.
 pub const READAHEAD_FETCHES_MAX: usize = 4;
