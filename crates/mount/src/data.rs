@@ -37,12 +37,12 @@
 
 use std::collections::{HashMap, HashSet};
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use spillway_client::{placement, Client, ClientError, FileHandle};
 use spillway_namespace::{data_file_name, Ino, NamespaceId};
 use spillway_proto::ErrorCode;
@@ -113,6 +113,10 @@ impl DataError {
 /// The data path of one mount: a pool of clients, each driven by its worker thread.
 pub struct DataPlane {
     slots: Vec<SlotChannel>,
+    /// Writes in progress in the file system ([`DataPlane::writing`]): with more than one, a
+    /// worker slot's writes are sent from the FUSE thread instead of queued (see
+    /// [`SlotGuard::write`]).
+    writers: AtomicUsize,
     /// See [`DataPlane::store_full`].
     store_full: Arc<AtomicBool>,
 }
@@ -132,8 +136,55 @@ struct SlotChannel {
 /// pipelines its sends anyway, so a thread hand-off per write would only cost; nor is a
 /// command built: the caller's slices go to the client as they are).
 enum Runner {
-    Worker(SyncSender<Command>),
+    Worker(Queue),
     Inline(Box<Mutex<Slot>>),
+}
+
+/// A worker slot's queue and the slot itself, which the worker locks for each command and a
+/// FUSE thread may lock to write directly while the queue is empty.
+struct Queue {
+    sender: SyncSender<Command>,
+    slot: Arc<Mutex<Slot>>,
+    /// Commands sent and not yet run to the end (0: the worker is idle), and its signal.
+    queued: Arc<Queued>,
+}
+
+#[derive(Default)]
+struct Queued {
+    count: Mutex<usize>,
+    idle: Condvar,
+}
+
+impl Queued {
+    fn add(&self) {
+        *self.count.lock() += 1;
+    }
+
+    fn done(&self) {
+        let mut count = self.count.lock();
+        *count -= 1;
+        if *count == 0 {
+            self.idle.notify_all();
+        }
+    }
+
+    /// Waits until every command sent so far has run.
+    fn wait_idle(&self) {
+        let mut count = self.count.lock();
+        while *count > 0 {
+            self.idle.wait(&mut count);
+        }
+    }
+}
+
+impl Queue {
+    fn push(&self, command: Command) -> Result<(), Command> {
+        self.queued.add();
+        self.sender.send(command).map_err(|e| {
+            self.queued.done();
+            e.0
+        })
+    }
 }
 
 type Reply<T> = SyncSender<Result<T, DataError>>;
@@ -199,11 +250,14 @@ impl DataPlane {
     pub fn new(clients: Vec<Client>, namespace: NamespaceId, epoch: EpochId) -> DataPlane {
         Self::with_slots(clients, namespace, epoch, |index, slot| {
             let (sender, receiver) = sync_channel(QUEUED_COMMANDS_MAX);
+            let slot = Arc::new(Mutex::new(slot));
+            let queued = Arc::new(Queued::default());
+            let (served, counted) = (slot.clone(), queued.clone());
             let worker = std::thread::Builder::new()
                 .name(format!("mount-data-{index}"))
-                .spawn(move || slot.serve(receiver))
+                .spawn(move || serve(&served, &counted, receiver))
                 .expect("spawning a data worker thread");
-            (Runner::Worker(sender), Some(worker))
+            (Runner::Worker(Queue { sender, slot, queued }), Some(worker))
         })
     }
 
@@ -245,7 +299,14 @@ impl DataPlane {
                 SlotChannel { lock: Mutex::new(ReadAhead::default()), runner: Some(runner), worker }
             })
             .collect();
-        DataPlane { slots, store_full }
+        DataPlane { slots, writers: AtomicUsize::new(0), store_full }
+    }
+
+    /// Counts a write of the file system in progress until the guard is dropped (taken before
+    /// the slot, so writers waiting for a slot's lock count too).
+    pub fn writing(&self) -> Writing<'_> {
+        self.writers.fetch_add(1, Ordering::Relaxed);
+        Writing(&self.writers)
     }
 
     /// The servers refused a write for want of space since the last close or fsync: writes are
@@ -264,12 +325,12 @@ impl DataPlane {
     fn slot_at(&self, index: usize, ino: Option<Ino>) -> SlotGuard<'_> {
         let channel = &self.slots[index];
         let held = match channel.runner.as_ref().expect("open until drop") {
-            Runner::Worker(sender) => Held::Worker { readahead: channel.lock.lock(), sender },
+            Runner::Worker(queue) => Held::Worker { readahead: channel.lock.lock(), queue },
             // The slot's own lock orders its operations as the file-system lock orders a
             // worker's queue: one lock per operation, not two.
             Runner::Inline(slot) => Held::Inline(slot.lock()),
         };
-        SlotGuard { held, index, ino }
+        SlotGuard { held, index, ino, writers: &self.writers }
     }
 
     /// The capacity of every server of the reservation (`statfs` of the mount), asked through
@@ -307,10 +368,20 @@ impl Drop for DataPlane {
     }
 }
 
+/// A write in progress ([`DataPlane::writing`]).
+pub struct Writing<'a>(&'a AtomicUsize);
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// A locked slot: the data operations of one inode.
 pub struct SlotGuard<'a> {
     held: Held<'a>,
     index: usize,
+    writers: &'a AtomicUsize,
     /// The inode the slot was taken for (its losses are reported by flush and sync).
     ino: Option<Ino>,
 }
@@ -318,7 +389,7 @@ pub struct SlotGuard<'a> {
 /// What a [`SlotGuard`] holds.
 enum Held<'a> {
     /// A worker slot: the file system's lock on it (its readahead windows), and its queue.
-    Worker { readahead: MutexGuard<'a, ReadAhead<Pending>>, sender: &'a SyncSender<Command> },
+    Worker { readahead: MutexGuard<'a, ReadAhead<Pending>>, queue: &'a Queue },
     /// An inline slot itself, locked: operations run on it in the caller's thread.
     Inline(MutexGuard<'a, Slot>),
 }
@@ -334,8 +405,8 @@ impl SlotGuard<'_> {
 
     fn send(&mut self, command: Command) -> Result<(), DataError> {
         match &mut self.held {
-            Held::Worker { sender, .. } => {
-                sender.send(command).map_err(|_| DataError::Stopped { slot: self.index })
+            Held::Worker { queue, .. } => {
+                queue.push(command).map_err(|_| DataError::Stopped { slot: self.index })
             }
             Held::Inline(slot) => {
                 slot.execute(command);
@@ -379,8 +450,17 @@ impl SlotGuard<'_> {
                 slot.queued_write(ino, generation, offset, data);
                 Ok(())
             }
-            Held::Worker { .. } => {
-                self.invalidate(ino);
+            Held::Worker { readahead, queue } => {
+                readahead.invalidate(ino);
+                if self.writers.load(Ordering::Relaxed) > 1 {
+                    // Several writes at once: the CPU, not one writer's latency, is the limit,
+                    // so the bytes go to the client from the FUSE request without a copy or a
+                    // hand-off, once the worker ran what was queued before (only this lock's
+                    // holder queues, so the order of the slot's operations is kept).
+                    queue.queued.wait_idle();
+                    queue.slot.lock().queued_write(ino, generation, offset, data);
+                    return Ok(());
+                }
                 self.send(Command::Write { ino, generation, offset, data: data.to_vec() })
             }
         }
@@ -399,8 +479,8 @@ impl SlotGuard<'_> {
         let index = self.index;
         match &mut self.held {
             Held::Inline(slot) => slot.read_ahead(ino, generation, offset, buffer, size),
-            Held::Worker { readahead, sender } => {
-                let mut fetch = WorkerFetch { sender, slot: index, ino, generation };
+            Held::Worker { readahead, queue } => {
+                let mut fetch = WorkerFetch { queue, slot: index, ino, generation };
                 readahead.read_through(&mut fetch, ino, generation, offset, buffer, size)
             }
         }
@@ -424,8 +504,8 @@ impl SlotGuard<'_> {
                 slot.read_ahead(ino, generation, offset, &mut buffer, size)?;
                 Ok(deliver(&buffer))
             }
-            Held::Worker { readahead, sender } => {
-                let mut fetch = WorkerFetch { sender, slot: index, ino, generation };
+            Held::Worker { readahead, queue } => {
+                let mut fetch = WorkerFetch { queue, slot: index, ino, generation };
                 if let Some(bytes) =
                     readahead.serve(&mut fetch, ino, generation, offset, length, size)?
                 {
@@ -500,12 +580,24 @@ impl SlotGuard<'_> {
     }
 }
 
+/// The worker loop: runs commands in order, each under the slot's lock, until the plane is
+/// dropped; then flushes.
+fn serve(slot: &Mutex<Slot>, queued: &Queued, commands: Receiver<Command>) {
+    for command in commands {
+        slot.lock().execute(command);
+        queued.done();
+    }
+    if let Err(e) = slot.lock().flush() {
+        tracing::error!(error = %e, "flushing writes at unmount failed");
+    }
+}
+
 /// A worker slot's background read: the worker's answer.
 type Pending = Receiver<Result<Vec<u8>, DataError>>;
 
 /// Reads of one inode through a worker slot's queue.
 struct WorkerFetch<'a> {
-    sender: &'a SyncSender<Command>,
+    queue: &'a Queue,
     slot: usize,
     ino: Ino,
     generation: u64,
@@ -539,8 +631,8 @@ impl WorkerFetch<'_> {
     fn send(&self, offset: u64, buffer: Vec<u8>) -> Result<Pending, DataError> {
         let (reply, answer) = sync_channel(1);
         let (ino, generation) = (self.ino, self.generation);
-        self.sender
-            .send(Command::Read { ino, generation, offset, buffer, reply })
+        self.queue
+            .push(Command::Read { ino, generation, offset, buffer, reply })
             .map_err(|_| DataError::Stopped { slot: self.slot })?;
         Ok(answer)
     }
@@ -599,16 +691,6 @@ pub struct Slot {
 }
 
 impl Slot {
-    /// The worker loop: runs commands in order until the plane is dropped.
-    fn serve(mut self, commands: Receiver<Command>) {
-        for command in commands {
-            self.execute(command);
-        }
-        if let Err(e) = self.flush() {
-            tracing::error!(error = %e, "flushing writes at unmount failed");
-        }
-    }
-
     /// Runs one command (answering on its reply channel, if it has one).
     fn execute(&mut self, command: Command) {
         match command {

@@ -391,6 +391,7 @@ impl SpillwayFs {
             return Err(Errno::ENOSPC);
         }
         let caller = caller(req);
+        let _writing = self.data.writing();
         let mut slot = self.data.slot(ino);
         // A gap left past EOF already reads as zeros: a shrinking truncate zeroed what the
         // store held past the new size (do_setattr). Zeroing the gap here instead would
