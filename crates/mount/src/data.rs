@@ -14,13 +14,14 @@
 //!   other mounts may have put their bytes there already).
 //!
 //! A [`spillway_client::Client`] needs `&mut self`, so the mount keeps a small pool of clients
-//! ([`DataPlane`]), each owned by a worker thread with its own connections and fed by a bounded
+//! ([`DataPlane`]), each run by a worker thread with its own connections and fed by a bounded
 //! queue of commands; an inode always uses the same slot (`ino % slots`), which keeps one
 //! file's writes and reads in order on one pipeline (a read sees every earlier write of the same
 //! mount) while different files proceed in parallel. A write is queued (its bytes copied) and
 //! the kernel answered at once, so the application's next `write(2)` overlaps the sending of
 //! this one (write-behind, at most [`QUEUED_COMMANDS_MAX`] commands, i.e. that many MiB, per
-//! slot). A failure is pinned on every inode the slot wrote since its last flush (a pipelined
+//! slot); while several writes are in progress in the mount, a write instead goes to the
+//! slot's client from the FUSE thread once the worker is idle ([`SlotGuard::write`]). A failure is pinned on every inode the slot wrote since its last flush (a pipelined
 //! failure does not say whose write it was) and reported to every flush (close) and fsync of
 //! the inode until its last handle is released; the file system then withdraws the size those
 //! writes claimed, so a file never shows zeros where the servers refused its bytes. Once the
@@ -29,8 +30,9 @@
 //! again, until the next close or fsync tries again.
 //! Each slot also has a lock that the file system holds across a truncate and the zero-fill
 //! that follows it; it guards the slot's readahead windows ([`crate::readahead`]), which serve
-//! a sequential reader's requests without a round trip. [`DataPlane::inline`] runs the same slots without worker threads, each
-//! operation in the caller's thread under the slot's lock: the preload library's data path.
+//! a sequential reader's requests without a round trip. [`DataPlane::inline`] runs the same
+//! slots without worker threads, each operation in the caller's thread under the slot's lock:
+//! the preload library's data path.
 //! There the slot's lock is the one lock (held for the [`SlotGuard`]'s life, as the worker
 //! path's file-system lock is), writes go to the client from the caller's own buffer without
 //! a copy, and reads fill the caller's buffer.
@@ -435,9 +437,10 @@ impl SlotGuard<'_> {
         answer.recv().map_err(|_| DataError::Stopped { slot: self.index })?
     }
 
-    /// Queues a write of `data` at `offset` (copied into the worker's queue; an inline slot
-    /// hands the slice to its client, which sends or gathers it before this returns). The
-    /// write fails, if at all, by the next flush of the slot.
+    /// Queues a write of `data` at `offset` (copied into the worker's queue; an inline slot,
+    /// or a worker slot while the file system has several writes in progress, hands the slice
+    /// to its client, which sends or gathers it before this returns). The write fails, if at
+    /// all, by the next flush of the slot.
     pub fn write(
         &mut self,
         ino: Ino,
