@@ -21,7 +21,8 @@
 //! the kernel answered at once, so the application's next `write(2)` overlaps the sending of
 //! this one (write-behind, at most [`QUEUED_COMMANDS_MAX`] commands, i.e. that many MiB, per
 //! slot); while several writes are in progress in the mount, a write instead goes to the
-//! slot's client from the FUSE thread once the worker is idle ([`SlotGuard::write`]). A failure is pinned on every inode the slot wrote since its last flush (a pipelined
+//! slot's client from the FUSE thread once the worker is idle ([`SlotGuard::write`]). A
+//! failure is pinned on every inode the slot wrote since its last flush (a pipelined
 //! failure does not say whose write it was) and reported to every flush (close) and fsync of
 //! the inode until its last handle is released; the file system then withdraws the size those
 //! writes claimed, so a file never shows zeros where the servers refused its bytes. Once the
@@ -143,7 +144,7 @@ enum Runner {
 }
 
 /// A worker slot's queue and the slot itself, which the worker locks for each command and a
-/// FUSE thread may lock to write directly while the queue is empty.
+/// FUSE thread may lock to write directly once the queue is empty.
 struct Queue {
     sender: SyncSender<Command>,
     slot: Arc<Mutex<Slot>>,
@@ -153,29 +154,48 @@ struct Queue {
 
 #[derive(Default)]
 struct Queued {
-    count: Mutex<usize>,
+    /// `(commands not yet run, whether the worker has stopped)`.
+    state: Mutex<(usize, bool)>,
     idle: Condvar,
 }
 
 impl Queued {
     fn add(&self) {
-        *self.count.lock() += 1;
+        self.state.lock().0 += 1;
     }
 
     fn done(&self) {
-        let mut count = self.count.lock();
-        *count -= 1;
-        if *count == 0 {
+        let mut state = self.state.lock();
+        // Saturating: `stopped` may have zeroed the count under a command that then failed.
+        state.0 = state.0.saturating_sub(1);
+        if state.0 == 0 {
             self.idle.notify_all();
         }
     }
 
-    /// Waits until every command sent so far has run.
-    fn wait_idle(&self) {
-        let mut count = self.count.lock();
-        while *count > 0 {
-            self.idle.wait(&mut count);
+    /// The worker is gone (its queue closed, or it panicked): nobody waits for it any more.
+    fn stopped(&self) {
+        *self.state.lock() = (0, true);
+        self.idle.notify_all();
+    }
+
+    /// Waits until every command sent so far has run; false if the worker stopped.
+    fn wait_idle(&self) -> bool {
+        let mut state = self.state.lock();
+        while state.0 > 0 {
+            self.idle.wait(&mut state);
         }
+        !state.1
+    }
+}
+
+/// Marks the worker stopped when its loop ends, also by a panic (a writer waiting for the
+/// queue to empty would wait forever otherwise).
+struct StopsQueue<'a>(&'a Queued);
+
+impl Drop for StopsQueue<'_> {
+    fn drop(&mut self) {
+        self.0.stopped();
     }
 }
 
@@ -460,7 +480,9 @@ impl SlotGuard<'_> {
                     // so the bytes go to the client from the FUSE request without a copy or a
                     // hand-off, once the worker ran what was queued before (only this lock's
                     // holder queues, so the order of the slot's operations is kept).
-                    queue.queued.wait_idle();
+                    if !queue.queued.wait_idle() {
+                        return Err(DataError::Stopped { slot: self.index });
+                    }
                     queue.slot.lock().queued_write(ino, generation, offset, data);
                     return Ok(());
                 }
@@ -586,6 +608,7 @@ impl SlotGuard<'_> {
 /// The worker loop: runs commands in order, each under the slot's lock, until the plane is
 /// dropped; then flushes.
 fn serve(slot: &Mutex<Slot>, queued: &Queued, commands: Receiver<Command>) {
+    let _stops = StopsQueue(queued);
     for command in commands {
         slot.lock().execute(command);
         queued.done();

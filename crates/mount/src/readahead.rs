@@ -2,9 +2,9 @@
 //! next one while the last is being served.
 //!
 //! The kernel hands a FUSE mount its reads in requests of at most the bdi's `read_ahead_kb`
-//! (128 KiB by default, whatever the mount asks; docs/design/mount.md, "Readahead"), so a
-//! reader of 1 MiB records would cost eight round trips to the servers per MiB, one after the
-//! other. A slot instead keeps a few *windows*: when a read continues where an earlier read of
+//! (128 KiB by default, whatever the mount asks; docs/design/mount.md, "Readahead windows in
+//! the mount"), so a reader of 1 MiB records would cost eight round trips to the servers per
+//! MiB, one after the other. A slot instead keeps a few *windows*: when a read continues where an earlier read of
 //! the same file ended (or starts the file), the slot reads [`READAHEAD_BYTES`] from there in
 //! one client read, pipelined over every server holding them, and serves the following
 //! requests from memory; and once a window serves a read, the window after it is fetched in
