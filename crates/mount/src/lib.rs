@@ -46,6 +46,9 @@ pub enum MountError {
     Watch(spillway_namespace::MetaError),
 }
 
+/// How long [`Mount::unmount`] (as root) retries an unmount the kernel refuses as busy.
+pub const UNMOUNT_BUSY_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A live mount; unmounts (lazily, like `umount -l`) when dropped.
 pub struct Mount {
     session: Option<BackgroundSession>,
@@ -71,10 +74,35 @@ impl Mount {
 
     fn unmount_inner(&mut self) -> Result<(), MountError> {
         let Some(session) = self.session.take() else { return Ok(()) };
+        if !session.guard.is_finished() && spillway_sys::user::euid() == 0 {
+            // Root unmounts itself, waiting out EBUSY: the kernel refuses a non-lazy unmount
+            // while requests of files closed a moment ago are still in flight (asynchronous
+            // readahead), and fuser's unmount gives up at once.
+            let deadline = std::time::Instant::now() + UNMOUNT_BUSY_WAIT_MAX;
+            loop {
+                match spillway_sys::mount::unmount(&self.mountpoint, false) {
+                    Ok(()) => break,
+                    Err(e)
+                        if e.raw_os_error() == Some(libc::EBUSY)
+                            && std::time::Instant::now() < deadline =>
+                    {
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                    }
+                    Err(source) => {
+                        return Err(MountError::Unmount { path: self.mountpoint.clone(), source })
+                    }
+                }
+            }
+            // The session ends once the kernel's DESTROY is served (every write flushed).
+            while !session.guard.is_finished() {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
         if session.guard.is_finished() {
-            // Unmounted from outside (`spillway umount`, `umount`): the session thread has
-            // flushed and ended. Dropping fuser's session would unmount the *path* once more,
-            // which could take down a new mount made there meanwhile; leak the finished handle.
+            // Unmounted (here, or from outside: `spillway umount`, `umount`): the session
+            // thread has flushed and ended. Dropping fuser's session would unmount the *path*
+            // once more, which could take down a new mount made there meanwhile; leak the
+            // finished handle.
             std::mem::forget(session);
             return Ok(());
         }

@@ -85,6 +85,9 @@ pub struct ReadAhead<P> {
     spare: Vec<Vec<u8>>,
     /// `(ino, generation, end)` of the latest reads that no window served, newest last.
     read_ends: Vec<(Ino, u64, u64)>,
+    /// Files a window read failed for (the latest [`READ_ENDS_MAX`]): read request by request
+    /// until invalidated.
+    failed: Vec<(Ino, u64)>,
     reads: u64,
     /// Reads served from memory, windows read while a reader waited, and in the background.
     pub hits: u64,
@@ -99,6 +102,7 @@ impl<P> Default for ReadAhead<P> {
             fetches: Vec::new(),
             spare: Vec::new(),
             read_ends: Vec::new(),
+            failed: Vec::new(),
             reads: 0,
             hits: 0,
             fills: 0,
@@ -138,7 +142,19 @@ impl<P> ReadAhead<P> {
                         return Ok(None);
                     };
                     let bytes = self.buffer(window);
-                    let bytes = fetch.read(offset, bytes)?;
+                    let bytes = match fetch.read(offset, bytes) {
+                        Ok(bytes) => bytes,
+                        Err(e) => {
+                            // A file that fails to read (writes a restart lost, a vanished
+                            // epoch) gets no more windows until it is opened again: each
+                            // request would read a window's worth for nothing.
+                            if self.failed.len() >= READ_ENDS_MAX {
+                                self.failed.remove(0);
+                            }
+                            self.failed.push((ino, generation));
+                            return Err(e);
+                        }
+                    };
                     self.fills += 1;
                     self.insert(ino, generation, offset, bytes)
                 }
@@ -209,6 +225,9 @@ impl<P> ReadAhead<P> {
         end: u64,
         size: u64,
     ) -> Option<usize> {
+        if self.failed.contains(&(ino, generation)) {
+            return None;
+        }
         let sequential = offset == 0
             || self.read_ends.contains(&(ino, generation, offset))
             || self
@@ -286,6 +305,7 @@ impl<P> ReadAhead<P> {
         self.windows.retain(|w| w.ino != ino);
         self.fetches.retain(|f| f.ino != ino);
         self.read_ends.retain(|&(i, _, _)| i != ino);
+        self.failed.retain(|&(i, _)| i != ino);
     }
 }
 
@@ -457,6 +477,10 @@ mod tests {
         let mut buffer = vec![0u8; KIB128];
         assert_eq!(failing.read_through(&mut Broken, 9, 1, 0, &mut buffer, SIZE), Err("EIO"));
         assert!(failing.windows.is_empty());
+        // ... and the file gets no more windows (each request alone) until it is opened again.
+        assert_eq!(failing.window_length(9, 1, 0, 4096, SIZE), None);
+        failing.invalidate(9);
+        assert_eq!(failing.window_length(9, 1, 0, 4096, SIZE), Some(READAHEAD_BYTES));
         // Windows are bounded; the least recently used goes.
         let mut servers = Servers::default();
         for ino in 0..(READAHEAD_WINDOWS_MAX as u64 + 2) {
