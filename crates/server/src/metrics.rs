@@ -174,6 +174,11 @@ fn store(shared: &Shared, out: &mut Exposition) {
         "Syncs and commit steps made durable by an fsync round another caller ran.",
         stats.fsyncs_shared,
     );
+    out.counter(
+        "spillway_server_sync_behind_rounds_total",
+        "fsync rounds started in the background because store.ssd_sync_behind_bytes were unsynced.",
+        stats.sync_behind_rounds,
+    );
 }
 
 /// Drains: bytes written to the PFS, epochs by drain state.

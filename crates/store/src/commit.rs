@@ -33,6 +33,7 @@ impl Inner {
             }
             // Every call counted so far wrote (and marked dirty) before this snapshot.
             let round = state.sync_calls;
+            state.unsynced_bytes = 0;
             let mut targets = Vec::new();
             for (&id, segment) in state.segments.iter_mut() {
                 if segment.dirty {
@@ -44,6 +45,12 @@ impl Inner {
             (targets, std::mem::take(&mut state.directory_dirty), round)
         };
         let result = self.fsync_round(&targets, directory);
+        if result.is_ok() && self.knobs.ssd_drop_behind {
+            // Every page below `length` is clean now: what drop-behind skipped can go.
+            for (_, file, length) in &targets {
+                let _ = file.drop_cached(0, *length);
+            }
+        }
         let mut state = self.state.lock();
         if let Err(reason) = result {
             self.fail(&mut state, reason.clone());

@@ -42,6 +42,7 @@ mod recovery;
 mod slot;
 pub mod storage;
 mod store;
+mod sync_behind;
 mod write_log;
 
 pub use error::{

@@ -48,6 +48,12 @@ pub trait SegmentFile: Send + Sync {
     fn start_writeback(&self, _offset: u64, _length: u64) -> io::Result<()> {
         Ok(())
     }
+    /// Asks the kernel to drop the range's clean pages from its page cache (Linux
+    /// `posix_fadvise(DONTNEED)`, which also starts writeback of dirty ones; those stay cached).
+    /// A hint: the default does nothing.
+    fn drop_cached(&self, _offset: u64, _length: u64) -> io::Result<()> {
+        Ok(())
+    }
     /// Sets the Linux write-lifetime hint (`RWH_WRITE_LIFE_*`). `Ok(false)` when the kernel or
     /// file system does not support hints; that is not an error.
     fn set_write_hint(&self, hint: u64) -> io::Result<bool>;
@@ -246,6 +252,24 @@ impl SegmentFile for PosixFile {
             Ok(())
         } else {
             Err(io::Error::last_os_error())
+        }
+    }
+    fn drop_cached(&self, offset: u64, length: u64) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: plain syscall on our own descriptor.
+        let result = unsafe {
+            libc::posix_fadvise(
+                self.file.as_raw_fd(),
+                offset as libc::off_t,
+                length as libc::off_t,
+                libc::POSIX_FADV_DONTNEED,
+            )
+        };
+        // posix_fadvise returns the error number instead of setting errno.
+        if result == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::from_raw_os_error(result))
         }
     }
     fn set_write_hint(&self, hint: u64) -> io::Result<bool> {

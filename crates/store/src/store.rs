@@ -140,6 +140,8 @@ pub struct StoreStats {
     pub fsyncs: u64,
     /// Syncs and commit steps that a concurrent fsync round covered (group fsync).
     pub fsyncs_shared: u64,
+    /// fsync rounds the background syncer ran because `ssd_sync_behind_bytes` were unsynced.
+    pub sync_behind_rounds: u64,
     pub write_hints: WriteHints,
     pub recovery: RecoveryReport,
 }
@@ -289,6 +291,8 @@ pub(crate) struct Counters {
     pub write_through_records: u64,
     /// `sync_dirty` calls that a round started after them made durable (no fsync of their own).
     pub fsyncs_shared: u64,
+    /// Rounds the background syncer ran (`StoreStats::sync_behind_rounds`).
+    pub sync_behind_rounds: u64,
 }
 
 pub(crate) struct State {
@@ -305,6 +309,9 @@ pub(crate) struct State {
     /// `sync_dirty` calls so far, and how many of them the last finished round covered.
     pub sync_calls: u64,
     pub sync_calls_covered: u64,
+    /// Bytes spilled or written through since the last `sync_dirty` round took its snapshot
+    /// (the background syncer starts a round when they reach `ssd_sync_behind_bytes`).
+    pub unsynced_bytes: u64,
     pub next_segment: u64,
     pub ssd_used_bytes: u64,
     /// Capacity promised to writes in progress but not yet in DRAM.
@@ -343,6 +350,8 @@ pub(crate) struct Inner {
     pub space: Condvar,
     pub commit: Condvar,
     pub flusher: Condvar,
+    /// Wakes the background syncer (`sync_behind.rs`).
+    pub syncer: Condvar,
     pub write_log: WriteLog,
     /// Serialises GC rounds (the flusher and writers short of space may both start one).
     pub gc_lock: Mutex<()>,
@@ -357,6 +366,8 @@ pub(crate) struct Inner {
 pub struct Store {
     pub(crate) inner: Arc<Inner>,
     flusher: Option<std::thread::JoinHandle<()>>,
+    /// The background syncer; `None` with `FlusherMode::Manual` or `ssd_sync_behind_bytes = 0`.
+    syncer: Option<std::thread::JoinHandle<()>>,
 }
 
 /// Which DRAM records a spill takes.
@@ -462,6 +473,11 @@ const PREALLOCATE_CHUNK_BYTES: u64 = 16 << 20;
 
 /// Writeback is started (`sync_file_range`) in chunks of this size as segments fill.
 const WRITEBACK_CHUNK_BYTES: u64 = 16 << 20;
+
+/// With `store.ssd_drop_behind`, the page cache of a segment range is dropped when writeback
+/// of the range this far above it starts: by then its own writeback (started as long before)
+/// has usually ended, and only clean pages can be dropped. The rest goes after the next fsync.
+const DROP_BEHIND_LAG_BYTES: u64 = 4 * WRITEBACK_CHUNK_BYTES;
 
 const WRITE_HINT_META: u64 = 2; // RWH_WRITE_LIFE_SHORT
 
@@ -753,6 +769,7 @@ impl Store {
             next_sequence: 1,
             sync_calls: 0,
             sync_calls_covered: 0,
+            unsynced_bytes: 0,
             next_segment: 1,
             ssd_used_bytes: 0,
             reserved_bytes: 0,
@@ -784,24 +801,36 @@ impl Store {
             space: Condvar::new(),
             commit: Condvar::new(),
             flusher: Condvar::new(),
+            syncer: Condvar::new(),
             write_log,
             gc_lock: Mutex::new(()),
             sync_lock: Mutex::new(()),
             direct: crate::direct::DirectWriter::default(),
         });
+        Store { inner, flusher: None, syncer: None }.start_threads(flusher_mode)
+    }
+
+    /// Step 2 of `open_with_flusher`: the flusher thread and, with `ssd_sync_behind_bytes`
+    /// above 0, the syncer (`sync_behind.rs`); neither with `FlusherMode::Manual`.
+    fn start_threads(mut self, flusher_mode: FlusherMode) -> Result<Store, OpenError> {
         if flusher_mode == FlusherMode::Manual {
-            return Ok(Store { inner, flusher: None });
+            return Ok(self);
         }
-        let flusher_inner = inner.clone();
-        let flusher = std::thread::Builder::new()
-            .name("spillway-flusher".into())
-            .spawn(move || flusher_inner.flusher_loop())
-            .map_err(|source| OpenError::Io {
-                what: "starting the flusher thread".into(),
-                directory: knobs.ssd_directory.clone(),
-                source,
-            })?;
-        Ok(Store { inner, flusher: Some(flusher) })
+        let directory = self.inner.knobs.ssd_directory.clone();
+        let spawn = |name: &str, body: fn(Arc<Inner>), inner: Arc<Inner>| {
+            std::thread::Builder::new().name(name.into()).spawn(move || body(inner)).map_err(
+                |source| OpenError::Io {
+                    what: format!("starting the {name} thread"),
+                    directory: directory.clone(),
+                    source,
+                },
+            )
+        };
+        self.flusher = Some(spawn("spillway-flusher", Inner::flusher_loop, self.inner.clone())?);
+        if self.inner.knobs.ssd_sync_behind_bytes > 0 {
+            self.syncer = Some(spawn("spillway-syncer", Inner::syncer_loop, self.inner.clone())?);
+        }
+        Ok(self)
     }
 
     /// Appends `data` at `offset` of (`epoch`, `file`) in `stream`. Returns once the data is in
@@ -1316,6 +1345,7 @@ impl Store {
             commit_rounds: c.commit_rounds,
             fsyncs: c.fsyncs,
             fsyncs_shared: c.fsyncs_shared,
+            sync_behind_rounds: c.sync_behind_rounds,
             write_hints: state.hints,
             recovery: state.recovery.clone(),
         }
@@ -1382,8 +1412,9 @@ impl Store {
     fn stop_flusher(&mut self) {
         self.inner.state.lock().shutdown = true;
         self.inner.flusher.notify_all();
+        self.inner.syncer.notify_all();
         self.inner.space.notify_all();
-        if let Some(handle) = self.flusher.take() {
+        for handle in [self.flusher.take(), self.syncer.take()].into_iter().flatten() {
             let _ = handle.join();
         }
     }
@@ -1991,12 +2022,28 @@ impl Inner {
         state.counters.ssd_bytes_written += bytes;
         state.counters.write_through_records += 1;
         state.write_through_seen = true;
+        self.note_unsynced(&mut state, bytes);
         drop(state);
         if let Some((from, to)) = kick {
-            // Start writeback so the commit's fsync finds most of it on disk (a hint).
-            let _ = segment_file.start_writeback(from, to - from);
+            self.kick_writeback(segment_file.as_ref(), from, to);
         }
         Ok(())
+    }
+
+    /// Starts writeback of `from..to` of a segment so the commit's fsync finds most of it on
+    /// disk, and with `store.ssd_drop_behind` drops the range `DROP_BEHIND_LAG_BYTES` below it
+    /// from the page cache (hints: errors surface at fsync, and a page still dirty stays).
+    pub(crate) fn kick_writeback(&self, file: &dyn SegmentFile, from: u64, to: u64) {
+        let _ = file.start_writeback(from, to - from);
+        if self.knobs.ssd_drop_behind {
+            let (start, end) = (
+                from.saturating_sub(DROP_BEHIND_LAG_BYTES),
+                to.saturating_sub(DROP_BEHIND_LAG_BYTES),
+            );
+            if end > start {
+                let _ = file.drop_cached(start, end - start);
+            }
+        }
     }
 
     /// Step 1 of `write_through`: places the record in its stream's segment and accounts its
@@ -2447,6 +2494,7 @@ impl Inner {
                 Err(failure.reason)
             }
         };
+        self.note_unsynced(&mut state, moved);
         advance_tail(&mut state);
         #[cfg(feature = "strict_assertions")]
         check_invariants(&state);
@@ -2558,7 +2606,7 @@ impl Inner {
             range.1 = range.1.min(first.offset);
             range.2 = range.2.max(first.offset + length);
             if range.2 - range.1 >= WRITEBACK_CHUNK_BYTES {
-                let _ = range.0.start_writeback(range.1, range.2 - range.1);
+                self.kick_writeback(range.0.as_ref(), range.1, range.2);
                 range.1 = range.2;
             }
             self.write_log.write(first.stream, first.segment, first.offset, length);
@@ -2566,7 +2614,7 @@ impl Inner {
         }
         for (file, start, end) in unkicked.into_values() {
             if end > start {
-                let _ = file.start_writeback(start, end - start);
+                self.kick_writeback(file.as_ref(), start, end);
             }
         }
         Ok(())

@@ -550,6 +550,108 @@ fn ssd_commits_write_whole_blocks_around_the_page_cache_and_read_back_after_a_re
     }
 }
 
+/// Pages of the file at `path` in the page cache (`mincore` over a read-only mapping, which
+/// does not fault any page in).
+fn resident_pages(path: &std::path::Path) -> usize {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path).unwrap();
+    let length = file.metadata().unwrap().len() as usize;
+    if length == 0 {
+        return 0;
+    }
+    let page = 4096;
+    // SAFETY: a fresh shared read-only mapping of our own descriptor, unmapped below; mincore
+    // writes one byte per page into a vector of exactly that many bytes.
+    unsafe {
+        let address = libc::mmap(
+            std::ptr::null_mut(),
+            length,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        );
+        assert_ne!(address, libc::MAP_FAILED, "mmap of {}", path.display());
+        let mut residency = vec![0u8; length.div_ceil(page)];
+        let result = libc::mincore(address, length, residency.as_mut_ptr());
+        libc::munmap(address, length);
+        assert_eq!(result, 0, "mincore of {}", path.display());
+        residency.iter().filter(|&&byte| byte & 1 == 1).count()
+    }
+}
+
+#[test]
+fn spilled_segments_leave_the_page_cache_once_synced_with_drop_behind() {
+    for drop_behind in [true, false] {
+        let temp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let knobs = spillway_config::StoreKnobs {
+            ssd_drop_behind: drop_behind,
+            ..posix_knobs(&temp, false)
+        };
+        let store = Store::open(&knobs).unwrap();
+        let data = common::payload(5, 24 << 20);
+        store.write(StreamKey(1), EpochId(1), FileId(0), 0, &data).unwrap();
+        store.commit(EpochId(1), Durability::Ssd).unwrap();
+        let mut resident = 0;
+        for entry in std::fs::read_dir(temp.path().join("ssd")).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_str().unwrap().to_string();
+            if format::parse_segment_file_name(&name).is_some() {
+                resident += resident_pages(&path);
+            }
+        }
+        // 24 MiB are 6144 pages; the DRAM log (4 MiB) never held more than a fifth of them.
+        if drop_behind {
+            assert!(resident < 64, "{resident} pages of synced segments still cached");
+        } else {
+            assert!(resident > 4096, "only {resident} pages cached without drop-behind");
+        }
+        let mut back = vec![0u8; data.len()];
+        store.read(EpochId(1), FileId(0), 0, &mut back).unwrap();
+        assert!(back == data, "drop_behind {drop_behind}: bytes differ after the drop");
+        store.close().unwrap();
+    }
+}
+
+#[test]
+fn spilled_bytes_become_durable_in_the_background_before_any_commit() {
+    for sync_behind in [64 * KIB, 0] {
+        let knobs = spillway_config::StoreKnobs {
+            ssd_sync_behind_bytes: sync_behind,
+            ..common::small_knobs()
+        };
+        let storage = SimStorage::new();
+        let store = Store::open_with(&knobs, storage.clone() as Arc<dyn Storage>).unwrap();
+        // Four times the DRAM log: most of it is spilled or written through.
+        let data = common::payload(7, 1 << 20);
+        store.write(StreamKey(1), EpochId(1), FileId(0), 0, &data).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while sync_behind > 0
+            && store.stats().sync_behind_rounds == 0
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let rounds = store.stats().sync_behind_rounds;
+        // Power loss with the epoch neither committed nor synced.
+        let recovered = power_loss(&storage);
+        let durable = recovered.epoch(EpochId(1)).map_or(0, |info| info.payload_bytes);
+        if sync_behind == 0 {
+            assert_eq!(rounds, 0);
+            assert_eq!(durable, 0, "nothing was fsync'd, yet {durable} bytes survived");
+        } else {
+            assert!(rounds > 0, "no background fsync round in 30 s");
+            assert!(durable > 0, "{rounds} background rounds, yet nothing survived");
+            // What survived is the data written, whole records only.
+            let mut back = vec![0u8; data.len()];
+            recovered.read(EpochId(1), FileId(0), 0, &mut back).unwrap();
+            let survived = back.iter().zip(&data).filter(|(b, d)| b == d).count() as u64;
+            assert!(survived >= durable, "{survived} matching bytes of {durable} recovered");
+        }
+        drop(store);
+    }
+}
+
 fn open_manual_sim() -> (Arc<SimStorage>, Store) {
     let storage = SimStorage::new();
     let store = Store::open_with_flusher(

@@ -85,9 +85,15 @@ fn verify_whole_or_absent(store: &Store, epoch: u64, seed: u64) {
 fn committed_epochs_survive_power_loss_during_concurrent_work() {
     let seed = common::seed("committed_epochs_survive_power_loss_during_concurrent_work");
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let knobs = common::small_knobs();
     let mut direct_bytes = 0;
+    let mut sync_behind_rounds = 0;
     for round in 0..24 {
+        // Every third round a background syncer fsyncs every 32 KiB spilled, racing the
+        // commits' own rounds and the crash.
+        let knobs = StoreKnobs {
+            ssd_sync_behind_bytes: if round % 3 == 2 { 32 << 10 } else { 0 },
+            ..common::small_knobs()
+        };
         let storage = SimStorage::new();
         // Every other round the spills write whole blocks with O_DIRECT-style aligned writes
         // (misaligned ones fail with EINVAL): the torn and dropped writes then fall on that path.
@@ -98,6 +104,7 @@ fn committed_epochs_survive_power_loss_during_concurrent_work() {
             Arc::new(Store::open_with(&knobs, storage.clone() as Arc<dyn Storage>).unwrap());
         let writers = start_writers(&store);
         let crash = crash_while_writing(&mut rng, &storage, writers);
+        sync_behind_rounds += store.stats().sync_behind_rounds;
         drop(store);
         direct_bytes += storage.direct_bytes_written();
 
@@ -107,6 +114,7 @@ fn committed_epochs_survive_power_loss_during_concurrent_work() {
         store.close().unwrap();
     }
     assert!(direct_bytes > 0, "seed {seed}: no spill took the direct path");
+    assert!(sync_behind_rounds > 0, "seed {seed}: the background syncer never ran");
 }
 
 /// Writer threads working on one store until told to stop, and what they reported.
