@@ -39,7 +39,7 @@ knobs! {
         /// Spills and write-throughs write their whole 4 KiB blocks with O_DIRECT: 35-40 % less CPU per GB, but slower where appending direct writes serialise (ext4 on the reference machine: 0.61-0.76x the page-cache path in `spillway bench ingress --durable-only`); measure before turning it on.
         ssd_direct_io: bool = false, unit = "bool";
         /// Bytes spilled or written through to SSD since the last fsync round at which a background round starts (write-behind durability: a commit's fsync then finds at most about this much left to flush); 0 = only commits and syncs fsync.
-        ssd_sync_behind_bytes: u64 = 64 * MIB, unit = "bytes";
+        ssd_sync_behind_bytes: u64 = 32 * MIB, unit = "bytes";
         /// Drop spilled segment bytes from the kernel's page cache once they are written back (the DRAM log is the store's cache; a second copy in the page cache makes every spill allocate fresh pages, which on the reference VM cost up to 5x the copy itself).
         ssd_drop_behind: bool = true, unit = "bool";
         /// Touch every DRAM page at open so ingest never pays first-touch page faults.
