@@ -194,9 +194,12 @@ fn measure_dram_ingest(
     segment_bytes: u64,
     source: &[u8],
 ) -> anyhow::Result<f64> {
-    // Room for everything below the high watermark: nothing spills.
+    // Room for everything below the high watermark, and no write-behind: nothing spills.
     let dram = (bytes + bytes / 8).div_ceil(MIB) * MIB * 100 / 75 + 16 * MIB;
-    let store = Store::open(&knobs(root, "dram", dram, bytes, segment_bytes)?)?;
+    let store = Store::open(&StoreKnobs {
+        ssd_write_behind: false,
+        ..knobs(root, "dram", dram, bytes, segment_bytes)?
+    })?;
     let started = Instant::now();
     ingest(&store, bytes, source)?;
     let seconds = started.elapsed().as_secs_f64();

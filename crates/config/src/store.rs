@@ -40,7 +40,9 @@ knobs! {
         ssd_direct_io: bool = false, unit = "bool";
         /// Bytes spilled or written through to SSD since the last fsync round at which a background round starts (write-behind durability: a commit's fsync then finds at most about this much left to flush); 0 = only commits and syncs fsync.
         ssd_sync_behind_bytes: u64 = 32 * MIB, unit = "bytes";
-        /// Drop spilled segment bytes from the kernel's page cache once they are written back (the DRAM log is the store's cache; a second copy in the page cache makes every spill allocate fresh pages, which on the reference VM cost up to 5x the copy itself).
+        /// Spill each batch of new records (`flusher_batch_bytes`) to SSD as it arrives, below the DRAM watermarks, keeping the ring copy as a clean cache for reads until the ring needs the room: an `ssd` commit or a mount's fsync then finds the data written and mostly flushed. Costs SSD writes for data deleted before it would otherwise have spilled, so `spillway serve` turns it off when `server.commit_durability` is memory.
+        ssd_write_behind: bool = true, unit = "bool";
+        /// Drop spilled segment bytes from the kernel's page cache once they are written back (the DRAM log is the store's cache; a second copy in the page cache makes every spill allocate fresh pages, which on the reference VM cost about 6x the copy itself).
         ssd_drop_behind: bool = true, unit = "bool";
         /// Touch every DRAM page at open so ingest never pays first-touch page faults.
         dram_prefault: bool = true, unit = "bool";

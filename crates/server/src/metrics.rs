@@ -179,6 +179,11 @@ fn store(shared: &Shared, out: &mut Exposition) {
         "fsync rounds started in the background because store.ssd_sync_behind_bytes were unsynced.",
         stats.sync_behind_rounds,
     );
+    out.gauge(
+        "spillway_server_dram_cached_bytes",
+        "DRAM ring bytes holding clean copies of records already on SSD (reads use them).",
+        stats.dram_cached_bytes as f64,
+    );
 }
 
 /// Drains: bytes written to the PFS, epochs by drain state.

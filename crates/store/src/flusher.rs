@@ -44,6 +44,7 @@ impl Inner {
                     && state.ring.used() <= self.high_watermark_bytes(&state)
                     && !state.gc_wanted
                     && !state.write_through_seen
+                    && !self.write_behind_due(&state)
                 {
                     self.flusher.wait_for(&mut state, interval);
                 }
@@ -67,10 +68,11 @@ impl Inner {
     }
 
     /// One round: memory-level commits made durable, DRAM above the high watermark (or above
-    /// the low one after write-throughs) spilled to the low one, dead segments deleted,
+    /// the low one after write-throughs) spilled to the low one, otherwise whole batches of new
+    /// records spilled behind the ingest (`ssd_write_behind`), dead segments deleted,
     /// compaction when space is low, the reserve file re-taken when space is back.
     pub(crate) fn flusher_round(&self) -> Round {
-        let (pending, over, gc_wanted) = {
+        let (pending, over, behind, gc_wanted) = {
             let mut state = self.state.lock();
             if state.shutdown {
                 return Round::Shutdown;
@@ -83,20 +85,26 @@ impl Inner {
             let low = state.ring.capacity() / 100 * self.knobs.dram_low_watermark_percent;
             let pressure = std::mem::take(&mut state.write_through_seen);
             let over = state.ring.used() > high || (pressure && state.ring.used() > low);
+            let behind = self.write_behind_due(&state);
             let low_space = self.free_bytes(&state) * 100
                 < self.knobs.gc_free_percent_min * self.knobs.ssd_bytes_max;
-            (pending, over, std::mem::take(&mut state.gc_wanted) || low_space)
+            (pending, over, behind, std::mem::take(&mut state.gc_wanted) || low_space)
         };
         let mut no_space = false;
         if !pending.is_empty() {
             // Out of space, the epochs go back to `durable_pending` (see `group_commit`).
             no_space |= matches!(self.group_commit(pending), Err(CommitError::NoSpace(_)));
         }
-        if over {
-            match self.spill_to_low_watermark() {
-                None => return Round::Shutdown,
-                Some(full) => no_space |= full,
-            }
+        let spilled = if over {
+            self.spill_to_low_watermark()
+        } else if behind {
+            self.spill_behind()
+        } else {
+            Some(false)
+        };
+        match spilled {
+            None => return Round::Shutdown,
+            Some(full) => no_space |= full,
         }
         if gc_wanted || no_space {
             if let Err(reason) = self.gc(false) {
@@ -107,15 +115,43 @@ impl Inner {
         Round::Done { no_space }
     }
 
+    /// Write-behind: spills the oldest Ready records, a batch at a time, while a whole batch is
+    /// waiting (the rest waits for the next batch or a commit). Returns as
+    /// `spill_to_low_watermark` does.
+    fn spill_behind(&self) -> Option<bool> {
+        loop {
+            {
+                let state = self.state.lock();
+                if state.shutdown {
+                    return None;
+                }
+                if !self.write_behind_due(&state) {
+                    return Some(false);
+                }
+            }
+            match self.spill(SpillScope::Oldest, self.knobs.flusher_batch_bytes) {
+                Ok(0) => return Some(false),
+                Ok(_) => {}
+                Err(_) => return Some(true),
+            }
+        }
+    }
+
     /// Spills the oldest DRAM records until the ring is at its low watermark. `None`: the store
     /// is shutting down; `Some(true)`: a spill failed (the file system is full, or the store
     /// failed).
     fn spill_to_low_watermark(&self) -> Option<bool> {
         loop {
             let low = {
-                let state = self.state.lock();
+                let mut state = self.state.lock();
                 if state.shutdown {
                     return None;
+                }
+                // Clean cached copies at the front go first: they cost no write.
+                let used = state.ring.used();
+                advance_tail(&mut state);
+                if state.ring.used() < used {
+                    self.space.notify_all();
                 }
                 state.ring.used()
                     <= state.ring.capacity() / 100 * self.knobs.dram_low_watermark_percent

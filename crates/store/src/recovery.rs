@@ -489,6 +489,7 @@ fn replay_data_record(state: &mut State, record: &ScannedRecord) {
         header.sequence,
         RecordInfo {
             location: Location::Ssd { segment: record.segment, offset: record.offset },
+            cached: None,
             epoch,
             payload_bytes: header.payload_bytes,
         },

@@ -77,6 +77,8 @@ impl Store {
         let length: usize = pieces.iter().map(|&(payload, _)| payload).sum();
         let needed: u64 = pieces.iter().map(|&(payload, _)| record_bytes(payload as u64)).sum();
         let mut state = inner.state.lock();
+        // Clean cached copies make room before anything else does.
+        advance_tail(&mut state);
         // No slot above the high watermark: there the caller's `write` goes straight to SSD.
         if state.ring.used() + needed > inner.high_watermark_bytes(&state) {
             return Ok(None);
@@ -174,7 +176,7 @@ impl WriteSlot {
             );
         }
         self.published = true;
-        inner.wake_flusher_above_high_watermark(&state);
+        inner.wake_flusher_if_due(&state);
         Ok(())
     }
 }

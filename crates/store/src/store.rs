@@ -109,7 +109,13 @@ pub struct RecoveryReport {
 #[derive(Clone, Debug, PartialEq)]
 pub struct StoreStats {
     pub dram_bytes_max: u64,
+    /// Ring bytes of records not yet on SSD (being written, ready or spilling): what the ring
+    /// cannot give back without a spill. Dead records the tail has not reached yet are not
+    /// counted (they are released as soon as it does).
     pub dram_used_bytes: u64,
+    /// Ring bytes holding clean copies of records already on SSD (evicted when the room is
+    /// needed; not counted in `dram_used_bytes`).
+    pub dram_cached_bytes: u64,
     pub ssd_bytes_max: u64,
     pub ssd_used_bytes: u64,
     pub ssd_live_bytes: u64,
@@ -156,6 +162,8 @@ pub(crate) enum DramStatus {
     Reserved,
     Ready,
     Spilling,
+    /// On SSD, its ring copy kept as a clean cache for reads until the ring needs the room
+    /// (`advance_tail` evicts it once the ring is above `dram_cache_keep_bytes`).
     Spilled,
     Dead,
 }
@@ -181,8 +189,21 @@ pub(crate) enum Location {
 #[derive(Debug)]
 pub(crate) struct RecordInfo {
     pub location: Location,
+    /// Ring position of a clean DRAM copy of an `Ssd` record (spilled, not yet evicted): reads
+    /// take it instead of the segment. `None` for `Dram` records and evicted copies.
+    pub cached: Option<u64>,
     pub epoch: EpochId,
     pub payload_bytes: u32,
+}
+
+impl RecordInfo {
+    /// Where its bytes can be read in the ring: a DRAM record, or an SSD record's clean copy.
+    pub(crate) fn ring_position(&self) -> Option<u64> {
+        match self.location {
+            Location::Dram { position } => Some(position),
+            Location::Ssd { .. } => self.cached,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -300,6 +321,13 @@ pub(crate) struct State {
     pub dram: VecDeque<DramRecord>,
     /// DRAM record bytes not yet placed in a segment (they will need SSD space).
     pub dram_unplaced_bytes: u64,
+    /// Bytes of Ready records (published, not yet placed): what write-behind may spill.
+    pub dram_ready_bytes: u64,
+    /// Bytes of Spilled records still in the ring (clean copies of SSD records).
+    pub dram_cached_bytes: u64,
+    /// Ring use up to which Spilled records stay cached (the low watermark): above it they are
+    /// evicted, so clean copies never push the ring toward its high watermark.
+    pub dram_cache_keep_bytes: u64,
     pub records: HashMap<u64, RecordInfo>,
     pub index: Index,
     pub epochs: BTreeMap<EpochId, EpochEntry>,
@@ -573,7 +601,7 @@ fn publish_data_record(
     record_bytes: u64,
 ) {
     let (sequence, epoch, payload_bytes) = (header.sequence, header.epoch, header.payload_bytes);
-    state.records.insert(sequence, RecordInfo { location, epoch, payload_bytes });
+    state.records.insert(sequence, RecordInfo { location, cached: None, epoch, payload_bytes });
     if payload_bytes > 0 {
         state.index.insert(
             epoch,
@@ -664,6 +692,7 @@ pub(crate) fn publish_dram_record(
     let record = &mut state.dram[at];
     record.status = DramStatus::Ready;
     record.sequence = header.sequence;
+    state.dram_ready_bytes += bytes;
     publish_data_record(state, &header, Location::Dram { position }, bytes);
     state.epochs.get_mut(&epoch).expect("published epoch vanished").dram_pending += 1;
 }
@@ -761,6 +790,9 @@ impl Store {
             ring: Ring::new(knobs.dram_bytes_max),
             dram: VecDeque::new(),
             dram_unplaced_bytes: 0,
+            dram_ready_bytes: 0,
+            dram_cached_bytes: 0,
+            dram_cache_keep_bytes: knobs.dram_bytes_max / 100 * knobs.dram_low_watermark_percent,
             records: HashMap::new(),
             index: Index::default(),
             epochs: BTreeMap::new(),
@@ -1065,8 +1097,8 @@ impl Store {
                 payload_bytes: info.payload_bytes as u64,
                 skip: extent.skip,
             };
-            match info.location {
-                Location::Dram { position } => {
+            match (info.ring_position(), info.location) {
+                (Some(position), _) => {
                     let start = position + HEADER_BYTES as u64 + extent.skip;
                     assert!(
                         state.ring.holds(start, extent.length),
@@ -1076,7 +1108,7 @@ impl Store {
                     state.dram[at].readers += 1;
                     dram_reads.push(DramRead { position, record, target });
                 }
-                Location::Ssd { segment, offset: record_offset } => {
+                (None, Location::Ssd { segment, offset: record_offset }) => {
                     let file = state
                         .segments
                         .get(&segment)
@@ -1085,6 +1117,7 @@ impl Store {
                         .clone();
                     ssd_reads.push(SsdRead { segment, file, record_offset, record, target });
                 }
+                (None, Location::Dram { .. }) => unreachable!("a DRAM record is in the ring"),
             }
         }
         Ok((dram_reads, ssd_reads))
@@ -1288,11 +1321,14 @@ impl Store {
         file: FileId,
         offset: u64,
     ) -> std::io::Result<Option<String>> {
-        let state = self.inner.state.lock();
+        let mut state = self.inner.state.lock();
         let Some((_, extent)) = state.index.range(epoch, file, offset, 1).into_iter().next() else {
             return Ok(None);
         };
-        let info = state.records.get(&extent.record).expect("indexed record has no location");
+        let info = state.records.get_mut(&extent.record).expect("indexed record has no location");
+        // The damaged copy is the one reads must meet: an SSD record's clean ring copy is
+        // dropped (as if evicted), so reads go to the segment.
+        info.cached = None;
         let at_in_record = HEADER_BYTES as u64 + extent.skip;
         match info.location {
             Location::Dram { position } => {
@@ -1314,6 +1350,26 @@ impl Store {
         }
     }
 
+    /// Drops every clean DRAM copy of a record that is on SSD: reads then go to the segments,
+    /// and the ring space comes back as the tail reaches it. Returns the bytes dropped.
+    pub fn evict_cached(&self) -> u64 {
+        let mut state = self.inner.state.lock();
+        let state = &mut *state;
+        let dropped = state.dram_cached_bytes;
+        for record in state.dram.iter_mut().filter(|r| r.status == DramStatus::Spilled) {
+            record.status = DramStatus::Dead;
+            if let Some(info) = state.records.get_mut(&record.sequence) {
+                info.cached = None;
+            }
+        }
+        state.dram_cached_bytes = 0;
+        advance_tail(state);
+        #[cfg(feature = "strict_assertions")]
+        check_invariants(state);
+        self.inner.space.notify_all();
+        dropped
+    }
+
     pub fn stats(&self) -> StoreStats {
         let state = self.inner.state.lock();
         let live: u64 =
@@ -1321,7 +1377,13 @@ impl Store {
         let c = &state.counters;
         StoreStats {
             dram_bytes_max: state.ring.capacity(),
-            dram_used_bytes: state.ring.used(),
+            dram_used_bytes: state
+                .dram
+                .iter()
+                .filter(|r| !matches!(r.status, DramStatus::Spilled | DramStatus::Dead))
+                .map(|r| r.bytes)
+                .sum(),
+            dram_cached_bytes: state.dram_cached_bytes,
             ssd_bytes_max: self.inner.knobs.ssd_bytes_max,
             ssd_used_bytes: state.ssd_used_bytes,
             ssd_live_bytes: live,
@@ -1595,14 +1657,7 @@ fn has_dead_bytes(state: &State) -> bool {
 }
 
 pub(crate) fn check_invariants(state: &State) {
-    assert!(state.ring.used() <= state.ring.capacity());
-    let mut previous = None;
-    for record in &state.dram {
-        if let Some(end) = previous {
-            assert!(record.position >= end, "DRAM records overlap at {}", record.position);
-        }
-        previous = Some(record.position + record.bytes);
-    }
+    check_dram_invariants(state);
     let used: u64 = state.segments.values().map(|s| s.length).sum();
     assert_eq!(used, state.ssd_used_bytes, "ssd_used_bytes disagrees with segment lengths");
     for (&id, segment) in &state.segments {
@@ -1657,6 +1712,41 @@ pub(crate) fn check_invariants(state: &State) {
                     assert_eq!(info.epoch, epoch);
                 }
             }
+        }
+    }
+}
+
+/// The ring's records do not overlap, the Ready and cached byte counts match them, and every
+/// clean copy an SSD record names is its Spilled record.
+fn check_dram_invariants(state: &State) {
+    assert!(state.ring.used() <= state.ring.capacity());
+    let mut previous = None;
+    let (mut ready, mut cached) = (0, 0);
+    for record in &state.dram {
+        if let Some(end) = previous {
+            assert!(record.position >= end, "DRAM records overlap at {}", record.position);
+        }
+        previous = Some(record.position + record.bytes);
+        match record.status {
+            DramStatus::Ready => ready += record.bytes,
+            DramStatus::Spilled => cached += record.bytes,
+            _ => {}
+        }
+    }
+    assert_eq!(ready, state.dram_ready_bytes, "dram_ready_bytes disagrees with Ready records");
+    assert_eq!(cached, state.dram_cached_bytes, "dram_cached_bytes disagrees with Spilled records");
+    for (&sequence, info) in &state.records {
+        if let Some(position) = info.cached {
+            assert!(
+                matches!(info.location, Location::Ssd { .. }),
+                "record {sequence}: cached DRAM"
+            );
+            let record = &state.dram[dram_index(state, position)];
+            assert_eq!(
+                (record.status, record.sequence),
+                (DramStatus::Spilled, sequence),
+                "record {sequence}: its cached copy at {position} is not its Spilled record"
+            );
         }
     }
 }
@@ -1884,6 +1974,8 @@ impl Inner {
                 if let Some(reason) = &state.failed {
                     return Err(WriteError::Failed(reason.clone()));
                 }
+                // Clean cached copies make room before anything else does.
+                advance_tail(&mut state);
                 if state.ring.used() + bytes > self.high_watermark_bytes(&state)
                     && piece.len() as u64 >= WRITE_THROUGH_PAYLOAD_BYTES_MIN
                 {
@@ -1934,15 +2026,20 @@ impl Inner {
             piece.len(),
             piece_crc,
         );
-        self.wake_flusher_above_high_watermark(&state);
+        self.wake_flusher_if_due(&state);
         Ok(())
     }
 
-    /// Wakes the flusher if DRAM use is above the high watermark.
-    pub(crate) fn wake_flusher_above_high_watermark(&self, state: &State) {
-        if state.ring.used() > self.high_watermark_bytes(state) {
+    /// Wakes the flusher if DRAM use is above the high watermark or write-behind has a batch.
+    pub(crate) fn wake_flusher_if_due(&self, state: &State) {
+        if state.ring.used() > self.high_watermark_bytes(state) || self.write_behind_due(state) {
             self.flusher.notify_one();
         }
+    }
+
+    /// `store.ssd_write_behind` is on and a spill batch of Ready records is waiting.
+    pub(crate) fn write_behind_due(&self, state: &State) -> bool {
+        self.knobs.ssd_write_behind && state.dram_ready_bytes >= self.knobs.flusher_batch_bytes
     }
 
     pub(crate) fn high_watermark_bytes(&self, state: &State) -> u64 {
@@ -2436,6 +2533,7 @@ impl Inner {
                 .segments
                 .insert(segment);
             state.dram_unplaced_bytes -= bytes;
+            state.dram_ready_bytes -= bytes;
             let at = dram_index(&state, position);
             state.dram[at].status = DramStatus::Spilling;
             placed.push(Placed { segment, offset, file, position, bytes, sequence, stream });
@@ -2465,8 +2563,10 @@ impl Inner {
             let at = dram_index(&state, item.position);
             let epoch = state.dram[at].epoch;
             state.dram[at].status = DramStatus::Spilled;
+            state.dram_cached_bytes += item.bytes;
             if let Some(info) = state.records.get_mut(&item.sequence) {
                 info.location = Location::Ssd { segment: item.segment, offset: item.offset };
+                info.cached = Some(item.position);
             }
             if let Some(entry) = state.epochs.get_mut(&epoch) {
                 assert!(entry.dram_pending > 0, "epoch {epoch} DRAM pending underflow");
@@ -2548,6 +2648,7 @@ impl Inner {
             if phase_is_live(entry.phase) {
                 state.dram[at].status = DramStatus::Ready;
                 state.dram_unplaced_bytes += item.bytes;
+                state.dram_ready_bytes += item.bytes;
             } else {
                 // Deleted while it was being written: as `retire` does with Ready records.
                 entry.dram_pending -= 1;
@@ -2692,10 +2793,22 @@ impl Inner {
             *usage -= bytes;
         }
         for record in state.dram.iter_mut() {
-            if record.epoch == epoch && record.status == DramStatus::Ready {
-                record.status = DramStatus::Dead;
-                state.dram_unplaced_bytes -= record.bytes;
-                entry.dram_pending -= 1;
+            if record.epoch != epoch {
+                continue;
+            }
+            match record.status {
+                DramStatus::Ready => {
+                    record.status = DramStatus::Dead;
+                    state.dram_unplaced_bytes -= record.bytes;
+                    state.dram_ready_bytes -= record.bytes;
+                    entry.dram_pending -= 1;
+                }
+                // Its record table entry is gone: the clean copy serves nobody.
+                DramStatus::Spilled => {
+                    record.status = DramStatus::Dead;
+                    state.dram_cached_bytes -= record.bytes;
+                }
+                _ => {}
             }
         }
         state.index.remove_epoch(epoch);
@@ -2779,15 +2892,29 @@ pub(crate) fn dram_index(state: &State, position: u64) -> usize {
         .unwrap_or_else(|_| panic!("no DRAM record at position {position}"))
 }
 
-/// Releases ring space held by spilled or dead records at the front.
+/// Releases ring space held by dead records at the front, and by spilled ones (clean cached
+/// copies) while the ring is above `dram_cache_keep_bytes`.
 pub(crate) fn advance_tail(state: &mut State) {
     while let Some(front) = state.dram.front() {
-        if !matches!(front.status, DramStatus::Spilled | DramStatus::Dead) || front.readers > 0 {
+        let evict = match front.status {
+            DramStatus::Dead => true,
+            DramStatus::Spilled => state.ring.used() > state.dram_cache_keep_bytes,
+            _ => false,
+        };
+        if !evict || front.readers > 0 {
             break;
         }
-        let end = front.position + front.bytes;
+        let (position, bytes, sequence) = (front.position, front.bytes, front.sequence);
+        if front.status == DramStatus::Spilled {
+            state.dram_cached_bytes -= bytes;
+            if let Some(info) = state.records.get_mut(&sequence) {
+                if info.cached == Some(position) {
+                    info.cached = None;
+                }
+            }
+        }
         state.dram.pop_front();
-        state.ring.release_to(end);
+        state.ring.release_to(position + bytes);
     }
     if state.dram.is_empty() {
         state.ring.release_to(state.ring.head());

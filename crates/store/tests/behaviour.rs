@@ -652,6 +652,92 @@ fn spilled_bytes_become_durable_in_the_background_before_any_commit() {
     }
 }
 
+#[test]
+fn write_behind_spills_batches_below_the_watermarks_and_reads_them_from_the_ring() {
+    // A 1 MiB ring (low watermark 512 KiB) and 64 KiB batches; 256 KiB written stays far below
+    // both watermarks, so only write-behind spills it before a commit.
+    let knobs = |write_behind| spillway_config::StoreKnobs {
+        dram_bytes_max: 1 << 20,
+        flusher_batch_bytes: 64 * KIB,
+        ssd_write_behind: write_behind,
+        ssd_sync_behind_bytes: 0,
+        ..common::small_knobs()
+    };
+    for write_behind in [true, false] {
+        let storage = SimStorage::new();
+        let store =
+            Store::open_with(&knobs(write_behind), storage.clone() as Arc<dyn Storage>).unwrap();
+        let data = common::payload(11, 256 * KIB as usize);
+        store.write(StreamKey(1), EpochId(1), FileId(0), 0, &data).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while write_behind
+            && store.stats().user_bytes_to_ssd < 192 * KIB
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let stats = store.stats();
+        let on_ssd = store
+            .extents(EpochId(1)..=EpochId(1), None)
+            .into_iter()
+            .filter(|e| e.tier != Tier::Dram)
+            .count();
+        if write_behind {
+            // Whole batches went (the rest waits for the next batch or the commit), and their
+            // ring copies stay as a clean cache below the low watermark.
+            assert!(stats.user_bytes_to_ssd >= 192 * KIB, "write-behind spilled {stats:?}");
+            assert!(on_ssd > 0, "no extent is on SSD");
+            assert_eq!(stats.dram_cached_bytes, stats.user_bytes_to_ssd, "{stats:?}");
+            assert_eq!(stats.write_through_records, 0, "{stats:?}");
+        } else {
+            assert_eq!(stats.user_bytes_to_ssd, 0, "spilled below the watermarks: {stats:?}");
+            assert_eq!(on_ssd, 0);
+        }
+        let mut back = vec![0u8; data.len()];
+        store.read(EpochId(1), FileId(0), 0, &mut back).unwrap();
+        assert!(back == data, "read back through the cached copies");
+        // The commit spills the rest; every copy is clean then, and a read from the
+        // segments (after the copies are dropped) returns the same bytes.
+        store.commit(EpochId(1), Durability::Ssd).unwrap();
+        assert_eq!(store.stats().dram_used_bytes, 0);
+        assert!(store.evict_cached() > 0, "the commit's spill kept no cached copy");
+        back.fill(0);
+        store.read(EpochId(1), FileId(0), 0, &mut back).unwrap();
+        assert!(back == data, "read back from the segments");
+        store.check_invariants();
+        let recovered = power_loss(&storage);
+        back.fill(0);
+        recovered.read(EpochId(1), FileId(0), 0, &mut back).unwrap();
+        assert!(back == data, "the committed data after a power loss");
+    }
+}
+
+#[test]
+fn cached_copies_give_way_to_new_writes() {
+    // Eight times the ring, written with write-behind and no commit: the clean copies of what
+    // was spilled are evicted as new records need the room, and every byte reads back.
+    let knobs = spillway_config::StoreKnobs {
+        dram_bytes_max: 512 * KIB,
+        flusher_batch_bytes: 32 * KIB,
+        ..common::small_knobs()
+    };
+    let storage = SimStorage::new();
+    let store = Store::open_with(&knobs, storage.clone() as Arc<dyn Storage>).unwrap();
+    let data = common::payload(12, 4 << 20);
+    for (i, chunk) in data.chunks(16 * KIB as usize).enumerate() {
+        store.write(StreamKey(1), EpochId(1), FileId(0), (i * chunk.len()) as u64, chunk).unwrap();
+        let stats = store.stats();
+        assert!(
+            stats.dram_cached_bytes <= 256 * KIB,
+            "clean copies above the low watermark: {stats:?}"
+        );
+    }
+    let mut back = vec![0u8; data.len()];
+    store.read(EpochId(1), FileId(0), 0, &mut back).unwrap();
+    assert!(back == data);
+    store.check_invariants();
+}
+
 fn open_manual_sim() -> (Arc<SimStorage>, Store) {
     let storage = SimStorage::new();
     let store = Store::open_with_flusher(

@@ -112,6 +112,12 @@ fn the_record_keeps_the_writers_crc_not_one_taken_of_its_own_bytes() {
         Err(ReadError::ChecksumMismatch { location, .. }) if location.starts_with("DRAM")
     ));
     store.commit(EpochId(3), Durability::Ssd).unwrap();
+    // Committed, the record is on SSD and its ring copy is a clean cache: both are checked.
+    assert!(matches!(
+        store.read(EpochId(3), FileId(1), 0, &mut back),
+        Err(ReadError::ChecksumMismatch { location, .. }) if location.starts_with("DRAM")
+    ));
+    assert!(store.evict_cached() > 0, "the committed record kept no cached copy");
     assert!(matches!(
         store.read(EpochId(3), FileId(1), 0, &mut back),
         Err(ReadError::ChecksumMismatch { location, .. }) if location.starts_with("segment")

@@ -110,6 +110,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.validate()?;
     let endpoints = listen_endpoints(&config)?;
 
+    // Write-behind pays for itself only where commits go to SSD; a memory-durability server
+    // keeps its SSD writes (and wear) for what DRAM cannot hold.
+    config.store.ssd_write_behind &= config.server.commit_durability == CommitDurability::Ssd;
     let store = spillway_store::Store::open(&config.store)
         .with_context(|| format!("opening the store in {}", config.store.ssd_directory))?;
     // Counted while the store's lock on the directory is held: one start, one incarnation.
