@@ -308,7 +308,10 @@ impl Sequence {
         let dropped = store.evict_cached();
         *self.counts.entry(if dropped > 0 { "evict_cached" } else { "evict_none" }).or_default() +=
             1;
-        assert_eq!(store.stats().dram_cached_bytes, 0, "seed {}: copies left", self.seed);
+        // A background flusher may spill (and so cache) again before `stats` looks.
+        if self.flusher == FlusherMode::Manual {
+            assert_eq!(store.stats().dram_cached_bytes, 0, "seed {}: copies left", self.seed);
+        }
     }
 
     /// Operation: a clean restart; everything survives, memory commits become durable.
