@@ -12,6 +12,10 @@
 //! 4. Direct to PFS: C threads write the same bytes to files in a directory on the same disk as
 //!    the SSD log, then fsync.
 //!
+//! For the durable subjects (direct, and Spillway at `ssd`) the report also gives the
+//! durability tail (`tail_seconds`): from the last byte written (the workers' "written", the
+//! direct writers' last `write`) to the end (the last commit, the slowest fsync).
+//!
 //! 5. With `--auth munge`: Spillway N-N at memory durability again, its servers started with
 //!    `server.auth = munge` and a private `munged` (`spillway_harness::Munged`, its own key), so
 //!    every worker's connections authenticate with a credential; `ratios.munge_vs_none` is it over
@@ -149,12 +153,15 @@ enum Spills {
     DirectIo,
 }
 
-/// One timed run of one subject: its rate, and the whole machine's busy CPU over the timed
-/// region per GB moved (kernel writeback and softirqs included).
+/// One timed run of one subject: its rate, the whole machine's busy CPU over the timed region
+/// per GB moved (kernel writeback and softirqs included), and for the durable subjects the
+/// durability tail: the seconds from the last byte written to the end (Spillway: the commits;
+/// direct: the slowest writer's fsync).
 #[derive(Clone, Copy, Debug)]
 struct Sample {
     gbps: f64,
     cpu_seconds_per_gb: f64,
+    tail_seconds: Option<f64>,
 }
 
 impl Sample {
@@ -164,6 +171,7 @@ impl Sample {
         Sample {
             gbps: 2.0 / (1.0 / first.gbps + 1.0 / second.gbps),
             cpu_seconds_per_gb: (first.cpu_seconds_per_gb + second.cpu_seconds_per_gb) / 2.0,
+            tail_seconds: first.tail_seconds.zip(second.tail_seconds).map(|(a, b)| (a + b) / 2.0),
         }
     }
 }
@@ -179,12 +187,13 @@ impl Stopwatch {
         Ok(Stopwatch { cpu: crate::stats::BusyCpu::start()?, started: Instant::now() })
     }
 
-    /// The region moved `bytes`.
-    fn stop(self, bytes: u64) -> anyhow::Result<Sample> {
+    /// The region moved `bytes`; its last `tail_seconds` (if given) made them durable.
+    fn stop(self, bytes: u64, tail_seconds: Option<f64>) -> anyhow::Result<Sample> {
         let seconds = self.started.elapsed().as_secs_f64();
         Ok(Sample {
             gbps: gigabytes_per_second(bytes, seconds),
             cpu_seconds_per_gb: self.cpu.seconds_per_gb(bytes)?,
+            tail_seconds,
         })
     }
 }
@@ -212,6 +221,9 @@ struct Row {
     spillway_nn_memory_munge_gbps: Option<f64>,
     /// Median busy CPU seconds of the whole machine per GB moved, by subject.
     cpu_seconds_per_gb: std::collections::BTreeMap<&'static str, f64>,
+    /// Median durability tail by durable subject: seconds from the last byte written to the
+    /// end (the commits, or the direct writers' fsync).
+    tail_seconds: std::collections::BTreeMap<&'static str, f64>,
     /// N-N at ssd durability with `store.ssd_direct_io = true`: spills around the page cache.
     spillway_nn_ssd_direct_io_gbps: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -391,8 +403,10 @@ fn print_table(args: &Args, rows: &[Row]) {
             r.ssd_vs_direct_pfs_per_repeat.iter().map(|v| format!("{v:.2}")).collect();
         let cpu: Vec<String> =
             r.cpu_seconds_per_gb.iter().map(|(name, v)| format!("{name} {v:.2}")).collect();
+        let tails: Vec<String> =
+            r.tail_seconds.iter().map(|(name, v)| format!("{name} {v:.3}")).collect();
         println!(
-            "S={} C={} transfer={}: ssd_vs_direct_pfs per repeat {}; with O_DIRECT spills NN ssd {:.2} GB/s, ssd_direct_io_vs_direct_pfs {:.2}, direct_io_vs_buffered {:.2}; busy CPU s/GB (whole machine): {}",
+            "S={} C={} transfer={}: ssd_vs_direct_pfs per repeat {}; with O_DIRECT spills NN ssd {:.2} GB/s, ssd_direct_io_vs_direct_pfs {:.2}, direct_io_vs_buffered {:.2}; busy CPU s/GB (whole machine): {}; durability tail s (last byte written to commit or fsync done): {}",
             r.servers,
             r.clients,
             spillway_types::format_bytes(r.transfer_bytes),
@@ -400,7 +414,8 @@ fn print_table(args: &Args, rows: &[Row]) {
             r.spillway_nn_ssd_direct_io_gbps,
             r.ssd_direct_io_vs_direct_pfs,
             r.direct_io_vs_buffered,
-            cpu.join(", ")
+            cpu.join(", "),
+            tails.join(", ")
         );
     }
     for r in rows.iter().filter(|r| r.munge_vs_none.is_some()) {
@@ -489,6 +504,14 @@ fn measure(
         .filter(|(_, runs)| !runs.is_empty())
         .map(|(name, runs)| (*name, median(runs.iter().map(|s| s.cpu_seconds_per_gb))))
         .collect();
+    let tail_seconds = SUBJECTS
+        .iter()
+        .zip(&samples)
+        .filter_map(|(name, runs)| {
+            let tails: Option<Vec<f64>> = runs.iter().map(|s| s.tail_seconds).collect();
+            tails.filter(|t| !t.is_empty()).map(|t| (*name, median(t)))
+        })
+        .collect();
     let durable = |subject: usize| rate(subject).expect("durable subjects are always measured");
     Ok(Row {
         servers: shape.servers,
@@ -504,6 +527,7 @@ fn measure(
         direct_pfs_gbps: durable(DIRECT_PFS),
         spillway_nn_memory_munge_gbps: rate(NN_MEMORY_MUNGE),
         cpu_seconds_per_gb,
+        tail_seconds,
         vs_memcached: paired(NN_MEMORY, MEMCACHED),
         vs_loopback: paired(NN_MEMORY, LOOPBACK),
         ssd_vs_direct_pfs: paired(NN_SSD, DIRECT_PFS)
@@ -683,9 +707,11 @@ impl<'a> Workers<'a> {
         let stopwatch = Stopwatch::start()?;
         self.say("go")?;
         self.expect("written")?;
+        let commits = Instant::now();
         self.say("commit")?;
         self.expect("done")?;
-        stopwatch.stop(bytes)
+        let tail = (self.durability == "ssd").then(|| commits.elapsed().as_secs_f64());
+        stopwatch.stop(bytes, tail)
     }
 
     /// Closes every worker's input and waits for it; each must exit successfully.
@@ -833,6 +859,7 @@ fn memcached_gbps(shape: &Shape, work: &Path) -> anyhow::Result<Sample> {
     let sample = Sample {
         gbps: gigabytes_per_second(bytes, seconds),
         cpu_seconds_per_gb: stopwatch.cpu.seconds_per_gb(bytes)?,
+        tail_seconds: None,
     };
     drop(servers);
     Ok(sample)
@@ -913,7 +940,7 @@ fn loopback_gbps(shape: &Shape) -> anyhow::Result<Sample> {
     for s in senders {
         s.join().expect("sender thread")?;
     }
-    let sample = stopwatch.stop(shape.total_bytes())?;
+    let sample = stopwatch.stop(shape.total_bytes(), None)?;
     for s in sinks {
         s.join().expect("sink")?;
     }
@@ -929,7 +956,8 @@ fn direct_pfs_gbps(shape: &Shape, work: &Path) -> anyhow::Result<Sample> {
         .map(|c| {
             let path = dir.join(format!("rank{c}"));
             let (transfer, bytes) = (shape.transfer_bytes as usize, shape.bytes_per_client);
-            std::thread::spawn(move || -> std::io::Result<()> {
+            // Returns when its last byte was written (before the fsync).
+            std::thread::spawn(move || -> std::io::Result<Instant> {
                 let mut file = std::fs::File::create(&path)?;
                 let buffer = vec![c as u8; transfer];
                 let mut written = 0u64;
@@ -938,14 +966,19 @@ fn direct_pfs_gbps(shape: &Shape, work: &Path) -> anyhow::Result<Sample> {
                     file.write_all(&buffer[..n])?;
                     written += n as u64;
                 }
-                file.sync_all()
+                let last_byte = Instant::now();
+                file.sync_all()?;
+                Ok(last_byte)
             })
         })
         .collect();
+    let mut last_byte = None;
     for t in threads {
-        t.join().expect("writer thread")?;
+        let written = t.join().expect("writer thread")?;
+        last_byte = last_byte.max(Some(written));
     }
-    let sample = stopwatch.stop(shape.total_bytes())?;
+    let tail = last_byte.map(|at| at.elapsed().as_secs_f64());
+    let sample = stopwatch.stop(shape.total_bytes(), tail)?;
     std::fs::remove_dir_all(&dir)?;
     Ok(sample)
 }

@@ -41,6 +41,8 @@ fn every_subject_is_measured_with_its_cpu_cost() {
         positive(&report["ratios"], ratio);
     }
     assert_eq!(row["ssd_vs_direct_pfs_per_repeat"].as_array().unwrap().len(), 1);
+    let tails: Vec<&String> = row["tail_seconds"].as_object().unwrap().keys().collect();
+    assert!(!tails.iter().any(|t| t.contains("memory") || *t == "memcached"), "{row}");
 }
 
 #[test]
@@ -57,6 +59,15 @@ fn durable_only_measures_the_disk_subjects_alone() {
         subjects,
         ["direct_pfs", "spillway_n1_ssd", "spillway_nn_ssd", "spillway_nn_ssd_direct_io"]
     );
+    // The durability tail: every durable subject has one (memory subjects never do), and it
+    // lies within its run.
+    let tails = row["tail_seconds"].as_object().unwrap();
+    assert_eq!(tails.keys().collect::<Vec<_>>(), subjects, "{row}");
+    for (subject, tail) in tails {
+        let tail = tail.as_f64().unwrap();
+        let run_seconds = 2.0 * 8.0 * 1048576.0 / 1e9 / positive(row, &format!("{subject}_gbps"));
+        assert!((0.0..=run_seconds).contains(&tail), "{subject}: tail {tail} of {run_seconds} s");
+    }
     assert!(report["ratios"].get("vs_memcached").is_none(), "{report}");
     for ratio in ["ssd_vs_direct_pfs", "ssd_direct_io_vs_direct_pfs", "direct_io_vs_buffered"] {
         positive(&report["ratios"], ratio);
