@@ -61,7 +61,8 @@ pub struct Args {
     /// Only the configuration given by the flags (default: also S=2 and 16 KiB transfers).
     #[arg(long)]
     single: bool,
-    /// Directory for SSD logs and the direct-to-PFS files (same disk). Default /var/tmp.
+    /// An existing directory in which a private work directory (0700, random name, removed at
+    /// the end) holds the SSD logs and the direct-to-PFS files (same disk). Default /var/tmp.
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Measure every subject this many times, interleaved, and report medians (the disk and
@@ -252,8 +253,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     check_args(&args)?;
     let base = args.dir.clone().unwrap_or_else(|| PathBuf::from("/var/tmp"));
-    let work = base.join(format!("spillway-bench-ingress-{}", std::process::id()));
-    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    // A fresh directory of a random name, mode 0700, created by us: never a path another local
+    // user could have made first in a shared `/var/tmp` (a symlink there would have sent the
+    // direct writer's files, and their removal, anywhere). Removed when the guard drops.
+    let work_guard = tempfile::Builder::new()
+        .prefix("spillway-bench-ingress-")
+        .tempdir_in(&base)
+        .with_context(|| format!("creating a work directory in {}", base.display()))?;
+    let work = work_guard.path().to_path_buf();
     if args.small_writes {
         let shape = crate::small_writes::Shape {
             servers: args.servers,
@@ -261,9 +268,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             bytes_per_client: args.bytes_per_client,
             coalesce_bytes_max: args.coalesce_bytes_max,
         };
-        let result = crate::small_writes::run(shape, &work, args.repeat, args.json);
-        let _ = std::fs::remove_dir_all(&work);
-        return result;
+        return crate::small_writes::run(shape, &work, args.repeat, args.json);
     }
     let munged = match args.auth.as_str() {
         "munge" => Some(Munged::start().context(
@@ -273,7 +278,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let result = measure_shapes(&args, &shapes(&args), &work, munged.as_ref());
     drop(munged);
-    let _ = std::fs::remove_dir_all(&work);
+    drop(work_guard);
     let rows = result?;
     if args.json {
         print_json(&args, &rows)?;

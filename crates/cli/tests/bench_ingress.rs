@@ -46,6 +46,46 @@ fn every_subject_is_measured_with_its_cpu_cost() {
 }
 
 #[test]
+fn the_work_directory_is_fresh_private_and_removed_and_nothing_else_is_touched() {
+    // A shared directory like /var/tmp: another user's entries at the names the bench once
+    // used (`spillway-bench-ingress-<pid>`, `pfs`) stay as they were, and the bench's own
+    // directory, created 0700 under a random name, is gone afterwards.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let victim = dir.path().join("victim");
+    std::fs::create_dir_all(victim.join("pfs")).unwrap();
+    std::fs::write(victim.join("pfs/rank0"), b"keep").unwrap();
+    for pid in ["1", "2"] {
+        let name = dir.path().join(format!("spillway-bench-ingress-{pid}"));
+        std::os::unix::fs::symlink(&victim, name).unwrap();
+    }
+    let output = Command::new(BIN)
+        .args(["bench", "ingress", "--json", "--single", "--repeat", "1", "--durable-only"])
+        .args(["--bytes-per-client", "4M", "--transfer-bytes", "1M", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(std::fs::read(victim.join("pfs/rank0")).unwrap(), b"keep");
+    let mut left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["spillway-bench-ingress-1", "spillway-bench-ingress-2", "victim"]);
+}
+
+#[test]
+fn a_missing_directory_is_refused_by_name() {
+    let output = Command::new(BIN)
+        .args(["bench", "ingress", "--single", "--durable-only", "--dir", "/nonexistent/spillway"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("/nonexistent/spillway"), "{stderr}");
+}
+
+#[test]
 fn durable_only_measures_the_disk_subjects_alone() {
     let report = run(&["--durable-only"]);
     assert_eq!(report["durable_only"], true);
