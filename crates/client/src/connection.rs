@@ -22,7 +22,7 @@ use spillway_proto::transport;
 use spillway_proto::{
     AuthMethod, Connection, Endpoint, ErrorCode, Request, Response, ServerId, WriteExtent,
     CHALLENGE_BYTES, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, WRITE_EXTENTS_MAX,
-    WRITE_EXTENTS_VERSION,
+    WRITE_EXTENTS_VERSION, WRITE_ZEROS_VERSION,
 };
 use spillway_sys::munge::MungeContext;
 use spillway_types::{EpochId, FileId};
@@ -585,6 +585,32 @@ impl ServerConnection {
             return Ok(());
         }
         self.send_write(&Request::Write { epoch, file, offset, payload_crc32c }, data)
+    }
+
+    /// Sends a run of zeros after the writes gathered or sent before it (the server executes a
+    /// connection's requests in order): one `WriteZeros`, acknowledged like a write, to a
+    /// server that chose version 6; to an older one, the zeros as bytes.
+    pub fn write_zeros_pipelined(
+        &mut self,
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+        length: u64,
+    ) -> Result<(), ClientError> {
+        if self.version < WRITE_ZEROS_VERSION {
+            let chunk = (self.payload_bytes_max as u64).min(1 << 20).min(length).max(1);
+            let zeros = vec![0u8; chunk as usize];
+            let mut at = 0;
+            while at < length {
+                let n = chunk.min(length - at) as usize;
+                self.write_pipelined(epoch, file, offset + at, &zeros[..n])?;
+                at += n as u64;
+            }
+            return Ok(());
+        }
+        self.reopen_if_closed()?;
+        self.send_coalesced()?;
+        self.send_write(&Request::WriteZeros { epoch, file, offset, length }, &[])
     }
 
     /// Sends the gathered frame, if any: one `Write` for one extent, else one `WriteExtents`.

@@ -672,6 +672,82 @@ impl Client {
             data.len() as u64,
             self.piece_bytes_max(),
         );
+        self.note_range_written(file, offset, data.len() as u64)?;
+        for piece in pieces {
+            let start = (piece.offset - offset) as usize;
+            let bytes = &data[start..start + piece.length as usize];
+            for server in self.holders(piece.server) {
+                let id = self.file_on(file, server)?;
+                // Sent, or gathered with the adjacent writes before it; its CRC32C taken from
+                // the caller's buffer either way.
+                let sent =
+                    self.servers[server].write_pipelined(file.epoch, id, piece.offset, bytes);
+                self.note_piece_sent(file, server, sent)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes `[offset, offset + length)` of the file read as zeros (fallocate's punch hole and
+    /// zero range, a shrinking truncate's zero-fill). Each server holding part of the range
+    /// keeps its part as one small record per stripe unit instead of the bytes; a server of
+    /// an older protocol version, or a file written straight to the PFS, gets the zeros as
+    /// bytes. Ordered with this client's writes and reported like them (by the next `flush`
+    /// or `commit_epoch` at the latest).
+    pub fn write_zeros(
+        &mut self,
+        file: &mut FileHandle,
+        offset: u64,
+        length: u64,
+    ) -> Result<(), ClientError> {
+        offset.checked_add(length).ok_or_else(|| {
+            ClientError::InvalidArgument(format!(
+                "run of {length} zeros at offset {offset} overflows"
+            ))
+        })?;
+        if file.direct.is_some() {
+            let zeros = vec![0u8; length.min(ZERO_BYTES_CHUNK) as usize];
+            let mut at = 0;
+            while at < length {
+                let n = (length - at).min(ZERO_BYTES_CHUNK) as usize;
+                self.write_untraced(file, offset + at, &zeros[..n])?;
+                at += n as u64;
+            }
+            return Ok(());
+        }
+        let pieces = placement::split(
+            self.options.placement,
+            &file.name,
+            self.servers.len(),
+            offset,
+            length,
+            // Pieces end only at stripe units: a run of zeros has no payload to bound.
+            length.max(1),
+        );
+        self.note_range_written(file, offset, length)?;
+        for piece in pieces {
+            for server in self.holders(piece.server) {
+                let id = self.file_on(file, server)?;
+                let sent = self.servers[server].write_zeros_pipelined(
+                    file.epoch,
+                    id,
+                    piece.offset,
+                    piece.length,
+                );
+                self.note_piece_sent(file, server, sent)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Before the pieces of a write (or run of zeros) go out: with several servers, the
+    /// epoch's intent and the file's written ranges, which survivors of a server loss need.
+    fn note_range_written(
+        &mut self,
+        file: &FileHandle,
+        offset: u64,
+        length: u64,
+    ) -> Result<(), ClientError> {
         // With one server nothing survives its loss: no intents or manifests to keep.
         if self.servers.len() > 1 {
             if !self.written.contains_key(&file.epoch) {
@@ -683,27 +759,27 @@ impl Client {
                 ranges.insert(file.name.clone(), BTreeMap::new());
             }
             let file_ranges = ranges.get_mut(&file.name).expect("inserted above");
-            manifest::add_range(file_ranges, offset, data.len() as u64);
+            manifest::add_range(file_ranges, offset, length);
         }
-        for piece in pieces {
-            let start = (piece.offset - offset) as usize;
-            let bytes = &data[start..start + piece.length as usize];
-            for server in self.holders(piece.server) {
-                let id = self.file_on(file, server)?;
-                // Sent, or gathered with the adjacent writes before it; its CRC32C taken from
-                // the caller's buffer either way.
-                let sent =
-                    self.servers[server].write_pipelined(file.epoch, id, piece.offset, bytes);
-                // A reopened connection may reach a restarted server: what was written there
-                // before is lost; this piece went to the new incarnation.
-                self.note_restarts();
-                sent?;
-                self.touched.entry(file.epoch).or_default().insert(server);
-                let unsynced = self.unsynced.entry((file.epoch, server)).or_default();
-                if !unsynced.contains(&file.name) {
-                    unsynced.insert(file.name.clone());
-                }
-            }
+        Ok(())
+    }
+
+    /// After a piece was handed to `server`'s connection (`sent`): notes a restart the
+    /// connection met, then, if it went out, that the server holds unsynced bytes of the file.
+    fn note_piece_sent(
+        &mut self,
+        file: &FileHandle,
+        server: usize,
+        sent: Result<(), ClientError>,
+    ) -> Result<(), ClientError> {
+        // A reopened connection may reach a restarted server: what was written there before
+        // is lost; this piece went to the new incarnation.
+        self.note_restarts();
+        sent?;
+        self.touched.entry(file.epoch).or_default().insert(server);
+        let unsynced = self.unsynced.entry((file.epoch, server)).or_default();
+        if !unsynced.contains(&file.name) {
+            unsynced.insert(file.name.clone());
         }
         Ok(())
     }
@@ -1452,6 +1528,9 @@ fn unexpected(
         },
     }
 }
+
+/// Bytes of zeros sent per write where a run of zeros must travel as bytes.
+const ZERO_BYTES_CHUNK: u64 = 1 << 20;
 
 /// The name a traced file operation records: `epoch-<E>/<name>`, the layout drained epochs
 /// have on the PFS.

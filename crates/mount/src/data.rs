@@ -55,8 +55,6 @@ use crate::readahead::{Fetch, ReadAhead};
 
 /// Store file handles kept per slot before the cache is cleared (bounds memory).
 pub const HANDLES_CACHED_MAX: usize = 4096;
-/// Zero-filling writes this many bytes per request.
-const ZERO_CHUNK_BYTES: usize = 1 << 20;
 /// Commands queued per slot before a writer waits (each write is at most `max_write`, 1 MiB).
 pub const QUEUED_COMMANDS_MAX: usize = 16;
 
@@ -977,7 +975,8 @@ impl Slot {
     }
 
     /// Overwrites with zeros whatever the store holds of `[from, to)` (stale bytes left by a
-    /// shrinking truncate), before the file's size grows over that range. Costs one stat per
+    /// shrinking truncate, a punched hole), up to the store's high-water mark for the file:
+    /// runs of zeros, one small record per stripe unit, not the bytes. Costs one stat per
     /// server holding the file when there is nothing to do.
     pub fn zero_fill(
         &mut self,
@@ -1002,14 +1001,17 @@ impl Slot {
         if from >= end {
             return Ok(());
         }
-        let zeros = vec![0u8; ZERO_CHUNK_BYTES];
-        let mut at = from;
-        while at < end {
-            let length = (end - at).min(ZERO_CHUNK_BYTES as u64) as usize;
-            self.write(ino, generation, at, &zeros[..length])?;
-            at += length as u64;
-        }
-        Ok(())
+        self.writable(ino, generation)?;
+        self.readahead.invalidate(ino);
+        let handle = self.handles.get_mut(&(ino, generation)).expect("cached by writable");
+        // One small record per stripe unit on each server, whatever the range's length.
+        self.client.write_zeros(handle, from, end - from).map_err(|source| DataError::Client {
+            operation: "zero-fill",
+            file: name,
+            offset: from,
+            length: end - from,
+            source: Box::new(source),
+        })
     }
 
     /// Waits until every write sent through this slot is acknowledged by its server.

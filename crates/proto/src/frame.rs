@@ -54,6 +54,8 @@ pub enum Kind {
     JoinCluster = 0x13,
     /// Several extents of one file in one frame (protocol version 5).
     WriteExtents = 0x14,
+    /// A run of zeros in one small record (protocol version 6).
+    WriteZeros = 0x15,
     // Namespace (metadata service) requests, see `crate::namespace`.
     NamespaceOpen = 0x20,
     NamespaceSync = 0x21,
@@ -109,7 +111,7 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in byte order within each family.
-    pub const ALL: [Kind; 69] = [
+    pub const ALL: [Kind; 70] = [
         Kind::Hello,
         Kind::OpenFile,
         Kind::Write,
@@ -130,6 +132,7 @@ impl Kind {
         Kind::RevokeEpoch,
         Kind::JoinCluster,
         Kind::WriteExtents,
+        Kind::WriteZeros,
         Kind::HelloReply,
         Kind::FileOpened,
         Kind::Written,

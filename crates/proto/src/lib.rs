@@ -43,9 +43,12 @@ pub use transport::{Connection, Endpoint, Identity, Listener, Transport};
 /// `Write`. Version 4 added the server's failure domain (`failure_domain` in `HelloReply` and
 /// `StatusReply`), which replica placement needs. Version 5 added `WriteExtents` (a client's
 /// gathered strided writes); a client sends it only to a server that chose version 5.
-pub const PROTOCOL_VERSION: u16 = 5;
+/// Version 6 added `WriteZeros` (a run of zeros stored as one small record).
+pub const PROTOCOL_VERSION: u16 = 6;
 /// The first version with `WriteExtents`.
 pub const WRITE_EXTENTS_VERSION: u16 = 5;
+/// The first version with `WriteZeros`; a client sends zeros as bytes to an older server.
+pub const WRITE_ZEROS_VERSION: u16 = 6;
 /// The oldest protocol version this build still speaks. Servers and clients of this repository
 /// move together, so versions 1 to 3 are no longer spoken: a version 2 client's commit would
 /// name no participants, and a version 3 server no failure domain for replica placement.

@@ -310,6 +310,15 @@ pub enum Request {
         file: FileId,
         extents: Vec<WriteExtent>,
     },
+    /// Makes `[offset, offset + length)` read as zeros, stored as one small record whatever
+    /// the length (fallocate's punch hole and zero range; protocol version 6). Answered with
+    /// `Written { bytes: 0 }`; ordered with the connection's writes like a write.
+    WriteZeros {
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+        length: u64,
+    },
     /// Reads `length` bytes at `offset`; holes read as zeros.
     Read {
         epoch: EpochId,
@@ -761,6 +770,15 @@ impl<'a> Decoder<'a> {
         }
         Ok(Request::WriteExtents { epoch, file, extents })
     }
+
+    fn write_zeros(&mut self) -> Result<Request, FrameError> {
+        Ok(Request::WriteZeros {
+            epoch: EpochId(self.u64("epoch")?),
+            file: FileId(self.u64("file")?),
+            offset: self.u64("offset")?,
+            length: self.u64("length")?,
+        })
+    }
     pub(crate) fn participants(&mut self) -> Result<Vec<Participant>, FrameError> {
         let count = self.count(SERVER_ID_BYTES + 2, "participant count")?;
         if count > COMMIT_PARTICIPANTS_MAX {
@@ -810,6 +828,7 @@ impl Request {
             Request::OpenFile { .. } => Kind::OpenFile,
             Request::Write { .. } => Kind::Write,
             Request::WriteExtents { .. } => Kind::WriteExtents,
+            Request::WriteZeros { .. } => Kind::WriteZeros,
             Request::Read { .. } => Kind::Read,
             Request::Commit { .. } => Kind::Commit,
             Request::ListEpochs { .. } => Kind::ListEpochs,
@@ -860,6 +879,9 @@ impl Request {
             }
             Request::Read { epoch, file, offset, length } => {
                 e.u64(epoch.0).u64(file.0).u64(*offset).u32(*length);
+            }
+            Request::WriteZeros { epoch, file, offset, length } => {
+                e.u64(epoch.0).u64(file.0).u64(*offset).u64(*length);
             }
             Request::Commit { epoch, durability, participants } => {
                 assert!(participants.len() <= COMMIT_PARTICIPANTS_MAX, "too many participants");
@@ -925,6 +947,7 @@ impl Request {
                 payload_crc32c: d.u32_then_reserved("payload_crc32c")?,
             },
             Kind::WriteExtents => d.write_extents()?,
+            Kind::WriteZeros => d.write_zeros()?,
             Kind::Read => Request::Read {
                 epoch: EpochId(d.u64("epoch")?),
                 file: FileId(d.u64("file")?),
@@ -1420,6 +1443,9 @@ mod tests {
             }),
             (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(e, f, o, c)| {
                 Request::Write { epoch: EpochId(e), file: FileId(f), offset: o, payload_crc32c: c }
+            }),
+            (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(e, f, o, l)| {
+                Request::WriteZeros { epoch: EpochId(e), file: FileId(f), offset: o, length: l }
             }),
             (
                 any::<u64>(),

@@ -29,9 +29,9 @@ impl Counted {
     /// What `request` counts for (a write's bytes are its payload's, `write_bytes`).
     pub(crate) fn of(request: &Request, write_bytes: u64) -> Counted {
         match *request {
-            Request::Write { epoch, .. } | Request::WriteExtents { epoch, .. } => {
-                Counted::Write { epoch, bytes: write_bytes }
-            }
+            Request::Write { epoch, .. }
+            | Request::WriteExtents { epoch, .. }
+            | Request::WriteZeros { epoch, .. } => Counted::Write { epoch, bytes: write_bytes },
             Request::Read { epoch, length, .. } => Counted::Read { epoch, bytes: length.into() },
             Request::OpenFile { epoch, .. }
             | Request::ListFiles { epoch, .. }

@@ -92,6 +92,27 @@ pub trait Backend: Send + Sync + 'static {
         data: &[u8],
         piece_crcs: &[u32],
     ) -> Result<(), BackendError>;
+    /// Makes `[offset, offset + length)` of the file read as zeros. A store that can keeps
+    /// the run as one small record; this default writes the zeros as bytes, a record-sized
+    /// piece at a time. Errors as [`Backend::write`]'s.
+    fn write_zeros(
+        &self,
+        stream: StreamKey,
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+        length: u64,
+    ) -> Result<(), BackendError> {
+        let piece = self.record_payload_bytes().max(1) as u64;
+        let zeros = vec![0u8; piece.min(length) as usize];
+        let mut at = 0;
+        while at < length {
+            let bytes = &zeros[..piece.min(length - at) as usize];
+            self.write(stream, epoch, file, offset + at, bytes, &[crc32c::crc32c(bytes)])?;
+            at += bytes.len() as u64;
+        }
+        Ok(())
+    }
     /// The largest payload of one store record: [`Backend::write`] takes one CRC per piece of
     /// this size.
     fn record_payload_bytes(&self) -> usize;

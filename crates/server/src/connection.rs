@@ -1218,6 +1218,9 @@ fn run(
         Request::WriteExtents { epoch, file, extents } => {
             write(shared, peer, epoch, file, &extents, data, wait)
         }
+        Request::WriteZeros { epoch, file, offset, length } => {
+            write_zeros(shared, peer, WriteTarget { epoch, file, offset }, length, wait)
+        }
         Request::Read { epoch, file, offset, length } => {
             read(shared, peer, epoch, file, offset, length)
         }
@@ -1412,6 +1415,32 @@ fn write(
     Ok((Response::Written { bytes: length as u32 }, None))
 }
 
+/// `WriteZeros`: a run of zeros, written as the store can (one small record), with the
+/// write's authorization, backpressure and answer (`Written` of 0 payload bytes).
+fn write_zeros(
+    shared: &Shared,
+    peer: &Requester,
+    target: WriteTarget,
+    length: u64,
+    wait: Duration,
+) -> Result<Reply, BackendError> {
+    authorize(shared, peer, target.epoch, Intent::Create)?;
+    let WriteTarget { epoch, file, offset } = target;
+    offset.checked_add(length).ok_or_else(|| {
+        BackendError::new(
+            ErrorCode::InvalidArgument,
+            format!("run of {length} zeros at offset {offset} overflows"),
+        )
+    })?;
+    // What a full store must free for it: one small record (its size is the store's business;
+    // a record header's worth is what the wait asks for).
+    with_backpressure(shared, epoch, 64, wait, || {
+        let stream = stream_of(shared, peer.identity, epoch);
+        shared.backend.write_zeros(stream, epoch, file, offset, length)
+    })?;
+    Ok((Response::Written { bytes: 0 }, None))
+}
+
 /// `Read`: checks the length against `payload_bytes_max` and reads into a reply buffer.
 fn read(
     shared: &Shared,
@@ -1564,11 +1593,25 @@ fn write_with_backpressure(
     wait: Duration,
 ) -> Result<(), BackendError> {
     let WriteTarget { epoch, file, offset } = target;
+    with_backpressure(shared, epoch, data.len() as u64, wait, || {
+        let stream = stream_of(shared, identity, epoch);
+        shared.backend.write(stream, epoch, file, offset, data, piece_crcs)
+    })
+}
+
+/// Runs `write` until it does not answer `NoSpace` or `wait` has passed, waiting for `bytes`
+/// of space in between (the epoch's stream is looked up on every try: a grant may move it).
+fn with_backpressure(
+    shared: &Shared,
+    epoch: EpochId,
+    bytes: u64,
+    wait: Duration,
+    write: impl Fn() -> Result<(), BackendError>,
+) -> Result<(), BackendError> {
     let deadline = Instant::now() + wait;
     let mut waited = false;
     loop {
-        let stream = stream_of(shared, identity, epoch);
-        match shared.backend.write(stream, epoch, file, offset, data, piece_crcs) {
+        match write() {
             Err(error) if error.code == ErrorCode::NoSpace => {
                 let now = Instant::now();
                 if now >= deadline || shared.shutdown.load(Ordering::SeqCst) {
@@ -1581,14 +1624,13 @@ fn write_with_backpressure(
                     ));
                 }
                 if !waited {
-                    tracing::info!(%epoch, bytes = data.len(), "store full: write waits for space");
+                    tracing::info!(%epoch, bytes, "store full: write waits for space");
                     waited = true;
                 }
                 // Wake at least every 50 ms: shutdown, or space freed the backend cannot see.
-                shared.backend.wait_for_space(
-                    data.len() as u64,
-                    (deadline - now).min(Duration::from_millis(50)),
-                );
+                shared
+                    .backend
+                    .wait_for_space(bytes, (deadline - now).min(Duration::from_millis(50)));
             }
             other => return other,
         }

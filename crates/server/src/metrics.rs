@@ -27,7 +27,7 @@ impl Latency {
 /// The index in [`REQUEST_KINDS`] of a request.
 pub(crate) fn request_kind(request: &Request) -> usize {
     match request {
-        Request::Write { .. } | Request::WriteExtents { .. } => 0,
+        Request::Write { .. } | Request::WriteExtents { .. } | Request::WriteZeros { .. } => 0,
         Request::Read { .. } => 1,
         Request::Commit { .. } | Request::Sync { .. } => 2,
         Request::OpenFile { .. }

@@ -257,6 +257,23 @@ impl Backend for StoreBackend {
             .map_err(write_error)
     }
 
+    fn write_zeros(
+        &self,
+        stream: StreamKey,
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+        length: u64,
+    ) -> Result<(), BackendError> {
+        if !self.store.has_file(epoch, file) {
+            return Err(BackendError::new(
+                ErrorCode::NoSuchFile,
+                format!("epoch {epoch} has no file {file}: open it first"),
+            ));
+        }
+        self.store.write_zeros(stream, epoch, file, offset, length).map_err(write_error)
+    }
+
     fn record_payload_bytes(&self) -> usize {
         self.store.record_payload_bytes_max()
     }

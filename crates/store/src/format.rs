@@ -46,6 +46,10 @@ pub enum RecordKind {
     /// The servers (ids) committers wrote epoch `epoch` to; payload is a participants payload
     /// ([`encode_participants`]) holding the whole union. A later one replaces it.
     Participants = 8,
+    /// `length` bytes of file `file` from `offset` read as zeros without being stored
+    /// (fallocate's punch hole and zero range, a shrinking truncate's zero-fill); the payload
+    /// is the length ([`encode_zeros_payload`]). Indexed, counted and retired like `Data`.
+    Zeros = 9,
 }
 
 impl RecordKind {
@@ -59,6 +63,7 @@ impl RecordKind {
             6 => RecordKind::Grant,
             7 => RecordKind::GrantRevoked,
             8 => RecordKind::Participants,
+            9 => RecordKind::Zeros,
             _ => return None,
         })
     }
@@ -170,6 +175,30 @@ pub fn verify_payload(header: &RecordHeader, record: &[u8]) -> Result<(), &'stat
         return Err("padding is not zero");
     }
     Ok(())
+}
+
+/// Payload bytes of a `Zeros` record: the length of its run of zeros (u64).
+pub const ZEROS_PAYLOAD_BYTES: usize = 8;
+const _: () = assert!(ZEROS_PAYLOAD_BYTES as u64 <= METADATA_PAYLOAD_BYTES_MAX);
+
+/// The payload of a `Zeros` record of `length` bytes.
+pub fn encode_zeros_payload(length: u64) -> [u8; ZEROS_PAYLOAD_BYTES] {
+    length.to_le_bytes()
+}
+
+/// The length of a `Zeros` record's run (whose header is `header`), checked: 8 payload bytes,
+/// a length above 0, and a run that ends inside the offset space.
+pub fn decode_zeros_payload(header: &RecordHeader, payload: &[u8]) -> Result<u64, &'static str> {
+    let bytes: [u8; ZEROS_PAYLOAD_BYTES] =
+        payload.try_into().map_err(|_| "zeros payload is not 8 bytes")?;
+    let length = u64::from_le_bytes(bytes);
+    if length == 0 {
+        return Err("zeros run of length 0");
+    }
+    if header.offset.checked_add(length).is_none() {
+        return Err("zeros run overflows the offset space");
+    }
+    Ok(length)
 }
 
 /// Encodes a whole record (header, payload, padding) into a fresh buffer. Used for the small

@@ -223,7 +223,7 @@ impl Inner {
             let segment = state.segments.get_mut(target).expect("compaction target vanished");
             segment.finish_placement(*offset);
             segment.dirty = true;
-            if header.kind == RecordKind::Data {
+            if matches!(header.kind, RecordKind::Data | RecordKind::Zeros) {
                 if let Some(info) = state.records.get_mut(&header.sequence) {
                     if info.location == (Location::Ssd { segment: victim, offset: *at as u64 }) {
                         info.location = Location::Ssd { segment: *target, offset: *offset };
@@ -290,7 +290,7 @@ fn is_live_in(
 ) -> bool {
     let epoch = header.epoch;
     match header.kind {
-        RecordKind::Data => {
+        RecordKind::Data | RecordKind::Zeros => {
             state.records.get(&header.sequence).map(|r| r.location)
                 == Some(Location::Ssd { segment: victim, offset: at as u64 })
         }

@@ -383,6 +383,10 @@ fn check_record(bytes: &[u8], knobs: &StoreKnobs) -> Result<RecordHeader, String
         return Err(format!("data range at offset {} overflows", header.offset));
     }
     verify_payload(&header, bytes).map_err(str::to_string)?;
+    if header.kind == RecordKind::Zeros {
+        let payload = &bytes[HEADER_BYTES..HEADER_BYTES + header.payload_bytes as usize];
+        decode_zeros_payload(&header, payload).map_err(str::to_string)?;
+    }
     Ok(header)
 }
 
@@ -433,13 +437,13 @@ fn replay_record(state: &mut State, record: &ScannedRecord, promised: &mut HashM
     let segment = state.segments.get_mut(&record.segment).expect("replayed segment missing");
     segment.last_write_sequence = segment.last_write_sequence.max(header.sequence);
     let entry = state.epochs.entry(epoch).or_insert_with(EpochEntry::new);
-    if header.kind == RecordKind::Data && !phase_is_live(entry.phase) {
+    if matches!(header.kind, RecordKind::Data | RecordKind::Zeros) && !phase_is_live(entry.phase) {
         // An epoch id reused after its earlier incarnation was retired.
         *entry = EpochEntry::new();
     }
     match header.kind {
         RecordKind::SegmentHeader => unreachable!("segment headers are not replayed"),
-        RecordKind::Data => replay_data_record(state, record),
+        RecordKind::Data | RecordKind::Zeros => replay_data_record(state, record),
         RecordKind::FileName => {
             if phase_is_live(entry.phase) {
                 entry
@@ -480,11 +484,17 @@ fn replay_record(state: &mut State, record: &ScannedRecord, promised: &mut HashM
     }
 }
 
-/// Replays a data record: record table, index extent and its epoch's bookkeeping (the epoch
-/// counts as uncommitted until a commit record of it is replayed).
+/// Replays a data record (`Data` or `Zeros`): record table, index extent and its epoch's
+/// bookkeeping (the epoch counts as uncommitted until a commit record of it is replayed).
 fn replay_data_record(state: &mut State, record: &ScannedRecord) {
     let header = record.header;
     let epoch = header.epoch;
+    let zeros = header.kind == RecordKind::Zeros;
+    let extent_bytes = if zeros {
+        decode_zeros_payload(&header, &record.payload).expect("zeros payload checked at scan")
+    } else {
+        header.payload_bytes as u64
+    };
     state.records.insert(
         header.sequence,
         RecordInfo {
@@ -492,14 +502,15 @@ fn replay_data_record(state: &mut State, record: &ScannedRecord) {
             cached: None,
             epoch,
             payload_bytes: header.payload_bytes,
+            zeros,
         },
     );
-    if header.payload_bytes > 0 {
+    if extent_bytes > 0 {
         state.index.insert(
             epoch,
             header.file,
             header.offset,
-            Extent { record: header.sequence, skip: 0, length: header.payload_bytes as u64 },
+            Extent { record: header.sequence, skip: 0, length: extent_bytes },
         );
     }
     let entry = state.epochs.get_mut(&epoch).expect("epoch of a replayed record missing");

@@ -67,7 +67,7 @@ impl Store {
         // (payload bytes, file offset) of each record, in order.
         let mut pieces: Vec<(usize, u64)> = Vec::with_capacity(extents.len());
         for &(offset, length) in extents {
-            check_write_target(&inner.knobs, stream, epoch, file, offset, length)?;
+            check_write_target(&inner.knobs, stream, epoch, file, offset, length as u64)?;
             pieces.extend(
                 (0..length.div_ceil(piece_max)).map(|i| {
                     (piece_max.min(length - i * piece_max), offset + (i * piece_max) as u64)
@@ -173,6 +173,7 @@ impl WriteSlot {
                 offset,
                 payload,
                 buffer_crcs[i],
+                None,
             );
         }
         self.published = true;

@@ -194,6 +194,8 @@ pub(crate) struct RecordInfo {
     pub cached: Option<u64>,
     pub epoch: EpochId,
     pub payload_bytes: u32,
+    /// A `Zeros` record: its extents read as zeros, nothing is read from where it lives.
+    pub zeros: bool,
 }
 
 impl RecordInfo {
@@ -547,12 +549,11 @@ pub(crate) fn check_write_target(
     epoch: EpochId,
     file: FileId,
     offset: u64,
-    length: usize,
+    length: u64,
 ) -> Result<(), WriteError> {
     if stream == META_STREAM {
         return Err(WriteError::ReservedStream(stream));
     }
-    let length = length as u64;
     let Some(end) = offset.checked_add(length) else {
         return Err(WriteError::OffsetOverflow { epoch, file, offset, length });
     };
@@ -568,8 +569,9 @@ pub(crate) fn check_write_target(
     Ok(())
 }
 
-/// Takes the next sequence number for a data record and builds its header. Called under the
-/// state lock: sequence order is the order records become visible (newest wins).
+/// Takes the next sequence number for a data record and builds its header (kind `Data`; a
+/// `Zeros` record's publisher changes it). Called under the state lock: sequence order is the
+/// order records become visible (newest wins).
 fn next_data_header(
     state: &mut State,
     stream: StreamKey,
@@ -593,21 +595,26 @@ fn next_data_header(
 
 /// Makes a written data record readable and accounted, wherever it lives (DRAM ring or, for a
 /// write-through, its segment): record table, index extent, its epoch's bookkeeping, counters.
-/// `record_bytes` is the record's size on its medium (header, payload, padding).
+/// `record_bytes` is the record's size on its medium (header, payload, padding);
+/// `extent_bytes` the file bytes it covers (its payload's length, or a `Zeros` record's run).
 fn publish_data_record(
     state: &mut State,
     header: &RecordHeader,
     location: Location,
     record_bytes: u64,
+    extent_bytes: u64,
 ) {
     let (sequence, epoch, payload_bytes) = (header.sequence, header.epoch, header.payload_bytes);
-    state.records.insert(sequence, RecordInfo { location, cached: None, epoch, payload_bytes });
-    if payload_bytes > 0 {
+    let zeros = header.kind == RecordKind::Zeros;
+    state
+        .records
+        .insert(sequence, RecordInfo { location, cached: None, epoch, payload_bytes, zeros });
+    if extent_bytes > 0 {
         state.index.insert(
             epoch,
             header.file,
             header.offset,
-            Extent { record: sequence, skip: 0, length: payload_bytes as u64 },
+            Extent { record: sequence, skip: 0, length: extent_bytes },
         );
     }
     let entry = state.epochs.get_mut(&epoch).expect("admitted epoch vanished");
@@ -663,7 +670,8 @@ pub(crate) fn reserve_dram_record(
 
 /// Publishes the ring record at `position`, whose payload (`payload_bytes` after the header)
 /// its reserver has written: next sequence number, header, status Ready, index. Under the
-/// state lock, so the record becomes visible whole.
+/// state lock, so the record becomes visible whole. `zeros`: the record is a `Zeros` record
+/// of that run (its payload the encoded length), not `Data`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn publish_dram_record(
     state: &mut State,
@@ -676,6 +684,7 @@ pub(crate) fn publish_dram_record(
     offset: u64,
     payload_bytes: usize,
     payload_crc: u32,
+    zeros: Option<u64>,
 ) {
     let at = dram_index(state, position);
     let bytes = state.dram[at].bytes;
@@ -684,7 +693,10 @@ pub(crate) fn publish_dram_record(
     // and it is done with the payload. Padding after the payload is zeroed for the SSD image.
     let slot = unsafe { arena.slice_mut(position, bytes) };
     slot[HEADER_BYTES + payload_bytes..].fill(0);
-    let header = next_data_header(state, stream, epoch, file, offset, payload_bytes);
+    let mut header = next_data_header(state, stream, epoch, file, offset, payload_bytes);
+    if zeros.is_some() {
+        header.kind = RecordKind::Zeros;
+    }
     // The record CRC is sealed now from the CRC taken when the data was written (the client's,
     // checked by the server on receipt), not from the ring's bytes: from here on, every read
     // and the SSD copy are checked against what the application wrote.
@@ -693,7 +705,8 @@ pub(crate) fn publish_dram_record(
     record.status = DramStatus::Ready;
     record.sequence = header.sequence;
     state.dram_ready_bytes += bytes;
-    publish_data_record(state, &header, Location::Dram { position }, bytes);
+    let extent_bytes = zeros.unwrap_or(payload_bytes as u64);
+    publish_data_record(state, &header, Location::Dram { position }, bytes, extent_bytes);
     state.epochs.get_mut(&epoch).expect("published epoch vanished").dram_pending += 1;
 }
 
@@ -901,7 +914,7 @@ impl Store {
         data: &[u8],
         piece_crcs: &[u32],
     ) -> Result<(), WriteError> {
-        check_write_target(&self.inner.knobs, stream, epoch, file, offset, data.len())?;
+        check_write_target(&self.inner.knobs, stream, epoch, file, offset, data.len() as u64)?;
         let piece_max = self.inner.knobs.record_payload_bytes_max as usize;
         assert_eq!(
             piece_crcs.len(),
@@ -916,7 +929,7 @@ impl Store {
         for (i, piece) in data.chunks(piece_max).enumerate() {
             let piece_offset = offset + (i * piece_max) as u64;
             let crc = piece_crcs[i];
-            match self.inner.write_piece(stream, epoch, file, piece_offset, piece, crc) {
+            match self.inner.write_piece(stream, epoch, file, piece_offset, piece, crc, None) {
                 Ok(()) => {
                     consumed += record_bytes(piece.len() as u64);
                     published_payload += piece.len() as u64;
@@ -927,16 +940,42 @@ impl Store {
                 }
             }
         }
-        let mut state = self.inner.state.lock();
-        let unused = needed - consumed;
-        state.reserved_bytes -= unused;
-        *state.stream_usage.entry(stream).or_default() -= unused;
-        unadmit_payload(&mut state, epoch, data.len() as u64 - published_payload);
-        let entry = state.epochs.get_mut(&epoch).expect("epoch of an admitted write vanished");
-        assert!(entry.inflight_writes > 0);
-        entry.inflight_writes -= 1;
-        drop(state);
-        self.inner.space.notify_all();
+        self.inner.end_write(
+            stream,
+            epoch,
+            needed - consumed,
+            data.len() as u64 - published_payload,
+        );
+        result
+    }
+
+    /// Makes `[offset, offset + length)` of (`epoch`, `file`) read as zeros without storing
+    /// them: one `Zeros` record of 72 bytes in the log, whatever `length` (fallocate's punch
+    /// hole and zero range, a shrinking truncate's zero-fill). Like a write of zeros in every
+    /// other way: newest wins, counted as a data record of the epoch, drained as zeros.
+    /// The bytes it replaces stay in the log until the epoch is drained or deleted, as
+    /// overwritten bytes do. `length` 0 does nothing.
+    pub fn write_zeros(
+        &self,
+        stream: StreamKey,
+        epoch: EpochId,
+        file: FileId,
+        offset: u64,
+        length: u64,
+    ) -> Result<(), WriteError> {
+        check_write_target(&self.inner.knobs, stream, epoch, file, offset, length)?;
+        if length == 0 {
+            return Ok(());
+        }
+        let payload = encode_zeros_payload(length);
+        let needed = record_bytes(ZEROS_PAYLOAD_BYTES as u64);
+        self.inner.admit_write(stream, epoch, needed, ZEROS_PAYLOAD_BYTES as u64)?;
+        let crc = crc32c::crc32c(&payload);
+        let result =
+            self.inner.write_piece(stream, epoch, file, offset, &payload, crc, Some(length));
+        let (unused, unpublished) =
+            if result.is_ok() { (0, 0) } else { (needed, ZEROS_PAYLOAD_BYTES as u64) };
+        self.inner.end_write(stream, epoch, unused, unpublished);
         result
     }
 
@@ -1087,6 +1126,10 @@ impl Store {
             let at = (file_offset - offset) as usize;
             let target = at..at + extent.length as usize;
             let info = state.records.get(&extent.record).expect("indexed record has no location");
+            if info.zeros {
+                // `buf` starts zeroed; nothing is stored for the run.
+                continue;
+            }
             // Every extent is checked against its whole record's write-time CRC, so the record
             // is read whole even when only part of it is asked for.
             let record = RecordRef {
@@ -1326,6 +1369,10 @@ impl Store {
             return Ok(None);
         };
         let info = state.records.get_mut(&extent.record).expect("indexed record has no location");
+        if info.zeros {
+            // A run of zeros stores no bytes to damage.
+            return Ok(None);
+        }
         // The damaged copy is the one reads must meet: an SSD record's clean ring copy is
         // dropped (as if evicted), so reads go to the segment.
         info.cached = None;
@@ -1710,6 +1757,11 @@ pub(crate) fn check_invariants(state: &State) {
                 for extent in extents.values() {
                     let info = state.records.get(&extent.record).expect("indexed record missing");
                     assert_eq!(info.epoch, epoch);
+                    assert!(
+                        info.zeros || extent.skip + extent.length <= info.payload_bytes as u64,
+                        "extent of record {} reaches past its payload",
+                        extent.record
+                    );
                 }
             }
         }
@@ -1956,7 +2008,9 @@ impl Inner {
 
     /// Reserves ring space (waiting for the flusher if DRAM is full), copies the payload outside
     /// the lock, then publishes the record (sequence, header with the record CRC sealed from
-    /// `piece_crc`, the write-time CRC32C of `piece`, index).
+    /// `piece_crc`, the write-time CRC32C of `piece`, index). `zeros`: `piece` is the payload
+    /// of a `Zeros` record of that run (never written through: it is 8 bytes).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn write_piece(
         &self,
         stream: StreamKey,
@@ -1965,7 +2019,9 @@ impl Inner {
         offset: u64,
         piece: &[u8],
         piece_crc: u32,
+        zeros: Option<u64>,
     ) -> Result<(), WriteError> {
+        debug_assert!(zeros.is_none() || piece.len() < WRITE_THROUGH_PAYLOAD_BYTES_MIN as usize);
         let bytes = record_bytes(piece.len() as u64);
         let deadline = Instant::now() + Duration::from_millis(self.knobs.dram_wait_ms_max);
         let position = {
@@ -2025,9 +2081,31 @@ impl Inner {
             offset,
             piece.len(),
             piece_crc,
+            zeros,
         );
         self.wake_flusher_if_due(&state);
         Ok(())
+    }
+
+    /// Ends a write admitted by [`Inner::admit_write`]: returns the `unused_bytes` of record
+    /// capacity and the `unpublished_payload` bytes it did not use, and lets commits and
+    /// deletes waiting for it go on.
+    pub(crate) fn end_write(
+        &self,
+        stream: StreamKey,
+        epoch: EpochId,
+        unused_bytes: u64,
+        unpublished_payload: u64,
+    ) {
+        let mut state = self.state.lock();
+        state.reserved_bytes -= unused_bytes;
+        *state.stream_usage.entry(stream).or_default() -= unused_bytes;
+        unadmit_payload(&mut state, epoch, unpublished_payload);
+        let entry = state.epochs.get_mut(&epoch).expect("epoch of an admitted write vanished");
+        assert!(entry.inflight_writes > 0);
+        entry.inflight_writes -= 1;
+        drop(state);
+        self.space.notify_all();
     }
 
     /// Wakes the flusher if DRAM use is above the high watermark or write-behind has a batch.
@@ -2114,6 +2192,7 @@ impl Inner {
             &header,
             Location::Ssd { segment: segment_id, offset: at },
             bytes,
+            piece.len() as u64,
         );
         state.counters.user_bytes_to_ssd += bytes;
         state.counters.ssd_bytes_written += bytes;

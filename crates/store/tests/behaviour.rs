@@ -814,3 +814,70 @@ fn concurrent_syncs_of_many_epochs_are_each_durable() {
         }
     }
 }
+
+#[test]
+fn a_run_of_zeros_reads_as_zeros_costs_one_small_record_and_survives_restart_and_compaction() {
+    let (storage, store) = open_sim();
+    let (stream, epoch, file) = (StreamKey(1), EpochId(1), FileId(3));
+    let data = common::payload(7, 256 * KIB as usize);
+    store.write(stream, epoch, file, 0, &data).unwrap();
+    let before = store.stats();
+    // A hole punched in the middle, and a run of a GiB past the end: on a store of 8 MiB.
+    store.write_zeros(stream, epoch, file, 64 * KIB, 32 * KIB).unwrap();
+    let gib = 1u64 << 30;
+    store.write_zeros(stream, epoch, file, 512 * KIB, gib).unwrap();
+    // Newest wins inside a run as anywhere else.
+    store.write(stream, epoch, file, 512 * KIB + 100, &[5; 10]).unwrap();
+    store.write_zeros(stream, epoch, file, 0, 0).unwrap();
+    let after = store.stats();
+    let record = format::record_bytes(format::ZEROS_PAYLOAD_BYTES as u64);
+    assert_eq!(after.user_payload_bytes - before.user_payload_bytes, 2 * 8 + 10);
+    assert_eq!(
+        after.dram_used_bytes + after.ssd_used_bytes
+            - before.dram_used_bytes
+            - before.ssd_used_bytes,
+        2 * record + format::record_bytes(10),
+        "two runs of zeros (one a GiB long) and a 10-byte write cost three small records"
+    );
+    let check = |store: &Store| {
+        let mut expected = data.clone();
+        expected[64 * KIB as usize..96 * KIB as usize].fill(0);
+        let mut back = vec![0xEEu8; data.len()];
+        store.read(epoch, file, 0, &mut back).unwrap();
+        assert!(back == expected, "the punched hole reads as zeros, the rest as written");
+        let mut back = vec![0xEEu8; 4096];
+        store.read(epoch, file, 512 * KIB, &mut back).unwrap();
+        assert!(back[..100].iter().all(|&b| b == 0) && back[100..110] == [5; 10]);
+        assert!(back[110..].iter().all(|&b| b == 0));
+        store.read(epoch, file, 512 * KIB + gib - 4096, &mut back).unwrap();
+        assert!(back.iter().all(|&b| b == 0));
+        assert_eq!(store.stat(epoch, file).unwrap().size_bytes, 512 * KIB + gib);
+    };
+    check(&store);
+    store.commit(epoch, Durability::Ssd).unwrap();
+    let records = store.epoch(epoch).unwrap().data_records;
+    // Another epoch's dead bytes beside them, so compaction has segments to copy from.
+    for i in 0..64u64 {
+        store.write(StreamKey(1), EpochId(2), FileId(0), i * 16 * KIB, &[1; 16 * 1024]).unwrap();
+    }
+    store.delete_epoch(EpochId(2)).unwrap();
+    store.compact_now().unwrap();
+    check(&store);
+    store.close().unwrap();
+    let store = Store::open_with(&common::small_knobs(), storage as Arc<dyn Storage>).unwrap();
+    assert_eq!(store.epoch(epoch).unwrap().phase, EpochPhase::Committed);
+    assert_eq!(store.epoch(epoch).unwrap().data_records, records, "runs count as data records");
+    check(&store);
+    store.check_invariants();
+}
+
+#[test]
+fn a_run_of_zeros_past_the_file_size_limit_is_refused_by_name() {
+    let (_storage, store) = open_sim();
+    let limit = common::small_knobs().file_bytes_max;
+    let error = store.write_zeros(StreamKey(1), EpochId(1), FileId(0), limit - 10, 11).unwrap_err();
+    assert!(matches!(error, WriteError::FileTooLarge { .. }), "{error}");
+    let error = store.write_zeros(StreamKey(1), EpochId(1), FileId(0), u64::MAX, 2).unwrap_err();
+    assert!(matches!(error, WriteError::OffsetOverflow { .. }), "{error}");
+    assert!(store.epochs().is_empty() || store.extents(.., None).is_empty());
+}

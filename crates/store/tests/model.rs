@@ -1,4 +1,4 @@
-//! Property test: random write / commit / read / drain / delete / GC / restart / power-loss
+//! Property test: random write / zeros / commit / read / drain / delete / GC / restart / power-loss
 //! sequences against a simple in-memory model (one byte vector per file). Any divergence fails
 //! with the seed that replays it (`SPILLWAY_TEST_SEED=<seed> cargo test -p spillway-store
 //! --test model`).
@@ -196,11 +196,22 @@ impl Sequence {
         } else {
             rng.gen_range(1..5_000)
         };
-        let data = common::payload(seed ^ (step as u64) << 8, length);
         let stream = StreamKey(rng.gen_range(1..4));
-        match store.write(stream, epoch, file, offset as u64, &data) {
+        // Some writes are runs of zeros (punch hole, zero range): one small record each.
+        let zeros = rng.gen_bool(0.15);
+        let (data, written) = if zeros {
+            (
+                vec![0u8; length],
+                store.write_zeros(stream, epoch, file, offset as u64, length as u64),
+            )
+        } else {
+            let data = common::payload(seed ^ (step as u64) << 8, length);
+            let written = store.write(stream, epoch, file, offset as u64, &data);
+            (data, written)
+        };
+        match written {
             Ok(()) => {
-                *self.counts.entry("write").or_default() += 1;
+                *self.counts.entry(if zeros { "zeros" } else { "write" }).or_default() += 1;
                 let entry = self.model.entry(epoch).or_insert_with(|| ModelEpoch {
                     phase: Phase::Open,
                     files: BTreeMap::new(),
