@@ -16,7 +16,10 @@
 //!    *shuffled* — the held bytes of its stripe-aligned domain ([`crate::plan::held_chunks`];
 //!    holes are not written), gathered from every participant with pipelined `Read`s and
 //!    written in large sequential writes, gathering the next chunk while the previous one is
-//!    written; *naive* — the extents it holds, where they fall; then sets the size, the
+//!    written; *naive* — the extents it holds, where they fall; a chunk that is all zeros
+//!    (a run of zeros, zeros the application wrote) is not written and stays a hole, which
+//!    reads the same: the staging file is this epoch's file's alone, and every attempt
+//!    writes the same bytes at the same offsets; then sets the size, the
 //!    identity attribute, fsyncs, and creates its part marker (with its domain's CRC32C);
 //! 4. if every participant's marker exists, publishes: sets the identity with the combined
 //!    checksum, renames to the final name (never replacing anything but a lower epoch's file or
@@ -1460,7 +1463,7 @@ impl Inner {
         stats.yielded_writes = throttle.yielded;
         stats.yielded = throttle.paused;
         let started = Instant::now();
-        // Holes stay holes: only held bytes were written; the size is set here (ftruncate).
+        // Holes stay holes (held chunks of zeros too): the size is set here (ftruncate).
         file.extend_to(size)?;
         // The identity without the checksum, which the publisher adds from every part.
         let identity =
@@ -1602,6 +1605,9 @@ impl Inner {
                 .read(source.epoch, source.local_file, range.start, &mut buffer)
                 .map_err(DrainError::Store)?;
             stats.shuffle += started.elapsed();
+            if crate::plan::all_zeros(&buffer) {
+                continue;
+            }
             let started = Instant::now();
             file.write_at(range.start, &buffer)?;
             let took = started.elapsed();
@@ -1633,6 +1639,9 @@ fn write_chunks(
 ) -> Result<PartStats, PfsError> {
     let mut local = PartStats::default();
     for (offset, buffer) in gathered {
+        if crate::plan::all_zeros(&buffer) {
+            continue;
+        }
         let started = Instant::now();
         file.write_at(offset, &buffer)?;
         file.start_writeback(offset, buffer.len() as u64);

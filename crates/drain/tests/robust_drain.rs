@@ -183,6 +183,45 @@ fn ten_bytes_at_one_gib_drain_as_a_sparse_file() {
     assert_eq!((identity.epoch, identity.size, identity.crc32c), (1, gib + 10, Some(expected)));
 }
 
+/// Runs of zeros (a punched hole, a truncate's zero-fill) and zeros the application wrote are
+/// not written to the PFS: they stay holes there, in both drain modes.
+#[test]
+fn chunks_of_zeros_drain_as_holes() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path());
+    let pfs = dir.path().join("pfs");
+    std::fs::create_dir(&pfs).unwrap();
+    spillway_drain::pfs::mark_pfs(&pfs).unwrap();
+    let mut app = node.client();
+    let size = 16usize << 20;
+    // No zero byte of its own: every zero on the PFS comes from the run.
+    let data: Vec<u8> = (0..size).map(|i| (i * 31 % 251 + 1) as u8).collect();
+    let mut expected = data.clone();
+    expected[(1 << 20) + 5..15 << 20].fill(0);
+    for (epoch, mode) in [(1, DrainMode::Shuffled), (2, DrainMode::Naive)] {
+        let epoch = EpochId(epoch);
+        app.begin_epoch(epoch);
+        let mut file = app.create_file(epoch, "zeros.dat").unwrap();
+        app.write(&mut file, 0, &data).unwrap();
+        app.write_zeros(&mut file, (1 << 20) + 5, (14 << 20) - 5).unwrap();
+        app.flush().unwrap();
+        app.commit_epoch(epoch).unwrap();
+        let drainer = node.drainer(dir.path(), Arc::new(PosixPfs::new(&pfs)), 0);
+        drainer.request(epoch, mode).unwrap();
+        let info = wait_status(&drainer, epoch, "drained", |i| i.state == DrainState::Drained);
+        let path = pfs.join(format!("epoch-{epoch}/zeros.dat"));
+        assert!(std::fs::read(&path).unwrap() == expected, "{mode:?}: the drained bytes differ");
+        let meta = std::fs::metadata(&path).unwrap();
+        // 1 MiB chunks: the first two and the last hold data, the 13 between are zeros.
+        assert!(info.pfs_bytes_written <= 3 << 20, "{mode:?}: wrote {}", info.pfs_bytes_written);
+        assert!(meta.blocks() * 512 <= 4 << 20, "{mode:?}: {} blocks", meta.blocks());
+        let identity = spillway_drain::pfs::published_identity(&path).unwrap().unwrap();
+        // Shuffled drains record the file's checksum (holes as zeros); naive ones none.
+        let crc = (mode == DrainMode::Shuffled).then(|| crc32c::crc32c(&expected));
+        assert_eq!(identity.crc32c, crc, "{mode:?}");
+    }
+}
+
 #[test]
 fn a_drain_that_keeps_failing_is_quarantined_kept_across_restart_and_released_by_a_request() {
     let dir = tempfile::tempdir().unwrap();
