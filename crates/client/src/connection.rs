@@ -622,7 +622,7 @@ impl ServerConnection {
             [WriteExtent { offset, crc32c, .. }] => {
                 Request::Write { epoch, file, offset, payload_crc32c: crc32c }
             }
-            // Gathered only for a server that chose version 5, and taken over after a
+            // Gathered only for a server that chose version 5 or later, and taken over after a
             // reconnection only by the same server process (id and incarnation).
             _ => Request::WriteExtents { epoch, file, extents },
         };

@@ -42,7 +42,7 @@ pub use transport::{Connection, Endpoint, Identity, Listener, Transport};
 /// `HelloReply` and `StatusReply`), the participants of a `Commit` and the `payload_crc32c` of a
 /// `Write`. Version 4 added the server's failure domain (`failure_domain` in `HelloReply` and
 /// `StatusReply`), which replica placement needs. Version 5 added `WriteExtents` (a client's
-/// gathered strided writes); a client sends it only to a server that chose version 5.
+/// gathered strided writes); a client sends it only to a server that chose version 5 or later.
 /// Version 6 added `WriteZeros` (a run of zeros stored as one small record).
 pub const PROTOCOL_VERSION: u16 = 6;
 /// The first version with `WriteExtents`.
