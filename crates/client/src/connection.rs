@@ -99,6 +99,28 @@ pub struct ServerConnection {
     coalesced_bytes: Vec<u8>,
 }
 
+/// Bytes of zeros per write where a run of zeros must travel as bytes (to a server older than
+/// `WriteZeros`, or a file written straight to the PFS).
+pub(crate) const ZERO_BYTES_CHUNK: u64 = 1 << 20;
+
+/// Calls `write(at, zeros)` for `[offset, offset + length)` in writes of at most `chunk` bytes
+/// of zeros (one buffer, reused).
+pub(crate) fn zeros_as_bytes(
+    offset: u64,
+    length: u64,
+    chunk: u64,
+    mut write: impl FnMut(u64, &[u8]) -> Result<(), ClientError>,
+) -> Result<(), ClientError> {
+    let zeros = vec![0u8; length.min(chunk.max(1)) as usize];
+    let mut at = 0;
+    while at < length {
+        let n = (length - at).min(zeros.len() as u64) as usize;
+        write(offset + at, &zeros[..n])?;
+        at += n as u64;
+    }
+    Ok(())
+}
+
 impl ServerConnection {
     /// Connects and shakes hands; a munge server gets a credential from the `munged` named by
     /// `SPILLWAY_MUNGE_SOCKET` (else libmunge's default socket).
@@ -598,15 +620,10 @@ impl ServerConnection {
         length: u64,
     ) -> Result<(), ClientError> {
         if self.version < WRITE_ZEROS_VERSION {
-            let chunk = (self.payload_bytes_max as u64).min(1 << 20).min(length).max(1);
-            let zeros = vec![0u8; chunk as usize];
-            let mut at = 0;
-            while at < length {
-                let n = chunk.min(length - at) as usize;
-                self.write_pipelined(epoch, file, offset + at, &zeros[..n])?;
-                at += n as u64;
-            }
-            return Ok(());
+            let chunk = (self.payload_bytes_max as u64).min(ZERO_BYTES_CHUNK);
+            return zeros_as_bytes(offset, length, chunk, |at, zeros| {
+                self.write_pipelined(epoch, file, at, zeros)
+            });
         }
         self.reopen_if_closed()?;
         self.send_coalesced()?;

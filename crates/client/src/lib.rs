@@ -706,14 +706,12 @@ impl Client {
             ))
         })?;
         if file.direct.is_some() {
-            let zeros = vec![0u8; length.min(ZERO_BYTES_CHUNK) as usize];
-            let mut at = 0;
-            while at < length {
-                let n = (length - at).min(ZERO_BYTES_CHUNK) as usize;
-                self.write_untraced(file, offset + at, &zeros[..n])?;
-                at += n as u64;
-            }
-            return Ok(());
+            return connection::zeros_as_bytes(
+                offset,
+                length,
+                connection::ZERO_BYTES_CHUNK,
+                |at, zeros| self.write_untraced(file, at, zeros),
+            );
         }
         let pieces = placement::split(
             self.options.placement,
@@ -1528,9 +1526,6 @@ fn unexpected(
         },
     }
 }
-
-/// Bytes of zeros sent per write where a run of zeros must travel as bytes.
-const ZERO_BYTES_CHUNK: u64 = 1 << 20;
 
 /// The name a traced file operation records: `epoch-<E>/<name>`, the layout drained epochs
 /// have on the PFS.

@@ -398,6 +398,9 @@ pub fn stripe_aligned_fraction(log: &[PfsWrite], stripe_bytes: u64, file_bytes: 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    const MIB: u64 = 1 << 20;
 
     #[test]
     fn all_zeros_finds_a_nonzero_byte_anywhere() {
@@ -408,9 +411,6 @@ mod tests {
             assert!(!all_zeros(&buffer), "byte {at}");
         }
     }
-    use proptest::prelude::*;
-
-    const MIB: u64 = 1 << 20;
 
     #[test]
     fn four_servers_one_gib() {
