@@ -134,7 +134,7 @@ fn child_client() {
     let endpoints: Vec<Endpoint> = fields[0].split(',').map(|e| e.parse().unwrap()).collect();
     let outcome = if fields[1] == "ns-readdir" {
         Ok(String::new()) // below: a namespace client, not a data client
-    } else if ["commit", "stat", "extents", "sync"].contains(&fields[1]) {
+    } else if ["commit", "stat", "extents", "sync", "zeros", "zeros-huge"].contains(&fields[1]) {
         // Straight to the server: `Client::commit_epoch` commits only where it wrote, and an
         // attacker asks for file ids it never opened.
         raw_on(&endpoints[0], fields[1], EpochId(fields[2].parse().unwrap()))
@@ -217,7 +217,8 @@ fn run_op(client: &mut Client, op: &[&str]) -> Result<String, spillway_client::C
 }
 
 /// One request about `epoch` sent to one server: `commit`, or `stat`/`extents` of file id 1
-/// (the epoch's first file) or `sync`.
+/// (the epoch's first file) or `sync`, or a run of zeros over file id 1: `zeros` over its first
+/// 300 000 bytes, `zeros-huge` of 2^62 bytes.
 fn raw_on(
     endpoint: &Endpoint,
     op: &str,
@@ -232,12 +233,16 @@ fn raw_on(
         "stat" => Request::Stat { epoch, file },
         "extents" => Request::Extents { epoch, file, from_offset: 0 },
         "sync" => Request::Sync { epoch, participants: Vec::new() },
+        "zeros" => Request::WriteZeros { epoch, file, offset: 0, length: 300_000 },
+        "zeros-huge" => Request::WriteZeros { epoch, file, offset: 0, length: 1 << 62 },
         other => panic!("unknown raw op {other}"),
     };
     match connection.call(&request, &[], None)? {
         (Response::FileStat(info), ()) => Ok(format!("{}:{}", info.name, info.size_bytes)),
         (Response::Extents(extents), ()) => Ok(format!("{} extents", extents.len())),
-        (Response::Committed { .. } | Response::Synced { .. }, ()) => Ok(String::new()),
+        (Response::Committed { .. } | Response::Synced { .. } | Response::Written { .. }, ()) => {
+            Ok(String::new())
+        }
         (other, ()) => panic!("{op} answered {other:?}"),
     }
 }
@@ -300,6 +305,8 @@ fn a_claimed_epoch_survives_a_server_kill_and_cannot_be_stolen() {
         libc::EACCES,
         "another user",
     );
+    // A run of zeros over A's file, by file id (never opened by B): refused like a write.
+    refused(&b, &endpoints, &["zeros", "1"], libc::EACCES, "another user");
 
     server.sigkill().unwrap();
     server.restart().unwrap();
@@ -317,6 +324,9 @@ fn a_claimed_epoch_survives_a_server_kill_and_cannot_be_stolen() {
     refused(&b, &endpoints, &["stat", "1"], libc::EACCES, denied);
     refused(&b, &endpoints, &["extents", "1"], libc::EACCES, denied);
     refused(&b, &endpoints, &["sync", "1"], libc::EACCES, denied);
+    refused(&b, &endpoints, &["zeros", "1"], libc::EACCES, denied);
+    // An absurd run is refused by size, before anything is stored.
+    refused(&a, &endpoints, &["zeros-huge", "1"], libc::EFBIG, "file_bytes_max");
     assert_eq!(ok(&a, &endpoints, &["stat", "1"]), "ckpt:300000", "A stats its file");
 
     assert_eq!(listed_epochs(&ok(&a, &endpoints, &["list"])), vec![1]);
