@@ -197,6 +197,73 @@ fn threads_writing_one_file_disjoint_and_overlapping_read_back_exactly() {
     mount.unmount();
 }
 
+/// Writers of one file run in parallel (write-only handles: `FOPEN_PARALLEL_DIRECT_WRITES`),
+/// and a write across a 1 MiB stripe goes out as a piece per data slot; overlapping writes
+/// must still land whole, one after the other. Each round, every thread writes the same range
+/// across a stripe boundary with its own byte at once; the range then holds one thread's byte
+/// throughout, never one thread's on one side of the boundary and another's on the other.
+/// The buffers are page-aligned, so the kernel sends each `write(2)` as one request (an
+/// unaligned 1 MiB buffer spans 257 pages and goes as two, which may interleave with other
+/// writers' requests: docs/semantics.md, "Mount").
+#[test]
+fn overlapping_writes_across_stripes_land_whole() {
+    use std::os::unix::fs::FileExt;
+    const MIB: u64 = 1 << 20;
+    const THREADS: usize = 4;
+    const ROUNDS: u8 = 40;
+    let dir = tempdir();
+    let (_servers, endpoints) = servers(dir.path(), 2);
+    let mount = mount_at(&dir.path().join("mnt"), remote_namespace(&endpoints, 5), &endpoints);
+    let path = mount.path().join("overlapped");
+    // Sized first: the kernel runs direct writes in parallel only below EOF.
+    std::fs::write(&path, vec![0u8; 4 << 20]).unwrap();
+    let (start, length) = (MIB + MIB / 2, MIB as usize);
+    let barrier = std::sync::Barrier::new(THREADS + 1);
+    // Nothing panics between the barriers (a panicking thread would leave the others waiting):
+    // failures are collected and asserted once every thread is done.
+    let failures = std::sync::Mutex::new(Vec::<String>::new());
+    std::thread::scope(|scope| {
+        for t in 0..THREADS {
+            let (path, barrier, failures) = (&path, &barrier, &failures);
+            scope.spawn(move || {
+                let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+                let mut buffer = vec![0u8; length + 4096];
+                let aligned = buffer.as_ptr().align_offset(4096);
+                let bytes = &mut buffer[aligned..aligned + length];
+                for round in 0..ROUNDS {
+                    bytes.fill(round * THREADS as u8 + t as u8 + 1);
+                    barrier.wait();
+                    if let Err(e) = file.write_all_at(bytes, start) {
+                        failures.lock().unwrap().push(format!("round {round} thread {t}: {e}"));
+                    }
+                    barrier.wait();
+                }
+            });
+        }
+        for round in 0..ROUNDS {
+            barrier.wait();
+            barrier.wait();
+            let mut back = vec![0u8; length];
+            let read = std::fs::File::open(&path).and_then(|f| f.read_exact_at(&mut back, start));
+            let writers: Vec<u8> = (1..=THREADS as u8).map(|t| round * THREADS as u8 + t).collect();
+            let first = back[0];
+            let failure = match read {
+                Err(e) => Some(format!("round {round}: read: {e}")),
+                Ok(()) if !writers.contains(&first) => {
+                    Some(format!("round {round}: byte {first} is no writer's"))
+                }
+                Ok(()) => back.iter().position(|&b| b != first).map(|at| {
+                    format!("round {round}: writes interleaved: {first} then {} at +{at}", back[at])
+                }),
+            };
+            failures.lock().unwrap().extend(failure);
+        }
+    });
+    let failures = failures.into_inner().unwrap();
+    assert!(failures.is_empty(), "{failures:#?}");
+    mount.unmount();
+}
+
 /// A thread writes through a handle it keeps open (its writes not yet flushed by a close),
 /// another thread then opens the file and reads: it sees every write that returned, also
 /// overwrites of bytes written just before, whichever data slots they went through.
