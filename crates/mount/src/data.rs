@@ -98,10 +98,10 @@ pub enum DataError {
     /// being sent (a close or fsync of any file tries the servers again).
     #[error("the reservation's servers are full: write refused at once after an earlier one was refused for want of space (close or fsync to try again)")]
     StoreFull,
-    /// A write through the same data slot failed while this file had writes in flight; a
+    /// A write through a data slot failed while this file had writes in flight there; a
     /// pipelined failure does not say whose write it was, so this file's writes since its last
     /// flush may not be stored.
-    #[error("a write through this file's data slot failed while the file had writes in flight, so they may not be stored: {message}")]
+    #[error("a write through one of this file's data slots failed while the file had writes in flight there, so they may not be stored: {message}")]
     SlotFailure { errno: i32, message: String },
     /// The data epoch this mount has used is on no server any more: the reservation was
     /// destroyed (or its data deleted) under the mount. Its files cannot be read, never as
@@ -254,9 +254,10 @@ fn mix(ino: Ino, run: u64) -> u64 {
 }
 
 struct SlotChannel {
-    /// Held by the file system across a size check and the data operation that depends on it
-    /// (worker slots only: an inline slot's own lock serves, see [`SlotGuard`]); it guards the
-    /// slot's readahead windows, so a read a window holds never waits for the worker.
+    /// Held while an operation is queued on the slot or a FUSE thread writes through its
+    /// client (worker slots only: an inline slot's own lock serves, see [`SlotGuard`]); it
+    /// guards the slot's readahead windows, so a read a window holds never waits for the
+    /// worker.
     lock: Mutex<ReadAhead<Pending>>,
     runner: Option<Runner>,
     worker: Option<JoinHandle<()>>,
@@ -560,19 +561,24 @@ impl DataPlane {
         inline: impl Fn(&mut Slot) -> Result<(), DataError>,
         make: impl Fn(Reply<()>) -> Command,
     ) -> Result<(), DataError> {
+        // What each slot answered, or the channel its worker will answer on.
+        enum Answer {
+            Done(Result<(), DataError>),
+            Pending(Receiver<Result<(), DataError>>),
+        }
         let mut answers = Vec::new();
         for index in self.slots_of(ino) {
-            let mut slot = self.slot_at(index);
+            let mut guard = self.slot_at(index);
             if let (true, Some(ino)) = (invalidate, ino) {
-                slot.invalidate(ino);
+                guard.invalidate(ino);
             }
-            let answer = match &mut slot.held {
-                Held::Inline(slot) => Err(inline(slot)),
+            let answer = match &mut guard.held {
+                Held::Inline(slot) => Answer::Done(inline(slot)),
                 Held::Worker { queue, .. } => {
                     let (reply, answer) = sync_channel(1);
                     match queue.push(make(reply)) {
-                        Ok(()) => Ok(answer),
-                        Err(_) => Err(Err(DataError::Stopped { slot: index })),
+                        Ok(()) => Answer::Pending(answer),
+                        Err(_) => Answer::Done(Err(DataError::Stopped { slot: index })),
                     }
                 }
             };
@@ -581,8 +587,10 @@ impl DataPlane {
         let mut first = None;
         for (index, answer) in answers {
             let result = match answer {
-                Ok(answer) => answer.recv().unwrap_or(Err(DataError::Stopped { slot: index })),
-                Err(result) => result,
+                Answer::Done(result) => result,
+                Answer::Pending(answer) => {
+                    answer.recv().unwrap_or(Err(DataError::Stopped { slot: index }))
+                }
             };
             if let Err(e) = result {
                 first.get_or_insert(e);
