@@ -5,8 +5,8 @@
 //! namespace decides permissions and errno (one place holds the POSIX rules, the same for every
 //! mount and for the native API, including sticky directories and suid/sgid clearing); the
 //! kernel's `default_permissions` checks the mode bits as well, for the FIFOs, sockets and device
-//! nodes it opens without asking the file system. Data requests go to the [`DataPlane`], which sends each stripe of a
-//! file through the data slot serving it.
+//! nodes it opens without asking the file system. Data requests go to the [`DataPlane`], which
+//! sends each stripe of a file through the data slot serving it.
 //!
 //! Caching (docs/design/mount.md): the kernel page cache is used without `keep_cache`, so every
 //! open drops the file's cached pages (write-only handles bypass it); no writeback cache; entry
