@@ -15,15 +15,9 @@
 //!
 //! A [`spillway_client::Client`] needs `&mut self`, so the mount keeps a small pool of clients
 //! ([`DataPlane`]), each run by a worker thread with its own connections and fed by a bounded
-//! queue of commands. A file's bytes are cut into stripes of [`SLOT_STRIPE_BYTES`], and each
-//! stripe always uses the same slot ([`Route::slot`]): its writes, zero-fills and reads stay in
-//! order on one pipeline (a read sees every earlier write of the same mount), and the client
-//! that wrote a stripe is the one that reads it back, so writes a server restart lost there fail
-//! the read instead of reading as zeros (only that client knows of them). One file's stripes
-//! spread over the slots, so several writers or readers of one file, and one writer's
-//! write-behind, use several clients at once. Per file, a shared lock ([`DataPlane::file`])
-//! is held by reads and writes and an exclusive one ([`DataPlane::exclusive`]) by a truncate or
-//! a punched hole, which settle and zero every slot. A write is queued (its bytes copied) and
+//! queue of commands; an inode always uses the same slot (`ino % slots`), which keeps one
+//! file's writes and reads in order on one pipeline (a read sees every earlier write of the same
+//! mount) while different files proceed in parallel. A write is queued (its bytes copied) and
 //! the kernel answered at once, so the application's next `write(2)` overlaps the sending of
 //! this one (write-behind, at most [`QUEUED_COMMANDS_MAX`] commands, i.e. that many MiB, per
 //! slot); while several writes are in progress in the mount, a write instead goes to the
@@ -35,12 +29,11 @@
 //! servers refused a write for want of space, later writes are refused at once
 //! ([`DataPlane::store_full`]) instead of each waiting out the servers' backpressure bound
 //! again, until the next close or fsync tries again.
-//! Each slot also has a lock, held while an operation is queued on it; it guards the slot's
-//! readahead windows ([`crate::readahead`]) of the stripes it serves, which serve a sequential
-//! reader's requests without a round trip (a window never reaches past its stripe; the next
-//! stripe's is fetched on its own slot). [`DataPlane::inline`] runs the same slots without
-//! worker threads, each operation in the caller's thread under the slot's lock, and a file is
-//! one slot's (`ino % slots`): the preload library's data path.
+//! Each slot also has a lock that the file system holds across a truncate and the zero-fill
+//! that follows it; it guards the slot's readahead windows ([`crate::readahead`]), which serve
+//! a sequential reader's requests without a round trip. [`DataPlane::inline`] runs the same
+//! slots without worker threads, each operation in the caller's thread under the slot's lock:
+//! the preload library's data path.
 //! There the slot's lock is the one lock (held for the [`SlotGuard`]'s life, as the worker
 //! path's file-system lock is), writes go to the client from the caller's own buffer without
 //! a copy, and reads fill the caller's buffer.
@@ -52,7 +45,7 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use parking_lot::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use spillway_client::{placement, Client, ClientError, FileHandle};
 use spillway_namespace::{data_file_name, Ino, NamespaceId};
 use spillway_proto::ErrorCode;
@@ -64,17 +57,6 @@ use crate::readahead::{Fetch, ReadAhead};
 pub const HANDLES_CACHED_MAX: usize = 4096;
 /// Commands queued per slot before a writer waits (each write is at most `max_write`, 1 MiB).
 pub const QUEUED_COMMANDS_MAX: usize = 16;
-/// Bytes of a file one worker slot serves in a row: stripe `k` of inode `i` is one slot's
-/// ([`Route::slot`]) for its writes, zero-fills and reads alike, so one file's I/O spreads over
-/// the slots while each byte keeps one pipeline. The client's stripe unit, so a slot's stripe
-/// lies on one server.
-pub const SLOT_STRIPE_BYTES: u64 = 1 << 20;
-/// Stripes past the one a sequential reader is in that are fetched ahead, each by its own slot
-/// (two: a fetch skipped because its slot was busy gets a second chance a stripe earlier).
-const STRIPES_PREFETCHED: usize = 2;
-/// Shards of the per-file locks ([`DataPlane::file`], [`DataPlane::exclusive`]): inode `i`
-/// uses shard `i % FILE_LOCK_SHARDS`.
-const FILE_LOCK_SHARDS: usize = 64;
 
 /// A data operation that failed, naming the store file and the range.
 #[derive(Debug, thiserror::Error)]
@@ -98,10 +80,10 @@ pub enum DataError {
     /// being sent (a close or fsync of any file tries the servers again).
     #[error("the reservation's servers are full: write refused at once after an earlier one was refused for want of space (close or fsync to try again)")]
     StoreFull,
-    /// A write through a data slot failed while this file had writes in flight there; a
+    /// A write through the same data slot failed while this file had writes in flight; a
     /// pipelined failure does not say whose write it was, so this file's writes since its last
     /// flush may not be stored.
-    #[error("a write through one of this file's data slots failed while the file had writes in flight there, so they may not be stored: {message}")]
+    #[error("a write through this file's data slot failed while the file had writes in flight, so they may not be stored: {message}")]
     SlotFailure { errno: i32, message: String },
     /// The data epoch this mount has used is on no server any more: the reservation was
     /// destroyed (or its data deleted) under the mount. Its files cannot be read, never as
@@ -132,13 +114,6 @@ impl DataError {
 /// The data path of one mount: a pool of clients, each driven by its worker thread.
 pub struct DataPlane {
     slots: Vec<SlotChannel>,
-    route: Route,
-    /// Per shard of inodes: reads and writes of a file share it, a truncate or hole punch of
-    /// it holds it alone, so no write of this mount lands between the size it reads and the
-    /// zeros it sends.
-    files: Vec<RwLock<()>>,
-    /// See [`RangesInFlight`].
-    ranges: RangesInFlight,
     /// Writes in progress in the file system ([`DataPlane::writing`]): with more than one, a
     /// worker slot's writes are sent from the FUSE thread instead of queued (see
     /// [`SlotGuard::write`]).
@@ -147,117 +122,10 @@ pub struct DataPlane {
     store_full: Arc<AtomicBool>,
 }
 
-/// Byte ranges of files being written, or read across slots. The kernel lets direct writes of
-/// one file run in parallel (`FOPEN_PARALLEL_DIRECT_WRITES`), and a write cut over several slots
-/// is queued piece by piece, so overlapping ranges wait for each other here: each such write
-/// lands whole before or after an overlapping one, and a read across slots sees all of a write
-/// or none of it, as when one slot served the file. At most one entry per request in progress.
-#[derive(Default)]
-struct RangesInFlight {
-    ranges: Mutex<Vec<(Ino, u64, u64)>>,
-    freed: Condvar,
-}
-
-impl RangesInFlight {
-    /// Waits until no range of `ino` in flight overlaps `[start, end)`, then holds it.
-    fn hold(&self, ino: Ino, start: u64, end: u64) -> RangeHeld<'_> {
-        let mut ranges = self.ranges.lock();
-        while ranges.iter().any(|&(i, s, e)| i == ino && s < end && start < e) {
-            self.freed.wait(&mut ranges);
-        }
-        ranges.push((ino, start, end));
-        RangeHeld { ranges: self, entry: (ino, start, end) }
-    }
-}
-
-/// A range held in [`RangesInFlight`] until dropped.
-struct RangeHeld<'a> {
-    ranges: &'a RangesInFlight,
-    entry: (Ino, u64, u64),
-}
-
-impl Drop for RangeHeld<'_> {
-    fn drop(&mut self) {
-        let mut ranges = self.ranges.ranges.lock();
-        let index = ranges.iter().position(|r| *r == self.entry).expect("held until dropped");
-        ranges.swap_remove(index);
-        self.ranges.freed.notify_all();
-    }
-}
-
-/// Which slot serves which bytes of a file.
-#[derive(Clone, Copy, Debug)]
-struct Route {
-    slots: usize,
-    /// Worker slots (more than one): a file's stripes spread over the slots. Inline slots (the
-    /// preload library, whose callers are the application's threads): a file is one slot's.
-    spread: bool,
-}
-
-impl Route {
-    /// The slot serving the byte at `offset` of inode `ino`. Each run of `slots` consecutive
-    /// stripes goes to every slot once, in an order drawn from the inode and the run, so a
-    /// lone sequential writer keeps every slot busy and writers a block apart (IOR's shared
-    /// file) do not line up on one slot.
-    fn slot(&self, ino: Ino, offset: u64) -> usize {
-        let slots = self.slots as u64;
-        if !self.spread {
-            return (ino % slots) as usize;
-        }
-        let stripe = offset / SLOT_STRIPE_BYTES;
-        (stripe.wrapping_add(mix(ino, stripe / slots)) % slots) as usize
-    }
-
-    /// Where the run of bytes from `offset` that one slot serves ends.
-    fn piece_end(&self, offset: u64) -> u64 {
-        if self.spread {
-            (offset / SLOT_STRIPE_BYTES + 1).saturating_mul(SLOT_STRIPE_BYTES)
-        } else {
-            u64::MAX
-        }
-    }
-
-    /// `[offset, offset + length)` cut where the serving slot changes: `(slot, offset,
-    /// length)` pieces, in order.
-    fn pieces(
-        &self,
-        ino: Ino,
-        offset: u64,
-        length: u64,
-    ) -> impl Iterator<Item = (usize, u64, u64)> {
-        let route = *self;
-        let end = offset.saturating_add(length);
-        let mut at = offset;
-        std::iter::from_fn(move || {
-            if at >= end {
-                return None;
-            }
-            let piece_end = route.piece_end(at).min(end);
-            let piece = (route.slot(ino, at), at, piece_end - at);
-            at = piece_end;
-            Some(piece)
-        })
-    }
-
-    /// Whether the slot `index` serves the bytes of stripe-run `[offset, …)`.
-    fn serves(&self, index: usize, ino: Ino, offset: u64) -> bool {
-        self.slot(ino, offset) == index
-    }
-}
-
-/// splitmix64's finaliser over an inode and a run of stripes.
-fn mix(ino: Ino, run: u64) -> u64 {
-    let mut x = ino.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ run.wrapping_add(0x632B_E59B_D9B4_E019);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
 struct SlotChannel {
-    /// Held while an operation is queued on the slot or a FUSE thread writes through its
-    /// client (worker slots only: an inline slot's own lock serves, see [`SlotGuard`]); it
-    /// guards the slot's readahead windows, so a read a window holds never waits for the
-    /// worker.
+    /// Held by the file system across a size check and the data operation that depends on it
+    /// (worker slots only: an inline slot's own lock serves, see [`SlotGuard`]); it guards the
+    /// slot's readahead windows, so a read a window holds never waits for the worker.
     lock: Mutex<ReadAhead<Pending>>,
     runner: Option<Runner>,
     worker: Option<JoinHandle<()>>,
@@ -400,7 +268,7 @@ impl DataPlane {
     /// `clients` must all be connected to the same servers, in the same order, with the
     /// default striped placement (one per slot; at least one).
     pub fn new(clients: Vec<Client>, namespace: NamespaceId, epoch: EpochId) -> DataPlane {
-        Self::with_slots(clients, namespace, epoch, true, |index, slot| {
+        Self::with_slots(clients, namespace, epoch, |index, slot| {
             let (sender, receiver) = sync_channel(QUEUED_COMMANDS_MAX);
             let slot = Arc::new(Mutex::new(slot));
             let queued = Arc::new(Queued::default());
@@ -417,7 +285,7 @@ impl DataPlane {
     /// threads, no write-behind queue): for the preload library, whose callers are the
     /// application's own threads.
     pub fn inline(clients: Vec<Client>, namespace: NamespaceId, epoch: EpochId) -> DataPlane {
-        Self::with_slots(clients, namespace, epoch, false, |_, slot| {
+        Self::with_slots(clients, namespace, epoch, |_, slot| {
             (Runner::Inline(Box::new(Mutex::new(slot))), None)
         })
     }
@@ -426,11 +294,9 @@ impl DataPlane {
         clients: Vec<Client>,
         namespace: NamespaceId,
         epoch: EpochId,
-        workers: bool,
         run: impl Fn(usize, Slot) -> (Runner, Option<JoinHandle<()>>),
     ) -> DataPlane {
         assert!(!clients.is_empty(), "a data plane needs at least one client");
-        let route = Route { slots: clients.len(), spread: workers && clients.len() > 1 };
         let epoch_seen = Arc::new(AtomicBool::new(false));
         let store_full = Arc::new(AtomicBool::new(false));
         let slots = clients
@@ -440,8 +306,6 @@ impl DataPlane {
                 client.begin_epoch(epoch);
                 let slot = Slot {
                     client,
-                    index,
-                    route,
                     namespace,
                     epoch,
                     handles: HashMap::new(),
@@ -455,15 +319,7 @@ impl DataPlane {
                 SlotChannel { lock: Mutex::new(ReadAhead::default()), runner: Some(runner), worker }
             })
             .collect();
-        let files = (0..FILE_LOCK_SHARDS).map(|_| RwLock::new(())).collect();
-        DataPlane {
-            slots,
-            route,
-            files,
-            ranges: RangesInFlight::default(),
-            writers: AtomicUsize::new(0),
-            store_full,
-        }
+        DataPlane { slots, writers: AtomicUsize::new(0), store_full }
     }
 
     /// Counts a write of the file system in progress until the guard is dropped (taken before
@@ -480,137 +336,13 @@ impl DataPlane {
         self.store_full.load(Ordering::Relaxed)
     }
 
-    /// Reads and writes of `ino`, alongside every other reader and writer of it.
-    pub fn file(&self, ino: Ino) -> FileAccess<'_> {
-        FileAccess { plane: self, ino, _shared: self.files[Self::shard(ino)].read() }
+    /// The slot serving inode `ino`, locked.
+    pub fn slot(&self, ino: Ino) -> SlotGuard<'_> {
+        let index = (ino % self.slots.len() as u64) as usize;
+        self.slot_at(index, Some(ino))
     }
 
-    /// `ino` held alone: no read or write of it through this mount runs meanwhile (a truncate
-    /// across its size change and zero-fill, a punched hole).
-    pub fn exclusive(&self, ino: Ino) -> FileExclusive<'_> {
-        FileExclusive { plane: self, ino, _alone: self.files[Self::shard(ino)].write() }
-    }
-
-    fn shard(ino: Ino) -> usize {
-        (ino % FILE_LOCK_SHARDS as u64) as usize
-    }
-
-    /// Waits until every write of `ino` queued so far is acknowledged by its server; the
-    /// failure of the file, if any: what `close` reports. FUSE sends a flush for every close of
-    /// a descriptor, also the ones a forked child closes at exec, so the failure is reported to
-    /// every close and fsync until the last handle is released, never to just the first.
-    pub fn flush(&self, ino: Ino) -> Result<(), DataError> {
-        self.flush_slots(Some(ino), false, true)
-    }
-
-    /// [`Self::flush`] without trying full servers again: Err when the inode has a failure
-    /// pinned (a `stat` settles writes before the size is reported, and withdraws it).
-    pub fn settle(&self, ino: Ino) -> Result<(), DataError> {
-        self.flush_slots(Some(ino), false, false)
-    }
-
-    /// [`Self::flush`], then every server holding writes of `ino` that no sync covered syncs
-    /// its SSD log: what `fsync` promises (the data survives a server crash).
-    pub fn sync(&self, ino: Ino) -> Result<(), DataError> {
-        self.flush_slots(Some(ino), true, true)
-    }
-
-    /// Flushes every slot's pipeline; the first failure.
-    pub fn flush_all(&self) -> Result<(), DataError> {
-        self.flush_slots(None, false, true)
-    }
-
-    /// Forgets cached store handles of `ino` (at open: close-to-open means asking again).
-    pub fn forget(&self, ino: Ino) {
-        self.tell_slots(ino, || Command::Forget { ino });
-    }
-
-    /// The last handle of `ino` is closed: its failure, reported to every close and fsync so
-    /// far, is forgotten (a new open starts clean).
-    pub fn release(&self, ino: Ino) {
-        self.tell_slots(ino, || Command::Release { ino });
-    }
-
-    /// The slots that may hold bytes of `ino`; every slot for `None`.
-    fn slots_of(&self, ino: Option<Ino>) -> std::ops::Range<usize> {
-        match ino {
-            Some(ino) if !self.route.spread => {
-                let home = self.route.slot(ino, 0);
-                home..home + 1
-            }
-            _ => 0..self.slots.len(),
-        }
-    }
-
-    fn flush_slots(&self, ino: Option<Ino>, durable: bool, report: bool) -> Result<(), DataError> {
-        self.on_slots(
-            ino,
-            false,
-            |slot| slot.flush_for(durable, ino, report),
-            |reply| Command::Flush { durable, ino, report, reply },
-        )
-    }
-
-    /// Runs an operation on every slot that may hold bytes of `ino` (`invalidate`: dropping
-    /// the inode's readahead windows first), the worker slots' all queued before any is
-    /// waited for; the first failure, in slot order.
-    fn on_slots(
-        &self,
-        ino: Option<Ino>,
-        invalidate: bool,
-        inline: impl Fn(&mut Slot) -> Result<(), DataError>,
-        make: impl Fn(Reply<()>) -> Command,
-    ) -> Result<(), DataError> {
-        // What each slot answered, or the channel its worker will answer on.
-        enum Answer {
-            Done(Result<(), DataError>),
-            Pending(Receiver<Result<(), DataError>>),
-        }
-        let mut answers = Vec::new();
-        for index in self.slots_of(ino) {
-            let mut guard = self.slot_at(index);
-            if let (true, Some(ino)) = (invalidate, ino) {
-                guard.invalidate(ino);
-            }
-            let answer = match &mut guard.held {
-                Held::Inline(slot) => Answer::Done(inline(slot)),
-                Held::Worker { queue, .. } => {
-                    let (reply, answer) = sync_channel(1);
-                    match queue.push(make(reply)) {
-                        Ok(()) => Answer::Pending(answer),
-                        Err(_) => Answer::Done(Err(DataError::Stopped { slot: index })),
-                    }
-                }
-            };
-            answers.push((index, answer));
-        }
-        let mut first = None;
-        for (index, answer) in answers {
-            let result = match answer {
-                Answer::Done(result) => result,
-                Answer::Pending(answer) => {
-                    answer.recv().unwrap_or(Err(DataError::Stopped { slot: index }))
-                }
-            };
-            if let Err(e) = result {
-                first.get_or_insert(e);
-            }
-        }
-        first.map_or(Ok(()), Err)
-    }
-
-    /// Sends a command that has no answer to every slot that may hold bytes of `ino`, after
-    /// dropping its readahead windows of the inode.
-    fn tell_slots(&self, ino: Ino, command: impl Fn() -> Command) {
-        for index in self.slots_of(Some(ino)) {
-            let mut slot = self.slot_at(index);
-            slot.invalidate(ino);
-            // A stopped worker has nothing cached or pinned.
-            let _ = slot.send(command());
-        }
-    }
-
-    fn slot_at(&self, index: usize) -> SlotGuard<'_> {
+    fn slot_at(&self, index: usize, ino: Option<Ino>) -> SlotGuard<'_> {
         let channel = &self.slots[index];
         let held = match channel.runner.as_ref().expect("open until drop") {
             Runner::Worker(queue) => Held::Worker { readahead: channel.lock.lock(), queue },
@@ -618,134 +350,25 @@ impl DataPlane {
             // worker's queue: one lock per operation, not two.
             Runner::Inline(slot) => Held::Inline(slot.lock()),
         };
-        SlotGuard { held, index, route: self.route, writers: &self.writers }
-    }
-
-    /// After a window served a read at `offset` of a file of `size` bytes: starts fetching the
-    /// next [`STRIPES_PREFETCHED`] stripes' first windows, each on the slot serving it, unless
-    /// that slot is busy (a read must not wait for another slot's lock to start a fetch it may
-    /// not need; the next read of the stripe tries again).
-    fn prefetch_next(&self, ino: Ino, generation: u64, offset: u64, size: u64) {
-        if !self.route.spread {
-            return;
-        }
-        let mut next = offset;
-        for _ in 0..STRIPES_PREFETCHED {
-            next = self.route.piece_end(next);
-            if next >= size {
-                return;
-            }
-            let index = self.route.slot(ino, next);
-            let channel = &self.slots[index];
-            let Some(Runner::Worker(queue)) = channel.runner.as_ref() else { return };
-            let Some(mut readahead) = channel.lock.try_lock() else { continue };
-            let mut fetch = SlotFetch { queue, slot: index, route: self.route, ino, generation };
-            readahead.prefetch(&mut fetch, ino, generation, next, size);
-        }
+        SlotGuard { held, index, ino, writers: &self.writers }
     }
 
     /// The capacity of every server of the reservation (`statfs` of the mount), asked through
     /// the first slot.
     pub fn store_capacity(&self) -> Result<StoreCapacity, DataError> {
-        self.slot_at(0).call(|slot| slot.store_capacity(), |reply| Command::StoreCapacity { reply })
-    }
-}
-
-/// Reads and writes of one file ([`DataPlane::file`]).
-pub struct FileAccess<'a> {
-    plane: &'a DataPlane,
-    ino: Ino,
-    _shared: RwLockReadGuard<'a, ()>,
-}
-
-impl FileAccess<'_> {
-    /// Writes `data` at `offset`, each stripe's piece through the slot serving it (see
-    /// [`SlotGuard::write`]). The write fails, if at all, by the next flush of the file.
-    pub fn write(&self, generation: u64, offset: u64, data: &[u8]) -> Result<(), DataError> {
-        let ino = self.ino;
-        let end = offset.saturating_add(data.len() as u64);
-        let _range = self.plane.route.spread.then(|| self.plane.ranges.hold(ino, offset, end));
-        for (index, at, length) in self.plane.route.pieces(ino, offset, data.len() as u64) {
-            let from = (at - offset) as usize;
-            let piece = &data[from..from + length as usize];
-            self.plane.slot_at(index).write(ino, generation, at, piece)?;
-        }
-        Ok(())
+        self.slot_at(0, None)
+            .call(|slot| slot.store_capacity(), |reply| Command::StoreCapacity { reply })
     }
 
-    /// Fills `buffer` from `offset`, after every write queued before; unwritten bytes are
-    /// zeros. `size` is the file's size, past which readahead never reads.
-    pub fn read(
-        &self,
-        generation: u64,
-        offset: u64,
-        buffer: &mut [u8],
-        size: u64,
-    ) -> Result<(), DataError> {
-        let ino = self.ino;
-        let end = offset.saturating_add(buffer.len() as u64);
-        let across = self.plane.route.piece_end(offset) < end;
-        let _range = across.then(|| self.plane.ranges.hold(ino, offset, end));
-        for (index, at, length) in self.plane.route.pieces(ino, offset, buffer.len() as u64) {
-            let from = (at - offset) as usize;
-            let piece = &mut buffer[from..from + length as usize];
-            let windowed = self.plane.slot_at(index).read(ino, generation, at, piece, size)?;
-            if windowed {
-                self.plane.prefetch_next(ino, generation, at, size);
+    /// Flushes every slot's pipeline; the first failure.
+    pub fn flush_all(&self) -> Result<(), DataError> {
+        let mut first = None;
+        for index in 0..self.slots.len() {
+            if let Err(e) = self.slot_at(index, None).flush() {
+                first.get_or_insert(e);
             }
         }
-        Ok(())
-    }
-
-    /// [`Self::read`] of `length` bytes handed to `deliver` (the FUSE reply), straight from a
-    /// readahead window where one serves them: no buffer to fill and copy again.
-    pub fn read_with<R>(
-        &self,
-        generation: u64,
-        offset: u64,
-        length: usize,
-        size: u64,
-        deliver: impl FnOnce(&[u8]) -> R,
-    ) -> Result<R, DataError> {
-        let ino = self.ino;
-        if self.plane.route.piece_end(offset) < offset.saturating_add(length as u64) {
-            // Across stripes of different slots: gathered into one buffer.
-            let mut buffer = vec![0u8; length];
-            self.read(generation, offset, &mut buffer, size)?;
-            return Ok(deliver(&buffer));
-        }
-        let index = self.plane.route.slot(ino, offset);
-        let (delivered, windowed) =
-            self.plane.slot_at(index).read_with(ino, generation, offset, length, size, deliver)?;
-        if windowed {
-            self.plane.prefetch_next(ino, generation, offset, size);
-        }
-        Ok(delivered)
-    }
-}
-
-/// One file held alone ([`DataPlane::exclusive`]).
-pub struct FileExclusive<'a> {
-    plane: &'a DataPlane,
-    ino: Ino,
-    _alone: RwLockWriteGuard<'a, ()>,
-}
-
-impl FileExclusive<'_> {
-    /// See [`DataPlane::settle`].
-    pub fn settle(&self) -> Result<(), DataError> {
-        self.plane.settle(self.ino)
-    }
-
-    /// See [`Slot::zero_fill`]: every slot zeroes the stripes it serves.
-    pub fn zero_fill(&self, generation: u64, from: u64, to: u64) -> Result<(), DataError> {
-        let ino = self.ino;
-        self.plane.on_slots(
-            Some(ino),
-            true,
-            |slot| slot.zero_fill(ino, generation, from, to),
-            |reply| Command::ZeroFill { ino, generation, from, to, reply },
-        )
+        first.map_or(Ok(()), Err)
     }
 }
 
@@ -774,12 +397,13 @@ impl Drop for Writing<'_> {
     }
 }
 
-/// A locked slot: the data operations of the stripes it serves.
-struct SlotGuard<'a> {
+/// A locked slot: the data operations of one inode.
+pub struct SlotGuard<'a> {
     held: Held<'a>,
     index: usize,
-    route: Route,
     writers: &'a AtomicUsize,
+    /// The inode the slot was taken for (its losses are reported by flush and sync).
+    ino: Option<Ino>,
 }
 
 /// What a [`SlotGuard`] holds.
@@ -820,19 +444,22 @@ impl SlotGuard<'_> {
     ) -> Result<T, DataError> {
         match &mut self.held {
             Held::Inline(slot) => inline(slot),
-            Held::Worker { .. } => {
-                let (reply, answer) = sync_channel(1);
-                self.send(make(reply))?;
-                answer.recv().map_err(|_| DataError::Stopped { slot: self.index })?
-            }
+            Held::Worker { .. } => self.ask(make),
         }
+    }
+
+    /// Sends the command `make` builds to the worker and waits for its answer.
+    fn ask<T>(&mut self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, DataError> {
+        let (reply, answer) = sync_channel(1);
+        self.send(make(reply))?;
+        answer.recv().map_err(|_| DataError::Stopped { slot: self.index })?
     }
 
     /// Queues a write of `data` at `offset` (copied into the worker's queue; an inline slot,
     /// or a worker slot while the file system has several writes in progress, hands the slice
     /// to its client, which sends or gathers it before this returns). The write fails, if at
     /// all, by the next flush of the slot.
-    fn write(
+    pub fn write(
         &mut self,
         ino: Ino,
         generation: u64,
@@ -850,8 +477,7 @@ impl SlotGuard<'_> {
                     // Several writes at once: the CPU, not one writer's latency, is the limit,
                     // so the bytes go to the client from the FUSE request without a copy or a
                     // hand-off, once the worker ran what was queued before (only this lock's
-                    // holder queues, prefetches included, so the order of the slot's
-                    // operations is kept).
+                    // holder queues, so the order of the slot's operations is kept).
                     if !queue.queued.wait_idle() {
                         return Err(DataError::Stopped { slot: self.index });
                     }
@@ -863,22 +489,21 @@ impl SlotGuard<'_> {
         }
     }
 
-    /// Fills `buffer` from `offset` (bytes this slot serves), after every write queued before;
-    /// unwritten bytes are zeros. `size` is the file's size, past which readahead never reads.
-    /// True when a readahead window served it (the reader is sequential).
-    fn read(
+    /// Fills `buffer` from `offset`, after every write queued before; unwritten bytes are zeros.
+    /// `size` is the file's size, past which readahead never reads.
+    pub fn read(
         &mut self,
         ino: Ino,
         generation: u64,
         offset: u64,
         buffer: &mut [u8],
         size: u64,
-    ) -> Result<bool, DataError> {
-        let (index, route) = (self.index, self.route);
+    ) -> Result<(), DataError> {
+        let index = self.index;
         match &mut self.held {
             Held::Inline(slot) => slot.read_ahead(ino, generation, offset, buffer, size),
             Held::Worker { readahead, queue } => {
-                let mut fetch = SlotFetch { queue, slot: index, route, ino, generation };
+                let mut fetch = WorkerFetch { queue, slot: index, ino, generation };
                 readahead.read_through(&mut fetch, ino, generation, offset, buffer, size)
             }
         }
@@ -886,7 +511,7 @@ impl SlotGuard<'_> {
 
     /// [`Self::read`] of `length` bytes handed to `deliver` (the FUSE reply), straight from a
     /// readahead window where one serves them: no buffer to fill and copy again.
-    fn read_with<R>(
+    pub fn read_with<R>(
         &mut self,
         ino: Ino,
         generation: u64,
@@ -894,25 +519,87 @@ impl SlotGuard<'_> {
         length: usize,
         size: u64,
         deliver: impl FnOnce(&[u8]) -> R,
-    ) -> Result<(R, bool), DataError> {
-        let (index, route) = (self.index, self.route);
+    ) -> Result<R, DataError> {
+        let index = self.index;
         match &mut self.held {
             Held::Inline(slot) => {
                 let mut buffer = vec![0u8; length];
-                let windowed = slot.read_ahead(ino, generation, offset, &mut buffer, size)?;
-                Ok((deliver(&buffer), windowed))
+                slot.read_ahead(ino, generation, offset, &mut buffer, size)?;
+                Ok(deliver(&buffer))
             }
             Held::Worker { readahead, queue } => {
-                let mut fetch = SlotFetch { queue, slot: index, route, ino, generation };
+                let mut fetch = WorkerFetch { queue, slot: index, ino, generation };
                 if let Some(bytes) =
                     readahead.serve(&mut fetch, ino, generation, offset, length, size)?
                 {
-                    return Ok((deliver(bytes), true));
+                    return Ok(deliver(bytes));
                 }
                 let bytes = fetch.read(offset, vec![0u8; length])?;
-                Ok((deliver(&bytes), false))
+                Ok(deliver(&bytes))
             }
         }
+    }
+
+    /// See [`Slot::zero_fill`].
+    pub fn zero_fill(
+        &mut self,
+        ino: Ino,
+        generation: u64,
+        from: u64,
+        to: u64,
+    ) -> Result<(), DataError> {
+        self.invalidate(ino);
+        self.call(
+            |slot| slot.zero_fill(ino, generation, from, to),
+            |reply| Command::ZeroFill { ino, generation, from, to, reply },
+        )
+    }
+
+    /// Waits until every write queued so far is acknowledged by its server; the failure of
+    /// this slot's inode, if any: what `close` reports. FUSE sends a flush for every close of a
+    /// descriptor, also the ones a forked child closes at exec, so the failure is reported to
+    /// every close and fsync until the last handle is released, never to just the first.
+    pub fn flush(&mut self) -> Result<(), DataError> {
+        let ino = self.ino;
+        self.call(
+            |slot| slot.flush_for(false, ino, true),
+            |reply| Command::Flush { durable: false, ino, report: true, reply },
+        )
+    }
+
+    /// [`Self::flush`] without trying full servers again: Err when the inode has a failure
+    /// pinned (a `stat` settles writes before the size is reported, and withdraws it).
+    pub fn settle(&mut self) -> Result<(), DataError> {
+        let ino = self.ino;
+        self.call(
+            |slot| slot.flush_for(false, ino, false),
+            |reply| Command::Flush { durable: false, ino, report: false, reply },
+        )
+    }
+
+    /// [`Self::flush`], then every server this slot wrote to syncs its SSD log: what `fsync`
+    /// promises (the data survives a server crash).
+    pub fn sync(&mut self) -> Result<(), DataError> {
+        let ino = self.ino;
+        self.call(
+            |slot| slot.flush_for(true, ino, true),
+            |reply| Command::Flush { durable: true, ino, report: true, reply },
+        )
+    }
+
+    /// Forgets cached store handles of `ino` (at open: close-to-open means asking again).
+    pub fn forget(&mut self, ino: Ino) {
+        self.invalidate(ino);
+        // A stopped worker has nothing cached.
+        let _ = self.send(Command::Forget { ino });
+    }
+
+    /// The last handle of `ino` is closed: its failure, reported to every close and fsync so
+    /// far, is forgotten (a new open starts clean).
+    pub fn release(&mut self, ino: Ino) {
+        self.invalidate(ino);
+        // A stopped worker has nothing pinned.
+        let _ = self.send(Command::Release { ino });
     }
 }
 
@@ -932,16 +619,15 @@ fn serve(slot: &Mutex<Slot>, queued: &Queued, commands: Receiver<Command>) {
 /// A worker slot's background read: the worker's answer.
 type Pending = Receiver<Result<Vec<u8>, DataError>>;
 
-/// Reads of the stripes of one inode that a worker slot serves, through its queue.
-struct SlotFetch<'a> {
+/// Reads of one inode through a worker slot's queue.
+struct WorkerFetch<'a> {
     queue: &'a Queue,
     slot: usize,
-    route: Route,
     ino: Ino,
     generation: u64,
 }
 
-impl Fetch for SlotFetch<'_> {
+impl Fetch for WorkerFetch<'_> {
     type Pending = Pending;
     type Error = DataError;
 
@@ -963,25 +649,9 @@ impl Fetch for SlotFetch<'_> {
     fn finish(&mut self, pending: Pending) -> Result<Vec<u8>, DataError> {
         pending.recv().map_err(|_| DataError::Stopped { slot: self.slot })?
     }
-
-    /// Only the stripe under `offset`, and only if this slot serves it: a stripe's bytes are
-    /// read through the client that wrote them, which alone knows of writes a server restart
-    /// lost there.
-    fn limit(&self, offset: u64) -> u64 {
-        if self.route.serves(self.slot, self.ino, offset) {
-            self.route.piece_end(offset)
-        } else {
-            offset
-        }
-    }
-
-    /// A read at a stripe's start may continue one served by another slot.
-    fn starts_piece(&self, offset: u64) -> bool {
-        self.route.spread && offset.is_multiple_of(SLOT_STRIPE_BYTES)
-    }
 }
 
-impl SlotFetch<'_> {
+impl WorkerFetch<'_> {
     fn send(&self, offset: u64, buffer: Vec<u8>) -> Result<Pending, DataError> {
         let (reply, answer) = sync_channel(1);
         let (ino, generation) = (self.ino, self.generation);
@@ -1024,9 +694,6 @@ impl Fetch for InlineFetch<'_> {
 /// One client of the pool and the store file handles it has resolved.
 pub struct Slot {
     client: Client,
-    /// This slot's place in the plane, and the plane's map of bytes to slots.
-    index: usize,
-    route: Route,
     namespace: NamespaceId,
     epoch: EpochId,
     /// (ino, generation) → handle covering every server of the file's stripe set.
@@ -1099,8 +766,16 @@ impl Slot {
         report: bool,
     ) -> Result<(), DataError> {
         let flushed = if durable { self.sync(ino) } else { self.flush() };
+        // An fsync whose sync failed cannot call the file durable, even when no write of it
+        // was in flight to pin the failure on (the broken connection of a restarted server).
+        let mut sync_failed = None;
         match flushed {
             Ok(()) => self.dirty.clear(),
+            Err(e) if durable && ino.is_some() => {
+                let errno = e.errno();
+                self.fail_dirty(DataError::SlotFailure { errno, message: e.to_string() });
+                sync_failed = Some(e);
+            }
             Err(e) => self.fail_dirty(e),
         }
         if report {
@@ -1117,7 +792,12 @@ impl Slot {
         if !report {
             return Ok(());
         }
-        self.report_lost(ino)
+        // Lost writes are reported (and so marked reported) either way.
+        let lost = self.report_lost(ino);
+        match sync_failed {
+            Some(e) => Err(e),
+            None => lost,
+        }
     }
 
     /// Pins `error` on every inode written since the last flush (the first keeps the error
@@ -1253,7 +933,7 @@ impl Slot {
     }
 
     /// [`Slot::read`] through the slot's readahead windows (crate::readahead), for an inline
-    /// slot, which fetches no window in the background; true when a window served it.
+    /// slot, which fetches no window in the background.
     pub fn read_ahead(
         &mut self,
         ino: Ino,
@@ -1261,7 +941,7 @@ impl Slot {
         offset: u64,
         buffer: &mut [u8],
         size: u64,
-    ) -> Result<bool, DataError> {
+    ) -> Result<(), DataError> {
         let mut readahead = std::mem::take(&mut self.readahead);
         let read = readahead.read_through(
             &mut InlineFetch { slot: self, ino, generation },
@@ -1337,21 +1017,14 @@ impl Slot {
         self.writable(ino, generation)?;
         self.readahead.invalidate(ino);
         let handle = self.handles.get_mut(&(ino, generation)).expect("cached by writable");
-        // One small record per stripe unit on each server, whatever the range's length; only
-        // the stripes this slot serves (the other slots zero theirs).
-        for (index, at, length) in self.route.pieces(ino, from, end - from) {
-            if index != self.index {
-                continue;
-            }
-            self.client.write_zeros(handle, at, length).map_err(|source| DataError::Client {
-                operation: "zero-fill",
-                file: name.clone(),
-                offset: at,
-                length,
-                source: Box::new(source),
-            })?;
-        }
-        Ok(())
+        // One small record per stripe unit on each server, whatever the range's length.
+        self.client.write_zeros(handle, from, end - from).map_err(|source| DataError::Client {
+            operation: "zero-fill",
+            file: name,
+            offset: from,
+            length: end - from,
+            source: Box::new(source),
+        })
     }
 
     /// Waits until every write sent through this slot is acknowledged by its server.
@@ -1385,59 +1058,5 @@ impl Slot {
         self.client
             .report_lost_writes(self.epoch, &prefix)
             .map_err(|e| DataError::Flush(Box::new(e)))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const STRIPE: u64 = SLOT_STRIPE_BYTES;
-
-    #[test]
-    fn every_run_of_stripes_visits_every_slot_once_and_runs_differ() {
-        let route = Route { slots: 4, spread: true };
-        for ino in [1, 2, 3, 77, u64::MAX] {
-            let mut orders = HashSet::new();
-            for run in 0..64u64 {
-                let order: Vec<usize> =
-                    (0..4).map(|i| route.slot(ino, (run * 4 + i) * STRIPE + 17)).collect();
-                let mut sorted = order.clone();
-                sorted.sort_unstable();
-                assert_eq!(sorted, [0, 1, 2, 3], "inode {ino} run {run}: {order:?}");
-                orders.insert(order);
-            }
-            // Not one fixed rotation: writers a whole number of runs apart would line up.
-            assert!(orders.len() > 1, "inode {ino}");
-        }
-        // IOR's four writers of one shared file, 64 MiB apart: not all on one slot.
-        let writers: HashSet<usize> = (0..4).map(|w| route.slot(9, w * (64 << 20))).collect();
-        assert!(writers.len() > 1);
-        // Inline slots: a file is one slot's, `ino % slots`, wherever the byte.
-        let inline = Route { slots: 4, spread: false };
-        assert!((0..100).all(|k| inline.slot(6, k * STRIPE) == 2));
-        assert_eq!(inline.piece_end(5), u64::MAX);
-    }
-
-    #[test]
-    fn pieces_cut_a_range_where_the_slot_changes_and_cover_it_exactly() {
-        let route = Route { slots: 3, spread: true };
-        let cases =
-            [(0, 1), (STRIPE - 1, 2), (5, 3 * STRIPE), (STRIPE, STRIPE), (7 * STRIPE + 3, 0)];
-        for (offset, length) in cases {
-            let pieces: Vec<(usize, u64, u64)> = route.pieces(41, offset, length).collect();
-            let mut at = offset;
-            for &(slot, from, len) in &pieces {
-                assert_eq!(from, at, "contiguous");
-                assert!(len > 0 && from + len <= route.piece_end(from), "inside one stripe");
-                assert_eq!(slot, route.slot(41, from));
-                assert!(route.serves(slot, 41, from + len - 1));
-                at += len;
-            }
-            assert_eq!(at, offset + length, "{offset}+{length}: {pieces:?}");
-        }
-        // A range at the end of the offsets ends there, not past it.
-        let last: Vec<_> = route.pieces(1, u64::MAX - 10, 100).collect();
-        assert_eq!(last.iter().map(|p| p.2).sum::<u64>(), 10);
     }
 }

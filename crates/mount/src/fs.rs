@@ -2,11 +2,9 @@
 //! reads and writes (data).
 //!
 //! Every metadata request goes to the [`Namespace`] with the caller's identity, and the
-//! namespace decides permissions and errno (one place holds the POSIX rules, the same for every
-//! mount and for the native API, including sticky directories and suid/sgid clearing); the
-//! kernel's `default_permissions` checks the mode bits as well, for the FIFOs, sockets and device
-//! nodes it opens without asking the file system. Data requests go to the [`DataPlane`], which
-//! sends each stripe of a file through the data slot serving it.
+//! namespace decides permissions and errno (`default_permissions` is off: one place holds the
+//! POSIX rules, the same for every mount and for the native API, including sticky directories
+//! and suid/sgid clearing). Data requests go to the [`DataPlane`] slot of the inode.
 //!
 //! Caching (docs/design/mount.md): the kernel page cache is used without `keep_cache`, so every
 //! open drops the file's cached pages (write-only handles bypass it); no writeback cache; entry
@@ -200,15 +198,11 @@ pub fn file_attr(attr: &Attr) -> FileAttr {
 /// How the kernel should treat a new handle. Write-only handles (and O_DIRECT ones) bypass the
 /// page cache: the kernel then copies the application's bytes straight into the FUSE request
 /// instead of into cached pages first (one copy less on the streaming-write path), and nothing
-/// is lost, since a write-only handle can neither read nor be mapped shared. Their writes may
-/// run in parallel (`FOPEN_PARALLEL_DIRECT_WRITES`: the kernel holds the inode's lock shared,
-/// except for writes past EOF or appends, and only while no handle of the file uses the page
-/// cache), so several writers of one file reach the data slots at once; the data plane keeps
-/// overlapping writes whole ([`crate::data`]). Other handles use the page cache (readahead,
-/// mmap), dropped at every open.
+/// is lost, since a write-only handle can neither read nor be mapped shared. Other handles use
+/// the page cache (readahead, mmap), dropped at every open.
 fn open_flags(flags: i32) -> FopenFlags {
     if flags & libc::O_ACCMODE == libc::O_WRONLY || flags & libc::O_DIRECT != 0 {
-        FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+        FopenFlags::FOPEN_DIRECT_IO
     } else {
         FopenFlags::empty()
     }
@@ -298,7 +292,7 @@ impl SpillwayFs {
     }
 
     /// Reports writes of this mount that the namespace has not seen yet (size, mtime), once the
-    /// data slots have them acknowledged. The size of an open inode's writes is reported
+    /// inode's data slot has them acknowledged. The size of an open inode's writes is reported
     /// lazily, here: at close, fsync, stat, truncate and open, which is what close-to-open
     /// needs and saves one metadata round trip per write.
     fn push_pending(&self, ino: Ino) -> Result<(), Errno> {
@@ -315,7 +309,7 @@ impl SpillwayFs {
         };
         // The size may claim only bytes the servers hold: the file's writes first. A failure
         // stays for the file's close or fsync to report; the size is just not claimed.
-        if let Err(e) = self.data.settle(ino) {
+        if let Err(e) = self.data.slot(ino).settle() {
             tracing::debug!(ino, error = %e, "size of unstored writes withdrawn");
             self.withdraw_size(ino);
             return Ok(());
@@ -398,13 +392,13 @@ impl SpillwayFs {
         }
         let caller = caller(req);
         let _writing = self.data.writing();
-        let file = self.data.file(ino);
+        let mut slot = self.data.slot(ino);
         // A gap left past EOF already reads as zeros: a shrinking truncate zeroed what the
         // store held past the new size (do_setattr). Zeroing the gap here instead would
         // overwrite what writers on other mounts put there before their size reached the
         // namespace (an N-1 checkpoint from several nodes lost blocks that way).
         let (generation, _) = self.state(ino)?;
-        file.write(generation, offset, data).map_err(|e| data_errno(&e))?;
+        slot.write(ino, generation, offset, data).map_err(|e| data_errno(&e))?;
         if let Some(phases) = &self.phases {
             phases.wrote(data.len() as u64);
         }
@@ -454,15 +448,15 @@ impl SpillwayFs {
         };
         let reporting = self.size_reports.lock();
         self.push_pending_locked(ino)?;
-        // Truncate: hold the file alone so no write of this mount interleaves.
-        let file = self.data.exclusive(ino);
+        // Truncate: hold the inode's data slot so no write of this mount interleaves.
+        let mut slot = self.data.slot(ino);
         let current = self.current_attr(ino)?;
         let shrinks = current.kind == FileKind::Regular && new_size < current.size;
         if shrinks {
             // Writes of this mount still in flight must land before the size shrinks, or
             // they would sit past the new EOF and escape the zeroing below. A failure among
             // them stays pinned for the file's close or fsync (they will not land later).
-            if let Err(e) = file.settle() {
+            if let Err(e) = slot.settle() {
                 tracing::debug!(ino, error = %e, "truncating over failed writes");
             }
         }
@@ -485,7 +479,8 @@ impl SpillwayFs {
         // high-water mark), so the file reads zeros there when it grows again. Truncating to 0
         // starts a new generation instead, which holds nothing.
         if shrinks && attr.generation == current.generation {
-            file.zero_fill(current.generation, new_size, u64::MAX).map_err(|e| data_errno(&e))?;
+            slot.zero_fill(ino, current.generation, new_size, u64::MAX)
+                .map_err(|e| data_errno(&e))?;
         }
         Ok(attr)
     }
@@ -529,10 +524,10 @@ impl SpillwayFs {
             let reporting = self.size_reports.lock();
             self.push_pending_locked(ino)?;
             // Held so no write of this mount interleaves between the size and the zeros.
-            let file = self.data.exclusive(ino);
+            let mut slot = self.data.slot(ino);
             let (generation, size) = self.state(ino)?;
-            file.zero_fill(generation, offset, end.min(size)).map_err(|e| data_errno(&e))?;
-            drop(file);
+            slot.zero_fill(ino, generation, offset, end.min(size)).map_err(|e| data_errno(&e))?;
+            drop(slot);
             drop(reporting);
             // A hole punched is a modification: mtime and ctime, as for a write (not for a
             // file whose last name is gone: nobody else can see it).
@@ -784,7 +779,7 @@ impl Filesystem for SpillwayFs {
         };
         drop(reporting);
         // Close-to-open: resolve the store file afresh.
-        self.data.forget(ino.0);
+        self.data.slot(ino.0).forget(ino.0);
         let writable = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
         match self.open_handle(&attr, writable) {
             Ok(fh) => reply.opened(FileHandle(fh), open_flags(flags.0)),
@@ -803,7 +798,7 @@ impl Filesystem for SpillwayFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let file = self.data.file(ino.0);
+        let mut slot = self.data.slot(ino.0);
         let (generation, file_size) = match self.state(ino.0) {
             Ok(state) => state,
             Err(e) => return reply.error(e),
@@ -814,7 +809,7 @@ impl Filesystem for SpillwayFs {
         let length = (size as u64).min(file_size - offset) as usize;
         let mut reply = Some(reply);
         let deliver = |bytes: &[u8]| reply.take().expect("replied once").data(bytes);
-        if let Err(e) = file.read_with(generation, offset, length, file_size, deliver) {
+        if let Err(e) = slot.read_with(ino.0, generation, offset, length, file_size, deliver) {
             reply.take().expect("not replied on failure").error(data_errno(&e));
         }
     }
@@ -846,7 +841,7 @@ impl Filesystem for SpillwayFs {
         reply: ReplyEmpty,
     ) {
         // close(2): report any write failure of this file's pipeline, then the size.
-        if let Err(e) = self.data.flush(ino.0) {
+        if let Err(e) = self.data.slot(ino.0).flush() {
             self.withdraw_size(ino.0);
             return reply.error(data_errno(&e));
         }
@@ -885,7 +880,7 @@ impl Filesystem for SpillwayFs {
             }
         };
         if last {
-            self.data.release(ino);
+            self.data.slot(ino).release(ino);
         }
         reply.ok();
     }
@@ -898,7 +893,7 @@ impl Filesystem for SpillwayFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        if let Err(e) = self.data.sync(ino.0) {
+        if let Err(e) = self.data.slot(ino.0).sync() {
             self.withdraw_size(ino.0);
             return reply.error(data_errno(&e));
         }
@@ -1083,7 +1078,7 @@ impl Filesystem for SpillwayFs {
             }
             Err(e) => return reply.error(errno(&e)),
         };
-        self.data.forget(attr.ino);
+        self.data.slot(attr.ino).forget(attr.ino);
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let ttl = self.cache.entry_ttl(mark, self.ttl(), parent.0, name.as_bytes(), attr.ino);
         match self.open_handle(&attr, writable) {

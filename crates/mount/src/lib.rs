@@ -7,7 +7,7 @@
 //! [`mount`] mounts [`SpillwayFs`] at a directory and returns a [`Mount`] that unmounts when
 //! dropped. Requests are served by [`MountConfig::threads`] FUSE session threads, each reading
 //! its own cloned `/dev/fuse` descriptor; data goes through a pool of clients
-//! ([`data::DataPlane`], one slot per thread, a file's 1 MiB stripes spread over the slots). See
+//! ([`data::DataPlane`], one slot per thread, an inode always on the same slot). See
 //! docs/design/mount.md for threads, caching, TTLs, truncation and identity, and
 //! docs/semantics.md ("Mount") for what applications may rely on.
 

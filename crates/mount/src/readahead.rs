@@ -49,16 +49,6 @@ pub trait Fetch {
     fn start(&mut self, offset: u64, bytes: Vec<u8>) -> Option<Self::Pending>;
     /// Waits for a background read.
     fn finish(&mut self, pending: Self::Pending) -> Result<Vec<u8>, Self::Error>;
-    /// Where the bytes this fetch may read in one piece from `offset` end (`offset` itself:
-    /// none); windows never reach past it.
-    fn limit(&self, _offset: u64) -> u64 {
-        u64::MAX
-    }
-    /// Whether a read at `offset` may continue one this fetch did not serve (the start of a
-    /// piece), so it starts a window as the file's first byte does.
-    fn starts_piece(&self, _offset: u64) -> bool {
-        false
-    }
 }
 
 struct Window {
@@ -146,8 +136,7 @@ impl<P> ReadAhead<P> {
             None => match self.fetched(fetch, ino, generation, offset, end) {
                 Some(index) => index,
                 None => {
-                    let Some(window) =
-                        self.window_length(fetch, ino, generation, offset, end, size)
+                    let Some(window) = self.window_length(ino, generation, offset, end, size)
                     else {
                         self.note_read(ino, generation, end);
                         return Ok(None);
@@ -180,7 +169,6 @@ impl<P> ReadAhead<P> {
     }
 
     /// [`Self::serve`] into `buffer`; a request no window serves is read straight into it.
-    /// True when a window served it.
     pub fn read_through<F: Fetch<Pending = P>>(
         &mut self,
         fetch: &mut F,
@@ -189,15 +177,12 @@ impl<P> ReadAhead<P> {
         offset: u64,
         buffer: &mut [u8],
         size: u64,
-    ) -> Result<bool, F::Error> {
+    ) -> Result<(), F::Error> {
         match self.serve(fetch, ino, generation, offset, buffer.len(), size)? {
             Some(bytes) => buffer.copy_from_slice(bytes),
-            None => {
-                fetch.read_into(offset, buffer)?;
-                return Ok(false);
-            }
+            None => fetch.read_into(offset, buffer)?,
         }
-        Ok(true)
+        Ok(())
     }
 
     /// The window holding all of `[offset, end)` of the inode.
@@ -232,9 +217,8 @@ impl<P> ReadAhead<P> {
     /// The bytes to read from `offset` for a request ending at `end` that nothing held, in a
     /// file of `size` bytes: a window's worth when the read continues an earlier one of the
     /// same file (or starts it) and the window is longer than the request; `None` otherwise.
-    fn window_length<F: Fetch>(
+    fn window_length(
         &self,
-        fetch: &F,
         ino: Ino,
         generation: u64,
         offset: u64,
@@ -245,21 +229,19 @@ impl<P> ReadAhead<P> {
             return None;
         }
         let sequential = offset == 0
-            || fetch.starts_piece(offset)
             || self.read_ends.contains(&(ino, generation, offset))
             || self
                 .windows
                 .iter()
                 .any(|w| w.of(ino, generation) && w.start < offset && offset <= w.end());
-        let available = size.min(fetch.limit(offset)).saturating_sub(offset);
-        let window = READAHEAD_BYTES.min(usize::try_from(available).unwrap_or(usize::MAX));
+        let available = usize::try_from(size.saturating_sub(offset)).unwrap_or(usize::MAX);
+        let window = READAHEAD_BYTES.min(available);
         (sequential && window as u64 > end - offset).then_some(window)
     }
 
-    /// Starts fetching the window from `start` unless the file (or what `fetch` may read)
-    /// ends there, a window or fetch of the inode already holds `start`, or the slot has its
-    /// fill of fetches.
-    pub fn prefetch<F: Fetch<Pending = P>>(
+    /// Starts fetching the window from `start` unless the file ends there, a window or fetch
+    /// of the inode already holds `start`, or the slot has its fill of fetches.
+    fn prefetch<F: Fetch<Pending = P>>(
         &mut self,
         fetch: &mut F,
         ino: Ino,
@@ -272,11 +254,10 @@ impl<P> ReadAhead<P> {
                 .fetches
                 .iter()
                 .any(|f| (f.ino, f.generation, f.start) == (ino, generation, start));
-        let end = size.min(fetch.limit(start));
-        if start >= end || held || self.fetches.len() >= READAHEAD_FETCHES_MAX {
+        if start >= size || held || self.fetches.len() >= READAHEAD_FETCHES_MAX {
             return;
         }
-        let length = READAHEAD_BYTES.min(usize::try_from(end - start).unwrap_or(usize::MAX));
+        let length = READAHEAD_BYTES.min(usize::try_from(size - start).unwrap_or(usize::MAX));
         let bytes = self.buffer(length);
         if let Some(pending) = fetch.start(start, bytes) {
             self.prefetches += 1;
@@ -342,8 +323,6 @@ mod tests {
         reads: usize,
         background: bool,
         fail_background: bool,
-        /// Serve only the even pieces of this many bytes (a slot of two).
-        even_pieces: Option<u64>,
     }
 
     impl Fetch for Servers {
@@ -368,16 +347,6 @@ mod tests {
                 return Err("EIO");
             }
             self.read(offset, bytes)
-        }
-        fn limit(&self, offset: u64) -> u64 {
-            match self.even_pieces {
-                Some(piece) if (offset / piece).is_multiple_of(2) => (offset / piece + 1) * piece,
-                Some(_) => offset,
-                None => u64::MAX,
-            }
-        }
-        fn starts_piece(&self, offset: u64) -> bool {
-            self.even_pieces.is_some_and(|piece| offset.is_multiple_of(piece))
         }
     }
 
@@ -419,35 +388,6 @@ mod tests {
     }
 
     #[test]
-    fn windows_stay_inside_the_pieces_a_fetch_serves_and_start_at_a_piece() {
-        let piece = 1u64 << 20;
-        let mut ahead = ReadAhead::default();
-        let mut servers =
-            Servers { background: true, even_pieces: Some(piece), ..Servers::default() };
-        // A sequential reader of this slot's pieces (0, 2, 4, …), as a file's reader meets
-        // them: each piece read as one window (its first request waits for it), never a byte
-        // of the odd pieces fetched, and nothing fetched in the background past a piece.
-        for p in (0..8u64).step_by(2) {
-            for i in 0..(piece / KIB128 as u64) {
-                read(&mut ahead, &mut servers, 5, p * piece + i * KIB128 as u64, KIB128, SIZE);
-            }
-        }
-        assert_eq!((servers.reads, ahead.fills, ahead.prefetches), (4, 4, 0));
-        assert!(ahead
-            .windows
-            .iter()
-            .all(|w| w.bytes.len() as u64 == piece && w.start % piece == 0));
-        // Asked to prefetch a piece it does not serve, the slot does nothing.
-        ahead.prefetch(&mut servers, 5, 1, piece, SIZE);
-        assert_eq!((ahead.prefetches, ahead.fetches.len()), (0, 0));
-        // A piece it serves is fetched in the background and serves the next read.
-        ahead.prefetch(&mut servers, 5, 1, 8 * piece, SIZE);
-        assert_eq!(ahead.fetches.len(), 1);
-        read(&mut ahead, &mut servers, 5, 8 * piece, KIB128, SIZE);
-        assert_eq!((ahead.fills, ahead.prefetches, servers.reads), (4, 1, 5));
-    }
-
-    #[test]
     fn four_readers_of_one_file_keep_a_window_each() {
         let mut ahead = ReadAhead::default();
         let mut servers = Servers { background: true, ..Servers::default() };
@@ -479,27 +419,18 @@ mod tests {
     fn random_reads_fetch_no_more_than_asked_and_windows_stop_at_the_size() {
         let ahead = ReadAhead::<()>::default();
         let at = 5u64 << 20;
-        assert_eq!(ahead.window_length(&Servers::default(), 1, 1, at, at + 4096, SIZE), None);
+        assert_eq!(ahead.window_length(1, 1, at, at + 4096, SIZE), None);
         let mut ahead = ahead;
         ahead.note_read(1, 1, at + 4096);
-        assert_eq!(
-            ahead.window_length(&Servers::default(), 1, 1, at + 4096, at + 8192, SIZE),
-            Some(READAHEAD_BYTES)
-        );
+        assert_eq!(ahead.window_length(1, 1, at + 4096, at + 8192, SIZE), Some(READAHEAD_BYTES));
         // Another generation or inode is not the same reader.
-        assert_eq!(
-            ahead.window_length(&Servers::default(), 1, 2, at + 4096, at + 8192, SIZE),
-            None
-        );
-        assert_eq!(
-            ahead.window_length(&Servers::default(), 2, 1, at + 4096, at + 8192, SIZE),
-            None
-        );
+        assert_eq!(ahead.window_length(1, 2, at + 4096, at + 8192, SIZE), None);
+        assert_eq!(ahead.window_length(2, 1, at + 4096, at + 8192, SIZE), None);
         // A small file is read whole, never past its size; a request as long as the rest of
         // the file needs no window.
-        assert_eq!(ahead.window_length(&Servers::default(), 1, 1, 0, 4096, 10_000), Some(10_000));
-        assert_eq!(ahead.window_length(&Servers::default(), 1, 1, 0, 10_000, 10_000), None);
-        assert_eq!(ahead.window_length(&Servers::default(), 1, 1, 0, 4096, 0), None);
+        assert_eq!(ahead.window_length(1, 1, 0, 4096, 10_000), Some(10_000));
+        assert_eq!(ahead.window_length(1, 1, 0, 10_000, 10_000), None);
+        assert_eq!(ahead.window_length(1, 1, 0, 4096, 0), None);
         // A small file read whole starts no background fetch past its end.
         let mut ahead = ReadAhead::default();
         let mut servers = Servers { background: true, ..Servers::default() };
@@ -547,9 +478,9 @@ mod tests {
         assert_eq!(failing.read_through(&mut Broken, 9, 1, 0, &mut buffer, SIZE), Err("EIO"));
         assert!(failing.windows.is_empty());
         // ... and the file gets no more windows (each request alone) until it is opened again.
-        assert_eq!(failing.window_length(&Broken, 9, 1, 0, 4096, SIZE), None);
+        assert_eq!(failing.window_length(9, 1, 0, 4096, SIZE), None);
         failing.invalidate(9);
-        assert_eq!(failing.window_length(&Broken, 9, 1, 0, 4096, SIZE), Some(READAHEAD_BYTES));
+        assert_eq!(failing.window_length(9, 1, 0, 4096, SIZE), Some(READAHEAD_BYTES));
         // Windows are bounded; the least recently used goes.
         let mut servers = Servers::default();
         for ino in 0..(READAHEAD_WINDOWS_MAX as u64 + 2) {

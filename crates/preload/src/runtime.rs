@@ -339,7 +339,7 @@ impl Runtime {
                 return Err(Fail::Pass);
             }
             if self.data_used.lock().contains(&attr.ino) {
-                self.data.forget(attr.ino); // close-to-open: find its bytes afresh
+                self.data.slot(attr.ino).forget(attr.ino); // close-to-open: find its bytes afresh
             }
             let mut inodes = self.inodes.lock();
             let state = inodes.entry(attr.ino).or_insert(InodeState {
@@ -488,13 +488,13 @@ impl Runtime {
             return Err(Fail::Errno(libc::EBADF));
         }
         self.data_used.lock().insert(file.ino);
-        let data = self.data.file(file.ino);
+        let mut slot = self.data.slot(file.ino);
         let (generation, size) = self.state(file.ino)?;
         if offset >= size || buffer.is_empty() {
             return Ok(0);
         }
         let length = (buffer.len() as u64).min(size - offset) as usize;
-        data.read(generation, offset, &mut buffer[..length], size)?;
+        slot.read(file.ino, generation, offset, &mut buffer[..length], size)?;
         Ok(length)
     }
 
@@ -511,10 +511,10 @@ impl Runtime {
         }
         let ino = file.ino;
         self.data_used.lock().insert(ino);
-        let file_data = self.data.file(ino);
+        let mut slot = self.data.slot(ino);
         let (generation, _) = self.state(ino)?;
-        file_data.write(generation, offset, data)?;
-        drop(file_data);
+        slot.write(ino, generation, offset, data)?;
+        drop(slot);
         let clears_set_id = {
             let mut inodes = self.inodes.lock();
             let state = inodes.get_mut(&ino).ok_or(Fail::Errno(libc::EBADF))?;
@@ -545,7 +545,7 @@ impl Runtime {
         else {
             return Ok(());
         };
-        if self.data.settle(ino).is_err() {
+        if self.data.slot(ino).settle().is_err() {
             self.withdraw_size(ino);
             return Ok(());
         }
@@ -581,7 +581,7 @@ impl Runtime {
         }
         let ino = file.ino;
         let used = self.data_used.lock().contains(&ino);
-        let flushed = if used { self.data.flush(ino) } else { Ok(()) };
+        let flushed = if used { self.data.slot(ino).flush() } else { Ok(()) };
         let result = match flushed {
             Err(e) => {
                 self.withdraw_size(ino);
@@ -599,7 +599,7 @@ impl Runtime {
                 inodes.remove(&ino);
                 drop(inodes);
                 if self.data_used.lock().remove(&ino) {
-                    self.data.release(ino);
+                    self.data.slot(ino).release(ino);
                 }
             }
         }
@@ -613,7 +613,7 @@ impl Runtime {
             // A directory's fsync (after a rename, say): its entries are in the journal.
             return Ok(self.namespace.sync()?);
         }
-        if let Err(e) = self.data.sync(file.ino) {
+        if let Err(e) = self.data.slot(file.ino).sync() {
             self.withdraw_size(file.ino);
             return Err(e.into());
         }
@@ -651,11 +651,11 @@ impl Runtime {
         let reporting = self.size_reports.lock();
         self.push_pending_locked(ino)?;
         self.data_used.lock().insert(ino);
-        let data = self.data.exclusive(ino);
+        let mut slot = self.data.slot(ino);
         let current = self.fstat(file)?;
         let shrinks = size < current.size;
         if shrinks {
-            let _ = data.settle(); // a failure stays pinned for close/fsync
+            let _ = slot.settle(); // a failure stays pinned for close/fsync
         }
         let set = SetAttr { size: Some(size), via_writable_handle: true, ..SetAttr::default() };
         let attr = match self.namespace.setattr(&caller(), ino, &set) {
@@ -671,7 +671,7 @@ impl Runtime {
         }
         drop(reporting);
         if shrinks && attr.generation == current.generation {
-            data.zero_fill(current.generation, size, u64::MAX)?;
+            slot.zero_fill(ino, current.generation, size, u64::MAX)?;
         }
         Ok(())
     }
@@ -691,10 +691,10 @@ impl Runtime {
             let reporting = self.size_reports.lock();
             self.push_pending_locked(ino)?;
             self.data_used.lock().insert(ino);
-            let data = self.data.exclusive(ino);
+            let mut slot = self.data.slot(ino);
             let (generation, size) = self.state(ino)?;
-            data.zero_fill(generation, offset, end.min(size))?;
-            drop(data);
+            slot.zero_fill(ino, generation, offset, end.min(size))?;
+            drop(slot);
             drop(reporting);
             match self.namespace.wrote(&caller(), ino, 0) {
                 Err(e) if e.errno != libc::ENOENT => return Err(e.into()),
